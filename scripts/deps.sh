@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build, test and demo
+# hagroup: SoftHSM, the PKCS#11 clients the tests drive, and Go modules.
+# Idempotent and quiet when everything is already there.
+set -euo pipefail
+
+packages=(
+	softhsm2                 # the member tokens of every test and of the demo
+	opensc                   # pkcs11-tool
+	p11-kit                  # `p11-kit server`: members that can really die
+	p11-kit-modules          # p11-kit-client.so
+	gnutls-bin               # p11tool
+	libengine-pkcs11-openssl # OpenSSL's pkcs11 engine
+	openssl
+	openssh-client           # ssh-keygen -D
+	gcc libc6-dev            # cgo, and the C test harnesses
+	openjdk-17-jdk-headless  # SunPKCS11 client test
+	util-linux               # setpriv, for the permission tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+	sudo=""
+	[[ $(id -u) -eq 0 ]] || sudo="sudo"
+	echo "deps: installing ${missing[*]}"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null; then
+	if [[ -x /usr/local/go/bin/go ]]; then
+		export PATH=$PATH:/usr/local/go/bin
+	else
+		echo "deps: Go 1.26 is required (https://go.dev/dl/)" >&2
+		exit 1
+	fi
+fi
+go mod download
