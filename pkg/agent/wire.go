@@ -1,0 +1,230 @@
+// Package agent is haagent's socket API: the wire types that cross the Unix
+// socket, the HTTP/1.1 server haagent runs on it, and the typed Client that
+// hactl uses. Command code never speaks raw JSON or HTTP; it calls Client
+// methods and gets these types back.
+//
+// The protocol is HTTP/1.1 over a Unix socket. Every route lives under /v1/,
+// carries the fixed fake Host "haagent.sock", and is declared in one route
+// table together with the access it needs (read or write). Who may read or
+// write is decided once per connection from the peer's SO_PEERCRED.
+package agent
+
+import (
+	"time"
+)
+
+// SchemaVersion is the version of every JSON document this package emits,
+// on the wire and in hactl's --json output. It grows only when a field
+// changes meaning or disappears; added fields keep it.
+const SchemaVersion = 1
+
+// APIVersion is the protocol version, sent by the server in the
+// Hagroup-Api header and compared by the client.
+const APIVersion = "1"
+
+// Header names and the fake Host the server checks.
+const (
+	// HeaderAPI carries APIVersion on every response.
+	HeaderAPI = "Hagroup-Api"
+	// HeaderVersion carries the agent's build version on every response.
+	HeaderVersion = "Hagroup-Version"
+	// Host is the fixed fake Host every request must carry. A browser
+	// tricked into talking to the socket cannot set it.
+	Host = "haagent.sock"
+)
+
+// Member states, as reported in MemberStatus.State.
+const (
+	StateActive     = "active"
+	StateStandby    = "standby"
+	StateFailed     = "failed"
+	StateRecovering = "recovering"
+	StateDown       = "down"    // probed without an engine: the token could not be opened
+	StateUp         = "up"      // probed without an engine: the token answered
+	StateUnknown    = "unknown" // not probed
+)
+
+// Source values of GroupsReport.Source.
+const (
+	// SourceAgent: the report came from a running haagent's engine.
+	SourceAgent = "agent"
+	// SourceConfig: no agent answered; the report was built from the
+	// config file and by opening the tokens directly.
+	SourceConfig = "config"
+)
+
+// Settings are the effective HA settings of a group (or the global
+// defaults), as the wire carries them. Durations are Go duration strings.
+type Settings struct {
+	Only             bool   `json:"only"`
+	RecoveryMode     string `json:"recoveryMode"`
+	Retries          int    `json:"retries"`
+	Interval         string `json:"interval"`
+	CommandTimeout   string `json:"commandTimeout"`
+	KeygenTimeout    string `json:"keygenTimeout"`
+	ProbeInterval    string `json:"probeInterval"`
+	Policy           string `json:"policy"`
+	FailureThreshold int    `json:"failureThreshold"`
+}
+
+// MemberStatus is one member's state in a GroupStatus.
+type MemberStatus struct {
+	Name        string `json:"name"`
+	Module      string `json:"module"`
+	Token       string `json:"token"` // how the token is selected: label=…, serial=… or the URI
+	SlotID      *uint  `json:"slotId,omitempty"`
+	TokenLabel  string `json:"tokenLabel,omitempty"`
+	TokenSerial string `json:"tokenSerial,omitempty"`
+	Standby     bool   `json:"standby"`
+	Primary     bool   `json:"primary"`
+	State       string `json:"state"`
+	LastError   string `json:"lastError,omitempty"`
+	InFlight    int64  `json:"inFlight"`
+	Operations  uint64 `json:"operations"`
+	Failures    uint64 `json:"failures"`
+	// NeedsSync reports whether the member lacks objects the group holds
+	// (or holds objects the group deleted).
+	NeedsSync bool `json:"needsSync"`
+}
+
+// GroupStatus is one group as listgroups shows it.
+type GroupStatus struct {
+	Label    string         `json:"label"`
+	Serial   string         `json:"serial"`
+	Settings Settings       `json:"settings"`
+	Members  []MemberStatus `json:"members"`
+	// NeedsSync lists the members that need synchronisation.
+	NeedsSync []string `json:"needsSync"`
+	// Standbys lists the standby members by name.
+	Standbys []string `json:"standbys"`
+	// Healthy reports whether every non-standby member is in service.
+	Healthy bool `json:"healthy"`
+}
+
+// GroupsReport is the answer to listgroups.
+type GroupsReport struct {
+	SchemaVersion int           `json:"schemaVersion"`
+	Source        string        `json:"source"`
+	ConfigPath    string        `json:"configPath"`
+	Global        Settings      `json:"global"`
+	Groups        []GroupStatus `json:"groups"`
+}
+
+// Degraded reports whether any group in the report is not fully healthy.
+func (r GroupsReport) Degraded() bool {
+	for _, g := range r.Groups {
+		if !g.Healthy || len(g.NeedsSync) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// RecoverRequest asks for a manual recovery of a group's failed members,
+// or of one member.
+type RecoverRequest struct {
+	Group  string `json:"group"`
+	Member string `json:"member,omitempty"`
+}
+
+// MemberResult is the outcome of an action on one member.
+type MemberResult struct {
+	Member string `json:"member"`
+	OK     bool   `json:"ok"`
+	State  string `json:"state"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// RecoverResult is the answer to a RecoverRequest.
+type RecoverResult struct {
+	SchemaVersion int            `json:"schemaVersion"`
+	Group         string         `json:"group"`
+	Members       []MemberResult `json:"members"`
+}
+
+// Failed reports whether any member failed to recover.
+func (r RecoverResult) Failed() bool {
+	for _, m := range r.Members {
+		if !m.OK {
+			return true
+		}
+	}
+	return false
+}
+
+// SyncRequest asks for a synchronisation (or, with Check, only its plan).
+type SyncRequest struct {
+	Group string `json:"group"`
+	// Check plans without changing anything.
+	Check bool `json:"check,omitempty"`
+	// Prune destroys objects that exist only on some members instead of
+	// replicating them; the caller must have confirmed it.
+	Prune bool `json:"prune,omitempty"`
+}
+
+// Difference is one object that is not the same on every member.
+type Difference struct {
+	Object  string   `json:"object"`  // identity, human readable
+	Kind    string   `json:"kind"`    // missing, tombstoned, conflict
+	Members []string `json:"members"` // the members the difference concerns
+	Action  string   `json:"action"`  // what synchronize does (or did) about it
+	Detail  string   `json:"detail,omitempty"`
+}
+
+// SyncReport is the answer to a SyncRequest.
+type SyncReport struct {
+	SchemaVersion int          `json:"schemaVersion"`
+	Group         string       `json:"group"`
+	Checked       bool         `json:"checked"` // true: planned only, nothing changed
+	InSync        bool         `json:"inSync"`
+	Differences   []Difference `json:"differences"`
+	Applied       int          `json:"applied"`
+	Conflicts     int          `json:"conflicts"`
+}
+
+// ReloadResult is the answer to a reload.
+type ReloadResult struct {
+	SchemaVersion int      `json:"schemaVersion"`
+	ConfigPath    string   `json:"configPath"`
+	Changes       []string `json:"changes"` // one line per group or member added, removed or changed
+}
+
+// Status describes the running agent.
+type Status struct {
+	SchemaVersion int       `json:"schemaVersion"`
+	Version       string    `json:"version"`
+	APIVersion    string    `json:"apiVersion"`
+	PID           int       `json:"pid"`
+	Started       time.Time `json:"started"`
+	Uptime        string    `json:"uptime"`
+	Socket        string    `json:"socket"`
+	ConfigPath    string    `json:"configPath"`
+	Groups        []string  `json:"groups"`
+	// Access is what the asking connection may do: "read" or "write".
+	Access string `json:"access"`
+}
+
+// Event is one line of the HA event log.
+type Event struct {
+	Time   time.Time `json:"time"`
+	Group  string    `json:"group"`
+	Member string    `json:"member,omitempty"`
+	Event  string    `json:"event"`
+	Detail string    `json:"detail,omitempty"`
+}
+
+// HALogRequest selects events from the HA event log.
+type HALogRequest struct {
+	// Since keeps events no older than this (0: all).
+	Since time.Duration
+	// Group keeps one group's events ("" : all).
+	Group string
+	// Follow keeps the stream open and sends new events as they happen.
+	Follow bool
+}
+
+// ErrorBody is the JSON body of every non-2xx response.
+type ErrorBody struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
