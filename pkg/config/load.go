@@ -53,14 +53,20 @@ func Parse(data []byte, name string) (*Config, error) {
 // not TOML or does not fit the schema's types; strict holds the unknown
 // keys and zero durations, which Validate cannot see.
 func decode(data []byte, name string) (c *Config, strict, err error) {
+	// Decoding into plain maps first separates syntax errors (no key of
+	// ours to blame) from values that do not fit the schema.
+	var raw map[string]any
+	if _, err := toml.Decode(string(data), &raw); err != nil {
+		return nil, nil, decodeError(name, err, true)
+	}
 	c = &Config{Path: name}
 	if _, err := toml.Decode(string(data), c); err != nil {
-		return nil, nil, decodeError(name, err)
+		return nil, nil, decodeError(name, err, false)
 	}
 	c.src = scanSource(data)
 	c.normalise()
 	p := &problems{c: c}
-	checkKeys(p, data)
+	checkKeys(p, raw)
 	return c, p.err(), nil
 }
 
@@ -90,16 +96,18 @@ func (c *Config) normalise() {
 // does not fit its Go type.
 var typeErrRE = regexp.MustCompile(`^toml: (?:line (\d+) )?\(last key "([^"]*)"\): (.*)$`)
 
-// decodeError turns an error from toml.Decode into a *FieldError.
-func decodeError(name string, err error) error {
+// decodeError turns an error from toml.Decode into a *FieldError. A syntax
+// error names no key: the parser's "last key" is only the one before.
+func decodeError(name string, err error, syntax bool) error {
 	e := &FieldError{File: name, GroupIndex: -1, MemberIndex: -1}
 	var pe toml.ParseError
 	if errors.As(err, &pe) {
 		e.Line, e.Col = pe.Position.Line, pe.Position.Col
-		e.Key = pe.LastKey
 		e.Msg = pe.Message
-		if e.Key == "" {
+		if syntax {
 			e.Msg = "syntax error: " + e.Msg
+		} else {
+			e.Key = pe.LastKey
 		}
 		return e
 	}
@@ -143,14 +151,10 @@ func isDurationKey(k string) bool {
 }
 
 // checkKeys reports keys the schema does not know and durations written as
-// zero. It walks the document decoded a second time into plain maps:
-// BurntSushi/toml matches field names case-insensitively, and its metadata
-// does not say which element of an array of tables a key belongs to.
-func checkKeys(p *problems, data []byte) {
-	var raw map[string]any
-	if _, err := toml.Decode(string(data), &raw); err != nil {
-		return // cannot happen: the same data has just decoded
-	}
+// zero. It walks the document decoded into plain maps: BurntSushi/toml
+// matches field names case-insensitively, and its metadata does not say
+// which element of an array of tables a key belongs to.
+func checkKeys(p *problems, raw map[string]any) {
 	p.checkTable(raw, "", -1, -1)
 	if m, ok := raw["agent"].(map[string]any); ok {
 		p.checkTable(m, "agent", -1, -1)

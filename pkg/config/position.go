@@ -14,12 +14,23 @@ type source struct {
 	lines map[string]int
 }
 
-// line returns the line of path, or 0 when it is unknown.
+// line returns the line of path, or 0 when it is unknown. A table made
+// only by dotted keys (a.b = 1 makes a) has no line of its own; it gets the
+// first line of a key inside it.
 func (s *source) line(path string) int {
 	if s == nil {
 		return 0
 	}
-	return s.lines[path]
+	if n, ok := s.lines[path]; ok {
+		return n
+	}
+	first := 0
+	for p, n := range s.lines {
+		if strings.HasPrefix(p, path+".") && (first == 0 || n < first) {
+			first = n
+		}
+	}
+	return first
 }
 
 // groupPath and friends build the indexed paths used as keys of source.
