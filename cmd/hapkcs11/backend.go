@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// The C layer (abi.go, library.go) sees every slot it lists through these
+// two interfaces and nothing else: a virtual HA slot (engine.go, on
+// pkg/group) and a physical member slot (physical.go, on pkg/slot) look the
+// same to it. Object handles are whatever the backend hands out (virtual
+// handles for a group, the member's own handles for a physical slot); they
+// mean something only within their slot. Errors carry their CKR code as
+// slot.CodeOf reads it.
+
+// token is one slot the module lists, with its token.
+type token interface {
+	// SlotInfo describes the slot; it does not block.
+	SlotInfo() slotInfo
+	// TokenInfo describes the token as the backend sees it now.
+	TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error)
+	Mechanisms(ctx context.Context) ([]uint, error)
+	MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error)
+	// Login logs userType in for the whole token (every session of the
+	// application), as C_Login does.
+	Login(ctx context.Context, userType uint, pin secret.PIN) error
+	Logout(ctx context.Context) error
+	// OpenSession opens one application session.
+	OpenSession(ctx context.Context) (session, error)
+	// Close releases the token when the module is finalized.
+	Close() error
+}
+
+// slotInfo is what C_GetSlotInfo reports, minus the versions.
+type slotInfo struct {
+	Description  string
+	Manufacturer string
+	Present      bool // a token is in the slot (a physical member is reachable)
+	Hardware     bool
+}
+
+// session is one application session on a token. The library calls it from
+// one goroutine at a time (it serialises calls per session, as PKCS#11
+// sessions are single-threaded).
+type session interface {
+	FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]uint, error)
+	GetAttributes(ctx context.Context, h uint, types []uint) ([]slot.Attribute, error)
+	SetAttributes(ctx context.Context, h uint, attrs []*pkcs11.Attribute) error
+	CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (uint, error)
+	CopyObject(ctx context.Context, h uint, tmpl []*pkcs11.Attribute) (uint, error)
+	DestroyObject(ctx context.Context, h uint) error
+	GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (uint, error)
+	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (uint, uint, error)
+	WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key uint) ([]byte, error)
+	UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping uint, blob []byte, tmpl []*pkcs11.Attribute) (uint, error)
+	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base uint, tmpl []*pkcs11.Attribute) (uint, error)
+
+	// Single-part operations: the backend may run each on any member.
+	Sign(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error)
+	Verify(ctx context.Context, m *pkcs11.Mechanism, key uint, data, sig []byte) error
+	Encrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error)
+	Decrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error)
+	Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error)
+	GenerateRandom(ctx context.Context, n int) ([]byte, error)
+
+	// Multi-part operations: pinned by the backend to one member from Init
+	// to Final.
+	SignInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
+	SignUpdate(ctx context.Context, data []byte) error
+	SignFinal(ctx context.Context) ([]byte, error)
+	VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
+	VerifyUpdate(ctx context.Context, data []byte) error
+	VerifyFinal(ctx context.Context, sig []byte) error
+	EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
+	EncryptUpdate(ctx context.Context, data []byte) ([]byte, error)
+	EncryptFinal(ctx context.Context) ([]byte, error)
+	DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
+	DecryptUpdate(ctx context.Context, data []byte) ([]byte, error)
+	DecryptFinal(ctx context.Context) ([]byte, error)
+	DigestInit(ctx context.Context, m *pkcs11.Mechanism) error
+	DigestUpdate(ctx context.Context, data []byte) error
+	DigestFinal(ctx context.Context) ([]byte, error)
+
+	// Close ends the session (and its session objects).
+	Close() error
+}

@@ -1,0 +1,129 @@
+/*
+ * entry.c — C_GetFunctionList, C_Initialize, C_Finalize, the static
+ * function list, fork detection and the application's locking.
+ */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "hapkcs11.h"
+#include "entry.h"
+#include "_cgo_export.h"
+
+static pid_t load_pid;
+
+/* Runs when the library is loaded, in the loading process. */
+__attribute__((constructor)) static void hap_record_pid(void)
+{
+	load_pid = getpid();
+}
+
+int hap_forked(void)
+{
+	return getpid() != load_pid;
+}
+
+/* Serialises C_Initialize and C_Finalize with each other. */
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The application's mutex, when it asked for its own locking. Written only
+ * under init_lock while no other call may run (the spec forbids calls
+ * concurrent with C_Initialize/C_Finalize). */
+static CK_C_INITIALIZE_ARGS app_fns;
+static CK_VOID_PTR app_mutex;
+
+CK_RV hap_app_lock(void)
+{
+	if (app_mutex == NULL)
+		return CKR_OK;
+	if (app_fns.LockMutex(app_mutex) != CKR_OK)
+		return CKR_CANT_LOCK;
+	return CKR_OK;
+}
+
+void hap_app_unlock(void)
+{
+	if (app_mutex != NULL)
+		app_fns.UnlockMutex(app_mutex);
+}
+
+CK_RV C_Initialize(CK_VOID_PTR pInitArgs)
+{
+	CK_C_INITIALIZE_ARGS *args = pInitArgs;
+	CK_FLAGS flags = 0;
+	int use_app_mutex = 0;
+	CK_VOID_PTR mutex = NULL;
+	CK_RV rv;
+
+	if (hap_forked())
+		return CKR_CRYPTOKI_NOT_INITIALIZED;
+	if (args != NULL) {
+		int n = (args->CreateMutex != NULL) + (args->DestroyMutex != NULL) +
+			(args->LockMutex != NULL) + (args->UnlockMutex != NULL);
+		if (args->pReserved != NULL || (n != 0 && n != 4))
+			return CKR_ARGUMENTS_BAD;
+		flags = args->flags;
+		/* CKF_LIBRARY_CANT_CREATE_OS_THREADS is ignored: the Go runtime
+		 * makes its own threads whatever the application says. */
+		use_app_mutex = n == 4 && !(flags & CKF_OS_LOCKING_OK);
+	}
+
+	pthread_mutex_lock(&init_lock);
+	if (use_app_mutex) {
+		rv = args->CreateMutex(&mutex);
+		if (rv != CKR_OK) {
+			pthread_mutex_unlock(&init_lock);
+			return rv;
+		}
+	}
+	rv = hapInitialize(flags);
+	if (rv == CKR_OK && use_app_mutex) {
+		app_fns = *args;
+		app_mutex = mutex;
+	} else if (use_app_mutex) {
+		args->DestroyMutex(mutex);
+	}
+	pthread_mutex_unlock(&init_lock);
+	return rv;
+}
+
+CK_RV C_Finalize(CK_VOID_PTR pReserved)
+{
+	CK_RV rv;
+
+	if (hap_forked())
+		return CKR_CRYPTOKI_NOT_INITIALIZED;
+	if (pReserved != NULL)
+		return CKR_ARGUMENTS_BAD;
+	pthread_mutex_lock(&init_lock);
+	rv = hap_app_lock();
+	if (rv != CKR_OK) {
+		pthread_mutex_unlock(&init_lock);
+		return rv;
+	}
+	rv = hapFinalize();
+	if (app_mutex != NULL) {
+		CK_VOID_PTR m = app_mutex;
+		app_fns.UnlockMutex(m);
+		if (rv == CKR_OK) {
+			app_mutex = NULL;
+			app_fns.DestroyMutex(m);
+		}
+	}
+	pthread_mutex_unlock(&init_lock);
+	return rv;
+}
+
+CK_RV C_GetFunctionList(CK_FUNCTION_LIST_PTR_PTR ppFunctionList)
+{
+	if (ppFunctionList == NULL)
+		return CKR_ARGUMENTS_BAD;
+	*ppFunctionList = &hap_function_list;
+	return CKR_OK;
+}
+
+CK_FUNCTION_LIST hap_function_list = {
+	{2, 40},
+#define CK_PKCS11_FUNCTION_INFO(name) name,
+#include "pkcs11f.h"
+#undef CK_PKCS11_FUNCTION_INFO
+};

@@ -1,0 +1,32 @@
+/*
+ * entry.h — the guard every C entry point runs before calling into Go.
+ *
+ * Fork: the Go runtime does not survive fork() without exec (its threads
+ * are gone in the child), so any call into Go from a forked child would
+ * hang. hap_forked() compares getpid() with the pid that loaded the
+ * library and every entry point then fails fast, in C, before Go runs.
+ *
+ * Application locking: when C_Initialize got mutex callbacks without
+ * CKF_OS_LOCKING_OK, the application asked the library to use its
+ * primitives; the library then holds the application's mutex around every
+ * call (hap_app_lock/hap_app_unlock).
+ */
+#ifndef HAPKCS11_ENTRY_H
+#define HAPKCS11_ENTRY_H
+
+int hap_forked(void);
+CK_RV hap_app_lock(void);
+void hap_app_unlock(void);
+
+#define HAP_ENTER()                                   \
+	do {                                          \
+		if (hap_forked())                     \
+			return CKR_CRYPTOKI_NOT_INITIALIZED; \
+		CK_RV lrv_ = hap_app_lock();          \
+		if (lrv_ != CKR_OK)                   \
+			return lrv_;                  \
+	} while (0)
+
+#define HAP_LEAVE() hap_app_unlock()
+
+#endif

@@ -1,0 +1,24 @@
+/*
+ * hapkcs11.h — the platform macros the OASIS headers ask for (Unix, default
+ * packing), then the PKCS#11 v2.40 declarations, then the C helpers the Go
+ * side calls. Included by entry.c and by every Go file with a cgo preamble.
+ */
+#ifndef HAPKCS11_H
+#define HAPKCS11_H
+
+#define CK_PTR *
+#define CK_DECLARE_FUNCTION(returnType, name) returnType name
+#define CK_DECLARE_FUNCTION_POINTER(returnType, name) returnType (*name)
+#define CK_CALLBACK_FUNCTION(returnType, name) returnType (*name)
+#ifndef NULL_PTR
+#define NULL_PTR 0
+#endif
+
+#include <stddef.h>
+#include <string.h>
+#include "pkcs11.h"
+
+/* The static function list (entry.c), for tests of C_GetFunctionList. */
+extern CK_FUNCTION_LIST hap_function_list;
+
+#endif

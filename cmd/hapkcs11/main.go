@@ -1,0 +1,46 @@
+// Command hapkcs11 is libhapkcs11.so, the hagroup PKCS#11 client library:
+// a PKCS#11 v2.40 module in which every configured HA group is one virtual
+// slot, run by the HA engine (pkg/group) inside the application's process.
+//
+// Build it with
+//
+//	go build -buildmode=c-shared -o bin/libhapkcs11.so ./cmd/hapkcs11
+//
+// and load bin/libhapkcs11.so in any PKCS#11 application. The configuration
+// is $HAGROUP_CONF, else /etc/hagroup/hagroup.toml. Every group is a slot
+// whose ID is derived from the group's serial (the serial itself when it is
+// a number below 2^30), labelled with the group's label; each member's own
+// token is listed too, with an ID derived from the group serial and member
+// name, unless only = true.
+//
+// The library exports C_GetFunctionList and every C_* function and nothing
+// else (see exports.map.tbd).
+//
+// Fork: the Go runtime does not survive fork() without exec. In a child
+// every call, C_Initialize included, returns CKR_CRYPTOKI_NOT_INITIALIZED
+// at once; a child must exec (or load nothing before forking).
+//
+// Locking: C_Initialize accepts CKF_OS_LOCKING_OK, and mutex callbacks; when
+// it gets callbacks without CKF_OS_LOCKING_OK, every call holds the
+// application's mutex. CKF_LIBRARY_CANT_CREATE_OS_THREADS is ignored: the
+// Go runtime creates threads regardless.
+//
+// Logging: HA events go to the configuration's log_file when the process
+// may append to it, else to stderr only when HAGROUP_DEBUG is set.
+package main
+
+/*
+#cgo LDFLAGS: ${SRCDIR}/exports.map.tbd
+#include "hapkcs11.h"
+*/
+import "C"
+
+// Library identity, reported by C_GetInfo and in slot and token info.
+const (
+	manufacturer = "hagroup"
+	model        = "hagroup"
+	libraryMajor = 1
+	libraryMinor = 0
+)
+
+func main() {}
