@@ -1,0 +1,350 @@
+// Package member is one member of an HA group: its physical slot, its state
+// machine (active, standby, failed, recovering, removed), and the live
+// figures the scheduler reads on every call (operations in flight, latency
+// average, consecutive health failures) plus counters for status and
+// metrics.
+//
+// Every method is safe for concurrent use. The figures read and written on
+// the hot path are plain atomics; no call takes a lock.
+package member
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+)
+
+// ErrIllegalTransition is wrapped by the error Transition returns when the
+// move is not allowed from the member's current state.
+var ErrIllegalTransition = errors.New("illegal member state transition")
+
+// Config describes a member as configured.
+type Config struct {
+	// Name is the member's stable name, used in events, errors and metrics.
+	Name string
+	// Index is the member's position in the group's configured order
+	// (0 = first); it decides which member is primary.
+	Index int
+	// Standby reports whether the member is configured as a standby.
+	Standby bool
+	// FailureThreshold is how many consecutive health failures fail the
+	// member; values below 1 mean 1.
+	FailureThreshold int
+}
+
+// Transition is the event emitted for every state change.
+type Transition struct {
+	Member string
+	From   State
+	To     State
+	// Err is the reason for a move to Failed (nil otherwise, or when the
+	// caller gave none).
+	Err  error
+	Time time.Time
+}
+
+// Outcome is what End concluded about one call.
+type Outcome struct {
+	// Class is the error class of the call (slot.ClassNone on success).
+	Class slot.Class
+	// Fail reports whether the call should fail the member: a timeout, or
+	// the failure threshold reached by consecutive health failures.
+	Fail bool
+}
+
+type errRecord struct {
+	err  error
+	time time.Time
+}
+
+// latencyShift sets the EWMA weight of a new sample to 1/8.
+const latencyShift = 3
+
+// Member is one member of a group. Create it with New.
+type Member struct {
+	cfg    Config
+	notify func(Transition)
+
+	state atomic.Int32
+	since atomic.Int64 // unix nanoseconds of the last transition
+	slot  atomic.Pointer[slot.Slot]
+	epoch atomic.Uint64
+
+	inFlight atomic.Int64
+	latency  atomic.Int64 // EWMA of successful call latency, nanoseconds
+	consec   atomic.Int32
+
+	ops           atomic.Uint64
+	errs          atomic.Uint64
+	requestErrors atomic.Uint64
+	failovers     atomic.Uint64
+	replications  atomic.Uint64
+
+	lastErr atomic.Pointer[errRecord]
+}
+
+// New returns a member in the initial state st. s may be nil only when st
+// is Failed (the member's token could not be opened; cause says why).
+// notify, if not nil, is called synchronously after every transition and
+// must not block.
+func New(cfg Config, s *slot.Slot, st State, cause error, notify func(Transition)) (*Member, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("member: empty name")
+	}
+	if st < Active || st > Removed {
+		return nil, fmt.Errorf("member %s: invalid initial state %v", cfg.Name, st)
+	}
+	if s == nil && st != Failed && st != Removed {
+		return nil, fmt.Errorf("member %s: no slot for initial state %v", cfg.Name, st)
+	}
+	if cfg.FailureThreshold < 1 {
+		cfg.FailureThreshold = 1
+	}
+	m := &Member{cfg: cfg, notify: notify}
+	m.state.Store(int32(st))
+	m.since.Store(time.Now().UnixNano())
+	if s != nil {
+		m.slot.Store(s)
+	}
+	if cause != nil {
+		m.lastErr.Store(&errRecord{err: cause, time: time.Now()})
+	}
+	return m, nil
+}
+
+// Name returns the member's configured name.
+func (m *Member) Name() string { return m.cfg.Name }
+
+// Index returns the member's position in the configured order.
+func (m *Member) Index() int { return m.cfg.Index }
+
+// ConfiguredStandby reports whether the member is configured as a standby
+// (it may be active now, promoted because no active member was left).
+func (m *Member) ConfiguredStandby() bool { return m.cfg.Standby }
+
+// State returns the current state.
+func (m *Member) State() State { return State(m.state.Load()) }
+
+// Since returns when the member entered its current state.
+func (m *Member) Since() time.Time { return time.Unix(0, m.since.Load()) }
+
+// Slot returns the member's physical slot; nil while it has never been
+// opened.
+func (m *Member) Slot() *slot.Slot { return m.slot.Load() }
+
+// SetSlot installs a (re-)opened slot and returns the previous one, which
+// the caller closes if it is a different slot.
+func (m *Member) SetSlot(s *slot.Slot) *slot.Slot { return m.slot.Swap(s) }
+
+// Epoch is a number that changes whenever physical object handles the group
+// cached for this member may have become stale (re-login, re-open,
+// recovery). Cached handles carry the epoch they were found in.
+func (m *Member) Epoch() uint64 { return m.epoch.Load() }
+
+// BumpEpoch invalidates every physical handle cached for this member and
+// returns the new epoch.
+func (m *Member) BumpEpoch() uint64 { return m.epoch.Add(1) }
+
+// Transition moves the member to state to, emitting one Transition event.
+// reason is recorded as the last error when to is Failed. It returns the
+// previous state, or an error wrapping ErrIllegalTransition when the move
+// is not legal from the current state (the state is then unchanged).
+func (m *Member) Transition(to State, reason error) (State, error) {
+	for {
+		from := State(m.state.Load())
+		if !CanTransition(from, to) {
+			return from, fmt.Errorf("member %s: %v → %v: %w", m.cfg.Name, from, to, ErrIllegalTransition)
+		}
+		if m.state.CompareAndSwap(int32(from), int32(to)) {
+			m.transitioned(from, to, reason)
+			return from, nil
+		}
+	}
+}
+
+// CompareAndTransition moves the member from state from to state to only
+// if it is in from now and the move is legal. It reports whether it moved
+// (and so emitted the event); exactly one of several racing callers wins.
+func (m *Member) CompareAndTransition(from, to State, reason error) bool {
+	if !CanTransition(from, to) {
+		return false
+	}
+	if !m.state.CompareAndSwap(int32(from), int32(to)) {
+		return false
+	}
+	m.transitioned(from, to, reason)
+	return true
+}
+
+// Fail moves an active, standby or recovering member to Failed and reports
+// whether this call did so (false: it was already failed or removed, and no
+// event was emitted).
+func (m *Member) Fail(reason error) bool {
+	for {
+		from := State(m.state.Load())
+		if !CanTransition(from, Failed) {
+			return false
+		}
+		if m.state.CompareAndSwap(int32(from), int32(Failed)) {
+			m.transitioned(from, Failed, reason)
+			return true
+		}
+	}
+}
+
+func (m *Member) transitioned(from, to State, reason error) {
+	now := time.Now()
+	m.since.Store(now.UnixNano())
+	if to == Failed && reason != nil {
+		m.lastErr.Store(&errRecord{err: reason, time: now})
+	}
+	if to == Active || to == Standby {
+		if from == Recovering {
+			m.consec.Store(0)
+		}
+	}
+	if m.notify != nil {
+		m.notify(Transition{Member: m.cfg.Name, From: from, To: to, Err: reason, Time: now})
+	}
+}
+
+// Begin marks one call as in flight on the member and returns its start
+// time for End.
+func (m *Member) Begin() time.Time {
+	m.inFlight.Add(1)
+	return time.Now()
+}
+
+// End records the result of a call started with Begin: it counts the
+// operation, updates the latency average, and charges health failures.
+// Request and login errors (slot.ClassRequest, slot.ClassLogin) are never
+// charged: they prove the member answers, so they also end a run of
+// consecutive health failures. A timeout (slot.ErrTimeout) fails at once;
+// other health errors fail when FailureThreshold of them come in a row.
+// End does not change the state: the caller fails the member when
+// Outcome.Fail is set, so that it can say why in the event.
+func (m *Member) End(start time.Time, err error) Outcome {
+	m.inFlight.Add(-1)
+	class := slot.ClassOf(err)
+	switch class {
+	case slot.ClassNone:
+		m.ops.Add(1)
+		m.consec.Store(0)
+		m.observe(time.Since(start))
+		return Outcome{Class: class}
+	case slot.ClassRequest, slot.ClassLogin:
+		m.ops.Add(1)
+		m.requestErrors.Add(1)
+		m.consec.Store(0)
+		m.observe(time.Since(start))
+		return Outcome{Class: class}
+	default:
+		return Outcome{Class: slot.ClassHealth, Fail: m.ChargeHealth(err)}
+	}
+}
+
+// ChargeHealth counts one health failure outside Begin/End (for example a
+// failed session open) and reports whether the member should now be failed.
+func (m *Member) ChargeHealth(err error) bool {
+	m.errs.Add(1)
+	m.lastErr.Store(&errRecord{err: err, time: time.Now()})
+	n := m.consec.Add(1)
+	return errors.Is(err, slot.ErrTimeout) || int(n) >= m.cfg.FailureThreshold
+}
+
+func (m *Member) observe(d time.Duration) {
+	if d <= 0 {
+		d = 1
+	}
+	sample := int64(d)
+	for {
+		old := m.latency.Load()
+		next := sample
+		if old != 0 {
+			next = old + (sample-old)>>latencyShift
+			if next <= 0 {
+				next = 1
+			}
+		}
+		if m.latency.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// InFlight returns the number of calls in flight on the member.
+func (m *Member) InFlight() int64 { return m.inFlight.Load() }
+
+// Latency returns the exponentially weighted average latency of the
+// member's recent answered calls (0 until the first one).
+func (m *Member) Latency() time.Duration { return time.Duration(m.latency.Load()) }
+
+// ConsecutiveFailures returns the current run of health failures.
+func (m *Member) ConsecutiveFailures() int { return int(m.consec.Load()) }
+
+// AddFailover counts one operation moved away from this member.
+func (m *Member) AddFailover() { m.failovers.Add(1) }
+
+// AddReplication counts one object replicated to this member.
+func (m *Member) AddReplication() { m.replications.Add(1) }
+
+// LastError returns the last health error recorded and when (nil, zero
+// time when there is none).
+func (m *Member) LastError() (error, time.Time) {
+	r := m.lastErr.Load()
+	if r == nil {
+		return nil, time.Time{}
+	}
+	return r.err, r.time
+}
+
+// Snapshot is a point-in-time copy of a member's state and figures, for
+// status output, metrics and the agent's wire types.
+type Snapshot struct {
+	Name                string        `json:"name"`
+	Index               int           `json:"index"`
+	State               State         `json:"state"`
+	ConfiguredStandby   bool          `json:"configured_standby"`
+	Since               time.Time     `json:"since"`
+	InFlight            int64         `json:"in_flight"`
+	Latency             time.Duration `json:"latency_ns"`
+	ConsecutiveFailures int           `json:"consecutive_failures"`
+	Ops                 uint64        `json:"ops"`
+	Errors              uint64        `json:"errors"`
+	RequestErrors       uint64        `json:"request_errors"`
+	Failovers           uint64        `json:"failovers"`
+	Replications        uint64        `json:"replications"`
+	LastError           string        `json:"last_error,omitempty"`
+	LastErrorTime       time.Time     `json:"last_error_time,omitzero"`
+	Epoch               uint64        `json:"epoch"`
+}
+
+// Snapshot returns the member's current figures. Fields are read one by
+// one, so a snapshot taken under load is consistent per field, not as a
+// whole.
+func (m *Member) Snapshot() Snapshot {
+	s := Snapshot{
+		Name:                m.cfg.Name,
+		Index:               m.cfg.Index,
+		State:               m.State(),
+		ConfiguredStandby:   m.cfg.Standby,
+		Since:               m.Since(),
+		InFlight:            m.InFlight(),
+		Latency:             m.Latency(),
+		ConsecutiveFailures: m.ConsecutiveFailures(),
+		Ops:                 m.ops.Load(),
+		Errors:              m.errs.Load(),
+		RequestErrors:       m.requestErrors.Load(),
+		Failovers:           m.failovers.Load(),
+		Replications:        m.replications.Load(),
+		Epoch:               m.Epoch(),
+	}
+	if err, t := m.LastError(); err != nil {
+		s.LastError = err.Error()
+		s.LastErrorTime = t
+	}
+	return s
+}

@@ -1,0 +1,220 @@
+package member
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+func newFailed(t *testing.T, threshold int, notify func(Transition)) *Member {
+	t.Helper()
+	m, err := New(Config{Name: "hsm-a", FailureThreshold: threshold}, nil, Failed, errors.New("not opened"), notify)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestCanTransition(t *testing.T) {
+	all := []State{Active, Standby, Failed, Recovering, Removed}
+	want := map[[2]State]bool{
+		{Active, Standby}: true, {Active, Failed}: true, {Active, Removed}: true,
+		{Standby, Active}: true, {Standby, Failed}: true, {Standby, Removed}: true,
+		{Failed, Recovering}: true, {Failed, Removed}: true,
+		{Recovering, Active}: true, {Recovering, Standby}: true, {Recovering, Failed}: true, {Recovering, Removed}: true,
+	}
+	for _, from := range all {
+		for _, to := range all {
+			t.Run(fmt.Sprintf("%v-%v", from, to), func(t *testing.T) {
+				if got := CanTransition(from, to); got != want[[2]State{from, to}] {
+					t.Errorf("CanTransition(%v, %v) = %v, want %v", from, to, got, !got)
+				}
+			})
+		}
+	}
+}
+
+func TestNewRejectsSlotlessServingMember(t *testing.T) {
+	if _, err := New(Config{Name: "x"}, nil, Active, nil, nil); err == nil {
+		t.Fatal("New(active, nil slot) succeeded")
+	}
+	if _, err := New(Config{}, nil, Failed, nil, nil); err == nil {
+		t.Fatal("New with empty name succeeded")
+	}
+}
+
+func TestTransitionsEmitEvents(t *testing.T) {
+	var got []Transition
+	m := newFailed(t, 1, func(tr Transition) { got = append(got, tr) })
+	if _, err := m.Transition(Active, nil); !errors.Is(err, ErrIllegalTransition) {
+		t.Fatalf("failed → active: err = %v, want ErrIllegalTransition", err)
+	}
+	if m.State() != Failed {
+		t.Fatalf("state after refused move = %v", m.State())
+	}
+	if _, err := m.Transition(Recovering, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Transition(Standby, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !m.CompareAndTransition(Standby, Active, nil) {
+		t.Fatal("promotion refused")
+	}
+	if m.CompareAndTransition(Standby, Active, nil) {
+		t.Fatal("second promotion from a state the member is no longer in succeeded")
+	}
+	cause := errors.New("device gone")
+	if !m.Fail(cause) {
+		t.Fatal("Fail on active member returned false")
+	}
+	if m.Fail(cause) {
+		t.Fatal("second Fail returned true")
+	}
+	if _, err := m.Transition(Removed, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Transition(Recovering, nil); err == nil {
+		t.Fatal("removed member left Removed")
+	}
+	want := [][2]State{{Failed, Recovering}, {Recovering, Standby}, {Standby, Active}, {Active, Failed}, {Failed, Removed}}
+	if len(got) != len(want) {
+		t.Fatalf("got %d events, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		if got[i].From != w[0] || got[i].To != w[1] || got[i].Member != "hsm-a" {
+			t.Errorf("event %d = %+v, want %v → %v", i, got[i], w[0], w[1])
+		}
+	}
+	if got[3].Err != cause {
+		t.Errorf("fail event error = %v, want %v", got[3].Err, cause)
+	}
+	if err, _ := m.LastError(); err != cause {
+		t.Errorf("LastError = %v, want %v", err, cause)
+	}
+}
+
+func TestConcurrentFailEmitsOneEvent(t *testing.T) {
+	var mu sync.Mutex
+	events := 0
+	m := newFailed(t, 1, func(tr Transition) {
+		if tr.To == Failed {
+			mu.Lock()
+			events++
+			mu.Unlock()
+		}
+	})
+	m.Transition(Recovering, nil)
+	m.Transition(Active, nil)
+	var wg sync.WaitGroup
+	var wins sync.Map
+	for i := range 32 {
+		wg.Go(func() {
+			if m.Fail(errors.New("x")) {
+				wins.Store(i, true)
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	wins.Range(func(any, any) bool { n++; return true })
+	if n != 1 || events != 1 {
+		t.Fatalf("%d callers won, %d events; want 1 and 1", n, events)
+	}
+}
+
+func TestEndChargesOnlyHealth(t *testing.T) {
+	tests := []struct {
+		name      string
+		threshold int
+		errs      []error
+		wantFail  []bool
+		wantClass slot.Class
+	}{
+		{"success", 1, []error{nil}, []bool{false}, slot.ClassNone},
+		{"request error never charged", 1, []error{pkcs11.Error(pkcs11.CKR_MECHANISM_INVALID), pkcs11.Error(pkcs11.CKR_SIGNATURE_INVALID)}, []bool{false, false}, slot.ClassRequest},
+		{"device error fails at threshold 1", 1, []error{pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)}, []bool{true}, slot.ClassHealth},
+		{"threshold 3 needs three in a row", 3, []error{pkcs11.Error(pkcs11.CKR_DEVICE_ERROR), pkcs11.Error(pkcs11.CKR_DEVICE_ERROR), pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)}, []bool{false, false, true}, slot.ClassHealth},
+		{"a success breaks the run", 2, []error{pkcs11.Error(pkcs11.CKR_DEVICE_ERROR), nil, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)}, []bool{false, false, false}, slot.ClassHealth},
+		{"a timeout fails at once", 5, []error{fmt.Errorf("sign: %w", slot.ErrTimeout)}, []bool{true}, slot.ClassHealth},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFailed(t, tc.threshold, nil)
+			var last Outcome
+			for i, err := range tc.errs {
+				start := m.Begin()
+				if m.InFlight() != 1 {
+					t.Fatalf("in flight = %d during call", m.InFlight())
+				}
+				last = m.End(start, err)
+				if last.Fail != tc.wantFail[i] {
+					t.Errorf("call %d (%v): Fail = %v, want %v", i, err, last.Fail, tc.wantFail[i])
+				}
+			}
+			if last.Class != tc.wantClass {
+				t.Errorf("class = %v, want %v", last.Class, tc.wantClass)
+			}
+			if m.InFlight() != 0 {
+				t.Errorf("in flight = %d after calls", m.InFlight())
+			}
+			s := m.Snapshot()
+			var health, req, ok uint64
+			for _, err := range tc.errs {
+				switch slot.ClassOf(err) {
+				case slot.ClassHealth:
+					health++
+				case slot.ClassRequest:
+					req++
+				default:
+					ok++
+				}
+			}
+			if s.Errors != health || s.RequestErrors != req || s.Ops != ok+req {
+				t.Errorf("snapshot errors=%d request=%d ops=%d, want %d %d %d", s.Errors, s.RequestErrors, s.Ops, health, req, ok+req)
+			}
+		})
+	}
+}
+
+func TestLatencyAverage(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	m.observe(8 * time.Millisecond)
+	if got := m.Latency(); got != 8*time.Millisecond {
+		t.Fatalf("first sample: latency = %v", got)
+	}
+	for range 100 {
+		m.observe(time.Millisecond)
+	}
+	if got := m.Latency(); got < time.Millisecond || got > 1100*time.Microsecond {
+		t.Fatalf("after 100 samples of 1ms: latency = %v", got)
+	}
+}
+
+func TestSnapshotConcurrent(t *testing.T) {
+	m := newFailed(t, 1000, nil)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				st := m.Begin()
+				m.End(st, nil)
+				m.AddReplication()
+				_ = m.Snapshot()
+			}
+		})
+	}
+	wg.Wait()
+	s := m.Snapshot()
+	if s.Ops != 8000 || s.Replications != 8000 || s.InFlight != 0 {
+		t.Fatalf("snapshot = %+v", s)
+	}
+	if s.State != Failed || s.LastError != "not opened" {
+		t.Fatalf("state/last error = %v / %q", s.State, s.LastError)
+	}
+}
