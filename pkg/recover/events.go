@@ -1,0 +1,45 @@
+package recover
+
+import (
+	"time"
+
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+)
+
+// EventKind names what happened.
+type EventKind string
+
+// Event kinds. Every attempt emits AttemptStarted and then exactly one of
+// Recovered or AttemptFailed (plus ConflictFound before a failure caused by
+// a conflict, and GaveUp after the last automatic attempt failed). A
+// scheduled attempt that found the member's lock held by another process
+// emits AttemptSkipped instead and costs no attempt.
+const (
+	AttemptStarted EventKind = "recovery_attempt"
+	Recovered      EventKind = "recovery_succeeded"
+	AttemptFailed  EventKind = "recovery_failed"
+	GaveUp         EventKind = "recovery_gave_up"
+	AttemptSkipped EventKind = "recovery_skipped"
+	ConflictFound  EventKind = "recovery_conflict"
+)
+
+// Event is one step of a member's recovery. Fields that do not apply to
+// the kind are zero.
+type Event struct {
+	Kind   EventKind
+	Time   time.Time
+	Member string
+	// Attempt is the number of an automatic attempt in its episode (0 for
+	// a manual one); for GaveUp, the number of attempts made.
+	Attempt int
+	// AttemptsLeft after this attempt; -1 without limit.
+	AttemptsLeft int
+	Manual       bool
+	Err          error
+	// Conflicts of a ConflictFound, each with every fingerprint.
+	Conflicts []hasync.Conflict
+	// Copied and Deleted count the catch-up actions of a Recovered.
+	Copied, Deleted int
+	// Duration of the attempt (Recovered, AttemptFailed).
+	Duration time.Duration
+}

@@ -1,0 +1,781 @@
+// Package recover brings failed members of an HA group back into rotation,
+// automatically and on an operator's request.
+//
+// A failed member is retried every interval (any value of at least one
+// second), retries times (-1: without limit, 0: never automatically); after
+// the last attempt it stays failed until a manual Recover. One attempt:
+//
+//  1. re-opens the member: its own module context is re-initialised (a
+//     killed remote token answers CKR_DEVICE_ERROR until then), the token
+//     is found again by label, serial or URI (slot IDs change), and the
+//     member logs in again;
+//  2. catches up: the objects of the member and of every serving member are
+//     listed once each and joined (sync.MakePlan); what the member missed
+//     is copied to it, what was destroyed through the group while it was
+//     away (a tombstone) is destroyed on it, what only it holds is copied
+//     to the others; conflicts (one identity, two key materials) keep it
+//     out of rotation and are reported with both fingerprints;
+//  3. returns it to rotation as active or standby, only after the catch-up
+//     applied cleanly — the way a reintegrated strongSwan node activates
+//     its segments only after all state has been exchanged.
+//
+// Attempts run on the recoverer's own goroutines, never on an
+// application's call. At most one attempt per member runs at a time: in
+// the process (a second caller joins the running attempt) and on the host
+// (an exclusive flock on state_dir/<group serial>/<member>.recover.lock,
+// which the agent and every application process take), so a manual
+// recovery and the auto-recovery never work on one member together — the
+// race the Luna documentation warns corrupts keys.
+//
+// Each attempt and its outcome is an Event.
+package recover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	gosync "sync"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
+	"golang.org/x/sys/unix"
+)
+
+// Errors, usable with errors.Is.
+var (
+	// ErrInProgress: another attempt to recover the member is running in
+	// another process on this host (or was still running when the caller's
+	// context ended).
+	ErrInProgress = errors.New("recovery in progress")
+	// ErrNotFailed: the member is not failed (it is serving, being
+	// recovered by someone else in this process, or removed).
+	ErrNotFailed = errors.New("member is not failed")
+	// ErrClosed: the Recoverer is closed.
+	ErrClosed = errors.New("recoverer closed")
+)
+
+// MinInterval is the shortest retry interval accepted.
+const MinInterval = time.Second
+
+// DefaultAttemptTimeout bounds one attempt when Options.AttemptTimeout is
+// 0. Catching up thousands of objects takes a while; the calls inside an
+// attempt have their own, shorter deadlines.
+const DefaultAttemptTimeout = 10 * time.Minute
+
+// maxPasses bounds the plan/apply rounds of one catch-up: objects made or
+// destroyed through the group while the member catches up are picked up by
+// the next round.
+const maxPasses = 3
+
+// Engine is the part of the HA engine a Recoverer drives, one group's
+// worth. The group satisfies it; every method must be safe for concurrent
+// use, and none may call back into the Recoverer while holding a lock the
+// Recoverer's callers hold.
+type Engine interface {
+	// GroupSerial returns the group's serial, which names its state
+	// directory.
+	GroupSerial() string
+	// BeginRecovery moves a failed member to recovering (it takes no
+	// work). It returns an error wrapping ErrNotFailed when the member is
+	// not failed, and one naming the member when there is no such member.
+	BeginRecovery(name string) error
+	// ReopenMember re-opens a recovering member's token: re-initialises
+	// the module context if the member owns it, finds the token again,
+	// logs in with the member's PIN, and installs the slot in the member.
+	// It returns the slot.
+	ReopenMember(ctx context.Context, name string) (*slot.Slot, error)
+	// SyncPeers returns the serving members (active and standby) other
+	// than name, with their slots, in configured order.
+	SyncPeers(name string) []hasync.PlanMember
+	// ActivateMember returns a recovering member that has caught up to
+	// rotation, as active or standby as configured (demoting promoted
+	// standbys, restoring sessions in activeEnhanced mode).
+	ActivateMember(ctx context.Context, name string) error
+	// FailMember moves a recovering member back to failed, with the cause.
+	FailMember(name string, cause error)
+}
+
+// TombstoneSource gives the group's tombstones. *tombstone.Journal
+// implements it.
+type TombstoneSource interface {
+	Snapshot(ctx context.Context) (*tombstone.Set, error)
+}
+
+// CatchUpFunc brings self up to date with peers; see Options.CatchUp.
+type CatchUpFunc func(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember) (CatchUp, error)
+
+// CatchUp says what the catch-up of one attempt did.
+type CatchUp struct {
+	// Passes is the number of plan/apply rounds.
+	Passes int
+	// Copied and Deleted count the actions carried out on any member.
+	Copied, Deleted int
+	// Skipped are peers left out of the plan because they did not answer.
+	Skipped map[string]error
+	// PeerErrors are failed actions on peers (copies of objects only the
+	// recovering member held). They do not keep the member out: the peer
+	// is the one in trouble, and catches up when it recovers.
+	PeerErrors []hasync.ActionError
+	// OtherConflicts are conflicts among the peers that do not involve the
+	// recovering member; they are reported, and do not keep it out.
+	OtherConflicts []hasync.Conflict
+}
+
+// ConflictError says that the recovering member holds an object whose
+// identity another member holds with different key material. The member
+// stays out of rotation until an operator resolves it.
+type ConflictError struct {
+	Member    string
+	Conflicts []hasync.Conflict
+}
+
+func (e *ConflictError) Error() string {
+	parts := make([]string, len(e.Conflicts))
+	for i, c := range e.Conflicts {
+		parts[i] = c.String()
+	}
+	return fmt.Sprintf("member %s kept out of rotation: %d conflicting object(s): %s",
+		e.Member, len(e.Conflicts), strings.Join(parts, "; "))
+}
+
+// Unwrap makes errors.Is(err, sync.ErrConflict) true.
+func (e *ConflictError) Unwrap() error { return hasync.ErrConflict }
+
+// Options configure a Recoverer.
+type Options struct {
+	// Engine is the group to recover members of. Required.
+	Engine Engine
+	// StateDir is the agent's state directory; the cross-process lock
+	// files live in StateDir/<group serial>/. Empty: only the in-process
+	// guard (for programs without a state directory; two processes could
+	// then recover one member at once).
+	StateDir string
+	// Interval between automatic attempts on a member; at least
+	// MinInterval.
+	Interval time.Duration
+	// Retries is the number of automatic attempts after a member fails:
+	// -1 without limit, 0 none.
+	Retries int
+	// AttemptTimeout bounds one attempt; 0 means DefaultAttemptTimeout.
+	AttemptTimeout time.Duration
+	// Tombstones are honoured by the catch-up; nil: none (every object
+	// found on some members only is copied to the rest).
+	Tombstones TombstoneSource
+	// Events receives every event, synchronously, without the Recoverer's
+	// lock held; it must not block. Nil: events are dropped.
+	Events func(Event)
+	// Clock drives the retry timers; nil means RealClock.
+	Clock Clock
+	// CatchUp replaces the catch-up step; nil means the sync plan
+	// (MakePlan + Apply, repeated until nothing is left for the member).
+	CatchUp CatchUpFunc
+	// LockPerm is the mode of lock files created; 0 means 0660.
+	LockPerm os.FileMode
+}
+
+// Result is the outcome of one attempt.
+type Result struct {
+	Member string
+	// Manual reports whether the attempt was a manual Recover.
+	Manual bool
+	// Joined reports whether the caller joined an attempt that was
+	// already running in this process instead of starting one.
+	Joined bool
+	// Attempt is the number of an automatic attempt in its episode (1 for
+	// the first attempt after the failure); 0 for a manual one.
+	Attempt  int
+	CatchUp  CatchUp
+	Duration time.Duration
+}
+
+// Status is the recovery state of one member.
+type Status struct {
+	Member string
+	// InProgress reports whether an attempt is running in this process.
+	InProgress bool
+	// Auto reports whether automatic attempts are scheduled.
+	Auto bool
+	// GaveUp reports whether the automatic attempts ran out; the member
+	// stays failed until a manual Recover.
+	GaveUp bool
+	// Attempts made in the current (or last) episode of automatic
+	// recovery.
+	Attempts int
+	// AttemptsLeft of the episode; -1 without limit.
+	AttemptsLeft int
+	// LastAttempt is when the last attempt (automatic or manual) began.
+	LastAttempt time.Time
+	// LastError is the cause of the last failed attempt; nil after a
+	// success.
+	LastError error
+	// LastRecovered is when the member last came back.
+	LastRecovered time.Time
+	// NextAttempt is when the next automatic attempt is due (zero when
+	// none is scheduled).
+	NextAttempt time.Time
+	// Conflicts found by the last attempt that involve the member.
+	Conflicts []hasync.Conflict
+}
+
+// Recoverer runs the recovery of one group's members. Its methods are safe
+// for concurrent use.
+type Recoverer struct {
+	eng     Engine
+	clock   Clock
+	repl    *hasync.Replicator
+	opts    Options
+	catchUp CatchUpFunc
+
+	base   context.Context
+	cancel context.CancelFunc
+	wg     gosync.WaitGroup
+
+	mu       gosync.Mutex
+	interval time.Duration
+	retries  int
+	members  map[string]*memberRec
+	closed   bool
+}
+
+type memberRec struct {
+	name string
+
+	// All below guarded by Recoverer.mu.
+	gen          uint64 // episode generation: a loop of an older one exits
+	episode      bool   // automatic attempts are scheduled
+	gaveUp       bool
+	attempts     int
+	attemptsLeft int
+	lastAttempt  time.Time
+	lastErr      error
+	lastOK       time.Time
+	next         time.Time
+	conflicts    []hasync.Conflict
+	flight       *flight
+	kick         chan struct{} // re-arms the loop's timer (interval changed)
+}
+
+// flight is one attempt running; callers that join wait for done.
+type flight struct {
+	done chan struct{}
+	out  outcome
+}
+
+type outcome struct {
+	res     Result
+	err     error
+	counted bool // an attempt ran against the member
+	stop    bool // the episode is over (recovered, not failed, or gave up)
+}
+
+// New returns a Recoverer for opts.Engine's group. Call MemberFailed when
+// a member fails (the group's member-failed event), Recover for a manual
+// recovery, Close when done.
+func New(opts Options) (*Recoverer, error) {
+	if opts.Engine == nil {
+		return nil, errors.New("recover: no engine")
+	}
+	if err := checkPolicy(opts.Interval, opts.Retries); err != nil {
+		return nil, err
+	}
+	serial := opts.Engine.GroupSerial()
+	if opts.StateDir != "" {
+		if err := checkName("group serial", serial); err != nil {
+			return nil, err
+		}
+	}
+	if opts.AttemptTimeout <= 0 {
+		opts.AttemptTimeout = DefaultAttemptTimeout
+	}
+	if opts.LockPerm == 0 {
+		opts.LockPerm = 0o660
+	}
+	r := &Recoverer{
+		eng:      opts.Engine,
+		clock:    opts.Clock,
+		repl:     &hasync.Replicator{GroupSerial: serial},
+		opts:     opts,
+		catchUp:  opts.CatchUp,
+		interval: opts.Interval,
+		retries:  opts.Retries,
+		members:  map[string]*memberRec{},
+	}
+	if r.clock == nil {
+		r.clock = RealClock{}
+	}
+	if r.catchUp == nil {
+		r.catchUp = r.planCatchUp
+	}
+	r.base, r.cancel = context.WithCancel(context.Background())
+	return r, nil
+}
+
+func checkPolicy(interval time.Duration, retries int) error {
+	if interval < MinInterval {
+		return fmt.Errorf("recover: interval %v is shorter than the minimum %v", interval, MinInterval)
+	}
+	if retries < -1 {
+		return fmt.Errorf("recover: retries %d: want -1 (unlimited), 0 (off) or a positive count", retries)
+	}
+	return nil
+}
+
+func checkName(what, s string) error {
+	if s == "" || s == "." || s == ".." || strings.ContainsAny(s, "/\x00") {
+		return fmt.Errorf("recover: %s %q cannot name a file", what, s)
+	}
+	return nil
+}
+
+// rec returns the record of member name, creating it. r.mu must be held.
+func (r *Recoverer) rec(name string) *memberRec {
+	m := r.members[name]
+	if m == nil {
+		m = &memberRec{name: name, attemptsLeft: r.retries, kick: make(chan struct{}, 1)}
+		r.members[name] = m
+	}
+	return m
+}
+
+func (r *Recoverer) emit(e Event) {
+	if r.opts.Events == nil {
+		return
+	}
+	if e.Time.IsZero() {
+		e.Time = r.clock.Now()
+	}
+	r.opts.Events(e)
+}
+
+// MemberFailed starts automatic recovery of member name: the first attempt
+// one interval from now, then one per interval, Retries times. It does
+// nothing when automatic recovery is off (Retries 0), when attempts for
+// the member are already scheduled (a failure during an attempt does not
+// restart the count), or when they ran out (a manual Recover is needed).
+// Call it from the group's member-failed event; it does not block.
+func (r *Recoverer) MemberFailed(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	m := r.rec(name)
+	if m.episode || m.gaveUp || r.retries == 0 {
+		return
+	}
+	r.startEpisodeLocked(m)
+}
+
+// startEpisodeLocked schedules automatic attempts for m with a fresh
+// budget. r.mu must be held.
+func (r *Recoverer) startEpisodeLocked(m *memberRec) {
+	m.gen++
+	m.episode = true
+	m.gaveUp = false
+	m.attempts = 0
+	m.attemptsLeft = r.retries
+	r.wg.Add(1)
+	go r.loop(m, m.gen)
+}
+
+// loop runs the automatic attempts of one episode.
+func (r *Recoverer) loop(m *memberRec, gen uint64) {
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		if r.closed || m.gen != gen || !m.episode {
+			r.mu.Unlock()
+			return
+		}
+		d := r.interval
+		m.next = r.clock.Now().Add(d)
+		kick := m.kick
+		r.mu.Unlock()
+
+		t := r.clock.NewTimer(d)
+		select {
+		case <-t.C():
+		case <-kick:
+			t.Stop()
+			continue
+		case <-r.base.Done():
+			t.Stop()
+			return
+		}
+		if r.autoAttempt(m, gen) {
+			return
+		}
+	}
+}
+
+// autoAttempt makes one scheduled attempt and reports whether the episode
+// is over.
+func (r *Recoverer) autoAttempt(m *memberRec, gen uint64) bool {
+	r.mu.Lock()
+	if r.closed || m.gen != gen || !m.episode {
+		r.mu.Unlock()
+		return true
+	}
+	if m.flight != nil {
+		// A manual attempt is running; it decides. This tick is not an
+		// attempt and costs nothing.
+		r.mu.Unlock()
+		return false
+	}
+	fl := &flight{done: make(chan struct{})}
+	m.flight = fl
+	m.next = time.Time{}
+	r.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(r.base, r.opts.AttemptTimeout)
+	out := r.run(ctx, m, gen, false)
+	cancel()
+	return r.finish(m, fl, gen, false, out)
+}
+
+// Recover makes an attempt to recover member name now, whether automatic
+// attempts are scheduled, ran out, or are off. If an attempt on the member
+// is already running in this process, Recover waits for it and returns its
+// outcome (Result.Joined). If one is running in another process on the
+// host, Recover waits for it to end and then makes its own attempt, as
+// long as ctx allows; when ctx ends first, the error wraps ErrInProgress.
+// A member that is not failed gives an error wrapping ErrNotFailed.
+//
+// A successful Recover ends the automatic attempts of the episode; a
+// failed one leaves them as they were.
+func (r *Recoverer) Recover(ctx context.Context, name string) (Result, error) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return Result{Member: name, Manual: true}, fmt.Errorf("recover member %s: %w", name, ErrClosed)
+	}
+	m := r.rec(name)
+	if fl := m.flight; fl != nil {
+		r.mu.Unlock()
+		select {
+		case <-fl.done:
+			res := fl.out.res
+			res.Joined = true
+			return res, fl.out.err
+		case <-ctx.Done():
+			return Result{Member: name, Manual: true, Joined: true},
+				fmt.Errorf("recover member %s: %w: waiting for the running attempt: %w", name, ErrInProgress, context.Cause(ctx))
+		}
+	}
+	fl := &flight{done: make(chan struct{})}
+	m.flight = fl
+	gen := m.gen
+	r.wg.Add(1)
+	r.mu.Unlock()
+	defer r.wg.Done()
+
+	ctx, cancel := context.WithTimeout(ctx, r.opts.AttemptTimeout)
+	defer cancel()
+	stop := context.AfterFunc(r.base, cancel) // Close cancels manual attempts too
+	defer stop()
+	out := r.run(ctx, m, gen, true)
+	r.finish(m, fl, gen, true, out)
+	return out.res, out.err
+}
+
+// run makes one attempt on m under the member's host-wide lock.
+func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual bool) outcome {
+	out := outcome{res: Result{Member: m.name, Manual: manual}}
+	unlock, err := r.lockMember(ctx, m.name, manual)
+	if err != nil {
+		out.err = err
+		if errors.Is(err, ErrInProgress) && !manual {
+			r.emit(Event{Kind: AttemptSkipped, Member: m.name, Err: err})
+		}
+		return out
+	}
+	defer unlock()
+
+	if err := r.eng.BeginRecovery(m.name); err != nil {
+		out.err = fmt.Errorf("recover member %s: %w", m.name, err)
+		out.stop = true
+		return out
+	}
+	out.counted = true
+	start := r.clock.Now()
+	r.mu.Lock()
+	if !manual && m.gen == gen && m.episode {
+		m.attempts++
+		if m.attemptsLeft > 0 {
+			m.attemptsLeft--
+		}
+		out.res.Attempt = m.attempts
+	}
+	m.lastAttempt = start
+	left := m.attemptsLeft
+	if manual && !m.episode {
+		left = 0
+	}
+	r.mu.Unlock()
+	r.emit(Event{Kind: AttemptStarted, Time: start, Member: m.name, Attempt: out.res.Attempt, AttemptsLeft: left, Manual: manual})
+
+	cu, err := r.attempt(ctx, m.name)
+	out.res.CatchUp = cu
+	out.res.Duration = r.clock.Now().Sub(start)
+	if err != nil {
+		out.err = fmt.Errorf("recover member %s: %w", m.name, err)
+		r.eng.FailMember(m.name, out.err)
+		var ce *ConflictError
+		if errors.As(err, &ce) {
+			r.emit(Event{Kind: ConflictFound, Member: m.name, Attempt: out.res.Attempt, Manual: manual, Conflicts: ce.Conflicts, Err: err})
+		}
+		return out
+	}
+	out.stop = true
+	return out
+}
+
+// attempt re-opens, catches up and activates member name.
+func (r *Recoverer) attempt(ctx context.Context, name string) (CatchUp, error) {
+	s, err := r.eng.ReopenMember(ctx, name)
+	if err != nil {
+		return CatchUp{}, fmt.Errorf("re-open token: %w", err)
+	}
+	cu, err := r.catchUp(ctx, hasync.PlanMember{Name: name, Slot: s}, r.eng.SyncPeers(name))
+	if err != nil {
+		return cu, err
+	}
+	if err := r.eng.ActivateMember(ctx, name); err != nil {
+		return cu, fmt.Errorf("return to rotation: %w", err)
+	}
+	return cu, nil
+}
+
+// finish records the outcome of an attempt, wakes those who joined it and
+// emits the outcome events. It reports whether the episode gen is over.
+func (r *Recoverer) finish(m *memberRec, fl *flight, gen uint64, manual bool, out outcome) bool {
+	var events []Event
+	r.mu.Lock()
+	stop := out.stop
+	if out.counted {
+		now := r.clock.Now()
+		m.lastErr = out.err
+		var ce *ConflictError
+		if errors.As(out.err, &ce) {
+			m.conflicts = ce.Conflicts
+		} else {
+			m.conflicts = nil
+		}
+		if out.err == nil {
+			m.lastOK = now
+			m.gaveUp = false
+			m.episode = false
+			m.next = time.Time{}
+			m.gen++ // a loop still waiting for its timer exits
+			events = append(events, Event{Kind: Recovered, Time: now, Member: m.name, Attempt: out.res.Attempt,
+				Manual: manual, Copied: out.res.CatchUp.Copied, Deleted: out.res.CatchUp.Deleted, Duration: out.res.Duration})
+		} else {
+			left := m.attemptsLeft
+			if manual && !m.episode {
+				left = 0
+			}
+			events = append(events, Event{Kind: AttemptFailed, Time: now, Member: m.name, Attempt: out.res.Attempt,
+				AttemptsLeft: left, Manual: manual, Err: out.err, Duration: out.res.Duration})
+			if !manual && m.gen == gen && m.episode && m.attemptsLeft == 0 {
+				m.gaveUp = true
+				m.episode = false
+				m.next = time.Time{}
+				stop = true
+				events = append(events, Event{Kind: GaveUp, Time: now, Member: m.name, Attempt: m.attempts, Err: out.err})
+			}
+		}
+	}
+	if stop && !manual && m.gen == gen {
+		m.episode = false
+		m.next = time.Time{}
+	}
+	m.flight = nil
+	fl.out = out
+	close(fl.done)
+	r.mu.Unlock()
+	for _, e := range events {
+		r.emit(e)
+	}
+	return stop
+}
+
+// planCatchUp is the default catch-up: plan and apply, again, until
+// nothing is left for the member.
+func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember) (CatchUp, error) {
+	var cu CatchUp
+	var tombs hasync.Tombstones
+	if r.opts.Tombstones != nil {
+		set, err := r.opts.Tombstones.Snapshot(ctx)
+		if err != nil {
+			// Without the tombstones a destroyed key could come back.
+			return cu, fmt.Errorf("read tombstones: %w", err)
+		}
+		tombs = set
+	}
+	members := append([]hasync.PlanMember{self}, peers...)
+	for cu.Passes < maxPasses {
+		cu.Passes++
+		plan, err := hasync.MakePlan(ctx, members, tombs, hasync.PlanOptions{SkipUnreachable: true})
+		if err != nil {
+			return cu, fmt.Errorf("catch up: %w", err)
+		}
+		if err := plan.Skipped[self.Name]; err != nil {
+			return cu, fmt.Errorf("catch up: list objects: %w", err)
+		}
+		cu.Skipped = plan.Skipped
+		if cs := plan.ConflictsOf(self.Name); len(cs) > 0 {
+			return cu, &ConflictError{Member: self.Name, Conflicts: cs}
+		}
+		cu.OtherConflicts = plan.Conflicts
+		mine := plan.For(self.Name)
+		if len(plan.Actions) == 0 || (cu.Passes > 1 && len(mine) == 0) {
+			return cu, nil
+		}
+		res, _ := r.repl.Apply(ctx, plan)
+		cu.PeerErrors = cu.PeerErrors[:0]
+		for _, a := range res.Done {
+			if a.Kind == hasync.Copy {
+				cu.Copied++
+			} else {
+				cu.Deleted++
+			}
+		}
+		var failed []error
+		for i, f := range res.Failed {
+			if f.Action.Member == self.Name {
+				failed = append(failed, &res.Failed[i])
+			} else {
+				cu.PeerErrors = append(cu.PeerErrors, f)
+			}
+		}
+		if len(failed) > 0 {
+			return cu, fmt.Errorf("catch up: %w", errors.Join(failed...))
+		}
+		if len(mine) == 0 {
+			return cu, nil // it only gave: nothing for it to take
+		}
+	}
+	return cu, fmt.Errorf("catch up: objects were still changing after %d rounds", maxPasses)
+}
+
+// lockMember takes the host-wide lock of member name. Without wait it
+// fails at once with ErrInProgress when another process holds it.
+func (r *Recoverer) lockMember(ctx context.Context, name string, wait bool) (func(), error) {
+	if r.opts.StateDir == "" {
+		return func() {}, nil
+	}
+	if err := checkName("member name", name); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(r.opts.StateDir, r.eng.GroupSerial())
+	if err := os.MkdirAll(dir, r.opts.LockPerm|(r.opts.LockPerm&0o444)>>2); err != nil {
+		return nil, fmt.Errorf("recover member %s: %w", name, err)
+	}
+	path := filepath.Join(dir, name+".recover.lock")
+	f, err := flock(ctx, path, unix.LOCK_EX, r.opts.LockPerm, wait)
+	if err != nil {
+		if errors.Is(err, errBusy) || ctx.Err() != nil {
+			holder := "another process"
+			if b, rerr := os.ReadFile(path); rerr == nil && len(strings.TrimSpace(string(b))) > 0 {
+				holder = "process " + strings.TrimSpace(string(b))
+			}
+			if errors.Is(err, errBusy) {
+				return nil, fmt.Errorf("recover member %s: %w in %s", name, ErrInProgress, holder)
+			}
+			return nil, fmt.Errorf("recover member %s: %w in %s: %w", name, ErrInProgress, holder, err)
+		}
+		return nil, fmt.Errorf("recover member %s: %w", name, err)
+	}
+	// Say who holds it, for the message of whoever waits.
+	if f.Truncate(0) == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return func() {
+		f.Truncate(0)
+		f.Close()
+	}, nil
+}
+
+// Status returns the recovery state of member name.
+func (r *Recoverer) Status(name string) Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.members[name]
+	if m == nil {
+		return Status{Member: name, AttemptsLeft: r.retries}
+	}
+	return Status{
+		Member:        name,
+		InProgress:    m.flight != nil,
+		Auto:          m.episode,
+		GaveUp:        m.gaveUp,
+		Attempts:      m.attempts,
+		AttemptsLeft:  m.attemptsLeft,
+		LastAttempt:   m.lastAttempt,
+		LastError:     m.lastErr,
+		LastRecovered: m.lastOK,
+		NextAttempt:   m.next,
+		Conflicts:     m.conflicts,
+	}
+}
+
+// Reconfigure changes the interval and the retry count. Scheduled attempts
+// are re-timed from now; members failed now (including those whose
+// attempts ran out) get a fresh budget of retries, or with 0 no more
+// automatic attempts.
+func (r *Recoverer) Reconfigure(interval time.Duration, retries int) error {
+	if err := checkPolicy(interval, retries); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.interval, r.retries = interval, retries
+	for _, m := range r.members {
+		switch {
+		case m.episode && retries == 0:
+			m.episode = false
+			m.next = time.Time{}
+			m.gen++
+			m.attemptsLeft = 0
+		case m.episode:
+			m.attempts = 0
+			m.attemptsLeft = retries
+			select {
+			case m.kick <- struct{}{}:
+			default:
+			}
+		case m.gaveUp && retries != 0 && !r.closed:
+			r.startEpisodeLocked(m)
+		}
+	}
+	return nil
+}
+
+// Forget drops member name (it left the group): its automatic attempts
+// stop. An attempt running now runs to its end.
+func (r *Recoverer) Forget(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.members[name]; m != nil {
+		m.episode = false
+		m.gen++
+		delete(r.members, name)
+	}
+}
+
+// Close stops the automatic attempts, cancels the attempts running (which
+// fail the member again) and waits for them to end.
+func (r *Recoverer) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.cancel()
+	r.wg.Wait()
+	return nil
+}

@@ -1,0 +1,560 @@
+package sync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	gosync "sync"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// PlanMember is one member taking part in a plan: its name and its opened,
+// logged-in slot.
+type PlanMember struct {
+	Name string
+	Slot *slot.Slot
+}
+
+// Tombstones answers whether an object was destroyed through the group
+// (within the tombstone horizon). *tombstone.Set implements it.
+type Tombstones interface {
+	Contains(id Identity, fingerprint []byte) bool
+}
+
+// PlanOptions tune MakePlan.
+type PlanOptions struct {
+	// Prune deletes objects found on some members only, with no
+	// tombstone, instead of copying them to the members that lack them.
+	// DESTRUCTIVE: a key generated while a member was away is deleted
+	// everywhere, since the member that missed it is one that lacks it.
+	Prune bool
+	// SkipUnreachable leaves out a member whose listing fails for a
+	// health reason (slot.ClassHealth: down, hung, device error) and names
+	// it in Plan.Skipped, instead of failing the whole plan.
+	SkipUnreachable bool
+}
+
+// ActionKind says what an action does.
+type ActionKind int
+
+// Action kinds.
+const (
+	// Copy replicates the object from Source to Member.
+	Copy ActionKind = iota + 1
+	// Delete destroys the object with exactly this fingerprint on Member.
+	Delete
+)
+
+func (k ActionKind) String() string {
+	switch k {
+	case Copy:
+		return "copy"
+	case Delete:
+		return "delete"
+	}
+	return fmt.Sprintf("action(%d)", int(k))
+}
+
+// MarshalText lets kinds appear by name in JSON.
+func (k ActionKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// Reason says why an action is planned.
+type Reason string
+
+// Reasons.
+const (
+	// ReasonMissing: the member lacks an object the others hold.
+	ReasonMissing Reason = "missing"
+	// ReasonTombstone: a tombstone says the object was destroyed through
+	// the group while the member was away.
+	ReasonTombstone Reason = "tombstone"
+	// ReasonPrune: the object is on some members only, with no tombstone,
+	// and PlanOptions.Prune asked for such objects to go.
+	ReasonPrune Reason = "prune"
+)
+
+// Action is one change to one object on one member.
+type Action struct {
+	Kind        ActionKind
+	Identity    Identity
+	Fingerprint []byte
+	Member      string // the member changed: copy target, or where the object is deleted
+	Source      string // Copy: the member the object is copied from
+	Reason      Reason
+
+	handle pkcs11.ObjectHandle // the object on Source (Copy) or Member (Delete) when listed
+}
+
+// String describes the action for messages.
+func (a Action) String() string {
+	fp := FormatFingerprint(a.Fingerprint)
+	if a.Kind == Copy {
+		return fmt.Sprintf("copy %s (fingerprint %s) from %s to %s (%s)", a.Identity, fp, a.Source, a.Member, a.Reason)
+	}
+	return fmt.Sprintf("delete %s (fingerprint %s) on %s (%s)", a.Identity, fp, a.Member, a.Reason)
+}
+
+// Version is one fingerprint of an identity and the members holding it.
+type Version struct {
+	Fingerprint []byte
+	Members     []string
+}
+
+// Conflict is one identity held with different key material by different
+// members (or twice on one member): the duplicate-label hazard. It is
+// reported, never resolved by guessing; no action touches the identity.
+type Conflict struct {
+	Identity Identity
+	Versions []Version // two or more, in member order
+}
+
+// Involves reports whether member holds one of the conflicting versions.
+func (c Conflict) Involves(member string) bool {
+	for _, v := range c.Versions {
+		for _, m := range v.Members {
+			if m == member {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// String describes the conflict with every fingerprint and its holders.
+func (c Conflict) String() string {
+	parts := make([]string, len(c.Versions))
+	for i, v := range c.Versions {
+		parts[i] = fmt.Sprintf("%s on %s", FormatFingerprint(v.Fingerprint), strings.Join(v.Members, ","))
+	}
+	return fmt.Sprintf("%s: %v: fingerprints %s", c.Identity, ErrConflict, strings.Join(parts, "; "))
+}
+
+// Plan is what it takes to make the members equal: actions and the
+// conflicts no action may touch. Make one with MakePlan, carry it out with
+// Replicator.Apply.
+type Plan struct {
+	// Members are the members listed, in the order given.
+	Members []string
+	// Skipped are members left out because their listing failed for a
+	// health reason (PlanOptions.SkipUnreachable), with the error.
+	Skipped map[string]error
+	// Actions, deletes first (private halves before public ones, so a
+	// private key's fingerprint stays readable), then copies (public
+	// halves first: a private EC key's fingerprint on SoftHSM comes from
+	// its public half).
+	Actions []Action
+	// Conflicts found; their identities have no actions.
+	Conflicts []Conflict
+	// Objects is the number of distinct token objects (identity +
+	// fingerprint) seen across the members.
+	Objects int
+
+	slots map[string]*slot.Slot
+}
+
+// Empty reports whether the members are equal: no action, no conflict.
+func (p *Plan) Empty() bool { return len(p.Actions) == 0 && len(p.Conflicts) == 0 }
+
+// For returns the actions that change member.
+func (p *Plan) For(member string) []Action {
+	var out []Action
+	for _, a := range p.Actions {
+		if a.Member == member {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// ConflictsOf returns the conflicts in which member holds a version.
+func (p *Plan) ConflictsOf(member string) []Conflict {
+	var out []Conflict
+	for _, c := range p.Conflicts {
+		if c.Involves(member) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// OutOfSync returns how many objects member lacks, holds in excess, or
+// holds in conflict: its actions plus its conflicts.
+func (p *Plan) OutOfSync(member string) int {
+	return len(p.For(member)) + len(p.ConflictsOf(member))
+}
+
+// holding is one version of an identity during planning.
+type holding struct {
+	fp      []byte
+	holders map[int]pkcs11.ObjectHandle // member index -> handle
+}
+
+// MakePlan lists every member's token objects once (the members in
+// parallel), joins the listings on identity, and plans:
+//
+//   - a version (identity + fingerprint) that a tombstone says was
+//     destroyed, and that some member lacks, is deleted where it remains.
+//     A tombstoned version present on every member was evidently made
+//     again after the destroy and is left alone;
+//   - of what remains, two or more fingerprints under one identity are a
+//     Conflict, reported with every fingerprint, and nothing is done;
+//   - one version held by some members only is copied from the first
+//     holder (in member order) to the others, or with Prune deleted from
+//     its holders.
+//
+// Session objects are ignored. Objects whose fingerprint a member cannot
+// compute (nil) are compared by identity alone. The members must be all
+// logged in or all logged out: otherwise private objects would look
+// missing where they are merely invisible.
+func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts PlanOptions) (*Plan, error) {
+	if len(members) == 0 {
+		return nil, errors.New("plan: no members")
+	}
+	seen := map[string]bool{}
+	for _, m := range members {
+		if m.Slot == nil {
+			return nil, fmt.Errorf("plan: member %s has no open slot", m.Name)
+		}
+		if seen[m.Name] {
+			return nil, fmt.Errorf("plan: member %s given twice", m.Name)
+		}
+		seen[m.Name] = true
+	}
+
+	listings := make([][]Object, len(members))
+	errs := make([]error, len(members))
+	var wg gosync.WaitGroup
+	for i, m := range members {
+		wg.Go(func() { listings[i], errs[i] = List(ctx, m.Slot) })
+	}
+	wg.Wait()
+
+	p := &Plan{slots: map[string]*slot.Slot{}}
+	var live []int // indexes of members taking part
+	for i, m := range members {
+		if err := errs[i]; err != nil {
+			if opts.SkipUnreachable && slot.ClassOf(err) == slot.ClassHealth {
+				if p.Skipped == nil {
+					p.Skipped = map[string]error{}
+				}
+				p.Skipped[m.Name] = err
+				continue
+			}
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+		live = append(live, i)
+	}
+	var in, out []string
+	for _, i := range live {
+		m := members[i]
+		p.Members = append(p.Members, m.Name)
+		p.slots[m.Name] = m.Slot
+		if m.Slot.LoggedIn() {
+			in = append(in, m.Name)
+		} else {
+			out = append(out, m.Name)
+		}
+	}
+	if len(in) > 0 && len(out) > 0 {
+		return nil, fmt.Errorf("plan: members %s are logged in and %s are not: private objects would look missing",
+			strings.Join(in, ","), strings.Join(out, ","))
+	}
+
+	type entry struct {
+		id       Identity
+		versions []*holding
+	}
+	byID := map[string]*entry{}
+	var order []string
+	for pos, i := range live {
+		for _, o := range listings[i] {
+			if !o.Token {
+				continue
+			}
+			k := o.Identity.Key()
+			e := byID[k]
+			if e == nil {
+				e = &entry{id: o.Identity}
+				byID[k] = e
+				order = append(order, k)
+			}
+			var v *holding
+			for _, h := range e.versions {
+				if bytes.Equal(h.fp, o.Fingerprint) {
+					v = h
+					break
+				}
+			}
+			if v == nil {
+				v = &holding{fp: o.Fingerprint, holders: map[int]pkcs11.ObjectHandle{}}
+				e.versions = append(e.versions, v)
+				p.Objects++
+			}
+			if _, dup := v.holders[pos]; !dup {
+				v.holders[pos] = o.Handle
+			}
+		}
+	}
+	sort.Strings(order)
+
+	n := len(live)
+	var deletes, copies []Action
+	for _, k := range order {
+		e := byID[k]
+		var remaining []*holding
+		for _, v := range e.versions {
+			if tombs != nil && tombs.Contains(e.id, v.fp) && len(v.holders) < n {
+				for pos := 0; pos < n; pos++ {
+					if h, ok := v.holders[pos]; ok {
+						deletes = append(deletes, Action{Kind: Delete, Identity: e.id, Fingerprint: v.fp,
+							Member: p.Members[pos], Reason: ReasonTombstone, handle: h})
+					}
+				}
+				continue
+			}
+			remaining = append(remaining, v)
+		}
+		switch len(remaining) {
+		case 0:
+			continue
+		case 1:
+		default:
+			c := Conflict{Identity: e.id}
+			for _, v := range remaining {
+				c.Versions = append(c.Versions, Version{Fingerprint: v.fp, Members: holderNames(p.Members, v.holders)})
+			}
+			p.Conflicts = append(p.Conflicts, c)
+			continue
+		}
+		v := remaining[0]
+		if len(v.holders) == n {
+			continue
+		}
+		if opts.Prune {
+			for pos := 0; pos < n; pos++ {
+				if h, ok := v.holders[pos]; ok {
+					deletes = append(deletes, Action{Kind: Delete, Identity: e.id, Fingerprint: v.fp,
+						Member: p.Members[pos], Reason: ReasonPrune, handle: h})
+				}
+			}
+			continue
+		}
+		src := -1
+		for pos := 0; pos < n; pos++ {
+			if _, ok := v.holders[pos]; ok {
+				src = pos
+				break
+			}
+		}
+		for pos := 0; pos < n; pos++ {
+			if _, ok := v.holders[pos]; !ok {
+				copies = append(copies, Action{Kind: Copy, Identity: e.id, Fingerprint: v.fp,
+					Member: p.Members[pos], Source: p.Members[src], Reason: ReasonMissing, handle: v.holders[src]})
+			}
+		}
+	}
+	// Deletes: private halves and everything else before public keys.
+	// Copies: public keys before everything else.
+	sort.SliceStable(deletes, func(a, b int) bool {
+		return deletes[a].Identity.Class != pkcs11.CKO_PUBLIC_KEY && deletes[b].Identity.Class == pkcs11.CKO_PUBLIC_KEY
+	})
+	sort.SliceStable(copies, func(a, b int) bool {
+		return copies[a].Identity.Class == pkcs11.CKO_PUBLIC_KEY && copies[b].Identity.Class != pkcs11.CKO_PUBLIC_KEY
+	})
+	p.Actions = append(deletes, copies...)
+	return p, nil
+}
+
+func holderNames(names []string, holders map[int]pkcs11.ObjectHandle) []string {
+	var out []string
+	for pos, name := range names {
+		if _, ok := holders[pos]; ok {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// ActionError is one action that failed.
+type ActionError struct {
+	Action Action
+	Err    error
+}
+
+func (e *ActionError) Error() string { return e.Action.String() + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *ActionError) Unwrap() error { return e.Err }
+
+// ApplyResult says what Apply did.
+type ApplyResult struct {
+	Done   []Action      // actions carried out (or found already done)
+	Failed []ActionError // actions that failed
+}
+
+// FailedFor returns the failures of actions that change member.
+func (r *ApplyResult) FailedFor(member string) []ActionError {
+	var out []ActionError
+	for _, f := range r.Failed {
+		if f.Action.Member == member {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ApplyParallel is how many actions Apply runs at once.
+const ApplyParallel = 4
+
+// Apply carries out p's actions: deletes first, then copies of public
+// keys, then the other copies, each phase ApplyParallel actions at a time.
+// Conflicts are left alone.
+//
+// It is idempotent: a copy whose target already holds the version, and a
+// delete whose object is gone, succeed without change, so applying the
+// same plan twice changes nothing the second time. A copy never leaves a
+// half-made object (Replicate's guarantee), so an Apply cut short, even by
+// the death of the process, is finished by the next MakePlan + Apply.
+//
+// One failed action does not stop the others. The error, when not nil,
+// joins every *ActionError (also in the result's Failed).
+func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
+	var phases [3][]Action
+	for _, a := range p.Actions {
+		switch {
+		case a.Kind == Delete:
+			phases[0] = append(phases[0], a)
+		case a.Identity.Class == pkcs11.CKO_PUBLIC_KEY:
+			phases[1] = append(phases[1], a)
+		default:
+			phases[2] = append(phases[2], a)
+		}
+	}
+	res := &ApplyResult{}
+	var mu gosync.Mutex
+	for _, phase := range phases {
+		sem := make(chan struct{}, ApplyParallel)
+		var wg gosync.WaitGroup
+		for _, a := range phase {
+			if ctx.Err() != nil {
+				mu.Lock()
+				res.Failed = append(res.Failed, ActionError{Action: a, Err: context.Cause(ctx)})
+				mu.Unlock()
+				continue
+			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				err := r.apply(ctx, p, a)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					res.Failed = append(res.Failed, ActionError{Action: a, Err: err})
+				} else {
+					res.Done = append(res.Done, a)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if len(res.Failed) == 0 {
+		return res, nil
+	}
+	errs := make([]error, len(res.Failed))
+	for i := range res.Failed {
+		errs[i] = &res.Failed[i]
+	}
+	return res, errors.Join(errs...)
+}
+
+func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) error {
+	dst := p.slots[a.Member]
+	if dst == nil {
+		return fmt.Errorf("member %s is not in the plan", a.Member)
+	}
+	if a.Kind == Delete {
+		return destroyExact(ctx, dst, a.Identity, a.Fingerprint, a.handle)
+	}
+	src := p.slots[a.Source]
+	if src == nil {
+		return fmt.Errorf("member %s is not in the plan", a.Source)
+	}
+	h, err := findExact(ctx, src, a.Identity, a.Fingerprint, a.handle)
+	if err != nil {
+		return fmt.Errorf("find the source on %s: %w", a.Source, err)
+	}
+	if h == 0 {
+		return fmt.Errorf("member %s no longer holds it", a.Source)
+	}
+	_, err = r.Replicate(ctx, src, h, Target{Slot: dst})
+	return err
+}
+
+// findExact returns the handle of the object with identity id and exactly
+// fingerprint fp on s (0 when there is none), trying the listed handle
+// first: handles go stale after a re-login.
+func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+	matches := func(h pkcs11.ObjectHandle) (bool, error) {
+		o, err := readObject(ctx, s, s.Name(), h, nil)
+		if isGone(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return o.Identity.Equal(id) && bytes.Equal(o.Fingerprint, fp), nil
+	}
+	if listed != 0 {
+		if ok, err := matches(listed); err != nil {
+			return 0, err
+		} else if ok {
+			return listed, nil
+		}
+	}
+	hs, err := s.FindObjects(ctx, id.template())
+	if err != nil {
+		return 0, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
+	}
+	for _, h := range hs {
+		if h == listed {
+			continue
+		}
+		ok, err := matches(h)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			return h, nil
+		}
+	}
+	return 0, nil
+}
+
+// destroyExact destroys every object on s with identity id and exactly
+// fingerprint fp (nil matches only objects without one, unlike
+// Replicator.Destroy). None left is success.
+func destroyExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed pkcs11.ObjectHandle) error {
+	for range maxDuplicates {
+		h, err := findExact(ctx, s, id, fp, listed)
+		if err != nil {
+			return err
+		}
+		if h == 0 {
+			return nil
+		}
+		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+			return fmt.Errorf("member %s: destroy %s (handle %d): %w", s.Name(), id, h, err)
+		}
+		listed = 0
+	}
+	return fmt.Errorf("member %s: %s: more than %d copies with fingerprint %s", s.Name(), id, maxDuplicates, FormatFingerprint(fp))
+}
+
+// maxDuplicates bounds destroyExact, so a token that reports success but
+// keeps the object cannot loop it forever.
+const maxDuplicates = 64
