@@ -11,6 +11,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -58,7 +59,7 @@ func codeOf(err error) uint {
 	if pe, ok := err.(pkcs11.Error); ok {
 		return uint(pe)
 	}
-	return slot.CodeOf(err)
+	return group.CodeOf(err)
 }
 
 // errArgs is CKR_ARGUMENTS_BAD.

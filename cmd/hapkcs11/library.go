@@ -517,6 +517,8 @@ func (l *library) single(h uint, kind opKind, in []byte, dst output) error {
 		return err
 	}
 	if op.multi {
+		// Any failed C_Sign (C_Encrypt …) ends the operation.
+		l.abort(s, kind)
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
 	out := op.held
@@ -551,6 +553,7 @@ func (l *library) verify(h uint, data, sig []byte) error {
 		return err
 	}
 	if op.multi {
+		l.abort(s, opVerify)
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
 	s.ops[opVerify] = nil

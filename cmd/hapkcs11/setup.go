@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -161,6 +160,3 @@ func (s slotIDs) take(id uint) uint {
 	s.used[id] = true
 	return id
 }
-
-// errNoEngine is returned while the HA engine (pkg/group) is not wired in.
-var errNoEngine = errors.New("the HA engine is not available in this build")

@@ -1,0 +1,97 @@
+/*
+ * common.h — what the C test programs share: loading a PKCS#11 module with
+ * dlopen, reading a PIN from a file (never from argv), finding a key by
+ * label, and checked calls.
+ */
+#ifndef HAP_TEST_COMMON_H
+#define HAP_TEST_COMMON_H
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hapkcs11.h"
+
+static inline void die(const char *what, CK_RV rv)
+{
+	fprintf(stderr, "FATAL %s: rv=0x%lx\n", what, (unsigned long)rv);
+	exit(2);
+}
+
+#define CHECK(call)                          \
+	do {                                 \
+		CK_RV rv_ = (call);          \
+		if (rv_ != CKR_OK)           \
+			die(#call, rv_);     \
+	} while (0)
+
+/* load_module dlopens path and returns its function list. */
+static inline CK_FUNCTION_LIST_PTR load_module(const char *path, void **handle)
+{
+	CK_RV (*get)(CK_FUNCTION_LIST_PTR_PTR);
+	CK_FUNCTION_LIST_PTR f = NULL;
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		fprintf(stderr, "FATAL dlopen %s: %s\n", path, dlerror());
+		exit(2);
+	}
+	get = (CK_RV(*)(CK_FUNCTION_LIST_PTR_PTR))dlsym(h, "C_GetFunctionList");
+	if (get == NULL) {
+		fprintf(stderr, "FATAL %s has no C_GetFunctionList\n", path);
+		exit(2);
+	}
+	CHECK(get(&f));
+	if (handle)
+		*handle = h;
+	return f;
+}
+
+/* read_pin reads the first line of a file into buf. */
+static inline CK_ULONG read_pin(const char *file, char *buf, size_t size)
+{
+	FILE *fp = fopen(file, "r");
+	size_t n;
+	if (fp == NULL) {
+		fprintf(stderr, "FATAL open PIN file %s: %s\n", file, strerror(errno));
+		exit(2);
+	}
+	if (fgets(buf, (int)size, fp) == NULL) {
+		fprintf(stderr, "FATAL PIN file %s is empty\n", file);
+		exit(2);
+	}
+	fclose(fp);
+	n = strcspn(buf, "\r\n");
+	buf[n] = 0;
+	return (CK_ULONG)n;
+}
+
+/* find_one returns the one object of class cls labelled label. */
+static inline CK_OBJECT_HANDLE find_one(CK_FUNCTION_LIST_PTR f, CK_SESSION_HANDLE s, CK_OBJECT_CLASS cls, const char *label)
+{
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_LABEL, (void *)label, strlen(label)},
+	};
+	CK_OBJECT_HANDLE h[2];
+	CK_ULONG n = 0;
+	CHECK(f->C_FindObjectsInit(s, t, 2));
+	CHECK(f->C_FindObjects(s, h, 2, &n));
+	CHECK(f->C_FindObjectsFinal(s));
+	if (n != 1) {
+		fprintf(stderr, "FATAL found %lu objects labelled %s, want 1\n", (unsigned long)n, label);
+		exit(2);
+	}
+	return h[0];
+}
+
+static inline double now_seconds(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+#endif
