@@ -1,0 +1,140 @@
+package group
+
+import (
+	"context"
+	gosync "sync"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
+)
+
+// EventKind names what happened.
+type EventKind string
+
+// Event kinds.
+const (
+	// MemberFailed: a member was dropped from rotation (Err says why).
+	MemberFailed EventKind = "member_failed"
+	// MemberRecovering: recovery of a failed member started.
+	MemberRecovering EventKind = "member_recovering"
+	// MemberRecovered: a member returned to rotation (To: active or standby).
+	MemberRecovered EventKind = "member_recovered"
+	// MemberPromoted: a standby took work because no active member was left.
+	MemberPromoted EventKind = "member_promoted"
+	// MemberDemoted: a promoted standby went back to standby because an
+	// active member returned.
+	MemberDemoted EventKind = "member_demoted"
+	// MemberRemoved: a member left the group.
+	MemberRemoved EventKind = "member_removed"
+	// ObjectReplicated: an object made or changed through the group reached
+	// a member.
+	ObjectReplicated EventKind = "object_replicated"
+	// ReplicationFailed: an object could not be replicated to a member (the
+	// member is failed and catches up on recovery).
+	ReplicationFailed EventKind = "replication_failed"
+	// ObjectDestroyed: an object destroyed through the group was removed
+	// from a member.
+	ObjectDestroyed EventKind = "object_destroyed"
+	// TombstoneFailed: a destroy could not be recorded; a member that was
+	// away may bring the object back.
+	TombstoneFailed EventKind = "tombstone_failed"
+	// ConflictFound: two different keys share one identity; the group
+	// refuses to use either until an operator resolves it.
+	ConflictFound EventKind = "conflict_found"
+)
+
+// Event is one thing that happened in a group. Fields that do not apply to
+// the kind are zero.
+type Event struct {
+	Kind   EventKind
+	Time   time.Time
+	Group  string // group label
+	Member string
+	// From and To are the member states of a member event.
+	From, To member.State
+	// Object is the identity of an object event.
+	Object hasync.Identity
+	// Fingerprint of the object (or, for ConflictFound, one of the two).
+	Fingerprint []byte
+	// Other is the second fingerprint of a ConflictFound, or the other
+	// member involved.
+	Other []byte
+	Err   error
+}
+
+// EventSink receives a group's events. Event is called synchronously on
+// the goroutine where the event happened, possibly on the hot path and
+// concurrently: it must be safe for concurrent use and must not block.
+type EventSink interface {
+	Event(Event)
+}
+
+// EventFunc adapts a function to an EventSink.
+type EventFunc func(Event)
+
+// Event calls f(e).
+func (f EventFunc) Event(e Event) { f(e) }
+
+// Tombstones records destroys so that a member that was away cannot bring
+// a destroyed object back. *tombstone.Journal implements it.
+type Tombstones interface {
+	Record(ctx context.Context, t tombstone.Tombstone) error
+}
+
+// MemoryTombstones is the default Tombstones: kept in memory for the life
+// of the group, for tests and programs without a state directory. Safe for
+// concurrent use.
+type MemoryTombstones struct {
+	mu  gosync.Mutex
+	all []tombstone.Tombstone
+}
+
+// Record keeps t.
+func (m *MemoryTombstones) Record(_ context.Context, t tombstone.Tombstone) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.all = append(m.all, t)
+	return nil
+}
+
+// All returns the tombstones recorded so far, oldest first.
+func (m *MemoryTombstones) All() []tombstone.Tombstone {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]tombstone.Tombstone(nil), m.all...)
+}
+
+func (g *Group) emit(e Event) {
+	if g.events == nil {
+		return
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	e.Group = g.label
+	g.events.Event(e)
+}
+
+// onTransition turns a member state change into a group event.
+func (g *Group) onTransition(t member.Transition) {
+	var k EventKind
+	switch {
+	case t.To == member.Failed:
+		k = MemberFailed
+	case t.To == member.Recovering:
+		k = MemberRecovering
+	case t.To == member.Removed:
+		k = MemberRemoved
+	case t.From == member.Recovering:
+		k = MemberRecovered
+	case t.From == member.Standby && t.To == member.Active:
+		k = MemberPromoted
+	case t.From == member.Active && t.To == member.Standby:
+		k = MemberDemoted
+	default:
+		return
+	}
+	g.emit(Event{Kind: k, Time: t.Time, Member: t.Member, From: t.From, To: t.To, Err: t.Err})
+}

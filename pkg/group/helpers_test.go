@@ -1,0 +1,231 @@
+package group
+
+import (
+	"context"
+	"fmt"
+	"os"
+	gosync "sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/miekg/pkcs11"
+)
+
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 120)) }
+
+var serials atomic.Int64
+
+
+// testContext bounds a test's calls.
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventLog records a group's events and lets a test wait for one.
+type eventLog struct {
+	mu     gosync.Mutex
+	events []Event
+	ch     chan struct{}
+}
+
+func newEventLog() *eventLog { return &eventLog{ch: make(chan struct{}, 1)} }
+
+func (l *eventLog) Event(e Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+	select {
+	case l.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (l *eventLog) all() []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Event(nil), l.events...)
+}
+
+func (l *eventLog) count(kind EventKind, memberName string) int {
+	n := 0
+	for _, e := range l.all() {
+		if e.Kind == kind && (memberName == "" || e.Member == memberName) {
+			n++
+		}
+	}
+	return n
+}
+
+// fixture is a group over fresh SoftHSM tokens.
+type fixture struct {
+	g      *Group
+	toks   []testhsm.Token
+	cfg    config.Group
+	set    config.Settings
+	events *eventLog
+	tombs  *MemoryTombstones
+}
+
+type setupOpts struct {
+	n           int
+	policy      string
+	timeout     time.Duration
+	threshold   int
+	standby     []int // indexes of standby members
+	interceptor slot.Interceptor
+	noLogin     bool
+	noDomain    bool
+	untrusted   bool
+	toks        []testhsm.Token // use these instead of fresh pool tokens
+}
+
+func memberCfg(tok testhsm.Token) config.Member {
+	return config.Member{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label}
+}
+
+func setup(t testing.TB, o setupOpts) *fixture {
+	t.Helper()
+	if o.n == 0 {
+		o.n = 3
+	}
+	toks := o.toks
+	if toks == nil {
+		toks = testhsm.Take(t, o.n)
+	}
+	serial := fmt.Sprintf("%d", 2000000+serials.Add(1))
+	if !o.noDomain {
+		installDomain(t, serial, toks, !o.untrusted)
+	}
+	cfg := config.Group{Label: "ha-" + serial, Serial: serial}
+	for i, tok := range toks {
+		mc := memberCfg(tok)
+		for _, s := range o.standby {
+			mc.Standby = mc.Standby || s == i
+		}
+		cfg.Members = append(cfg.Members, mc)
+	}
+	set := config.Defaults()
+	set.CommandTimeout = 10 * time.Second
+	if o.timeout > 0 {
+		set.CommandTimeout = o.timeout
+	}
+	if o.policy != "" {
+		set.Policy = o.policy
+	}
+	if o.threshold > 0 {
+		set.FailureThreshold = o.threshold
+	}
+	f := &fixture{toks: toks, cfg: cfg, set: set, events: newEventLog(), tombs: &MemoryTombstones{}}
+	g, err := Open(testContext(t), cfg, set, Options{Events: f.events, Interceptor: o.interceptor, Tombstones: f.tombs})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { g.Close() })
+	f.g = g
+	if !o.noLogin {
+		if err := g.Login(testContext(t), pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
+			t.Fatalf("Login: %v", err)
+		}
+	}
+	return f
+}
+
+// openDirect opens a token directly (not through the group), logged in.
+func openDirect(t testing.TB, tok testhsm.Token) *slot.Slot {
+	t.Helper()
+	s, err := slot.Open(testContext(t), slot.Spec{
+		Name:           tok.Name + "-direct",
+		Module:         tok.Module,
+		ModuleEnv:      tok.ModuleEnv,
+		TokenLabel:     tok.Label,
+		PIN:            secret.PINFromString(tok.UserPIN),
+		CommandTimeout: 20 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("open %s directly: %v", tok.Name, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// installDomain gives the tokens one domain key for the group serial,
+// trusted (made by the SO) or not.
+func installDomain(t testing.TB, serial string, toks []testhsm.Token, trusted bool) {
+	t.Helper()
+	var targets []hasync.DomainTarget
+	var slots []*slot.Slot
+	for _, tok := range toks {
+		s, err := slot.Open(testContext(t), slot.Spec{
+			Name: tok.Name + "-install", Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label,
+			PIN: secret.PINFromString(tok.UserPIN), CommandTimeout: 20 * time.Second,
+		})
+		if err != nil {
+			t.Fatalf("open %s for the domain key: %v", tok.Name, err)
+		}
+		slots = append(slots, s)
+		dt := hasync.DomainTarget{Slot: s}
+		if trusted {
+			dt.SOPIN = secret.PINFromString(tok.SOPIN)
+			dt.UserPIN = secret.PINFromString(tok.UserPIN)
+		}
+		targets = append(targets, dt)
+	}
+	err := hasync.InstallDomainKey(testContext(t), targets, serial)
+	for _, s := range slots {
+		s.Close()
+	}
+	if err != nil {
+		t.Fatalf("install domain key: %v", err)
+	}
+}
+
+func attr(t uint, v any) *pkcs11.Attribute { return pkcs11.NewAttribute(t, v) }
+
+var p256 = []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
+
+// genEC makes a P-256 token key pair through the group.
+func genEC(t testing.TB, s *Session, label string, extraPriv ...*pkcs11.Attribute) (pub, priv ObjectHandle) {
+	t.Helper()
+	pub, priv, err := s.GenerateKeyPair(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, label)},
+		append([]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true),
+			attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_LABEL, label)}, extraPriv...))
+	if err != nil {
+		t.Fatalf("GenerateKeyPair %s: %v", label, err)
+	}
+	return pub, priv
+}
+
+func openSession(t testing.TB, g *Group) *Session {
+	t.Helper()
+	s, err := g.OpenSession(testContext(t), pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		t.Fatalf("OpenSession: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func memberState(g *Group, name string) member.State {
+	m, _ := g.Member(name)
+	return m.State()
+}
+
+// findDirect lists the objects with the given label on a direct slot.
+func findDirect(t testing.TB, s *slot.Slot, label string) []pkcs11.ObjectHandle {
+	t.Helper()
+	hs, err := s.FindObjects(testContext(t), []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, label)})
+	if err != nil {
+		t.Fatalf("find %q on %s: %v", label, s.Name(), err)
+	}
+	return hs
+}

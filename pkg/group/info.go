@@ -1,0 +1,183 @@
+package group
+
+import (
+	"context"
+	"slices"
+	gosync "sync"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/miekg/pkcs11"
+)
+
+const (
+	ckUnavailable = ^uint(0) // CK_UNAVAILABLE_INFORMATION
+	ckInfinite    = 0        // CK_EFFECTIVELY_INFINITE
+)
+
+// each calls fn on every serving member in parallel (with accounting) and
+// returns the members that answered.
+func (g *Group) each(ctx context.Context, fn func(m *member.Member) error) []*member.Member {
+	ms := g.serving()
+	ok := make([]bool, len(ms))
+	var wg gosync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() {
+			_, err := g.call(ctx, m, func() error { return fn(m) })
+			ok[i] = err == nil
+		})
+	}
+	wg.Wait()
+	var out []*member.Member
+	for i, m := range ms {
+		if ok[i] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TokenInfo synthesises the virtual token's information from the serving
+// members: the group's label and serial; CKF_RNG, CKF_USER_PIN_INITIALIZED
+// and CKF_TOKEN_INITIALIZED when every member has them; CKF_LOGIN_REQUIRED
+// and CKF_WRITE_PROTECTED when any member has them; the PIN length range
+// every member accepts; session counts summed and session maxima the
+// smallest member's (each virtual session may need a session on every
+// member); memory figures summed. With no member answering it returns the
+// label, serial and flags of an initialised token and unavailable figures.
+func (g *Group) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
+	if err := g.gate.enter(); err != nil {
+		return pkcs11.TokenInfo{}, err
+	}
+	defer g.gate.leave()
+	infos := make([]pkcs11.TokenInfo, len(g.members))
+	answered := g.each(ctx, func(m *member.Member) (err error) {
+		infos[m.Index()], err = m.Slot().TokenInfo(ctx)
+		return err
+	})
+	ti := pkcs11.TokenInfo{
+		Label:          g.label,
+		ManufacturerID: "hagroup",
+		Model:          "HA virtual slot",
+		SerialNumber:   g.serial,
+	}
+	if len(answered) == 0 {
+		ti.Flags = pkcs11.CKF_TOKEN_INITIALIZED | pkcs11.CKF_LOGIN_REQUIRED | pkcs11.CKF_USER_PIN_INITIALIZED
+		ti.MaxSessionCount, ti.SessionCount = ckUnavailable, ckUnavailable
+		ti.MaxRwSessionCount, ti.RwSessionCount = ckUnavailable, ckUnavailable
+		ti.TotalPublicMemory, ti.FreePublicMemory = ckUnavailable, ckUnavailable
+		ti.TotalPrivateMemory, ti.FreePrivateMemory = ckUnavailable, ckUnavailable
+		ti.MaxPinLen, ti.MinPinLen = ckUnavailable, ckUnavailable
+		return ti, nil
+	}
+	all := uint(pkcs11.CKF_RNG | pkcs11.CKF_USER_PIN_INITIALIZED | pkcs11.CKF_TOKEN_INITIALIZED)
+	anyOf := uint(pkcs11.CKF_LOGIN_REQUIRED | pkcs11.CKF_WRITE_PROTECTED)
+	ti.Flags = all
+	ti.MaxPinLen = ckUnavailable
+	ti.MaxSessionCount, ti.MaxRwSessionCount = ckInfinite, ckInfinite
+	for i, m := range answered {
+		in := infos[m.Index()]
+		ti.Flags &^= all &^ in.Flags
+		ti.Flags |= in.Flags & anyOf
+		if in.MinPinLen > ti.MinPinLen {
+			ti.MinPinLen = in.MinPinLen
+		}
+		if i == 0 || in.MaxPinLen < ti.MaxPinLen {
+			ti.MaxPinLen = in.MaxPinLen
+		}
+		ti.MaxSessionCount = minCount(ti.MaxSessionCount, in.MaxSessionCount)
+		ti.MaxRwSessionCount = minCount(ti.MaxRwSessionCount, in.MaxRwSessionCount)
+		ti.SessionCount = sumCount(ti.SessionCount, in.SessionCount)
+		ti.RwSessionCount = sumCount(ti.RwSessionCount, in.RwSessionCount)
+		ti.TotalPublicMemory = sumCount(ti.TotalPublicMemory, in.TotalPublicMemory)
+		ti.FreePublicMemory = sumCount(ti.FreePublicMemory, in.FreePublicMemory)
+		ti.TotalPrivateMemory = sumCount(ti.TotalPrivateMemory, in.TotalPrivateMemory)
+		ti.FreePrivateMemory = sumCount(ti.FreePrivateMemory, in.FreePrivateMemory)
+		if i == 0 {
+			ti.HardwareVersion, ti.FirmwareVersion = in.HardwareVersion, in.FirmwareVersion
+		}
+	}
+	return ti, nil
+}
+
+func sumCount(a, b uint) uint {
+	if a == ckUnavailable || b == ckUnavailable {
+		return ckUnavailable
+	}
+	return a + b
+}
+
+// minCount is the smaller of two maxima where 0 means unlimited.
+func minCount(a, b uint) uint {
+	switch {
+	case a == ckUnavailable || b == ckUnavailable:
+		return ckUnavailable
+	case a == ckInfinite:
+		return b
+	case b == ckInfinite:
+		return a
+	}
+	return min(a, b)
+}
+
+// Mechanisms returns the mechanisms every serving member supports (a
+// mechanism only some members have would fail after a failover).
+func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	lists := make([][]uint, len(g.members))
+	answered := g.each(ctx, func(m *member.Member) (err error) {
+		lists[m.Index()], err = m.Slot().Mechanisms(ctx)
+		return err
+	})
+	if len(answered) == 0 {
+		return nil, wrap(ErrNoMember, "Mechanisms", "", nil)
+	}
+	out := slices.Clone(lists[answered[0].Index()])
+	for _, m := range answered[1:] {
+		l := lists[m.Index()]
+		out = slices.DeleteFunc(out, func(x uint) bool { return !slices.Contains(l, x) })
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// MechanismInfo returns what every serving member can do with mech: the
+// flags all of them have and the key size range all of them accept.
+func (g *Group) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
+	if err := g.gate.enter(); err != nil {
+		return pkcs11.MechanismInfo{}, err
+	}
+	defer g.gate.leave()
+	infos := make([]pkcs11.MechanismInfo, len(g.members))
+	errs := make([]error, len(g.members))
+	answered := g.each(ctx, func(m *member.Member) error {
+		var err error
+		infos[m.Index()], err = m.Slot().MechanismInfo(ctx, mech)
+		errs[m.Index()] = err
+		return err
+	})
+	if len(answered) == 0 {
+		for _, err := range errs {
+			if err != nil {
+				return pkcs11.MechanismInfo{}, opErr("MechanismInfo", "", err)
+			}
+		}
+		return pkcs11.MechanismInfo{}, wrap(ErrNoMember, "MechanismInfo", "", nil)
+	}
+	for _, err := range errs {
+		if err != nil {
+			// A member without the mechanism: the group does not have it.
+			return pkcs11.MechanismInfo{}, opErr("MechanismInfo", "", err)
+		}
+	}
+	out := infos[answered[0].Index()]
+	for _, m := range answered[1:] {
+		in := infos[m.Index()]
+		out.Flags &= in.Flags
+		out.MinKeySize = max(out.MinKeySize, in.MinKeySize)
+		out.MaxKeySize = min(out.MaxKeySize, in.MaxKeySize)
+	}
+	return out, nil
+}

@@ -1,0 +1,732 @@
+package group
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	gosync "sync"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
+	"github.com/miekg/pkcs11"
+)
+
+// Key management: objects are made on the primary (the first active member
+// in configured order) and replicated to every other active and standby
+// member, in parallel, before the call returns. A member that cannot take
+// the object is failed (it catches up on recovery) and a ReplicationFailed
+// event says why; the call succeeds while the primary holds the object.
+// Creation is not retried on another member after a health failure of the
+// primary: the object may exist there, and a second one made elsewhere
+// would be a duplicate under the same identity. The caller gets
+// CKR_DEVICE_ERROR and may try again (the primary has moved on).
+//
+// Identity must be unique among token objects: an object made with the
+// CKA_CLASS, CKA_KEY_TYPE, CKA_ID and CKA_LABEL of an existing one is
+// removed again and the call fails with CKR_TEMPLATE_INCONSISTENT, since
+// members could not tell the two apart. An object with neither CKA_ID nor
+// CKA_LABEL gets a random 16-byte CKA_ID; the halves of a key pair made
+// without any CKA_ID get one shared random CKA_ID even when labelled.
+
+// intent is what the group learned from an application template.
+type intent struct {
+	tmpl          []*pkcs11.Attribute
+	class         uint
+	token         bool
+	unextractable bool
+	explicitID    bool // the application named the object (CKA_ID or CKA_LABEL)
+}
+
+func attrIndex(tmpl []*pkcs11.Attribute, t uint) int {
+	for i, a := range tmpl {
+		if a != nil && a.Type == t {
+			return i
+		}
+	}
+	return -1
+}
+
+// hasValue reports whether tmpl sets attribute t to a non-empty value.
+func hasValue(tmpl []*pkcs11.Attribute, t uint) bool {
+	i := attrIndex(tmpl, t)
+	return i >= 0 && len(tmpl[i].Value) > 0
+}
+
+func attrBool(tmpl []*pkcs11.Attribute, t uint) (v, ok bool) {
+	if i := attrIndex(tmpl, t); i >= 0 {
+		return len(tmpl[i].Value) > 0 && tmpl[i].Value[0] != 0, true
+	}
+	return false, false
+}
+
+func setAttr(tmpl []*pkcs11.Attribute, a *pkcs11.Attribute) []*pkcs11.Attribute {
+	if i := attrIndex(tmpl, a.Type); i >= 0 {
+		tmpl[i] = a
+		return tmpl
+	}
+	return append(tmpl, a)
+}
+
+func randomID() ([]byte, error) {
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return nil, fmt.Errorf("random CKA_ID: %w", err)
+	}
+	return id, nil
+}
+
+// prepare copies tmpl and adapts it for the group. class is the class the
+// operation makes (0: read CKA_CLASS from tmpl). id, when not nil, is the
+// CKA_ID to give an object that has neither CKA_ID nor CKA_LABEL.
+func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkcs11.Attribute, class uint, id []byte) (intent, error) {
+	in := intent{tmpl: append([]*pkcs11.Attribute(nil), tmpl...), class: class}
+	if i := attrIndex(tmpl, pkcs11.CKA_CLASS); i >= 0 && class == 0 {
+		in.class = ulong(tmpl[i].Value)
+	}
+	in.token, _ = attrBool(tmpl, pkcs11.CKA_TOKEN)
+	in.explicitID = hasValue(tmpl, pkcs11.CKA_ID) || hasValue(tmpl, pkcs11.CKA_LABEL)
+	if !in.explicitID && id != nil {
+		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
+	}
+	if in.class == pkcs11.CKO_PRIVATE_KEY || in.class == pkcs11.CKO_SECRET_KEY {
+		ext, set := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
+		if set && !ext {
+			in.unextractable = true
+			if g.domainTrusted(ctx, primary) {
+				in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+			}
+		}
+		// The group must be able to wrap the key under the domain key to
+		// replicate it.
+		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
+	}
+	return in, nil
+}
+
+// domainTrusted reports whether the group's domain key on m is CKA_TRUSTED,
+// so that keys made with CKA_WRAP_WITH_TRUSTED can still be replicated.
+func (g *Group) domainTrusted(ctx context.Context, m *member.Member) bool {
+	s := m.Slot()
+	h, err := hasync.FindDomainKey(ctx, s, g.serial)
+	if err != nil {
+		return false
+	}
+	attrs, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_TRUSTED})
+	if err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
+		return false
+	}
+	return len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0
+}
+
+// made is one object made on the primary.
+type made struct {
+	in  intent
+	h   pkcs11.ObjectHandle
+	obj hasync.Object
+}
+
+// createOn runs a key-management call on the primary and replicates what
+// it made. do runs on the primary with the inputs resolved there; target
+// is the primary's pooled slot for token objects or this session's
+// physical session for session objects.
+func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs []*vobject,
+	do func(ctx context.Context, target slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error)) ([]ObjectHandle, error) {
+	g := s.g
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	for _, o := range inputs {
+		if err := o.usable(); err != nil {
+			return nil, wrap(err.(*Error), op, "", nil)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(op); err != nil {
+		return nil, err
+	}
+	p := g.primary()
+	if p == nil {
+		return nil, wrap(ErrNoMember, op, "", nil)
+	}
+	hs := make([]pkcs11.ObjectHandle, len(inputs))
+	for i, o := range inputs {
+		h, err := g.resolve(ctx, o, p)
+		if err != nil {
+			if errors.Is(err, errAbsent) {
+				return nil, wrap(ErrKeyHandle, op, p.Name(), errors.New("the primary does not hold the object"))
+			}
+			return nil, opErr(op, p.Name(), err)
+		}
+		hs[i] = h
+	}
+	session := false
+	for _, in := range ins {
+		session = session || !in.token
+	}
+	var target slotOps = p.Slot()
+	if session {
+		ps, err := s.physSession(ctx, p)
+		if err != nil {
+			return nil, opErr(op, p.Name(), err)
+		}
+		target = ps
+	}
+	var out []pkcs11.ObjectHandle
+	if _, err := g.call(ctx, p, func() (err error) {
+		out, err = do(ctx, target, hs)
+		return err
+	}); err != nil {
+		return nil, opErr(op, p.Name(), err)
+	}
+	ms := make([]made, len(out))
+	for i, h := range out {
+		ms[i] = made{in: ins[i], h: h}
+	}
+	undo := func() {
+		for _, m := range ms {
+			target.DestroyObject(context.WithoutCancel(ctx), m.h)
+		}
+	}
+	for i := range ms {
+		var obj hasync.Object
+		if _, err := g.call(ctx, p, func() (err error) {
+			obj, err = hasync.ReadObject(ctx, p.Slot(), ms[i].h)
+			return err
+		}); err != nil {
+			undo()
+			return nil, opErr(op, p.Name(), err)
+		}
+		ms[i].obj = obj
+		if obj.Token && ms[i].in.explicitID {
+			var dup []pkcs11.ObjectHandle
+			if _, err := g.call(ctx, p, func() (err error) {
+				dup, err = p.Slot().FindObjects(ctx, identityTemplate(obj.Identity))
+				return err
+			}); err != nil {
+				undo()
+				return nil, opErr(op, p.Name(), err)
+			}
+			if len(dup) > 1 {
+				undo()
+				return nil, &Error{Code: pkcs11.CKR_TEMPLATE_INCONSISTENT, Op: op, Member: p.Name(),
+					msg: "an object with identity " + obj.Identity.String() + " already exists; identities must be unique in an HA group"}
+			}
+		}
+	}
+
+	// The virtual entries, before replication so that the physical handles
+	// can be recorded as they come.
+	vs := make([]*vobject, len(ms))
+	for i, m := range ms {
+		var o *vobject
+		if m.obj.Token {
+			var created bool
+			o, created = g.objs.intern(m.obj.Identity)
+			if !created {
+				// A stale entry (the object was destroyed behind our back
+				// and is now made again): start it afresh.
+				g.objs.remove(o)
+				o, _ = g.objs.intern(m.obj.Identity)
+			}
+			o.set(p.Index(), p.Epoch(), m.h)
+		} else {
+			o = g.objs.addSessionObject(m.obj.Identity, s.h)
+			g.objs.setSessionPhys(o, p, m.h)
+			s.objects[o.h] = o
+		}
+		o.setFingerprint(m.obj.Fingerprint)
+		if m.in.unextractable {
+			o.unextractable.Store(true)
+			o.madeUnextractable.Store(true)
+		}
+		vs[i] = o
+	}
+	g.replicate(ctx, s, p, ms, vs)
+	res := make([]ObjectHandle, len(vs))
+	for i, o := range vs {
+		res[i] = o.h
+	}
+	return res, nil
+}
+
+// slotOps is what key management needs from a pooled slot or a session.
+type slotOps interface {
+	CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error
+	GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error)
+	UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+}
+
+// replicate copies the objects made on primary p to every other serving
+// member in parallel. s.mu held (session objects go into s's physical
+// sessions).
+func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vobject) {
+	var targets []*member.Member
+	for _, m := range g.serving() {
+		if m != p {
+			targets = append(targets, m)
+		}
+	}
+	if len(targets) == 0 {
+		return
+	}
+	// Physical sessions for session objects are opened here, under s.mu,
+	// before the goroutines start.
+	dsts := make([]hasync.Target, len(targets))
+	errs := make([]error, len(targets))
+	for i, t := range targets {
+		dsts[i] = hasync.Target{Slot: t.Slot()}
+		if !ms[0].obj.Token {
+			ps, err := s.physSession(ctx, t)
+			if err != nil {
+				errs[i] = err
+				continue
+			}
+			dsts[i].Session = ps
+		}
+	}
+	var wg gosync.WaitGroup
+	for i, t := range targets {
+		if errs[i] != nil {
+			g.replicationFailed(t, ms[0].obj.Identity, errs[i])
+			continue
+		}
+		wg.Go(func() {
+			var done []pkcs11.ObjectHandle
+			for j, m := range ms {
+				var h pkcs11.ObjectHandle
+				start := t.Begin()
+				h, err := g.rep.Replicate(ctx, p.Slot(), m.h, dsts[i])
+				t.End(start, err)
+				if err != nil {
+					// Take back the other half of a key pair so the member
+					// holds all or nothing; recovery brings it in whole.
+					for k, dh := range done {
+						g.destroyOn(context.WithoutCancel(ctx), dsts[i], dh)
+						vs[k].forget(t.Index())
+					}
+					g.replicationFailed(t, m.obj.Identity, err)
+					return
+				}
+				done = append(done, h)
+				if m.obj.Token {
+					vs[j].set(t.Index(), t.Epoch(), h)
+				} else {
+					g.objs.setSessionPhys(vs[j], t, h)
+				}
+			}
+			for _, m := range ms {
+				t.AddReplication()
+				g.emit(Event{Kind: ObjectReplicated, Member: t.Name(), Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint})
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (g *Group) destroyOn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) {
+	if dst.Session != nil {
+		dst.Session.DestroyObject(ctx, h)
+		return
+	}
+	dst.Slot.DestroyObject(ctx, h)
+}
+
+// replicationFailed reports the failure and fails the member: it no longer
+// holds what the group holds, so it must not serve until recovery has
+// brought it up to date.
+func (g *Group) replicationFailed(m *member.Member, id hasync.Identity, err error) {
+	g.emit(Event{Kind: ReplicationFailed, Member: m.Name(), Object: id, Err: err})
+	g.failMember(m, fmt.Errorf("replication of %v: %w", id, err))
+}
+
+// CreateObject makes an object from tmpl on the primary and replicates it.
+func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+	p := s.g.primary()
+	if p == nil {
+		return 0, wrap(ErrNoMember, "CreateObject", "", nil)
+	}
+	id, err := randomID()
+	if err != nil {
+		return 0, err
+	}
+	in, err := s.g.prepare(ctx, p, tmpl, 0, id)
+	if err != nil {
+		return 0, err
+	}
+	hs, err := s.createOn(ctx, "CreateObject", []intent{in}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		h, err := t.CreateObject(ctx, in.tmpl)
+		return []pkcs11.ObjectHandle{h}, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return hs[0], nil
+}
+
+// GenerateKey generates a secret key on the primary and replicates it.
+func (s *Session) GenerateKey(ctx context.Context, mech *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+	p := s.g.primary()
+	if p == nil {
+		return 0, wrap(ErrNoMember, "GenerateKey", "", nil)
+	}
+	id, err := randomID()
+	if err != nil {
+		return 0, err
+	}
+	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id)
+	if err != nil {
+		return 0, err
+	}
+	hs, err := s.createOn(ctx, "GenerateKey", []intent{in}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		h, err := t.GenerateKey(ctx, mech, in.tmpl)
+		return []pkcs11.ObjectHandle{h}, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return hs[0], nil
+}
+
+// GenerateKeyPair generates a key pair on the primary and replicates both
+// halves (all or nothing per member).
+func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (ObjectHandle, ObjectHandle, error) {
+	p := s.g.primary()
+	if p == nil {
+		return 0, 0, wrap(ErrNoMember, "GenerateKeyPair", "", nil)
+	}
+	id, err := randomID()
+	if err != nil {
+		return 0, 0, err
+	}
+	pin, err := s.g.prepare(ctx, p, pub, pkcs11.CKO_PUBLIC_KEY, id)
+	if err != nil {
+		return 0, 0, err
+	}
+	prin, err := s.g.prepare(ctx, p, priv, pkcs11.CKO_PRIVATE_KEY, id)
+	if err != nil {
+		return 0, 0, err
+	}
+	if !hasValue(pub, pkcs11.CKA_ID) && !hasValue(priv, pkcs11.CKA_ID) {
+		// Pair the halves by one CKA_ID even when the application named
+		// them by label only: tokens that hide the public key of a private
+		// key (SoftHSM for EC) let the group fingerprint the private half
+		// only through its public half with the same CKA_ID.
+		pin.tmpl = setAttr(pin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
+		prin.tmpl = setAttr(prin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
+	}
+	hs, err := s.createOn(ctx, "GenerateKeyPair", []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		a, b, err := t.GenerateKeyPair(ctx, mech, pin.tmpl, prin.tmpl)
+		return []pkcs11.ObjectHandle{a, b}, err
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return hs[0], hs[1], nil
+}
+
+// CopyObject copies an object on the primary (with tmpl's changes) and
+// replicates the copy. A token copy must differ from its source in CKA_ID
+// or CKA_LABEL (identities are unique).
+func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+	src, err := s.g.object("CopyObject", h)
+	if err != nil {
+		return 0, err
+	}
+	p := s.g.primary()
+	if p == nil {
+		return 0, wrap(ErrNoMember, "CopyObject", "", nil)
+	}
+	class := src.identity().Class
+	in, err := s.g.prepare(ctx, p, tmpl, class, nil)
+	if err != nil {
+		return 0, err
+	}
+	if _, set := attrBool(tmpl, pkcs11.CKA_TOKEN); !set {
+		in.token = src.token
+	}
+	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
+	if src.unextractable.Load() {
+		in.unextractable = true
+	}
+	hs, err := s.createOn(ctx, "CopyObject", []intent{in}, []*vobject{src}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		nh, err := t.CopyObject(ctx, ins[0], in.tmpl)
+		return []pkcs11.ObjectHandle{nh}, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return hs[0], nil
+}
+
+// UnwrapKey unwraps blob under unwrapping on the primary and replicates the
+// new key.
+func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapping ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+	uk, err := s.g.key("UnwrapKey", unwrapping)
+	if err != nil {
+		return 0, err
+	}
+	p := s.g.primary()
+	if p == nil {
+		return 0, wrap(ErrNoMember, "UnwrapKey", "", nil)
+	}
+	id, err := randomID()
+	if err != nil {
+		return 0, err
+	}
+	in, err := s.g.prepare(ctx, p, tmpl, 0, id)
+	if err != nil {
+		return 0, err
+	}
+	hs, err := s.createOn(ctx, "UnwrapKey", []intent{in}, []*vobject{uk}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		nh, err := t.UnwrapKey(ctx, mech, ins[0], blob, in.tmpl)
+		return []pkcs11.ObjectHandle{nh}, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return hs[0], nil
+}
+
+// DeriveKey derives a key from base on the primary and replicates it.
+func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base ObjectHandle, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+	bk, err := s.g.key("DeriveKey", base)
+	if err != nil {
+		return 0, err
+	}
+	p := s.g.primary()
+	if p == nil {
+		return 0, wrap(ErrNoMember, "DeriveKey", "", nil)
+	}
+	id, err := randomID()
+	if err != nil {
+		return 0, err
+	}
+	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id)
+	if err != nil {
+		return 0, err
+	}
+	hs, err := s.createOn(ctx, "DeriveKey", []intent{in}, []*vobject{bk}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		nh, err := t.DeriveKey(ctx, mech, ins[0], in.tmpl)
+		return []pkcs11.ObjectHandle{nh}, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return hs[0], nil
+}
+
+// DestroyObject destroys an object on every serving member that holds it:
+// first on one member (a refusal such as CKR_ACTION_PROHIBITED is returned
+// as it is and nothing else is touched), then on the others in parallel.
+// A member that fails to destroy it is failed (recovery removes it there).
+// Token objects leave a tombstone (Options.Tombstones) so that a member
+// that was away cannot bring the object back.
+func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
+	const op = "DestroyObject"
+	if err := g.gate.enter(); err != nil {
+		return err
+	}
+	defer g.gate.leave()
+	o, err := g.object(op, h)
+	if err != nil {
+		return err
+	}
+	if err := o.usable(); err != nil {
+		return wrap(err.(*Error), op, "", nil)
+	}
+	ms := g.serving()
+	var first *member.Member
+	var lastHealth error
+	rest := ms
+	for len(rest) > 0 && first == nil {
+		m := rest[0]
+		rest = rest[1:]
+		ph, err := g.resolve(ctx, o, m)
+		if err == nil {
+			_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
+			if err == nil {
+				first = m
+				break
+			}
+		}
+		switch {
+		case errors.Is(err, errAbsent):
+			continue
+		case errors.Is(err, ErrConflict):
+			return wrap(ErrConflict, op, m.Name(), err)
+		case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
+			lastHealth = err
+			continue
+		}
+		return opErr(op, m.Name(), err)
+	}
+	if first == nil {
+		if lastHealth != nil {
+			return wrap(ErrNoMember, op, "", lastHealth)
+		}
+		g.objs.remove(o)
+		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
+	}
+	g.emit(Event{Kind: ObjectDestroyed, Member: first.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
+	var wg gosync.WaitGroup
+	for _, m := range rest {
+		wg.Go(func() {
+			ph, err := g.resolve(ctx, o, m)
+			if errors.Is(err, errAbsent) {
+				return
+			}
+			if err == nil {
+				_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
+			}
+			if err != nil {
+				g.replicationFailed(m, o.identity(), fmt.Errorf("destroy: %w", err))
+				return
+			}
+			g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
+		})
+	}
+	wg.Wait()
+	g.objs.remove(o)
+	if o.token {
+		t := tombstone.Tombstone{Identity: o.identity(), Fingerprint: o.fingerprint(), Time: time.Now(), GroupSerial: g.serial}
+		if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
+			g.emit(Event{Kind: TombstoneFailed, Object: t.Identity, Fingerprint: t.Fingerprint, Err: err})
+		}
+	}
+	return nil
+}
+
+// DestroyObject is Group.DestroyObject for the PKCS#11 module; a session
+// object made in this session is also dropped from it.
+func (s *Session) DestroyObject(ctx context.Context, h ObjectHandle) error {
+	s.mu.Lock()
+	err := s.checkOpen("DestroyObject")
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := s.g.DestroyObject(ctx, h); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.objects != nil {
+		delete(s.objects, h)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// SetAttributes changes attributes of an object on every serving member
+// that holds it: first on one member (whose refusal is returned as it is),
+// then on the others in parallel; a member that fails is failed. Setting
+// CKA_EXTRACTABLE to false is honoured at the virtual slot (see WrapKey)
+// while the key stays physically extractable under the domain key; setting
+// it back to true is refused (CKR_ATTRIBUTE_READ_ONLY), as PKCS#11 wants.
+// A change of CKA_ID or CKA_LABEL changes the object's identity.
+func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs11.Attribute) error {
+	const op = "SetAttributes"
+	if err := g.gate.enter(); err != nil {
+		return err
+	}
+	defer g.gate.leave()
+	o, err := g.object(op, h)
+	if err != nil {
+		return err
+	}
+	if err := o.usable(); err != nil {
+		return wrap(err.(*Error), op, "", nil)
+	}
+	attrs = append([]*pkcs11.Attribute(nil), attrs...)
+	makeUnextractable := false
+	if i := attrIndex(attrs, pkcs11.CKA_EXTRACTABLE); i >= 0 && o.isKey() && o.identity().Class != pkcs11.CKO_PUBLIC_KEY {
+		v, _ := attrBool(attrs, pkcs11.CKA_EXTRACTABLE)
+		if v && o.unextractable.Load() {
+			return wrap(ErrReadOnly, op, "", errors.New("CKA_EXTRACTABLE cannot go back to true"))
+		}
+		if !v {
+			makeUnextractable = true
+			attrs = append(attrs[:i], attrs[i+1:]...)
+		}
+	}
+	newID := o.identity()
+	if i := attrIndex(attrs, pkcs11.CKA_ID); i >= 0 {
+		newID.ID = bytes.Clone(attrs[i].Value)
+		if len(newID.ID) == 0 {
+			newID.ID = nil
+		}
+	}
+	if i := attrIndex(attrs, pkcs11.CKA_LABEL); i >= 0 {
+		newID.Label = string(attrs[i].Value)
+	}
+	ms := g.serving()
+	if makeUnextractable && len(ms) > 0 && g.domainTrusted(ctx, ms[0]) {
+		attrs = setAttr(attrs, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+	}
+	apply := func(m *member.Member) error {
+		if len(attrs) == 0 {
+			return nil
+		}
+		ph, err := g.resolve(ctx, o, m)
+		if err != nil {
+			return err
+		}
+		_, err = g.call(ctx, m, func() error { return m.Slot().SetAttributes(ctx, ph, attrs) })
+		return err
+	}
+	var first *member.Member
+	var lastHealth error
+	rest := ms
+	for len(rest) > 0 && first == nil {
+		m := rest[0]
+		rest = rest[1:]
+		err := apply(m)
+		switch {
+		case err == nil:
+			first = m
+			continue
+		case errors.Is(err, errAbsent):
+			continue
+		case errors.Is(err, ErrConflict):
+			return wrap(ErrConflict, op, m.Name(), err)
+		case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
+			lastHealth = err
+			continue
+		}
+		return opErr(op, m.Name(), err)
+	}
+	if first == nil {
+		if lastHealth != nil {
+			return wrap(ErrNoMember, op, "", lastHealth)
+		}
+		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
+	}
+	var wg gosync.WaitGroup
+	for _, m := range rest {
+		wg.Go(func() {
+			if err := apply(m); err != nil && !errors.Is(err, errAbsent) {
+				g.replicationFailed(m, o.identity(), fmt.Errorf("set attributes: %w", err))
+				return
+			}
+			g.emit(Event{Kind: ObjectReplicated, Member: m.Name(), Object: newID, Fingerprint: o.fingerprint()})
+		})
+	}
+	wg.Wait()
+	if makeUnextractable {
+		o.unextractable.Store(true)
+	}
+	if !newID.Equal(o.identity()) {
+		g.objs.rekey(o, newID)
+	}
+	return nil
+}

@@ -1,0 +1,617 @@
+package group
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"slices"
+	"strings"
+	gosync "sync"
+	"sync/atomic"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/miekg/pkcs11"
+)
+
+// ObjectHandle is a virtual object handle: stable for the life of the
+// process, never reused, never 0 (CK_INVALID_HANDLE).
+type ObjectHandle uint
+
+// physRef is what the group knows about one object on one member, valid
+// while the member's epoch is unchanged.
+type physRef struct {
+	epoch  uint64
+	h      pkcs11.ObjectHandle
+	absent bool // the member was looked at and does not hold the object
+}
+
+// vobject is one entry of the virtual object table: an identity, the key
+// material's fingerprint, and a lazily filled physical handle per member.
+type vobject struct {
+	h     ObjectHandle
+	token bool
+	owner SessionHandle // session objects: the virtual session they live in
+
+	id atomic.Pointer[hasync.Identity]
+	fp atomic.Pointer[[]byte]
+
+	// unextractable: the application made or set the key with
+	// CKA_EXTRACTABLE=false (see extractable.go).
+	unextractable atomic.Bool
+	// madeUnextractable: unextractable since creation through the group
+	// (CKA_NEVER_EXTRACTABLE is presented true).
+	madeUnextractable atomic.Bool
+	// extractChecked: CKA_WRAP_WITH_TRUSTED was read once.
+	extractChecked atomic.Bool
+	conflict       atomic.Bool
+	gone           atomic.Bool
+
+	phys []atomic.Pointer[physRef]
+}
+
+func (o *vobject) identity() hasync.Identity { return *o.id.Load() }
+
+func (o *vobject) fingerprint() []byte {
+	if p := o.fp.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (o *vobject) setFingerprint(fp []byte) {
+	if fp != nil {
+		o.fp.CompareAndSwap(nil, &fp)
+	}
+}
+
+func (o *vobject) usable() error {
+	switch {
+	case o.gone.Load():
+		return ErrObjectHandle
+	case o.conflict.Load():
+		return ErrConflict
+	}
+	return nil
+}
+
+func (o *vobject) isKey() bool {
+	switch o.identity().Class {
+	case pkcs11.CKO_PUBLIC_KEY, pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_SECRET_KEY:
+		return true
+	}
+	return false
+}
+
+func (o *vobject) set(i int, epoch uint64, h pkcs11.ObjectHandle) {
+	o.phys[i].Store(&physRef{epoch: epoch, h: h})
+}
+
+func (o *vobject) setAbsent(i int, epoch uint64) {
+	o.phys[i].Store(&physRef{epoch: epoch, absent: true})
+}
+
+func (o *vobject) forget(i int) { o.phys[i].Store(nil) }
+
+func (o *vobject) forgetAbsent() {
+	for i := range o.phys {
+		if r := o.phys[i].Load(); r != nil && r.absent {
+			o.phys[i].CompareAndSwap(r, nil)
+		}
+	}
+}
+
+// cached returns the physical handle of o on member i if it is known for
+// the member's current epoch.
+func (o *vobject) cached(m *member.Member) (pkcs11.ObjectHandle, bool) {
+	if r := o.phys[m.Index()].Load(); r != nil && r.epoch == m.Epoch() && !r.absent {
+		return r.h, true
+	}
+	return 0, false
+}
+
+// objectTable is the virtual object table. Reads on the hot path (handle
+// → object) take no lock.
+type objectTable struct {
+	nmembers int
+	byHandle gosync.Map // ObjectHandle → *vobject
+	next     atomic.Uint64
+
+	mu       gosync.Mutex
+	byKey    map[string]*vobject                // token objects by identity
+	sessPhys []map[pkcs11.ObjectHandle]*vobject // per member: session objects by physical handle
+}
+
+func (t *objectTable) init(n int) {
+	t.nmembers = n
+	t.byKey = make(map[string]*vobject)
+	t.sessPhys = make([]map[pkcs11.ObjectHandle]*vobject, n)
+	for i := range t.sessPhys {
+		t.sessPhys[i] = make(map[pkcs11.ObjectHandle]*vobject)
+	}
+}
+
+func (t *objectTable) newObject(id hasync.Identity, token bool, owner SessionHandle) *vobject {
+	o := &vobject{h: ObjectHandle(t.next.Add(1)), token: token, owner: owner, phys: make([]atomic.Pointer[physRef], t.nmembers)}
+	o.id.Store(&id)
+	return o
+}
+
+// intern returns the token object with identity id, creating its entry on
+// first sight. created reports whether it is new.
+func (t *objectTable) intern(id hasync.Identity) (o *vobject, created bool) {
+	k := id.Key()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o := t.byKey[k]; o != nil {
+		return o, false
+	}
+	o = t.newObject(id, true, 0)
+	t.byKey[k] = o
+	t.byHandle.Store(o.h, o)
+	return o, true
+}
+
+// addSessionObject enters a new session object owned by the virtual
+// session owner.
+func (t *objectTable) addSessionObject(id hasync.Identity, owner SessionHandle) *vobject {
+	o := t.newObject(id, false, owner)
+	t.byHandle.Store(o.h, o)
+	return o
+}
+
+// setSessionPhys records where a session object lives on member i.
+func (t *objectTable) setSessionPhys(o *vobject, m *member.Member, h pkcs11.ObjectHandle) {
+	o.set(m.Index(), m.Epoch(), h)
+	t.mu.Lock()
+	t.sessPhys[m.Index()][h] = o
+	t.mu.Unlock()
+}
+
+// sessionObjectAt returns the session object at physical handle h on m.
+func (t *objectTable) sessionObjectAt(m *member.Member, h pkcs11.ObjectHandle) *vobject {
+	t.mu.Lock()
+	o := t.sessPhys[m.Index()][h]
+	t.mu.Unlock()
+	if o == nil || o.gone.Load() {
+		return nil
+	}
+	if ph, ok := o.cached(m); !ok || ph != h {
+		return nil
+	}
+	return o
+}
+
+// remove drops o from the table; its handle becomes invalid for good.
+func (t *objectTable) remove(o *vobject) {
+	o.gone.Store(true)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o.token {
+		k := o.identity().Key()
+		if t.byKey[k] == o {
+			delete(t.byKey, k)
+		}
+	} else {
+		for i := range t.sessPhys {
+			if r := o.phys[i].Load(); r != nil && !r.absent && t.sessPhys[i][r.h] == o {
+				delete(t.sessPhys[i], r.h)
+			}
+		}
+	}
+	t.byHandle.Delete(o.h)
+}
+
+// rekey moves a token object to a new identity (after CKA_ID or CKA_LABEL
+// changed).
+func (t *objectTable) rekey(o *vobject, id hasync.Identity) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o.token {
+		old := o.identity().Key()
+		if t.byKey[old] == o {
+			delete(t.byKey, old)
+		}
+		t.byKey[id.Key()] = o
+	}
+	o.id.Store(&id)
+}
+
+func (t *objectTable) get(h ObjectHandle) (*vobject, bool) {
+	v, ok := t.byHandle.Load(h)
+	if !ok {
+		return nil, false
+	}
+	o := v.(*vobject)
+	return o, !o.gone.Load()
+}
+
+// object returns the live object behind a virtual handle.
+func (g *Group) object(op string, h ObjectHandle) (*vobject, error) {
+	o, ok := g.objs.get(h)
+	if !ok {
+		return nil, wrap(ErrObjectHandle, op, "", nil)
+	}
+	return o, nil
+}
+
+// key returns the live key object behind a virtual handle.
+func (g *Group) key(op string, h ObjectHandle) (*vobject, error) {
+	o, ok := g.objs.get(h)
+	if !ok || !o.isKey() {
+		return nil, wrap(ErrKeyHandle, op, "", nil)
+	}
+	return o, nil
+}
+
+// identityTemplate finds exactly the token objects with identity id.
+func identityTemplate(id hasync.Identity) []*pkcs11.Attribute {
+	t := []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
+	}
+	if id.KeyType != hasync.NoKeyType {
+		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
+	}
+	return t
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// resolve returns o's physical handle on m, looking it up by identity when
+// it is not known for m's current epoch. It returns errAbsent when m does
+// not hold the object, ErrConflict when m holds a different key under the
+// same identity, or the member's error (already charged to it).
+func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs11.ObjectHandle, error) {
+	i, ep := m.Index(), m.Epoch()
+	if r := o.phys[i].Load(); r != nil && r.epoch == ep {
+		if r.absent {
+			return 0, errAbsent
+		}
+		return r.h, nil
+	}
+	if !o.token {
+		// Session objects live only where the group put them.
+		return 0, errAbsent
+	}
+	s := m.Slot()
+	id := o.identity()
+	var hs []pkcs11.ObjectHandle
+	if _, err := g.call(ctx, m, func() (err error) {
+		hs, err = s.FindObjects(ctx, identityTemplate(id))
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	if len(hs) == 0 {
+		o.setAbsent(i, ep)
+		return 0, errAbsent
+	}
+	want := o.fingerprint()
+	var chosen pkcs11.ObjectHandle
+	var chosenFP []byte
+	found := false
+	for _, h := range hs {
+		fp, err := g.fingerprint(ctx, m, h)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case !found:
+			chosen, chosenFP, found = h, fp, true
+		case fp != nil && chosenFP != nil && !bytes.Equal(fp, chosenFP):
+			if want == nil {
+				g.conflict(o, m, chosenFP, fp)
+				return 0, ErrConflict
+			}
+			if bytes.Equal(fp, want) {
+				chosen, chosenFP = h, fp
+			}
+		}
+	}
+	if want != nil && chosenFP != nil && !bytes.Equal(want, chosenFP) {
+		g.conflict(o, m, want, chosenFP)
+		return 0, ErrConflict
+	}
+	o.setFingerprint(chosenFP)
+	o.set(i, ep, chosen)
+	return chosen, nil
+}
+
+// fingerprint returns the fingerprint of h on m, nil when the member
+// cannot compute one.
+func (g *Group) fingerprint(ctx context.Context, m *member.Member, h pkcs11.ObjectHandle) ([]byte, error) {
+	var fp []byte
+	class, err := g.call(ctx, m, func() (err error) {
+		fp, err = hasync.Fingerprint(ctx, m.Slot(), h)
+		if errors.Is(err, hasync.ErrNoFingerprint) {
+			return nil
+		}
+		return err
+	})
+	if err != nil && class != slot.ClassHealth {
+		return nil, nil // a request-class failure: no fingerprint to compare
+	}
+	return fp, err
+}
+
+// conflict marks o unusable and reports it once.
+func (g *Group) conflict(o *vobject, m *member.Member, a, b []byte) {
+	if o.conflict.CompareAndSwap(false, true) {
+		g.emit(Event{Kind: ConflictFound, Member: m.Name(), Object: o.identity(), Fingerprint: a, Other: b,
+			Err: errors.New("two different keys share one identity; not used until resolved")})
+	}
+}
+
+func isDomainLabel(class uint, label string) bool {
+	return class == pkcs11.CKO_SECRET_KEY && strings.HasPrefix(label, hasync.DomainLabel(""))
+}
+
+var identityAttrs = []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL, pkcs11.CKA_TOKEN}
+
+func identityFrom(attrs []slot.Attribute) (id hasync.Identity, token bool) {
+	id.KeyType = hasync.NoKeyType
+	for _, a := range attrs {
+		if a.Status != pkcs11.CKR_OK {
+			continue
+		}
+		switch a.Type {
+		case pkcs11.CKA_CLASS:
+			id.Class = ulong(a.Value)
+		case pkcs11.CKA_KEY_TYPE:
+			id.KeyType = ulong(a.Value)
+		case pkcs11.CKA_ID:
+			id.ID = slices.Clone(a.Value)
+		case pkcs11.CKA_LABEL:
+			id.Label = string(a.Value)
+		case pkcs11.CKA_TOKEN:
+			token = len(a.Value) > 0 && a.Value[0] != 0
+		}
+	}
+	if len(id.ID) == 0 {
+		id.ID = nil
+	}
+	return id, token
+}
+
+func ulong(b []byte) uint {
+	switch len(b) {
+	case 8:
+		return uint(binary.NativeEndian.Uint64(b))
+	case 4:
+		return uint(binary.NativeEndian.Uint32(b))
+	case 1:
+		return uint(b[0])
+	}
+	return 0
+}
+
+// Find returns the virtual handles of the objects matching tmpl that the
+// current login can see. A non-empty template is searched on one healthy
+// member (with failover) and the results mapped to the other members
+// lazily, when first used there. An empty template ("find all") lists every
+// serving member once, in parallel, and joins the listings on identity, so
+// its cost is one listing per member, not a look-up per object per member.
+// Objects whose identity is shared by different key material are reported
+// (ConflictFound) and left out. Domain keys are never shown.
+func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
+	if len(tmpl) == 0 {
+		return g.findAll(ctx)
+	}
+	var out []ObjectHandle
+	err := g.run(ctx, "FindObjects", nil, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
+		hs, err := s.FindObjects(ctx, tmpl)
+		if err != nil {
+			return err
+		}
+		out, err = g.internFound(ctx, m, s, hs)
+		return err
+	})
+	return out, err
+}
+
+// internFound maps physical handles found on m to virtual objects.
+func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]ObjectHandle, error) {
+	ep := m.Epoch()
+	type found struct {
+		id  hasync.Identity
+		hs  []pkcs11.ObjectHandle
+		fps [][]byte
+	}
+	var order []string
+	byKey := map[string]*found{}
+	var out []ObjectHandle
+	for _, h := range hs {
+		attrs, err := s.GetAttributes(ctx, h, identityAttrs)
+		if err != nil {
+			if slot.ClassOf(err) == slot.ClassRequest {
+				continue // destroyed meanwhile
+			}
+			return nil, err
+		}
+		id, token := identityFrom(attrs)
+		if isDomainLabel(id.Class, id.Label) {
+			continue
+		}
+		if !token {
+			if o := g.objs.sessionObjectAt(m, h); o != nil {
+				out = append(out, o.h)
+			}
+			continue
+		}
+		k := id.Key()
+		f := byKey[k]
+		if f == nil {
+			f = &found{id: id}
+			byKey[k] = f
+			order = append(order, k)
+		}
+		f.hs = append(f.hs, h)
+	}
+	for _, k := range order {
+		f := byKey[k]
+		o, _ := g.objs.intern(f.id)
+		if o.usable() != nil {
+			continue
+		}
+		if len(f.hs) == 1 {
+			if ph, ok := o.cached(m); ok && ph == f.hs[0] {
+				out = append(out, o.h)
+				continue
+			}
+		}
+		var first []byte
+		conflict := false
+		for i, h := range f.hs {
+			fp, err := hasync.Fingerprint(ctx, s, h)
+			if err != nil && !errors.Is(err, hasync.ErrNoFingerprint) {
+				if slot.ClassOf(err) == slot.ClassHealth {
+					return nil, err
+				}
+				fp = nil
+			}
+			if i == 0 {
+				first = fp
+			} else if fp != nil && first != nil && !bytes.Equal(fp, first) {
+				g.conflict(o, m, first, fp)
+				conflict = true
+				break
+			}
+		}
+		if conflict {
+			continue
+		}
+		if want := o.fingerprint(); want != nil && first != nil && !bytes.Equal(want, first) {
+			g.conflict(o, m, want, first)
+			continue
+		}
+		o.setFingerprint(first)
+		o.set(m.Index(), ep, f.hs[0])
+		out = append(out, o.h)
+	}
+	return out, nil
+}
+
+// findAll lists every serving member once and joins the listings.
+func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	ms := g.serving()
+	if len(ms) == 0 {
+		g.ensureActive()
+		ms = g.serving()
+	}
+	lists := make([][]hasync.Object, len(ms))
+	epochs := make([]uint64, len(ms))
+	errs := make([]error, len(ms))
+	var wg gosync.WaitGroup
+	for i, m := range ms {
+		epochs[i] = m.Epoch()
+		wg.Go(func() {
+			_, errs[i] = g.call(ctx, m, func() (err error) {
+				lists[i], err = hasync.List(ctx, m.Slot())
+				return err
+			})
+		})
+	}
+	wg.Wait()
+	type entry struct {
+		id       hasync.Identity
+		fp       []byte
+		conflict [2][]byte
+		bad      bool
+		m        *member.Member
+		hs       []pkcs11.ObjectHandle // per listed member index into ms; 0 = not there
+	}
+	var order []string
+	entries := map[string]*entry{}
+	var sessionObjs []ObjectHandle
+	seenSession := map[ObjectHandle]bool{}
+	listed := 0
+	var lastErr error
+	for i, m := range ms {
+		if errs[i] != nil {
+			lastErr = errs[i]
+			if slot.ClassOf(errs[i]) != slot.ClassHealth {
+				return nil, opErr("FindObjects", m.Name(), errs[i])
+			}
+			continue
+		}
+		listed++
+		for _, obj := range lists[i] {
+			if !obj.Token {
+				if o := g.objs.sessionObjectAt(m, obj.Handle); o != nil && !seenSession[o.h] {
+					seenSession[o.h] = true
+					sessionObjs = append(sessionObjs, o.h)
+				}
+				continue
+			}
+			k := obj.Identity.Key()
+			e := entries[k]
+			if e == nil {
+				e = &entry{id: obj.Identity, fp: obj.Fingerprint, hs: make([]pkcs11.ObjectHandle, len(ms))}
+				entries[k] = e
+				order = append(order, k)
+			}
+			switch {
+			case e.hs[i] != 0:
+				// A second object with this identity on the same member.
+				if obj.Fingerprint != nil && e.fp != nil && !bytes.Equal(obj.Fingerprint, e.fp) && !e.bad {
+					e.bad, e.conflict, e.m = true, [2][]byte{e.fp, obj.Fingerprint}, m
+				}
+			default:
+				e.hs[i] = obj.Handle
+				if e.fp == nil {
+					e.fp = obj.Fingerprint
+				} else if obj.Fingerprint != nil && !bytes.Equal(obj.Fingerprint, e.fp) && !e.bad {
+					e.bad, e.conflict, e.m = true, [2][]byte{e.fp, obj.Fingerprint}, m
+				}
+			}
+		}
+	}
+	if listed == 0 {
+		return nil, wrap(ErrNoMember, "FindObjects", "", lastErr)
+	}
+	out := make([]ObjectHandle, 0, len(order)+len(sessionObjs))
+	for _, k := range order {
+		e := entries[k]
+		o, _ := g.objs.intern(e.id)
+		if o.usable() != nil {
+			continue
+		}
+		if e.bad {
+			g.conflict(o, e.m, e.conflict[0], e.conflict[1])
+			continue
+		}
+		if want := o.fingerprint(); want != nil && e.fp != nil && !bytes.Equal(want, e.fp) {
+			g.conflict(o, ms[0], want, e.fp)
+			continue
+		}
+		o.setFingerprint(e.fp)
+		for i, m := range ms {
+			if errs[i] != nil {
+				continue
+			}
+			if e.hs[i] != 0 {
+				o.set(m.Index(), epochs[i], e.hs[i])
+			} else {
+				o.setAbsent(m.Index(), epochs[i])
+			}
+		}
+		out = append(out, o.h)
+	}
+	out = append(out, sessionObjs...)
+	slices.Sort(out)
+	return out, nil
+}

@@ -1,0 +1,197 @@
+package group
+
+import (
+	"context"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// Single-part operations. Each runs on one member chosen by the scheduler
+// and moves to the next member after a health failure or a timeout, so the
+// caller sees success while one member that holds the key lives. Request
+// errors (bad mechanism, wrong signature, …) are returned as they are.
+
+// Sign signs data with key in one part.
+func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
+	o, err := g.key("Sign", key)
+	if err != nil {
+		return nil, err
+	}
+	return g.sign(ctx, mech, o, data)
+}
+
+func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) (out []byte, err error) {
+	err = g.run(ctx, "Sign", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = s.Sign(ctx, mech, hs[0], data)
+		return err
+	})
+	return out, err
+}
+
+// Verify checks sig over data with key in one part.
+func (g *Group) Verify(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data, sig []byte) error {
+	o, err := g.key("Verify", key)
+	if err != nil {
+		return err
+	}
+	return g.verify(ctx, mech, o, data, sig)
+}
+
+func (g *Group) verify(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data, sig []byte) error {
+	return g.run(ctx, "Verify", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		return s.Verify(ctx, mech, hs[0], data, sig)
+	})
+}
+
+// Encrypt encrypts data with key in one part.
+func (g *Group) Encrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
+	o, err := g.key("Encrypt", key)
+	if err != nil {
+		return nil, err
+	}
+	return g.encrypt(ctx, mech, o, data)
+}
+
+func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) (out []byte, err error) {
+	err = g.run(ctx, "Encrypt", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = s.Encrypt(ctx, mech, hs[0], data)
+		return err
+	})
+	return out, err
+}
+
+// Decrypt decrypts data with key in one part.
+func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
+	o, err := g.key("Decrypt", key)
+	if err != nil {
+		return nil, err
+	}
+	return g.decrypt(ctx, mech, o, data)
+}
+
+func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) (out []byte, err error) {
+	err = g.run(ctx, "Decrypt", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = s.Decrypt(ctx, mech, hs[0], data)
+		return err
+	})
+	return out, err
+}
+
+// Digest digests data in one part.
+func (g *Group) Digest(ctx context.Context, mech *pkcs11.Mechanism, data []byte) (out []byte, err error) {
+	err = g.run(ctx, "Digest", nil, func(ctx context.Context, _ *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) (err error) {
+		out, err = s.Digest(ctx, mech, data)
+		return err
+	})
+	return out, err
+}
+
+// GenerateRandom returns n random bytes from a member's generator.
+func (g *Group) GenerateRandom(ctx context.Context, n int) (out []byte, err error) {
+	err = g.run(ctx, "GenerateRandom", nil, func(ctx context.Context, _ *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) (err error) {
+		out, err = s.GenerateRandom(ctx, n)
+		return err
+	})
+	return out, err
+}
+
+// GetAttributes reads attributes of an object from one member (with
+// failover). Each attribute comes back with its own status
+// (CKR_ATTRIBUTE_SENSITIVE, CKR_ATTRIBUTE_TYPE_INVALID) as in
+// C_GetAttributeValue. CKA_EXTRACTABLE and CKA_NEVER_EXTRACTABLE are
+// presented as the application made the key (see WrapKey).
+func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint) ([]slot.Attribute, error) {
+	o, err := g.object("GetAttributes", h)
+	if err != nil {
+		return nil, err
+	}
+	want := types
+	extraIdx := -1
+	needWWT := o.isKey() && o.identity().Class != pkcs11.CKO_PUBLIC_KEY && containsType(types, pkcs11.CKA_EXTRACTABLE, pkcs11.CKA_NEVER_EXTRACTABLE)
+	if needWWT && !containsType(types, pkcs11.CKA_WRAP_WITH_TRUSTED) {
+		want = append(append([]uint(nil), types...), pkcs11.CKA_WRAP_WITH_TRUSTED)
+		extraIdx = len(types)
+	}
+	var attrs []slot.Attribute
+	err = g.run(ctx, "GetAttributes", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		attrs, err = s.GetAttributes(ctx, hs[0], want)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if needWWT {
+		wwt := false
+		for _, a := range attrs {
+			if a.Type == pkcs11.CKA_WRAP_WITH_TRUSTED && a.Status == pkcs11.CKR_OK {
+				wwt = len(a.Value) > 0 && a.Value[0] != 0
+			}
+		}
+		if wwt {
+			o.unextractable.Store(true)
+		}
+		if o.unextractable.Load() {
+			for i := range attrs {
+				switch attrs[i].Type {
+				case pkcs11.CKA_EXTRACTABLE:
+					attrs[i] = slot.Attribute{Type: pkcs11.CKA_EXTRACTABLE, Value: []byte{0}, Status: pkcs11.CKR_OK}
+				case pkcs11.CKA_NEVER_EXTRACTABLE:
+					if o.madeUnextractable.Load() {
+						attrs[i] = slot.Attribute{Type: pkcs11.CKA_NEVER_EXTRACTABLE, Value: []byte{1}, Status: pkcs11.CKR_OK}
+					}
+				}
+			}
+		}
+		if extraIdx >= 0 {
+			attrs = attrs[:extraIdx]
+		}
+	}
+	return attrs, nil
+}
+
+func containsType(types []uint, want ...uint) bool {
+	for _, t := range types {
+		for _, w := range want {
+			if t == w {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// WrapKey wraps key under wrapping (with failover). A key the application
+// made with CKA_EXTRACTABLE=false cannot be wrapped through the group
+// (CKR_KEY_UNEXTRACTABLE) even though the group keeps it physically
+// extractable so that it can move it between members under the domain
+// key: the group marks such keys CKA_WRAP_WITH_TRUSTED=true, and on the
+// virtual slot a private or secret key with CKA_WRAP_WITH_TRUSTED=true is
+// presented and treated as not extractable (the only trusted wrapping key
+// the group knows, the domain key, is never exposed).
+func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, key ObjectHandle) ([]byte, error) {
+	w, err := g.key("WrapKey", wrapping)
+	if err != nil {
+		return nil, err
+	}
+	k, err := g.key("WrapKey", key)
+	if err != nil {
+		return nil, err
+	}
+	if !k.unextractable.Load() && !k.extractChecked.Load() && k.identity().Class != pkcs11.CKO_PUBLIC_KEY {
+		if _, err := g.GetAttributes(ctx, key, []uint{pkcs11.CKA_EXTRACTABLE}); err != nil {
+			return nil, err
+		}
+		k.extractChecked.Store(true)
+	}
+	if k.unextractable.Load() {
+		return nil, wrap(ErrKeyUnextractable, "WrapKey", "", nil)
+	}
+	var out []byte
+	err = g.run(ctx, "WrapKey", []*vobject{w, k}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = s.WrapKey(ctx, mech, hs[0], hs[1])
+		return err
+	})
+	return out, err
+}

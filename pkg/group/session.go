@@ -1,0 +1,708 @@
+package group
+
+import (
+	"context"
+	"errors"
+	gosync "sync"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// SessionHandle is a virtual session handle: stable for the life of the
+// process, never reused, never 0.
+type SessionHandle uint
+
+type opKind int
+
+const (
+	opSign opKind = iota
+	opVerify
+	opEncrypt
+	opDecrypt
+	opDigest
+	nKinds
+)
+
+var opNames = [nKinds]string{"Sign", "Verify", "Encrypt", "Decrypt", "Digest"}
+
+// mpState is one operation started with *Init. It touches no member until
+// the application says whether it is single-part (then it is scheduled
+// with failover) or multi-part (then it is pinned to one member on the
+// first Update).
+type mpState struct {
+	mech *pkcs11.Mechanism
+	key  *vobject // nil for digest
+
+	m     *member.Member // pinned member; nil until the first Update
+	ps    *slot.Session
+	epoch uint64
+}
+
+type physSession struct {
+	s     *slot.Session
+	epoch uint64
+}
+
+// Session is a virtual session. Its physical sessions are opened lazily:
+// one per member to hold the session objects made in it, and one per
+// multi-part operation on the member it is pinned to. Single-part work
+// uses the members' session pools. A Session is safe for concurrent use,
+// but PKCS#11 operations in one session are sequential by nature.
+type Session struct {
+	g     *Group
+	h     SessionHandle
+	flags uint
+
+	mu      gosync.Mutex
+	closed  bool
+	phys    []physSession
+	ops     [nKinds]*mpState
+	objects map[ObjectHandle]*vobject // session objects made in this session
+}
+
+// OpenSession opens a virtual session. flags are the PKCS#11 session flags
+// (CKF_SERIAL_SESSION, CKF_RW_SESSION); they are kept for SessionState and
+// checked by the PKCS#11 module.
+func (g *Group) OpenSession(ctx context.Context, flags uint) (*Session, error) {
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := &Session{
+		g:       g,
+		h:       SessionHandle(g.nextSess.Add(1)),
+		flags:   flags,
+		phys:    make([]physSession, len(g.members)),
+		objects: make(map[ObjectHandle]*vobject),
+	}
+	g.sessMu.Lock()
+	g.sessions[s.h] = s
+	g.sessMu.Unlock()
+	return s, nil
+}
+
+// Session returns the open virtual session with handle h.
+func (g *Group) Session(h SessionHandle) (*Session, error) {
+	g.sessMu.Lock()
+	s := g.sessions[h]
+	g.sessMu.Unlock()
+	if s == nil {
+		return nil, wrap(ErrSessionHandle, "Session", "", nil)
+	}
+	return s, nil
+}
+
+// CloseAllSessions closes every virtual session.
+func (g *Group) CloseAllSessions() {
+	g.sessMu.Lock()
+	all := make([]*Session, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		all = append(all, s)
+	}
+	g.sessMu.Unlock()
+	for _, s := range all {
+		s.close()
+	}
+}
+
+// Handle returns the session's virtual handle.
+func (s *Session) Handle() SessionHandle { return s.h }
+
+// Flags returns the flags the session was opened with.
+func (s *Session) Flags() uint { return s.flags }
+
+// State returns the PKCS#11 session state (CKS_RO_PUBLIC_SESSION …) from
+// the session's flags and the group's login.
+func (s *Session) State() uint {
+	rw := s.flags&pkcs11.CKF_RW_SESSION != 0
+	switch ut := s.g.userType.Load(); {
+	case ut == int64(pkcs11.CKU_SO):
+		return pkcs11.CKS_RW_SO_FUNCTIONS
+	case ut >= 0 && rw:
+		return pkcs11.CKS_RW_USER_FUNCTIONS
+	case ut >= 0:
+		return pkcs11.CKS_RO_USER_FUNCTIONS
+	case rw:
+		return pkcs11.CKS_RW_PUBLIC_SESSION
+	}
+	return pkcs11.CKS_RO_PUBLIC_SESSION
+}
+
+// Close ends the session's operations, destroys its session objects on
+// every member (by closing the physical sessions that hold them) and
+// invalidates its handle.
+func (s *Session) Close() error {
+	if !s.close() {
+		return wrap(ErrSessionHandle, "CloseSession", "", nil)
+	}
+	return nil
+}
+
+func (s *Session) close() bool {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	s.closed = true
+	for k := range s.ops {
+		s.endOp(opKind(k))
+	}
+	for _, o := range s.objects {
+		s.g.objs.remove(o)
+	}
+	s.objects = nil
+	for i := range s.phys {
+		if s.phys[i].s != nil {
+			s.phys[i].s.Close()
+			s.phys[i] = physSession{}
+		}
+	}
+	s.mu.Unlock()
+	s.g.sessMu.Lock()
+	delete(s.g.sessions, s.h)
+	s.g.sessMu.Unlock()
+	return true
+}
+
+// physSession returns the session on m that holds this virtual session's
+// session objects, opening it on first use (and again after the member
+// was re-opened, when the old one and its objects are gone). s.mu held.
+func (s *Session) physSession(ctx context.Context, m *member.Member) (*slot.Session, error) {
+	i, ep := m.Index(), m.Epoch()
+	if p := s.phys[i]; p.s != nil && p.epoch == ep {
+		return p.s, nil
+	}
+	if p := s.phys[i]; p.s != nil {
+		p.s.Close()
+		s.phys[i] = physSession{}
+	}
+	var ps *slot.Session
+	if _, err := s.g.call(ctx, m, func() (err error) {
+		ps, err = m.Slot().OpenSession(ctx)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	s.phys[i] = physSession{s: ps, epoch: ep}
+	return ps, nil
+}
+
+// dropPhysicalSessions forgets every virtual session's physical sessions
+// on m (called when m is re-opened: they died with it).
+func (g *Group) dropPhysicalSessions(m *member.Member) {
+	g.sessMu.Lock()
+	all := make([]*Session, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		all = append(all, s)
+	}
+	g.sessMu.Unlock()
+	for _, s := range all {
+		s.mu.Lock()
+		if p := s.phys[m.Index()]; p.s != nil {
+			p.s.Close()
+			s.phys[m.Index()] = physSession{}
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *Session) checkOpen(op string) error {
+	if s.closed {
+		return wrap(ErrSessionHandle, op, "", nil)
+	}
+	return nil
+}
+
+// Login logs the virtual slot in as userType (CKU_USER or CKU_SO). Every
+// active and standby member is logged in: a member with its own PIN source
+// in the configuration (pin_file / pin_env) uses it for CKU_USER, the
+// others use pin. pin is tried first on one member only: if that member
+// says the PIN is incorrect or locked, the error is returned and no other
+// member is tried, so a wrong PIN cannot lock every member out. A member
+// that fails to log in for another reason is failed. Login succeeds when
+// at least one member is logged in. While logged in the group keeps a copy
+// of pin so that recovered members can be logged in; Logout and Close zero
+// it. Login with an empty pin logs in the members that have their own PIN
+// (for the agent).
+func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error {
+	if err := g.gate.enter(); err != nil {
+		return err
+	}
+	defer g.gate.leave()
+	g.loginMu.Lock()
+	defer g.loginMu.Unlock()
+	if ut := g.userType.Load(); ut >= 0 {
+		if uint(ut) == userType {
+			return wrap(ErrAlreadyLoggedIn, "Login", "", nil)
+		}
+		return wrap(ErrAnotherLoggedIn, "Login", "", nil)
+	}
+	ms := g.serving()
+	if len(ms) == 0 {
+		g.ensureActive()
+		ms = g.serving()
+	}
+	var app, own []*member.Member
+	for _, m := range ms {
+		if g.ownPIN(m, userType) {
+			own = append(own, m)
+		} else if !pin.Empty() {
+			app = append(app, m)
+		}
+	}
+	var lastErr error
+	logged := 0
+	// The application's PIN on one member first.
+	for len(app) > 0 {
+		m := app[0]
+		app = app[1:]
+		err := g.loginMember(ctx, m, userType, pin)
+		if err == nil {
+			logged++
+			break
+		}
+		switch slot.ClassOf(err) {
+		case slot.ClassLogin, slot.ClassRequest:
+			if ctx.Err() == nil {
+				return opErr("Login", m.Name(), err)
+			}
+		}
+		lastErr = err
+		g.failMember(m, err)
+	}
+	if logged == 0 {
+		app = nil // the PIN was never accepted: do not spread it
+	}
+	rest := append(app, own...)
+	errs := make([]error, len(rest))
+	var wg gosync.WaitGroup
+	for i, m := range rest {
+		wg.Go(func() { errs[i] = g.loginMember(ctx, m, userType, pin) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			lastErr = err
+			g.failMember(rest[i], err)
+			continue
+		}
+		logged++
+	}
+	if logged == 0 {
+		if lastErr == nil {
+			return wrap(ErrNoMember, "Login", "", errors.New("no member to log in"))
+		}
+		return wrap(ErrNoMember, "Login", "", lastErr)
+	}
+	g.appPIN.Zero()
+	g.appPIN = pin.Clone()
+	g.userType.Store(int64(userType))
+	for _, m := range g.members {
+		m.BumpEpoch() // handles found before the login may not show private objects
+	}
+	return nil
+}
+
+// ownPIN reports whether m logs in as userType with its configured PIN.
+func (g *Group) ownPIN(m *member.Member, userType uint) bool {
+	return userType == pkcs11.CKU_USER && g.cfgMembers[m.Index()].HasPIN()
+}
+
+// loginMember logs m in with its own PIN or pin. loginMu held.
+func (g *Group) loginMember(ctx context.Context, m *member.Member, userType uint, pin secret.PIN) error {
+	if g.ownPIN(m, userType) {
+		own, err := g.cfgMembers[m.Index()].ReadPIN()
+		if err != nil {
+			return err
+		}
+		defer own.Zero()
+		pin = own
+	} else if pin.Empty() {
+		return wrap(ErrNotLoggedIn, "Login", m.Name(), errors.New("no PIN for this member: it has no pin source and the application's PIN is not known"))
+	}
+	s := m.Slot()
+	start := m.Begin()
+	err := s.Login(ctx, userType, pin)
+	if slot.CodeOf(err) == pkcs11.CKR_USER_ALREADY_LOGGED_IN {
+		err = nil
+	}
+	if out := m.End(start, err); out.Fail {
+		g.failMember(m, err)
+	}
+	return err
+}
+
+// Logout logs every member out, zeroes the kept PIN and forgets the
+// physical handles of private objects.
+func (g *Group) Logout(ctx context.Context) error {
+	if err := g.gate.enter(); err != nil {
+		return err
+	}
+	defer g.gate.leave()
+	g.loginMu.Lock()
+	defer g.loginMu.Unlock()
+	if g.userType.Load() < 0 {
+		return wrap(ErrNotLoggedIn, "Logout", "", nil)
+	}
+	g.userType.Store(-1)
+	g.appPIN.Zero()
+	g.appPIN = secret.PIN{}
+	var wg gosync.WaitGroup
+	for _, m := range g.serving() {
+		wg.Go(func() {
+			start := m.Begin()
+			err := m.Slot().Logout(ctx)
+			if slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN {
+				err = nil
+			}
+			if out := m.End(start, err); out.Fail {
+				g.failMember(m, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, m := range g.members {
+		m.BumpEpoch()
+	}
+	return nil
+}
+
+// LoggedIn reports whether the virtual slot is logged in, and as whom.
+func (g *Group) LoggedIn() (userType uint, ok bool) {
+	ut := g.userType.Load()
+	if ut < 0 {
+		return 0, false
+	}
+	return uint(ut), true
+}
+
+// ---- operations: *Init records, single-part schedules, Update pins ----
+
+func (s *Session) initOp(k opKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	op := opNames[k] + "Init"
+	var o *vobject
+	if k != opDigest {
+		var err error
+		if o, err = s.g.key(op, key); err != nil {
+			return err
+		}
+		if err := o.usable(); err != nil {
+			return wrap(err.(*Error), op, "", nil)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(op); err != nil {
+		return err
+	}
+	if s.ops[k] != nil {
+		return wrap(ErrOperationActive, op, "", nil)
+	}
+	s.ops[k] = &mpState{mech: mech, key: o}
+	return nil
+}
+
+// endOp ends operation k, closing its physical session. s.mu held.
+func (s *Session) endOp(k opKind) {
+	if op := s.ops[k]; op != nil {
+		if op.ps != nil {
+			op.ps.Close()
+		}
+		s.ops[k] = nil
+	}
+}
+
+// takeSingle ends operation k and returns it for a single-part call.
+func (s *Session) takeSingle(k opKind) (*mpState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(opNames[k]); err != nil {
+		return nil, err
+	}
+	op := s.ops[k]
+	if op == nil {
+		return nil, wrap(ErrOperationNotInitialized, opNames[k], "", nil)
+	}
+	pinned := op.m != nil
+	s.endOp(k)
+	if pinned {
+		return nil, wrap(ErrOperationActive, opNames[k], "", errors.New("a multi-part operation is in progress"))
+	}
+	return op, nil
+}
+
+// initOn starts operation op on physical session ps.
+func initOn(ctx context.Context, k opKind, ps *slot.Session, mech *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	switch k {
+	case opSign:
+		return ps.SignInit(ctx, mech, key)
+	case opVerify:
+		return ps.VerifyInit(ctx, mech, key)
+	case opEncrypt:
+		return ps.EncryptInit(ctx, mech, key)
+	case opDecrypt:
+		return ps.DecryptInit(ctx, mech, key)
+	default:
+		return ps.DigestInit(ctx, mech)
+	}
+}
+
+// step runs one Update (or Final) of operation k. Before the first Update
+// succeeded nothing is committed, so the operation is placed with failover
+// (init + this step on one member, moving on after a health failure).
+// Afterwards it is pinned: if the member fails, the operation ends with
+// ErrMemberLost (CKR_DEVICE_ERROR), the member is failed, and the
+// application must start again.
+func (s *Session) step(ctx context.Context, k opKind, final bool, fn func(ps *slot.Session) ([]byte, error)) ([]byte, error) {
+	g := s.g
+	opName := opNames[k] + "Update"
+	if final {
+		opName = opNames[k] + "Final"
+	}
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOpen(opName); err != nil {
+		return nil, err
+	}
+	op := s.ops[k]
+	if op == nil {
+		return nil, wrap(ErrOperationNotInitialized, opName, "", nil)
+	}
+	if op.m != nil {
+		m := op.m
+		if !m.State().Serving() || m.Epoch() != op.epoch {
+			s.endOp(k)
+			return nil, wrap(ErrMemberLost, opName, m.Name(), nil)
+		}
+		var out []byte
+		class, err := g.call(ctx, m, func() (err error) {
+			out, err = fn(op.ps)
+			return err
+		})
+		switch {
+		case err == nil:
+			if final {
+				s.endOp(k)
+			}
+			return out, nil
+		case class == slot.ClassHealth && ctx.Err() == nil:
+			s.endOp(k)
+			g.failMember(m, err)
+			return nil, wrap(ErrMemberLost, opName, m.Name(), err)
+		}
+		s.endOp(k)
+		return nil, opErr(opName, m.Name(), err)
+	}
+	var skip memberSet
+	var lastHealth error
+	for {
+		m := g.pick(skip)
+		if m == nil {
+			s.endOp(k)
+			if lastHealth == nil {
+				return nil, wrap(ErrKeyHandle, opName, "", errors.New("no live member holds the key"))
+			}
+			return nil, wrap(ErrNoMember, opName, "", lastHealth)
+		}
+		skip.add(m.Index())
+		var kh pkcs11.ObjectHandle
+		if op.key != nil {
+			var err error
+			kh, err = g.resolve(ctx, op.key, m)
+			switch {
+			case err == nil:
+			case errors.Is(err, errAbsent):
+				continue
+			case slot.ClassOf(err) == slot.ClassHealth && !errors.Is(err, ErrConflict) && ctx.Err() == nil:
+				lastHealth = err
+				continue
+			default:
+				s.endOp(k)
+				return nil, opErr(opName, m.Name(), err)
+			}
+		}
+		var ps *slot.Session
+		var out []byte
+		ep := m.Epoch()
+		class, err := g.call(ctx, m, func() (err error) {
+			if ps, err = m.Slot().OpenSession(ctx); err != nil {
+				return err
+			}
+			if err = initOn(ctx, k, ps, op.mech, kh); err == nil {
+				out, err = fn(ps)
+			}
+			if err != nil {
+				ps.Close()
+				ps = nil
+			}
+			return err
+		})
+		switch {
+		case err == nil:
+			if final {
+				ps.Close()
+				s.endOp(k)
+			} else {
+				op.m, op.ps, op.epoch = m, ps, ep
+			}
+			return out, nil
+		case class == slot.ClassHealth && ctx.Err() == nil:
+			lastHealth = err
+			m.AddFailover()
+			continue
+		}
+		s.endOp(k)
+		return nil, opErr(opName, m.Name(), err)
+	}
+}
+
+// SignInit starts a signature with key. Nothing reaches a member until
+// Sign (single-part, scheduled with failover) or SignUpdate (multi-part,
+// pinned to one member).
+func (s *Session) SignInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	return s.initOp(opSign, mech, key)
+}
+
+// Sign signs data in one part, with transparent failover, and ends the
+// operation.
+func (s *Session) Sign(ctx context.Context, data []byte) ([]byte, error) {
+	op, err := s.takeSingle(opSign)
+	if err != nil {
+		return nil, err
+	}
+	return s.g.sign(ctx, op.mech, op.key, data)
+}
+
+// SignUpdate feeds data to a multi-part signature.
+func (s *Session) SignUpdate(ctx context.Context, data []byte) error {
+	_, err := s.step(ctx, opSign, false, func(ps *slot.Session) ([]byte, error) { return nil, ps.SignUpdate(ctx, data) })
+	return err
+}
+
+// SignFinal returns the multi-part signature and ends the operation.
+func (s *Session) SignFinal(ctx context.Context) ([]byte, error) {
+	return s.step(ctx, opSign, true, func(ps *slot.Session) ([]byte, error) { return ps.SignFinal(ctx) })
+}
+
+// VerifyInit starts a verification with key (see SignInit).
+func (s *Session) VerifyInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	return s.initOp(opVerify, mech, key)
+}
+
+// Verify checks sig over data in one part, with failover. A bad signature
+// is CKR_SIGNATURE_INVALID, never a failover.
+func (s *Session) Verify(ctx context.Context, data, sig []byte) error {
+	op, err := s.takeSingle(opVerify)
+	if err != nil {
+		return err
+	}
+	return s.g.verify(ctx, op.mech, op.key, data, sig)
+}
+
+// VerifyUpdate feeds data to a multi-part verification.
+func (s *Session) VerifyUpdate(ctx context.Context, data []byte) error {
+	_, err := s.step(ctx, opVerify, false, func(ps *slot.Session) ([]byte, error) { return nil, ps.VerifyUpdate(ctx, data) })
+	return err
+}
+
+// VerifyFinal checks sig and ends the multi-part verification.
+func (s *Session) VerifyFinal(ctx context.Context, sig []byte) error {
+	_, err := s.step(ctx, opVerify, true, func(ps *slot.Session) ([]byte, error) { return nil, ps.VerifyFinal(ctx, sig) })
+	return err
+}
+
+// EncryptInit starts an encryption with key (see SignInit).
+func (s *Session) EncryptInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	return s.initOp(opEncrypt, mech, key)
+}
+
+// Encrypt encrypts data in one part, with failover.
+func (s *Session) Encrypt(ctx context.Context, data []byte) ([]byte, error) {
+	op, err := s.takeSingle(opEncrypt)
+	if err != nil {
+		return nil, err
+	}
+	return s.g.encrypt(ctx, op.mech, op.key, data)
+}
+
+// EncryptUpdate feeds data to a multi-part encryption.
+func (s *Session) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
+	return s.step(ctx, opEncrypt, false, func(ps *slot.Session) ([]byte, error) { return ps.EncryptUpdate(ctx, data) })
+}
+
+// EncryptFinal ends a multi-part encryption.
+func (s *Session) EncryptFinal(ctx context.Context) ([]byte, error) {
+	return s.step(ctx, opEncrypt, true, func(ps *slot.Session) ([]byte, error) { return ps.EncryptFinal(ctx) })
+}
+
+// DecryptInit starts a decryption with key (see SignInit).
+func (s *Session) DecryptInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	return s.initOp(opDecrypt, mech, key)
+}
+
+// Decrypt decrypts data in one part, with failover.
+func (s *Session) Decrypt(ctx context.Context, data []byte) ([]byte, error) {
+	op, err := s.takeSingle(opDecrypt)
+	if err != nil {
+		return nil, err
+	}
+	return s.g.decrypt(ctx, op.mech, op.key, data)
+}
+
+// DecryptUpdate feeds data to a multi-part decryption.
+func (s *Session) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
+	return s.step(ctx, opDecrypt, false, func(ps *slot.Session) ([]byte, error) { return ps.DecryptUpdate(ctx, data) })
+}
+
+// DecryptFinal ends a multi-part decryption.
+func (s *Session) DecryptFinal(ctx context.Context) ([]byte, error) {
+	return s.step(ctx, opDecrypt, true, func(ps *slot.Session) ([]byte, error) { return ps.DecryptFinal(ctx) })
+}
+
+// DigestInit starts a digest.
+func (s *Session) DigestInit(ctx context.Context, mech *pkcs11.Mechanism) error {
+	return s.initOp(opDigest, mech, 0)
+}
+
+// Digest digests data in one part, with failover.
+func (s *Session) Digest(ctx context.Context, data []byte) ([]byte, error) {
+	op, err := s.takeSingle(opDigest)
+	if err != nil {
+		return nil, err
+	}
+	return s.g.Digest(ctx, op.mech, data)
+}
+
+// DigestUpdate feeds data to a multi-part digest.
+func (s *Session) DigestUpdate(ctx context.Context, data []byte) error {
+	_, err := s.step(ctx, opDigest, false, func(ps *slot.Session) ([]byte, error) { return nil, ps.DigestUpdate(ctx, data) })
+	return err
+}
+
+// DigestFinal ends a multi-part digest.
+func (s *Session) DigestFinal(ctx context.Context) ([]byte, error) {
+	return s.step(ctx, opDigest, true, func(ps *slot.Session) ([]byte, error) { return ps.DigestFinal(ctx) })
+}
+
+// Find is Group.Find, for the PKCS#11 module's FindObjects*: the module
+// keeps the cursor over the returned handles.
+func (s *Session) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
+	s.mu.Lock()
+	err := s.checkOpen("FindObjects")
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return s.g.Find(ctx, tmpl)
+}
