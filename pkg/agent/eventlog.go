@@ -183,21 +183,8 @@ func (l *EventLog) Read(ctx context.Context, req HALogRequest, emit func(Event) 
 	}()
 
 	for _, r := range files {
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var e Event
-			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-				continue // a torn last line after a crash is not fatal
-			}
-			if keep(e) {
-				if err := emit(e); err != nil {
-					return err
-				}
-			}
-		}
-		if err := sc.Err(); err != nil {
-			return fmt.Errorf("HA event log: %w", err)
+		if err := readLines(r, keep, emit); err != nil {
+			return err
 		}
 	}
 	for _, e := range ring {
@@ -244,6 +231,63 @@ func (l *EventLog) Close() error {
 	}
 	if l.f != nil {
 		return l.f.Close()
+	}
+	return nil
+}
+
+// readLines emits the events of one log file that keep accepts.
+func readLines(r io.Reader, keep func(Event) bool, emit func(Event) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			continue // a torn last line after a crash is not fatal
+		}
+		if keep(e) {
+			if err := emit(e); err != nil {
+				return err
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("HA event log: %w", err)
+	}
+	return nil
+}
+
+// ReadEventLogFile reads the event log at path (and its rotated
+// predecessor path+".1") without an agent, oldest first. Follow is not
+// supported without an agent and is an error.
+func ReadEventLogFile(path string, req HALogRequest, emit func(Event) error) error {
+	if req.Follow {
+		return Errorf(CodeUnavailable, "following the HA event log needs a running haagent")
+	}
+	var cutoff time.Time
+	if req.Since > 0 {
+		cutoff = time.Now().Add(-req.Since)
+	}
+	keep := func(e Event) bool {
+		return (req.Group == "" || e.Group == req.Group) && !e.Time.Before(cutoff)
+	}
+	found := false
+	for _, p := range []string{path + ".1", path} {
+		f, err := os.Open(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("HA event log: %w", err)
+		}
+		found = true
+		err = readLines(f, keep, emit)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	if !found {
+		return fmt.Errorf("HA event log %s does not exist yet", path)
 	}
 	return nil
 }

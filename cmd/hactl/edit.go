@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/config"
+)
+
+// editResult is what a config-editing command reports.
+type editResult struct {
+	SchemaVersion int    `json:"schemaVersion"`
+	Config        string `json:"config"`
+	Change        string `json:"change"`
+	// Agent says whether a running haagent took the change: "reloaded",
+	// "not running", or why it was not told.
+	Agent        string   `json:"agent"`
+	AgentChanges []string `json:"agentChanges,omitempty"`
+}
+
+// edit changes the config under its lock (atomically; nothing is written
+// when fn or validation fails), then tells a running agent to reload.
+// fn returns a one-line description of the change.
+func (a *app) edit(ctx context.Context, jsonOut bool, fn func(c *config.Config) (string, error)) error {
+	path := a.configPath()
+	var change string
+	err := config.Edit(ctx, path, func(c *config.Config) error {
+		s, err := fn(c)
+		change = s
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	res := editResult{SchemaVersion: agent.SchemaVersion, Config: path, Change: change}
+	a.tellAgent(ctx, &res)
+	if jsonOut {
+		return a.printJSON(res)
+	}
+	fmt.Fprintln(a.out, change)
+	switch res.Agent {
+	case "reloaded":
+		fmt.Fprintln(a.out, "haagent reloaded")
+		for _, c := range res.AgentChanges {
+			fmt.Fprintln(a.out, "  "+c)
+		}
+	case "not running":
+		fmt.Fprintln(a.out, "haagent is not running: the change applies when it starts")
+	default:
+		fmt.Fprintf(a.errOut, "warning: haagent %s\n", res.Agent)
+	}
+	return nil
+}
+
+func (a *app) tellAgent(ctx context.Context, res *editResult) {
+	c := a.client()
+	defer c.Close()
+	rr, err := c.Reload(ctx)
+	switch {
+	case err == nil:
+		res.Agent, res.AgentChanges = "reloaded", rr.Changes
+		if rr.ConfigPath != "" && rr.ConfigPath != res.Config {
+			res.Agent = fmt.Sprintf("at %s reloaded %s, not %s: it does not use the file edited", c.Path(), rr.ConfigPath, res.Config)
+		}
+	case agent.IsUnreachable(err):
+		res.Agent = "not running"
+	default:
+		res.Agent = fmt.Sprintf("at %s was not reloaded: %v (send it SIGHUP)", c.Path(), err)
+	}
+}

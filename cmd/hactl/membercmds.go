@@ -1,0 +1,195 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/spf13/cobra"
+)
+
+// groupOf finds a group in c or says which groups there are.
+func groupOf(c *config.Config, label, path string) (*config.Group, error) {
+	g, ok := c.Group(label)
+	if !ok {
+		var ls []string
+		for _, g := range c.Groups {
+			ls = append(ls, g.Label)
+		}
+		return nil, fmt.Errorf("group %q is not in %s (groups there: %s)", label, path, orNone(ls))
+	}
+	return g, nil
+}
+
+// memberOf finds a member in g or says which members there are.
+func memberOf(g *config.Group, name string) (*config.Member, error) {
+	m, ok := g.Member(name)
+	if !ok {
+		var ns []string
+		for _, m := range g.Members {
+			ns = append(ns, m.Name)
+		}
+		return nil, fmt.Errorf("group %q has no member %q (members: %s)", g.Label, name, orNone(ns))
+	}
+	return m, nil
+}
+
+func newAddMemberCmd(a *app) *cobra.Command {
+	var mf memberFlags
+	var group string
+	var standby, jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "addmember",
+		Short: "Add a member token to an HA group",
+		Long: `Add a member to an HA group. The token is opened (and logged into when a PIN
+source is given) to check it first. A running haagent reloads, catches the
+new member up with the group's objects and only then gives it work.`,
+		Example: `  hactl hagroup addmember --group signing --name hsm-b --token-label ha-b \
+      --module /usr/lib/softhsm/libsofthsm2.so --pin-file /etc/hagroup/pin-b
+  hactl hagroup addmember --group signing --name hsm-c --uri 'pkcs11:token=ha-c' \
+      --module /usr/lib/x86_64-linux-gnu/pkcs11/p11-kit-client.so \
+      --module-env P11_KIT_SERVER_ADDRESS=unix:path=/run/hsm-c.sock --pin-env HSM_C_PIN --standby`,
+		Args: noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			m, err := mf.member()
+			if err != nil {
+				return err
+			}
+			m.Standby = standby
+			c, err := a.loadConfig()
+			if err != nil {
+				return err
+			}
+			g, err := groupOf(c, group, a.configPath())
+			if err != nil {
+				return err
+			}
+			if _, ok := g.Member(m.Name); ok {
+				return fmt.Errorf("group %q already has a member %q", group, m.Name)
+			}
+			ctx := cmd.Context()
+			if !mf.noCheck {
+				if err := agent.CheckToken(ctx, m, c.Settings(g), a.openSlot, a.listTokens); err != nil {
+					return err
+				}
+			}
+			return a.edit(ctx, jsonOut, func(c *config.Config) (string, error) {
+				g, err := groupOf(c, group, a.configPath())
+				if err != nil {
+					return "", err
+				}
+				if _, ok := g.Member(m.Name); ok {
+					return "", fmt.Errorf("group %q already has a member %q", group, m.Name)
+				}
+				g.Members = append(g.Members, m)
+				role := "member"
+				if standby {
+					role = "standby member"
+				}
+				return fmt.Sprintf("%s %q added to group %q", role, m.Name, group), nil
+			})
+		}),
+	}
+	cmd.Flags().StringVar(&group, "group", "", "the group to add to")
+	cmd.Flags().StringVar(&mf.name, "name", "", "the member's name, used in logs and metrics")
+	cmd.Flags().BoolVar(&standby, "standby", false, "add it as a standby member")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.MarkFlagRequired("group")
+	cmd.MarkFlagRequired("name")
+	mf.register(cmd)
+	return cmd
+}
+
+func newRemoveMemberCmd(a *app) *cobra.Command {
+	var group, name string
+	var yes, jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "removemember",
+		Short: "Remove a member from an HA group",
+		Long: `Remove a member from an HA group. A running haagent drains the member (lets
+its in-flight operations finish) and stops using it; the objects stay on the
+token.`,
+		Example: `  hactl hagroup removemember --group signing --member hsm-b --yes`,
+		Args:    noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			c, err := a.loadConfig()
+			if err != nil {
+				return err
+			}
+			g, err := groupOf(c, group, a.configPath())
+			if err != nil {
+				return err
+			}
+			if _, err := memberOf(g, name); err != nil {
+				return err
+			}
+			if err := a.confirm(a.prompter(yes, jsonOut), fmt.Sprintf("remove member %q from group %q", name, group)); err != nil {
+				return err
+			}
+			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+				g, err := groupOf(c, group, a.configPath())
+				if err != nil {
+					return "", err
+				}
+				if !g.RemoveMember(name) {
+					return "", fmt.Errorf("group %q has no member %q", group, name)
+				}
+				return fmt.Sprintf("member %q removed from group %q", name, group), nil
+			})
+		}),
+	}
+	cmd.Flags().StringVar(&group, "group", "", "the member's group")
+	cmd.Flags().StringVar(&name, "member", "", "the member to remove")
+	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.MarkFlagRequired("group")
+	cmd.MarkFlagRequired("member")
+	return cmd
+}
+
+// newStandbyCmd builds addstandby (on) or removestandby (off).
+func newStandbyCmd(a *app, on bool) *cobra.Command {
+	var group, name string
+	var jsonOut bool
+	use, short, example := "addstandby", "Designate a member as standby (it takes work only when no active member is left)",
+		`  hactl hagroup addstandby --group signing --member hsm-c`
+	if !on {
+		use, short, example = "removestandby", "Return a standby member to active service",
+			`  hactl hagroup removestandby --group signing --member hsm-c`
+	}
+	cmd := &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Example: example,
+		Args:    noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+				g, err := groupOf(c, group, a.configPath())
+				if err != nil {
+					return "", err
+				}
+				m, err := memberOf(g, name)
+				if err != nil {
+					return "", err
+				}
+				if m.Standby == on {
+					if on {
+						return fmt.Sprintf("member %q of group %q is already a standby", name, group), nil
+					}
+					return fmt.Sprintf("member %q of group %q is already active", name, group), nil
+				}
+				m.Standby = on
+				if on {
+					return fmt.Sprintf("member %q of group %q is now a standby", name, group), nil
+				}
+				return fmt.Sprintf("member %q of group %q is now active", name, group), nil
+			})
+		}),
+	}
+	cmd.Flags().StringVar(&group, "group", "", "the member's group")
+	cmd.Flags().StringVar(&name, "member", "", "the member")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.MarkFlagRequired("group")
+	cmd.MarkFlagRequired("member")
+	return cmd
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/spf13/cobra"
+)
+
+func newSlotCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "slot",
+		Short:   "Inspect the physical tokens PKCS#11 modules offer",
+		Example: `  hactl slot list --module /usr/lib/softhsm/libsofthsm2.so`,
+		Args:    noArgs,
+		RunE:    needSubcommand,
+	}
+	cmd.AddCommand(newSlotListCmd(a))
+	return cmd
+}
+
+// tokensResult is slot list's --json output.
+type tokensResult struct {
+	SchemaVersion int                 `json:"schemaVersion"`
+	Module        string              `json:"module"`
+	Tokens        []slot.TokenSummary `json:"tokens"`
+}
+
+func newSlotListCmd(a *app) *cobra.Command {
+	var mf memberFlags
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the tokens a PKCS#11 module offers (to build groups from)",
+		Example: `  hactl slot list --module /usr/lib/softhsm/libsofthsm2.so
+  hactl slot list --module /usr/lib/x86_64-linux-gnu/pkcs11/p11-kit-client.so \
+      --module-env P11_KIT_SERVER_ADDRESS=unix:path=/run/hsm-b.sock --json`,
+		Args: noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			m, err := mf.member()
+			if err != nil {
+				return err
+			}
+			ts, err := a.listTokens(cmd.Context(), m.Module, m.ModuleEnv)
+			if err != nil {
+				return fmt.Errorf("listing tokens of %s: %w", m.Module, err)
+			}
+			if ts == nil {
+				ts = []slot.TokenSummary{}
+			}
+			if jsonOut {
+				return a.printJSON(tokensResult{SchemaVersion: agent.SchemaVersion, Module: m.Module, Tokens: ts})
+			}
+			if len(ts) == 0 {
+				_, err := fmt.Fprintf(a.out, "%s offers no tokens\n", m.Module)
+				return err
+			}
+			return renderTable(a.out, table(makeTokensTable(ts)))
+		}),
+	}
+	cmd.Flags().StringVar(&mf.module, "module", "", "path of the PKCS#11 module")
+	cmd.Flags().StringArrayVar(&mf.env, "module-env", nil, "KEY=VALUE set while loading the module (repeatable)")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the tokens as JSON")
+	cmd.MarkFlagRequired("module")
+	return cmd
+}

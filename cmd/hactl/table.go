@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/olekukonko/tablewriter"
+	"github.com/olekukonko/tablewriter/renderer"
+	"github.com/olekukonko/tablewriter/tw"
+)
+
+// renderTable writes header and rows as plain aligned columns (no
+// borders, no trailing blanks), so output diffs cleanly in scripts.
+func renderTable(w io.Writer, td tableData) error {
+	header, rows := td.header, td.rows
+	var buf bytes.Buffer
+	t := tablewriter.NewTable(&buf,
+		tablewriter.WithRenderer(renderer.NewBlueprint(tw.Rendition{
+			Borders: tw.BorderNone,
+			Symbols: tw.NewSymbols(tw.StyleASCII),
+			Settings: tw.Settings{
+				Separators: tw.Separators{BetweenColumns: tw.Off, BetweenRows: tw.Off},
+				Lines:      tw.Lines{ShowHeaderLine: tw.Off},
+			},
+		})),
+		tablewriter.WithHeaderAutoFormat(tw.Off),
+		tablewriter.WithHeaderAlignment(tw.AlignLeft),
+		tablewriter.WithRowAlignment(tw.AlignLeft),
+		tablewriter.WithRowAutoWrap(tw.WrapNone),
+		tablewriter.WithPadding(tw.Padding{Left: "", Right: "  ", Overwrite: true}),
+	)
+	t.Header(header)
+	if err := t.Bulk(rows); err != nil {
+		return err
+	}
+	if err := t.Render(); err != nil {
+		return err
+	}
+	for _, line := range strings.Split(strings.TrimRight(buf.String(), "\n"), "\n") {
+		if _, err := fmt.Fprintln(w, strings.TrimRight(line, " ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func orNone(ss []string) string {
+	if len(ss) == 0 {
+		return "none"
+	}
+	return strings.Join(ss, ", ")
+}
+
+// makeSettingsTable renders HA settings as name/value rows, Luna's
+// "global settings" block.
+func makeSettingsTable(s agent.Settings) ([]string, [][]string) {
+	retries := strconv.Itoa(s.Retries)
+	if s.Retries < 0 {
+		retries = "unlimited"
+	}
+	return []string{"GLOBAL SETTING", "VALUE"}, [][]string{
+		{"HA only", yesNo(s.Only)},
+		{"recovery mode", s.RecoveryMode},
+		{"recovery retries", retries},
+		{"recovery interval", s.Interval},
+		{"policy", s.Policy},
+		{"failure threshold", strconv.Itoa(s.FailureThreshold)},
+		{"command timeout", s.CommandTimeout},
+		{"keygen timeout", s.KeygenTimeout},
+		{"probe interval", s.ProbeInterval},
+	}
+}
+
+// makeGroupTable renders a group's header block: label, serial, policy,
+// members, needs-sync and standbys, as LunaCM's listgroups does.
+func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
+	names := make([]string, len(g.Members))
+	for i, m := range g.Members {
+		names[i] = m.Name
+	}
+	status := "healthy"
+	if !g.Healthy {
+		status = "degraded"
+	}
+	return []string{"GROUP", g.Label}, [][]string{
+		{"serial", g.Serial},
+		{"status", status},
+		{"policy", g.Settings.Policy},
+		{"recovery mode", g.Settings.RecoveryMode},
+		{"HA only", yesNo(g.Settings.Only)},
+		{"members", orNone(names)},
+		{"needs sync", orNone(g.NeedsSync)},
+		{"standby members", orNone(g.Standbys)},
+	}
+}
+
+// makeMembersTable renders a group's members: the member table of
+// listgroups.
+func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
+	header := []string{"MEMBER", "STATE", "ROLE", "SLOT", "TOKEN", "SERIAL", "IN-FLIGHT", "OPS", "FAILURES", "LAST ERROR"}
+	rows := make([][]string, 0, len(g.Members))
+	for _, m := range g.Members {
+		role := "active"
+		switch {
+		case m.Standby:
+			role = "standby"
+		case m.Primary:
+			role = "primary"
+		}
+		slotID := "-"
+		if m.SlotID != nil {
+			slotID = strconv.FormatUint(uint64(*m.SlotID), 10)
+		}
+		token := m.TokenLabel
+		if token == "" {
+			token = m.Token
+		}
+		rows = append(rows, []string{m.Name, m.State, role, slotID, dash(token), dash(m.TokenSerial),
+			strconv.FormatInt(m.InFlight, 10), strconv.FormatUint(m.Operations, 10),
+			strconv.FormatUint(m.Failures, 10), dash(m.LastError)})
+	}
+	return header, rows
+}
+
+// makeRecoverTable renders a recovery's per-member outcome.
+func makeRecoverTable(r agent.RecoverResult) ([]string, [][]string) {
+	rows := make([][]string, 0, len(r.Members))
+	for _, m := range r.Members {
+		res := "recovered"
+		if !m.OK {
+			res = "failed"
+		}
+		rows = append(rows, []string{m.Member, res, m.State, dash(m.Detail)})
+	}
+	return []string{"MEMBER", "RESULT", "STATE", "DETAIL"}, rows
+}
+
+// makeDiffTable renders a synchronisation's differences.
+func makeDiffTable(r agent.SyncReport) ([]string, [][]string) {
+	rows := make([][]string, 0, len(r.Differences))
+	for _, d := range r.Differences {
+		rows = append(rows, []string{d.Object, d.Kind, strings.Join(d.Members, ","), d.Action, dash(d.Detail)})
+	}
+	return []string{"OBJECT", "DIFFERENCE", "MEMBERS", "ACTION", "DETAIL"}, rows
+}
+
+// makeEventRow renders one HA log event.
+func makeEventRow(e agent.Event) []string {
+	return []string{e.Time.UTC().Format(time.RFC3339Nano), e.Group, dash(e.Member), e.Event, dash(e.Detail)}
+}
+
+// makeEventsTable renders HA log events.
+func makeEventsTable(es []agent.Event) ([]string, [][]string) {
+	rows := make([][]string, len(es))
+	for i, e := range es {
+		rows[i] = makeEventRow(e)
+	}
+	return []string{"TIME", "GROUP", "MEMBER", "EVENT", "DETAIL"}, rows
+}
+
+// makeTokensTable renders the tokens a module offers.
+func makeTokensTable(ts []slot.TokenSummary) ([]string, [][]string) {
+	rows := make([][]string, len(ts))
+	for i, t := range ts {
+		rows[i] = []string{strconv.FormatUint(uint64(t.SlotID), 10), dash(t.Label), dash(t.Serial),
+			dash(t.Model), dash(t.Manufacturer), yesNo(t.Initialized), fmt.Sprintf("0x%x", t.Flags)}
+	}
+	return []string{"SLOT", "LABEL", "SERIAL", "MODEL", "MANUFACTURER", "INITIALIZED", "FLAGS"}, rows
+}
+
+// makeStatusTable renders the agent's status.
+func makeStatusTable(s agent.Status, clientVersion string) ([]string, [][]string) {
+	v := s.Version
+	if clientVersion != "" && clientVersion != s.Version {
+		v += " (hactl is " + clientVersion + ")"
+	}
+	return []string{"AGENT", "VALUE"}, [][]string{
+		{"version", v},
+		{"api version", s.APIVersion},
+		{"pid", strconv.Itoa(s.PID)},
+		{"started", s.Started.UTC().Format(time.RFC3339)},
+		{"uptime", s.Uptime},
+		{"socket", s.Socket},
+		{"config", s.ConfigPath},
+		{"groups", orNone(s.Groups)},
+		{"your access", s.Access},
+	}
+}
+
+// tableData carries a header and rows from a make*Table function to
+// renderTable in one expression.
+type tableData struct {
+	header []string
+	rows   [][]string
+}
+
+func table(header []string, rows [][]string) tableData { return tableData{header, rows} }

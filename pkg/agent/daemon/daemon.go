@@ -1,0 +1,555 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/config"
+)
+
+// Options configure a Daemon.
+type Options struct {
+	// ConfigPath is the configuration file (already resolved).
+	ConfigPath string
+	// Socket overrides the config's agent.socket when set.
+	Socket string
+	// Version is the agent's build version.
+	Version string
+	// Logger receives the daemon's log; nil discards it.
+	Logger *slog.Logger
+	// Open opens a group's engine.
+	Open Opener
+	// DrainTimeout bounds the wait for in-flight requests at shutdown.
+	DrainTimeout time.Duration
+}
+
+// Daemon runs every configured group and serves the agent socket. Create
+// it with New, then call Run. Its Backend methods are safe for concurrent
+// use.
+type Daemon struct {
+	opts    Options
+	log     *slog.Logger
+	started time.Time
+
+	reloadMu sync.Mutex // one reload at a time
+
+	mu     sync.RWMutex
+	cfg    *config.Config
+	agent  config.Agent // with defaults
+	groups map[string]*groupRun
+	order  []string // group labels in config order
+
+	events  *agent.EventLog
+	metrics *Metrics
+	server  *agent.Server
+	socket  string
+
+	runCtx context.Context // the context groups run under
+}
+
+// groupRun is one group's engine and its background loops.
+type groupRun struct {
+	cfg     config.Group
+	set     config.Settings
+	eng     Engine // nil while the group could not be opened
+	openErr error
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu        sync.Mutex
+	outOfSync map[string]int // member → differences concerning it (last check)
+	lastSync  agent.SyncReport
+}
+
+// New loads the configuration and prepares the daemon; nothing is opened
+// or listened on until Run.
+func New(opts Options) (*Daemon, error) {
+	if opts.Open == nil {
+		return nil, errors.New("daemon: no engine opener")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{opts: opts, log: log, cfg: cfg, agent: cfg.Agent.WithDefaults(), groups: map[string]*groupRun{}}
+	d.socket = d.agent.Socket
+	if opts.Socket != "" {
+		d.socket = opts.Socket
+	}
+	d.metrics = NewMetrics(d)
+	return d, nil
+}
+
+// Socket returns the socket path the daemon serves on.
+func (d *Daemon) Socket() string { return d.socket }
+
+// Metrics returns the daemon's metrics (for tests and for mounting the
+// handler elsewhere).
+func (d *Daemon) Metrics() *Metrics { return d.metrics }
+
+// policy builds the socket access policy from the [agent] table.
+func policyOf(a config.Agent) agent.Policy {
+	return agent.Policy{
+		AgentUID:       os.Getuid(),
+		AllowedUIDs:    a.AllowedUIDs,
+		AllowedGroup:   a.AllowedGroup,
+		OthersReadOnly: a.OthersReadOnly != nil && *a.OthersReadOnly,
+	}
+}
+
+// Run opens the event log and every group, listens on the socket (never
+// replacing a live one), serves metrics when configured, and runs until
+// ctx ends; then it drains requests, closes every group and returns nil.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.started = time.Now()
+	ev, err := agent.OpenEventLog(d.agent.LogFile, d.agent.LogMaxBytes)
+	if err != nil {
+		return err
+	}
+	d.events = ev
+	defer ev.Close()
+
+	pol := policyOf(d.agent)
+	mode := os.FileMode(0o660)
+	if pol.OthersReadOnly {
+		mode = 0o666 // others must reach the socket to be given read access
+	}
+	gid := -1
+	if d.agent.AllowedGroup != "" {
+		g, err := agent.LookupGroupID(d.agent.AllowedGroup)
+		if err != nil {
+			return fmt.Errorf("%s: agent.allowed_group %q: %w", d.cfg.Path, d.agent.AllowedGroup, err)
+		}
+		gid = g
+	}
+	ln, err := agent.Listen(d.socket, agent.ListenOptions{Mode: mode, GID: gid})
+	if err != nil {
+		return err
+	}
+	d.server = agent.NewServer(d, pol, d.opts.Version, d.log)
+	d.server.DrainTimeout = d.opts.DrainTimeout
+
+	var metricsSrv *http.Server
+	var metricsDone chan error
+	if d.agent.Metrics != "" {
+		mln, err := net.Listen("tcp", d.agent.Metrics)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("metrics endpoint %s: %w", d.agent.Metrics, err)
+		}
+		metricsSrv = &http.Server{Handler: d.metrics.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		metricsDone = make(chan error, 1)
+		go func() { metricsDone <- metricsSrv.Serve(mln) }()
+		d.log.Info("metrics endpoint", "addr", mln.Addr().String())
+	}
+
+	runCtx, cancelGroups := context.WithCancel(context.WithoutCancel(ctx))
+	d.runCtx = runCtx
+	for _, g := range d.cfg.Groups {
+		d.startGroup(ctx, g, d.cfg.Settings(&g))
+	}
+	d.log.Info("haagent running", "socket", d.socket, "config", d.cfg.Path, "groups", len(d.cfg.Groups), "pid", os.Getpid())
+
+	err = d.server.Run(ctx, ln)
+	d.log.Info("haagent stopping: closing groups")
+	cancelGroups()
+	d.mu.RLock()
+	labels := slices.Clone(d.order)
+	d.mu.RUnlock()
+	for _, label := range labels {
+		d.stopGroup(label, false)
+	}
+	if metricsSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		metricsSrv.Shutdown(sctx)
+		cancel()
+		<-metricsDone
+	}
+	return err
+}
+
+// startGroup opens a group (without holding d.mu: opening tokens can take
+// a while and listgroups must not wait for it), registers it and starts
+// its loops.
+func (d *Daemon) startGroup(ctx context.Context, g config.Group, s config.Settings) {
+	gr := &groupRun{cfg: g, set: s, outOfSync: map[string]int{}}
+	d.openGroup(ctx, gr)
+	d.mu.Lock()
+	d.installLocked(gr)
+	d.mu.Unlock()
+}
+
+// installLocked registers gr and starts its loops. d.mu is held.
+func (d *Daemon) installLocked(gr *groupRun) {
+	label := gr.cfg.Label
+	loopCtx, cancel := context.WithCancel(d.runCtx)
+	gr.cancel, gr.done = cancel, make(chan struct{})
+	d.groups[label] = gr
+	if !slices.Contains(d.order, label) {
+		d.order = append(d.order, label)
+	}
+	d.reorderLocked()
+	go d.loop(loopCtx, gr)
+}
+
+// reorderLocked keeps d.order in config order.
+func (d *Daemon) reorderLocked() {
+	pos := map[string]int{}
+	for i, g := range d.cfg.Groups {
+		pos[g.Label] = i
+	}
+	sort.SliceStable(d.order, func(i, j int) bool { return pos[d.order[i]] < pos[d.order[j]] })
+}
+
+func (d *Daemon) openGroup(ctx context.Context, gr *groupRun) {
+	label := gr.cfg.Label
+	eng, err := d.opts.Open(ctx, gr.cfg, gr.set, Env{StateDir: d.agent.StateDir}, func(e agent.Event) { d.emit(e) })
+	gr.mu.Lock()
+	gr.eng, gr.openErr = eng, err
+	gr.mu.Unlock()
+	if err != nil {
+		d.log.Error("opening group", "group", label, "error", err)
+		d.emit(agent.Event{Group: label, Event: "group_open_failed", Detail: err.Error()})
+		return
+	}
+	d.emit(agent.Event{Group: label, Event: "group_opened", Detail: fmt.Sprintf("%d member(s)", len(gr.cfg.Members))})
+}
+
+// stopGroup unregisters a group, stops its loops and, unless keepEngine,
+// closes its engine (letting operations in flight end).
+func (d *Daemon) stopGroup(label string, keepEngine bool) *groupRun {
+	d.mu.Lock()
+	gr, ok := d.groups[label]
+	if ok {
+		delete(d.groups, label)
+		d.order = slices.DeleteFunc(d.order, func(s string) bool { return s == label })
+	}
+	d.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	gr.cancel()
+	<-gr.done
+	if !keepEngine {
+		if e := gr.engine(); e != nil {
+			if err := e.Close(); err != nil {
+				d.log.Warn("closing group", "group", label, "error", err)
+			}
+		}
+		d.metrics.forgetGroup(label)
+	}
+	return gr
+}
+
+func (gr *groupRun) engine() Engine {
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	return gr.eng
+}
+
+// loop probes the group every probe_interval and checks its
+// synchronisation every interval; a group that could not be opened is
+// retried every interval.
+func (d *Daemon) loop(ctx context.Context, gr *groupRun) {
+	defer close(gr.done)
+	probeEvery := gr.set.ProbeInterval
+	if probeEvery <= 0 {
+		probeEvery = config.DefaultProbeInterval
+	}
+	syncEvery := gr.set.Interval
+	if syncEvery <= 0 {
+		syncEvery = config.DefaultInterval
+	}
+	probe := time.NewTicker(probeEvery)
+	defer probe.Stop()
+	check := time.NewTicker(syncEvery)
+	defer check.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-probe.C:
+			eng := gr.engine()
+			if eng == nil {
+				continue
+			}
+			pctx, cancel := context.WithTimeout(ctx, probeEvery+gr.set.CommandTimeout)
+			for _, r := range eng.Probe(pctx) {
+				d.metrics.observe(gr.cfg.Label, r.Member, "probe", r.Duration)
+				if r.Err != nil {
+					d.log.Debug("probe failed", "group", gr.cfg.Label, "member", r.Member, "error", r.Err)
+				}
+			}
+			cancel()
+		case <-check.C:
+			if gr.engine() == nil {
+				d.openGroup(ctx, gr)
+				continue
+			}
+			d.syncCheck(ctx, gr)
+		}
+	}
+}
+
+// syncCheck plans a synchronisation and records how far each member is
+// out of sync, emitting an event when a group goes out of (or back into)
+// sync.
+func (d *Daemon) syncCheck(ctx context.Context, gr *groupRun) {
+	eng := gr.engine()
+	start := time.Now()
+	rep, err := eng.Synchronize(ctx, agent.SyncRequest{Group: gr.cfg.Label, Check: true})
+	d.metrics.observe(gr.cfg.Label, "", "sync_check", time.Since(start))
+	if err != nil {
+		d.log.Debug("sync check", "group", gr.cfg.Label, "error", err)
+		return
+	}
+	d.recordSync(gr, rep)
+}
+
+func (d *Daemon) recordSync(gr *groupRun, rep agent.SyncReport) {
+	counts := map[string]int{}
+	for _, diff := range rep.Differences {
+		for _, m := range diff.Members {
+			counts[m]++
+		}
+	}
+	gr.mu.Lock()
+	wasInSync := len(gr.outOfSync) == 0
+	gr.outOfSync, gr.lastSync = counts, rep
+	gr.mu.Unlock()
+	switch {
+	case wasInSync && len(counts) > 0:
+		d.emit(agent.Event{Group: gr.cfg.Label, Event: "out_of_sync", Detail: fmt.Sprintf("%d difference(s)", len(rep.Differences))})
+	case !wasInSync && len(counts) == 0:
+		d.emit(agent.Event{Group: gr.cfg.Label, Event: "in_sync"})
+	}
+}
+
+// emit records an event: the HA log, the daemon's log and the counters.
+func (d *Daemon) emit(e agent.Event) {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	d.metrics.countEvent(e)
+	d.log.Info("ha event", "group", e.Group, "member", e.Member, "event", e.Event, "detail", e.Detail)
+	if d.events != nil {
+		if err := d.events.Append(e); err != nil {
+			d.log.Error("HA event log", "error", err)
+		}
+	}
+}
+
+// lookup returns a running group or a not_found error naming the groups.
+func (d *Daemon) lookup(label string) (*groupRun, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	gr, ok := d.groups[label]
+	if !ok {
+		return nil, agent.Errorf(agent.CodeNotFound, "group %q is not running in haagent (groups: %s)", label, orNone(d.order))
+	}
+	return gr, nil
+}
+
+func orNone(ss []string) string {
+	if len(ss) == 0 {
+		return "none"
+	}
+	out := ""
+	for i, s := range ss {
+		if i > 0 {
+			out += ", "
+		}
+		out += s
+	}
+	return out
+}
+
+// Status implements agent.Backend.
+func (d *Daemon) Status(ctx context.Context) (agent.Status, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return agent.Status{
+		PID:        os.Getpid(),
+		Started:    d.started.UTC(),
+		Uptime:     time.Since(d.started).Round(time.Second).String(),
+		Socket:     d.socket,
+		ConfigPath: d.cfg.Path,
+		Groups:     slices.Clone(d.order),
+	}, nil
+}
+
+// Groups implements agent.Backend.
+func (d *Daemon) Groups(ctx context.Context, label string) (agent.GroupsReport, error) {
+	d.mu.RLock()
+	cfg := d.cfg
+	var runs []*groupRun
+	for _, l := range d.order {
+		if label == "" || l == label {
+			runs = append(runs, d.groups[l])
+		}
+	}
+	d.mu.RUnlock()
+	if label != "" && len(runs) == 0 {
+		_, err := d.lookup(label)
+		return agent.GroupsReport{}, err
+	}
+	rep := agent.GroupsReport{SchemaVersion: agent.SchemaVersion, Source: agent.SourceAgent, ConfigPath: cfg.Path,
+		Global: agent.WireSettings(cfg.Settings(nil)), Groups: make([]agent.GroupStatus, 0, len(runs))}
+	for _, gr := range runs {
+		rep.Groups = append(rep.Groups, d.groupStatus(ctx, gr))
+	}
+	return rep, nil
+}
+
+// groupStatus is the engine's status completed with what the daemon knows.
+func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatus {
+	eng := gr.engine()
+	var gs agent.GroupStatus
+	if eng == nil {
+		// Not open: list the configured members as down with the reason.
+		cfg := &config.Config{Groups: []config.Group{gr.cfg}}
+		r, _ := agent.ConfigReport(cfg, gr.cfg.Label)
+		gs = r.Groups[0]
+		gr.mu.Lock()
+		reason := "group not open"
+		if gr.openErr != nil {
+			reason = gr.openErr.Error()
+		}
+		gr.mu.Unlock()
+		for i := range gs.Members {
+			gs.Members[i].State, gs.Members[i].LastError = agent.StateDown, reason
+		}
+	} else {
+		gs = eng.Status(ctx)
+	}
+	if gs.Label == "" {
+		gs.Label = gr.cfg.Label
+	}
+	if gs.Serial == "" {
+		gs.Serial = gr.cfg.Serial
+	}
+	gs.Settings = agent.WireSettings(gr.set)
+	gr.mu.Lock()
+	need := make([]string, 0, len(gr.outOfSync))
+	for i := range gs.Members {
+		if gr.outOfSync[gs.Members[i].Name] > 0 {
+			gs.Members[i].NeedsSync = true
+		}
+		if gs.Members[i].NeedsSync {
+			need = append(need, gs.Members[i].Name)
+		}
+	}
+	gr.mu.Unlock()
+	gs.NeedsSync = need
+	gs.Standbys = []string{}
+	gs.Healthy = true
+	for _, m := range gs.Members {
+		if m.Standby {
+			gs.Standbys = append(gs.Standbys, m.Name)
+		}
+		if !m.Standby && m.State != agent.StateActive {
+			gs.Healthy = false
+		}
+	}
+	if gs.Members == nil {
+		gs.Members = []agent.MemberStatus{}
+	}
+	return gs
+}
+
+// Recover implements agent.Backend.
+func (d *Daemon) Recover(ctx context.Context, req agent.RecoverRequest) (agent.RecoverResult, error) {
+	gr, err := d.lookup(req.Group)
+	if err != nil {
+		return agent.RecoverResult{}, err
+	}
+	if req.Member != "" {
+		if _, ok := gr.cfg.Member(req.Member); !ok {
+			return agent.RecoverResult{}, agent.Errorf(agent.CodeNotFound, "group %q has no member %q", req.Group, req.Member)
+		}
+	}
+	eng, openErr := gr.state()
+	if eng == nil {
+		return agent.RecoverResult{}, agent.Errorf(agent.CodeUnavailable, "group %q is not open: %v", req.Group, openErr)
+	}
+	start := time.Now()
+	res, err := eng.Recover(ctx, req.Member)
+	d.metrics.observe(req.Group, req.Member, "recover", time.Since(start))
+	if err != nil {
+		return agent.RecoverResult{}, err
+	}
+	if res == nil {
+		res = []agent.MemberResult{}
+	}
+	return agent.RecoverResult{SchemaVersion: agent.SchemaVersion, Group: req.Group, Members: res}, nil
+}
+
+// Synchronize implements agent.Backend.
+func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.SyncReport, error) {
+	gr, err := d.lookup(req.Group)
+	if err != nil {
+		return agent.SyncReport{}, err
+	}
+	eng, openErr := gr.state()
+	if eng == nil {
+		return agent.SyncReport{}, agent.Errorf(agent.CodeUnavailable, "group %q is not open: %v", req.Group, openErr)
+	}
+	start := time.Now()
+	rep, err := eng.Synchronize(ctx, req)
+	d.metrics.observe(req.Group, "", "synchronize", time.Since(start))
+	if err != nil {
+		return agent.SyncReport{}, err
+	}
+	if rep.Differences == nil {
+		rep.Differences = []agent.Difference{}
+	}
+	rep.Group = req.Group
+	if req.Check {
+		d.recordSync(gr, rep)
+	} else {
+		// Re-plan so needs-sync reflects what is left.
+		if after, err := eng.Synchronize(ctx, agent.SyncRequest{Group: req.Group, Check: true}); err == nil {
+			d.recordSync(gr, after)
+		}
+	}
+	return rep, nil
+}
+
+// HALog implements agent.Backend.
+func (d *Daemon) HALog(ctx context.Context, req agent.HALogRequest, emit func(agent.Event) error) error {
+	return d.events.Read(ctx, req, emit)
+}
+
+// outOfSync returns the differences concerning a member at the last check.
+func (d *Daemon) outOfSync(group, member string) int {
+	d.mu.RLock()
+	gr, ok := d.groups[group]
+	d.mu.RUnlock()
+	if !ok {
+		return 0
+	}
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	return gr.outOfSync[member]
+}
+
+// state returns the engine and the open error together.
+func (gr *groupRun) state() (Engine, error) {
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	return gr.eng, gr.openErr
+}

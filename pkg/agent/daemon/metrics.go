@@ -1,0 +1,154 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metric descriptions. Names follow Prometheus conventions (and are
+// checked with promlint in the tests); every Help says the unit and what
+// the values mean.
+var (
+	descMemberUp = prometheus.NewDesc("hagroup_member_up",
+		"Whether the member is in service (1: active or standby, 0: failed, recovering or not open).",
+		[]string{"group", "member"}, nil)
+	descInflight = prometheus.NewDesc("hagroup_member_inflight",
+		"Operations in flight on the member right now, as seen by this agent's engine.",
+		[]string{"group", "member"}, nil)
+	descOperations = prometheus.NewDesc("hagroup_operations_total",
+		"Operations completed on the member by this agent's engine (probes, recovery, synchronisation).",
+		[]string{"group", "member"}, nil)
+	descErrors = prometheus.NewDesc("hagroup_member_errors_total",
+		"Operations on the member that failed for a health reason (charged to the member).",
+		[]string{"group", "member"}, nil)
+	descFailovers = prometheus.NewDesc("hagroup_failovers_total",
+		"Times the member was dropped from rotation (failed over).",
+		[]string{"group", "member"}, nil)
+	descRecoveries = prometheus.NewDesc("hagroup_recovery_attempts_total",
+		"Recovery attempts of the member, automatic and manual.",
+		[]string{"group", "member"}, nil)
+	descOutOfSync = prometheus.NewDesc("hagroup_objects_out_of_sync",
+		"Objects that differ between this member and the rest of its group at the last synchronisation check (0: in sync).",
+		[]string{"group", "member"}, nil)
+)
+
+type memberKey struct{ group, member string }
+
+// Metrics exports the daemon's view of every group to Prometheus. Gauges
+// and engine counters are read at scrape time; failovers and recovery
+// attempts are counted from the HA events; durations are observed by the
+// daemon around the operations it runs.
+type Metrics struct {
+	d   *Daemon
+	reg *prometheus.Registry
+
+	durations *prometheus.HistogramVec
+
+	mu         sync.Mutex
+	failovers  map[memberKey]uint64
+	recoveries map[memberKey]uint64
+}
+
+// NewMetrics returns the metrics of d, registered in their own registry.
+func NewMetrics(d *Daemon) *Metrics {
+	m := &Metrics{
+		d:   d,
+		reg: prometheus.NewRegistry(),
+		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "hagroup_operation_duration_seconds",
+			Help:    "Duration in seconds of the operations the agent runs on a group or member (op: probe, recover, synchronize, sync_check; member empty for group-wide ones).",
+			Buckets: []float64{.0005, .001, .005, .01, .05, .1, .5, 1, 5, 20, 60},
+		}, []string{"group", "member", "op"}),
+		failovers:  map[memberKey]uint64{},
+		recoveries: map[memberKey]uint64{},
+	}
+	m.reg.MustRegister(m, m.durations, collectors.NewGoCollector())
+	return m
+}
+
+// Registry returns the registry the metrics live in.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func (m *Metrics) observe(group, member, op string, d time.Duration) {
+	m.durations.WithLabelValues(group, member, op).Observe(d.Seconds())
+}
+
+func (m *Metrics) countEvent(e agent.Event) {
+	if e.Member == "" {
+		return
+	}
+	k := memberKey{e.Group, e.Member}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch e.Event {
+	case "member_failed":
+		m.failovers[k]++
+	case "member_recovering":
+		m.recoveries[k]++
+	}
+}
+
+func (m *Metrics) forgetGroup(group string) {
+	m.mu.Lock()
+	for k := range m.failovers {
+		if k.group == group {
+			delete(m.failovers, k)
+		}
+	}
+	for k := range m.recoveries {
+		if k.group == group {
+			delete(m.recoveries, k)
+		}
+	}
+	m.mu.Unlock()
+	m.durations.DeletePartialMatch(prometheus.Labels{"group": group})
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descMemberUp, descInflight, descOperations, descErrors, descFailovers, descRecoveries, descOutOfSync} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rep, err := m.d.Groups(ctx, "")
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, g := range rep.Groups {
+		for _, ms := range g.Members {
+			up := 0.0
+			if ms.State == agent.StateActive || ms.State == agent.StateStandby {
+				up = 1
+			}
+			k := memberKey{g.Label, ms.Name}
+			ch <- prometheus.MustNewConstMetric(descMemberUp, prometheus.GaugeValue, up, g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(ms.InFlight), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descOperations, prometheus.CounterValue, float64(ms.Operations), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(ms.Failures), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(m.failovers[k]), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descRecoveries, prometheus.CounterValue, float64(m.recoveries[k]), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descOutOfSync, prometheus.GaugeValue, float64(m.d.outOfSync(g.Label, ms.Name)), g.Label, ms.Name)
+		}
+	}
+}
