@@ -136,4 +136,3 @@ the SO step (an operator-made key).`,
 	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-file", "so-pin-env")
 	return cmd
 }
-

@@ -125,8 +125,8 @@ func newDeleteGroupCmd(a *app) *cobra.Command {
 	var label string
 	var yes, jsonOut bool
 	cmd := &cobra.Command{
-		Use:   "deletegroup",
-		Short: "Remove an HA group from the configuration (objects stay on the tokens)",
+		Use:     "deletegroup",
+		Short:   "Remove an HA group from the configuration (objects stay on the tokens)",
 		Example: `  hactl hagroup deletegroup --label signing --yes`,
 		Args:    noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {

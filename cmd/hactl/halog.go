@@ -88,4 +88,3 @@ func joinRow(r []string) string {
 	}
 	return s
 }
-

@@ -179,4 +179,3 @@ func agentChanges(old, nw config.Agent, socketOverridden bool) []string {
 	}
 	return out
 }
-
