@@ -1,0 +1,248 @@
+package testhsm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// readyDeadline bounds how long Serve and Restart wait for the server's
+// socket to answer.
+const readyDeadline = 15 * time.Second
+
+// exitDeadline bounds how long Kill waits for the server to be reaped.
+const exitDeadline = 10 * time.Second
+
+// Served is a token served by a real `p11-kit server` process on a Unix
+// socket. The server runs in its own process group, so Kill and Stop reach
+// the child it forks for every connection. Methods are safe for concurrent
+// use.
+type Served struct {
+	t      testing.TB
+	name   string
+	label  string
+	serial string
+	conf   string
+	sock   string
+
+	mu   sync.Mutex
+	proc *serverProc // nil when no server runs
+}
+
+// serverProc is one run of the server.
+type serverProc struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{} // closed once the process has been reaped
+	err  error         // Wait's result, valid after done
+}
+
+// Serve makes a fresh token labelled name in its own SoftHSM token
+// directory and serves it with `p11-kit server`. The server is killed and
+// its directory removed when the test ends.
+func Serve(t testing.TB, name string) *Served {
+	t.Helper()
+	if name == "" || len(name) > 32 {
+		t.Fatalf("testhsm.Serve: name %q must be 1 to 32 bytes (it is the token label)", name)
+	}
+	// A short directory: the socket path must fit in sun_path (108 bytes).
+	dir, err := os.MkdirTemp("", "hsrv-")
+	if err != nil {
+		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	conf, err := writeConf(dir)
+	if err != nil {
+		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(1))
+	serials, err := initTokens(ctx, conf, []string{name})
+	cancel()
+	if err != nil {
+		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+	}
+	s := &Served{
+		t:      t,
+		name:   name,
+		label:  name,
+		serial: serials[name],
+		conf:   conf,
+		sock:   filepath.Join(dir, "p11.sock"),
+	}
+	if len(s.sock) >= 100 {
+		t.Fatalf("testhsm.Serve(%s): socket path %s too long for a Unix socket; set a shorter TMPDIR", name, s.sock)
+	}
+	t.Cleanup(s.shutdown)
+	if err := s.start(); err != nil {
+		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+	}
+	return s
+}
+
+// Address returns the P11_KIT_SERVER_ADDRESS of the server.
+func (s *Served) Address() string { return "unix:path=" + s.sock }
+
+// Token describes the served token as seen through p11-kit-client.so.
+func (s *Served) Token() Token {
+	return Token{
+		Name:      s.name,
+		Label:     s.label,
+		Serial:    s.serial,
+		Module:    P11KitClient,
+		ModuleEnv: map[string]string{"P11_KIT_SERVER_ADDRESS": s.Address()},
+		UserPIN:   UserPIN,
+		SOPIN:     SOPIN,
+	}
+}
+
+// Kill sends SIGKILL to the server's whole process group and waits until
+// the server has exited.
+func (s *Served) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.killLocked(); err != nil {
+		s.t.Errorf("testhsm: kill server %s: %v", s.name, err)
+	}
+}
+
+// Stop sends SIGSTOP to the server's process group: calls to the token then
+// hang until Cont.
+func (s *Served) Stop() { s.signal(syscall.SIGSTOP) }
+
+// Cont sends SIGCONT to the server's process group.
+func (s *Served) Cont() { s.signal(syscall.SIGCONT) }
+
+// Restart kills a running server and starts a new one on the same token
+// directory and socket, waiting (with a deadline) until the socket answers.
+func (s *Served) Restart(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	err := s.killLocked()
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatalf("testhsm: restart server %s: %v", s.name, err)
+	}
+	if err := s.start(); err != nil {
+		t.Fatalf("testhsm: restart server %s: %v", s.name, err)
+	}
+}
+
+func (s *Served) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		s.t.Errorf("testhsm: %v to server %s: not running", sig, s.name)
+		return
+	}
+	if err := syscall.Kill(-s.proc.cmd.Process.Pid, sig); err != nil {
+		s.t.Errorf("testhsm: %v to server %s: %v", sig, s.name, err)
+	}
+}
+
+// start runs a new server and waits until its socket accepts connections.
+func (s *Served) start() error {
+	// A SIGKILLed server leaves its socket behind.
+	if err := os.Remove(s.sock); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	cmd := exec.Command("p11-kit", "server", "-f", "-n", s.sock,
+		"--provider", SoftHSMModule, "pkcs11:token="+s.label)
+	cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", s.conf)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out := &syncBuffer{}
+	cmd.Stdout = out
+	cmd.Stderr = out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start p11-kit server: %w", err)
+	}
+	p := &serverProc{cmd: cmd, out: out, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	s.mu.Lock()
+	s.proc = p
+	s.mu.Unlock()
+	return s.waitReady(p)
+}
+
+// waitReady polls the socket until a connection succeeds, the server exits
+// or the deadline passes.
+func (s *Served) waitReady(p *serverProc) error {
+	deadline := time.Now().Add(readyDeadline)
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-p.done:
+			return fmt.Errorf("p11-kit server exited before it answered (%v): %s", p.err, bytes.TrimSpace(p.out.Bytes()))
+		case <-retry.C:
+		}
+		c, err := net.DialTimeout("unix", s.sock, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("p11-kit server socket %s did not answer within %v: %v", s.sock, readyDeadline, err)
+		}
+		retry.Reset(10 * time.Millisecond)
+	}
+}
+
+// killLocked kills the process group of the running server, if any, and
+// waits until the server is reaped.
+func (s *Served) killLocked() error {
+	p := s.proc
+	if p == nil {
+		return nil
+	}
+	s.proc = nil
+	pid := p.cmd.Process.Pid
+	// SIGCONT first so a stopped group dies promptly and releases its clients.
+	_ = syscall.Kill(-pid, syscall.SIGCONT)
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+		return err
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(exitDeadline):
+		return fmt.Errorf("server pid %d not reaped within %v", pid, exitDeadline)
+	}
+}
+
+func (s *Served) shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.killLocked(); err != nil {
+		s.t.Errorf("testhsm: clean up server %s: %v", s.name, err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writes of a child's
+// stdout and stderr.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.b.Bytes()...)
+}

@@ -1,0 +1,224 @@
+// Package testhsm gives tests real SoftHSM tokens on throwaway token
+// directories, and real remote tokens served by `p11-kit server` that a test
+// can kill, stop and restart.
+//
+// SoftHSM reads its token directory once per process, at C_Initialize, so
+// the tokens of the in-process pool are made up front by Main (called from
+// TestMain) and handed out by Take. Served tokens live in their own token
+// directory, read by their own server process, so Serve can make them at any
+// time.
+//
+// The PINs below are fixed because the tokens are throwaway; they are never
+// printed by this package.
+package testhsm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Paths of the PKCS#11 modules the harness uses.
+const (
+	SoftHSMModule = "/usr/lib/softhsm/libsofthsm2.so"
+	P11KitClient  = "/usr/lib/x86_64-linux-gnu/pkcs11/p11-kit-client.so"
+)
+
+// PINs of every token the harness makes.
+const (
+	UserPIN = "test-user-1234"
+	SOPIN   = "test-so-5678"
+)
+
+// Token describes one initialised token a test may use.
+type Token struct {
+	Name      string            // a member name for the token, unique in the process
+	Label     string            // CKA token label
+	Serial    string            // token serial number
+	Module    string            // PKCS#11 module that offers the token
+	ModuleEnv map[string]string // environment the module needs (served tokens)
+	UserPIN   string
+	SOPIN     string
+}
+
+// pool is the process's in-process token pool. It is package state because
+// the token directory it describes is process state too: SOFTHSM2_CONF is
+// read once per process by SoftHSM.
+var pool struct {
+	mu     sync.Mutex
+	ready  bool
+	tokens []Token
+	next   int
+}
+
+// Main creates a temporary SoftHSM token directory holding ntokens
+// initialised tokens (labels tok-00, tok-01, …; PINs UserPIN and SOPIN),
+// points SOFTHSM2_CONF at it, runs the tests, removes the directory and
+// returns the exit code for os.Exit.
+func Main(m *testing.M, ntokens int) int {
+	dir, err := os.MkdirTemp("", "testhsm-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testhsm: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+
+	conf, err := writeConf(dir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testhsm: %v\n", err)
+		return 1
+	}
+	labels := make([]string, ntokens)
+	for i := range labels {
+		labels[i] = fmt.Sprintf("tok-%02d", i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(ntokens))
+	serials, err := initTokens(ctx, conf, labels)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testhsm: %v\n", err)
+		return 1
+	}
+	if err := os.Setenv("SOFTHSM2_CONF", conf); err != nil {
+		fmt.Fprintf(os.Stderr, "testhsm: %v\n", err)
+		return 1
+	}
+
+	pool.mu.Lock()
+	pool.tokens = pool.tokens[:0]
+	for i, l := range labels {
+		pool.tokens = append(pool.tokens, Token{
+			Name:    fmt.Sprintf("hsm-%02d", i),
+			Label:   l,
+			Serial:  serials[l],
+			Module:  SoftHSMModule,
+			UserPIN: UserPIN,
+			SOPIN:   SOPIN,
+		})
+	}
+	pool.next = 0
+	pool.ready = true
+	pool.mu.Unlock()
+
+	code := m.Run()
+
+	pool.mu.Lock()
+	pool.ready = false
+	pool.mu.Unlock()
+	return code
+}
+
+// Take returns n tokens from the pool that no other test has taken. It
+// fails the test when Main was not called or the pool is exhausted.
+func Take(t testing.TB, n int) []Token {
+	t.Helper()
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	if !pool.ready {
+		t.Fatalf("testhsm.Take: no token pool; call testhsm.Main from TestMain")
+	}
+	if pool.next+n > len(pool.tokens) {
+		t.Fatalf("testhsm.Take(%d): only %d of %d tokens left; raise the count given to testhsm.Main",
+			n, len(pool.tokens)-pool.next, len(pool.tokens))
+	}
+	out := make([]Token, n)
+	copy(out, pool.tokens[pool.next:pool.next+n])
+	pool.next += n
+	return out
+}
+
+// initDeadline bounds the initialisation of n tokens: softhsm2-util takes
+// ~10 ms a token here; the bound is generous for loaded CI machines.
+func initDeadline(n int) time.Duration {
+	return time.Duration(30+n) * time.Second
+}
+
+// writeConf writes a SoftHSM configuration whose token directory is
+// dir/tokens and returns its path.
+func writeConf(dir string) (string, error) {
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.MkdirAll(tokens, 0o700); err != nil {
+		return "", fmt.Errorf("make token directory: %w", err)
+	}
+	conf := filepath.Join(dir, "softhsm2.conf")
+	body := "directories.tokendir = " + tokens + "\n" +
+		"objectstore.backend = file\n" +
+		"log.level = ERROR\n" +
+		"slots.removable = false\n"
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		return "", fmt.Errorf("write %s: %w", conf, err)
+	}
+	return conf, nil
+}
+
+// initTokens initialises one token per label in the token directory of conf
+// and returns the serial number of each label.
+func initTokens(ctx context.Context, conf string, labels []string) (map[string]string, error) {
+	for _, l := range labels {
+		cmd := exec.CommandContext(ctx, "softhsm2-util", "--init-token", "--free",
+			"--label", l, "--pin", UserPIN, "--so-pin", SOPIN)
+		cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", conf)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			// The output never echoes the PINs; the argv is not shown.
+			return nil, fmt.Errorf("softhsm2-util --init-token for label %q: %v: %s", l, err, bytes.TrimSpace(out))
+		}
+	}
+	cmd := exec.CommandContext(ctx, "softhsm2-util", "--show-slots")
+	cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", conf)
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("softhsm2-util --show-slots: %w", err)
+	}
+	serials := parseSlots(out)
+	for _, l := range labels {
+		if serials[l] == "" {
+			return nil, fmt.Errorf("softhsm2-util --show-slots does not list token %q", l)
+		}
+	}
+	return serials, nil
+}
+
+// parseSlots maps token labels to serial numbers in the output of
+// `softhsm2-util --show-slots` (the serial line precedes the label line).
+func parseSlots(out []byte) map[string]string {
+	serials := make(map[string]string)
+	var serial string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch strings.TrimSpace(k) {
+		case "Slot info":
+			serial = ""
+		case "Serial number":
+			serial = v
+		case "Label":
+			if v != "" && serial != "" {
+				serials[v] = serial
+			}
+		}
+	}
+	return serials
+}
+
+// withEnv returns env with key set to value, replacing any earlier value.
+func withEnv(env []string, key, value string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, key+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, key+"="+value)
+}

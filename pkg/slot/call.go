@@ -1,0 +1,182 @@
+package slot
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/miekg/pkcs11"
+)
+
+// A module call cannot be cancelled, so every call runs on the session's
+// own worker goroutine while the caller waits for the result, the deadline
+// or its ctx, whichever comes first. A caller that stops waiting abandons
+// the session: it is quarantined (never reused) and its worker closes it
+// when, if ever, the call returns.
+//
+// A long-lived worker per session rather than a goroutine per call: the
+// hand-off is a channel send to a parked goroutine and back, with no
+// goroutine creation, closure or timer allocation per call.
+
+// Session states, for the race between a worker finishing and its caller
+// giving up.
+const (
+	stIdle int32 = iota
+	stBusy
+	stAbandoned
+)
+
+// sess is one physical session and its worker.
+type sess struct {
+	owner *Slot
+	ctx   *pkcs11.Ctx
+	fl    unsafe.Pointer
+	h     pkcs11.SessionHandle
+	gen   uint64 // slot generation the session belongs to
+	open  bool   // h is an open session
+
+	// The call being handed to the worker. Written by the caller before the
+	// send on req, read by the worker after receiving: the channel orders
+	// them.
+	cctx context.Context
+	op   Op
+	fn   func(*sess) error
+
+	req   chan struct{}
+	res   chan error // buffered: the worker never blocks on it
+	timer *time.Timer
+	state atomic.Int32
+	dead  bool // caller side: abandoned or closed, never to be used again
+}
+
+// newSess starts the worker of a session that is not open yet.
+func newSess(owner *Slot, c *pkcs11.Ctx, fl unsafe.Pointer, gen uint64) *sess {
+	x := &sess{
+		owner: owner,
+		ctx:   c,
+		fl:    fl,
+		gen:   gen,
+		req:   make(chan struct{}),
+		res:   make(chan error, 1),
+		timer: time.NewTimer(time.Hour),
+	}
+	x.timer.Stop()
+	go x.work()
+	return x
+}
+
+// work runs calls until the session is retired or abandoned.
+func (x *sess) work() {
+	for range x.req {
+		err := x.exec()
+		if !x.state.CompareAndSwap(stBusy, stIdle) {
+			// The caller gave up on this call: clean up behind it.
+			x.afterAbandon()
+			return
+		}
+		x.res <- err
+	}
+}
+
+// opCloseSession names session closes for errors. Closes are not shown to
+// the Interceptor: injected faults must never leak sessions on the token.
+const opCloseSession Op = "CloseSession"
+
+// exec runs the interceptor and the call on the worker goroutine.
+func (x *sess) exec() error {
+	if x.op == opCloseSession || x.owner.spec.Interceptor == nil {
+		return x.fn(x)
+	}
+	return x.owner.spec.intercepted(x.cctx, x.op, func() error {
+		if x.state.Load() == stAbandoned {
+			return nil // nobody waits any more: do not start the module call
+		}
+		return x.fn(x)
+	})
+}
+
+// afterAbandon runs on the worker once an abandoned call has returned: it
+// closes the session and lets the slot forget the call.
+func (x *sess) afterAbandon() {
+	if x.open {
+		_ = x.ctx.CloseSession(x.h)
+		x.open = false
+	}
+	x.owner.unquarantine()
+	x.owner.unhold()
+}
+
+// run hands fn to the worker and waits for its result, at most timeout and
+// not beyond ctx. On timeout the error wraps ErrTimeout; on ctx the error
+// wraps ctx.Err(); in both cases the session is quarantined and dead.
+func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+	if x.dead {
+		return &Error{Member: x.owner.spec.Name, Op: op, Err: ErrSessionLost}
+	}
+	if err := ctx.Err(); err != nil {
+		return &Error{Member: x.owner.spec.Name, Op: op, Err: err}
+	}
+	x.cctx, x.op, x.fn = ctx, op, fn
+	x.state.Store(stBusy)
+	x.req <- struct{}{}
+	x.timer.Reset(timeout)
+	var cause error
+	select {
+	case err := <-x.res:
+		x.timer.Stop()
+		x.cctx, x.fn = nil, nil
+		return newError(x.owner.spec.Name, op, err)
+	case <-x.timer.C:
+		cause = timeoutError(x.owner.spec.Name, op, timeout)
+	case <-ctx.Done():
+		x.timer.Stop()
+		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
+	}
+	// Keep the slot (and its module) alive for the worker before it can
+	// possibly finish.
+	x.owner.hold()
+	x.owner.quarantined.Add(1)
+	if !x.state.CompareAndSwap(stBusy, stAbandoned) {
+		// The worker finished just now: take its result after all.
+		x.owner.unquarantine()
+		x.owner.unhold()
+		err := <-x.res
+		x.cctx, x.fn = nil, nil
+		return newError(x.owner.spec.Name, op, err)
+	}
+	x.dead = true
+	x.owner.stats.quarantinedTotal.Add(1)
+	return cause
+}
+
+// retire closes the session (bounded by timeout) and stops its worker.
+func (x *sess) retire(timeout time.Duration) {
+	if x.dead {
+		return
+	}
+	if x.open {
+		_ = x.run(context.Background(), opCloseSession, timeout, func(x *sess) error {
+			err := x.ctx.CloseSession(x.h)
+			x.open = false
+			return err
+		})
+	}
+	if x.dead {
+		return // the close hung; the worker cleans up
+	}
+	x.dead = true
+	close(x.req)
+}
+
+// openOn opens the session on slot id (CKF_SERIAL_SESSION|CKF_RW_SESSION).
+func (x *sess) openOn(ctx context.Context, id uint, timeout time.Duration) error {
+	return x.run(ctx, OpOpenSession, timeout, func(x *sess) error {
+		h, err := x.ctx.OpenSession(id, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+		if err != nil {
+			return err
+		}
+		x.h, x.open = h, true
+		return nil
+	})
+}

@@ -1,0 +1,31 @@
+// Package slot is one physical PKCS#11 token: module loading with one shared,
+// reference-counted context per module, token lookup by label, serial or
+// RFC 7512 URI, a bounded pool of sessions behind one long-lived logged-in
+// session, a deadline on every module call, and the classification of every
+// CKR code into member health, login and request errors.
+//
+// # Deadlines
+//
+// A call into a module cannot be cancelled. Every call therefore runs on the
+// worker goroutine of its session while the caller waits for the result, for
+// Spec.CommandTimeout (Spec.KeygenTimeout for key generation), or for its
+// ctx, whichever comes first. A caller that stops waiting gets an error
+// wrapping ErrTimeout (or its ctx's error) and the session is quarantined:
+// it is never used again, and it is closed if the call ever returns.
+//
+// # Handles and logins
+//
+// SoftHSM, like many tokens, invalidates private object handles on logout. A
+// Slot holding a user PIN logs in again by itself when it finds its login
+// gone, and Epoch changes whenever handles obtained earlier may have become
+// invalid (re-login, Logout, Reinit): callers that cache handles compare
+// Epoch and look their objects up again.
+//
+// # Errors
+//
+// Errors of module calls are *Error values naming the member and the
+// operation and wrapping the original pkcs11.Error; errors.Is matches them
+// against the sentinels (ErrDeviceFailure, ErrSessionLost, ErrPINIncorrect,
+// …) and ClassOf says whom to charge: the member's health, its login, or the
+// request.
+package slot

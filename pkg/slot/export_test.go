@@ -1,0 +1,41 @@
+package slot
+
+import (
+	"context"
+	"fmt"
+)
+
+// ModuleCounts returns, for module path, the number of slots sharing its
+// shared (no module env) context and how many times it was initialised and
+// finalized by this package.
+func ModuleCounts(path string) (refs, inits, finals int) {
+	modules.mu.Lock()
+	defer modules.mu.Unlock()
+	if m, ok := modules.mods[path]; ok {
+		refs = m.refs
+	}
+	return refs, modules.inits[path], modules.finals[path]
+}
+
+// WaitQuarantine waits until no call of s is quarantined.
+func WaitQuarantine(ctx context.Context, s *Slot) error { return s.waitQuarantine(ctx) }
+
+// CheckFunctionList checks that the function list the slot reaches for
+// nested templates is the module's: its entries must be the module's
+// exported C_ functions (true of SoftHSM, which exports them).
+func CheckFunctionList(s *Slot) error {
+	st := s.st.Load()
+	if st.fl == nil {
+		return fmt.Errorf("no function list: %v", st.flErr)
+	}
+	for i, name := range map[int]string{3: "C_GetFunctionList", 20: "C_CreateObject", 24: "C_GetAttributeValue"} {
+		want := exportedSymbol(s.spec.Module, name)
+		if want == nil {
+			return fmt.Errorf("%s does not export %s", s.spec.Module, name)
+		}
+		if got := functionListEntry(st.fl, i); got != want {
+			return fmt.Errorf("function list entry %d is %p, %s is %p", i, got, name, want)
+		}
+	}
+	return nil
+}

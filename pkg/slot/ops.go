@@ -1,0 +1,139 @@
+package slot
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/miekg/pkcs11"
+)
+
+// The raw operations, run on a session's worker goroutine. Slot and Session
+// methods wrap them with a session and a deadline.
+
+// findBatch is how many handles one C_FindObjects call asks for.
+const findBatch = 256
+
+func mechs(m *pkcs11.Mechanism) []*pkcs11.Mechanism { return []*pkcs11.Mechanism{m} }
+
+func (x *sess) findObjects(tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
+	if err := x.ctx.FindObjectsInit(x.h, tmpl); err != nil {
+		return nil, err
+	}
+	var out []pkcs11.ObjectHandle
+	for {
+		hs, _, err := x.ctx.FindObjects(x.h, findBatch)
+		if err != nil {
+			_ = x.ctx.FindObjectsFinal(x.h)
+			return nil, err
+		}
+		out = append(out, hs...)
+		if len(hs) < findBatch {
+			break
+		}
+	}
+	if err := x.ctx.FindObjectsFinal(x.h); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// getAttributes reads types in one call; when the token refuses some of
+// them (sensitive, or not an attribute of the object) it reads them one by
+// one so that every attribute gets its own status.
+func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
+	out := make([]Attribute, len(types))
+	if len(types) == 0 {
+		return out, nil
+	}
+	q := make([]*pkcs11.Attribute, len(types))
+	for i, t := range types {
+		q[i] = &pkcs11.Attribute{Type: t}
+	}
+	got, err := x.ctx.GetAttributeValue(x.h, h, q)
+	if err == nil {
+		for i, a := range got {
+			out[i] = Attribute{Type: types[i], Value: a.Value, Status: pkcs11.CKR_OK}
+		}
+		return out, nil
+	}
+	if !perAttribute(err) {
+		return nil, err
+	}
+	for i, t := range types {
+		out[i].Type = t
+		got, err := x.ctx.GetAttributeValue(x.h, h, []*pkcs11.Attribute{{Type: t}})
+		switch {
+		case err == nil:
+			out[i].Value, out[i].Status = got[0].Value, pkcs11.CKR_OK
+		case perAttribute(err):
+			out[i].Status = uint(err.(pkcs11.Error))
+		default:
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// perAttribute reports whether err is a status of single attributes rather
+// than of the call.
+func perAttribute(err error) bool {
+	var pe pkcs11.Error
+	return errors.As(err, &pe) && (pe == pkcs11.CKR_ATTRIBUTE_SENSITIVE || pe == pkcs11.CKR_ATTRIBUTE_TYPE_INVALID)
+}
+
+func (x *sess) sign(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	if err := x.ctx.SignInit(x.h, mechs(m), key); err != nil {
+		return nil, err
+	}
+	return x.ctx.Sign(x.h, data)
+}
+
+func (x *sess) verify(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
+	if err := x.ctx.VerifyInit(x.h, mechs(m), key); err != nil {
+		return err
+	}
+	return x.ctx.Verify(x.h, data, sig)
+}
+
+func (x *sess) encrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	if err := x.ctx.EncryptInit(x.h, mechs(m), key); err != nil {
+		return nil, err
+	}
+	return x.ctx.Encrypt(x.h, data)
+}
+
+func (x *sess) decrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	if err := x.ctx.DecryptInit(x.h, mechs(m), key); err != nil {
+		return nil, err
+	}
+	return x.ctx.Decrypt(x.h, data)
+}
+
+func (x *sess) digest(m *pkcs11.Mechanism, data []byte) ([]byte, error) {
+	if err := x.ctx.DigestInit(x.h, mechs(m)); err != nil {
+		return nil, err
+	}
+	return x.ctx.Digest(x.h, data)
+}
+
+func (x *sess) createObjectNested(tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	if x.fl == nil {
+		return 0, fmt.Errorf("%w: nested templates need the module's function list: %v", ErrInvalidSpec, x.owner.st.Load().flErr)
+	}
+	return createNestedC(x.fl, x.h, tmpl, nested)
+}
+
+func (x *sess) getNestedAttribute(h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	if x.fl == nil {
+		return nil, fmt.Errorf("%w: nested templates need the module's function list: %v", ErrInvalidSpec, x.owner.st.Load().flErr)
+	}
+	return getNestedC(x.fl, x.h, h, typ)
+}
+
+// checkMech refuses a nil mechanism before it reaches cgo.
+func checkMech(member string, op Op, m *pkcs11.Mechanism) error {
+	if m == nil {
+		return invalid(member, op, "no mechanism")
+	}
+	return nil
+}

@@ -1,0 +1,265 @@
+package slot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/miekg/pkcs11"
+)
+
+// module is one loaded and initialised PKCS#11 module context.
+type module struct {
+	key  string
+	path string
+	env  map[string]string
+
+	// ctx and fl change only under the registry lock (Reinit); sessions
+	// copy them when they open.
+	ctx   *pkcs11.Ctx
+	fl    unsafe.Pointer // CK_FUNCTION_LIST of ctx; nil when flErr
+	flErr error
+
+	refs    int  // slots using the context
+	foreign bool // CKR_CRYPTOKI_ALREADY_INITIALIZED: someone else's; never finalized by us
+	private bool // loaded for one spec's module env: not shared by key
+	wedged  bool // a Finalize/Initialize outlived its deadline: never touch ctx again
+
+}
+
+// registry holds the process's module contexts. It is package state because
+// a PKCS#11 module is process state: a second C_Initialize of the same
+// library fails, and C_Finalize on any context shuts it down for all.
+type registry struct {
+	mu     sync.Mutex
+	mods   map[string]*module
+	serial int // makes keys of private contexts unique
+
+	// Successful C_Initialize / C_Finalize calls per module path, ever
+	// (observed by tests).
+	inits, finals map[string]int
+}
+
+var modules = &registry{mods: make(map[string]*module), inits: make(map[string]int), finals: make(map[string]int)}
+
+// finalizeTimeout bounds C_Finalize when the last user lets go.
+const finalizeTimeout = 10 * time.Second
+
+// acquire returns a referenced context for path. With an empty env the
+// context is shared by every user of path; a non-empty env gets a context
+// of its own (set while the module is loaded and initialised), unless the
+// module turns out to hand the same function list to every loader, in
+// which case the existing context is shared.
+func (r *registry) acquire(ctx context.Context, path string, env map[string]string, timeout time.Duration) (*module, error) {
+	if path == "" {
+		return nil, fmt.Errorf("%w: no module path", ErrInvalidSpec)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(env) == 0 {
+		if m, ok := r.mods[path]; ok {
+			m.refs++
+			return m, nil
+		}
+	}
+	restore := setEnv(env)
+	defer restore()
+
+	c := pkcs11.New(path)
+	if c == nil {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("load PKCS#11 module: %w", err)
+		}
+		return nil, fmt.Errorf("load PKCS#11 module %s: dlopen failed or no C_GetFunctionList", path)
+	}
+	fl, flErr := functionList(c, path)
+	if fl != nil {
+		for _, m := range r.mods {
+			if m.fl == fl && !m.wedged {
+				// Same module instance under another key (a symlinked
+				// path, or a module that ignores its env): share it.
+				c.Destroy()
+				m.refs++
+				return m, nil
+			}
+		}
+	}
+	foreign := false
+	err := callTimeout(ctx, timeout, func() error { return c.Initialize() })
+	switch {
+	case err == nil:
+	case errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)):
+		foreign = true
+	case errors.Is(err, ErrTimeout):
+		// Initialize is still running: the context can never be used or
+		// released safely. Leave it be.
+		return nil, fmt.Errorf("initialise PKCS#11 module %s: %w", path, err)
+	default:
+		c.Destroy()
+		return nil, fmt.Errorf("initialise PKCS#11 module %s: %w", path, err)
+	}
+	m := &module{
+		key:     path,
+		path:    path,
+		env:     maps.Clone(env),
+		ctx:     c,
+		fl:      fl,
+		flErr:   flErr,
+		refs:    1,
+		foreign: foreign,
+		private: len(env) > 0,
+	}
+	if !foreign {
+		r.inits[path]++
+	}
+	if m.private {
+		r.serial++
+		m.key = fmt.Sprintf("%s\x00%d", path, r.serial)
+	}
+	r.mods[m.key] = m
+	return m, nil
+}
+
+// release drops one reference; the last one finalizes the context (unless
+// it is someone else's) and unloads it.
+func (r *registry) release(m *module) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.refs--
+	if m.refs > 0 {
+		return
+	}
+	if r.mods[m.key] == m {
+		delete(r.mods, m.key)
+	}
+	if m.wedged {
+		return
+	}
+	if !m.foreign {
+		c := m.ctx
+		err := callTimeout(context.Background(), finalizeTimeout, func() error { return c.Finalize() })
+		if errors.Is(err, ErrTimeout) {
+			m.wedged = true
+			return
+		}
+		if err == nil {
+			r.finals[m.path]++
+		}
+	}
+	m.ctx.Destroy()
+}
+
+// owns reports whether m is used by exactly one slot and was initialised by
+// us for that slot alone, so that the slot may finalize it.
+func (r *registry) owns(m *module) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return m.private && !m.foreign && m.refs == 1
+}
+
+// reinit finalizes and initialises again a context owned by one slot, with
+// its module env set. A context whose Finalize or Initialize hangs is
+// abandoned and a fresh one is loaded in its place on the next attempt.
+func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !(m.private && !m.foreign && m.refs == 1) {
+		return fmt.Errorf("%w: module context of %s is shared", ErrInvalidSpec, m.path)
+	}
+	restore := setEnv(m.env)
+	defer restore()
+	if m.wedged {
+		c := pkcs11.New(m.path)
+		if c == nil {
+			return fmt.Errorf("reload PKCS#11 module %s: dlopen failed or no C_GetFunctionList", m.path)
+		}
+		fl, flErr := functionList(c, m.path)
+		m.ctx, m.fl, m.flErr, m.wedged = c, fl, flErr, false
+	} else {
+		c := m.ctx
+		err := callTimeout(ctx, timeout, func() error { return c.Finalize() })
+		switch {
+		case errors.Is(err, ErrTimeout):
+			m.wedged = true
+			return fmt.Errorf("finalize PKCS#11 module %s: %w", m.path, err)
+		case err == nil:
+			r.finals[m.path]++
+		}
+		// Any other Finalize error (the connection is dead, the context
+		// was not initialised) still leaves the context ready for
+		// Initialize.
+	}
+	c := m.ctx
+	err := callTimeout(ctx, timeout, func() error { return c.Initialize() })
+	switch {
+	case err == nil:
+		r.inits[m.path]++
+		return nil
+	case errors.Is(err, ErrTimeout):
+		m.wedged = true
+	}
+	return fmt.Errorf("initialise PKCS#11 module %s again: %w", m.path, err)
+}
+
+// current returns the context and function list of m.
+func (r *registry) current(m *module) (*pkcs11.Ctx, unsafe.Pointer, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return m.ctx, m.fl, m.flErr
+}
+
+// setEnv sets env in the process environment (where C code such as
+// p11-kit-client.so reads it) and returns a function restoring what was
+// there. Callers hold the registry lock.
+func setEnv(env map[string]string) (restore func()) {
+	if len(env) == 0 {
+		return func() {}
+	}
+	type old struct {
+		v   string
+		had bool
+	}
+	saved := make(map[string]old, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		v, had := os.LookupEnv(k)
+		saved[k] = old{v, had}
+		os.Setenv(k, env[k])
+	}
+	return func() {
+		for k, o := range saved {
+			if o.had {
+				os.Setenv(k, o.v)
+			} else {
+				os.Unsetenv(k)
+			}
+		}
+	}
+}
+
+// callTimeout runs fn on a goroutine of its own and waits for it at most
+// timeout, and not beyond ctx. On timeout fn keeps running; the error wraps
+// ErrTimeout. Used for the calls that are not on a session (module set-up,
+// token and mechanism information).
+func callTimeout(ctx context.Context, timeout time.Duration, fn func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("%w (%v)", ErrTimeout, timeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

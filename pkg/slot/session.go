@@ -1,0 +1,278 @@
+package slot
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/miekg/pkcs11"
+)
+
+// Session is a dedicated physical session: the same single-part operations
+// as Slot (same signatures: FindObjects … GenerateRandom) plus multi-part
+// ones. Not safe for concurrent use. A health error (or a call abandoned at
+// its deadline) marks it broken: later calls fail with ErrSessionLost and
+// Close discards it. After the Slot's Reinit it is lost as well.
+type Session struct {
+	s      *Slot
+	x      *sess
+	gen    uint64
+	broken error
+	closed bool
+}
+
+func (ss *Session) member() string { return ss.s.spec.Name }
+
+func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error {
+	s := ss.s
+	if ss.closed {
+		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+	}
+	if ss.broken != nil {
+		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: broken by an earlier error: %v", ErrSessionLost, ss.broken)}
+	}
+	t := s.cmdTimeout
+	if keygen {
+		t = s.keyTimeout
+	}
+	err := ss.run(ctx, op, t, fn)
+	if s.loginLost(err) {
+		s.checkLogin(ctx)
+	}
+	return err
+}
+
+// run makes the call inside the slot's gate, so that Reinit and Close never
+// finalize or close under it.
+func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+	s := ss.s
+	if err := s.gate.enter(ctx); err != nil {
+		return &Error{Member: s.spec.Name, Op: op, Err: err}
+	}
+	defer s.gate.leave()
+	if s.closed.Load() {
+		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+	}
+	if s.st.Load().gen != ss.gen {
+		ss.broken = ErrSessionLost
+		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: the slot was re-initialised since the session was opened", ErrSessionLost)}
+	}
+	err := ss.x.run(ctx, op, timeout, fn)
+	if ss.x.dead || ClassOf(err) == ClassHealth {
+		ss.broken = err
+	}
+	return err
+}
+
+// Close closes the session, or discards it when it is broken or lost.
+// Closing twice is harmless.
+func (ss *Session) Close() error {
+	if ss.closed {
+		return nil
+	}
+	ss.closed = true
+	s := ss.s
+	_ = s.gate.enter(context.Background())
+	defer s.gate.leave()
+	s.dmu.Lock()
+	_, mine := s.dedicated[ss]
+	delete(s.dedicated, ss)
+	s.dmu.Unlock()
+	if mine {
+		ss.x.retire(s.cmdTimeout)
+	}
+	return nil
+}
+
+// FindObjects returns the handles of every object matching tmpl, session
+// objects of this session included.
+func (ss *Session) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
+	return findObjects(ctx, ss, tmpl)
+}
+
+// GetAttributes reads attributes of h, each with its own status.
+func (ss *Session) GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
+	return getAttributes(ctx, ss, h, types)
+}
+
+// GetNestedAttribute reads an attribute whose value is an attribute array.
+func (ss *Session) GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	return getNestedAttribute(ctx, ss, h, typ)
+}
+
+// SetAttributes sets attributes of h.
+func (ss *Session) SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
+	return setAttributes(ctx, ss, h, attrs)
+}
+
+// CreateObject creates an object.
+func (ss *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return createObject(ctx, ss, tmpl)
+}
+
+// CreateObjectNested creates an object whose template also holds
+// attribute-array attributes (see Slot.CreateObjectNested).
+func (ss *Session) CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return createObjectNested(ctx, ss, tmpl, nested)
+}
+
+// CopyObject copies h, changing the attributes in tmpl.
+func (ss *Session) CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return copyObject(ctx, ss, h, tmpl)
+}
+
+// DestroyObject destroys h.
+func (ss *Session) DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error {
+	return destroyObject(ctx, ss, h)
+}
+
+// GenerateKey generates a secret key under the key generation timeout.
+func (ss *Session) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return generateKey(ctx, ss, m, tmpl)
+}
+
+// GenerateKeyPair generates a key pair under the key generation timeout.
+func (ss *Session) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
+	return generateKeyPair(ctx, ss, m, pub, priv)
+}
+
+// WrapKey wraps key under wrapping.
+func (ss *Session) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
+	return wrapKey(ctx, ss, m, wrapping, key)
+}
+
+// UnwrapKey unwraps blob under unwrapping into a new key with tmpl.
+func (ss *Session) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return unwrapKey(ctx, ss, m, unwrapping, blob, tmpl)
+}
+
+// DeriveKey derives a new key with tmpl from base.
+func (ss *Session) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return deriveKey(ctx, ss, m, base, tmpl)
+}
+
+// Sign signs data with key in one part.
+func (ss *Session) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return sign(ctx, ss, m, key, data)
+}
+
+// Verify verifies sig over data with key in one part.
+func (ss *Session) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
+	return verify(ctx, ss, m, key, data, sig)
+}
+
+// Encrypt encrypts data with key in one part.
+func (ss *Session) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return encrypt(ctx, ss, m, key, data)
+}
+
+// Decrypt decrypts data with key in one part.
+func (ss *Session) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return decrypt(ctx, ss, m, key, data)
+}
+
+// Digest digests data in one part.
+func (ss *Session) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
+	return digest(ctx, ss, m, data)
+}
+
+// GenerateRandom returns n random bytes from the token.
+func (ss *Session) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
+	return generateRandom(ctx, ss, n)
+}
+
+// SignInit starts a multi-part signature.
+func (ss *Session) SignInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	if err := checkMech(ss.member(), OpSignInit, m); err != nil {
+		return err
+	}
+	return ss.call(ctx, OpSignInit, false, func(x *sess) error { return x.ctx.SignInit(x.h, mechs(m), key) })
+}
+
+// SignUpdate feeds data to the signature.
+func (ss *Session) SignUpdate(ctx context.Context, data []byte) error {
+	return ss.call(ctx, OpSignUpdate, false, func(x *sess) error { return x.ctx.SignUpdate(x.h, data) })
+}
+
+// SignFinal finishes the signature and returns it.
+func (ss *Session) SignFinal(ctx context.Context) (out []byte, err error) {
+	err = ss.call(ctx, OpSignFinal, false, func(x *sess) (err error) { out, err = x.ctx.SignFinal(x.h); return err })
+	return out, err
+}
+
+// VerifyInit starts a multi-part verification.
+func (ss *Session) VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	if err := checkMech(ss.member(), OpVerifyInit, m); err != nil {
+		return err
+	}
+	return ss.call(ctx, OpVerifyInit, false, func(x *sess) error { return x.ctx.VerifyInit(x.h, mechs(m), key) })
+}
+
+// VerifyUpdate feeds data to the verification.
+func (ss *Session) VerifyUpdate(ctx context.Context, data []byte) error {
+	return ss.call(ctx, OpVerifyUpdate, false, func(x *sess) error { return x.ctx.VerifyUpdate(x.h, data) })
+}
+
+// VerifyFinal checks sig; a bad signature is CKR_SIGNATURE_INVALID.
+func (ss *Session) VerifyFinal(ctx context.Context, sig []byte) error {
+	return ss.call(ctx, OpVerifyFinal, false, func(x *sess) error { return x.ctx.VerifyFinal(x.h, sig) })
+}
+
+// EncryptInit starts a multi-part encryption.
+func (ss *Session) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	if err := checkMech(ss.member(), OpEncryptInit, m); err != nil {
+		return err
+	}
+	return ss.call(ctx, OpEncryptInit, false, func(x *sess) error { return x.ctx.EncryptInit(x.h, mechs(m), key) })
+}
+
+// EncryptUpdate encrypts a part and returns what output it yields.
+func (ss *Session) EncryptUpdate(ctx context.Context, data []byte) (out []byte, err error) {
+	err = ss.call(ctx, OpEncryptUpdate, false, func(x *sess) (err error) { out, err = x.ctx.EncryptUpdate(x.h, data); return err })
+	return out, err
+}
+
+// EncryptFinal finishes the encryption and returns the last output.
+func (ss *Session) EncryptFinal(ctx context.Context) (out []byte, err error) {
+	err = ss.call(ctx, OpEncryptFinal, false, func(x *sess) (err error) { out, err = x.ctx.EncryptFinal(x.h); return err })
+	return out, err
+}
+
+// DecryptInit starts a multi-part decryption.
+func (ss *Session) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	if err := checkMech(ss.member(), OpDecryptInit, m); err != nil {
+		return err
+	}
+	return ss.call(ctx, OpDecryptInit, false, func(x *sess) error { return x.ctx.DecryptInit(x.h, mechs(m), key) })
+}
+
+// DecryptUpdate decrypts a part and returns what output it yields.
+func (ss *Session) DecryptUpdate(ctx context.Context, data []byte) (out []byte, err error) {
+	err = ss.call(ctx, OpDecryptUpdate, false, func(x *sess) (err error) { out, err = x.ctx.DecryptUpdate(x.h, data); return err })
+	return out, err
+}
+
+// DecryptFinal finishes the decryption and returns the last output.
+func (ss *Session) DecryptFinal(ctx context.Context) (out []byte, err error) {
+	err = ss.call(ctx, OpDecryptFinal, false, func(x *sess) (err error) { out, err = x.ctx.DecryptFinal(x.h); return err })
+	return out, err
+}
+
+// DigestInit starts a multi-part digest.
+func (ss *Session) DigestInit(ctx context.Context, m *pkcs11.Mechanism) error {
+	if err := checkMech(ss.member(), OpDigestInit, m); err != nil {
+		return err
+	}
+	return ss.call(ctx, OpDigestInit, false, func(x *sess) error { return x.ctx.DigestInit(x.h, mechs(m)) })
+}
+
+// DigestUpdate feeds data to the digest.
+func (ss *Session) DigestUpdate(ctx context.Context, data []byte) error {
+	return ss.call(ctx, OpDigestUpdate, false, func(x *sess) error { return x.ctx.DigestUpdate(x.h, data) })
+}
+
+// DigestFinal finishes the digest and returns it.
+func (ss *Session) DigestFinal(ctx context.Context) (out []byte, err error) {
+	err = ss.call(ctx, OpDigestFinal, false, func(x *sess) (err error) { out, err = x.ctx.DigestFinal(x.h); return err })
+	return out, err
+}

@@ -1,0 +1,343 @@
+package slot
+
+import (
+	"context"
+
+	"github.com/miekg/pkcs11"
+)
+
+// runner is what Slot (a pooled session) and Session (a dedicated one) give
+// the single-part operations, which are written once below.
+type runner interface {
+	call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error
+	member() string
+}
+
+func (s *Slot) call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error {
+	t := s.cmdTimeout
+	if keygen {
+		t = s.keyTimeout
+	}
+	return s.do(ctx, op, t, fn)
+}
+
+func (s *Slot) member() string { return s.spec.Name }
+
+func findObjects(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) (hs []pkcs11.ObjectHandle, err error) {
+	err = r.call(ctx, OpFindObjects, false, func(x *sess) (err error) {
+		hs, err = x.findObjects(tmpl)
+		return err
+	})
+	return hs, err
+}
+
+func getAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, types []uint) (out []Attribute, err error) {
+	err = r.call(ctx, OpGetAttributes, false, func(x *sess) (err error) {
+		out, err = x.getAttributes(h, types)
+		return err
+	})
+	return out, err
+}
+
+func setAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
+	return r.call(ctx, OpSetAttributes, false, func(x *sess) error {
+		return x.ctx.SetAttributeValue(x.h, h, attrs)
+	})
+}
+
+func createObject(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+	err = r.call(ctx, OpCreateObject, false, func(x *sess) (err error) {
+		h, err = x.ctx.CreateObject(x.h, tmpl)
+		return err
+	})
+	return h, err
+}
+
+func createObjectNested(ctx context.Context, r runner, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+	if err := checkNested(tmpl, nested); err != nil {
+		return 0, invalid(r.member(), OpCreateObject, "%v", err)
+	}
+	err = r.call(ctx, OpCreateObject, false, func(x *sess) (err error) {
+		h, err = x.createObjectNested(tmpl, nested)
+		return err
+	})
+	return h, err
+}
+
+func getNestedAttribute(ctx context.Context, r runner, h pkcs11.ObjectHandle, typ uint) (out []*pkcs11.Attribute, err error) {
+	err = r.call(ctx, OpGetAttributes, false, func(x *sess) (err error) {
+		out, err = x.getNestedAttribute(h, typ)
+		return err
+	})
+	return out, err
+}
+
+func copyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (n pkcs11.ObjectHandle, err error) {
+	err = r.call(ctx, OpCopyObject, false, func(x *sess) (err error) {
+		n, err = x.ctx.CopyObject(x.h, h, tmpl)
+		return err
+	})
+	return n, err
+}
+
+func destroyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle) error {
+	return r.call(ctx, OpDestroyObject, false, func(x *sess) error {
+		return x.ctx.DestroyObject(x.h, h)
+	})
+}
+
+func generateKey(ctx context.Context, r runner, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+	if err := checkMech(r.member(), OpGenerateKey, m); err != nil {
+		return 0, err
+	}
+	err = r.call(ctx, OpGenerateKey, true, func(x *sess) (err error) {
+		h, err = x.ctx.GenerateKey(x.h, mechs(m), tmpl)
+		return err
+	})
+	return h, err
+}
+
+func generateKeyPair(ctx context.Context, r runner, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (hpub, hpriv pkcs11.ObjectHandle, err error) {
+	if err := checkMech(r.member(), OpGenerateKeyPair, m); err != nil {
+		return 0, 0, err
+	}
+	err = r.call(ctx, OpGenerateKeyPair, true, func(x *sess) (err error) {
+		hpub, hpriv, err = x.ctx.GenerateKeyPair(x.h, mechs(m), pub, priv)
+		return err
+	})
+	return hpub, hpriv, err
+}
+
+func wrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) (out []byte, err error) {
+	if err := checkMech(r.member(), OpWrapKey, m); err != nil {
+		return nil, err
+	}
+	err = r.call(ctx, OpWrapKey, false, func(x *sess) (err error) {
+		out, err = x.ctx.WrapKey(x.h, mechs(m), wrapping, key)
+		return err
+	})
+	return out, err
+}
+
+func unwrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+	if err := checkMech(r.member(), OpUnwrapKey, m); err != nil {
+		return 0, err
+	}
+	err = r.call(ctx, OpUnwrapKey, false, func(x *sess) (err error) {
+		h, err = x.ctx.UnwrapKey(x.h, mechs(m), unwrapping, blob, tmpl)
+		return err
+	})
+	return h, err
+}
+
+func deriveKey(ctx context.Context, r runner, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+	if err := checkMech(r.member(), OpDeriveKey, m); err != nil {
+		return 0, err
+	}
+	err = r.call(ctx, OpDeriveKey, false, func(x *sess) (err error) {
+		h, err = x.ctx.DeriveKey(x.h, mechs(m), base, tmpl)
+		return err
+	})
+	return h, err
+}
+
+func sign(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) (out []byte, err error) {
+	if err := checkMech(r.member(), OpSign, m); err != nil {
+		return nil, err
+	}
+	err = r.call(ctx, OpSign, false, func(x *sess) (err error) {
+		out, err = x.sign(m, key, data)
+		return err
+	})
+	return out, err
+}
+
+func verify(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
+	if err := checkMech(r.member(), OpVerify, m); err != nil {
+		return err
+	}
+	return r.call(ctx, OpVerify, false, func(x *sess) error {
+		return x.verify(m, key, data, sig)
+	})
+}
+
+func encrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) (out []byte, err error) {
+	if err := checkMech(r.member(), OpEncrypt, m); err != nil {
+		return nil, err
+	}
+	err = r.call(ctx, OpEncrypt, false, func(x *sess) (err error) {
+		out, err = x.encrypt(m, key, data)
+		return err
+	})
+	return out, err
+}
+
+func decrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) (out []byte, err error) {
+	if err := checkMech(r.member(), OpDecrypt, m); err != nil {
+		return nil, err
+	}
+	err = r.call(ctx, OpDecrypt, false, func(x *sess) (err error) {
+		out, err = x.decrypt(m, key, data)
+		return err
+	})
+	return out, err
+}
+
+func digest(ctx context.Context, r runner, m *pkcs11.Mechanism, data []byte) (out []byte, err error) {
+	if err := checkMech(r.member(), OpDigest, m); err != nil {
+		return nil, err
+	}
+	err = r.call(ctx, OpDigest, false, func(x *sess) (err error) {
+		out, err = x.digest(m, data)
+		return err
+	})
+	return out, err
+}
+
+func generateRandom(ctx context.Context, r runner, n int) (out []byte, err error) {
+	if n < 0 {
+		return nil, invalid(r.member(), OpGenerateRandom, "length %d is negative", n)
+	}
+	err = r.call(ctx, OpGenerateRandom, false, func(x *sess) (err error) {
+		out, err = x.ctx.GenerateRandom(x.h, n)
+		return err
+	})
+	return out, err
+}
+
+// FindObjects returns the handles of every object matching tmpl.
+func (s *Slot) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
+	return findObjects(ctx, s, tmpl)
+}
+
+// GetAttributes reads attributes of h, each with its own status
+// (CKR_OK, CKR_ATTRIBUTE_SENSITIVE or CKR_ATTRIBUTE_TYPE_INVALID).
+func (s *Slot) GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
+	return getAttributes(ctx, s, h, types)
+}
+
+// GetNestedAttribute reads an attribute whose value is an attribute array
+// (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE).
+func (s *Slot) GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	return getNestedAttribute(ctx, s, h, typ)
+}
+
+// SetAttributes sets attributes of h.
+func (s *Slot) SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
+	return setAttributes(ctx, s, h, attrs)
+}
+
+// CreateObject creates an object.
+func (s *Slot) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return createObject(ctx, s, tmpl)
+}
+
+// CreateObjectNested creates an object whose template also holds
+// attribute-array attributes: nested maps CKA_WRAP_TEMPLATE,
+// CKA_UNWRAP_TEMPLATE or CKA_DERIVE_TEMPLATE to the attributes of the array.
+// A session object made on a pooled session lives as long as that session;
+// use Session.CreateObjectNested for session objects.
+func (s *Slot) CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return createObjectNested(ctx, s, tmpl, nested)
+}
+
+// CopyObject copies h, changing the attributes in tmpl.
+func (s *Slot) CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return copyObject(ctx, s, h, tmpl)
+}
+
+// DestroyObject destroys h.
+func (s *Slot) DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error {
+	return destroyObject(ctx, s, h)
+}
+
+// GenerateKey generates a secret key under the key generation timeout.
+func (s *Slot) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return generateKey(ctx, s, m, tmpl)
+}
+
+// GenerateKeyPair generates a key pair under the key generation timeout and
+// returns the public and the private key.
+func (s *Slot) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
+	return generateKeyPair(ctx, s, m, pub, priv)
+}
+
+// WrapKey wraps key under wrapping.
+func (s *Slot) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
+	return wrapKey(ctx, s, m, wrapping, key)
+}
+
+// UnwrapKey unwraps blob under unwrapping into a new key with tmpl.
+func (s *Slot) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return unwrapKey(ctx, s, m, unwrapping, blob, tmpl)
+}
+
+// DeriveKey derives a new key with tmpl from base.
+func (s *Slot) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return deriveKey(ctx, s, m, base, tmpl)
+}
+
+// Sign signs data with key in one part.
+func (s *Slot) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return sign(ctx, s, m, key, data)
+}
+
+// Verify verifies sig over data with key in one part; a bad signature is
+// CKR_SIGNATURE_INVALID (class request).
+func (s *Slot) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
+	return verify(ctx, s, m, key, data, sig)
+}
+
+// Encrypt encrypts data with key in one part.
+func (s *Slot) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return encrypt(ctx, s, m, key, data)
+}
+
+// Decrypt decrypts data with key in one part.
+func (s *Slot) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return decrypt(ctx, s, m, key, data)
+}
+
+// Digest digests data in one part.
+func (s *Slot) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
+	return digest(ctx, s, m, data)
+}
+
+// GenerateRandom returns n random bytes from the token.
+func (s *Slot) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
+	return generateRandom(ctx, s, n)
+}
+
+// TokenInfo returns the token's information.
+func (s *Slot) TokenInfo(ctx context.Context) (ti pkcs11.TokenInfo, err error) {
+	err = s.direct(ctx, OpTokenInfo, func(st *slotState) (err error) {
+		ti, err = st.ctx.GetTokenInfo(st.id)
+		return err
+	})
+	return ti, err
+}
+
+// Mechanisms returns the mechanism types the token supports.
+func (s *Slot) Mechanisms(ctx context.Context) (out []uint, err error) {
+	err = s.direct(ctx, OpMechanisms, func(st *slotState) error {
+		ms, err := st.ctx.GetMechanismList(st.id)
+		if err != nil {
+			return err
+		}
+		out = make([]uint, len(ms))
+		for i, m := range ms {
+			out[i] = m.Mechanism
+		}
+		return nil
+	})
+	return out, err
+}
+
+// MechanismInfo returns what the token says of mechanism mech.
+func (s *Slot) MechanismInfo(ctx context.Context, mech uint) (mi pkcs11.MechanismInfo, err error) {
+	err = s.direct(ctx, OpMechanismInfo, func(st *slotState) (err error) {
+		mi, err = st.ctx.GetMechanismInfo(st.id, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)})
+		return err
+	})
+	return mi, err
+}

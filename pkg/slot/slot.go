@@ -1,0 +1,667 @@
+package slot
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/miekg/pkcs11"
+)
+
+// Slot is one opened physical token with its session pool. Safe for
+// concurrent use.
+type Slot struct {
+	spec       Spec // spec.PIN is not kept here (see pin)
+	query      tokenQuery
+	cmdTimeout time.Duration
+	keyTimeout time.Duration
+	capacity   int
+
+	mod *module
+
+	// st is what a call needs; replaced by Reinit.
+	st atomic.Pointer[slotState]
+
+	gate     gate
+	permits  chan struct{} // one per session lent out of the pool
+	idle     chan *sess    // pooled sessions not lent out
+	closed   atomic.Bool
+	closedCh chan struct{}
+
+	// mu serialises Login, Logout, re-login, Reinit, Close and OpenSession
+	// bookkeeping, and guards the fields below.
+	mu        sync.Mutex
+	anchor    *sess      // the long-lived session holding the login
+	pin       secret.PIN // user PIN kept for re-login; empty after Logout
+	loginType int        // loginNone, loginUser, loginSO
+
+	// dmu guards dedicated. It is never held while waiting for the gate.
+	dmu       sync.Mutex
+	dedicated map[*Session]struct{}
+
+	loggedIn    atomic.Bool
+	epoch       atomic.Uint64
+	quarantined atomic.Int64 // calls past their deadline still inside the module
+	qmu         sync.Mutex
+	qchanged    chan struct{} // closed and replaced when a quarantined call ends
+	holds       atomic.Int64 // 1 until Close, plus one per quarantined call
+	stats       counters
+}
+
+const (
+	loginNone = iota
+	loginUser
+	loginSO
+)
+
+// slotState is the module context and token slot of one generation.
+type slotState struct {
+	ctx   *pkcs11.Ctx
+	fl    unsafe.Pointer
+	flErr error
+	id    uint
+	token TokenSummary
+	gen   uint64
+	err   error // the token could not be found again: every call fails with it
+}
+
+// counters are the pool's statistics.
+type counters struct {
+	open             atomic.Int64
+	inUse            atomic.Int64
+	maxOpen          atomic.Int64
+	opened           atomic.Uint64
+	discarded        atomic.Uint64
+	quarantinedTotal atomic.Uint64
+	relogins         atomic.Uint64
+}
+
+// Stats is a snapshot of a Slot's session pool.
+type Stats struct {
+	Capacity         int    // pool cap
+	Open             int    // pooled sessions open (idle or lent out)
+	InUse            int    // pooled sessions lent out
+	MaxOpen          int    // the most pooled sessions ever open at once
+	Quarantined      int    // calls past their deadline still inside the module
+	Opened           uint64 // pooled sessions opened, ever
+	Discarded        uint64 // pooled sessions closed after an error, ever
+	QuarantinedTotal uint64 // calls abandoned at their deadline or ctx, ever
+	Relogins         uint64 // automatic logins after the login was found gone
+}
+
+// Open loads the module (sharing its context), finds the token, opens the
+// long-lived session and logs in when spec.PIN is set.
+func Open(ctx context.Context, spec Spec) (*Slot, error) {
+	q, err := parseQuery(&spec)
+	if spec.Name == "" {
+		spec.Name = "(unnamed)"
+	}
+	if err != nil {
+		return nil, &Error{Member: spec.Name, Err: err}
+	}
+	if spec.CommandTimeout <= 0 {
+		spec.CommandTimeout = DefaultCommandTimeout
+	}
+	if spec.KeygenTimeout <= 0 {
+		spec.KeygenTimeout = DefaultKeygenTimeout
+	}
+	if spec.MaxSessions < 0 {
+		return nil, invalid(spec.Name, "", "MaxSessions %d is negative", spec.MaxSessions)
+	}
+	pin := spec.PIN.Clone()
+	spec.PIN = secret.PIN{}
+
+	mod, err := modules.acquire(ctx, spec.Module, spec.ModuleEnv, spec.CommandTimeout)
+	if err != nil {
+		pin.Zero()
+		return nil, newError(spec.Name, "", err)
+	}
+	s := &Slot{
+		spec:       spec,
+		query:      q,
+		cmdTimeout: spec.CommandTimeout,
+		keyTimeout: spec.KeygenTimeout,
+		mod:        mod,
+		closedCh:   make(chan struct{}),
+		dedicated:  make(map[*Session]struct{}),
+	}
+	s.holds.Store(1)
+	c, fl, flErr := modules.current(mod)
+	tok, err := findToken(ctx, &s.spec, q, c, s.cmdTimeout)
+	if err != nil {
+		pin.Zero()
+		modules.release(mod)
+		return nil, err
+	}
+	s.st.Store(&slotState{ctx: c, fl: fl, flErr: flErr, id: tok.SlotID, token: tok, gen: 1})
+
+	s.capacity = spec.MaxSessions
+	if s.capacity == 0 {
+		s.capacity = maxPool
+		var ti pkcs11.TokenInfo
+		err := callTimeout(ctx, s.cmdTimeout, func() (err error) { ti, err = c.GetTokenInfo(tok.SlotID); return })
+		if err == nil && ti.MaxRwSessionCount != pkcs11.CK_EFFECTIVELY_INFINITE && ti.MaxRwSessionCount != pkcs11.CK_UNAVAILABLE_INFORMATION {
+			// One session of the token's allowance is the anchor.
+			s.capacity = max(1, min(int(ti.MaxRwSessionCount)-1, maxPool))
+		}
+	}
+	s.permits = make(chan struct{}, s.capacity)
+	s.idle = make(chan *sess, s.capacity)
+
+	s.mu.Lock()
+	_, err = s.anchorLocked(ctx)
+	if err == nil && !pin.Empty() {
+		err = s.loginLocked(ctx, pkcs11.CKU_USER, pin)
+	}
+	s.mu.Unlock()
+	pin.Zero()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Name returns the member name of the spec.
+func (s *Slot) Name() string { return s.spec.Name }
+
+// SlotID returns the PKCS#11 slot ID the token was found on (at Open or the
+// last Reinit). Slot IDs are not stable across restarts of a module.
+func (s *Slot) SlotID() uint { return s.st.Load().id }
+
+// Token describes the token as found at Open or the last Reinit.
+func (s *Slot) Token() TokenSummary { return s.st.Load().token }
+
+// Module returns the module path of the spec.
+func (s *Slot) Module() string { return s.spec.Module }
+
+// OwnsContext reports whether the slot has its module context to itself
+// (it was loaded for this spec's module env and initialised by us), so that
+// Reinit finalizes and initialises it again.
+func (s *Slot) OwnsContext() bool { return modules.owns(s.mod) }
+
+// LoggedIn reports whether the user is logged in, as far as the slot knows.
+func (s *Slot) LoggedIn() bool { return s.loggedIn.Load() }
+
+// Epoch changes whenever object handles obtained before may have become
+// invalid: after a Logout, an automatic re-login, or a Reinit. Callers that
+// cache handles compare it and look their objects up again.
+func (s *Slot) Epoch() uint64 { return s.epoch.Load() }
+
+// Capacity returns the pool cap.
+func (s *Slot) Capacity() int { return s.capacity }
+
+// Stats returns a snapshot of the session pool.
+func (s *Slot) Stats() Stats {
+	return Stats{
+		Capacity:         s.capacity,
+		Open:             int(s.stats.open.Load()),
+		InUse:            int(s.stats.inUse.Load()),
+		MaxOpen:          int(s.stats.maxOpen.Load()),
+		Quarantined:      int(s.quarantined.Load()),
+		Opened:           s.stats.opened.Load(),
+		Discarded:        s.stats.discarded.Load(),
+		QuarantinedTotal: s.stats.quarantinedTotal.Load(),
+		Relogins:         s.stats.relogins.Load(),
+	}
+}
+
+// unquarantine forgets a quarantined call that has returned.
+func (s *Slot) unquarantine() {
+	s.quarantined.Add(-1)
+	s.qmu.Lock()
+	if s.qchanged != nil {
+		close(s.qchanged)
+		s.qchanged = nil
+	}
+	s.qmu.Unlock()
+}
+
+// waitQuarantine waits until no call is quarantined, or ctx ends.
+func (s *Slot) waitQuarantine(ctx context.Context) error {
+	for {
+		s.qmu.Lock()
+		if s.quarantined.Load() == 0 {
+			s.qmu.Unlock()
+			return nil
+		}
+		if s.qchanged == nil {
+			s.qchanged = make(chan struct{})
+		}
+		ch := s.qchanged
+		s.qmu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// hold keeps the module context referenced for a quarantined call.
+func (s *Slot) hold() { s.holds.Add(1) }
+
+// unhold drops a hold; the last one releases the module context.
+func (s *Slot) unhold() {
+	if s.holds.Add(-1) == 0 {
+		modules.release(s.mod)
+	}
+}
+
+// anchorLocked returns the long-lived session, opening a new one when there
+// is none (or it died); a new anchor restores the user login when the slot
+// holds a PIN. Callers hold s.mu.
+func (s *Slot) anchorLocked(ctx context.Context) (*sess, error) {
+	st := s.st.Load()
+	if a := s.anchor; a != nil && !a.dead && a.gen == st.gen {
+		return a, nil
+	}
+	if st.err != nil {
+		return nil, st.err
+	}
+	if s.anchor != nil {
+		s.anchor.retire(s.cmdTimeout)
+		s.anchor = nil
+	}
+	a := newSess(s, st.ctx, st.fl, st.gen)
+	if err := a.openOn(ctx, st.id, s.cmdTimeout); err != nil {
+		a.retire(s.cmdTimeout)
+		return nil, err
+	}
+	s.anchor = a
+	if s.loginType == loginUser && !s.pin.Empty() {
+		if err := s.reloginLocked(ctx, a); err != nil {
+			return a, err
+		}
+	}
+	return a, nil
+}
+
+// anchorCall runs fn on the anchor; a session-fatal error retires it.
+// Callers hold s.mu.
+func (s *Slot) anchorCall(ctx context.Context, op Op, fn func(*sess) error) error {
+	a, err := s.anchorLocked(ctx)
+	if err != nil {
+		return err
+	}
+	err = a.run(ctx, op, s.cmdTimeout, fn)
+	if err != nil && isSessionFatal(err) {
+		a.retire(s.cmdTimeout)
+		s.anchor = nil
+	}
+	return err
+}
+
+// Login logs userType (CKU_USER or CKU_SO) in; CKR_USER_ALREADY_LOGGED_IN
+// is success. The user PIN is kept for Reinit and automatic re-login.
+func (s *Slot) Login(ctx context.Context, userType uint, pin secret.PIN) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return &Error{Member: s.spec.Name, Op: OpLogin, Err: ErrClosed}
+	}
+	return s.loginLocked(ctx, userType, pin)
+}
+
+func (s *Slot) loginLocked(ctx context.Context, userType uint, pin secret.PIN) error {
+	err := s.anchorCall(ctx, OpLogin, func(x *sess) error {
+		return x.ctx.Login(x.h, userType, pin.Reveal())
+	})
+	if err != nil {
+		if code, ok := codeIn(err); !ok || code != pkcs11.CKR_USER_ALREADY_LOGGED_IN {
+			return err
+		}
+	}
+	switch userType {
+	case pkcs11.CKU_USER:
+		s.pin.Zero()
+		s.pin = pin.Clone()
+		s.loginType = loginUser
+		s.loggedIn.Store(true)
+	case pkcs11.CKU_SO:
+		s.loginType = loginSO
+	}
+	return nil
+}
+
+// Logout logs out whoever is logged in and forgets the kept user PIN, so the
+// slot no longer logs in by itself. Private object handles become invalid
+// (Epoch changes). Not being logged in is success.
+func (s *Slot) Logout(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return &Error{Member: s.spec.Name, Op: OpLogout, Err: ErrClosed}
+	}
+	err := s.anchorCall(ctx, OpLogout, func(x *sess) error { return x.ctx.Logout(x.h) })
+	if err != nil {
+		if code, ok := codeIn(err); !ok || code != pkcs11.CKR_USER_NOT_LOGGED_IN {
+			return err
+		}
+	}
+	s.pin.Zero()
+	s.pin = secret.PIN{}
+	s.loginType = loginNone
+	s.loggedIn.Store(false)
+	s.epoch.Add(1)
+	return nil
+}
+
+// reloginLocked logs the user in again on anchor a when the token says
+// nobody is logged in, and bumps Epoch when it did. Callers hold s.mu.
+func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
+	var state uint
+	err := a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
+		si, err := x.ctx.GetSessionInfo(x.h)
+		state = si.State
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if state == pkcs11.CKS_RO_USER_FUNCTIONS || state == pkcs11.CKS_RW_USER_FUNCTIONS {
+		return nil
+	}
+	pin := s.pin
+	err = a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
+		return x.ctx.Login(x.h, pkcs11.CKU_USER, pin.Reveal())
+	})
+	if code, ok := codeIn(err); err != nil && (!ok || code != pkcs11.CKR_USER_ALREADY_LOGGED_IN) {
+		s.loggedIn.Store(false)
+		return err
+	}
+	s.loggedIn.Store(true)
+	s.stats.relogins.Add(1)
+	s.epoch.Add(1)
+	return nil
+}
+
+// loginLost reports whether err may mean the user login has gone under us.
+func (s *Slot) loginLost(err error) bool {
+	if err == nil || !s.loggedIn.Load() {
+		return false
+	}
+	code, ok := codeIn(err)
+	return ok && (code == pkcs11.CKR_USER_NOT_LOGGED_IN || code == pkcs11.CKR_OBJECT_HANDLE_INVALID || code == pkcs11.CKR_KEY_HANDLE_INVALID)
+}
+
+// checkLogin logs in again if the login has gone (a C_Logout by someone
+// else in the process, a token reset). Errors are left for the next call to
+// find: the caller already has the error of its own call.
+func (s *Slot) checkLogin(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() || s.loginType != loginUser || s.pin.Empty() {
+		return
+	}
+	a, err := s.anchorLocked(ctx) // a new anchor logs in by itself
+	if err != nil || a == nil {
+		return
+	}
+	if err := s.reloginLocked(ctx, a); err != nil && isSessionFatal(err) {
+		a.retire(s.cmdTimeout)
+		s.anchor = nil
+	}
+}
+
+// Reinit re-initialises the module context when the slot owns it, finds the
+// token again, re-opens sessions and logs in again with the kept PIN. It
+// waits (bounded by ctx) for calls in flight to finish; calls that started
+// before and hang are not waited for. Dedicated Sessions opened before
+// return ErrSessionLost from then on. Epoch changes.
+func (s *Slot) Reinit(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return &Error{Member: s.spec.Name, Err: ErrClosed}
+	}
+	if err := s.gate.lock(ctx); err != nil {
+		return &Error{Member: s.spec.Name, Err: err}
+	}
+	defer s.gate.unlock()
+
+	owned := modules.owns(s.mod)
+	// A finalized context takes its sessions with it; on a shared context
+	// they must be closed one by one.
+	s.retireAllLocked(!owned)
+
+	old := s.st.Load()
+	next := &slotState{gen: old.gen + 1}
+	defer func() {
+		s.st.Store(next)
+		s.epoch.Add(1)
+	}()
+	if owned {
+		if err := modules.reinit(ctx, s.mod, s.cmdTimeout); err != nil {
+			next.ctx, next.fl, next.flErr = old.ctx, old.fl, old.flErr
+			next.err = newError(s.spec.Name, "", err)
+			return next.err
+		}
+	}
+	next.ctx, next.fl, next.flErr = modules.current(s.mod)
+	tok, err := findToken(ctx, &s.spec, s.query, next.ctx, s.cmdTimeout)
+	if err != nil {
+		next.err = err
+		return err
+	}
+	next.id, next.token = tok.SlotID, tok
+	s.st.Store(next)
+	if _, err := s.anchorLocked(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+// retireAllLocked retires every session: pooled, anchor and dedicated.
+// With closeThem false the sessions are only forgotten (their context is
+// about to be finalized). Callers hold s.mu and the gate.
+func (s *Slot) retireAllLocked(closeThem bool) {
+	var all []*sess
+	for {
+		select {
+		case x := <-s.idle:
+			all = append(all, x)
+			s.stats.open.Add(-1)
+			continue
+		default:
+		}
+		break
+	}
+	if s.anchor != nil {
+		all = append(all, s.anchor)
+		s.anchor = nil
+	}
+	s.dmu.Lock()
+	for ss := range s.dedicated {
+		all = append(all, ss.x)
+		delete(s.dedicated, ss)
+	}
+	s.dmu.Unlock()
+	var wg sync.WaitGroup
+	for _, x := range all {
+		if !closeThem {
+			x.open = false
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x.retire(s.cmdTimeout)
+		}()
+	}
+	wg.Wait()
+}
+
+// closeWait bounds how long Close waits for calls in flight.
+func (s *Slot) closeWait() time.Duration { return s.keyTimeout + time.Second }
+
+// Close closes every session and releases the module context (finalizing it
+// after its last user). It waits for calls in flight to finish, each being
+// bounded by its own deadline; calls that outlived their deadline are not
+// waited for, and the context is released when the last of them returns.
+// Later calls fail with ErrClosed. Close is idempotent.
+func (s *Slot) Close() error {
+	s.mu.Lock()
+	if s.closed.Load() {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed.Store(true)
+	close(s.closedCh)
+	ctx, cancel := context.WithTimeout(context.Background(), s.closeWait())
+	locked := s.gate.lock(ctx) == nil
+	cancel()
+	s.retireAllLocked(!modules.owns(s.mod))
+	s.pin.Zero()
+	s.pin = secret.PIN{}
+	s.loggedIn.Store(false)
+	if locked {
+		s.gate.unlock()
+	}
+	s.mu.Unlock()
+	s.unhold()
+	return nil
+}
+
+// OpenSession returns a dedicated session outside the pool, for multi-part
+// operations and session objects. Close it when done.
+func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, &Error{Member: s.spec.Name, Op: OpOpenSession, Err: err}
+	}
+	defer s.gate.leave()
+	if s.closed.Load() {
+		return nil, &Error{Member: s.spec.Name, Op: OpOpenSession, Err: ErrClosed}
+	}
+	st := s.st.Load()
+	if st.err != nil {
+		return nil, st.err
+	}
+	x := newSess(s, st.ctx, st.fl, st.gen)
+	if err := x.openOn(ctx, st.id, s.cmdTimeout); err != nil {
+		x.retire(s.cmdTimeout)
+		return nil, err
+	}
+	ss := &Session{s: s, x: x, gen: st.gen}
+	s.dmu.Lock()
+	s.dedicated[ss] = struct{}{}
+	s.dmu.Unlock()
+	return ss, nil
+}
+
+// do runs fn on a pooled session: it borrows one (waiting, bounded by ctx,
+// while all are lent out), runs fn under timeout, and returns the session to
+// the pool, or discards it after a session-level error.
+func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+	if q := s.quarantined.Load(); q >= int64(s.capacity) {
+		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
+	}
+	select {
+	case s.permits <- struct{}{}:
+	default:
+		select {
+		case s.permits <- struct{}{}:
+		case <-ctx.Done():
+			return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("waiting for a free session: %w", ctx.Err())}
+		case <-s.closedCh:
+			return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+		}
+	}
+	err := s.doPermitted(ctx, op, timeout, fn)
+	<-s.permits
+	if s.loginLost(err) {
+		s.checkLogin(ctx)
+	}
+	return err
+}
+
+func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+	if err := s.gate.enter(ctx); err != nil {
+		return &Error{Member: s.spec.Name, Op: op, Err: err}
+	}
+	defer s.gate.leave()
+	if s.closed.Load() {
+		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+	}
+	st := s.st.Load()
+	if st.err != nil {
+		return st.err
+	}
+	x, err := s.borrow(ctx, st)
+	if err != nil {
+		return err
+	}
+	s.stats.inUse.Add(1)
+	err = x.run(ctx, op, timeout, fn)
+	s.stats.inUse.Add(-1)
+	switch {
+	case x.dead: // quarantined
+		s.stats.open.Add(-1)
+	case isSessionFatal(err):
+		s.discard(x)
+	default:
+		s.idle <- x // never blocks: at most capacity sessions exist
+	}
+	return err
+}
+
+// borrow takes an idle session of generation st, or opens one. The caller
+// holds a permit, so when none is idle every open session is lent out and
+// there is room for one more.
+func (s *Slot) borrow(ctx context.Context, st *slotState) (*sess, error) {
+	for {
+		select {
+		case x := <-s.idle:
+			if x.gen == st.gen && !x.dead {
+				return x, nil
+			}
+			s.discard(x)
+			continue
+		default:
+		}
+		x := newSess(s, st.ctx, st.fl, st.gen)
+		if err := x.openOn(ctx, st.id, s.cmdTimeout); err != nil {
+			x.retire(s.cmdTimeout)
+			return nil, err
+		}
+		n := s.stats.open.Add(1)
+		for {
+			m := s.stats.maxOpen.Load()
+			if n <= m || s.stats.maxOpen.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		s.stats.opened.Add(1)
+		return x, nil
+	}
+}
+
+// discard closes a pooled session that must not be reused.
+func (s *Slot) discard(x *sess) {
+	s.stats.open.Add(-1)
+	s.stats.discarded.Add(1)
+	x.retire(s.cmdTimeout)
+}
+
+// direct runs a call that needs no session (token and mechanism
+// information) under the command timeout.
+func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) error {
+	if err := s.gate.enter(ctx); err != nil {
+		return &Error{Member: s.spec.Name, Op: op, Err: err}
+	}
+	defer s.gate.leave()
+	if s.closed.Load() {
+		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+	}
+	st := s.st.Load()
+	if st.err != nil {
+		return st.err
+	}
+	err := callTimeout(ctx, s.cmdTimeout, func() error {
+		return s.spec.intercepted(ctx, op, func() error { return fn(st) })
+	})
+	return newError(s.spec.Name, op, err)
+}
