@@ -48,7 +48,7 @@ type Slot struct {
 	quarantined atomic.Int64 // calls past their deadline still inside the module
 	qmu         sync.Mutex
 	qchanged    chan struct{} // closed and replaced when a quarantined call ends
-	holds       atomic.Int64 // 1 until Close, plus one per quarantined call
+	holds       atomic.Int64  // 1 until Close, plus one per quarantined call
 	stats       counters
 }
 

@@ -104,12 +104,12 @@ type Spec struct {
 	ModuleEnv      map[string]string // set while loading; a non-empty env gives the spec its own context
 	TokenLabel     string            // exactly one of TokenLabel, TokenSerial, URI
 	TokenSerial    string
-	URI            string           // RFC 7512 pkcs11: URI
-	PIN            secret.PIN       // user PIN; empty: Open does not log in
-	CommandTimeout time.Duration    // deadline of every call (default 20s)
-	KeygenTimeout  time.Duration    // deadline of key generation (default 120s)
-	MaxSessions    int              // pool cap; 0: min(token MaxRwSessionCount-1, 32), 32 when the token says "effectively infinite"
-	Interceptor    Interceptor      // fault injection for tests
+	URI            string        // RFC 7512 pkcs11: URI
+	PIN            secret.PIN    // user PIN; empty: Open does not log in
+	CommandTimeout time.Duration // deadline of every call (default 20s)
+	KeygenTimeout  time.Duration // deadline of key generation (default 120s)
+	MaxSessions    int           // pool cap; 0: min(token MaxRwSessionCount-1, 32), 32 when the token says "effectively infinite"
+	Interceptor    Interceptor   // fault injection for tests
 }
 
 // Attribute is one attribute read from an object. Status is CKR_OK,
@@ -131,4 +131,3 @@ type TokenSummary struct {
 	Flags        uint
 	Initialized  bool
 }
-
