@@ -1,0 +1,363 @@
+package sync
+
+import (
+	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+const domainLabelPrefix = "hagroup-domain:"
+
+// ErrNoDomainKey is wrapped by errors saying a member holds no domain key
+// for the group.
+var ErrNoDomainKey = errors.New("no domain key")
+
+// ErrDomainPartial is wrapped when some members of a group hold its domain
+// key and others do not: the value cannot be recovered from a token, so
+// the missing members cannot be given the same key. Remove the domain key
+// from every member (RemoveDomainKey) and install a fresh one.
+var ErrDomainPartial = errors.New("domain key on some members only")
+
+// DomainLabel is the CKA_LABEL of the domain key of the group with the
+// given serial.
+func DomainLabel(groupSerial string) string { return domainLabelPrefix + groupSerial }
+
+// DomainTarget is one member in a domain-key installation.
+type DomainTarget struct {
+	// Slot is the member, opened and logged in as the user.
+	Slot *slot.Slot
+	// SOPIN, when set, makes the install trusted: the key is created by
+	// the SO with CKA_TRUSTED, so keys with CKA_WRAP_WITH_TRUSTED can be
+	// wrapped under it. Empty: an untrusted key made by the user.
+	SOPIN secret.PIN
+	// UserPIN logs the user back in after the SO step of a trusted
+	// install; required with SOPIN (slot.Slot.Logout forgets the PIN the
+	// slot kept from Open).
+	UserPIN secret.PIN
+}
+
+// domainKeyTemplate is the domain key: AES-256, for wrapping and
+// unwrapping only. CKA_DECRYPT=false matters: a domain key that could
+// decrypt would turn any wrapped blob into plaintext.
+func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkcs11.Attribute {
+	t := []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+		pkcs11.NewAttribute(pkcs11.CKA_VALUE, value),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		boolAttr(pkcs11.CKA_TOKEN, true),
+		boolAttr(pkcs11.CKA_PRIVATE, private),
+		boolAttr(pkcs11.CKA_SENSITIVE, true),
+		boolAttr(pkcs11.CKA_EXTRACTABLE, false),
+		boolAttr(pkcs11.CKA_WRAP, true),
+		boolAttr(pkcs11.CKA_UNWRAP, true),
+		boolAttr(pkcs11.CKA_ENCRYPT, false),
+		boolAttr(pkcs11.CKA_DECRYPT, false),
+		boolAttr(pkcs11.CKA_SIGN, false),
+		boolAttr(pkcs11.CKA_VERIFY, false),
+		boolAttr(pkcs11.CKA_DERIVE, false),
+	}
+	if trusted {
+		t = append(t, boolAttr(pkcs11.CKA_TRUSTED, true))
+	}
+	return t
+}
+
+// unwrapTemplate is forced on every key unwrapped under the domain key.
+// CKA_SENSITIVE=true stops a user from unwrapping a blob as a readable
+// key. A trusted install also forces CKA_WRAP_WITH_TRUSTED, so replicas
+// stay wrappable by the trusted domain key alone. An untrusted install
+// must not: a key with CKA_WRAP_WITH_TRUSTED can be wrapped only by a
+// CKA_TRUSTED key, and there is none, so replicas could never be
+// replicated again (from a member that outlived the primary).
+func unwrapTemplate(trusted bool) []*pkcs11.Attribute {
+	t := []*pkcs11.Attribute{boolAttr(pkcs11.CKA_SENSITIVE, true)}
+	if trusted {
+		t = append(t, boolAttr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+	}
+	return t
+}
+
+// FindDomainKey returns the handle of the group's domain key on s: a
+// private AES key labelled DomainLabel(groupSerial) that may wrap and
+// unwrap. The handle is valid until the member's next logout. The error
+// wraps ErrNoDomainKey when there is none.
+func FindDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) (pkcs11.ObjectHandle, error) {
+	h, _, err := findDomainKey(ctx, s, s.Name(), groupSerial)
+	return h, err
+}
+
+func findDomainKey(ctx context.Context, s store, member, groupSerial string) (pkcs11.ObjectHandle, []byte, error) {
+	label := DomainLabel(groupSerial)
+	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		boolAttr(pkcs11.CKA_PRIVATE, true),
+		boolAttr(pkcs11.CKA_TOKEN, true),
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("member %s: find domain key %q: %w", member, label, err)
+	}
+	var found pkcs11.ObjectHandle
+	var kcv []byte
+	for _, h := range hs {
+		a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_WRAP, pkcs11.CKA_UNWRAP, pkcs11.CKA_VALUE_LEN, pkcs11.CKA_CHECK_VALUE})
+		if err != nil {
+			return 0, nil, fmt.Errorf("member %s: read domain key %q: %w", member, label, err)
+		}
+		if n, _ := a.ulong(pkcs11.CKA_VALUE_LEN); n != 32 || !a.boolean(pkcs11.CKA_WRAP) || !a.boolean(pkcs11.CKA_UNWRAP) {
+			continue
+		}
+		if found != 0 {
+			if !bytes.Equal(kcv, a[pkcs11.CKA_CHECK_VALUE]) {
+				return 0, nil, fmt.Errorf("member %s: %w: two domain keys %q with check values %s and %s",
+					member, ErrConflict, label, FormatFingerprint(kcv), FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
+			}
+			continue
+		}
+		found, kcv = h, a[pkcs11.CKA_CHECK_VALUE]
+	}
+	if found == 0 {
+		return 0, nil, fmt.Errorf("member %s: %w %q (AES-256, private, wrap+unwrap)", member, ErrNoDomainKey, label)
+	}
+	return found, kcv, nil
+}
+
+// InstallDomainKey gives every member the same new domain key for the
+// group: one random AES-256 value, made in memory, installed on each
+// member, its key check value verified equal on all of them and against
+// the value, and then zeroed. With an SO PIN on a member the key is
+// trusted (the SO creates a public CKA_TRUSTED key, the user copies it to
+// a private object and the public original is destroyed; the user is
+// logged out and in again around the SO step); without, the user creates
+// an untrusted private key. Either way the key carries a
+// CKA_UNWRAP_TEMPLATE forcing CKA_SENSITIVE, so no blob can be unwrapped
+// into a readable key.
+//
+// It does nothing if every member already holds a domain key with one
+// check value; it refuses (naming the member) if they differ (ErrConflict)
+// or if only some members hold one (ErrDomainPartial). If installing fails
+// on a member, the keys already installed on the others are removed again,
+// so that a retry starts clean; the error names the member.
+func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial string) error {
+	if len(members) == 0 {
+		return errors.New("install domain key: no members")
+	}
+	if groupSerial == "" {
+		return errors.New("install domain key: empty group serial")
+	}
+	for _, m := range members {
+		if m.Slot == nil {
+			return errors.New("install domain key: a member without a slot")
+		}
+		if !m.SOPIN.Empty() && m.UserPIN.Empty() {
+			return fmt.Errorf("install domain key: member %s: a trusted install needs the user PIN to log the user in again after the SO step", m.Slot.Name())
+		}
+	}
+	var have, lack []string
+	var firstKCV []byte
+	firstMember := ""
+	for _, m := range members {
+		_, kcv, err := findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
+		switch {
+		case errors.Is(err, ErrNoDomainKey):
+			lack = append(lack, m.Slot.Name())
+			continue
+		case err != nil:
+			return fmt.Errorf("install domain key: %w", err)
+		}
+		have = append(have, m.Slot.Name())
+		if firstMember == "" {
+			firstMember, firstKCV = m.Slot.Name(), kcv
+		} else if !bytes.Equal(kcv, firstKCV) {
+			return fmt.Errorf("install domain key: %w: member %s holds domain key %q with check value %s, member %s one with %s",
+				ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), FormatFingerprint(kcv), firstMember, FormatFingerprint(firstKCV))
+		}
+	}
+	if len(lack) == 0 {
+		return nil
+	}
+	if len(have) > 0 {
+		return fmt.Errorf("install domain key: %w: members %s hold %q (check value %s) but %s do not",
+			ErrDomainPartial, strings.Join(have, ", "), DomainLabel(groupSerial), FormatFingerprint(firstKCV), strings.Join(lack, ", "))
+	}
+
+	value := make([]byte, 32)
+	defer clear(value)
+	if _, err := rand.Read(value); err != nil {
+		return fmt.Errorf("install domain key: random value: %w", err)
+	}
+	want, err := aesKCV(value)
+	if err != nil {
+		return fmt.Errorf("install domain key: %w", err)
+	}
+	for i, m := range members {
+		err := installOne(ctx, m, groupSerial, value)
+		if err == nil {
+			var kcv []byte
+			_, kcv, err = findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
+			if err == nil && !bytes.Equal(kcv, want) {
+				err = fmt.Errorf("member %s: domain key check value %s, want %s", m.Slot.Name(), FormatFingerprint(kcv), FormatFingerprint(want))
+			}
+		}
+		if err != nil {
+			// Undo on this member too: it may hold part of the install.
+			undo := cleanupContext(ctx)
+			for _, done := range members[:i+1] {
+				if rerr := RemoveDomainKey(undo.ctx, done.Slot, groupSerial); rerr != nil {
+					err = errors.Join(err, fmt.Errorf("and removing it again failed: %w", rerr))
+				}
+			}
+			undo.cancel()
+			return fmt.Errorf("install domain key: %w", err)
+		}
+	}
+	return nil
+}
+
+// aesKCV is the check value of an AES key: the first 3 bytes of the ECB
+// encryption of a zero block.
+func aesKCV(value []byte) ([]byte, error) {
+	b, err := aes.NewCipher(value)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, aes.BlockSize)
+	b.Encrypt(out, out)
+	return out[:3], nil
+}
+
+func installOne(ctx context.Context, m DomainTarget, groupSerial string, value []byte) error {
+	s := m.Slot
+	name := s.Name()
+	label := DomainLabel(groupSerial)
+	if !s.LoggedIn() {
+		return fmt.Errorf("member %s: install domain key: the user is not logged in", name)
+	}
+	// A public original left by an interrupted trusted install.
+	if err := removePublicOriginals(ctx, s, label); err != nil {
+		return fmt.Errorf("member %s: %w", name, err)
+	}
+	if m.SOPIN.Empty() {
+		if err := createNested(ctx, s, domainKeyTemplate(label, value, true, false), unwrapTemplate(false)); err != nil {
+			return fmt.Errorf("member %s: create domain key: %w", name, err)
+		}
+		return nil
+	}
+	if err := trustedCreate(ctx, m, label, value); err != nil {
+		return fmt.Errorf("member %s: %w", name, err)
+	}
+	// Handles of public objects survive the logins; look it up anyway.
+	pubs, err := publicOriginals(ctx, s, label)
+	if err != nil {
+		return fmt.Errorf("member %s: %w", name, err)
+	}
+	if len(pubs) != 1 {
+		return fmt.Errorf("member %s: after the SO step %d public domain keys %q, want 1", name, len(pubs), label)
+	}
+	_, cerr := s.CopyObject(ctx, pubs[0], []*pkcs11.Attribute{boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_TOKEN, true)})
+	if err := removePublicOriginals(ctx, s, label); err != nil {
+		cerr = errors.Join(cerr, err)
+	}
+	if cerr != nil {
+		return fmt.Errorf("member %s: copy trusted domain key to a private object: %w", name, cerr)
+	}
+	h, _, err := findDomainKey(ctx, s, name, groupSerial)
+	if err != nil {
+		return err
+	}
+	a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_TRUSTED})
+	if err != nil {
+		return fmt.Errorf("member %s: read domain key: %w", name, err)
+	}
+	if !a.boolean(pkcs11.CKA_TRUSTED) {
+		return fmt.Errorf("member %s: the private copy of the domain key lost CKA_TRUSTED", name)
+	}
+	return nil
+}
+
+// trustedCreate logs the user out and the SO in, creates the public
+// trusted key, and logs the user in again whatever happened.
+func trustedCreate(ctx context.Context, m DomainTarget, label string, value []byte) (err error) {
+	s := m.Slot
+	if err := s.Logout(ctx); err != nil {
+		return fmt.Errorf("log the user out for the SO step: %w", err)
+	}
+	defer func() {
+		// After C_Logout SoftHSM has dropped every private handle; callers
+		// look them up again.
+		rctx := cleanupContext(ctx)
+		defer rctx.cancel()
+		_ = s.Logout(rctx.ctx) // the SO, if logged in; an error here is not ours to report
+		if lerr := s.Login(rctx.ctx, pkcs11.CKU_USER, m.UserPIN); lerr != nil {
+			err = errors.Join(err, fmt.Errorf("log the user in again after the SO step: %w", lerr))
+		}
+	}()
+	if err := s.Login(ctx, pkcs11.CKU_SO, m.SOPIN); err != nil {
+		return fmt.Errorf("SO login: %w", err)
+	}
+	if err := createNested(ctx, s, domainKeyTemplate(label, value, false, true), unwrapTemplate(true)); err != nil {
+		return fmt.Errorf("create trusted domain key as SO: %w", err)
+	}
+	return nil
+}
+
+func createNested(ctx context.Context, s *slot.Slot, tmpl, unwrap []*pkcs11.Attribute) error {
+	_, err := s.CreateObjectNested(ctx, tmpl, map[uint][]*pkcs11.Attribute{pkcs11.CKA_UNWRAP_TEMPLATE: unwrap})
+	return err
+}
+
+func publicOriginals(ctx context.Context, s *slot.Slot, label string) ([]pkcs11.ObjectHandle, error) {
+	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		boolAttr(pkcs11.CKA_PRIVATE, false),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find public domain keys %q: %w", label, err)
+	}
+	return hs, nil
+}
+
+func removePublicOriginals(ctx context.Context, s *slot.Slot, label string) error {
+	hs, err := publicOriginals(ctx, s, label)
+	if err != nil {
+		return err
+	}
+	for _, h := range hs {
+		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+			return fmt.Errorf("destroy public domain key %q: %w", label, err)
+		}
+	}
+	return nil
+}
+
+// RemoveDomainKey destroys the group's domain key (and any public original
+// left by an interrupted trusted install) on s. Not finding one is
+// success. Keys already replicated stay; only further replication needs a
+// domain key again.
+func RemoveDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) error {
+	label := DomainLabel(groupSerial)
+	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+	})
+	if err != nil {
+		return fmt.Errorf("member %s: find domain key %q: %w", s.Name(), label, err)
+	}
+	for _, h := range hs {
+		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+			return fmt.Errorf("member %s: destroy domain key %q: %w", s.Name(), label, err)
+		}
+	}
+	return nil
+}
