@@ -411,8 +411,9 @@ func (r *ApplyResult) FailedFor(member string) []ActionError {
 // ApplyParallel is how many actions Apply runs at once.
 const ApplyParallel = 4
 
-// Apply carries out p's actions: deletes first, then copies of public
-// keys, then the other copies, each phase ApplyParallel actions at a time.
+// Apply carries out p's actions in four phases: deletes of everything but
+// public keys, deletes of public keys, copies of public keys, the other
+// copies; ApplyParallel actions at a time within a phase.
 // Conflicts are left alone.
 //
 // It is idempotent: a copy whose target already holds the version, and a
@@ -424,15 +425,21 @@ const ApplyParallel = 4
 // One failed action does not stop the others. The error, when not nil,
 // joins every *ActionError (also in the result's Failed).
 func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
-	var phases [3][]Action
+	// Phases, each finished before the next: a private EC key's
+	// fingerprint on SoftHSM comes from its public half, so that half must
+	// outlive the private key's deletion and precede its copy.
+	var phases [4][]Action
 	for _, a := range p.Actions {
+		pub := a.Identity.Class == pkcs11.CKO_PUBLIC_KEY
 		switch {
-		case a.Kind == Delete:
+		case a.Kind == Delete && !pub:
 			phases[0] = append(phases[0], a)
-		case a.Identity.Class == pkcs11.CKO_PUBLIC_KEY:
+		case a.Kind == Delete:
 			phases[1] = append(phases[1], a)
-		default:
+		case pub:
 			phases[2] = append(phases[2], a)
+		default:
+			phases[3] = append(phases[3], a)
 		}
 	}
 	res := &ApplyResult{}
@@ -484,6 +491,21 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) error {
 	if src == nil {
 		return fmt.Errorf("member %s is not in the plan", a.Source)
 	}
+	// Already there (an earlier Apply of this plan, or of another)?
+	// Checked here as well as in Replicate, whose look-up cannot find
+	// data objects (see lookupTemplate).
+	have, err := holdings(ctx, dst, a.Identity)
+	if err != nil {
+		return err
+	}
+	for _, o := range have {
+		if bytes.Equal(o.Fingerprint, a.Fingerprint) {
+			return nil
+		}
+	}
+	if len(have) > 0 {
+		return &ConflictError{Identity: a.Identity, Member: a.Member, Want: a.Fingerprint, Have: have[0].Fingerprint}
+	}
 	h, err := findExact(ctx, src, a.Identity, a.Fingerprint, a.handle)
 	if err != nil {
 		return fmt.Errorf("find the source on %s: %w", a.Source, err)
@@ -516,7 +538,7 @@ func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed
 			return listed, nil
 		}
 	}
-	hs, err := s.FindObjects(ctx, id.template())
+	hs, err := s.FindObjects(ctx, lookupTemplate(id))
 	if err != nil {
 		return 0, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
 	}
@@ -533,6 +555,42 @@ func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed
 		}
 	}
 	return 0, nil
+}
+
+// holdings reads every object on s with identity id.
+func holdings(ctx context.Context, s *slot.Slot, id Identity) ([]readResult, error) {
+	hs, err := s.FindObjects(ctx, lookupTemplate(id))
+	if err != nil {
+		return nil, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
+	}
+	var out []readResult
+	for _, h := range hs {
+		o, err := readObject(ctx, s, s.Name(), h, nil)
+		if isGone(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if o.Identity.Equal(id) {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
+
+// lookupTemplate is the FindObjects template of id. Data objects have no
+// CKA_ID attribute (PKCS#11 defines it for keys and certificates only), so
+// a template naming one matches no data object on SoftHSM; it is left out
+// for them, and the identity is compared after reading.
+func lookupTemplate(id Identity) []*pkcs11.Attribute {
+	if id.Class != pkcs11.CKO_DATA || len(id.ID) > 0 {
+		return id.template()
+	}
+	return []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
+	}
 }
 
 // destroyExact destroys every object on s with identity id and exactly

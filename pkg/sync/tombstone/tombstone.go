@@ -602,6 +602,19 @@ type Set struct {
 	entries map[string]Tombstone
 }
 
+// NewSet returns a Set holding ts, for tombstones kept elsewhere (in
+// memory, by a program without a state directory). No horizon applies.
+func NewSet(ts ...Tombstone) *Set {
+	s := &Set{entries: make(map[string]Tombstone, len(ts))}
+	for _, t := range ts {
+		k := key(t.Identity, t.Fingerprint)
+		if old, ok := s.entries[k]; !ok || t.Time.After(old.Time) {
+			s.entries[k] = t
+		}
+	}
+	return s
+}
+
 // Contains reports whether the object with this identity and fingerprint
 // was destroyed through the group within the horizon.
 func (s *Set) Contains(id hasync.Identity, fingerprint []byte) bool {
