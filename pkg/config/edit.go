@@ -176,7 +176,7 @@ func (w atomicWriter) write(path string, data []byte, perm os.FileMode) (err err
 	var owner *unix.Stat_t
 	if st, err := os.Lstat(path); err == nil {
 		if !st.Mode().IsRegular() {
-			return fmt.Errorf("write %s: not a regular file (%s)", path, st.Mode().Type())
+			return fmt.Errorf("write %s: not a regular file but %s", path, fileKind(st.Mode()))
 		}
 		if sys, ok := st.Sys().(*unix.Stat_t); ok && os.Geteuid() == 0 {
 			owner = sys

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"syscall"
 
 	"github.com/hagroup/hagroup/pkg/secret"
 )
@@ -53,7 +55,9 @@ func (m Member) ReadPIN() (secret.PIN, error) {
 }
 
 func readPINFile(path string) (secret.PIN, error) {
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer; the check
+	// below refuses it.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return secret.PIN{}, unwrapPath(err)
 	}
@@ -66,7 +70,7 @@ func readPINFile(path string) (secret.PIN, error) {
 	}
 	switch mode := st.Mode(); {
 	case !mode.IsRegular():
-		return secret.PIN{}, fmt.Errorf("not a regular file (%s)", mode.Type())
+		return secret.PIN{}, fmt.Errorf("not a regular file but %s", fileKind(mode))
 	case mode.Perm()&0o006 != 0:
 		return secret.PIN{}, fmt.Errorf("mode %04o lets other users read or write it: run chmod o-rwx", mode.Perm())
 	}
@@ -100,4 +104,19 @@ func unwrapPath(err error) error {
 		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
 	}
 	return err
+}
+
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "a " + m.Type().String() + " file"
 }
