@@ -83,12 +83,12 @@ the SO step (an operator-made key).`,
 			for _, m := range g.Members {
 				pin, err := m.ReadPIN()
 				if err != nil {
-					return fmt.Errorf("member %q: %w", m.Name, err)
+					return agent.NameMember(m.Name, err)
 				}
 				s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
 				if err != nil {
 					pin.Zero()
-					return fmt.Errorf("member %q: %w", m.Name, err)
+					return agent.NameMember(m.Name, err)
 				}
 				t := hasync.DomainTarget{Slot: s, UserPIN: pin}
 				if !untrusted {

@@ -146,7 +146,7 @@ func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
 func makeRecoverTable(r agent.RecoverResult) ([]string, [][]string) {
 	rows := make([][]string, 0, len(r.Members))
 	for _, m := range r.Members {
-		res := "recovered"
+		res := "ok"
 		if !m.OK {
 			res = "failed"
 		}

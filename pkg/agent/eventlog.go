@@ -92,6 +92,11 @@ func (l *EventLog) Append(e Event) error {
 		}
 		l.ring = append(l.ring, e)
 	} else {
+		// Other writers (libhapkcs11 in applications) append to the same
+		// file: take its real size, not only what this process wrote.
+		if fi, err := l.f.Stat(); err == nil {
+			l.size = fi.Size()
+		}
 		if l.size > 0 && l.size+int64(len(line)) > l.maxBytes {
 			if err := l.rotate(); err != nil {
 				return err

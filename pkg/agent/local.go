@@ -198,7 +198,7 @@ func CheckToken(ctx context.Context, m config.Member, s config.Settings, open Op
 	list func(ctx context.Context, module string, env map[string]string) ([]slot.TokenSummary, error)) error {
 	pin, err := m.ReadPIN()
 	if err != nil {
-		return fmt.Errorf("member %q: %w", m.Name, err)
+		return NameMember(m.Name, err)
 	}
 	defer pin.Zero()
 	timeout := s.CommandTimeout
@@ -214,10 +214,16 @@ func CheckToken(ctx context.Context, m config.Member, s config.Settings, open Op
 				return TokenNotFound(m, ts)
 			}
 		}
-		if strings.Contains(err.Error(), fmt.Sprintf("%q", m.Name)) || strings.Contains(err.Error(), m.Name) {
-			return err
-		}
-		return fmt.Errorf("member %q: %w", m.Name, err)
+		return NameMember(m.Name, err)
 	}
 	return sl.Close()
+}
+
+// NameMember prefixes err with the member's name unless its message
+// already names it.
+func NameMember(name string, err error) error {
+	if strings.Contains(err.Error(), fmt.Sprintf("%q", name)) {
+		return err
+	}
+	return fmt.Errorf("member %q: %w", name, err)
 }

@@ -211,6 +211,9 @@ type Event struct {
 	Member string    `json:"member,omitempty"`
 	Event  string    `json:"event"`
 	Detail string    `json:"detail,omitempty"`
+	// Source says who wrote the event when it was not haagent (for
+	// example "libhapkcs11 pid 1234", which appends to the same file).
+	Source string `json:"source,omitempty"`
 }
 
 // HALogRequest selects events from the HA event log.

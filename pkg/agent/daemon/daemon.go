@@ -158,10 +158,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 
 	runCtx, cancelGroups := context.WithCancel(context.WithoutCancel(ctx))
+	d.reloadMu.Lock() // a reload (SIGHUP) waits until the groups are started
+	d.mu.Lock()
 	d.runCtx = runCtx
+	d.mu.Unlock()
 	for _, g := range d.cfg.Groups {
 		d.startGroup(ctx, g, d.cfg.Settings(&g))
 	}
+	d.reloadMu.Unlock()
 	d.log.Info("haagent running", "socket", d.socket, "config", d.cfg.Path, "groups", len(d.cfg.Groups), "pid", os.Getpid())
 
 	err = d.server.Run(ctx, ln)

@@ -19,6 +19,12 @@ import (
 func (d *Daemon) Reload(ctx context.Context) (agent.ReloadResult, error) {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
+	d.mu.RLock()
+	started := d.runCtx != nil
+	d.mu.RUnlock()
+	if !started {
+		return agent.ReloadResult{}, agent.Errorf(agent.CodeUnavailable, "haagent is still starting; reload again")
+	}
 	path := d.opts.ConfigPath
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -125,7 +131,12 @@ func (d *Daemon) updateGroup(ctx context.Context, gr *groupRun, g config.Group, 
 	}
 	d.stopGroup(g.Label, false)
 	d.startGroup(d.runCtx, g, set)
-	return []string{fmt.Sprintf("group %q reopened with the new configuration", g.Label)}
+	out := []string{fmt.Sprintf("group %q reopened with the new configuration", g.Label)}
+	for _, mc := range memberChanges(gr.cfg, g) {
+		d.emit(agent.Event{Group: g.Label, Member: mc.member, Event: mc.event, Detail: mc.detail})
+		out = append(out, fmt.Sprintf("group %q: %s: %s (%s)", g.Label, mc.member, mc.event, mc.detail))
+	}
+	return out
 }
 
 type memberChange struct{ member, event, detail string }
