@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"golang.org/x/sys/unix"
@@ -106,77 +107,96 @@ func (c *fakeClock) waitArmed(t *testing.T) {
 	}
 }
 
-// fakeEngine scripts the group side: member states, whether the token is
-// reachable, and what the engine was asked to do.
+// fakeEngine scripts the group side with real member state machines:
+// whether a token is reachable, and what the engine was asked to do.
 type fakeEngine struct {
 	mu        gosync.Mutex
-	state     map[string]string
+	members   []*member.Member
+	byName    map[string]*member.Member
 	down      map[string]bool
 	reopens   map[string]int
 	activates map[string]int
-	rec       *Recoverer // MemberFailed is called back like the group's event glue does
+	rec       *Recoverer // told of every failure, as the group's event glue does
 }
 
-func newFakeEngine(members ...string) *fakeEngine {
-	e := &fakeEngine{state: map[string]string{}, down: map[string]bool{}, reopens: map[string]int{}, activates: map[string]int{}}
-	for _, m := range members {
-		e.state[m] = "active"
+func newFakeEngine(t *testing.T, names ...string) *fakeEngine {
+	e := &fakeEngine{byName: map[string]*member.Member{}, down: map[string]bool{}, reopens: map[string]int{}, activates: map[string]int{}}
+	for i, n := range names {
+		// A member without a token must start failed; bring it up.
+		m, err := member.New(member.Config{Name: n, Index: i}, nil, member.Failed, nil, e.notify)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Transition(member.Recovering, nil)
+		m.Transition(member.Active, nil)
+		e.members = append(e.members, m)
+		e.byName[n] = m
 	}
 	return e
 }
 
-func (e *fakeEngine) GroupSerial() string { return "1000001" }
-
-func (e *fakeEngine) BeginRecovery(name string) error {
+func (e *fakeEngine) notify(tr member.Transition) {
+	if tr.To != member.Failed {
+		return
+	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	st, ok := e.state[name]
-	if !ok {
-		return fmt.Errorf("no member %s", name)
+	r := e.rec
+	e.mu.Unlock()
+	if r != nil {
+		r.MemberFailed(tr.Member)
 	}
-	if st != "failed" {
-		return fmt.Errorf("member %s is %s: %w", name, st, ErrNotFailed)
-	}
-	e.state[name] = "recovering"
-	return nil
 }
 
-func (e *fakeEngine) ReopenMember(_ context.Context, name string) (*slot.Slot, error) {
+func (e *fakeEngine) Serial() string { return "1000001" }
+
+func (e *fakeEngine) Members() []member.Snapshot {
+	var out []member.Snapshot
+	for _, m := range e.members {
+		out = append(out, m.Snapshot())
+	}
+	return out
+}
+
+func (e *fakeEngine) Member(name string) (*member.Member, bool) {
+	m, ok := e.byName[name]
+	return m, ok
+}
+
+func (e *fakeEngine) Reconnect(_ context.Context, name string) (*slot.Slot, error) {
+	m := e.byName[name]
+	if _, err := m.Transition(member.Recovering, nil); err != nil {
+		return nil, err
+	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.reopens[name]++
-	if e.down[name] {
-		return nil, fmt.Errorf("member %s: %w", name, slot.ErrDeviceFailure)
+	down := e.down[name]
+	e.mu.Unlock()
+	if down {
+		err := fmt.Errorf("member %s: %w", name, slot.ErrDeviceFailure)
+		m.CompareAndTransition(member.Recovering, member.Failed, err)
+		return nil, err
 	}
 	return nil, nil
 }
 
-func (e *fakeEngine) SyncPeers(name string) []hasync.PlanMember { return nil }
-
 func (e *fakeEngine) ActivateMember(_ context.Context, name string) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.state[name] != "recovering" {
-		return fmt.Errorf("member %s is %s", name, e.state[name])
+	m := e.byName[name]
+	if !m.CompareAndTransition(member.Recovering, member.Active, nil) {
+		return fmt.Errorf("member %s is %v", name, m.State())
 	}
-	e.state[name] = "active"
+	e.mu.Lock()
 	e.activates[name]++
+	e.mu.Unlock()
 	return nil
 }
 
-func (e *fakeEngine) FailMember(name string, cause error) { e.fail(name) }
-
-// fail fails a member and tells the recoverer, as the group's
-// member-failed event does.
-func (e *fakeEngine) fail(name string) {
-	e.mu.Lock()
-	e.state[name] = "failed"
-	r := e.rec
-	e.mu.Unlock()
-	if r != nil {
-		r.MemberFailed(name)
-	}
+func (e *fakeEngine) FailMember(name string, reason error) error {
+	e.byName[name].Fail(reason)
+	return nil
 }
+
+// fail fails a member as a failed operation would.
+func (e *fakeEngine) fail(name string) { e.byName[name].Fail(errors.New("test: member failed")) }
 
 func (e *fakeEngine) setDown(name string, down bool) {
 	e.mu.Lock()
@@ -187,7 +207,7 @@ func (e *fakeEngine) setDown(name string, down bool) {
 func (e *fakeEngine) get(name string) (state string, reopens, activates int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.state[name], e.reopens[name], e.activates[name]
+	return e.byName[name].State().String(), e.reopens[name], e.activates[name]
 }
 
 // events collects a recoverer's events.
@@ -254,7 +274,7 @@ type harness struct {
 
 func newHarness(t *testing.T, retries int, mod func(*Options)) *harness {
 	t.Helper()
-	h := &harness{eng: newFakeEngine("a", "b", "c"), clk: newFakeClock(), ev: newEvents()}
+	h := &harness{eng: newFakeEngine(t, "a", "b", "c"), clk: newFakeClock(), ev: newEvents()}
 	opts := Options{
 		Engine:   h.eng,
 		StateDir: t.TempDir(),
@@ -302,7 +322,7 @@ func (h *harness) tick(t *testing.T) Event {
 }
 
 func TestPolicyValidation(t *testing.T) {
-	eng := newFakeEngine("a")
+	eng := newFakeEngine(t, "a")
 	for _, c := range []struct {
 		name     string
 		interval time.Duration

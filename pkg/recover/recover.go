@@ -41,6 +41,7 @@ import (
 	gosync "sync"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
@@ -74,31 +75,28 @@ const DefaultAttemptTimeout = 10 * time.Minute
 const maxPasses = 3
 
 // Engine is the part of the HA engine a Recoverer drives, one group's
-// worth. The group satisfies it; every method must be safe for concurrent
-// use, and none may call back into the Recoverer while holding a lock the
-// Recoverer's callers hold.
+// worth. *group.Group satisfies it as it is. Every method must be safe for
+// concurrent use.
 type Engine interface {
-	// GroupSerial returns the group's serial, which names its state
-	// directory.
-	GroupSerial() string
-	// BeginRecovery moves a failed member to recovering (it takes no
-	// work). It returns an error wrapping ErrNotFailed when the member is
-	// not failed, and one naming the member when there is no such member.
-	BeginRecovery(name string) error
-	// ReopenMember re-opens a recovering member's token: re-initialises
-	// the module context if the member owns it, finds the token again,
-	// logs in with the member's PIN, and installs the slot in the member.
-	// It returns the slot.
-	ReopenMember(ctx context.Context, name string) (*slot.Slot, error)
-	// SyncPeers returns the serving members (active and standby) other
-	// than name, with their slots, in configured order.
-	SyncPeers(name string) []hasync.PlanMember
-	// ActivateMember returns a recovering member that has caught up to
-	// rotation, as active or standby as configured (demoting promoted
-	// standbys, restoring sessions in activeEnhanced mode).
+	// Serial returns the group's serial, which names its state directory.
+	Serial() string
+	// Members returns a snapshot of every member, in configured order.
+	Members() []member.Snapshot
+	// Member returns the named member.
+	Member(name string) (*member.Member, bool)
+	// Reconnect moves a failed member to recovering (out of rotation),
+	// re-opens its token (re-initialising the module context if the
+	// member owns it, finding the token again by label, serial or URI),
+	// logs it in as the group is, and drops the physical handles cached
+	// for it. It returns the member's slot. On error the member is failed
+	// again.
+	Reconnect(ctx context.Context, name string) (*slot.Slot, error)
+	// ActivateMember returns a recovering member to rotation, as active
+	// or standby as configured.
 	ActivateMember(ctx context.Context, name string) error
-	// FailMember moves a recovering member back to failed, with the cause.
-	FailMember(name string, cause error)
+	// FailMember moves the member to failed with the reason (nothing if
+	// it is failed already).
+	FailMember(name string, reason error) error
 }
 
 // TombstoneSource gives the group's tombstones. *tombstone.Journal
@@ -274,9 +272,9 @@ type outcome struct {
 	stop    bool // the episode is over (recovered, not failed, or gave up)
 }
 
-// New returns a Recoverer for opts.Engine's group. Call MemberFailed when
-// a member fails (the group's member-failed event), Recover for a manual
-// recovery, Close when done.
+// New returns a Recoverer for opts.Engine's group. Then call Resume, and
+// MemberFailed whenever a member fails (from the group's member-failed
+// event); Recover for a manual recovery; Close when done.
 func New(opts Options) (*Recoverer, error) {
 	if opts.Engine == nil {
 		return nil, errors.New("recover: no engine")
@@ -284,7 +282,7 @@ func New(opts Options) (*Recoverer, error) {
 	if err := checkPolicy(opts.Interval, opts.Retries); err != nil {
 		return nil, err
 	}
-	serial := opts.Engine.GroupSerial()
+	serial := opts.Engine.Serial()
 	if opts.StateDir != "" {
 		if err := checkName("group serial", serial); err != nil {
 			return nil, err
@@ -439,6 +437,17 @@ func (r *Recoverer) autoAttempt(m *memberRec, gen uint64) bool {
 	return r.finish(m, fl, gen, false, out)
 }
 
+// Resume starts automatic recovery of every member failed now. Call it
+// once after New: members that failed while the group opened reported it
+// before the Recoverer existed.
+func (r *Recoverer) Resume() {
+	for _, snap := range r.eng.Members() {
+		if snap.State == member.Failed {
+			r.MemberFailed(snap.Name)
+		}
+	}
+}
+
 // Recover makes an attempt to recover member name now, whether automatic
 // attempts are scheduled, ran out, or are off. If an attempt on the member
 // is already running in this process, Recover waits for it and returns its
@@ -497,8 +506,16 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual bo
 	}
 	defer unlock()
 
-	if err := r.eng.BeginRecovery(m.name); err != nil {
-		out.err = fmt.Errorf("recover member %s: %w", m.name, err)
+	// Only a failed member is recovered. Checked under the host lock, so
+	// a member another attempt has just brought back costs nothing.
+	mem, ok := r.eng.Member(m.name)
+	if !ok {
+		out.err = fmt.Errorf("recover member %s: no such member", m.name)
+		out.stop = true
+		return out
+	}
+	if st := mem.State(); st != member.Failed {
+		out.err = fmt.Errorf("recover member %s: it is %v: %w", m.name, st, ErrNotFailed)
 		out.stop = true
 		return out
 	}
@@ -538,11 +555,11 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual bo
 
 // attempt re-opens, catches up and activates member name.
 func (r *Recoverer) attempt(ctx context.Context, name string) (CatchUp, error) {
-	s, err := r.eng.ReopenMember(ctx, name)
+	s, err := r.eng.Reconnect(ctx, name)
 	if err != nil {
 		return CatchUp{}, fmt.Errorf("re-open token: %w", err)
 	}
-	cu, err := r.catchUp(ctx, hasync.PlanMember{Name: name, Slot: s}, r.eng.SyncPeers(name))
+	cu, err := r.catchUp(ctx, hasync.PlanMember{Name: name, Slot: s}, r.peers(name))
 	if err != nil {
 		return cu, err
 	}
@@ -550,6 +567,25 @@ func (r *Recoverer) attempt(ctx context.Context, name string) (CatchUp, error) {
 		return cu, fmt.Errorf("return to rotation: %w", err)
 	}
 	return cu, nil
+}
+
+// peers returns the serving members other than name, with their slots, in
+// configured order: the members a recovering one catches up with.
+func (r *Recoverer) peers(name string) []hasync.PlanMember {
+	var out []hasync.PlanMember
+	for _, snap := range r.eng.Members() {
+		if snap.Name == name || !snap.State.Serving() {
+			continue
+		}
+		m, ok := r.eng.Member(snap.Name)
+		if !ok {
+			continue
+		}
+		if s := m.Slot(); s != nil && m.State().Serving() {
+			out = append(out, hasync.PlanMember{Name: snap.Name, Slot: s})
+		}
+	}
+	return out
 }
 
 // finish records the outcome of an attempt, wakes those who joined it and
@@ -673,7 +709,7 @@ func (r *Recoverer) lockMember(ctx context.Context, name string, wait bool) (fun
 	if err := checkName("member name", name); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(r.opts.StateDir, r.eng.GroupSerial())
+	dir := filepath.Join(r.opts.StateDir, r.eng.Serial())
 	if err := os.MkdirAll(dir, r.opts.LockPerm|(r.opts.LockPerm&0o444)>>2); err != nil {
 		return nil, fmt.Errorf("recover member %s: %w", name, err)
 	}
