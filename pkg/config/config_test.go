@@ -260,6 +260,13 @@ func TestUnknownKeys(t *testing.T) {
 			want: []string{`t.toml:{e}: group "g": extra: unknown key`},
 		},
 		{
+			name: "inline array of tables",
+			doc: "# top\n" +
+				"group = [{label = \"a\", member = [{name = \"m\", module = \"/m\", token_label = \"t\", bogus = 1}]}] #g\n" +
+				"[ha]\nretries = 1\n",
+			want: []string{`t.toml:{g}: group "a": member "m": bogus: unknown key`},
+		},
+		{
 			name: "module_env keys are free",
 			doc:  "[[group]]\nlabel = \"g\"\n" + okMember + "  module_env = { ANY_thing = \"1\", other = \"2\" }\n",
 		},
@@ -299,6 +306,17 @@ func TestSyntaxAndTypeErrors(t *testing.T) {
 			name: "string for an integer",
 			doc:  "[ha]\n\nretries = \"3\" #x\n",
 			want: `t.toml:{x}: ha.retries: incompatible types: TOML value has type string; destination has type integer`,
+		},
+		{
+			name: "wrong type in a member of the second group",
+			doc: "[[group]]\nlabel = \"g\"\n" + okMember + "[[group]]\nlabel = \"h\"\n" + okMember +
+				"  [[group.member]]\n  name = \"b\"\n  standby = \"yes\" #x\n",
+			want: `t.toml:{x}: group "h": member "b": standby: incompatible types: TOML value has type string; destination has type boolean`,
+		},
+		{
+			name: "wrong type in a group",
+			doc:  "[[group]]\nlabel = \"g\"\n" + okMember + "[[group]]\nlabel = \"h\"\nfailure_threshold = 1.5 #x\n" + okMember,
+			want: `t.toml:{x}: group "h": failure_threshold: incompatible types: TOML value has type float64; destination has type integer`,
 		},
 		{
 			name: "duration without a unit",

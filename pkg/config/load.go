@@ -59,11 +59,12 @@ func decode(data []byte, name string) (c *Config, strict, err error) {
 	if _, err := toml.Decode(string(data), &raw); err != nil {
 		return nil, nil, decodeError(name, err, true)
 	}
+	src := scanSource(data)
 	c = &Config{Path: name}
 	if _, err := toml.Decode(string(data), c); err != nil {
-		return nil, nil, decodeError(name, err, false)
+		return nil, nil, typeError(decodeError(name, err, false), src, raw)
 	}
-	c.src = scanSource(data)
+	c.src = src
 	c.normalise()
 	p := &problems{c: c}
 	checkKeys(p, raw)
@@ -118,6 +119,55 @@ func decodeError(name string, err error, syntax bool) error {
 	}
 	e.Msg = strings.TrimPrefix(err.Error(), "toml: ")
 	return e
+}
+
+// typeError places a value that does not fit the schema in its group and
+// member, found from its line, so that it reads like the other problems.
+func typeError(err error, src *source, raw map[string]any) error {
+	e, ok := err.(*FieldError)
+	if !ok || e.Line == 0 {
+		return err
+	}
+	table, key, _ := strings.Cut(e.Key, ".")
+	if table != "group" {
+		return e
+	}
+	// The group and member tables that start last at or before the line.
+	gi, mi, best := -1, -1, 0
+	for p, n := range src.lines {
+		if n > e.Line || n < best {
+			continue
+		}
+		var g, m int
+		if _, err := fmt.Sscanf(p, "group[%d].member[%d]", &g, &m); err == nil && p == memberPath(g, m) {
+			gi, mi, best = g, m, n
+		} else if _, err := fmt.Sscanf(p, "group[%d]", &g); err == nil && p == groupPath(g) && n > best {
+			gi, mi, best = g, -1, n
+		}
+	}
+	if gi < 0 {
+		return e
+	}
+	gs := tables(raw["group"])
+	if gi >= len(gs) {
+		return e
+	}
+	e.GroupIndex, e.Group = gi, str(gs[gi]["label"])
+	if rest, ok := strings.CutPrefix(key, "member."); ok && mi >= 0 {
+		ms := tables(gs[gi]["member"])
+		if mi >= len(ms) {
+			return e
+		}
+		e.MemberIndex, e.Member, e.Key = mi, str(ms[mi]["name"]), rest
+	} else if !strings.HasPrefix(key, "member.") {
+		e.Key = key
+	}
+	return e
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
 }
 
 // Key names of each table, as written in the file.

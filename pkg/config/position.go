@@ -16,21 +16,29 @@ type source struct {
 
 // line returns the line of path, or 0 when it is unknown. A table made
 // only by dotted keys (a.b = 1 makes a) has no line of its own; it gets the
-// first line of a key inside it.
+// first line of a key inside it. A key that is not in the file, or that
+// the scanner could not place (inside an inline table), gets the line of
+// the nearest enclosing table it knows.
 func (s *source) line(path string) int {
 	if s == nil {
 		return 0
 	}
-	if n, ok := s.lines[path]; ok {
-		return n
-	}
-	first := 0
-	for p, n := range s.lines {
-		if strings.HasPrefix(p, path+".") && (first == 0 || n < first) {
-			first = n
+	for path != "" {
+		if n, ok := s.lines[path]; ok {
+			return n
 		}
+		first := 0
+		for p, n := range s.lines {
+			if strings.HasPrefix(p, path+".") && (first == 0 || n < first) {
+				first = n
+			}
+		}
+		if first > 0 {
+			return first
+		}
+		path = path[:max(0, strings.LastIndexAny(path, ".["))]
 	}
-	return first
+	return 0
 }
 
 // groupPath and friends build the indexed paths used as keys of source.
