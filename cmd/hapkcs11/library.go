@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -378,7 +377,7 @@ func (l *library) checkKey(s *appSession, key uint, kind opKind) error {
 		attrs, err := s.be.GetAttributes(l.ctx, key, []uint{pkcs11.CKA_CLASS,
 			pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY})
 		if err != nil {
-			if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
+			if codeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
 				return ckErr(pkcs11.CKR_KEY_HANDLE_INVALID)
 			}
 			return err

@@ -1,0 +1,166 @@
+package module
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestExports: the library exports the PKCS#11 entry points and nothing
+// else (no Go runtime, cgo or miekg/pkcs11 symbols).
+func TestExports(t *testing.T) {
+	lib := library(t)
+	out, err := exec.Command("nm", "-D", "--defined-only", lib).Output()
+	if err != nil {
+		t.Fatalf("nm: %v", err)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		got = append(got, f[len(f)-1])
+	}
+	hdr, err := os.ReadFile(filepath.Join(repoDir, "cmd", "hapkcs11", "pkcs11f.h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, m := range regexp.MustCompile(`CK_PKCS11_FUNCTION_INFO\((C_\w+)\)`).FindAllStringSubmatch(string(hdr), -1) {
+		want = append(want, m[1])
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if len(want) != 68 {
+		t.Fatalf("pkcs11f.h declares %d functions, want the 68 of v2.40", len(want))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("exported symbols differ from the PKCS#11 v2.40 functions:\n got  %v\n want %v", got, want)
+	}
+}
+
+// TestABI runs the C conformance checks (initialisation arguments and
+// locking, buffer conventions, C_GetAttributeValue with sensitive, missing
+// and short attributes, operation state, searches, fork, finalize) on the
+// virtual slot and on a member's own slot.
+func TestABI(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.keypair("ec1", "01")
+	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--keypairgen",
+		"--key-type", "rsa:2048", "--label", "rsa1", "--id", "02")
+	prog := cprog(t, "abicheck")
+	for _, slot := range []string{virtualSlot, r.memberSlot("hsm-1")} {
+		out, err := r.run(2*time.Minute, nil, prog, r.lib, slot, r.pinFile, "ec1", "rsa1")
+		if err != nil {
+			t.Errorf("abicheck on slot %s: %v", slot, err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if !strings.HasPrefix(line, "ok ") && line != "" {
+				t.Logf("slot %s: %s", slot, line)
+			}
+		}
+	}
+}
+
+// TestPkcs11Tool: the virtual slot and the members are listed; a key made
+// on the virtual slot is on every member with the same ID and public key;
+// signatures made through the group verify; deleting the key removes it
+// from every member.
+func TestPkcs11Tool(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	slots := parseSlots(r.tool("-L"))
+	if len(slots) != 4 {
+		t.Fatalf("pkcs11-tool -L lists %d slots, want the virtual slot and 3 members: %+v", len(slots), slots)
+	}
+	v := slots[0]
+	if v.ID != virtualSlot || v.Label != groupLabel || v.Serial != groupSerial || v.Manufacturer != "hagroup" || v.Model != "hagroup" {
+		t.Errorf("virtual slot = %+v, want ID %s, label %s, serial %s, manufacturer and model hagroup", v, virtualSlot, groupLabel, groupSerial)
+	}
+	for i, m := range r.members {
+		s := slots[i+1]
+		if s.Desc != "hagroup member "+m.Name+" of "+groupLabel || s.Label != m.Label {
+			t.Errorf("slot %d = %+v, want member %s (token %s)", i+1, s, m.Name, m.Label)
+		}
+	}
+	// Slot IDs are stable: a second process sees the same.
+	if again := parseSlots(r.tool("-L")); again[1].ID != slots[1].ID || again[0].ID != slots[0].ID {
+		t.Errorf("slot IDs changed between processes: %+v then %+v", slots, again)
+	}
+
+	r.keypair("sig1", "a1")
+	vpub := r.readPub([]string{"--module", r.lib, "--slot", virtualSlot}, "a1")
+	for _, m := range r.members {
+		objs := r.direct(m, "--login", "--pin", "env:HA_PIN", "-O")
+		if !containsAll(objs, "Private Key Object; EC", "Public Key Object; EC", "label:      sig1", "ID:         a1") {
+			t.Errorf("member %s does not hold the key pair made on the virtual slot:\n%s", m.Name, objs)
+		}
+		if mpub := r.readPub(memberArgs(m), "a1"); !bytes.Equal(mpub, vpub) {
+			t.Errorf("member %s: public key differs from the virtual slot's", m.Name)
+		}
+	}
+
+	data := r.write("data", "the quick brown fox")
+	sig := filepath.Join(r.dir, "sig")
+	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--sign", "--mechanism", "ECDSA",
+		"--id", "a1", "--input-file", data, "--output-file", sig)
+	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--verify", "--mechanism", "ECDSA",
+		"--id", "a1", "--input-file", data, "--signature-file", sig)
+	// pkcs11-tool signed the raw data with CKM_ECDSA; check it
+	// independently with the public key.
+	raw, _ := os.ReadFile(sig)
+	verifyRaw(t, vpub, []byte("the quick brown fox"), raw, false)
+
+	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--delete-object", "--type", "privkey", "--id", "a1")
+	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--delete-object", "--type", "pubkey", "--id", "a1")
+	for _, m := range r.members {
+		if objs := r.direct(m, "--login", "--pin", "env:HA_PIN", "-O"); strings.Contains(objs, "ID:         a1") {
+			t.Errorf("member %s still holds the deleted key:\n%s", m.Name, objs)
+		}
+	}
+	if objs := r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "-O"); strings.Contains(objs, "ID:         a1") {
+		t.Errorf("the virtual slot still lists the deleted key:\n%s", objs)
+	}
+}
+
+// TestOnly: with only = true the virtual slot is the only slot.
+func TestOnly(t *testing.T) {
+	r := newRig(t, rigOpts{only: true})
+	slots := parseSlots(r.tool("-L"))
+	if len(slots) != 1 || slots[0].ID != virtualSlot || slots[0].Label != groupLabel {
+		t.Fatalf("with only = true pkcs11-tool -L lists %+v, want the virtual slot alone", slots)
+	}
+}
+
+// verifyRaw checks an ECDSA signature (r||s, 64 bytes) over data, hashed
+// with SHA-256 first when hashed is set, with a DER SubjectPublicKeyInfo.
+func verifyRaw(t *testing.T, der, data, sig []byte, hashed bool) {
+	t.Helper()
+	k, err := x509.ParsePKIXPublicKey(der)
+	if err != nil {
+		t.Fatalf("public key: %v", err)
+	}
+	pub, ok := k.(*ecdsa.PublicKey)
+	if !ok {
+		t.Fatalf("public key is %T, want ECDSA", k)
+	}
+	if len(sig) != 64 {
+		t.Fatalf("signature is %d bytes, want 64 (r||s)", len(sig))
+	}
+	digest := data
+	if hashed {
+		h := sha256.Sum256(data)
+		digest = h[:]
+	}
+	rr, ss := new(big.Int).SetBytes(sig[:32]), new(big.Int).SetBytes(sig[32:])
+	if !ecdsa.Verify(pub, digest, rr, ss) {
+		t.Errorf("signature does not verify with the public key")
+	}
+}
