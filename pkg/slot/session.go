@@ -195,9 +195,17 @@ func (ss *Session) SignUpdate(ctx context.Context, data []byte) error {
 }
 
 // SignFinal finishes the signature and returns it.
-func (ss *Session) SignFinal(ctx context.Context) (out []byte, err error) {
-	err = ss.call(ctx, OpSignFinal, false, func(x *sess) (err error) { out, err = x.ctx.SignFinal(x.h); return err })
-	return out, err
+func (ss *Session) SignFinal(ctx context.Context) ([]byte, error) {
+	var out []byte
+	err := ss.call(ctx, OpSignFinal, false, func(x *sess) error {
+		v, err := x.ctx.SignFinal(x.h)
+		out = v
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // VerifyInit starts a multi-part verification.
@@ -227,15 +235,31 @@ func (ss *Session) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkc
 }
 
 // EncryptUpdate encrypts a part and returns what output it yields.
-func (ss *Session) EncryptUpdate(ctx context.Context, data []byte) (out []byte, err error) {
-	err = ss.call(ctx, OpEncryptUpdate, false, func(x *sess) (err error) { out, err = x.ctx.EncryptUpdate(x.h, data); return err })
-	return out, err
+func (ss *Session) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
+	var out []byte
+	err := ss.call(ctx, OpEncryptUpdate, false, func(x *sess) error {
+		v, err := x.ctx.EncryptUpdate(x.h, data)
+		out = v
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // EncryptFinal finishes the encryption and returns the last output.
-func (ss *Session) EncryptFinal(ctx context.Context) (out []byte, err error) {
-	err = ss.call(ctx, OpEncryptFinal, false, func(x *sess) (err error) { out, err = x.ctx.EncryptFinal(x.h); return err })
-	return out, err
+func (ss *Session) EncryptFinal(ctx context.Context) ([]byte, error) {
+	var out []byte
+	err := ss.call(ctx, OpEncryptFinal, false, func(x *sess) error {
+		v, err := x.ctx.EncryptFinal(x.h)
+		out = v
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // DecryptInit starts a multi-part decryption.
@@ -247,15 +271,31 @@ func (ss *Session) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkc
 }
 
 // DecryptUpdate decrypts a part and returns what output it yields.
-func (ss *Session) DecryptUpdate(ctx context.Context, data []byte) (out []byte, err error) {
-	err = ss.call(ctx, OpDecryptUpdate, false, func(x *sess) (err error) { out, err = x.ctx.DecryptUpdate(x.h, data); return err })
-	return out, err
+func (ss *Session) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
+	var out []byte
+	err := ss.call(ctx, OpDecryptUpdate, false, func(x *sess) error {
+		v, err := x.ctx.DecryptUpdate(x.h, data)
+		out = v
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // DecryptFinal finishes the decryption and returns the last output.
-func (ss *Session) DecryptFinal(ctx context.Context) (out []byte, err error) {
-	err = ss.call(ctx, OpDecryptFinal, false, func(x *sess) (err error) { out, err = x.ctx.DecryptFinal(x.h); return err })
-	return out, err
+func (ss *Session) DecryptFinal(ctx context.Context) ([]byte, error) {
+	var out []byte
+	err := ss.call(ctx, OpDecryptFinal, false, func(x *sess) error {
+		v, err := x.ctx.DecryptFinal(x.h)
+		out = v
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // DigestInit starts a multi-part digest.
@@ -272,7 +312,15 @@ func (ss *Session) DigestUpdate(ctx context.Context, data []byte) error {
 }
 
 // DigestFinal finishes the digest and returns it.
-func (ss *Session) DigestFinal(ctx context.Context) (out []byte, err error) {
-	err = ss.call(ctx, OpDigestFinal, false, func(x *sess) (err error) { out, err = x.ctx.DigestFinal(x.h); return err })
-	return out, err
+func (ss *Session) DigestFinal(ctx context.Context) ([]byte, error) {
+	var out []byte
+	err := ss.call(ctx, OpDigestFinal, false, func(x *sess) error {
+		v, err := x.ctx.DigestFinal(x.h)
+		out = v
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

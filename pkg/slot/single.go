@@ -6,6 +6,11 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
+// The closures below hand results back through variables of the calling
+// function. A variable is read only after the call returned its result,
+// never after an abandoned call: the worker of an abandoned call may still
+// write it when the module finally answers.
+
 // runner is what Slot (a pooled session) and Session (a dedicated one) give
 // the single-part operations, which are written once below.
 type runner interface {
@@ -23,20 +28,30 @@ func (s *Slot) call(ctx context.Context, op Op, keygen bool, fn func(*sess) erro
 
 func (s *Slot) member() string { return s.spec.Name }
 
-func findObjects(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) (hs []pkcs11.ObjectHandle, err error) {
-	err = r.call(ctx, OpFindObjects, false, func(x *sess) (err error) {
-		hs, err = x.findObjects(tmpl)
+func findObjects(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
+	var hs []pkcs11.ObjectHandle
+	err := r.call(ctx, OpFindObjects, false, func(x *sess) error {
+		v, err := x.findObjects(tmpl)
+		hs = v
 		return err
 	})
-	return hs, err
+	if err != nil {
+		return nil, err
+	}
+	return hs, nil
 }
 
-func getAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, types []uint) (out []Attribute, err error) {
-	err = r.call(ctx, OpGetAttributes, false, func(x *sess) (err error) {
-		out, err = x.getAttributes(h, types)
+func getAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
+	var out []Attribute
+	err := r.call(ctx, OpGetAttributes, false, func(x *sess) error {
+		v, err := x.getAttributes(h, types)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func setAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
@@ -45,39 +60,59 @@ func setAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, attrs [
 	})
 }
 
-func createObject(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
-	err = r.call(ctx, OpCreateObject, false, func(x *sess) (err error) {
-		h, err = x.ctx.CreateObject(x.h, tmpl)
+func createObject(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	var h pkcs11.ObjectHandle
+	err := r.call(ctx, OpCreateObject, false, func(x *sess) error {
+		v, err := x.ctx.CreateObject(x.h, tmpl)
+		h = v
 		return err
 	})
-	return h, err
+	if err != nil {
+		return 0, err
+	}
+	return h, nil
 }
 
-func createObjectNested(ctx context.Context, r runner, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+func createObjectNested(ctx context.Context, r runner, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
 	if err := checkNested(tmpl, nested); err != nil {
 		return 0, invalid(r.member(), OpCreateObject, "%v", err)
 	}
-	err = r.call(ctx, OpCreateObject, false, func(x *sess) (err error) {
-		h, err = x.createObjectNested(tmpl, nested)
+	var h pkcs11.ObjectHandle
+	err := r.call(ctx, OpCreateObject, false, func(x *sess) error {
+		v, err := x.createObjectNested(tmpl, nested)
+		h = v
 		return err
 	})
-	return h, err
+	if err != nil {
+		return 0, err
+	}
+	return h, nil
 }
 
-func getNestedAttribute(ctx context.Context, r runner, h pkcs11.ObjectHandle, typ uint) (out []*pkcs11.Attribute, err error) {
-	err = r.call(ctx, OpGetAttributes, false, func(x *sess) (err error) {
-		out, err = x.getNestedAttribute(h, typ)
+func getNestedAttribute(ctx context.Context, r runner, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	var out []*pkcs11.Attribute
+	err := r.call(ctx, OpGetAttributes, false, func(x *sess) error {
+		v, err := x.getNestedAttribute(h, typ)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-func copyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (n pkcs11.ObjectHandle, err error) {
-	err = r.call(ctx, OpCopyObject, false, func(x *sess) (err error) {
-		n, err = x.ctx.CopyObject(x.h, h, tmpl)
+func copyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	var n pkcs11.ObjectHandle
+	err := r.call(ctx, OpCopyObject, false, func(x *sess) error {
+		v, err := x.ctx.CopyObject(x.h, h, tmpl)
+		n = v
 		return err
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 func destroyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle) error {
@@ -86,70 +121,100 @@ func destroyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle) error {
 	})
 }
 
-func generateKey(ctx context.Context, r runner, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+func generateKey(ctx context.Context, r runner, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
 	if err := checkMech(r.member(), OpGenerateKey, m); err != nil {
 		return 0, err
 	}
-	err = r.call(ctx, OpGenerateKey, true, func(x *sess) (err error) {
-		h, err = x.ctx.GenerateKey(x.h, mechs(m), tmpl)
+	var h pkcs11.ObjectHandle
+	err := r.call(ctx, OpGenerateKey, true, func(x *sess) error {
+		v, err := x.ctx.GenerateKey(x.h, mechs(m), tmpl)
+		h = v
 		return err
 	})
-	return h, err
+	if err != nil {
+		return 0, err
+	}
+	return h, nil
 }
 
-func generateKeyPair(ctx context.Context, r runner, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (hpub, hpriv pkcs11.ObjectHandle, err error) {
+func generateKeyPair(ctx context.Context, r runner, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
 	if err := checkMech(r.member(), OpGenerateKeyPair, m); err != nil {
 		return 0, 0, err
 	}
-	err = r.call(ctx, OpGenerateKeyPair, true, func(x *sess) (err error) {
-		hpub, hpriv, err = x.ctx.GenerateKeyPair(x.h, mechs(m), pub, priv)
+	var hpub, hpriv pkcs11.ObjectHandle
+	err := r.call(ctx, OpGenerateKeyPair, true, func(x *sess) error {
+		a, b, err := x.ctx.GenerateKeyPair(x.h, mechs(m), pub, priv)
+		hpub, hpriv = a, b
 		return err
 	})
-	return hpub, hpriv, err
+	if err != nil {
+		return 0, 0, err
+	}
+	return hpub, hpriv, nil
 }
 
-func wrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) (out []byte, err error) {
+func wrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
 	if err := checkMech(r.member(), OpWrapKey, m); err != nil {
 		return nil, err
 	}
-	err = r.call(ctx, OpWrapKey, false, func(x *sess) (err error) {
-		out, err = x.ctx.WrapKey(x.h, mechs(m), wrapping, key)
+	var out []byte
+	err := r.call(ctx, OpWrapKey, false, func(x *sess) error {
+		v, err := x.ctx.WrapKey(x.h, mechs(m), wrapping, key)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-func unwrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+func unwrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
 	if err := checkMech(r.member(), OpUnwrapKey, m); err != nil {
 		return 0, err
 	}
-	err = r.call(ctx, OpUnwrapKey, false, func(x *sess) (err error) {
-		h, err = x.ctx.UnwrapKey(x.h, mechs(m), unwrapping, blob, tmpl)
+	var h pkcs11.ObjectHandle
+	err := r.call(ctx, OpUnwrapKey, false, func(x *sess) error {
+		v, err := x.ctx.UnwrapKey(x.h, mechs(m), unwrapping, blob, tmpl)
+		h = v
 		return err
 	})
-	return h, err
+	if err != nil {
+		return 0, err
+	}
+	return h, nil
 }
 
-func deriveKey(ctx context.Context, r runner, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (h pkcs11.ObjectHandle, err error) {
+func deriveKey(ctx context.Context, r runner, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
 	if err := checkMech(r.member(), OpDeriveKey, m); err != nil {
 		return 0, err
 	}
-	err = r.call(ctx, OpDeriveKey, false, func(x *sess) (err error) {
-		h, err = x.ctx.DeriveKey(x.h, mechs(m), base, tmpl)
+	var h pkcs11.ObjectHandle
+	err := r.call(ctx, OpDeriveKey, false, func(x *sess) error {
+		v, err := x.ctx.DeriveKey(x.h, mechs(m), base, tmpl)
+		h = v
 		return err
 	})
-	return h, err
+	if err != nil {
+		return 0, err
+	}
+	return h, nil
 }
 
-func sign(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) (out []byte, err error) {
+func sign(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
 	if err := checkMech(r.member(), OpSign, m); err != nil {
 		return nil, err
 	}
-	err = r.call(ctx, OpSign, false, func(x *sess) (err error) {
-		out, err = x.sign(m, key, data)
+	var out []byte
+	err := r.call(ctx, OpSign, false, func(x *sess) error {
+		v, err := x.sign(m, key, data)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func verify(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
@@ -161,48 +226,68 @@ func verify(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.Objec
 	})
 }
 
-func encrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) (out []byte, err error) {
+func encrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
 	if err := checkMech(r.member(), OpEncrypt, m); err != nil {
 		return nil, err
 	}
-	err = r.call(ctx, OpEncrypt, false, func(x *sess) (err error) {
-		out, err = x.encrypt(m, key, data)
+	var out []byte
+	err := r.call(ctx, OpEncrypt, false, func(x *sess) error {
+		v, err := x.encrypt(m, key, data)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-func decrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) (out []byte, err error) {
+func decrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
 	if err := checkMech(r.member(), OpDecrypt, m); err != nil {
 		return nil, err
 	}
-	err = r.call(ctx, OpDecrypt, false, func(x *sess) (err error) {
-		out, err = x.decrypt(m, key, data)
+	var out []byte
+	err := r.call(ctx, OpDecrypt, false, func(x *sess) error {
+		v, err := x.decrypt(m, key, data)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-func digest(ctx context.Context, r runner, m *pkcs11.Mechanism, data []byte) (out []byte, err error) {
+func digest(ctx context.Context, r runner, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
 	if err := checkMech(r.member(), OpDigest, m); err != nil {
 		return nil, err
 	}
-	err = r.call(ctx, OpDigest, false, func(x *sess) (err error) {
-		out, err = x.digest(m, data)
+	var out []byte
+	err := r.call(ctx, OpDigest, false, func(x *sess) error {
+		v, err := x.digest(m, data)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-func generateRandom(ctx context.Context, r runner, n int) (out []byte, err error) {
+func generateRandom(ctx context.Context, r runner, n int) ([]byte, error) {
 	if n < 0 {
 		return nil, invalid(r.member(), OpGenerateRandom, "length %d is negative", n)
 	}
-	err = r.call(ctx, OpGenerateRandom, false, func(x *sess) (err error) {
-		out, err = x.ctx.GenerateRandom(x.h, n)
+	var out []byte
+	err := r.call(ctx, OpGenerateRandom, false, func(x *sess) error {
+		v, err := x.ctx.GenerateRandom(x.h, n)
+		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // FindObjects returns the handles of every object matching tmpl.
@@ -309,35 +394,50 @@ func (s *Slot) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
 }
 
 // TokenInfo returns the token's information.
-func (s *Slot) TokenInfo(ctx context.Context) (ti pkcs11.TokenInfo, err error) {
-	err = s.direct(ctx, OpTokenInfo, func(st *slotState) (err error) {
-		ti, err = st.ctx.GetTokenInfo(st.id)
+func (s *Slot) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
+	var ti pkcs11.TokenInfo
+	err := s.direct(ctx, OpTokenInfo, func(st *slotState) error {
+		v, err := st.ctx.GetTokenInfo(st.id)
+		ti = v
 		return err
 	})
-	return ti, err
+	if err != nil {
+		return pkcs11.TokenInfo{}, err
+	}
+	return ti, nil
 }
 
 // Mechanisms returns the mechanism types the token supports.
-func (s *Slot) Mechanisms(ctx context.Context) (out []uint, err error) {
-	err = s.direct(ctx, OpMechanisms, func(st *slotState) error {
+func (s *Slot) Mechanisms(ctx context.Context) ([]uint, error) {
+	var out []uint
+	err := s.direct(ctx, OpMechanisms, func(st *slotState) error {
 		ms, err := st.ctx.GetMechanismList(st.id)
 		if err != nil {
 			return err
 		}
-		out = make([]uint, len(ms))
+		v := make([]uint, len(ms))
 		for i, m := range ms {
-			out[i] = m.Mechanism
+			v[i] = m.Mechanism
 		}
+		out = v
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // MechanismInfo returns what the token says of mechanism mech.
-func (s *Slot) MechanismInfo(ctx context.Context, mech uint) (mi pkcs11.MechanismInfo, err error) {
-	err = s.direct(ctx, OpMechanismInfo, func(st *slotState) (err error) {
-		mi, err = st.ctx.GetMechanismInfo(st.id, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)})
+func (s *Slot) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
+	var mi pkcs11.MechanismInfo
+	err := s.direct(ctx, OpMechanismInfo, func(st *slotState) error {
+		v, err := st.ctx.GetMechanismInfo(st.id, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)})
+		mi = v
 		return err
 	})
-	return mi, err
+	if err != nil {
+		return pkcs11.MechanismInfo{}, err
+	}
+	return mi, nil
 }

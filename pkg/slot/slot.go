@@ -143,7 +143,12 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	if s.capacity == 0 {
 		s.capacity = maxPool
 		var ti pkcs11.TokenInfo
-		err := callTimeout(ctx, s.cmdTimeout, func() (err error) { ti, err = c.GetTokenInfo(tok.SlotID); return })
+		err := callTimeout(ctx, s.cmdTimeout, func() error {
+			v, err := c.GetTokenInfo(tok.SlotID)
+			ti = v
+			return err
+		})
+		// ti is read only when the call returned (see single.go).
 		if err == nil && ti.MaxRwSessionCount != pkcs11.CK_EFFECTIVELY_INFINITE && ti.MaxRwSessionCount != pkcs11.CK_UNAVAILABLE_INFORMATION {
 			// One session of the token's allowance is the anchor.
 			s.capacity = max(1, min(int(ti.MaxRwSessionCount)-1, maxPool))

@@ -1,0 +1,261 @@
+package slot_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/miekg/pkcs11"
+)
+
+// margin is how late after its deadline a timed-out call may return.
+const margin = 2 * time.Second
+
+// checkTimeout asserts err is a timeout that came between d and d+margin.
+func checkTimeout(t *testing.T, what string, err error, elapsed, d time.Duration) {
+	t.Helper()
+	if !errors.Is(err, slot.ErrTimeout) {
+		t.Fatalf("%s: %v, want ErrTimeout", what, err)
+	}
+	if slot.ClassOf(err) != slot.ClassHealth || slot.CodeOf(err) != pkcs11.CKR_DEVICE_ERROR {
+		t.Fatalf("%s: class %v, code %#x; want health, CKR_DEVICE_ERROR", what, slot.ClassOf(err), slot.CodeOf(err))
+	}
+	if elapsed < d || elapsed > d+margin {
+		t.Fatalf("%s returned after %v; want between %v and %v", what, elapsed, d, d+margin)
+	}
+}
+
+func TestHungCallTimesOut(t *testing.T) {
+	t.Parallel()
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.CommandTimeout = 200 * time.Millisecond
+	spec.KeygenTimeout = 500 * time.Millisecond
+	spec.MaxSessions = 2
+	f := slottest.NewFaults()
+	spec.Interceptor = f
+	t.Cleanup(func() { f.Heal(tok.Name) })
+	s := open(t, spec)
+	_, priv := newECKey(t, s, "hang")
+	ctx := ctxT(t)
+
+	f.Hang(tok.Name, slot.OpSign)
+	start := time.Now()
+	_, err := signDigest(ctx, s, priv, []byte("x"))
+	checkTimeout(t, "hung Sign", err, time.Since(start), spec.CommandTimeout)
+	if !strings.Contains(err.Error(), "member "+tok.Name+": Sign:") {
+		t.Fatalf("timeout error does not name member and op: %v", err)
+	}
+	if st := s.Stats(); st.Quarantined != 1 || st.Open != 0 {
+		t.Fatalf("after the timeout: %+v; want the session quarantined, out of the pool", st)
+	}
+
+	// Key generation runs under the longer timeout.
+	f.Hang(tok.Name, slot.OpGenerateKey)
+	start = time.Now()
+	_, err = s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16)})
+	checkTimeout(t, "hung GenerateKey", err, time.Since(start), spec.KeygenTimeout)
+
+	// With as many calls hung as the pool holds, calls fail at once.
+	start = time.Now()
+	_, err = s.GenerateRandom(ctx, 4)
+	if !errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin || !strings.Contains(err.Error(), "2 calls still hung") {
+		t.Fatalf("call with the pool's worth of calls hung: %v after %v; want an immediate ErrTimeout", err, time.Since(start))
+	}
+	if got := f.Calls(tok.Name, slot.OpGenerateRandom); got != 0 {
+		t.Fatalf("GenerateRandom reached the module %d times", got)
+	}
+
+	// The hung calls return: their sessions are closed, never reused.
+	f.Release(tok.Name)
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("quarantined calls never returned: %v", err)
+	}
+	sig, err := signDigest(ctx, s, priv, []byte("y"))
+	if err != nil || len(sig) != 64 {
+		t.Fatalf("Sign after release: %v", err)
+	}
+	if st := s.Stats(); st.Opened != 3 || st.QuarantinedTotal != 2 || st.Quarantined != 0 {
+		t.Fatalf("after release: %+v; want a third session opened, two quarantined in all", st)
+	}
+}
+
+func TestCancelledCallIsQuarantined(t *testing.T) {
+	t.Parallel()
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.CommandTimeout = 20 * time.Second
+	f := slottest.NewFaults()
+	spec.Interceptor = f
+	t.Cleanup(func() { f.Heal(tok.Name) })
+	s := open(t, spec)
+
+	f.Hang(tok.Name, slot.OpDigest)
+	ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Digest(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x"))
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin {
+		t.Fatalf("Digest with a ctx ending first: %v after %v; want the ctx's error, promptly", err, time.Since(start))
+	}
+	if slot.ClassOf(err) != slot.ClassRequest {
+		t.Fatalf("ClassOf(caller's deadline) = %v, want request: the member is not charged for it", slot.ClassOf(err))
+	}
+	if st := s.Stats(); st.Quarantined != 1 {
+		t.Fatalf("the abandoned session is not quarantined: %+v", st)
+	}
+	f.Release(tok.Name)
+	if err := slot.WaitQuarantine(ctxT(t), s); err != nil {
+		t.Fatal(err)
+	}
+	// Abandoned before the module was called: the module never saw it.
+	if _, err := s.Digest(ctxT(t), pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x")); err != nil {
+		t.Fatalf("Digest after release: %v", err)
+	}
+}
+
+func TestDelayAndCapacity(t *testing.T) {
+	t.Parallel()
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.CommandTimeout = 150 * time.Millisecond
+	f := slottest.NewFaults()
+	spec.Interceptor = f
+	s := open(t, spec)
+	ctx := ctxT(t)
+
+	f.Delay(tok.Name, slot.OpGenerateRandom, 30*time.Millisecond)
+	start := time.Now()
+	if _, err := s.GenerateRandom(ctx, 4); err != nil {
+		t.Fatalf("slow GenerateRandom: %v", err)
+	}
+	if time.Since(start) < 30*time.Millisecond {
+		t.Fatalf("Delay did not slow the call")
+	}
+	f.Delay(tok.Name, slot.OpGenerateRandom, time.Second)
+	start = time.Now()
+	_, err := s.GenerateRandom(ctx, 4)
+	checkTimeout(t, "too slow GenerateRandom", err, time.Since(start), spec.CommandTimeout)
+	f.Heal(tok.Name)
+}
+
+// A real remote token whose server is stopped (SIGSTOP): calls hang in the
+// module, and only our deadline bounds them.
+func TestStoppedServerTimesOut(t *testing.T) {
+	t.Parallel()
+	srv := testhsm.Serve(t, "stopped")
+	spec := specOf(srv.Token())
+	spec.CommandTimeout = 300 * time.Millisecond
+	s := open(t, spec)
+	pub, priv := newECKey(t, s, "stop")
+	ctx := ctxT(t)
+
+	srv.Stop()
+	start := time.Now()
+	_, err := signDigest(ctx, s, priv, []byte("x"))
+	elapsed := time.Since(start)
+	srv.Cont()
+	checkTimeout(t, "Sign on a stopped server", err, elapsed, spec.CommandTimeout)
+
+	// Once the server runs again the hung call returns and its session is
+	// closed; the member works again.
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("the hung call never returned after SIGCONT: %v", err)
+	}
+	msg := []byte("after SIGCONT")
+	sig, err := signDigest(ctx, s, priv, msg)
+	if err != nil {
+		t.Fatalf("Sign after SIGCONT: %v", err)
+	}
+	checkSig(t, ecPublic(t, s, pub), msg, sig)
+}
+
+// A killed remote token answers CKR_DEVICE_ERROR until its own context is
+// finalized and initialised again: Reinit brings it back.
+func TestReinitAfterKillAndRestart(t *testing.T) {
+	t.Parallel()
+	srv := testhsm.Serve(t, "killed")
+	spec := specOf(srv.Token())
+	spec.CommandTimeout = 5 * time.Second
+	s := open(t, spec)
+	if !s.OwnsContext() {
+		t.Fatalf("served member does not own its context")
+	}
+	pub, priv := newECKey(t, s, "kill")
+	ctx := ctxT(t)
+	e0 := s.Epoch()
+
+	srv.Kill()
+	_, err := signDigest(ctx, s, priv, []byte("x"))
+	if !errors.Is(err, slot.ErrDeviceFailure) || slot.ClassOf(err) != slot.ClassHealth {
+		t.Fatalf("Sign on a killed server: %v (class %v); want ErrDeviceFailure, health", err, slot.ClassOf(err))
+	}
+	// Reinit while the server is down fails, as a health error.
+	if err := s.Reinit(ctx); err == nil || slot.ClassOf(err) != slot.ClassHealth {
+		t.Fatalf("Reinit with the server down: %v (class %v); want a health error", err, slot.ClassOf(err))
+	}
+	if _, err := signDigest(ctx, s, priv, []byte("x")); slot.ClassOf(err) != slot.ClassHealth {
+		t.Fatalf("Sign after a failed Reinit: %v, want a health error", err)
+	}
+
+	srv.Restart(t)
+	if err := s.Reinit(ctx); err != nil {
+		t.Fatalf("Reinit after restart: %v", err)
+	}
+	if s.Epoch() == e0 || !s.LoggedIn() {
+		t.Fatalf("after Reinit: Epoch %d (was %d), LoggedIn %v; want a new epoch, logged in", s.Epoch(), e0, s.LoggedIn())
+	}
+	priv2 := findOne(t, s, pkcs11.CKO_PRIVATE_KEY, "kill")
+	pub2 := findOne(t, s, pkcs11.CKO_PUBLIC_KEY, "kill")
+	msg := []byte("after reinit")
+	sig, err := signDigest(ctx, s, priv2, msg)
+	if err != nil {
+		t.Fatalf("Sign after Reinit: %v", err)
+	}
+	checkSig(t, ecPublic(t, s, pub2), msg, sig)
+	_ = pub
+}
+
+// A dedicated Session does not survive its slot's Reinit.
+func TestSessionLostAfterReinit(t *testing.T) {
+	t.Parallel()
+	s := open(t, specOf(testhsm.Take(t, 1)[0]))
+	ctx := ctxT(t)
+	ss, err := s.OpenSession(ctx)
+	if err != nil {
+		t.Fatalf("OpenSession: %v", err)
+	}
+	defer ss.Close()
+	if err := s.Reinit(ctx); err != nil {
+		t.Fatalf("Reinit of a shared-context slot: %v", err)
+	}
+	if _, err := ss.GenerateRandom(ctx, 4); !errors.Is(err, slot.ErrSessionLost) || slot.ClassOf(err) != slot.ClassHealth {
+		t.Fatalf("Session call after Reinit: %v, want ErrSessionLost (health)", err)
+	}
+	if _, err := s.GenerateRandom(ctx, 4); err != nil {
+		t.Fatalf("pooled call after Reinit: %v", err)
+	}
+	if !s.LoggedIn() {
+		t.Fatalf("not logged in after Reinit")
+	}
+}
+
+// A member whose server is down when it is opened shows no token.
+func TestOpenWithServerDown(t *testing.T) {
+	t.Parallel()
+	srv := testhsm.Serve(t, "down")
+	srv.Kill()
+	_, err := slot.Open(ctxT(t), specOf(srv.Token()))
+	if !errors.Is(err, slot.ErrTokenNotFound) || slot.ClassOf(err) != slot.ClassHealth {
+		t.Fatalf("Open with the server down: %v (class %v); want ErrTokenNotFound, health", err, slot.ClassOf(err))
+	}
+	if !strings.HasSuffix(err.Error(), "tokens there: none") {
+		t.Fatalf("error does not say no token is there: %v", err)
+	}
+}
