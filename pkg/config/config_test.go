@@ -357,6 +357,12 @@ func TestLoad(t *testing.T) {
 		t.Errorf("Load(invalid) = %q, want it to start with %q", err, bad+":2: ha.policy:")
 	}
 
+	// Unknown keys and failed rules come back as one flat list.
+	_, err = Parse([]byte("[ha]\npolcy = \"x\"\nretries = -5\n"), "t.toml")
+	if j, ok := err.(interface{ Unwrap() []error }); !ok || len(j.Unwrap()) != 2 {
+		t.Errorf("Parse error is not a flat list of two: %#v", err)
+	}
+
 	empty := filepath.Join(dir, "empty.toml")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)

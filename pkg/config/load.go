@@ -43,10 +43,22 @@ func Parse(data []byte, name string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := errors.Join(strict, c.Validate()); err != nil {
+	if err := errors.Join(append(flatten(strict), flatten(c.Validate())...)...); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// flatten returns the errors joined in err, so that joining two joins
+// gives one flat list.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err != nil {
+		return []error{err}
+	}
+	return nil
 }
 
 // decode decodes data without validating it. err is non-nil when data is
