@@ -160,9 +160,11 @@ func TestReadPINFileUnreadable(t *testing.T) {
 	cmd := exec.CommandContext(t.Context(), bin)
 	cmd.Env = append(os.Environ(), childEnv+"=readpin", childPath+"="+path, childName+"=hsm-a")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.CombinedOutput()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Skipf("cannot run a child as user nobody here: %v: %s", err, out)
+		t.Skipf("cannot run a child as user nobody here: %v: %s", err, stderr.String())
 	}
 	if want := `member "hsm-a": pin_file ` + path + `: open: permission denied`; string(out) != want {
 		t.Fatalf("unprivileged ReadPIN = %q, want %q", out, want)
