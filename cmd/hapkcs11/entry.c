@@ -3,6 +3,7 @@
  * function list, fork detection and the application's locking.
  */
 #include <pthread.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "hapkcs11.h"
@@ -17,9 +18,22 @@ __attribute__((constructor)) static void hap_record_pid(void)
 	load_pid = getpid();
 }
 
+/* Set by an atexit handler registered at the end of every successful
+ * C_Initialize, so that it runs before the exit handlers of the member
+ * modules C_Initialize loaded (SoftHSM's C++ destructors) and before the
+ * application's own cleanup (OpenSSL's, registered earlier), which may
+ * still call C_CloseAllSessions or C_Finalize: those calls must not reach
+ * a member module that has already torn itself down. */
+static volatile int exiting;
+
+static void hap_at_exit(void)
+{
+	exiting = 1;
+}
+
 int hap_forked(void)
 {
-	return getpid() != load_pid;
+	return exiting || getpid() != load_pid;
 }
 
 /* Serialises C_Initialize and C_Finalize with each other. */
@@ -76,6 +90,8 @@ CK_RV C_Initialize(CK_VOID_PTR pInitArgs)
 		}
 	}
 	rv = hapInitialize(flags);
+	if (rv == CKR_OK)
+		atexit(hap_at_exit);
 	if (rv == CKR_OK && use_app_mutex) {
 		app_fns = *args;
 		app_mutex = mutex;

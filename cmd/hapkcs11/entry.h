@@ -6,6 +6,9 @@
  * hang. hap_forked() compares getpid() with the pid that loaded the
  * library and every entry point then fails fast, in C, before Go runs.
  *
+ * Exit: once the process is exiting every entry point answers
+ * CKR_CRYPTOKI_NOT_INITIALIZED the same way (see entry.c).
+ *
  * Application locking: when C_Initialize got mutex callbacks without
  * CKF_OS_LOCKING_OK, the application asked the library to use its
  * primitives; the library then holds the application's mutex around every

@@ -149,7 +149,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	r.env = append(os.Environ(),
 		"SOFTHSM2_CONF="+softConf,
 		"HAGROUP_CONF="+filepath.Join(r.dir, "hagroup.toml"),
-		"HA_PIN="+testhsm.UserPIN,    // for pkcs11-tool --pin env:HA_PIN (never on a command line)
+		"HA_PIN="+testhsm.UserPIN,     // for pkcs11-tool --pin env:HA_PIN (never on a command line)
 		"GNUTLS_PIN="+testhsm.UserPIN, // p11tool's PIN source
 	)
 	local := 3
