@@ -126,7 +126,7 @@ func Take(t testing.TB, n int) []Token {
 		t.Fatalf("testhsm.Take: no token pool; call testhsm.Main from TestMain")
 	}
 	if pool.next+n > len(pool.tokens) {
-		t.Fatalf("testhsm.Take(%d): only %d of %d tokens left; raise the count given to testhsm.Main",
+		t.Fatalf("testhsm.Take(%d): only %d of %d tokens left; raise the count given to testhsm.Main (tokens are not reused, so -count=N needs N times as many)",
 			n, len(pool.tokens)-pool.next, len(pool.tokens))
 	}
 	out := make([]Token, n)
