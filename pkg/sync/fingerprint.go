@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -22,16 +23,38 @@ import (
 // permission to encrypt.
 var ErrNoFingerprint = errors.New("no fingerprint")
 
-// baseTypes are read for every object in one GetAttributes call: the
-// identity, and every public attribute a fingerprint of a key can come
-// from. Values that may be secret (CKA_VALUE of keys) are never among them.
-var baseTypes = []uint{
+// identTypes are read first, for every object: the identity and storage
+// flags. Every attribute a request names must exist on the object, or
+// the token answers CKR_ATTRIBUTE_TYPE_INVALID for the whole call and
+// pkg/slot falls back to one call per attribute (measured: 0.52 ms for 12
+// attributes against 0.07 ms for one valid call on a SoftHSM token
+// object). These exist on every key; certificates lack CKA_KEY_TYPE and
+// data objects also CKA_ID (SoftHSM refuses CKA_ID on data objects).
+var identTypes = []uint{
 	pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL,
 	pkcs11.CKA_TOKEN, pkcs11.CKA_PRIVATE,
-	pkcs11.CKA_CHECK_VALUE,
-	pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT,
-	pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT,
-	pkcs11.CKA_PUBLIC_KEY_INFO,
+}
+
+// materialTypes are read second, chosen by class and key type: the public
+// attributes a fingerprint comes from. Values that may be secret
+// (CKA_VALUE of keys) are never among them.
+func materialTypes(class, keyType uint) []uint {
+	switch class {
+	case pkcs11.CKO_PUBLIC_KEY, pkcs11.CKO_PRIVATE_KEY:
+		switch keyType {
+		case pkcs11.CKK_RSA:
+			return []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT}
+		case pkcs11.CKK_EC, ckkECEdwards, ckkECMontgomry:
+			if class == pkcs11.CKO_PUBLIC_KEY {
+				return []uint{pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT}
+			}
+		}
+		// SoftHSM leaves it empty on EC private keys; others fill it.
+		return []uint{pkcs11.CKA_PUBLIC_KEY_INFO}
+	case pkcs11.CKO_SECRET_KEY:
+		return []uint{pkcs11.CKA_CHECK_VALUE}
+	}
+	return nil // certificates, data: CKA_VALUE, read when fingerprinting
 }
 
 // Fingerprint returns the fingerprint of the object h on s:
@@ -71,7 +94,25 @@ type readResult struct {
 }
 
 func readObject(ctx context.Context, s store, member string, h pkcs11.ObjectHandle, pubs pubIndex) (readResult, error) {
-	a, err := readAttrs(ctx, s, h, baseTypes)
+	r, err := readIdentity(ctx, s, member, h)
+	if err != nil {
+		return readResult{}, err
+	}
+	fp, err := fingerprintOf(ctx, s, h, r.Identity, r.a, pubs)
+	if err != nil {
+		if !errors.Is(err, ErrNoFingerprint) {
+			return readResult{}, fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
+		}
+		r.fpErr = fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
+	}
+	r.Fingerprint = fp
+	return r, nil
+}
+
+// readIdentity reads h's identity, storage flags and the attributes its
+// fingerprint needs (materialTypes), in two GetAttributes calls.
+func readIdentity(ctx context.Context, s store, member string, h pkcs11.ObjectHandle) (readResult, error) {
+	a, err := readAttrs(ctx, s, h, identTypes)
 	if err != nil {
 		return readResult{}, fmt.Errorf("member %s: read attributes of object %d: %w", member, h, err)
 	}
@@ -83,14 +124,13 @@ func readObject(ctx context.Context, s store, member string, h pkcs11.ObjectHand
 	}
 	r.Token = a.boolean(pkcs11.CKA_TOKEN)
 	r.Private = a.boolean(pkcs11.CKA_PRIVATE)
-	fp, err := fingerprintOf(ctx, s, h, r.Identity, a, pubs)
-	if err != nil {
-		if !errors.Is(err, ErrNoFingerprint) {
-			return readResult{}, fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
+	if types := materialTypes(r.Class, r.KeyType); len(types) > 0 {
+		m, err := readAttrs(ctx, s, h, types)
+		if err != nil {
+			return readResult{}, fmt.Errorf("member %s: read attributes of %s: %w", member, r.Identity, err)
 		}
-		r.fpErr = fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
+		maps.Copy(a, m)
 	}
-	r.Fingerprint = fp
 	return r, nil
 }
 
@@ -128,6 +168,9 @@ func fingerprintOf(ctx context.Context, s store, h pkcs11.ObjectHandle, id Ident
 			return nil, err
 		}
 		if len(id.ID) == 0 {
+			if enc, err := ownECPoint(ctx, s, h, id.KeyType, a); err == nil {
+				return sum(enc), nil
+			}
 			return nil, fmt.Errorf("%w: the token hides the public key of this private key and it has no CKA_ID to find its public half by", ErrNoFingerprint)
 		}
 		if pubs == nil {
@@ -140,6 +183,9 @@ func fingerprintOf(ctx context.Context, s store, h pkcs11.ObjectHandle, id Ident
 		encs = distinct(encs)
 		switch len(encs) {
 		case 0:
+			if enc, err := ownECPoint(ctx, s, h, id.KeyType, a); err == nil {
+				return sum(enc), nil
+			}
 			return nil, fmt.Errorf("%w: the token hides the public key of this private key and there is no public key with CKA_ID %x", ErrNoFingerprint, id.ID)
 		case 1:
 			return sum(encs[0]), nil
@@ -178,6 +224,23 @@ next:
 	return out
 }
 
+// ownECPoint tries CKA_EC_POINT on an EC-type private key, which some
+// tokens show (SoftHSM does not), as a last resort: asking costs a failed
+// call where the attribute does not exist.
+func ownECPoint(ctx context.Context, s store, h pkcs11.ObjectHandle, keyType uint, a attrs) ([]byte, error) {
+	switch keyType {
+	case pkcs11.CKK_EC, ckkECEdwards, ckkECMontgomry:
+	default:
+		return nil, ErrNoFingerprint
+	}
+	m, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT})
+	if err != nil {
+		return nil, err
+	}
+	maps.Copy(a, m)
+	return publicKeyEncoding(ctx, s, h, keyType, a, false)
+}
+
 // findPublicHalves looks the public halves up on the token.
 func findPublicHalves(s store) pubIndex {
 	return func(ctx context.Context, keyType uint, id []byte) ([][]byte, error) {
@@ -191,7 +254,7 @@ func findPublicHalves(s store) pubIndex {
 		}
 		var encs [][]byte
 		for _, h := range hs {
-			a, err := readAttrs(ctx, s, h, baseTypes)
+			a, err := readAttrs(ctx, s, h, materialTypes(pkcs11.CKO_PUBLIC_KEY, keyType))
 			if err != nil {
 				return nil, fmt.Errorf("read public half %d: %w", h, err)
 			}

@@ -45,17 +45,30 @@ func (id Identity) String() string {
 	return fmt.Sprintf("%s id=%s label=%q", s, hexOrNone(id.ID), id.Label)
 }
 
-// template returns the FindObjects template matching id exactly.
+// template returns the FindObjects template matching id exactly. CKA_ID
+// is left out for classes without it (data objects): a token matches no
+// object on an attribute the object lacks.
 func (id Identity) template() []*pkcs11.Attribute {
 	t := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
-		pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
+	}
+	if hasID(id.Class) || len(id.ID) > 0 {
+		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
 	}
 	if id.KeyType != NoKeyType {
 		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
 	}
 	return t
+}
+
+// hasID reports whether objects of class carry CKA_ID.
+func hasID(class uint) bool {
+	switch class {
+	case pkcs11.CKO_CERTIFICATE, pkcs11.CKO_PUBLIC_KEY, pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_SECRET_KEY:
+		return true
+	}
+	return false
 }
 
 func nonNil(b []byte) []byte {

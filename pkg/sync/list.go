@@ -22,13 +22,18 @@ func ReadObject(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (Objec
 // List returns every object on s that the current login can see, except
 // domain keys (secret keys labelled with DomainLabel's prefix).
 //
-// Cost: one FindObjects with an empty template, then one GetAttributes
-// per object reading identity and public key material together; a second
-// GetAttributes (CKA_VALUE) for each certificate and data object, because
-// CKA_VALUE of a key is never read. Private EC and EdDSA keys whose token
-// hides the public point (SoftHSM) take their fingerprint from the public
-// key with the same CKA_ID in the same listing, with no further call.
-// Secret keys without CKA_CHECK_VALUE cost one Encrypt (absent on SoftHSM).
+// Cost: one FindObjects with an empty template, then two GetAttributes
+// per object: identity and storage flags, then the public material the
+// fingerprint needs, chosen by class and key type so that no request
+// names an attribute the object lacks (pkg/slot answers such a request
+// with one module call per attribute). Certificates and data objects
+// lack CKA_KEY_TYPE (and data objects CKA_ID), so their first read costs
+// one module call per attribute, and their second reads CKA_VALUE.
+// Private EC and EdDSA keys whose token hides the public point (SoftHSM)
+// take their fingerprint from the public key with the same CKA_ID in the
+// same listing, with no further call. Secret keys without
+// CKA_CHECK_VALUE (SoftHSM copies made by C_UnwrapKey, before Replicate
+// sets it) cost one Encrypt where the key may encrypt in ECB mode.
 func List(ctx context.Context, s *slot.Slot) ([]Object, error) {
 	return list(ctx, s, s.Name())
 }
@@ -47,31 +52,37 @@ func list(ctx context.Context, s store, member string) ([]Object, error) {
 	pubs := map[string][][]byte{} // key type + CKA_ID -> public key encodings
 	pubKey := func(kt uint, id []byte) string { return fmt.Sprintf("%x/%x", kt, id) }
 	for _, h := range hs {
-		a, err := readAttrs(ctx, s, h, baseTypes)
+		r, err := readIdentity(ctx, s, member, h)
 		if err != nil {
 			if isGone(err) {
 				continue // destroyed between FindObjects and now
 			}
-			return nil, fmt.Errorf("member %s: read attributes of object %d: %w", member, h, err)
+			return nil, err
 		}
-		id, err := identityOf(a)
-		if err != nil {
-			return nil, fmt.Errorf("member %s: object %d: %w", member, h, err)
-		}
+		id, a := r.Identity, r.a
 		if isDomainKey(id) {
 			continue
 		}
-		r := readResult{a: a}
-		r.Handle, r.Identity = h, id
-		r.Token = a.boolean(pkcs11.CKA_TOKEN)
-		r.Private = a.boolean(pkcs11.CKA_PRIVATE)
 		if id.Class == pkcs11.CKO_PRIVATE_KEY {
 			// Needs the public halves, which may come later in the listing.
 			later = append(later, pending{r, len(objs)})
 			objs = append(objs, r.Object)
 			continue
 		}
-		fp, err := fingerprintOf(ctx, s, h, id, a, nil)
+		var fp []byte
+		if id.Class == pkcs11.CKO_PUBLIC_KEY {
+			var enc []byte
+			enc, err = publicKeyEncoding(ctx, s, h, id.KeyType, a, true)
+			if err == nil {
+				fp = sum(enc)
+				if len(id.ID) > 0 {
+					k := pubKey(id.KeyType, id.ID)
+					pubs[k] = append(pubs[k], enc)
+				}
+			}
+		} else {
+			fp, err = fingerprintOf(ctx, s, h, id, a, nil)
+		}
 		if err != nil {
 			if isGone(err) {
 				continue
@@ -81,12 +92,6 @@ func list(ctx context.Context, s store, member string) ([]Object, error) {
 			}
 		}
 		r.Fingerprint = fp
-		if id.Class == pkcs11.CKO_PUBLIC_KEY && len(id.ID) > 0 {
-			if enc, err := publicKeyEncoding(ctx, s, h, id.KeyType, a, true); err == nil {
-				k := pubKey(id.KeyType, id.ID)
-				pubs[k] = append(pubs[k], enc)
-			}
-		}
 		objs = append(objs, r.Object)
 	}
 	index := func(_ context.Context, kt uint, id []byte) ([][]byte, error) { return pubs[pubKey(kt, id)], nil }

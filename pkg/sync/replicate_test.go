@@ -183,14 +183,31 @@ func TestReplicate(t *testing.T) {
 				sameObject(t, src, d, dst, replicate(t, src, d, Target{Slot: dst}), pkcs11.CKA_VALUE, pkcs11.CKA_APPLICATION, pkcs11.CKA_PRIVATE)
 			})
 			t.Run("idempotent", func(t *testing.T) {
-				k := genAES(t, src, "rep-twice", randomID(t))
-				first := replicate(t, src, k, Target{Slot: dst})
-				second := replicate(t, src, k, Target{Slot: dst})
-				if first != second {
-					t.Errorf("second replication returned handle %d, first %d", second, first)
+				kp := genEC(t, src, "rep-twice-ec", randomID(t))
+				d, err := src.CreateObject(ctx, []*pkcs11.Attribute{
+					attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true),
+					attr(pkcs11.CKA_VALUE, []byte("twice")), attr(pkcs11.CKA_LABEL, "rep-twice-data")})
+				if err != nil {
+					t.Fatal(err)
 				}
-				if n := len(findByLabel(t, dst, "rep-twice")); n != 1 {
-					t.Errorf("%d objects on %s after two replications, want 1", n, dst.Name())
+				for _, o := range []struct {
+					label string
+					h     pkcs11.ObjectHandle
+					n     int
+				}{
+					{"rep-twice-aes", genAES(t, src, "rep-twice-aes", randomID(t)), 1},
+					{"rep-twice-ec", kp.pub, 1},
+					{"rep-twice-ec", kp.priv, 2},
+					{"rep-twice-data", d, 1},
+				} {
+					first := replicate(t, src, o.h, Target{Slot: dst})
+					second := replicate(t, src, o.h, Target{Slot: dst})
+					if first != second {
+						t.Errorf("%s: second replication returned handle %d, first %d", o.label, second, first)
+					}
+					if n := len(findByLabel(t, dst, o.label)); n != o.n {
+						t.Errorf("%d objects %q on %s after two replications, want %d", n, o.label, dst.Name(), o.n)
+					}
 				}
 			})
 		})
@@ -214,13 +231,17 @@ type armAfterUnwrap struct {
 }
 
 func (a *armAfterUnwrap) Before(ctx context.Context, token string, op slot.Op) error {
-	if err := a.f.Before(ctx, token, op); err != nil {
-		return err
-	}
-	if token == a.token && op == slot.OpUnwrapKey {
+	return a.Wrap(ctx, token, op, func() error { return nil })
+}
+
+// Wrap arms the GetAttributes failure only once the unwrap really
+// happened on the token.
+func (a *armAfterUnwrap) Wrap(ctx context.Context, token string, op slot.Op, call func() error) error {
+	err := a.f.Wrap(ctx, token, op, call)
+	if err == nil && token == a.token && op == slot.OpUnwrapKey {
 		a.f.Fail(token, slot.OpGetAttributes, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR))
 	}
-	return nil
+	return err
 }
 
 func TestReplicateFailureLeavesNothing(t *testing.T) {
@@ -423,5 +444,24 @@ func TestDestroy(t *testing.T) {
 	}
 	if n := len(findByLabel(t, src, "destroy-me")); n != 0 {
 		t.Errorf("Destroy without fingerprint left %d objects", n)
+	}
+
+	// Data objects have no CKA_ID on SoftHSM; they are found all the same.
+	d, err := src.CreateObject(ctx, []*pkcs11.Attribute{
+		attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true),
+		attr(pkcs11.CKA_VALUE, []byte("bye")), attr(pkcs11.CKA_LABEL, "destroy-data")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replicate(t, src, d, Target{Slot: dst})
+	do, err := ReadObject(ctx, src, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Destroy(ctx, dst, do.Identity, do.Fingerprint); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(findByLabel(t, dst, "destroy-data")); n != 0 {
+		t.Errorf("Destroy of a data object left %d", n)
 	}
 }
