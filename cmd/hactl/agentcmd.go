@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 )
 
@@ -12,7 +14,7 @@ func newAgentCmd(a *app) *cobra.Command {
 		Args:    noArgs,
 		RunE:    needSubcommand,
 	}
-	cmd.AddCommand(newAgentStatusCmd(a))
+	cmd.AddCommand(newAgentStatusCmd(a), newAgentReloadCmd(a))
 	return cmd
 }
 
@@ -41,5 +43,39 @@ write). Exits 4 when no agent answers.`,
 		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the status as JSON")
+	return cmd
+}
+
+func newAgentReloadCmd(a *app) *cobra.Command {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "reload",
+		Short: "Tell haagent to re-read its configuration file",
+		Long: `Tell haagent to re-read its configuration (as SIGHUP does) and print what
+changed. A file that does not load or validate is refused with the reason
+(file:line) and haagent keeps running the configuration it had.`,
+		Example: `  hactl agent reload`,
+		Args:    noArgs,
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			c := a.client()
+			defer c.Close()
+			res, err := c.Reload(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return a.printJSON(res)
+			}
+			fmt.Fprintf(a.out, "haagent reloaded %s\n", res.ConfigPath)
+			for _, ch := range res.Changes {
+				fmt.Fprintln(a.out, "  "+ch)
+			}
+			if len(res.Changes) == 0 {
+				fmt.Fprintln(a.out, "  no changes")
+			}
+			return nil
+		}),
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
 	return cmd
 }
