@@ -2,6 +2,10 @@ package group
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/asn1"
 	"fmt"
 	"os"
 	gosync "sync"
@@ -21,7 +25,6 @@ import (
 func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 120)) }
 
 var serials atomic.Int64
-
 
 // testContext bounds a test's calls.
 func testContext(t testing.TB) context.Context {
@@ -228,4 +231,60 @@ func findDirect(t testing.TB, s *slot.Slot, label string) []pkcs11.ObjectHandle 
 		t.Fatalf("find %q on %s: %v", label, s.Name(), err)
 	}
 	return hs
+}
+
+func pinOf(s string) secret.PIN { return secret.PINFromString(s) }
+
+// importEC puts one P-256 key pair, made here, on every token directly (as
+// an operator would before forming a group), so that groups without a
+// domain key (served members) share a key.
+func importEC(t testing.TB, toks []testhsm.Token, label string) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	point, err := asn1.Marshal(elliptic.Marshal(elliptic.P256(), k.X, k.Y)) //nolint:staticcheck // the PKCS#11 encoding
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := []byte("id-" + label)
+	for _, tok := range toks {
+		d := openDirect(t, tok)
+		ctx := testContext(t)
+		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC),
+			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
+			attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_EC_POINT, point),
+		}); err != nil {
+			t.Fatalf("import public key on %s: %v", tok.Name, err)
+		}
+		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC),
+			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true),
+			attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
+			attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_VALUE, k.D.FillBytes(make([]byte, 32))),
+		}); err != nil {
+			t.Fatalf("import private key on %s: %v", tok.Name, err)
+		}
+	}
+	return k
+}
+
+// importSecret puts one generic secret (HMAC) key on every token directly.
+func importSecret(t testing.TB, toks []testhsm.Token, label string) {
+	t.Helper()
+	v := make([]byte, 32)
+	rand.Read(v)
+	for _, tok := range toks {
+		d := openDirect(t, tok)
+		if _, err := d.CreateObject(testContext(t), []*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_GENERIC_SECRET),
+			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_VERIFY, true),
+			attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, []byte("id-"+label)),
+			attr(pkcs11.CKA_VALUE, v),
+		}); err != nil {
+			t.Fatalf("import secret on %s: %v", tok.Name, err)
+		}
+	}
 }

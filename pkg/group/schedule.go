@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -90,6 +91,7 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 		// latency, so a slow or far member gets proportionally less. The
 		// scan starts at a rotating offset so that ties rotate.
 		start := int(g.rr.Add(1) % uint64(n))
+		now := time.Now().UnixNano()
 		var best *member.Member
 		bestScore := math.MaxFloat64
 		for i := range n {
@@ -101,7 +103,7 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 			if skip.has(m.Index()) {
 				continue
 			}
-			lat := float64(m.Latency())
+			lat := float64(m.DecayedLatency(now))
 			if lat < minLatency {
 				lat = minLatency
 			}

@@ -75,6 +75,7 @@ type Member struct {
 
 	inFlight atomic.Int64
 	latency  atomic.Int64 // EWMA of successful call latency, nanoseconds
+	sampled  atomic.Int64 // unix nanoseconds of the last latency sample
 	consec   atomic.Int32
 
 	ops           atomic.Uint64
@@ -270,9 +271,26 @@ func (m *Member) observe(d time.Duration) {
 			}
 		}
 		if m.latency.CompareAndSwap(old, next) {
+			m.sampled.Store(time.Now().UnixNano())
 			return
 		}
 	}
+}
+
+// LatencyHalfLife is how fast the latency average of a member that gets no
+// work fades: it halves for every LatencyHalfLife without a sample. A
+// member that was slow once (or is slow) therefore gets an occasional call
+// that measures it again, instead of being starved by one bad sample.
+const LatencyHalfLife = 50 * time.Millisecond
+
+// DecayedLatency returns Latency faded by the time since the last sample
+// (see LatencyHalfLife), as the scheduler weighs it. now is UnixNano.
+func (m *Member) DecayedLatency(now int64) time.Duration {
+	lat := m.latency.Load()
+	if age := now - m.sampled.Load(); age > int64(LatencyHalfLife) {
+		lat >>= min(age/int64(LatencyHalfLife), 62)
+	}
+	return time.Duration(lat)
 }
 
 // InFlight returns the number of calls in flight on the member.

@@ -218,3 +218,19 @@ func TestSnapshotConcurrent(t *testing.T) {
 		t.Fatalf("state/last error = %v / %q", s.State, s.LastError)
 	}
 }
+
+func TestDecayedLatencyFades(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	m.observe(8 * time.Millisecond)
+	now := time.Now().UnixNano()
+	if got := m.DecayedLatency(now); got != 8*time.Millisecond {
+		t.Fatalf("fresh sample: %v", got)
+	}
+	later := now + int64(3*LatencyHalfLife) + 1
+	if got := m.DecayedLatency(later); got > time.Millisecond+time.Millisecond/10 || got < 900*time.Microsecond {
+		t.Fatalf("after three half-lives: %v, want about 1ms", got)
+	}
+	if got := m.Latency(); got != 8*time.Millisecond {
+		t.Fatalf("Latency changed by decay: %v", got)
+	}
+}
