@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // readyDeadline bounds how long Serve and Restart wait for the server's
@@ -113,12 +115,25 @@ func (s *Served) Kill() {
 	}
 }
 
-// Stop sends SIGSTOP to the server's process group: calls to the token then
-// hang until Cont.
-func (s *Served) Stop() { s.signal(syscall.SIGSTOP) }
+// Stop sends SIGSTOP to the server's process group and waits (with a
+// deadline) until the server has stopped: calls to the token then hang
+// until Cont.
+func (s *Served) Stop() { s.signal(syscall.SIGSTOP, unix.WSTOPPED) }
 
-// Cont sends SIGCONT to the server's process group.
-func (s *Served) Cont() { s.signal(syscall.SIGCONT) }
+// Cont sends SIGCONT to the server's process group and waits (with a
+// deadline) until the server runs again.
+func (s *Served) Cont() { s.signal(syscall.SIGCONT, unix.WCONTINUED) }
+
+// PID returns the process ID of the running server (also its process
+// group ID), 0 when none runs.
+func (s *Served) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.cmd.Process.Pid
+}
 
 // Restart kills a running server and starts a new one on the same token
 // directory and socket, waiting (with a deadline) until the socket answers.
@@ -135,15 +150,33 @@ func (s *Served) Restart(t testing.TB) {
 	}
 }
 
-func (s *Served) signal(sig syscall.Signal) {
+// signal sends sig to the server's process group and waits until the
+// server reports the state change in (WSTOPPED or WCONTINUED).
+func (s *Served) signal(sig syscall.Signal, state int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc == nil {
 		s.t.Errorf("testhsm: %v to server %s: not running", sig, s.name)
 		return
 	}
-	if err := syscall.Kill(-s.proc.cmd.Process.Pid, sig); err != nil {
+	pid := s.proc.cmd.Process.Pid
+	if err := syscall.Kill(-pid, sig); err != nil {
 		s.t.Errorf("testhsm: %v to server %s: %v", sig, s.name, err)
+		return
+	}
+	// WNOWAIT leaves the report for others (os/exec's Wait among them).
+	done := make(chan error, 1)
+	go func() {
+		var info unix.Siginfo
+		done <- unix.Waitid(unix.P_PID, pid, &info, state|unix.WNOWAIT, nil)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			s.t.Errorf("testhsm: wait for server %s after %v: %v", s.name, sig, err)
+		}
+	case <-time.After(exitDeadline):
+		s.t.Errorf("testhsm: server %s did not change state within %v of %v", s.name, exitDeadline, sig)
 	}
 }
 

@@ -1,0 +1,150 @@
+package testhsm_test
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/miekg/pkcs11"
+)
+
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 3)) }
+
+// listLabels lists label → serial of the initialised tokens a module shows,
+// through a context of its own (loaded with env set, then finalized).
+func listLabels(t *testing.T, module string, env map[string]string) map[string]string {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	c := pkcs11.New(module)
+	if c == nil {
+		t.Fatalf("load %s", module)
+	}
+	defer c.Destroy()
+	if err := c.Initialize(); err != nil {
+		t.Fatalf("Initialize %s: %v", module, err)
+	}
+	defer c.Finalize()
+	ids, err := c.GetSlotList(true)
+	if err != nil {
+		t.Fatalf("GetSlotList: %v", err)
+	}
+	out := make(map[string]string)
+	for _, id := range ids {
+		ti, err := c.GetTokenInfo(id)
+		if err != nil {
+			t.Fatalf("GetTokenInfo: %v", err)
+		}
+		if ti.Flags&pkcs11.CKF_TOKEN_INITIALIZED != 0 {
+			out[ti.Label] = ti.SerialNumber
+		}
+	}
+	return out
+}
+
+// Not parallel: it uses the process's SoftHSM context alone.
+func TestMainMakesTokens(t *testing.T) {
+	conf := os.Getenv("SOFTHSM2_CONF")
+	if conf == "" || !strings.HasPrefix(conf, os.TempDir()) {
+		t.Fatalf("SOFTHSM2_CONF = %q, want a temporary file", conf)
+	}
+	got := listLabels(t, testhsm.SoftHSMModule, nil)
+	if len(got) != 3 {
+		t.Fatalf("token directory holds %v, want 3 tokens", got)
+	}
+	toks := testhsm.Take(t, 2)
+	more := testhsm.Take(t, 1)
+	seen := map[string]bool{}
+	for _, tok := range append(toks, more...) {
+		if seen[tok.Label] {
+			t.Fatalf("Take handed out %s twice", tok.Label)
+		}
+		seen[tok.Label] = true
+		if got[tok.Label] != tok.Serial || tok.Serial == "" {
+			t.Fatalf("token %s: serial %q, module says %q", tok.Label, tok.Serial, got[tok.Label])
+		}
+		if tok.Module != testhsm.SoftHSMModule || tok.UserPIN == "" || tok.SOPIN == "" || tok.Name == "" {
+			t.Fatalf("incomplete token %+v", tok)
+		}
+	}
+	// The PIN works.
+	c := pkcs11.New(testhsm.SoftHSMModule)
+	defer c.Destroy()
+	if err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Finalize()
+	ids, _ := c.GetSlotList(true)
+	for _, id := range ids {
+		ti, _ := c.GetTokenInfo(id)
+		if ti.Label != toks[0].Label {
+			continue
+		}
+		h, err := c.OpenSession(id, pkcs11.CKF_SERIAL_SESSION)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Login(h, pkcs11.CKU_USER, toks[0].UserPIN); err != nil {
+			t.Fatalf("Login with the harness's user PIN: %v", err)
+		}
+		c.Logout(h)
+		c.CloseSession(h)
+	}
+}
+
+func TestServe(t *testing.T) {
+	srv := testhsm.Serve(t, "served-a")
+	tok := srv.Token()
+	addr := tok.ModuleEnv["P11_KIT_SERVER_ADDRESS"]
+	sock, ok := strings.CutPrefix(addr, "unix:path=")
+	if !ok || tok.Module != testhsm.P11KitClient {
+		t.Fatalf("served token %+v", tok)
+	}
+	if got := listLabels(t, tok.Module, tok.ModuleEnv); len(got) != 1 || got["served-a"] != tok.Serial {
+		t.Fatalf("through p11-kit: %v, want served-a with serial %s", got, tok.Serial)
+	}
+	// The served token is not in the process's own token directory.
+	if strings.HasPrefix(sock, filepath.Dir(os.Getenv("SOFTHSM2_CONF"))) {
+		t.Fatalf("served token shares the process's token directory")
+	}
+
+	srv.Kill()
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		t.Fatalf("socket still answers after Kill")
+	}
+	srv.Restart(t)
+	if got := listLabels(t, tok.Module, tok.ModuleEnv); got["served-a"] != tok.Serial {
+		t.Fatalf("after Restart: %v, want the same token (serial %s)", got, tok.Serial)
+	}
+
+	// Stop leaves the server stopped; Cont resumes it.
+	srv.Stop()
+	if st := procState(t, srv.PID()); st != "T" {
+		t.Fatalf("server state after Stop: %s, want T (stopped)", st)
+	}
+	srv.Cont()
+	if st := procState(t, srv.PID()); st == "T" {
+		t.Fatalf("server still stopped after Cont")
+	}
+	if got := listLabels(t, tok.Module, tok.ModuleEnv); got["served-a"] != tok.Serial {
+		t.Fatalf("after Stop and Cont: %v", got)
+	}
+}
+
+// procState returns the state letter of a process from /proc.
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pid (comm) state ...; comm may hold spaces, so cut after the last ')'.
+	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+	return rest[:1]
+}
