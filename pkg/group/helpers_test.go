@@ -288,3 +288,5 @@ func importSecret(t testing.TB, toks []testhsm.Token, label string) {
 		}
 	}
 }
+
+func takeTokens(t testing.TB, n int) []testhsm.Token { return testhsm.Take(t, n) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	gosync "sync"
@@ -30,8 +31,15 @@ import (
 // CKA_CLASS, CKA_KEY_TYPE, CKA_ID and CKA_LABEL of an existing one is
 // removed again and the call fails with CKR_TEMPLATE_INCONSISTENT, since
 // members could not tell the two apart. An object with neither CKA_ID nor
-// CKA_LABEL gets a random 16-byte CKA_ID; the halves of a key pair made
+// CKA_LABEL gets a random 16-byte CKA_ID (a data object, which has no
+// CKA_ID, gets the label AnonymousLabelPrefix + 32 random hex digits); the
+// halves of a key pair made
 // without any CKA_ID get one shared random CKA_ID even when labelled.
+
+// AnonymousLabelPrefix starts the CKA_LABEL the group gives a data object
+// made with neither CKA_ID nor CKA_LABEL (data objects have no CKA_ID),
+// followed by 32 random hex digits.
+const AnonymousLabelPrefix = "hagroup-anon-"
 
 // intent is what the group learned from an application template.
 type intent struct {
@@ -91,7 +99,12 @@ func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkc
 	in.token, _ = attrBool(tmpl, pkcs11.CKA_TOKEN)
 	in.explicitID = hasValue(tmpl, pkcs11.CKA_ID) || hasValue(tmpl, pkcs11.CKA_LABEL)
 	if !in.explicitID && id != nil {
-		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
+		if in.class == pkcs11.CKO_DATA {
+			// Data objects have no CKA_ID: name them instead.
+			in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_LABEL, AnonymousLabelPrefix+hex.EncodeToString(id)))
+		} else {
+			in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
+		}
 	}
 	if in.class == pkcs11.CKO_PRIVATE_KEY || in.class == pkcs11.CKO_SECRET_KEY {
 		ext, set := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)

@@ -251,8 +251,10 @@ func identityTemplate(id hasync.Identity) []*pkcs11.Attribute {
 	t := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
 		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
+	}
+	if id.Class != pkcs11.CKO_DATA { // data objects have no CKA_ID: it would match nothing
+		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
 	}
 	if id.KeyType != hasync.NoKeyType {
 		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
