@@ -219,6 +219,11 @@ type Status struct {
 	NextAttempt time.Time
 	// Conflicts found by the last attempt that involve the member.
 	Conflicts []hasync.Conflict
+	// OutOfSync is how many objects the member lacked, held in excess or
+	// held in conflict at CheckedAt, the last time a plan (a recovery
+	// attempt or Synchronize) listed it; 0 after it caught up.
+	OutOfSync int
+	CheckedAt time.Time
 }
 
 // Recoverer runs the recovery of one group's members. Its methods are safe
@@ -255,6 +260,8 @@ type memberRec struct {
 	lastOK       time.Time
 	next         time.Time
 	conflicts    []hasync.Conflict
+	outOfSync    int       // from the last plan that listed the member
+	checked      time.Time // when that plan was made
 	flight       *flight
 	kick         chan struct{} // re-arms the loop's timer (interval changed)
 }
@@ -665,12 +672,16 @@ func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, pee
 			return cu, fmt.Errorf("catch up: list objects: %w", err)
 		}
 		cu.Skipped = plan.Skipped
+		if cu.Passes == 1 {
+			r.noteOutOfSync(plan)
+		}
 		if cs := plan.ConflictsOf(self.Name); len(cs) > 0 {
 			return cu, &ConflictError{Member: self.Name, Conflicts: cs}
 		}
 		cu.OtherConflicts = plan.Conflicts
 		mine := plan.For(self.Name)
 		if len(plan.Actions) == 0 || (cu.Passes > 1 && len(mine) == 0) {
+			r.noteOutOfSync(&hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts})
 			return cu, nil
 		}
 		res, _ := r.repl.Apply(ctx, plan)
@@ -694,7 +705,9 @@ func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, pee
 			return cu, fmt.Errorf("catch up: %w", errors.Join(failed...))
 		}
 		if len(mine) == 0 {
-			return cu, nil // it only gave: nothing for it to take
+			// It only gave: nothing for it to take.
+			r.noteOutOfSync(&hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts})
+			return cu, nil
 		}
 	}
 	return cu, fmt.Errorf("catch up: objects were still changing after %d rounds", maxPasses)
@@ -758,6 +771,8 @@ func (r *Recoverer) Status(name string) Status {
 		LastRecovered: m.lastOK,
 		NextAttempt:   m.next,
 		Conflicts:     m.conflicts,
+		OutOfSync:     m.outOfSync,
+		CheckedAt:     m.checked,
 	}
 }
 

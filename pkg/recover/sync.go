@@ -1,0 +1,129 @@
+package recover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+)
+
+// SyncOptions tune Synchronize.
+type SyncOptions struct {
+	// Check only reports the differences; nothing is changed.
+	Check bool
+	// Prune deletes objects found on some members only, with no
+	// tombstone, instead of copying them to the rest. DESTRUCTIVE: see
+	// sync.PlanOptions.Prune.
+	Prune bool
+}
+
+// SyncReport is what Synchronize found and did.
+type SyncReport struct {
+	// Plan lists the differences: its actions and conflicts, and the
+	// members it skipped because they did not answer.
+	Plan *hasync.Plan
+	// Applied is the outcome of applying the plan; nil with Check or when
+	// there was nothing to do.
+	Applied *hasync.ApplyResult
+	// NotServing are the members left out because they are failed,
+	// recovering or removed; they catch up when they recover.
+	NotServing []string
+}
+
+// InSync reports whether the serving members were equal (before any
+// apply) and every member was compared.
+func (s *SyncReport) InSync() bool {
+	return s.Plan != nil && s.Plan.Empty() && len(s.Plan.Skipped) == 0 && len(s.NotServing) == 0
+}
+
+// Synchronize compares the objects of the serving members (active and
+// standby) and, unless opts.Check, makes them equal: copies what some
+// lack, deletes what a tombstone says was destroyed, and leaves conflicts
+// alone (they are in the report). It holds the host-wide recovery lock of
+// every member it compares, so no recovery of those members, in this
+// process or another, runs at the same time. The report's Plan also feeds
+// Status.OutOfSync.
+func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncReport, error) {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("synchronize: %w", ErrClosed)
+	}
+	rep := &SyncReport{}
+	var names []string
+	for _, snap := range r.eng.Members() {
+		if snap.State.Serving() {
+			names = append(names, snap.Name)
+		} else {
+			rep.NotServing = append(rep.NotServing, snap.Name)
+		}
+	}
+	if len(names) == 0 {
+		return rep, errors.New("synchronize: no member in service")
+	}
+	// Lock in name order, so two synchronisations cannot deadlock.
+	sorted := append([]string(nil), names...)
+	sort.Strings(sorted)
+	for _, name := range sorted {
+		unlock, err := r.lockMember(ctx, name, true)
+		if err != nil {
+			return rep, fmt.Errorf("synchronize: %w", err)
+		}
+		defer unlock()
+	}
+	// Under the locks, take the members that still serve.
+	var members []hasync.PlanMember
+	for _, name := range names {
+		m, ok := r.eng.Member(name)
+		if !ok || !m.State().Serving() || m.Slot() == nil {
+			rep.NotServing = append(rep.NotServing, name)
+			continue
+		}
+		members = append(members, hasync.PlanMember{Name: name, Slot: m.Slot()})
+	}
+	if len(members) == 0 {
+		return rep, errors.New("synchronize: no member in service")
+	}
+	var tombs hasync.Tombstones
+	if r.opts.Tombstones != nil {
+		set, err := r.opts.Tombstones.Snapshot(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("synchronize: read tombstones: %w", err)
+		}
+		tombs = set
+	}
+	plan, err := hasync.MakePlan(ctx, members, tombs, hasync.PlanOptions{Prune: opts.Prune, SkipUnreachable: true})
+	if err != nil {
+		return rep, fmt.Errorf("synchronize: %w", err)
+	}
+	rep.Plan = plan
+	r.noteOutOfSync(plan)
+	if opts.Check || len(plan.Actions) == 0 {
+		return rep, nil
+	}
+	res, err := r.repl.Apply(ctx, plan)
+	rep.Applied = res
+	if err != nil {
+		return rep, fmt.Errorf("synchronize: %w", err)
+	}
+	// What is left: conflicts only (and what failed, reported above).
+	after := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts}
+	r.noteOutOfSync(after)
+	return rep, nil
+}
+
+// noteOutOfSync records, per member of p, how many objects it is out of
+// sync by, for Status.
+func (r *Recoverer) noteOutOfSync(p *hasync.Plan) {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, name := range p.Members {
+		m := r.rec(name)
+		m.outOfSync = p.OutOfSync(name)
+		m.checked = now
+	}
+}
