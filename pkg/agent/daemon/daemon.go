@@ -54,7 +54,16 @@ type Daemon struct {
 	server  *agent.Server
 	socket  string
 
-	runCtx context.Context // the context groups run under
+	runCtx      context.Context // the context groups run under
+	metricsAddr string          // where /metrics is served, once listening
+}
+
+// MetricsAddr returns the address the metrics endpoint listens on ("" when
+// off or not yet listening).
+func (d *Daemon) MetricsAddr() string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.metricsAddr
 }
 
 // groupRun is one group's engine and its background loops.
@@ -153,6 +162,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		metricsSrv = &http.Server{Handler: d.metrics.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		metricsDone = make(chan error, 1)
+		d.mu.Lock()
+		d.metricsAddr = mln.Addr().String()
+		d.mu.Unlock()
 		go func() { metricsDone <- metricsSrv.Serve(mln) }()
 		d.log.Info("metrics endpoint", "addr", mln.Addr().String())
 	}
@@ -280,6 +292,11 @@ func (d *Daemon) loop(ctx context.Context, gr *groupRun) {
 	}
 	probe := time.NewTicker(probeEvery)
 	defer probe.Stop()
+	if eng := gr.engine(); eng != nil {
+		// A first probe at once, so listgroups shows token details and
+		// a member that is already down without waiting a whole interval.
+		d.probe(ctx, gr, eng, probeEvery)
+	}
 	check := time.NewTicker(syncEvery)
 	defer check.Stop()
 	for {
@@ -291,14 +308,7 @@ func (d *Daemon) loop(ctx context.Context, gr *groupRun) {
 			if eng == nil {
 				continue
 			}
-			pctx, cancel := context.WithTimeout(ctx, probeEvery+gr.set.CommandTimeout)
-			for _, r := range eng.Probe(pctx) {
-				d.metrics.observe(gr.cfg.Label, r.Member, "probe", r.Duration)
-				if r.Err != nil {
-					d.log.Debug("probe failed", "group", gr.cfg.Label, "member", r.Member, "error", r.Err)
-				}
-			}
-			cancel()
+			d.probe(ctx, gr, eng, probeEvery)
 		case <-check.C:
 			if gr.engine() == nil {
 				d.openGroup(ctx, gr)
@@ -556,4 +566,19 @@ func (gr *groupRun) state() (Engine, error) {
 	gr.mu.Lock()
 	defer gr.mu.Unlock()
 	return gr.eng, gr.openErr
+}
+
+// probe runs one health probe of a group and records its durations.
+func (d *Daemon) probe(ctx context.Context, gr *groupRun, eng Engine, every time.Duration) {
+	pctx, cancel := context.WithTimeout(ctx, every+gr.set.CommandTimeout)
+	defer cancel()
+	for _, r := range eng.Probe(pctx) {
+		if r.Duration == 0 && r.Err == nil {
+			continue // not probed (failed or recovering)
+		}
+		d.metrics.observe(gr.cfg.Label, r.Member, "probe", r.Duration)
+		if r.Err != nil {
+			d.log.Debug("probe failed", "group", gr.cfg.Label, "member", r.Member, "error", r.Err)
+		}
+	}
 }

@@ -75,7 +75,7 @@ func OpenGroup(ctx context.Context, g config.Group, s config.Settings, env Env, 
 		stateDir = ""
 	}
 	ropts := recover.Options{
-		Engine:   recoverEngine{gr},
+		Engine:   gr,
 		StateDir: stateDir,
 		Interval: s.Interval,
 		Retries:  s.Retries,
