@@ -34,6 +34,7 @@ type sess struct {
 	fl    unsafe.Pointer
 	h     pkcs11.SessionHandle
 	gen   uint64 // slot generation the session belongs to
+	inc   uint64 // module incarnation the session was opened in
 	open  bool   // h is an open session
 
 	// The call being handed to the worker. Written by the caller before the
@@ -50,13 +51,14 @@ type sess struct {
 	dead  bool // caller side: abandoned or closed, never to be used again
 }
 
-// newSess starts the worker of a session that is not open yet.
-func newSess(owner *Slot, c *pkcs11.Ctx, fl unsafe.Pointer, gen uint64) *sess {
+// newSess starts the worker of a session, not open yet, on state st.
+func newSess(owner *Slot, st *slotState) *sess {
 	x := &sess{
 		owner: owner,
-		ctx:   c,
-		fl:    fl,
-		gen:   gen,
+		ctx:   st.ctx,
+		fl:    st.fl,
+		gen:   st.gen,
+		inc:   st.inc,
 		req:   make(chan struct{}),
 		res:   make(chan error, 1),
 		timer: time.NewTimer(time.Hour),
@@ -99,10 +101,15 @@ func (x *sess) exec() error {
 // afterAbandon runs on the worker once an abandoned call has returned: it
 // closes the session and lets the slot forget the call.
 func (x *sess) afterAbandon() {
-	if x.open {
+	// A context finalized and initialised again since (Reinit) has dropped
+	// the session, and may have given its handle number to a new one.
+	// (Reinit does not wait for abandoned calls, so the check and the close
+	// can still cross a Reinit; the cost would be one spurious
+	// CKR_SESSION_HANDLE_INVALID on the new session, which is then replaced.)
+	if x.open && x.inc == x.owner.mod.inc.Load() {
 		_ = x.ctx.CloseSession(x.h)
-		x.open = false
 	}
+	x.open = false
 	x.owner.unquarantine()
 	x.owner.unhold()
 }

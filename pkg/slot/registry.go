@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -30,6 +31,10 @@ type module struct {
 	foreign bool // CKR_CRYPTOKI_ALREADY_INITIALIZED: someone else's; never finalized by us
 	private bool // loaded for one spec's module env: not shared by key
 	wedged  bool // a Finalize/Initialize outlived its deadline: never touch ctx again
+
+	// inc counts the finalizations by reinit: session handles of an
+	// earlier incarnation are gone.
+	inc atomic.Uint64
 
 }
 
@@ -181,6 +186,7 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 		}
 		fl, flErr := functionList(c, m.path)
 		m.ctx, m.fl, m.flErr, m.wedged = c, fl, flErr, false
+		m.inc.Add(1)
 	} else {
 		c := m.ctx
 		err := callTimeout(ctx, timeout, func() error { return c.Finalize() })
@@ -191,6 +197,7 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 		case err == nil:
 			r.finals[m.path]++
 		}
+		m.inc.Add(1)
 		// Any other Finalize error (the connection is dead, the context
 		// was not initialised) still leaves the context ready for
 		// Initialize.

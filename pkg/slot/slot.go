@@ -66,13 +66,13 @@ type slotState struct {
 	id    uint
 	token TokenSummary
 	gen   uint64
-	err   error // the token could not be found again: every call fails with it
+	inc   uint64 // incarnation of the module context (see module.inc)
+	err   error  // the token could not be found again: every call fails with it
 }
 
 // counters are the pool's statistics.
 type counters struct {
 	open             atomic.Int64
-	inUse            atomic.Int64
 	maxOpen          atomic.Int64
 	opened           atomic.Uint64
 	discarded        atomic.Uint64
@@ -84,7 +84,7 @@ type counters struct {
 type Stats struct {
 	Capacity         int    // pool cap
 	Open             int    // pooled sessions open (idle or lent out)
-	InUse            int    // pooled sessions lent out
+	InUse            int    // pooled sessions lent out (or being opened to be)
 	MaxOpen          int    // the most pooled sessions ever open at once
 	Quarantined      int    // calls past their deadline still inside the module
 	Opened           uint64 // pooled sessions opened, ever
@@ -137,7 +137,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		modules.release(mod)
 		return nil, err
 	}
-	s.st.Store(&slotState{ctx: c, fl: fl, flErr: flErr, id: tok.SlotID, token: tok, gen: 1})
+	s.st.Store(&slotState{ctx: c, fl: fl, flErr: flErr, id: tok.SlotID, token: tok, gen: 1, inc: mod.inc.Load()})
 
 	s.capacity = spec.MaxSessions
 	if s.capacity == 0 {
@@ -205,7 +205,7 @@ func (s *Slot) Stats() Stats {
 	return Stats{
 		Capacity:         s.capacity,
 		Open:             int(s.stats.open.Load()),
-		InUse:            int(s.stats.inUse.Load()),
+		InUse:            len(s.permits),
 		MaxOpen:          int(s.stats.maxOpen.Load()),
 		Quarantined:      int(s.quarantined.Load()),
 		Opened:           s.stats.opened.Load(),
@@ -272,7 +272,7 @@ func (s *Slot) anchorLocked(ctx context.Context) (*sess, error) {
 		s.anchor.retire(s.cmdTimeout)
 		s.anchor = nil
 	}
-	a := newSess(s, st.ctx, st.fl, st.gen)
+	a := newSess(s, st)
 	if err := a.openOn(ctx, st.id, s.cmdTimeout); err != nil {
 		a.retire(s.cmdTimeout)
 		return nil, err
@@ -442,12 +442,13 @@ func (s *Slot) Reinit(ctx context.Context) error {
 	}()
 	if owned {
 		if err := modules.reinit(ctx, s.mod, s.cmdTimeout); err != nil {
-			next.ctx, next.fl, next.flErr = old.ctx, old.fl, old.flErr
+			next.ctx, next.fl, next.flErr, next.inc = old.ctx, old.fl, old.flErr, s.mod.inc.Load()
 			next.err = newError(s.spec.Name, "", err)
 			return next.err
 		}
 	}
 	next.ctx, next.fl, next.flErr = modules.current(s.mod)
+	next.inc = s.mod.inc.Load()
 	tok, err := findToken(ctx, &s.spec, s.query, next.ctx, s.cmdTimeout)
 	if err != nil {
 		next.err = err
@@ -545,7 +546,7 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 	if st.err != nil {
 		return nil, st.err
 	}
-	x := newSess(s, st.ctx, st.fl, st.gen)
+	x := newSess(s, st)
 	if err := x.openOn(ctx, st.id, s.cmdTimeout); err != nil {
 		x.retire(s.cmdTimeout)
 		return nil, err
@@ -599,9 +600,7 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 	if err != nil {
 		return err
 	}
-	s.stats.inUse.Add(1)
 	err = x.run(ctx, op, timeout, fn)
-	s.stats.inUse.Add(-1)
 	switch {
 	case x.dead: // quarantined
 		s.stats.open.Add(-1)
@@ -627,7 +626,7 @@ func (s *Slot) borrow(ctx context.Context, st *slotState) (*sess, error) {
 			continue
 		default:
 		}
-		x := newSess(s, st.ctx, st.fl, st.gen)
+		x := newSess(s, st)
 		if err := x.openOn(ctx, st.id, s.cmdTimeout); err != nil {
 			x.retire(s.cmdTimeout)
 			return nil, err
