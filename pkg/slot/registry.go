@@ -35,7 +35,6 @@ type module struct {
 	// inc counts the finalizations by reinit: session handles of an
 	// earlier incarnation are gone.
 	inc atomic.Uint64
-
 }
 
 // registry holds the process's module contexts. It is package state because
