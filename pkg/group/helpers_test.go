@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/asn1"
@@ -290,3 +291,35 @@ func importSecret(t testing.TB, toks []testhsm.Token, label string) {
 }
 
 func takeTokens(t testing.TB, n int) []testhsm.Token { return testhsm.Take(t, n) }
+
+// importEd25519 puts one Ed25519 key pair, made here, on every token.
+func importEd25519(t testing.TB, toks []testhsm.Token, label string) ed25519.PublicKey {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	point, _ := asn1.Marshal([]byte(pub))
+	params := []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
+	id := []byte("id-" + label)
+	for _, tok := range toks {
+		d := openDirect(t, tok)
+		ctx := testContext(t)
+		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), attr(pkcs11.CKA_KEY_TYPE, uint(0x40)),
+			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
+			attr(pkcs11.CKA_EC_PARAMS, params), attr(pkcs11.CKA_EC_POINT, point),
+		}); err != nil {
+			t.Fatalf("import Ed25519 public key on %s: %v", tok.Name, err)
+		}
+		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_KEY_TYPE, uint(0x40)),
+			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true),
+			attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
+			attr(pkcs11.CKA_EC_PARAMS, params), attr(pkcs11.CKA_VALUE, priv.Seed()),
+		}); err != nil {
+			t.Fatalf("import Ed25519 private key on %s: %v", tok.Name, err)
+		}
+	}
+	return pub
+}

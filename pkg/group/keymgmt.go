@@ -261,7 +261,19 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		}
 		vs[i] = o
 	}
-	g.replicate(ctx, s, p, ms, vs)
+	if err := g.replicate(ctx, s, p, ms, vs); err != nil {
+		// The primary cannot export what it made (say, a key type its
+		// token will not wrap): the object cannot be highly available, so
+		// it is not made at all.
+		for _, o := range vs {
+			g.objs.remove(o)
+			if !o.token {
+				delete(s.objects, o.h)
+			}
+		}
+		undo()
+		return nil, opErr(op, p.Name(), err)
+	}
 	res := make([]ObjectHandle, len(vs))
 	for i, o := range vs {
 		res[i] = o.h
@@ -282,8 +294,11 @@ type slotOps interface {
 
 // replicate copies the objects made on primary p to every other serving
 // member in parallel. s.mu held (session objects go into s's physical
-// sessions).
-func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vobject) {
+// sessions). A target that fails is failed and reported. When the primary
+// itself refuses to export an object (a request error on the primary's
+// side, such as CKR_KEY_NOT_WRAPPABLE), no member can ever get it: every
+// copy made is taken back, no member is failed, and the error is returned.
+func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vobject) error {
 	var targets []*member.Member
 	for _, m := range g.serving() {
 		if m != p {
@@ -291,7 +306,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		}
 	}
 	if len(targets) == 0 {
-		return
+		return nil
 	}
 	// Physical sessions for session objects are opened here, under s.mu,
 	// before the goroutines start.
@@ -308,43 +323,67 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			dsts[i].Session = ps
 		}
 	}
+	copies := make([][]pkcs11.ObjectHandle, len(targets))
+	failedAt := make([]int, len(targets))
 	var wg gosync.WaitGroup
 	for i, t := range targets {
 		if errs[i] != nil {
-			g.replicationFailed(t, ms[0].obj.Identity, errs[i])
 			continue
 		}
 		wg.Go(func() {
-			var done []pkcs11.ObjectHandle
 			for j, m := range ms {
-				var h pkcs11.ObjectHandle
 				start := t.Begin()
 				h, err := g.rep.Replicate(ctx, p.Slot(), m.h, dsts[i])
 				t.End(start, err)
 				if err != nil {
-					// Take back the other half of a key pair so the member
-					// holds all or nothing; recovery brings it in whole.
-					for k, dh := range done {
-						g.destroyOn(context.WithoutCancel(ctx), dsts[i], dh)
-						vs[k].forget(t.Index())
-					}
-					g.replicationFailed(t, m.obj.Identity, err)
+					errs[i], failedAt[i] = err, j
 					return
 				}
-				done = append(done, h)
-				if m.obj.Token {
-					vs[j].set(t.Index(), t.Epoch(), h)
-				} else {
-					g.objs.setSessionPhys(vs[j], t, h)
-				}
-			}
-			for _, m := range ms {
-				t.AddReplication()
-				g.emit(Event{Kind: ObjectReplicated, Member: t.Name(), Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint})
+				copies[i] = append(copies[i], h)
 			}
 		})
 	}
 	wg.Wait()
+	takeBack := func(i int) {
+		for _, h := range copies[i] {
+			g.destroyOn(context.WithoutCancel(ctx), dsts[i], h)
+		}
+		copies[i] = nil
+	}
+	for _, err := range errs {
+		if err != nil && sourceRefused(err, p) {
+			for k := range targets {
+				takeBack(k)
+			}
+			return err
+		}
+	}
+	for i, t := range targets {
+		if errs[i] != nil {
+			// Take back the other half of a key pair so the member holds
+			// all or nothing; recovery brings it in whole.
+			takeBack(i)
+			g.replicationFailed(t, ms[failedAt[i]].obj.Identity, errs[i])
+			continue
+		}
+		for j, m := range ms {
+			if m.obj.Token {
+				vs[j].set(t.Index(), t.Epoch(), copies[i][j])
+			} else {
+				g.objs.setSessionPhys(vs[j], t, copies[i][j])
+			}
+			t.AddReplication()
+			g.emit(Event{Kind: ObjectReplicated, Member: t.Name(), Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint})
+		}
+	}
+	return nil
+}
+
+// sourceRefused reports whether a replication error is the primary p
+// refusing the request (not a target failing, not p being unwell).
+func sourceRefused(err error, p *member.Member) bool {
+	var se *slot.Error
+	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassRequest
 }
 
 func (g *Group) destroyOn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) {
@@ -430,11 +469,17 @@ func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, p
 	if err != nil {
 		return 0, 0, err
 	}
-	if !hasValue(pub, pkcs11.CKA_ID) && !hasValue(priv, pkcs11.CKA_ID) {
-		// Pair the halves by one CKA_ID even when the application named
-		// them by label only: tokens that hide the public key of a private
-		// key (SoftHSM for EC) let the group fingerprint the private half
-		// only through its public half with the same CKA_ID.
+	switch {
+	case hasValue(pub, pkcs11.CKA_ID) && !hasValue(priv, pkcs11.CKA_ID):
+		prin.tmpl = setAttr(prin.tmpl, pub[attrIndex(pub, pkcs11.CKA_ID)])
+	case hasValue(priv, pkcs11.CKA_ID) && !hasValue(pub, pkcs11.CKA_ID):
+		pin.tmpl = setAttr(pin.tmpl, priv[attrIndex(priv, pkcs11.CKA_ID)])
+	case !hasValue(pub, pkcs11.CKA_ID) && !hasValue(priv, pkcs11.CKA_ID):
+		// Pair the halves by one CKA_ID (the one the application gave
+		// either half, else a random one, even when the halves are
+		// labelled): tokens that hide the public key of a private key
+		// (SoftHSM for EC) let the group fingerprint the private half only
+		// through its public half with the same CKA_ID.
 		pin.tmpl = setAttr(pin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 		prin.tmpl = setAttr(prin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 	}

@@ -120,28 +120,48 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 // charges a health failure to m (failing it at the threshold or on a
 // timeout). A call the caller's context cut short is not charged.
 func (g *Group) call(ctx context.Context, m *member.Member, fn func() error) (slot.Class, error) {
+	class, fail, err := g.measure(ctx, m, fn)
+	if fail {
+		g.failMember(m, err)
+	}
+	return class, err
+}
+
+// measure is call without the failing: it reports whether the call should
+// fail m, for callers that decide later (see run).
+func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) (slot.Class, bool, error) {
 	start := m.Begin()
 	err := fn()
 	if err != nil && ctx.Err() != nil {
 		m.End(start, nil) // not the member's fault
-		return slot.ClassRequest, err
+		return slot.ClassRequest, false, err
 	}
 	out := m.End(start, err)
 	class := out.Class
-	if class == slot.ClassLogin && g.lostLogin(err) {
+	if (class == slot.ClassLogin || class == slot.ClassRequest) && g.lostLogin(err) {
 		// The member forgot our login (token restarted under us): it is
 		// unwell, not the request.
 		class = slot.ClassHealth
 		out.Fail = m.ChargeHealth(err)
 	}
-	if class == slot.ClassRequest && g.lostLogin(err) {
-		class = slot.ClassHealth
-		out.Fail = m.ChargeHealth(err)
+	return class, class == slot.ClassHealth && out.Fail, err
+}
+
+// ambiguous reports whether a health-class error may as well be the
+// request's fault: CKR_GENERAL_ERROR and CKR_FUNCTION_FAILED, which tokens
+// also return for requests they dislike (SoftHSM, for one). A member is
+// failed for one only once another member has served the same request;
+// if every member says the same, the request is wrong and nobody is
+// failed.
+func ambiguous(err error) bool {
+	if errors.Is(err, slot.ErrTimeout) {
+		return false
 	}
-	if class == slot.ClassHealth && out.Fail {
-		g.failMember(m, err)
+	switch slot.CodeOf(err) {
+	case pkcs11.CKR_GENERAL_ERROR, pkcs11.CKR_FUNCTION_FAILED:
+		return true
 	}
-	return class, err
+	return false
 }
 
 // lostLogin reports whether err says a member is not logged in while the
@@ -177,6 +197,13 @@ func (g *Group) run(ctx context.Context, op string, objs []*vobject, fn attempt)
 	var lastHealth error
 	absent, retriedAbsent := false, false
 	staleRetried := memberSet(0)
+	type suspect struct {
+		m    *member.Member
+		err  error
+		fail bool
+	}
+	var suspects []suspect
+	clearErrs := 0 // health errors that are surely the member's
 	hs := make([]pkcs11.ObjectHandle, len(objs))
 	for {
 		if err := ctx.Err(); err != nil {
@@ -218,11 +245,24 @@ func (g *Group) run(ctx context.Context, op string, objs []*vobject, fn attempt)
 			}
 			return opErr(op, m.Name(), err)
 		}
-		class, err := g.call(ctx, m, func() error { return fn(ctx, m, s, hs) })
+		class, fail, err := g.measure(ctx, m, func() error { return fn(ctx, m, s, hs) })
 		switch class {
 		case slot.ClassNone:
+			for _, sm := range suspects {
+				if sm.fail {
+					g.failMember(sm.m, sm.err)
+				}
+			}
 			return nil
 		case slot.ClassHealth:
+			if ambiguous(err) {
+				suspects = append(suspects, suspect{m, err, fail})
+			} else {
+				clearErrs++
+				if fail {
+					g.failMember(m, err)
+				}
+			}
 			lastHealth = err
 			m.AddFailover()
 			skip.add(m.Index())
@@ -238,6 +278,16 @@ func (g *Group) run(ctx context.Context, op string, objs []*vobject, fn attempt)
 			continue
 		}
 		return opErr(op, m.Name(), err)
+	}
+	if len(suspects) > 0 && clearErrs == 0 {
+		// Every member that answered refused the request the same
+		// ambiguous way: it is the request, not the members.
+		return opErr(op, "", lastHealth)
+	}
+	for _, sm := range suspects {
+		if sm.fail {
+			g.failMember(sm.m, sm.err)
+		}
 	}
 	if lastHealth == nil && absent {
 		if len(objs) > 0 && objs[0].isKey() {

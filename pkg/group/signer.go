@@ -79,6 +79,10 @@ func (g *Group) Signer(ctx context.Context, sel KeySelector) (*Signer, error) {
 		pubT = append(pubT, pkcs11.NewAttribute(pkcs11.CKA_LABEL, id.Label))
 	}
 	pubs, err := g.Find(ctx, pubT)
+	if err == nil && len(pubs) == 0 && len(id.ID) > 0 && id.Label != "" {
+		// Halves paired by label only.
+		pubs, err = g.Find(ctx, []*pkcs11.Attribute{pubT[0], pubT[1], pkcs11.NewAttribute(pkcs11.CKA_LABEL, id.Label)})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("group %s: Signer: find public key: %w", g.label, err)
 	}
