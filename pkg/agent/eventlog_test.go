@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -126,5 +127,68 @@ func TestHALogFollowOverSocket(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "member_failed,member_recovered" {
 		t.Errorf("followed %v", got)
+	}
+}
+
+// TestFollowSeesOtherWritersAndRotation: a follower sees lines that
+// another process (libhapkcs11) appends to the file, and keeps following
+// across a rotation, each event once and in order.
+func TestFollowSeesOtherWritersAndRotation(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "ha.log")
+	l, err := OpenEventLog(p, 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.Append(Event{Group: "g", Event: "e0"})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	got := make(chan string, 100)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- l.Read(ctx, HALogRequest{Follow: true}, func(e Event) error {
+			got <- e.Event
+			return nil
+		})
+	}()
+	var seenSoFar []string
+	next := func() string {
+		select {
+		case s := <-got:
+			seenSoFar = append(seenSoFar, s)
+			return s
+		case <-ctx.Done():
+			t.Fatalf("follower saw nothing more before the deadline (so far: %v)", seenSoFar)
+			return ""
+		}
+	}
+	if s := next(); s != "e0" {
+		t.Fatalf("first = %s", s)
+	}
+	other, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Write([]byte(`{"time":"2025-01-01T00:00:00Z","group":"g","event":"from-lib","source":"libhapkcs11 pid 1"}` + "\n"))
+	other.Close()
+	if s := next(); s != "from-lib" {
+		t.Fatalf("second = %s, want the line another process appended", s)
+	}
+	var want []string
+	for i := range 10 { // enough to rotate the 300-byte log several times
+		name := fmt.Sprintf("r%d", i)
+		want = append(want, name)
+		l.Append(Event{Group: "g", Event: name, Detail: strings.Repeat("x", 40)})
+	}
+	var seen []string
+	for range want {
+		seen = append(seen, next())
+	}
+	if strings.Join(seen, ",") != strings.Join(want, ",") {
+		t.Errorf("across rotation saw %v, want %v", seen, want)
+	}
+	cancel()
+	if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Read: %v", err)
 	}
 }
