@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/BurntSushi/toml"
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -152,12 +153,24 @@ func (a *app) loadConfig() (*config.Config, error) {
 }
 
 // socketPath is --socket, else the config's agent.socket, else the default.
+// A config that fails validation is still read for its socket, so an
+// operator with a broken file reaches the agent (whose reload then says
+// what is wrong) instead of the default path.
 func (a *app) socketPath() string {
 	if a.socketFlag != "" {
 		return a.socketFlag
 	}
-	if c, err := config.Load(a.configPath()); err == nil {
+	c, err := config.Load(a.configPath())
+	if err == nil {
 		return c.Agent.WithDefaults().Socket
+	}
+	var loose struct {
+		Agent struct {
+			Socket string `toml:"socket"`
+		} `toml:"agent"`
+	}
+	if _, derr := toml.DecodeFile(a.configPath(), &loose); derr == nil && loose.Agent.Socket != "" {
+		return loose.Agent.Socket
 	}
 	return config.DefaultSocket
 }

@@ -22,9 +22,20 @@ func newSlotCmd(a *app) *cobra.Command {
 
 // tokensResult is slot list's --json output.
 type tokensResult struct {
-	SchemaVersion int                 `json:"schemaVersion"`
-	Module        string              `json:"module"`
-	Tokens        []slot.TokenSummary `json:"tokens"`
+	SchemaVersion int         `json:"schemaVersion"`
+	Module        string      `json:"module"`
+	Tokens        []tokenJSON `json:"tokens"`
+}
+
+// tokenJSON is one token in slot list's --json output.
+type tokenJSON struct {
+	SlotID       uint   `json:"slotId"`
+	Label        string `json:"label"`
+	Serial       string `json:"serial"`
+	Manufacturer string `json:"manufacturer"`
+	Model        string `json:"model"`
+	Flags        uint   `json:"flags"`
+	Initialized  bool   `json:"initialized"`
 }
 
 func newSlotListCmd(a *app) *cobra.Command {
@@ -50,7 +61,11 @@ func newSlotListCmd(a *app) *cobra.Command {
 				ts = []slot.TokenSummary{}
 			}
 			if jsonOut {
-				return a.printJSON(tokensResult{SchemaVersion: agent.SchemaVersion, Module: m.Module, Tokens: ts})
+				res := tokensResult{SchemaVersion: agent.SchemaVersion, Module: m.Module, Tokens: []tokenJSON{}}
+				for _, t := range ts {
+					res.Tokens = append(res.Tokens, tokenJSON{t.SlotID, t.Label, t.Serial, t.Manufacturer, t.Model, t.Flags, t.Initialized})
+				}
+				return a.printJSON(res)
 			}
 			if len(ts) == 0 {
 				_, err := fmt.Fprintf(a.out, "%s offers no tokens\n", m.Module)

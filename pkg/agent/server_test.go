@@ -454,3 +454,24 @@ func TestDrain(t *testing.T) {
 		t.Fatal("Run did not return after draining")
 	}
 }
+
+// TestClientComparesAPIVersion: an agent speaking another API version is
+// reported as such, not misread.
+func TestClientComparesAPIVersion(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "v.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(HeaderAPI, "2")
+		w.Write([]byte(`{}`))
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	_, err = NewClient(sock).Status(t.Context())
+	var ve *VersionError
+	if !errors.As(err, &ve) || ve.Server != "2" || ve.Client != APIVersion {
+		t.Fatalf("err = %v, want *VersionError", err)
+	}
+}
