@@ -23,7 +23,11 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 120)) }
+// poolSize tokens are made for the package; the last three (from
+// exampleFirstToken) are left to Example, which names them by label.
+const poolSize = 120
+
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, poolSize)) }
 
 var serials atomic.Int64
 
