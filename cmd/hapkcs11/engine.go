@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	harecover "github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
@@ -19,18 +21,25 @@ type virtual struct {
 	g *group.Group
 }
 
-// openGroups starts the engine for every configured group. Deletions are
-// journalled in the state directory when this process may write it (so
-// that a member that was away cannot bring a deleted key back), otherwise
-// kept in memory, which the HA event log then says.
+// openGroups starts the engine for every configured group, with the
+// automatic recovery of failed members (pkg/recover) running in this
+// process, as Luna's client does. Deletions are journalled in the state
+// directory when this process may write it (so that a member that was away
+// cannot bring a deleted key back, and recoveries by the agent and by
+// applications exclude each other through its lock files); otherwise they
+// are kept in memory, which the HA event log then says.
 func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token, func() error, error) {
 	stateDir := cfg.Agent.WithDefaults().StateDir
 	var (
 		groups   []*group.Group
+		recs     []*harecover.Recoverer
 		journals []*tombstone.Journal
 	)
 	closeAll := func() error {
 		var errs []error
+		for _, r := range recs {
+			errs = append(errs, r.Close())
+		}
 		for _, g := range groups {
 			errs = append(errs, g.Close())
 		}
@@ -43,13 +52,21 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 	for i := range cfg.Groups {
 		gc := cfg.Groups[i]
 		set := cfg.Settings(&gc)
-		opts := group.Options{Events: eventSink{log: log}}
+		sink := &eventSink{log: log}
+		opts := group.Options{Events: sink}
+		ropts := harecover.Options{
+			Interval: set.Interval,
+			Retries:  set.Retries,
+			Events:   sink.recovery(gc.Label),
+		}
 		j, err := tombstone.Open(stateDir, gc.Serial, tombstone.Options{Horizon: set.TombstoneHorizon})
 		if err != nil {
 			log.event(gc.Label, "", "client-tombstones-in-memory", err.Error())
 		} else {
 			journals = append(journals, j)
 			opts.Tombstones = j
+			ropts.Tombstones = j
+			ropts.StateDir = stateDir
 		}
 		g, err := group.Open(ctx, gc, set, opts)
 		if err != nil {
@@ -57,16 +74,29 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			return nil, nil, fmt.Errorf("group %s: %w", gc.Label, err)
 		}
 		groups = append(groups, g)
+		ropts.Engine = g
+		rec, err := harecover.New(ropts)
+		if err != nil {
+			_ = closeAll()
+			return nil, nil, fmt.Errorf("group %s: recovery: %w", gc.Label, err)
+		}
+		recs = append(recs, rec)
+		sink.rec.Store(rec)
+		rec.Resume() // members that failed while the group opened
 		out = append(out, &virtual{g: g})
 	}
 	return out, closeAll, nil
 }
 
-// eventSink writes the engine's events to the HA event log. It must not
-// block: the log is an O_APPEND file write.
-type eventSink struct{ log *eventLog }
+// eventSink writes the engine's events to the HA event log and starts the
+// recovery of a member that failed. It must not block: the log is an
+// O_APPEND file write and MemberFailed only schedules.
+type eventSink struct {
+	log *eventLog
+	rec atomic.Pointer[harecover.Recoverer]
+}
 
-func (s eventSink) Event(e group.Event) {
+func (s *eventSink) Event(e group.Event) {
 	detail := ""
 	switch {
 	case e.Err != nil:
@@ -77,6 +107,22 @@ func (s eventSink) Event(e group.Event) {
 		detail = fmt.Sprintf("%s -> %s", e.From, e.To)
 	}
 	s.log.event(e.Group, e.Member, string(e.Kind), detail)
+	if e.Kind == group.MemberFailed {
+		if r := s.rec.Load(); r != nil {
+			r.MemberFailed(e.Member)
+		}
+	}
+}
+
+// recovery returns the Recoverer's event callback for group label.
+func (s *eventSink) recovery(label string) func(harecover.Event) {
+	return func(e harecover.Event) {
+		detail := ""
+		if e.Err != nil {
+			detail = e.Err.Error()
+		}
+		s.log.event(label, e.Member, string(e.Kind), detail)
+	}
 }
 
 func (v *virtual) SlotInfo() slotInfo {

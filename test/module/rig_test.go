@@ -127,8 +127,9 @@ type rig struct {
 }
 
 type rigOpts struct {
-	only   bool // HAOnly: no member slots listed
-	served bool // the last member is served by p11-kit server
+	only   bool   // HAOnly: no member slots listed
+	served bool   // the last member is served by p11-kit server
+	ecKey  string // "LABEL,IDHEX": an EC key pair made through the engine with every member reached directly
 }
 
 // newRig makes three members (two in-process SoftHSM tokens and, with
@@ -141,11 +142,24 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	r.pinFile = r.write("user.pin", testhsm.UserPIN+"\n")
 	r.soFile = r.write("so.pin", testhsm.SOPIN+"\n")
 	r.logFile = r.write("ha.log", "")
-	tokens := filepath.Join(r.dir, "tokens")
-	if err := os.Mkdir(tokens, 0o700); err != nil {
-		t.Fatal(err)
+	// The member served by p11-kit server lives in the token directory
+	// testhsm.Serve made for it; the other members are put in the same
+	// directory, so that one SoftHSM (hsmprep's) sees all three to install
+	// the domain key. Otherwise the rig has its own directory.
+	var softConf string
+	if o.served {
+		r.served = testhsm.Serve(t, "ha-2")
+		softConf = filepath.Join(filepath.Dir(strings.TrimPrefix(r.served.Address(), "unix:path=")), "softhsm2.conf")
+		if _, err := os.Stat(softConf); err != nil {
+			t.Fatalf("the served token's SoftHSM configuration is not beside its socket: %v", err)
+		}
+	} else {
+		tokens := filepath.Join(r.dir, "tokens")
+		if err := os.Mkdir(tokens, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		softConf = r.write("softhsm2.conf", "directories.tokendir = "+tokens+"\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n")
 	}
-	softConf := r.write("softhsm2.conf", "directories.tokendir = "+tokens+"\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n")
 	r.env = append(os.Environ(),
 		"SOFTHSM2_CONF="+softConf,
 		"HAGROUP_CONF="+filepath.Join(r.dir, "hagroup.toml"),
@@ -164,25 +178,41 @@ func newRig(t *testing.T, o rigOpts) *rig {
 			Module: testhsm.SoftHSMModule, UserPIN: testhsm.UserPIN, SOPIN: testhsm.SOPIN})
 	}
 	if o.served {
-		r.served = testhsm.Serve(t, "ha-2")
 		tok := r.served.Token()
 		tok.Name = "hsm-2"
 		r.members = append(r.members, tok)
 	}
+	r.conf = r.write("hagroup.toml", r.config(o.only, r.members))
+	// The domain key goes in as an operator would put it, through each
+	// member's own module: p11-kit's RPC (0.24) cannot carry the nested
+	// CKA_UNWRAP_TEMPLATE the install needs, so hsmprep reaches the served
+	// token directly.
+	direct := append([]testhsm.Token{}, r.members...)
+	for i := range direct {
+		direct[i].Module, direct[i].ModuleEnv = testhsm.SoftHSMModule, nil
+	}
+	prepConf := r.write("prep.toml", r.config(o.only, direct))
+	prep := []string{"-config", prepConf, "-group", groupLabel, "-user-pin-file", r.pinFile, "-so-pin-file", r.soFile}
+	if o.ecKey != "" {
+		prep = append(prep, "-ec-key", o.ecKey)
+	}
+	r.mustRun(2*time.Minute, hsmprep(t), prep...)
+	return r
+}
+
+// config renders a configuration of group "signing" with members ms.
+func (r *rig) config(only bool, ms []testhsm.Token) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[agent]\nstate_dir = %q\nlog_file = %q\n\n", filepath.Join(r.dir, "state"), r.logFile)
-	fmt.Fprintf(&b, "[ha]\nonly = %v\ninterval = \"1s\"\ncommand_timeout = \"10s\"\n\n", o.only)
+	fmt.Fprintf(&b, "[ha]\nonly = %v\ninterval = \"1s\"\ncommand_timeout = \"10s\"\n\n", only)
 	fmt.Fprintf(&b, "[[group]]\nlabel = %q\nserial = %q\n", groupLabel, groupSerial)
-	for _, m := range r.members {
+	for _, m := range ms {
 		fmt.Fprintf(&b, "\n  [[group.member]]\n  name = %q\n  module = %q\n  token_label = %q\n", m.Name, m.Module, m.Label)
 		for k, v := range m.ModuleEnv {
 			fmt.Fprintf(&b, "  module_env = { %s = %q }\n", k, v)
 		}
 	}
-	r.conf = r.write("hagroup.toml", b.String())
-	r.mustRun(2*time.Minute, hsmprep(t), "-config", r.conf, "-group", groupLabel,
-		"-user-pin-file", r.pinFile, "-so-pin-file", r.soFile)
-	return r
+	return b.String()
 }
 
 func (r *rig) write(name, body string) string {

@@ -1,13 +1,15 @@
 // Command hsmprep prepares the member tokens of a module test the way an
 // operator would with hactl: it installs a group's domain key on every
-// member. It runs in its own process so that each test's SOFTHSM2_CONF is
-// read by a fresh SoftHSM.
+// member and, with -ec-key, makes an EC P-256 key pair through the engine
+// (so it is on every member). It runs in its own process so that each
+// test's SOFTHSM2_CONF is read by a fresh SoftHSM.
 //
-//	hsmprep -config hagroup.toml -group signing -user-pin-file F -so-pin-file F
+//	hsmprep -config hagroup.toml -group signing -user-pin-file F [-so-pin-file F] [-ec-key LABEL,IDHEX]
 package main
 
 import (
 	"context"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"os"
@@ -15,9 +17,11 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/miekg/pkcs11"
 )
 
 func main() {
@@ -40,6 +44,7 @@ func run() error {
 	label := flag.String("group", "", "group label")
 	userFile := flag.String("user-pin-file", "", "file holding the members' user PIN")
 	soFile := flag.String("so-pin-file", "", "file holding the members' SO PIN (trusted install)")
+	ecKey := flag.String("ec-key", "", "LABEL,IDHEX: also make an EC P-256 key pair through the group")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -75,5 +80,50 @@ func run() error {
 		defer s.Close()
 		targets = append(targets, hasync.DomainTarget{Slot: s, SOPIN: so, UserPIN: user})
 	}
-	return hasync.InstallDomainKey(ctx, targets, g.Serial)
+	if err := hasync.InstallDomainKey(ctx, targets, g.Serial); err != nil {
+		return err
+	}
+	if *ecKey == "" {
+		return nil
+	}
+	for _, t := range targets {
+		t.Slot.Close()
+	}
+	return makeKey(ctx, cfg, g, user, *ecKey)
+}
+
+// makeKey makes a token EC P-256 key pair through the engine, which puts
+// it on every member.
+func makeKey(ctx context.Context, cfg *config.Config, gc *config.Group, pin secret.PIN, spec string) error {
+	label, idHex, ok := strings.Cut(spec, ",")
+	id, err := hex.DecodeString(idHex)
+	if !ok || err != nil {
+		return fmt.Errorf("-ec-key %q: want LABEL,IDHEX", spec)
+	}
+	g, err := group.Open(ctx, *gc, cfg.Settings(gc), group.Options{})
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	if err := g.Login(ctx, pkcs11.CKU_USER, pin); err != nil {
+		return err
+	}
+	s, err := g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	p256 := []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
+	common := func(private bool) []*pkcs11.Attribute {
+		return []*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, private),
+			pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+			pkcs11.NewAttribute(pkcs11.CKA_ID, id),
+		}
+	}
+	pub := append(common(false), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, p256), pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true))
+	priv := append(common(true), pkcs11.NewAttribute(pkcs11.CKA_SIGN, true), pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
+	_, _, err = s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil), pub, priv)
+	return err
 }
