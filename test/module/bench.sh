@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Sign throughput through libhapkcs11.so (a group of one SoftHSM member)
+# against straight libsofthsm2.so on the same token, ECDSA P-256 and
+# RSA-2048, 1 and 2 threads; the cost of loading the module and
+# C_Initialize; the resident memory it adds. Runs of the two modules
+# alternate and each figure is the median of RUNS runs.
+#
+#   test/module/bench.sh            (make bench runs it)
+#   RUNS=5 SECONDS_PER=3 test/module/bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH=$PATH:/usr/local/go/bin
+
+RUNS=${RUNS:-3}
+SECONDS_PER=${SECONDS_PER:-2}
+SOFTHSM=/usr/lib/softhsm/libsofthsm2.so
+LIB=${LIB:-bin/libhapkcs11.so}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+if [[ ! -f $LIB ]]; then
+	mkdir -p "$(dirname "$LIB")"
+	go build -trimpath -buildmode=c-shared -ldflags='-s -w' -o "$LIB" ./cmd/hapkcs11
+	rm -f "${LIB%.so}.h"
+fi
+LIB=$(realpath "$LIB")
+gcc -O2 -Wall -I cmd/hapkcs11 -o "$work/bench" test/module/c/bench.c -ldl -lpthread
+
+# One throwaway token holding the two keys. The PIN never appears on a
+# command line: pkcs11-tool reads it from the environment, bench from a file.
+mkdir "$work/tokens"
+printf 'directories.tokendir = %s\nobjectstore.backend = file\nlog.level = ERROR\n' "$work/tokens" >"$work/softhsm2.conf"
+export SOFTHSM2_CONF=$work/softhsm2.conf
+BENCH_PIN=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+export BENCH_PIN
+printf '%s\n' "$BENCH_PIN" >"$work/pin"
+chmod 600 "$work/pin"
+softhsm2-util --init-token --free --label bench --pin "$BENCH_PIN" --so-pin "$BENCH_PIN" >/dev/null 2>&1
+for k in "EC:prime256v1 ec 01" "rsa:2048 rsa 02"; do
+	set -- $k
+	pkcs11-tool --module "$SOFTHSM" --token-label bench --login --pin env:BENCH_PIN \
+		--keypairgen --key-type "$1" --label "$2" --id "$3" >/dev/null
+done
+slot=$(pkcs11-tool --module "$SOFTHSM" -L | awk '/^Slot .*\(0x/ {id=$3} /token label *: bench$/ {gsub(/[():]/, "", id); print id; exit}')
+
+cat >"$work/hagroup.toml" <<EOF
+[agent]
+state_dir = "$work/state"
+
+[[group]]
+label = "bench"
+serial = "1000001"
+
+  [[group.member]]
+  name = "softhsm"
+  module = "$SOFTHSM"
+  token_label = "bench"
+EOF
+export HAGROUP_CONF=$work/hagroup.toml
+
+echo "bench: $RUNS runs of ${SECONDS_PER}s per figure; SoftHSM slot $slot vs virtual slot 0xf4241" >&2
+for ((i = 0; i < RUNS; i++)); do
+	"$work/bench" "$SOFTHSM" "$slot" "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/softhsm2 /' >>"$work/results"
+	"$work/bench" "$LIB" 0xf4241 "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/hapkcs11 /' >>"$work/results"
+done
+
+awk '
+function median(key,   n, i, j, t, a) {
+	n = split(vals[key], a, " ")
+	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
+}
+{
+	mod = $1
+	if ($2 == "sign") { split($4, th, "="); split($5, v, "="); key = $3 " " th[2] " thread sign/s" ; val = v[2] }
+	else if ($2 == "load_init_us") { key = "load + C_Initialize (ms)"; val = $3 / 1000 }
+	else if ($2 == "rss_added_kb") { key = "RSS added by load + init (MiB)"; val = $3 / 1024 }
+	else if ($2 == "rss_after_kb") { key = "RSS added after the run (MiB)"; val = $3 / 1024 }
+	else next
+	if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
+	vals[mod SUBSEP key] = vals[mod SUBSEP key] " " val
+}
+END {
+	printf "%-34s %12s %12s %8s\n", "figure (median)", "libsofthsm2", "libhapkcs11", "ratio"
+	for (i = 1; i <= nk; i++) {
+		k = order[i]; a = median("softhsm2" SUBSEP k); b = median("hapkcs11" SUBSEP k)
+		printf "%-34s %12.1f %12.1f %8.2f\n", k, a, b, (a > 0 ? b / a : 0)
+	}
+}' "$work/results"
