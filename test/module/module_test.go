@@ -164,3 +164,13 @@ func verifyRaw(t *testing.T, der, data, sig []byte, hashed bool) {
 		t.Errorf("signature does not verify with the public key")
 	}
 }
+
+// TestCoexist: an application using SoftHSM directly and through the
+// library at once keeps its SoftHSM after C_Finalize of the library.
+func TestCoexist(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	out := r.mustRun(time.Minute, cprog(t, "coexist"), r.lib, "/usr/lib/softhsm/libsofthsm2.so", virtualSlot)
+	if strings.TrimSpace(out) != "ok" {
+		t.Errorf("coexist: %s", out)
+	}
+}
