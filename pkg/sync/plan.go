@@ -408,13 +408,13 @@ func (r *ApplyResult) FailedFor(member string) []ActionError {
 	return out
 }
 
-// ApplyParallel is how many actions Apply runs at once.
-const ApplyParallel = 4
-
 // Apply carries out p's actions in four phases: deletes of everything but
 // public keys, deletes of public keys, copies of public keys, the other
-// copies; ApplyParallel actions at a time within a phase.
-// Conflicts are left alone.
+// copies. Within a phase the members are worked on in parallel, and each
+// member's actions one after the other: SoftHSM 2.6 sometimes answers
+// CKR_TEMPLATE_INCONSISTENT when objects are created on one token from
+// several threads at once, and gains nothing from it (it writes one file
+// per object). Conflicts are left alone.
 //
 // It is idempotent: a copy whose target already holds the version, and a
 // delete whose object is gone, succeed without change, so applying the
@@ -445,25 +445,25 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 	res := &ApplyResult{}
 	var mu gosync.Mutex
 	for _, phase := range phases {
-		sem := make(chan struct{}, ApplyParallel)
-		var wg gosync.WaitGroup
+		byMember := map[string][]Action{}
 		for _, a := range phase {
-			if ctx.Err() != nil {
-				mu.Lock()
-				res.Failed = append(res.Failed, ActionError{Action: a, Err: context.Cause(ctx)})
-				mu.Unlock()
-				continue
-			}
-			sem <- struct{}{}
+			byMember[a.Member] = append(byMember[a.Member], a)
+		}
+		var wg gosync.WaitGroup
+		for _, acts := range byMember {
 			wg.Go(func() {
-				defer func() { <-sem }()
-				err := r.apply(ctx, p, a)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					res.Failed = append(res.Failed, ActionError{Action: a, Err: err})
-				} else {
-					res.Done = append(res.Done, a)
+				for _, a := range acts {
+					err := context.Cause(ctx)
+					if err == nil {
+						err = r.apply(ctx, p, a)
+					}
+					mu.Lock()
+					if err != nil {
+						res.Failed = append(res.Failed, ActionError{Action: a, Err: err})
+					} else {
+						res.Done = append(res.Done, a)
+					}
+					mu.Unlock()
 				}
 			})
 		}
@@ -491,21 +491,6 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) error {
 	if src == nil {
 		return fmt.Errorf("member %s is not in the plan", a.Source)
 	}
-	// Already there (an earlier Apply of this plan, or of another)?
-	// Checked here as well as in Replicate, whose look-up cannot find
-	// data objects (see lookupTemplate).
-	have, err := holdings(ctx, dst, a.Identity)
-	if err != nil {
-		return err
-	}
-	for _, o := range have {
-		if bytes.Equal(o.Fingerprint, a.Fingerprint) {
-			return nil
-		}
-	}
-	if len(have) > 0 {
-		return &ConflictError{Identity: a.Identity, Member: a.Member, Want: a.Fingerprint, Have: have[0].Fingerprint}
-	}
 	h, err := findExact(ctx, src, a.Identity, a.Fingerprint, a.handle)
 	if err != nil {
 		return fmt.Errorf("find the source on %s: %w", a.Source, err)
@@ -513,6 +498,8 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) error {
 	if h == 0 {
 		return fmt.Errorf("member %s no longer holds it", a.Source)
 	}
+	// Replicate finds a copy already there (an earlier Apply of this
+	// plan) and makes nothing then.
 	_, err = r.Replicate(ctx, src, h, Target{Slot: dst})
 	return err
 }
@@ -538,7 +525,7 @@ func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed
 			return listed, nil
 		}
 	}
-	hs, err := s.FindObjects(ctx, lookupTemplate(id))
+	hs, err := s.FindObjects(ctx, id.template())
 	if err != nil {
 		return 0, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
 	}
@@ -555,42 +542,6 @@ func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed
 		}
 	}
 	return 0, nil
-}
-
-// holdings reads every object on s with identity id.
-func holdings(ctx context.Context, s *slot.Slot, id Identity) ([]readResult, error) {
-	hs, err := s.FindObjects(ctx, lookupTemplate(id))
-	if err != nil {
-		return nil, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
-	}
-	var out []readResult
-	for _, h := range hs {
-		o, err := readObject(ctx, s, s.Name(), h, nil)
-		if isGone(err) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if o.Identity.Equal(id) {
-			out = append(out, o)
-		}
-	}
-	return out, nil
-}
-
-// lookupTemplate is the FindObjects template of id. Data objects have no
-// CKA_ID attribute (PKCS#11 defines it for keys and certificates only), so
-// a template naming one matches no data object on SoftHSM; it is left out
-// for them, and the identity is compared after reading.
-func lookupTemplate(id Identity) []*pkcs11.Attribute {
-	if id.Class != pkcs11.CKO_DATA || len(id.ID) > 0 {
-		return id.template()
-	}
-	return []*pkcs11.Attribute{
-		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
-		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
-	}
 }
 
 // destroyExact destroys every object on s with identity id and exactly
