@@ -174,3 +174,31 @@ func TestCoexist(t *testing.T) {
 		t.Errorf("coexist: %s", out)
 	}
 }
+
+// TestDiagnostics: a missing configuration fails C_Initialize quietly
+// unless HAGROUP_DEBUG is set, and then says why; a wrong PIN is reported
+// as CKR_PIN_INCORRECT and no PIN reaches stderr or the HA event log.
+func TestDiagnostics(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	missing := filepath.Join(r.dir, "absent.toml")
+	out, err := r.run(time.Minute, []string{"HAGROUP_CONF=" + missing}, "pkcs11-tool", "--module", r.lib, "-L")
+	if err == nil || !strings.Contains(out, "CKR_GENERAL_ERROR") || strings.Contains(out, missing) {
+		t.Errorf("without a configuration and without HAGROUP_DEBUG: err %v, output:\n%s", err, out)
+	}
+	out, err = r.run(time.Minute, []string{"HAGROUP_CONF=" + missing, "HAGROUP_DEBUG=1"}, "pkcs11-tool", "--module", r.lib, "-L")
+	if err == nil || !containsAll(out, "cannot load the configuration", missing) {
+		t.Errorf("with HAGROUP_DEBUG the failure should name the file: err %v, output:\n%s", err, out)
+	}
+
+	const wrong = "wrong-pin-5555"
+	out, err = r.run(time.Minute, []string{"HAGROUP_DEBUG=1", "BAD_PIN=" + wrong}, "pkcs11-tool", "--module", r.lib,
+		"--slot", virtualSlot, "--login", "--pin", "env:BAD_PIN", "-O")
+	if err == nil || !strings.Contains(out, "CKR_PIN_INCORRECT") {
+		t.Errorf("a wrong PIN: err %v, output:\n%s", err, out)
+	}
+	for _, pin := range []string{wrong, "test-user-1234"} {
+		if strings.Contains(out, pin) || strings.Contains(r.haLog(), pin) {
+			t.Errorf("a PIN reached stderr or the HA event log")
+		}
+	}
+}
