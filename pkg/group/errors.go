@@ -20,17 +20,32 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	s := "group: " + e.Op
-	if e.Member != "" {
-		s += " on member " + e.Member
+	s := ""
+	if e.Op != "" {
+		s = e.Op
+		if e.Member != "" {
+			s += " on member " + e.Member
+		}
+	} else if e.Member != "" {
+		s = "member " + e.Member
 	}
-	if e.msg != "" {
-		s += ": " + e.msg
-	}
-	if e.Err != nil {
-		s += ": " + e.Err.Error()
+	for _, part := range []string{e.msg, errString(e.Err)} {
+		if part == "" {
+			continue
+		}
+		if s != "" {
+			s += ": "
+		}
+		s += part
 	}
 	return s
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // Unwrap returns the cause.

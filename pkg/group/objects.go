@@ -26,6 +26,9 @@ type physRef struct {
 	epoch  uint64
 	h      pkcs11.ObjectHandle
 	absent bool // the member was looked at and does not hold the object
+	// unverified: found by identity in a listing that read no key
+	// material; the fingerprint is checked on first use (resolve).
+	unverified bool
 }
 
 // vobject is one entry of the virtual object table: an identity, the key
@@ -87,6 +90,10 @@ func (o *vobject) isKey() bool {
 
 func (o *vobject) set(i int, epoch uint64, h pkcs11.ObjectHandle) {
 	o.phys[i].Store(&physRef{epoch: epoch, h: h})
+}
+
+func (o *vobject) setUnverified(i int, epoch uint64, h pkcs11.ObjectHandle) {
+	o.phys[i].Store(&physRef{epoch: epoch, h: h, unverified: true})
 }
 
 func (o *vobject) setAbsent(i int, epoch uint64) {
@@ -276,8 +283,11 @@ func nonNil(b []byte) []byte {
 func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs11.ObjectHandle, error) {
 	i, ep := m.Index(), m.Epoch()
 	if r := o.phys[i].Load(); r != nil && r.epoch == ep {
-		if r.absent {
+		switch {
+		case r.absent:
 			return 0, errAbsent
+		case r.unverified:
+			return g.verifyRef(ctx, o, m, r)
 		}
 		return r.h, nil
 	}
@@ -327,6 +337,22 @@ func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs
 	o.setFingerprint(chosenFP)
 	o.set(i, ep, chosen)
 	return chosen, nil
+}
+
+// verifyRef checks the key material behind an unverified handle against o's
+// fingerprint (or gives o its fingerprint) before the handle is used.
+func (g *Group) verifyRef(ctx context.Context, o *vobject, m *member.Member, r *physRef) (pkcs11.ObjectHandle, error) {
+	fp, err := g.fingerprint(ctx, m, r.h)
+	if err != nil {
+		return 0, err
+	}
+	if want := o.fingerprint(); want != nil && fp != nil && !bytes.Equal(want, fp) {
+		g.conflict(o, m, want, fp)
+		return 0, ErrConflict
+	}
+	o.setFingerprint(fp)
+	o.phys[m.Index()].CompareAndSwap(r, &physRef{epoch: r.epoch, h: r.h})
+	return r.h, nil
 }
 
 // fingerprint returns the fingerprint of h on m, nil when the member
@@ -518,11 +544,19 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 	epochs := make([]uint64, len(ms))
 	errs := make([]error, len(ms))
 	var wg gosync.WaitGroup
+	// The first member's listing reads the key material (fingerprints);
+	// the others read identities only, and each of their handles is
+	// checked against the fingerprint when it is first used there. That
+	// keeps a find-all near the cost of one full listing.
 	for i, m := range ms {
 		epochs[i] = m.Epoch()
 		wg.Go(func() {
 			_, errs[i] = g.call(ctx, m, func() (err error) {
-				lists[i], err = hasync.List(ctx, m.Slot())
+				if i == 0 {
+					lists[i], err = hasync.List(ctx, m.Slot())
+				} else {
+					lists[i], err = listIdentities(ctx, m.Slot())
+				}
 				return err
 			})
 		})
@@ -605,9 +639,15 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 			if errs[i] != nil {
 				continue
 			}
-			if e.hs[i] != 0 {
+			switch {
+			case e.hs[i] != 0 && i == 0:
 				o.set(m.Index(), epochs[i], e.hs[i])
-			} else {
+			case e.hs[i] != 0:
+				if ph, ok := o.cached(m); ok && ph == e.hs[i] {
+					continue // already known (and verified) for this epoch
+				}
+				o.setUnverified(m.Index(), epochs[i], e.hs[i])
+			default:
 				o.setAbsent(m.Index(), epochs[i])
 			}
 		}
@@ -615,5 +655,31 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 	}
 	out = append(out, sessionObjs...)
 	slices.Sort(out)
+	return out, nil
+}
+
+// listIdentities lists the objects on s the current login can see with
+// their identity and storage flags only (no key material): one FindObjects
+// and one GetAttributes per object. Domain keys are left out.
+func listIdentities(ctx context.Context, s *slot.Slot) ([]hasync.Object, error) {
+	hs, err := s.FindObjects(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]hasync.Object, 0, len(hs))
+	for _, h := range hs {
+		attrs, err := s.GetAttributes(ctx, h, identityAttrs)
+		if err != nil {
+			if slot.ClassOf(err) == slot.ClassRequest {
+				continue // destroyed meanwhile
+			}
+			return nil, err
+		}
+		id, token := identityFrom(attrs)
+		if isDomainLabel(id.Class, id.Label) {
+			continue
+		}
+		out = append(out, hasync.Object{Identity: id, Handle: h, Token: token})
+	}
 	return out, nil
 }

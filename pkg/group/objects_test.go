@@ -126,24 +126,37 @@ func TestDuplicateIdentityReportedNotUsed(t *testing.T) {
 		t.Errorf("conflict event %+v", ev)
 	}
 
-	// A find-all over a fresh group joins the listings, sees both keys and
-	// leaves the identity out.
-	g2 := setup(t, setupOpts{toks: toks, noDomain: true})
+	// A find-all over a fresh group joins the listings; the key material
+	// is checked when a member's copy is first used, and the other key
+	// under the same identity is refused there, never used.
+	g2 := setup(t, setupOpts{toks: toks, noDomain: true, policy: config.PolicyPrimaryBackup})
 	all, err := g2.g.Find(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var twin ObjectHandle
 	for _, h := range all {
-		attrs, err := g2.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL})
+		attrs, err := g2.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_CLASS})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if string(attrs[0].Value) == "twin" {
-			t.Errorf("find-all returned a conflicting object (handle %d)", h)
+		if string(attrs[0].Value) == "twin" && attrs[1].Value[0] == byte(pkcs11.CKO_PRIVATE_KEY) {
+			twin = h
 		}
 	}
-	if n := g2.events.count(ConflictFound, ""); n < 2 {
-		t.Errorf("%d ConflictFound events from find-all, want one per conflicting identity (2)", n)
+	if twin == 0 {
+		t.Fatal("find-all did not return the private key")
+	}
+	if _, err := g2.g.Sign(ctx, mech, twin, make([]byte, 32)); err != nil {
+		t.Fatalf("sign on the primary after find-all: %v", err)
+	}
+	g2.g.FailMember(toks[0].Name, errors.New("test"))
+	g2.g.FailMember(toks[1].Name, errors.New("test"))
+	if _, err := g2.g.Sign(ctx, mech, twin, make([]byte, 32)); !errors.Is(err, ErrConflict) {
+		t.Fatalf("sign after find-all where only the other key is left: %v, want ErrConflict", err)
+	}
+	if n := g2.events.count(ConflictFound, toks[2].Name); n != 1 {
+		t.Errorf("%d ConflictFound events naming %s after find-all, want 1", n, toks[2].Name)
 	}
 	// Nothing was resolved by guessing: every key is still there.
 	for _, tok := range toks {
