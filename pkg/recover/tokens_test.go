@@ -572,9 +572,8 @@ const benchKeys = 1000
 // then): re-initialising its own module context, re-open, login,
 // catch-up plan, activation, first signature scheduled on it.
 func BenchmarkRestartToFirstServedOp(b *testing.B) {
-	r := newRig(b, rigOpts{served: []int{0}, retries: 0, policy: config.PolicyPrimaryBackup})
+	r := newRig(b, rigOpts{served: []int{0}, retries: 0, policy: config.PolicyPrimaryBackup, importEC: "bench"})
 	victim := r.name(0)
-	r.genEC(r.session(), "bench")
 	signer, err := r.g.Signer(rigCtx(b), group.KeySelector{Label: "bench"})
 	if err != nil {
 		b.Fatal(err)
