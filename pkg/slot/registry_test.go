@@ -2,6 +2,7 @@ package slot_test
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -117,5 +118,46 @@ func TestOpenBadModule(t *testing.T) {
 	_, err := slot.Open(ctxT(t), slot.Spec{Name: "ghost", Module: "/nonexistent/libnothing.so", TokenLabel: "x"})
 	if err == nil || !strings.Contains(err.Error(), "member ghost") || !strings.Contains(err.Error(), "/nonexistent/libnothing.so") {
 		t.Fatalf("Open of a missing module: %v; want an error naming the member and module", err)
+	}
+}
+
+// SoftHSM hands every loader the same function list: a spec with a module
+// env on it cannot have a context of its own, and shares the one there is
+// instead of initialising (and later finalizing) it a second time.
+func TestModuleEnvOnSharedLibraryShares(t *testing.T) {
+	toks := testhsm.Take(t, 2)
+	mod := toks[0].Module
+	_, _, finals0 := slot.ModuleCounts(mod)
+
+	withEnv := specOf(toks[0])
+	withEnv.ModuleEnv = map[string]string{"HAGROUP_TEST_ENV": "1"}
+	a := open(t, withEnv)
+	if !a.OwnsContext() {
+		t.Fatalf("the only user of a context loaded for its env does not own it")
+	}
+	b := open(t, specOf(toks[1]))
+	if a.OwnsContext() || b.OwnsContext() {
+		t.Fatalf("two slots on one SoftHSM instance: owns %v/%v, want neither", a.OwnsContext(), b.OwnsContext())
+	}
+	if v, ok := os.LookupEnv("HAGROUP_TEST_ENV"); ok {
+		t.Fatalf("module env left in the process environment: %q", v)
+	}
+	// Reinit of a slot that shares its context must not finalize it.
+	if err := a.Reinit(ctxT(t)); err != nil {
+		t.Fatalf("Reinit: %v", err)
+	}
+	if _, _, finals := slot.ModuleCounts(mod); finals != finals0 {
+		t.Fatalf("Reinit finalized a shared context")
+	}
+	if _, err := b.GenerateRandom(ctxT(t), 4); err != nil {
+		t.Fatalf("the other slot after Reinit: %v", err)
+	}
+	a.Close()
+	if _, err := b.GenerateRandom(ctxT(t), 4); err != nil {
+		t.Fatalf("the other slot after Close: %v", err)
+	}
+	b.Close()
+	if _, _, finals := slot.ModuleCounts(mod); finals != finals0+1 {
+		t.Fatalf("after the last Close: finals +%d, want +1", finals-finals0)
 	}
 }
