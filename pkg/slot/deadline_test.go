@@ -3,7 +3,10 @@ package slot_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,5 +260,87 @@ func TestOpenWithServerDown(t *testing.T) {
 	}
 	if !strings.HasSuffix(err.Error(), "tokens there: none") {
 		t.Fatalf("error does not say no token is there: %v", err)
+	}
+}
+
+// Reinit while calls run: calls in flight finish first, calls that come
+// during it wait, and afterwards callers that follow Epoch carry on.
+func TestReinitUnderLoad(t *testing.T) {
+	t.Parallel()
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.MaxSessions = 3
+	s := open(t, spec)
+	newECKey(t, s, "busy")
+	ctx := ctxT(t)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var signed atomic.Int64
+	progress := make(chan struct{}, 1)
+	errs := make(chan error, 16)
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			epoch := ^uint64(0)
+			var key pkcs11.ObjectHandle
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if e := s.Epoch(); e != epoch {
+					hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
+						pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY),
+						pkcs11.NewAttribute(pkcs11.CKA_LABEL, "busy")})
+					if err != nil || len(hs) != 1 {
+						errs <- fmt.Errorf("FindObjects: %v (%d found)", err, len(hs))
+						return
+					}
+					epoch, key = e, hs[0]
+				}
+				if _, err := signDigest(ctx, s, key, []byte("load")); err != nil {
+					// A handle from before a re-login may be gone: a request
+					// error, after which Epoch has moved on.
+					if slot.ClassOf(err) != slot.ClassRequest {
+						errs <- err
+						return
+					}
+					continue
+				}
+				signed.Add(1)
+				select {
+				case progress <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+	for range 5 {
+		before := signed.Load()
+		if err := s.Reinit(ctx); err != nil {
+			t.Fatalf("Reinit under load: %v", err)
+		}
+		// Wait (bounded) until signing has resumed after this Reinit.
+		for signed.Load() < before+20 {
+			select {
+			case <-progress:
+			case err := <-errs:
+				t.Fatalf("signer failed: %v", err)
+			case <-ctx.Done():
+				t.Fatalf("signing did not resume after Reinit")
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("signer failed: %v", err)
+	}
+	if st := s.Stats(); st.MaxOpen > 3 {
+		t.Fatalf("pool of 3 had %d sessions open at once", st.MaxOpen)
 	}
 }
