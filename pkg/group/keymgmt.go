@@ -689,8 +689,12 @@ func (s *Session) DestroyObject(ctx context.Context, h ObjectHandle) error {
 // that holds it: first on one member (whose refusal is returned as it is),
 // then on the others in parallel; a member that fails is failed. Setting
 // CKA_EXTRACTABLE to false is honoured at the virtual slot (see WrapKey)
-// while the key stays physically extractable under the domain key; setting
-// it back to true is refused (CKR_ATTRIBUTE_READ_ONLY), as PKCS#11 wants.
+// while the key stays physically extractable under the domain key: other
+// processes see it too where the token lets CKA_WRAP_WITH_TRUSTED be set
+// after creation, this process only where it does not (SoftHSM); keys made
+// with CKA_EXTRACTABLE=false are marked at creation and seen everywhere.
+// Setting it back to true is refused (CKR_ATTRIBUTE_READ_ONLY), as PKCS#11
+// wants.
 // A change of CKA_ID or CKA_LABEL changes the object's identity.
 func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs11.Attribute) error {
 	const op = "SetAttributes"
@@ -728,8 +732,12 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		newID.Label = string(attrs[i].Value)
 	}
 	ms := g.serving()
-	if makeUnextractable && len(ms) > 0 && g.domainTrusted(ctx, ms[0]) {
-		attrs = setAttr(attrs, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+	addedWWT := false
+	if makeUnextractable && attrIndex(attrs, pkcs11.CKA_WRAP_WITH_TRUSTED) < 0 && len(ms) > 0 && g.domainTrusted(ctx, ms[0]) {
+		// Mark it for other processes too (see WrapKey), where the token
+		// lets CKA_WRAP_WITH_TRUSTED go from false to true.
+		attrs = append(attrs, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+		addedWWT = true
 	}
 	apply := func(m *member.Member) error {
 		if len(attrs) == 0 {
@@ -740,6 +748,15 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 			return err
 		}
 		_, err = g.call(ctx, m, func() error { return m.Slot().SetAttributes(ctx, ph, attrs) })
+		if err != nil && addedWWT && slot.CodeOf(err) == pkcs11.CKR_ATTRIBUTE_READ_ONLY {
+			// The token keeps CKA_WRAP_WITH_TRUSTED fixed (SoftHSM): the
+			// promise then holds in this process only.
+			rest := attrs[:len(attrs)-1]
+			if len(rest) == 0 {
+				return nil
+			}
+			_, err = g.call(ctx, m, func() error { return m.Slot().SetAttributes(ctx, ph, rest) })
+		}
 		return err
 	}
 	var first *member.Member
