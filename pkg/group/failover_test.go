@@ -486,3 +486,47 @@ func TestWrongPINTriedOnce(t *testing.T) {
 		t.Errorf("second Login: %v, want CKR_USER_ALREADY_LOGGED_IN", err)
 	}
 }
+
+func TestMemberPINSources(t *testing.T) {
+	toks := takeTokens(t, 3)
+	t.Setenv("HAGROUP_TEST_PIN", toks[0].UserPIN)
+	faults := slottest.NewFaults()
+	serial := fmt.Sprintf("%d", 3000000+serials.Add(1))
+	installDomain(t, serial, toks, true)
+	cfg := config.Group{Label: "pins-" + serial, Serial: serial}
+	for _, tok := range toks {
+		mc := memberCfg(tok)
+		mc.PINEnv = "HAGROUP_TEST_PIN"
+		cfg.Members = append(cfg.Members, mc)
+	}
+	// Every member has its own PIN source: the agent logs in with none.
+	g, err := Open(testContext(t), cfg, config.Defaults(), Options{Interceptor: faults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Login(testContext(t), pkcs11.CKU_USER, pinOf("")); err != nil {
+		t.Fatalf("Login with member PIN sources only: %v", err)
+	}
+	if !g.appPIN.Empty() {
+		t.Errorf("the group kept an application PIN no member needs")
+	}
+	for _, tok := range toks {
+		if n := faults.Calls(tok.Name, slot.OpLogin); n != 1 {
+			t.Errorf("%s: %d logins, want 1", tok.Name, n)
+		}
+	}
+	if err := g.Logout(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	// A member's own PIN overrides the application's: a wrong application
+	// PIN does not matter to members that have their own.
+	if err := g.Login(testContext(t), pkcs11.CKU_USER, pinOf("not-the-pin")); err != nil {
+		t.Fatalf("Login with a wrong application PIN but member PIN sources: %v", err)
+	}
+	for _, m := range g.Members() {
+		if m.State != member.Active {
+			t.Errorf("%s is %v", m.Name, m.State)
+		}
+	}
+}

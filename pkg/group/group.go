@@ -459,6 +459,13 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 	defer g.loginMu.Unlock()
 	if ut := g.userType.Load(); ut >= 0 {
 		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
+			if slot.ClassOf(err) == slot.ClassLogin && !g.ownPIN(m, uint(ut)) {
+				// The kept PIN is refused here: stop offering it, so that
+				// recovery retries cannot lock the member out. The member
+				// comes back after the application logs in again.
+				g.appPIN.Zero()
+				g.appPIN = secret.PIN{}
+			}
 			return nil, err
 		}
 		m.BumpEpoch()

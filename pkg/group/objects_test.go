@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -446,7 +447,7 @@ func TestTokenInfoSynthesised(t *testing.T) {
 
 func TestCloseWaitsForInFlight(t *testing.T) {
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup, timeout: 300 * 1e6})
+	f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup, timeout: 300 * time.Millisecond})
 	ctx := testContext(t)
 	signer := ecSigner(t, f.g, "closing")
 	a := f.toks[0].Name

@@ -302,12 +302,28 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 		return wrap(ErrNoMember, "Login", "", lastErr)
 	}
 	g.appPIN.Zero()
-	g.appPIN = pin.Clone()
+	g.appPIN = secret.PIN{}
+	if g.needsAppPIN(userType) {
+		// Kept only because a member that is (or will be) recovered must
+		// be logged in with it.
+		g.appPIN = pin.Clone()
+	}
 	g.userType.Store(int64(userType))
 	for _, m := range g.members {
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
 	return nil
+}
+
+// needsAppPIN reports whether some member logs in as userType with the
+// application's PIN rather than its own.
+func (g *Group) needsAppPIN(userType uint) bool {
+	for _, m := range g.members {
+		if !g.ownPIN(m, userType) {
+			return true
+		}
+	}
+	return false
 }
 
 // ownPIN reports whether m logs in as userType with its configured PIN.
