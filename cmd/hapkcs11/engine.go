@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/config"
@@ -85,7 +86,16 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 		rec.Resume() // members that failed while the group opened
 		out = append(out, &virtual{g: g})
 	}
-	return out, closeAll, nil
+	// Per-member counters for the application, when it asks (stats.go).
+	sources := make([]statsSource, len(groups))
+	for i, g := range groups {
+		sources[i] = g
+	}
+	stats, err := startStats(os.Getenv, sources)
+	if err != nil {
+		log.event("", "", "client-stats-off", err.Error())
+	}
+	return out, func() error { return errors.Join(stats.stop(), closeAll()) }, nil
 }
 
 // eventSink writes the engine's events to the HA event log and starts the
