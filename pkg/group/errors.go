@@ -19,6 +19,7 @@ type Error struct {
 	msg    string
 }
 
+// Error describes the operation, the member and the cause.
 func (e *Error) Error() string {
 	s := ""
 	if e.Op != "" {

@@ -15,6 +15,39 @@
 // code (CodeOf). Go programs use the same engine, and Signer for a
 // crypto.Signer that survives failovers.
 //
+// Rules the engine keeps, beyond the scheduling above:
+//
+//   - Health errors (device errors, lost sessions, a missing token) and
+//     calls past command_timeout are charged to the member: it is failed
+//     after failure_threshold of them in a row, or at once on a timeout.
+//     CKR_GENERAL_ERROR and CKR_FUNCTION_FAILED are ambiguous (tokens also
+//     return them for requests they dislike): a member is failed for one
+//     only once another member has served the same request; when every
+//     member says the same, the request is at fault and nobody is failed.
+//   - Request errors are returned as they are, never charged; a wrong PIN
+//     is tried on one member only.
+//   - Multi-part operations (*Init, *Update, *Final) touch no member until
+//     the first Update, are placed with failover up to that point, and are
+//     pinned afterwards: if the member fails, the operation ends with
+//     ErrMemberLost (CKR_DEVICE_ERROR). A PKCS#11 module answering a
+//     length query (NULL output buffer) must keep the result of the one
+//     call it makes: single-part calls end the operation.
+//   - Object identity is CKA_CLASS + CKA_KEY_TYPE + CKA_ID + CKA_LABEL and
+//     must be unique among token objects made through the group; two keys
+//     under one identity (found by fingerprint) are reported
+//     (ConflictFound) and never used.
+//   - A key the application makes with CKA_EXTRACTABLE=false is made
+//     physically extractable (the group must move it between members under
+//     the domain key) with CKA_WRAP_WITH_TRUSTED=true when the domain key
+//     is trusted; on the virtual slot a private or secret key with
+//     CKA_WRAP_WITH_TRUSTED=true reads CKA_EXTRACTABLE=false and cannot be
+//     wrapped (CKR_KEY_UNEXTRACTABLE), in this process and in any other.
+//     With an untrusted domain key the promise holds in the process that
+//     made the key only: install a trusted domain key.
+//   - The application's PIN is kept, while logged in, only if a member
+//     without its own PIN source needs it for recovery; it is zeroed on
+//     Logout and Close.
+//
 // The engine never logs: it reports what happens through Options.Events.
 // Every exported method is safe for concurrent use.
 package group
