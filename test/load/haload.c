@@ -1,0 +1,509 @@
+/*
+ * haload — a load generator for a PKCS#11 module, used by the demo
+ * (cmd/hademo) and the chaos soak (test/soak) to drive libhapkcs11.so the
+ * way an application does: several threads, one session each, until its
+ * standard input closes.
+ *
+ * usage: haload -m MODULE -s SLOT -p PIN_FILE -k EC_KEY_LABEL
+ *               [-t THREADS] [-x sign|mixed] [-o SIGFILE] [-i TICK_MS]
+ *               [-a AES_KEY_LABEL] [-c data|keypair] [-n PREFIX] [-r SEED]
+ *
+ *   sign   every thread signs (CKM_ECDSA, 32 bytes) in a loop;
+ *   mixed  every thread picks, with a seeded generator, one of: sign,
+ *          verify (a good signature must verify, a corrupted one must be
+ *          refused with CKR_SIGNATURE_INVALID), AES-CBC-PAD encrypt and
+ *          decrypt round trip (with -a), find the key by label, random; and
+ *          now and then creates a token object (-c data: a data object;
+ *          -c keypair: an EC P-256 key pair) or destroys one it created.
+ *
+ * Every successful C_Sign's input and signature is appended to SIGFILE
+ * (32 data bytes, 64 signature bytes per record) so the driver can verify
+ * each signature independently, without the HSM.
+ *
+ * Output (stdout, one line each):
+ *   ready
+ *   tick UNIX_MS OK FAILED MAXLAT_US        every TICK_MS (default 100)
+ *   error OP rv=0xNN                        the first 50 failures
+ *   created LABEL / destroyed LABEL         successful object life-cycle calls
+ *   createfail LABEL rv=0xNN / destroyfail LABEL rv=0xNN
+ *   pub HEX                                 the EC key's CKA_EC_POINT
+ *   op NAME ok=N failed=N                   per operation, at the end
+ *   total ops=N failed=N bad=N maxlat_us=N at_ms=UNIX_MS
+ * "bad" counts wrong answers: a good signature refused, a corrupted one
+ * accepted, a decryption that does not give back the plaintext, a find
+ * that does not find exactly one key. The PIN is read from a file, never
+ * from argv, and never printed.
+ */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "common.h"
+
+enum op { OP_SIGN, OP_VERIFY, OP_CRYPT, OP_FIND, OP_RANDOM, OP_CREATE, OP_DESTROY, N_OPS };
+static const char *op_names[N_OPS] = {"sign", "verify", "crypt", "find", "random", "create", "destroy"};
+
+static CK_FUNCTION_LIST_PTR f;
+static CK_SLOT_ID slot;
+static const char *key_label, *aes_label, *prefix = "haload";
+static int mixed, keypairs;
+static long tick_ms = 100;
+static FILE *sigfile;
+static volatile int stopping;
+
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sig_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Counters: per operation, and per tick (reset by the ticker). */
+static unsigned long ok_by_op[N_OPS], failed_by_op[N_OPS], bad;
+static unsigned long tick_ok, tick_failed, tick_maxlat;
+static unsigned long max_lat_us, max_lat_at_ms, errors_shown;
+
+struct worker {
+	pthread_t thread;
+	int index;
+	CK_SESSION_HANDLE s;
+	CK_OBJECT_HANDLE priv, pub, aes;
+	unsigned long long rng;
+	CK_BYTE last_data[32], last_sig[64];
+	int have_sig;
+	char **created; /* labels of objects this thread made and not destroyed */
+	int ncreated, cap;
+	unsigned long made;
+};
+
+static double wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static unsigned long long next_rand(struct worker *w)
+{
+	/* xorshift64*: seeded per thread, so a run can be replayed. */
+	w->rng ^= w->rng >> 12;
+	w->rng ^= w->rng << 25;
+	w->rng ^= w->rng >> 27;
+	return w->rng * 2685821657736338717ULL;
+}
+
+/* done records one finished call: its outcome and how long it took. */
+static void done(enum op op, CK_RV rv, double start_ms)
+{
+	double end = wall_ms();
+	unsigned long lat = (unsigned long)((end - start_ms) * 1000.0);
+	pthread_mutex_lock(&out_lock);
+	if (rv == CKR_OK) {
+		ok_by_op[op]++;
+		tick_ok++;
+	} else {
+		failed_by_op[op]++;
+		tick_failed++;
+		if (errors_shown++ < 50) {
+			printf("error %s rv=0x%lx\n", op_names[op], (unsigned long)rv);
+			fflush(stdout);
+		}
+	}
+	if (lat > tick_maxlat)
+		tick_maxlat = lat;
+	if (lat > max_lat_us) {
+		max_lat_us = lat;
+		max_lat_at_ms = (unsigned long)start_ms;
+	}
+	pthread_mutex_unlock(&out_lock);
+}
+
+static void wrong(const char *what)
+{
+	pthread_mutex_lock(&out_lock);
+	bad++;
+	printf("bad %s\n", what);
+	fflush(stdout);
+	pthread_mutex_unlock(&out_lock);
+}
+
+static void do_sign(struct worker *w, unsigned long i)
+{
+	CK_MECHANISM m = {CKM_ECDSA, NULL, 0};
+	CK_BYTE data[32], sig[64];
+	CK_ULONG n = sizeof sig;
+	for (int k = 0; k < 4; k++) {
+		unsigned long long r = next_rand(w);
+		memcpy(data + 8 * k, &r, 8);
+	}
+	memcpy(data, &i, sizeof i);
+	data[8] = (CK_BYTE)w->index;
+	double t = wall_ms();
+	CK_RV rv = f->C_SignInit(w->s, &m, w->priv);
+	if (rv == CKR_OK)
+		rv = f->C_Sign(w->s, data, sizeof data, sig, &n);
+	done(OP_SIGN, rv, t);
+	if (rv != CKR_OK)
+		return;
+	memcpy(w->last_data, data, sizeof data);
+	memcpy(w->last_sig, sig, sizeof sig);
+	w->have_sig = 1;
+	if (sigfile) {
+		pthread_mutex_lock(&sig_lock);
+		fwrite(data, 1, sizeof data, sigfile);
+		fwrite(sig, 1, sizeof sig, sigfile);
+		pthread_mutex_unlock(&sig_lock);
+	}
+}
+
+static void do_verify(struct worker *w)
+{
+	CK_MECHANISM m = {CKM_ECDSA, NULL, 0};
+	CK_BYTE sig[64];
+	if (!w->have_sig) {
+		do_sign(w, 0);
+		return;
+	}
+	int corrupt = (next_rand(w) % 4) == 0;
+	memcpy(sig, w->last_sig, sizeof sig);
+	if (corrupt)
+		sig[10] ^= 0x40;
+	double t = wall_ms();
+	CK_RV rv = f->C_VerifyInit(w->s, &m, w->pub);
+	if (rv == CKR_OK)
+		rv = f->C_Verify(w->s, w->last_data, sizeof w->last_data, sig, sizeof sig);
+	if (corrupt) {
+		/* The right answer is CKR_SIGNATURE_INVALID: the call worked. */
+		if (rv == CKR_SIGNATURE_INVALID) {
+			done(OP_VERIFY, CKR_OK, t);
+		} else if (rv == CKR_OK) {
+			done(OP_VERIFY, CKR_OK, t);
+			wrong("verify accepted a corrupted signature");
+		} else {
+			done(OP_VERIFY, rv, t);
+		}
+		return;
+	}
+	if (rv == CKR_SIGNATURE_INVALID) {
+		done(OP_VERIFY, CKR_OK, t);
+		wrong("verify refused a good signature");
+		return;
+	}
+	done(OP_VERIFY, rv, t);
+}
+
+static void do_crypt(struct worker *w)
+{
+	CK_BYTE iv[16], plain[48], ct[80], back[80];
+	CK_ULONG nct = sizeof ct, nback = sizeof back;
+	for (int k = 0; k < 6; k++) {
+		unsigned long long r = next_rand(w);
+		memcpy(plain + 8 * k, &r, 8);
+	}
+	memcpy(iv, plain + 7, sizeof iv);
+	CK_MECHANISM m = {CKM_AES_CBC_PAD, iv, sizeof iv};
+	double t = wall_ms();
+	CK_RV rv = f->C_EncryptInit(w->s, &m, w->aes);
+	if (rv == CKR_OK)
+		rv = f->C_Encrypt(w->s, plain, sizeof plain, ct, &nct);
+	done(OP_CRYPT, rv, t);
+	if (rv != CKR_OK)
+		return;
+	t = wall_ms();
+	rv = f->C_DecryptInit(w->s, &m, w->aes);
+	if (rv == CKR_OK)
+		rv = f->C_Decrypt(w->s, ct, nct, back, &nback);
+	done(OP_CRYPT, rv, t);
+	if (rv == CKR_OK && (nback != sizeof plain || memcmp(back, plain, sizeof plain) != 0))
+		wrong("decrypt did not give back the plaintext");
+}
+
+/* find_label counts the objects of class cls labelled l (at most 4). */
+static CK_RV find_label(CK_SESSION_HANDLE s, CK_OBJECT_CLASS cls, const char *l, CK_OBJECT_HANDLE *h, CK_ULONG *n)
+{
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_LABEL, (void *)l, strlen(l)},
+	};
+	CK_RV rv = f->C_FindObjectsInit(s, t, 2);
+	if (rv != CKR_OK)
+		return rv;
+	rv = f->C_FindObjects(s, h, 4, n);
+	CK_RV rv2 = f->C_FindObjectsFinal(s);
+	return rv != CKR_OK ? rv : rv2;
+}
+
+static void do_find(struct worker *w)
+{
+	CK_OBJECT_HANDLE h[4];
+	CK_ULONG n = 0;
+	double t = wall_ms();
+	CK_RV rv = find_label(w->s, CKO_PRIVATE_KEY, key_label, h, &n);
+	done(OP_FIND, rv, t);
+	if (rv == CKR_OK && (n != 1 || h[0] != w->priv))
+		wrong("find did not return exactly the signing key");
+}
+
+static void do_random(struct worker *w)
+{
+	CK_BYTE buf[32];
+	double t = wall_ms();
+	CK_RV rv = f->C_GenerateRandom(w->s, buf, sizeof buf);
+	done(OP_RANDOM, rv, t);
+}
+
+static void do_create(struct worker *w)
+{
+	char label[96];
+	CK_BBOOL yes = CK_TRUE, no = CK_FALSE;
+	CK_BYTE id[8];
+	unsigned long long r = next_rand(w);
+	memcpy(id, &r, sizeof id);
+	snprintf(label, sizeof label, "%s-%d-%lu", prefix, w->index, w->made++);
+	CK_RV rv;
+	if (keypairs) {
+		static CK_BYTE p256[] = {0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07};
+		CK_MECHANISM m = {CKM_EC_KEY_PAIR_GEN, NULL, 0};
+		CK_ATTRIBUTE pub[] = {
+		    {CKA_TOKEN, &yes, sizeof yes},         {CKA_PRIVATE, &no, sizeof no},
+		    {CKA_LABEL, label, strlen(label)},     {CKA_ID, id, sizeof id},
+		    {CKA_EC_PARAMS, p256, sizeof p256},    {CKA_VERIFY, &yes, sizeof yes},
+		};
+		CK_ATTRIBUTE priv[] = {
+		    {CKA_TOKEN, &yes, sizeof yes},     {CKA_PRIVATE, &yes, sizeof yes},
+		    {CKA_LABEL, label, strlen(label)}, {CKA_ID, id, sizeof id},
+		    {CKA_SIGN, &yes, sizeof yes},      {CKA_SENSITIVE, &yes, sizeof yes},
+		};
+		CK_OBJECT_HANDLE hpub, hpriv;
+		rv = f->C_GenerateKeyPair(w->s, &m, pub, 6, priv, 6, &hpub, &hpriv);
+	} else {
+		CK_OBJECT_CLASS cls = CKO_DATA;
+		CK_BYTE value[64];
+		for (int k = 0; k < 8; k++) {
+			unsigned long long v = next_rand(w);
+			memcpy(value + 8 * k, &v, 8);
+		}
+		CK_ATTRIBUTE tmpl[] = {
+		    {CKA_CLASS, &cls, sizeof cls},     {CKA_TOKEN, &yes, sizeof yes},
+		    {CKA_PRIVATE, &no, sizeof no},     {CKA_LABEL, label, strlen(label)},
+		    {CKA_VALUE, value, sizeof value},  {CKA_APPLICATION, "haload", 6},
+		};
+		CK_OBJECT_HANDLE h;
+		rv = f->C_CreateObject(w->s, tmpl, 6, &h);
+	}
+	/* Object life-cycle calls are not single-part operations: a failure
+	 * (the engine makes an object everywhere or nowhere) is counted apart
+	 * and reported with its label. */
+	pthread_mutex_lock(&out_lock);
+	if (rv == CKR_OK) {
+		ok_by_op[OP_CREATE]++;
+		printf("created %s\n", label);
+	} else {
+		failed_by_op[OP_CREATE]++;
+		printf("createfail %s rv=0x%lx\n", label, (unsigned long)rv);
+	}
+	fflush(stdout);
+	pthread_mutex_unlock(&out_lock);
+	if (rv != CKR_OK)
+		return;
+	if (w->ncreated == w->cap) {
+		w->cap = w->cap ? 2 * w->cap : 16;
+		w->created = realloc(w->created, w->cap * sizeof *w->created);
+	}
+	w->created[w->ncreated++] = strdup(label);
+}
+
+static void do_destroy(struct worker *w)
+{
+	if (w->ncreated == 0) {
+		do_create(w);
+		return;
+	}
+	char *label = w->created[0];
+	CK_OBJECT_CLASS classes[2] = {CKO_DATA, 0};
+	int nclasses = 1;
+	if (keypairs) {
+		classes[0] = CKO_PRIVATE_KEY;
+		classes[1] = CKO_PUBLIC_KEY;
+		nclasses = 2;
+	}
+	CK_RV rv = CKR_OK;
+	for (int c = 0; c < nclasses && rv == CKR_OK; c++) {
+		CK_OBJECT_HANDLE h[4];
+		CK_ULONG n = 0;
+		rv = find_label(w->s, classes[c], label, h, &n);
+		if (rv == CKR_OK && n == 0)
+			continue; /* a retried destroy after a failover may find it gone */
+		for (CK_ULONG k = 0; rv == CKR_OK && k < n; k++)
+			rv = f->C_DestroyObject(w->s, h[k]);
+	}
+	pthread_mutex_lock(&out_lock);
+	if (rv == CKR_OK) {
+		ok_by_op[OP_DESTROY]++;
+		printf("destroyed %s\n", label);
+	} else {
+		failed_by_op[OP_DESTROY]++;
+		printf("destroyfail %s rv=0x%lx\n", label, (unsigned long)rv);
+	}
+	fflush(stdout);
+	pthread_mutex_unlock(&out_lock);
+	if (rv != CKR_OK)
+		return; /* tried again later */
+	free(label);
+	memmove(w->created, w->created + 1, (w->ncreated - 1) * sizeof *w->created);
+	w->ncreated--;
+}
+
+static void *run(void *arg)
+{
+	struct worker *w = arg;
+	unsigned long i = 0;
+	while (!stopping) {
+		i++;
+		if (!mixed) {
+			do_sign(w, i);
+			continue;
+		}
+		unsigned pick = (unsigned)(next_rand(w) % 1000);
+		if (pick < 400)
+			do_sign(w, i);
+		else if (pick < 600)
+			do_verify(w);
+		else if (pick < 800 && aes_label)
+			do_crypt(w);
+		else if (pick < 900)
+			do_find(w);
+		else if (pick < 980)
+			do_random(w);
+		else if (pick < 991)
+			do_create(w);
+		else
+			do_destroy(w);
+	}
+	return NULL;
+}
+
+/* ticker prints the counts of each tick, so the driver can plot them. */
+static void *ticker(void *arg)
+{
+	(void)arg;
+	while (!stopping) {
+		struct timespec ts = {tick_ms / 1000, (tick_ms % 1000) * 1000000L};
+		nanosleep(&ts, NULL);
+		pthread_mutex_lock(&out_lock);
+		printf("tick %.0f %lu %lu %lu\n", wall_ms(), tick_ok, tick_failed, tick_maxlat);
+		fflush(stdout);
+		tick_ok = tick_failed = tick_maxlat = 0;
+		pthread_mutex_unlock(&out_lock);
+	}
+	return NULL;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: haload -m MODULE -s SLOT -p PIN_FILE -k EC_KEY_LABEL [-t THREADS] [-x sign|mixed]\n"
+			"              [-o SIGFILE] [-i TICK_MS] [-a AES_KEY_LABEL] [-c data|keypair] [-n PREFIX] [-r SEED]\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	const char *module = NULL, *pinfile = NULL, *sigpath = NULL;
+	int nthreads = 4, c;
+	unsigned long long seed = 1;
+	char pin[256];
+	CK_ULONG pinlen;
+
+	slot = (CK_SLOT_ID)-1;
+	while ((c = getopt(argc, argv, "m:s:p:k:t:x:o:i:a:c:n:r:")) != -1) {
+		switch (c) {
+		case 'm': module = optarg; break;
+		case 's': slot = strtoul(optarg, NULL, 0); break;
+		case 'p': pinfile = optarg; break;
+		case 'k': key_label = optarg; break;
+		case 't': nthreads = atoi(optarg); break;
+		case 'x':
+			if (strcmp(optarg, "mixed") == 0)
+				mixed = 1;
+			else if (strcmp(optarg, "sign") != 0)
+				usage();
+			break;
+		case 'o': sigpath = optarg; break;
+		case 'i': tick_ms = atol(optarg); break;
+		case 'a': aes_label = optarg; break;
+		case 'c':
+			if (strcmp(optarg, "keypair") == 0)
+				keypairs = 1;
+			else if (strcmp(optarg, "data") != 0)
+				usage();
+			break;
+		case 'n': prefix = optarg; break;
+		case 'r': seed = strtoull(optarg, NULL, 0); break;
+		default: usage();
+		}
+	}
+	if (!module || slot == (CK_SLOT_ID)-1 || !pinfile || !key_label || nthreads < 1 || nthreads > 64 || tick_ms < 10)
+		usage();
+	if (sigpath) {
+		sigfile = fopen(sigpath, "wb");
+		if (!sigfile) {
+			fprintf(stderr, "FATAL open %s: %s\n", sigpath, strerror(errno));
+			return 2;
+		}
+	}
+	f = load_module(module, NULL);
+	pinlen = read_pin(pinfile, pin, sizeof pin);
+
+	CK_C_INITIALIZE_ARGS a;
+	memset(&a, 0, sizeof a);
+	a.flags = CKF_OS_LOCKING_OK;
+	CHECK(f->C_Initialize(&a));
+	struct worker *ws = calloc(nthreads, sizeof *ws);
+	for (int i = 0; i < nthreads; i++) {
+		struct worker *w = &ws[i];
+		w->index = i;
+		w->rng = seed * 0x9E3779B97F4A7C15ULL + (unsigned long long)(i + 1) * 0xBF58476D1CE4E5B9ULL;
+		if (w->rng == 0)
+			w->rng = 1;
+		CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION | CKF_RW_SESSION, NULL, NULL, &w->s));
+		if (i == 0)
+			CHECK(f->C_Login(w->s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
+		w->priv = find_one(f, w->s, CKO_PRIVATE_KEY, key_label);
+		w->pub = find_one(f, w->s, CKO_PUBLIC_KEY, key_label);
+		if (aes_label)
+			w->aes = find_one(f, w->s, CKO_SECRET_KEY, aes_label);
+	}
+	memset(pin, 0, sizeof pin);
+	printf("ready\n");
+	fflush(stdout);
+	pthread_t tick;
+	pthread_create(&tick, NULL, ticker, NULL);
+	for (int i = 0; i < nthreads; i++)
+		pthread_create(&ws[i].thread, NULL, run, &ws[i]);
+
+	/* Run until the driver closes our standard input. */
+	char buf[64];
+	while (fgets(buf, sizeof buf, stdin) != NULL)
+		;
+	stopping = 1;
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(ws[i].thread, NULL);
+	pthread_join(tick, NULL);
+	if (sigfile)
+		fclose(sigfile);
+
+	CK_BYTE point[256];
+	CK_ATTRIBUTE t = {CKA_EC_POINT, point, sizeof point};
+	CHECK(f->C_GetAttributeValue(ws[0].s, ws[0].pub, &t, 1));
+	printf("pub ");
+	for (CK_ULONG i = 0; i < t.ulValueLen; i++)
+		printf("%02x", point[i]);
+	printf("\n");
+	unsigned long ops = 0, failed = 0;
+	for (int o = 0; o < N_OPS; o++) {
+		printf("op %s ok=%lu failed=%lu\n", op_names[o], ok_by_op[o], failed_by_op[o]);
+		if (o != OP_CREATE && o != OP_DESTROY) {
+			ops += ok_by_op[o] + failed_by_op[o];
+			failed += failed_by_op[o];
+		}
+	}
+	printf("total ops=%lu failed=%lu bad=%lu maxlat_us=%lu at_ms=%lu\n", ops, failed, bad, max_lat_us, max_lat_at_ms);
+	fflush(stdout);
+	CHECK(f->C_Finalize(NULL));
+	return 0;
+}
