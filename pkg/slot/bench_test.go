@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -87,6 +89,45 @@ func BenchmarkSlotSign(b *testing.B) {
 				_, err := s.Sign(ctx, m, priv, digest[:])
 				return err
 			})
+		})
+		// On a shared machine the load changes faster than benchstat's
+		// runs: paired alternates one direct and one slot signature and
+		// times each, so both see the same load; overhead-% is the
+		// difference of their sums.
+		b.Run(fmt.Sprintf("impl=paired/goroutines=%d", g), func(b *testing.B) {
+			sessions := make([]pkcs11.SessionHandle, g)
+			for i := range sessions {
+				h, err := raw.OpenSession(s.SlotID(), pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+				if err != nil {
+					b.Fatalf("OpenSession: %v", err)
+				}
+				defer raw.CloseSession(h)
+				sessions[i] = h
+			}
+			m := mech[0]
+			var direct, viaSlot atomic.Int64
+			b.ResetTimer()
+			parallel(b, g, func(i int) error {
+				t0 := time.Now()
+				if err := raw.SignInit(sessions[i], mech, priv); err != nil {
+					return err
+				}
+				if _, err := raw.Sign(sessions[i], digest[:]); err != nil {
+					return err
+				}
+				t1 := time.Now()
+				if _, err := s.Sign(ctx, m, priv, digest[:]); err != nil {
+					return err
+				}
+				t2 := time.Now()
+				direct.Add(int64(t1.Sub(t0)))
+				viaSlot.Add(int64(t2.Sub(t1)))
+				return nil
+			})
+			d, v := float64(direct.Load()), float64(viaSlot.Load())
+			b.ReportMetric(d/float64(b.N), "direct-ns/op")
+			b.ReportMetric(v/float64(b.N), "slot-ns/op")
+			b.ReportMetric(100*(v-d)/d, "overhead-%")
 		})
 	}
 }
