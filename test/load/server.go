@@ -1,0 +1,223 @@
+package load
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Paths of the modules the member servers use.
+const (
+	SoftHSMModule = "/usr/lib/softhsm/libsofthsm2.so"
+	P11KitClient  = "/usr/lib/x86_64-linux-gnu/pkcs11/p11-kit-client.so"
+)
+
+// readyDeadline bounds how long a server start waits for its socket.
+const readyDeadline = 15 * time.Second
+
+// Server is one member token served by its own `p11-kit server` process on
+// a Unix socket: killing it (SIGKILL to its process group) is a real HSM
+// outage, stopping it (SIGSTOP) a hung one. Methods are safe for concurrent
+// use.
+type Server struct {
+	Member   string // member name
+	Label    string // token label
+	Sock     string // socket path
+	softConf string
+	logPath  string
+	reg      *Registry
+
+	mu      sync.Mutex
+	proc    *Proc
+	stopped bool
+}
+
+// NewServer describes a server for the token labelled label in the SoftHSM
+// token directory of softConf, on socket sock; Start runs it. Its output
+// goes to logPath.
+func NewServer(reg *Registry, member, label, sock, softConf, logPath string) (*Server, error) {
+	if len(sock) >= 100 {
+		return nil, fmt.Errorf("member %s: socket path %s is too long for a Unix socket (108 bytes)", member, sock)
+	}
+	return &Server{Member: member, Label: label, Sock: sock, softConf: softConf, logPath: logPath, reg: reg}, nil
+}
+
+// Address is the member's P11_KIT_SERVER_ADDRESS.
+func (s *Server) Address() string { return "unix:path=" + s.Sock }
+
+// ModuleEnv is the member's module_env in the configuration.
+func (s *Server) ModuleEnv() map[string]string {
+	return map[string]string{"P11_KIT_SERVER_ADDRESS": s.Address()}
+}
+
+// Running reports whether a server process runs (stopped or not).
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc != nil
+}
+
+// Stopped reports whether the server is stopped (SIGSTOP).
+func (s *Server) Stopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+// PID returns the running server's process ID, 0 when none runs.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.PID()
+}
+
+// Start runs the server and waits (with a deadline, or ctx) until its
+// socket accepts connections.
+func (s *Server) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		return fmt.Errorf("member %s: server already running (pid %d)", s.Member, s.proc.PID())
+	}
+	// A SIGKILLed server leaves its socket behind.
+	if err := os.Remove(s.Sock); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("member %s: remove stale socket: %w", s.Member, err)
+	}
+	log, err := os.OpenFile(s.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("member %s: server log: %w", s.Member, err)
+	}
+	p, err := s.reg.Start(Spec{
+		Name:   "p11-kit server for " + s.Member,
+		Path:   "p11-kit",
+		Args:   []string{"server", "-f", "-n", s.Sock, "--provider", SoftHSMModule, "pkcs11:token=" + s.Label},
+		Env:    Environ("SOFTHSM2_CONF=" + s.softConf),
+		Dir:    filepath.Dir(s.Sock),
+		Output: log,
+	})
+	log.Close() // the child has its own descriptor
+	if err != nil {
+		return fmt.Errorf("member %s: %w", s.Member, err)
+	}
+	if err := waitSocket(ctx, s.Sock, p); err != nil {
+		_ = p.Kill()
+		b, _ := os.ReadFile(s.logPath)
+		return fmt.Errorf("member %s: %w (server log: %s)", s.Member, err, lastLines(string(b), 5))
+	}
+	s.proc, s.stopped = p, false
+	return nil
+}
+
+// Kill kills the server's process group and waits until it is reaped.
+func (s *Server) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return nil
+	}
+	err := s.proc.Kill()
+	s.proc, s.stopped = nil, false
+	if err != nil {
+		return fmt.Errorf("member %s: %w", s.Member, err)
+	}
+	return nil
+}
+
+// Stop freezes the server (SIGSTOP to its group): calls to it hang.
+func (s *Server) Stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return fmt.Errorf("member %s: no server to stop", s.Member)
+	}
+	if err := s.proc.Stop(); err != nil {
+		return fmt.Errorf("member %s: %w", s.Member, err)
+	}
+	s.stopped = true
+	return nil
+}
+
+// Cont resumes a stopped server.
+func (s *Server) Cont() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return fmt.Errorf("member %s: no server to continue", s.Member)
+	}
+	if err := s.proc.Cont(); err != nil {
+		return fmt.Errorf("member %s: %w", s.Member, err)
+	}
+	s.stopped = false
+	return nil
+}
+
+// Restart kills a running server and starts a new one on the same socket.
+func (s *Server) Restart(ctx context.Context) error {
+	if err := s.Kill(); err != nil {
+		return err
+	}
+	return s.Start(ctx)
+}
+
+// waitSocket polls a Unix socket until it accepts a connection, p exits,
+// ctx ends or readyDeadline passes.
+func waitSocket(ctx context.Context, sock string, p *Proc) error {
+	ctx, cancel := context.WithTimeout(ctx, readyDeadline)
+	defer cancel()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-p.Done():
+			return fmt.Errorf("server exited before its socket answered: %v", p.Err())
+		case <-ctx.Done():
+			return fmt.Errorf("socket %s did not answer: %w", sock, ctx.Err())
+		case <-retry.C:
+		}
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		retry.Reset(10 * time.Millisecond)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := splitLines(s)
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	out := ""
+	for i, l := range lines {
+		if i > 0 {
+			out += " | "
+		}
+		out += l
+	}
+	return out
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
