@@ -129,8 +129,11 @@ func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*s
 	}
 	x.cctx, x.op, x.fn = ctx, op, fn
 	x.state.Store(stBusy)
-	x.req <- struct{}{}
+	// Arm the timer before the hand-off: from the send on, this goroutine
+	// should park at once so that the worker runs on this thread (a
+	// spinning thread of the runtime steals it after a few µs otherwise).
 	x.timer.Reset(timeout)
+	x.req <- struct{}{}
 	var cause error
 	select {
 	case err := <-x.res:
