@@ -323,39 +323,68 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			dsts[i].Session = ps
 		}
 	}
+	// Every object to every target at once: the halves of a key pair are
+	// independent copies, and token object creation is slow on some
+	// tokens (SoftHSM's file store waits on the disk).
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
-	failedAt := make([]int, len(targets))
+	objErrs := make([][]error, len(targets))
 	var wg gosync.WaitGroup
 	for i, t := range targets {
+		copies[i] = make([]pkcs11.ObjectHandle, len(ms))
+		objErrs[i] = make([]error, len(ms))
 		if errs[i] != nil {
 			continue
 		}
-		wg.Go(func() {
-			for j, m := range ms {
-				start := t.Begin()
-				h, err := g.rep.Replicate(ctx, p.Slot(), m.h, dsts[i])
-				t.End(start, err)
-				if err != nil {
-					errs[i], failedAt[i] = err, j
-					return
+		one := func(j int) {
+			start := t.Begin()
+			h, err := g.rep.Replicate(ctx, p.Slot(), ms[j].h, dsts[i])
+			t.End(start, err)
+			copies[i][j], objErrs[i][j] = h, err
+		}
+		if dsts[i].Session != nil {
+			// One physical session takes one call at a time.
+			wg.Go(func() {
+				for j := range ms {
+					if one(j); objErrs[i][j] != nil {
+						return
+					}
 				}
-				copies[i] = append(copies[i], h)
-			}
-		})
+			})
+			continue
+		}
+		for j := range ms {
+			wg.Go(func() { one(j) })
+		}
 	}
 	wg.Wait()
+	failedAt := make([]int, len(targets))
+	for i := range targets {
+		for j, err := range objErrs[i] {
+			if err != nil && errs[i] == nil {
+				errs[i], failedAt[i] = err, j
+			}
+			if err != nil {
+				copies[i][j] = 0
+			}
+		}
+	}
 	takeBack := func(i int) {
 		for _, h := range copies[i] {
-			g.destroyOn(context.WithoutCancel(ctx), dsts[i], h)
+			if h != 0 {
+				g.destroyOn(context.WithoutCancel(ctx), dsts[i], h)
+			}
 		}
 		copies[i] = nil
 	}
-	for _, err := range errs {
-		if err != nil && sourceRefused(err, p) {
-			for k := range targets {
-				takeBack(k)
+	// A refusal by the primary shows in any copy's error.
+	for i := range targets {
+		for _, err := range objErrs[i] {
+			if err != nil && sourceRefused(err, p) {
+				for k := range targets {
+					takeBack(k)
+				}
+				return err
 			}
-			return err
 		}
 	}
 	for i, t := range targets {
