@@ -41,12 +41,13 @@ type statsLine struct {
 // statsMember is one member's counters: cumulative since the module was
 // initialised, so a reader takes differences for rates.
 type statsMember struct {
-	Name      string `json:"name"`
-	State     string `json:"state"` // member.State by name
-	Ops       uint64 `json:"ops"`
-	Errors    uint64 `json:"errors"`
-	Failovers uint64 `json:"failovers"`
-	InFlight  int64  `json:"in_flight"`
+	Name      string    `json:"name"`
+	State     string    `json:"state"` // member.State by name
+	Since     time.Time `json:"since"` // when it entered State
+	Ops       uint64    `json:"ops"`
+	Errors    uint64    `json:"errors"`
+	Failovers uint64    `json:"failovers"`
+	InFlight  int64     `json:"in_flight"`
 }
 
 // statsWriter appends counters to the stats file until stopped.
@@ -109,7 +110,7 @@ func (w *statsWriter) write() {
 		snaps := s.Members()
 		line := statsLine{Time: now, PID: w.pid, Group: s.Label(), Members: make([]statsMember, len(snaps))}
 		for i, m := range snaps {
-			line.Members[i] = statsMember{Name: m.Name, State: m.State.String(), Ops: m.Ops, Errors: m.Errors,
+			line.Members[i] = statsMember{Name: m.Name, State: m.State.String(), Since: m.Since, Ops: m.Ops, Errors: m.Errors,
 				Failovers: m.Failovers, InFlight: m.InFlight}
 		}
 		b, err := json.Marshal(line)

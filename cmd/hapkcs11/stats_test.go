@@ -20,7 +20,7 @@ func (f *fakeGroup) Label() string { return "signing" }
 func (f *fakeGroup) Members() []member.Snapshot {
 	return []member.Snapshot{
 		{Name: "hsm-a", State: member.Active, Ops: f.ops.Load()},
-		{Name: "hsm-b", State: member.Failed, Errors: 3, Failovers: 1},
+		{Name: "hsm-b", State: member.Failed, Since: time.Unix(1700000000, 0).UTC(), Errors: 3, Failovers: 1},
 	}
 }
 
@@ -92,7 +92,7 @@ func TestStatsLines(t *testing.T) {
 		t.Errorf("the line written at stop counts %d ops for hsm-a, want 42", last.Members[0].Ops)
 	}
 	b := last.Members[1]
-	if b.Name != "hsm-b" || b.State != member.Failed.String() || b.Errors != 3 || b.Failovers != 1 {
+	if b.Name != "hsm-b" || b.State != member.Failed.String() || !b.Since.Equal(time.Unix(1700000000, 0)) || b.Errors != 3 || b.Failovers != 1 {
 		t.Errorf("hsm-b = %+v", b)
 	}
 	for i := 1; i < len(lines); i++ {

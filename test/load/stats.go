@@ -26,12 +26,13 @@ type StatsLine struct {
 
 // StatsMember is one member's counters in a StatsLine.
 type StatsMember struct {
-	Name      string `json:"name"`
-	State     string `json:"state"`
-	Ops       uint64 `json:"ops"`
-	Errors    uint64 `json:"errors"`
-	Failovers uint64 `json:"failovers"`
-	InFlight  int64  `json:"in_flight"`
+	Name      string    `json:"name"`
+	State     string    `json:"state"`
+	Since     time.Time `json:"since"`
+	Ops       uint64    `json:"ops"`
+	Errors    uint64    `json:"errors"`
+	Failovers uint64    `json:"failovers"`
+	InFlight  int64     `json:"in_flight"`
 }
 
 // ReadStats reads a stats file; a torn last line (the writer is still
