@@ -514,3 +514,54 @@ func TestFailAndActivateMember(t *testing.T) {
 	}
 	_ = hasync.NoKeyType
 }
+
+func TestOpenWithAMemberDown(t *testing.T) {
+	toks := takeTokens(t, 2)
+	serial := fmt.Sprintf("%d", 4000000+serials.Add(1))
+	cfg := config.Group{Label: "down-" + serial, Serial: serial}
+	for _, tok := range toks {
+		cfg.Members = append(cfg.Members, memberCfg(tok))
+	}
+	cfg.Members = append(cfg.Members, config.Member{Name: "ghost", Module: toks[0].Module, TokenLabel: "no-such-token"})
+	events := newEventLog()
+	g, err := Open(testContext(t), cfg, config.Defaults(), Options{Events: events})
+	if err != nil {
+		t.Fatalf("Open with one member's token missing: %v", err)
+	}
+	defer g.Close()
+	st := g.Status()
+	if st.Active != 2 || st.Failed != 1 || !st.Degraded() || st.Down() {
+		t.Errorf("status %+v", st)
+	}
+	if events.count(MemberFailed, "ghost") != 1 {
+		t.Errorf("no MemberFailed event for the member that could not be opened")
+	}
+	if err := g.Login(testContext(t), pkcs11.CKU_USER, pinOf(toks[0].UserPIN)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.GenerateRandom(testContext(t), 8); err != nil {
+		t.Errorf("degraded group: %v", err)
+	}
+	// Recovery of a member that was never opened opens it: still missing.
+	if err := g.ActivateMember(testContext(t), "ghost"); err == nil {
+		t.Errorf("ActivateMember of a missing token succeeded")
+	}
+	if s := memberState(g, "ghost"); s != member.Failed {
+		t.Errorf("ghost is %v after a failed recovery", s)
+	}
+
+	for _, bad := range []config.Group{
+		{Label: "x"},
+		{Members: cfg.Members},
+		{Label: "x", Members: []config.Member{cfg.Members[0], cfg.Members[0]}},
+	} {
+		if _, err := Open(testContext(t), bad, config.Defaults(), Options{}); err == nil {
+			t.Errorf("Open(%+v) succeeded", bad)
+		}
+	}
+	bad := config.Defaults()
+	bad.Policy = "fastest"
+	if _, err := Open(testContext(t), cfg, bad, Options{}); err == nil || !strings.Contains(err.Error(), "fastest") {
+		t.Errorf("unknown policy: %v", err)
+	}
+}
