@@ -9,6 +9,7 @@
 package member
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -25,14 +26,22 @@ var ErrIllegalTransition = errors.New("illegal member state transition")
 type Config struct {
 	// Name is the member's stable name, used in events, errors and metrics.
 	Name string
-	// Index is the member's position in the group's configured order
-	// (0 = first); it decides which member is primary.
+	// Index is the member's place in the group's tables (0 to 63), fixed
+	// while it is a member; a member added later may take the index of
+	// one removed. The group's configured order (which decides the
+	// primary) is kept by the group.
 	Index int
 	// Standby reports whether the member is configured as a standby.
 	Standby bool
 	// FailureThreshold is how many consecutive health failures fail the
 	// member; values below 1 mean 1.
 	FailureThreshold int
+	// Epochs, when set, is the source of the member's epochs, shared by
+	// every member of a group: an epoch then names one member's handles
+	// uniquely, so a member that takes over the index of a removed one can
+	// never match a handle cached for its predecessor. Nil: the member
+	// counts its own epochs from 0.
+	Epochs *atomic.Uint64
 }
 
 // Transition is the event emitted for every state change.
@@ -68,14 +77,19 @@ type Member struct {
 	cfg    Config
 	notify func(Transition)
 
-	state atomic.Int32
-	since atomic.Int64 // unix nanoseconds of the last transition
-	slot  atomic.Pointer[slot.Slot]
-	epoch atomic.Uint64
+	state   atomic.Int32
+	since   atomic.Int64 // unix nanoseconds of the last transition
+	slot    atomic.Pointer[slot.Slot]
+	epoch   atomic.Uint64
+	standby atomic.Bool // configured as a standby (SetConfiguredStandby)
+	missing atomic.Pointer[[]string]
 
 	inFlight atomic.Int64
-	latency  atomic.Int64 // EWMA of successful call latency, nanoseconds
-	sampled  atomic.Int64 // unix nanoseconds of the last latency sample
+	pinned   atomic.Int64
+	draining atomic.Bool
+	drained  chan struct{} // signalled (never closed) when the last call ends while draining
+	latency  atomic.Int64  // EWMA of successful call latency, nanoseconds
+	sampled  atomic.Int64  // unix nanoseconds of the last latency sample
 	consec   atomic.Int32
 
 	ops           atomic.Uint64
@@ -104,7 +118,11 @@ func New(cfg Config, s *slot.Slot, st State, cause error, notify func(Transition
 	if cfg.FailureThreshold < 1 {
 		cfg.FailureThreshold = 1
 	}
-	m := &Member{cfg: cfg, notify: notify}
+	m := &Member{cfg: cfg, notify: notify, drained: make(chan struct{}, 1)}
+	m.standby.Store(cfg.Standby)
+	if cfg.Epochs != nil {
+		m.epoch.Store(cfg.Epochs.Add(1))
+	}
 	m.state.Store(int32(st))
 	m.since.Store(time.Now().UnixNano())
 	if s != nil {
@@ -119,12 +137,58 @@ func New(cfg Config, s *slot.Slot, st State, cause error, notify func(Transition
 // Name returns the member's configured name.
 func (m *Member) Name() string { return m.cfg.Name }
 
-// Index returns the member's position in the configured order.
+// Index returns the member's place in the group's tables (see Config.Index).
 func (m *Member) Index() int { return m.cfg.Index }
 
 // ConfiguredStandby reports whether the member is configured as a standby
 // (it may be active now, promoted because no active member was left).
-func (m *Member) ConfiguredStandby() bool { return m.cfg.Standby }
+func (m *Member) ConfiguredStandby() bool { return m.standby.Load() }
+
+// SetConfiguredStandby changes whether the member is configured as a
+// standby. It does not change the state: the group decides whether the
+// member is demoted or promoted.
+func (m *Member) SetConfiguredStandby(standby bool) { m.standby.Store(standby) }
+
+// SetMissingMechanisms records the mechanisms the group needs that the
+// member's token does not offer (names such as "CKM_AES_KEY_WRAP_PAD"),
+// and reports whether the set changed.
+func (m *Member) SetMissingMechanisms(names []string) bool {
+	names = append([]string(nil), names...)
+	old := m.missing.Swap(&names)
+	if old == nil {
+		return len(names) > 0
+	}
+	if len(*old) != len(names) {
+		return true
+	}
+	for i := range names {
+		if (*old)[i] != names[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// MissingMechanisms returns the mechanisms recorded by
+// SetMissingMechanisms (nil when none).
+func (m *Member) MissingMechanisms() []string {
+	if p := m.missing.Load(); p != nil && len(*p) > 0 {
+		return append([]string(nil), (*p)...)
+	}
+	return nil
+}
+
+// Lacks reports whether mechanism name was recorded as missing.
+func (m *Member) Lacks(name string) bool {
+	if p := m.missing.Load(); p != nil {
+		for _, n := range *p {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // State returns the current state.
 func (m *Member) State() State { return State(m.state.Load()) }
@@ -147,7 +211,14 @@ func (m *Member) Epoch() uint64 { return m.epoch.Load() }
 
 // BumpEpoch invalidates every physical handle cached for this member and
 // returns the new epoch.
-func (m *Member) BumpEpoch() uint64 { return m.epoch.Add(1) }
+func (m *Member) BumpEpoch() uint64 {
+	if m.cfg.Epochs == nil {
+		return m.epoch.Add(1)
+	}
+	n := m.cfg.Epochs.Add(1) // larger than any epoch the member had
+	m.epoch.Store(n)
+	return n
+}
 
 // Transition moves the member to state to, emitting one Transition event.
 // reason is recorded as the last error when to is Failed. It returns the
@@ -219,6 +290,43 @@ func (m *Member) Begin() time.Time {
 	return time.Now()
 }
 
+// callEnded wakes Drain when the last call or pinned operation ended.
+func (m *Member) callEnded(left int64) {
+	if left == 0 && m.draining.Load() {
+		select {
+		case m.drained <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Pin counts one multi-part operation pinned to the member; Unpin ends it.
+// Drain waits for pinned operations as for calls in flight.
+func (m *Member) Pin() { m.pinned.Add(1) }
+
+// Unpin ends an operation counted by Pin.
+func (m *Member) Unpin() { m.callEnded(m.pinned.Add(-1)) }
+
+// Pinned returns the number of multi-part operations pinned to the member.
+func (m *Member) Pinned() int64 { return m.pinned.Load() }
+
+// Drain marks the member as leaving and waits until no call is in flight
+// on it and no multi-part operation is pinned to it, or ctx ends (then it
+// returns ctx's error; the work still running is not interrupted). The
+// caller has stopped giving the member new work before.
+func (m *Member) Drain(ctx context.Context) error {
+	m.draining.Store(true)
+	for m.inFlight.Load() != 0 || m.pinned.Load() != 0 {
+		select {
+		case <-m.drained:
+		case <-ctx.Done():
+			return fmt.Errorf("member %s: draining: %d call(s) in flight, %d operation(s) pinned: %w",
+				m.cfg.Name, m.inFlight.Load(), m.pinned.Load(), context.Cause(ctx))
+		}
+	}
+	return nil
+}
+
 // End records the result of a call started with Begin: it counts the
 // operation, updates the latency average, and charges health failures.
 // Request and login errors (slot.ClassRequest, slot.ClassLogin) are never
@@ -228,7 +336,7 @@ func (m *Member) Begin() time.Time {
 // End does not change the state: the caller fails the member when
 // Outcome.Fail is set, so that it can say why in the event.
 func (m *Member) End(start time.Time, err error) Outcome {
-	m.inFlight.Add(-1)
+	m.callEnded(m.inFlight.Add(-1))
 	class := slot.ClassOf(err)
 	switch class {
 	case slot.ClassNone:
@@ -338,6 +446,9 @@ type Snapshot struct {
 	LastError           string        `json:"last_error,omitempty"`
 	LastErrorTime       time.Time     `json:"last_error_time,omitzero"`
 	Epoch               uint64        `json:"epoch"`
+	// MissingMechanisms the group needs and the member lacks (see
+	// SetMissingMechanisms).
+	MissingMechanisms []string `json:"missing_mechanisms,omitempty"`
 }
 
 // Snapshot returns the member's current figures. Fields are read one by
@@ -348,7 +459,7 @@ func (m *Member) Snapshot() Snapshot {
 		Name:                m.cfg.Name,
 		Index:               m.cfg.Index,
 		State:               m.State(),
-		ConfiguredStandby:   m.cfg.Standby,
+		ConfiguredStandby:   m.ConfiguredStandby(),
 		Since:               m.Since(),
 		InFlight:            m.InFlight(),
 		Latency:             m.Latency(),
@@ -359,6 +470,7 @@ func (m *Member) Snapshot() Snapshot {
 		Failovers:           m.failovers.Load(),
 		Replications:        m.replications.Load(),
 		Epoch:               m.Epoch(),
+		MissingMechanisms:   m.MissingMechanisms(),
 	}
 	if err, t := m.LastError(); err != nil {
 		s.LastError = err.Error()

@@ -1,9 +1,12 @@
 package member
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,5 +235,98 @@ func TestDecayedLatencyFades(t *testing.T) {
 	}
 	if got := m.Latency(); got != 8*time.Millisecond {
 		t.Fatalf("Latency changed by decay: %v", got)
+	}
+}
+
+func TestDrainWaitsForCallsAndPinnedOperations(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	start := m.Begin()
+	m.Pin()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- m.Drain(ctx) }()
+	m.End(start, nil)
+	select {
+	case err := <-done:
+		t.Fatalf("Drain returned (%v) while an operation was still pinned", err)
+	default:
+	}
+	m.Unpin()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Drain: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Drain did not return after the last call ended")
+	}
+}
+
+func TestDrainGivesUpWithContext(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	m.Begin()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := m.Drain(ctx)
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "1 call(s) in flight") {
+		t.Fatalf("Drain with a call stuck: %v", err)
+	}
+}
+
+func TestSharedEpochsAreUnique(t *testing.T) {
+	var src atomic.Uint64
+	a, err := New(Config{Name: "a", Epochs: &src}, nil, Failed, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{Name: "b", Epochs: &src}, nil, Failed, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint64]bool{a.Epoch(): true}
+	if seen[b.Epoch()] {
+		t.Fatalf("two members start at epoch %d", b.Epoch())
+	}
+	seen[b.Epoch()] = true
+	prev := a.Epoch()
+	for range 10 {
+		for _, m := range []*Member{a, b} {
+			e := m.BumpEpoch()
+			if seen[e] {
+				t.Fatalf("epoch %d handed out twice", e)
+			}
+			seen[e] = true
+		}
+		if a.Epoch() <= prev {
+			t.Fatalf("epoch of a went from %d to %d", prev, a.Epoch())
+		}
+		prev = a.Epoch()
+	}
+}
+
+func TestMissingMechanismsAndStandbyFlag(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	if m.Lacks("CKM_AES_KEY_WRAP_PAD") || m.MissingMechanisms() != nil {
+		t.Fatal("a new member lacks mechanisms")
+	}
+	if !m.SetMissingMechanisms([]string{"CKM_AES_KEY_WRAP_PAD"}) {
+		t.Fatal("first SetMissingMechanisms reported no change")
+	}
+	if m.SetMissingMechanisms([]string{"CKM_AES_KEY_WRAP_PAD"}) {
+		t.Fatal("the same set reported as a change")
+	}
+	if !m.Lacks("CKM_AES_KEY_WRAP_PAD") {
+		t.Fatal("Lacks = false")
+	}
+	if s := m.Snapshot(); len(s.MissingMechanisms) != 1 {
+		t.Fatalf("snapshot missing mechanisms = %v", s.MissingMechanisms)
+	}
+	if !m.SetMissingMechanisms(nil) || m.Lacks("CKM_AES_KEY_WRAP_PAD") {
+		t.Fatal("clearing the set did not take")
+	}
+	m.SetConfiguredStandby(true)
+	if !m.ConfiguredStandby() || !m.Snapshot().ConfiguredStandby {
+		t.Fatal("SetConfiguredStandby(true) not seen")
 	}
 }
