@@ -17,10 +17,19 @@ import (
 //
 // A long-lived worker per session rather than a goroutine per call: the
 // hand-off is a channel send to a parked goroutine and back, with no
-// goroutine, channel or timer created per call. Measured on the 2-core
-// development machine, a no-op call costs ~1 µs this way against ~3 µs
-// with a goroutine (and timer and channel) per call; an ECDSA P-256
-// signature on SoftHSM costs ~60 µs.
+// goroutine, channel or timer created per call, and the worker runs on the
+// caller's thread. Measured on the 2-vCPU development machine, a no-op call
+// costs ~1 µs this way against ~3 µs with a goroutine (and timer and
+// channel) per call.
+//
+// The price that remains is the runtime's: each hand-off readies a
+// goroutine, and when a P is idle the runtime wakes a thread to look for
+// work (golang/go#32113) which finds none. Where the two vCPUs share a
+// physical core, that thread slows the signature running on the other one:
+// ~20 µs on a 60 µs SoftHSM ECDSA signature from a single goroutine, none
+// to speak of when every P is busy (many callers) or with GOMAXPROCS=1
+// (BenchmarkSlotSign). A deadline cannot be had without the hand-off: a
+// goroutine inside a C call cannot return to its caller.
 
 // Session states, for the race between a worker finishing and its caller
 // giving up.
