@@ -43,6 +43,19 @@ const (
 	// ConflictFound: two different keys share one identity; the group
 	// refuses to use either until an operator resolves it.
 	ConflictFound EventKind = "conflict_found"
+	// MemberAdded: a member joined the open group (To: recovering until
+	// it is caught up, or failed when its token could not be opened).
+	MemberAdded EventKind = "member_added"
+	// GroupDown: the last serving member failed. Err says what happens to
+	// sessions and login under the recovery mode.
+	GroupDown EventKind = "group_down"
+	// MechanismMissing: a member's token lacks a mechanism the group
+	// needs (Err names both, and what follows); reported once per change.
+	MechanismMissing EventKind = "mechanism_missing"
+	// ReplicationSkipped: an object was not replicated to a member that
+	// cannot take it (it lacks a mechanism); the member stays in service
+	// and counts the object as out of sync.
+	ReplicationSkipped EventKind = "replication_skipped"
 )
 
 // Event is one thing that happened in a group. Fields that do not apply to
@@ -119,6 +132,9 @@ func (g *Group) emit(e Event) {
 
 // onTransition turns a member state change into a group event.
 func (g *Group) onTransition(t member.Transition) {
+	if t.To.Serving() {
+		g.down.Store(false)
+	}
 	var k EventKind
 	switch {
 	case t.To == member.Failed:

@@ -87,11 +87,17 @@ type Options struct {
 type Group struct {
 	label, serial string
 	settings      config.Settings
-	policy        policy
-	cfgMembers    []config.Member
-	specs         []slot.Spec
-	members       []*member.Member
-	byName        map[string]*member.Member
+	policy        atomic.Int32 // a policy
+	enhanced      atomic.Bool  // recovery_mode = activeEnhanced
+	opts          Options
+
+	// roster is the membership now; replaced whole under memberMu.
+	roster   atomic.Pointer[roster]
+	memberMu gosync.Mutex
+	retiring memberSet     // indexes of removed members still draining; guarded by memberMu
+	epochs   atomic.Uint64 // epoch source shared by every member
+	width    atomic.Int64  // 1 + the highest member index in use
+	limited  gosync.Map    // member name → struct{}: missing mechanisms reported
 
 	events     EventSink
 	tombstones Tombstones
@@ -99,6 +105,11 @@ type Group struct {
 
 	rr   atomic.Uint64 // rotation for round-robin and least-busy ties
 	gate gate
+
+	// writes is the write barrier: object creation, destruction and
+	// attribute changes pass it; HoldWrites closes it.
+	writes    barrier
+	writeMark atomic.Uint64
 
 	loginMu  gosync.Mutex
 	userType atomic.Int64 // -1: logged out; otherwise CKU_USER / CKU_SO
@@ -110,6 +121,17 @@ type Group struct {
 	sessMu   gosync.Mutex
 	sessions map[SessionHandle]*Session
 	nextSess atomic.Uint64
+	// sessGen changes when every member failed in activeBasic: sessions
+	// opened before are lost.
+	sessGen atomic.Uint64
+	down    atomic.Bool // every member is down (the outage was handled)
+
+	bgMu     gosync.Mutex
+	bgClosed bool // guarded by bgMu
+	bg       gosync.WaitGroup
+
+	skipMu  gosync.Mutex
+	skipped map[string]map[string]skippedObject // member → identity key → what it lacks
 
 	objs objectTable
 
@@ -129,10 +151,14 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	if len(g.Members) == 0 {
 		return nil, fmt.Errorf("group %s: no members", g.Label)
 	}
-	if len(g.Members) > 64 {
-		return nil, fmt.Errorf("group %s: %d members, at most 64", g.Label, len(g.Members))
+	if len(g.Members) > MaxMembers {
+		return nil, fmt.Errorf("group %s: %d members, at most %d", g.Label, len(g.Members), MaxMembers)
 	}
 	pol, err := parsePolicy(s.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("group %s: %w", g.Label, err)
+	}
+	enhanced, err := parseRecoveryMode(s.RecoveryMode)
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", g.Label, err)
 	}
@@ -140,47 +166,39 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		label:      g.Label,
 		serial:     g.Serial,
 		settings:   s,
-		policy:     pol,
-		cfgMembers: append([]config.Member(nil), g.Members...),
-		byName:     make(map[string]*member.Member),
+		opts:       opts,
 		events:     opts.Events,
 		tombstones: opts.Tombstones,
 		rep:        &hasync.Replicator{GroupSerial: g.Serial},
 		sessions:   make(map[SessionHandle]*Session),
 		recovering: make(map[string]bool),
+		skipped:    make(map[string]map[string]skippedObject),
 	}
+	gr.policy.Store(int32(pol))
+	gr.enhanced.Store(enhanced)
 	gr.userType.Store(-1)
 	gr.gate.init()
-	gr.objs.init(len(g.Members))
+	gr.objs.init(func() int { return int(gr.width.Load()) })
 	if gr.tombstones == nil {
 		gr.tombstones = &MemoryTombstones{}
 	}
-	for _, m := range g.Members {
-		if m.Name == "" {
-			return nil, fmt.Errorf("group %s: member with empty name", g.Label)
+	seen := map[string]bool{}
+	specs := make([]slot.Spec, len(g.Members))
+	for i, m := range g.Members {
+		if err := checkMemberConfig(m); err != nil {
+			return nil, fmt.Errorf("group %s: %w", g.Label, err)
 		}
-		if _, dup := gr.byName[m.Name]; dup {
+		if seen[m.Name] {
 			return nil, fmt.Errorf("group %s: member %s listed twice", g.Label, m.Name)
 		}
-		gr.byName[m.Name] = nil
-		gr.specs = append(gr.specs, slot.Spec{
-			Name:           m.Name,
-			Module:         m.Module,
-			ModuleEnv:      m.ModuleEnv,
-			TokenLabel:     m.TokenLabel,
-			TokenSerial:    m.TokenSerial,
-			URI:            m.URI,
-			CommandTimeout: s.CommandTimeout,
-			KeygenTimeout:  s.KeygenTimeout,
-			MaxSessions:    opts.MaxSessions,
-			Interceptor:    opts.Interceptor,
-		})
+		seen[m.Name] = true
+		specs[i] = gr.spec(m)
 	}
 
-	slots := make([]*slot.Slot, len(gr.specs))
-	errs := make([]error, len(gr.specs))
+	slots := make([]*slot.Slot, len(specs))
+	errs := make([]error, len(specs))
 	var wg gosync.WaitGroup
-	for i, spec := range gr.specs {
+	for i, spec := range specs {
 		wg.Go(func() { slots[i], errs[i] = slot.Open(ctx, spec) })
 	}
 	wg.Wait()
@@ -192,6 +210,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		}
 		return nil, fmt.Errorf("group %s: open: %w", g.Label, err)
 	}
+	r := &roster{byName: map[string]*member.Member{}, cfg: map[int]config.Member{}, spec: map[int]slot.Spec{}}
 	var failed []*member.Member
 	for i, cm := range g.Members {
 		st := member.Active
@@ -202,28 +221,71 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		if errs[i] != nil {
 			st, cause = member.Failed, errs[i]
 		}
-		m, err := member.New(member.Config{
-			Name:             cm.Name,
-			Index:            i,
-			Standby:          cm.Standby,
-			FailureThreshold: s.FailureThreshold,
-		}, slots[i], st, cause, gr.onTransition)
+		m, err := member.New(gr.memberConfig(cm, i), slots[i], st, cause, gr.onTransition)
 		if err != nil {
-			gr.closeSlots()
+			for _, s := range slots {
+				if s != nil {
+					s.Close()
+				}
+			}
 			return nil, fmt.Errorf("group %s: %w", g.Label, err)
 		}
-		gr.members = append(gr.members, m)
-		gr.byName[cm.Name] = m
+		r.add(m, cm, specs[i])
 		if cause != nil {
 			failed = append(failed, m)
 		}
 	}
+	gr.roster.Store(r)
+	gr.width.Store(int64(len(g.Members)))
 	for _, m := range failed {
 		err, t := m.LastError()
 		gr.emit(Event{Kind: MemberFailed, Time: t, Member: m.Name(), To: member.Failed, Err: err})
 	}
+	var mwg gosync.WaitGroup
+	for _, m := range r.members {
+		if m.Slot() != nil {
+			// A failure is charged to the member (see call); it is
+			// checked again when the member is re-opened.
+			mwg.Go(func() { _ = gr.checkMechanisms(ctx, m) })
+		}
+	}
+	mwg.Wait()
 	gr.ensureActive()
 	return gr, nil
+}
+
+// checkMemberConfig refuses a member the group cannot hold.
+func checkMemberConfig(m config.Member) error {
+	if m.Name == "" {
+		return errors.New("member with empty name")
+	}
+	return nil
+}
+
+// spec is the slot.Spec of member m under the group's settings.
+func (g *Group) spec(m config.Member) slot.Spec {
+	return slot.Spec{
+		Name:           m.Name,
+		Module:         m.Module,
+		ModuleEnv:      m.ModuleEnv,
+		TokenLabel:     m.TokenLabel,
+		TokenSerial:    m.TokenSerial,
+		URI:            m.URI,
+		CommandTimeout: g.settings.CommandTimeout,
+		KeygenTimeout:  g.settings.KeygenTimeout,
+		MaxSessions:    g.opts.MaxSessions,
+		Interceptor:    g.opts.Interceptor,
+	}
+}
+
+func (g *Group) memberConfig(cm config.Member, index int) member.Config {
+	return member.Config{
+		Name:             cm.Name,
+		Index:            index,
+		Standby:          cm.Standby,
+		FailureThreshold: g.settings.FailureThreshold,
+		Epochs:           &g.epochs,
+	}
 }
 
 // Label returns the virtual token's label.
@@ -237,8 +299,9 @@ func (g *Group) Settings() config.Settings { return g.settings }
 
 // Members returns a snapshot of every member, in configured order.
 func (g *Group) Members() []member.Snapshot {
-	out := make([]member.Snapshot, len(g.members))
-	for i, m := range g.members {
+	ms := g.view().members
+	out := make([]member.Snapshot, len(ms))
+	for i, m := range ms {
 		out[i] = m.Snapshot()
 	}
 	return out
@@ -246,22 +309,24 @@ func (g *Group) Members() []member.Snapshot {
 
 // Member returns the named member, for the recovery loop and the agent.
 func (g *Group) Member(name string) (*member.Member, bool) {
-	m, ok := g.byName[name]
+	m, ok := g.view().byName[name]
 	return m, ok && m != nil
 }
 
 // Status is a snapshot of the whole group.
 type Status struct {
-	Label    string            `json:"label"`
-	Serial   string            `json:"serial"`
-	Policy   string            `json:"policy"`
-	LoggedIn bool              `json:"logged_in"`
-	Primary  string            `json:"primary,omitempty"` // empty when no member is active
-	Active   int               `json:"active"`
-	Standby  int               `json:"standby"`
-	Failed   int               `json:"failed"` // failed or recovering
-	Sessions int               `json:"sessions"`
-	Members  []member.Snapshot `json:"members"`
+	Label  string `json:"label"`
+	Serial string `json:"serial"`
+	Policy string `json:"policy"`
+	// RecoveryMode is activeBasic or activeEnhanced.
+	RecoveryMode string            `json:"recovery_mode"`
+	LoggedIn     bool              `json:"logged_in"`
+	Primary      string            `json:"primary,omitempty"` // empty when no member is active
+	Active       int               `json:"active"`
+	Standby      int               `json:"standby"`
+	Failed       int               `json:"failed"` // failed or recovering
+	Sessions     int               `json:"sessions"`
+	Members      []member.Snapshot `json:"members"`
 }
 
 // Degraded reports whether some member is not serving (failed, recovering
@@ -273,10 +338,7 @@ func (s Status) Down() bool { return s.Active == 0 && s.Standby == 0 }
 
 // Status returns a snapshot of the group.
 func (g *Group) Status() Status {
-	st := Status{Label: g.label, Serial: g.serial, Policy: g.settings.Policy, LoggedIn: g.userType.Load() >= 0}
-	if st.Policy == "" {
-		st.Policy = config.DefaultPolicy
-	}
+	st := Status{Label: g.label, Serial: g.serial, Policy: g.policyName(), RecoveryMode: g.RecoveryMode(), LoggedIn: g.userType.Load() >= 0}
 	st.Members = g.Members()
 	for _, m := range st.Members {
 		switch m.State {
@@ -318,13 +380,20 @@ func (g *Group) Close() error {
 		g.appPIN = secret.PIN{}
 		g.userType.Store(-1)
 		g.loginMu.Unlock()
+		g.bgMu.Lock()
+		g.bgClosed = true
+		g.bgMu.Unlock()
+		g.bg.Wait()
+		g.memberMu.Lock()
 		g.closeSlots()
+		g.memberMu.Unlock()
 	})
 	return nil
 }
 
+// closeSlots closes every member's token. memberMu held.
 func (g *Group) closeSlots() {
-	for _, m := range g.members {
+	for _, m := range g.view().members {
 		if s := m.Slot(); s != nil {
 			s.Close()
 		}
@@ -383,18 +452,20 @@ func (g *Group) FailMember(name string, reason error) error {
 func (g *Group) failMember(m *member.Member, reason error) {
 	if m.Fail(reason) {
 		g.ensureActive()
+		g.checkOutage()
 	}
 }
 
 // ensureActive promotes every standby at once when no active member is
 // left.
 func (g *Group) ensureActive() {
-	for _, m := range g.members {
+	ms := g.view().members
+	for _, m := range ms {
 		if m.State() == member.Active {
 			return
 		}
 	}
-	for _, m := range g.members {
+	for _, m := range ms {
 		m.CompareAndTransition(member.Standby, member.Active, nil)
 	}
 }
@@ -402,9 +473,10 @@ func (g *Group) ensureActive() {
 // demoteStandbys returns promoted standbys to standby once a configured
 // active member serves again.
 func (g *Group) demoteStandbys() {
-	for _, m := range g.members {
+	ms := g.view().members
+	for _, m := range ms {
 		if !m.ConfiguredStandby() && m.State() == member.Active {
-			for _, s := range g.members {
+			for _, s := range ms {
 				if s.ConfiguredStandby() {
 					s.CompareAndTransition(member.Active, member.Standby, nil)
 				}
@@ -475,7 +547,11 @@ func (g *Group) reconnect(ctx context.Context, m *member.Member) (*slot.Slot, er
 func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error) {
 	s := m.Slot()
 	if s == nil {
-		ns, err := slot.Open(ctx, g.specs[m.Index()])
+		spec, ok := g.view().spec[m.Index()]
+		if !ok {
+			return nil, fmt.Errorf("member %s is no longer in the group", m.Name())
+		}
+		ns, err := slot.Open(ctx, spec)
 		if err != nil {
 			return nil, err
 		}
@@ -488,9 +564,22 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 	}
 	m.BumpEpoch()
 	g.dropPhysicalSessions(m)
+	if err := g.checkMechanisms(ctx, m); err != nil {
+		return nil, err
+	}
 	g.loginMu.Lock()
 	defer g.loginMu.Unlock()
-	if ut := g.userType.Load(); ut >= 0 {
+	ut := g.userType.Load()
+	if ut < 0 && s.LoggedIn() {
+		// The token came back logged in with the PIN its slot kept, but the
+		// group is logged out (the application logged out, or sessions and
+		// login were lost when every member failed in activeBasic).
+		if err := s.Logout(ctx); err != nil {
+			return nil, err
+		}
+		m.BumpEpoch()
+	}
+	if ut >= 0 {
 		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
 			if slot.ClassOf(err) == slot.ClassLogin && !g.ownPIN(m, uint(ut)) {
 				// The kept PIN is refused here: stop offering it, so that
@@ -511,6 +600,12 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 // configured standby returns as standby while an active member serves
 // (as active otherwise); a configured active member returning demotes any
 // promoted standbys. The MemberRecovered event says which.
+//
+// ActivateMember does not catch the member up: the caller does, and to
+// miss nothing made or destroyed through the group meanwhile, it calls
+// ActivateMember while it holds the write barrier (HoldWrites) and has
+// caught up again if WriteMark moved since its last listing (pkg/recover
+// does so).
 func (g *Group) ActivateMember(ctx context.Context, name string) error {
 	if err := g.gate.enter(); err != nil {
 		return err
@@ -539,6 +634,7 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 	if !m.CompareAndTransition(member.Recovering, to, nil) {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member changed state during recovery (now " + m.State().String() + ")"}
 	}
+	g.clearSkipped(name)
 	if !m.ConfiguredStandby() {
 		g.demoteStandbys()
 	}
@@ -546,7 +642,7 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 }
 
 func (g *Group) anyActive() bool {
-	for _, m := range g.members {
+	for _, m := range g.view().members {
 		if m.State() == member.Active {
 			return true
 		}
@@ -557,8 +653,9 @@ func (g *Group) anyActive() bool {
 // serving returns the members in configured order that hold current
 // objects (active or standby) and have a slot.
 func (g *Group) serving() []*member.Member {
-	out := make([]*member.Member, 0, len(g.members))
-	for _, m := range g.members {
+	ms := g.view().members
+	out := make([]*member.Member, 0, len(ms))
+	for _, m := range ms {
 		if m.State().Serving() && m.Slot() != nil {
 			out = append(out, m)
 		}
@@ -569,11 +666,30 @@ func (g *Group) serving() []*member.Member {
 // primary returns the first active member in configured order, promoting
 // standbys if none is left; nil when no member serves.
 func (g *Group) primary() *member.Member {
+	return g.creator(false)
+}
+
+// creator returns the member key management runs on: the primary, or
+// with wrapped (the object made is a private or secret key, which travels
+// to the other members only wrapped under the domain key) the first
+// active member that can wrap it, and the primary when none can. nil when
+// no member serves.
+func (g *Group) creator(wrapped bool) *member.Member {
 	for range 2 {
-		for _, m := range g.members {
-			if m.State() == member.Active && m.Slot() != nil {
+		var first *member.Member
+		for _, m := range g.view().members {
+			if m.State() != member.Active || m.Slot() == nil {
+				continue
+			}
+			if !wrapped || !m.Lacks(MechWrapPad) {
 				return m
 			}
+			if first == nil {
+				first = m
+			}
+		}
+		if first != nil {
+			return first
 		}
 		g.ensureActive()
 	}
@@ -583,7 +699,7 @@ func (g *Group) primary() *member.Member {
 // Primary returns the name of the current primary ("" when no member is
 // active).
 func (g *Group) Primary() string {
-	for _, m := range g.members {
+	for _, m := range g.view().members {
 		if m.State() == member.Active {
 			return m.Name()
 		}

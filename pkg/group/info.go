@@ -49,7 +49,7 @@ func (g *Group) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 		return pkcs11.TokenInfo{}, err
 	}
 	defer g.gate.leave()
-	infos := make([]pkcs11.TokenInfo, len(g.members))
+	infos := make([]pkcs11.TokenInfo, MaxMembers)
 	answered := g.each(ctx, func(m *member.Member) (err error) {
 		infos[m.Index()], err = m.Slot().TokenInfo(ctx)
 		return err
@@ -126,7 +126,7 @@ func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
 		return nil, err
 	}
 	defer g.gate.leave()
-	lists := make([][]uint, len(g.members))
+	lists := make([][]uint, MaxMembers)
 	answered := g.each(ctx, func(m *member.Member) (err error) {
 		lists[m.Index()], err = m.Slot().Mechanisms(ctx)
 		return err
@@ -150,8 +150,8 @@ func (g *Group) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismI
 		return pkcs11.MechanismInfo{}, err
 	}
 	defer g.gate.leave()
-	infos := make([]pkcs11.MechanismInfo, len(g.members))
-	errs := make([]error, len(g.members))
+	infos := make([]pkcs11.MechanismInfo, MaxMembers)
+	errs := make([]error, MaxMembers)
 	answered := g.each(ctx, func(m *member.Member) error {
 		var err error
 		infos[m.Index()], err = m.Slot().MechanismInfo(ctx, mech)

@@ -159,12 +159,21 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 			return nil, wrap(err.(*Error), op, "", nil)
 		}
 	}
+	done, err := g.beginWrite(ctx, op)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkOpen(op); err != nil {
 		return nil, err
 	}
-	p := g.primary()
+	wrapped := false
+	for _, in := range ins {
+		wrapped = wrapped || wrappedClass(in.class)
+	}
+	p := g.creator(wrapped)
 	if p == nil {
 		return nil, wrap(ErrNoMember, op, "", nil)
 	}
@@ -298,6 +307,10 @@ type slotOps interface {
 // itself refuses to export an object (a request error on the primary's
 // side, such as CKR_KEY_NOT_WRAPPABLE), no member can ever get it: every
 // copy made is taken back, no member is failed, and the error is returned.
+// A private or secret key is not sent where it cannot be wrapped or
+// unwrapped (p or the target lacks MechWrapPad): the target keeps serving,
+// is told the object is absent, and the miss is reported
+// (ReplicationSkipped) and counted (Unreplicated).
 func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vobject) error {
 	var targets []*member.Member
 	for _, m := range g.serving() {
@@ -328,14 +341,22 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	// tokens (SoftHSM's file store waits on the disk).
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
 	objErrs := make([][]error, len(targets))
+	skipped := make([][]bool, len(targets))
 	var wg gosync.WaitGroup
 	for i, t := range targets {
 		copies[i] = make([]pkcs11.ObjectHandle, len(ms))
 		objErrs[i] = make([]error, len(ms))
+		skipped[i] = make([]bool, len(ms))
 		if errs[i] != nil {
 			continue
 		}
+		for j := range ms {
+			skipped[i][j] = wrappedClass(ms[j].obj.Class) && !canWrap(p, t)
+		}
 		one := func(j int) {
+			if skipped[i][j] {
+				return
+			}
 			start := t.Begin()
 			h, err := g.rep.Replicate(ctx, p.Slot(), ms[j].h, dsts[i])
 			t.End(start, err)
@@ -396,6 +417,20 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			continue
 		}
 		for j, m := range ms {
+			if skipped[i][j] {
+				vs[j].setAbsent(t.Index(), t.Epoch())
+				if m.obj.Token {
+					g.noteSkipped(t, m.obj.Identity)
+				}
+				lacking := t
+				if p.Lacks(MechWrapPad) {
+					lacking = p
+				}
+				g.emit(Event{Kind: ReplicationSkipped, Member: t.Name(), Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint,
+					Err: fmt.Errorf("not replicated to member %s: member %s lacks %s; %s stays in service and counts the object as out of sync",
+						t.Name(), lacking.Name(), MechWrapPad, t.Name())})
+				continue
+			}
 			if m.obj.Token {
 				vs[j].set(t.Index(), t.Epoch(), copies[i][j])
 			} else {
@@ -632,6 +667,11 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	if err := o.usable(); err != nil {
 		return wrap(err.(*Error), op, "", nil)
 	}
+	done, err := g.beginWrite(ctx, op)
+	if err != nil {
+		return err
+	}
+	defer done()
 	ms := g.serving()
 	var first *member.Member
 	var lastHealth error
@@ -686,6 +726,7 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	wg.Wait()
 	g.objs.remove(o)
 	if o.token {
+		g.forgetSkipped(o.identity())
 		t := tombstone.Tombstone{Identity: o.identity(), Fingerprint: o.fingerprint(), Time: time.Now(), GroupSerial: g.serial}
 		if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
 			g.emit(Event{Kind: TombstoneFailed, Object: t.Identity, Fingerprint: t.Fingerprint, Err: err})
@@ -738,6 +779,11 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 	if err := o.usable(); err != nil {
 		return wrap(err.(*Error), op, "", nil)
 	}
+	done, err := g.beginWrite(ctx, op)
+	if err != nil {
+		return err
+	}
+	defer done()
 	attrs = append([]*pkcs11.Attribute(nil), attrs...)
 	makeUnextractable := false
 	if i := attrIndex(attrs, pkcs11.CKA_EXTRACTABLE); i >= 0 && o.isKey() && o.identity().Class != pkcs11.CKO_PUBLIC_KEY {

@@ -52,7 +52,35 @@ type vobject struct {
 	conflict       atomic.Bool
 	gone           atomic.Bool
 
-	phys []atomic.Pointer[physRef]
+	// phys holds one reference per member index. It grows when a member
+	// with a higher index joins; a cache entry stored into the old array
+	// while it is copied may be lost, which costs one look-up.
+	phys atomic.Pointer[[]atomic.Pointer[physRef]]
+}
+
+// ref returns what is known of o on member index i.
+func (o *vobject) ref(i int) *physRef {
+	if p := *o.phys.Load(); i < len(p) {
+		return p[i].Load()
+	}
+	return nil
+}
+
+// cell returns the reference cell of member index i, growing the array.
+func (o *vobject) cell(i int) *atomic.Pointer[physRef] {
+	for {
+		p := o.phys.Load()
+		if i < len(*p) {
+			return &(*p)[i]
+		}
+		n := make([]atomic.Pointer[physRef], max(i+1, len(*p)))
+		for j := range *p {
+			n[j].Store((*p)[j].Load())
+		}
+		if o.phys.CompareAndSwap(p, &n) {
+			return &n[i]
+		}
+	}
 }
 
 func (o *vobject) identity() hasync.Identity { return *o.id.Load() }
@@ -89,23 +117,28 @@ func (o *vobject) isKey() bool {
 }
 
 func (o *vobject) set(i int, epoch uint64, h pkcs11.ObjectHandle) {
-	o.phys[i].Store(&physRef{epoch: epoch, h: h})
+	o.cell(i).Store(&physRef{epoch: epoch, h: h})
 }
 
 func (o *vobject) setUnverified(i int, epoch uint64, h pkcs11.ObjectHandle) {
-	o.phys[i].Store(&physRef{epoch: epoch, h: h, unverified: true})
+	o.cell(i).Store(&physRef{epoch: epoch, h: h, unverified: true})
 }
 
 func (o *vobject) setAbsent(i int, epoch uint64) {
-	o.phys[i].Store(&physRef{epoch: epoch, absent: true})
+	o.cell(i).Store(&physRef{epoch: epoch, absent: true})
 }
 
-func (o *vobject) forget(i int) { o.phys[i].Store(nil) }
+func (o *vobject) forget(i int) {
+	if p := *o.phys.Load(); i < len(p) {
+		p[i].Store(nil)
+	}
+}
 
 func (o *vobject) forgetAbsent() {
-	for i := range o.phys {
-		if r := o.phys[i].Load(); r != nil && r.absent {
-			o.phys[i].CompareAndSwap(r, nil)
+	p := *o.phys.Load()
+	for i := range p {
+		if r := p[i].Load(); r != nil && r.absent {
+			p[i].CompareAndSwap(r, nil)
 		}
 	}
 }
@@ -113,7 +146,7 @@ func (o *vobject) forgetAbsent() {
 // cached returns the physical handle of o on member i if it is known for
 // the member's current epoch.
 func (o *vobject) cached(m *member.Member) (pkcs11.ObjectHandle, bool) {
-	if r := o.phys[m.Index()].Load(); r != nil && r.epoch == m.Epoch() && !r.absent {
+	if r := o.ref(m.Index()); r != nil && r.epoch == m.Epoch() && !r.absent {
 		return r.h, true
 	}
 	return 0, false
@@ -122,28 +155,38 @@ func (o *vobject) cached(m *member.Member) (pkcs11.ObjectHandle, bool) {
 // objectTable is the virtual object table. Reads on the hot path (handle
 // → object) take no lock.
 type objectTable struct {
-	nmembers int
+	width    func() int // 1 + the highest member index in use
 	byHandle gosync.Map // ObjectHandle → *vobject
 	next     atomic.Uint64
 
 	mu       gosync.Mutex
-	byKey    map[string]*vobject                // token objects by identity
-	sessPhys []map[pkcs11.ObjectHandle]*vobject // per member: session objects by physical handle
+	byKey    map[string]*vobject                          // token objects by identity
+	sessPhys [MaxMembers]map[pkcs11.ObjectHandle]*vobject // per member index: session objects by physical handle
 }
 
-func (t *objectTable) init(n int) {
-	t.nmembers = n
+func (t *objectTable) init(width func() int) {
+	t.width = width
 	t.byKey = make(map[string]*vobject)
-	t.sessPhys = make([]map[pkcs11.ObjectHandle]*vobject, n)
-	for i := range t.sessPhys {
-		t.sessPhys[i] = make(map[pkcs11.ObjectHandle]*vobject)
-	}
 }
 
 func (t *objectTable) newObject(id hasync.Identity, token bool, owner SessionHandle) *vobject {
-	o := &vobject{h: ObjectHandle(t.next.Add(1)), token: token, owner: owner, phys: make([]atomic.Pointer[physRef], t.nmembers)}
+	o := &vobject{h: ObjectHandle(t.next.Add(1)), token: token, owner: owner}
+	refs := make([]atomic.Pointer[physRef], t.width())
+	o.phys.Store(&refs)
 	o.id.Store(&id)
 	return o
+}
+
+// purge forgets everything known about member index i (the member left,
+// or a new one takes its index).
+func (t *objectTable) purge(i int) {
+	t.byHandle.Range(func(_, v any) bool {
+		v.(*vobject).forget(i)
+		return true
+	})
+	t.mu.Lock()
+	t.sessPhys[i] = nil
+	t.mu.Unlock()
 }
 
 // intern returns the token object with identity id, creating its entry on
@@ -173,6 +216,9 @@ func (t *objectTable) addSessionObject(id hasync.Identity, owner SessionHandle) 
 func (t *objectTable) setSessionPhys(o *vobject, m *member.Member, h pkcs11.ObjectHandle) {
 	o.set(m.Index(), m.Epoch(), h)
 	t.mu.Lock()
+	if t.sessPhys[m.Index()] == nil {
+		t.sessPhys[m.Index()] = make(map[pkcs11.ObjectHandle]*vobject)
+	}
 	t.sessPhys[m.Index()][h] = o
 	t.mu.Unlock()
 }
@@ -203,7 +249,7 @@ func (t *objectTable) remove(o *vobject) {
 		}
 	} else {
 		for i := range t.sessPhys {
-			if r := o.phys[i].Load(); r != nil && !r.absent && t.sessPhys[i][r.h] == o {
+			if r := o.ref(i); r != nil && !r.absent && t.sessPhys[i][r.h] == o {
 				delete(t.sessPhys[i], r.h)
 			}
 		}
@@ -282,7 +328,7 @@ func nonNil(b []byte) []byte {
 // same identity, or the member's error (already charged to it).
 func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs11.ObjectHandle, error) {
 	i, ep := m.Index(), m.Epoch()
-	if r := o.phys[i].Load(); r != nil && r.epoch == ep {
+	if r := o.ref(i); r != nil && r.epoch == ep {
 		switch {
 		case r.absent:
 			return 0, errAbsent
@@ -351,7 +397,7 @@ func (g *Group) verifyRef(ctx context.Context, o *vobject, m *member.Member, r *
 		return 0, ErrConflict
 	}
 	o.setFingerprint(fp)
-	o.phys[m.Index()].CompareAndSwap(r, &physRef{epoch: r.epoch, h: r.h})
+	o.cell(m.Index()).CompareAndSwap(r, &physRef{epoch: r.epoch, h: r.h})
 	return r.h, nil
 }
 

@@ -59,11 +59,12 @@ func (g *Group) pick(skip memberSet) *member.Member {
 }
 
 func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
-	n := len(g.members)
+	ms := g.view().members
+	n := len(ms)
 	anyActive := false
-	switch g.policy {
+	switch policy(g.policy.Load()) {
 	case primaryBackup:
-		for _, m := range g.members {
+		for _, m := range ms {
 			if m.State() != member.Active {
 				continue
 			}
@@ -76,7 +77,7 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 	case roundRobin:
 		start := int(g.rr.Add(1) % uint64(n))
 		for i := range n {
-			m := g.members[(start+i)%n]
+			m := ms[(start+i)%n]
 			if m.State() != member.Active {
 				continue
 			}
@@ -95,7 +96,7 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 		var best *member.Member
 		bestScore := math.MaxFloat64
 		for i := range n {
-			m := g.members[(start+i)%n]
+			m := ms[(start+i)%n]
 			if m.State() != member.Active {
 				continue
 			}

@@ -55,10 +55,12 @@ type Session struct {
 	g     *Group
 	h     SessionHandle
 	flags uint
+	gen   uint64 // Group.sessGen at open: a different one means the session was lost
 
 	mu      gosync.Mutex
 	closed  bool
-	phys    []physSession
+	lost    bool          // closed because every member failed (activeBasic)
+	phys    []physSession // by member index; grows with the group
 	ops     [nKinds]*mpState
 	objects map[ObjectHandle]*vobject // session objects made in this session
 }
@@ -78,7 +80,7 @@ func (g *Group) OpenSession(ctx context.Context, flags uint) (*Session, error) {
 		g:       g,
 		h:       SessionHandle(g.nextSess.Add(1)),
 		flags:   flags,
-		phys:    make([]physSession, len(g.members)),
+		gen:     g.sessGen.Load(),
 		objects: make(map[ObjectHandle]*vobject),
 	}
 	g.sessMu.Lock()
@@ -136,9 +138,16 @@ func (s *Session) State() uint {
 
 // Close ends the session's operations, destroys its session objects on
 // every member (by closing the physical sessions that hold them) and
-// invalidates its handle.
+// invalidates its handle. Closing a session lost when every member failed
+// (activeBasic) succeeds.
 func (s *Session) Close() error {
 	if !s.close() {
+		s.mu.Lock()
+		lost := s.lost
+		s.mu.Unlock()
+		if lost {
+			return nil
+		}
 		return wrap(ErrSessionHandle, "CloseSession", "", nil)
 	}
 	return nil
@@ -176,6 +185,9 @@ func (s *Session) close() bool {
 // was re-opened, when the old one and its objects are gone). s.mu held.
 func (s *Session) physSession(ctx context.Context, m *member.Member) (*slot.Session, error) {
 	i, ep := m.Index(), m.Epoch()
+	if i >= len(s.phys) {
+		s.phys = append(s.phys, make([]physSession, i+1-len(s.phys))...)
+	}
 	if p := s.phys[i]; p.s != nil && p.epoch == ep {
 		return p.s, nil
 	}
@@ -203,19 +215,25 @@ func (g *Group) dropPhysicalSessions(m *member.Member) {
 		all = append(all, s)
 	}
 	g.sessMu.Unlock()
+	i := m.Index()
 	for _, s := range all {
 		s.mu.Lock()
-		if p := s.phys[m.Index()]; p.s != nil {
-			p.s.Close()
-			s.phys[m.Index()] = physSession{}
+		if i < len(s.phys) && s.phys[i].s != nil {
+			s.phys[i].s.Close()
+			s.phys[i] = physSession{}
 		}
 		s.mu.Unlock()
 	}
 }
 
+// checkOpen refuses a closed session, and one lost when every member
+// failed in activeBasic. s.mu held.
 func (s *Session) checkOpen(op string) error {
 	if s.closed {
 		return wrap(ErrSessionHandle, op, "", nil)
+	}
+	if s.gen != s.g.sessGen.Load() {
+		return wrap(ErrSessionHandle, op, "", errors.New("session lost when every member failed (recovery mode activeBasic): open a new session and log in again"))
 	}
 	return nil
 }
@@ -309,7 +327,7 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 		g.appPIN = pin.Clone()
 	}
 	g.userType.Store(int64(userType))
-	for _, m := range g.members {
+	for _, m := range g.view().members {
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
 	return nil
@@ -318,7 +336,7 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 // needsAppPIN reports whether some member logs in as userType with the
 // application's PIN rather than its own.
 func (g *Group) needsAppPIN(userType uint) bool {
-	for _, m := range g.members {
+	for _, m := range g.view().members {
 		if !g.ownPIN(m, userType) {
 			return true
 		}
@@ -328,13 +346,14 @@ func (g *Group) needsAppPIN(userType uint) bool {
 
 // ownPIN reports whether m logs in as userType with its configured PIN.
 func (g *Group) ownPIN(m *member.Member, userType uint) bool {
-	return userType == pkcs11.CKU_USER && g.cfgMembers[m.Index()].HasPIN()
+	cm, ok := g.view().cfg[m.Index()]
+	return ok && userType == pkcs11.CKU_USER && cm.HasPIN()
 }
 
 // loginMember logs m in with its own PIN or pin. loginMu held.
 func (g *Group) loginMember(ctx context.Context, m *member.Member, userType uint, pin secret.PIN) error {
 	if g.ownPIN(m, userType) {
-		own, err := g.cfgMembers[m.Index()].ReadPIN()
+		own, err := g.view().cfg[m.Index()].ReadPIN()
 		if err != nil {
 			return err
 		}
@@ -384,7 +403,7 @@ func (g *Group) Logout(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	for _, m := range g.members {
+	for _, m := range g.view().members {
 		m.BumpEpoch()
 	}
 	return nil
@@ -430,6 +449,9 @@ func (s *Session) endOp(k opKind) {
 	if op := s.ops[k]; op != nil {
 		if op.ps != nil {
 			op.ps.Close()
+		}
+		if op.m != nil {
+			op.m.Unpin()
 		}
 		s.ops[k] = nil
 	}
@@ -571,6 +593,7 @@ func (s *Session) step(ctx context.Context, k opKind, final bool, fn func(ps *sl
 				s.endOp(k)
 			} else {
 				op.m, op.ps, op.epoch = m, ps, ep
+				m.Pin()
 			}
 			return out, nil
 		case class == slot.ClassHealth && ctx.Err() == nil:
