@@ -1,0 +1,81 @@
+package slot_test
+
+// The contract other packages build on (COMMON.md, the original api.go): a
+// change of any of these signatures fails the build of the tests.
+
+import (
+	"context"
+
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+var (
+	_ func(context.Context, string, map[string]string) ([]slot.TokenSummary, error) = slot.ListTokens
+	_ func(context.Context, slot.Spec) (*slot.Slot, error)                          = slot.Open
+	_ func(error) slot.Class                                                        = slot.ClassOf
+	_ func(error) uint                                                              = slot.CodeOf
+)
+
+type single interface {
+	FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error)
+	GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]slot.Attribute, error)
+	SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error
+	CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error
+	GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error)
+	WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error)
+	UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error)
+	Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error
+	Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error)
+	Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error)
+	Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error)
+	GenerateRandom(ctx context.Context, n int) ([]byte, error)
+}
+
+type slotAPI interface {
+	single
+	Name() string
+	SlotID() uint
+	OwnsContext() bool
+	LoggedIn() bool
+	TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error)
+	Mechanisms(ctx context.Context) ([]uint, error)
+	MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error)
+	Login(ctx context.Context, userType uint, pin secret.PIN) error
+	Logout(ctx context.Context) error
+	Reinit(ctx context.Context) error
+	Close() error
+	OpenSession(ctx context.Context) (*slot.Session, error)
+}
+
+type sessionAPI interface {
+	single
+	SignInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
+	SignUpdate(ctx context.Context, data []byte) error
+	SignFinal(ctx context.Context) ([]byte, error)
+	VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
+	VerifyUpdate(ctx context.Context, data []byte) error
+	VerifyFinal(ctx context.Context, sig []byte) error
+	EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
+	EncryptUpdate(ctx context.Context, data []byte) ([]byte, error)
+	EncryptFinal(ctx context.Context) ([]byte, error)
+	DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
+	DecryptUpdate(ctx context.Context, data []byte) ([]byte, error)
+	DecryptFinal(ctx context.Context) ([]byte, error)
+	DigestInit(ctx context.Context, m *pkcs11.Mechanism) error
+	DigestUpdate(ctx context.Context, data []byte) error
+	DigestFinal(ctx context.Context) ([]byte, error)
+	Close() error
+}
+
+var (
+	_ slotAPI    = (*slot.Slot)(nil)
+	_ sessionAPI = (*slot.Session)(nil)
+)
