@@ -107,14 +107,28 @@ var unwrapTypes = map[uint][]uint{
 
 // copyTypes lists the attributes copied when an object is created from
 // the source's attributes. CKA_TRUSTED is never copied: only the SO may
-// set it. Nested templates (CKA_WRAP_TEMPLATE…) are not copied.
-func copyTypes(class uint) ([]uint, error) {
+// set it. Nested templates (CKA_WRAP_TEMPLATE…) are not copied. A public
+// key's list names only the material its key type has: an attribute the
+// object lacks makes the token refuse the whole read, and pkg/slot then
+// asks once per attribute (measured: 17 module calls instead of one for
+// an EC public key).
+func copyTypes(class, keyType uint) ([]uint, error) {
 	switch class {
 	case pkcs11.CKO_PUBLIC_KEY:
-		return append(append([]uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE}, keyCopy...),
+		t := append(append([]uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE}, keyCopy...),
 			pkcs11.CKA_SUBJECT, pkcs11.CKA_ENCRYPT, pkcs11.CKA_VERIFY, pkcs11.CKA_VERIFY_RECOVER,
-			pkcs11.CKA_WRAP, pkcs11.CKA_PUBLIC_KEY_INFO,
-			pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT,
+			pkcs11.CKA_WRAP, pkcs11.CKA_PUBLIC_KEY_INFO)
+		switch keyType {
+		case pkcs11.CKK_RSA:
+			return append(t, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT), nil
+		case pkcs11.CKK_EC, ckkECEdwards, ckkECMontgomry:
+			return append(t, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT), nil
+		case pkcs11.CKK_DH:
+			return append(t, pkcs11.CKA_PRIME, pkcs11.CKA_BASE, pkcs11.CKA_VALUE), nil
+		case pkcs11.CKK_DSA:
+			return append(t, pkcs11.CKA_PRIME, pkcs11.CKA_SUBPRIME, pkcs11.CKA_BASE, pkcs11.CKA_VALUE), nil
+		}
+		return append(t, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT,
 			pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT,
 			pkcs11.CKA_PRIME, pkcs11.CKA_SUBPRIME, pkcs11.CKA_BASE, pkcs11.CKA_VALUE), nil
 	case pkcs11.CKO_CERTIFICATE:

@@ -26,6 +26,14 @@ var ErrNoDomainKey = errors.New("no domain key")
 // from every member (RemoveDomainKey) and install a fresh one.
 var ErrDomainPartial = errors.New("domain key on some members only")
 
+// ErrNestedTemplates is wrapped when a member's module cannot create the
+// domain key with its nested CKA_UNWRAP_TEMPLATE although the token
+// answers other calls: p11-kit 0.24's RPC answers CKR_DEVICE_ERROR to any
+// nested attribute. Without the template a user could unwrap a blob into
+// a readable key, so no domain key is installed there; install it
+// through a module that reaches the token directly.
+var ErrNestedTemplates = errors.New("the module cannot carry nested attribute templates")
+
 // DomainLabel is the CKA_LABEL of the domain key of the group with the
 // given serial.
 func DomainLabel(groupSerial string) string { return domainLabelPrefix + groupSerial }
@@ -91,11 +99,22 @@ func unwrapTemplate(trusted bool) []*pkcs11.Attribute {
 // unwrap. The handle is valid until the member's next logout. The error
 // wraps ErrNoDomainKey when there is none.
 func FindDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) (pkcs11.ObjectHandle, error) {
-	h, _, err := findDomainKey(ctx, s, s.Name(), groupSerial)
-	return h, err
+	dk, err := findDomainKey(ctx, s, s.Name(), groupSerial)
+	return dk.h, err
 }
 
-func findDomainKey(ctx context.Context, s store, member, groupSerial string) (pkcs11.ObjectHandle, []byte, error) {
+// foundKey is a domain key as findDomainKey sees it.
+type foundKey struct {
+	h       pkcs11.ObjectHandle
+	kcv     []byte // CKA_CHECK_VALUE
+	trusted bool   // CKA_TRUSTED
+}
+
+// findDomainKey searches with the most precise template the key allows
+// (class, key type, label, private, token, wrap, unwrap), so the token
+// returns it alone; SoftHSM still visits every object to answer, which is
+// why Replicator remembers the handle.
+func findDomainKey(ctx context.Context, s store, member, groupSerial string) (foundKey, error) {
 	label := DomainLabel(groupSerial)
 	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
@@ -103,33 +122,34 @@ func findDomainKey(ctx context.Context, s store, member, groupSerial string) (pk
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
 		boolAttr(pkcs11.CKA_PRIVATE, true),
 		boolAttr(pkcs11.CKA_TOKEN, true),
+		boolAttr(pkcs11.CKA_WRAP, true),
+		boolAttr(pkcs11.CKA_UNWRAP, true),
 	})
 	if err != nil {
-		return 0, nil, fmt.Errorf("member %s: find domain key %q: %w", member, label, err)
+		return foundKey{}, fmt.Errorf("member %s: find domain key %q: %w", member, label, err)
 	}
-	var found pkcs11.ObjectHandle
-	var kcv []byte
+	var found foundKey
 	for _, h := range hs {
-		a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_WRAP, pkcs11.CKA_UNWRAP, pkcs11.CKA_VALUE_LEN, pkcs11.CKA_CHECK_VALUE})
+		a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_VALUE_LEN, pkcs11.CKA_CHECK_VALUE, pkcs11.CKA_TRUSTED})
 		if err != nil {
-			return 0, nil, fmt.Errorf("member %s: read domain key %q: %w", member, label, err)
+			return foundKey{}, fmt.Errorf("member %s: read domain key %q: %w", member, label, err)
 		}
-		if n, _ := a.ulong(pkcs11.CKA_VALUE_LEN); n != 32 || !a.boolean(pkcs11.CKA_WRAP) || !a.boolean(pkcs11.CKA_UNWRAP) {
+		if n, _ := a.ulong(pkcs11.CKA_VALUE_LEN); n != 32 {
 			continue
 		}
-		if found != 0 {
-			if !bytes.Equal(kcv, a[pkcs11.CKA_CHECK_VALUE]) {
-				return 0, nil, fmt.Errorf("member %s: %w: two domain keys %q with check values %s and %s",
-					member, ErrConflict, label, FormatFingerprint(kcv), FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
+		if found.h != 0 {
+			if !bytes.Equal(found.kcv, a[pkcs11.CKA_CHECK_VALUE]) {
+				return foundKey{}, fmt.Errorf("member %s: %w: two domain keys %q with check values %s and %s",
+					member, ErrConflict, label, FormatFingerprint(found.kcv), FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
 			}
 			continue
 		}
-		found, kcv = h, a[pkcs11.CKA_CHECK_VALUE]
+		found = foundKey{h: h, kcv: a[pkcs11.CKA_CHECK_VALUE], trusted: a.boolean(pkcs11.CKA_TRUSTED)}
 	}
-	if found == 0 {
-		return 0, nil, fmt.Errorf("member %s: %w %q (AES-256, private, wrap+unwrap)", member, ErrNoDomainKey, label)
+	if found.h == 0 {
+		return foundKey{}, fmt.Errorf("member %s: %w %q (AES-256, private, wrap+unwrap)", member, ErrNoDomainKey, label)
 	}
-	return found, kcv, nil
+	return found, nil
 }
 
 // InstallDomainKey gives every member the same new domain key for the
@@ -145,7 +165,12 @@ func findDomainKey(ctx context.Context, s store, member, groupSerial string) (pk
 //
 // It does nothing if every member already holds a domain key with one
 // check value; it refuses (naming the member) if they differ (ErrConflict)
-// or if only some members hold one (ErrDomainPartial). If installing fails
+// or if only some members hold one (ErrDomainPartial). Before making
+// anything it refuses members that cannot wrap and unwrap with
+// CKM_AES_KEY_WRAP_PAD, the one use of a domain key (a *MechanismError
+// per member, wrapping ErrMechanismUnavailable). A member whose module
+// cannot carry the nested unwrap template fails with ErrNestedTemplates,
+// naming it. If installing fails
 // on a member, the keys already installed on the others are removed again,
 // so that a retry starts clean; the error names the member.
 func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial string) error {
@@ -167,7 +192,8 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	var firstKCV []byte
 	firstMember := ""
 	for _, m := range members {
-		_, kcv, err := findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
+		dk, err := findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
+		kcv := dk.kcv
 		switch {
 		case errors.Is(err, ErrNoDomainKey):
 			lack = append(lack, m.Slot.Name())
@@ -190,6 +216,21 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 		return fmt.Errorf("install domain key: %w: members %s hold %q (check value %s) but %s do not",
 			ErrDomainPartial, strings.Join(have, ", "), DomainLabel(groupSerial), FormatFingerprint(firstKCV), strings.Join(lack, ", "))
 	}
+	// A domain key serves CKM_AES_KEY_WRAP_PAD alone: refuse, before
+	// anything is made, a member that cannot use it.
+	var unable []error
+	for _, m := range members {
+		info, err := m.Slot.MechanismInfo(ctx, wrapMechanism)
+		if err != nil && slot.ClassOf(err) != slot.ClassRequest {
+			return fmt.Errorf("install domain key: member %s: ask for %s: %w", m.Slot.Name(), mechanismName(wrapMechanism), err)
+		}
+		if merr := mechanismError(m.Slot.Name(), info, err, pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP); merr != nil {
+			unable = append(unable, merr)
+		}
+	}
+	if len(unable) > 0 {
+		return fmt.Errorf("install domain key: %w", errors.Join(unable...))
+	}
 
 	value := make([]byte, 32)
 	defer clear(value)
@@ -203,10 +244,10 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	for i, m := range members {
 		err := installOne(ctx, m, groupSerial, value)
 		if err == nil {
-			var kcv []byte
-			_, kcv, err = findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
-			if err == nil && !bytes.Equal(kcv, want) {
-				err = fmt.Errorf("member %s: domain key check value %s, want %s", m.Slot.Name(), FormatFingerprint(kcv), FormatFingerprint(want))
+			var dk foundKey
+			dk, err = findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
+			if err == nil && !bytes.Equal(dk.kcv, want) {
+				err = fmt.Errorf("member %s: domain key check value %s, want %s", m.Slot.Name(), FormatFingerprint(dk.kcv), FormatFingerprint(want))
 			}
 		}
 		if err != nil {
@@ -271,15 +312,11 @@ func installOne(ctx context.Context, m DomainTarget, groupSerial string, value [
 	if cerr != nil {
 		return fmt.Errorf("member %s: copy trusted domain key to a private object: %w", name, cerr)
 	}
-	h, _, err := findDomainKey(ctx, s, name, groupSerial)
+	dk, err := findDomainKey(ctx, s, name, groupSerial)
 	if err != nil {
 		return err
 	}
-	a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_TRUSTED})
-	if err != nil {
-		return fmt.Errorf("member %s: read domain key: %w", name, err)
-	}
-	if !a.boolean(pkcs11.CKA_TRUSTED) {
+	if !dk.trusted {
 		return fmt.Errorf("member %s: the private copy of the domain key lost CKA_TRUSTED", name)
 	}
 	return nil
@@ -311,9 +348,24 @@ func trustedCreate(ctx context.Context, m DomainTarget, label string, value []by
 	return nil
 }
 
+// createNested creates the domain key with its CKA_UNWRAP_TEMPLATE. A
+// health-class failure while the token still answers is the module's
+// transport refusing the nested template (ErrNestedTemplates).
 func createNested(ctx context.Context, s *slot.Slot, tmpl, unwrap []*pkcs11.Attribute) error {
 	_, err := s.CreateObjectNested(ctx, tmpl, map[uint][]*pkcs11.Attribute{pkcs11.CKA_UNWRAP_TEMPLATE: unwrap})
-	return err
+	switch {
+	case err == nil:
+		return nil
+	case slot.ClassOf(err) == slot.ClassRequest:
+		return fmt.Errorf("the token refused the domain key's template with its nested CKA_UNWRAP_TEMPLATE: %w", err)
+	case slot.ClassOf(err) != slot.ClassHealth:
+		return err
+	}
+	if _, perr := s.TokenInfo(ctx); perr != nil {
+		return err // the member itself is failing
+	}
+	return fmt.Errorf("%w: it refused the domain key with its nested CKA_UNWRAP_TEMPLATE (%w) but answers other calls, as p11-kit 0.24's RPC does: install the domain key through a module that reaches the token directly",
+		ErrNestedTemplates, err)
 }
 
 func publicOriginals(ctx context.Context, s *slot.Slot, label string) ([]pkcs11.ObjectHandle, error) {

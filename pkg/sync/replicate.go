@@ -12,7 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	gosync "sync"
 	"time"
+	"weak"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -48,6 +50,16 @@ type Target struct {
 	// the object; needed for session objects (CKA_TOKEN=false), which live
 	// only as long as the session that made them.
 	Session *slot.Session
+	// Absent is the caller's promise that Slot holds no object with the
+	// source's identity (it listed the member after the identity last
+	// changed there, and nothing else writes to the member meanwhile).
+	// Replicate then skips its look-up for an existing copy: a
+	// FindObjects, which SoftHSM answers by visiting every object on the
+	// token (about 22 ms per 1,000 objects on the test machine), so that
+	// the cost of a copy no longer grows with the token. A broken promise
+	// leaves the member with a second object under the identity: the same
+	// material (which MakePlan counts once), or a conflict it reports.
+	Absent bool
 }
 
 func (t Target) store() store {
@@ -58,10 +70,17 @@ func (t Target) store() store {
 }
 
 // Replicator copies single objects between members of one group. Its
-// methods are safe for concurrent use (it holds no state but the serial).
+// methods are safe for concurrent use. It remembers, per member slot and
+// login epoch (slot.Slot.Epoch), the handle of the domain key and what the
+// member says of the wrapping mechanism, so that a Replicate searches the
+// tokens at most once (for an existing copy; not at all with
+// Target.Absent). A Replicator must not be copied after first use.
 type Replicator struct {
 	// GroupSerial selects the domain key: DomainLabel(GroupSerial).
 	GroupSerial string
+
+	mu    gosync.Mutex
+	memos map[weak.Pointer[slot.Slot]]*memo
 }
 
 // cleanupTimeout bounds the removal of a half-made object after a
@@ -80,7 +99,7 @@ func cleanupContext(ctx context.Context) boundedContext {
 
 const ckmEDDSA = 0x1057 // PKCS#11 3.0; miekg/pkcs11 1.1.2 does not name it
 
-var kwp = pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_WRAP_PAD, nil)
+var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 
 // Replicate makes the object srcH of src exist on dst and returns its
 // handle there.
@@ -89,43 +108,63 @@ var kwp = pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_WRAP_PAD, nil)
 // the group's domain key on src, unwrapped under the domain key on dst
 // (the only SoftHSM mechanism that wraps private keys; its integrity
 // check rejects a blob made under a different key, which SoftHSM reports
-// as CKR_GENERAL_ERROR). SoftHSM 2.6.1 cannot wrap EdDSA private keys
-// (CKR_KEY_NOT_WRAPPABLE), so those cannot be replicated there. The
-// unwrap template carries every attribute of the source that a token
-// accepts on unwrap: class, key type, CKA_ID, CKA_LABEL, CKA_TOKEN,
-// CKA_PRIVATE, CKA_SENSITIVE, CKA_EXTRACTABLE, usage flags,
-// CKA_WRAP_WITH_TRUSTED, CKA_ALLOWED_MECHANISMS, dates, subject,
-// CKA_PUBLIC_KEY_INFO; then the attributes of the domain key's
-// CKA_UNWRAP_TEMPLATE override them (SoftHSM insists they be in the
-// template with its values), so a copy can be stricter than its source:
-// always sensitive, and wrappable only by a trusted key after a trusted
-// install (see InstallDomainKey). Key material (modulus, EC params, value length)
-// comes from the blob: SoftHSM refuses it in an unwrap template. Not
-// copied: CKA_TRUSTED (only the SO may set it), CKA_WRAP_TEMPLATE and the
-// other nested templates. Public keys, certificates and data objects are
+// as CKR_GENERAL_ERROR). A member that does not offer the mechanism (to
+// wrap on src, to unwrap on dst) gets an error wrapping
+// ErrMechanismUnavailable before anything is read or made. SoftHSM 2.6.1
+// cannot wrap EdDSA private keys (CKR_KEY_NOT_WRAPPABLE), so those cannot
+// be replicated there. The unwrap template carries every attribute of the
+// source that a token accepts on unwrap: class, key type, CKA_ID,
+// CKA_LABEL, CKA_TOKEN, CKA_PRIVATE, CKA_SENSITIVE, CKA_EXTRACTABLE, usage
+// flags, CKA_WRAP_WITH_TRUSTED, CKA_ALLOWED_MECHANISMS, dates, subject,
+// CKA_PUBLIC_KEY_INFO; then the domain key's unwrap template overrides
+// them (SoftHSM insists its attributes be in the call with its values),
+// so a copy can be stricter than its source: always CKA_SENSITIVE, and
+// after a trusted install (the domain key carries CKA_TRUSTED)
+// CKA_WRAP_WITH_TRUSTED. That template is the one InstallDomainKey
+// writes, known from the flat CKA_TRUSTED: it is never read back, since
+// not every module can carry a nested attribute (p11-kit 0.24 answers
+// CKR_DEVICE_ERROR). Key material (modulus, EC params, value length) comes
+// from the blob: SoftHSM refuses it in an unwrap template. Not copied:
+// CKA_TRUSTED (only the SO may set it), CKA_WRAP_TEMPLATE and the other
+// nested templates. Public keys, certificates and data objects are
 // created from their attributes.
 //
-// The copy is then checked on dst: identity, fingerprint where the token
-// shows one, and for keys the copy wrapped again under dst's domain key,
-// which must give the very blob that arrived (AES key wrap is
-// deterministic, so equal blobs mean equal key material). Where that does
-// not settle it for a private key, the copy signs a random challenge that
-// must verify under the source's public key. SoftHSM gives an unwrapped
-// secret key no CKA_CHECK_VALUE; once the material is proven equal the
-// source's check value is set on the copy (SoftHSM checks it against the
-// key and refuses a wrong one; it also refuses the right one for generic
-// secret keys, which then stay without a fingerprint on dst).
+// The copy is then checked on dst: its identity, and for keys the copy
+// wrapped again under dst's domain key, which must give the very blob
+// that arrived (AES key wrap is deterministic, so equal blobs mean equal
+// key material); public objects by fingerprint. Where the blobs differ
+// for a private key (another token's encoding), fingerprints decide, and
+// the copy signs a random challenge that must verify under the source's
+// public key. SoftHSM gives an unwrapped secret key no CKA_CHECK_VALUE;
+// once the material is proven equal the source's check value is set on
+// the copy (SoftHSM checks it against the key and refuses a wrong one;
+// it also refuses the right one for generic secret keys, which then stay
+// without a stored check value on dst). A source whose stored check value
+// the copy's token refuses carries a wrong one (SoftHSM 2.6.1 stores the
+// SHA-1 check value of generic secrets on ECDH-derived AES and DES3 keys):
+// the copy's computed check value is then set on the copy and on the
+// source, so that every member shows the same fingerprint.
 //
-// If dst already holds the identity with the same key material, that
-// object's handle is returned and nothing is made; with different
-// material the error is a *ConflictError naming both fingerprints. On any
-// failure nothing made by this call stays on dst; the error names the
-// member and the object. Session objects need dst.Session.
+// Unless dst.Absent, an existing object with the identity on dst is
+// looked for first: with the same key material its handle is returned
+// and nothing is made; with different material the error is a
+// *ConflictError naming both fingerprints. On any failure nothing made by
+// this call stays on dst; the error names the member and the object.
+// Session objects need dst.Session.
+//
+// Cost with SoftHSM, every handle and answer remembered: a public object
+// 2-3 reads on src, one create and 1-2 reads on dst; a key 2 reads and a
+// wrap on src, an unwrap, a read and a wrap on dst (plus setting the
+// check value of a secret key); and, unless dst.Absent, one FindObjects
+// on dst.
 func (r *Replicator) Replicate(ctx context.Context, src *slot.Slot, srcH pkcs11.ObjectHandle, dst Target) (pkcs11.ObjectHandle, error) {
+	if src == nil {
+		return 0, errors.New("replicate: no source slot")
+	}
 	if dst.Slot == nil {
 		return 0, errors.New("replicate: no target slot")
 	}
-	so, err := readObject(ctx, src, src.Name(), srcH, nil)
+	so, err := readIdentity(ctx, src, src.Name(), srcH)
 	if err != nil {
 		return 0, fmt.Errorf("replicate: %w", err)
 	}
@@ -146,32 +185,96 @@ func (r *Replicator) Replicate(ctx context.Context, src *slot.Slot, srcH pkcs11.
 type replication struct {
 	r     *Replicator
 	src   *slot.Slot
-	so    readResult
+	so    readResult // the source: identity and material; Fingerprint once srcFP
 	dst   Target
 	ds    store
 	dname string
 
-	srcBlob []byte              // the source wrapped under the domain key
-	dstDK   pkcs11.ObjectHandle // the domain key on dst, once found
+	srcFP    bool   // so.Fingerprint and so.fpErr are computed
+	unwrapA  attrs  // the source's attributes for the unwrap template, once read
+	srcBlob  []byte // the source wrapped under the domain key
+	dkFailed bool   // an unwrap under the domain keys failed: forget them
 }
 
-func (j *replication) close() { clear(j.srcBlob) }
+func (j *replication) close() {
+	clear(j.srcBlob)
+	if j.dkFailed {
+		j.r.forgetDomainKey(j.src)
+		j.r.forgetDomainKey(j.dst.Slot)
+	}
+}
 
 func (j *replication) wrapped() bool {
 	return j.so.Class == pkcs11.CKO_PRIVATE_KEY || j.so.Class == pkcs11.CKO_SECRET_KEY
+}
+
+// sourceFingerprint computes the source's fingerprint when first needed:
+// for a private EC key on SoftHSM it costs a search of the token for its
+// public half, which a copy proven by its wrapped blob does not need.
+func (j *replication) sourceFingerprint(ctx context.Context) error {
+	if j.srcFP {
+		return nil
+	}
+	fp, err := fingerprintOf(ctx, j.src, j.so.Handle, j.so.Identity, j.so.a, nil)
+	if err != nil {
+		if !errors.Is(err, ErrNoFingerprint) {
+			return fmt.Errorf("member %s: fingerprint of %s: %w", j.src.Name(), j.so.Identity, err)
+		}
+		j.so.fpErr = fmt.Errorf("member %s: fingerprint of %s: %w", j.src.Name(), j.so.Identity, err)
+	}
+	j.so.Fingerprint, j.srcFP = fp, true
+	return nil
 }
 
 func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	if !j.so.Token && j.dst.Session == nil {
 		return 0, errors.New("it is a session object and the target has no session")
 	}
-	// Idempotence: the identity may be there already.
-	existing, err := j.ds.FindObjects(ctx, j.so.Identity.template())
+	if j.wrapped() {
+		if err := j.r.needMechanism(ctx, j.src, pkcs11.CKF_WRAP); err != nil {
+			return 0, err
+		}
+		if err := j.r.needMechanism(ctx, j.dst.Slot, pkcs11.CKF_UNWRAP); err != nil {
+			return 0, err
+		}
+	}
+	if !j.dst.Absent {
+		// Idempotence: the identity may be there already.
+		if h, err := j.existing(ctx); err != nil || h != 0 {
+			return h, err
+		}
+	}
+	h, err := j.create(ctx)
+	if err != nil {
+		if ambiguous(err) {
+			// The call may have made the object although it reported a
+			// failure (a timeout): remove whatever now carries the identity,
+			// which was absent a moment ago.
+			err = errors.Join(err, removeIdentity(ctx, j.ds, j.so.Identity))
+		}
+		return 0, err
+	}
+	if err := j.verify(ctx, h); err != nil {
+		c := cleanupContext(ctx)
+		defer c.cancel()
+		if derr := j.ds.DestroyObject(c.ctx, h); derr != nil && !isGone(derr) {
+			err = errors.Join(err, fmt.Errorf("and the copy (handle %d) could not be removed: %w", h, derr))
+		}
+		return 0, err
+	}
+	return h, nil
+}
+
+// existing returns the handle of a copy of the source already on dst, 0
+// when there is none, or an error (a *ConflictError when dst holds other
+// material under the identity).
+func (j *replication) existing(ctx context.Context) (pkcs11.ObjectHandle, error) {
+	hs, err := j.ds.FindObjects(ctx, j.so.Identity.template())
 	if err != nil {
 		return 0, fmt.Errorf("look for an existing copy: %w", err)
 	}
 	var conflict error
-	for _, h := range existing {
+	for _, h := range hs {
 		do, err := readObject(ctx, j.ds, j.dname, h, nil)
 		if err != nil {
 			if isGone(err) {
@@ -193,29 +296,7 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 				j.dname, j.so.Identity, h, errors.Join(j.so.fpErr, do.fpErr))
 		}
 	}
-	if conflict != nil {
-		return 0, conflict
-	}
-
-	h, err := j.create(ctx)
-	if err != nil {
-		if ambiguous(err) {
-			// The call may have made the object although it reported a
-			// failure (a timeout): remove whatever now carries the identity,
-			// which was absent a moment ago.
-			err = errors.Join(err, removeIdentity(ctx, j.ds, j.so.Identity))
-		}
-		return 0, err
-	}
-	if err := j.verify(ctx, h); err != nil {
-		c := cleanupContext(ctx)
-		defer c.cancel()
-		if derr := j.ds.DestroyObject(c.ctx, h); derr != nil && !isGone(derr) {
-			err = errors.Join(err, fmt.Errorf("and the copy (handle %d) could not be removed: %w", h, derr))
-		}
-		return 0, err
-	}
-	return h, nil
+	return 0, conflict
 }
 
 // ambiguous reports whether a failed call may nonetheless have taken
@@ -245,7 +326,7 @@ func (j *replication) create(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	if j.wrapped() {
 		return j.createWrapped(ctx)
 	}
-	types, err := copyTypes(j.so.Class)
+	types, err := copyTypes(j.so.Class, j.so.KeyType)
 	if err != nil {
 		return 0, err
 	}
@@ -267,26 +348,43 @@ func (j *replication) create(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	return h, nil
 }
 
+// unwrapAttrs reads, once, the source's attributes that go into the unwrap
+// template (CKA_EXTRACTABLE among them).
+func (j *replication) unwrapAttrs(ctx context.Context) (attrs, error) {
+	if j.unwrapA == nil {
+		a, err := readAttrs(ctx, j.src, j.so.Handle, unwrapTypes[j.so.Class])
+		if err != nil {
+			return nil, fmt.Errorf("read the source's attributes on %s: %w", j.src.Name(), err)
+		}
+		j.unwrapA = a
+	}
+	return j.unwrapA, nil
+}
+
 // blob wraps the source under the domain key on src, once.
 func (j *replication) blob(ctx context.Context) ([]byte, error) {
 	if j.srcBlob != nil {
 		return j.srcBlob, nil
 	}
-	srcDK, _, err := findDomainKey(ctx, j.src, j.src.Name(), j.r.GroupSerial)
+	a, err := j.unwrapAttrs(ctx)
 	if err != nil {
 		return nil, err
-	}
-	a, err := readAttrs(ctx, j.src, j.so.Handle, []uint{pkcs11.CKA_EXTRACTABLE})
-	if err != nil {
-		return nil, fmt.Errorf("read the source's attributes on %s: %w", j.src.Name(), err)
 	}
 	if !a.boolean(pkcs11.CKA_EXTRACTABLE) {
 		return nil, fmt.Errorf("the key is not extractable (CKA_EXTRACTABLE=false on %s), so it cannot be wrapped", j.src.Name())
 	}
-	b, err := j.src.WrapKey(ctx, kwp, srcDK, j.so.Handle)
+	var b []byte
+	err = j.r.withDomainKey(ctx, j.src, func(dk pkcs11.ObjectHandle, _ bool) error {
+		var err error
+		b, err = j.src.WrapKey(ctx, kwp, dk, j.so.Handle)
+		return err
+	})
 	if err != nil {
-		if slot.CodeOf(err) == pkcs11.CKR_KEY_NOT_WRAPPABLE {
+		switch slot.CodeOf(err) {
+		case pkcs11.CKR_KEY_NOT_WRAPPABLE:
 			return nil, fmt.Errorf("wrap under the domain key on %s: %w (the token will not wrap this key: it may carry CKA_WRAP_WITH_TRUSTED while the domain key is not trusted, or be of a type the token cannot wrap, as EdDSA private keys on SoftHSM 2.6)", j.src.Name(), err)
+		case pkcs11.CKR_MECHANISM_INVALID:
+			return nil, &MechanismError{Member: j.src.Name(), Mechanism: wrapMechanism, Use: "wrap", Err: err}
 		}
 		return nil, fmt.Errorf("wrap under the domain key on %s: %w", j.src.Name(), err)
 	}
@@ -294,29 +392,14 @@ func (j *replication) blob(ctx context.Context) ([]byte, error) {
 	return b, nil
 }
 
-func (j *replication) dstDomainKey(ctx context.Context) (pkcs11.ObjectHandle, error) {
-	if j.dstDK == 0 {
-		h, _, err := findDomainKey(ctx, j.dst.Slot, j.dname, j.r.GroupSerial)
-		if err != nil {
-			return 0, err
-		}
-		j.dstDK = h
-	}
-	return j.dstDK, nil
-}
-
 func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	blob, err := j.blob(ctx)
 	if err != nil {
 		return 0, err
 	}
-	dk, err := j.dstDomainKey(ctx)
+	a, err := j.unwrapAttrs(ctx)
 	if err != nil {
 		return 0, err
-	}
-	a, err := readAttrs(ctx, j.src, j.so.Handle, unwrapTypes[j.so.Class])
-	if err != nil {
-		return 0, fmt.Errorf("read the source's attributes on %s: %w", j.src.Name(), err)
 	}
 	tmpl := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, j.so.Class),
@@ -328,19 +411,23 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		}
 		tmpl = append(tmpl, a.attribute(t))
 	}
-	// SoftHSM wants every attribute of the domain key's unwrap template
-	// in the call's template, with the same value (else
-	// CKR_TEMPLATE_INCONSISTENT); the copy follows it where the source
-	// differs: sensitive, and wrappable only by a trusted key.
-	forced, err := j.dst.Slot.GetNestedAttribute(ctx, dk, pkcs11.CKA_UNWRAP_TEMPLATE)
-	if err != nil && slot.ClassOf(err) != slot.ClassRequest {
-		return 0, fmt.Errorf("read the domain key's unwrap template: %w", err)
-	}
-	tmpl = override(tmpl, forced)
-	h, err := j.ds.UnwrapKey(ctx, kwp, dk, blob, tmpl)
+	var h pkcs11.ObjectHandle
+	err = j.r.withDomainKey(ctx, j.dst.Slot, func(dk pkcs11.ObjectHandle, trusted bool) error {
+		// SoftHSM wants every attribute of the domain key's unwrap
+		// template in the call's template, with the same value (else
+		// CKR_TEMPLATE_INCONSISTENT); the copy follows it where the
+		// source differs.
+		var err error
+		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, override(tmpl, unwrapTemplate(trusted)))
+		return err
+	})
 	if err != nil {
-		if slot.CodeOf(err) == pkcs11.CKR_GENERAL_ERROR {
+		switch slot.CodeOf(err) {
+		case pkcs11.CKR_GENERAL_ERROR:
+			j.dkFailed = true
 			return 0, fmt.Errorf("unwrap under the domain key: %w (SoftHSM's answer when the domain keys of %s and %s differ)", err, j.src.Name(), j.dname)
+		case pkcs11.CKR_MECHANISM_INVALID:
+			return 0, &MechanismError{Member: j.dname, Mechanism: wrapMechanism, Use: "unwrap", Err: err}
 		}
 		return 0, fmt.Errorf("unwrap under the domain key: %w", err)
 	}
@@ -363,8 +450,31 @@ func override(tmpl, forced []*pkcs11.Attribute) []*pkcs11.Attribute {
 	return append(out, forced...)
 }
 
-// verify checks that the new copy h is the source.
+// verify checks that the new copy h is the source. A key is proven by its
+// wrapped blob, which needs neither fingerprint; the rest, and keys whose
+// blobs differ, by fingerprint (see compare).
 func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
+	if j.wrapped() {
+		a, err := readAttrs(ctx, j.ds, h, identTypes)
+		if err != nil {
+			return fmt.Errorf("read the copy: %w", err)
+		}
+		id, err := identityOf(a)
+		if err != nil {
+			return fmt.Errorf("read the copy: %w", err)
+		}
+		if !id.Equal(j.so.Identity) {
+			return fmt.Errorf("the copy came out as %s", id)
+		}
+		v, err := j.compareWrapped(ctx, h)
+		if err != nil {
+			return fmt.Errorf("check the copy: %w", err)
+		}
+		if v == same {
+			j.settleCheckValue(ctx, h)
+			return nil
+		}
+	}
 	do, err := readObject(ctx, j.ds, j.dname, h, nil)
 	if err != nil {
 		return fmt.Errorf("read the copy: %w", err)
@@ -383,13 +493,45 @@ func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
 	case unknown:
 		return fmt.Errorf("the copy cannot be checked against the source: %w", errors.Join(j.so.fpErr, do.fpErr))
 	}
-	if j.so.Class == pkcs11.CKO_SECRET_KEY && j.so.a.nonEmpty(pkcs11.CKA_CHECK_VALUE) && !do.a.nonEmpty(pkcs11.CKA_CHECK_VALUE) {
-		// Proven equal above; give the copy the check value the unwrap
-		// left out, so that it has a fingerprint on dst without
-		// encrypting. The token may refuse: not an error.
-		_ = j.ds.SetAttributes(ctx, h, []*pkcs11.Attribute{j.so.a.attribute(pkcs11.CKA_CHECK_VALUE)})
-	}
+	j.settleCheckValue(ctx, h)
 	return nil
+}
+
+// settleCheckValue gives a secret key's copy h, proven to hold the
+// source's material, the source's CKA_CHECK_VALUE, which C_UnwrapKey
+// leaves out (SoftHSM), so that it has a fingerprint on dst without
+// encrypting. SoftHSM checks a check value set on an AES or DES3 key
+// against the key and refuses a wrong one with
+// CKR_ATTRIBUTE_VALUE_INVALID: the source's stored value is then wrong,
+// and the right one, computed by the copy, is set on the copy and on the
+// source. Nothing here is an error: the copy is proven, and a key without
+// a stored check value has its fingerprint computed when listed.
+func (j *replication) settleCheckValue(ctx context.Context, h pkcs11.ObjectHandle) {
+	if j.so.Class != pkcs11.CKO_SECRET_KEY {
+		return
+	}
+	kcv := j.so.a[pkcs11.CKA_CHECK_VALUE]
+	if len(kcv) == 0 {
+		return
+	}
+	err := j.ds.SetAttributes(ctx, h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CHECK_VALUE, kcv)})
+	if err == nil || slot.CodeOf(err) != pkcs11.CKR_ATTRIBUTE_VALUE_INVALID {
+		return
+	}
+	right, err := computeKCV(ctx, j.ds, h, j.so.KeyType)
+	if err != nil || bytes.Equal(right, kcv) {
+		return
+	}
+	set := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CHECK_VALUE, right)}
+	if j.ds.SetAttributes(ctx, h, set) != nil {
+		return
+	}
+	if j.src.SetAttributes(ctx, j.so.Handle, set) == nil {
+		j.so.a[pkcs11.CKA_CHECK_VALUE] = right
+		if j.srcFP {
+			j.so.Fingerprint, j.so.fpErr = right, nil
+		}
+	}
 }
 
 type verdict int
@@ -402,8 +544,24 @@ const (
 
 // compare tells whether do on dst holds what the source holds.
 func (j *replication) compare(ctx context.Context, do readResult) (verdict, error) {
+	if err := j.sourceFingerprint(ctx); err != nil {
+		return unknown, err
+	}
 	sf, df := j.so.Fingerprint, do.Fingerprint
 	if sf != nil && df != nil && !bytes.Equal(sf, df) {
+		if j.so.Class != pkcs11.CKO_SECRET_KEY {
+			return different, nil
+		}
+		// A secret key's fingerprint may be a stored CKA_CHECK_VALUE, and
+		// a token may store a wrong one (SoftHSM on ECDH-derived keys):
+		// the material decides where it can be compared.
+		v, err := j.compareWrapped(ctx, do.Handle)
+		if err != nil {
+			return unknown, err
+		}
+		if v == same {
+			return same, nil
+		}
 		return different, nil
 	}
 	bothKnown := sf != nil && df != nil
@@ -445,11 +603,12 @@ func (j *replication) compareWrapped(ctx context.Context, h pkcs11.ObjectHandle)
 	if err != nil {
 		return unknown, err
 	}
-	dk, err := j.dstDomainKey(ctx)
-	if err != nil {
-		return unknown, err
-	}
-	got, err := j.ds.WrapKey(ctx, kwp, dk, h)
+	var got []byte
+	err = j.r.withDomainKey(ctx, j.dst.Slot, func(dk pkcs11.ObjectHandle, _ bool) error {
+		var err error
+		got, err = j.ds.WrapKey(ctx, kwp, dk, h)
+		return err
+	})
 	if err != nil {
 		if slot.ClassOf(err) == slot.ClassRequest {
 			return unknown, nil // this copy may not be wrapped here
