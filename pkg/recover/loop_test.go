@@ -116,6 +116,8 @@ type fakeEngine struct {
 	down      map[string]bool
 	reopens   map[string]int
 	activates map[string]int
+	unheld    int        // activations without the write barrier held
+	held      int        // barriers held now
 	rec       *Recoverer // told of every failure, as the group's event glue does
 }
 
@@ -186,8 +188,26 @@ func (e *fakeEngine) ActivateMember(_ context.Context, name string) error {
 	}
 	e.mu.Lock()
 	e.activates[name]++
+	if e.held != 1 {
+		e.unheld++
+	}
 	e.mu.Unlock()
 	return nil
+}
+
+// WriteMark and HoldWrites: the fake makes no objects; it records that
+// every activation happened with the barrier held.
+func (e *fakeEngine) WriteMark() uint64 { return 0 }
+
+func (e *fakeEngine) HoldWrites(context.Context) (func(), error) {
+	e.mu.Lock()
+	e.held++
+	e.mu.Unlock()
+	return func() {
+		e.mu.Lock()
+		e.held--
+		e.mu.Unlock()
+	}, nil
 }
 
 func (e *fakeEngine) FailMember(name string, reason error) error {
@@ -439,6 +459,37 @@ func TestUnlimitedRetriesThenRecovered(t *testing.T) {
 	}
 	if h.clk.pending() != 0 {
 		t.Fatal("timer armed after recovery")
+	}
+	h.eng.mu.Lock()
+	defer h.eng.mu.Unlock()
+	if h.eng.unheld != 0 || h.eng.held != 0 {
+		t.Fatalf("%d activation(s) without the write barrier; %d barrier(s) still held", h.eng.unheld, h.eng.held)
+	}
+}
+
+func TestAdmitNewMember(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	// A member the group just added: recovering, not yet caught up.
+	m := h.eng.byName["b"]
+	m.Fail(errors.New("test"))
+	h.ev.drain()
+	if _, err := m.Transition(member.Recovering, nil); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.r.Admit(t.Context(), "b")
+	if err != nil || !res.Admitted || !res.Manual {
+		t.Fatalf("Admit: %+v, %v", res, err)
+	}
+	if state, reopens, activates := h.eng.get("b"); state != "active" || activates != 1 || reopens != 0 {
+		t.Fatalf("after Admit: %s, %d re-opens, %d activations; want active, 0, 1", state, reopens, activates)
+	}
+	if _, err := h.r.Admit(t.Context(), "b"); !errors.Is(err, ErrNotFailed) {
+		t.Fatalf("Admit of an active member: %v, want ErrNotFailed", err)
+	}
+	h.eng.mu.Lock()
+	defer h.eng.mu.Unlock()
+	if h.eng.unheld != 0 {
+		t.Fatal("Admit activated without the write barrier")
 	}
 }
 

@@ -17,7 +17,25 @@
 //     out of rotation and are reported with both fingerprints;
 //  3. returns it to rotation as active or standby, only after the catch-up
 //     applied cleanly — the way a reintegrated strongSwan node activates
-//     its segments only after all state has been exchanged.
+//     its segments only after all state has been exchanged. The return
+//     happens under the group's write barrier (Engine.HoldWrites): if any
+//     object was made, destroyed or changed through the group since the
+//     catch-up's last listing (Engine.WriteMark moved), one more plan and
+//     apply runs first while key management waits, so nothing created
+//     between the last plan and the activation is missed. Signing and the
+//     other operations are not held.
+//
+// Keys that must travel wrapped under the domain key (private and secret
+// keys) cannot reach or leave a member whose token lacks
+// CKM_AES_KEY_WRAP_PAD (one served by p11-kit 0.24, for one). Such copies
+// are left out of the catch-up (CatchUp.Unreplicable) instead of failing
+// it: the member returns to rotation and is reported out of sync by them
+// (Status.OutOfSync, Synchronize). Members that can wrap are preferred as
+// the source of a copy.
+//
+// Admit brings in a member just added to the group (group.AddMember
+// leaves it recovering): the same catch-up and activation, without the
+// re-open.
 //
 // Attempts run on the recoverer's own goroutines, never on an
 // application's call. At most one attempt per member runs at a time: in
@@ -45,6 +63,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
+	"github.com/miekg/pkcs11"
 	"golang.org/x/sys/unix"
 )
 
@@ -92,12 +111,25 @@ type Engine interface {
 	// again.
 	Reconnect(ctx context.Context, name string) (*slot.Slot, error)
 	// ActivateMember returns a recovering member to rotation, as active
-	// or standby as configured.
+	// or standby as configured. The Recoverer calls it while it holds
+	// the write barrier.
 	ActivateMember(ctx context.Context, name string) error
 	// FailMember moves the member to failed with the reason (nothing if
 	// it is failed already).
 	FailMember(name string, reason error) error
+	// WriteMark returns a number that moves whenever an object is made,
+	// destroyed or changed through the group.
+	WriteMark() uint64
+	// HoldWrites holds back object creation, destruction and attribute
+	// changes through the group (waiting, bounded by ctx, for those in
+	// progress) until release is called.
+	HoldWrites(ctx context.Context) (release func(), err error)
 }
+
+// wrapMechanism is the name a member's snapshot lists in
+// MissingMechanisms when its token cannot wrap or unwrap keys the way
+// replication needs (group.MechWrapPad).
+const wrapMechanism = "CKM_AES_KEY_WRAP_PAD"
 
 // TombstoneSource gives the group's tombstones. *tombstone.Journal
 // implements it.
@@ -123,6 +155,17 @@ type CatchUp struct {
 	// OtherConflicts are conflicts among the peers that do not involve the
 	// recovering member; they are reported, and do not keep it out.
 	OtherConflicts []hasync.Conflict
+	// Unreplicable are the copies left out because the member copied to
+	// or from lacks CKM_AES_KEY_WRAP_PAD (private and secret keys travel
+	// wrapped). They do not keep the member out; it is out of sync by
+	// them.
+	Unreplicable []hasync.Action
+	// Final reports whether a last pass ran under the write barrier
+	// because objects changed through the group during the catch-up.
+	Final bool
+
+	mark      uint64 // Engine.WriteMark before the last listing
+	converged bool   // the last pass found nothing left for the member
 }
 
 // ConflictError says that the recovering member holds an object whose
@@ -170,8 +213,11 @@ type Options struct {
 	Events func(Event)
 	// Clock drives the retry timers; nil means RealClock.
 	Clock Clock
-	// CatchUp replaces the catch-up step; nil means the sync plan
-	// (MakePlan + Apply, repeated until nothing is left for the member).
+	// CatchUp replaces the catch-up step, including the final pass under
+	// the write barrier (the activation still happens under it); nil
+	// means the sync plan (MakePlan + Apply, repeated until nothing is
+	// left for the member, and once more under the barrier if objects
+	// changed meanwhile).
 	CatchUp CatchUpFunc
 	// LockPerm is the mode of lock files created; 0 means 0660.
 	LockPerm os.FileMode
@@ -180,8 +226,12 @@ type Options struct {
 // Result is the outcome of one attempt.
 type Result struct {
 	Member string
-	// Manual reports whether the attempt was a manual Recover.
+	// Manual reports whether the attempt was a manual Recover or an
+	// Admit.
 	Manual bool
+	// Admitted reports whether the attempt was an Admit (a member just
+	// added).
+	Admitted bool
 	// Joined reports whether the caller joined an attempt that was
 	// already running in this process instead of starting one.
 	Joined bool
@@ -439,7 +489,7 @@ func (r *Recoverer) autoAttempt(m *memberRec, gen uint64) bool {
 	r.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(r.base, r.opts.AttemptTimeout)
-	out := r.run(ctx, m, gen, false)
+	out := r.run(ctx, m, gen, false, false)
 	cancel()
 	return r.finish(m, fl, gen, false, out)
 }
@@ -466,6 +516,21 @@ func (r *Recoverer) Resume() {
 // A successful Recover ends the automatic attempts of the episode; a
 // failed one leaves them as they were.
 func (r *Recoverer) Recover(ctx context.Context, name string) (Result, error) {
+	return r.manual(ctx, name, false)
+}
+
+// Admit catches up member name, just added to the group and left
+// recovering by group.AddMember, and returns it to rotation (see the
+// package documentation). It runs under the member's host-wide lock, like
+// a manual Recover, and joins an attempt already running in this process.
+// A member that is not recovering gives an error wrapping ErrNotFailed.
+// On failure the member is failed, and automatic recovery takes it from
+// there.
+func (r *Recoverer) Admit(ctx context.Context, name string) (Result, error) {
+	return r.manual(ctx, name, true)
+}
+
+func (r *Recoverer) manual(ctx context.Context, name string, admit bool) (Result, error) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -495,14 +560,15 @@ func (r *Recoverer) Recover(ctx context.Context, name string) (Result, error) {
 	defer cancel()
 	stop := context.AfterFunc(r.base, cancel) // Close cancels manual attempts too
 	defer stop()
-	out := r.run(ctx, m, gen, true)
+	out := r.run(ctx, m, gen, true, admit)
 	r.finish(m, fl, gen, true, out)
 	return out.res, out.err
 }
 
-// run makes one attempt on m under the member's host-wide lock.
-func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual bool) outcome {
-	out := outcome{res: Result{Member: m.name, Manual: manual}}
+// run makes one attempt on m under the member's host-wide lock: a
+// recovery of a failed member, or with admit the admission of a new one.
+func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, admit bool) outcome {
+	out := outcome{res: Result{Member: m.name, Manual: manual, Admitted: admit}}
 	unlock, err := r.lockMember(ctx, m.name, manual)
 	if err != nil {
 		out.err = err
@@ -521,8 +587,12 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual bo
 		out.stop = true
 		return out
 	}
-	if st := mem.State(); st != member.Failed {
+	if st := mem.State(); !admit && st != member.Failed {
 		out.err = fmt.Errorf("recover member %s: it is %v: %w", m.name, st, ErrNotFailed)
+		out.stop = true
+		return out
+	} else if admit && st != member.Recovering {
+		out.err = fmt.Errorf("admit member %s: it is %v, not recovering: %w", m.name, st, ErrNotFailed)
 		out.stop = true
 		return out
 	}
@@ -544,7 +614,12 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual bo
 	r.mu.Unlock()
 	r.emit(Event{Kind: AttemptStarted, Time: start, Member: m.name, Attempt: out.res.Attempt, AttemptsLeft: left, Manual: manual})
 
-	cu, err := r.attempt(ctx, m.name)
+	var cu CatchUp
+	if admit {
+		cu, err = r.catchUpAndActivate(ctx, m.name, mem.Slot())
+	} else {
+		cu, err = r.attempt(ctx, m.name)
+	}
 	out.res.CatchUp = cu
 	out.res.Duration = r.clock.Now().Sub(start)
 	if err != nil {
@@ -566,14 +641,88 @@ func (r *Recoverer) attempt(ctx context.Context, name string) (CatchUp, error) {
 	if err != nil {
 		return CatchUp{}, fmt.Errorf("re-open token: %w", err)
 	}
-	cu, err := r.catchUp(ctx, hasync.PlanMember{Name: name, Slot: s}, r.peers(name))
+	return r.catchUpAndActivate(ctx, name, s)
+}
+
+// catchUpAndActivate catches member name (open on s) up with the serving
+// members and returns it to rotation under the write barrier, after one
+// more pass if objects changed through the group since the last listing.
+func (r *Recoverer) catchUpAndActivate(ctx context.Context, name string, s *slot.Slot) (CatchUp, error) {
+	self := hasync.PlanMember{Name: name, Slot: s}
+	cu, err := r.catchUp(ctx, self, r.peers(name))
 	if err != nil {
 		return cu, err
+	}
+	release, err := r.eng.HoldWrites(ctx)
+	if err != nil {
+		return cu, fmt.Errorf("hold key management for the final catch-up: %w", err)
+	}
+	defer release()
+	if r.opts.CatchUp == nil && (!cu.converged || r.eng.WriteMark() != cu.mark) {
+		fin, err := r.planPasses(ctx, self, r.peers(name), 1, true)
+		cu.Passes += fin.Passes
+		cu.Copied += fin.Copied
+		cu.Deleted += fin.Deleted
+		cu.Skipped, cu.PeerErrors, cu.OtherConflicts, cu.Unreplicable = fin.Skipped, fin.PeerErrors, fin.OtherConflicts, fin.Unreplicable
+		cu.Final = true
+		if err != nil {
+			return cu, fmt.Errorf("final catch-up: %w", err)
+		}
 	}
 	if err := r.eng.ActivateMember(ctx, name); err != nil {
 		return cu, fmt.Errorf("return to rotation: %w", err)
 	}
 	return cu, nil
+}
+
+// lacking returns the members that cannot wrap or unwrap replicated keys.
+func (r *Recoverer) lacking() map[string]bool {
+	out := map[string]bool{}
+	for _, snap := range r.eng.Members() {
+		for _, mech := range snap.MissingMechanisms {
+			if mech == wrapMechanism {
+				out[snap.Name] = true
+			}
+		}
+	}
+	return out
+}
+
+// capableFirst orders members so that those that can wrap keys come
+// first: a plan copies from the first holder it lists.
+func capableFirst(members []hasync.PlanMember, lacking map[string]bool) []hasync.PlanMember {
+	out := make([]hasync.PlanMember, 0, len(members))
+	for _, m := range members {
+		if !lacking[m.Name] {
+			out = append(out, m)
+		}
+	}
+	for _, m := range members {
+		if lacking[m.Name] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// splitUnreplicable takes out of p the copies of wrapped objects (private
+// and secret keys) to or from a member in lacking, and returns them.
+func splitUnreplicable(p *hasync.Plan, lacking map[string]bool) []hasync.Action {
+	if len(lacking) == 0 {
+		return nil
+	}
+	var keep, out []hasync.Action
+	for _, a := range p.Actions {
+		c := a.Identity.Class
+		wrapped := c == pkcs11.CKO_PRIVATE_KEY || c == pkcs11.CKO_SECRET_KEY
+		if a.Kind == hasync.Copy && wrapped && (lacking[a.Member] || lacking[a.Source]) {
+			out = append(out, a)
+			continue
+		}
+		keep = append(keep, a)
+	}
+	p.Actions = keep
+	return out
 }
 
 // peers returns the serving members other than name, with their slots, in
@@ -649,8 +798,17 @@ func (r *Recoverer) finish(m *memberRec, fl *flight, gen uint64, manual bool, ou
 }
 
 // planCatchUp is the default catch-up: plan and apply, again, until
-// nothing is left for the member.
+// nothing is left for the member (at most maxPasses rounds; a member
+// still behind then is finished by the final pass under the write
+// barrier).
 func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember) (CatchUp, error) {
+	return r.planPasses(ctx, self, peers, maxPasses, false)
+}
+
+// planPasses runs up to max plan/apply rounds for self. With final (the
+// write barrier is held, nothing changes through the group) one clean
+// apply is enough.
+func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember, max int, final bool) (CatchUp, error) {
 	var cu CatchUp
 	var tombs hasync.Tombstones
 	if r.opts.Tombstones != nil {
@@ -661,9 +819,11 @@ func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, pee
 		}
 		tombs = set
 	}
-	members := append([]hasync.PlanMember{self}, peers...)
-	for cu.Passes < maxPasses {
+	lacking := r.lacking()
+	members := capableFirst(append([]hasync.PlanMember{self}, peers...), lacking)
+	for cu.Passes < max {
 		cu.Passes++
+		cu.mark = r.eng.WriteMark()
 		plan, err := hasync.MakePlan(ctx, members, tombs, hasync.PlanOptions{SkipUnreachable: true})
 		if err != nil {
 			return cu, fmt.Errorf("catch up: %w", err)
@@ -679,9 +839,12 @@ func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, pee
 			return cu, &ConflictError{Member: self.Name, Conflicts: cs}
 		}
 		cu.OtherConflicts = plan.Conflicts
+		cu.Unreplicable = splitUnreplicable(plan, lacking)
+		left := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Actions: cu.Unreplicable}
 		mine := plan.For(self.Name)
 		if len(plan.Actions) == 0 || (cu.Passes > 1 && len(mine) == 0) {
-			r.noteOutOfSync(&hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts})
+			cu.converged = true
+			r.noteOutOfSync(left)
 			return cu, nil
 		}
 		res, _ := r.repl.Apply(ctx, plan)
@@ -704,13 +867,19 @@ func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, pee
 		if len(failed) > 0 {
 			return cu, fmt.Errorf("catch up: %w", errors.Join(failed...))
 		}
-		if len(mine) == 0 {
-			// It only gave: nothing for it to take.
-			r.noteOutOfSync(&hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts})
+		if len(mine) == 0 || final || r.eng.WriteMark() == cu.mark {
+			// What it had to take is applied (or it only gave) and
+			// nothing changed through the group since the listing; under
+			// the barrier nothing can have.
+			cu.converged = true
+			r.noteOutOfSync(left)
 			return cu, nil
 		}
 	}
-	return cu, fmt.Errorf("catch up: objects were still changing after %d rounds", maxPasses)
+	if final {
+		return cu, fmt.Errorf("catch up: objects were still changing after %d rounds", max)
+	}
+	return cu, nil // not converged: the final pass under the barrier finishes it
 }
 
 // lockMember takes the host-wide lock of member name. Without wait it

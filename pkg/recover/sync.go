@@ -30,10 +30,15 @@ type SyncReport struct {
 	// NotServing are the members left out because they are failed,
 	// recovering or removed; they catch up when they recover.
 	NotServing []string
+	// Unreplicable are copies not attempted because the member copied to
+	// or from lacks CKM_AES_KEY_WRAP_PAD (private and secret keys travel
+	// wrapped under the domain key): differences that remain, and count
+	// as out of sync. They are in Plan.Actions too.
+	Unreplicable []hasync.Action
 }
 
 // InSync reports whether the serving members were equal (before any
-// apply) and every member was compared.
+// apply) and every member was compared. Unreplicable differences count.
 func (s *SyncReport) InSync() bool {
 	return s.Plan != nil && s.Plan.Empty() && len(s.Plan.Skipped) == 0 && len(s.NotServing) == 0
 }
@@ -74,7 +79,8 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		}
 		defer unlock()
 	}
-	// Under the locks, take the members that still serve.
+	// Under the locks, take the members that still serve, those that can
+	// wrap keys first (a plan copies from the first holder).
 	var members []hasync.PlanMember
 	for _, name := range names {
 		m, ok := r.eng.Member(name)
@@ -87,6 +93,8 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	if len(members) == 0 {
 		return rep, errors.New("synchronize: no member in service")
 	}
+	lacking := r.lacking()
+	members = capableFirst(members, lacking)
 	var tombs hasync.Tombstones
 	if r.opts.Tombstones != nil {
 		set, err := r.opts.Tombstones.Snapshot(ctx)
@@ -101,17 +109,25 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	}
 	rep.Plan = plan
 	r.noteOutOfSync(plan)
-	if opts.Check || len(plan.Actions) == 0 {
+	todo := *plan
+	todo.Actions = append([]hasync.Action(nil), plan.Actions...)
+	rep.Unreplicable = splitUnreplicable(&todo, lacking)
+	if opts.Check || len(todo.Actions) == 0 {
 		return rep, nil
 	}
-	res, err := r.repl.Apply(ctx, plan)
+	res, err := r.repl.Apply(ctx, &todo)
 	rep.Applied = res
+	// What is left: conflicts, what cannot be replicated, what failed.
+	after := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Actions: append([]hasync.Action(nil), rep.Unreplicable...)}
+	if res != nil {
+		for _, f := range res.Failed {
+			after.Actions = append(after.Actions, f.Action)
+		}
+	}
+	r.noteOutOfSync(after)
 	if err != nil {
 		return rep, fmt.Errorf("synchronize: %w", err)
 	}
-	// What is left: conflicts only (and what failed, reported above).
-	after := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts}
-	r.noteOutOfSync(after)
 	return rep, nil
 }
 
