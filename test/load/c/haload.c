@@ -337,11 +337,17 @@ static void do_destroy(struct worker *w)
 	/* An object this thread made and never destroyed must be found; after
 	 * a failed destroy it may be gone already. */
 	if (rv == CKR_OK && found == 0 && !w->retrying) {
+		/* Not destroyed: it stays among the created objects the driver
+		 * expects on every member. */
 		pthread_mutex_lock(&out_lock);
 		bad++;
 		printf("bad find did not see %s, created by this thread\n", label);
 		fflush(stdout);
 		pthread_mutex_unlock(&out_lock);
+		free(label);
+		memmove(w->created, w->created + 1, (w->ncreated - 1) * sizeof *w->created);
+		w->ncreated--;
+		return;
 	}
 	pthread_mutex_lock(&out_lock);
 	if (rv == CKR_OK) {

@@ -1,0 +1,54 @@
+package soak
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/miekg/pkcs11"
+)
+
+// TestDataObjectLifeCycle is the soak's object life cycle without faults:
+// a token data object created through the group is found by class and
+// label, and destroying it removes it.
+func TestDataObjectLifeCycle(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	w := newWorld(t, ctx, 3)
+	cfg, err := config.Load(w.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc := cfg.Groups[0]
+	g, err := group.Open(ctx, gc, cfg.Settings(&gc), group.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Login(ctx, pkcs11.CKU_USER, w.userPIN.Clone()); err != nil {
+		t.Fatal(err)
+	}
+	gl, err := newGoLoad(ctx, g, "life")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, label := range []string{"life-a", "life-b"} {
+		if err := gl.create(ctx, label, []byte(label)); err != nil {
+			t.Fatalf("create %s: %v", label, err)
+		}
+		hs, err := g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
+		if err != nil || len(hs) != 1 {
+			t.Errorf("object %d: find by class and label after create = %v, %v; want one handle", i, hs, err)
+		}
+		found, err := gl.destroy(ctx, label)
+		if err != nil || found != 1 {
+			t.Errorf("destroy %s: found %d, err %v; want 1, nil", label, found, err)
+		}
+		hs, err = g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
+		if err != nil || len(hs) != 0 {
+			t.Errorf("find after destroy = %v, %v; want none", hs, err)
+		}
+	}
+}

@@ -1,0 +1,279 @@
+package soak
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/miekg/pkcs11"
+)
+
+// goLoad drives the group through the Go API (pkg/group) in the test
+// process: the same operations haload does through the C module.
+type goLoad struct {
+	g      *group.Group
+	signer *group.Signer
+	pub    *ecdsa.PublicKey
+	hPub   group.ObjectHandle
+	hAES   group.ObjectHandle
+	prefix string
+
+	mu        sync.Mutex
+	ops       map[string]*opStat
+	failures  []string // "time op: error", the first 50
+	bad       []string
+	created   []string
+	destroyed []string
+	createErr map[string]string
+	destErr   map[string]string
+	maxLat    time.Duration
+	maxLatAt  time.Time
+	stop      atomic.Bool
+}
+
+type opStat struct{ ok, failed int }
+
+// newGoLoad finds the keys on the group.
+func newGoLoad(ctx context.Context, g *group.Group, prefix string) (*goLoad, error) {
+	l := &goLoad{g: g, prefix: prefix, ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
+	var err error
+	if l.signer, err = g.Signer(ctx, group.KeySelector{Label: signLabel}); err != nil {
+		return nil, fmt.Errorf("signer: %w", err)
+	}
+	pub, ok := l.signer.Public().(*ecdsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("signer's public key is %T", l.signer.Public())
+	}
+	l.pub = pub
+	find := func(class uint, label string) (group.ObjectHandle, error) {
+		hs, err := g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, class), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
+		if err != nil {
+			return 0, err
+		}
+		if len(hs) != 1 {
+			return 0, fmt.Errorf("%d objects labelled %s, want 1", len(hs), label)
+		}
+		return hs[0], nil
+	}
+	if l.hPub, err = find(pkcs11.CKO_PUBLIC_KEY, signLabel); err != nil {
+		return nil, err
+	}
+	if l.hAES, err = find(pkcs11.CKO_SECRET_KEY, aesLabel); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// done records one single-part operation.
+func (l *goLoad) done(op string, start time.Time, err error) {
+	lat := time.Since(start)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.ops[op]
+	if s == nil {
+		s = &opStat{}
+		l.ops[op] = s
+	}
+	if err != nil {
+		s.failed++
+		if len(l.failures) < 50 {
+			l.failures = append(l.failures, fmt.Sprintf("%s %s: %v", start.Format("15:04:05.000"), op, err))
+		}
+	} else {
+		s.ok++
+	}
+	if lat > l.maxLat {
+		l.maxLat, l.maxLatAt = lat, start
+	}
+}
+
+func (l *goLoad) wrong(what string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.bad = append(l.bad, what)
+}
+
+// run is one worker until stop; seed makes its choices replayable.
+func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, uint64(worker)))
+	var lastDigest, lastSig []byte
+	var mine []string
+	made := 0
+	for !l.stop.Load() && ctx.Err() == nil {
+		switch p := rng.IntN(1000); {
+		case p < 400: // sign, checked here with crypto/ecdsa
+			d := sha256.Sum256(binary.BigEndian.AppendUint64([]byte(l.prefix), rng.Uint64()))
+			start := time.Now()
+			sig, err := l.signer.SignContext(ctx, d[:], crypto.SHA256)
+			l.done("sign", start, err)
+			if err == nil {
+				if !ecdsa.VerifyASN1(l.pub, d[:], sig) {
+					l.wrong("a signature from the group does not verify")
+				}
+				lastDigest, lastSig = d[:], sig
+			}
+		case p < 550: // verify through the group: good and corrupted
+			if lastSig == nil {
+				continue
+			}
+			r, s, ok := derToRaw(lastSig)
+			if !ok {
+				l.wrong("signature is not DER")
+				continue
+			}
+			raw := append(r, s...)
+			corrupt := rng.IntN(4) == 0
+			if corrupt {
+				raw = append([]byte(nil), raw...)
+				raw[5] ^= 0x20
+			}
+			start := time.Now()
+			err := l.g.Verify(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), l.hPub, lastDigest, raw)
+			switch {
+			case corrupt && group.CodeOf(err) == pkcs11.CKR_SIGNATURE_INVALID:
+				l.done("verify", start, nil)
+			case corrupt && err == nil:
+				l.done("verify", start, nil)
+				l.wrong("the group accepted a corrupted signature")
+			case !corrupt && group.CodeOf(err) == pkcs11.CKR_SIGNATURE_INVALID:
+				l.done("verify", start, nil)
+				l.wrong("the group refused a good signature")
+			default:
+				l.done("verify", start, err)
+			}
+		case p < 750: // AES-ECB round trip (p11-kit 0.24's RPC carries no IV)
+			plain := make([]byte, 32)
+			for i := range plain {
+				plain[i] = byte(rng.Uint32())
+			}
+			mech := pkcs11.NewMechanism(pkcs11.CKM_AES_ECB, nil)
+			start := time.Now()
+			ct, err := l.g.Encrypt(ctx, mech, l.hAES, plain)
+			l.done("crypt", start, err)
+			if err != nil {
+				continue
+			}
+			start = time.Now()
+			back, err := l.g.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_ECB, nil), l.hAES, ct)
+			l.done("crypt", start, err)
+			if err == nil && !bytes.Equal(back, plain) {
+				l.wrong("decryption did not give back the plaintext")
+			}
+		case p < 870: // find
+			start := time.Now()
+			hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+				pkcs11.NewAttribute(pkcs11.CKA_LABEL, aesLabel)})
+			l.done("find", start, err)
+			if err == nil && (len(hs) != 1 || hs[0] != l.hAES) {
+				l.wrong(fmt.Sprintf("find returned %v, want the AES key %v", hs, l.hAES))
+			}
+		case p < 984: // random
+			start := time.Now()
+			_, err := l.g.GenerateRandom(ctx, 32)
+			l.done("random", start, err)
+		case p < 992 || len(mine) == 0: // create a token data object
+			label := fmt.Sprintf("%s-%d-%d", l.prefix, worker, made)
+			made++
+			if err := l.create(ctx, label, binary.BigEndian.AppendUint64(nil, rng.Uint64())); err != nil {
+				l.mu.Lock()
+				l.createErr[label] = err.Error()
+				l.mu.Unlock()
+				continue
+			}
+			l.mu.Lock()
+			l.created = append(l.created, label)
+			l.mu.Unlock()
+			mine = append(mine, label)
+		default: // destroy the oldest of ours
+			label := mine[0]
+			found, err := l.destroy(ctx, label)
+			l.mu.Lock()
+			_, retrying := l.destErr[label]
+			l.mu.Unlock()
+			if err != nil {
+				l.mu.Lock()
+				l.destErr[label] = err.Error()
+				l.mu.Unlock()
+				continue // tried again later
+			}
+			// An object this worker made and never destroyed must be
+			// found; after a failed destroy it may be gone already.
+			if found == 0 && !retrying {
+				// Not destroyed: it stays among the created objects
+				// expected on every member.
+				l.wrong("find did not see " + label + ", created by this worker")
+				mine = mine[1:]
+				continue
+			}
+			l.mu.Lock()
+			l.destroyed = append(l.destroyed, label)
+			delete(l.destErr, label)
+			l.mu.Unlock()
+			mine = mine[1:]
+		}
+	}
+}
+
+func (l *goLoad) create(ctx context.Context, label string, value []byte) error {
+	s, err := l.g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	_, err = s.CreateObject(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, "soak"), pkcs11.NewAttribute(pkcs11.CKA_VALUE, value),
+	})
+	return err
+}
+
+// destroy destroys the data objects labelled label and returns how many
+// it found.
+func (l *goLoad) destroy(ctx context.Context, label string) (int, error) {
+	hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
+	if err != nil {
+		return 0, err
+	}
+	for _, h := range hs {
+		if err := l.g.DestroyObject(ctx, h); err != nil {
+			return len(hs), err
+		}
+	}
+	return len(hs), nil
+}
+
+// derToRaw splits an ASN.1 DER ECDSA signature into 32-byte r and s.
+func derToRaw(der []byte) (r, s []byte, ok bool) {
+	// SEQUENCE { INTEGER r, INTEGER s } with short lengths (P-256).
+	if len(der) < 8 || der[0] != 0x30 {
+		return nil, nil, false
+	}
+	rest := der[2:]
+	read := func() ([]byte, bool) {
+		if len(rest) < 2 || rest[0] != 0x02 || int(rest[1])+2 > len(rest) {
+			return nil, false
+		}
+		v := rest[2 : 2+int(rest[1])]
+		rest = rest[2+int(rest[1]):]
+		v = bytes.TrimLeft(v, "\x00")
+		if len(v) > 32 {
+			return nil, false
+		}
+		return append(make([]byte, 32-len(v)), v...), true
+	}
+	if r, ok = read(); !ok {
+		return nil, nil, false
+	}
+	s, ok = read()
+	return r, s, ok
+}

@@ -1,0 +1,341 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/test/load"
+	"github.com/miekg/pkcs11"
+)
+
+// The group and keys of the soak.
+const (
+	groupLabel     = "soak"
+	groupSerial    = "2000001"
+	slotID         = 2000001
+	signLabel      = "soak-sign"
+	aesLabel       = "soak-aes"
+	commandTimeout = 3 * time.Second
+)
+
+// world is the soak's machine: member tokens behind their servers, the
+// configuration, haagent, and the built programs.
+type world struct {
+	t        *testing.T
+	dir      string
+	repo     string
+	softConf string
+	conf     string
+	sock     string
+	stateDir string
+	logFile  string
+	userFile string
+	soFile   string
+	userPIN  secret.PIN
+	soPIN    secret.PIN
+	reg      *load.Registry
+	servers  []*load.Server
+	members  []string // names, in configuration order; the last is a standby
+	lib      string
+	haload   string
+	haagent  string
+
+	agentMu   sync.Mutex
+	agentProc *load.Proc
+}
+
+// newWorld builds the programs, makes n tokens, provisions them (domain
+// key, signing key, AES key) while they are reached directly, then serves
+// each with its own p11-kit server, writes the configuration and starts
+// haagent.
+func newWorld(t *testing.T, ctx context.Context, n int) *world {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	w := &world{t: t, dir: shortTempDir(t), repo: filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..")), reg: load.NewRegistry()}
+	t.Cleanup(func() {
+		if _, err := w.reg.StopAll(); err != nil {
+			t.Errorf("stopping the soak's processes: %v", err)
+		}
+	})
+	w.build(ctx)
+	var err error
+	if w.softConf, err = load.WriteSoftHSMConf(w.dir); err != nil {
+		t.Fatal(err)
+	}
+	if w.userPIN, w.soPIN, w.userFile, w.soFile, err = load.NewPINs(w.dir); err != nil {
+		t.Fatal(err)
+	}
+	var labels []string
+	for i := 0; i < n; i++ {
+		w.members = append(w.members, fmt.Sprintf("m%d", i))
+		labels = append(labels, fmt.Sprintf("soak-%d", i))
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := load.InitTokens(ctx, self, w.softConf, w.userFile, w.soFile, labels); err != nil {
+		t.Fatal(err)
+	}
+	w.stateDir = filepath.Join(w.dir, "state")
+	w.logFile = filepath.Join(w.dir, "ha.log")
+	w.sock = filepath.Join(w.dir, "agent.sock")
+	if err := os.WriteFile(w.logFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.provision(ctx, labels)
+	for i, name := range w.members {
+		s, err := load.NewServer(w.reg, name, labels[i], filepath.Join(w.dir, name+".sock"), w.softConf,
+			filepath.Join(w.dir, name+"-server.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		w.servers = append(w.servers, s)
+	}
+	w.conf = filepath.Join(w.dir, "hagroup.toml")
+	if err := os.WriteFile(w.conf, []byte(w.config(labels, false)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.startAgent(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// shortTempDir is a temporary directory with a path short enough for the
+// Unix sockets in it.
+func shortTempDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "soak-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// build compiles libhapkcs11.so, haagent and haload, in parallel.
+func (w *world) build(ctx context.Context) {
+	bin := filepath.Join(w.dir, "bin")
+	w.lib, w.haagent, w.haload = filepath.Join(bin, "libhapkcs11.so"), filepath.Join(bin, "haagent"), filepath.Join(bin, "haload")
+	if err := os.MkdirAll(bin, 0o700); err != nil {
+		w.t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	goBuild := func(i int, args ...string) {
+		defer wg.Done()
+		cmd := exec.CommandContext(ctx, "go", append([]string{"build"}, args...)...)
+		cmd.Dir = w.repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			errs[i] = fmt.Errorf("go build %v: %v\n%s", args, err, out)
+		}
+	}
+	wg.Add(3)
+	go goBuild(0, "-buildmode=c-shared", "-o", w.lib, "./cmd/hapkcs11")
+	go goBuild(1, "-o", w.haagent, "./cmd/haagent")
+	go func() {
+		defer wg.Done()
+		errs[2] = load.BuildHaload(ctx, w.repo, w.haload)
+	}()
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			w.t.Fatal(err)
+		}
+	}
+}
+
+// config renders the group; direct reaches the tokens through SoftHSM
+// (for provisioning: p11-kit 0.24's RPC carries neither AES key wrapping
+// nor the domain key's unwrap template), otherwise through each member's
+// server. The last member is a standby.
+func (w *world) config(labels []string, direct bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n", w.sock, w.stateDir, w.logFile)
+	fmt.Fprintf(&b, "[ha]\nprobe_interval = \"300ms\"\ninterval = \"1s\"\ncommand_timeout = %q\n\n", commandTimeout.String())
+	fmt.Fprintf(&b, "[[group]]\nlabel = %q\nserial = %q\n", groupLabel, groupSerial)
+	for i, name := range w.members {
+		fmt.Fprintf(&b, "\n  [[group.member]]\n  name = %q\n  token_label = %q\n  pin_file = %q\n", name, labels[i], w.userFile)
+		if direct {
+			fmt.Fprintf(&b, "  module = %q\n", load.SoftHSMModule)
+		} else {
+			fmt.Fprintf(&b, "  module = %q\n  module_env = { P11_KIT_SERVER_ADDRESS = %q }\n", load.P11KitClient, w.servers[i].Address())
+		}
+		if i == len(w.members)-1 {
+			b.WriteString("  standby = true\n")
+		}
+	}
+	return b.String()
+}
+
+// provision installs the domain key and makes the signing and AES keys
+// through the engine, with every token reached directly, before the
+// servers start.
+func (w *world) provision(ctx context.Context, labels []string) {
+	t := w.t
+	t.Setenv("SOFTHSM2_CONF", w.softConf)
+	cfg, err := config.Parse([]byte(w.config(labels, true)), "provision.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc := cfg.Groups[0]
+	var targets []hasync.DomainTarget
+	for _, m := range gc.Members {
+		s, err := slot.Open(ctx, slot.Spec{Name: m.Name, Module: m.Module, TokenLabel: m.TokenLabel, PIN: w.userPIN.Clone()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		targets = append(targets, hasync.DomainTarget{Slot: s, SOPIN: w.soPIN.Clone(), UserPIN: w.userPIN.Clone()})
+	}
+	err = hasync.InstallDomainKey(ctx, targets, gc.Serial)
+	for _, tg := range targets {
+		tg.Slot.Close()
+	}
+	if err != nil {
+		t.Fatalf("domain key: %v", err)
+	}
+	g, err := group.Open(ctx, gc, cfg.Settings(&gc), group.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Login(ctx, pkcs11.CKU_USER, w.userPIN.Clone()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p256 := []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
+	common := func(label string, id byte, private bool) []*pkcs11.Attribute {
+		return []*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true), pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, private),
+			pkcs11.NewAttribute(pkcs11.CKA_LABEL, label), pkcs11.NewAttribute(pkcs11.CKA_ID, []byte{id}),
+		}
+	}
+	if _, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		append(common(signLabel, 0x50, false), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, p256), pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true)),
+		append(common(signLabel, 0x50, true), pkcs11.NewAttribute(pkcs11.CKA_SIGN, true), pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true)),
+	); err != nil {
+		t.Fatalf("signing key: %v", err)
+	}
+	if _, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil),
+		append(common(aesLabel, 0x51, true), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32),
+			pkcs11.NewAttribute(pkcs11.CKA_ENCRYPT, true), pkcs11.NewAttribute(pkcs11.CKA_DECRYPT, true),
+			pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true)),
+	); err != nil {
+		t.Fatalf("AES key: %v", err)
+	}
+}
+
+// startAgent starts haagent and waits until it answers.
+func (w *world) startAgent(ctx context.Context) error {
+	log, err := os.OpenFile(filepath.Join(w.dir, "haagent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	p, err := w.reg.Start(load.Spec{Name: "haagent", Path: w.haagent, Args: []string{"--config", w.conf},
+		Env: load.Environ("HAGROUP_CONF=" + w.conf), Dir: w.dir, Output: log})
+	if err != nil {
+		return err
+	}
+	w.agentMu.Lock()
+	w.agentProc = p
+	w.agentMu.Unlock()
+	err = w.waitAgent(ctx, 30*time.Second, func(agent.GroupsReport) bool { return true })
+	if err != nil {
+		// Ask the Go runtime for every goroutine's stack (in the agent's
+		// log) before giving up on it.
+		var threads strings.Builder
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", p.PID()))
+		for _, task := range tasks {
+			wchan, _ := os.ReadFile(filepath.Join(task, "wchan"))
+			comm, _ := os.ReadFile(filepath.Join(task, "comm"))
+			fmt.Fprintf(&threads, "%s %s wchan=%s\n", filepath.Base(task), strings.TrimSpace(string(comm)), wchan)
+		}
+		if p.Signal(syscall.SIGQUIT) == nil {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_ = p.Wait(wctx)
+			cancel()
+		}
+		b, _ := os.ReadFile(filepath.Join(w.dir, "haagent.log"))
+		dump := filepath.Join(os.TempDir(), fmt.Sprintf("soak-haagent-%d.log", p.PID()))
+		_ = os.WriteFile(dump, append(b, "\nthreads before SIGQUIT:\n"+threads.String()...), 0o600)
+		return fmt.Errorf("%w (full agent log with goroutine dump: %s)", err, dump)
+	}
+	return nil
+}
+
+// killAgent SIGKILLs haagent.
+func (w *world) killAgent() error {
+	w.agentMu.Lock()
+	p := w.agentProc
+	w.agentMu.Unlock()
+	return p.Kill()
+}
+
+// waitAgent polls listgroups until cond holds or limit passes.
+func (w *world) waitAgent(ctx context.Context, limit time.Duration, cond func(agent.GroupsReport) bool) error {
+	c := agent.NewClient(w.sock)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var last error
+	var rep agent.GroupsReport
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := c.ListGroups(rctx, groupLabel)
+		rcancel()
+		if err == nil {
+			rep = r
+			if cond(r) {
+				return nil
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			b, _ := os.ReadFile(filepath.Join(w.dir, "haagent.log"))
+			return fmt.Errorf("haagent: condition not met within %v (last error %v; last report %+v)\nagent log tail: %s",
+				limit, last, rep.Groups, tail(string(b), 40))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// agentClient returns a client of haagent's socket.
+func (w *world) agentClient() *agent.Client { return agent.NewClient(w.sock) }
+
+// memberSpec opens a member through its server, for the final listing.
+func (w *world) memberSpec(i int) slot.Spec {
+	return slot.Spec{Name: w.members[i] + "-check", Module: load.P11KitClient, ModuleEnv: w.servers[i].ModuleEnv(),
+		TokenLabel: fmt.Sprintf("soak-%d", i), PIN: w.userPIN.Clone(), CommandTimeout: 20 * time.Second}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
