@@ -30,6 +30,8 @@ type failoverRun struct {
 	syncCode    int
 	interval    time.Duration // recovery interval in the configuration
 	loadThreads int
+	loadPeakKB  int // peak resident memory of the load process (libhapkcs11.so inside)
+	agentPeakKB int // peak resident memory of haagent
 }
 
 // failover runs the signing load, kills the primary's server, shows the
@@ -133,6 +135,7 @@ func (d *demo) failover(ctx context.Context) (*failoverRun, error) {
 		return nil, err
 	}
 	stopProgress()
+	r.loadPeakKB = peakRSS(l.PID())
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	res, err := l.Stop(sctx)
@@ -254,4 +257,21 @@ func ms(d time.Duration) string {
 		return fmt.Sprintf("%d ms", d.Milliseconds())
 	}
 	return fmt.Sprintf("%.1f s", d.Seconds())
+}
+
+// peakRSS returns a process's peak resident memory in KiB (VmHWM), 0 when
+// it cannot be read.
+func peakRSS(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb
+		}
+	}
+	return 0
 }

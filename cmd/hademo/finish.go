@@ -28,6 +28,7 @@ func (d *demo) finish(ctx context.Context, r *failoverRun) error {
 	r.verified, r.badSigs = verified, bad
 	d.say("every signature checked with Go's crypto/ecdsa against the public key, without any HSM: %d good, %d bad", verified-bad, bad)
 
+	r.agentPeakKB = peakRSS(d.agentProc.PID())
 	lines, err := load.ReadStats(r.statsPath)
 	if err != nil {
 		return fmt.Errorf("reading the module's counters: %w", err)
@@ -74,6 +75,8 @@ type summary struct {
 	share              []memberShare
 	syncCode           int
 	victim             string
+	loadKB, agentKB    int
+	threads            int
 }
 
 type memberShare struct {
@@ -89,7 +92,8 @@ func summarize(r *failoverRun, lines []load.StatsLine) summary {
 	res := r.result
 	s := summary{ops: res.Ops, failed: res.Failed, wrong: res.Bad, seconds: r.end.Sub(r.start).Seconds(),
 		verified: r.verified, badSigs: r.badSigs, dropped: r.dropped.Sub(r.kill), recovery: r.back.Sub(r.restart),
-		interval: r.interval, syncCode: r.syncCode, victim: r.victim}
+		interval: r.interval, syncCode: r.syncCode, victim: r.victim,
+		loadKB: r.loadPeakKB, agentKB: r.agentPeakKB, threads: r.loadThreads}
 	for _, t := range res.Ticks {
 		// A tick's latency belongs to calls that ended in it.
 		switch {
@@ -149,6 +153,8 @@ func (s summary) lines() []string {
 		fmt.Sprintf("  recovery time        %s back in rotation %s after its server restarted (retry interval %v)", s.victim, ms(s.recovery), s.interval),
 		fmt.Sprintf("  work per member      %s", strings.Join(shares, ", ")),
 		fmt.Sprintf("  group                %s", sync),
+		fmt.Sprintf("  memory (peak RSS)    haagent %.1f MiB; the load process with libhapkcs11.so and %d threads %.1f MiB",
+			float64(s.agentKB)/1024, s.threads, float64(s.loadKB)/1024),
 	}
 }
 
