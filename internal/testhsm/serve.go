@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/remote"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,17 +24,19 @@ const readyDeadline = 15 * time.Second
 // exitDeadline bounds how long Kill waits for the server to be reaped.
 const exitDeadline = 10 * time.Second
 
-// Served is a token served by a real `p11-kit server` process on a Unix
-// socket. The server runs in its own process group, so Kill and Stop reach
-// the child it forks for every connection. Methods are safe for concurrent
-// use.
+// Served is a token served by a real server process on a Unix socket:
+// `p11-kit server` (Serve) or hagroup's own hsmserve (ServeRemote). The
+// server runs in its own process group, so Kill and Stop reach every child
+// it forks. Methods are safe for concurrent use.
 type Served struct {
 	t      testing.TB
+	remote bool // hsmserve rather than p11-kit server
 	name   string
 	label  string
 	serial string
 	conf   string
 	sock   string
+	bin    string // hsmserve (remote)
 
 	mu   sync.Mutex
 	proc *serverProc // nil when no server runs
@@ -52,27 +55,56 @@ type serverProc struct {
 // its directory removed when the test ends.
 func Serve(t testing.TB, name string) *Served {
 	t.Helper()
+	return serve(t, name, false)
+}
+
+// ServeRemote makes a fresh token labelled name in its own SoftHSM token
+// directory and serves it with hagroup's hsmserve (cmd/hsmserve, built once
+// per test binary). Its Token has Module = remote.ModulePath(socket) and no
+// ModuleEnv: every slot.Open of it gets a connection of its own, and
+// Reinit connects again. The server is killed and its directory removed
+// when the test ends.
+func ServeRemote(t testing.TB, name string) *Served {
+	t.Helper()
+	return serve(t, name, true)
+}
+
+func serve(t testing.TB, name string, remote bool) *Served {
+	t.Helper()
+	fn := "testhsm.Serve"
+	if remote {
+		fn = "testhsm.ServeRemote"
+	}
 	if name == "" || len(name) > 32 {
-		t.Fatalf("testhsm.Serve: name %q must be 1 to 32 bytes (it is the token label)", name)
+		t.Fatalf("%s: name %q must be 1 to 32 bytes (it is the token label)", fn, name)
+	}
+	var bin string
+	if remote {
+		var err error
+		if bin, err = hsmserveBinary(); err != nil {
+			t.Fatalf("%s(%s): %v", fn, name, err)
+		}
 	}
 	// A short directory: the socket path must fit in sun_path (108 bytes).
 	dir, err := os.MkdirTemp("", "hsrv-")
 	if err != nil {
-		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+		t.Fatalf("%s(%s): %v", fn, name, err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	conf, err := writeConf(dir)
 	if err != nil {
-		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+		t.Fatalf("%s(%s): %v", fn, name, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(1))
 	serials, err := initTokens(ctx, conf, []string{name})
 	cancel()
 	if err != nil {
-		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+		t.Fatalf("%s(%s): %v", fn, name, err)
 	}
 	s := &Served{
 		t:      t,
+		remote: remote,
+		bin:    bin,
 		name:   name,
 		label:  name,
 		serial: serials[name],
@@ -80,20 +112,34 @@ func Serve(t testing.TB, name string) *Served {
 		sock:   filepath.Join(dir, "p11.sock"),
 	}
 	if len(s.sock) >= 100 {
-		t.Fatalf("testhsm.Serve(%s): socket path %s too long for a Unix socket; set a shorter TMPDIR", name, s.sock)
+		t.Fatalf("%s(%s): socket path %s too long for a Unix socket; set a shorter TMPDIR", fn, name, s.sock)
 	}
 	t.Cleanup(s.shutdown)
 	if err := s.start(); err != nil {
-		t.Fatalf("testhsm.Serve(%s): %v", name, err)
+		t.Fatalf("%s(%s): %v", fn, name, err)
 	}
 	return s
 }
 
-// Address returns the P11_KIT_SERVER_ADDRESS of the server.
+// Address returns the P11_KIT_SERVER_ADDRESS of a p11-kit server.
 func (s *Served) Address() string { return "unix:path=" + s.sock }
 
-// Token describes the served token as seen through p11-kit-client.so.
+// Socket returns the path of the server's Unix socket.
+func (s *Served) Socket() string { return s.sock }
+
+// Token describes the served token as seen through p11-kit-client.so
+// (Serve) or the hagroup remote client (ServeRemote).
 func (s *Served) Token() Token {
+	if s.remote {
+		return Token{
+			Name:    s.name,
+			Label:   s.label,
+			Serial:  s.serial,
+			Module:  remote.ModulePath(s.sock),
+			UserPIN: UserPIN,
+			SOPIN:   SOPIN,
+		}
+	}
 	return Token{
 		Name:      s.name,
 		Label:     s.label,
@@ -186,15 +232,20 @@ func (s *Served) start() error {
 	if err := os.Remove(s.sock); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("remove stale socket: %w", err)
 	}
+	what := "p11-kit server"
 	cmd := exec.Command("p11-kit", "server", "-f", "-n", s.sock,
 		"--provider", SoftHSMModule, "pkcs11:token="+s.label)
+	if s.remote {
+		what = "hsmserve"
+		cmd = exec.Command(s.bin, "--module", SoftHSMModule, "--socket", s.sock, "--token-label", s.label)
+	}
 	cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", s.conf)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &syncBuffer{}
 	cmd.Stdout = out
 	cmd.Stderr = out
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start p11-kit server: %w", err)
+		return fmt.Errorf("start %s: %w", what, err)
 	}
 	p := &serverProc{cmd: cmd, out: out, done: make(chan struct{})}
 	go func() {
@@ -204,19 +255,19 @@ func (s *Served) start() error {
 	s.mu.Lock()
 	s.proc = p
 	s.mu.Unlock()
-	return s.waitReady(p)
+	return s.waitReady(p, what)
 }
 
 // waitReady polls the socket until a connection succeeds, the server exits
 // or the deadline passes.
-func (s *Served) waitReady(p *serverProc) error {
+func (s *Served) waitReady(p *serverProc, what string) error {
 	deadline := time.Now().Add(readyDeadline)
 	retry := time.NewTimer(0)
 	defer retry.Stop()
 	for {
 		select {
 		case <-p.done:
-			return fmt.Errorf("p11-kit server exited before it answered (%v): %s", p.err, bytes.TrimSpace(p.out.Bytes()))
+			return fmt.Errorf("%s exited before it answered (%v): %s", what, p.err, bytes.TrimSpace(p.out.Bytes()))
 		case <-retry.C:
 		}
 		c, err := net.DialTimeout("unix", s.sock, time.Second)
@@ -225,7 +276,7 @@ func (s *Served) waitReady(p *serverProc) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("p11-kit server socket %s did not answer within %v: %v", s.sock, readyDeadline, err)
+			return fmt.Errorf("%s socket %s did not answer within %v: %v", what, s.sock, readyDeadline, err)
 		}
 		retry.Reset(10 * time.Millisecond)
 	}

@@ -109,6 +109,7 @@ func Main(m *testing.M, ntokens int) int {
 	pool.mu.Unlock()
 
 	code := m.Run()
+	removeBuilt()
 
 	pool.mu.Lock()
 	pool.ready = false

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/miekg/pkcs11"
 )
@@ -42,8 +41,7 @@ const (
 // sess is one physical session and its worker.
 type sess struct {
 	owner *Slot
-	ctx   *pkcs11.Ctx
-	fl    unsafe.Pointer
+	ctx   p11
 	h     pkcs11.SessionHandle
 	gen   uint64 // slot generation the session belongs to
 	inc   uint64 // module incarnation the session was opened in
@@ -68,7 +66,6 @@ func newSess(owner *Slot, st *slotState) *sess {
 	x := &sess{
 		owner: owner,
 		ctx:   st.ctx,
-		fl:    st.fl,
 		gen:   st.gen,
 		inc:   st.inc,
 		req:   make(chan struct{}),

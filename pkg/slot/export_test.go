@@ -3,6 +3,8 @@ package slot
 import (
 	"context"
 	"fmt"
+
+	"github.com/hagroup/hagroup/internal/p11raw"
 )
 
 // ModuleCounts returns, for module path, the number of slots sharing its
@@ -24,16 +26,19 @@ func WaitQuarantine(ctx context.Context, s *Slot) error { return s.waitQuarantin
 // nested templates is the module's: its entries must be the module's
 // exported C_ functions (true of SoftHSM, which exports them).
 func CheckFunctionList(s *Slot) error {
-	st := s.st.Load()
-	if st.fl == nil {
-		return fmt.Errorf("no function list: %v", st.flErr)
+	mm, ok := s.st.Load().ctx.(*miekgModule)
+	if !ok {
+		return fmt.Errorf("%s is not an in-process module", s.spec.Module)
+	}
+	if mm.fl == nil {
+		return fmt.Errorf("no function list: %v", mm.flErr)
 	}
 	for i, name := range map[int]string{3: "C_GetFunctionList", 20: "C_CreateObject", 24: "C_GetAttributeValue"} {
-		want := exportedSymbol(s.spec.Module, name)
+		want := p11raw.ExportedSymbol(s.spec.Module, name)
 		if want == nil {
 			return fmt.Errorf("%s does not export %s", s.spec.Module, name)
 		}
-		if got := functionListEntry(st.fl, i); got != want {
+		if got := p11raw.FunctionListEntry(mm.fl, i); got != want {
 			return fmt.Errorf("function list entry %d is %p, %s is %p", i, got, name, want)
 		}
 	}

@@ -134,7 +134,7 @@ type found struct {
 }
 
 // listTokens lists the tokens present on c's slots.
-func listTokens(c *pkcs11.Ctx, withSlotInfo bool) ([]found, error) {
+func listTokens(c p11, withSlotInfo bool) ([]found, error) {
 	ids, err := c.GetSlotList(true)
 	if err != nil {
 		return nil, err
@@ -253,7 +253,7 @@ func (e *notFoundError) Unwrap() error { return ErrTokenNotFound }
 
 // findToken finds the one token matching q on c. It never trusts a slot ID
 // remembered from before: it lists the slots every time.
-func findToken(ctx context.Context, spec *Spec, q tokenQuery, c *pkcs11.Ctx, timeout time.Duration) (TokenSummary, error) {
+func findToken(ctx context.Context, spec *Spec, q tokenQuery, c p11, timeout time.Duration) (TokenSummary, error) {
 	var (
 		toks []found
 		info pkcs11.Info
@@ -301,7 +301,7 @@ func ListTokens(ctx context.Context, module string, env map[string]string) ([]To
 		return nil, err
 	}
 	defer modules.release(m)
-	c, _, _ := modules.current(m)
+	c := modules.current(m)
 	var toks []found
 	err = callTimeout(ctx, DefaultCommandTimeout, func() error {
 		var err error

@@ -2,7 +2,6 @@ package slot
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/miekg/pkcs11"
 )
@@ -117,17 +116,11 @@ func (x *sess) digest(m *pkcs11.Mechanism, data []byte) ([]byte, error) {
 }
 
 func (x *sess) createObjectNested(tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	if x.fl == nil {
-		return 0, fmt.Errorf("%w: nested templates need the module's function list: %v", ErrInvalidSpec, x.owner.st.Load().flErr)
-	}
-	return createNestedC(x.fl, x.h, tmpl, nested)
+	return x.ctx.CreateObjectNested(x.h, tmpl, nested)
 }
 
 func (x *sess) getNestedAttribute(h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	if x.fl == nil {
-		return nil, fmt.Errorf("%w: nested templates need the module's function list: %v", ErrInvalidSpec, x.owner.st.Load().flErr)
-	}
-	return getNestedC(x.fl, x.h, h, typ)
+	return x.ctx.GetNestedAttribute(x.h, h, typ)
 }
 
 // checkMech refuses a nil mechanism before it reaches cgo.

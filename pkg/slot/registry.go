@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
 
@@ -21,15 +22,14 @@ type module struct {
 	path string
 	env  map[string]string
 
-	// ctx and fl change only under the registry lock (Reinit); sessions
-	// copy them when they open.
-	ctx   *pkcs11.Ctx
-	fl    unsafe.Pointer // CK_FUNCTION_LIST of ctx; nil when flErr
-	flErr error
+	// ctx and id change only under the registry lock (Reinit); sessions
+	// copy ctx when they open.
+	ctx p11
+	id  unsafe.Pointer // the module instance (function list); nil when unknown
 
 	refs    int  // slots using the context
 	foreign bool // CKR_CRYPTOKI_ALREADY_INITIALIZED: someone else's; never finalized by us
-	private bool // loaded for one spec's module env: not shared by key
+	private bool // loaded for one spec's module env, or a remote token: not shared by key
 	wedged  bool // a Finalize/Initialize outlived its deadline: never touch ctx again
 
 	// inc counts the finalizations by reinit: session handles of an
@@ -59,14 +59,16 @@ const finalizeTimeout = 10 * time.Second
 // context is shared by every user of path; a non-empty env gets a context
 // of its own (set while the module is loaded and initialised), unless the
 // module turns out to hand the same function list to every loader, in
-// which case the existing context is shared.
+// which case the existing context is shared. A remote token's path
+// (remote.Scheme) always gets a context, and a connection, of its own.
 func (r *registry) acquire(ctx context.Context, path string, env map[string]string, timeout time.Duration) (*module, error) {
 	if path == "" {
 		return nil, fmt.Errorf("%w: no module path", ErrInvalidSpec)
 	}
+	private := len(env) > 0 || remote.IsModulePath(path)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(env) == 0 {
+	if !private {
 		if m, ok := r.mods[path]; ok {
 			m.refs++
 			return m, nil
@@ -75,17 +77,13 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 	restore := setEnv(env)
 	defer restore()
 
-	c := pkcs11.New(path)
-	if c == nil {
-		if _, err := os.Stat(path); err != nil {
-			return nil, fmt.Errorf("load PKCS#11 module: %w", err)
-		}
-		return nil, fmt.Errorf("load PKCS#11 module %s: dlopen failed or no C_GetFunctionList", path)
+	c, id, err := loadModule(path)
+	if err != nil {
+		return nil, err
 	}
-	fl, flErr := functionList(c, path)
-	if fl != nil {
+	if id != nil {
 		for _, m := range r.mods {
-			if m.fl == fl && !m.wedged {
+			if m.id == id && !m.wedged {
 				// Same module instance under another key (a symlinked
 				// path, or a module that ignores its env): share it.
 				c.Destroy()
@@ -95,7 +93,7 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 		}
 	}
 	foreign := false
-	err := callTimeout(ctx, timeout, func() error { return c.Initialize() })
+	err = callTimeout(ctx, timeout, func() error { return c.Initialize() })
 	switch {
 	case err == nil:
 	case errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)):
@@ -113,11 +111,10 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 		path:    path,
 		env:     maps.Clone(env),
 		ctx:     c,
-		fl:      fl,
-		flErr:   flErr,
+		id:      id,
 		refs:    1,
 		foreign: foreign,
-		private: len(env) > 0,
+		private: private,
 	}
 	if !foreign {
 		r.inits[path]++
@@ -179,12 +176,11 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 	restore := setEnv(m.env)
 	defer restore()
 	if m.wedged {
-		c := pkcs11.New(m.path)
-		if c == nil {
-			return fmt.Errorf("reload PKCS#11 module %s: dlopen failed or no C_GetFunctionList", m.path)
+		c, id, err := loadModule(m.path)
+		if err != nil {
+			return fmt.Errorf("reload PKCS#11 module %s: %w", m.path, err)
 		}
-		fl, flErr := functionList(c, m.path)
-		m.ctx, m.fl, m.flErr, m.wedged = c, fl, flErr, false
+		m.ctx, m.id, m.wedged = c, id, false
 		m.inc.Add(1)
 	} else {
 		c := m.ctx
@@ -213,11 +209,11 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 	return fmt.Errorf("initialise PKCS#11 module %s again: %w", m.path, err)
 }
 
-// current returns the context and function list of m.
-func (r *registry) current(m *module) (*pkcs11.Ctx, unsafe.Pointer, error) {
+// current returns the context of m.
+func (r *registry) current(m *module) p11 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return m.ctx, m.fl, m.flErr
+	return m.ctx
 }
 
 // setEnv sets env in the process environment (where C code such as

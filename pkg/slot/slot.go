@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
@@ -60,9 +59,7 @@ const (
 
 // slotState is the module context and token slot of one generation.
 type slotState struct {
-	ctx   *pkcs11.Ctx
-	fl    unsafe.Pointer
-	flErr error
+	ctx   p11
 	id    uint
 	token TokenSummary
 	gen   uint64
@@ -130,14 +127,14 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		dedicated:  make(map[*Session]struct{}),
 	}
 	s.holds.Store(1)
-	c, fl, flErr := modules.current(mod)
+	c := modules.current(mod)
 	tok, err := findToken(ctx, &s.spec, q, c, s.cmdTimeout)
 	if err != nil {
 		pin.Zero()
 		modules.release(mod)
 		return nil, err
 	}
-	s.st.Store(&slotState{ctx: c, fl: fl, flErr: flErr, id: tok.SlotID, token: tok, gen: 1, inc: mod.inc.Load()})
+	s.st.Store(&slotState{ctx: c, id: tok.SlotID, token: tok, gen: 1, inc: mod.inc.Load()})
 
 	s.capacity = spec.MaxSessions
 	if s.capacity == 0 {
@@ -442,12 +439,12 @@ func (s *Slot) Reinit(ctx context.Context) error {
 	}()
 	if owned {
 		if err := modules.reinit(ctx, s.mod, s.cmdTimeout); err != nil {
-			next.ctx, next.fl, next.flErr, next.inc = old.ctx, old.fl, old.flErr, s.mod.inc.Load()
+			next.ctx, next.inc = old.ctx, s.mod.inc.Load()
 			next.err = newError(s.spec.Name, "", err)
 			return next.err
 		}
 	}
-	next.ctx, next.fl, next.flErr = modules.current(s.mod)
+	next.ctx = modules.current(s.mod)
 	next.inc = s.mod.inc.Load()
 	tok, err := findToken(ctx, &s.spec, s.query, next.ctx, s.cmdTimeout)
 	if err != nil {

@@ -1,0 +1,321 @@
+// Package p11raw holds the PKCS#11 calls miekg/pkcs11 cannot express:
+// attributes whose value is itself an attribute array (CKA_WRAP_TEMPLATE,
+// CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE). They go straight to the
+// module's CK_FUNCTION_LIST, read from a miekg context. It is shared by
+// pkg/slot (in-process members) and pkg/remote (the token server).
+//
+// Only the parts of the PKCS#11 ABI used here are declared, so the build
+// needs no PKCS#11 development headers: CK_ATTRIBUTE, and the function list
+// up to C_GetAttributeValue (its members are, in order, CK_VERSION and one
+// function pointer per C_ function as listed in pkcs11f.h).
+package p11raw
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned long hg_ulong;
+
+typedef struct {
+	hg_ulong type;
+	void *pValue;
+	hg_ulong ulValueLen;
+} hg_attr;
+
+typedef struct {
+	unsigned char major;
+	unsigned char minor;
+} hg_version;
+
+enum {
+	HG_FN_GET_FUNCTION_LIST = 3,
+	HG_FN_CREATE_OBJECT = 20,
+	HG_FN_GET_ATTRIBUTE_VALUE = 24,
+	HG_FN_COUNT = 25
+};
+
+typedef struct {
+	hg_version version;
+	void *fn[HG_FN_COUNT];
+} hg_function_list;
+
+typedef hg_ulong (*hg_create_object)(hg_ulong, hg_attr *, hg_ulong, hg_ulong *);
+typedef hg_ulong (*hg_get_attribute_value)(hg_ulong, hg_ulong, hg_attr *, hg_ulong);
+
+// The layout of miekg/pkcs11 v1.1.2's struct ctx (the C side of pkcs11.Ctx).
+typedef struct {
+	void *handle;
+	void *sym;
+} hg_miekg_ctx;
+
+// hg_function_list_of returns the function list behind a miekg context after
+// checking that the context's library handle is the one dlopen gives for
+// path. Returns 0 on success, 1 when the module is not loaded, 2 on a
+// handle mismatch, 3 on an implausible function list.
+static int hg_function_list_of(void *miekg, const char *path, void **out) {
+	hg_miekg_ctx *c = (hg_miekg_ctx *)miekg;
+	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	if (h == NULL) {
+		return 1;
+	}
+	dlclose(h);
+	if (c->handle != h) {
+		return 2;
+	}
+	hg_function_list *fl = (hg_function_list *)c->sym;
+	if (fl == NULL || fl->version.major < 2 || fl->version.major > 3 ||
+	    fl->fn[HG_FN_CREATE_OBJECT] == NULL || fl->fn[HG_FN_GET_ATTRIBUTE_VALUE] == NULL) {
+		return 3;
+	}
+	*out = fl;
+	return 0;
+}
+
+// hg_symbol returns the address of an exported symbol of an already loaded
+// library (for tests that check the function list layout).
+static void *hg_symbol(const char *path, const char *name) {
+	void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	if (h == NULL) {
+		return NULL;
+	}
+	void *s = dlsym(h, name);
+	dlclose(h);
+	return s;
+}
+
+static void *hg_fn(void *fl, int i) {
+	return ((hg_function_list *)fl)->fn[i];
+}
+
+static hg_ulong hg_create(void *fl, hg_ulong session, hg_attr *tmpl, hg_ulong n, hg_ulong *obj) {
+	hg_create_object f = (hg_create_object)((hg_function_list *)fl)->fn[HG_FN_CREATE_OBJECT];
+	return f(session, tmpl, n, obj);
+}
+
+static hg_ulong hg_get(void *fl, hg_ulong session, hg_ulong obj, hg_attr *tmpl, hg_ulong n) {
+	hg_get_attribute_value f = (hg_get_attribute_value)((hg_function_list *)fl)->fn[HG_FN_GET_ATTRIBUTE_VALUE];
+	return f(session, obj, tmpl, n);
+}
+
+// hg_get_nested reads the attribute array held by attribute type of obj.
+// On CKR_OK *out holds *n entries whose pValue buffers, like *out itself,
+// are malloc'd; free them with hg_free_attrs.
+static hg_ulong hg_get_nested(void *fl, hg_ulong session, hg_ulong obj, hg_ulong type,
+                              hg_attr **out, hg_ulong *n) {
+	hg_attr a = { type, NULL, 0 };
+	*out = NULL;
+	*n = 0;
+	hg_ulong rv = hg_get(fl, session, obj, &a, 1);
+	if (rv != 0) {
+		return rv;
+	}
+	if (a.ulValueLen == (hg_ulong)-1 || a.ulValueLen % sizeof(hg_attr) != 0) {
+		return 0x12; // CKR_ATTRIBUTE_TYPE_INVALID: not an attribute array
+	}
+	hg_ulong count = a.ulValueLen / sizeof(hg_attr);
+	if (count == 0) {
+		return 0;
+	}
+	hg_attr *arr = calloc(count, sizeof(hg_attr));
+	if (arr == NULL) {
+		return 0x02; // CKR_HOST_MEMORY
+	}
+	// Second call: the module fills in each element's type and length.
+	a.pValue = arr;
+	rv = hg_get(fl, session, obj, &a, 1);
+	if (rv != 0) {
+		free(arr);
+		return rv;
+	}
+	for (hg_ulong i = 0; i < count; i++) {
+		if (arr[i].ulValueLen == (hg_ulong)-1) {
+			arr[i].ulValueLen = 0;
+		}
+		arr[i].pValue = arr[i].ulValueLen ? malloc(arr[i].ulValueLen) : NULL;
+		if (arr[i].ulValueLen && arr[i].pValue == NULL) {
+			for (hg_ulong j = 0; j < i; j++) free(arr[j].pValue);
+			free(arr);
+			return 0x02;
+		}
+	}
+	// Third call: the values.
+	rv = hg_get(fl, session, obj, &a, 1);
+	if (rv != 0) {
+		for (hg_ulong i = 0; i < count; i++) free(arr[i].pValue);
+		free(arr);
+		return rv;
+	}
+	*out = arr;
+	*n = count;
+	return 0;
+}
+
+static void hg_free_attrs(hg_attr *a, hg_ulong n) {
+	if (a == NULL) {
+		return;
+	}
+	for (hg_ulong i = 0; i < n; i++) {
+		free(a[i].pValue);
+	}
+	free(a);
+}
+
+static hg_attr *hg_attr_at(hg_attr *a, hg_ulong i) { return &a[i]; }
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"unsafe"
+
+	"github.com/miekg/pkcs11"
+)
+
+// FunctionList returns the CK_FUNCTION_LIST of c, loaded from path.
+//
+// miekg/pkcs11 keeps it private, and fetching it again with
+// C_GetFunctionList is not equivalent for every module: p11-kit-client.so
+// builds a new, uninitialised module (bound to the P11_KIT_SERVER_ADDRESS
+// of the moment) on every call. So it is read from the context itself, after
+// checking that the context's library handle is the one of path, which
+// would catch a change of miekg's layout.
+func FunctionList(c *pkcs11.Ctx, path string) (unsafe.Pointer, error) {
+	if c == nil {
+		return nil, errors.New("no module context")
+	}
+	// pkcs11.Ctx (v1.1.2) is struct{ ctx *C.struct_ctx }.
+	inner := *(*unsafe.Pointer)(unsafe.Pointer(c))
+	if inner == nil {
+		return nil, errors.New("module context already destroyed")
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var fl unsafe.Pointer
+	switch rc := C.hg_function_list_of(inner, cpath, &fl); rc {
+	case 0:
+		return fl, nil
+	case 1:
+		return nil, fmt.Errorf("module %s is not loaded", path)
+	case 2:
+		return nil, fmt.Errorf("module context of %s has an unexpected layout (miekg/pkcs11 changed?)", path)
+	default:
+		return nil, fmt.Errorf("module %s has an implausible function list", path)
+	}
+}
+
+// ExportedSymbol returns the address of an exported symbol of a loaded
+// module, nil when absent. Used by tests to check the function list layout.
+func ExportedSymbol(path, name string) unsafe.Pointer {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	return C.hg_symbol(cpath, cname)
+}
+
+// FunctionListEntry returns entry i of a function list (tests).
+func FunctionListEntry(fl unsafe.Pointer, i int) unsafe.Pointer {
+	return C.hg_fn(fl, C.int(i))
+}
+
+// cArena holds C memory for one call and frees it all at once.
+type cArena []unsafe.Pointer
+
+func (a *cArena) alloc(n int) unsafe.Pointer {
+	if n == 0 {
+		n = 1
+	}
+	p := C.calloc(C.size_t(n), 1)
+	if p == nil {
+		panic("p11raw: out of C memory")
+	}
+	*a = append(*a, p)
+	return p
+}
+
+func (a *cArena) bytes(b []byte) (unsafe.Pointer, C.hg_ulong) {
+	if len(b) == 0 {
+		return nil, 0
+	}
+	p := a.alloc(len(b))
+	copy(unsafe.Slice((*byte)(p), len(b)), b)
+	return p, C.hg_ulong(len(b))
+}
+
+func (a *cArena) free() {
+	for _, p := range *a {
+		C.free(p)
+	}
+	*a = nil
+}
+
+// attrs builds a C CK_ATTRIBUTE array from tmpl in arena memory.
+func (a *cArena) attrs(tmpl []*pkcs11.Attribute) (*C.hg_attr, C.hg_ulong) {
+	if len(tmpl) == 0 {
+		return nil, 0
+	}
+	size := C.sizeof_hg_attr * len(tmpl)
+	arr := (*C.hg_attr)(a.alloc(size))
+	for i, at := range tmpl {
+		e := C.hg_attr_at(arr, C.hg_ulong(i))
+		e._type = C.hg_ulong(at.Type)
+		e.pValue, e.ulValueLen = a.bytes(at.Value)
+	}
+	return arr, C.hg_ulong(len(tmpl))
+}
+
+// CreateObjectNested calls C_CreateObject through fl with tmpl plus one
+// attribute-array attribute per entry of nested.
+func CreateObjectNested(fl unsafe.Pointer, sh pkcs11.SessionHandle, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	var arena cArena
+	defer arena.free()
+	types := make([]uint, 0, len(nested))
+	for t := range nested {
+		types = append(types, t)
+	}
+	sort.Slice(types, func(i, j int) bool { return types[i] < types[j] })
+
+	n := len(tmpl) + len(types)
+	arr := (*C.hg_attr)(arena.alloc(C.sizeof_hg_attr * n))
+	for i, at := range tmpl {
+		e := C.hg_attr_at(arr, C.hg_ulong(i))
+		e._type = C.hg_ulong(at.Type)
+		e.pValue, e.ulValueLen = arena.bytes(at.Value)
+	}
+	for j, t := range types {
+		inner, count := arena.attrs(nested[t])
+		e := C.hg_attr_at(arr, C.hg_ulong(len(tmpl)+j))
+		e._type = C.hg_ulong(t)
+		e.pValue = unsafe.Pointer(inner)
+		e.ulValueLen = count * C.sizeof_hg_attr
+	}
+	var obj C.hg_ulong
+	if rv := C.hg_create(fl, C.hg_ulong(sh), arr, C.hg_ulong(n), &obj); rv != 0 {
+		return 0, pkcs11.Error(rv)
+	}
+	return pkcs11.ObjectHandle(obj), nil
+}
+
+// GetNestedAttribute reads the attribute array held by attribute typ of object h.
+func GetNestedAttribute(fl unsafe.Pointer, sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	var arr *C.hg_attr
+	var n C.hg_ulong
+	if rv := C.hg_get_nested(fl, C.hg_ulong(sh), C.hg_ulong(h), C.hg_ulong(typ), &arr, &n); rv != 0 {
+		return nil, pkcs11.Error(rv)
+	}
+	defer C.hg_free_attrs(arr, n)
+	out := make([]*pkcs11.Attribute, 0, int(n))
+	for i := C.hg_ulong(0); i < n; i++ {
+		e := C.hg_attr_at(arr, i)
+		var v []byte
+		if e.ulValueLen > 0 {
+			v = C.GoBytes(e.pValue, C.int(e.ulValueLen))
+		}
+		out = append(out, &pkcs11.Attribute{Type: uint(e._type), Value: v})
+	}
+	return out, nil
+}

@@ -1,0 +1,225 @@
+package remote
+
+import (
+	"reflect"
+	"unsafe"
+
+	"github.com/miekg/pkcs11"
+)
+
+// The protocol: a stream of encoding/gob values over one Unix stream
+// connection per client context. The client opens with a hello and the
+// server answers with a welcome; from then on the client sends requests
+// and the server answers each with a response carrying the request's ID,
+// in any order (the server runs requests concurrently), so one connection
+// carries every concurrent call of its context.
+
+// ProtocolVersion is the version of the request/response protocol. A server
+// refuses a client of another version with a welcome naming both.
+const ProtocolVersion = 1
+
+// magic opens every connection.
+const magic = "hagroup-remote"
+
+type hello struct {
+	Magic   string
+	Version int
+}
+
+type welcome struct {
+	Version int
+	Err     string // the server refuses the connection
+}
+
+// op is a PKCS#11 call.
+type op uint8
+
+const (
+	opInvalid op = iota
+	opGetInfo
+	opGetSlotList
+	opGetSlotInfo
+	opGetTokenInfo
+	opGetMechanismList
+	opGetMechanismInfo
+	opOpenSession
+	opCloseSession
+	opGetSessionInfo
+	opLogin
+	opLogout
+	opCreateObject
+	opCreateObjectNested
+	opCopyObject
+	opDestroyObject
+	opGetAttributeValue
+	opGetNestedAttribute
+	opSetAttributeValue
+	opFindObjectsInit
+	opFindObjects
+	opFindObjectsFinal
+	opGenerateKey
+	opGenerateKeyPair
+	opWrapKey
+	opUnwrapKey
+	opDeriveKey
+	opGenerateRandom
+	opSignInit
+	opSign
+	opSignUpdate
+	opSignFinal
+	opVerifyInit
+	opVerify
+	opVerifyUpdate
+	opVerifyFinal
+	opEncryptInit
+	opEncrypt
+	opEncryptUpdate
+	opEncryptFinal
+	opDecryptInit
+	opDecrypt
+	opDecryptUpdate
+	opDecryptFinal
+	opDigestInit
+	opDigest
+	opDigestUpdate
+	opDigestFinal
+	opCount
+)
+
+// request is one call. Fields unused by an op stay zero (gob does not send
+// them).
+type request struct {
+	ID      uint64
+	Op      op
+	Slot    uint
+	Session uint
+	Object  uint // object or key handle
+	Object2 uint // second key handle (WrapKey: the key wrapped)
+	N       uint // flags, user type, token present, count, length, attribute type
+	Mech    *mech
+	Attrs   []*pkcs11.Attribute
+	Attrs2  []*pkcs11.Attribute // GenerateKeyPair: the private template
+	Nested  []nestedAttr
+	Data    []byte
+	Data2   []byte
+	PIN     []byte
+}
+
+// nestedAttr is one attribute whose value is an attribute array.
+type nestedAttr struct {
+	Type  uint
+	Attrs []*pkcs11.Attribute
+}
+
+// response answers the request with the same ID.
+type response struct {
+	ID      uint64
+	RV      uint   // CKR code; 0 is CKR_OK
+	Err     string // a failure with no CKR code of its own (RV is then CKR_GENERAL_ERROR)
+	Handle  uint
+	Handle2 uint
+	Handles []uint
+	More    bool
+	Data    []byte
+	Attrs   []*pkcs11.Attribute
+
+	Info        *pkcs11.Info
+	SlotInfo    *pkcs11.SlotInfo
+	TokenInfo   *pkcs11.TokenInfo
+	MechInfo    *pkcs11.MechanismInfo
+	SessionInfo *pkcs11.SessionInfo
+}
+
+// mech is a mechanism on the wire: its type and parameter bytes as they
+// are (pkcs11.Mechanism.Parameter), or, for the parameters miekg builds
+// from Go values because they hold pointers, those values.
+type mech struct {
+	Type    uint
+	Param   []byte
+	OAEP    *pkcs11.OAEPParams
+	ECDH    *pkcs11.ECDH1DeriveParams
+	KeyWrap *pkcs11.RSAAESKeyWrapParams
+	GCM     *gcmParams
+}
+
+type gcmParams struct {
+	IV, AAD []byte
+	TagBits int
+}
+
+// mechOut converts the one mechanism of a miekg call for the wire.
+func mechOut(ms []*pkcs11.Mechanism) *mech {
+	if len(ms) != 1 || ms[0] == nil {
+		return nil
+	}
+	m := ms[0]
+	w := &mech{Type: m.Mechanism, Param: m.Parameter}
+	switch g := generatorOf(m).(type) {
+	case nil:
+	case *pkcs11.OAEPParams:
+		w.OAEP = g
+	case *pkcs11.ECDH1DeriveParams:
+		w.ECDH = g
+	case *pkcs11.RSAAESKeyWrapParams:
+		w.KeyWrap = g
+	case *pkcs11.GCMParams:
+		w.GCM = &gcmParams{
+			IV:      unexported[[]byte](g, "iv"),
+			AAD:     unexported[[]byte](g, "aad"),
+			TagBits: unexported[int](g, "tagSize"),
+		}
+	}
+	return w
+}
+
+// mechIn rebuilds a mechanism from the wire; nil when there is none.
+func mechIn(w *mech) []*pkcs11.Mechanism {
+	if w == nil {
+		return nil
+	}
+	var m *pkcs11.Mechanism
+	switch {
+	case w.OAEP != nil:
+		m = pkcs11.NewMechanism(w.Type, w.OAEP)
+	case w.ECDH != nil:
+		m = pkcs11.NewMechanism(w.Type, w.ECDH)
+	case w.KeyWrap != nil:
+		m = pkcs11.NewMechanism(w.Type, w.KeyWrap)
+	case w.GCM != nil:
+		m = pkcs11.NewMechanism(w.Type, pkcs11.NewGCMParams(w.GCM.IV, w.GCM.AAD, w.GCM.TagBits))
+	default:
+		m = &pkcs11.Mechanism{Mechanism: w.Type, Parameter: w.Param}
+	}
+	return []*pkcs11.Mechanism{m}
+}
+
+// freeMech releases the C memory miekg keeps for GCM parameters.
+func freeMech(ms []*pkcs11.Mechanism) {
+	if len(ms) == 1 {
+		if g, ok := generatorOf(ms[0]).(*pkcs11.GCMParams); ok {
+			g.Free()
+		}
+	}
+}
+
+// generatorOf returns the Go parameter value miekg keeps unexported in a
+// Mechanism made by NewMechanism with a parameter struct (it is marshalled
+// only at call time, as it holds pointers), or nil.
+func generatorOf(m *pkcs11.Mechanism) any {
+	f := reflect.ValueOf(m).Elem().FieldByName("generator")
+	if !f.IsValid() || f.Kind() != reflect.Interface {
+		return nil
+	}
+	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface()
+}
+
+// unexported reads unexported field name of *p (zero when miekg's layout
+// changed and the field is gone or of another type).
+func unexported[T any](p any, name string) T {
+	var zero T
+	f := reflect.ValueOf(p).Elem().FieldByName(name)
+	if !f.IsValid() || f.Type() != reflect.TypeOf(zero) {
+		return zero
+	}
+	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().(T)
+}
