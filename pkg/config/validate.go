@@ -15,6 +15,10 @@ import (
 	"unicode/utf8"
 )
 
+// remoteScheme starts the module path of a token served by hsmserve
+// (pkg/remote.Scheme; not imported, to keep this package free of cgo).
+const remoteScheme = "hagroup-remote:"
+
 // Limits that come from PKCS#11 (CK_TOKEN_INFO) and from our own use of
 // names in metrics labels.
 const (
@@ -234,6 +238,11 @@ func (c *Config) validateMembers(p *problems, gi int) {
 		switch {
 		case m.Module == "":
 			p.at(gi, mi, "module", "missing: the path of the member's PKCS#11 module")
+		case strings.HasPrefix(m.Module, remoteScheme):
+			// A token served by hsmserve (pkg/remote).
+			if sock, ok := strings.CutPrefix(m.Module, remoteScheme+"unix:"); !ok || !filepath.IsAbs(sock) {
+				p.at(gi, mi, "module", fmt.Sprintf("%q: a served token is %sunix:/absolute/path/of/socket", m.Module, remoteScheme))
+			}
 		case !filepath.IsAbs(m.Module):
 			p.at(gi, mi, "module", fmt.Sprintf("%q is not an absolute path", m.Module))
 		case strings.ContainsRune(m.Module, 0):

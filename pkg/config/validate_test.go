@@ -224,6 +224,11 @@ func TestValidateErrors(t *testing.T) {
 			want: []string{`t.toml:{m}: group "x": member "a": module: "libsofthsm2.so" is not an absolute path`},
 		},
 		{
+			name: "module remote without socket path",
+			doc:  "[[group]]\nlabel = \"x\"\n  [[group.member]]\n  name = \"a\"\n  module = \"hagroup-remote:unix:run/a.sock\" #m\n  token_label = \"t\"\n",
+			want: []string{`t.toml:{m}: group "x": member "a": module: "hagroup-remote:unix:run/a.sock": a served token is hagroup-remote:unix:/absolute/path/of/socket`},
+		},
+		{
 			name: "module_env bad name",
 			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  module_env = { \"A=B\" = \"c\" } #e\n",
 			want: []string{`t.toml:{e}: group "x": member "a": module_env: "A=B" is not an environment variable name`},
