@@ -1,0 +1,56 @@
+package remote_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// BenchmarkSign compares an ECDSA P-256 signature through pkg/slot on an
+// in-process SoftHSM token (direct) with one through hsmserve (remote) and
+// one through `p11-kit server` (p11kit), from one goroutine and from many;
+// random/… is the bare round trip (a 1-byte C_GenerateRandom).
+//
+//	go test -run '^$' -bench Sign -benchtime 2s ./pkg/remote
+func BenchmarkSign(b *testing.B) {
+	local := open(b, testhsm.Take(b, 1)[0], 20*time.Second)
+	srv := testhsm.ServeRemote(b, "bench")
+	rem := open(b, srv.Token(), 20*time.Second)
+	pk := open(b, testhsm.Serve(b, "bench-p11kit").Token(), 20*time.Second)
+	digest := make([]byte, 32)
+	m := pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil)
+	for _, c := range []struct {
+		name string
+		s    *slot.Slot
+	}{{"direct", local}, {"remote", rem}, {"p11kit", pk}} {
+		_, priv := genEC(b, c.s, "bench")
+		ctx := ctxT(b)
+		b.Run("sign/"+c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := c.s.Sign(ctx, m, priv, digest); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("sign-parallel/"+c.name, func(b *testing.B) {
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := c.s.Sign(ctx, m, priv, digest); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+		b.Run("random/"+c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := c.s.GenerateRandom(ctx, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
