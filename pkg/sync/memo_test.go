@@ -232,3 +232,60 @@ func plainDomainKey(t *testing.T, serial string, ss ...*slot.Slot) {
 		}
 	}
 }
+
+// TestReplicateEach: one source to several targets at once is read and
+// wrapped once; each target gets its own result, and a target that fails
+// does not stop the others.
+func TestReplicateEach(t *testing.T) {
+	log := newOpLog()
+	toks := testhsm.Take(t, 4)
+	ss := make([]*slot.Slot, len(toks))
+	for i, tok := range toks {
+		ss[i] = openSlot(t, tok, log)
+	}
+	installDomain(t, testSerial, false, ss[:3], toks[:3]) // ss[3] has none
+	src := ss[0]
+	r := &Replicator{GroupSerial: testSerial}
+	replicateWith(t, r, src, genAES(t, src, "warm-up", randomID(t)), Target{Slot: ss[1]})
+	replicateWith(t, r, src, genAES(t, src, "warm-up-2", randomID(t)), Target{Slot: ss[2]})
+
+	kp := genEC(t, src, "each", randomID(t))
+	pubs, errs := r.ReplicateEach(testContext(t), src, kp.pub, []Target{{Slot: ss[1]}, {Slot: ss[2]}})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	log.reset()
+	targets := []Target{{Slot: ss[1]}, {Slot: ss[2]}, {Slot: ss[3]}, {}}
+	hs, errs := r.ReplicateEach(testContext(t), src, kp.priv, targets)
+	for i, want := range []bool{true, true, false, false} {
+		if (errs[i] == nil) != want {
+			t.Errorf("target %d: %v, want success %v", i, errs[i], want)
+		}
+	}
+	if !errors.Is(errs[2], ErrNoDomainKey) || !strings.Contains(errs[2].Error(), ss[3].Name()) {
+		t.Errorf("target without a domain key: %v, want ErrNoDomainKey naming %s", errs[2], ss[3].Name())
+	}
+	if n := log.count(src.Name(), slot.OpWrapKey); n != 1 {
+		t.Errorf("the source was wrapped %d times, want once\n%s", n, log)
+	}
+	if n := log.count(src.Name(), slot.OpGetAttributes); n != 3 {
+		t.Errorf("%d reads on the source, want 3 (identity, material, unwrap template)\n%s", n, log)
+	}
+	if n := log.count(src.Name(), slot.OpFindObjects); n != 0 {
+		t.Errorf("%d searches on the source, want none\n%s", n, log)
+	}
+	for i, s := range ss[1:3] {
+		sameObject(t, src, kp.priv, s, hs[i])
+		sameObject(t, src, kp.pub, s, pubs[i])
+	}
+
+	// One slot twice: one after the other, the second finds the first.
+	k := genAES(t, src, "twice", randomID(t))
+	hs, errs = r.ReplicateEach(testContext(t), src, k, []Target{{Slot: ss[1]}, {Slot: ss[1]}})
+	if err := errors.Join(errs...); err != nil || hs[0] != hs[1] {
+		t.Errorf("one slot twice: handles %v, %v; want one copy", hs, err)
+	}
+	if n := len(findByLabel(t, ss[1], "twice")); n != 1 {
+		t.Errorf("%d copies on %s, want 1", n, ss[1].Name())
+	}
+}

@@ -158,17 +158,67 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // check value of a secret key); and, unless dst.Absent, one FindObjects
 // on dst.
 func (r *Replicator) Replicate(ctx context.Context, src *slot.Slot, srcH pkcs11.ObjectHandle, dst Target) (pkcs11.ObjectHandle, error) {
-	if src == nil {
-		return 0, errors.New("replicate: no source slot")
+	hs, errs := r.ReplicateEach(ctx, src, srcH, []Target{dst})
+	return hs[0], errs[0]
+}
+
+// ReplicateEach does what Replicate does, for every target at once: the
+// source is read and (a key) wrapped once for them all, since every
+// member's domain key holds the same value. Targets on different slots
+// are worked on in parallel, targets on one slot one after the other.
+// It returns, in the order of dsts, each target's handle and error (nil
+// when the copy is there).
+func (r *Replicator) ReplicateEach(ctx context.Context, src *slot.Slot, srcH pkcs11.ObjectHandle, dsts []Target) ([]pkcs11.ObjectHandle, []error) {
+	hs := make([]pkcs11.ObjectHandle, len(dsts))
+	errs := make([]error, len(dsts))
+	fail := func(err error) ([]pkcs11.ObjectHandle, []error) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return hs, errs
 	}
-	if dst.Slot == nil {
-		return 0, errors.New("replicate: no target slot")
+	if src == nil {
+		return fail(errors.New("replicate: no source slot"))
 	}
 	so, err := readIdentity(ctx, src, src.Name(), srcH)
 	if err != nil {
-		return 0, fmt.Errorf("replicate: %w", err)
+		return fail(fmt.Errorf("replicate: %w", err))
 	}
-	j := &replication{r: r, src: src, so: so, dst: dst, ds: dst.store(), dname: dst.Slot.Name()}
+	sc := newSource(r, src, so)
+	defer sc.close()
+	bySlot := map[*slot.Slot][]int{}
+	var order []*slot.Slot
+	for i, dst := range dsts {
+		if dst.Slot == nil {
+			errs[i] = errors.New("replicate: no target slot")
+			continue
+		}
+		if bySlot[dst.Slot] == nil {
+			order = append(order, dst.Slot)
+		}
+		bySlot[dst.Slot] = append(bySlot[dst.Slot], i)
+	}
+	one := func(i int) { hs[i], errs[i] = r.replicateTo(ctx, sc, dsts[i]) }
+	if len(order) == 1 {
+		for _, i := range bySlot[order[0]] {
+			one(i)
+		}
+		return hs, errs
+	}
+	var wg gosync.WaitGroup
+	for _, s := range order {
+		wg.Go(func() {
+			for _, i := range bySlot[s] {
+				one(i)
+			}
+		})
+	}
+	wg.Wait()
+	return hs, errs
+}
+
+func (r *Replicator) replicateTo(ctx context.Context, sc *source, dst Target) (pkcs11.ObjectHandle, error) {
+	j := &replication{r: r, src: sc, dst: dst, ds: dst.store(), dname: dst.Slot.Name()}
 	defer j.close()
 	h, err := j.run(ctx)
 	if err != nil {
@@ -176,62 +226,35 @@ func (r *Replicator) Replicate(ctx context.Context, src *slot.Slot, srcH pkcs11.
 		if errors.As(err, &ce) {
 			return 0, err
 		}
-		return 0, fmt.Errorf("replicate %s from %s to member %s: %w", so.Identity, src.Name(), j.dname, err)
+		return 0, fmt.Errorf("replicate %s from %s to member %s: %w", sc.id, sc.name(), j.dname, err)
 	}
 	return h, nil
 }
 
-// replication is one Replicate call's state.
+// replication is the copy to one target.
 type replication struct {
 	r     *Replicator
-	src   *slot.Slot
-	so    readResult // the source: identity and material; Fingerprint once srcFP
+	src   *source
 	dst   Target
 	ds    store
 	dname string
 
-	srcFP    bool   // so.Fingerprint and so.fpErr are computed
-	unwrapA  attrs  // the source's attributes for the unwrap template, once read
-	srcBlob  []byte // the source wrapped under the domain key
-	dkFailed bool   // an unwrap under the domain keys failed: forget them
+	dkFailed bool // an unwrap under the domain keys failed: forget them
 }
 
 func (j *replication) close() {
-	clear(j.srcBlob)
 	if j.dkFailed {
-		j.r.forgetDomainKey(j.src)
+		j.r.forgetDomainKey(j.src.slot)
 		j.r.forgetDomainKey(j.dst.Slot)
 	}
 }
 
-func (j *replication) wrapped() bool {
-	return j.so.Class == pkcs11.CKO_PRIVATE_KEY || j.so.Class == pkcs11.CKO_SECRET_KEY
-}
-
-// sourceFingerprint computes the source's fingerprint when first needed:
-// for a private EC key on SoftHSM it costs a search of the token for its
-// public half, which a copy proven by its wrapped blob does not need.
-func (j *replication) sourceFingerprint(ctx context.Context) error {
-	if j.srcFP {
-		return nil
-	}
-	fp, err := fingerprintOf(ctx, j.src, j.so.Handle, j.so.Identity, j.so.a, nil)
-	if err != nil {
-		if !errors.Is(err, ErrNoFingerprint) {
-			return fmt.Errorf("member %s: fingerprint of %s: %w", j.src.Name(), j.so.Identity, err)
-		}
-		j.so.fpErr = fmt.Errorf("member %s: fingerprint of %s: %w", j.src.Name(), j.so.Identity, err)
-	}
-	j.so.Fingerprint, j.srcFP = fp, true
-	return nil
-}
-
 func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
-	if !j.so.Token && j.dst.Session == nil {
+	if !j.src.tok && j.dst.Session == nil {
 		return 0, errors.New("it is a session object and the target has no session")
 	}
-	if j.wrapped() {
-		if err := j.r.needMechanism(ctx, j.src, pkcs11.CKF_WRAP); err != nil {
+	if j.src.wrapped() {
+		if err := j.r.needMechanism(ctx, j.src.slot, pkcs11.CKF_WRAP); err != nil {
 			return 0, err
 		}
 		if err := j.r.needMechanism(ctx, j.dst.Slot, pkcs11.CKF_UNWRAP); err != nil {
@@ -250,7 +273,7 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 			// The call may have made the object although it reported a
 			// failure (a timeout): remove whatever now carries the identity,
 			// which was absent a moment ago.
-			err = errors.Join(err, removeIdentity(ctx, j.ds, j.so.Identity))
+			err = errors.Join(err, removeIdentity(ctx, j.ds, j.src.id))
 		}
 		return 0, err
 	}
@@ -269,7 +292,7 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 // when there is none, or an error (a *ConflictError when dst holds other
 // material under the identity).
 func (j *replication) existing(ctx context.Context) (pkcs11.ObjectHandle, error) {
-	hs, err := j.ds.FindObjects(ctx, j.so.Identity.template())
+	hs, err := j.ds.FindObjects(ctx, j.src.id.template())
 	if err != nil {
 		return 0, fmt.Errorf("look for an existing copy: %w", err)
 	}
@@ -286,14 +309,15 @@ func (j *replication) existing(ctx context.Context) (pkcs11.ObjectHandle, error)
 		if err != nil {
 			return 0, fmt.Errorf("compare with the existing copy (handle %d): %w", h, err)
 		}
+		sf, sfErr := j.src.knownFingerprint()
 		switch v {
 		case same:
 			return h, nil
 		case different:
-			conflict = &ConflictError{Identity: j.so.Identity, Member: j.dname, Want: j.so.Fingerprint, Have: do.Fingerprint}
+			conflict = &ConflictError{Identity: j.src.id, Member: j.dname, Want: sf, Have: do.Fingerprint}
 		default:
 			conflict = fmt.Errorf("member %s already holds %s (handle %d) and the two cannot be compared: %w",
-				j.dname, j.so.Identity, h, errors.Join(j.so.fpErr, do.fpErr))
+				j.dname, j.src.id, h, errors.Join(sfErr, do.fpErr))
 		}
 	}
 	return 0, conflict
@@ -323,16 +347,12 @@ func removeIdentity(ctx context.Context, s store, id Identity) error {
 }
 
 func (j *replication) create(ctx context.Context) (pkcs11.ObjectHandle, error) {
-	if j.wrapped() {
+	if j.src.wrapped() {
 		return j.createWrapped(ctx)
 	}
-	types, err := copyTypes(j.so.Class, j.so.KeyType)
+	types, a, err := j.src.copyAttrs(ctx)
 	if err != nil {
 		return 0, err
-	}
-	a, err := readAttrs(ctx, j.src, j.so.Handle, types)
-	if err != nil {
-		return 0, fmt.Errorf("read the source's attributes on %s: %w", j.src.Name(), err)
 	}
 	tmpl := make([]*pkcs11.Attribute, 0, len(types))
 	for _, t := range types {
@@ -348,64 +368,20 @@ func (j *replication) create(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	return h, nil
 }
 
-// unwrapAttrs reads, once, the source's attributes that go into the unwrap
-// template (CKA_EXTRACTABLE among them).
-func (j *replication) unwrapAttrs(ctx context.Context) (attrs, error) {
-	if j.unwrapA == nil {
-		a, err := readAttrs(ctx, j.src, j.so.Handle, unwrapTypes[j.so.Class])
-		if err != nil {
-			return nil, fmt.Errorf("read the source's attributes on %s: %w", j.src.Name(), err)
-		}
-		j.unwrapA = a
-	}
-	return j.unwrapA, nil
-}
-
-// blob wraps the source under the domain key on src, once.
-func (j *replication) blob(ctx context.Context) ([]byte, error) {
-	if j.srcBlob != nil {
-		return j.srcBlob, nil
-	}
-	a, err := j.unwrapAttrs(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if !a.boolean(pkcs11.CKA_EXTRACTABLE) {
-		return nil, fmt.Errorf("the key is not extractable (CKA_EXTRACTABLE=false on %s), so it cannot be wrapped", j.src.Name())
-	}
-	var b []byte
-	err = j.r.withDomainKey(ctx, j.src, func(dk pkcs11.ObjectHandle, _ bool) error {
-		var err error
-		b, err = j.src.WrapKey(ctx, kwp, dk, j.so.Handle)
-		return err
-	})
-	if err != nil {
-		switch slot.CodeOf(err) {
-		case pkcs11.CKR_KEY_NOT_WRAPPABLE:
-			return nil, fmt.Errorf("wrap under the domain key on %s: %w (the token will not wrap this key: it may carry CKA_WRAP_WITH_TRUSTED while the domain key is not trusted, or be of a type the token cannot wrap, as EdDSA private keys on SoftHSM 2.6)", j.src.Name(), err)
-		case pkcs11.CKR_MECHANISM_INVALID:
-			return nil, &MechanismError{Member: j.src.Name(), Mechanism: wrapMechanism, Use: "wrap", Err: err}
-		}
-		return nil, fmt.Errorf("wrap under the domain key on %s: %w", j.src.Name(), err)
-	}
-	j.srcBlob = b
-	return b, nil
-}
-
 func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, error) {
-	blob, err := j.blob(ctx)
+	blob, err := j.src.wrap(ctx)
 	if err != nil {
 		return 0, err
 	}
-	a, err := j.unwrapAttrs(ctx)
+	a, err := j.src.unwrapAttrs(ctx)
 	if err != nil {
 		return 0, err
 	}
 	tmpl := []*pkcs11.Attribute{
-		pkcs11.NewAttribute(pkcs11.CKA_CLASS, j.so.Class),
-		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, j.so.KeyType),
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, j.src.id.Class),
+		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, j.src.id.KeyType),
 	}
-	for _, t := range unwrapTypes[j.so.Class] {
+	for _, t := range unwrapTypes[j.src.id.Class] {
 		if len(a[t]) == 0 {
 			continue
 		}
@@ -425,7 +401,7 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		switch slot.CodeOf(err) {
 		case pkcs11.CKR_GENERAL_ERROR:
 			j.dkFailed = true
-			return 0, fmt.Errorf("unwrap under the domain key: %w (SoftHSM's answer when the domain keys of %s and %s differ)", err, j.src.Name(), j.dname)
+			return 0, fmt.Errorf("unwrap under the domain key: %w (SoftHSM's answer when the domain keys of %s and %s differ)", err, j.src.name(), j.dname)
 		case pkcs11.CKR_MECHANISM_INVALID:
 			return 0, &MechanismError{Member: j.dname, Mechanism: wrapMechanism, Use: "unwrap", Err: err}
 		}
@@ -454,7 +430,7 @@ func override(tmpl, forced []*pkcs11.Attribute) []*pkcs11.Attribute {
 // wrapped blob, which needs neither fingerprint; the rest, and keys whose
 // blobs differ, by fingerprint (see compare).
 func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
-	if j.wrapped() {
+	if j.src.wrapped() {
 		a, err := readAttrs(ctx, j.ds, h, identTypes)
 		if err != nil {
 			return fmt.Errorf("read the copy: %w", err)
@@ -463,7 +439,7 @@ func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
 		if err != nil {
 			return fmt.Errorf("read the copy: %w", err)
 		}
-		if !id.Equal(j.so.Identity) {
+		if !id.Equal(j.src.id) {
 			return fmt.Errorf("the copy came out as %s", id)
 		}
 		v, err := j.compareWrapped(ctx, h)
@@ -479,19 +455,20 @@ func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
 	if err != nil {
 		return fmt.Errorf("read the copy: %w", err)
 	}
-	if !do.Identity.Equal(j.so.Identity) {
+	if !do.Identity.Equal(j.src.id) {
 		return fmt.Errorf("the copy came out as %s", do.Identity)
 	}
 	v, err := j.compare(ctx, do)
 	if err != nil {
 		return fmt.Errorf("check the copy: %w", err)
 	}
+	sf, sfErr := j.src.knownFingerprint()
 	switch v {
 	case different:
 		return fmt.Errorf("the copy differs from the source: fingerprint %s, the source %s",
-			FormatFingerprint(do.Fingerprint), FormatFingerprint(j.so.Fingerprint))
+			FormatFingerprint(do.Fingerprint), FormatFingerprint(sf))
 	case unknown:
-		return fmt.Errorf("the copy cannot be checked against the source: %w", errors.Join(j.so.fpErr, do.fpErr))
+		return fmt.Errorf("the copy cannot be checked against the source: %w", errors.Join(sfErr, do.fpErr))
 	}
 	j.settleCheckValue(ctx, h)
 	return nil
@@ -507,10 +484,10 @@ func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
 // source. Nothing here is an error: the copy is proven, and a key without
 // a stored check value has its fingerprint computed when listed.
 func (j *replication) settleCheckValue(ctx context.Context, h pkcs11.ObjectHandle) {
-	if j.so.Class != pkcs11.CKO_SECRET_KEY {
+	if j.src.id.Class != pkcs11.CKO_SECRET_KEY {
 		return
 	}
-	kcv := j.so.a[pkcs11.CKA_CHECK_VALUE]
+	kcv := j.src.checkValue()
 	if len(kcv) == 0 {
 		return
 	}
@@ -518,20 +495,14 @@ func (j *replication) settleCheckValue(ctx context.Context, h pkcs11.ObjectHandl
 	if err == nil || slot.CodeOf(err) != pkcs11.CKR_ATTRIBUTE_VALUE_INVALID {
 		return
 	}
-	right, err := computeKCV(ctx, j.ds, h, j.so.KeyType)
+	right, err := computeKCV(ctx, j.ds, h, j.src.id.KeyType)
 	if err != nil || bytes.Equal(right, kcv) {
 		return
 	}
-	set := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CHECK_VALUE, right)}
-	if j.ds.SetAttributes(ctx, h, set) != nil {
+	if j.ds.SetAttributes(ctx, h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CHECK_VALUE, right)}) != nil {
 		return
 	}
-	if j.src.SetAttributes(ctx, j.so.Handle, set) == nil {
-		j.so.a[pkcs11.CKA_CHECK_VALUE] = right
-		if j.srcFP {
-			j.so.Fingerprint, j.so.fpErr = right, nil
-		}
-	}
+	j.src.correctCheckValue(ctx, right)
 }
 
 type verdict int
@@ -544,12 +515,14 @@ const (
 
 // compare tells whether do on dst holds what the source holds.
 func (j *replication) compare(ctx context.Context, do readResult) (verdict, error) {
-	if err := j.sourceFingerprint(ctx); err != nil {
+	sf, _, err := j.src.fingerprint(ctx)
+	if err != nil {
 		return unknown, err
 	}
-	sf, df := j.so.Fingerprint, do.Fingerprint
+	class := j.src.id.Class
+	df := do.Fingerprint
 	if sf != nil && df != nil && !bytes.Equal(sf, df) {
-		if j.so.Class != pkcs11.CKO_SECRET_KEY {
+		if class != pkcs11.CKO_SECRET_KEY {
 			return different, nil
 		}
 		// A secret key's fingerprint may be a stored CKA_CHECK_VALUE, and
@@ -565,23 +538,23 @@ func (j *replication) compare(ctx context.Context, do readResult) (verdict, erro
 		return different, nil
 	}
 	bothKnown := sf != nil && df != nil
-	if bothKnown && (j.so.Class != pkcs11.CKO_PRIVATE_KEY || publicOnObject(ctx, j.ds, do)) {
+	if bothKnown && (class != pkcs11.CKO_PRIVATE_KEY || publicOnObject(ctx, j.ds, do)) {
 		return same, nil // the fingerprints cover the material itself
 	}
-	if !j.wrapped() {
+	if !j.src.wrapped() {
 		return unknown, nil
 	}
 	v, err := j.compareWrapped(ctx, do.Handle)
 	if err != nil || v == same {
 		return v, err
 	}
-	if v == different && j.so.Class == pkcs11.CKO_SECRET_KEY {
+	if v == different && class == pkcs11.CKO_SECRET_KEY {
 		return different, nil
 	}
-	if j.so.Class == pkcs11.CKO_PRIVATE_KEY {
+	if class == pkcs11.CKO_PRIVATE_KEY {
 		// Wrapped encodings of one private key may differ between tokens;
 		// a signature settles it.
-		switch p, err := proveCopy(ctx, j.src, j.so, j.ds, do); {
+		switch p, err := proveCopy(ctx, j.src, j.ds, do); {
 		case err != nil:
 			return unknown, err
 		case p == proofPassed:
@@ -599,7 +572,7 @@ func (j *replication) compare(ctx context.Context, do readResult) (verdict, erro
 // compareWrapped wraps h on dst under dst's domain key and compares the
 // blob with the source's: AES key wrap is deterministic.
 func (j *replication) compareWrapped(ctx context.Context, h pkcs11.ObjectHandle) (verdict, error) {
-	blob, err := j.blob(ctx)
+	blob, err := j.src.wrap(ctx)
 	if err != nil {
 		return unknown, err
 	}
@@ -637,33 +610,14 @@ const (
 	proofFailed              // it signed, for another key
 )
 
-// proveCopy checks a private key copy do against the source so by a
+// proveCopy checks a private key copy do against the source by a
 // signature that must verify under the source's public key.
-func proveCopy(ctx context.Context, src *slot.Slot, so readResult, ds store, do readResult) (proof, error) {
-	srcEnc, err := sourcePublicKey(ctx, src, so)
+func proveCopy(ctx context.Context, src *source, ds store, do readResult) (proof, error) {
+	srcEnc, err := src.publicKey(ctx)
 	if err != nil {
 		return proofNone, nil // nothing to prove against
 	}
 	return proveSigning(ctx, ds, do.Handle, srcEnc)
-}
-
-// sourcePublicKey returns the public-key encoding the source's
-// fingerprint was computed from.
-func sourcePublicKey(ctx context.Context, src *slot.Slot, so readResult) ([]byte, error) {
-	if enc, err := publicKeyEncoding(ctx, src, so.Handle, so.KeyType, so.a, false); err == nil {
-		return enc, nil
-	}
-	if len(so.ID) == 0 {
-		return nil, fmt.Errorf("%w: no public key for %s on %s", ErrNoFingerprint, so.Identity, src.Name())
-	}
-	encs, err := findPublicHalves(src)(ctx, so.KeyType, so.ID)
-	if err != nil {
-		return nil, err
-	}
-	if encs = distinct(encs); len(encs) != 1 {
-		return nil, fmt.Errorf("%w: %d public keys for %s on %s", ErrNoFingerprint, len(encs), so.Identity, src.Name())
-	}
-	return encs[0], nil
 }
 
 // proveSigning signs a random challenge with h and verifies it against
