@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -66,4 +67,15 @@ func removeBuilt() {
 		os.RemoveAll(built.dir)
 		built.dir = ""
 	}
+}
+
+// HSMServe returns the path of cmd/hsmserve built for this test binary
+// (once; removed by Main), for tests that run the server themselves.
+func HSMServe(t testing.TB) string {
+	t.Helper()
+	bin, err := hsmserveBinary()
+	if err != nil {
+		t.Fatalf("testhsm.HSMServe: %v", err)
+	}
+	return bin
 }

@@ -1,6 +1,8 @@
 // Package testhsm gives tests real SoftHSM tokens on throwaway token
-// directories, and real remote tokens served by `p11-kit server` that a test
-// can kill, stop and restart.
+// directories, and real remote tokens that a test can kill, stop and
+// restart: served by `p11-kit server` (Serve) or by hagroup's own hsmserve
+// (ServeRemote, whose transport also carries CKM_AES_KEY_WRAP_PAD and
+// CKA_UNWRAP_TEMPLATE, so keys can be replicated to it).
 //
 // SoftHSM reads its token directory once per process, at C_Initialize, so
 // the tokens of the in-process pool are made up front by Main (called from

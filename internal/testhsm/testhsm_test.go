@@ -1,14 +1,19 @@
 package testhsm_test
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
 
@@ -147,4 +152,108 @@ func procState(t *testing.T, pid int) string {
 	// pid (comm) state ...; comm may hold spaces, so cut after the last ')'.
 	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
 	return rest[:1]
+}
+
+func TestServeRemote(t *testing.T) {
+	srv := testhsm.ServeRemote(t, "remote-a")
+	tok := srv.Token()
+	if tok.Module != remote.ModulePath(srv.Socket()) || len(tok.ModuleEnv) != 0 || tok.Label != "remote-a" || tok.Serial == "" {
+		t.Fatalf("served token %+v", tok)
+	}
+	labels := func() map[string]string {
+		t.Helper()
+		c, err := remote.NewClient(tok.Module)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Initialize(); err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		defer c.Finalize()
+		ids, err := c.GetSlotList(true)
+		if err != nil {
+			t.Fatalf("GetSlotList: %v", err)
+		}
+		out := map[string]string{}
+		for _, id := range ids {
+			ti, err := c.GetTokenInfo(id)
+			if err != nil {
+				t.Fatalf("GetTokenInfo: %v", err)
+			}
+			out[strings.TrimSpace(ti.Label)] = strings.TrimSpace(ti.SerialNumber)
+		}
+		return out
+	}
+	if got := labels(); len(got) != 1 || got["remote-a"] != tok.Serial {
+		t.Fatalf("through hsmserve: %v, want remote-a with serial %s", got, tok.Serial)
+	}
+	pid := srv.PID()
+	srv.Stop()
+	if st := procState(t, pid); st != "T" {
+		t.Fatalf("server state after Stop: %s, want T", st)
+	}
+	srv.Cont()
+	srv.Kill()
+	if srv.PID() != 0 {
+		t.Fatalf("PID after Kill: %d, want 0", srv.PID())
+	}
+	srv.Restart(t)
+	if srv.PID() == 0 || srv.PID() == pid {
+		t.Fatalf("PID after Restart: %d (before %d)", srv.PID(), pid)
+	}
+	if got := labels(); got["remote-a"] != tok.Serial {
+		t.Fatalf("after Restart: %v, want the same token (serial %s)", got, tok.Serial)
+	}
+}
+
+// hsmserve exits 0 on SIGTERM and removes its socket; bad flags exit 2.
+func TestHSMServeTerm(t *testing.T) {
+	bin := testhsm.HSMServe(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	cmd := exec.Command(bin, "--module", testhsm.SoftHSMModule, "--socket", sock)
+	var out strings.Builder
+	cmd.Stderr = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("hsmserve did not listen within 15s: %v", err)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("hsmserve exited: %v: %s", err, out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("hsmserve after SIGTERM: %v (want exit 0): %s", err, out.String())
+		}
+	case <-time.After(15 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("hsmserve did not exit within 15s of SIGTERM")
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind after SIGTERM: %v", err)
+	}
+	err := exec.Command(bin, "--module", "relative.so", "--socket", sock).Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("bad --module: %v, want exit status 2", err)
+	}
 }

@@ -3,12 +3,15 @@ package remote_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
@@ -273,6 +276,38 @@ func TestRoundTrips(t *testing.T) {
 		}
 	})
 
+	t.Run("raw parameters", func(t *testing.T) {
+		// A C application's CK_GCM_PARAMS, copied as bytes as
+		// cmd/hapkcs11 does: its pointers are valid only here, so the
+		// client sends what they point at.
+		k, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+			attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_VALUE_LEN, 16), attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_DECRYPT, true)})
+		if err != nil {
+			t.Fatalf("GenerateKey: %v", err)
+		}
+		iv, aad, plain := bytes.Repeat([]byte{1}, 12), []byte("aad"), []byte("raw gcm")
+		raw := rawGCM(iv, aad, 128)
+		ct, err := s.Encrypt(ctx, &pkcs11.Mechanism{Mechanism: pkcs11.CKM_AES_GCM, Parameter: raw}, k, plain)
+		runtime.KeepAlive(iv)
+		runtime.KeepAlive(aad)
+		if err != nil {
+			t.Fatalf("Encrypt with raw CK_GCM_PARAMS: %v", err)
+		}
+		pt, err := s.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_GCM, pkcs11.NewGCMParams(iv, aad, 128)), k, ct)
+		if err != nil || !bytes.Equal(pt, plain) {
+			t.Fatalf("Decrypt: %q, %v", pt, err)
+		}
+		// A structure the client cannot decode is refused, never handed
+		// to the served module with foreign pointers in it.
+		_, err = s.Encrypt(ctx, &pkcs11.Mechanism{Mechanism: pkcs11.CKM_AES_GCM, Parameter: raw[:47]}, k, plain)
+		if slot.CodeOf(err) != pkcs11.CKR_MECHANISM_PARAM_INVALID {
+			t.Errorf("raw parameters of unknown layout: %v, want CKR_MECHANISM_PARAM_INVALID", err)
+		}
+		if _, err := s.GenerateRandom(ctx, 8); err != nil {
+			t.Errorf("the server after refusing raw pointers: %v", err)
+		}
+	})
+
 	t.Run("rsa oaep", func(t *testing.T) {
 		pub, priv, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 			[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_ENCRYPT, true),
@@ -364,4 +399,17 @@ func mustDo(t *testing.T, what string, err error) {
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// rawGCM lays out a PKCS#11 v2.40 CK_GCM_PARAMS as a C application would
+// pass it: pointers to iv and aad (kept alive by the caller).
+func rawGCM(iv, aad []byte, tagBits int) []byte {
+	b := make([]byte, 48)
+	for i, v := range []uint64{
+		uint64(uintptr(unsafe.Pointer(unsafe.SliceData(iv)))), uint64(len(iv)), uint64(8 * len(iv)),
+		uint64(uintptr(unsafe.Pointer(unsafe.SliceData(aad)))), uint64(len(aad)), uint64(tagBits),
+	} {
+		binary.NativeEndian.PutUint64(b[8*i:], v)
+	}
+	return b
 }

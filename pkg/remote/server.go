@@ -84,9 +84,15 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		return fmt.Errorf("load PKCS#11 module %s: dlopen failed or no C_GetFunctionList", s.Module)
 	}
+	// A module already initialised in this process (by pkg/slot, say) is
+	// served as it is and never finalized here.
+	foreign := false
 	if err := mc.Initialize(); err != nil {
-		mc.Destroy()
-		return fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
+		if !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
+			mc.Destroy()
+			return fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
+		}
+		foreign = true
 	}
 	fl, flErr := p11raw.FunctionList(mc, s.Module)
 	m := &served{srv: s, ctx: mc, fl: fl, flErr: flErr}
@@ -131,8 +137,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		_ = mc.Finalize()
-		mc.Destroy()
+		if !foreign {
+			_ = mc.Finalize()
+			mc.Destroy()
+		}
 	case <-time.After(closeWait):
 		// Calls hang in the module: leave it be; the process is exiting.
 	}
@@ -335,7 +343,10 @@ func (p *peer) run(q *request, r *response) error {
 	if err != nil {
 		return err
 	}
-	ms := mechIn(q.Mech)
+	ms, err := mechIn(q.Mech)
+	if err != nil {
+		return err
+	}
 	defer freeMech(ms)
 	obj := pkcs11.ObjectHandle(q.Object)
 	switch q.Op {
@@ -507,7 +518,10 @@ func (p *peer) runSlot(q *request, r *response) error {
 		}
 		return err
 	case opGetMechanismInfo:
-		ms := mechIn(q.Mech)
+		ms, err := mechIn(q.Mech)
+		if err != nil {
+			return err
+		}
 		if ms == nil {
 			return pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
 		}

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
 )
 
@@ -156,6 +157,9 @@ func mechOut(ms []*pkcs11.Mechanism) *mech {
 	w := &mech{Type: m.Mechanism, Param: m.Parameter}
 	switch g := generatorOf(m).(type) {
 	case nil:
+		if len(m.Parameter) > 0 && pointerParams[m.Mechanism] {
+			flattenRaw(w)
+		}
 	case *pkcs11.OAEPParams:
 		w.OAEP = g
 	case *pkcs11.ECDH1DeriveParams:
@@ -172,10 +176,63 @@ func mechOut(ms []*pkcs11.Mechanism) *mech {
 	return w
 }
 
+// pointerParams are the mechanisms whose parameter structure holds
+// pointers: given as raw bytes, they mean something only in the
+// application's process. The client sends the ones it can decode as
+// values (flattenRaw); the server refuses the raw bytes of all of them
+// (CKR_MECHANISM_PARAM_INVALID) rather than hand its module pointers into
+// nowhere.
+var pointerParams = map[uint]bool{
+	pkcs11.CKM_RSA_PKCS_OAEP:             true,
+	pkcs11.CKM_AES_GCM:                   true,
+	pkcs11.CKM_AES_CCM:                   true,
+	pkcs11.CKM_ECDH1_DERIVE:              true,
+	pkcs11.CKM_ECDH1_COFACTOR_DERIVE:     true,
+	pkcs11.CKM_RSA_AES_KEY_WRAP:          true,
+	pkcs11.CKM_AES_ECB_ENCRYPT_DATA:      true,
+	pkcs11.CKM_AES_CBC_ENCRYPT_DATA:      true,
+	pkcs11.CKM_DES_ECB_ENCRYPT_DATA:      true,
+	pkcs11.CKM_DES_CBC_ENCRYPT_DATA:      true,
+	pkcs11.CKM_DES3_ECB_ENCRYPT_DATA:     true,
+	pkcs11.CKM_DES3_CBC_ENCRYPT_DATA:     true,
+	pkcs11.CKM_CONCATENATE_BASE_AND_DATA: true,
+	pkcs11.CKM_CONCATENATE_DATA_AND_BASE: true,
+	pkcs11.CKM_XOR_BASE_AND_DATA:         true,
+	pkcs11.CKM_ECMQV_DERIVE:              true,
+	pkcs11.CKM_X9_42_DH_DERIVE:           true,
+}
+
+// flattenRaw replaces the raw parameter bytes of w by the values they
+// point at, for the structures it knows; others stay raw (and are refused
+// by the server).
+func flattenRaw(w *mech) {
+	switch w.Type {
+	case pkcs11.CKM_RSA_PKCS_OAEP:
+		if o, ok := p11raw.OAEPFromRaw(w.Param); ok {
+			w.OAEP, w.Param = o, nil
+		}
+	case pkcs11.CKM_AES_GCM:
+		if iv, aad, tag, ok := p11raw.GCMFromRaw(w.Param); ok {
+			w.GCM, w.Param = &gcmParams{IV: iv, AAD: aad, TagBits: tag}, nil
+		}
+	case pkcs11.CKM_ECDH1_DERIVE, pkcs11.CKM_ECDH1_COFACTOR_DERIVE:
+		if e, ok := p11raw.ECDH1FromRaw(w.Param); ok {
+			w.ECDH, w.Param = e, nil
+		}
+	}
+}
+
+// errParamPointers refuses raw parameters holding another process's
+// pointers.
+var errParamPointers = pkcs11.Error(pkcs11.CKR_MECHANISM_PARAM_INVALID)
+
 // mechIn rebuilds a mechanism from the wire; nil when there is none.
-func mechIn(w *mech) []*pkcs11.Mechanism {
+func mechIn(w *mech) ([]*pkcs11.Mechanism, error) {
 	if w == nil {
-		return nil
+		return nil, nil
+	}
+	if len(w.Param) > 0 && pointerParams[w.Type] {
+		return nil, errParamPointers
 	}
 	var m *pkcs11.Mechanism
 	switch {
@@ -190,7 +247,7 @@ func mechIn(w *mech) []*pkcs11.Mechanism {
 	default:
 		m = &pkcs11.Mechanism{Mechanism: w.Type, Parameter: w.Param}
 	}
-	return []*pkcs11.Mechanism{m}
+	return []*pkcs11.Mechanism{m}, nil
 }
 
 // freeMech releases the C memory miekg keeps for GCM parameters.

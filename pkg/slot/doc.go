@@ -4,6 +4,13 @@
 // session, a deadline on every module call, and the classification of every
 // CKR code into member health, login and request errors.
 //
+// # Modules
+//
+// A module path is the absolute path of a PKCS#11 library, loaded in this
+// process through miekg/pkcs11, or a token served by another process
+// (cmd/hsmserve), named hagroup-remote:unix:/path/of/socket (see
+// pkg/remote); such a path gets a module context of its own per Slot.
+//
 // # Deadlines
 //
 // A call into a module cannot be cancelled. Every call therefore runs on the
