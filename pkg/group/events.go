@@ -112,6 +112,12 @@ func (m *MemoryTombstones) Record(_ context.Context, t tombstone.Tombstone) erro
 	return nil
 }
 
+// Snapshot returns the tombstones recorded so far as a set, for planning
+// (pkg/recover's TombstoneSource).
+func (m *MemoryTombstones) Snapshot(context.Context) (*tombstone.Set, error) {
+	return tombstone.NewSet(m.All()...), nil
+}
+
 // All returns the tombstones recorded so far, oldest first.
 func (m *MemoryTombstones) All() []tombstone.Tombstone {
 	m.mu.Lock()

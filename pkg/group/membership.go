@@ -571,3 +571,27 @@ func (b *barrier) release() {
 	b.idle = nil
 	close(b.open)
 }
+
+// SetOrder changes the configured order of the members to names (every
+// member once). The order decides the primary: the first active member.
+func (g *Group) SetOrder(names []string) error {
+	g.memberMu.Lock()
+	defer g.memberMu.Unlock()
+	r := g.view()
+	if len(names) != len(r.members) {
+		return fmt.Errorf("group %s: SetOrder: %d names for %d members", g.label, len(names), len(r.members))
+	}
+	nr := r.clone()
+	nr.members = nr.members[:0]
+	seen := map[string]bool{}
+	for _, n := range names {
+		m, ok := r.byName[n]
+		if !ok || seen[n] {
+			return fmt.Errorf("group %s: SetOrder: %q is not a member, or is named twice", g.label, n)
+		}
+		seen[n] = true
+		nr.members = append(nr.members, m)
+	}
+	g.roster.Store(nr)
+	return nil
+}

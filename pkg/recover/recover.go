@@ -810,20 +810,25 @@ func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, pee
 // apply is enough.
 func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember, max int, final bool) (CatchUp, error) {
 	var cu CatchUp
-	var tombs hasync.Tombstones
-	if r.opts.Tombstones != nil {
-		set, err := r.opts.Tombstones.Snapshot(ctx)
-		if err != nil {
-			// Without the tombstones a destroyed key could come back.
-			return cu, fmt.Errorf("read tombstones: %w", err)
-		}
-		tombs = set
-	}
 	lacking := r.lacking()
 	members := capableFirst(append([]hasync.PlanMember{self}, peers...), lacking)
 	for cu.Passes < max {
 		cu.Passes++
+		// The mark first, then the tombstones, then the listing: a destroy
+		// finished before the mark is in the tombstones read after it
+		// (it is recorded before the destroy returns), and one finished
+		// later moves the mark. Tombstones read once for all passes would
+		// let a key destroyed during the catch-up be copied back.
 		cu.mark = r.eng.WriteMark()
+		var tombs hasync.Tombstones
+		if r.opts.Tombstones != nil {
+			set, err := r.opts.Tombstones.Snapshot(ctx)
+			if err != nil {
+				// Without the tombstones a destroyed key could come back.
+				return cu, fmt.Errorf("read tombstones: %w", err)
+			}
+			tombs = set
+		}
 		plan, err := hasync.MakePlan(ctx, members, tombs, hasync.PlanOptions{SkipUnreachable: true})
 		if err != nil {
 			return cu, fmt.Errorf("catch up: %w", err)

@@ -48,8 +48,10 @@ func (s *SyncReport) InSync() bool {
 // lack, deletes what a tombstone says was destroyed, and leaves conflicts
 // alone (they are in the report). It holds the host-wide recovery lock of
 // every member it compares, so no recovery of those members, in this
-// process or another, runs at the same time. The report's Plan also feeds
-// Status.OutOfSync.
+// process or another, runs at the same time, and the group's write
+// barrier (Engine.HoldWrites), so no object is made, destroyed or changed
+// through this process's group meanwhile; signing goes on. The report's
+// Plan also feeds Status.OutOfSync.
 func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncReport, error) {
 	r.mu.Lock()
 	closed := r.closed
@@ -95,6 +97,15 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	}
 	lacking := r.lacking()
 	members = capableFirst(members, lacking)
+	// Key management through this process's group waits while the
+	// members are compared and changed: an object half-way through its
+	// replication, or a destroy not yet recorded, would otherwise look
+	// like a difference, and applying it would copy a destroyed key back.
+	release, err := r.eng.HoldWrites(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("synchronize: %w", err)
+	}
+	defer release()
 	var tombs hasync.Tombstones
 	if r.opts.Tombstones != nil {
 		set, err := r.opts.Tombstones.Snapshot(ctx)

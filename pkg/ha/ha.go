@@ -1,0 +1,518 @@
+// Package ha is an HA group as haagent and the PKCS#11 module run it: the
+// engine (pkg/group), the automatic and manual recovery of its members
+// (pkg/recover) and its tombstone journal (pkg/sync/tombstone), wired
+// together once, with the group-level operations an operator asks for —
+// Recover, Synchronize, Status — and hot membership changes — AddMember,
+// RemoveMember, SetStandby, Update — that never drop the work of the
+// members they do not touch.
+//
+// Why a package of its own: pkg/recover drives an engine through its small
+// Engine interface (which *group.Group satisfies) and does not import
+// pkg/group; pkg/group knows nothing of recovery loops, retry budgets or
+// lock files. Each is tested alone (pkg/recover against a scripted engine
+// and against real groups). Composing them inside either would make one
+// import the other, and the arrow from recover to group (recovery drives
+// the engine) and the one from group to recover (the group offers
+// recovery) would close a cycle. So the composition lives above both, in
+// this thin package, which owns no policy: it forwards the engine's
+// member-failed events to the recoverer, opens the journal, and sequences
+// the engine's primitives (AddMember leaves a member recovering; Admit
+// catches it up and activates it under the write barrier).
+//
+// *Group embeds *group.Group: every engine operation (sessions, signing,
+// key management, the crypto.Signer) is used on it directly.
+package ha
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	gosync "sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/recover"
+	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
+)
+
+// Options are what a Group needs besides its configuration.
+type Options struct {
+	// StateDir holds the tombstone journal and the recovery lock files,
+	// in StateDir/<group serial>/, shared by the agent and every
+	// application process on the host. Empty: tombstones are kept in
+	// memory (a member that was away may bring back a key destroyed
+	// before this process started) and only this process's own guard
+	// keeps two recoveries of one member apart.
+	StateDir string
+	// Events receives the engine's events; nil drops them. It is called
+	// as group.EventSink says (synchronously, must not block).
+	Events group.EventSink
+	// RecoveryEvents receives the recoverer's events; nil drops them.
+	RecoveryEvents func(recover.Event)
+	// Interceptor is passed to every member's slot (fault injection in
+	// tests); nil in production.
+	Interceptor slot.Interceptor
+	// MaxSessions caps each member's session pool (0: pkg/slot's default).
+	MaxSessions int
+	// Clock drives the retry timers; nil: the real clock.
+	Clock recover.Clock
+	// AttemptTimeout bounds one recovery attempt; 0: recover's default.
+	AttemptTimeout time.Duration
+}
+
+// Group is an open HA group with its recovery. Safe for concurrent use.
+type Group struct {
+	*group.Group
+	rec     *recover.Recoverer
+	journal *tombstone.Journal // nil: tombstones in memory
+	tombErr error              // why the journal could not be opened
+
+	mu  gosync.Mutex // serialises Update, AddMember, RemoveMember, SetStandby
+	cfg config.Group
+	set config.Settings
+}
+
+// sink forwards the engine's events and starts the recovery of a member
+// that failed. The recoverer exists only once the group does: failures
+// before that are picked up by Resume.
+type sink struct {
+	next group.EventSink
+	rec  atomic.Pointer[recover.Recoverer]
+}
+
+func (s *sink) Event(e group.Event) {
+	if s.next != nil {
+		s.next.Event(e)
+	}
+	if e.Kind == group.MemberFailed {
+		if r := s.rec.Load(); r != nil {
+			r.MemberFailed(e.Member)
+		}
+	}
+}
+
+// Open opens group g with settings s: its members (one that is down
+// starts failed and is recovered later), its tombstone journal, and its
+// recoverer, which starts on the members failed now. Members are not
+// logged in: call Login. Open fails on an unusable configuration or when
+// ctx ends; a journal that cannot be opened is not fatal (see
+// TombstoneError).
+func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
+	h := &Group{cfg: cloneGroup(g), set: s}
+	snk := &sink{next: opts.Events}
+	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions}
+	stateDir := opts.StateDir
+	var tombs recover.TombstoneSource
+	if stateDir != "" {
+		j, err := tombstone.Open(stateDir, g.Serial, tombstone.Options{Horizon: s.TombstoneHorizon})
+		if err != nil {
+			h.tombErr = fmt.Errorf("group %s: tombstones kept in memory: %w", g.Label, err)
+			stateDir = ""
+		} else {
+			h.journal = j
+			gopts.Tombstones = j
+			tombs = j
+		}
+	}
+	if h.journal == nil {
+		mem := &group.MemoryTombstones{}
+		gopts.Tombstones = mem
+		tombs = mem
+	}
+	gr, err := group.Open(ctx, g, s, gopts)
+	if err != nil {
+		h.closeJournal()
+		return nil, err
+	}
+	h.Group = gr
+	rec, err := recover.New(recover.Options{
+		Engine:         gr,
+		StateDir:       stateDir,
+		Interval:       s.Interval,
+		Retries:        s.Retries,
+		AttemptTimeout: opts.AttemptTimeout,
+		Tombstones:     tombs,
+		Events:         opts.RecoveryEvents,
+		Clock:          opts.Clock,
+	})
+	if err != nil {
+		gr.Close()
+		h.closeJournal()
+		return nil, fmt.Errorf("group %s: recovery: %w", g.Label, err)
+	}
+	h.rec = rec
+	snk.rec.Store(rec)
+	rec.Resume()
+	return h, nil
+}
+
+func cloneGroup(g config.Group) config.Group {
+	g.Members = slices.Clone(g.Members)
+	return g
+}
+
+// TombstoneError says why the tombstone journal could not be opened in
+// the state directory (tombstones are then kept in memory); nil when it
+// was, or when no state directory was given.
+func (h *Group) TombstoneError() error { return h.tombErr }
+
+// Recoverer returns the group's recoverer.
+func (h *Group) Recoverer() *recover.Recoverer { return h.rec }
+
+// Recover recovers member name now: a failed member, including one whose
+// automatic attempts ran out (see recover.Recoverer.Recover).
+func (h *Group) Recover(ctx context.Context, name string) (recover.Result, error) {
+	if _, ok := h.Member(name); !ok {
+		return recover.Result{Member: name, Manual: true}, fmt.Errorf("group %s: recover member %q: %w", h.Label(), name, group.ErrUnknownMember)
+	}
+	return h.rec.Recover(ctx, name)
+}
+
+// Synchronize compares the serving members and, unless opts.Check, makes
+// them equal (see recover.Recoverer.Synchronize). opts.Prune is
+// destructive.
+func (h *Group) Synchronize(ctx context.Context, opts recover.SyncOptions) (*recover.SyncReport, error) {
+	return h.rec.Synchronize(ctx, opts)
+}
+
+// Status is a snapshot of the group with the recovery state of each
+// member.
+type Status struct {
+	Label        string `json:"label"`
+	Serial       string `json:"serial"`
+	Policy       string `json:"policy"`
+	RecoveryMode string `json:"recovery_mode"`
+	LoggedIn     bool   `json:"logged_in"`
+	// Primary is the member key management runs on ("" when none is
+	// active).
+	Primary  string `json:"primary,omitempty"`
+	Active   int    `json:"active"`
+	Standby  int    `json:"standby"`
+	Failed   int    `json:"failed"` // failed or recovering
+	Sessions int    `json:"sessions"`
+	// TombstonesInMemory reports that destroys are not journalled on disk
+	// (TombstoneError says why).
+	TombstonesInMemory bool           `json:"tombstones_in_memory"`
+	Members            []MemberStatus `json:"members"`
+}
+
+// Degraded reports whether some member is not serving.
+func (s Status) Degraded() bool { return s.Failed > 0 }
+
+// OutOfSync reports whether some member is known to differ from the
+// others.
+func (s Status) OutOfSync() bool {
+	for _, m := range s.Members {
+		if m.OutOfSync > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// MemberStatus is one member: the engine's figures (state, since when,
+// work, health errors, missing mechanisms) and its recovery.
+type MemberStatus struct {
+	member.Snapshot
+	Primary bool `json:"primary"`
+	// Recovering reports whether a recovery attempt runs now (in this
+	// process).
+	Recovering bool `json:"recovering"`
+	// AutoRecovery reports whether automatic attempts are scheduled.
+	AutoRecovery bool `json:"auto_recovery"`
+	// GaveUp reports whether the automatic attempts ran out: the member
+	// stays failed until a manual Recover.
+	GaveUp bool `json:"gave_up"`
+	// Attempts made in the current (or last) episode of automatic
+	// recovery, and AttemptsLeft (-1: without limit).
+	Attempts     int       `json:"attempts"`
+	AttemptsLeft int       `json:"attempts_left"`
+	LastAttempt  time.Time `json:"last_attempt,omitzero"`
+	NextAttempt  time.Time `json:"next_attempt,omitzero"`
+	// LastAttemptError is why the last attempt failed ("" after a
+	// success).
+	LastAttemptError string    `json:"last_attempt_error,omitempty"`
+	LastRecovered    time.Time `json:"last_recovered,omitzero"`
+	// OutOfSync is how many objects the member lacks, holds in excess or
+	// holds in conflict: as the last plan that listed it found (at
+	// CheckedAt: a recovery or Synchronize), plus the keys made since
+	// that could not be replicated to it (Unreplicated). A member that is
+	// down also misses what was made since it failed, which only its
+	// recovery can count.
+	OutOfSync int       `json:"out_of_sync"`
+	CheckedAt time.Time `json:"checked_at,omitzero"`
+	// Conflicts involving the member found by its last recovery attempt.
+	Conflicts []hasync.Conflict `json:"conflicts,omitempty"`
+	// Unreplicated are keys made since the member was last caught up
+	// that it could not receive (it lacks CKM_AES_KEY_WRAP_PAD).
+	Unreplicated []group.Unreplicated `json:"unreplicated,omitempty"`
+}
+
+// Status returns a snapshot of the group and its members' recovery.
+func (h *Group) Status() Status {
+	gs := h.Group.Status()
+	st := Status{
+		Label: gs.Label, Serial: gs.Serial, Policy: gs.Policy, RecoveryMode: gs.RecoveryMode,
+		LoggedIn: gs.LoggedIn, Primary: gs.Primary, Active: gs.Active, Standby: gs.Standby,
+		Failed: gs.Failed, Sessions: gs.Sessions, TombstonesInMemory: h.journal == nil,
+	}
+	for _, snap := range gs.Members {
+		rs := h.rec.Status(snap.Name)
+		ms := MemberStatus{
+			Snapshot:      snap,
+			Primary:       snap.Name == gs.Primary,
+			Recovering:    rs.InProgress,
+			AutoRecovery:  rs.Auto,
+			GaveUp:        rs.GaveUp,
+			Attempts:      rs.Attempts,
+			AttemptsLeft:  rs.AttemptsLeft,
+			LastAttempt:   rs.LastAttempt,
+			NextAttempt:   rs.NextAttempt,
+			LastRecovered: rs.LastRecovered,
+			OutOfSync:     rs.OutOfSync,
+			CheckedAt:     rs.CheckedAt,
+			Conflicts:     rs.Conflicts,
+			Unreplicated:  h.Unreplicated(snap.Name),
+		}
+		if rs.LastError != nil {
+			ms.LastAttemptError = rs.LastError.Error()
+		}
+		for _, u := range ms.Unreplicated {
+			if u.Time.After(rs.CheckedAt) {
+				ms.OutOfSync++
+			}
+		}
+		st.Members = append(st.Members, ms)
+	}
+	return st
+}
+
+// AddMember adds member mc to the running group and brings it into
+// rotation: its token is opened and logged in, every object the group
+// holds is copied to it (and what tombstones say was destroyed is removed
+// from it), and only then does it take work — under the write barrier, so
+// that no key made meanwhile is missed. The members already there keep
+// working throughout. If the member cannot be brought in now, it stays in
+// the group as failed, automatic recovery takes it from there, and the
+// error says why.
+func (h *Group) AddMember(ctx context.Context, mc config.Member) (recover.Result, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.addMember(ctx, mc)
+}
+
+func (h *Group) addMember(ctx context.Context, mc config.Member) (recover.Result, error) {
+	if err := h.Group.AddMember(ctx, mc); err != nil {
+		if _, in := h.Member(mc.Name); in {
+			h.noteMember(mc)
+		}
+		return recover.Result{Member: mc.Name, Manual: true, Admitted: true}, err
+	}
+	h.noteMember(mc)
+	res, err := h.rec.Admit(ctx, mc.Name)
+	if err != nil {
+		return res, fmt.Errorf("group %s: member %s added but not in rotation yet (automatic recovery retries it): %w", h.Label(), mc.Name, err)
+	}
+	return res, nil
+}
+
+// noteMember records mc in the group's configuration copy.
+func (h *Group) noteMember(mc config.Member) {
+	for i := range h.cfg.Members {
+		if h.cfg.Members[i].Name == mc.Name {
+			h.cfg.Members[i] = mc
+			return
+		}
+	}
+	h.cfg.Members = append(h.cfg.Members, mc)
+}
+
+// RemoveMember takes member name out of the running group once the work
+// in flight on it has ended (see group.Group.RemoveMember); its automatic
+// recovery stops.
+func (h *Group) RemoveMember(ctx context.Context, name string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.removeMember(ctx, name)
+}
+
+func (h *Group) removeMember(ctx context.Context, name string) error {
+	if err := h.Group.RemoveMember(ctx, name); err != nil {
+		return err
+	}
+	h.rec.Forget(name)
+	h.cfg.Members = slices.DeleteFunc(h.cfg.Members, func(m config.Member) bool { return m.Name == name })
+	return nil
+}
+
+// SetStandby makes member name a standby or an active member (see
+// group.Group.SetStandby).
+func (h *Group) SetStandby(name string, standby bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.Group.SetStandby(name, standby); err != nil {
+		return err
+	}
+	for i := range h.cfg.Members {
+		if h.cfg.Members[i].Name == name {
+			h.cfg.Members[i].Standby = standby
+		}
+	}
+	return nil
+}
+
+// ErrReopen is returned by Update for a change the running group cannot
+// take: a new serial, command_timeout, keygen_timeout, failure_threshold
+// or tombstone_horizon. Close the group and open it again.
+var ErrReopen = errors.New("change needs the group reopened")
+
+// Update brings the running group to configuration g with settings s
+// without disturbing what did not change: members added (caught up before
+// they take work), removed (after their work in flight ended), changed
+// (token, module or PIN source: removed and added again) or moved to or
+// from standby; the configured order; the policy, recovery mode, retry
+// count and interval. It returns one line per change. A change it cannot
+// make in place gives ErrReopen before anything is changed. A member
+// that cannot be brought in now stays in the group as failed (its line
+// says so) and is recovered automatically.
+func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) ([]string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g.Label != h.cfg.Label || g.Serial != h.cfg.Serial {
+		return nil, fmt.Errorf("group %s: label or serial changed: %w", h.Label(), ErrReopen)
+	}
+	old := h.set
+	fixed := old
+	fixed.Policy, fixed.RecoveryMode, fixed.Retries, fixed.Interval = s.Policy, s.RecoveryMode, s.Retries, s.Interval
+	fixed.ProbeInterval, fixed.Only = s.ProbeInterval, s.Only // not the engine's
+	if fixed != s {
+		return nil, fmt.Errorf("group %s: command_timeout, keygen_timeout, failure_threshold or tombstone_horizon changed: %w", h.Label(), ErrReopen)
+	}
+	if len(g.Members) == 0 {
+		return nil, fmt.Errorf("group %s: no members", h.Label())
+	}
+	var lines []string
+	if s.Policy != old.Policy {
+		if err := h.SetPolicy(s.Policy); err != nil {
+			return lines, err
+		}
+		lines = append(lines, fmt.Sprintf("policy %s", h.Group.Status().Policy))
+	}
+	if s.RecoveryMode != old.RecoveryMode {
+		if err := h.SetRecoveryMode(s.RecoveryMode); err != nil {
+			return lines, err
+		}
+		lines = append(lines, "recovery mode "+h.RecoveryMode())
+	}
+	if s.Retries != old.Retries || s.Interval != old.Interval {
+		if err := h.rec.Reconfigure(s.Interval, s.Retries); err != nil {
+			return lines, fmt.Errorf("group %s: %w", h.Label(), err)
+		}
+		lines = append(lines, fmt.Sprintf("recovery retries %d every %v", s.Retries, s.Interval))
+	}
+	h.set = s
+
+	want := map[string]config.Member{}
+	for _, m := range g.Members {
+		want[m.Name] = m
+	}
+	// Removed and changed members go first, so that a member renamed in
+	// place frees its token before its new self opens it.
+	var readd []config.Member
+	for _, om := range slices.Clone(h.cfg.Members) {
+		nm, keep := want[om.Name]
+		switch {
+		case !keep:
+			if err := h.removeMember(ctx, om.Name); err != nil {
+				return lines, err
+			}
+			lines = append(lines, fmt.Sprintf("member %s removed", om.Name))
+		case !sameToken(om, nm):
+			if err := h.removeMember(ctx, om.Name); err != nil {
+				return lines, err
+			}
+			readd = append(readd, nm)
+		case om.Standby != nm.Standby:
+			if err := h.Group.SetStandby(om.Name, nm.Standby); err != nil {
+				return lines, err
+			}
+			h.noteMember(nm)
+			if nm.Standby {
+				lines = append(lines, fmt.Sprintf("member %s is a standby", om.Name))
+			} else {
+				lines = append(lines, fmt.Sprintf("member %s is active (no longer a standby)", om.Name))
+			}
+		}
+	}
+	for _, nm := range g.Members {
+		_, had := h.Member(nm.Name)
+		isReadd := slices.ContainsFunc(readd, func(m config.Member) bool { return m.Name == nm.Name })
+		if had && !isReadd {
+			continue
+		}
+		verb := "added"
+		if isReadd {
+			verb = "changed (re-added)"
+		}
+		res, err := h.addMember(ctx, nm)
+		switch {
+		case err != nil:
+			if _, in := h.Member(nm.Name); !in {
+				return lines, err
+			}
+			lines = append(lines, fmt.Sprintf("member %s %s, not in rotation yet: %v", nm.Name, verb, err))
+		default:
+			lines = append(lines, fmt.Sprintf("member %s %s and caught up (copied %d, deleted %d)", nm.Name, verb, res.CatchUp.Copied, res.CatchUp.Deleted))
+		}
+	}
+	order := make([]string, len(g.Members))
+	for i, m := range g.Members {
+		order[i] = m.Name
+	}
+	if !slices.Equal(order, h.names()) {
+		if err := h.SetOrder(order); err != nil {
+			return lines, err
+		}
+		lines = append(lines, "member order "+fmt.Sprint(order))
+	}
+	h.cfg = cloneGroup(g)
+	return lines, nil
+}
+
+// names returns the members' names in configured order.
+func (h *Group) names() []string {
+	var out []string
+	for _, m := range h.Members() {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// sameToken reports whether two configurations of a member name the same
+// token the same way (everything but the standby flag).
+func sameToken(a, b config.Member) bool {
+	a.Standby, b.Standby = false, false
+	return reflect.DeepEqual(a, b)
+}
+
+// Close stops recovery, closes the group (waiting for the work in flight)
+// and the journal.
+func (h *Group) Close() error {
+	errs := []error{h.rec.Close(), h.Group.Close()}
+	errs = append(errs, h.closeJournal())
+	return errors.Join(errs...)
+}
+
+func (h *Group) closeJournal() error {
+	if h.journal == nil {
+		return nil
+	}
+	return h.journal.Close()
+}
