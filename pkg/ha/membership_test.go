@@ -168,4 +168,3 @@ func TestAddMemberCatchesUpBeforeWork(t *testing.T) {
 		t.Errorf("%d MemberAdded events, want 1", n)
 	}
 }
-
