@@ -174,6 +174,10 @@ func (c *Client) call(req *request) (*response, error) {
 	if cn == nil {
 		return nil, errNotInitialized
 	}
+	if !encodable(req) {
+		// gob cannot carry a nil attribute; the module would refuse it.
+		return nil, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
+	}
 	ch := make(chan *response, 1)
 	cn.pmu.Lock()
 	if cn.broken != nil {
@@ -568,4 +572,26 @@ func orProtocol(err error) error {
 		return err
 	}
 	return protocolError("response without its result")
+}
+
+// encodable reports whether req has no nil attribute: a request that gob
+// cannot encode must be refused before it reaches the connection.
+func encodable(req *request) bool {
+	ok := func(as []*pkcs11.Attribute) bool {
+		for _, a := range as {
+			if a == nil {
+				return false
+			}
+		}
+		return true
+	}
+	if !ok(req.Attrs) || !ok(req.Attrs2) {
+		return false
+	}
+	for _, n := range req.Nested {
+		if !ok(n.Attrs) {
+			return false
+		}
+	}
+	return true
 }

@@ -175,3 +175,34 @@ func TestServeOneTokenInProcess(t *testing.T) {
 		t.Errorf("the local slot after serving its module: %v", err)
 	}
 }
+
+// A request the client cannot encode fails alone; the connection stays.
+func TestBadRequestKeepsConnection(t *testing.T) {
+	srv := testhsm.ServeRemote(t, "badreq")
+	c, err := remote.NewClient(srv.Token().Module)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Initialize(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Finalize()
+	ids, err := c.GetSlotList(true)
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("GetSlotList: %v, %v", ids, err)
+	}
+	sh, err := c.OpenSession(ids[0], pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateObject(sh, []*pkcs11.Attribute{nil}); !errors.Is(err, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)) {
+		t.Errorf("nil attribute: %v, want CKR_ARGUMENTS_BAD", err)
+	}
+	if _, err := c.GenerateRandom(sh, 4); err != nil {
+		t.Errorf("after a bad request: %v", err)
+	}
+	// A session handle the connection did not open is invalid for it.
+	if err := c.CloseSession(sh + 1000); !errors.Is(err, pkcs11.Error(pkcs11.CKR_SESSION_HANDLE_INVALID)) {
+		t.Errorf("foreign session handle: %v, want CKR_SESSION_HANDLE_INVALID", err)
+	}
+}
