@@ -12,7 +12,8 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 8)) }
+// 5 tokens a run: room for -count=3 and the benchmark.
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 20)) }
 
 // ctxT returns a context bounded by the test's deadline and 60 s.
 func ctxT(t testing.TB) context.Context {
