@@ -23,7 +23,7 @@ deps:
 
 build: deps
 	@mkdir -p $(BIN)
-	@for c in hactl haagent hademo haload; do \
+	@for c in hactl haagent hsmserve hademo haload; do \
 		if [ -d cmd/$$c ]; then $(GO) build -trimpath -o $(BIN)/$$c ./cmd/$$c || exit 1; fi; \
 	done
 	@if [ -d cmd/hapkcs11 ]; then $(MAKE) --no-print-directory $(BIN)/libhapkcs11.so; fi
