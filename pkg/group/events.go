@@ -43,6 +43,9 @@ const (
 	// ConflictFound: two different keys share one identity; the group
 	// refuses to use either until an operator resolves it.
 	ConflictFound EventKind = "conflict_found"
+	// MemberLeaving: RemoveMember took a member out of rotation; it is
+	// removed (MemberRemoved) once its work in flight has ended.
+	MemberLeaving EventKind = "member_leaving"
 	// MemberAdded: a member joined the open group (To: recovering until
 	// it is caught up, or failed when its token could not be opened).
 	MemberAdded EventKind = "member_added"

@@ -94,6 +94,7 @@ type setupOpts struct {
 	noDomain    bool
 	untrusted   bool
 	toks        []testhsm.Token // use these instead of fresh pool tokens
+	mode        string          // recovery mode (default activeBasic)
 }
 
 func memberCfg(tok testhsm.Token) config.Member {
@@ -131,6 +132,9 @@ func setup(t testing.TB, o setupOpts) *fixture {
 	}
 	if o.threshold > 0 {
 		set.FailureThreshold = o.threshold
+	}
+	if o.mode != "" {
+		set.RecoveryMode = o.mode
 	}
 	f := &fixture{toks: toks, cfg: cfg, set: set, events: newEventLog(), tombs: &MemoryTombstones{}}
 	g, err := Open(testContext(t), cfg, set, Options{Events: f.events, Interceptor: o.interceptor, Tombstones: f.tombs})

@@ -178,6 +178,7 @@ func (g *Group) RemoveMember(ctx context.Context, name string) error {
 	g.roster.Store(nr)
 	g.retiring.add(m.Index())
 	g.memberMu.Unlock()
+	g.emit(Event{Kind: MemberLeaving, Member: name, From: m.State()})
 	if m.State() == member.Active {
 		g.ensureActive() // it may have been the last active one
 	}
