@@ -471,8 +471,9 @@ func ulong(b []byte) uint {
 
 // Find returns the virtual handles of the objects matching tmpl that the
 // current login can see. A non-empty template is searched on one healthy
-// member (with failover) and the results mapped to the other members
-// lazily, when first used there. An empty template ("find all") lists every
+// member (with failover; a member lacking MechWrapPad, which lacks the
+// keys it could not be sent, only when no other serves) and the results
+// mapped to the other members lazily, when first used there. An empty template ("find all") lists every
 // serving member once, in parallel, and joins the listings on identity, so
 // its cost is one listing per member, not a look-up per object per member.
 // Objects whose identity is shared by different key material are reported
@@ -481,8 +482,16 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 	if len(tmpl) == 0 {
 		return g.findAll(ctx)
 	}
+	// A member that cannot take wrapped keys lacks some: search it only
+	// when no other member serves.
+	var avoid memberSet
+	for _, m := range g.view().members {
+		if m.Lacks(MechWrapPad) {
+			avoid.add(m.Index())
+		}
+	}
 	var out []ObjectHandle
-	err := g.run(ctx, "FindObjects", nil, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
+	err := g.runAvoiding(ctx, "FindObjects", nil, avoid, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
 		hs, err := s.FindObjects(ctx, tmpl)
 		if err != nil {
 			return err

@@ -185,6 +185,12 @@ type attempt func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs
 // does not hold the object is skipped without charge. The caller sees
 // success while one member that holds the objects lives.
 func (g *Group) run(ctx context.Context, op string, objs []*vobject, fn attempt) error {
+	return g.runAvoiding(ctx, op, objs, 0, fn)
+}
+
+// runAvoiding is run that tries the members in avoid only when no other
+// member can serve.
+func (g *Group) runAvoiding(ctx context.Context, op string, objs []*vobject, avoid memberSet, fn attempt) error {
 	if err := g.gate.enter(); err != nil {
 		return err
 	}
@@ -210,7 +216,11 @@ func (g *Group) run(ctx context.Context, op string, objs []*vobject, fn attempt)
 		if err := ctx.Err(); err != nil {
 			return opErr(op, "", err)
 		}
-		m := g.pick(skip)
+		m := g.pick(skip | avoid)
+		if m == nil && avoid != 0 {
+			avoid = 0
+			continue
+		}
 		if m == nil {
 			if absent && lastHealth == nil && !retriedAbsent {
 				// Every live member said "not here" from its cache: look
