@@ -82,19 +82,23 @@ func (d *demo) clearProgress() {
 	}
 }
 
-// show shortens the demo's own paths in what it prints.
+// show shortens the demo's own paths in what it prints. Socket addresses
+// must stay absolute: they are shown under $PWD.
 func (d *demo) show(s string) string {
-	r := strings.NewReplacer(
-		d.o.bin+"/", relTo(d.cwd, d.o.bin)+"/",
-		d.o.out, relTo(d.cwd, d.o.out),
+	out := relTo(d.cwd, d.o.out)
+	pairs := []string{
+		"unix:path=" + d.o.out, "unix:path=$PWD/" + out,
+		"unix:" + d.o.out, "unix:$PWD/" + out,
+		"--socket " + d.o.out, "--socket $PWD/" + out,
+		d.o.bin + "/", relTo(d.cwd, d.o.bin) + "/",
+		d.o.out, out,
 		load.P11KitClient, "p11-kit-client.so",
 		load.SoftHSMModule, "libsofthsm2.so",
-	)
-	if d.sockDir != "" {
-		r = strings.NewReplacer(d.o.bin+"/", relTo(d.cwd, d.o.bin)+"/", d.o.out, relTo(d.cwd, d.o.out),
-			d.sockDir, "$SOCKDIR", load.P11KitClient, "p11-kit-client.so", load.SoftHSMModule, "libsofthsm2.so")
 	}
-	return r.Replace(s)
+	if d.sockDir != "" {
+		pairs = append([]string{d.sockDir, "$SOCKDIR"}, pairs...)
+	}
+	return strings.NewReplacer(pairs...).Replace(s)
 }
 
 func relTo(base, p string) string {
@@ -239,9 +243,13 @@ func (d *demo) makeTokens(ctx context.Context) error {
 	return err
 }
 
-// startServers serves each token with its own p11-kit server.
+// startServers serves each token with its own server process.
 func (d *demo) startServers(ctx context.Context) error {
-	d.title("2. Each HSM behind its own server process, so that it can really die")
+	d.title("2. Each HSM behind its own server process (%s), so that it can really die", d.o.server)
+	if d.o.server == load.HSMServe {
+		d.say("hsmserve is hagroup's token server: a member reaches it by the module path hagroup-remote:unix:SOCKET,")
+		d.say("which carries every PKCS#11 call, the key wrapping that replicates private keys included.")
+	}
 	sockDir := d.o.out
 	if len(sockDir) > 80 {
 		dir, err := os.MkdirTemp("", "hademo-")
@@ -256,8 +264,9 @@ func (d *demo) startServers(ctx context.Context) error {
 		return err
 	}
 	for _, m := range plan() {
-		s, err := load.NewServer(d.reg, m.name, m.label, filepath.Join(sockDir, m.name+".sock"), d.softConf,
-			filepath.Join(logs, m.name+"-server.log"))
+		s, err := load.NewServer(d.reg, load.ServerSpec{Kind: d.o.server, Bin: filepath.Join(d.o.bin, "hsmserve"),
+			Member: m.name, Label: m.label, Sock: filepath.Join(sockDir, m.name+".sock"), SoftConf: d.softConf,
+			Log: filepath.Join(logs, m.name+"-server.log")})
 		if err != nil {
 			return err
 		}
@@ -265,8 +274,7 @@ func (d *demo) startServers(ctx context.Context) error {
 			return err
 		}
 		d.servers = append(d.servers, s)
-		d.say("$ p11-kit server -n %s --provider libsofthsm2.so pkcs11:token=%s &    # %s, pid %d",
-			d.show(s.Sock), m.label, m.name, s.PID())
+		d.say("$ %s &    # %s, pid %d", d.show(s.Command()), m.name, s.PID())
 	}
 	return nil
 }
@@ -303,8 +311,11 @@ command_timeout = "5s"    # a call that hangs longer fails its member
 	}
 	for i, m := range plan() {
 		s := d.servers[i]
-		member := []string{"--name", m.name, "--token-label", m.label, "--module", load.P11KitClient,
-			"--module-env", "P11_KIT_SERVER_ADDRESS=" + s.Address(), "--pin-file", d.userFile}
+		member := []string{"--name", m.name, "--token-label", m.label, "--module", s.Module()}
+		for k, v := range s.ModuleEnv() {
+			member = append(member, "--module-env", k+"="+v)
+		}
+		member = append(member, "--pin-file", d.userFile)
 		var args []string
 		if i == 0 {
 			args = append([]string{"hagroup", "creategroup", "--label", groupLabel, "--serial", groupSerial}, member...)
@@ -330,6 +341,11 @@ command_timeout = "5s"    # a call that hangs longer fails its member
 // operator provisioning HSMs on their own network would do the same.
 func (d *demo) installDomain(ctx context.Context) error {
 	d.title("4. The group's domain key: the same AES-256 key on every member, to replicate private keys under")
+	if d.o.server == load.HSMServe {
+		d.provConf = d.conf
+		_, _, err := d.hactl(ctx, nil, "hagroup", "domain", "--group", groupLabel, "--install", "--so-pin-file", d.soFile)
+		return err
+	}
 	cfg, err := config.Load(d.conf)
 	if err != nil {
 		return err
@@ -369,11 +385,13 @@ func (d *demo) makeKey(ctx context.Context) error {
 	// The PIN reaches pkcs11-tool in its environment (--pin env:HA_PIN),
 	// never on its command line; it is not shown.
 	keygen := command{
-		env:  []string{"HAGROUP_CONF=" + d.provConf},
 		path: "pkcs11-tool",
 		args: []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "--slot", fmt.Sprint(slotID),
 			"--login", "--pin", "env:HA_PIN", "--keypairgen", "--key-type", "EC:prime256v1",
 			"--label", keyLabel, "--id", keyID},
+	}
+	if d.provConf != d.conf {
+		keygen.env = []string{"HAGROUP_CONF=" + d.provConf}
 	}
 	d.env = append(d.env, pinEnv)
 	defer func() { d.env = d.env[:len(d.env)-1] }()
@@ -383,26 +401,47 @@ func (d *demo) makeKey(ctx context.Context) error {
 	d.say("")
 	d.say("The key on every member, listed through that member's own server:")
 	points := map[string]string{}
+	listing := func(l string) (string, bool) {
+		t := strings.TrimSpace(l)
+		switch {
+		case strings.Contains(t, "Key Object"):
+			return t, true
+		case strings.HasPrefix(t, "label:") || strings.HasPrefix(t, "ID:"):
+			return "  " + t, true
+		case strings.HasPrefix(t, "EC_POINT:"):
+			p := strings.TrimSpace(strings.TrimPrefix(t, "EC_POINT:"))
+			return "  EC_POINT:   " + p[:min(24, len(p))] + "…", true
+		}
+		return "", false
+	}
+	var memberSlots map[string]string
+	if d.o.server == load.HSMServe {
+		// libhapkcs11.so lists each member's own token too (only = false),
+		// reached through the member's module: here, its hsmserve.
+		out, _, err := d.exec(ctx, command{path: "pkcs11-tool", args: []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "-L"},
+			filter: func(l string) (string, bool) { return l, strings.HasPrefix(l, "Slot ") }})
+		if err != nil {
+			return err
+		}
+		memberSlots = parseMemberSlots(out)
+	}
 	for i, m := range plan() {
 		var point string
-		out, _, err := d.exec(ctx, command{
-			env:  []string{"P11_KIT_SERVER_ADDRESS=" + d.servers[i].Address()},
-			path: "pkcs11-tool",
-			args: []string{"--module", load.P11KitClient, "--token-label", m.label, "--login", "--pin", "env:HA_PIN", "--list-objects"},
-			filter: func(l string) (string, bool) {
-				t := strings.TrimSpace(l)
-				switch {
-				case strings.Contains(t, "Key Object"):
-					return t, true
-				case strings.HasPrefix(t, "label:") || strings.HasPrefix(t, "ID:"):
-					return "  " + t, true
-				case strings.HasPrefix(t, "EC_POINT:"):
-					p := strings.TrimSpace(strings.TrimPrefix(t, "EC_POINT:"))
-					return "  EC_POINT:   " + p[:min(24, len(p))] + "…", true
-				}
-				return "", false
-			},
-		})
+		c := command{
+			env:    []string{"P11_KIT_SERVER_ADDRESS=" + d.servers[i].Address()},
+			path:   "pkcs11-tool",
+			args:   []string{"--module", load.P11KitClient, "--token-label", m.label, "--login", "--pin", "env:HA_PIN", "--list-objects"},
+			filter: listing,
+		}
+		if d.o.server == load.HSMServe {
+			id, ok := memberSlots[m.name]
+			if !ok {
+				return fmt.Errorf("libhapkcs11.so lists no slot for member %s", m.name)
+			}
+			c.env = nil
+			c.args = []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "--slot", id, "--login", "--pin", "env:HA_PIN", "--list-objects"}
+		}
+		out, _, err := d.exec(ctx, c)
 		if err != nil {
 			return err
 		}
@@ -495,4 +534,25 @@ func memberState(rep agent.GroupsReport, name string) string {
 func jsonLine(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// parseMemberSlots maps member names to slot IDs in `pkcs11-tool -L` output
+// of libhapkcs11.so ("Slot 3 (0x40a1b2c3): hagroup member hsm-a of demo").
+func parseMemberSlots(out string) map[string]string {
+	slots := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		open, close := strings.Index(l, "("), strings.Index(l, ")")
+		if !strings.HasPrefix(l, "Slot ") || open < 0 || close < open {
+			continue
+		}
+		rest := strings.TrimSpace(l[close+1:])
+		rest = strings.TrimPrefix(rest, ":")
+		name, ok := strings.CutPrefix(strings.TrimSpace(rest), "hagroup member ")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(name, " of ")
+		slots[name] = l[open+1 : close]
+	}
+	return slots
 }

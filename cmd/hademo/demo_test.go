@@ -93,8 +93,9 @@ func TestDrawFailover(t *testing.T) {
 }
 
 // TestDemo runs the whole demo, shortened, from freshly built binaries,
-// twice in a row in the same directory, and checks the story held and
-// that nothing it started is left running.
+// twice in a row in the same directory (members served by hsmserve, then
+// by p11-kit server), and checks the story held and that nothing it
+// started is left running.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs real servers")
@@ -113,11 +114,12 @@ func TestDemo(t *testing.T) {
 			t.Fatalf("go build %v: %v\n%s", args, err, out)
 		}
 	}
-	build("-o", bin, "./cmd/hactl", "./cmd/haagent", "./cmd/hademo")
+	build("-o", bin, "./cmd/hactl", "./cmd/haagent", "./cmd/hademo", "./cmd/hsmserve")
 	build("-buildmode=c-shared", "-o", filepath.Join(bin, "libhapkcs11.so"), "./cmd/hapkcs11")
 	work := t.TempDir()
-	for run := 1; run <= 2; run++ {
-		cmd := exec.CommandContext(ctx, filepath.Join(bin, "hademo"), "-phase", "1500ms", "-quiet", "-src", repo, "-out", filepath.Join(work, "demo-out"))
+	for run, server := range []string{"hsmserve", "p11-kit"} {
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "hademo"), "-phase", "1500ms", "-quiet", "-server", server,
+			"-src", repo, "-out", filepath.Join(work, "demo-out"))
 		cmd.Dir = work
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -127,7 +129,7 @@ func TestDemo(t *testing.T) {
 		for _, w := range []string{
 			"$ hactl hagroup creategroup --label demo", "$ hactl hagroup addstandby --group demo --member hsm-c",
 			"hagroup domain --group demo --install", "same key pair on all three members",
-			"$ kill -KILL", "hsm-a   failed", "back in rotation", "group \"demo\" is in sync",
+			"$ kill -KILL", "hsm-a   failed", "back in rotation", "group \"demo\" is in sync", "2. Each HSM behind its own server process (" + server + ")",
 			"  failures             0", "The application saw no failure",
 		} {
 			if !strings.Contains(text, w) {

@@ -103,8 +103,7 @@ func (d *demo) failover(ctx context.Context) (*failoverRun, error) {
 		return nil, err
 	}
 	r.restart = time.Now()
-	d.say("$ p11-kit server -n %s --provider libsofthsm2.so pkcs11:token=%s &    # %s's HSM is back, pid %d",
-		d.show(victim.Sock), plan()[0].label, r.victim, victim.PID())
+	d.say("$ %s &    # %s's HSM is back, pid %d", d.show(victim.Command()), r.victim, victim.PID())
 	// Back in rotation: active again, and serving operations.
 	var opsAtRestart uint64
 	if lines, err := load.ReadStats(r.statsPath); err == nil {

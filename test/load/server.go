@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/hagroup/hagroup/pkg/remote"
 )
 
 // Paths of the modules the member servers use.
@@ -19,40 +21,95 @@ const (
 // readyDeadline bounds how long a server start waits for its socket.
 const readyDeadline = 15 * time.Second
 
-// Server is one member token served by its own `p11-kit server` process on
-// a Unix socket: killing it (SIGKILL to its process group) is a real HSM
-// outage, stopping it (SIGSTOP) a hung one. Methods are safe for concurrent
-// use.
-type Server struct {
+// Kind is the server program that serves a member token.
+type Kind string
+
+const (
+	// P11Kit is `p11-kit server`: members reach it through
+	// p11-kit-client.so. Its RPC (0.24) carries neither
+	// CKM_AES_KEY_WRAP_PAD nor attribute arrays, so such a member can sign,
+	// verify and encrypt but cannot receive replicated private or secret
+	// keys.
+	P11Kit Kind = "p11-kit"
+	// HSMServe is hagroup's own cmd/hsmserve: members reach it by the
+	// module path hagroup-remote:unix:SOCKET (pkg/remote), which carries
+	// every call.
+	HSMServe Kind = "hsmserve"
+)
+
+// ServerSpec describes a member's server.
+type ServerSpec struct {
+	Kind     Kind
+	Bin      string // the hsmserve executable (Kind HSMServe)
 	Member   string // member name
 	Label    string // token label
 	Sock     string // socket path
-	softConf string
-	logPath  string
-	reg      *Registry
+	SoftConf string // SOFTHSM2_CONF of the token directory
+	Log      string // where the server's output goes
+}
+
+// Server is one member token served by its own server process on a Unix
+// socket: killing it (SIGKILL to its process group) is a real HSM outage,
+// stopping it (SIGSTOP) a hung one. Methods are safe for concurrent use.
+type Server struct {
+	Member string // member name
+	Label  string // token label
+	Sock   string // socket path
+	spec   ServerSpec
+	reg    *Registry
 
 	mu      sync.Mutex
 	proc    *Proc
 	stopped bool
 }
 
-// NewServer describes a server for the token labelled label in the SoftHSM
-// token directory of softConf, on socket sock; Start runs it. Its output
-// goes to logPath.
-func NewServer(reg *Registry, member, label, sock, softConf, logPath string) (*Server, error) {
-	if len(sock) >= 100 {
-		return nil, fmt.Errorf("member %s: socket path %s is too long for a Unix socket (108 bytes)", member, sock)
+// NewServer describes a server; Start runs it.
+func NewServer(reg *Registry, spec ServerSpec) (*Server, error) {
+	if len(spec.Sock) >= 100 {
+		return nil, fmt.Errorf("member %s: socket path %s is too long for a Unix socket (108 bytes)", spec.Member, spec.Sock)
 	}
-	return &Server{Member: member, Label: label, Sock: sock, softConf: softConf, logPath: logPath, reg: reg}, nil
+	switch spec.Kind {
+	case P11Kit:
+	case HSMServe:
+		if spec.Bin == "" {
+			return nil, fmt.Errorf("member %s: no hsmserve executable given", spec.Member)
+		}
+	default:
+		return nil, fmt.Errorf("member %s: unknown server kind %q", spec.Member, spec.Kind)
+	}
+	return &Server{Member: spec.Member, Label: spec.Label, Sock: spec.Sock, spec: spec, reg: reg}, nil
+}
+
+// Kind is the server program.
+func (s *Server) Kind() Kind { return s.spec.Kind }
+
+// Module is the member's module in the configuration.
+func (s *Server) Module() string {
+	if s.spec.Kind == HSMServe {
+		return remote.ModulePath(s.Sock)
+	}
+	return P11KitClient
+}
+
+// ModuleEnv is the member's module_env in the configuration (nil for
+// hsmserve).
+func (s *Server) ModuleEnv() map[string]string {
+	if s.spec.Kind == HSMServe {
+		return nil
+	}
+	return map[string]string{"P11_KIT_SERVER_ADDRESS": s.Address()}
+}
+
+// Command is the server's command line, for display.
+func (s *Server) Command() string {
+	if s.spec.Kind == HSMServe {
+		return fmt.Sprintf("hsmserve --module %s --socket %s --token-label %s", SoftHSMModule, s.Sock, s.Label)
+	}
+	return fmt.Sprintf("p11-kit server -n %s --provider %s pkcs11:token=%s", s.Sock, SoftHSMModule, s.Label)
 }
 
 // Address is the member's P11_KIT_SERVER_ADDRESS.
 func (s *Server) Address() string { return "unix:path=" + s.Sock }
-
-// ModuleEnv is the member's module_env in the configuration.
-func (s *Server) ModuleEnv() map[string]string {
-	return map[string]string{"P11_KIT_SERVER_ADDRESS": s.Address()}
-}
 
 // Running reports whether a server process runs (stopped or not).
 func (s *Server) Running() bool {
@@ -90,25 +147,30 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := os.Remove(s.Sock); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("member %s: remove stale socket: %w", s.Member, err)
 	}
-	log, err := os.OpenFile(s.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	log, err := os.OpenFile(s.spec.Log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("member %s: server log: %w", s.Member, err)
 	}
-	p, err := s.reg.Start(Spec{
-		Name:   "p11-kit server for " + s.Member,
+	ps := Spec{
+		Name:   string(s.spec.Kind) + " for " + s.Member,
 		Path:   "p11-kit",
 		Args:   []string{"server", "-f", "-n", s.Sock, "--provider", SoftHSMModule, "pkcs11:token=" + s.Label},
-		Env:    Environ("SOFTHSM2_CONF=" + s.softConf),
+		Env:    Environ("SOFTHSM2_CONF=" + s.spec.SoftConf),
 		Dir:    filepath.Dir(s.Sock),
 		Output: log,
-	})
+	}
+	if s.spec.Kind == HSMServe {
+		ps.Path = s.spec.Bin
+		ps.Args = []string{"--module", SoftHSMModule, "--socket", s.Sock, "--token-label", s.Label}
+	}
+	p, err := s.reg.Start(ps)
 	log.Close() // the child has its own descriptor
 	if err != nil {
 		return fmt.Errorf("member %s: %w", s.Member, err)
 	}
 	if err := waitSocket(ctx, s.Sock, p); err != nil {
 		_ = p.Kill()
-		b, _ := os.ReadFile(s.logPath)
+		b, _ := os.ReadFile(s.spec.Log)
 		return fmt.Errorf("member %s: %w (server log: %s)", s.Member, err, lastLines(string(b), 5))
 	}
 	s.proc, s.stopped = p, false
