@@ -7,16 +7,24 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/test/load"
 	"github.com/miekg/pkcs11"
 )
 
-// TestDataObjectLifeCycle is the soak's object life cycle without faults:
-// a token data object created through the group is found by class and
-// label, and destroying it removes it.
+// TestDataObjectLifeCycle is the soak's object life cycle without faults,
+// on members behind each kind of server: a token data object created
+// through the group is found by class and label, and destroying it
+// removes it.
 func TestDataObjectLifeCycle(t *testing.T) {
+	for _, kind := range []load.Kind{load.HSMServe, load.P11Kit} {
+		t.Run(string(kind), func(t *testing.T) { dataObjectLifeCycle(t, kind) })
+	}
+}
+
+func dataObjectLifeCycle(t *testing.T, kind load.Kind) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	w := newWorld(t, ctx, 3)
+	w := newWorld(t, ctx, 3, kind)
 	cfg, err := config.Load(w.conf)
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +38,7 @@ func TestDataObjectLifeCycle(t *testing.T) {
 	if err := g.Login(ctx, pkcs11.CKU_USER, w.userPIN.Clone()); err != nil {
 		t.Fatal(err)
 	}
-	gl, err := newGoLoad(ctx, g, "life")
+	gl, err := newGoLoad(ctx, g, "life", false)
 	if err != nil {
 		t.Fatal(err)
 	}

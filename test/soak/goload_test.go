@@ -26,6 +26,9 @@ type goLoad struct {
 	hPub   group.ObjectHandle
 	hAES   group.ObjectHandle
 	prefix string
+	// keypairs: create and destroy EC key pairs (private halves replicated
+	// under the domain key), otherwise data objects.
+	keypairs bool
 
 	mu        sync.Mutex
 	ops       map[string]*opStat
@@ -43,8 +46,8 @@ type goLoad struct {
 type opStat struct{ ok, failed int }
 
 // newGoLoad finds the keys on the group.
-func newGoLoad(ctx context.Context, g *group.Group, prefix string) (*goLoad, error) {
-	l := &goLoad{g: g, prefix: prefix, ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
+func newGoLoad(ctx context.Context, g *group.Group, prefix string, keypairs bool) (*goLoad, error) {
+	l := &goLoad{g: g, prefix: prefix, keypairs: keypairs, ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
 	var err error
 	if l.signer, err = g.Signer(ctx, group.KeySelector{Label: signLabel}); err != nil {
 		return nil, fmt.Errorf("signer: %w", err)
@@ -223,12 +226,25 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 	}
 }
 
+// create makes a token object labelled label: an EC key pair (with
+// keypairs) or a data object holding value.
 func (l *goLoad) create(ctx context.Context, label string, value []byte) error {
 	s, err := l.g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	if l.keypairs {
+		p256 := []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
+		common := func(private bool) []*pkcs11.Attribute {
+			return []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true), pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, private),
+				pkcs11.NewAttribute(pkcs11.CKA_LABEL, label), pkcs11.NewAttribute(pkcs11.CKA_ID, value)}
+		}
+		_, _, err = s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+			append(common(false), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, p256), pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true)),
+			append(common(true), pkcs11.NewAttribute(pkcs11.CKA_SIGN, true), pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true)))
+		return err
+	}
 	_, err = s.CreateObject(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
 		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
@@ -237,19 +253,27 @@ func (l *goLoad) create(ctx context.Context, label string, value []byte) error {
 	return err
 }
 
-// destroy destroys the data objects labelled label and returns how many
-// it found.
+// destroy destroys the objects labelled label (both halves of a key pair)
+// and returns how many it found.
 func (l *goLoad) destroy(ctx context.Context, label string) (int, error) {
-	hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
-	if err != nil {
-		return 0, err
+	classes := []uint{pkcs11.CKO_DATA}
+	if l.keypairs {
+		classes = []uint{pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_PUBLIC_KEY}
 	}
-	for _, h := range hs {
-		if err := l.g.DestroyObject(ctx, h); err != nil {
-			return len(hs), err
+	found := 0
+	for _, class := range classes {
+		hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, class), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
+		if err != nil {
+			return found, err
+		}
+		found += len(hs)
+		for _, h := range hs {
+			if err := l.g.DestroyObject(ctx, h); err != nil {
+				return found, err
+			}
 		}
 	}
-	return len(hs), nil
+	return found, nil
 }
 
 // derToRaw splits an ASN.1 DER ECDSA signature into 32-byte r and s.

@@ -54,6 +54,8 @@ type world struct {
 	lib      string
 	haload   string
 	haagent  string
+	hsmserve string
+	kind     load.Kind // what serves the members
 
 	agentMu   sync.Mutex
 	agentProc *load.Proc
@@ -63,10 +65,10 @@ type world struct {
 // key, signing key, AES key) while they are reached directly, then serves
 // each with its own p11-kit server, writes the configuration and starts
 // haagent.
-func newWorld(t *testing.T, ctx context.Context, n int) *world {
+func newWorld(t *testing.T, ctx context.Context, n int, kind load.Kind) *world {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	w := &world{t: t, dir: shortTempDir(t), repo: filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..")), reg: load.NewRegistry()}
+	w := &world{t: t, dir: shortTempDir(t), repo: filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..")), reg: load.NewRegistry(), kind: kind}
 	t.Cleanup(func() {
 		if _, err := w.reg.StopAll(); err != nil {
 			t.Errorf("stopping the soak's processes: %v", err)
@@ -100,8 +102,8 @@ func newWorld(t *testing.T, ctx context.Context, n int) *world {
 	}
 	w.provision(ctx, labels)
 	for i, name := range w.members {
-		s, err := load.NewServer(w.reg, name, labels[i], filepath.Join(w.dir, name+".sock"), w.softConf,
-			filepath.Join(w.dir, name+"-server.log"))
+		s, err := load.NewServer(w.reg, load.ServerSpec{Kind: kind, Bin: w.hsmserve, Member: name, Label: labels[i],
+			Sock: filepath.Join(w.dir, name+".sock"), SoftConf: w.softConf, Log: filepath.Join(w.dir, name+"-server.log")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,11 +137,12 @@ func shortTempDir(t *testing.T) string {
 func (w *world) build(ctx context.Context) {
 	bin := filepath.Join(w.dir, "bin")
 	w.lib, w.haagent, w.haload = filepath.Join(bin, "libhapkcs11.so"), filepath.Join(bin, "haagent"), filepath.Join(bin, "haload")
+	w.hsmserve = filepath.Join(bin, "hsmserve")
 	if err := os.MkdirAll(bin, 0o700); err != nil {
 		w.t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
+	errs := make([]error, 4)
 	goBuild := func(i int, args ...string) {
 		defer wg.Done()
 		cmd := exec.CommandContext(ctx, "go", append([]string{"build"}, args...)...)
@@ -148,9 +151,10 @@ func (w *world) build(ctx context.Context) {
 			errs[i] = fmt.Errorf("go build %v: %v\n%s", args, err, out)
 		}
 	}
-	wg.Add(3)
+	wg.Add(4)
 	go goBuild(0, "-buildmode=c-shared", "-o", w.lib, "./cmd/hapkcs11")
 	go goBuild(1, "-o", w.haagent, "./cmd/haagent")
+	go goBuild(3, "-o", w.hsmserve, "./cmd/hsmserve")
 	go func() {
 		defer wg.Done()
 		errs[2] = load.BuildHaload(ctx, w.repo, w.haload)
@@ -164,9 +168,9 @@ func (w *world) build(ctx context.Context) {
 }
 
 // config renders the group; direct reaches the tokens through SoftHSM
-// (for provisioning: p11-kit 0.24's RPC carries neither AES key wrapping
-// nor the domain key's unwrap template), otherwise through each member's
-// server. The last member is a standby.
+// (for provisioning, before the servers start: p11-kit 0.24's RPC carries
+// neither AES key wrapping nor the domain key's unwrap template),
+// otherwise through each member's server. The last member is a standby.
 func (w *world) config(labels []string, direct bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n", w.sock, w.stateDir, w.logFile)
@@ -177,7 +181,10 @@ func (w *world) config(labels []string, direct bool) string {
 		if direct {
 			fmt.Fprintf(&b, "  module = %q\n", load.SoftHSMModule)
 		} else {
-			fmt.Fprintf(&b, "  module = %q\n  module_env = { P11_KIT_SERVER_ADDRESS = %q }\n", load.P11KitClient, w.servers[i].Address())
+			fmt.Fprintf(&b, "  module = %q\n", w.servers[i].Module())
+			for k, v := range w.servers[i].ModuleEnv() {
+				fmt.Fprintf(&b, "  module_env = { %s = %q }\n", k, v)
+			}
 		}
 		if i == len(w.members)-1 {
 			b.WriteString("  standby = true\n")
@@ -328,7 +335,7 @@ func (w *world) agentClient() *agent.Client { return agent.NewClient(w.sock) }
 
 // memberSpec opens a member through its server, for the final listing.
 func (w *world) memberSpec(i int) slot.Spec {
-	return slot.Spec{Name: w.members[i] + "-check", Module: load.P11KitClient, ModuleEnv: w.servers[i].ModuleEnv(),
+	return slot.Spec{Name: w.members[i] + "-check", Module: w.servers[i].Module(), ModuleEnv: w.servers[i].ModuleEnv(),
 		TokenLabel: fmt.Sprintf("soak-%d", i), PIN: w.userPIN.Clone(), CommandTimeout: 20 * time.Second}
 }
 
