@@ -54,12 +54,18 @@ fuzz-short:
 fuzz:
 	@$(MAKE) --no-print-directory fuzz-short FUZZTIME=5m
 
-# Every benchmark of the product, -count $(COUNT), summarised with benchstat.
+# Every benchmark of the product, -count $(COUNT), summarised with benchstat;
+# the 1,000-key catch-up once (it takes about a minute per run); the C
+# module harness; the scaling picture of docs/BENCHMARKS.md.
 bench: deps build
 	@mkdir -p bench-out
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS) | tee bench-out/go.txt
+	@uptime | tee bench-out/load.txt
+	$(GO) test -run '^$$' -bench . -skip 'CatchUp1000Keys' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS) | tee bench-out/go.txt
+	$(GO) test -run '^$$' -bench 'CatchUp1000Keys' -benchtime 1x -count 1 ./pkg/recover | tee bench-out/catchup.txt
 	$(GO) run golang.org/x/perf/cmd/benchstat@latest bench-out/go.txt | tee bench-out/benchstat.txt
 	@if [ -x test/module/bench.sh ]; then test/module/bench.sh | tee bench-out/module.txt; fi
+	$(GO) run ./test/load/benchreport -in bench-out/go.txt -svg docs/scaling.svg | tee bench-out/scaling.txt
+	@uptime | tee -a bench-out/load.txt
 
 demo: build
 	@if [ -x $(BIN)/hademo ]; then $(BIN)/hademo; else ./scripts/demo.sh; fi
