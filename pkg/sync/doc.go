@@ -17,6 +17,20 @@
 // Replicator.Replicate copies one object: keys wrapped under the group's
 // domain key (see InstallDomainKey), public objects by attributes; the
 // copy is checked on the target and removed again on any failure.
+// Replicator.ReplicateEach copies one object to several members at once,
+// reading and wrapping it once. A member that cannot wrap or unwrap with
+// CKM_AES_KEY_WRAP_PAD gets ErrMechanismUnavailable (a request error, not
+// a health one).
+//
+// # Searches
+//
+// SoftHSM answers every C_FindObjects by visiting each object on the
+// token, whatever the template, so a search costs in proportion to the
+// token's size. A Replicator therefore remembers, per member slot and
+// login epoch, the domain key's handle and the member's wrapping
+// mechanism; a copy then searches only its target, once, for an existing
+// copy, and not at all when the caller promises the identity is absent
+// there (Target.Absent, e.g. from a plan's listing).
 //
 // # SoftHSM 2.6.1, measured
 //
@@ -43,6 +57,26 @@
 //     generic secret), which is how a copy's material is proven equal.
 //   - EdDSA private keys cannot be wrapped at all (CKR_KEY_NOT_WRAPPABLE),
 //     so they cannot be replicated between SoftHSM members.
+//   - ECDH-derived AES and DES3 keys carry a wrong CKA_CHECK_VALUE: the
+//     first 3 bytes of SHA-1 over the derived secret (the generic-secret
+//     rule), not the block cipher's. Replicate proves such a copy by its
+//     material and puts the right check value on copy and source. For a
+//     derived generic secret truncated by CKA_VALUE_LEN the stored value
+//     covers the untruncated secret and the copy refuses it; no member
+//     can compute the right one (no encryption with a generic secret).
+//   - C_FindObjects visits every object: 0.06 ms on an empty token, about
+//     10 ms with 500 objects and 22 ms with 1,000 on the test machine.
+//     Creating a token object (C_CreateObject, C_UnwrapKey) costs about
+//     6 ms whatever the token's size.
+//
+// # p11-kit 0.24, measured
+//
+//   - The client offers neither CKM_AES_KEY_WRAP_PAD nor CKM_AES_KEY_WRAP
+//     (C_GetMechanismInfo: CKR_MECHANISM_INVALID), so private and secret
+//     keys cannot be replicated through it.
+//   - An object with a nested attribute (CKA_UNWRAP_TEMPLATE) can be
+//     neither created nor read through it: CKR_DEVICE_ERROR, after which
+//     the connection still works.
 //   - A wrong key type in an unwrap template gives CKR_FUNCTION_FAILED; a
 //     wrong unwrapping key CKR_GENERAL_ERROR.
 package sync
