@@ -74,9 +74,14 @@ func (l *signLoad) finish(t testing.TB) int64 {
 // A member added to a group holding 500 objects takes work only once it
 // holds all 500 (and the group's key), while the other members go on
 // signing without a single failure.
+//
+// 500 objects in the default run; 100 with -short or -race: SoftHSM
+// visits every object of a token on each search, so a catch-up costs
+// O(n²) there, and under the race detector on the shared 2-core machine
+// 500 take minutes. The assertion is the same at either size.
 func TestAddMemberCatchesUpBeforeWork(t *testing.T) {
 	n := 500
-	if testing.Short() {
+	if testing.Short() || raceDetector {
 		n = 100
 	}
 	toks := testhsm.Take(t, 3)
@@ -130,7 +135,7 @@ func TestAddMemberCatchesUpBeforeWork(t *testing.T) {
 			signsAtActivation.Store(int64(faults.Calls(newcomer, slot.OpSign)))
 		}
 	}
-	load := startSigning(signer, 4)
+	load := startSigning(signer, 2)
 	start = time.Now()
 	res, err := r.g.AddMember(ctx, memberOf(toks[2]))
 	took := time.Since(start)
