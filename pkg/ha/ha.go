@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	gosync "sync"
 	"sync/atomic"
 	"time"
@@ -381,7 +382,9 @@ var ErrReopen = errors.New("change needs the group reopened")
 // count and interval. It returns one line per change. A change it cannot
 // make in place gives ErrReopen before anything is changed. A member
 // that cannot be brought in now stays in the group as failed (its line
-// says so) and is recovered automatically.
+// says so) and is recovered automatically. Lines read "member: event
+// (detail)" with the events member_added, member_removed, member_changed,
+// member_standby and member_active, or "setting: value".
 func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) ([]string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -403,19 +406,19 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		if err := h.SetPolicy(s.Policy); err != nil {
 			return lines, err
 		}
-		lines = append(lines, fmt.Sprintf("policy %s", h.Group.Status().Policy))
+		lines = append(lines, "policy: "+h.Group.Status().Policy)
 	}
 	if s.RecoveryMode != old.RecoveryMode {
 		if err := h.SetRecoveryMode(s.RecoveryMode); err != nil {
 			return lines, err
 		}
-		lines = append(lines, "recovery mode "+h.RecoveryMode())
+		lines = append(lines, "recovery_mode: "+h.RecoveryMode())
 	}
 	if s.Retries != old.Retries || s.Interval != old.Interval {
 		if err := h.rec.Reconfigure(s.Interval, s.Retries); err != nil {
 			return lines, fmt.Errorf("group %s: %w", h.Label(), err)
 		}
-		lines = append(lines, fmt.Sprintf("recovery retries %d every %v", s.Retries, s.Interval))
+		lines = append(lines, fmt.Sprintf("recovery: retries %d, interval %v", s.Retries, s.Interval))
 	}
 	h.set = s
 
@@ -433,7 +436,7 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 			if err := h.removeMember(ctx, om.Name); err != nil {
 				return lines, err
 			}
-			lines = append(lines, fmt.Sprintf("member %s removed", om.Name))
+			lines = append(lines, om.Name+": member_removed (its work in flight ended)")
 		case !sameToken(om, nm):
 			if err := h.removeMember(ctx, om.Name); err != nil {
 				return lines, err
@@ -445,9 +448,9 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 			}
 			h.noteMember(nm)
 			if nm.Standby {
-				lines = append(lines, fmt.Sprintf("member %s is a standby", om.Name))
+				lines = append(lines, om.Name+": member_standby (designated standby)")
 			} else {
-				lines = append(lines, fmt.Sprintf("member %s is active (no longer a standby)", om.Name))
+				lines = append(lines, om.Name+": member_active (returned from standby)")
 			}
 		}
 	}
@@ -457,9 +460,9 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		if had && !isReadd {
 			continue
 		}
-		verb := "added"
+		event := "member_added"
 		if isReadd {
-			verb = "changed (re-added)"
+			event = "member_changed"
 		}
 		res, err := h.addMember(ctx, nm)
 		switch {
@@ -467,9 +470,9 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 			if _, in := h.Member(nm.Name); !in {
 				return lines, err
 			}
-			lines = append(lines, fmt.Sprintf("member %s %s, not in rotation yet: %v", nm.Name, verb, err))
+			lines = append(lines, fmt.Sprintf("%s: %s (not in rotation yet: %v)", nm.Name, event, err))
 		default:
-			lines = append(lines, fmt.Sprintf("member %s %s and caught up (copied %d, deleted %d)", nm.Name, verb, res.CatchUp.Copied, res.CatchUp.Deleted))
+			lines = append(lines, fmt.Sprintf("%s: %s (caught up: copied %d, deleted %d)", nm.Name, event, res.CatchUp.Copied, res.CatchUp.Deleted))
 		}
 	}
 	order := make([]string, len(g.Members))
@@ -480,7 +483,7 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		if err := h.SetOrder(order); err != nil {
 			return lines, err
 		}
-		lines = append(lines, "member order "+fmt.Sprint(order))
+		lines = append(lines, "order: "+strings.Join(order, ", "))
 	}
 	h.cfg = cloneGroup(g)
 	return lines, nil

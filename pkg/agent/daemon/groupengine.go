@@ -6,33 +6,31 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
-// groupEngine is the real Engine: a pkg/group Group, a pkg/recover
-// Recoverer for automatic and manual recovery, the group's tombstone
-// journal, and sync plans for synchronize.
+// groupEngine is the real Engine: an ha.Group (pkg/group with its
+// recovery and tombstone journal), plus what the last successful probe of
+// each member saw.
 type groupEngine struct {
-	g     *group.Group
-	cfg   config.Group
-	set   config.Settings
-	tombs *tombstone.Journal // nil when the state directory is unusable
-	rec   atomic.Pointer[recover.Recoverer]
+	h     *ha.Group
+	label string
 	emit  func(agent.Event)
 
 	mu     sync.Mutex
+	cfg    config.Group         // as last applied; guarded by mu
+	set    config.Settings      // guarded by mu
 	tokens map[string]tokenSeen // member → what its last successful probe saw
 }
 
@@ -40,78 +38,64 @@ type tokenSeen struct {
 	label, serial string
 }
 
+// engineSettings are the settings the agent's own engine runs with. The
+// agent serves no application sessions; its login comes from the
+// members' own PIN sources and must survive an outage of every member, so
+// that probes, recoveries and synchronize keep seeing private objects.
+// Its engine therefore always runs activeEnhanced; the group's configured
+// recovery_mode is for the applications' engines (libhapkcs11).
+func engineSettings(s config.Settings) config.Settings {
+	s.RecoveryMode = config.RecoveryActiveEnhanced
+	return s
+}
+
 // OpenGroup is the production Opener: it opens the group's members (a
 // member down at start-up starts failed and is recovered later), logs in
 // the members that have a PIN source, and starts recovery.
 func OpenGroup(ctx context.Context, g config.Group, s config.Settings, env Env, emit func(agent.Event)) (Engine, error) {
-	ge := &groupEngine{cfg: g, set: s, emit: emit, tokens: map[string]tokenSeen{}}
-	opts := group.Options{Events: group.EventFunc(ge.onGroupEvent)}
-	if env.StateDir != "" {
-		j, err := tombstone.Open(env.StateDir, g.Serial, tombstone.Options{Horizon: s.TombstoneHorizon})
-		if err != nil {
-			emit(agent.Event{Group: g.Label, Event: "tombstones_unavailable", Detail: err.Error()})
-		} else {
-			ge.tombs = j
-			opts.Tombstones = j
-		}
-	}
-	gr, err := group.Open(ctx, g, s, opts)
+	ge := &groupEngine{label: g.Label, cfg: g, set: s, emit: emit, tokens: map[string]tokenSeen{}}
+	h, err := ha.Open(ctx, g, engineSettings(s), ha.Options{
+		StateDir:       env.StateDir,
+		Events:         group.EventFunc(ge.onGroupEvent),
+		RecoveryEvents: ge.onRecoverEvent,
+	})
 	if err != nil {
-		ge.closeTombs()
 		return nil, err
 	}
-	ge.g = gr
-	hasPIN := false
-	for _, m := range g.Members {
-		hasPIN = hasPIN || m.HasPIN()
+	ge.h = h
+	if err := h.TombstoneError(); err != nil {
+		emit(agent.Event{Group: g.Label, Event: "tombstones_unavailable", Detail: err.Error()})
 	}
-	if hasPIN {
-		if err := gr.Login(ctx, pkcs11.CKU_USER, secret.PIN{}); err != nil {
+	if hasPIN(g) {
+		if err := h.Login(ctx, pkcs11.CKU_USER, secret.PIN{}); err != nil {
 			emit(agent.Event{Group: g.Label, Event: "login_failed", Detail: err.Error()})
-		}
-	}
-	stateDir := env.StateDir
-	if ge.tombs == nil {
-		stateDir = ""
-	}
-	ropts := recover.Options{
-		Engine:   gr,
-		StateDir: stateDir,
-		Interval: s.Interval,
-		Retries:  s.Retries,
-		Events:   ge.onRecoverEvent,
-	}
-	if ge.tombs != nil {
-		ropts.Tombstones = ge.tombs
-	}
-	rec, err := recover.New(ropts)
-	if err != nil {
-		gr.Close()
-		ge.closeTombs()
-		return nil, fmt.Errorf("group %q: %w", g.Label, err)
-	}
-	ge.rec.Store(rec)
-	// Members that failed while the group opened (before the recoverer
-	// existed) start their recovery episode now.
-	for _, m := range gr.Members() {
-		if m.State == member.Failed {
-			rec.MemberFailed(m.Name)
 		}
 	}
 	return ge, nil
 }
 
-func (ge *groupEngine) closeTombs() {
-	if ge.tombs != nil {
-		ge.tombs.Close()
+func hasPIN(g config.Group) bool {
+	for _, m := range g.Members {
+		if m.HasPIN() {
+			return true
+		}
 	}
+	return false
 }
 
 func (ge *groupEngine) onGroupEvent(e group.Event) {
-	ae := agent.Event{Time: e.Time, Group: ge.cfg.Label, Member: e.Member, Event: string(e.Kind)}
+	if (e.Kind == group.MemberAdded || e.Kind == group.MemberRemoved) && e.Err == nil {
+		return // the reload that made the change reports it
+	}
+	ae := agent.Event{Time: e.Time, Group: ge.label, Member: e.Member, Event: string(e.Kind)}
 	var parts []string
-	if e.From != 0 || e.To != 0 {
+	switch {
+	case e.From != 0 && e.To != 0:
 		parts = append(parts, fmt.Sprintf("%s -> %s", e.From, e.To))
+	case e.To != 0:
+		parts = append(parts, "now "+e.To.String())
+	case e.From != 0:
+		parts = append(parts, "was "+e.From.String())
 	}
 	if e.Object.ID != nil || e.Object.Label != "" {
 		parts = append(parts, e.Object.String())
@@ -121,15 +105,10 @@ func (ge *groupEngine) onGroupEvent(e group.Event) {
 	}
 	ae.Detail = strings.Join(parts, ": ")
 	ge.emit(ae)
-	if e.Kind == group.MemberFailed {
-		if rec := ge.rec.Load(); rec != nil {
-			rec.MemberFailed(e.Member)
-		}
-	}
 }
 
 func (ge *groupEngine) onRecoverEvent(e recover.Event) {
-	ae := agent.Event{Time: e.Time, Group: ge.cfg.Label, Member: e.Member, Event: string(e.Kind)}
+	ae := agent.Event{Time: e.Time, Group: ge.label, Member: e.Member, Event: string(e.Kind)}
 	var parts []string
 	if e.Manual {
 		parts = append(parts, "manual")
@@ -151,21 +130,25 @@ func (ge *groupEngine) onRecoverEvent(e recover.Event) {
 
 // Status implements Engine.
 func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
-	st := ge.g.Status()
-	gs := agent.GroupStatus{Label: ge.cfg.Label, Serial: ge.cfg.Serial}
+	st := ge.h.Status()
 	ge.mu.Lock()
 	defer ge.mu.Unlock()
+	gs := agent.GroupStatus{Label: ge.label, Serial: ge.cfg.Serial}
 	for _, s := range st.Members {
 		cm, _ := ge.cfg.Member(s.Name)
-		ms := agent.MemberStatus{Name: s.Name, Standby: s.ConfiguredStandby, Primary: st.Primary == s.Name,
+		ms := agent.MemberStatus{Name: s.Name, Standby: s.ConfiguredStandby, Primary: s.Primary,
 			State: s.State.String(), LastError: s.LastError, InFlight: s.InFlight, Operations: s.Ops, Failures: s.Errors}
+		if !s.State.Serving() && s.LastAttemptError != "" {
+			// Why it is still out, rather than why it first failed.
+			ms.LastError = s.LastAttemptError
+		}
 		if cm != nil {
 			ms.Module, ms.Token, ms.TokenLabel, ms.TokenSerial = cm.Module, agent.TokenSelector(*cm), cm.TokenLabel, cm.TokenSerial
 		}
 		if seen, ok := ge.tokens[s.Name]; ok {
 			ms.TokenLabel, ms.TokenSerial = seen.label, seen.serial
 		}
-		if m, ok := ge.g.Member(s.Name); ok && s.State.Serving() {
+		if m, ok := ge.h.Member(s.Name); ok && s.State.Serving() {
 			if sl := m.Slot(); sl != nil {
 				id := sl.SlotID()
 				ms.SlotID = &id
@@ -179,7 +162,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 // Probe implements Engine: a TokenInfo call on every serving member; a
 // health failure fails the member (and starts its recovery).
 func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
-	snaps := ge.g.Members()
+	snaps := ge.h.Members()
 	res := make([]ProbeResult, len(snaps))
 	var wg sync.WaitGroup
 	for i, s := range snaps {
@@ -187,7 +170,7 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 		if !s.State.Serving() {
 			continue
 		}
-		m, ok := ge.g.Member(s.Name)
+		m, ok := ge.h.Member(s.Name)
 		if !ok {
 			continue
 		}
@@ -195,10 +178,10 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 		if sl == nil {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			timeout := ge.set.CommandTimeout
+		ge.mu.Lock()
+		timeout := ge.set.CommandTimeout
+		ge.mu.Unlock()
+		wg.Go(func() {
 			if timeout <= 0 {
 				timeout = config.DefaultCommandTimeout
 			}
@@ -213,9 +196,9 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 				ge.tokens[s.Name] = tokenSeen{strings.TrimRight(info.Label, " "), strings.TrimRight(info.SerialNumber, " ")}
 				ge.mu.Unlock()
 			case ctx.Err() == nil && slot.ClassOf(err) == slot.ClassHealth:
-				ge.g.FailMember(s.Name, fmt.Errorf("health probe: %w", err))
+				ge.h.FailMember(s.Name, fmt.Errorf("health probe: %w", err))
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return res
@@ -223,12 +206,11 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 
 // Recover implements Engine.
 func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.MemberResult, error) {
-	rec := ge.rec.Load()
 	var names []string
 	if name != "" {
 		names = []string{name}
 	} else {
-		for _, s := range ge.g.Members() {
+		for _, s := range ge.h.Members() {
 			if s.State == member.Failed || s.State == member.Recovering {
 				names = append(names, s.Name)
 			}
@@ -236,12 +218,14 @@ func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.Member
 	}
 	out := []agent.MemberResult{}
 	for _, n := range names {
-		r, err := rec.Recover(ctx, n)
+		r, err := ge.h.Recover(ctx, n)
 		mr := agent.MemberResult{Member: n, OK: err == nil}
-		if m, ok := ge.g.Member(n); ok {
+		if m, ok := ge.h.Member(n); ok {
 			mr.State = m.State().String()
 		}
 		switch {
+		case errors.Is(err, group.ErrUnknownMember):
+			return out, agent.Errorf(agent.CodeNotFound, "group %q has no member %q", ge.label, n)
 		case errors.Is(err, recover.ErrNotFailed) && name != "" && (mr.State == "active" || mr.State == "standby"):
 			mr.OK, mr.Detail = true, "in service already: nothing to recover"
 		case errors.Is(err, recover.ErrInProgress):
@@ -250,54 +234,70 @@ func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.Member
 			mr.Detail = err.Error()
 		default:
 			mr.Detail = fmt.Sprintf("caught up: copied %d, deleted %d", r.CatchUp.Copied, r.CatchUp.Deleted)
+			if u := len(r.CatchUp.Unreplicable); u > 0 {
+				mr.Detail += fmt.Sprintf("; %d key(s) cannot be replicated to or from it (CKM_AES_KEY_WRAP_PAD missing)", u)
+			}
 		}
 		out = append(out, mr)
 	}
 	return out, nil
 }
 
-// Synchronize implements Engine: plan over the serving members (a member
-// that is failed, or does not answer, is reported as a difference: it
-// cannot be compared), then apply unless req.Check.
+// Synchronize implements Engine: the serving members are compared (a
+// member that is failed, or does not answer, is reported as a difference:
+// it cannot be compared), then made equal unless req.Check. Copies that
+// cannot work (a member lacks CKM_AES_KEY_WRAP_PAD) are reported, not
+// attempted.
 func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.SyncReport, error) {
-	rep := agent.SyncReport{Group: ge.cfg.Label, Checked: req.Check, Differences: []agent.Difference{}}
-	var peers []hasync.PlanMember
-	for _, s := range ge.g.Members() {
-		m, ok := ge.g.Member(s.Name)
-		if ok && s.State.Serving() && m.Slot() != nil {
-			peers = append(peers, hasync.PlanMember{Name: s.Name, Slot: m.Slot()})
+	rep := agent.SyncReport{Group: ge.label, Checked: req.Check, Differences: []agent.Difference{}}
+	serving := 0
+	for _, s := range ge.h.Members() {
+		if s.State.Serving() {
+			serving++
+		}
+	}
+	if serving == 0 {
+		return rep, agent.Errorf(agent.CodeMemberUnreachable, "group %q: no member in service to synchronise", ge.label)
+	}
+	sr, err := ge.h.Synchronize(ctx, recover.SyncOptions{Check: req.Check, Prune: req.Prune})
+	if sr == nil || sr.Plan == nil {
+		if err == nil {
+			err = errors.New("no plan")
+		}
+		return rep, fmt.Errorf("group %q: %w", ge.label, err)
+	}
+	notServing := map[string]bool{}
+	for _, name := range sr.NotServing {
+		if notServing[name] {
 			continue
 		}
-		if s.State == member.Removed {
-			continue
+		notServing[name] = true
+		st := "not in service"
+		if m, ok := ge.h.Member(name); ok {
+			st = "member is " + m.State().String()
 		}
 		rep.Differences = append(rep.Differences, agent.Difference{Object: "*", Kind: "unreachable",
-			Members: []string{s.Name}, Action: "none: caught up when it recovers", Detail: "member is " + s.State.String()})
+			Members: []string{name}, Action: "none: caught up when it recovers", Detail: st})
 	}
-	if len(peers) == 0 {
-		return rep, agent.Errorf(agent.CodeMemberUnreachable, "group %q: no member in service to synchronise", ge.cfg.Label)
-	}
-	var tombs hasync.Tombstones
-	if ge.tombs != nil {
-		set, err := ge.tombs.Snapshot(ctx)
-		if err != nil {
-			return rep, fmt.Errorf("group %q: reading tombstones: %w", ge.cfg.Label, err)
-		}
-		tombs = set
-	}
-	plan, err := hasync.MakePlan(ctx, peers, tombs, hasync.PlanOptions{Prune: req.Prune, SkipUnreachable: true})
-	if err != nil {
-		return rep, fmt.Errorf("group %q: %w", ge.cfg.Label, err)
-	}
-	for name, err := range plan.Skipped {
+	for name, err := range sr.Plan.Skipped {
 		rep.Differences = append(rep.Differences, agent.Difference{Object: "*", Kind: "unreachable",
 			Members: []string{name}, Action: "none: not listed", Detail: err.Error()})
 	}
-	for _, a := range plan.Actions {
+	unreplicable := map[string]bool{}
+	for _, a := range sr.Unreplicable {
+		unreplicable[actionKey(a)] = true
+		rep.Differences = append(rep.Differences, agent.Difference{Object: a.Identity.String(), Kind: "unreplicable",
+			Members: []string{a.Member}, Action: "none: " + a.String() + " needs CKM_AES_KEY_WRAP_PAD, which " + lackingOf(ge.h, a) + " lacks",
+			Detail: "the member stays in service without this key"})
+	}
+	for _, a := range sr.Plan.Actions {
+		if unreplicable[actionKey(a)] {
+			continue
+		}
 		rep.Differences = append(rep.Differences, agent.Difference{Object: a.Identity.String(), Kind: string(a.Reason),
 			Members: []string{a.Member}, Action: a.String()})
 	}
-	for _, c := range plan.Conflicts {
+	for _, c := range sr.Plan.Conflicts {
 		var holders []string
 		for _, v := range c.Versions {
 			holders = append(holders, v.Members...)
@@ -305,82 +305,56 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 		rep.Differences = append(rep.Differences, agent.Difference{Object: c.Identity.String(), Kind: "conflict",
 			Members: holders, Action: "none: an operator must resolve it", Detail: c.String()})
 	}
-	rep.Conflicts = len(plan.Conflicts)
+	rep.Conflicts = len(sr.Plan.Conflicts)
 	rep.InSync = len(rep.Differences) == 0
-	if req.Check || len(plan.Actions) == 0 {
-		return rep, nil
-	}
-	r := hasync.Replicator{GroupSerial: ge.cfg.Serial}
-	res, err := r.Apply(ctx, plan)
-	if res != nil {
-		rep.Applied = len(res.Done)
-		for _, f := range res.Failed {
+	if sr.Applied != nil {
+		rep.Applied = len(sr.Applied.Done)
+		for _, f := range sr.Applied.Failed {
 			rep.Differences = append(rep.Differences, agent.Difference{Object: f.Action.Identity.String(), Kind: "failed",
 				Members: []string{f.Action.Member}, Action: f.Action.String(), Detail: f.Error()})
 		}
 	}
-	if err != nil && res == nil {
-		return rep, fmt.Errorf("group %q: %w", ge.cfg.Label, err)
+	if err != nil && sr.Applied == nil {
+		return rep, fmt.Errorf("group %q: %w", ge.label, err)
 	}
 	return rep, nil
 }
 
-// Update implements Engine. pkg/group cannot add or remove members of an
-// open group yet, so every change reopens the group.
+func actionKey(a hasync.Action) string {
+	return a.Identity.Key() + "\x00" + a.Member + "\x00" + a.Kind.String()
+}
+
+// lackingOf names the member of a that lacks the wrap mechanism.
+func lackingOf(h *ha.Group, a hasync.Action) string {
+	for _, name := range []string{a.Member, a.Source} {
+		if m, ok := h.Member(name); ok && m.Lacks(group.MechWrapPad) {
+			return name
+		}
+	}
+	return a.Member
+}
+
+// Update implements Engine: members added (caught up before they take
+// work), removed (after their work in flight), changed, moved to or from
+// standby, reordered, and the policy and recovery settings, all without
+// disturbing the members that did not change. Other changes (serial,
+// timeouts, failure threshold, tombstone horizon) need the group
+// reopened (ErrReopen).
 func (ge *groupEngine) Update(ctx context.Context, g config.Group, s config.Settings) ([]string, error) {
-	return nil, ErrReopen
+	lines, err := ge.h.Update(ctx, g, engineSettings(s))
+	if errors.Is(err, ha.ErrReopen) {
+		return nil, ErrReopen
+	}
+	ge.mu.Lock()
+	ge.cfg, ge.set = g, s
+	for name := range ge.tokens {
+		if _, ok := g.Member(name); !ok {
+			delete(ge.tokens, name)
+		}
+	}
+	ge.mu.Unlock()
+	return lines, err
 }
 
 // Close implements Engine.
-func (ge *groupEngine) Close() error {
-	if rec := ge.rec.Load(); rec != nil {
-		rec.Close()
-	}
-	err := ge.g.Close()
-	ge.closeTombs()
-	return err
-}
-
-// recoverEngine adapts a Group to recover.Engine with the group's
-// exported methods.
-type recoverEngine struct{ g *group.Group }
-
-func (e recoverEngine) GroupSerial() string { return e.g.Serial() }
-
-func (e recoverEngine) BeginRecovery(name string) error {
-	m, ok := e.g.Member(name)
-	if !ok {
-		return fmt.Errorf("group %q has no member %q", e.g.Label(), name)
-	}
-	if !m.CompareAndTransition(member.Failed, member.Recovering, nil) {
-		return fmt.Errorf("member %q is %s: %w", name, m.State(), recover.ErrNotFailed)
-	}
-	return nil
-}
-
-func (e recoverEngine) ReopenMember(ctx context.Context, name string) (*slot.Slot, error) {
-	return e.g.Reconnect(ctx, name)
-}
-
-func (e recoverEngine) SyncPeers(name string) []hasync.PlanMember {
-	var out []hasync.PlanMember
-	for _, s := range e.g.Members() {
-		if s.Name == name || !s.State.Serving() {
-			continue
-		}
-		if m, ok := e.g.Member(s.Name); ok && m.Slot() != nil {
-			out = append(out, hasync.PlanMember{Name: s.Name, Slot: m.Slot()})
-		}
-	}
-	return out
-}
-
-func (e recoverEngine) ActivateMember(ctx context.Context, name string) error {
-	return e.g.ActivateMember(ctx, name)
-}
-
-func (e recoverEngine) FailMember(name string, cause error) {
-	if m, ok := e.g.Member(name); ok {
-		m.CompareAndTransition(member.Recovering, member.Failed, cause)
-	}
-}
+func (ge *groupEngine) Close() error { return ge.h.Close() }
