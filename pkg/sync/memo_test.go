@@ -289,3 +289,21 @@ func TestReplicateEach(t *testing.T) {
 		t.Errorf("%d copies on %s, want 1", n, ss[1].Name())
 	}
 }
+
+// TestReplicateExistingCopySearchesOnce: a key already on the target is
+// recognised by its wrapped blob, without the searches for public halves
+// that its fingerprint would cost on both members.
+func TestReplicateExistingCopySearchesOnce(t *testing.T) {
+	src, dst, log, _ := countedPair(t, false, 0)
+	r := &Replicator{GroupSerial: testSerial}
+	kp := genEC(t, src, "existing", randomID(t))
+	replicateWith(t, r, src, kp.pub, Target{Slot: dst})
+	h := replicateWith(t, r, src, kp.priv, Target{Slot: dst})
+	log.reset()
+	if again := replicateWith(t, r, src, kp.priv, Target{Slot: dst}); again != h {
+		t.Fatalf("second replication: handle %d, want %d", again, h)
+	}
+	if n, m := log.count(src.Name(), slot.OpFindObjects), log.count(dst.Name(), slot.OpFindObjects); n != 0 || m != 1 {
+		t.Errorf("%d searches on the source and %d on the target, want 0 and 1\n%s", n, m, log)
+	}
+}
