@@ -39,14 +39,52 @@
 //   - A key the application makes with CKA_EXTRACTABLE=false is made
 //     physically extractable (the group must move it between members under
 //     the domain key) with CKA_WRAP_WITH_TRUSTED=true when the domain key
-//     is trusted; on the virtual slot a private or secret key with
-//     CKA_WRAP_WITH_TRUSTED=true reads CKA_EXTRACTABLE=false and cannot be
-//     wrapped (CKR_KEY_UNEXTRACTABLE), in this process and in any other.
+//     is trusted; on the virtual slot a private or secret key whose
+//     copies all carry CKA_WRAP_WITH_TRUSTED=true reads
+//     CKA_EXTRACTABLE=false and cannot be wrapped (CKR_KEY_UNEXTRACTABLE),
+//     in this process and in any other. (Replicas carry it whatever the
+//     application asked — the trusted domain key's unwrap template forces
+//     it — so the key as it was made decides; once that copy is gone the
+//     key reads unextractable.)
 //     With an untrusted domain key the promise holds in the process that
 //     made the key only: install a trusted domain key.
 //   - The application's PIN is kept, while logged in, only if a member
 //     without its own PIN source needs it for recovery; it is zeroed on
 //     Logout and Close.
+//
+// Membership changes while the group runs (AddMember, RemoveMember,
+// SetStandby, SetOrder): the membership is replaced whole, so the hot path
+// reads it with one atomic load and never waits for a change. A member
+// added joins as recovering — no work, no replicated objects — until the
+// caller has caught it up and activates it (pkg/recover's Admit; pkg/ha
+// does both); a member removed takes no new work at once and is closed
+// once the calls in flight on it and the multi-part operations pinned to
+// it have ended.
+//
+// Object creation, destruction and attribute changes pass a write barrier
+// (HoldWrites) and move a mark (WriteMark). Recovery holds the barrier for
+// its final catch-up and the activation, so an object made between its
+// last listing and the member's return is not missed; signing and the
+// other operations never wait for it.
+//
+// When the last serving member fails, operations fail with
+// CKR_DEVICE_ERROR (GroupDown event). With recovery_mode activeBasic every
+// virtual session is lost (CKR_SESSION_HANDLE_INVALID) and so is the
+// login: once a member is back the application opens new sessions and
+// logs in again. With activeEnhanced sessions and login are kept, the
+// recovered member is logged in with the kept PIN, and the same session
+// handles work again (session objects and pinned multi-part operations do
+// not survive).
+//
+// Private and secret keys travel between members wrapped with
+// CKM_AES_KEY_WRAP_PAD. A member whose token does not offer it (one served
+// by p11-kit 0.24, whose RPC cannot carry it) is reported once
+// (MechanismMissing) and stays in service: such keys are made on the first
+// active member that can wrap them (the primary when none can), are not
+// sent to it (ReplicationSkipped; Unreplicated counts them), its health is
+// not charged for it, and a search by template avoids it while another
+// member serves. Key generation through the group then succeeds, with the
+// member reported out of sync for the key — never silently.
 //
 // The engine never logs: it reports what happens through Options.Events.
 // Every exported method is safe for concurrent use.
@@ -132,6 +170,8 @@ type Group struct {
 
 	skipMu  gosync.Mutex
 	skipped map[string]map[string]skippedObject // member → identity key → what it lacks
+	leftAt  map[string]uint64                   // member → changes when it left rotation
+	changes atomic.Uint64                       // objects made, destroyed or changed
 
 	objs objectTable
 
@@ -173,6 +213,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		sessions:   make(map[SessionHandle]*Session),
 		recovering: make(map[string]bool),
 		skipped:    make(map[string]map[string]skippedObject),
+		leftAt:     make(map[string]uint64),
 	}
 	gr.policy.Store(int32(pol))
 	gr.enhanced.Store(enhanced)

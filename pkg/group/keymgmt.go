@@ -287,6 +287,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	for i, o := range vs {
 		res[i] = o.h
 	}
+	g.changes.Add(uint64(len(vs)))
 	return res, nil
 }
 
@@ -725,6 +726,7 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	}
 	wg.Wait()
 	g.objs.remove(o)
+	g.changes.Add(1)
 	if o.token {
 		g.forgetSkipped(o.identity())
 		t := tombstone.Tombstone{Identity: o.identity(), Fingerprint: o.fingerprint(), Time: time.Now(), GroupSerial: g.serial}
@@ -872,6 +874,7 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		})
 	}
 	wg.Wait()
+	g.changes.Add(1)
 	if makeUnextractable {
 		o.unextractable.Store(true)
 	}

@@ -49,14 +49,23 @@ type vobject struct {
 	madeUnextractable atomic.Bool
 	// extractChecked: CKA_WRAP_WITH_TRUSTED was read once.
 	extractChecked atomic.Bool
-	conflict       atomic.Bool
-	gone           atomic.Bool
+	// wwtOrigin: what the members' copies say of CKA_WRAP_WITH_TRUSTED
+	// (see wrapWithTrustedEverywhere); 0 until asked.
+	wwtOrigin atomic.Int32
+	conflict  atomic.Bool
+	gone      atomic.Bool
 
 	// phys holds one reference per member index. It grows when a member
 	// with a higher index joins; a cache entry stored into the old array
 	// while it is copied may be lost, which costs one look-up.
 	phys atomic.Pointer[[]atomic.Pointer[physRef]]
 }
+
+// wwtOrigin values.
+const (
+	wwtSomewhereFalse = 1 // some member's copy lacks CKA_WRAP_WITH_TRUSTED
+	wwtEverywhere     = 2 // every member that answered has it
+)
 
 // ref returns what is known of o on member index i.
 func (o *vobject) ref(i int) *physRef {

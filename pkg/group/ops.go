@@ -129,6 +129,9 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 				wwt = len(a.Value) > 0 && a.Value[0] != 0
 			}
 		}
+		if wwt && !o.unextractable.Load() {
+			wwt = g.wrapWithTrustedEverywhere(ctx, o)
+		}
 		if wwt {
 			o.unextractable.Store(true)
 		}
@@ -149,6 +152,46 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 		}
 	}
 	return attrs, nil
+}
+
+// wrapWithTrustedEverywhere reports whether no serving member holds a
+// copy of o without CKA_WRAP_WITH_TRUSTED. Replicas carry it whatever the
+// application asked (a trusted domain key's unwrap template forces it,
+// so that they can be replicated again); only the key as it was made
+// tells: with it, the application made the key unextractable (prepare),
+// without it, the application may wrap the key. The answer is kept for
+// the life of the object. With no copy left without it (the member that
+// made the key is gone), the key reads unextractable: the safe side.
+func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vobject) bool {
+	switch o.wwtOrigin.Load() {
+	case wwtSomewhereFalse:
+		return false
+	case wwtEverywhere:
+		return true
+	}
+	answered := 0
+	for _, m := range g.serving() {
+		h, err := g.resolve(ctx, o, m)
+		if err != nil {
+			continue
+		}
+		var attrs []slot.Attribute
+		if _, err := g.call(ctx, m, func() (err error) {
+			attrs, err = m.Slot().GetAttributes(ctx, h, []uint{pkcs11.CKA_WRAP_WITH_TRUSTED})
+			return err
+		}); err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
+			continue
+		}
+		answered++
+		if len(attrs[0].Value) == 0 || attrs[0].Value[0] == 0 {
+			o.wwtOrigin.Store(wwtSomewhereFalse)
+			return false
+		}
+	}
+	if answered > 0 {
+		o.wwtOrigin.Store(wwtEverywhere)
+	}
+	return true
 }
 
 func containsType(types []uint, want ...uint) bool {

@@ -244,9 +244,10 @@ type MemberStatus struct {
 	// OutOfSync is how many objects the member lacks, holds in excess or
 	// holds in conflict: as the last plan that listed it found (at
 	// CheckedAt: a recovery or Synchronize), plus the keys made since
-	// that could not be replicated to it (Unreplicated). A member that is
-	// down also misses what was made since it failed, which only its
-	// recovery can count.
+	// that could not be replicated to it (Unreplicated), plus, while it
+	// is out of rotation, the objects made, destroyed or changed through
+	// this process since it left (other processes' changes are found by
+	// its recovery).
 	OutOfSync int       `json:"out_of_sync"`
 	CheckedAt time.Time `json:"checked_at,omitzero"`
 	// Conflicts involving the member found by its last recovery attempt.
@@ -290,6 +291,7 @@ func (h *Group) Status() Status {
 				ms.OutOfSync++
 			}
 		}
+		ms.OutOfSync += int(h.MissedChanges(snap.Name))
 		st.Members = append(st.Members, ms)
 	}
 	return st

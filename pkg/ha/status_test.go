@@ -1,0 +1,76 @@
+package ha
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/recover"
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/miekg/pkcs11"
+)
+
+// Status carries each member's state, last error, last attempt, attempts
+// left and objects out of sync, through automatic attempts that run out
+// and a manual recovery.
+func TestStatusFollowsRecovery(t *testing.T) {
+	toks := testhsm.Take(t, 3)
+	faults := slottest.NewFaults()
+	r := newRig(t, rigOpts{toks: toks, faults: faults, retries: 2})
+	ctx := testCtx(t)
+	victim := toks[1].Name
+	st := r.g.Status()
+	if st.Degraded() || st.OutOfSync() || len(st.Members) != 3 || st.Primary != toks[0].Name {
+		t.Fatalf("status of a healthy group: %+v", st)
+	}
+	if ms := memberStatus(t, st, victim); ms.AttemptsLeft != 2 || ms.State != member.Active {
+		t.Fatalf("healthy member: %+v", ms)
+	}
+	faults.FailAll(victim, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR))
+	s := r.session()
+	// A write the member misses while it is down; the generation itself
+	// fails the member (its replication fails).
+	genEC(t, s, "while-down")
+	r.ev.waitFor(t, "automatic attempts run out", func() bool {
+		return memberStatus(t, r.g.Status(), victim).GaveUp
+	})
+	ms := memberStatus(t, r.g.Status(), victim)
+	if ms.State != member.Failed || ms.Attempts != 2 || ms.AttemptsLeft != 0 || ms.LastAttempt.IsZero() ||
+		ms.LastAttemptError == "" || ms.LastError == "" || ms.AutoRecovery {
+		t.Fatalf("after the attempts ran out: %+v", ms)
+	}
+	if ms.OutOfSync != 2 {
+		t.Errorf("the failed member is out of sync by %d, want the 2 halves made since it failed", ms.OutOfSync)
+	}
+	if !strings.Contains(ms.LastAttemptError, victim) {
+		t.Errorf("last attempt error does not name the member: %s", ms.LastAttemptError)
+	}
+	if st := r.g.Status(); !st.Degraded() || st.Failed != 1 {
+		t.Errorf("group status: %+v", st)
+	}
+
+	faults.Heal(victim)
+	res, err := r.g.Recover(ctx, victim)
+	if err != nil {
+		t.Fatalf("manual Recover: %v", err)
+	}
+	if res.CatchUp.Copied != 2 {
+		t.Errorf("catch-up copied %d objects, want the 2 halves made while it was down", res.CatchUp.Copied)
+	}
+	ms = memberStatus(t, r.g.Status(), victim)
+	if ms.State != member.Active || ms.GaveUp || ms.LastAttemptError != "" || ms.LastRecovered.IsZero() || ms.OutOfSync != 0 || ms.CheckedAt.IsZero() {
+		t.Fatalf("after the manual recovery: %+v", ms)
+	}
+	rep, err := r.g.Synchronize(ctx, recover.SyncOptions{Check: true})
+	if err != nil || !rep.InSync() {
+		t.Fatalf("check after recovery: in sync %v, %v", rep != nil && rep.InSync(), err)
+	}
+	if _, err := json.Marshal(r.g.Status()); err != nil {
+		t.Errorf("status does not encode as JSON: %v", err)
+	}
+	if _, err := r.g.Recover(ctx, "nobody"); err == nil {
+		t.Error("Recover of an unknown member succeeded")
+	}
+}
