@@ -88,6 +88,9 @@ func TestActiveBasicLosesSessions(t *testing.T) {
 	if err := f.g.ActivateMember(testContext(t), back); err != nil {
 		t.Fatalf("ActivateMember: %v", err)
 	}
+	if err := s.Check(); CodeOf(err) != pkcs11.CKR_SESSION_HANDLE_INVALID {
+		t.Errorf("Check of the lost session: %v", err)
+	}
 	err := sessionSign(t, s, priv)
 	if CodeOf(err) != pkcs11.CKR_SESSION_HANDLE_INVALID {
 		t.Fatalf("old session after the outage: %v (0x%x), want CKR_SESSION_HANDLE_INVALID", err, CodeOf(err))

@@ -226,6 +226,16 @@ func (g *Group) dropPhysicalSessions(m *member.Member) {
 	}
 }
 
+// Check returns ErrSessionHandle (CKR_SESSION_HANDLE_INVALID) when the
+// session is closed or was lost when every member failed in activeBasic,
+// and nil otherwise: for a PKCS#11 module that runs single-part
+// operations through the Group rather than through the Session.
+func (s *Session) Check() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checkOpen("Session")
+}
+
 // checkOpen refuses a closed session, and one lost when every member
 // failed in activeBasic. s.mu held.
 func (s *Session) checkOpen(op string) error {

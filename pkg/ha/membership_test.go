@@ -1,6 +1,7 @@
 package ha
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/sha256"
@@ -89,7 +90,10 @@ func TestAddMemberCatchesUpBeforeWork(t *testing.T) {
 	// The newcomer needs the group's domain key before it joins, as an
 	// operator's `hactl hagroup domain` gives it.
 	r := newRig(t, rigOpts{toks: toks[:2], faults: faults, extraDomain: toks[2:]})
-	ctx := testCtx(t)
+	// SoftHSM's searches grow with the token: on a loaded machine 500
+	// copies take minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	s := r.session()
 	genEC(t, s, "signing")
 	// The other objects are put on both members directly, as an operator
