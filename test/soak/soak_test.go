@@ -28,7 +28,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	harecover "github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/hagroup/hagroup/test/load"
 	"github.com/miekg/pkcs11"
@@ -206,30 +205,29 @@ func TestSoak(t *testing.T) {
 	}
 	c := w.agentClient()
 	defer c.Close()
-	syncRep, err := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
-	if err != nil {
-		t.Fatalf("synchronize --check: %v", err)
-	}
+	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
 
-	// What every member holds, listed directly through its server.
+	// What every member holds, listed directly through its server, one
+	// label at a time: an object that cannot be read is counted, not fatal.
 	holdings := make([]map[string]int, len(w.members))
+	var listErrs []string
 	for i := range w.members {
-		s, err := slot.Open(ctx, w.memberSpec(i))
-		if err != nil {
-			t.Fatalf("member %s: %v", w.members[i], err)
-		}
-		objs, err := hasync.List(ctx, s)
-		s.Close()
-		if err != nil {
-			t.Fatalf("member %s: listing: %v", w.members[i], err)
-		}
 		holdings[i] = map[string]int{}
-		for _, o := range objs {
-			holdings[i][o.Label]++
+		labels, errs := listLabels(ctx, w.memberSpec(i))
+		for _, l := range labels {
+			holdings[i][l]++
+		}
+		for _, e := range errs {
+			listErrs = append(listErrs, fmt.Sprintf("member %s: %v", w.members[i], e))
 		}
 	}
 
 	rep := buildReport(w, cres, gl, ev, syncRep, holdings, chaosTime, keypairs)
+	rep.listErrs = listErrs
+	if syncErr != nil {
+		rep.syncErr = syncErr.Error()
+		rep.syncInSync = false
+	}
 	rep.schedule = ch.summary()
 	rep.agentHangs = ch.agentHangs
 	if b, err := os.ReadFile(w.logFile); err == nil {
@@ -292,6 +290,8 @@ type report struct {
 	failoverEvents           int
 	members                  int
 	recoveryFailed           int
+	syncErr                  string
+	listErrs                 []string
 	kind                     load.Kind
 	keypairs                 bool
 	agentHangs               []string
@@ -407,7 +407,12 @@ func (r *report) String() string {
 	p("  conflicts                                            %d", r.conflicts)
 	p("  longest stall                                        %v (%s) vs command_timeout %v", r.stall.Round(time.Millisecond), r.stallWhere, commandTimeout)
 	p("  haagent restarts after which it did not answer       %d", len(r.agentHangs))
-	p("  haagent synchronize --check after final recovery     in sync: %v, %d differences", r.syncInSync, r.syncDiffs)
+	if r.syncErr != "" {
+		p("  haagent synchronize --check after final recovery     FAILED: %s", r.syncErr)
+	} else {
+		p("  haagent synchronize --check after final recovery     in sync: %v, %d differences", r.syncInSync, r.syncDiffs)
+	}
+	p("  objects that could not be read on a member           %d", len(r.listErrs))
 	p("  object life cycle calls that failed (not single-part) %d creates, %d destroys; objects left by failed creates: %d", r.createFailed, r.destFailed, r.leftovers)
 	p("  member failures seen by the Go engine                %d", r.failoverEvents)
 	p("  recovery attempts that failed (all processes)        %d, of which aborted because an object being copied was destroyed meanwhile: %d", r.recoveryFailed, r.recoveryRaced)
@@ -439,8 +444,13 @@ func (r *report) problems() []string {
 	if r.conflicts > 0 {
 		p = append(p, fmt.Sprintf("%d conflicts", r.conflicts))
 	}
-	if !r.syncInSync {
+	if r.syncErr != "" {
+		p = append(p, "synchronize --check failed after final recovery: "+r.syncErr)
+	} else if !r.syncInSync {
 		p = append(p, fmt.Sprintf("the group is not in sync after final recovery: %d differences", r.syncDiffs))
+	}
+	if len(r.listErrs) > 0 {
+		p = append(p, fmt.Sprintf("%d objects could not be read: %v", len(r.listErrs), first(r.listErrs, 5)))
 	}
 	if len(r.agentHangs) > 0 {
 		p = append(p, fmt.Sprintf("haagent did not answer after %d of its restarts: %s", len(r.agentHangs), strings.Join(r.agentHangs, "; ")))
@@ -456,4 +466,30 @@ func first(s []string, n int) []string {
 		return s[:n]
 	}
 	return s
+}
+
+// listLabels opens a member's token and returns the label of every object
+// on it (domain keys included), with an error for each object or step that
+// failed.
+func listLabels(ctx context.Context, spec slot.Spec) ([]string, []error) {
+	s, err := slot.Open(ctx, spec)
+	if err != nil {
+		return nil, []error{err}
+	}
+	defer s.Close()
+	hs, err := s.FindObjects(ctx, nil)
+	if err != nil {
+		return nil, []error{fmt.Errorf("find all: %w", err)}
+	}
+	var labels []string
+	var errs []error
+	for _, h := range hs {
+		attrs, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL})
+		if err != nil || len(attrs) != 1 {
+			errs = append(errs, fmt.Errorf("object %d: label: %v", h, err))
+			continue
+		}
+		labels = append(labels, string(attrs[0].Value))
+	}
+	return labels, errs
 }
