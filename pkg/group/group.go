@@ -336,7 +336,11 @@ func (g *Group) Label() string { return g.label }
 func (g *Group) Serial() string { return g.serial }
 
 // Settings returns the group's effective settings.
-func (g *Group) Settings() config.Settings { return g.settings }
+func (g *Group) Settings() config.Settings {
+	s := g.settings
+	s.Policy, s.RecoveryMode = g.policyName(), g.RecoveryMode()
+	return s
+}
 
 // Members returns a snapshot of every member, in configured order.
 func (g *Group) Members() []member.Snapshot {
@@ -598,6 +602,12 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 		}
 		if old := m.SetSlot(ns); old != nil && old != ns {
 			old.Close()
+		}
+		if m.State() == member.Removed {
+			// RemoveMember closed the member meanwhile: do not leave this
+			// token open behind it.
+			ns.Close()
+			return nil, fmt.Errorf("member %s was removed from the group", m.Name())
 		}
 		s = ns
 	} else if err := s.Reinit(ctx); err != nil {
