@@ -78,11 +78,43 @@ type memo struct {
 	mechErr   error // the module's answer when it has no such mechanism
 }
 
+// memberState is what a Replicator keeps per member slot.
+type memberState struct {
+	// turn admits one copy into the member at a time: SoftHSM 2.6.1
+	// now and then answers CKR_GENERAL_ERROR (or
+	// CKR_TEMPLATE_INCONSISTENT) to objects created on one token from
+	// several threads at once, and gains nothing from them (it writes
+	// one file per object).
+	turn chan struct{}
+	memo memo
+}
+
+// state returns s's state, made on first use. Callers hold r.mu.
+func (r *Replicator) stateLocked(s *slot.Slot) *memberState {
+	if r.members == nil {
+		r.members = map[weak.Pointer[slot.Slot]]*memberState{}
+	}
+	k := weak.Make(s)
+	st := r.members[k]
+	if st == nil {
+		// A new slot (a member opened again): drop the state of slots
+		// that are gone, so a long-lived Replicator does not grow.
+		for p := range r.members {
+			if p.Value() == nil {
+				delete(r.members, p)
+			}
+		}
+		st = &memberState{turn: make(chan struct{}, 1)}
+		r.members[k] = st
+	}
+	return st
+}
+
 func (r *Replicator) memoOf(s *slot.Slot) memo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if m := r.memos[weak.Make(s)]; m != nil && m.epoch == s.Epoch() {
-		return *m
+	if st := r.members[weak.Make(s)]; st != nil && st.memo.epoch == s.Epoch() {
+		return st.memo
 	}
 	return memo{}
 }
@@ -92,25 +124,11 @@ func (r *Replicator) memoOf(s *slot.Slot) memo {
 func (r *Replicator) remember(s *slot.Slot, epoch uint64, fn func(*memo)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.memos == nil {
-		r.memos = map[weak.Pointer[slot.Slot]]*memo{}
+	st := r.stateLocked(s)
+	if st.memo.epoch != epoch {
+		st.memo = memo{epoch: epoch}
 	}
-	k := weak.Make(s)
-	m := r.memos[k]
-	if m == nil {
-		// A new slot (a member opened again): drop the memos of slots
-		// that are gone, so a long-lived Replicator does not grow.
-		for p := range r.memos {
-			if p.Value() == nil {
-				delete(r.memos, p)
-			}
-		}
-	}
-	if m == nil || m.epoch != epoch {
-		m = &memo{epoch: epoch}
-		r.memos[k] = m
-	}
-	fn(m)
+	fn(&st.memo)
 }
 
 // forgetDomainKey drops s's domain-key handle, so that the next call finds
@@ -118,8 +136,22 @@ func (r *Replicator) remember(s *slot.Slot, epoch uint64, fn func(*memo)) {
 func (r *Replicator) forgetDomainKey(s *slot.Slot) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if m := r.memos[weak.Make(s)]; m != nil {
-		m.dk, m.trusted = 0, false
+	if st := r.members[weak.Make(s)]; st != nil {
+		st.memo.dk, st.memo.trusted = 0, false
+	}
+}
+
+// takeTurn waits, bounded by ctx, until no other copy of this Replicator
+// is being made into s, and returns the function that ends the turn.
+func (r *Replicator) takeTurn(ctx context.Context, s *slot.Slot) (func(), error) {
+	r.mu.Lock()
+	turn := r.stateLocked(s).turn
+	r.mu.Unlock()
+	select {
+	case turn <- struct{}{}:
+		return func() { <-turn }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("member %s: wait for the copy before this one: %w", s.Name(), context.Cause(ctx))
 	}
 }
 

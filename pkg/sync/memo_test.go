@@ -2,9 +2,11 @@ package sync
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	gosync "sync"
 	"testing"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
@@ -305,5 +307,62 @@ func TestReplicateExistingCopySearchesOnce(t *testing.T) {
 	}
 	if n, m := log.count(src.Name(), slot.OpFindObjects), log.count(dst.Name(), slot.OpFindObjects); n != 0 || m != 1 {
 		t.Errorf("%d searches on the source and %d on the target, want 0 and 1\n%s", n, m, log)
+	}
+}
+
+// creates is an interceptor that records how many object creations run
+// at once on each token.
+type creates struct {
+	mu       gosync.Mutex
+	now, max map[string]int
+}
+
+func (c *creates) Before(context.Context, string, slot.Op) error { return nil }
+
+func (c *creates) Wrap(_ context.Context, token string, op slot.Op, call func() error) error {
+	if op != slot.OpCreateObject && op != slot.OpUnwrapKey {
+		return call()
+	}
+	c.mu.Lock()
+	c.now[token]++
+	c.max[token] = max(c.max[token], c.now[token])
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.now[token]--
+		c.mu.Unlock()
+	}()
+	return call()
+}
+
+// TestReplicateOneCreateAtATime: copies into one member, from many calls
+// at once, are made one at a time (SoftHSM fails concurrent creations on
+// one token now and then); copies into different members are not.
+func TestReplicateOneCreateAtATime(t *testing.T) {
+	c := &creates{now: map[string]int{}, max: map[string]int{}}
+	toks := testhsm.Take(t, 3)
+	ss := []*slot.Slot{openSlot(t, toks[0], nil), openSlot(t, toks[1], c), openSlot(t, toks[2], c)}
+	installDomain(t, testSerial, false, ss, toks)
+	r := &Replicator{GroupSerial: testSerial}
+	var keys []pkcs11.ObjectHandle
+	for i := range 4 {
+		kp := genEC(t, ss[0], fmt.Sprintf("turn-%d", i), randomID(t))
+		keys = append(keys, kp.pub, kp.priv)
+	}
+	var wg gosync.WaitGroup
+	errs := make([]error, len(keys)*2)
+	for i, k := range keys {
+		for j, dst := range ss[1:] {
+			wg.Go(func() { _, errs[2*i+j] = r.Replicate(testContext(t), ss[0], k, Target{Slot: dst}) })
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss[1:] {
+		if m := c.max[s.Name()]; m != 1 {
+			t.Errorf("%d objects created at once on %s, want 1", m, s.Name())
+		}
 	}
 }

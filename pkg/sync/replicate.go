@@ -74,13 +74,17 @@ func (t Target) store() store {
 // login epoch (slot.Slot.Epoch), the handle of the domain key and what the
 // member says of the wrapping mechanism, so that a Replicate searches the
 // tokens at most once (for an existing copy; not at all with
-// Target.Absent). A Replicator must not be copied after first use.
+// Target.Absent). Copies into one member slot are made one at a time,
+// whatever the calls they come from: SoftHSM 2.6.1 now and then fails
+// objects created on one token from several threads at once
+// (CKR_GENERAL_ERROR, CKR_TEMPLATE_INCONSISTENT). A Replicator must not
+// be copied after first use.
 type Replicator struct {
 	// GroupSerial selects the domain key: DomainLabel(GroupSerial).
 	GroupSerial string
 
-	mu    gosync.Mutex
-	memos map[weak.Pointer[slot.Slot]]*memo
+	mu      gosync.Mutex
+	members map[weak.Pointer[slot.Slot]]*memberState
 }
 
 // cleanupTimeout bounds the removal of a half-made object after a
@@ -220,7 +224,12 @@ func (r *Replicator) ReplicateEach(ctx context.Context, src *slot.Slot, srcH pkc
 func (r *Replicator) replicateTo(ctx context.Context, sc *source, dst Target) (pkcs11.ObjectHandle, error) {
 	j := &replication{r: r, src: sc, dst: dst, ds: dst.store(), dname: dst.Slot.Name()}
 	defer j.close()
-	h, err := j.run(ctx)
+	var h pkcs11.ObjectHandle
+	done, err := r.takeTurn(ctx, dst.Slot)
+	if err == nil {
+		h, err = j.run(ctx)
+		done()
+	}
 	if err != nil {
 		var ce *ConflictError
 		if errors.As(err, &ce) {
