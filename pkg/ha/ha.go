@@ -403,6 +403,26 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 	if len(g.Members) == 0 {
 		return nil, fmt.Errorf("group %s: no members", h.Label())
 	}
+	want := map[string]config.Member{}
+	for _, m := range g.Members {
+		want[m.Name] = m
+	}
+	var stay, changed, gone []config.Member
+	for _, om := range h.cfg.Members {
+		nm, keep := want[om.Name]
+		switch {
+		case !keep:
+			gone = append(gone, om)
+		case !sameToken(om, nm):
+			changed = append(changed, nm)
+		default:
+			stay = append(stay, nm)
+		}
+	}
+	if len(stay) == 0 {
+		// Nothing running would survive: reopening loses nothing.
+		return nil, fmt.Errorf("group %s: no member is kept as it was: %w", h.Label(), ErrReopen)
+	}
 	var lines []string
 	if s.Policy != old.Policy {
 		if err := h.SetPolicy(s.Policy); err != nil {
@@ -424,46 +444,36 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 	}
 	h.set = s
 
-	want := map[string]config.Member{}
-	for _, m := range g.Members {
-		want[m.Name] = m
+	for _, nm := range stay {
+		if om, _ := h.cfg.Member(nm.Name); om.Standby == nm.Standby {
+			continue
+		}
+		if err := h.Group.SetStandby(nm.Name, nm.Standby); err != nil {
+			return lines, err
+		}
+		h.noteMember(nm)
+		if nm.Standby {
+			lines = append(lines, nm.Name+": member_standby (designated standby)")
+		} else {
+			lines = append(lines, nm.Name+": member_active (returned from standby)")
+		}
 	}
-	// Removed and changed members go first, so that a member renamed in
-	// place frees its token before its new self opens it.
-	var readd []config.Member
-	for _, om := range slices.Clone(h.cfg.Members) {
-		nm, keep := want[om.Name]
-		switch {
-		case !keep:
-			if err := h.removeMember(ctx, om.Name); err != nil {
-				return lines, err
-			}
-			lines = append(lines, om.Name+": member_removed (its work in flight ended)")
-		case !sameToken(om, nm):
-			if err := h.removeMember(ctx, om.Name); err != nil {
-				return lines, err
-			}
-			readd = append(readd, nm)
-		case om.Standby != nm.Standby:
-			if err := h.Group.SetStandby(om.Name, nm.Standby); err != nil {
-				return lines, err
-			}
-			h.noteMember(nm)
-			if nm.Standby {
-				lines = append(lines, om.Name+": member_standby (designated standby)")
-			} else {
-				lines = append(lines, om.Name+": member_active (returned from standby)")
-			}
+	// A changed member leaves before its new self opens the token; new
+	// members join before the removed ones leave, so the group never
+	// shrinks more than it must.
+	for _, nm := range changed {
+		if err := h.removeMember(ctx, nm.Name); err != nil {
+			return lines, err
 		}
 	}
 	for _, nm := range g.Members {
 		_, had := h.Member(nm.Name)
-		isReadd := slices.ContainsFunc(readd, func(m config.Member) bool { return m.Name == nm.Name })
-		if had && !isReadd {
+		isChanged := slices.ContainsFunc(changed, func(m config.Member) bool { return m.Name == nm.Name })
+		if had && !isChanged {
 			continue
 		}
 		event := "member_added"
-		if isReadd {
+		if isChanged {
 			event = "member_changed"
 		}
 		res, err := h.addMember(ctx, nm)
@@ -476,6 +486,12 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		default:
 			lines = append(lines, fmt.Sprintf("%s: %s (caught up: copied %d, deleted %d)", nm.Name, event, res.CatchUp.Copied, res.CatchUp.Deleted))
 		}
+	}
+	for _, om := range gone {
+		if err := h.removeMember(ctx, om.Name); err != nil {
+			return lines, err
+		}
+		lines = append(lines, om.Name+": member_removed (its work in flight ended)")
 	}
 	order := make([]string, len(g.Members))
 	for i, m := range g.Members {
