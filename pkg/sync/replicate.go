@@ -156,11 +156,11 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // this call stays on dst; the error names the member and the object.
 // Session objects need dst.Session.
 //
-// Cost with SoftHSM, every handle and answer remembered: a public object
-// 2-3 reads on src, one create and 1-2 reads on dst; a key 2 reads and a
-// wrap on src, an unwrap, a read and a wrap on dst (plus setting the
-// check value of a secret key); and, unless dst.Absent, one FindObjects
-// on dst.
+// Cost with SoftHSM, every handle and answer remembered (see
+// Replicator): a public key 3 reads on src, one create and 2 reads on
+// dst; a key 3 reads and a wrap on src, an unwrap, a read and a wrap on
+// dst (plus setting the check value of a secret key); and, unless
+// dst.Absent, one FindObjects on dst. No search on src.
 func (r *Replicator) Replicate(ctx context.Context, src *slot.Slot, srcH pkcs11.ObjectHandle, dst Target) (pkcs11.ObjectHandle, error) {
 	hs, errs := r.ReplicateEach(ctx, src, srcH, []Target{dst})
 	return hs[0], errs[0]
