@@ -250,8 +250,10 @@ func TestSoak(t *testing.T) {
 		t.Logf("HA event log (tail):\n%s", tail(string(b), 60))
 		t.Logf("replay with -soak.seed %d", seed)
 		keep := filepath.Join(os.TempDir(), fmt.Sprintf("soak-failed-%d", seed))
-		if err := os.CopyFS(keep, os.DirFS(w.dir)); err == nil {
-			t.Logf("state, HA event log and server logs kept in %s", keep)
+		if err := copyRegular(w.dir, keep); err == nil {
+			t.Logf("tokens, state, HA event log and server logs kept in %s", keep)
+		} else {
+			t.Logf("keeping the soak's directory: %v", err)
 		}
 	}
 }
@@ -492,4 +494,30 @@ func listLabels(ctx context.Context, spec slot.Spec) ([]string, []error) {
 		labels = append(labels, string(attrs[0].Value))
 	}
 	return labels, errs
+}
+
+// copyRegular copies the regular files and directories under src to dst
+// (sockets and the built programs are left out).
+func copyRegular(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			if rel == "bin" {
+				return filepath.SkipDir
+			}
+			return os.MkdirAll(target, 0o700)
+		case d.Type().IsRegular():
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(target, b, 0o600)
+		}
+		return nil
+	})
 }
