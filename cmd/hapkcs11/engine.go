@@ -9,43 +9,67 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/ha"
 	harecover "github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
-// virtual is one HA group as a slot: the engine (pkg/group) running in
-// the application's process.
+// virtual is one HA group as a slot: the engine (pkg/group) with its
+// recovery (pkg/ha) running in the application's process.
 type virtual struct {
-	g *group.Group
+	g *ha.Group
+	// lost counts the group_down events in activeBasic: every session and
+	// the login were lost then, and the library drops what it keeps of them
+	// (sessionLoser).
+	lost     atomic.Uint64
+	onLost   atomic.Pointer[func()]
+	basicNow func() bool
 }
 
-// openGroups starts the engine for every configured group, with the
-// automatic recovery of failed members (pkg/recover) running in this
-// process, as Luna's client does. Deletions are journalled in the state
-// directory when this process may write it (so that a member that was away
-// cannot bring a deleted key back, and recoveries by the agent and by
-// applications exclude each other through its lock files); otherwise they
-// are kept in memory, which the HA event log then says.
+// sessionLoser is a token whose sessions and login can be lost all at once
+// (a virtual slot whose group went down in activeBasic). Lost counts those
+// losses; OnLost registers a function called (without blocking the caller)
+// after each.
+type sessionLoser interface {
+	Lost() uint64
+	OnLost(fn func())
+}
+
+// Lost implements sessionLoser.
+func (v *virtual) Lost() uint64 { return v.lost.Load() }
+
+// OnLost implements sessionLoser.
+func (v *virtual) OnLost(fn func()) { v.onLost.Store(&fn) }
+
+// groupDown records a group_down event: in activeBasic the engine lost
+// every session and the login, so the library must too. It must not block
+// (it runs inside the engine's event emission).
+func (v *virtual) groupDown() {
+	if !v.basicNow() {
+		return // activeEnhanced: sessions and login survive the outage
+	}
+	v.lost.Add(1)
+	if fn := v.onLost.Load(); fn != nil {
+		go (*fn)()
+	}
+}
+
+// openGroups starts every configured group with ha.Open: the engine, the
+// automatic recovery of failed members running in this process (as Luna's
+// client does), and the tombstone journal in the state directory when this
+// process may write it (so that a member that was away cannot bring a
+// deleted key back, and recoveries by the agent and by applications exclude
+// each other through its lock files); otherwise tombstones are kept in
+// memory, which the HA event log then says.
 func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token, func() error, error) {
 	stateDir := cfg.Agent.WithDefaults().StateDir
-	var (
-		groups   []*group.Group
-		recs     []*harecover.Recoverer
-		journals []*tombstone.Journal
-	)
+	var groups []*ha.Group
 	closeAll := func() error {
 		var errs []error
-		for _, r := range recs {
-			errs = append(errs, r.Close())
-		}
 		for _, g := range groups {
 			errs = append(errs, g.Close())
-		}
-		for _, j := range journals {
-			errs = append(errs, j.Close())
 		}
 		return errors.Join(errs...)
 	}
@@ -53,38 +77,24 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 	for i := range cfg.Groups {
 		gc := cfg.Groups[i]
 		set := cfg.Settings(&gc)
-		sink := &eventSink{log: log}
-		opts := group.Options{Events: sink}
-		ropts := harecover.Options{
-			Interval: set.Interval,
-			Retries:  set.Retries,
-			Events:   sink.recovery(gc.Label),
-		}
-		j, err := tombstone.Open(stateDir, gc.Serial, tombstone.Options{Horizon: set.TombstoneHorizon})
-		if err != nil {
-			log.event(gc.Label, "", "client-tombstones-in-memory", err.Error())
-		} else {
-			journals = append(journals, j)
-			opts.Tombstones = j
-			ropts.Tombstones = j
-			ropts.StateDir = stateDir
-		}
-		g, err := group.Open(ctx, gc, set, opts)
+		v := &virtual{}
+		sink := &eventSink{log: log, v: v}
+		g, err := ha.Open(ctx, gc, set, ha.Options{
+			StateDir:       stateDir,
+			Events:         sink,
+			RecoveryEvents: sink.recovery(gc.Label),
+		})
 		if err != nil {
 			_ = closeAll() // the start failed; the error below says why
 			return nil, nil, fmt.Errorf("group %s: %w", gc.Label, err)
 		}
-		groups = append(groups, g)
-		ropts.Engine = g
-		rec, err := harecover.New(ropts)
-		if err != nil {
-			_ = closeAll()
-			return nil, nil, fmt.Errorf("group %s: recovery: %w", gc.Label, err)
+		if terr := g.TombstoneError(); terr != nil {
+			log.event(gc.Label, "", "client-tombstones-in-memory", terr.Error())
 		}
-		recs = append(recs, rec)
-		sink.rec.Store(rec)
-		rec.Resume() // members that failed while the group opened
-		out = append(out, &virtual{g: g})
+		groups = append(groups, g)
+		v.g = g
+		v.basicNow = func() bool { return g.Settings().RecoveryMode == config.RecoveryActiveBasic }
+		out = append(out, v)
 	}
 	// Per-member counters for the application, when it asks (stats.go).
 	sources := make([]statsSource, len(groups))
@@ -98,12 +108,13 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 	return out, func() error { return errors.Join(stats.stop(), closeAll()) }, nil
 }
 
-// eventSink writes the engine's events to the HA event log and starts the
-// recovery of a member that failed. It must not block: the log is an
-// O_APPEND file write and MemberFailed only schedules.
+// eventSink writes the engine's events to the HA event log and tells the
+// virtual slot of a group_down. It must not block: the log is an O_APPEND
+// file write and groupDown only schedules. (pkg/ha forwards member
+// failures to the recoverer itself.)
 type eventSink struct {
 	log *eventLog
-	rec atomic.Pointer[harecover.Recoverer]
+	v   *virtual
 }
 
 func (s *eventSink) Event(e group.Event) {
@@ -117,14 +128,12 @@ func (s *eventSink) Event(e group.Event) {
 		detail = fmt.Sprintf("%s -> %s", e.From, e.To)
 	}
 	s.log.event(e.Group, e.Member, string(e.Kind), detail)
-	if e.Kind == group.MemberFailed {
-		if r := s.rec.Load(); r != nil {
-			r.MemberFailed(e.Member)
-		}
+	if e.Kind == group.GroupDown && s.v.basicNow != nil {
+		s.v.groupDown()
 	}
 }
 
-// recovery returns the Recoverer's event callback for group label.
+// recovery returns the recoverer's event callback for group label.
 func (s *eventSink) recovery(label string) func(harecover.Event) {
 	return func(e harecover.Event) {
 		detail := ""
@@ -170,14 +179,17 @@ func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &virtualSession{g: v.g, s: s}, nil
+	return &virtualSession{g: v.g.Group, s: s}, nil
 }
 
 func (v *virtual) Close() error { return nil } // the groups close in openGroups' closer
 
 // virtualSession is one application session on a group. Single-part
-// operations go to the group (scheduled over members, with failover);
-// multi-part ones to the engine's session, which pins them on the first
+// operations go to the group (scheduled over members, with failover), after
+// the engine's session says it is still valid (Session.Check: in
+// activeBasic a session opened before every member failed answers
+// CKR_SESSION_HANDLE_INVALID, as it would on the engine's session);
+// multi-part ones go to the engine's session, which pins them on the first
 // Update.
 type virtualSession struct {
 	g *group.Group
@@ -200,10 +212,16 @@ func (v *virtualSession) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribu
 }
 
 func (v *virtualSession) GetAttributes(ctx context.Context, h uint, types []uint) ([]slot.Attribute, error) {
+	if err := v.s.Check(); err != nil {
+		return nil, err
+	}
 	return v.g.GetAttributes(ctx, vh(h), types)
 }
 
 func (v *virtualSession) SetAttributes(ctx context.Context, h uint, attrs []*pkcs11.Attribute) error {
+	if err := v.s.Check(); err != nil {
+		return err
+	}
 	return v.g.SetAttributes(ctx, vh(h), attrs)
 }
 
@@ -232,6 +250,9 @@ func (v *virtualSession) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanis
 }
 
 func (v *virtualSession) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key uint) ([]byte, error) {
+	if err := v.s.Check(); err != nil {
+		return nil, err
+	}
 	return v.g.WrapKey(ctx, m, vh(wrapping), vh(key))
 }
 
@@ -246,26 +267,44 @@ func (v *virtualSession) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, bas
 }
 
 func (v *virtualSession) Sign(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
+	if err := v.s.Check(); err != nil {
+		return nil, err
+	}
 	return v.g.Sign(ctx, m, vh(key), data)
 }
 
 func (v *virtualSession) Verify(ctx context.Context, m *pkcs11.Mechanism, key uint, data, sig []byte) error {
+	if err := v.s.Check(); err != nil {
+		return err
+	}
 	return v.g.Verify(ctx, m, vh(key), data, sig)
 }
 
 func (v *virtualSession) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
+	if err := v.s.Check(); err != nil {
+		return nil, err
+	}
 	return v.g.Encrypt(ctx, m, vh(key), data)
 }
 
 func (v *virtualSession) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
+	if err := v.s.Check(); err != nil {
+		return nil, err
+	}
 	return v.g.Decrypt(ctx, m, vh(key), data)
 }
 
 func (v *virtualSession) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
+	if err := v.s.Check(); err != nil {
+		return nil, err
+	}
 	return v.g.Digest(ctx, m, data)
 }
 
 func (v *virtualSession) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
+	if err := v.s.Check(); err != nil {
+		return nil, err
+	}
 	return v.g.GenerateRandom(ctx, n)
 }
 

@@ -42,6 +42,26 @@ type slotEntry struct {
 	keys   map[uint]keyInfo  // checked keys, dropped on any change
 	mechs  map[uint]struct{} // nil until read
 	mechOK bool
+	seen   uint64 // the token's Lost count that user reflects (sessionLoser)
+}
+
+// lost returns how many times the token lost every session and its login
+// (a virtual slot whose group went down in activeBasic); 0 for others.
+func (e *slotEntry) lost() uint64 {
+	if lo, ok := e.tok.(sessionLoser); ok {
+		return lo.Lost()
+	}
+	return 0
+}
+
+// current forgets the login when the token lost it since it was recorded.
+// Called with e.mu held, before any read of user or keys.
+func (e *slotEntry) current() {
+	if n := e.lost(); n != e.seen {
+		e.user = userNone
+		e.keys = nil
+		e.seen = n
+	}
 }
 
 // keyInfo is what an *Init call checks of a key: that it is a key and may
@@ -57,6 +77,7 @@ type appSession struct {
 	slot   *slotEntry
 	rw     bool
 	be     session
+	epoch  uint64 // slot.lost() when opened: stale after the token lost its sessions
 
 	mu      sync.Mutex // one call at a time
 	closed  bool
@@ -182,8 +203,10 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 		return 0, err
 	}
 	s.mu.Lock()
+	s.current()
 	so := s.user == pkcs11.CKU_SO
 	s.mu.Unlock()
+	epoch := s.lost()
 	if so && !rw {
 		return 0, ckErr(pkcs11.CKR_SESSION_READ_WRITE_SO_EXISTS)
 	}
@@ -200,7 +223,7 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	l.mu.Lock()
 	l.next++
 	h := l.next
-	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be}
+	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be, epoch: epoch}
 	l.mu.Unlock()
 	return h, nil
 }
@@ -218,7 +241,48 @@ func (l *library) session(h uint) (*appSession, error) {
 		s.mu.Unlock()
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
+	if s.epoch != s.slot.lost() {
+		// Opened before the group went down in activeBasic: the engine
+		// lost it, so the application's handle is gone too.
+		s.mu.Unlock()
+		l.dropLost(s.slot)
+		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
+	}
 	return s, nil
+}
+
+// dropLost removes the sessions of slot e that its token lost (every member
+// of the group failed in activeBasic), and with them the login, without
+// asking the token to log out: the engine already forgot both. It runs from
+// the token's OnLost callback and when a stale session is used.
+func (l *library) dropLost(e *slotEntry) {
+	n := e.lost()
+	l.mu.Lock()
+	var stale []*appSession
+	for h, s := range l.sessions {
+		if s.slot == e && s.epoch != n {
+			stale = append(stale, s)
+			delete(l.sessions, h)
+		}
+	}
+	l.mu.Unlock()
+	for _, s := range stale {
+		s.mu.Lock()
+		s.closed = true
+		if err := s.be.Close(); err != nil {
+			l.log.debug("closing a session lost with its group", "slot", e.id, "err", err)
+		}
+		s.mu.Unlock()
+		e.mu.Lock()
+		e.nsess--
+		if !s.rw {
+			e.nro--
+		}
+		e.mu.Unlock()
+	}
+	e.mu.Lock()
+	e.current()
+	e.mu.Unlock()
 }
 
 func (l *library) closeSession(h uint) error {
@@ -241,6 +305,7 @@ func (l *library) endSession(s *appSession) error {
 	s.mu.Unlock()
 	e := s.slot
 	e.mu.Lock()
+	e.current()
 	e.nsess--
 	if !s.rw {
 		e.nro--
@@ -289,6 +354,7 @@ func (l *library) sessionInfo(h uint) (slotID, state, flags uint, err error) {
 	}
 	defer s.mu.Unlock()
 	s.slot.mu.Lock()
+	s.slot.current()
 	user := s.slot.user
 	s.slot.mu.Unlock()
 	flags = pkcs11.CKF_SERIAL_SESSION
@@ -325,6 +391,7 @@ func (l *library) login(h, userType uint, pin secret.PIN) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.current()
 	switch {
 	case e.user == userType:
 		return ckErr(pkcs11.CKR_USER_ALREADY_LOGGED_IN)
@@ -350,6 +417,7 @@ func (l *library) logout(h uint) error {
 	s.mu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.current()
 	if e.user == userNone {
 		return ckErr(pkcs11.CKR_USER_NOT_LOGGED_IN)
 	}

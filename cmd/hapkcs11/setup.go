@@ -102,6 +102,9 @@ func (l *library) add(id uint, t token) {
 	e := &slotEntry{id: id, tok: t, user: userNone}
 	l.slots = append(l.slots, e)
 	l.byID[id] = e
+	if lo, ok := t.(sessionLoser); ok {
+		lo.OnLost(func() { l.dropLost(e) })
+	}
 }
 
 // memberSpec is how a member's token is opened (no PIN: the application
