@@ -147,12 +147,14 @@ func TestManPagesFresh(t *testing.T) {
 
 func TestPrinters(t *testing.T) {
 	id := uint(7)
+	unlimited, four := -1, 4
 	g := agent.GroupStatus{Label: "signing", Serial: "1000001", Healthy: false,
 		Settings:  agent.Settings{Policy: "least-busy", RecoveryMode: "activeBasic"},
 		NeedsSync: []string{"hsm-b"}, Standbys: []string{"hsm-c"},
 		Members: []agent.MemberStatus{
-			{Name: "hsm-a", State: "active", Primary: true, SlotID: &id, TokenLabel: "ha-a", TokenSerial: "abc", Operations: 12},
-			{Name: "hsm-b", State: "failed", Token: "label=ha-b", LastError: "CKR_DEVICE_ERROR", Failures: 3},
+			{Name: "hsm-a", State: "active", Primary: true, SlotID: &id, TokenLabel: "ha-a", TokenSerial: "abc", Operations: 12, AttemptsLeft: &unlimited},
+			{Name: "hsm-b", State: "failed", Token: "label=ha-b", LastError: "CKR_DEVICE_ERROR", Failures: 3,
+				AttemptsLeft: &four, OutOfSync: 2, NeedsSync: true},
 			{Name: "hsm-c", State: "standby", Standby: true, InFlight: 2},
 		}}
 	h, rows := makeMembersTable(g)
@@ -160,9 +162,15 @@ func TestPrinters(t *testing.T) {
 		t.Fatalf("header %v vs row %v", h, rows[0])
 	}
 	want := [][]string{
-		{"hsm-a", "active", "primary", "7", "ha-a", "abc", "0", "12", "0", "-"},
-		{"hsm-b", "failed", "active", "-", "label=ha-b", "-", "0", "0", "3", "CKR_DEVICE_ERROR"},
-		{"hsm-c", "standby", "standby", "-", "-", "-", "2", "0", "0", "-"},
+		{"hsm-a", "active", "primary", "7", "ha-a", "abc", "0", "12", "0", "unlimited", "no", "-"},
+		{"hsm-b", "failed", "active", "-", "label=ha-b", "-", "0", "0", "3", "4", "yes (2)", "CKR_DEVICE_ERROR"},
+		{"hsm-c", "standby", "standby", "-", "-", "-", "2", "0", "0", "-", "no", "-"},
+	}
+	if got := attemptsLeft(agent.MemberStatus{GaveUp: true, AttemptsLeft: &four}); got != "0 (gave up)" {
+		t.Errorf("attempts left of a member that gave up = %q", got)
+	}
+	if got := needsSync(agent.MemberStatus{NeedsSync: true}); got != "yes" {
+		t.Errorf("needs sync without a count = %q", got)
 	}
 	for i := range want {
 		if !slices.Equal(rows[i], want[i]) {

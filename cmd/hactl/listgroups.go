@@ -16,7 +16,13 @@ func newListGroupsCmd(a *app) *cobra.Command {
 		Short: "Show the HA groups, their members and their health",
 		Long: `Show the global HA settings, then for each group its label, serial, policy,
 members with their state, last error, operations in flight and done, the
-members that need synchronisation and the standby members.
+automatic recovery attempts left, whether each needs synchronisation (and
+how many objects it lacks or holds in excess), the members that need
+synchronisation and the standby members. --json adds, per member, since
+when it is in its state, the recovery attempts made, the last and next
+attempt and why the last failed, whether recovery gave up, when it was last
+checked, its conflicts, the keys it could not receive and the mechanisms it
+lacks.
 
 The states come from haagent when it runs; otherwise hactl reads the
 configuration and opens every member token itself (without logging in), and

@@ -50,7 +50,7 @@ func buildBinaries(t *testing.T) string {
 			return
 		}
 		os.Chmod(dir, 0o755) // a second uid runs hactl from here
-		for _, c := range []string{"hactl", "haagent"} {
+		for _, c := range []string{"hactl", "haagent", "hsmserve"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, c), "github.com/hagroup/hagroup/cmd/"+c)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				buildOnce.err = fmt.Errorf("go build %s: %v\n%s", c, err, out)
@@ -83,6 +83,7 @@ func TestScripts(t *testing.T) {
 			"agentsig":  cmdAgentSig,
 			"p11serve":  cmdP11Serve,
 			"p11kill":   cmdP11Kill,
+			"hsmserve":  cmdHSMServe,
 			"scrub":     cmdScrub,
 			"envsubst":  cmdEnvsubst,
 		},
@@ -138,6 +139,7 @@ func setupScript(env *testscript.Env, bin string) error {
 	env.Setenv("SOFTHSM", softhsmModule)
 	env.Setenv("P11CLIENT", p11kitClient)
 	env.Setenv("HSM_SO_PIN", scriptSOPIN)
+	env.Setenv("HACTL_BIN", filepath.Join(bin, "hactl"))
 	st := &scriptState{servers: map[string]*exec.Cmd{}}
 	env.Values[stateKey{}] = st
 	env.Defer(func() {
@@ -314,7 +316,9 @@ func killGroup(c *exec.Cmd) {
 // TestMain registers the helper programs the scripts exec.
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
-		"mkkey": mkkeyMain,
+		"mkkey":  mkkeyMain,
+		"grpkey": grpkeyMain,
+		"lsobj":  lsobjMain,
 	})
 }
 

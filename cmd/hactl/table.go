@@ -117,7 +117,7 @@ func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
 // makeMembersTable renders a group's members: the member table of
 // listgroups.
 func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
-	header := []string{"MEMBER", "STATE", "ROLE", "SLOT", "TOKEN", "SERIAL", "IN-FLIGHT", "OPS", "FAILURES", "LAST ERROR"}
+	header := []string{"MEMBER", "STATE", "ROLE", "SLOT", "TOKEN", "SERIAL", "IN-FLIGHT", "OPS", "FAILURES", "ATTEMPTS LEFT", "NEEDS SYNC", "LAST ERROR"}
 	rows := make([][]string, 0, len(g.Members))
 	for _, m := range g.Members {
 		role := "active"
@@ -137,9 +137,35 @@ func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
 		}
 		rows = append(rows, []string{m.Name, m.State, role, slotID, dash(token), dash(m.TokenSerial),
 			strconv.FormatInt(m.InFlight, 10), strconv.FormatUint(m.Operations, 10),
-			strconv.FormatUint(m.Failures, 10), dash(m.LastError)})
+			strconv.FormatUint(m.Failures, 10), attemptsLeft(m), needsSync(m), dash(m.LastError)})
 	}
 	return header, rows
+}
+
+// attemptsLeft renders the automatic recovery attempts a member has left:
+// "-" when unknown (no agent), "unlimited", "0 (gave up)", or a count.
+func attemptsLeft(m agent.MemberStatus) string {
+	switch {
+	case m.GaveUp:
+		return "0 (gave up)"
+	case m.AttemptsLeft == nil:
+		return "-"
+	case *m.AttemptsLeft < 0:
+		return "unlimited"
+	}
+	return strconv.Itoa(*m.AttemptsLeft)
+}
+
+// needsSync renders whether a member differs from the group, with the
+// number of objects when known.
+func needsSync(m agent.MemberStatus) string {
+	switch {
+	case m.OutOfSync > 0:
+		return fmt.Sprintf("yes (%d)", m.OutOfSync)
+	case m.NeedsSync:
+		return "yes"
+	}
+	return "no"
 }
 
 // makeRecoverTable renders a recovery's per-member outcome.

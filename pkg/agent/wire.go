@@ -85,6 +85,48 @@ type MemberStatus struct {
 	// NeedsSync reports whether the member lacks objects the group holds
 	// (or holds objects the group deleted).
 	NeedsSync bool `json:"needsSync"`
+
+	// The fields below come from a running agent's engine (absent when
+	// listgroups reads the configuration and tokens itself).
+
+	// Since is when the member entered its current state.
+	Since time.Time `json:"since,omitzero"`
+	// Recovering reports whether a recovery attempt runs now.
+	Recovering bool `json:"recovering,omitempty"`
+	// AutoRecovery reports whether automatic attempts are scheduled.
+	AutoRecovery bool `json:"autoRecovery,omitempty"`
+	// GaveUp reports whether the automatic attempts ran out: the member
+	// stays out until a manual recover.
+	GaveUp bool `json:"gaveUp,omitempty"`
+	// Attempts made in the current (or last) episode of automatic
+	// recovery.
+	Attempts int `json:"attempts,omitempty"`
+	// AttemptsLeft is how many automatic attempts remain (-1: without
+	// limit); nil when unknown.
+	AttemptsLeft *int      `json:"attemptsLeft,omitempty"`
+	LastAttempt  time.Time `json:"lastAttempt,omitzero"`
+	NextAttempt  time.Time `json:"nextAttempt,omitzero"`
+	// LastAttemptError is why the last recovery attempt failed.
+	LastAttemptError string `json:"lastAttemptError,omitempty"`
+	// OutOfSync is how many objects the member lacks, holds in excess or
+	// holds in conflict, as last counted (at CheckedAt).
+	OutOfSync int       `json:"outOfSync,omitempty"`
+	CheckedAt time.Time `json:"checkedAt,omitzero"`
+	// Conflicts names the objects the member holds in a version other
+	// members do not share.
+	Conflicts []string `json:"conflicts,omitempty"`
+	// Unreplicated are keys made since the member was last caught up that
+	// it could not receive.
+	Unreplicated []UnreplicatedKey `json:"unreplicated,omitempty"`
+	// MissingMechanisms the group needs and the member lacks (e.g.
+	// CKM_AES_KEY_WRAP_PAD behind p11-kit 0.24).
+	MissingMechanisms []string `json:"missingMechanisms,omitempty"`
+}
+
+// UnreplicatedKey is a key a member could not receive.
+type UnreplicatedKey struct {
+	Object string    `json:"object"`
+	Time   time.Time `json:"time,omitzero"`
 }
 
 // GroupStatus is one group as listgroups shows it.

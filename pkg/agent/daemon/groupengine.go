@@ -142,6 +142,18 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 			// Why it is still out, rather than why it first failed.
 			ms.LastError = s.LastAttemptError
 		}
+		ms.Since, ms.Recovering, ms.AutoRecovery, ms.GaveUp = s.Since, s.Recovering, s.AutoRecovery, s.GaveUp
+		ms.Attempts, ms.LastAttempt, ms.NextAttempt, ms.LastAttemptError = s.Attempts, s.LastAttempt, s.NextAttempt, s.LastAttemptError
+		left := s.AttemptsLeft
+		ms.AttemptsLeft = &left
+		ms.OutOfSync, ms.CheckedAt, ms.MissingMechanisms = s.OutOfSync, s.CheckedAt, s.MissingMechanisms
+		ms.NeedsSync = s.OutOfSync > 0
+		for _, c := range s.Conflicts {
+			ms.Conflicts = append(ms.Conflicts, c.Identity.String())
+		}
+		for _, u := range s.Unreplicated {
+			ms.Unreplicated = append(ms.Unreplicated, agent.UnreplicatedKey{Object: u.Object.String(), Time: u.Time})
+		}
 		if cm != nil {
 			ms.Module, ms.Token, ms.TokenLabel, ms.TokenSerial = cm.Module, agent.TokenSelector(*cm), cm.TokenLabel, cm.TokenSerial
 		}
@@ -276,6 +288,19 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 		if m, ok := ge.h.Member(name); ok {
 			st = "member is " + m.State().String()
 		}
+		if req.Check {
+			if missing, err := ge.peek(ctx, name); err == nil {
+				for _, a := range missing {
+					rep.Differences = append(rep.Differences, agent.Difference{Object: a.Identity.String(), Kind: string(a.Reason),
+						Members: []string{name}, Action: "none: " + a.String() + " when it recovers", Detail: st + "; its token answers"})
+				}
+				if len(missing) > 0 {
+					continue
+				}
+			} else {
+				st += "; " + err.Error()
+			}
+		}
 		rep.Differences = append(rep.Differences, agent.Difference{Object: "*", Kind: "unreachable",
 			Members: []string{name}, Action: "none: caught up when it recovers", Detail: st})
 	}
@@ -358,3 +383,65 @@ func (ge *groupEngine) Update(ctx context.Context, g config.Group, s config.Sett
 
 // Close implements Engine.
 func (ge *groupEngine) Close() error { return ge.h.Close() }
+
+// peek compares a member out of service with the serving members for a
+// check: its token is opened on a connection of its own (logged in with
+// its PIN source, within command_timeout) and listed, and the copies it
+// would receive are returned. Nothing is changed on any member. An error
+// means the token does not answer (or the member has no configuration);
+// the caller then reports the member as unreachable.
+func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, error) {
+	ge.mu.Lock()
+	cm, ok := ge.cfg.Member(name)
+	var mc config.Member
+	if ok {
+		mc = *cm
+	}
+	set := ge.set
+	ge.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("member %s is not configured", name)
+	}
+	timeout := set.CommandTimeout
+	if timeout <= 0 {
+		timeout = config.DefaultCommandTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pin, err := mc.ReadPIN()
+	if err != nil {
+		return nil, agent.NameMember(name, err)
+	}
+	s, err := slot.Open(ctx, agent.MemberSpec(mc, set, pin))
+	pin.Zero()
+	if err != nil {
+		return nil, agent.NameMember(name, err)
+	}
+	defer s.Close()
+	members := []hasync.PlanMember{{Name: name, Slot: s}}
+	for _, sn := range ge.h.Members() {
+		if !sn.State.Serving() || sn.Name == name {
+			continue
+		}
+		if m, ok := ge.h.Member(sn.Name); ok {
+			if sl := m.Slot(); sl != nil {
+				members = append(members, hasync.PlanMember{Name: sn.Name, Slot: sl})
+			}
+		}
+	}
+	plan, err := hasync.MakePlan(ctx, members, nil, hasync.PlanOptions{SkipUnreachable: true})
+	if err != nil {
+		return nil, agent.NameMember(name, err)
+	}
+	if err, ok := plan.Skipped[name]; ok {
+		return nil, agent.NameMember(name, err)
+	}
+	var out []hasync.Action
+	for _, a := range plan.Actions {
+		// Without the tombstones, only what the member lacks is certain.
+		if a.Member == name && a.Kind == hasync.Copy && a.Reason == hasync.ReasonMissing {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
