@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/secret"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/spf13/cobra"
@@ -35,7 +37,13 @@ Where the token allows, the key is installed by the Security Officer as a
 trusted key, so keys made through the group can be wrapped under it alone;
 the SO PIN of each member is prompted for on a terminal, or read from
 --so-pin-file / --so-pin-env (the same for every member). --untrusted skips
-the SO step (an operator-made key).`,
+the SO step (an operator-made key).
+
+Every member must wrap and unwrap with CKM_AES_KEY_WRAP_PAD, and a trusted
+install sets the nested CKA_UNWRAP_TEMPLATE; otherwise nothing is installed
+and the error names the member. A token reached through p11-kit 0.24's
+p11-kit-client.so offers neither: serve it with hsmserve and name it as
+module "hagroup-remote:unix:/path/of/socket".`,
 		Example: `  hactl hagroup domain --group signing --install
   hactl hagroup domain --group signing --install --so-pin-env HSM_SO_PIN
   hactl hagroup domain --group signing --install --untrusted`,
@@ -112,7 +120,7 @@ the SO step (an operator-made key).`,
 				names = append(names, m.Name)
 			}
 			if err := hasync.InstallDomainKey(ctx, targets, g.Serial); err != nil {
-				return fmt.Errorf("group %q: %w", group, err)
+				return fmt.Errorf("group %q: %w%s", group, err, p11kitHint(g.Members, err))
 			}
 			res := domainResult{SchemaVersion: agent.SchemaVersion, Group: group, Members: names, Trusted: !untrusted}
 			if jsonOut {
@@ -135,4 +143,25 @@ the SO step (an operator-made key).`,
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-file", "so-pin-env")
 	return cmd
+}
+
+// p11kitHint explains, after a failed ceremony, why members reached through
+// p11-kit-client.so cannot take part, and what to use instead: p11-kit's
+// RPC (0.24) carries neither CKM_AES_KEY_WRAP_PAD nor nested attributes
+// such as the domain key's CKA_UNWRAP_TEMPLATE.
+func p11kitHint(members []config.Member, err error) string {
+	if !errors.Is(err, hasync.ErrMechanismUnavailable) {
+		return ""
+	}
+	var names []string
+	for _, m := range members {
+		if filepath.Base(m.Module) == "p11-kit-client.so" {
+			names = append(names, m.Name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (member %s is reached through p11-kit-client.so, whose RPC carries neither CKM_AES_KEY_WRAP_PAD nor nested attributes such as the domain key's CKA_UNWRAP_TEMPLATE: serve its token with hsmserve and use module = \"hagroup-remote:unix:/path/of/socket\")",
+		strings.Join(names, ", "))
 }
