@@ -59,12 +59,12 @@ import (
 	gosync "sync"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/filelock"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
-	"golang.org/x/sys/unix"
 )
 
 // Errors, usable with errors.Is.
@@ -901,14 +901,20 @@ func (r *Recoverer) lockMember(ctx context.Context, name string, wait bool) (fun
 		return nil, fmt.Errorf("recover member %s: %w", name, err)
 	}
 	path := filepath.Join(dir, name+".recover.lock")
-	f, err := flock(ctx, path, unix.LOCK_EX, r.opts.LockPerm, wait)
+	var f *os.File
+	var err error
+	if wait {
+		f, err = filelock.Lock(ctx, path, r.opts.LockPerm)
+	} else {
+		f, err = filelock.TryLock(path, r.opts.LockPerm)
+	}
 	if err != nil {
-		if errors.Is(err, errBusy) || ctx.Err() != nil {
+		if errors.Is(err, filelock.ErrBusy) || ctx.Err() != nil {
 			holder := "another process"
 			if b, rerr := os.ReadFile(path); rerr == nil && len(strings.TrimSpace(string(b))) > 0 {
 				holder = "process " + strings.TrimSpace(string(b))
 			}
-			if errors.Is(err, errBusy) {
+			if errors.Is(err, filelock.ErrBusy) {
 				return nil, fmt.Errorf("recover member %s: %w in %s", name, ErrInProgress, holder)
 			}
 			return nil, fmt.Errorf("recover member %s: %w in %s: %w", name, ErrInProgress, holder, err)

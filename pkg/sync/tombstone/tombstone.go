@@ -46,6 +46,7 @@ import (
 	gosync "sync"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/filelock"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"golang.org/x/sys/unix"
 )
@@ -183,7 +184,13 @@ func (j *Journal) path(name string) string { return filepath.Join(j.dir, name) }
 
 // lock takes the lock file in mode how and returns its release.
 func (j *Journal) lock(ctx context.Context, how int) (func(), error) {
-	f, err := flock(ctx, j.path(LockName), how, j.opts.Perm)
+	var f *os.File
+	var err error
+	if how == unix.LOCK_SH {
+		f, err = filelock.LockShared(ctx, j.path(LockName), j.opts.Perm)
+	} else {
+		f, err = filelock.Lock(ctx, j.path(LockName), j.opts.Perm)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tombstones of group %s: %w", j.serial, err)
 	}
@@ -237,7 +244,7 @@ func (j *Journal) Record(ctx context.Context, t Tombstone) error {
 // new size. The exclusive lock must be held.
 func (j *Journal) appendLocked(line []byte) (int64, error) {
 	path := j.path(JournalName)
-	f, err := openShared(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, j.opts.Perm)
+	f, err := filelock.OpenShared(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, j.opts.Perm)
 	if err != nil {
 		return 0, err
 	}
