@@ -69,16 +69,34 @@ func outcomes(report string) string {
 }
 
 // TestFailoverSign: a C program signs in 8 threads through the module
-// while the member served by p11-kit server is killed and restarted. No
-// C_Sign may fail and every signature must verify; the HA event log shows
-// the member was dropped and recovered.
+// while one member is killed and restarted. No C_Sign may fail and every
+// signature must verify; the HA event log shows the member was dropped and
+// recovered. Both transports to a member are covered:
+//   - hsmserve (hagroup's own server, which carries CKM_AES_KEY_WRAP_PAD and
+//     nested templates): the key is generated THROUGH libhapkcs11.so and
+//     replicated to the served member, whose own slot then lists it;
+//   - p11-kit server 0.24, whose RPC cannot carry CKA_UNWRAP_TEMPLATE: the
+//     key is made before the library starts, with every member reached
+//     directly (hsmprep -ec-key).
 func TestFailoverSign(t *testing.T) {
-	// The key is made before the library starts, with every member reached
-	// directly: replicating a private key to a member behind p11-kit
-	// server fails today (its RPC cannot carry CKA_UNWRAP_TEMPLATE, which
-	// pkg/sync reads from the domain key), and this test is about
-	// failover, not replication.
-	r := newRig(t, rigOpts{served: true, ecKey: "load1,0c"})
+	t.Run("hsmserve", func(t *testing.T) {
+		r := newRig(t, rigOpts{remote: true})
+		r.keypair("load1", "0c")
+		// The private half reached the served member through its server.
+		served := r.tool("--slot", r.memberSlot("hsm-2"), "--login", "--pin", "env:HA_PIN", "--list-objects", "--type", "privkey")
+		if !containsAll(served, "load1", "ID:         0c") {
+			t.Fatalf("the key generated through libhapkcs11.so is not on the hsmserve member:\n%s", served)
+		}
+		failoverSign(t, r)
+	})
+	t.Run("p11-kit", func(t *testing.T) {
+		failoverSign(t, newRig(t, rigOpts{served: true, ecKey: "load1,0c"}))
+	})
+}
+
+// failoverSign runs signload with key load1 on r's virtual slot, kills the
+// served member under load, restarts it and checks every signature.
+func failoverSign(t *testing.T, r *rig) {
 	prog := cprog(t, "signload")
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -137,17 +155,22 @@ func TestFailoverSign(t *testing.T) {
 	waitFor("ready", time.Minute, func() bool { ready = ready || (len(all) > 0 && all[len(all)-1] == "ready"); return ready })
 	waitFor("signing", time.Minute, func() bool { return progress >= 400 })
 
+	start := time.Now()
 	r.served.Kill()
 	atKill := progress
 	waitFor("signing after the kill", 2*time.Minute, func() bool { return progress >= atKill+1000 })
 	waitFor("the member dropped", time.Minute, func() bool { return strings.Contains(r.haLog(), `"member":"hsm-2","event":"member_failed"`) })
 
+	dropped := time.Since(start)
 	r.served.Restart(t)
+	restarted := time.Now()
 	atRestart := progress
 	waitFor("the member back in rotation", 2*time.Minute, func() bool {
 		return strings.Contains(r.haLog(), `"member":"hsm-2","event":"member_recovered"`)
 	})
+	back := time.Since(restarted)
 	waitFor("signing after the restart", 2*time.Minute, func() bool { return progress >= atRestart+1000 })
+	t.Logf("member dropped %v after the kill; back in rotation %v after its restart", dropped.Round(time.Millisecond), back.Round(time.Millisecond))
 
 	stdin.Close()
 	for line := range lines {

@@ -2,8 +2,9 @@
 // PKCS#11 clients (pkcs11-tool, p11tool, OpenSSL's pkcs11 engine,
 // ssh-keygen, Java's SunPKCS11, and C programs) load the built library and
 // work on a virtual slot whose members are real SoftHSM tokens, one of them
-// served by a real `p11-kit server` that the failover test kills. Every
-// test has its own token directory (SOFTHSM2_CONF) and configuration.
+// served by hagroup's hsmserve or by a real `p11-kit server`, which the
+// failover and outage tests kill and restart. Every test has its own token
+// directory (SOFTHSM2_CONF) and configuration.
 package module
 
 import (
@@ -124,18 +125,22 @@ type rig struct {
 	env     []string
 	members []testhsm.Token
 	served  *testhsm.Served
+	mode    string // recovery_mode written to the configuration
 }
 
 type rigOpts struct {
 	only   bool   // HAOnly: no member slots listed
 	served bool   // the last member is served by p11-kit server
+	remote bool   // the last member is served by hagroup's hsmserve (hagroup-remote: module path)
 	ecKey  string // "LABEL,IDHEX": an EC key pair made through the engine with every member reached directly
+	solo   bool   // with served or remote: the served member is the only one
+	mode   string // recovery_mode; "": the default (activeBasic)
 }
 
 // newRig makes three members (two in-process SoftHSM tokens and, with
-// served, one behind p11-kit server; otherwise three SoftHSM tokens), a
-// configuration naming them as group "signing", and installs the group's
-// domain key on every member.
+// served, one behind p11-kit server, with remote one behind hsmserve;
+// otherwise three SoftHSM tokens), a configuration naming them as group
+// "signing", and installs the group's domain key on every member.
 func newRig(t *testing.T, o rigOpts) *rig {
 	t.Helper()
 	r := &rig{t: t, dir: t.TempDir(), lib: library(t)}
@@ -147,6 +152,9 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	// directory, so that one SoftHSM (hsmprep's) sees all three to install
 	// the domain key. Otherwise the rig has its own directory.
 	var softConf string
+	if o.served && o.remote {
+		t.Fatal("rigOpts: served and remote are exclusive")
+	}
 	if o.served {
 		r.served = testhsm.Serve(t, "ha-2")
 		softConf = filepath.Join(filepath.Dir(strings.TrimPrefix(r.served.Address(), "unix:path=")), "softhsm2.conf")
@@ -167,8 +175,11 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		"GNUTLS_PIN="+testhsm.UserPIN, // p11tool's PIN source
 	)
 	local := 3
-	if o.served {
+	if o.served || o.remote {
 		local = 2
+	}
+	if o.solo {
+		local = 0
 	}
 	for i := 0; i < local; i++ {
 		label := fmt.Sprintf("ha-%d", i)
@@ -182,6 +193,16 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		tok.Name = "hsm-2"
 		r.members = append(r.members, tok)
 	}
+	if o.remote {
+		// hsmserve carries CKM_AES_KEY_WRAP_PAD and nested templates, so
+		// the domain key and private keys reach this member through its
+		// server like any other.
+		r.served = testhsm.ServeRemote(t, "ha-2")
+		tok := r.served.Token()
+		tok.Name = "hsm-2"
+		r.members = append(r.members, tok)
+	}
+	r.mode = o.mode
 	r.conf = r.write("hagroup.toml", r.config(o.only, r.members))
 	// The domain key goes in as an operator would put it, through each
 	// member's own module: p11-kit's RPC (0.24) cannot carry the nested
@@ -189,7 +210,9 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	// token directly.
 	direct := append([]testhsm.Token{}, r.members...)
 	for i := range direct {
-		direct[i].Module, direct[i].ModuleEnv = testhsm.SoftHSMModule, nil
+		if o.served {
+			direct[i].Module, direct[i].ModuleEnv = testhsm.SoftHSMModule, nil
+		}
 	}
 	prepConf := r.write("prep.toml", r.config(o.only, direct))
 	prep := []string{"-config", prepConf, "-group", groupLabel, "-user-pin-file", r.pinFile, "-so-pin-file", r.soFile}
@@ -204,7 +227,11 @@ func newRig(t *testing.T, o rigOpts) *rig {
 func (r *rig) config(only bool, ms []testhsm.Token) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[agent]\nstate_dir = %q\nlog_file = %q\n\n", filepath.Join(r.dir, "state"), r.logFile)
-	fmt.Fprintf(&b, "[ha]\nonly = %v\ninterval = \"1s\"\ncommand_timeout = \"10s\"\n\n", only)
+	fmt.Fprintf(&b, "[ha]\nonly = %v\ninterval = \"1s\"\ncommand_timeout = \"10s\"\n", only)
+	if r.mode != "" {
+		fmt.Fprintf(&b, "recovery_mode = %q\n", r.mode)
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "[[group]]\nlabel = %q\nserial = %q\n", groupLabel, groupSerial)
 	for _, m := range ms {
 		fmt.Fprintf(&b, "\n  [[group.member]]\n  name = %q\n  module = %q\n  token_label = %q\n", m.Name, m.Module, m.Label)
