@@ -257,7 +257,9 @@ func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.Member
 
 // Synchronize implements Engine: the serving members are compared (a
 // member that is failed, or does not answer, is reported as a difference:
-// it cannot be compared), then made equal unless req.Check. Copies that
+// it cannot be compared), then made equal unless req.Check. With
+// req.Check, a failed member whose token answers again is listed too (see
+// peek), so the keys it will receive on recovery are named. Copies that
 // cannot work (a member lacks CKM_AES_KEY_WRAP_PAD) are reported, not
 // attempted.
 func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.SyncReport, error) {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -94,5 +95,68 @@ func TestReloadChangesMembersInPlace(t *testing.T) {
 	lines = ta.reload(t, head+"command_timeout = \"7s\"\n"+memberTOML("c", toks[2], pin, false)+memberTOML("a", toks[0], pin, false))
 	if !hasLine(lines, "reopened") || ta.engine("g") == eng {
 		t.Fatalf("a new command_timeout did not reopen the group: %q", lines)
+	}
+}
+
+// listgroups carries the engine's recovery figures: a served member that
+// dies is retried retries times, then shown as given up with no attempts
+// left and why the last attempt failed; a manual recovery after its server
+// is back clears that.
+func TestListGroupsRecoveryFigures(t *testing.T) {
+	local := testhsm.Take(t, 1)[0]
+	served := testhsm.ServeRemote(t, "figures-b")
+	pin := pinFile(t)
+	ta := startAgent(t, `[agent]
+socket = "$SOCK"
+state_dir = "$STATE"
+
+[ha]
+probe_interval = "100ms"
+interval = "1s"
+retries = 1
+
+[[group]]
+label = "g"
+serial = "1000001"
+`+memberTOML("a", local, pin, false)+memberTOML("b", served.Token(), pin, false))
+	member := func(name string) agent.MemberStatus {
+		rep, err := ta.client.ListGroups(t.Context(), "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range rep.Groups[0].Members {
+			if m.Name == name {
+				return m
+			}
+		}
+		t.Fatalf("no member %s in %+v", name, rep)
+		return agent.MemberStatus{}
+	}
+	b := member("b")
+	if b.State != agent.StateActive || b.AttemptsLeft == nil || *b.AttemptsLeft != 1 || b.GaveUp || b.NeedsSync || b.Since.IsZero() {
+		t.Fatalf("member b before the kill: %+v", b)
+	}
+
+	served.Kill()
+	waitFor(t, "member b given up", func() (bool, string) {
+		b = member("b")
+		return b.GaveUp, fmt.Sprintf("%+v", b)
+	})
+	if b.State == agent.StateActive || b.Attempts != 1 || b.AttemptsLeft == nil || *b.AttemptsLeft != 0 ||
+		b.LastAttempt.IsZero() || b.LastAttemptError == "" || !strings.Contains(b.LastError, b.LastAttemptError) {
+		t.Errorf("member b after its attempts ran out: %+v", b)
+	}
+
+	served.Restart(t)
+	res, err := ta.client.Recover(t.Context(), agent.RecoverRequest{Group: "g", Member: "b"})
+	if err != nil || len(res.Members) != 1 || !res.Members[0].OK {
+		t.Fatalf("manual recovery: %+v, %v", res, err)
+	}
+	waitFor(t, "member b active again", func() (bool, string) {
+		b = member("b")
+		return b.State == agent.StateActive, fmt.Sprintf("%+v", b)
+	})
+	if b.GaveUp || b.LastAttemptError != "" || b.OutOfSync != 0 {
+		t.Errorf("member b after the manual recovery: %+v", b)
 	}
 }
