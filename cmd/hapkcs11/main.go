@@ -25,6 +25,15 @@
 // application's mutex. CKF_LIBRARY_CANT_CREATE_OS_THREADS is ignored: the
 // Go runtime creates threads regardless.
 //
+// Recovery: each group is opened with pkg/ha, so failed members are
+// recovered in the application's process (every interval, retries times)
+// and destroys are journalled in state_dir when the process may write it.
+// When every member of a group fails, recovery_mode decides what the
+// application's sessions become: activeBasic (the default) loses them and
+// the login — an old session answers CKR_SESSION_HANDLE_INVALID once a
+// member is back, and the application opens a new one and logs in again;
+// activeEnhanced keeps both, and the same session works again.
+//
 // Logging: HA events go to the configuration's log_file when the process
 // may append to it, else to stderr only when HAGROUP_DEBUG is set.
 package main
