@@ -8,17 +8,17 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recover"
-	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	"github.com/miekg/pkcs11"
 )
 
 // Status carries each member's state, last error, last attempt, attempts
 // left and objects out of sync, through automatic attempts that run out
-// and a manual recovery.
+// and a manual recovery. The failing member is a real token behind
+// hsmserve, killed (SIGKILL) and restarted.
 func TestStatusFollowsRecovery(t *testing.T) {
-	toks := testhsm.Take(t, 3)
-	faults := slottest.NewFaults()
-	r := newRig(t, rigOpts{toks: toks, faults: faults, retries: 2})
+	local := testhsm.Take(t, 2)
+	srv := testhsm.ServeRemote(t, "status-remote")
+	toks := []testhsm.Token{local[0], srv.Token(), local[1]}
+	r := newRig(t, rigOpts{toks: toks, retries: 2})
 	ctx := testCtx(t)
 	victim := toks[1].Name
 	st := r.g.Status()
@@ -28,8 +28,8 @@ func TestStatusFollowsRecovery(t *testing.T) {
 	if ms := memberStatus(t, st, victim); ms.AttemptsLeft != 2 || ms.State != member.Active {
 		t.Fatalf("healthy member: %+v", ms)
 	}
-	faults.FailAll(victim, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR))
 	s := r.session()
+	srv.Kill()
 	// A write the member misses while it is down; the generation itself
 	// fails the member (its replication fails).
 	genEC(t, s, "while-down")
@@ -51,7 +51,7 @@ func TestStatusFollowsRecovery(t *testing.T) {
 		t.Errorf("group status: %+v", st)
 	}
 
-	faults.Heal(victim)
+	srv.Restart(t)
 	res, err := r.g.Recover(ctx, victim)
 	if err != nil {
 		t.Fatalf("manual Recover: %v", err)

@@ -22,7 +22,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
@@ -43,16 +42,15 @@ func TestMain(m *testing.M) {
 var rigSerial atomic.Int64
 
 type rigOpts struct {
-	n        int   // members (default 3)
-	served   []int // indexes of members served by p11-kit (killable)
+	n      int   // members (default 3)
+	served []int // indexes of members served by p11-kit (killable)
+	// remote: indexes of members served by hsmserve (killable, and
+	// unlike p11-kit 0.24 able to take the domain key and replicated keys)
+	remote   []int
 	interval time.Duration
 	retries  int
 	clock    Clock
 	policy   string
-	// faults, when set, is every member's slot interceptor: tests "kill"
-	// a SoftHSM member with FailAll(name, CKR_DEVICE_ERROR) and "restart"
-	// it with Heal(name).
-	faults *slottest.Faults
 	// importEC names a P-256 key pair imported, with one value, on every
 	// member before the group opens (so no replication is needed).
 	importEC string
@@ -129,14 +127,22 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	}
 	serial := fmt.Sprintf("%d", 3000000+rigSerial.Add(1))
 	r := &rig{t: t, opts: o, servers: map[string]*testhsm.Served{}, stateDir: t.TempDir()}
-	isServed := map[int]bool{}
+	isServed, isRemote := map[int]bool{}, map[int]bool{}
 	for _, i := range o.served {
 		isServed[i] = true
 	}
-	pool := testhsm.Take(t, o.n-len(o.served))
+	for _, i := range o.remote {
+		isRemote[i] = true
+	}
+	pool := testhsm.Take(t, o.n-len(o.served)-len(o.remote))
 	for i := range o.n {
-		if isServed[i] {
-			srv := testhsm.Serve(t, fmt.Sprintf("s%s-%d", serial, i))
+		if isServed[i] || isRemote[i] {
+			var srv *testhsm.Served
+			if isRemote[i] {
+				srv = testhsm.ServeRemote(t, fmt.Sprintf("r%s-%d", serial, i))
+			} else {
+				srv = testhsm.Serve(t, fmt.Sprintf("s%s-%d", serial, i))
+			}
 			tok := srv.Token()
 			r.servers[tok.Name] = srv
 			r.toks = append(r.toks, tok)
@@ -269,9 +275,6 @@ func (r *rig) open() {
 	r.gev = &groupEvents{changed: make(chan struct{}, 1)}
 	r.rev = newEvents()
 	gopts := group.Options{Events: r.gev, Tombstones: j}
-	if r.opts.faults != nil {
-		gopts.Interceptor = r.opts.faults
-	}
 	g, err := group.Open(rigCtx(t), r.cfg, r.set, gopts)
 	if err != nil {
 		t.Fatalf("open group: %v", err)

@@ -25,7 +25,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
@@ -34,13 +33,19 @@ import (
 // The "done means", on real SoftHSM tokens and real p11-kit
 // servers.
 
-// A member killed (SIGKILL of its p11-kit server) under a 16-goroutine
-// signing load and restarted 3 s later, with interval = 1s, is back in
-// rotation by the second attempt after its restart, serves a share of the
-// load, and no operation fails throughout.
+// A member killed (SIGKILL of its hsmserve process) under a 16-goroutine
+// signing load, with interval = 1s, and restarted as soon as one recovery
+// attempt has failed against it, is back in rotation by the second attempt
+// after its restart, serves a share of the load, and no operation fails
+// throughout. The signing key is generated through the group, so the
+// member holds it by replication under the domain key.
 func TestKilledMemberRejoinsUnderLoad(t *testing.T) {
-	r := newRig(t, rigOpts{served: []int{1}, interval: time.Second, retries: -1, importEC: "load"})
+	r := newRig(t, rigOpts{remote: []int{1}, interval: time.Second, retries: -1})
 	victim := r.name(1)
+	r.genEC(r.session(), "load")
+	if n := len(labels(inventory(t, r.direct(r.toks[1], "-check")))); n != 2 {
+		t.Fatalf("the remote member holds %d objects after key generation, want the replicated pair", n)
+	}
 	signer, err := r.g.Signer(rigCtx(t), group.KeySelector{Label: "load"})
 	if err != nil {
 		t.Fatal(err)
@@ -93,8 +98,11 @@ func TestKilledMemberRejoinsUnderLoad(t *testing.T) {
 	r.servers[victim].Kill()
 	r.waitState(victim, member.Failed)
 	killedAt := time.Now()
-	// The outage: 3 s by the scenario, not a synchronisation.
-	time.Sleep(3 * time.Second)
+	// The outage lasts until an attempt has failed against the dead
+	// member: recovery was tried and kept it out.
+	if e := r.rev.next(t, AttemptFailed); e.Member != victim {
+		t.Fatalf("attempt failed on %s, want %s", e.Member, victim)
+	}
 	r.servers[victim].Restart(t)
 	restarted := time.Now()
 	startedBefore := r.rev.count(AttemptStarted)
@@ -104,6 +112,11 @@ func TestKilledMemberRejoinsUnderLoad(t *testing.T) {
 	after := r.rev.count(AttemptStarted) - startedBefore
 	if rec.Member != victim || after > 2 {
 		t.Fatalf("recovered %s after %d attempts since the restart, want %s within 2", rec.Member, after, victim)
+	}
+	// Within 2 intervals of the restart, plus the catching-up attempt
+	// itself (the loop's ticks are interval apart; an attempt takes time).
+	if back, limit := backAt.Sub(restarted), 2*time.Second+rec.Duration; back > limit {
+		t.Errorf("back in rotation %v after the restart, more than 2 intervals + the attempt's own %v", back, rec.Duration)
 	}
 	if r.state(victim) != member.Active {
 		t.Fatalf("victim is %v after recovery", r.state(victim))
@@ -139,8 +152,7 @@ func TestKilledMemberRejoinsUnderLoad(t *testing.T) {
 func TestRecoveryAppliesWhatHappenedMeanwhile(t *testing.T) {
 	for _, restart := range []bool{false, true} {
 		t.Run(fmt.Sprintf("process-restarted=%v", restart), func(t *testing.T) {
-			f := slottest.NewFaults()
-			r := newRig(t, rigOpts{retries: 0, faults: f})
+			r := newRig(t, rigOpts{remote: []int{1}, retries: 0})
 			victim := r.name(1)
 			s := r.session()
 			var pre []group.ObjectHandle
@@ -148,7 +160,10 @@ func TestRecoveryAppliesWhatHappenedMeanwhile(t *testing.T) {
 				pub, priv := r.genEC(s, fmt.Sprintf("pre-%d", i))
 				pre = append(pre, pub, priv)
 			}
-			f.FailAll(victim, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)) // the member dies
+			if n := len(labels(inventory(t, r.direct(r.toks[1], "-before")))); n != 10 {
+				t.Fatalf("the remote member holds %d objects before the outage, want the 5 replicated pairs", n)
+			}
+			r.servers[victim].Kill() // the member dies
 			for i := range 20 {
 				r.genEC(s, fmt.Sprintf("new-%d", i))
 			}
@@ -167,7 +182,7 @@ func TestRecoveryAppliesWhatHappenedMeanwhile(t *testing.T) {
 					t.Fatalf("victim is %v in the new process", st)
 				}
 			}
-			f.Heal(victim) // and comes back
+			r.servers[victim].Restart(t) // and comes back
 			res, err := r.rec.Recover(rigCtx(t), victim)
 			if err != nil {
 				t.Fatalf("recover: %v", err)
@@ -195,12 +210,12 @@ func TestRecoveryAppliesWhatHappenedMeanwhile(t *testing.T) {
 	}
 }
 
-// An attempt against a member that is still down uses exactly one attempt
-// (one re-open of its token); retries = 3 gives up after 3; a manual
+// An attempt against a member that is still down (its hsmserve killed)
+// uses exactly one attempt (one re-open of its token); retries = 3 gives up after 3; a manual
 // Recover then succeeds once the member is back.
 func TestGiveUpThenManualRecovery(t *testing.T) {
 	clk := newFakeClock()
-	r := newRig(t, rigOpts{served: []int{2}, retries: 3, clock: clk, importEC: "k"})
+	r := newRig(t, rigOpts{remote: []int{2}, retries: 3, clock: clk, importEC: "k"})
 	victim := r.name(2)
 	r.servers[victim].Kill()
 	if err := r.g.FailMember(victim, errors.New("health probe: no answer")); err != nil {
@@ -361,12 +376,11 @@ func TestSynchronize(t *testing.T) {
 // waits for it and then finds nothing left to do; no object is
 // duplicated.
 func TestTwoProcessesRecoverOneMember(t *testing.T) {
-	f := slottest.NewFaults()
-	r := newRig(t, rigOpts{retries: 0, faults: f})
+	r := newRig(t, rigOpts{remote: []int{1}, retries: 0})
 	victim := r.name(1)
 	s := r.session()
 	r.genEC(s, "before")
-	f.FailAll(victim, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR))
+	r.servers[victim].Kill()
 	for i := range 10 {
 		r.genEC(s, fmt.Sprintf("meanwhile-%d", i))
 	}
@@ -374,8 +388,8 @@ func TestTwoProcessesRecoverOneMember(t *testing.T) {
 		t.Fatalf("victim %v", st)
 	}
 
-	// The second process opens the group while the victim is down (its
-	// own fault injection, lifted on GO).
+	// The second process opens the group while the victim's server is
+	// down, so the victim starts failed there too.
 	cfg, err := json.Marshal(r.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -409,7 +423,7 @@ func TestTwoProcessesRecoverOneMember(t *testing.T) {
 		return strings.TrimPrefix(l, prefix)
 	}
 	expect("READY")
-	f.Heal(victim)
+	r.servers[victim].Restart(t)
 
 	// Both at once.
 	fmt.Fprintln(stdin, "GO")
@@ -458,7 +472,8 @@ const (
 
 // helperRecover is the second process of TestTwoProcessesRecoverOneMember:
 // it opens the group from the same configuration and state directory
-// (SOFTHSM2_CONF is inherited), says READY, waits for GO, recovers the
+// (SOFTHSM2_CONF is inherited; the member's hsmserve, down while it
+// opens, is restarted before GO), says READY, waits for GO, recovers the
 // member and prints the result.
 func helperRecover() int {
 	fail := func(err error) int {
@@ -474,14 +489,12 @@ func helperRecover() int {
 	set := config.Defaults()
 	set.CommandTimeout = 10 * time.Second
 	name := os.Getenv(envMember)
-	faults := slottest.NewFaults()
-	faults.FailAll(name, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR))
 	j, err := tombstone.Open(os.Getenv(envState), cfg.Serial, tombstone.Options{})
 	if err != nil {
 		return fail(err)
 	}
 	defer j.Close()
-	g, err := group.Open(ctx, cfg, set, group.Options{Tombstones: j, Interceptor: faults})
+	g, err := group.Open(ctx, cfg, set, group.Options{Tombstones: j})
 	if err != nil {
 		return fail(err)
 	}
@@ -502,7 +515,6 @@ func helperRecover() int {
 	if !in.Scan() || in.Text() != "GO" {
 		return fail(errors.New("no GO"))
 	}
-	faults.Heal(name)
 	res, err := rec.Recover(ctx, name)
 	line := fmt.Sprintf("RESULT copied=%d deleted=%d", res.CatchUp.Copied, res.CatchUp.Deleted)
 	if err != nil {
