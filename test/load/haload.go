@@ -43,8 +43,11 @@ type LoadOptions struct {
 	Keypair bool          // mixed: create EC key pairs, not data objects
 	Prefix  string        // label prefix of created objects
 	Seed    uint64
-	Env     []string // environment (HAGROUP_CONF, HAGROUP_STATS_FILE …)
-	Dir     string
+	// LockFile, when set, is flock(2)ed around every object creation and
+	// destruction (see haload.c).
+	LockFile string
+	Env      []string // environment (HAGROUP_CONF, HAGROUP_STATS_FILE …)
+	Dir      string
 }
 
 // Tick is one tick of a run: what finished in it.
@@ -98,6 +101,9 @@ func StartLoad(ctx context.Context, reg *Registry, o LoadOptions, onLine func(st
 	}
 	if o.Prefix != "" {
 		args = append(args, "-n", o.Prefix)
+	}
+	if o.LockFile != "" {
+		args = append(args, "-l", o.LockFile)
 	}
 	args = append(args, "-r", strconv.FormatUint(o.Seed, 10))
 	inR, inW, err := os.Pipe()

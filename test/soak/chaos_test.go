@@ -29,6 +29,7 @@ type chaos struct {
 	killedAt   []time.Time // per member; zero when running
 	restoredAt []time.Time // last restart after a kill
 	contAt     []time.Time // per member; zero when not stopped
+	contedAt   []time.Time // last SIGCONT
 	kills      int
 	stops      int
 	restarts   int
@@ -40,7 +41,8 @@ type chaos struct {
 func newChaos(w *world, seed uint64, g *group.Group, statsPath string, loadPID int) *chaos {
 	n := len(w.members)
 	return &chaos{w: w, rng: rand.New(rand.NewPCG(seed, 0x5eed)), g: g, statsPath: statsPath, loadPID: loadPID,
-		killedAt: make([]time.Time, n), restoredAt: make([]time.Time, n), contAt: make([]time.Time, n)}
+		killedAt: make([]time.Time, n), restoredAt: make([]time.Time, n), contAt: make([]time.Time, n),
+		contedAt: make([]time.Time, n)}
 }
 
 func (c *chaos) note(format string, args ...any) {
@@ -50,10 +52,11 @@ func (c *chaos) note(format string, args ...any) {
 }
 
 // confirmed reports which members are up and known healthy by both the Go
-// engine and the C module's engine: server running and not stopped, and,
-// if it was ever killed, seen serving again by both engines since its
-// restart (a restarted member that an engine has not re-opened yet would
-// fail there).
+// engine and the C module's engine: server running and not stopped, not
+// continued within the last command_timeout (calls it held while stopped
+// may still time out and fail it), and, if it was ever killed, seen
+// serving again by both engines since its restart (a restarted member that
+// an engine has not re-opened yet would fail there).
 func (c *chaos) confirmed() []bool {
 	out := make([]bool, len(c.w.members))
 	goStates := map[string]struct {
@@ -70,6 +73,9 @@ func (c *chaos) confirmed() []bool {
 	modLine, haveMod := load.Latest(lines, groupLabel, c.loadPID)
 	for i, name := range c.w.members {
 		if !c.killedAt[i].IsZero() || !c.contAt[i].IsZero() {
+			continue
+		}
+		if time.Since(c.contedAt[i]) < commandTimeout+500*time.Millisecond {
 			continue
 		}
 		gs := goStates[name]
@@ -115,6 +121,7 @@ func (c *chaos) run(ctx context.Context) error {
 					return err
 				}
 				c.contAt[i] = time.Time{}
+				c.contedAt[i] = time.Now()
 				c.note("SIGCONT %s", c.w.members[i])
 			}
 		}

@@ -9,8 +9,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/group"
@@ -29,6 +31,10 @@ type goLoad struct {
 	// keypairs: create and destroy EC key pairs (private halves replicated
 	// under the domain key), otherwise data objects.
 	keypairs bool
+	// lock serialises object creation and destruction with haload (see
+	// lifecycle).
+	lock   *os.File
+	lifeMu sync.Mutex
 
 	mu        sync.Mutex
 	ops       map[string]*opStat
@@ -46,9 +52,14 @@ type goLoad struct {
 type opStat struct{ ok, failed int }
 
 // newGoLoad finds the keys on the group.
-func newGoLoad(ctx context.Context, g *group.Group, prefix string, keypairs bool) (*goLoad, error) {
+func newGoLoad(ctx context.Context, g *group.Group, prefix string, keypairs bool, lockFile string) (*goLoad, error) {
 	l := &goLoad{g: g, prefix: prefix, keypairs: keypairs, ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
 	var err error
+	if lockFile != "" {
+		if l.lock, err = os.OpenFile(lockFile, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+			return nil, err
+		}
+	}
 	if l.signer, err = g.Signer(ctx, group.KeySelector{Label: signLabel}); err != nil {
 		return nil, fmt.Errorf("signer: %w", err)
 	}
@@ -186,7 +197,9 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 		case p < 992 || len(mine) == 0: // create a token data object
 			label := fmt.Sprintf("%s-%d-%d", l.prefix, worker, made)
 			made++
-			if err := l.create(ctx, label, binary.BigEndian.AppendUint64(nil, rng.Uint64())); err != nil {
+			if err := l.lifecycle(func() error {
+				return l.create(ctx, label, binary.BigEndian.AppendUint64(nil, rng.Uint64()))
+			}); err != nil {
 				l.mu.Lock()
 				l.createErr[label] = err.Error()
 				l.mu.Unlock()
@@ -198,7 +211,11 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 			mine = append(mine, label)
 		default: // destroy the oldest of ours
 			label := mine[0]
-			found, err := l.destroy(ctx, label)
+			var found int
+			err := l.lifecycle(func() (err error) {
+				found, err = l.destroy(ctx, label)
+				return err
+			})
 			l.mu.Lock()
 			_, retrying := l.destErr[label]
 			l.mu.Unlock()
@@ -224,6 +241,29 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 			mine = mine[1:]
 		}
 	}
+}
+
+// lifecycle runs fn holding the object life-cycle lock: within this
+// process (a mutex) and with haload (flock(2) on the shared lock file),
+// because SoftHSM 2.6 answers concurrent object creation on one token with
+// CKR_GENERAL_ERROR or CKR_TEMPLATE_INCONSISTENT, which a real HSM would
+// not, and which the engine rightly counts against the member.
+func (l *goLoad) lifecycle(fn func() error) error {
+	l.lifeMu.Lock()
+	defer l.lifeMu.Unlock()
+	if l.lock != nil {
+		for {
+			err := syscall.Flock(int(l.lock.Fd()), syscall.LOCK_EX)
+			if err == nil {
+				break
+			}
+			if err != syscall.EINTR {
+				return fmt.Errorf("life-cycle lock: %w", err)
+			}
+		}
+		defer syscall.Flock(int(l.lock.Fd()), syscall.LOCK_UN)
+	}
+	return fn()
 }
 
 // create makes a token object labelled label: an EC key pair (with

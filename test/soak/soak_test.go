@@ -122,7 +122,8 @@ func TestSoak(t *testing.T) {
 	if err := g.Login(ctx, pkcs11.CKU_USER, w.userPIN.Clone()); err != nil {
 		t.Fatal(err)
 	}
-	gl, err := newGoLoad(ctx, g, fmt.Sprintf("go%d", seed%100000), keypairs)
+	lockFile := filepath.Join(w.dir, "lifecycle.lock")
+	gl, err := newGoLoad(ctx, g, fmt.Sprintf("go%d", seed%100000), keypairs, lockFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,8 @@ func TestSoak(t *testing.T) {
 	cl, err := load.StartLoad(ctx, w.reg, load.LoadOptions{
 		Prog: w.haload, Module: w.lib, Slot: slotID, PINFile: w.userFile, Key: signLabel, Threads: 4, Mixed: true,
 		AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("c%d", seed%100000), Seed: seed, Tick: 200 * time.Millisecond,
-		Env: load.Environ("HAGROUP_CONF="+w.conf, "HAGROUP_STATS_FILE="+statsPath), Dir: w.dir,
+		LockFile: lockFile,
+		Env:      load.Environ("HAGROUP_CONF="+w.conf, "HAGROUP_STATS_FILE="+statsPath), Dir: w.dir,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

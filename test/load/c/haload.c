@@ -7,6 +7,7 @@
  * usage: haload -m MODULE -s SLOT -p PIN_FILE -k EC_KEY_LABEL
  *               [-t THREADS] [-x sign|mixed] [-o SIGFILE] [-i TICK_MS]
  *               [-a AES_KEY_LABEL] [-c data|keypair] [-n PREFIX] [-r SEED]
+ *               [-l LOCK_FILE]
  *
  *   sign   every thread signs (CKM_ECDSA, 32 bytes) in a loop;
  *   mixed  every thread picks, with a seeded generator, one of: sign,
@@ -15,6 +16,12 @@
  *          decrypt round trip (with -a), find the key by label, random; and
  *          now and then creates a token object (-c data: a data object;
  *          -c keypair: an EC P-256 key pair) or destroys one it created.
+ *
+ * With -l, every object creation and destruction holds an exclusive
+ * flock(2) on LOCK_FILE, so that several load processes (and the soak's Go
+ * side) never create objects on one token at once: SoftHSM 2.6 answers
+ * concurrent creates on one token with CKR_GENERAL_ERROR or
+ * CKR_TEMPLATE_INCONSISTENT, and a real HSM would not.
  *
  * Every successful C_Sign's input and signature is appended to SIGFILE
  * (32 data bytes, 64 signature bytes per record) so the driver can verify
@@ -34,7 +41,9 @@
  * that does not find exactly one key. The PIN is read from a file, never
  * from argv, and never printed.
  */
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -48,6 +57,22 @@ static const char *key_label, *aes_label, *prefix = "haload";
 static int mixed, keypairs;
 static long tick_ms = 100;
 static FILE *sigfile;
+static int lockfd = -1;
+
+/* lifecycle_lock serialises object creation and destruction with the
+ * other load processes (-l). */
+static void lifecycle_lock(void)
+{
+	if (lockfd >= 0)
+		while (flock(lockfd, LOCK_EX) != 0 && errno == EINTR)
+			;
+}
+
+static void lifecycle_unlock(void)
+{
+	if (lockfd >= 0)
+		flock(lockfd, LOCK_UN);
+}
 static volatile int stopping;
 
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -390,10 +415,15 @@ static void *run(void *arg)
 			do_find(w);
 		else if (pick < 988)
 			do_random(w);
-		else if (pick < 994)
+		else if (pick < 994) {
+			lifecycle_lock();
 			do_create(w);
-		else
+			lifecycle_unlock();
+		} else {
+			lifecycle_lock();
 			do_destroy(w);
+			lifecycle_unlock();
+		}
 	}
 	return NULL;
 }
@@ -417,7 +447,8 @@ static void *ticker(void *arg)
 static void usage(void)
 {
 	fprintf(stderr, "usage: haload -m MODULE -s SLOT -p PIN_FILE -k EC_KEY_LABEL [-t THREADS] [-x sign|mixed]\n"
-			"              [-o SIGFILE] [-i TICK_MS] [-a AES_KEY_LABEL] [-c data|keypair] [-n PREFIX] [-r SEED]\n");
+			"              [-o SIGFILE] [-i TICK_MS] [-a AES_KEY_LABEL] [-c data|keypair] [-n PREFIX] [-r SEED]\n"
+			"              [-l LOCK_FILE]\n");
 	exit(2);
 }
 
@@ -430,7 +461,7 @@ int main(int argc, char **argv)
 	CK_ULONG pinlen;
 
 	slot = (CK_SLOT_ID)-1;
-	while ((c = getopt(argc, argv, "m:s:p:k:t:x:o:i:a:c:n:r:")) != -1) {
+	while ((c = getopt(argc, argv, "m:s:p:k:t:x:o:i:a:c:n:r:l:")) != -1) {
 		switch (c) {
 		case 'm': module = optarg; break;
 		case 's': slot = strtoul(optarg, NULL, 0); break;
@@ -454,6 +485,13 @@ int main(int argc, char **argv)
 			break;
 		case 'n': prefix = optarg; break;
 		case 'r': seed = strtoull(optarg, NULL, 0); break;
+		case 'l':
+			lockfd = open(optarg, O_RDWR | O_CREAT, 0600);
+			if (lockfd < 0) {
+				fprintf(stderr, "FATAL open lock file %s: %s\n", optarg, strerror(errno));
+				return 2;
+			}
+			break;
 		default: usage();
 		}
 	}
