@@ -24,14 +24,14 @@ var ErrBusy = errors.New("lock held by another")
 
 // Lock takes an exclusive lock on path, creating the file with exactly perm
 // when it is missing, and waits for it as long as ctx allows. Closing the
-// returned file releases the lock.
+// returned file releases the lock. A caller that may read but not write an
+// existing lock file still gets the lock (flock needs no write access).
 func Lock(ctx context.Context, path string, perm os.FileMode) (*os.File, error) {
 	return lock(ctx, path, unix.LOCK_EX, perm, true)
 }
 
 // LockShared takes a shared lock on path, creating the file with exactly
-// perm when it is missing, and waits for it as long as ctx allows. A caller
-// that may read but not write an existing lock file still gets the lock.
+// perm when it is missing, and waits for it as long as ctx allows.
 func LockShared(ctx context.Context, path string, perm os.FileMode) (*os.File, error) {
 	return lock(ctx, path, unix.LOCK_SH, perm, true)
 }
@@ -68,8 +68,9 @@ func lock(ctx context.Context, path string, how int, perm os.FileMode, wait bool
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
 	f, err := OpenShared(path, os.O_RDWR|os.O_CREATE, perm)
-	if errors.Is(err, fs.ErrPermission) && how == unix.LOCK_SH {
-		// A reader that may not write the lock file can still share it.
+	if errors.Is(err, fs.ErrPermission) {
+		// One who may not write the lock file can still lock it: flock
+		// needs only an open descriptor.
 		f, err = os.Open(path)
 	}
 	if err != nil {

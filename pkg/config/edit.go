@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,55 +76,6 @@ func (e editor) edit(ctx context.Context, path string, fn func(*Config) error) e
 		return fmt.Errorf("config: edit %s: %w", path, err)
 	}
 	return nil
-}
-
-// lockFile takes an exclusive flock on path, creating it when needed, and
-// returns the function that releases it. It waits until the lock is free
-// or ctx is done.
-func lockFile(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if errors.Is(err, fs.ErrPermission) {
-		// A reader who may not write the lock file may still lock it.
-		f, err = os.Open(path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("lock: %w", err)
-	}
-	fd := int(f.Fd())
-	if err := flock(fd, unix.LOCK_EX|unix.LOCK_NB); err == nil {
-		return func() { f.Close() }, nil
-	} else if !errors.Is(err, unix.EWOULDBLOCK) {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	// Held by someone else: wait in the kernel, on a goroutine so that ctx
-	// can end the wait. If ctx wins, the goroutine still gets the lock in
-	// the end and gives it straight back by closing the file.
-	done := make(chan error, 1)
-	go func() { done <- flock(fd, unix.LOCK_EX) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		return func() { f.Close() }, nil
-	case <-ctx.Done():
-		go func() {
-			<-done
-			f.Close()
-		}()
-		return nil, fmt.Errorf("waiting for lock %s: %w", path, context.Cause(ctx))
-	}
-}
-
-func flock(fd, how int) error {
-	for {
-		err := unix.Flock(fd, how)
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
 }
 
 // tempPrefix is the name prefix of path's temporary files: hidden, and
