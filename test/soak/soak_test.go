@@ -34,7 +34,7 @@ import (
 )
 
 var (
-	duration = flag.Duration("soak.duration", 15*time.Second, "how long the faults go on (the make test run keeps the default)")
+	duration = flag.Duration("soak.duration", 10*time.Second, "how long the faults go on (the make test run keeps the default)")
 	seedFlag = flag.Uint64("soak.seed", 0, "seed of the fault schedule and the load (0: from the clock; printed)")
 	nMembers = flag.Int("soak.members", 4, "members (3 to 5); the last is a standby")
 	server   = flag.String("soak.server", string(load.HSMServe), "what serves the members: hsmserve (every call carried: key generation under chaos) or p11-kit")
