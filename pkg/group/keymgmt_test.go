@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/miekg/pkcs11"
 )
 
@@ -180,4 +181,42 @@ func TestKeyManagementIsReplicated(t *testing.T) {
 			t.Errorf("second EncryptInit: %v, want CKR_OPERATION_ACTIVE", err)
 		}
 	})
+}
+
+// TestWrapExtractableKeyOnAnyMember wraps a key the application made
+// extractable once per member in turn (round-robin): whichever member
+// answers, the application gets the blob. Replicas of the key carry
+// CKA_WRAP_WITH_TRUSTED (the trusted domain key's unwrap template forces
+// it), so a replica alone cannot wrap it under the application's key.
+func TestWrapExtractableKeyOnAnyMember(t *testing.T) {
+	f := setup(t, setupOpts{policy: config.PolicyRoundRobin})
+	ctx := testContext(t)
+	s := openSession(t, f.g)
+	gen := pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil)
+	kek, err := s.GenerateKey(ctx, gen, aesTemplate("kek", attr(pkcs11.CKA_EXTRACTABLE, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := s.GenerateKey(ctx, gen, aesTemplate("data", attr(pkcs11.CKA_EXTRACTABLE, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	onEveryMember(t, f, "data")
+	kwp := pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_WRAP_PAD, nil)
+	var first []byte
+	for i := range 2 * len(f.toks) {
+		blob, err := f.g.WrapKey(ctx, kwp, kek, data)
+		if err != nil {
+			t.Fatalf("WrapKey #%d: %v", i, err)
+		}
+		if first == nil {
+			first = blob
+		} else if !bytes.Equal(blob, first) {
+			t.Errorf("WrapKey #%d gave another blob", i)
+		}
+	}
+	a, err := f.g.GetAttributes(ctx, data, []uint{pkcs11.CKA_EXTRACTABLE})
+	if err != nil || len(a) != 1 || len(a[0].Value) != 1 || a[0].Value[0] != 1 {
+		t.Errorf("CKA_EXTRACTABLE of the extractable key: %v %v, want true", a, err)
+	}
 }

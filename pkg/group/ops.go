@@ -205,6 +205,37 @@ func containsType(types []uint, want ...uint) bool {
 	return false
 }
 
+// wrapWithTrustedCopies returns the serving members whose copy of o
+// carries CKA_WRAP_WITH_TRUSTED=true. Such a copy can be wrapped only
+// under a CKA_TRUSTED key, which an application's wrapping key is not:
+// the token answers CKR_KEY_NOT_WRAPPABLE. Replicas carry the flag
+// whatever the application asked (the trusted domain key's unwrap
+// template forces it), so a key the application made extractable is
+// wrapped where it was made. A member that does not hold o or does not
+// answer is left out (run finds that out and fails over). Read on every
+// call, not kept: a member's copy changes when it is recovered or
+// re-added, and WrapKey is not on the hot path.
+func (g *Group) wrapWithTrustedCopies(ctx context.Context, o *vobject) memberSet {
+	var set memberSet
+	for _, m := range g.serving() {
+		h, err := g.resolve(ctx, o, m)
+		if err != nil {
+			continue
+		}
+		var attrs []slot.Attribute
+		if _, err := g.call(ctx, m, func() (err error) {
+			attrs, err = m.Slot().GetAttributes(ctx, h, []uint{pkcs11.CKA_WRAP_WITH_TRUSTED})
+			return err
+		}); err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
+			continue
+		}
+		if len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0 {
+			set.add(m.Index())
+		}
+	}
+	return set
+}
+
 // WrapKey wraps key under wrapping (with failover). A key the application
 // made with CKA_EXTRACTABLE=false cannot be wrapped through the group
 // (CKR_KEY_UNEXTRACTABLE) even though the group keeps it physically
@@ -212,7 +243,10 @@ func containsType(types []uint, want ...uint) bool {
 // key: the group marks such keys CKA_WRAP_WITH_TRUSTED=true, and on the
 // virtual slot a private or secret key with CKA_WRAP_WITH_TRUSTED=true is
 // presented and treated as not extractable (the only trusted wrapping key
-// the group knows, the domain key, is never exposed).
+// the group knows, the domain key, is never exposed). A key the
+// application made extractable is wrapped on a member whose copy lacks
+// CKA_WRAP_WITH_TRUSTED (the copy it was made as; replicas carry it), and
+// on the others only when no such member serves.
 func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, key ObjectHandle) ([]byte, error) {
 	w, err := g.key("WrapKey", wrapping)
 	if err != nil {
@@ -231,8 +265,12 @@ func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, k
 	if k.unextractable.Load() {
 		return nil, wrap(ErrKeyUnextractable, "WrapKey", "", nil)
 	}
+	var avoid memberSet
+	if k.identity().Class != pkcs11.CKO_PUBLIC_KEY {
+		avoid = g.wrapWithTrustedCopies(ctx, k)
+	}
 	var out []byte
-	err = g.run(ctx, "WrapKey", []*vobject{w, k}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	err = g.runAvoiding(ctx, "WrapKey", []*vobject{w, k}, avoid, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = s.WrapKey(ctx, mech, hs[0], hs[1])
 		return err
 	})
