@@ -226,6 +226,9 @@ func TestSoak(t *testing.T) {
 
 	rep := buildReport(w, cres, gl, ev, syncRep, holdings, chaosTime, keypairs)
 	rep.listErrs = listErrs
+	if lines, err := load.ReadStats(statsPath); err == nil {
+		rep.moduleOutage, rep.moduleOutages = outages(lines, cl.PID())
+	}
 	if syncErr != nil {
 		rep.syncErr = syncErr.Error()
 		rep.syncInSync = false
@@ -294,6 +297,8 @@ type report struct {
 	failoverEvents           int
 	members                  int
 	recoveryFailed           int
+	moduleOutage             time.Duration // time the module's engine had no member in service
+	moduleOutages            int
 	syncErr                  string
 	listErrs                 []string
 	kind                     load.Kind
@@ -409,6 +414,7 @@ func (r *report) String() string {
 	p("  generated/created %s missing from a member after final recovery %d  (of %d made)", objects, len(r.missing), r.created)
 	p("  destroyed ones present on a member                   %d  (of %d destroyed)", len(r.resurrected), r.destroyed)
 	p("  conflicts                                            %d", r.conflicts)
+	p("  whole group out of service in the module's engine    %d times, %v in all", r.moduleOutages, r.moduleOutage.Round(time.Millisecond))
 	p("  longest stall                                        %v (%s) vs command_timeout %v", r.stall.Round(time.Millisecond), r.stallWhere, commandTimeout)
 	p("  haagent restarts after which it did not answer       %d", len(r.agentHangs))
 	if r.syncErr != "" {
@@ -522,4 +528,33 @@ func copyRegular(src, dst string) error {
 		}
 		return nil
 	})
+}
+
+// outages adds up the time, in the module's own counters (pid's lines),
+// during which no member of the group was in service, and counts the
+// outages.
+func outages(lines []load.StatsLine, pid int) (time.Duration, int) {
+	var total time.Duration
+	n := 0
+	var down time.Time
+	for _, l := range lines {
+		if l.PID != pid || l.Group != groupLabel {
+			continue
+		}
+		serving := false
+		for _, m := range l.Members {
+			if m.State == "active" || m.State == "standby" {
+				serving = true
+			}
+		}
+		switch {
+		case !serving && down.IsZero():
+			down = l.Time
+			n++
+		case serving && !down.IsZero():
+			total += l.Time.Sub(down)
+			down = time.Time{}
+		}
+	}
+	return total, n
 }
