@@ -45,6 +45,7 @@ const AnonymousLabelPrefix = "hagroup-anon-"
 type intent struct {
 	tmpl          []*pkcs11.Attribute
 	class         uint
+	classKnown    bool // class was given or read from the template (CKO_DATA is 0)
 	token         bool
 	unextractable bool
 	explicitID    bool // the application named the object (CKA_ID or CKA_LABEL)
@@ -92,14 +93,14 @@ func randomID() ([]byte, error) {
 // operation makes (0: read CKA_CLASS from tmpl). id, when not nil, is the
 // CKA_ID to give an object that has neither CKA_ID nor CKA_LABEL.
 func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkcs11.Attribute, class uint, id []byte) (intent, error) {
-	in := intent{tmpl: append([]*pkcs11.Attribute(nil), tmpl...), class: class}
+	in := intent{tmpl: append([]*pkcs11.Attribute(nil), tmpl...), class: class, classKnown: class != 0}
 	if i := attrIndex(tmpl, pkcs11.CKA_CLASS); i >= 0 && class == 0 {
-		in.class = ulong(tmpl[i].Value)
+		in.class, in.classKnown = ulong(tmpl[i].Value), true
 	}
 	in.token, _ = attrBool(tmpl, pkcs11.CKA_TOKEN)
 	in.explicitID = hasValue(tmpl, pkcs11.CKA_ID) || hasValue(tmpl, pkcs11.CKA_LABEL)
 	if !in.explicitID && id != nil {
-		if in.class == pkcs11.CKO_DATA {
+		if in.classKnown && in.class == pkcs11.CKO_DATA {
 			// Data objects have no CKA_ID: name them instead.
 			in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_LABEL, AnonymousLabelPrefix+hex.EncodeToString(id)))
 		} else {
@@ -171,7 +172,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	}
 	wrapped := false
 	for _, in := range ins {
-		wrapped = wrapped || wrappedClass(in.class)
+		// A class not known yet (an unwrapped or derived key without
+		// CKA_CLASS) may be a key that travels wrapped.
+		wrapped = wrapped || !in.classKnown || wrappedClass(in.class)
 	}
 	p := g.creator(wrapped)
 	if p == nil {
@@ -577,6 +580,10 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 	}
 	if _, set := attrBool(tmpl, pkcs11.CKA_TOKEN); !set {
 		in.token = src.token
+	}
+	if !in.classKnown {
+		// The copy has its source's class (CKO_DATA is 0).
+		in.class, in.classKnown = class, true
 	}
 	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
 	if src.unextractable.Load() {

@@ -403,9 +403,11 @@ func canWrap(src, dst *member.Member) bool {
 }
 
 // wrappedClass reports whether objects of class travel wrapped under the
-// domain key (0: unknown, as an unwrapped or derived key may be either).
+// domain key: private and secret keys. Every other class (data objects,
+// whose CKO_DATA is 0, certificates, public keys) travels by its
+// attributes and needs no MechWrapPad.
 func wrappedClass(class uint) bool {
-	return class == pkcs11.CKO_PRIVATE_KEY || class == pkcs11.CKO_SECRET_KEY || class == 0
+	return class == pkcs11.CKO_PRIVATE_KEY || class == pkcs11.CKO_SECRET_KEY
 }
 
 // Unreplicated is an object made or changed through the group that a

@@ -1,0 +1,80 @@
+package group
+
+import (
+	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/miekg/pkcs11"
+)
+
+// TestDataObjectsReplicateWithoutWrapMechanism: when every member lacks
+// CKM_AES_KEY_WRAP_PAD (tokens behind p11-kit 0.24 servers), a data object
+// (CKO_DATA, whose class value is 0) still reaches every member, since it
+// travels by its attributes; it is found by class and label whichever
+// member answers, and destroying it through the group removes it from
+// every member. (Class 0 was once taken for "unknown, maybe a wrapped
+// key", so the object stayed on the creator alone and a search routed to
+// another member found nothing.)
+func TestDataObjectsReplicateWithoutWrapMechanism(t *testing.T) {
+	var toks []testhsm.Token
+	for _, name := range []string{"nowrap-a", "nowrap-b", "nowrap-c"} {
+		toks = append(toks, testhsm.Serve(t, name).Token())
+	}
+	f := setup(t, setupOpts{toks: toks, noDomain: true, policy: config.PolicyRoundRobin})
+	ctx := testContext(t)
+	for _, tok := range toks {
+		m, _ := f.g.Member(tok.Name)
+		if !m.Lacks(MechWrapPad) {
+			t.Fatalf("member %s offers %s; the test needs members without it", tok.Name, MechWrapPad)
+		}
+	}
+	s := openSession(t, f.g)
+	byClassAndLabel := func(label string) []*pkcs11.Attribute {
+		return []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_LABEL, label)}
+	}
+	for _, label := range []string{"nowrap-data-1", "nowrap-data-2"} {
+		if _, err := s.CreateObject(ctx, []*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, false),
+			attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_APPLICATION, "regression"), attr(pkcs11.CKA_VALUE, []byte(label)),
+		}); err != nil {
+			t.Fatalf("create %s: %v", label, err)
+		}
+		for _, tok := range toks {
+			if hs := findDirect(t, openDirect(t, tok), label); len(hs) != 1 {
+				t.Errorf("%s after create: member %s holds %d copies; want 1", label, tok.Name, len(hs))
+			}
+			if u := f.g.Unreplicated(tok.Name); len(u) != 0 {
+				t.Errorf("%s after create: member %s counts %v as not replicated; want none", label, tok.Name, u)
+			}
+		}
+		if n := f.events.count(ReplicationSkipped, ""); n != 0 {
+			t.Errorf("%s: %d replication_skipped events; want 0 for a data object", label, n)
+		}
+		// Round-robin: each search is served by the next member.
+		var found []ObjectHandle
+		for i := range toks {
+			hs, err := f.g.Find(ctx, byClassAndLabel(label))
+			if err != nil || len(hs) != 1 {
+				t.Errorf("%s: find %d by class and label = %v, %v; want one handle", label, i, hs, err)
+			}
+			found = hs
+		}
+		if len(found) != 1 {
+			t.Fatalf("%s: nothing to destroy", label)
+		}
+		if err := f.g.DestroyObject(ctx, found[0]); err != nil {
+			t.Fatalf("destroy %s: %v", label, err)
+		}
+		for _, tok := range toks {
+			if hs := findDirect(t, openDirect(t, tok), label); len(hs) != 0 {
+				t.Errorf("%s after destroy: member %s still holds %d copies", label, tok.Name, len(hs))
+			}
+		}
+		for i := range toks {
+			if hs, err := f.g.Find(ctx, byClassAndLabel(label)); err != nil || len(hs) != 0 {
+				t.Errorf("%s: find %d after destroy = %v, %v; want none", label, i, hs, err)
+			}
+		}
+	}
+}
