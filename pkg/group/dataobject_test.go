@@ -78,3 +78,41 @@ func TestDataObjectsReplicateWithoutWrapMechanism(t *testing.T) {
 		}
 	}
 }
+
+// TestFindKeysWhenNoMemberCanWrap: when no member has
+// CKM_AES_KEY_WRAP_PAD, a private key made through the group stays on the
+// member that made it; a search by class and label must find it whichever
+// member the scheduler would pick, and destroying it leaves no copy.
+func TestFindKeysWhenNoMemberCanWrap(t *testing.T) {
+	var toks []testhsm.Token
+	for _, name := range []string{"nowrapkey-a", "nowrapkey-b", "nowrapkey-c"} {
+		toks = append(toks, testhsm.Serve(t, name).Token())
+	}
+	f := setup(t, setupOpts{toks: toks, noDomain: true, policy: config.PolicyRoundRobin})
+	ctx := testContext(t)
+	genEC(t, openSession(t, f.g), "nowrap-key")
+	priv := []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_LABEL, "nowrap-key")}
+	var found []ObjectHandle
+	for i := range 2 * len(toks) {
+		hs, err := f.g.Find(ctx, priv)
+		if err != nil || len(hs) != 1 {
+			t.Errorf("find %d of the private key by class and label = %v, %v; want one handle", i, hs, err)
+		}
+		found = hs
+	}
+	if len(found) != 1 {
+		t.Fatal("nothing to destroy")
+	}
+	if err := f.g.DestroyObject(ctx, found[0]); err != nil {
+		t.Fatalf("destroy: %v", err)
+	}
+	for _, tok := range toks {
+		d := openDirect(t, tok)
+		if hs, err := d.FindObjects(ctx, priv); err != nil || len(hs) != 0 {
+			t.Errorf("after destroy: member %s holds %v, %v; want none", tok.Name, hs, err)
+		}
+	}
+	if hs, err := f.g.Find(ctx, priv); err != nil || len(hs) != 0 {
+		t.Errorf("find after destroy = %v, %v; want none", hs, err)
+	}
+}

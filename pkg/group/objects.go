@@ -482,7 +482,10 @@ func ulong(b []byte) uint {
 // current login can see. A non-empty template is searched on one healthy
 // member (with failover; a member lacking MechWrapPad, which lacks the
 // keys it could not be sent, only when no other serves) and the results
-// mapped to the other members lazily, when first used there. An empty template ("find all") lists every
+// mapped to the other members lazily, when first used there. When no
+// serving member has MechWrapPad, the private and secret keys made
+// through the group live on their creators only: every serving member is
+// searched and the results joined. An empty template ("find all") lists every
 // serving member once, in parallel, and joins the listings on identity, so
 // its cost is one listing per member, not a look-up per object per member.
 // Objects whose identity is shared by different key material are reported
@@ -499,6 +502,9 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 			avoid.add(m.Index())
 		}
 	}
+	if ms := g.serving(); len(ms) > 1 && !slices.ContainsFunc(ms, func(m *member.Member) bool { return !m.Lacks(MechWrapPad) }) {
+		return g.findEvery(ctx, ms, tmpl)
+	}
 	var out []ObjectHandle
 	err := g.runAvoiding(ctx, "FindObjects", nil, avoid, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
 		hs, err := s.FindObjects(ctx, tmpl)
@@ -509,6 +515,55 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 		return err
 	})
 	return out, err
+}
+
+// findEvery searches every member of ms for tmpl and joins the results,
+// each object once. A member whose health fails is passed over (and
+// charged); a request error is returned as it is.
+func (g *Group) findEvery(ctx context.Context, ms []*member.Member, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
+	const op = "FindObjects"
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	var out []ObjectHandle
+	seen := map[ObjectHandle]bool{}
+	answered := 0
+	var lastHealth error
+	for _, m := range ms {
+		s := m.Slot()
+		if s == nil {
+			continue
+		}
+		var got []ObjectHandle
+		_, err := g.call(ctx, m, func() error {
+			hs, err := s.FindObjects(ctx, tmpl)
+			if err != nil {
+				return err
+			}
+			got, err = g.internFound(ctx, m, s, hs)
+			return err
+		})
+		if err != nil {
+			if slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil {
+				lastHealth = err
+				m.AddFailover()
+				continue
+			}
+			return nil, opErr(op, m.Name(), err)
+		}
+		answered++
+		for _, h := range got {
+			if !seen[h] {
+				seen[h] = true
+				out = append(out, h)
+			}
+		}
+	}
+	if answered == 0 {
+		return nil, wrap(ErrNoMember, op, "", lastHealth)
+	}
+	return out, nil
 }
 
 // internFound maps physical handles found on m to virtual objects.
