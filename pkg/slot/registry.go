@@ -128,7 +128,12 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 }
 
 // release drops one reference; the last one finalizes the context (unless
-// it is someone else's) and unloads it.
+// it is someone else's). The context is never destroyed (miekg's Destroy
+// frees it and dlcloses the module): a call abandoned at its deadline, or
+// one racing a shutdown, may still run on it, and must meet a finalized
+// module (CKR_CRYPTOKI_NOT_INITIALIZED), not freed memory — haagent once
+// died with SIGSEGV in GetTokenInfo that way. The cost is one small
+// allocation and a dlopen reference per module load.
 func (r *registry) release(m *module) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -153,7 +158,6 @@ func (r *registry) release(m *module) {
 			r.finals[m.path]++
 		}
 	}
-	m.ctx.Destroy()
 }
 
 // owns reports whether m is used by exactly one slot and was initialised by

@@ -649,20 +649,42 @@ func (s *Slot) discard(x *sess) {
 
 // direct runs a call that needs no session (token and mechanism
 // information) under the command timeout.
+//
+// The gate is held until the module call itself returns, not only until
+// the caller stops waiting: a caller that gives up (deadline, cancelled
+// context) must not let Close finalize the module under a call still
+// running inside it.
 func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) error {
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
 	}
-	defer s.gate.leave()
 	if s.closed.Load() {
+		s.gate.leave()
 		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 	}
 	st := s.st.Load()
 	if st.err != nil {
+		s.gate.leave()
 		return st.err
 	}
-	err := callTimeout(ctx, s.cmdTimeout, func() error {
-		return s.spec.intercepted(ctx, op, func() error { return fn(st) })
-	})
+	if err := ctx.Err(); err != nil {
+		s.gate.leave()
+		return newError(s.spec.Name, op, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer s.gate.leave()
+		done <- s.spec.intercepted(ctx, op, func() error { return fn(st) })
+	}()
+	t := time.NewTimer(s.cmdTimeout)
+	defer t.Stop()
+	var err error
+	select {
+	case err = <-done:
+	case <-t.C:
+		err = fmt.Errorf("%w (%v)", ErrTimeout, s.cmdTimeout)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
 	return newError(s.spec.Name, op, err)
 }
