@@ -412,11 +412,23 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			}
 		}
 	}
+	sourceFailed := false
 	for i, t := range targets {
 		if errs[i] != nil {
 			// Take back the other half of a key pair so the member holds
 			// all or nothing; recovery brings it in whole.
 			takeBack(i)
+			if sourceUnwell(errs[i], p) {
+				// The primary died under the copy: the target is not at
+				// fault and stays in rotation; the primary is failed, and
+				// a catch-up brings the object to the target later.
+				g.emit(Event{Kind: ReplicationFailed, Member: t.Name(), Object: ms[failedAt[i]].obj.Identity, Err: errs[i]})
+				if !sourceFailed {
+					sourceFailed = true
+					g.failMember(p, fmt.Errorf("replication source of %v: %w", ms[failedAt[i]].obj.Identity, errs[i]))
+				}
+				continue
+			}
 			g.replicationFailed(t, ms[failedAt[i]].obj.Identity, errs[i])
 			continue
 		}
@@ -445,6 +457,14 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		}
 	}
 	return nil
+}
+
+// sourceUnwell reports whether a replication error is the primary p
+// failing for a health reason (killed, hung) while being read or wrapped:
+// the fault is the source's, not the target's.
+func sourceUnwell(err error, p *member.Member) bool {
+	var se *slot.Error
+	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth
 }
 
 // sourceRefused reports whether a replication error is the primary p

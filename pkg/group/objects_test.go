@@ -90,6 +90,37 @@ func TestReplicationFailureLeavesNoHalfObject(t *testing.T) {
 	}
 }
 
+// A primary that dies while its new key is being copied is the one to
+// blame: the targets stay in rotation (the chaos soak saw a healthy target
+// failed for the source's CKR_DEVICE_ERROR, and with it the whole group).
+func TestReplicationSourceFailureBlamesTheSource(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup})
+	s := openSession(t, f.g)
+	primary := f.toks[0].Name
+	// The key pair is generated on the primary; the copies of its private
+	// half wrap it there, and that fails as on a killed member.
+	faults.Fail(primary, slot.OpWrapKey, errDevice)
+	_, _, err := s.GenerateKeyPair(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, "orphan")},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true),
+			attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_LABEL, "orphan")})
+	faults.Heal(primary)
+	t.Logf("GenerateKeyPair with the primary failing under the copy: %v", err)
+
+	if st := memberState(f.g, primary); st != member.Failed {
+		t.Errorf("primary that failed under the copy is %v, want failed", st)
+	}
+	for _, tok := range f.toks[1:] {
+		if st := memberState(f.g, tok.Name); st == member.Failed {
+			t.Errorf("target %s was failed for its source's error", tok.Name)
+		}
+		if n := len(findDirect(t, openDirect(t, tok), "orphan")); n != 0 && n != 2 {
+			t.Errorf("%s holds %d objects labelled orphan, want all or nothing", tok.Name, n)
+		}
+	}
+}
+
 func TestDuplicateIdentityReportedNotUsed(t *testing.T) {
 	toks := takeTokens(t, 3)
 	// Two different keys under one identity: the duplicate-label hazard.
