@@ -210,6 +210,7 @@ func (l *Load) PID() int { return l.proc.PID() }
 // Result is what a finished run reports.
 type Result struct {
 	Ops, Failed, Bad int
+	Reopens          int               // sessions a thread opened again after losing its own
 	PerOp            map[string][2]int // name → {ok, failed}
 	MaxLat           time.Duration
 	MaxLatAt         time.Time
@@ -246,6 +247,8 @@ func (l *Load) Stop(ctx context.Context) (*Result, error) {
 		case len(f) == 0:
 		case f[0] == "error" || f[0] == "bad":
 			r.Errors = append(r.Errors, line)
+		case f[0] == "reopens" && len(f) == 2:
+			r.Reopens, _ = strconv.Atoi(f[1])
 		case f[0] == "pub" && len(f) == 2:
 			r.Pub, _ = hex.DecodeString(f[1])
 		case f[0] == "op" && len(f) == 4:

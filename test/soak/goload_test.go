@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
 )
 
@@ -23,11 +24,15 @@ import (
 // process: the same operations haload does through the C module.
 type goLoad struct {
 	g      *group.Group
+	pin    secret.PIN
+	prefix string
+
+	keysMu sync.RWMutex // the keys, found again after a full outage
 	signer *group.Signer
 	pub    *ecdsa.PublicKey
 	hPub   group.ObjectHandle
 	hAES   group.ObjectHandle
-	prefix string
+	relogs int
 	// keypairs: create and destroy EC key pairs (private halves replicated
 	// under the domain key), otherwise data objects.
 	keypairs bool
@@ -47,29 +52,39 @@ type goLoad struct {
 	maxLat    time.Duration
 	maxLatAt  time.Time
 	stop      atomic.Bool
+	lostLogin atomic.Bool
+	reloginMu sync.Mutex
 }
 
 type opStat struct{ ok, failed int }
 
 // newGoLoad finds the keys on the group.
-func newGoLoad(ctx context.Context, g *group.Group, prefix string, keypairs bool, lockFile string) (*goLoad, error) {
-	l := &goLoad{g: g, prefix: prefix, keypairs: keypairs, ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
+func newGoLoad(ctx context.Context, g *group.Group, pin secret.PIN, prefix string, keypairs bool, lockFile string) (*goLoad, error) {
+	l := &goLoad{g: g, pin: pin, prefix: prefix, keypairs: keypairs, ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
 	var err error
 	if lockFile != "" {
 		if l.lock, err = os.OpenFile(lockFile, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 			return nil, err
 		}
 	}
-	if l.signer, err = g.Signer(ctx, group.KeySelector{Label: signLabel}); err != nil {
-		return nil, fmt.Errorf("signer: %w", err)
+	if err := l.findKeys(ctx); err != nil {
+		return nil, err
 	}
-	pub, ok := l.signer.Public().(*ecdsa.PublicKey)
+	return l, nil
+}
+
+// findKeys (re)finds the signing and AES keys.
+func (l *goLoad) findKeys(ctx context.Context) error {
+	signer, err := l.g.Signer(ctx, group.KeySelector{Label: signLabel})
+	if err != nil {
+		return fmt.Errorf("signer: %w", err)
+	}
+	pub, ok := signer.Public().(*ecdsa.PublicKey)
 	if !ok {
-		return nil, fmt.Errorf("signer's public key is %T", l.signer.Public())
+		return fmt.Errorf("signer's public key is %T", signer.Public())
 	}
-	l.pub = pub
 	find := func(class uint, label string) (group.ObjectHandle, error) {
-		hs, err := g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, class), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
+		hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, class), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
 		if err != nil {
 			return 0, err
 		}
@@ -78,18 +93,61 @@ func newGoLoad(ctx context.Context, g *group.Group, prefix string, keypairs bool
 		}
 		return hs[0], nil
 	}
-	if l.hPub, err = find(pkcs11.CKO_PUBLIC_KEY, signLabel); err != nil {
-		return nil, err
+	hPub, err := find(pkcs11.CKO_PUBLIC_KEY, signLabel)
+	if err != nil {
+		return err
 	}
-	if l.hAES, err = find(pkcs11.CKO_SECRET_KEY, aesLabel); err != nil {
-		return nil, err
+	hAES, err := find(pkcs11.CKO_SECRET_KEY, aesLabel)
+	if err != nil {
+		return err
 	}
-	return l, nil
+	l.keysMu.Lock()
+	l.signer, l.pub, l.hPub, l.hAES = signer, pub, hPub, hAES
+	l.keysMu.Unlock()
+	return nil
+}
+
+// keys returns the current key handles.
+func (l *goLoad) keys() (*group.Signer, *ecdsa.PublicKey, group.ObjectHandle, group.ObjectHandle) {
+	l.keysMu.RLock()
+	defer l.keysMu.RUnlock()
+	return l.signer, l.pub, l.hPub, l.hAES
+}
+
+// lost reports whether err says the login or the handles are gone (after a
+// full outage under activeBasic every session and the login are lost).
+func lost(err error) bool {
+	switch group.CodeOf(err) {
+	case pkcs11.CKR_USER_NOT_LOGGED_IN, pkcs11.CKR_OBJECT_HANDLE_INVALID, pkcs11.CKR_KEY_HANDLE_INVALID,
+		pkcs11.CKR_SESSION_HANDLE_INVALID, pkcs11.CKR_SESSION_CLOSED:
+		return err != nil
+	}
+	return false
+}
+
+// relogin logs in again and finds the keys again, as a well-behaved
+// application does once the group is back.
+func (l *goLoad) relogin(ctx context.Context) {
+	l.reloginMu.Lock()
+	defer l.reloginMu.Unlock()
+	err := l.g.Login(ctx, pkcs11.CKU_USER, l.pin.Clone())
+	if err != nil && group.CodeOf(err) != pkcs11.CKR_USER_ALREADY_LOGGED_IN {
+		time.Sleep(50 * time.Millisecond) // the group is still down: a later operation tries again
+		return
+	}
+	if err := l.findKeys(ctx); err == nil {
+		l.mu.Lock()
+		l.relogs++
+		l.mu.Unlock()
+	}
 }
 
 // done records one single-part operation.
 func (l *goLoad) done(op string, start time.Time, err error) {
 	lat := time.Since(start)
+	if lost(err) {
+		l.lostLogin.Store(true)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.ops[op]
@@ -123,14 +181,18 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 	var mine []string
 	made := 0
 	for !l.stop.Load() && ctx.Err() == nil {
+		if l.lostLogin.Swap(false) {
+			l.relogin(ctx)
+		}
+		signer, pub, hPub, hAES := l.keys()
 		switch p := rng.IntN(1000); {
 		case p < 400: // sign, checked here with crypto/ecdsa
 			d := sha256.Sum256(binary.BigEndian.AppendUint64([]byte(l.prefix), rng.Uint64()))
 			start := time.Now()
-			sig, err := l.signer.SignContext(ctx, d[:], crypto.SHA256)
+			sig, err := signer.SignContext(ctx, d[:], crypto.SHA256)
 			l.done("sign", start, err)
 			if err == nil {
-				if !ecdsa.VerifyASN1(l.pub, d[:], sig) {
+				if !ecdsa.VerifyASN1(pub, d[:], sig) {
 					l.wrong("a signature from the group does not verify")
 				}
 				lastDigest, lastSig = d[:], sig
@@ -151,7 +213,7 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 				raw[5] ^= 0x20
 			}
 			start := time.Now()
-			err := l.g.Verify(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), l.hPub, lastDigest, raw)
+			err := l.g.Verify(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), hPub, lastDigest, raw)
 			switch {
 			case corrupt && group.CodeOf(err) == pkcs11.CKR_SIGNATURE_INVALID:
 				l.done("verify", start, nil)
@@ -171,13 +233,13 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 			}
 			mech := pkcs11.NewMechanism(pkcs11.CKM_AES_ECB, nil)
 			start := time.Now()
-			ct, err := l.g.Encrypt(ctx, mech, l.hAES, plain)
+			ct, err := l.g.Encrypt(ctx, mech, hAES, plain)
 			l.done("crypt", start, err)
 			if err != nil {
 				continue
 			}
 			start = time.Now()
-			back, err := l.g.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_ECB, nil), l.hAES, ct)
+			back, err := l.g.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_ECB, nil), hAES, ct)
 			l.done("crypt", start, err)
 			if err == nil && !bytes.Equal(back, plain) {
 				l.wrong("decryption did not give back the plaintext")
@@ -187,8 +249,8 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 			hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 				pkcs11.NewAttribute(pkcs11.CKA_LABEL, aesLabel)})
 			l.done("find", start, err)
-			if err == nil && (len(hs) != 1 || hs[0] != l.hAES) {
-				l.wrong(fmt.Sprintf("find returned %v, want the AES key %v", hs, l.hAES))
+			if err == nil && (len(hs) != 1 || hs[0] != hAES) {
+				l.wrong(fmt.Sprintf("find returned %v, want the AES key %v", hs, hAES))
 			}
 		case p < 984: // random
 			start := time.Now()

@@ -123,7 +123,7 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	lockFile := filepath.Join(w.dir, "lifecycle.lock")
-	gl, err := newGoLoad(ctx, g, fmt.Sprintf("go%d", seed%100000), keypairs, lockFile)
+	gl, err := newGoLoad(ctx, g, w.userPIN.Clone(), fmt.Sprintf("go%d", seed%100000), keypairs, lockFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,6 +297,7 @@ type report struct {
 	failoverEvents           int
 	members                  int
 	recoveryFailed           int
+	cReopens, goRelogs       int
 	moduleOutage             time.Duration // time the module's engine had no member in service
 	moduleOutages            int
 	syncErr                  string
@@ -334,6 +335,7 @@ func buildReport(w *world, c *load.Result, gl *goLoad, ev *events, sr agent.Sync
 		r.perOp = append(r.perOp, fmt.Sprintf("C %s %d/%d", n, v[0], v[0]+v[1]))
 	}
 	r.goBad = gl.bad
+	r.cReopens, r.goRelogs = c.Reopens, gl.relogs
 	r.failures = append(r.failures, gl.failures...)
 	ev.mu.Lock()
 	r.conflicts += len(ev.conflicts)
@@ -425,6 +427,7 @@ func (r *report) String() string {
 	p("  objects that could not be read on a member           %d", len(r.listErrs))
 	p("  object life cycle calls that failed (not single-part) %d creates, %d destroys; objects left by failed creates: %d", r.createFailed, r.destFailed, r.leftovers)
 	p("  member failures seen by the Go engine                %d", r.failoverEvents)
+	p("  sessions reopened / logins redone after losing them  C %d, Go %d", r.cReopens, r.goRelogs)
 	p("  recovery attempts that failed (all processes)        %d, of which aborted because an object being copied was destroyed meanwhile: %d", r.recoveryFailed, r.recoveryRaced)
 	p("  per operation (ok/total)                             %s", strings.Join(r.perOp, ", "))
 	if !r.keypairs {

@@ -36,6 +36,9 @@
  *   pub HEX                                 the EC key's CKA_EC_POINT
  *   op NAME ok=N failed=N                   per operation, at the end
  *   total ops=N failed=N bad=N maxlat_us=N at_ms=UNIX_MS
+ * A thread whose session or login is gone (after a full outage under
+ * activeBasic every session is lost) opens a new session, logs in and finds
+ * its keys again, as a well-behaved application does; "reopens N" counts it.
  * "bad" counts wrong answers: a good signature refused, a corrupted one
  * accepted, a decryption that does not give back the plaintext, a find
  * that does not find exactly one key. The PIN is read from a file, never
@@ -81,7 +84,10 @@ static pthread_mutex_t sig_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Counters: per operation, and per tick (reset by the ticker). */
 static unsigned long ok_by_op[N_OPS], failed_by_op[N_OPS], bad;
 static unsigned long tick_ok, tick_failed, tick_maxlat;
-static unsigned long max_lat_us, max_lat_at_ms, errors_shown[N_OPS];
+static unsigned long max_lat_us, max_lat_at_ms, errors_shown[N_OPS], reopens;
+static char pin[256];
+static CK_ULONG pinlen;
+static __thread CK_RV last_rv; /* the last call's result, on this thread */
 
 struct worker {
 	pthread_t thread;
@@ -118,6 +124,7 @@ static void done(enum op op, CK_RV rv, double start_ms)
 {
 	double end = wall_ms();
 	unsigned long lat = (unsigned long)((end - start_ms) * 1000.0);
+	last_rv = rv;
 	pthread_mutex_lock(&out_lock);
 	if (rv == CKR_OK) {
 		ok_by_op[op]++;
@@ -394,12 +401,58 @@ static void do_destroy(struct worker *w)
 	w->ncreated--;
 }
 
+/* lost reports whether rv says the session, the login or a handle is gone. */
+static int lost(CK_RV rv)
+{
+	return rv == CKR_SESSION_HANDLE_INVALID || rv == CKR_SESSION_CLOSED || rv == CKR_USER_NOT_LOGGED_IN ||
+	       rv == CKR_OBJECT_HANDLE_INVALID || rv == CKR_KEY_HANDLE_INVALID;
+}
+
+/* find1 finds the one object of class cls labelled l, 0 if not exactly one. */
+static CK_OBJECT_HANDLE find1(CK_SESSION_HANDLE s, CK_OBJECT_CLASS cls, const char *l)
+{
+	CK_OBJECT_HANDLE h[4];
+	CK_ULONG n = 0;
+	if (find_label(s, cls, l, h, &n) != CKR_OK || n != 1)
+		return 0;
+	return h[0];
+}
+
+/* reopen gives the thread a new session, logged in, with its keys found
+ * again; it returns 0 when that worked. */
+static int reopen(struct worker *w)
+{
+	f->C_CloseSession(w->s);
+	CK_RV rv = f->C_OpenSession(slot, CKF_SERIAL_SESSION | CKF_RW_SESSION, NULL, NULL, &w->s);
+	if (rv != CKR_OK)
+		return -1;
+	rv = f->C_Login(w->s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen);
+	if (rv != CKR_OK && rv != CKR_USER_ALREADY_LOGGED_IN)
+		return -1;
+	w->priv = find1(w->s, CKO_PRIVATE_KEY, key_label);
+	w->pub = find1(w->s, CKO_PUBLIC_KEY, key_label);
+	if (aes_label)
+		w->aes = find1(w->s, CKO_SECRET_KEY, aes_label);
+	if (!w->priv || !w->pub || (aes_label && !w->aes))
+		return -1;
+	__sync_fetch_and_add(&reopens, 1);
+	return 0;
+}
+
 static void *run(void *arg)
 {
 	struct worker *w = arg;
 	unsigned long i = 0;
 	while (!stopping) {
 		i++;
+		if (lost(last_rv)) {
+			if (reopen(w) != 0) {
+				struct timespec ts = {0, 50 * 1000000L};
+				nanosleep(&ts, NULL); /* the group is still down: try again soon */
+				continue;
+			}
+			last_rv = CKR_OK;
+		}
 		if (!mixed) {
 			do_sign(w, i);
 			continue;
@@ -457,8 +510,6 @@ int main(int argc, char **argv)
 	const char *module = NULL, *pinfile = NULL, *sigpath = NULL;
 	int nthreads = 4, c;
 	unsigned long long seed = 1;
-	char pin[256];
-	CK_ULONG pinlen;
 
 	slot = (CK_SLOT_ID)-1;
 	while ((c = getopt(argc, argv, "m:s:p:k:t:x:o:i:a:c:n:r:l:")) != -1) {
@@ -526,7 +577,6 @@ int main(int argc, char **argv)
 		if (aes_label)
 			w->aes = find_one(f, w->s, CKO_SECRET_KEY, aes_label);
 	}
-	memset(pin, 0, sizeof pin);
 	printf("ready\n");
 	fflush(stdout);
 	pthread_t tick;
@@ -566,7 +616,9 @@ int main(int argc, char **argv)
 			failed += failed_by_op[o];
 		}
 	}
+	printf("reopens %lu\n", reopens);
 	printf("total ops=%lu failed=%lu bad=%lu maxlat_us=%lu at_ms=%lu\n", ops, failed, bad, max_lat_us, max_lat_at_ms);
+	memset(pin, 0, sizeof pin);
 	fflush(stdout);
 	CHECK(f->C_Finalize(NULL));
 	return 0;
