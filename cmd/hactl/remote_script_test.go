@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/ha"
@@ -33,47 +30,10 @@ func cmdHSMServe(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Fatalf("usage: hsmserve LABEL")
 	}
 	label := args[0]
-	dir := filepath.Join(ts.Getenv("WORK"), "served-"+label)
-	conf := filepath.Join(dir, "softhsm2.conf")
-	if _, err := os.Stat(conf); errors.Is(err, os.ErrNotExist) {
-		ts.Check(os.MkdirAll(filepath.Join(dir, "tokens"), 0o700))
-		ts.Check(os.WriteFile(conf, []byte("directories.tokendir = "+filepath.Join(dir, "tokens")+"\nobjectstore.backend = file\nlog.level = ERROR\n"), 0o600))
-		ts.Check(initToken(conf, filepath.Join(dir, "tokens"), label))
-	}
-	sock := filepath.Join(ts.Getenv("SHORT"), label+".rsock")
-	os.Remove(sock) // a killed server leaves it behind
 	bin := filepath.Join(filepath.Dir(ts.Getenv("HACTL_BIN")), "hsmserve")
-	cmd := exec.Command(bin, "--module", softhsmModule, "--socket", sock, "--token-label", label)
-	cmd.Env = append(os.Environ(), "SOFTHSM2_CONF="+conf)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := os.Create(filepath.Join(dir, "hsmserve.log"))
-	ts.Check(err)
-	cmd.Stdout, cmd.Stderr = out, out
-	ts.Check(cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait(); out.Close() }()
-	st := stateOf(ts)
-	st.mu.Lock()
-	if old := st.servers[label]; old != nil {
-		killGroup(old)
-	}
-	st.servers[label] = cmd
-	st.mu.Unlock()
-	deadline := time.Now().Add(waitDeadline)
-	for {
-		select {
-		case err := <-exited:
-			ts.Fatalf("hsmserve for %s exited: %v", label, err)
-		default:
-		}
-		if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {
-			c.Close()
-			break
-		} else if time.Now().After(deadline) {
-			ts.Fatalf("hsmserve for %s did not answer on %s within %v", label, sock, waitDeadline)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	sock := serveToken(ts, label, "hsmserve", ".rsock", "hsmserve.log", func(sock string) *exec.Cmd {
+		return exec.Command(bin, "--module", softhsmModule, "--socket", sock, "--token-label", label)
+	})
 	ts.Setenv(strings.ToUpper(strings.ReplaceAll(label, "-", "_"))+"_MODULE", remote.ModulePath(sock))
 }
 

@@ -248,6 +248,17 @@ func cmdP11Serve(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Fatalf("usage: p11serve LABEL")
 	}
 	label := args[0]
+	sock := serveToken(ts, label, "p11-kit server", ".sock", "server.log", func(sock string) *exec.Cmd {
+		return exec.Command("p11-kit", "server", "-f", "-n", sock, "--provider", softhsmModule, "pkcs11:token="+label)
+	})
+	ts.Setenv(strings.ToUpper(strings.ReplaceAll(label, "-", "_"))+"_ADDR", "unix:path="+sock)
+}
+
+// serveToken makes token label in its own token directory (once), starts
+// the server command (for the socket $SHORT/label+suffix) in its own
+// process group, replacing a previous server of that label, and waits
+// until the socket answers. It returns the socket path.
+func serveToken(ts *testscript.TestScript, label, what, suffix, logName string, command func(sock string) *exec.Cmd) string {
 	dir := filepath.Join(ts.Getenv("WORK"), "served-"+label)
 	conf := filepath.Join(dir, "softhsm2.conf")
 	if _, err := os.Stat(conf); errors.Is(err, os.ErrNotExist) {
@@ -255,12 +266,12 @@ func cmdP11Serve(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Check(os.WriteFile(conf, []byte("directories.tokendir = "+filepath.Join(dir, "tokens")+"\nobjectstore.backend = file\nlog.level = ERROR\n"), 0o600))
 		ts.Check(initToken(conf, filepath.Join(dir, "tokens"), label))
 	}
-	sock := filepath.Join(ts.Getenv("SHORT"), label+".sock")
+	sock := filepath.Join(ts.Getenv("SHORT"), label+suffix)
 	os.Remove(sock) // a killed server leaves it behind
-	cmd := exec.Command("p11-kit", "server", "-f", "-n", sock, "--provider", softhsmModule, "pkcs11:token="+label)
+	cmd := command(sock)
 	cmd.Env = append(os.Environ(), "SOFTHSM2_CONF="+conf)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := os.Create(filepath.Join(dir, "server.log"))
+	out, err := os.Create(filepath.Join(dir, logName))
 	ts.Check(err)
 	cmd.Stdout, cmd.Stderr = out, out
 	ts.Check(cmd.Start())
@@ -277,18 +288,17 @@ func cmdP11Serve(ts *testscript.TestScript, neg bool, args []string) {
 	for {
 		select {
 		case err := <-exited:
-			ts.Fatalf("p11-kit server for %s exited: %v", label, err)
+			ts.Fatalf("%s for %s exited: %v", what, label, err)
 		default:
 		}
 		if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {
 			c.Close()
-			break
+			return sock
 		} else if time.Now().After(deadline) {
-			ts.Fatalf("p11-kit server for %s did not answer on %s within %v", label, sock, waitDeadline)
+			ts.Fatalf("%s for %s did not answer on %s within %v", what, label, sock, waitDeadline)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	ts.Setenv(strings.ToUpper(strings.ReplaceAll(label, "-", "_"))+"_ADDR", "unix:path="+sock)
 }
 
 // p11kill LABEL: SIGKILL the server of LABEL and its children.
