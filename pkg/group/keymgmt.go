@@ -676,6 +676,30 @@ func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base Ob
 	return hs[0], nil
 }
 
+// writeObject enters the group, finds the usable object h and takes the
+// write barrier, for a change of h on every member; done releases both.
+func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vobject, func(), error) {
+	if err := g.gate.enter(); err != nil {
+		return nil, nil, err
+	}
+	o, err := g.object(op, h)
+	if err == nil {
+		if uerr := o.usable(); uerr != nil {
+			err = wrap(uerr.(*Error), op, "", nil)
+		}
+	}
+	if err != nil {
+		g.gate.leave()
+		return nil, nil, err
+	}
+	release, err := g.beginWrite(ctx, op)
+	if err != nil {
+		g.gate.leave()
+		return nil, nil, err
+	}
+	return o, func() { release(); g.gate.leave() }, nil
+}
+
 // DestroyObject destroys an object on every serving member that holds it:
 // first on one member (a refusal such as CKR_ACTION_PROHIBITED is returned
 // as it is and nothing else is touched), then on the others in parallel.
@@ -684,18 +708,7 @@ func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base Ob
 // that was away cannot bring the object back.
 func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	const op = "DestroyObject"
-	if err := g.gate.enter(); err != nil {
-		return err
-	}
-	defer g.gate.leave()
-	o, err := g.object(op, h)
-	if err != nil {
-		return err
-	}
-	if err := o.usable(); err != nil {
-		return wrap(err.(*Error), op, "", nil)
-	}
-	done, err := g.beginWrite(ctx, op)
+	o, done, err := g.writeObject(ctx, op, h)
 	if err != nil {
 		return err
 	}
@@ -797,18 +810,7 @@ func (s *Session) DestroyObject(ctx context.Context, h ObjectHandle) error {
 // A change of CKA_ID or CKA_LABEL changes the object's identity.
 func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs11.Attribute) error {
 	const op = "SetAttributes"
-	if err := g.gate.enter(); err != nil {
-		return err
-	}
-	defer g.gate.leave()
-	o, err := g.object(op, h)
-	if err != nil {
-		return err
-	}
-	if err := o.usable(); err != nil {
-		return wrap(err.(*Error), op, "", nil)
-	}
-	done, err := g.beginWrite(ctx, op)
+	o, done, err := g.writeObject(ctx, op, h)
 	if err != nil {
 		return err
 	}
