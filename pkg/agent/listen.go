@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/hagroup/hagroup/internal/filelock"
 )
 
 // ErrSocketInUse is returned by Listen when another agent holds the socket.
@@ -35,16 +35,12 @@ func Listen(path string, opt ListenOptions) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("socket directory: %w", err)
 	}
-	lock, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	lock, err := filelock.TryLock(path+".lock", 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("socket lock: %w", err)
-	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
+		if errors.Is(err, filelock.ErrBusy) {
 			return nil, fmt.Errorf("%s: %w (it holds %s.lock)", path, ErrSocketInUse, path)
 		}
-		return nil, fmt.Errorf("locking %s.lock: %w", path, err)
+		return nil, fmt.Errorf("socket lock: %w", err)
 	}
 	fail := func(err error) (net.Listener, error) {
 		lock.Close()
