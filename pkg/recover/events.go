@@ -40,6 +40,9 @@ type Event struct {
 	Conflicts []hasync.Conflict
 	// Copied and Deleted count the catch-up actions of a Recovered.
 	Copied, Deleted int
+	// Unreadable are the objects a Recovered's catch-up listed but could
+	// not read (by member and handle): left alone, reported.
+	Unreadable []hasync.Unreadable
 	// Duration of the attempt (Recovered, AttemptFailed).
 	Duration time.Duration
 }

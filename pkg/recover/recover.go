@@ -160,6 +160,12 @@ type CatchUp struct {
 	// wrapped). They do not keep the member out; it is out of sync by
 	// them.
 	Unreplicable []hasync.Action
+	// Unreadable are the objects, on the member or its peers, that the
+	// last pass's listing found but could not read (see
+	// sync.Unreadable): never copied nor counted as conflicts, they do
+	// not keep the member out; they are reported, and count as out of
+	// sync for the member holding them.
+	Unreadable []hasync.Unreadable
 	// Final reports whether a last pass ran under the write barrier
 	// because objects changed through the group during the catch-up.
 	Final bool
@@ -664,6 +670,7 @@ func (r *Recoverer) catchUpAndActivate(ctx context.Context, name string, s *slot
 		cu.Copied += fin.Copied
 		cu.Deleted += fin.Deleted
 		cu.Skipped, cu.PeerErrors, cu.OtherConflicts, cu.Unreplicable = fin.Skipped, fin.PeerErrors, fin.OtherConflicts, fin.Unreplicable
+		cu.Unreadable = fin.Unreadable
 		cu.Final = true
 		if err != nil {
 			return cu, fmt.Errorf("final catch-up: %w", err)
@@ -766,7 +773,8 @@ func (r *Recoverer) finish(m *memberRec, fl *flight, gen uint64, manual bool, ou
 			m.next = time.Time{}
 			m.gen++ // a loop still waiting for its timer exits
 			events = append(events, Event{Kind: Recovered, Time: now, Member: m.name, Attempt: out.res.Attempt,
-				Manual: manual, Copied: out.res.CatchUp.Copied, Deleted: out.res.CatchUp.Deleted, Duration: out.res.Duration})
+				Manual: manual, Copied: out.res.CatchUp.Copied, Deleted: out.res.CatchUp.Deleted, Duration: out.res.Duration,
+				Unreadable: out.res.CatchUp.Unreadable})
 		} else {
 			left := m.attemptsLeft
 			if manual && !m.episode {
@@ -837,6 +845,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 			return cu, fmt.Errorf("catch up: list objects: %w", err)
 		}
 		cu.Skipped = plan.Skipped
+		cu.Unreadable = plan.Unreadable
 		if cu.Passes == 1 {
 			r.noteOutOfSync(plan)
 		}
@@ -845,7 +854,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		}
 		cu.OtherConflicts = plan.Conflicts
 		cu.Unreplicable = splitUnreplicable(plan, lacking)
-		left := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Actions: cu.Unreplicable}
+		left := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Unreadable: plan.Unreadable, Actions: cu.Unreplicable}
 		mine := plan.For(self.Name)
 		if len(plan.Actions) == 0 || (cu.Passes > 1 && len(mine) == 0) {
 			cu.converged = true

@@ -38,9 +38,11 @@ type SyncReport struct {
 }
 
 // InSync reports whether the serving members were equal (before any
-// apply) and every member was compared. Unreplicable differences count.
+// apply) and every member was compared. Unreplicable differences count,
+// and so do objects a member would not describe (Plan.Unreadable), since
+// what they hold is unknown.
 func (s *SyncReport) InSync() bool {
-	return s.Plan != nil && s.Plan.Empty() && len(s.Plan.Skipped) == 0 && len(s.NotServing) == 0
+	return s.Plan != nil && s.Plan.Empty() && len(s.Plan.Unreadable) == 0 && len(s.Plan.Skipped) == 0 && len(s.NotServing) == 0
 }
 
 // Synchronize compares the objects of the serving members (active and
@@ -129,7 +131,8 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	res, err := r.repl.Apply(ctx, &todo)
 	rep.Applied = res
 	// What is left: conflicts, what cannot be replicated, what failed.
-	after := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Actions: append([]hasync.Action(nil), rep.Unreplicable...)}
+	after := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Unreadable: plan.Unreadable,
+		Actions: append([]hasync.Action(nil), rep.Unreplicable...)}
 	if res != nil {
 		for _, f := range res.Failed {
 			after.Actions = append(after.Actions, f.Action)

@@ -89,8 +89,9 @@ func Fingerprint(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]by
 // not err, so that listings can carry such objects.
 type readResult struct {
 	Object
-	a     attrs
-	fpErr error
+	a           attrs
+	fpErr       error
+	hasIdentity bool // Identity was read
 }
 
 func readObject(ctx context.Context, s store, member string, h pkcs11.ObjectHandle, pubs pubIndex) (readResult, error) {
@@ -110,7 +111,8 @@ func readObject(ctx context.Context, s store, member string, h pkcs11.ObjectHand
 }
 
 // readIdentity reads h's identity, storage flags and the attributes its
-// fingerprint needs (materialTypes), in two GetAttributes calls.
+// fingerprint needs (materialTypes), in two GetAttributes calls. When the
+// second call fails, the result still carries the identity (see known).
 func readIdentity(ctx context.Context, s store, member string, h pkcs11.ObjectHandle) (readResult, error) {
 	a, err := readAttrs(ctx, s, h, identTypes)
 	if err != nil {
@@ -122,22 +124,35 @@ func readIdentity(ctx context.Context, s store, member string, h pkcs11.ObjectHa
 	if err != nil {
 		return readResult{}, fmt.Errorf("member %s: object %d: %w", member, h, err)
 	}
+	r.hasIdentity = true
 	r.Token = a.boolean(pkcs11.CKA_TOKEN)
 	r.Private = a.boolean(pkcs11.CKA_PRIVATE)
 	if types := materialTypes(r.Class, r.KeyType); len(types) > 0 {
 		m, err := readAttrs(ctx, s, h, types)
 		if err != nil {
-			return readResult{}, fmt.Errorf("member %s: read attributes of %s: %w", member, r.Identity, err)
+			return r, fmt.Errorf("member %s: read attributes of %s: %w", member, r.Identity, err)
 		}
 		maps.Copy(a, m)
 	}
 	return r, nil
 }
 
+// known returns the identity read, nil when none was.
+func (r readResult) known() *Identity {
+	if !r.hasIdentity {
+		return nil
+	}
+	id := r.Identity
+	return &id
+}
+
+// errNoClass: the member gives no CKA_CLASS for an object.
+var errNoClass = errors.New("no readable CKA_CLASS")
+
 func identityOf(a attrs) (Identity, error) {
 	class, ok := a.ulong(pkcs11.CKA_CLASS)
 	if !ok {
-		return Identity{}, errors.New("no readable CKA_CLASS")
+		return Identity{}, errNoClass
 	}
 	kt, ok := a.ulong(pkcs11.CKA_KEY_TYPE)
 	if !ok {

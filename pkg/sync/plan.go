@@ -153,12 +153,30 @@ type Plan struct {
 	// Objects is the number of distinct token objects (identity +
 	// fingerprint) seen across the members.
 	Objects int
+	// Unreadable are objects a member listed but would not describe (see
+	// Unreadable): no action touches them and they are no conflict, but
+	// they are reported, and count as out of sync for their member, since
+	// what they hold is unknown.
+	Unreadable []Unreadable
 
 	slots map[string]*slot.Slot
 }
 
-// Empty reports whether the members are equal: no action, no conflict.
+// Empty reports whether there is nothing to do and nothing to resolve: no
+// action, no conflict. Unreadable objects are not counted: see
+// Plan.Unreadable.
 func (p *Plan) Empty() bool { return len(p.Actions) == 0 && len(p.Conflicts) == 0 }
+
+// UnreadableOn returns the unreadable objects listed by member.
+func (p *Plan) UnreadableOn(member string) []Unreadable {
+	var out []Unreadable
+	for _, u := range p.Unreadable {
+		if u.Member == member {
+			out = append(out, u)
+		}
+	}
+	return out
+}
 
 // For returns the actions that change member.
 func (p *Plan) For(member string) []Action {
@@ -182,10 +200,11 @@ func (p *Plan) ConflictsOf(member string) []Conflict {
 	return out
 }
 
-// OutOfSync returns how many objects member lacks, holds in excess, or
-// holds in conflict: its actions plus its conflicts.
+// OutOfSync returns how many objects member lacks, holds in excess, holds
+// in conflict, or holds unreadable: its actions, its conflicts and its
+// unreadable objects.
 func (p *Plan) OutOfSync(member string) int {
-	return len(p.For(member)) + len(p.ConflictsOf(member))
+	return len(p.For(member)) + len(p.ConflictsOf(member)) + len(p.UnreadableOn(member))
 }
 
 // holding is one version of an identity during planning.
@@ -207,6 +226,12 @@ type holding struct {
 //     holder (in member order) to the others, or with Prune deleted from
 //     its holders.
 //
+// An object a member lists but will not describe (a request error such as
+// CKR_ATTRIBUTE_VALUE_INVALID while reading it) does not fail the plan: it
+// is left out and named in Plan.Unreadable. A member whose listing fails
+// for any other reason fails the plan (or, for a health reason with
+// SkipUnreachable, is skipped).
+//
 // Session objects are ignored. Objects whose fingerprint a member cannot
 // compute (nil) are compared by identity alone. The members must be all
 // logged in or all logged out: otherwise private objects would look
@@ -226,11 +251,11 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		seen[m.Name] = true
 	}
 
-	listings := make([][]Object, len(members))
+	listings := make([]Listing, len(members))
 	errs := make([]error, len(members))
 	var wg gosync.WaitGroup
 	for i, m := range members {
-		wg.Go(func() { listings[i], errs[i] = List(ctx, m.Slot) })
+		wg.Go(func() { listings[i], errs[i] = list(ctx, m.Slot, m.Name) })
 	}
 	wg.Wait()
 
@@ -254,6 +279,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		m := members[i]
 		p.Members = append(p.Members, m.Name)
 		p.slots[m.Name] = m.Slot
+		p.Unreadable = append(p.Unreadable, listings[i].Unreadable...)
 		if m.Slot.LoggedIn() {
 			in = append(in, m.Name)
 		} else {
@@ -272,7 +298,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 	byID := map[string]*entry{}
 	var order []string
 	for pos, i := range live {
-		for _, o := range listings[i] {
+		for _, o := range listings[i].Objects {
 			if !o.Token {
 				continue
 			}
@@ -510,7 +536,9 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) error {
 func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 	matches := func(h pkcs11.ObjectHandle) (bool, error) {
 		o, err := readObject(ctx, s, s.Name(), h, nil)
-		if isGone(err) {
+		if isGone(err) || unreadable(ctx, err) {
+			// Gone, or an object the member will not describe (see
+			// Unreadable): not the one sought.
 			return false, nil
 		}
 		if err != nil {
