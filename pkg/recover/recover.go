@@ -170,9 +170,17 @@ type CatchUp struct {
 	// because objects changed through the group during the catch-up.
 	Final bool
 
-	mark      uint64 // Engine.WriteMark before the last listing
-	converged bool   // the last pass found nothing left for the member
+	// Vanished counts the copies not made, or taken back, because the
+	// object was destroyed while it was being copied.
+	Vanished int
+
+	mark      uint64          // Engine.WriteMark before the last listing
+	converged bool            // the last pass found nothing left for the member
+	copied    map[string]bool // versions this attempt copied (versionKey)
 }
+
+// versionKey names one version of an object: identity and fingerprint.
+func versionKey(id hasync.Identity, fp []byte) string { return id.Key() + "\x00" + string(fp) }
 
 // ConflictError says that the recovering member holds an object whose
 // identity another member holds with different key material. The member
@@ -665,10 +673,11 @@ func (r *Recoverer) catchUpAndActivate(ctx context.Context, name string, s *slot
 	}
 	defer release()
 	if r.opts.CatchUp == nil && (!cu.converged || r.eng.WriteMark() != cu.mark) {
-		fin, err := r.planPasses(ctx, self, r.peers(name), 1, true)
+		fin, err := r.planPasses(ctx, self, r.peers(name), 1, true, cu.copied)
 		cu.Passes += fin.Passes
 		cu.Copied += fin.Copied
 		cu.Deleted += fin.Deleted
+		cu.Vanished += fin.Vanished
 		cu.Skipped, cu.PeerErrors, cu.OtherConflicts, cu.Unreplicable = fin.Skipped, fin.PeerErrors, fin.OtherConflicts, fin.Unreplicable
 		cu.Unreadable = fin.Unreadable
 		cu.Final = true
@@ -772,6 +781,9 @@ func (r *Recoverer) finish(m *memberRec, fl *flight, gen uint64, manual bool, ou
 			m.episode = false
 			m.next = time.Time{}
 			m.gen++ // a loop still waiting for its timer exits
+			if mem, ok := r.eng.Member(m.name); ok && mem.State() == member.Failed && r.retries != 0 && !r.closed {
+				r.startEpisodeLocked(m) // it failed again before this success was recorded: its MemberFailed found the episode still running
+			}
 			events = append(events, Event{Kind: Recovered, Time: now, Member: m.name, Attempt: out.res.Attempt,
 				Manual: manual, Copied: out.res.CatchUp.Copied, Deleted: out.res.CatchUp.Deleted, Duration: out.res.Duration,
 				Unreadable: out.res.CatchUp.Unreadable})
@@ -810,34 +822,53 @@ func (r *Recoverer) finish(m *memberRec, fl *flight, gen uint64, manual bool, ou
 // still behind then is finished by the final pass under the write
 // barrier).
 func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember) (CatchUp, error) {
-	return r.planPasses(ctx, self, peers, maxPasses, false)
+	return r.planPasses(ctx, self, peers, maxPasses, false, nil)
+}
+
+// loadTombstones reads the tombstones for a plan (nil without a source).
+func (r *Recoverer) loadTombstones(ctx context.Context) (hasync.Tombstones, error) {
+	if r.opts.Tombstones == nil {
+		return nil, nil
+	}
+	set, err := r.opts.Tombstones.Snapshot(ctx)
+	if err != nil {
+		// Without the tombstones a destroyed key could come back.
+		return nil, err
+	}
+	return set, nil
 }
 
 // planPasses runs up to max plan/apply rounds for self. With final (the
 // write barrier is held, nothing changes through the group) one clean
-// apply is enough.
-func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember, max int, final bool) (CatchUp, error) {
-	var cu CatchUp
+// apply is enough. copied are the versions earlier passes of the attempt
+// copied (nil: none).
+func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember, max int, final bool, copied map[string]bool) (CatchUp, error) {
+	cu := CatchUp{copied: copied}
+	if cu.copied == nil {
+		cu.copied = map[string]bool{}
+	}
 	lacking := r.lacking()
 	members := capableFirst(append([]hasync.PlanMember{self}, peers...), lacking)
+	opts := hasync.PlanOptions{
+		SkipUnreachable: true,
+		// Read after the listing, and again after the copies: a destroy
+		// through the group during the listing (in this process or
+		// another) has its object missing from the listing, and its
+		// tombstone, read before, would be missing too, so the object
+		// would be copied back from the member that was away.
+		LoadTombstones: r.loadTombstones,
+		// A version this attempt copied and that is tombstoned now was
+		// destroyed while it was being copied: deleted everywhere,
+		// though the copies made every member hold it.
+		Copied: func(id hasync.Identity, fp []byte) bool { return cu.copied[versionKey(id, fp)] },
+	}
 	for cu.Passes < max {
 		cu.Passes++
-		// The mark first, then the tombstones, then the listing: a destroy
-		// finished before the mark is in the tombstones read after it
-		// (it is recorded before the destroy returns), and one finished
-		// later moves the mark. Tombstones read once for all passes would
-		// let a key destroyed during the catch-up be copied back.
+		// The mark before the listing: a destroy or create through this
+		// process's group that finishes after it moves it, and then
+		// another pass runs (under the write barrier at the latest).
 		cu.mark = r.eng.WriteMark()
-		var tombs hasync.Tombstones
-		if r.opts.Tombstones != nil {
-			set, err := r.opts.Tombstones.Snapshot(ctx)
-			if err != nil {
-				// Without the tombstones a destroyed key could come back.
-				return cu, fmt.Errorf("read tombstones: %w", err)
-			}
-			tombs = set
-		}
-		plan, err := hasync.MakePlan(ctx, members, tombs, hasync.PlanOptions{SkipUnreachable: true})
+		plan, err := hasync.MakePlan(ctx, members, nil, opts)
 		if err != nil {
 			return cu, fmt.Errorf("catch up: %w", err)
 		}
@@ -866,10 +897,12 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		for _, a := range res.Done {
 			if a.Kind == hasync.Copy {
 				cu.Copied++
+				cu.copied[versionKey(a.Identity, a.Fingerprint)] = true
 			} else {
 				cu.Deleted++
 			}
 		}
+		cu.Vanished += len(res.Vanished)
 		var failed []error
 		for i, f := range res.Failed {
 			if f.Action.Member == self.Name {
@@ -880,6 +913,12 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		}
 		if len(failed) > 0 {
 			return cu, fmt.Errorf("catch up: %w", errors.Join(failed...))
+		}
+		if len(res.Vanished) > 0 && !final {
+			// Objects were destroyed while they were copied, perhaps by
+			// another process whose tombstones are still to come: look
+			// again.
+			continue
 		}
 		if len(mine) == 0 || final || r.eng.WriteMark() == cu.mark {
 			// What it had to take is applied (or it only gave) and

@@ -54,6 +54,8 @@ type rigOpts struct {
 	// importEC names a P-256 key pair imported, with one value, on every
 	// member before the group opens (so no replication is needed).
 	importEC string
+	// interceptor is given to every member's slot in the group.
+	interceptor slot.Interceptor
 }
 
 type rig struct {
@@ -274,7 +276,7 @@ func (r *rig) open() {
 	r.journal = j
 	r.gev = &groupEvents{changed: make(chan struct{}, 1)}
 	r.rev = newEvents()
-	gopts := group.Options{Events: r.gev, Tombstones: j}
+	gopts := group.Options{Events: r.gev, Tombstones: j, Interceptor: r.opts.interceptor}
 	g, err := group.Open(rigCtx(t), r.cfg, r.set, gopts)
 	if err != nil {
 		t.Fatalf("open group: %v", err)

@@ -108,15 +108,11 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		return rep, fmt.Errorf("synchronize: %w", err)
 	}
 	defer release()
-	var tombs hasync.Tombstones
-	if r.opts.Tombstones != nil {
-		set, err := r.opts.Tombstones.Snapshot(ctx)
-		if err != nil {
-			return rep, fmt.Errorf("synchronize: read tombstones: %w", err)
-		}
-		tombs = set
-	}
-	plan, err := hasync.MakePlan(ctx, members, tombs, hasync.PlanOptions{Prune: opts.Prune, SkipUnreachable: true})
+	// The tombstones are read after the listing, and again after the
+	// copies (see sync.PlanOptions.LoadTombstones): destroys through
+	// another process's group are not held by this one's barrier.
+	plan, err := hasync.MakePlan(ctx, members, nil, hasync.PlanOptions{Prune: opts.Prune, SkipUnreachable: true,
+		LoadTombstones: r.loadTombstones})
 	if err != nil {
 		return rep, fmt.Errorf("synchronize: %w", err)
 	}

@@ -21,9 +21,34 @@ type PlanMember struct {
 }
 
 // Tombstones answers whether an object was destroyed through the group
-// (within the tombstone horizon). *tombstone.Set implements it.
+// (within the tombstone horizon). *tombstone.Set implements it, and
+// IdentityTombstones too.
 type Tombstones interface {
 	Contains(id Identity, fingerprint []byte) bool
+}
+
+// IdentityTombstones is implemented by Tombstones that can also say
+// whether an identity was destroyed whatever its fingerprint. A plan
+// asks it of objects whose fingerprint a member cannot compute (nil): a
+// private key whose public half is gone from the member, say, is still
+// the destroyed key.
+type IdentityTombstones interface {
+	Tombstones
+	ContainsIdentity(id Identity) bool
+}
+
+// tombstoned reports whether tombs say the version (id, fp) was
+// destroyed; a version without a fingerprint matches any tombstone of its
+// identity.
+func tombstoned(tombs Tombstones, id Identity, fp []byte) bool {
+	if tombs == nil {
+		return false
+	}
+	if tombs.Contains(id, fp) {
+		return true
+	}
+	it, ok := tombs.(IdentityTombstones)
+	return ok && fp == nil && it.ContainsIdentity(id)
 }
 
 // PlanOptions tune MakePlan.
@@ -37,6 +62,21 @@ type PlanOptions struct {
 	// health reason (slot.ClassHealth: down, hung, device error) and names
 	// it in Plan.Skipped, instead of failing the whole plan.
 	SkipUnreachable bool
+	// LoadTombstones, when set, is called after every member has been
+	// listed, and what it returns is used instead of MakePlan's tombs
+	// argument; Apply calls it again after its copies. Reading the
+	// tombstones after the listing matters: an object destroyed through
+	// the group during the listing is absent from it, and its tombstone,
+	// read before the listing, would be missing, so the plan would copy
+	// the destroyed object back from a member that was away.
+	LoadTombstones func(ctx context.Context) (Tombstones, error)
+	// Copied, when set, reports the versions (identity and fingerprint)
+	// the caller copied to some member since it last read the
+	// tombstones: a catch-up's earlier passes. Such a version that is
+	// tombstoned now was destroyed while it was being copied, and is
+	// deleted everywhere, even where every member holds it (the copies
+	// are the caller's, not the object made again).
+	Copied func(id Identity, fingerprint []byte) bool
 }
 
 // ActionKind says what an action does.
@@ -140,6 +180,9 @@ func (c Conflict) String() string {
 type Plan struct {
 	// Members are the members listed, in the order given.
 	Members []string
+	// Tombstones is the tombstone set the plan was made with (nil:
+	// none).
+	Tombstones Tombstones
 	// Skipped are members left out because their listing failed for a
 	// health reason (PlanOptions.SkipUnreachable), with the error.
 	Skipped map[string]error
@@ -159,7 +202,8 @@ type Plan struct {
 	// what they hold is unknown.
 	Unreadable []Unreadable
 
-	slots map[string]*slot.Slot
+	slots     map[string]*slot.Slot
+	loadTombs func(ctx context.Context) (Tombstones, error)
 }
 
 // Empty reports whether there is nothing to do and nothing to resolve: no
@@ -219,7 +263,8 @@ type holding struct {
 //   - a version (identity + fingerprint) that a tombstone says was
 //     destroyed, and that some member lacks, is deleted where it remains.
 //     A tombstoned version present on every member was evidently made
-//     again after the destroy and is left alone;
+//     again after the destroy and is left alone, unless the caller says
+//     it copied that version itself (PlanOptions.Copied);
 //   - of what remains, two or more fingerprints under one identity are a
 //     Conflict, reported with every fingerprint, and nothing is done;
 //   - one version held by some members only is copied from the first
@@ -290,6 +335,16 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		return nil, fmt.Errorf("plan: members %s are logged in and %s are not: private objects would look missing",
 			strings.Join(in, ","), strings.Join(out, ","))
 	}
+	if opts.LoadTombstones != nil {
+		// After the listings: see PlanOptions.LoadTombstones.
+		t, err := opts.LoadTombstones(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("plan: read tombstones: %w", err)
+		}
+		tombs = t
+		p.loadTombs = opts.LoadTombstones
+	}
+	p.Tombstones = tombs
 
 	type entry struct {
 		id       Identity
@@ -334,7 +389,8 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		e := byID[k]
 		var remaining []*holding
 		for _, v := range e.versions {
-			if tombs != nil && tombs.Contains(e.id, v.fp) && len(v.holders) < n {
+			copiedBack := opts.Copied != nil && opts.Copied(e.id, v.fp)
+			if tombstoned(tombs, e.id, v.fp) && (len(v.holders) < n || copiedBack) {
 				for pos := 0; pos < n; pos++ {
 					if h, ok := v.holders[pos]; ok {
 						deletes = append(deletes, Action{Kind: Delete, Identity: e.id, Fingerprint: v.fp,
@@ -421,6 +477,10 @@ func (e *ActionError) Unwrap() error { return e.Err }
 type ApplyResult struct {
 	Done   []Action      // actions carried out (or found already done)
 	Failed []ActionError // actions that failed
+	// Vanished are copies not made, or made and taken back, because the
+	// object was destroyed while it was being copied: its source no
+	// longer held it, or a tombstone for it appeared. Not failures.
+	Vanished []Action
 }
 
 // FailedFor returns the failures of actions that change member.
@@ -448,6 +508,13 @@ func (r *ApplyResult) FailedFor(member string) []ActionError {
 // half-made object (Replicate's guarantee), so an Apply cut short, even by
 // the death of the process, is finished by the next MakePlan + Apply.
 //
+// A copy whose object is destroyed while it is being copied is not a
+// failure and does not bring the object back: when the source no longer
+// holds it, before or after the copy is made, or when, after the copies,
+// a tombstone for it has appeared (re-read with the plan's
+// PlanOptions.LoadTombstones), the copy is not made or is taken back, and
+// the action is in the result's Vanished.
+//
 // One failed action does not stop the others. The error, when not nil,
 // joins every *ActionError (also in the result's Failed).
 func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
@@ -470,6 +537,7 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 	}
 	res := &ApplyResult{}
 	var mu gosync.Mutex
+	var copied []copyDone
 	for _, phase := range phases {
 		byMember := map[string][]Action{}
 		for _, a := range phase {
@@ -480,13 +548,19 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 			wg.Go(func() {
 				for _, a := range acts {
 					err := context.Cause(ctx)
+					var srcH, dstH pkcs11.ObjectHandle
 					if err == nil {
-						err = r.apply(ctx, p, a)
+						srcH, dstH, err = r.apply(ctx, p, a)
 					}
 					mu.Lock()
-					if err != nil {
+					switch {
+					case errors.Is(err, errVanished):
+						res.Vanished = append(res.Vanished, a)
+					case err != nil:
 						res.Failed = append(res.Failed, ActionError{Action: a, Err: err})
-					} else {
+					case a.Kind == Copy:
+						copied = append(copied, copyDone{a, srcH, dstH})
+					default:
 						res.Done = append(res.Done, a)
 					}
 					mu.Unlock()
@@ -495,6 +569,7 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 		}
 		wg.Wait()
 	}
+	r.settleCopies(ctx, p, copied, res)
 	if len(res.Failed) == 0 {
 		return res, nil
 	}
@@ -505,29 +580,119 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 	return res, errors.Join(errs...)
 }
 
-func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) error {
+// errVanished: the object of a copy was destroyed while it was being
+// copied.
+var errVanished = errors.New("destroyed while being copied")
+
+// copyDone is a copy made: the source handle it was made from and the
+// copy's handle.
+type copyDone struct {
+	a          Action
+	srcH, dstH pkcs11.ObjectHandle
+}
+
+// apply carries out a; for a copy it returns the source's handle and the
+// copy's.
+func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) (srcH, dstH pkcs11.ObjectHandle, err error) {
 	dst := p.slots[a.Member]
 	if dst == nil {
-		return fmt.Errorf("member %s is not in the plan", a.Member)
+		return 0, 0, fmt.Errorf("member %s is not in the plan", a.Member)
 	}
 	if a.Kind == Delete {
-		return destroyExact(ctx, dst, a.Identity, a.Fingerprint, a.handle)
+		return 0, 0, destroyExact(ctx, dst, a.Identity, a.Fingerprint, a.handle)
 	}
 	src := p.slots[a.Source]
 	if src == nil {
-		return fmt.Errorf("member %s is not in the plan", a.Source)
+		return 0, 0, fmt.Errorf("member %s is not in the plan", a.Source)
 	}
 	h, err := findExact(ctx, src, a.Identity, a.Fingerprint, a.handle)
 	if err != nil {
-		return fmt.Errorf("find the source on %s: %w", a.Source, err)
+		return 0, 0, fmt.Errorf("find the source on %s: %w", a.Source, err)
 	}
 	if h == 0 {
-		return fmt.Errorf("member %s no longer holds it", a.Source)
+		return 0, 0, fmt.Errorf("member %s no longer holds it: %w", a.Source, errVanished)
 	}
 	// Replicate finds a copy already there (an earlier Apply of this
-	// plan) and makes nothing then.
-	_, err = r.Replicate(ctx, src, h, Target{Slot: dst})
-	return err
+	// plan) and makes nothing then. On failure it leaves nothing on dst.
+	dh, err := r.Replicate(ctx, src, h, Target{Slot: dst})
+	if err != nil {
+		if ctx.Err() == nil {
+			// Destroyed under the copy (the source's wrap or read found
+			// no object): not a failure of the copy.
+			if there, cerr := stillThere(ctx, src, h, a.Identity); cerr == nil && !there {
+				return 0, 0, fmt.Errorf("member %s no longer holds it: %w", a.Source, errors.Join(errVanished, err))
+			}
+		}
+		return 0, 0, err
+	}
+	return h, dh, nil
+}
+
+// stillThere reports whether handle h on s still is an object with
+// identity id: one GetAttributes, where a full read (findExact) would cost
+// a search of the token for a private EC key's public half.
+func stillThere(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, id Identity) (bool, error) {
+	a, err := readAttrs(ctx, s, h, identTypes)
+	if isGone(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("member %s: read attributes of object %d: %w", s.Name(), h, err)
+	}
+	got, err := identityOf(a)
+	if err != nil {
+		return false, nil
+	}
+	return got.Equal(id), nil
+}
+
+// settleCopies checks the copies made, after they are all made: one whose
+// source no longer holds the object, or whose version a tombstone now
+// names, was destroyed while it was being copied, and is taken back from
+// its target (then Vanished). The rest are Done. Copies are taken back
+// by their handle, private and secret keys before public ones: a private
+// EC key's fingerprint on SoftHSM comes from its public half, so once
+// that is gone it could no longer be found by fingerprint.
+func (r *Replicator) settleCopies(ctx context.Context, p *Plan, copied []copyDone, res *ApplyResult) {
+	if len(copied) == 0 {
+		return
+	}
+	sort.SliceStable(copied, func(i, j int) bool {
+		return copied[i].a.Identity.Class != pkcs11.CKO_PUBLIC_KEY && copied[j].a.Identity.Class == pkcs11.CKO_PUBLIC_KEY
+	})
+	tombs := p.Tombstones
+	var tombErr error
+	if p.loadTombs != nil {
+		tombs, tombErr = p.loadTombs(ctx)
+	}
+	for _, c := range copied {
+		a := c.a
+		if tombErr != nil {
+			res.Failed = append(res.Failed, ActionError{Action: a,
+				Err: fmt.Errorf("copied, but the tombstones could not be read again to check that it was not destroyed meanwhile: %w", tombErr)})
+			continue
+		}
+		gone := tombstoned(tombs, a.Identity, a.Fingerprint)
+		if !gone {
+			there, err := stillThere(ctx, p.slots[a.Source], c.srcH, a.Identity)
+			if err != nil {
+				res.Failed = append(res.Failed, ActionError{Action: a,
+					Err: fmt.Errorf("copied, but whether the source still holds it is unknown: %w", err)})
+				continue
+			}
+			gone = !there
+		}
+		if !gone {
+			res.Done = append(res.Done, a)
+			continue
+		}
+		if err := p.slots[a.Member].DestroyObject(ctx, c.dstH); err != nil && !isGone(err) {
+			res.Failed = append(res.Failed, ActionError{Action: a,
+				Err: fmt.Errorf("destroyed on %s while being copied, and the copy could not be taken back: %w", a.Source, err)})
+			continue
+		}
+		res.Vanished = append(res.Vanished, a)
+	}
 }
 
 // findExact returns the handle of the object with identity id and exactly

@@ -322,10 +322,11 @@ func (j *Journal) Snapshot(ctx context.Context) (*Set, error) {
 		return nil, err
 	}
 	cutoff := j.cutoff()
-	s := &Set{entries: make(map[string]Tombstone, len(j.entries))}
+	s := &Set{entries: make(map[string]Tombstone, len(j.entries)), ids: map[string]bool{}}
 	for k, t := range j.entries {
 		if !t.Time.Before(cutoff) {
 			s.entries[k] = t
+			s.ids[t.Identity.Key()] = true
 		}
 	}
 	return s, nil
@@ -607,13 +608,15 @@ func (j *Journal) Close() error {
 // interface sync planning takes.
 type Set struct {
 	entries map[string]Tombstone
+	ids     map[string]bool // Identity.Key of every entry
 }
 
 // NewSet returns a Set holding ts, for tombstones kept elsewhere (in
 // memory, by a program without a state directory). No horizon applies.
 func NewSet(ts ...Tombstone) *Set {
-	s := &Set{entries: make(map[string]Tombstone, len(ts))}
+	s := &Set{entries: make(map[string]Tombstone, len(ts)), ids: map[string]bool{}}
 	for _, t := range ts {
+		s.ids[t.Identity.Key()] = true
 		k := key(t.Identity, t.Fingerprint)
 		if old, ok := s.entries[k]; !ok || t.Time.After(old.Time) {
 			s.entries[k] = t
@@ -630,6 +633,17 @@ func (s *Set) Contains(id hasync.Identity, fingerprint []byte) bool {
 	}
 	_, ok := s.entries[key(id, fingerprint)]
 	return ok
+}
+
+// ContainsIdentity reports whether an object with this identity, whatever
+// its fingerprint, was destroyed through the group within the horizon. A
+// plan asks it of objects whose fingerprint a member cannot compute (a
+// private key whose public half is gone), which Contains cannot match.
+func (s *Set) ContainsIdentity(id hasync.Identity) bool {
+	if s == nil {
+		return false
+	}
+	return s.ids[id.Key()]
 }
 
 // Len returns the number of tombstones.

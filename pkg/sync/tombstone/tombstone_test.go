@@ -137,6 +137,15 @@ func TestRecordContains(t *testing.T) {
 	if snap.Len() != 3 || !snap.Contains(ident("a"), []byte{1, 2}) || snap.Contains(ident("a"), nil) {
 		t.Fatalf("snapshot = %v", snap.All())
 	}
+	// By identity, whatever the fingerprint (for objects whose
+	// fingerprint a member cannot compute).
+	if !snap.ContainsIdentity(ident("a")) || !snap.ContainsIdentity(cert) || snap.ContainsIdentity(ident("b")) {
+		t.Fatalf("ContainsIdentity: a %v, cert %v, b %v; want true, true, false",
+			snap.ContainsIdentity(ident("a")), snap.ContainsIdentity(cert), snap.ContainsIdentity(ident("b")))
+	}
+	if set := NewSet(tomb("x", []byte{1})); !set.ContainsIdentity(ident("x")) || set.ContainsIdentity(ident("a")) {
+		t.Fatal("NewSet: ContainsIdentity wrong")
+	}
 	for _, tb := range snap.All() {
 		if tb.GroupSerial != "1000001" || tb.Time.IsZero() {
 			t.Fatalf("tombstone %v: group %q time %v", tb, tb.GroupSerial, tb.Time)
