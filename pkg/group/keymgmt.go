@@ -396,7 +396,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	takeBack := func(i int) {
 		for _, h := range copies[i] {
 			if h != 0 {
-				g.destroyOn(context.WithoutCancel(ctx), dsts[i], h)
+				g.destroyIn(context.WithoutCancel(ctx), dsts[i], h)
 			}
 		}
 		copies[i] = nil
@@ -474,7 +474,9 @@ func sourceRefused(err error, p *member.Member) bool {
 	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassRequest
 }
 
-func (g *Group) destroyOn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) {
+// destroyIn takes back a copy made on dst (errors ignored: the copy is
+// made again or removed by the member's next catch-up).
+func (g *Group) destroyIn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) {
 	if dst.Session != nil {
 		dst.Session.DestroyObject(ctx, h)
 		return
@@ -720,13 +722,10 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	for len(rest) > 0 && first == nil {
 		m := rest[0]
 		rest = rest[1:]
-		ph, err := g.resolve(ctx, o, m)
+		err := g.destroyOn(ctx, o, m)
 		if err == nil {
-			_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
-			if err == nil {
-				first = m
-				break
-			}
+			first = m
+			break
 		}
 		switch {
 		case errors.Is(err, errAbsent):
@@ -750,12 +749,9 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	var wg gosync.WaitGroup
 	for _, m := range rest {
 		wg.Go(func() {
-			ph, err := g.resolve(ctx, o, m)
+			err := g.destroyOn(ctx, o, m)
 			if errors.Is(err, errAbsent) {
 				return
-			}
-			if err == nil {
-				_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
 			}
 			if err != nil {
 				g.replicationFailed(m, o.identity(), fmt.Errorf("destroy: %w", err))
@@ -775,6 +771,32 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		}
 	}
 	return nil
+}
+
+// destroyOn destroys o on member m. An object already gone there is done,
+// not a failure: a handle the member no longer knows
+// (CKR_OBJECT_HANDLE_INVALID: the object was destroyed there meanwhile, by
+// another process's destroy or a recovery applying a tombstone, or the
+// cached handle is stale) is looked up again by identity once, and
+// errAbsent is returned when the member does not hold the object any
+// more. A request error is never charged to the member's health.
+func (g *Group) destroyOn(ctx context.Context, o *vobject, m *member.Member) error {
+	for again := false; ; again = true {
+		ph, err := g.resolve(ctx, o, m)
+		if err != nil {
+			return err
+		}
+		_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
+		if err == nil || !isHandleError(err) {
+			return err
+		}
+		o.forget(m.Index())
+		if again {
+			// Found by identity and gone again before the destroy
+			// reached it: someone else destroyed it.
+			return errAbsent
+		}
+	}
 }
 
 // DestroyObject is Group.DestroyObject for the PKCS#11 module; a session
