@@ -26,6 +26,13 @@ import (
 // primary: the object may exist there, and a second one made elsewhere
 // would be a duplicate under the same identity. The caller gets
 // CKR_DEVICE_ERROR and may try again (the primary has moved on).
+// CKR_GENERAL_ERROR and CKR_FUNCTION_FAILED are ambiguous (a token's
+// answer to a request it dislikes, or SoftHSM 2.6's now and then to a
+// creation that overlaps another on the token): they never fail the
+// primary — no other member can serve the same creation to tell whose
+// fault it is — and one such answer is tried again on the primary when
+// nothing under the new object's identity is there; a second goes to the
+// caller. A copy to another member that gets one is tried once more too.
 //
 // Identity must be unique among token objects: an object made with the
 // CKA_CLASS, CKA_KEY_TYPE, CKA_ID and CKA_LABEL of an existing one is
@@ -204,10 +211,32 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		target = ps
 	}
 	var out []pkcs11.ObjectHandle
-	if _, err := g.call(ctx, p, func() (err error) {
-		out, err = do(ctx, target, hs)
-		return err
-	}); err != nil {
+	make1 := func() (slot.Class, bool, error) {
+		return g.measure(ctx, p, func() (err error) {
+			out, err = do(ctx, target, hs)
+			return err
+		})
+	}
+	class, fail, err := make1()
+	if err != nil && class == slot.ClassHealth && ambiguous(err) && g.nothingMade(ctx, p, ins) {
+		// CKR_GENERAL_ERROR or CKR_FUNCTION_FAILED: tokens give them for
+		// requests they dislike and, SoftHSM 2.6 for one, now and then
+		// for a creation that overlaps another on the same token. Nothing
+		// of the first try is on the primary: one more try.
+		class, fail, err = make1()
+	}
+	if err != nil {
+		if class == slot.ClassHealth && fail && !ambiguous(err) {
+			// Only a clear health error (a device error, a timeout) fails
+			// the primary. An ambiguous one is never charged: no other
+			// member can serve the same creation to tell the request's
+			// fault from the member's (a second copy would be a
+			// duplicate), and failing the primary for it would take the
+			// last serving member down with a request. A member that is
+			// really unwell shows it on the next operations, which can
+			// fail over.
+			g.failMember(p, err)
+		}
 		return nil, opErr(op, p.Name(), err)
 	}
 	ms := make([]made, len(out))
@@ -294,6 +323,33 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	return res, nil
 }
 
+// nothingMade reports whether p holds no object under the identity of any
+// of ins, so that a creation that failed can be tried again without
+// making a duplicate. A template that names no CKA_ID or CKA_LABEL cannot
+// be checked (and a copy keeps its source's identity, which is found):
+// false. A search that fails: false.
+func (g *Group) nothingMade(ctx context.Context, p *member.Member, ins []intent) bool {
+	for _, in := range ins {
+		if !in.classKnown || !(hasValue(in.tmpl, pkcs11.CKA_ID) || hasValue(in.tmpl, pkcs11.CKA_LABEL)) {
+			return false
+		}
+		tmpl := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, in.class), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, in.token)}
+		for _, t := range []uint{pkcs11.CKA_ID, pkcs11.CKA_LABEL} {
+			if i := attrIndex(in.tmpl, t); i >= 0 {
+				tmpl = append(tmpl, in.tmpl[i])
+			}
+		}
+		var found []pkcs11.ObjectHandle
+		if _, err := g.call(ctx, p, func() (err error) {
+			found, err = p.Slot().FindObjects(ctx, tmpl)
+			return err
+		}); err != nil || len(found) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // slotOps is what key management needs from a pooled slot or a session.
 type slotOps interface {
 	CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
@@ -361,10 +417,20 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			if skipped[i][j] {
 				return
 			}
-			start := t.Begin()
-			h, err := g.rep.Replicate(ctx, p.Slot(), ms[j].h, dsts[i])
-			t.End(start, err)
-			copies[i][j], objErrs[i][j] = h, err
+			for again := false; ; again = true {
+				start := t.Begin()
+				h, err := g.rep.Replicate(ctx, p.Slot(), ms[j].h, dsts[i])
+				t.End(start, err)
+				copies[i][j], objErrs[i][j] = h, err
+				// An ambiguous answer (CKR_GENERAL_ERROR: SoftHSM's
+				// answer now and then to a creation that overlaps
+				// another on the token) gets one more try; a failed copy
+				// leaves nothing behind, and a second try finds a copy
+				// the first one made after all.
+				if err == nil || again || !ambiguous(err) || ctx.Err() != nil {
+					return
+				}
+			}
 		}
 		if dsts[i].Session != nil {
 			// One physical session takes one call at a time.
@@ -464,14 +530,17 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 // the fault is the source's, not the target's.
 func sourceUnwell(err error, p *member.Member) bool {
 	var se *slot.Error
-	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth
+	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth && !ambiguous(err)
 }
 
 // sourceRefused reports whether a replication error is the primary p
-// refusing the request (not a target failing, not p being unwell).
+// refusing the request (not a target failing, not p being unwell): a
+// request error, or an ambiguous one (CKR_GENERAL_ERROR,
+// CKR_FUNCTION_FAILED) that a second try got too, which is never charged
+// to the primary's health.
 func sourceRefused(err error, p *member.Member) bool {
 	var se *slot.Error
-	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassRequest
+	return errors.As(err, &se) && se.Member == p.Name() && (slot.ClassOf(err) == slot.ClassRequest || ambiguous(err))
 }
 
 // destroyIn takes back a copy made on dst (errors ignored: the copy is

@@ -3,12 +3,15 @@ package group
 import (
 	"testing"
 
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
 // Regression tests for engine bugs the chaos soak (test/soak) found.
+
+var errGeneral = pkcs11.Error(pkcs11.CKR_GENERAL_ERROR)
 
 // holdsLabel counts the objects labelled label on every token of f,
 // looked at directly.
@@ -26,6 +29,83 @@ func wantServing(t *testing.T, f *fixture, what string) {
 	for _, m := range f.g.Members() {
 		if !m.State.Serving() {
 			t.Errorf("%s: member %s is %v (%s), want it serving", what, m.Name, m.State, m.LastError)
+		}
+	}
+}
+
+// G2: SoftHSM 2.6 answers a key generation that overlaps another creation
+// on the token with CKR_GENERAL_ERROR now and then. One such answer is
+// tried again and the key is made and replicated; the primary is not
+// failed.
+func TestGenerateKeyPairGeneralErrorIsTriedAgain(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
+	s := openSession(t, f.g)
+	primary := f.g.Primary()
+	faults.FailN(primary, slot.OpGenerateKeyPair, errGeneral, 1)
+	genEC(t, s, "flake-once")
+	if n := faults.Calls(primary, slot.OpGenerateKeyPair); n != 2 {
+		t.Errorf("GenerateKeyPair reached the primary %d times, want 2 (one failed, one tried again)", n)
+	}
+	wantServing(t, f, "after one CKR_GENERAL_ERROR")
+	for i, n := range holdsLabel(t, f, "flake-once") {
+		if n != 2 {
+			t.Errorf("member %s holds %d objects of the key pair, want 2", f.toks[i].Name, n)
+		}
+	}
+	if n := f.events.count(MemberFailed, ""); n != 0 {
+		t.Errorf("%d MemberFailed events, want 0", n)
+	}
+}
+
+// G2: a creation the primary refuses with CKR_GENERAL_ERROR twice is the
+// request's failure (CKR_GENERAL_ERROR to the caller), not the member's:
+// not even the last serving member is failed, and it makes the next key.
+func TestGeneralErrorNeverFailsTheLastMember(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, n: 2, policy: "primary-backup"})
+	s := openSession(t, f.g)
+	last, other := f.toks[0].Name, f.toks[1].Name
+	faults.FailAll(other, errDevice)
+	if err := f.g.FailMember(other, errDevice); err != nil {
+		t.Fatal(err)
+	}
+	faults.FailN(last, slot.OpGenerateKeyPair, errGeneral, 2)
+	_, _, err := s.GenerateKeyPair(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_LABEL, "flake-twice")},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "flake-twice")})
+	if CodeOf(err) != pkcs11.CKR_GENERAL_ERROR {
+		t.Fatalf("GenerateKeyPair refused twice: %v (0x%x), want CKR_GENERAL_ERROR", err, CodeOf(err))
+	}
+	if st := memberState(f.g, last); st != member.Active {
+		t.Fatalf("the last serving member is %v after a CKR_GENERAL_ERROR, want active", st)
+	}
+	if f.events.count(GroupDown, "") != 0 {
+		t.Fatal("the group went down for a CKR_GENERAL_ERROR")
+	}
+	if n := holdsLabel(t, f, "flake-twice")[0]; n != 0 {
+		t.Errorf("the refused creation left %d objects", n)
+	}
+	genEC(t, s, "after-flake")
+}
+
+// G2: a replication target that answers the unwrap of a copy with
+// CKR_GENERAL_ERROR once gets the copy on a second try and stays in
+// rotation.
+func TestReplicationGeneralErrorIsTriedAgain(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
+	s := openSession(t, f.g)
+	target := f.toks[2].Name
+	faults.FailN(target, slot.OpUnwrapKey, errGeneral, 1)
+	genEC(t, s, "target-flake")
+	if n := faults.Calls(target, slot.OpUnwrapKey); n != 2 {
+		t.Errorf("UnwrapKey reached the target %d times, want 2", n)
+	}
+	wantServing(t, f, "after a target's CKR_GENERAL_ERROR")
+	for i, n := range holdsLabel(t, f, "target-flake") {
+		if n != 2 {
+			t.Errorf("member %s holds %d objects of the key pair, want 2", f.toks[i].Name, n)
 		}
 	}
 }
