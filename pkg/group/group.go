@@ -678,11 +678,27 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 	if m.State() != member.Recovering {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member is " + m.State().String()}
 	}
+	// Under loginMu, so that a Login running now either saw the member
+	// serving (and logged it in) or is over (and the member is logged in
+	// here): the application may have logged in again while the member
+	// was re-opened logged out (after an outage in activeBasic), and a
+	// member back in rotation without the login finds no private object.
+	g.loginMu.Lock()
+	if ut := g.userType.Load(); ut >= 0 && !m.Slot().LoggedIn() {
+		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
+			g.loginMu.Unlock()
+			m.CompareAndTransition(member.Recovering, member.Failed, err)
+			return opErr("ActivateMember", name, fmt.Errorf("log in: %w", err))
+		}
+		m.BumpEpoch()
+	}
 	to := member.Active
 	if m.ConfiguredStandby() && g.anyActive() {
 		to = member.Standby
 	}
-	if !m.CompareAndTransition(member.Recovering, to, nil) {
+	moved := m.CompareAndTransition(member.Recovering, to, nil)
+	g.loginMu.Unlock()
+	if !moved {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member changed state during recovery (now " + m.State().String() + ")"}
 	}
 	g.clearSkipped(name)

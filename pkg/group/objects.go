@@ -507,7 +507,7 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 	}
 	var out []ObjectHandle
 	err := g.runAvoiding(ctx, "FindObjects", nil, avoid, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
-		hs, err := s.FindObjects(ctx, tmpl)
+		hs, err := g.findOn(ctx, m, s, tmpl)
 		if err != nil {
 			return err
 		}
@@ -515,6 +515,38 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 		return err
 	})
 	return out, err
+}
+
+// findOn searches member m for tmpl. A token's login can end under the
+// group — another process using the same token logged out (the login
+// state of a token is shared by everyone using it through one module
+// instance, as it is behind hsmserve), or the token restarted — and a
+// search then answers no private objects, without an error. So when the
+// group is logged in as the user and the search finds nothing, m's login
+// is asserted again (a no-op on a member still logged in) and the search
+// made once more.
+func (g *Group) findOn(ctx context.Context, m *member.Member, s *slot.Slot, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
+	hs, err := s.FindObjects(ctx, tmpl)
+	if err != nil || len(hs) > 0 || g.userType.Load() != int64(pkcs11.CKU_USER) {
+		return hs, err
+	}
+	if !g.reassertLogin(ctx, m) {
+		return hs, nil
+	}
+	return s.FindObjects(ctx, tmpl)
+}
+
+// reassertLogin logs m in again as the group is logged in (see findOn)
+// and reports whether it is logged in now. A member that refuses is
+// charged as a login would charge it.
+func (g *Group) reassertLogin(ctx context.Context, m *member.Member) bool {
+	g.loginMu.Lock()
+	defer g.loginMu.Unlock()
+	ut := g.userType.Load()
+	if ut < 0 {
+		return false
+	}
+	return g.loginMember(ctx, m, uint(ut), g.appPIN) == nil
 }
 
 // findEvery searches every member of ms for tmpl and joins the results,
@@ -537,7 +569,7 @@ func (g *Group) findEvery(ctx context.Context, ms []*member.Member, tmpl []*pkcs
 		}
 		var got []ObjectHandle
 		_, err := g.call(ctx, m, func() error {
-			hs, err := s.FindObjects(ctx, tmpl)
+			hs, err := g.findOn(ctx, m, s, tmpl)
 			if err != nil {
 				return err
 			}

@@ -175,3 +175,58 @@ func TestDestroyStaleHandleIsLookedUpAgain(t *testing.T) {
 		}
 	}
 }
+
+// G4: a token's login can end under the group (another process on the
+// same token logged out: the login state of a token is shared by everyone
+// using it through one module instance, as behind hsmserve). A search
+// for an existing private key must still find it.
+func TestFindAfterLoginLostUnderTheGroup(t *testing.T) {
+	f := setup(t, setupOpts{})
+	s := openSession(t, f.g)
+	ctx := testContext(t)
+	key, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_LABEL, "lost-login"),
+		attr(pkcs11.CKA_VALUE_LEN, 32), attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_DECRYPT, true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_LABEL, "lost-login")}
+	for _, tok := range f.toks {
+		if err := openDirect(t, tok).Logout(ctx); err != nil {
+			t.Fatalf("log out %s directly: %v", tok.Name, err)
+		}
+	}
+	hs, err := f.g.Find(ctx, tmpl)
+	if err != nil || len(hs) != 1 || hs[0] != key {
+		t.Fatalf("Find after the members' login ended under the group = %v, %v; want [%v]", hs, err, key)
+	}
+	wantServing(t, f, "after the lost login")
+}
+
+// G4, the other way a member serves without the login: the application
+// logs in while the member is being recovered (re-opened logged out,
+// after an outage in activeBasic); it returns to rotation logged in.
+func TestMemberRecoveredDuringLoginIsLoggedIn(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, n: 2, noLogin: true})
+	ctx := testContext(t)
+	back := f.toks[1].Name
+	faults.FailAll(back, errDevice)
+	if err := f.g.FailMember(back, errDevice); err != nil {
+		t.Fatal(err)
+	}
+	faults.Heal(back)
+	if _, err := f.g.Reconnect(ctx, back); err != nil {
+		t.Fatalf("Reconnect: %v", err)
+	}
+	if err := f.g.Login(ctx, pkcs11.CKU_USER, pinOf(f.toks[0].UserPIN)); err != nil {
+		t.Fatalf("Login: %v", err)
+	}
+	if err := f.g.ActivateMember(ctx, back); err != nil {
+		t.Fatalf("ActivateMember: %v", err)
+	}
+	m, _ := f.g.Member(back)
+	if !m.Slot().LoggedIn() {
+		t.Fatal("the member returned to rotation logged out while the group is logged in")
+	}
+}
