@@ -43,11 +43,19 @@ type eventLog struct {
 	mu     gosync.Mutex
 	events []Event
 	ch     chan struct{}
+	// hook, when set, is called with every event, synchronously, as a
+	// program's event sink would be (after it is recorded).
+	hook atomic.Pointer[func(Event)]
 }
 
 func newEventLog() *eventLog { return &eventLog{ch: make(chan struct{}, 1)} }
 
 func (l *eventLog) Event(e Event) {
+	defer func() {
+		if h := l.hook.Load(); h != nil {
+			(*h)(e)
+		}
+	}()
 	l.mu.Lock()
 	l.events = append(l.events, e)
 	l.mu.Unlock()

@@ -1,9 +1,12 @@
 package group
 
 import (
+	gosync "sync"
 	"testing"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
+	harecover "github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
@@ -228,5 +231,68 @@ func TestMemberRecoveredDuringLoginIsLoggedIn(t *testing.T) {
 	m, _ := f.g.Member(back)
 	if !m.Slot().LoggedIn() {
 		t.Fatal("the member returned to rotation logged out while the group is logged in")
+	}
+}
+
+// G1: a member that fails again the moment its recovery has returned it
+// to rotation — before the recoverer has recorded that success — must be
+// recovered again. Its MemberFailed arrived while the recoverer still
+// counted the attempt's episode as running (so it started none), and the
+// success then ended that episode: the member stayed failed for good, and
+// once every member had gone that way the Go engine answered "no healthy
+// member" for ever (soak seed 1796061521568879701).
+func TestMemberFailingAsItReturnsIsRecoveredAgain(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
+	signer := ecSigner(t, f.g, "fails-as-it-returns")
+	back := f.toks[0].Name // the primary: primary-backup gives it every signature
+	rec, err := harecover.New(harecover.Options{Engine: f.g, Interval: harecover.MinInterval, Retries: -1, Tombstones: f.tombs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	var again gosync.Once
+	var againErr error
+	hook := func(e Event) {
+		switch {
+		case e.Kind == MemberFailed:
+			rec.MemberFailed(e.Member)
+		case e.Kind == MemberRecovered && e.Member == back:
+			// The member is back in rotation and the recovery attempt
+			// has not returned yet: it dies again under the next
+			// signature, which fails over.
+			again.Do(func() {
+				faults.FailAll(back, errDevice)
+				againErr = sign(t, signer)
+				faults.Heal(back)
+			})
+		}
+	}
+	f.events.hook.Store(&hook)
+	faults.FailAll(back, errDevice)
+	if err := sign(t, signer); err != nil {
+		t.Fatalf("sign with the primary down: %v", err)
+	}
+	if st := memberState(f.g, back); st != member.Failed {
+		t.Fatalf("the primary is %v, want failed", st)
+	}
+	faults.Heal(back)
+	deadline := time.After(15 * time.Second)
+	for f.events.count(MemberRecovered, back) < 2 {
+		select {
+		case <-f.events.ch:
+		case <-deadline:
+			t.Fatalf("member %s was recovered %d times and is %v; want it recovered again after it failed as it returned",
+				back, f.events.count(MemberRecovered, back), memberState(f.g, back))
+		}
+	}
+	if againErr != nil {
+		t.Errorf("the signature that failed the returning member over: %v", againErr)
+	}
+	if n := f.events.count(MemberFailed, back); n != 2 {
+		t.Errorf("member %s failed %d times, want 2", back, n)
+	}
+	if st := memberState(f.g, back); st != member.Active {
+		t.Errorf("member %s is %v, want active", back, st)
 	}
 }
