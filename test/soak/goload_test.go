@@ -44,6 +44,7 @@ type goLoad struct {
 	mu        sync.Mutex
 	ops       map[string]*opStat
 	failures  []string // "time op: error", the first 50
+	lastFails []string // the last 10, for the failure report
 	bad       []string
 	created   []string
 	destroyed []string
@@ -157,9 +158,14 @@ func (l *goLoad) done(op string, start time.Time, err error) {
 	}
 	if err != nil {
 		s.failed++
+		f := fmt.Sprintf("%s %s: %v", start.Format("15:04:05.000"), op, err)
 		if len(l.failures) < 50 {
-			l.failures = append(l.failures, fmt.Sprintf("%s %s: %v", start.Format("15:04:05.000"), op, err))
+			l.failures = append(l.failures, f)
 		}
+		if len(l.lastFails) >= 10 {
+			l.lastFails = l.lastFails[1:]
+		}
+		l.lastFails = append(l.lastFails, f)
 	} else {
 		s.ok++
 	}

@@ -52,9 +52,60 @@ type events struct {
 	mu        sync.Mutex
 	conflicts []string
 	failed    int
+	trail     []string // member and group events of the Go engine and its recoverer, printed when the soak fails
+	tail      []string
+	dropped   int
+}
+
+// The Go engine's event trail kept for a failure report: the first
+// trailHead events (how it went wrong) and the last trailTail (how it
+// ended).
+const (
+	trailHead = 300
+	trailTail = 100
+)
+
+func (e *events) note(t time.Time, format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	line := t.Format("15:04:05.000") + " " + fmt.Sprintf(format, args...)
+	if len(line) > 400 {
+		line = line[:400] + "…"
+	}
+	switch {
+	case len(e.trail) < trailHead:
+		e.trail = append(e.trail, line)
+	default:
+		e.tail = append(e.tail, line)
+		if len(e.tail) > trailTail {
+			e.tail = e.tail[1:]
+		}
+		e.dropped++
+	}
+}
+
+// trailText returns the kept trail.
+func (e *events) trailText() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := strings.Join(e.trail, "\n")
+	if len(e.tail) > 0 {
+		s += fmt.Sprintf("\n… (%d more; the last %d:)\n", e.dropped-len(e.tail), len(e.tail)) + strings.Join(e.tail, "\n")
+	}
+	return s
+}
+
+// recoveryEvent records a recoverer's event in the trail.
+func (e *events) recoveryEvent(ev harecover.Event) {
+	e.note(ev.Time, "recover %s %s attempt %d: %v", ev.Member, ev.Kind, ev.Attempt, ev.Err)
 }
 
 func (e *events) Event(ev group.Event) {
+	switch ev.Kind {
+	case group.MemberFailed, group.MemberRecovering, group.MemberRecovered, group.MemberPromoted, group.MemberDemoted,
+		group.GroupDown, group.ReplicationFailed:
+		e.note(ev.Time, "%s %s %v->%v %v", ev.Kind, ev.Member, ev.From, ev.To, ev.Err)
+	}
 	switch ev.Kind {
 	case group.MemberFailed:
 		e.mu.Lock()
@@ -112,7 +163,8 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	rec, err := harecover.New(harecover.Options{Engine: g, StateDir: w.stateDir, Interval: set.Interval, Retries: set.Retries, Tombstones: journal})
+	rec, err := harecover.New(harecover.Options{Engine: g, StateDir: w.stateDir, Interval: set.Interval, Retries: set.Retries, Tombstones: journal,
+		Events: ev.recoveryEvent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,6 +303,10 @@ func TestSoak(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("fault history:\n%s", ch.history())
+		t.Logf("Go engine's member events:\n%s", ev.trailText())
+		gl.mu.Lock()
+		t.Logf("Go API's last failures:\n%s", strings.Join(gl.lastFails, "\n"))
+		gl.mu.Unlock()
 		b, _ := os.ReadFile(w.logFile)
 		t.Logf("HA event log (tail):\n%s", tail(string(b), 60))
 		t.Logf("replay with -soak.seed %d", seed)
