@@ -83,6 +83,8 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			StateDir:       stateDir,
 			Events:         sink,
 			RecoveryEvents: sink.recovery(gc.Label),
+			// Calls come from the application's threads (slot.Spec).
+			SpinHandoff: true,
 		})
 		if err != nil {
 			_ = closeAll() // the start failed; the error below says why

@@ -119,6 +119,7 @@ func memberSpec(m config.Member, set config.Settings) slot.Spec {
 		URI:            m.URI,
 		CommandTimeout: set.CommandTimeout,
 		KeygenTimeout:  set.KeygenTimeout,
+		SpinHandoff:    true, // the callers are the application's threads
 	}
 }
 

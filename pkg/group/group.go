@@ -118,6 +118,9 @@ type Options struct {
 	Tombstones Tombstones
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
+	// SpinHandoff is passed into every member's slot.Spec: the callers are
+	// threads of a C application (libhapkcs11.so).
+	SpinHandoff bool
 }
 
 // Group is one HA group. Create it with Open; it is safe for concurrent
@@ -316,6 +319,7 @@ func (g *Group) spec(m config.Member) slot.Spec {
 		KeygenTimeout:  g.settings.KeygenTimeout,
 		MaxSessions:    g.opts.MaxSessions,
 		Interceptor:    g.opts.Interceptor,
+		SpinHandoff:    g.opts.SpinHandoff,
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/handoff"
 	"github.com/miekg/pkcs11"
 )
 
@@ -29,6 +30,21 @@ import (
 // to speak of when every P is busy (many callers) or with GOMAXPROCS=1
 // (BenchmarkSlotSign). A deadline cannot be had without the hand-off: a
 // goroutine inside a C call cannot return to its caller.
+//
+// Callers that are threads of a C application (libhapkcs11.so) are another
+// matter: each is locked to its M, so a channel hand-off makes the
+// scheduler pass the P to another thread and back (stoplockedm,
+// startlockedm), two thread wake-ups per call, and on a VM whose idle
+// vCPUs halt a wake-up is an interrupt through the hypervisor (~16 µs
+// here). For them Spec.SpinHandoff hands calls over through
+// internal/handoff instead: caller and worker spin briefly, while a CPU is
+// free for it, before they sleep on a futex. callerSpin covers a typical
+// signature (ECDSA ~60 µs on SoftHSM) and workerSpin the gap between two
+// calls of a busy application thread.
+const (
+	callerSpin = 200 * time.Microsecond
+	workerSpin = 50 * time.Microsecond
+)
 
 // Session states, for the race between a worker finishing and its caller
 // giving up.
@@ -48,15 +64,26 @@ type sess struct {
 	open  bool   // h is an open session
 
 	// The call being handed to the worker. Written by the caller before the
-	// send on req, read by the worker after receiving: the channel orders
-	// them.
+	// send on req (or the store of posted), read by the worker after
+	// receiving (or loading posted).
 	cctx context.Context
 	op   Op
 	fn   func(*sess) error
 
+	// Channel hand-off (Go callers).
 	req   chan struct{}
 	res   chan error // buffered: the worker never blocks on it
 	timer *time.Timer
+
+	// Spin hand-off (Spec.SpinHandoff): the atomics order the call and its
+	// result for the race detector, the cell's futex words for the machine.
+	spin     bool
+	cell     handoff.Cell
+	posted   atomic.Uint32
+	answered atomic.Uint32
+	err      error
+	quit     atomic.Bool // set before the last post: the worker ends
+
 	state atomic.Int32
 	dead  bool // caller side: abandoned or closed, never to be used again
 }
@@ -68,10 +95,15 @@ func newSess(owner *Slot, st *slotState) *sess {
 		ctx:   st.ctx,
 		gen:   st.gen,
 		inc:   st.inc,
-		req:   make(chan struct{}),
-		res:   make(chan error, 1),
-		timer: time.NewTimer(time.Hour),
+		spin:  owner.spec.SpinHandoff,
 	}
+	if x.spin {
+		go x.workSpin()
+		return x
+	}
+	x.req = make(chan struct{})
+	x.res = make(chan error, 1)
+	x.timer = time.NewTimer(time.Hour)
 	x.timer.Stop()
 	go x.work()
 	return x
@@ -87,6 +119,28 @@ func (x *sess) work() {
 			return
 		}
 		x.res <- err
+	}
+}
+
+// workSpin is work for the spin hand-off.
+func (x *sess) workSpin() {
+	var seq uint32
+	for {
+		seq = x.cell.Next(seq, workerSpin)
+		if x.quit.Load() {
+			x.cell.Drop()
+			return
+		}
+		x.posted.Load() // the call is visible from here on
+		err := x.exec()
+		if !x.state.CompareAndSwap(stBusy, stIdle) {
+			x.cell.Drop()
+			x.afterAbandon()
+			return
+		}
+		x.err = err
+		x.answered.Store(seq)
+		x.cell.Done(seq)
 	}
 }
 
@@ -135,6 +189,9 @@ func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*s
 	}
 	x.cctx, x.op, x.fn = ctx, op, fn
 	x.state.Store(stBusy)
+	if x.spin {
+		return x.runSpin(ctx, op, timeout)
+	}
 	// Arm the timer before the hand-off: from the send on, this goroutine
 	// should park at once so that the worker runs on this thread (a
 	// spinning thread of the runtime steals it after a few µs otherwise).
@@ -152,21 +209,67 @@ func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*s
 		x.timer.Stop()
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
 	}
-	// Keep the slot (and its module) alive for the worker before it can
-	// possibly finish.
-	x.owner.hold()
-	x.owner.quarantined.Add(1)
-	if !x.state.CompareAndSwap(stBusy, stAbandoned) {
+	if !x.abandon() {
 		// The worker finished just now: take its result after all.
-		x.owner.unquarantine()
-		x.owner.unhold()
 		err := <-x.res
 		x.cctx, x.fn = nil, nil
 		return newError(x.owner.spec.Name, op, err)
 	}
+	return cause
+}
+
+// runSpin is run's hand-off for Spec.SpinHandoff.
+func (x *sess) runSpin(ctx context.Context, op Op, timeout time.Duration) error {
+	seq := x.posted.Add(1) // the cell numbers calls the same way
+	x.cell.Post()
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() { x.cell.Cancel(seq) })
+	}
+	outcome := x.cell.Wait(seq, callerSpin, timeout)
+	if stop != nil {
+		stop()
+	}
+	var cause error
+	switch outcome {
+	case handoff.Answered:
+		return x.spinResult(op)
+	case handoff.TimedOut:
+		cause = timeoutError(x.owner.spec.Name, op, timeout)
+	default:
+		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
+	}
+	if !x.abandon() {
+		// The worker finished just now: its answer is on the way.
+		x.cell.WaitAnswer(seq)
+		return x.spinResult(op)
+	}
+	return cause
+}
+
+// spinResult takes the answered call's result.
+func (x *sess) spinResult(op Op) error {
+	x.answered.Load() // the result is visible from here on
+	err := x.err
+	x.cctx, x.fn, x.err = nil, nil, nil
+	return newError(x.owner.spec.Name, op, err)
+}
+
+// abandon gives up on the call in flight: the session is quarantined and
+// dead, and the slot (and its module) kept alive for the worker. It
+// returns false when the worker finished just now: then nothing is given
+// up and the caller takes the result after all.
+func (x *sess) abandon() bool {
+	x.owner.hold()
+	x.owner.quarantined.Add(1)
+	if !x.state.CompareAndSwap(stBusy, stAbandoned) {
+		x.owner.unquarantine()
+		x.owner.unhold()
+		return false
+	}
 	x.dead = true
 	x.owner.stats.quarantinedTotal.Add(1)
-	return cause
+	return true
 }
 
 // retire closes the session (bounded by timeout) and stops its worker.
@@ -185,6 +288,11 @@ func (x *sess) retire(timeout time.Duration) {
 		return // the close hung; the worker cleans up
 	}
 	x.dead = true
+	if x.spin {
+		x.quit.Store(true)
+		x.cell.Post()
+		return
+	}
 	close(x.req)
 }
 

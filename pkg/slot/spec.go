@@ -110,6 +110,10 @@ type Spec struct {
 	KeygenTimeout  time.Duration // deadline of key generation (default 120s)
 	MaxSessions    int           // pool cap; 0: min(token MaxRwSessionCount-1, 32), 32 when the token says "effectively infinite"
 	Interceptor    Interceptor   // fault injection for tests
+	// SpinHandoff hands each call to its session's worker by spinning
+	// briefly rather than through the Go scheduler (call.go): for callers
+	// that are threads of a C application, as in libhapkcs11.so.
+	SpinHandoff bool
 }
 
 // Attribute is one attribute read from an object. Status is CKR_OK,

@@ -1,0 +1,134 @@
+package handoff
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// worker serves calls on c until quit is set: each call doubles *in into
+// *out, published with atomics as pkg/slot does.
+func worker(c *Cell, in, out *atomic.Int64, quit *atomic.Bool, spin time.Duration, done *sync.WaitGroup) {
+	defer done.Done()
+	var seq uint32
+	for {
+		seq = c.Next(seq, spin)
+		if quit.Load() {
+			c.Drop()
+			return
+		}
+		out.Store(2 * in.Load())
+		c.Done(seq)
+	}
+}
+
+func TestRoundTrips(t *testing.T) {
+	for _, spin := range []time.Duration{0, 50 * time.Microsecond} {
+		t.Run(spin.String(), func(t *testing.T) {
+			var c Cell
+			var in, out atomic.Int64
+			var quit atomic.Bool
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go worker(&c, &in, &out, &quit, spin, &wg)
+			for i := int64(1); i <= 2000; i++ {
+				in.Store(i)
+				seq := c.Post()
+				if got := c.Wait(seq, spin, 10*time.Second); got != Answered {
+					t.Fatalf("call %d: outcome %v, want Answered", i, got)
+				}
+				if got := out.Load(); got != 2*i {
+					t.Fatalf("call %d: answer %d, want %d", i, got, 2*i)
+				}
+			}
+			quit.Store(true)
+			c.Post()
+			wg.Wait()
+			if b := busy(); b != 0 {
+				t.Fatalf("busy = %d after the worker ended, want 0", b)
+			}
+		})
+	}
+}
+
+// Many pairs at once: more spinners than CPUs must still make progress.
+func TestManyPairs(t *testing.T) {
+	var wg sync.WaitGroup
+	for p := 0; p < 16; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var c Cell
+			var in, out atomic.Int64
+			var quit atomic.Bool
+			var w sync.WaitGroup
+			w.Add(1)
+			go worker(&c, &in, &out, &quit, 50*time.Microsecond, &w)
+			for i := int64(1); i <= 300; i++ {
+				in.Store(i)
+				if got := c.Wait(c.Post(), 200*time.Microsecond, 10*time.Second); got != Answered || out.Load() != 2*i {
+					t.Errorf("call %d: outcome %v, answer %d", i, got, out.Load())
+					break
+				}
+			}
+			quit.Store(true)
+			c.Post()
+			w.Wait()
+		}()
+	}
+	wg.Wait()
+	if b := busy(); b != 0 {
+		t.Fatalf("busy = %d after every worker ended, want 0", b)
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	var c Cell
+	seq := c.Post() // no worker: never answered
+	start := time.Now()
+	got := c.Wait(seq, 100*time.Microsecond, 50*time.Millisecond)
+	elapsed := time.Since(start)
+	if got != TimedOut {
+		t.Fatalf("outcome %v, want TimedOut", got)
+	}
+	if elapsed < 50*time.Millisecond || elapsed > 2*time.Second {
+		t.Fatalf("Wait returned after %v, want 50ms (+ at most 2s on a loaded machine)", elapsed)
+	}
+	if b := busy(); b != 0 {
+		t.Fatalf("busy = %d after a timed-out wait, want 0", b)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	var c Cell
+	first := c.Post()
+	c.Cancel(first - 1) // a late cancel of an older call: ignored
+	if got := c.Wait(first, 0, 20*time.Millisecond); got != TimedOut {
+		t.Fatalf("after a cancel of an older call: %v, want TimedOut", got)
+	}
+
+	var d Cell
+	seq := d.Post()
+	go d.Cancel(seq) // before or while the caller sleeps: either way
+	start := time.Now()
+	if got := d.Wait(seq, 0, time.Minute); got != Cancelled {
+		t.Fatalf("outcome %v, want Cancelled", got)
+	}
+	if elapsed := time.Since(start); elapsed > 2*time.Second {
+		t.Fatalf("cancelled Wait returned after %v", elapsed)
+	}
+
+	// WaitAnswer ignores the cancel and waits for the worker's answer.
+	answered := make(chan struct{})
+	go func() {
+		defer close(answered)
+		d.WaitAnswer(seq)
+	}()
+	s := d.Next(0, 0)
+	if s != seq {
+		t.Fatalf("Next = %d, want %d", s, seq)
+	}
+	d.Done(s)
+	<-answered
+}
