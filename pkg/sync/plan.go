@@ -128,6 +128,7 @@ type Action struct {
 	Reason      Reason
 
 	handle pkcs11.ObjectHandle // the object on Source (Copy) or Member (Delete) when listed
+	absent bool                // Copy: the listing showed no object with the identity on Member
 }
 
 // String describes the action for messages.
@@ -204,6 +205,7 @@ type Plan struct {
 
 	slots     map[string]*slot.Slot
 	loadTombs func(ctx context.Context) (Tombstones, error)
+	reapplied bool // Apply ran on the plan before: its listing is stale
 }
 
 // Empty reports whether there is nothing to do and nothing to resolve: no
@@ -435,8 +437,14 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		}
 		for pos := 0; pos < n; pos++ {
 			if _, ok := v.holders[pos]; !ok {
+				absent := true
+				for _, other := range e.versions {
+					if _, held := other.holders[pos]; held {
+						absent = false // a tombstoned version, deleted first
+					}
+				}
 				copies = append(copies, Action{Kind: Copy, Identity: e.id, Fingerprint: v.fp,
-					Member: p.Members[pos], Source: p.Members[src], Reason: ReasonMissing, handle: v.holders[src]})
+					Member: p.Members[pos], Source: p.Members[src], Reason: ReasonMissing, handle: v.holders[src], absent: absent})
 			}
 		}
 	}
@@ -502,9 +510,18 @@ func (r *ApplyResult) FailedFor(member string) []ActionError {
 // several threads at once, and gains nothing from it (it writes one file
 // per object). Conflicts are left alone.
 //
+// A copy to a member whose listing showed no object with the identity
+// does not search that member for an existing copy (Target.Absent): the
+// plan's listing already said. So a member must not get objects of the
+// plan's identities from elsewhere between MakePlan and Apply (a
+// recovering member is out of rotation; a concurrent replication of the
+// same object would leave a second, identical copy, which plans count
+// once).
+//
 // It is idempotent: a copy whose target already holds the version, and a
 // delete whose object is gone, succeed without change, so applying the
-// same plan twice changes nothing the second time. A copy never leaves a
+// same plan twice changes nothing the second time (the second Apply of a
+// plan no longer trusts its listing). A copy never leaves a
 // half-made object (Replicate's guarantee), so an Apply cut short, even by
 // the death of the process, is finished by the next MakePlan + Apply.
 //
@@ -535,6 +552,7 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 			phases[3] = append(phases[3], a)
 		}
 	}
+	defer func() { p.reapplied = true }()
 	res := &ApplyResult{}
 	var mu gosync.Mutex
 	var copied []copyDone
@@ -612,9 +630,13 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) (srcH, dstH p
 	if h == 0 {
 		return 0, 0, fmt.Errorf("member %s no longer holds it: %w", a.Source, errVanished)
 	}
+	// Where the listing showed the identity absent on dst, the copy skips
+	// its search of dst for an existing one (Target.Absent): a search
+	// costs a visit of every object on a SoftHSM token, which made a
+	// catch-up's cost grow with the square of its size. Otherwise
 	// Replicate finds a copy already there (an earlier Apply of this
 	// plan) and makes nothing then. On failure it leaves nothing on dst.
-	dh, err := r.Replicate(ctx, src, h, Target{Slot: dst})
+	dh, err := r.Replicate(ctx, src, h, Target{Slot: dst, Absent: a.absent && !p.reapplied})
 	if err != nil {
 		if ctx.Err() == nil {
 			// Destroyed under the copy (the source's wrap or read found

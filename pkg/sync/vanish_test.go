@@ -163,3 +163,68 @@ func TestPlanDeletesTombstonedKeyWithoutFingerprint(t *testing.T) {
 		t.Fatalf("conflicts %v", p.Conflicts)
 	}
 }
+
+// countCalls is a slot.WrapInterceptor counting calls per token and op.
+type countCalls struct {
+	mu gosync.Mutex
+	n  map[string]int
+}
+
+func (c *countCalls) Before(context.Context, string, slot.Op) error { return nil }
+
+func (c *countCalls) Wrap(_ context.Context, token string, op slot.Op, call func() error) error {
+	c.mu.Lock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[token+" "+string(op)]++
+	c.mu.Unlock()
+	return call()
+}
+
+func (c *countCalls) take(token string, op slot.Op) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := token + " " + string(op)
+	n := c.n[k]
+	c.n[k] = 0
+	return n
+}
+
+// Apply uses what the plan's listing knows: a copy to a member that
+// listed no object with the identity does not search that member for an
+// existing copy (a search visits every object on a SoftHSM token, which
+// made a catch-up cost grow with the square of its size). Applying the
+// same plan again still makes no second copy.
+func TestApplyTrustsTheListing(t *testing.T) {
+	calls := &countCalls{}
+	ms := planMembers(t, 2, calls)
+	for i := range 8 {
+		planGenAES(t, ms[0].Slot, fmt.Sprintf("bulk-%d", i), planID(t))
+	}
+	p := planMake(t, ms, nil, hasync.PlanOptions{})
+	if len(p.Actions) != 8 {
+		t.Fatalf("actions %v", actionStrings(p.Actions))
+	}
+	r := &hasync.Replicator{GroupSerial: planSerial}
+	calls.take("m1", slot.OpFindObjects)
+	if _, err := r.Apply(planCtx(t), p); err != nil {
+		t.Fatal(err)
+	}
+	// At most the one search for the domain key.
+	if n := calls.take("m1", slot.OpFindObjects); n > 1 {
+		t.Errorf("%d searches on the target for 8 copies the listing showed absent, want at most 1 (the domain key)", n)
+	}
+	res, err := r.Apply(planCtx(t), p)
+	if err != nil {
+		t.Fatalf("apply again: %v", err)
+	}
+	if len(res.Done) != 8 {
+		t.Errorf("second apply: %d done, want 8 (found there)", len(res.Done))
+	}
+	for i := range 8 {
+		if got := planFind(t, ms[1].Slot, fmt.Sprintf("bulk-%d", i)); len(got) != 1 {
+			t.Errorf("m1 holds %d copies of bulk-%d, want 1", len(got), i)
+		}
+	}
+}
