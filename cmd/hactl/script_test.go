@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -122,7 +123,7 @@ func setupScript(env *testscript.Env, bin string) error {
 		return err
 	}
 	for _, l := range []string{"ha-a", "ha-b", "ha-c"} {
-		if err := initToken(conf, tokens, l); err != nil {
+		if err := initToken(conf, l); err != nil {
 			return err
 		}
 	}
@@ -154,13 +155,11 @@ func setupScript(env *testscript.Env, bin string) error {
 
 // initToken makes one token. A token served by p11-kit gets its own token
 // directory (tokens-LABEL), so its server can be killed alone.
-func initToken(conf, dir, label string) error {
-	cmd := exec.Command("softhsm2-util", "--init-token", "--free", "--label", label, "--pin", scriptUserPIN, "--so-pin", scriptSOPIN)
-	cmd.Env = append(os.Environ(), "SOFTHSM2_CONF="+conf)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("softhsm2-util --init-token %s: %v: %s", label, err, out)
-	}
-	return nil
+func initToken(conf, label string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := testhsm.InitTokens(ctx, conf, []string{label}, scriptUserPIN, scriptSOPIN)
+	return err
 }
 
 // waitsock PATH: wait (up to the deadline) until a Unix socket accepts.
@@ -264,7 +263,7 @@ func serveToken(ts *testscript.TestScript, label, what, suffix, logName string, 
 	if _, err := os.Stat(conf); errors.Is(err, os.ErrNotExist) {
 		ts.Check(os.MkdirAll(filepath.Join(dir, "tokens"), 0o700))
 		ts.Check(os.WriteFile(conf, []byte("directories.tokendir = "+filepath.Join(dir, "tokens")+"\nobjectstore.backend = file\nlog.level = ERROR\n"), 0o600))
-		ts.Check(initToken(conf, filepath.Join(dir, "tokens"), label))
+		ts.Check(initToken(conf, label))
 	}
 	sock := filepath.Join(ts.Getenv("SHORT"), label+suffix)
 	os.Remove(sock) // a killed server leaves it behind

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -138,8 +139,8 @@ func Take(t testing.TB, n int) []Token {
 	return out
 }
 
-// initDeadline bounds the initialisation of n tokens: softhsm2-util takes
-// ~10 ms a token here; the bound is generous for loaded CI machines.
+// initDeadline bounds the initialisation of n tokens: pkcs11-tool takes
+// ~20 ms a token here; the bound is generous for loaded CI machines.
 func initDeadline(n int) time.Duration {
 	return time.Duration(30+n) * time.Second
 }
@@ -163,20 +164,56 @@ func writeConf(dir string) (string, error) {
 }
 
 // initTokens initialises one token per label in the token directory of conf
-// and returns the serial number of each label.
+// with the harness's PINs and returns the serial number of each label.
 func initTokens(ctx context.Context, conf string, labels []string) (map[string]string, error) {
-	for _, l := range labels {
-		cmd := exec.CommandContext(ctx, "softhsm2-util", "--init-token", "--free",
-			"--label", l, "--pin", UserPIN, "--so-pin", SOPIN)
-		cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", conf)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			// The output never echoes the PINs; the argv is not shown.
-			return nil, fmt.Errorf("softhsm2-util --init-token for label %q: %v: %s", l, err, bytes.TrimSpace(out))
+	return InitTokens(ctx, conf, labels, UserPIN, SOPIN)
+}
+
+// The environment variables through which InitTokens hands the PINs to
+// pkcs11-tool ("env:NAME"): a command line is readable by every user of
+// the machine (ps, /proc/PID/cmdline), an environment by its owner only.
+const (
+	soPINEnv   = "HAGROUP_TESTHSM_SO_PIN"
+	userPINEnv = "HAGROUP_TESTHSM_USER_PIN"
+)
+
+// InitTokens initialises one SoftHSM token per label in the token
+// directory of the SoftHSM configuration conf, with the given PINs, and
+// returns the serial number of each label. It runs pkcs11-tool, which
+// reads the PINs from its environment, never from its command line.
+func InitTokens(ctx context.Context, conf string, labels []string, userPIN, soPIN string) (map[string]string, error) {
+	env := withEnv(os.Environ(), "SOFTHSM2_CONF", conf)
+	env = withEnv(env, soPINEnv, soPIN)
+	env = withEnv(env, userPINEnv, userPIN)
+	run := func(args ...string) ([]byte, error) {
+		cmd := exec.CommandContext(ctx, "pkcs11-tool", append([]string{"--module", SoftHSMModule}, args...)...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("pkcs11-tool %s: %v: %s", args[0], err, bytes.TrimSpace(out))
+		}
+		return out, nil
+	}
+	// SoftHSM offers one free slot, numbered after the tokens it has; the
+	// slot a new token leaves behind is numbered one more.
+	out, err := run("--list-slots")
+	if err != nil {
+		return nil, err
+	}
+	free, ok := freeSlot(out)
+	if !ok {
+		return nil, fmt.Errorf("SoftHSM offers no free slot in %s", conf)
+	}
+	for i, l := range labels {
+		if _, err := run("--slot", fmt.Sprint(free+uint64(i)), "--init-token", "--init-pin",
+			"--login", "--login-type", "so", "--label", l,
+			"--so-pin", "env:"+soPINEnv, "--new-pin", "env:"+userPINEnv); err != nil {
+			return nil, fmt.Errorf("token %q: %w", l, err)
 		}
 	}
 	cmd := exec.CommandContext(ctx, "softhsm2-util", "--show-slots")
-	cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", conf)
-	out, err := cmd.Output()
+	cmd.Env = env
+	out, err = cmd.Output()
 	if err != nil {
 		return nil, fmt.Errorf("softhsm2-util --show-slots: %w", err)
 	}
@@ -187,6 +224,29 @@ func initTokens(ctx context.Context, conf string, labels []string) (map[string]s
 		}
 	}
 	return serials, nil
+}
+
+// freeSlot finds the ID of the slot without a token in the output of
+// `pkcs11-tool --list-slots` ("Slot 3 (0x3): …" then "token state:
+// uninitialized").
+func freeSlot(out []byte) (uint64, bool) {
+	var id uint64
+	var haveID bool
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "Slot ") {
+			_, rest, _ := strings.Cut(line, "(")
+			hex, _, _ := strings.Cut(rest, ")")
+			v, err := strconv.ParseUint(strings.TrimPrefix(hex, "0x"), 16, 64)
+			id, haveID = v, err == nil
+			continue
+		}
+		if haveID && strings.HasPrefix(line, "token state:") && strings.Contains(line, "uninitialized") {
+			return id, true
+		}
+	}
+	return 0, false
 }
 
 // parseSlots maps token labels to serial numbers in the output of

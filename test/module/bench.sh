@@ -36,7 +36,9 @@ BENCH_PIN=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 export BENCH_PIN
 printf '%s\n' "$BENCH_PIN" >"$work/pin"
 chmod 600 "$work/pin"
-softhsm2-util --init-token --free --label bench --pin "$BENCH_PIN" --so-pin "$BENCH_PIN" >/dev/null 2>&1
+# A fresh token directory: SoftHSM's free slot is slot 0.
+pkcs11-tool --module "$SOFTHSM" --slot 0 --init-token --init-pin --login --login-type so --label bench \
+	--so-pin env:BENCH_PIN --new-pin env:BENCH_PIN >/dev/null
 for k in "EC:prime256v1 ec 01" "rsa:2048 rsa 02"; do
 	set -- $k
 	pkcs11-tool --module "$SOFTHSM" --token-label bench --login --pin env:BENCH_PIN \

@@ -24,8 +24,7 @@ func TestPkcs11ToolSelfTest(t *testing.T) {
 	r.keypair("ec1", "01")
 	r.keypair("ec2", "02")
 	// A plain SoftHSM token with the same kind of keys and no domain key.
-	r.mustRun(time.Minute, "softhsm2-util", "--init-token", "--free", "--label", "plain",
-		"--pin", "test-user-1234", "--so-pin", "test-so-5678")
+	r.initToken("plain")
 	plain := []string{"--module", "/usr/lib/softhsm/libsofthsm2.so", "--token-label", "plain"}
 	for _, id := range []string{"01", "02"} {
 		r.mustRun(time.Minute, "pkcs11-tool", append(append([]string{}, plain...), "--login", "--pin", "env:HA_PIN",

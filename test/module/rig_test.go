@@ -115,17 +115,19 @@ const (
 // rig is one test's world: member tokens, PIN files, a configuration and
 // the environment that points clients at them.
 type rig struct {
-	t       *testing.T
-	dir     string
-	lib     string
-	conf    string
-	pinFile string
-	soFile  string
-	logFile string
-	env     []string
-	members []testhsm.Token
-	served  *testhsm.Served
-	mode    string // recovery_mode written to the configuration
+	t    *testing.T
+	dir  string
+	lib  string
+	conf string
+	// softConf is the SoftHSM configuration of the rig's local tokens.
+	softConf string
+	pinFile  string
+	soFile   string
+	logFile  string
+	env      []string
+	members  []testhsm.Token
+	served   *testhsm.Served
+	mode     string // recovery_mode written to the configuration
 }
 
 type rigOpts struct {
@@ -168,6 +170,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		}
 		softConf = r.write("softhsm2.conf", "directories.tokendir = "+tokens+"\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n")
 	}
+	r.softConf = softConf
 	r.env = append(os.Environ(),
 		"SOFTHSM2_CONF="+softConf,
 		"HAGROUP_CONF="+filepath.Join(r.dir, "hagroup.toml"),
@@ -183,8 +186,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	}
 	for i := 0; i < local; i++ {
 		label := fmt.Sprintf("ha-%d", i)
-		r.mustRun(2*time.Minute, "softhsm2-util", "--init-token", "--free", "--label", label,
-			"--pin", testhsm.UserPIN, "--so-pin", testhsm.SOPIN)
+		r.initToken(label)
 		r.members = append(r.members, testhsm.Token{Name: fmt.Sprintf("hsm-%d", i), Label: label,
 			Module: testhsm.SoftHSMModule, UserPIN: testhsm.UserPIN, SOPIN: testhsm.SOPIN})
 	}
@@ -268,6 +270,17 @@ func (r *rig) run(timeout time.Duration, env []string, name string, args ...stri
 }
 
 // mustRun is run that fails the test on error, showing the output.
+// initToken makes a token labelled label in the rig's SoftHSM token
+// directory, with the harness's PINs.
+func (r *rig) initToken(label string) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(r.t.Context(), 2*time.Minute)
+	defer cancel()
+	if _, err := testhsm.InitTokens(ctx, r.softConf, []string{label}, testhsm.UserPIN, testhsm.SOPIN); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
 func (r *rig) mustRun(timeout time.Duration, name string, args ...string) string {
 	r.t.Helper()
 	out, err := r.run(timeout, nil, name, args...)
