@@ -35,8 +35,13 @@ func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 	p.Title.Text = fmt.Sprintf("Signing through libhapkcs11.so: %s killed, then back — operations/s per member", r.victim)
 	p.X.Label.Text = "seconds since the load started"
 	p.Y.Label.Text = "signatures per second"
+	// The legend sits top left, below the title, over headroom that no
+	// line reaches (ytop below), left of the marks, whose labels are
+	// staggered above the lines too.
 	p.Legend.Top = true
-	p.Legend.Left = false
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Points(6)
+	p.Legend.YOffs = -vg.Points(6)
 	p.Add(plotter.NewGrid())
 
 	rates := load.Rates(lines, groupLabel, rateWindow)
@@ -100,7 +105,7 @@ func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 		p.Add(l)
 		p.Legend.Add("total", l)
 	}
-	ytop := ymax * 1.25
+	ytop := ymax * 1.6
 	p.Y.Min, p.Y.Max = 0, ytop
 	marks := []struct {
 		at    time.Time
@@ -126,7 +131,7 @@ func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 		l.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
 		p.Add(l)
 		// Stagger the labels so that close marks stay readable.
-		labels.XYs = append(labels.XYs, plotter.XY{X: x, Y: ytop * (0.97 - 0.06*float64(i))})
+		labels.XYs = append(labels.XYs, plotter.XY{X: x, Y: ytop * (0.90 - 0.06*float64(i))})
 		labels.Labels = append(labels.Labels, " "+m.label)
 	}
 	if len(labels.XYs) > 0 {
