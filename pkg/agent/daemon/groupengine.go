@@ -138,9 +138,14 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 		cm, _ := ge.cfg.Member(s.Name)
 		ms := agent.MemberStatus{Name: s.Name, Standby: s.ConfiguredStandby, Primary: s.Primary,
 			State: s.State.String(), LastError: s.LastError, InFlight: s.InFlight, Operations: s.Ops, Failures: s.Errors}
-		if !s.State.Serving() && s.LastAttemptError != "" {
+		switch {
+		case !s.State.Serving() && s.LastAttemptError != "":
 			// Why it is still out, rather than why it first failed.
 			ms.LastError = s.LastAttemptError
+		case s.State.Serving() && s.LastErrorTime.Before(s.Since):
+			// The error that took it out before it came back is history
+			// (the event log keeps it), not the state of a serving member.
+			ms.LastError = ""
 		}
 		ms.Since, ms.Recovering, ms.AutoRecovery, ms.GaveUp = s.Since, s.Recovering, s.AutoRecovery, s.GaveUp
 		ms.Attempts, ms.LastAttempt, ms.NextAttempt, ms.LastAttemptError = s.Attempts, s.LastAttempt, s.NextAttempt, s.LastAttemptError

@@ -156,7 +156,7 @@ serial = "1000001"
 		b = member("b")
 		return b.State == agent.StateActive, fmt.Sprintf("%+v", b)
 	})
-	if b.GaveUp || b.LastAttemptError != "" || b.OutOfSync != 0 {
-		t.Errorf("member b after the manual recovery: %+v", b)
+	if b.GaveUp || b.LastAttemptError != "" || b.OutOfSync != 0 || b.LastError != "" {
+		t.Errorf("member b after the manual recovery (no last error from before it came back): %+v", b)
 	}
 }
