@@ -19,8 +19,10 @@ import (
 // not load is not edited: it must be fixed by hand first.
 //
 // Concurrent Edits, in this process or others, are serialised, so none is
-// lost. The file keeps its mode (a new one gets 0600). It is rewritten by
-// Encode, so comments in it are not kept. The lock file is never removed:
+// lost. The file keeps its mode (a new one gets 0600). It is rewritten in
+// Encode's layout, its comments kept above (or after) the header or key
+// they preceded (or followed), wherever that now is; the comments of a
+// removed group, member or key go with it. The lock file is never removed:
 // removing it would let two editors lock different files.
 func Edit(ctx context.Context, path string, fn func(*Config) error) error {
 	return editor{}.edit(ctx, path, fn)
@@ -58,6 +60,12 @@ func (e editor) edit(ctx context.Context, path string, fn func(*Config) error) e
 			perm = st.Mode().Perm()
 		}
 	}
+	// The file's comments, by the identity of what they describe, before
+	// fn adds, removes or reorders groups and members.
+	var kept notes
+	if c.src != nil {
+		kept = c.src.notes.byIdentity(c)
+	}
 	if err := fn(c); err != nil {
 		return err
 	}
@@ -68,7 +76,7 @@ func (e editor) edit(ctx context.Context, path string, fn func(*Config) error) e
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("config: edit %s: the change leaves the configuration invalid:\n%w", path, err)
 	}
-	data, err := Encode(c)
+	data, err := encode(c, kept)
 	if err != nil {
 		return fmt.Errorf("config: edit %s: %w", path, err)
 	}

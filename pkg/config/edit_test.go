@@ -428,3 +428,87 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Error("WriteFileAtomic into a missing directory succeeded")
 	}
 }
+
+// An edit keeps the comments of a hand-written file above, and after, the
+// header or key they belonged to, wherever that lands; a removed member's
+// comments go with it.
+func TestEditKeepsComments(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hagroup.toml")
+	in := `# hagroup.toml — written by hand
+#
+# (a gap above is kept)
+
+# --- the agent ---
+[agent] # agent, trailing
+# the socket
+socket = "/run/x.sock" # socket, trailing
+
+[[group]]
+serial = "1000001" # before the label
+# the label
+label = "g"
+
+  # member a: the primary
+  [[group.member]]
+  name = "a"
+  module = "/m.so"
+  token_label = "tok-a" # a's token
+
+  # member b: to be removed
+  [[group.member]]
+  name = "b"
+  # b's module
+  module = "/m.so"
+  token_label = "tok-b"
+
+# the end
+`
+	if err := os.WriteFile(path, []byte(in), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Edit(t.Context(), path, func(c *Config) error {
+		g, _ := c.Group("g")
+		g.Members = []Member{{Name: "c", Module: "/m.so", TokenLabel: "tok-c"}, g.Members[0]}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `# hagroup.toml — written by hand
+#
+# (a gap above is kept)
+
+# --- the agent ---
+[agent] # agent, trailing
+# the socket
+socket = "/run/x.sock" # socket, trailing
+
+[[group]]
+# the label
+label = "g"
+serial = "1000001" # before the label
+
+  [[group.member]]
+  name = "c"
+  module = "/m.so"
+  token_label = "tok-c"
+
+  # member a: the primary
+  [[group.member]]
+  name = "a"
+  module = "/m.so"
+  token_label = "tok-a" # a's token
+
+# the end
+`
+	if string(got) != want {
+		t.Fatalf("after the edit:\n%s\nwant:\n%s", got, want)
+	}
+	if _, err := Load(path); err != nil {
+		t.Fatalf("the edited file does not load: %v", err)
+	}
+}

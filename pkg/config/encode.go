@@ -12,14 +12,18 @@ import (
 // Encode writes c as TOML in a fixed, readable layout: [agent], [ha], then
 // each [[group]] with its keys and its indented [[group.member]] tables, in
 // the order of c. Unset fields are left out, so a file holds what its
-// author set and nothing else. Comments of a hand-written file are not
-// kept. Encode does not validate c; it fails only on strings that are not
-// valid UTF-8, which TOML cannot hold.
-func Encode(c *Config) ([]byte, error) {
-	w := &tomlWriter{}
+// author set and nothing else. Encode does not validate c; it fails only on
+// strings that are not valid UTF-8, which TOML cannot hold.
+func Encode(c *Config) ([]byte, error) { return encode(c, notes{}) }
+
+// encode is Encode writing the comments of n (by identity, see
+// notes.byIdentity) back above, and after, the headers and keys they
+// belong to, wherever those now are.
+func encode(c *Config, n notes) ([]byte, error) {
+	w := &tomlWriter{notes: n}
 	a := c.Agent
 	if !isZeroAgent(a) {
-		w.table("[agent]", "")
+		w.table("[agent]", "", "agent")
 		w.str("socket", a.Socket)
 		w.str("state_dir", a.StateDir)
 		w.str("log_file", a.LogFile)
@@ -42,16 +46,16 @@ func Encode(c *Config) ([]byte, error) {
 		w.boolp("others_read_only", a.OthersReadOnly)
 	}
 	if c.HA != (HA{}) {
-		w.table("[ha]", "")
+		w.table("[ha]", "", "ha")
 		w.ha(c.HA)
 	}
 	for _, g := range c.Groups {
-		w.table("[[group]]", "")
+		w.table("[[group]]", "", groupAnchor(g.Label))
 		w.str("label", g.Label)
 		w.str("serial", g.Serial)
 		w.ha(g.HA)
 		for _, m := range g.Members {
-			w.table("[[group.member]]", "  ")
+			w.table("[[group.member]]", "  ", memberAnchor(g.Label, m.Name))
 			w.str("name", m.Name)
 			w.str("module", m.Module)
 			if m.ModuleEnv != nil {
@@ -78,6 +82,10 @@ func Encode(c *Config) ([]byte, error) {
 			}
 		}
 	}
+	if len(n.tail) > 0 {
+		w.buf.WriteByte('\n')
+		w.comments("", n.tail)
+	}
 	if w.err != nil {
 		return nil, w.err
 	}
@@ -92,19 +100,45 @@ func isZeroAgent(a Agent) bool {
 type tomlWriter struct {
 	buf    bytes.Buffer
 	indent string
+	anchor string // the current table in notes
+	notes  notes
 	err    error
 }
 
-func (w *tomlWriter) table(header, indent string) {
+// table starts a table; anchor names it in w.notes.
+func (w *tomlWriter) table(header, indent, anchor string) {
 	if w.buf.Len() > 0 {
 		w.buf.WriteByte('\n')
 	}
-	w.indent = indent
-	w.buf.WriteString(indent + header + "\n")
+	w.indent, w.anchor = indent, anchor
+	w.comments(indent, w.notes.before[anchor])
+	w.line(indent+header, anchor)
 }
 
 func (w *tomlWriter) kv(k, v string) {
-	w.buf.WriteString(w.indent + k + " = " + v + "\n")
+	path := w.anchor + "." + k
+	w.comments(w.indent, w.notes.before[path])
+	w.line(w.indent+k+" = "+v, path)
+}
+
+// line writes s and the comment that followed path on its line.
+func (w *tomlWriter) line(s, path string) {
+	w.buf.WriteString(s)
+	if t := w.notes.trailing[path]; t != "" {
+		w.buf.WriteString(" " + t)
+	}
+	w.buf.WriteByte('\n')
+}
+
+// comments writes comment lines (an empty one as a blank line).
+func (w *tomlWriter) comments(indent string, lines []string) {
+	for _, l := range lines {
+		if l == "" {
+			w.buf.WriteByte('\n')
+			continue
+		}
+		w.buf.WriteString(indent + l + "\n")
+	}
 }
 
 func (w *tomlWriter) str(k, v string) {

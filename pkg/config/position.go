@@ -12,6 +12,19 @@ type source struct {
 	// lines maps an indexed key path, such as "group[1].member[0].uri" or
 	// "ha.interval", to the 1-based line where it is defined.
 	lines map[string]int
+	// notes are the file's comments, so that an edit can keep them.
+	notes notes
+}
+
+// notes are a file's comments by the path of the table header or key they
+// belong to: the comment lines above it, and a comment after it on its
+// line. Paths are indexed ("group[1].member[0].uri") as the scanner finds
+// them, or by identity ("group=signing.member=hsm-b.uri") once byIdentity
+// has translated them.
+type notes struct {
+	before   map[string][]string
+	trailing map[string]string
+	tail     []string // comments after the last key
 }
 
 // line returns the line of path, or 0 when it is unknown. A table made
@@ -54,9 +67,11 @@ func memberPath(gi, mi int) string {
 // index arrays of tables. Anything it cannot follow ends the scan early:
 // positions are a help in messages, never needed for correctness.
 func scanSource(data []byte) *source {
-	sc := scanner{data: data, line: 1, lines: map[string]int{}, arrays: map[string]int{}}
+	sc := scanner{data: data, line: 1, lines: map[string]int{}, arrays: map[string]int{},
+		notes: notes{before: map[string][]string{}, trailing: map[string]string{}}}
 	sc.run()
-	return &source{lines: sc.lines}
+	sc.notes.tail = sc.pending
+	return &source{lines: sc.lines, notes: sc.notes}
 }
 
 type scanner struct {
@@ -66,6 +81,32 @@ type scanner struct {
 	table  string         // indexed path of the current table
 	lines  map[string]int // indexed path -> line
 	arrays map[string]int // indexed path of an array of tables -> elements so far
+
+	notes       notes
+	pending     []string // comment lines not yet followed by a header or key
+	pendingLine int      // line of the last of them
+	last        string   // path of the last header or key recorded
+	lastLine    int      // its line
+}
+
+// comment takes the comment starting at sc.i (a '#') up to the end of its
+// line: a trailing comment of the header or key on the same line, else a
+// line for the next header or key (a gap of blank lines is kept as one).
+func (sc *scanner) comment() {
+	start := sc.i
+	for !sc.eof() && sc.data[sc.i] != '\n' {
+		sc.i++
+	}
+	text := strings.TrimRight(string(sc.data[start:sc.i]), " \t\r")
+	if sc.last != "" && sc.line == sc.lastLine {
+		sc.notes.trailing[sc.last] = text
+		return
+	}
+	if len(sc.pending) > 0 && sc.line > sc.pendingLine+1 {
+		sc.pending = append(sc.pending, "")
+	}
+	sc.pending = append(sc.pending, text)
+	sc.pendingLine = sc.line
 }
 
 func (sc *scanner) eof() bool { return sc.i >= len(sc.data) }
@@ -89,9 +130,7 @@ func (sc *scanner) skipSpace(nl bool) {
 			sc.i++
 			sc.line++
 		case c == '#' && nl:
-			for !sc.eof() && sc.data[sc.i] != '\n' {
-				sc.i++
-			}
+			sc.comment()
 		default:
 			return
 		}
@@ -101,7 +140,12 @@ func (sc *scanner) skipSpace(nl bool) {
 func (sc *scanner) record(path string, line int) {
 	if _, ok := sc.lines[path]; !ok {
 		sc.lines[path] = line
+		if len(sc.pending) > 0 {
+			sc.notes.before[path] = sc.pending
+			sc.pending = nil
+		}
 	}
+	sc.last, sc.lastLine = path, line
 }
 
 func (sc *scanner) run() {
@@ -265,8 +309,13 @@ func (sc *scanner) value() bool {
 		case c == ']' || c == '}':
 			depth--
 		case c == '#':
-			for !sc.eof() && sc.data[sc.i] != '\n' {
-				sc.i++
+			if depth > 0 {
+				// Inside a multi-line array or table: not kept.
+				for !sc.eof() && sc.data[sc.i] != '\n' {
+					sc.i++
+				}
+			} else {
+				sc.comment()
 			}
 			continue
 		case c == '\n':
@@ -325,3 +374,61 @@ func (sc *scanner) skipString(q byte) bool {
 	}
 	return false
 }
+
+// byIdentity translates n's indexed paths into paths by group label and
+// member name in c (the configuration the file held), which survive an
+// edit that adds, removes or reorders groups and members. Notes of paths
+// c does not explain are dropped.
+func (n notes) byIdentity(c *Config) notes {
+	out := notes{before: map[string][]string{}, trailing: map[string]string{}, tail: n.tail}
+	for p, v := range n.before {
+		if q, ok := identityPath(c, p); ok {
+			out.before[q] = v
+		}
+	}
+	for p, v := range n.trailing {
+		if q, ok := identityPath(c, p); ok {
+			out.trailing[q] = v
+		}
+	}
+	return out
+}
+
+// identityPath turns "group[1].member[0].uri" into
+// "group=signing.member=hsm-b.uri".
+func identityPath(c *Config, p string) (string, bool) {
+	rest, ok := strings.CutPrefix(p, "group[")
+	if !ok {
+		return p, true
+	}
+	gi, rest, ok := index(rest)
+	if !ok || gi >= len(c.Groups) {
+		return "", false
+	}
+	g := c.Groups[gi]
+	out := groupAnchor(g.Label)
+	if rest, ok = strings.CutPrefix(rest, ".member["); ok {
+		mi, r, ok := index(rest)
+		if !ok || mi >= len(g.Members) {
+			return "", false
+		}
+		out, rest = memberAnchor(g.Label, g.Members[mi].Name), r
+	}
+	return out + rest, true
+}
+
+// index reads "N]" at the start of s.
+func index(s string) (int, string, bool) {
+	n, rest, ok := strings.Cut(s, "]")
+	if !ok {
+		return 0, "", false
+	}
+	i, err := strconv.Atoi(n)
+	return i, rest, err == nil && i >= 0
+}
+
+// groupAnchor and memberAnchor name a group's and a member's table in
+// notes by identity.
+func groupAnchor(label string) string { return "group=" + label }
+
+func memberAnchor(group, name string) string { return groupAnchor(group) + ".member=" + name }
