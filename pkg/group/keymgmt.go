@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	gosync "sync"
 	"time"
 
@@ -477,6 +478,27 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 				return err
 			}
 		}
+	}
+	// The primary died under the copies and no other member got the
+	// object whole: nobody serving holds it, so it is not made as far as
+	// the caller can tell (CKR_DEVICE_ERROR; the object may remain on the
+	// failed primary, as after any creation cut short by its death).
+	var sourceErr error
+	held := false
+	for i := range targets {
+		switch {
+		case errs[i] != nil && sourceUnwell(errs[i], p) && sourceErr == nil:
+			sourceErr = errs[i]
+		case errs[i] == nil && !slices.Contains(skipped[i], true):
+			held = true
+		}
+	}
+	if sourceErr != nil && !held {
+		for k := range targets {
+			takeBack(k)
+		}
+		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
+		return fmt.Errorf("the primary failed before another member held a copy: %w", sourceErr)
 	}
 	sourceFailed := false
 	for i, t := range targets {

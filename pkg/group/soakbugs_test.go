@@ -296,3 +296,45 @@ func TestMemberFailingAsItReturnsIsRecoveredAgain(t *testing.T) {
 		t.Errorf("member %s is %v, want active", back, st)
 	}
 }
+
+// A primary that dies under the copies of the key pair it has just made,
+// before any other member holds them whole, leaves no serving member with
+// the key: the creation fails (CKR_DEVICE_ERROR, as a primary failing
+// during the creation itself does) instead of returning handles no live
+// member can use (the soak's "find did not see <key>, created by this
+// worker").
+func TestPrimaryDyingBeforeAnyCopyFailsTheCreation(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
+	s := openSession(t, f.g)
+	primary := f.toks[0].Name
+	faults.Fail(primary, slot.OpWrapKey, errDevice) // the private half cannot leave it
+	_, _, err := s.GenerateKeyPair(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_LABEL, "orphan")},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "orphan")})
+	if CodeOf(err) != pkcs11.CKR_DEVICE_ERROR {
+		t.Fatalf("GenerateKeyPair with the primary dying under the copies: %v (0x%x), want CKR_DEVICE_ERROR", err, CodeOf(err))
+	}
+	if st := memberState(f.g, primary); st != member.Failed {
+		t.Errorf("the primary is %v, want failed", st)
+	}
+	for i, n := range holdsLabel(t, f, "orphan")[1:] {
+		if n != 0 {
+			t.Errorf("member %s holds %d objects of the failed creation, want 0", f.toks[i+1].Name, n)
+		}
+	}
+	hs, err := f.g.Find(testContext(t), []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "orphan")})
+	if err != nil || len(hs) != 0 {
+		t.Errorf("Find after the failed creation = %v, %v; want none", hs, err)
+	}
+	wantServingExcept(t, f, primary)
+}
+
+func wantServingExcept(t *testing.T, f *fixture, except string) {
+	t.Helper()
+	for _, m := range f.g.Members() {
+		if m.Name != except && !m.State.Serving() {
+			t.Errorf("member %s is %v (%s), want it serving", m.Name, m.State, m.LastError)
+		}
+	}
+}
