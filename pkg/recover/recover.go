@@ -14,7 +14,13 @@
 //     is copied to it, what was destroyed through the group while it was
 //     away (a tombstone) is destroyed on it, what only it holds is copied
 //     to the others; conflicts (one identity, two key materials) keep it
-//     out of rotation and are reported with both fingerprints;
+//     out of rotation and are reported with both fingerprints. The
+//     tombstones are read after the listing and again after the copies,
+//     so an object destroyed through the group (in any process) during
+//     the catch-up is not copied back, and a copy whose object is
+//     destroyed meanwhile is skipped (CatchUp.Vanished). Objects a member
+//     lists but will not describe (CatchUp.Unreadable) are reported and
+//     left alone;
 //  3. returns it to rotation as active or standby, only after the catch-up
 //     applied cleanly — the way a reintegrated strongSwan node activates
 //     its segments only after all state has been exchanged. The return
