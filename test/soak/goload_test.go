@@ -315,7 +315,10 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 // process (a mutex) and with haload (flock(2) on the shared lock file),
 // because SoftHSM 2.6 answers concurrent object creation on one token with
 // CKR_GENERAL_ERROR or CKR_TEMPLATE_INCONSISTENT, which a real HSM would
-// not, and which the engine rightly counts against the member.
+// not. The engine never fails a member for CKR_GENERAL_ERROR from a
+// creation and tries it once more (pkg/group), but a second refusal fails
+// the creation, and the soak's created/destroyed accounting wants the
+// objects made, so the loads do not race each other for it.
 func (l *goLoad) lifecycle(fn func() error) error {
 	l.lifeMu.Lock()
 	defer l.lifeMu.Unlock()
