@@ -153,6 +153,29 @@ type served struct {
 	ctx   *pkcs11.Ctx
 	fl    unsafe.Pointer
 	flErr error
+	// objects keeps calls that write token objects apart from calls that
+	// read them. The server calls the module from many threads of one
+	// process, and SoftHSM 2.6 does not keep two threads apart on one
+	// object file (fcntl locks work between processes only): a search or
+	// read that refreshes an object while another thread writes it can
+	// leave it without CKA_CLASS for good, and the write then fails with
+	// CKR_GENERAL_ERROR. Cryptographic calls take no lock.
+	objects sync.RWMutex
+}
+
+// objectLock takes the lock o needs on m.objects and returns its
+// release.
+func (m *served) objectLock(o op) func() {
+	switch o {
+	case opCreateObject, opCreateObjectNested, opCopyObject, opDestroyObject, opSetAttributeValue,
+		opGenerateKey, opGenerateKeyPair, opUnwrapKey, opDeriveKey:
+		m.objects.Lock()
+		return m.objects.Unlock
+	case opFindObjectsInit, opFindObjects, opGetAttributeValue, opGetNestedAttribute:
+		m.objects.RLock()
+		return m.objects.RUnlock
+	}
+	return func() {}
 }
 
 // peer is one client connection.
@@ -348,6 +371,7 @@ func (p *peer) run(q *request, r *response) error {
 		return err
 	}
 	defer freeMech(ms)
+	defer m.objectLock(q.Op)()
 	obj := pkcs11.ObjectHandle(q.Object)
 	switch q.Op {
 	case opCloseSession:
