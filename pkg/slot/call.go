@@ -84,6 +84,8 @@ type sess struct {
 	err      error
 	quit     atomic.Bool // set before the last post: the worker ends
 
+	objects *objectLock // the token's, shared with every session on it
+
 	state atomic.Int32
 	dead  bool // caller side: abandoned or closed, never to be used again
 }
@@ -91,11 +93,12 @@ type sess struct {
 // newSess starts the worker of a session, not open yet, on state st.
 func newSess(owner *Slot, st *slotState) *sess {
 	x := &sess{
-		owner: owner,
-		ctx:   st.ctx,
-		gen:   st.gen,
-		inc:   st.inc,
-		spin:  owner.spec.SpinHandoff,
+		owner:   owner,
+		ctx:     st.ctx,
+		gen:     st.gen,
+		inc:     st.inc,
+		spin:    owner.spec.SpinHandoff,
+		objects: owner.mod.objectLock(st.id),
 	}
 	if x.spin {
 		go x.workSpin()
@@ -151,14 +154,21 @@ const opCloseSession Op = "CloseSession"
 // exec runs the interceptor and the call on the worker goroutine.
 func (x *sess) exec() error {
 	if x.op == opCloseSession || x.owner.spec.Interceptor == nil {
-		return x.fn(x)
+		return x.call()
 	}
 	return x.owner.spec.intercepted(x.cctx, x.op, func() error {
 		if x.state.Load() == stAbandoned {
 			return nil // nobody waits any more: do not start the module call
 		}
-		return x.fn(x)
+		return x.call()
 	})
+}
+
+// call makes the module call, under the token's object lock (an injected
+// fault above it holds no lock).
+func (x *sess) call() error {
+	defer x.objects.hold(x.op)()
+	return x.fn(x)
 }
 
 // afterAbandon runs on the worker once an abandoned call has returned: it
