@@ -121,6 +121,9 @@ func (ge *groupEngine) onRecoverEvent(e recover.Event) {
 	for _, c := range e.Conflicts {
 		parts = append(parts, c.String())
 	}
+	for _, u := range e.Unreadable {
+		parts = append(parts, u.String())
+	}
 	if e.Err != nil {
 		parts = append(parts, e.Err.Error())
 	}
@@ -336,6 +339,15 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 		}
 		rep.Differences = append(rep.Differences, agent.Difference{Object: c.Identity.String(), Kind: "conflict",
 			Members: holders, Action: "none: an operator must resolve it", Detail: c.String()})
+	}
+	for _, u := range sr.Plan.Unreadable {
+		obj := fmt.Sprintf("object %d", u.Handle)
+		if u.Identity != nil {
+			obj = u.Identity.String()
+		}
+		rep.Differences = append(rep.Differences, agent.Difference{Object: obj, Kind: "unreadable",
+			Members: []string{u.Member}, Action: "none: the member will not describe it; inspect or destroy it there",
+			Detail: u.String()})
 	}
 	rep.Conflicts = len(sr.Plan.Conflicts)
 	rep.InSync = len(rep.Differences) == 0

@@ -160,3 +160,36 @@ serial = "1000001"
 		t.Errorf("member b after the manual recovery (no last error from before it came back): %+v", b)
 	}
 }
+
+// An object a member lists but will not describe (SoftHSM's half-made
+// object) is a difference synchronize reports, by member: the group is not
+// in sync, and nothing is copied or deleted for it.
+func TestSynchronizeReportsUnreadableObject(t *testing.T) {
+	toks := testhsm.Take(t, 2)
+	pin := pinFile(t)
+	ta := startAgent(t, `[agent]
+socket = "$SOCK"
+state_dir = "$STATE"
+
+[[group]]
+label = "g"
+serial = "1000001"
+`+memberTOML("a", toks[0], pin, false)+memberTOML("b", toks[1], pin, false))
+	testhsm.PlantUnreadableObject(t, toks[1])
+	for _, check := range []bool{true, false} {
+		rep, err := ta.client.Synchronize(t.Context(), agent.SyncRequest{Group: "g", Check: check})
+		if err != nil {
+			t.Fatalf("synchronize (check %v): %v", check, err)
+		}
+		var found []agent.Difference
+		for _, d := range rep.Differences {
+			if d.Kind == "unreadable" {
+				found = append(found, d)
+			}
+		}
+		if rep.InSync || len(found) != 1 || !slices.Equal(found[0].Members, []string{"b"}) ||
+			!strings.Contains(found[0].Detail, "CKR_ATTRIBUTE_VALUE_INVALID") || rep.Applied != 0 {
+			t.Fatalf("synchronize (check %v) with an unreadable object on b: %+v; want it reported on b, not in sync, nothing applied", check, rep)
+		}
+	}
+}
