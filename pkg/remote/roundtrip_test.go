@@ -5,17 +5,16 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/internal/testhsm/objrace"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -428,67 +427,5 @@ func rawGCM(iv, aad []byte, tagBits int) []byte {
 func TestCreatesAndReadsDoNotCorrupt(t *testing.T) {
 	srv := testhsm.ServeRemote(t, "objrace")
 	s := open(t, srv.Token(), 20*time.Second)
-	ctx := ctxT(t)
-	until := time.Now().Add(3 * time.Second)
-	var wg sync.WaitGroup
-	var made, reads atomic.Int64
-	var badReads, failedMakes atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		m := pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil)
-		for i := 0; time.Now().Before(until); i++ {
-			label := fmt.Sprintf("race-%d", i)
-			_, _, err := s.GenerateKeyPair(ctx, m,
-				[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_LABEL, label)},
-				[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, label)})
-			if err != nil {
-				// SoftHSM's answer when the race hits the creation.
-				failedMakes.Add(1)
-				continue
-			}
-			made.Add(1)
-		}
-	}()
-	readAll := func() {
-		hs, err := s.FindObjects(ctx, nil)
-		if err != nil {
-			t.Errorf("FindObjects: %v", err)
-			return
-		}
-		for _, h := range hs {
-			_, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_CLASS, pkcs11.CKA_LABEL})
-			switch {
-			case slot.CodeOf(err) == pkcs11.CKR_ATTRIBUTE_VALUE_INVALID:
-				badReads.Add(1)
-			case err != nil && slot.CodeOf(err) != pkcs11.CKR_OBJECT_HANDLE_INVALID:
-				t.Errorf("GetAttributeValue: %v", err)
-			}
-			reads.Add(1)
-		}
-	}
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(until) {
-				readAll()
-			}
-		}()
-	}
-	wg.Wait()
-	if made.Load() < 5 || reads.Load() < 50 {
-		t.Fatalf("only %d key pairs made and %d reads: the calls did not overlap", made.Load(), reads.Load())
-	}
-	if n := badReads.Load(); n != 0 {
-		t.Errorf("%d of %d reads saw a half-made object (CKR_ATTRIBUTE_VALUE_INVALID) while %d key pairs were made", n, reads.Load(), made.Load())
-	}
-	if n := failedMakes.Load(); n != 0 {
-		t.Errorf("%d key pair generations failed (%d made) while objects were read", n, made.Load())
-	}
-	badReads.Store(0)
-	readAll()
-	if n := badReads.Load(); n != 0 {
-		t.Errorf("%d objects left unreadable after the run", n)
-	}
+	objrace.Run(t, ctxT(t), s, 3*time.Second)
 }

@@ -6,13 +6,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
-	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/internal/testhsm/objrace"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -393,65 +391,5 @@ func TestCreatesAndReadsDoNotCorrupt(t *testing.T) {
 	t.Parallel()
 	tok := testhsm.Take(t, 1)[0]
 	s := open(t, specOf(tok))
-	ctx := ctxT(t)
-	until := time.Now().Add(3 * time.Second)
-	var wg sync.WaitGroup
-	var made, reads, badReads, failedMakes atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		m := pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil)
-		for i := 0; time.Now().Before(until); i++ {
-			label := fmt.Sprintf("race-%d", i)
-			_, _, err := s.GenerateKeyPair(ctx, m,
-				[]*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, p256OID), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)},
-				[]*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true), pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true), pkcs11.NewAttribute(pkcs11.CKA_SIGN, true), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
-			if err != nil {
-				failedMakes.Add(1) // SoftHSM's answer when the race hits the creation
-				continue
-			}
-			made.Add(1)
-		}
-	}()
-	readAll := func() {
-		hs, err := s.FindObjects(ctx, nil)
-		if err != nil {
-			t.Errorf("FindObjects: %v", err)
-			return
-		}
-		for _, h := range hs {
-			_, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_CLASS, pkcs11.CKA_LABEL})
-			switch {
-			case slot.CodeOf(err) == pkcs11.CKR_ATTRIBUTE_VALUE_INVALID:
-				badReads.Add(1)
-			case err != nil && slot.CodeOf(err) != pkcs11.CKR_OBJECT_HANDLE_INVALID:
-				t.Errorf("GetAttributeValue: %v", err)
-			}
-			reads.Add(1)
-		}
-	}
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(until) {
-				readAll()
-			}
-		}()
-	}
-	wg.Wait()
-	if made.Load() < 5 || reads.Load() < 50 {
-		t.Fatalf("only %d key pairs made and %d reads: the calls did not overlap", made.Load(), reads.Load())
-	}
-	if n := badReads.Load(); n != 0 {
-		t.Errorf("%d of %d reads saw a half-made object (CKR_ATTRIBUTE_VALUE_INVALID) while %d key pairs were made", n, reads.Load(), made.Load())
-	}
-	if n := failedMakes.Load(); n != 0 {
-		t.Errorf("%d key pair generations failed (%d made) while objects were read", n, made.Load())
-	}
-	badReads.Store(0)
-	readAll()
-	if n := badReads.Load(); n != 0 {
-		t.Errorf("%d objects left unreadable after the run", n)
-	}
+	objrace.Run(t, ctxT(t), s, 3*time.Second)
 }
