@@ -222,6 +222,7 @@ func TestSoak(t *testing.T) {
 	// Every member is back. Stop the loads (a recovery's catch-up cannot
 	// finish while objects it is copying are being destroyed: see the
 	// report's "recoveries aborted" line), then let recovery finish.
+	endStart := time.Now()
 	gl.stop.Store(true)
 	wg.Wait()
 	sctx, scancel := context.WithTimeout(ctx, time.Minute)
@@ -230,6 +231,7 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatalf("haload: %v", err)
 	}
+	loadsStopped := time.Since(endStart)
 	if err := waitFor(ctx, 90*time.Second, func() bool {
 		for _, m := range g.Members() {
 			if !m.State.Serving() {
@@ -257,6 +259,8 @@ func TestSoak(t *testing.T) {
 	if agentOK != nil {
 		t.Errorf("haagent: %v", agentOK)
 	}
+	t.Logf("after the faults: loads stopped in %.1f s, every member back in both engines %.1f s later",
+		loadsStopped.Seconds(), (time.Since(endStart) - loadsStopped).Seconds())
 	c := w.agentClient()
 	defer c.Close()
 	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
