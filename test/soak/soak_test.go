@@ -55,6 +55,35 @@ type events struct {
 	trail     []string // member and group events of the Go engine and its recoverer, printed when the soak fails
 	tail      []string
 	dropped   int
+	// objects: what the Go engine did to each object, by label (made,
+	// replicated, destroyed, per member), printed for the objects a
+	// failed run found wrong.
+	objects map[string][]string
+}
+
+// objectEvent records an object event of the Go engine.
+func (e *events) objectEvent(ev group.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.objects == nil {
+		e.objects = map[string][]string{}
+	}
+	l := ev.Object.Label
+	if len(e.objects[l]) < 40 {
+		what := fmt.Sprintf("%s %s %s class %d", ev.Time.Format("15:04:05.000"), ev.Kind, ev.Member, ev.Object.Class)
+		if ev.Err != nil {
+			what += ": " + ev.Err.Error()
+		}
+		e.objects[l] = append(e.objects[l], what)
+	}
+}
+
+// objectHistory returns what the Go engine did to the objects labelled
+// label.
+func (e *events) objectHistory(label string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return strings.Join(e.objects[label], "\n    ")
 }
 
 // The Go engine's event trail kept for a failure report: the first
@@ -101,6 +130,10 @@ func (e *events) recoveryEvent(ev harecover.Event) {
 }
 
 func (e *events) Event(ev group.Event) {
+	switch ev.Kind {
+	case group.ObjectReplicated, group.ObjectDestroyed, group.ReplicationFailed, group.ReplicationSkipped:
+		e.objectEvent(ev)
+	}
 	switch ev.Kind {
 	case group.MemberFailed, group.MemberRecovering, group.MemberRecovered, group.MemberPromoted, group.MemberDemoted,
 		group.GroupDown, group.ReplicationFailed:
@@ -308,6 +341,15 @@ func TestSoak(t *testing.T) {
 	if t.Failed() {
 		t.Logf("fault history:\n%s", ch.history())
 		t.Logf("Go engine's member events:\n%s", ev.trailText())
+		seen := map[string]bool{}
+		for _, x := range append(append([]string{}, rep.resurrected...), rep.missing...) {
+			l, _, _ := strings.Cut(x, " ")
+			l = strings.TrimSuffix(l, ":")
+			if h := ev.objectHistory(l); h != "" && !seen[l] {
+				seen[l] = true
+				t.Logf("the Go engine's events for %s:\n    %s", l, h)
+			}
+		}
 		gl.mu.Lock()
 		t.Logf("Go API's last failures:\n%s", strings.Join(gl.lastFails, "\n"))
 		gl.mu.Unlock()
