@@ -870,8 +870,14 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 // another process's destroy or a recovery applying a tombstone, or the
 // cached handle is stale) is looked up again by identity once, and
 // errAbsent is returned when the member does not hold the object any
-// more. A request error is never charged to the member's health.
+// more. A member the group had found without the object is searched
+// again. A request error is never charged to the member's health.
 func (g *Group) destroyOn(ctx context.Context, o *vobject, m *member.Member) error {
+	if r := o.ref(m.Index()); r != nil && r.absent {
+		// "Not there" may be old news: another process's replication or
+		// catch-up may have brought the object since. Look again.
+		o.forget(m.Index())
+	}
 	for again := false; ; again = true {
 		ph, err := g.resolve(ctx, o, m)
 		if err != nil {

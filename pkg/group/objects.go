@@ -354,7 +354,10 @@ func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs
 	id := o.identity()
 	var hs []pkcs11.ObjectHandle
 	if _, err := g.call(ctx, m, func() (err error) {
-		hs, err = s.FindObjects(ctx, identityTemplate(id))
+		// findOn: a member whose login ended under the group would
+		// answer [] for a private object, and it would be taken as
+		// absent there (skipped by a destroy, which then leaves it).
+		hs, err = g.findOn(ctx, m, s, identityTemplate(id))
 		return err
 	}); err != nil {
 		return 0, err

@@ -1,6 +1,7 @@
 package group
 
 import (
+	"errors"
 	gosync "sync"
 	"testing"
 	"time"
@@ -335,6 +336,80 @@ func wantServingExcept(t *testing.T, f *fixture, except string) {
 	for _, m := range f.g.Members() {
 		if m.Name != except && !m.State.Serving() {
 			t.Errorf("member %s is %v (%s), want it serving", m.Name, m.State, m.LastError)
+		}
+	}
+}
+
+// A destroy reaches a member the group had found without the object when
+// the object has come there since (another process's replication or
+// catch-up put it there): "absent" is looked at again, and the object
+// does not stay behind to come back everywhere (the soak's destroyed
+// key pairs present on every member).
+func TestDestroyReachesAMemberOnceFoundWithout(t *testing.T) {
+	f := setup(t, setupOpts{policy: "primary-backup"})
+	s := openSession(t, f.g)
+	pub, _ := genEC(t, s, "came-back")
+	ctx := testContext(t)
+	tmpl := []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), attr(pkcs11.CKA_LABEL, "came-back")}
+	src, dst := openDirect(t, f.toks[0]), openDirect(t, f.toks[2])
+	hs, err := src.FindObjects(ctx, tmpl)
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("public key on %s: %v, %v", f.toks[0].Name, hs, err)
+	}
+	types := []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_TOKEN, pkcs11.CKA_LABEL, pkcs11.CKA_ID, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT, pkcs11.CKA_VERIFY}
+	attrs, err := src.GetAttributes(ctx, hs[0], types)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copyTmpl []*pkcs11.Attribute
+	for _, a := range attrs {
+		copyTmpl = append(copyTmpl, pkcs11.NewAttribute(a.Type, a.Value))
+	}
+	// The third member loses the key, the group finds it absent there,
+	// and then it is put back behind the group's back.
+	dh, err := dst.FindObjects(ctx, tmpl)
+	if err != nil || len(dh) != 1 {
+		t.Fatalf("public key on %s: %v, %v", f.toks[2].Name, dh, err)
+	}
+	if err := dst.DestroyObject(ctx, dh[0]); err != nil {
+		t.Fatal(err)
+	}
+	o, _ := f.g.objs.get(pub)
+	m2, _ := f.g.Member(f.toks[2].Name)
+	o.forget(m2.Index())
+	if _, err := f.g.resolve(ctx, o, m2); !errors.Is(err, errAbsent) {
+		t.Fatalf("resolve on %s after the key was taken away: %v, want errAbsent", m2.Name(), err)
+	}
+	if _, err := dst.CreateObject(ctx, copyTmpl); err != nil {
+		t.Fatalf("put the key back on %s: %v", f.toks[2].Name, err)
+	}
+	if err := f.g.DestroyObject(ctx, pub); err != nil {
+		t.Fatalf("DestroyObject: %v", err)
+	}
+	for i, tok := range f.toks {
+		if n := len(findDirect(t, openDirect(t, tok), "came-back")); n != 1 { // the private half stays
+			t.Errorf("member %s (%d) holds %d objects labelled came-back, want 1 (the private key)", tok.Name, i, n)
+		}
+	}
+}
+
+// G4 in the look-up of one object on one member: with the member's login
+// ended under the group, a private key is not taken as absent there.
+func TestResolveAfterLoginLostUnderTheGroup(t *testing.T) {
+	f := setup(t, setupOpts{})
+	s := openSession(t, f.g)
+	_, priv := genEC(t, s, "lost-login-resolve")
+	ctx := testContext(t)
+	o, _ := f.g.objs.get(priv)
+	for _, tok := range f.toks {
+		if err := openDirect(t, tok).Logout(ctx); err != nil {
+			t.Fatalf("log out %s directly: %v", tok.Name, err)
+		}
+	}
+	for _, m := range f.g.view().members {
+		o.forget(m.Index())
+		if _, err := f.g.resolve(ctx, o, m); err != nil {
+			t.Errorf("resolve of the private key on %s after its login ended under the group: %v", m.Name(), err)
 		}
 	}
 }
