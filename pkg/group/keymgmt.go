@@ -397,9 +397,8 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			dsts[i].Session = ps
 		}
 	}
-	// Every object to every target at once: the halves of a key pair are
-	// independent copies, and token object creation is slow on some
-	// tokens (SoftHSM's file store waits on the disk).
+	// Every target at once (token object creation is slow on some
+	// tokens: SoftHSM's file store waits on the disk).
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
 	objErrs := make([][]error, len(targets))
 	skipped := make([][]bool, len(targets))
@@ -433,20 +432,22 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 				}
 			}
 		}
-		if dsts[i].Session != nil {
-			// One physical session takes one call at a time.
-			wg.Go(func() {
-				for j := range ms {
-					if one(j); objErrs[i][j] != nil {
-						return
-					}
+		// One target's objects one after the other (one physical session
+		// takes one call at a time, and pkg/sync makes one copy into a
+		// token at a time anyway), in the order made — the public half
+		// of a key pair first — and none after a failure: a target that
+		// dies under the copies keeps at most a public key, whose
+		// fingerprint its recovery can read, never a private key without
+		// its public half, which SoftHSM will not fingerprint and which
+		// a recovery then takes for a different key under the same
+		// identity.
+		wg.Go(func() {
+			for j := range ms {
+				if one(j); objErrs[i][j] != nil {
+					return
 				}
-			})
-			continue
-		}
-		for j := range ms {
-			wg.Go(func() { one(j) })
-		}
+			}
+		})
 	}
 	wg.Wait()
 	failedAt := make([]int, len(targets))

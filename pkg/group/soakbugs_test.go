@@ -413,3 +413,28 @@ func TestResolveAfterLoginLostUnderTheGroup(t *testing.T) {
 		}
 	}
 }
+
+// A replication target that fails under the public half of a new key
+// pair is not sent the private half: a member that dies under the copies
+// must not keep a private key without its public half, which SoftHSM will
+// not fingerprint and which its recovery then reports as a second key
+// under the same identity, keeping it out for good (soak: "conflict:
+// fingerprints none on m3; … on m0,m1,m2").
+func TestReplicationSendsNoPrivateHalfAfterThePublicFailed(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
+	s := openSession(t, f.g)
+	target := f.toks[2].Name
+	faults.Fail(target, slot.OpCreateObject, errDevice) // public keys travel by CreateObject
+	genEC(t, s, "public-first")
+	if n := faults.Calls(target, slot.OpUnwrapKey); n != 0 {
+		t.Errorf("the private half was sent (%d unwraps) to a target that failed under the public half", n)
+	}
+	if st := memberState(f.g, target); st != member.Failed {
+		t.Errorf("the target is %v, want failed", st)
+	}
+	faults.Heal(target)
+	if n := holdsLabel(t, f, "public-first")[2]; n != 0 {
+		t.Errorf("the target holds %d objects of the pair, want 0", n)
+	}
+}
