@@ -485,14 +485,44 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	// the caller can tell (CKR_DEVICE_ERROR; the object may remain on the
 	// failed primary, as after any creation cut short by its death).
 	var sourceErr error
-	held := false
+	holder := -1
 	for i := range targets {
 		switch {
 		case errs[i] != nil && sourceUnwell(errs[i], p) && sourceErr == nil:
 			sourceErr = errs[i]
-		case errs[i] == nil && !slices.Contains(skipped[i], true):
-			held = true
+		case errs[i] == nil && !slices.Contains(skipped[i], true) && holder < 0:
+			holder = i
 		}
+	}
+	held := holder >= 0
+	if sourceErr != nil && held && ms[0].obj.Token {
+		// Another member holds the objects whole: the targets the
+		// primary died under get them from it, rather than staying in
+		// rotation without them (a search routed there would not find
+		// a key the caller was just given).
+		h := targets[holder]
+		for i := range targets {
+			if errs[i] == nil || !sourceUnwell(errs[i], p) {
+				continue
+			}
+			var err error
+			for j := range ms {
+				if copies[i][j] != 0 || skipped[i][j] {
+					continue
+				}
+				start := targets[i].Begin()
+				copies[i][j], err = g.rep.Replicate(ctx, h.Slot(), copies[holder][j], dsts[i])
+				targets[i].End(start, err)
+				if err != nil {
+					errs[i], failedAt[i] = err, j
+					break
+				}
+			}
+			if err == nil {
+				errs[i] = nil
+			}
+		}
+		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 	}
 	if sourceErr != nil && !held {
 		for k := range targets {

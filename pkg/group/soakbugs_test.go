@@ -438,3 +438,31 @@ func TestReplicationSendsNoPrivateHalfAfterThePublicFailed(t *testing.T) {
 		t.Errorf("the target holds %d objects of the pair, want 0", n)
 	}
 }
+
+// A primary that dies under the copies after one target got the new key
+// pair whole: the other targets get it from that one instead of staying
+// in rotation without it (the soak's "find did not see <key>, created by
+// this thread": a search routed to such a target found nothing).
+func TestTargetsLeftByADyingPrimaryGetTheKeyFromAnotherHolder(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
+	s := openSession(t, f.g)
+	primary := f.toks[0].Name
+	faults.FailN(primary, slot.OpWrapKey, errDevice, 1) // one target's copy of the private half fails at the source
+	genEC(t, s, "resourced")
+	if st := memberState(f.g, primary); st != member.Failed {
+		t.Errorf("the primary is %v, want failed", st)
+	}
+	wantServingExcept(t, f, primary)
+	for i, n := range holdsLabel(t, f, "resourced") {
+		if n != 2 {
+			t.Errorf("member %s holds %d objects of the key pair, want 2", f.toks[i].Name, n)
+		}
+	}
+	for _, tok := range f.toks[1:] {
+		hs, err := f.g.Find(testContext(t), []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_LABEL, "resourced")})
+		if err != nil || len(hs) != 1 {
+			t.Errorf("Find of the private key (serving: %s and the other) = %v, %v; want one", tok.Name, hs, err)
+		}
+	}
+}
