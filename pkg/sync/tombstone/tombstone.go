@@ -6,9 +6,9 @@
 // The record lives in state_dir/<group serial>/, in the spirit of a
 // registry kept as a checkpoint plus incremental files:
 //
-//	tombstones.journal     append-only JSON lines, one per destroy, each
-//	                       written with O_APPEND and fsync'd before Record
-//	                       returns
+//	tombstones.journal     append-only JSON lines, one per destroy (and one
+//	                       per revocation, see below), each written with
+//	                       O_APPEND and fsync'd before Record returns
 //	tombstones.checkpoint  the compacted set (JSON), replaced atomically
 //	                       (temp file, fsync, rename, fsync of the directory)
 //	tombstones.lock        flock: shared while reading, exclusive while
@@ -19,6 +19,28 @@
 // shared lock always sees a checkpoint and a journal that belong together.
 // A crash can leave at most a torn last journal line; readers ignore it and
 // the next writer cuts it off before appending.
+//
+// # Write-ahead and revocation
+//
+// The group records a tombstone before it destroys the object on the
+// first member, so that no process can list the members between the
+// destroy and its record and take the object, gone from the member that
+// served it but still on one that was away, for one to copy back. When
+// the destroy then does not happen (the member refuses it, no member
+// holds the object, every member fails), the group revokes the
+// tombstone: it records the same Identity, Fingerprint and Time again
+// with Revoked set (a journal line with "revoked":true). A revocation
+// cancels exactly the tombstone it names, never another one under the
+// same identity and fingerprint, such as the tombstone of another
+// process that did destroy the object; a later tombstone of the same
+// object (recorded with a later time) counts again. Contains, Snapshot
+// and NewSet treat a revoked tombstone as absent, and compaction drops
+// it together with its revocation.
+//
+// Binaries from before revocations refuse a journal holding a revocation
+// line (an unknown field), reporting the journal's file and line, rather
+// than taking it for a tombstone and deleting a live object; a
+// compaction by a newer binary folds such lines away.
 //
 // # Horizon
 //
@@ -69,23 +91,71 @@ const DefaultCompactBytes = 4 << 20
 // checkpointVersion is the format version written into every checkpoint.
 const checkpointVersion = 1
 
-// Tombstone records that an object was destroyed through the group.
+// Tombstone records that an object was destroyed through the group (or,
+// recorded ahead of the destroy, is about to be).
 type Tombstone struct {
 	Identity    hasync.Identity
 	Fingerprint []byte // of the destroyed object; nil when it had none
 	Time        time.Time
 	GroupSerial string
+	// Revoked marks a revocation: the destroy recorded ahead by the
+	// tombstone with the same Identity, Fingerprint and Time did not
+	// happen, and that tombstone no longer counts. A revocation needs
+	// the Time of the tombstone it revokes.
+	Revoked bool
+}
+
+// Revocation returns the record that revokes t.
+func (t Tombstone) Revocation() Tombstone {
+	r := t
+	r.Revoked = true
+	return r
 }
 
 // String describes the tombstone for messages.
 func (t Tombstone) String() string {
-	return fmt.Sprintf("%s fingerprint=%s destroyed %s", t.Identity, hasync.FormatFingerprint(t.Fingerprint),
-		t.Time.UTC().Format(time.RFC3339))
+	what := "destroyed"
+	if t.Revoked {
+		what = "revoked destroy of"
+	}
+	return fmt.Sprintf("%s fingerprint=%s %s %s", t.Identity, hasync.FormatFingerprint(t.Fingerprint), what,
+		t.Time.UTC().Format(time.RFC3339Nano))
 }
 
 // key is the map key of a tombstone: identity and fingerprint.
 func key(id hasync.Identity, fp []byte) string {
 	return id.Key() + "\x00" + string(fp)
+}
+
+// records holds the tombstones and revocations of one identity and
+// fingerprint, by time (Time.UnixNano): a revocation cancels the
+// tombstone of its own time only.
+type records map[int64]Tombstone
+
+// add merges t: a revocation wins over its tombstone, whichever is read
+// first.
+func (r records) add(t Tombstone) {
+	n := t.Time.UnixNano()
+	if old, ok := r[n]; ok && old.Revoked {
+		return
+	}
+	r[n] = t
+}
+
+// latest returns the latest tombstone not revoked and not older than
+// cutoff (zero: no cutoff).
+func (r records) latest(cutoff time.Time) (Tombstone, bool) {
+	var best Tombstone
+	found := false
+	for _, t := range r {
+		if t.Revoked || t.Time.Before(cutoff) {
+			continue
+		}
+		if !found || t.Time.After(best.Time) {
+			best, found = t, true
+		}
+	}
+	return best, found
 }
 
 // Options tune a Journal. The zero value is the production setting.
@@ -114,10 +184,10 @@ type Journal struct {
 	opts   Options
 
 	mu      gosync.Mutex
-	entries map[string]Tombstone // checkpoint + journal as last read
-	ckpt    *os.File             // checkpoint last loaded, kept open so its inode is not reused
-	offset  int64                // journal bytes consumed
-	line    int                  // journal lines consumed, for error messages
+	entries map[string]records // checkpoint + journal as last read, by key()
+	ckpt    *os.File           // checkpoint last loaded, kept open so its inode is not reused
+	offset  int64              // journal bytes consumed
+	line    int                // journal lines consumed, for error messages
 	closed  bool
 }
 
@@ -150,7 +220,7 @@ func Open(stateDir, groupSerial string, opts Options) (*Journal, error) {
 	if err := mkdirShared(dir, opts.Perm); err != nil {
 		return nil, fmt.Errorf("tombstones of group %s: %w", groupSerial, err)
 	}
-	return &Journal{dir: dir, serial: groupSerial, opts: opts, entries: map[string]Tombstone{}}, nil
+	return &Journal{dir: dir, serial: groupSerial, opts: opts, entries: map[string]records{}}, nil
 }
 
 // checkSerial refuses a group serial that cannot name a directory.
@@ -198,7 +268,9 @@ func (j *Journal) lock(ctx context.Context, how int) (func(), error) {
 }
 
 // Record appends t to the journal and returns once it is on disk. A zero
-// t.Time is set to now; an empty t.GroupSerial to the journal's group.
+// t.Time is set to now; an empty t.GroupSerial to the journal's group. A
+// revocation (t.Revoked; see Tombstone.Revocation) must carry the Time of
+// the tombstone it revokes.
 // When the journal has grown past Options.CompactBytes it is folded into
 // the checkpoint in the same step; a failure of that compaction does not
 // fail Record (the tombstone is safely in the journal) and is reported by
@@ -211,6 +283,9 @@ func (j *Journal) Record(ctx context.Context, t Tombstone) error {
 		return fmt.Errorf("tombstones of group %s: tombstone for %s names group %s", j.serial, t.Identity, t.GroupSerial)
 	}
 	if t.Time.IsZero() {
+		if t.Revoked {
+			return fmt.Errorf("tombstones of group %s: revocation for %s names no tombstone time", j.serial, t.Identity)
+		}
 		t.Time = j.opts.Now()
 	}
 	line, err := json.Marshal(toWire(t))
@@ -300,21 +375,21 @@ func lastLineEnd(f *os.File, size int64) (int64, error) {
 	return 0, nil
 }
 
-// Contains reports whether a tombstone within the horizon says that the
-// object with this identity and fingerprint was destroyed. It reads what
-// other processes have recorded since the last read.
+// Contains reports whether a tombstone within the horizon, not revoked,
+// says that the object with this identity and fingerprint was destroyed.
+// It reads what other processes have recorded since the last read.
 func (j *Journal) Contains(ctx context.Context, id hasync.Identity, fingerprint []byte) (bool, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if err := j.readLocked(ctx); err != nil {
 		return false, err
 	}
-	t, ok := j.entries[key(id, fingerprint)]
-	return ok && !t.Time.Before(j.cutoff()), nil
+	_, ok := j.entries[key(id, fingerprint)].latest(j.cutoff())
+	return ok, nil
 }
 
-// Snapshot returns the tombstones within the horizon as they stand now,
-// including those recorded by other processes.
+// Snapshot returns the tombstones within the horizon and not revoked as
+// they stand now, including those recorded by other processes.
 func (j *Journal) Snapshot(ctx context.Context) (*Set, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -323,8 +398,8 @@ func (j *Journal) Snapshot(ctx context.Context) (*Set, error) {
 	}
 	cutoff := j.cutoff()
 	s := &Set{entries: make(map[string]Tombstone, len(j.entries)), ids: map[string]bool{}}
-	for k, t := range j.entries {
-		if !t.Time.Before(cutoff) {
+	for k, r := range j.entries {
+		if t, ok := r.latest(cutoff); ok {
 			s.entries[k] = t
 			s.ids[t.Identity.Key()] = true
 		}
@@ -371,7 +446,7 @@ func (j *Journal) resetLocked() {
 		j.ckpt.Close()
 		j.ckpt = nil
 	}
-	j.entries = map[string]Tombstone{}
+	j.entries = map[string]records{}
 	j.offset, j.line = 0, 0
 }
 
@@ -413,12 +488,15 @@ func (j *Journal) loadCheckpointLocked() error {
 	return nil
 }
 
-// addLocked merges t, keeping the latest time for one identity+fingerprint.
+// addLocked merges t (a tombstone or a revocation).
 func (j *Journal) addLocked(t Tombstone) {
 	k := key(t.Identity, t.Fingerprint)
-	if old, ok := j.entries[k]; !ok || t.Time.After(old.Time) {
-		j.entries[k] = t
+	r := j.entries[k]
+	if r == nil {
+		r = records{}
+		j.entries[k] = r
 	}
+	r.add(t)
 }
 
 var errShrunk = errors.New("journal shrank")
@@ -472,7 +550,8 @@ func (j *Journal) readJournalLocked() error {
 }
 
 // Compact folds the journal into a new checkpoint, dropping tombstones
-// older than the horizon, and empties the journal.
+// older than the horizon and revoked ones (with their revocations), and
+// empties the journal.
 func (j *Journal) Compact(ctx context.Context) (CompactStats, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -491,6 +570,7 @@ func (j *Journal) Compact(ctx context.Context) (CompactStats, error) {
 type CompactStats struct {
 	Kept    int   // tombstones in the new checkpoint
 	Expired int   // tombstones dropped as older than the horizon
+	Revoked int   // revoked tombstones dropped
 	Folded  int64 // journal bytes folded into the checkpoint
 }
 
@@ -503,12 +583,19 @@ func (j *Journal) compactLocked() (CompactStats, error) {
 	st.Folded = j.offset
 	cutoff := j.cutoff()
 	keep := make([]Tombstone, 0, len(j.entries))
-	for _, t := range j.entries {
-		if t.Time.Before(cutoff) {
-			st.Expired++
-			continue
+	for _, r := range j.entries {
+		// Every tombstone not revoked is kept, not only the latest of
+		// its object: a later one may still be revoked by its writer.
+		for _, t := range r {
+			switch {
+			case t.Revoked:
+				st.Revoked++
+			case t.Time.Before(cutoff):
+				st.Expired++
+			default:
+				keep = append(keep, t)
+			}
 		}
-		keep = append(keep, t)
 	}
 	sortTombstones(keep)
 	st.Kept = len(keep)
@@ -603,23 +690,34 @@ func (j *Journal) Close() error {
 	return nil
 }
 
-// Set is a snapshot of a group's tombstones within the horizon. It is
-// immutable and safe for concurrent use; it satisfies the tombstone
-// interface sync planning takes.
+// Set is a snapshot of a group's tombstones within the horizon and not
+// revoked, the latest of each identity and fingerprint. It is immutable
+// and safe for concurrent use; it satisfies the tombstone interface sync
+// planning takes.
 type Set struct {
 	entries map[string]Tombstone
 	ids     map[string]bool // Identity.Key of every entry
 }
 
-// NewSet returns a Set holding ts, for tombstones kept elsewhere (in
-// memory, by a program without a state directory). No horizon applies.
+// NewSet returns a Set of ts, for tombstones kept elsewhere (in memory,
+// by a program without a state directory). A revocation in ts cancels
+// the tombstone it names, wherever it stands in ts. No horizon applies.
 func NewSet(ts ...Tombstone) *Set {
-	s := &Set{entries: make(map[string]Tombstone, len(ts)), ids: map[string]bool{}}
+	all := map[string]records{}
 	for _, t := range ts {
-		s.ids[t.Identity.Key()] = true
 		k := key(t.Identity, t.Fingerprint)
-		if old, ok := s.entries[k]; !ok || t.Time.After(old.Time) {
+		r := all[k]
+		if r == nil {
+			r = records{}
+			all[k] = r
+		}
+		r.add(t)
+	}
+	s := &Set{entries: make(map[string]Tombstone, len(all)), ids: map[string]bool{}}
+	for k, r := range all {
+		if t, ok := r.latest(time.Time{}); ok {
 			s.entries[k] = t
+			s.ids[t.Identity.Key()] = true
 		}
 	}
 	return s
@@ -646,7 +744,7 @@ func (s *Set) ContainsIdentity(id hasync.Identity) bool {
 	return s.ids[id.Key()]
 }
 
-// Len returns the number of tombstones.
+// Len returns the number of identity+fingerprint pairs with a tombstone.
 func (s *Set) Len() int {
 	if s == nil {
 		return 0
@@ -654,7 +752,8 @@ func (s *Set) Len() int {
 	return len(s.entries)
 }
 
-// All returns the tombstones, oldest first.
+// All returns the tombstones (the latest of each identity+fingerprint),
+// oldest first.
 func (s *Set) All() []Tombstone {
 	if s == nil {
 		return nil
@@ -690,6 +789,7 @@ type wireTombstone struct {
 	Fingerprint string       `json:"fingerprint"`
 	Time        time.Time    `json:"time"`
 	Group       string       `json:"group"`
+	Revoked     bool         `json:"revoked,omitempty"` // a revocation of the tombstone of this time
 }
 
 type wireCheckpoint struct {
@@ -710,6 +810,7 @@ func toWire(t Tombstone) wireTombstone {
 		Fingerprint: hex.EncodeToString(t.Fingerprint),
 		Time:        t.Time.UTC(),
 		Group:       t.GroupSerial,
+		Revoked:     t.Revoked,
 	}
 	if t.Identity.KeyType != hasync.NoKeyType {
 		kt := t.Identity.KeyType
@@ -738,6 +839,7 @@ func fromWire(w wireTombstone, serial string) (Tombstone, error) {
 		Fingerprint: fp,
 		Time:        w.Time,
 		GroupSerial: w.Group,
+		Revoked:     w.Revoked,
 	}
 	if len(t.Identity.ID) == 0 {
 		t.Identity.ID = nil
