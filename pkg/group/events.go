@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"fmt"
 	gosync "sync"
 	"time"
 
@@ -38,7 +39,8 @@ const (
 	// from a member.
 	ObjectDestroyed EventKind = "object_destroyed"
 	// TombstoneFailed: a destroy could not be recorded; a member that was
-	// away may bring the object back.
+	// away may bring the object back. Also: a tombstone recorded ahead of
+	// a destroy that did not happen could not be revoked (Err says so).
 	TombstoneFailed EventKind = "tombstone_failed"
 	// ConflictFound: two different keys share one identity; the group
 	// refuses to use either until an operator resolves it.
@@ -94,7 +96,10 @@ type EventFunc func(Event)
 func (f EventFunc) Event(e Event) { f(e) }
 
 // Tombstones records destroys so that a member that was away cannot bring
-// a destroyed object back. *tombstone.Journal implements it.
+// a destroyed object back. The group records a tombstone ahead of the
+// destroy and revokes it (a record with Revoked set and the tombstone's
+// Time) when the destroy does not happen. *tombstone.Journal implements
+// it.
 type Tombstones interface {
 	Record(ctx context.Context, t tombstone.Tombstone) error
 }
@@ -107,7 +112,7 @@ type MemoryTombstones struct {
 	all []tombstone.Tombstone
 }
 
-// Record keeps t.
+// Record keeps t (a tombstone or a revocation).
 func (m *MemoryTombstones) Record(_ context.Context, t tombstone.Tombstone) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -115,17 +120,38 @@ func (m *MemoryTombstones) Record(_ context.Context, t tombstone.Tombstone) erro
 	return nil
 }
 
-// Snapshot returns the tombstones recorded so far as a set, for planning
-// (pkg/recover's TombstoneSource).
+// Snapshot returns the tombstones recorded so far and not revoked as a
+// set, for planning (pkg/recover's TombstoneSource).
 func (m *MemoryTombstones) Snapshot(context.Context) (*tombstone.Set, error) {
-	return tombstone.NewSet(m.All()...), nil
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return tombstone.NewSet(m.all...), nil
 }
 
-// All returns the tombstones recorded so far, oldest first.
+// All returns the tombstones recorded so far and not revoked, in the
+// order they were recorded; revocations are not listed.
 func (m *MemoryTombstones) All() []tombstone.Tombstone {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return append([]tombstone.Tombstone(nil), m.all...)
+	revoked := map[string]bool{}
+	for _, t := range m.all {
+		if t.Revoked {
+			revoked[revocationKey(t)] = true
+		}
+	}
+	out := make([]tombstone.Tombstone, 0, len(m.all))
+	for _, t := range m.all {
+		if !t.Revoked && !revoked[revocationKey(t)] {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// revocationKey names the tombstone a revocation cancels: identity,
+// fingerprint and time.
+func revocationKey(t tombstone.Tombstone) string {
+	return fmt.Sprintf("%s\x00%x\x00%d", t.Identity.Key(), t.Fingerprint, t.Time.UnixNano())
 }
 
 func (g *Group) emit(e Event) {

@@ -20,12 +20,13 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
 // poolSize tokens are made for the package; the last three (from
 // exampleFirstToken) are left to Example, which names them by label.
-const poolSize = 150
+const poolSize = 170
 
 func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, poolSize)) }
 
@@ -89,6 +90,9 @@ type fixture struct {
 	set    config.Settings
 	events *eventLog
 	tombs  *MemoryTombstones
+	// journal is the group's tombstone store when setupOpts.journal is
+	// set (tombs is then unused).
+	journal *tombstone.Journal
 }
 
 type setupOpts struct {
@@ -103,6 +107,7 @@ type setupOpts struct {
 	untrusted   bool
 	toks        []testhsm.Token // use these instead of fresh pool tokens
 	mode        string          // recovery mode (default activeBasic)
+	journal     bool            // tombstones in a journal in a temp state dir, as haagent keeps them
 }
 
 func memberCfg(tok testhsm.Token) config.Member {
@@ -145,7 +150,16 @@ func setup(t testing.TB, o setupOpts) *fixture {
 		set.RecoveryMode = o.mode
 	}
 	f := &fixture{toks: toks, cfg: cfg, set: set, events: newEventLog(), tombs: &MemoryTombstones{}}
-	g, err := Open(testContext(t), cfg, set, Options{Events: f.events, Interceptor: o.interceptor, Tombstones: f.tombs})
+	var tombs Tombstones = f.tombs
+	if o.journal {
+		j, err := tombstone.Open(t.TempDir(), serial, tombstone.Options{})
+		if err != nil {
+			t.Fatalf("open tombstone journal: %v", err)
+		}
+		t.Cleanup(func() { j.Close() })
+		f.journal, tombs = j, j
+	}
+	g, err := Open(testContext(t), cfg, set, Options{Events: f.events, Interceptor: o.interceptor, Tombstones: tombs})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

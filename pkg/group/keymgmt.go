@@ -829,7 +829,17 @@ func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vo
 // as it is and nothing else is touched), then on the others in parallel.
 // A member that fails to destroy it is failed (recovery removes it there).
 // Token objects leave a tombstone (Options.Tombstones) so that a member
-// that was away cannot bring the object back.
+// that was away cannot bring the object back. The tombstone is recorded
+// before the first member's destroy: a catch-up in another process that
+// lists the members while the destroy is under way must find it, or it
+// would take the object, gone from the member that served it but still
+// on one that was away, for one to copy back everywhere. When the destroy
+// then does not happen (the first member refuses it, the object is in
+// conflict, no serving member holds it, every member fails), the
+// tombstone is revoked: this destroy removed nothing, and a later
+// catch-up must not delete the object on its account. (A revocation
+// cancels this tombstone only, never another process's tombstone of the
+// same object.)
 func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	const op = "DestroyObject"
 	o, done, err := g.writeObject(ctx, op, h)
@@ -837,6 +847,19 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		return err
 	}
 	defer done()
+	var ahead tombstone.Tombstone
+	recorded, destroyed := false, false
+	if o.token {
+		ahead = tombstone.Tombstone{Identity: o.identity(), Fingerprint: o.fingerprint(), Time: time.Now(), GroupSerial: g.serial}
+		// Should this fail, the destroy goes on and the record is tried
+		// again once it is done.
+		recorded = g.tombstones.Record(context.WithoutCancel(ctx), ahead) == nil
+		defer func() {
+			if recorded && !destroyed {
+				g.revokeTombstone(ctx, ahead)
+			}
+		}()
+	}
 	ms := g.serving()
 	var first *member.Member
 	var lastHealth error
@@ -867,6 +890,7 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		g.objs.remove(o)
 		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
 	}
+	destroyed = true
 	g.emit(Event{Kind: ObjectDestroyed, Member: first.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
 	var wg gosync.WaitGroup
 	for _, m := range rest {
@@ -887,12 +911,26 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	g.changes.Add(1)
 	if o.token {
 		g.forgetSkipped(o.identity())
-		t := tombstone.Tombstone{Identity: o.identity(), Fingerprint: o.fingerprint(), Time: time.Now(), GroupSerial: g.serial}
-		if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
-			g.emit(Event{Kind: TombstoneFailed, Object: t.Identity, Fingerprint: t.Fingerprint, Err: err})
+		if !recorded {
+			t := ahead
+			t.Time = time.Now()
+			if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
+				g.emit(Event{Kind: TombstoneFailed, Object: t.Identity, Fingerprint: t.Fingerprint, Err: err})
+			}
 		}
 	}
 	return nil
+}
+
+// revokeTombstone revokes the tombstone t, recorded ahead of a destroy
+// that did not happen. Should that fail, a catch-up may delete the object
+// on every member that holds it where some member lacks it: a
+// TombstoneFailed event says so.
+func (g *Group) revokeTombstone(ctx context.Context, t tombstone.Tombstone) {
+	if err := g.tombstones.Record(context.WithoutCancel(ctx), t.Revocation()); err != nil {
+		g.emit(Event{Kind: TombstoneFailed, Object: t.Identity, Fingerprint: t.Fingerprint,
+			Err: fmt.Errorf("the destroy did not happen, but its tombstone, recorded ahead, could not be revoked (a catch-up may delete the object): %w", err)})
+	}
 }
 
 // destroyOn destroys o on member m. An object already gone there is done,
