@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 )
@@ -17,7 +18,16 @@ type SyncOptions struct {
 	// tombstone, instead of copying them to the rest. DESTRUCTIVE: see
 	// sync.PlanOptions.Prune.
 	Prune bool
+	// LockWait bounds how long a synchronisation (not a check) waits for
+	// the recovery lock of a member that another recovery holds; 0 means
+	// DefaultSyncLockWait. The caller's ctx may end the wait sooner.
+	LockWait time.Duration
 }
+
+// DefaultSyncLockWait is how long a synchronisation waits, by default, for
+// a member's recovery lock held by a recovery (in this process or
+// another) before it gives up with ErrInProgress.
+const DefaultSyncLockWait = time.Minute
 
 // SyncReport is what Synchronize found and did.
 type SyncReport struct {
@@ -48,12 +58,24 @@ func (s *SyncReport) InSync() bool {
 // Synchronize compares the objects of the serving members (active and
 // standby) and, unless opts.Check, makes them equal: copies what some
 // lack, deletes what a tombstone says was destroyed, and leaves conflicts
-// alone (they are in the report). It holds the host-wide recovery lock of
+// alone (they are in the report). The report's Plan also feeds
+// Status.OutOfSync.
+//
+// A check (opts.Check) only lists: it takes no member's recovery lock and
+// does not hold the group's write barrier, so it never keeps a member out
+// of service nor delays key management, however often it runs (haagent
+// runs one periodically). The price is that an object being replicated,
+// destroyed or caught up while the check lists (by this process or
+// another) may be reported as a difference that is gone a moment later.
+//
+// A synchronisation that applies holds the host-wide recovery lock of
 // every member it compares, so no recovery of those members, in this
 // process or another, runs at the same time, and the group's write
 // barrier (Engine.HoldWrites), so no object is made, destroyed or changed
-// through this process's group meanwhile; signing goes on. The report's
-// Plan also feeds Status.OutOfSync.
+// through this process's group meanwhile; signing goes on. It never holds
+// one member's lock while it waits for another's, and it waits for a lock
+// held by a recovery at most opts.LockWait (DefaultSyncLockWait), then
+// fails with an error wrapping ErrInProgress that names the holder.
 func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncReport, error) {
 	r.mu.Lock()
 	closed := r.closed
@@ -73,18 +95,20 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	if len(names) == 0 {
 		return rep, errors.New("synchronize: no member in service")
 	}
-	// Lock in name order, so two synchronisations cannot deadlock.
-	sorted := append([]string(nil), names...)
-	sort.Strings(sorted)
-	for _, name := range sorted {
-		unlock, err := r.lockMember(ctx, name, true)
+	if !opts.Check {
+		wait := opts.LockWait
+		if wait <= 0 {
+			wait = DefaultSyncLockWait
+		}
+		unlock, err := r.lockMembers(ctx, names, wait)
 		if err != nil {
 			return rep, fmt.Errorf("synchronize: %w", err)
 		}
 		defer unlock()
 	}
-	// Under the locks, take the members that still serve, those that can
-	// wrap keys first (a plan copies from the first holder).
+	// Take the members that still serve (under the locks, for an apply),
+	// those that can wrap keys first (a plan copies from the first
+	// holder).
 	var members []hasync.PlanMember
 	for _, name := range names {
 		m, ok := r.eng.Member(name)
@@ -99,15 +123,18 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	}
 	lacking := r.lacking()
 	members = capableFirst(members, lacking)
-	// Key management through this process's group waits while the
-	// members are compared and changed: an object half-way through its
-	// replication, or a destroy not yet recorded, would otherwise look
-	// like a difference, and applying it would copy a destroyed key back.
-	release, err := r.eng.HoldWrites(ctx)
-	if err != nil {
-		return rep, fmt.Errorf("synchronize: %w", err)
+	if !opts.Check {
+		// Key management through this process's group waits while the
+		// members are compared and changed: an object half-way through
+		// its replication, or a destroy not yet recorded, would otherwise
+		// look like a difference, and applying it would copy a destroyed
+		// key back. A check changes nothing, so it holds nothing back.
+		release, err := r.eng.HoldWrites(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("synchronize: %w", err)
+		}
+		defer release()
 	}
-	defer release()
 	// The tombstones are read after the listing, and again after the
 	// copies (see sync.PlanOptions.LoadTombstones): destroys through
 	// another process's group are not held by this one's barrier.
@@ -139,6 +166,55 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		return rep, fmt.Errorf("synchronize: %w", err)
 	}
 	return rep, nil
+}
+
+// lockMembers takes the host-wide recovery locks of the members names for
+// a synchronisation, waiting at most wait (and as long as ctx allows) for
+// those held by a recovery. It never holds a lock while it waits for
+// another: it tries them all without waiting and, when one is busy, lets
+// go of the rest and waits for that one alone. So a synchronisation
+// waiting for one member's recovery keeps no other member's recovery out
+// meanwhile (an automatic attempt only tries the lock, once an interval).
+// The returned func releases every lock.
+func (r *Recoverer) lockMembers(ctx context.Context, names []string, wait time.Duration) (func(), error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	sorted := append([]string(nil), names...)
+	sort.Strings(sorted)
+	held := map[string]func(){}
+	releaseAll := func() {
+		for name, unlock := range held {
+			unlock()
+			delete(held, name)
+		}
+	}
+	for {
+		busy := ""
+		for _, name := range sorted {
+			if held[name] != nil {
+				continue
+			}
+			unlock, err := r.lockMember(ctx, name, false)
+			if errors.Is(err, ErrInProgress) {
+				busy = name
+				break
+			}
+			if err != nil {
+				releaseAll()
+				return nil, err
+			}
+			held[name] = unlock
+		}
+		if busy == "" {
+			return releaseAll, nil
+		}
+		releaseAll()
+		unlock, err := r.lockMember(ctx, busy, true)
+		if err != nil {
+			return nil, fmt.Errorf("waited up to %v for the recovery lock of member %s: %w", wait, busy, err)
+		}
+		held[busy] = unlock
+	}
 }
 
 // noteOutOfSync records, per member of p, how many objects it is out of

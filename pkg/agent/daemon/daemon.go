@@ -15,6 +15,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/recover"
 )
 
 // Options configure a Daemon.
@@ -78,6 +79,8 @@ type groupRun struct {
 	mu        sync.Mutex
 	outOfSync map[string]int // member → differences concerning it (last check)
 	lastSync  agent.SyncReport
+
+	recheck chan struct{} // a check is wanted soon (see pokeCheck)
 }
 
 // New loads the configuration and prepares the daemon; nothing is opened
@@ -214,6 +217,9 @@ func (d *Daemon) installLocked(gr *groupRun) {
 	label := gr.cfg.Label
 	loopCtx, cancel := context.WithCancel(d.runCtx)
 	gr.cancel, gr.done = cancel, make(chan struct{})
+	if gr.recheck == nil {
+		gr.recheck = make(chan struct{}, 1)
+	}
 	d.groups[label] = gr
 	if !slices.Contains(d.order, label) {
 		d.order = append(d.order, label)
@@ -277,18 +283,42 @@ func (gr *groupRun) engine() Engine {
 	return gr.eng
 }
 
-// loop probes the group every probe_interval and checks its
-// synchronisation every interval; a group that could not be opened is
-// retried every interval.
+// minSyncCheckEvery is the shortest period of the periodic
+// synchronisation check. The check feeds listgroups' "needs sync" and the
+// out-of-sync metric, which people and scrapers read every few seconds at
+// most; what changes the answer soon after it happens (the agent's own
+// recoveries and synchronize) asks for a check of its own.
+const minSyncCheckEvery = 10 * time.Second
+
+// syncCheckEvery is the period of a group's synchronisation check: its
+// interval, but not less than minSyncCheckEvery. The interval is the
+// recovery retry period, which can be as short as a second; a check every
+// second lists every object of every member every second, for an answer
+// nobody reads that often.
+func syncCheckEvery(s config.Settings) time.Duration {
+	every := s.Interval
+	if every <= 0 {
+		every = config.DefaultInterval
+	}
+	return max(every, minSyncCheckEvery)
+}
+
+// loop probes the group every probe_interval and retries opening a group
+// that could not be opened every interval; checkLoop, on a goroutine of
+// its own so a long listing never delays a probe, checks its
+// synchronisation.
 func (d *Daemon) loop(ctx context.Context, gr *groupRun) {
 	defer close(gr.done)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { d.checkLoop(ctx, gr) })
 	probeEvery := gr.set.ProbeInterval
 	if probeEvery <= 0 {
 		probeEvery = config.DefaultProbeInterval
 	}
-	syncEvery := gr.set.Interval
-	if syncEvery <= 0 {
-		syncEvery = config.DefaultInterval
+	openEvery := gr.set.Interval
+	if openEvery <= 0 {
+		openEvery = config.DefaultInterval
 	}
 	probe := time.NewTicker(probeEvery)
 	defer probe.Stop()
@@ -297,8 +327,8 @@ func (d *Daemon) loop(ctx context.Context, gr *groupRun) {
 		// a member that is already down without waiting a whole interval.
 		d.probe(ctx, gr, eng, probeEvery)
 	}
-	check := time.NewTicker(syncEvery)
-	defer check.Stop()
+	reopen := time.NewTicker(openEvery)
+	defer reopen.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -309,19 +339,49 @@ func (d *Daemon) loop(ctx context.Context, gr *groupRun) {
 				continue
 			}
 			d.probe(ctx, gr, eng, probeEvery)
-		case <-check.C:
+		case <-reopen.C:
 			if gr.engine() == nil {
 				d.openGroup(ctx, gr)
-				continue
 			}
+		}
+	}
+}
+
+// checkLoop checks the group's synchronisation every syncCheckEvery, and
+// soon after pokeCheck (the agent's engine returned a member to service:
+// what the last check said of it is stale).
+func (d *Daemon) checkLoop(ctx context.Context, gr *groupRun) {
+	every := syncCheckEvery(gr.set)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-gr.recheck:
+		}
+		if gr.engine() != nil {
 			d.syncCheck(ctx, gr)
 		}
+		t.Reset(every)
+	}
+}
+
+// pokeCheck asks the group's check loop for a check now (without
+// blocking; pokes while one is pending are one).
+func (gr *groupRun) pokeCheck() {
+	select {
+	case gr.recheck <- struct{}{}:
+	default:
 	}
 }
 
 // syncCheck plans a synchronisation and records how far each member is
 // out of sync, emitting an event when a group goes out of (or back into)
-// sync.
+// sync. It only lists: it takes no member's recovery lock (see
+// recover.Recoverer.Synchronize), so it never keeps a member's recovery,
+// in this process or another, waiting.
 func (d *Daemon) syncCheck(ctx context.Context, gr *groupRun) {
 	eng := gr.engine()
 	start := time.Now()
@@ -357,6 +417,15 @@ func (d *Daemon) recordSync(gr *groupRun, rep agent.SyncReport) {
 func (d *Daemon) emit(e agent.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
+	}
+	if e.Event == string(recover.Recovered) {
+		// What the last check said of the member is stale now.
+		d.mu.RLock()
+		gr := d.groups[e.Group]
+		d.mu.RUnlock()
+		if gr != nil && gr.recheck != nil {
+			gr.pokeCheck()
+		}
 	}
 	d.metrics.countEvent(e)
 	d.log.Info("ha event", "group", e.Group, "member", e.Member, "event", e.Event, "detail", e.Detail)

@@ -6,9 +6,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/config"
 )
 
 func (ta *testAgent) engine(label string) Engine {
@@ -190,6 +192,23 @@ serial = "1000001"
 		if rep.InSync || len(found) != 1 || !slices.Equal(found[0].Members, []string{"b"}) ||
 			!strings.Contains(found[0].Detail, "CKR_ATTRIBUTE_VALUE_INVALID") || rep.Applied != 0 {
 			t.Fatalf("synchronize (check %v) with an unreadable object on b: %+v; want it reported on b, not in sync, nothing applied", check, rep)
+		}
+	}
+}
+
+// The periodic synchronisation check runs every interval, but not every
+// second when the recovery interval is that short (soak: interval 1s made
+// haagent list every object of every member every second).
+func TestSyncCheckPeriod(t *testing.T) {
+	for _, c := range []struct {
+		interval, want time.Duration
+	}{
+		{time.Second, minSyncCheckEvery},
+		{0, config.DefaultInterval},
+		{5 * time.Minute, 5 * time.Minute},
+	} {
+		if got := syncCheckEvery(config.Settings{Interval: c.interval}); got != c.want {
+			t.Errorf("interval %v: check every %v, want %v", c.interval, got, c.want)
 		}
 	}
 }
