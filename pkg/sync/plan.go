@@ -257,6 +257,50 @@ func (p *Plan) OutOfSync(member string) int {
 type holding struct {
 	fp      []byte
 	holders map[int]pkcs11.ObjectHandle // member index -> handle
+	// unknown are the members whose object of the identity has no
+	// fingerprint (nil) there, merged into this, the identity's only
+	// known version: they hold it as far as anyone can tell.
+	unknown map[int]pkcs11.ObjectHandle
+}
+
+// holds reports whether the member at pos holds the version, known or
+// merged.
+func (v *holding) holds(pos int) bool {
+	if _, ok := v.holders[pos]; ok {
+		return true
+	}
+	_, ok := v.unknown[pos]
+	return ok
+}
+
+// mergeUnknown joins the fingerprint-less version of an identity (a
+// member that cannot compute the object's fingerprint: a SoftHSM EC
+// private key whose public half is gone, say) with the identity's
+// versions that remain after the tombstones. An unknown fingerprint
+// matches: with one known version it is that version; with none, the
+// fingerprint-less holders are one version; with two or more known ones
+// (a conflict) it stays a version of its own, so the conflict names its
+// holders too. vs keeps its order (first holder in member order).
+func mergeUnknown(vs []*holding) []*holding {
+	var unknown *holding
+	var known []*holding
+	for _, v := range vs {
+		if v.fp == nil {
+			unknown = v
+		} else {
+			known = append(known, v)
+		}
+	}
+	if unknown == nil || len(known) != 1 {
+		return vs
+	}
+	v := &holding{fp: known[0].fp, holders: known[0].holders, unknown: map[int]pkcs11.ObjectHandle{}}
+	for pos, h := range unknown.holders {
+		if _, dup := v.holders[pos]; !dup {
+			v.unknown[pos] = h
+		}
+	}
+	return []*holding{v}
 }
 
 // MakePlan lists every member's token objects once (the members in
@@ -279,8 +323,14 @@ type holding struct {
 // for any other reason fails the plan (or, for a health reason with
 // SkipUnreachable, is skipped).
 //
-// Session objects are ignored. Objects whose fingerprint a member cannot
-// compute (nil) are compared by identity alone. The members must be all
+// Session objects are ignored. An object whose fingerprint a member
+// cannot compute (nil: a SoftHSM EC private key whose public half is gone,
+// say) matches any fingerprint of its identity: it counts as holding the
+// identity's one known version (never copied to that member, and never a
+// conflict), or, where no member knows a fingerprint, the fingerprint-less
+// objects are one version. Only two known fingerprints that differ are a
+// conflict. A tombstone of its identity, whatever the fingerprint, makes
+// it a destroyed object. The members must be all
 // logged in or all logged out: otherwise private objects would look
 // missing where they are merely invisible.
 func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts PlanOptions) (*Plan, error) {
@@ -403,6 +453,9 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 			}
 			remaining = append(remaining, v)
 		}
+		merged := mergeUnknown(remaining)
+		p.Objects -= len(remaining) - len(merged) // one object, not two versions
+		remaining = merged
 		switch len(remaining) {
 		case 0:
 			continue
@@ -416,7 +469,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 			continue
 		}
 		v := remaining[0]
-		if len(v.holders) == n {
+		if len(v.holders)+len(v.unknown) == n {
 			continue
 		}
 		if opts.Prune {
@@ -424,11 +477,15 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 				if h, ok := v.holders[pos]; ok {
 					deletes = append(deletes, Action{Kind: Delete, Identity: e.id, Fingerprint: v.fp,
 						Member: p.Members[pos], Reason: ReasonPrune, handle: h})
+				} else if h, ok := v.unknown[pos]; ok {
+					// Deleted as it is listed there: without a fingerprint.
+					deletes = append(deletes, Action{Kind: Delete, Identity: e.id,
+						Member: p.Members[pos], Reason: ReasonPrune, handle: h})
 				}
 			}
 			continue
 		}
-		src := -1
+		src := -1 // a holder that knows the fingerprint, which the copy checks
 		for pos := 0; pos < n; pos++ {
 			if _, ok := v.holders[pos]; ok {
 				src = pos
@@ -436,7 +493,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 			}
 		}
 		for pos := 0; pos < n; pos++ {
-			if _, ok := v.holders[pos]; !ok {
+			if !v.holds(pos) {
 				absent := true
 				for _, other := range e.versions {
 					if _, held := other.holders[pos]; held {
