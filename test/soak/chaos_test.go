@@ -36,6 +36,29 @@ type chaos struct {
 	agentKills int
 	maxStopped int
 	agentHangs []string // restarts after which haagent did not answer
+	repairs    int      // token.object files a kill left truncated (world.repairToken)
+}
+
+// restart restarts member i's killed server, after putting back its token
+// file if the kill truncated it.
+func (c *chaos) restart(ctx context.Context, i int, why string) error {
+	repaired, err := c.w.repairToken(i)
+	if err != nil {
+		return fmt.Errorf("%s: token file: %w", c.w.members[i], err)
+	}
+	if err := c.w.servers[i].Start(ctx); err != nil {
+		return err
+	}
+	c.killedAt[i] = time.Time{}
+	c.restoredAt[i] = time.Now()
+	c.restarts++
+	if repaired {
+		c.repairs++
+		c.note("restarted %s%s, its token.object restored (the kill left it truncated)", c.w.members[i], why)
+		return nil
+	}
+	c.note("restarted %s%s", c.w.members[i], why)
+	return nil
 }
 
 func newChaos(w *world, seed uint64, g *group.Group, statsPath string, loadPID int) *chaos {
@@ -163,14 +186,7 @@ func (c *chaos) step(ctx context.Context, lastAgentKill *time.Time) error {
 	}
 	if len(killed) > 0 && c.rng.IntN(2) == 0 {
 		i := killed[c.rng.IntN(len(killed))]
-		if err := c.w.servers[i].Start(ctx); err != nil {
-			return err
-		}
-		c.killedAt[i] = time.Time{}
-		c.restoredAt[i] = time.Now()
-		c.restarts++
-		c.note("restarted %s", c.w.members[i])
-		return nil
+		return c.restart(ctx, i, "")
 	}
 	// Fault a running member, if another confirmed one stays.
 	ok := c.confirmed()
@@ -231,13 +247,9 @@ func (c *chaos) restoreAll(ctx context.Context) error {
 			c.note("SIGCONT %s (end)", c.w.members[i])
 		}
 		if !c.killedAt[i].IsZero() {
-			if err := c.w.servers[i].Start(ctx); err != nil {
+			if err := c.restart(ctx, i, " (end)"); err != nil {
 				return err
 			}
-			c.killedAt[i] = time.Time{}
-			c.restoredAt[i] = time.Now()
-			c.restarts++
-			c.note("restarted %s (end)", c.w.members[i])
 		}
 	}
 	return nil
@@ -246,7 +258,8 @@ func (c *chaos) restoreAll(ctx context.Context) error {
 func (c *chaos) summary() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return fmt.Sprintf("%d kills, %d stops (at most %d at once), %d restarts, %d haagent kills", c.kills, c.stops, c.maxStopped, c.restarts, c.agentKills)
+	return fmt.Sprintf("%d kills, %d stops (at most %d at once), %d restarts, %d haagent kills; token.object files restored after a kill truncated them: %d",
+		c.kills, c.stops, c.maxStopped, c.restarts, c.agentKills, c.repairs)
 }
 
 func (c *chaos) history() string {

@@ -1,7 +1,10 @@
 package soak
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -57,6 +60,39 @@ func dataObjectLifeCycle(t *testing.T, kind load.Kind) {
 		hs, err = g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
 		if err != nil || len(hs) != 0 {
 			t.Errorf("find after destroy = %v, %v; want none", hs, err)
+		}
+	}
+}
+
+// repairToken puts back a token.object a kill left truncated, and only
+// then.
+func TestRepairToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token.object")
+	orig := []byte("token object as provisioned, label padded to 32 bytes")
+	w := &world{tokenFiles: []tokenFile{{path: path, data: orig}}}
+	for _, tc := range []struct {
+		name     string
+		content  []byte
+		repaired bool
+	}{
+		{"intact", orig, false},
+		{"rewritten by a login, same size", bytes.ToUpper(orig), false},
+		{"truncated by a kill", nil, true},
+		{"half written", orig[:10], true},
+	} {
+		if err := os.WriteFile(path, tc.content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := w.repairToken(0)
+		if err != nil || got != tc.repaired {
+			t.Fatalf("%s: repairToken = %v, %v; want %v", tc.name, got, err, tc.repaired)
+		}
+		want := tc.content
+		if tc.repaired {
+			want = orig
+		}
+		if b, _ := os.ReadFile(path); !bytes.Equal(b, want) {
+			t.Fatalf("%s: file holds %q, want %q", tc.name, b, want)
 		}
 	}
 }

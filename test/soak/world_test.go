@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -59,6 +60,16 @@ type world struct {
 
 	agentMu   sync.Mutex
 	agentProc *load.Proc
+
+	// tokenFiles holds each member's token.object as provisioned, by
+	// member index (see repairToken).
+	tokenFiles []tokenFile
+}
+
+// tokenFile is a token's token.object and what it held when made.
+type tokenFile struct {
+	path string
+	data []byte
 }
 
 // newWorld builds the programs, makes n tokens, provisions them (domain
@@ -101,6 +112,9 @@ func newWorld(t *testing.T, ctx context.Context, n int, kind load.Kind) *world {
 		t.Fatal(err)
 	}
 	w.provision(ctx, labels)
+	if w.tokenFiles, err = tokenObjects(w.softConf, labels); err != nil {
+		t.Fatal(err)
+	}
 	for i, name := range w.members {
 		s, err := load.NewServer(w.reg, load.ServerSpec{Kind: kind, Bin: w.hsmserve, Member: name, Label: labels[i],
 			Sock: filepath.Join(w.dir, name+".sock"), SoftConf: w.softConf, Log: filepath.Join(w.dir, name+"-server.log")})
@@ -345,4 +359,58 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// tokenObjects reads the token.object of each label's token under the
+// token directory of softConf (it holds the label, padded to 32 bytes).
+func tokenObjects(softConf string, labels []string) ([]tokenFile, error) {
+	conf, err := os.ReadFile(softConf)
+	if err != nil {
+		return nil, err
+	}
+	var root string
+	for _, line := range strings.Split(string(conf), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && strings.TrimSpace(k) == "directories.tokendir" {
+			root = strings.TrimSpace(v)
+		}
+	}
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]tokenFile, len(labels))
+	for i, l := range labels {
+		padded := []byte(fmt.Sprintf("%-32s", l))
+		for _, e := range ents {
+			path := filepath.Join(root, e.Name(), "token.object")
+			if b, err := os.ReadFile(path); err == nil && bytes.Contains(b, padded) {
+				out[i] = tokenFile{path: path, data: b}
+			}
+		}
+		if out[i].path == "" {
+			return nil, fmt.Errorf("no token.object for token %q under %s", l, root)
+		}
+	}
+	return out, nil
+}
+
+// repairToken puts back member i's token.object when a kill left it
+// truncated, and reports whether it did. SoftHSM 2.6 rewrites
+// token.object in place (truncate, then write) at every first login of a
+// process, so a SIGKILL in that instant leaves it empty and the token
+// gone for good: a flaw of the software token's storage, not a fault of
+// the member that the engine could answer (it keeps such a member out,
+// "token not found"). A hardware member does not lose its token to a
+// crash; the soak restores the file, as provisioned, before restarting
+// the server, and reports how often.
+func (w *world) repairToken(i int) (bool, error) {
+	tf := w.tokenFiles[i]
+	cur, err := os.ReadFile(tf.path)
+	if err != nil {
+		return false, err
+	}
+	if len(cur) >= len(tf.data) {
+		return false, nil
+	}
+	return true, os.WriteFile(tf.path, tf.data, 0o600)
 }
