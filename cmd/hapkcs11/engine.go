@@ -138,11 +138,9 @@ func (s *eventSink) Event(e group.Event) {
 // recovery returns the recoverer's event callback for group label.
 func (s *eventSink) recovery(label string) func(harecover.Event) {
 	return func(e harecover.Event) {
-		detail := ""
-		if e.Err != nil {
-			detail = e.Err.Error()
-		}
-		s.log.event(label, e.Member, string(e.Kind), detail)
+		// The same detail as the agent's lines: what a catch-up copied
+		// and deleted, conflicts, unreadable objects, the error.
+		s.log.event(label, e.Member, string(e.Kind), e.Detail())
 	}
 }
 

@@ -1,6 +1,8 @@
 package recover
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	hasync "github.com/hagroup/hagroup/pkg/sync"
@@ -45,4 +47,29 @@ type Event struct {
 	Unreadable []hasync.Unreadable
 	// Duration of the attempt (Recovered, AttemptFailed).
 	Duration time.Duration
+}
+
+// Detail describes the event for an event log line: manual or the attempt
+// number, what a Recovered's catch-up copied and deleted, the conflicts
+// and unreadable objects, and the error.
+func (e Event) Detail() string {
+	var parts []string
+	if e.Manual {
+		parts = append(parts, "manual")
+	} else if e.Attempt > 0 {
+		parts = append(parts, fmt.Sprintf("attempt %d", e.Attempt))
+	}
+	if e.Kind == Recovered {
+		parts = append(parts, fmt.Sprintf("copied %d, deleted %d", e.Copied, e.Deleted))
+	}
+	for _, c := range e.Conflicts {
+		parts = append(parts, c.String())
+	}
+	for _, u := range e.Unreadable {
+		parts = append(parts, u.String())
+	}
+	if e.Err != nil {
+		parts = append(parts, e.Err.Error())
+	}
+	return strings.Join(parts, ": ")
 }

@@ -742,3 +742,21 @@ func TestMembersIndependent(t *testing.T) {
 		t.Fatalf("a: %+v", st)
 	}
 }
+
+// An event's detail, as the agent and libhapkcs11.so write it to the HA
+// event log, says what the recovery did.
+func TestEventDetail(t *testing.T) {
+	for _, tc := range []struct {
+		e    Event
+		want string
+	}{
+		{Event{Kind: Recovered, Attempt: 3, Copied: 5, Deleted: 2}, "attempt 3: copied 5, deleted 2"},
+		{Event{Kind: Recovered, Manual: true}, "manual: copied 0, deleted 0"},
+		{Event{Kind: AttemptFailed, Attempt: 1, Err: errors.New("re-open token: connection refused")}, "attempt 1: re-open token: connection refused"},
+		{Event{Kind: AttemptStarted}, ""},
+	} {
+		if got := tc.e.Detail(); got != tc.want {
+			t.Errorf("Detail of %+v = %q, want %q", tc.e, got, tc.want)
+		}
+	}
+}

@@ -108,27 +108,7 @@ func (ge *groupEngine) onGroupEvent(e group.Event) {
 }
 
 func (ge *groupEngine) onRecoverEvent(e recover.Event) {
-	ae := agent.Event{Time: e.Time, Group: ge.label, Member: e.Member, Event: string(e.Kind)}
-	var parts []string
-	if e.Manual {
-		parts = append(parts, "manual")
-	} else if e.Attempt > 0 {
-		parts = append(parts, fmt.Sprintf("attempt %d", e.Attempt))
-	}
-	if e.Kind == recover.Recovered {
-		parts = append(parts, fmt.Sprintf("copied %d, deleted %d", e.Copied, e.Deleted))
-	}
-	for _, c := range e.Conflicts {
-		parts = append(parts, c.String())
-	}
-	for _, u := range e.Unreadable {
-		parts = append(parts, u.String())
-	}
-	if e.Err != nil {
-		parts = append(parts, e.Err.Error())
-	}
-	ae.Detail = strings.Join(parts, ": ")
-	ge.emit(ae)
+	ge.emit(agent.Event{Time: e.Time, Group: ge.label, Member: e.Member, Event: string(e.Kind), Detail: e.Detail()})
 }
 
 // Status implements Engine.
