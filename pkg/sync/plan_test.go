@@ -37,6 +37,13 @@ func planCtx(t *testing.T) context.Context {
 // group's (untrusted) domain key installed.
 func planMembers(t *testing.T, n int, ic slot.Interceptor) []hasync.PlanMember {
 	t.Helper()
+	ms, _ := planMembersToks(t, n, ic)
+	return ms
+}
+
+// planMembersToks is planMembers that also returns the tokens.
+func planMembersToks(t *testing.T, n int, ic slot.Interceptor) ([]hasync.PlanMember, []testhsm.Token) {
+	t.Helper()
 	toks := testhsm.Take(t, n)
 	ms := make([]hasync.PlanMember, n)
 	var dts []hasync.DomainTarget
@@ -55,7 +62,7 @@ func planMembers(t *testing.T, n int, ic slot.Interceptor) []hasync.PlanMember {
 	if err := hasync.InstallDomainKey(planCtx(t), dts, planSerial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
-	return ms
+	return ms, toks
 }
 
 func planID(t *testing.T) []byte {

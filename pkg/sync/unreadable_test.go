@@ -6,11 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"time"
-
 	"github.com/hagroup/hagroup/internal/testhsm"
-	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 )
 
@@ -19,7 +15,7 @@ import (
 // member and handle, never copied nor counted as a conflict, and the
 // readable objects are copied as usual.
 func TestPlanReportsUnreadableObject(t *testing.T) {
-	ms, toks := planMembersToks(t, 2)
+	ms, toks := planMembersToks(t, 2, nil)
 	ctx := planCtx(t)
 	id := planID(t)
 	planGenEC(t, ms[0].Slot, "unreadable-neighbour", id)
@@ -82,28 +78,4 @@ func TestPlanReportsUnreadableObject(t *testing.T) {
 	if n != 2 {
 		t.Errorf("m1 holds %d halves of the pair, want 2", n)
 	}
-}
-
-// planMembersToks is planMembers that also returns the tokens.
-func planMembersToks(t *testing.T, n int) ([]hasync.PlanMember, []testhsm.Token) {
-	t.Helper()
-	toks := testhsm.Take(t, n)
-	ms := make([]hasync.PlanMember, n)
-	var dts []hasync.DomainTarget
-	for i, tok := range toks {
-		s, err := slot.Open(planCtx(t), slot.Spec{
-			Name: fmt.Sprintf("m%d", i), Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label,
-			PIN: secret.PINFromString(tok.UserPIN), CommandTimeout: 10 * time.Second,
-		})
-		if err != nil {
-			t.Fatalf("open %s: %v", tok.Label, err)
-		}
-		t.Cleanup(func() { s.Close() })
-		ms[i] = hasync.PlanMember{Name: s.Name(), Slot: s}
-		dts = append(dts, hasync.DomainTarget{Slot: s})
-	}
-	if err := hasync.InstallDomainKey(planCtx(t), dts, planSerial); err != nil {
-		t.Fatalf("install domain key: %v", err)
-	}
-	return ms, toks
 }
