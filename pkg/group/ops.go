@@ -171,19 +171,12 @@ func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vobject) bool 
 	}
 	answered := 0
 	for _, m := range g.serving() {
-		h, err := g.resolve(ctx, o, m)
-		if err != nil {
-			continue
-		}
-		var attrs []slot.Attribute
-		if _, err := g.call(ctx, m, func() (err error) {
-			attrs, err = m.Slot().GetAttributes(ctx, h, []uint{pkcs11.CKA_WRAP_WITH_TRUSTED})
-			return err
-		}); err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
+		wwt, ok := g.wrapWithTrustedOn(ctx, o, m)
+		if !ok {
 			continue
 		}
 		answered++
-		if len(attrs[0].Value) == 0 || attrs[0].Value[0] == 0 {
+		if !wwt {
 			o.wwtOrigin.Store(wwtSomewhereFalse)
 			return false
 		}
@@ -218,22 +211,28 @@ func containsType(types []uint, want ...uint) bool {
 func (g *Group) wrapWithTrustedCopies(ctx context.Context, o *vobject) memberSet {
 	var set memberSet
 	for _, m := range g.serving() {
-		h, err := g.resolve(ctx, o, m)
-		if err != nil {
-			continue
-		}
-		var attrs []slot.Attribute
-		if _, err := g.call(ctx, m, func() (err error) {
-			attrs, err = m.Slot().GetAttributes(ctx, h, []uint{pkcs11.CKA_WRAP_WITH_TRUSTED})
-			return err
-		}); err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
-			continue
-		}
-		if len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0 {
+		if wwt, ok := g.wrapWithTrustedOn(ctx, o, m); ok && wwt {
 			set.add(m.Index())
 		}
 	}
 	return set
+}
+
+// wrapWithTrustedOn reads CKA_WRAP_WITH_TRUSTED of m's copy of o; ok is
+// false when m does not hold o or does not answer.
+func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vobject, m *member.Member) (wwt, ok bool) {
+	h, err := g.resolve(ctx, o, m)
+	if err != nil {
+		return false, false
+	}
+	var attrs []slot.Attribute
+	if _, err := g.call(ctx, m, func() (err error) {
+		attrs, err = m.Slot().GetAttributes(ctx, h, []uint{pkcs11.CKA_WRAP_WITH_TRUSTED})
+		return err
+	}); err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
+		return false, false
+	}
+	return len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0, true
 }
 
 // WrapKey wraps key under wrapping (with failover). A key the application

@@ -44,23 +44,7 @@ func scalingGroup(b testing.TB, toks []testhsm.Token, cleanup func(func())) (*gr
 	defer cancel()
 	serial := fmt.Sprintf("%d", 3000000+len(toks))
 	pin := secret.PINFromString(testhsm.UserPIN)
-	var targets []hasync.DomainTarget
-	gc := config.Group{Label: "scale", Serial: serial}
-	for _, t := range toks {
-		s, err := slot.Open(ctx, slot.Spec{Name: t.Name, Module: t.Module, TokenLabel: t.Label, PIN: pin.Clone()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		targets = append(targets, hasync.DomainTarget{Slot: s})
-		gc.Members = append(gc.Members, config.Member{Name: t.Name, Module: t.Module, TokenLabel: t.Label})
-	}
-	err := hasync.InstallDomainKey(ctx, targets, serial)
-	for _, t := range targets {
-		t.Slot.Close()
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	gc := provisionedGroup(ctx, b, "scale", serial, toks, pin)
 	faults := slottest.NewFaults()
 	g, err := group.Open(ctx, gc, (&config.Config{}).Settings(&gc), group.Options{Interceptor: faults})
 	if err != nil {
@@ -132,4 +116,28 @@ func BenchmarkScaling(b *testing.B) {
 			b.ReportMetric(rate/(float64(n)*float64(capacity)/serviceTime.Seconds()), "efficiency")
 		})
 	}
+}
+
+// provisionedGroup installs the group's domain key on toks (opened
+// directly, then closed) and returns the group's configuration.
+func provisionedGroup(ctx context.Context, b testing.TB, label, serial string, toks []testhsm.Token, pin secret.PIN) config.Group {
+	b.Helper()
+	var targets []hasync.DomainTarget
+	gc := config.Group{Label: label, Serial: serial}
+	for _, t := range toks {
+		s, err := slot.Open(ctx, slot.Spec{Name: t.Name, Module: t.Module, TokenLabel: t.Label, PIN: pin.Clone()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		targets = append(targets, hasync.DomainTarget{Slot: s})
+		gc.Members = append(gc.Members, config.Member{Name: t.Name, Module: t.Module, TokenLabel: t.Label})
+	}
+	err := hasync.InstallDomainKey(ctx, targets, serial)
+	for _, t := range targets {
+		t.Slot.Close()
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return gc
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -108,23 +107,7 @@ func stallGroup(b *testing.B, toks []testhsm.Token, faults *slottest.Faults) (*g
 	defer cancel()
 	serial := "3100001"
 	pin := secret.PINFromString(testhsm.UserPIN)
-	var targets []hasync.DomainTarget
-	gc := config.Group{Label: "stall", Serial: serial}
-	for _, t := range toks {
-		s, err := slot.Open(ctx, slot.Spec{Name: t.Name, Module: t.Module, TokenLabel: t.Label, PIN: pin.Clone()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		targets = append(targets, hasync.DomainTarget{Slot: s})
-		gc.Members = append(gc.Members, config.Member{Name: t.Name, Module: t.Module, TokenLabel: t.Label})
-	}
-	err := hasync.InstallDomainKey(ctx, targets, serial)
-	for _, t := range targets {
-		t.Slot.Close()
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	gc := provisionedGroup(ctx, b, "stall", serial, toks, pin)
 	set := (&config.Config{}).Settings(&gc)
 	set.CommandTimeout = stallTimeout
 	g, err := group.Open(ctx, gc, set, group.Options{Interceptor: faults})
