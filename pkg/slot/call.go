@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/internal/handoff"
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
 )
 
@@ -84,6 +85,8 @@ type sess struct {
 	err      error
 	quit     atomic.Bool // set before the last post: the worker ends
 
+	lane *p11raw.Lane // the C thread for signatures (lane.go); nil without
+
 	objects *objectLock // the token's, shared with every session on it
 
 	state atomic.Int32
@@ -101,6 +104,7 @@ func newSess(owner *Slot, st *slotState) *sess {
 		objects: owner.mod.objectLock(st.id),
 	}
 	if x.spin {
+		x.startLane()
 		go x.workSpin()
 		return x
 	}
@@ -282,10 +286,14 @@ func (x *sess) abandon() bool {
 	return true
 }
 
-// retire closes the session (bounded by timeout) and stops its worker.
+// retire closes the session (bounded by timeout) and stops its workers.
 func (x *sess) retire(timeout time.Duration) {
 	if x.dead {
 		return
+	}
+	if x.lane != nil {
+		x.lane.Close()
+		x.lane = nil
 	}
 	if x.open {
 		_ = x.run(context.Background(), opCloseSession, timeout, func(x *sess) error {
@@ -298,6 +306,11 @@ func (x *sess) retire(timeout time.Duration) {
 		return // the close hung; the worker cleans up
 	}
 	x.dead = true
+	x.stopWorker()
+}
+
+// stopWorker ends the idle worker of a session that is dead.
+func (x *sess) stopWorker() {
 	if x.spin {
 		x.quit.Store(true)
 		x.cell.Post()

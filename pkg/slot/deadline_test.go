@@ -185,6 +185,14 @@ func TestStoppedServerTimesOut(t *testing.T) {
 		elapsed := time.Since(start)
 		srv.Cont()
 		checkTimeout(t, "Sign on a stopped server", err, elapsed, spec.CommandTimeout)
+		// p11-kit's client is an in-process module: with SpinHandoff the
+		// signature went through a lane, and the lane's call was abandoned.
+		if lane := slot.LaneCalls(s); spin && lane != 1 || !spin && lane != 0 {
+			t.Fatalf("%d lane calls with SpinHandoff %v", lane, spin)
+		}
+		if st := s.Stats(); st.Quarantined != 1 {
+			t.Fatalf("after the timeout: %+v; want the session quarantined", st)
+		}
 
 		// Once the server runs again the hung call returns and its session is
 		// closed; the member works again.
@@ -197,6 +205,28 @@ func TestStoppedServerTimesOut(t *testing.T) {
 			t.Fatalf("Sign after SIGCONT: %v", err)
 		}
 		checkSig(t, ecPublic(t, s, pub), msg, sig)
+
+		// The caller's context ends the wait before the deadline does.
+		srv.Stop()
+		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		start = time.Now()
+		_, err = signDigest(short, s, priv, msg)
+		elapsed = time.Since(start)
+		cancel()
+		quarantined := s.Stats().Quarantined
+		srv.Cont()
+		if !errors.Is(err, context.DeadlineExceeded) || elapsed >= spec.CommandTimeout {
+			t.Fatalf("Sign with a 50ms context on a stopped server: %v after %v; want the context's error before %v", err, elapsed, spec.CommandTimeout)
+		}
+		if quarantined != 1 {
+			t.Fatalf("%d calls quarantined after the cancelled one, want 1", quarantined)
+		}
+		if err := slot.WaitQuarantine(ctx, s); err != nil {
+			t.Fatalf("the cancelled call never returned after SIGCONT: %v", err)
+		}
+		if _, err := signDigest(ctx, s, priv, msg); err != nil {
+			t.Fatalf("Sign after the second SIGCONT: %v", err)
+		}
 	})
 }
 

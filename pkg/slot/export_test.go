@@ -19,6 +19,9 @@ func ModuleCounts(path string) (refs, inits, finals int) {
 	return refs, modules.inits[path], modules.finals[path]
 }
 
+// LaneCalls is how many calls of s went through a session's lane.
+func LaneCalls(s *Slot) uint64 { return s.stats.laneCalls.Load() }
+
 // WaitQuarantine waits until no call of s is quarantined.
 func WaitQuarantine(ctx context.Context, s *Slot) error { return s.waitQuarantine(ctx) }
 

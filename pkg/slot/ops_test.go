@@ -2,10 +2,13 @@ package slot_test
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/ecdh"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/sha256"
 	"errors"
+	"math/big"
 	"testing"
 	"time"
 
@@ -15,9 +18,18 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
+// Both hand-offs: with SpinHandoff the signatures and verifications go
+// through the sessions' lanes (C threads calling the module directly).
 func TestSignAndVerify(t *testing.T) {
 	t.Parallel()
-	s := open(t, specOf(testhsm.Take(t, 1)[0]))
+	eachHandoff(t, func(t *testing.T, spin bool) {
+		spec := specOf(testhsm.Take(t, 1)[0])
+		spec.SpinHandoff = spin
+		testSignAndVerify(t, open(t, spec), spin)
+	})
+}
+
+func testSignAndVerify(t *testing.T, s *slot.Slot, spin bool) {
 	ctx := ctxT(t)
 	if !s.LoggedIn() {
 		t.Fatalf("LoggedIn() = false after Open with a PIN")
@@ -44,6 +56,78 @@ func TestSignAndVerify(t *testing.T) {
 	}
 	if st := s.Stats(); st.Discarded != 0 {
 		t.Fatalf("a request error discarded a session: %+v", st)
+	}
+	// A key that is no key is the module's request error, on either path
+	// (SoftHSM's C_SignInit answers CKR_OBJECT_HANDLE_INVALID).
+	_, err = s.Sign(ctx, ecdsaMech, 0xdead, h[:])
+	if !errors.Is(err, pkcs11.Error(pkcs11.CKR_OBJECT_HANDLE_INVALID)) || slot.ClassOf(err) != slot.ClassRequest {
+		t.Fatalf("Sign with a bad key handle: %v, want CKR_OBJECT_HANDLE_INVALID (request)", err)
+	}
+	// The pooled session is still good after the failed C_SignInit.
+	if _, err := signDigest(ctx, s, priv, msg); err != nil {
+		t.Fatalf("Sign after a failed one: %v", err)
+	}
+	lane := slot.LaneCalls(s)
+	if spin && lane != 5 || !spin && lane != 0 {
+		t.Fatalf("%d calls went through a lane with SpinHandoff %v; want 5 (every Sign and Verify) or none", lane, spin)
+	}
+}
+
+// Mechanism parameters go through a lane as bytes: RSA-PSS's must reach the
+// module intact (a salt length the module did not get would not verify in
+// Go), and a mechanism whose parameter holds pointers (RSA-OAEP here, not
+// a signature mechanism: the module refuses it) never takes the lane.
+func TestLaneMechanismParameters(t *testing.T) {
+	t.Parallel()
+	spec := specOf(testhsm.Take(t, 1)[0])
+	spec.SpinHandoff = true
+	s := open(t, spec)
+	ctx := ctxT(t)
+	pub, priv, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
+			pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
+			pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048),
+			pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
+		},
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
+			pkcs11.NewAttribute(pkcs11.CKA_SIGN, true),
+			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		})
+	if err != nil {
+		t.Fatalf("GenerateKeyPair: %v", err)
+	}
+	attrs, err := s.GetAttributes(ctx, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
+	if err != nil {
+		t.Fatalf("read the public key: %v", err)
+	}
+	rsaPub := &rsa.PublicKey{N: new(big.Int).SetBytes(attrs[0].Value), E: int(new(big.Int).SetBytes(attrs[1].Value).Int64())}
+
+	msg := []byte("salted")
+	h := sha256.Sum256(msg)
+	for _, salt := range []uint{0, 32, 64} {
+		m := pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_PSS, pkcs11.NewPSSParams(pkcs11.CKM_SHA256, pkcs11.CKG_MGF1_SHA256, salt))
+		sig, err := s.Sign(ctx, m, priv, h[:])
+		if err != nil {
+			t.Fatalf("PSS sign, salt %d: %v", salt, err)
+		}
+		if err := rsa.VerifyPSS(rsaPub, crypto.SHA256, h[:], sig, &rsa.PSSOptions{SaltLength: int(salt)}); err != nil {
+			t.Fatalf("PSS signature with salt %d does not verify in Go: %v", salt, err)
+		}
+		if err := s.Verify(ctx, m, pub, h[:], sig); err != nil {
+			t.Fatalf("PSS verify, salt %d: %v", salt, err)
+		}
+	}
+	if got := slot.LaneCalls(s); got != 6 {
+		t.Fatalf("%d lane calls for 3 PSS signatures and verifications, want 6", got)
+	}
+	oaep := pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_OAEP, pkcs11.NewOAEPParams(pkcs11.CKM_SHA_1, pkcs11.CKG_MGF1_SHA1, pkcs11.CKZ_DATA_SPECIFIED, nil))
+	if _, err := s.Sign(ctx, oaep, priv, h[:]); err == nil {
+		t.Fatalf("Sign with RSA-OAEP succeeded")
+	}
+	if got := slot.LaneCalls(s); got != 6 {
+		t.Fatalf("Sign with RSA-OAEP went through a lane (%d lane calls, want 6)", got)
 	}
 }
 

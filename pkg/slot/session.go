@@ -24,6 +24,18 @@ type Session struct {
 func (ss *Session) member() string { return ss.s.spec.Name }
 
 func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error {
+	t := ss.s.cmdTimeout
+	if keygen {
+		t = ss.s.keyTimeout
+	}
+	return ss.callWith(ctx, op, t, fn, nil)
+}
+
+func (ss *Session) callLane(ctx context.Context, op Op, lj *laneJob, fn func(*sess) error) error {
+	return ss.callWith(ctx, op, ss.s.cmdTimeout, fn, lj)
+}
+
+func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, lj *laneJob) error {
 	s := ss.s
 	if ss.closed {
 		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
@@ -31,11 +43,7 @@ func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) 
 	if ss.broken != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: broken by an earlier error: %v", ErrSessionLost, ss.broken)}
 	}
-	t := s.cmdTimeout
-	if keygen {
-		t = s.keyTimeout
-	}
-	err := ss.run(ctx, op, t, fn)
+	err := ss.run(ctx, op, t, fn, lj)
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
 	}
@@ -44,7 +52,7 @@ func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) 
 
 // run makes the call inside the slot's gate, so that Reinit and Close never
 // finalize or close under it.
-func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
 	s := ss.s
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
@@ -57,7 +65,7 @@ func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn fun
 		ss.broken = ErrSessionLost
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: the slot was re-initialised since the session was opened", ErrSessionLost)}
 	}
-	err := ss.x.run(ctx, op, timeout, fn)
+	err := ss.x.runEither(ctx, op, timeout, fn, lj)
 	if ss.x.dead || ClassOf(err) == ClassHealth {
 		ss.broken = err
 	}

@@ -75,6 +75,7 @@ type counters struct {
 	discarded        atomic.Uint64
 	quarantinedTotal atomic.Uint64
 	relogins         atomic.Uint64
+	laneCalls        atomic.Uint64 // calls made on a session's lane (lane.go)
 }
 
 // Stats is a snapshot of a Slot's session pool.
@@ -558,7 +559,7 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 // do runs fn on a pooled session: it borrows one (waiting, bounded by ctx,
 // while all are lent out), runs fn under timeout, and returns the session to
 // the pool, or discards it after a session-level error.
-func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
 	if q := s.quarantined.Load(); q >= int64(s.capacity) {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
 	}
@@ -573,7 +574,7 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 			return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 		}
 	}
-	err := s.doPermitted(ctx, op, timeout, fn)
+	err := s.doPermitted(ctx, op, timeout, fn, lj)
 	<-s.permits
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
@@ -581,7 +582,7 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 	return err
 }
 
-func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
 	}
@@ -597,7 +598,7 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 	if err != nil {
 		return err
 	}
-	err = x.run(ctx, op, timeout, fn)
+	err = x.runEither(ctx, op, timeout, fn, lj)
 	switch {
 	case x.dead: // quarantined
 		s.stats.open.Add(-1)

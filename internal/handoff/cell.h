@@ -1,0 +1,163 @@
+/*
+ * cell.h — the caller/worker meeting point of package handoff, in C so that
+ * C worker threads (internal/p11raw's lanes) use the same cell and the same
+ * process-wide count of spinning threads as the Go workers. See
+ * handoff.go for why the hand-off spins before it sleeps.
+ */
+#ifndef HG_CELL_H
+#define HG_CELL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdint.h>
+#include <time.h>
+#include <sched.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+
+typedef struct {
+	uint32_t req;    // sequence number of the last call posted
+	uint32_t res;    // sequence number of the last call answered
+	uint32_t cancel; // sequence number of the last call cancelled
+	uint32_t wsleep; // the worker sleeps (or is about to) on req
+	uint32_t csleep; // the caller sleeps (or is about to) on res
+} hg_cell;
+
+#define LD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+
+static inline void hg_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static inline int64_t hg_now(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void hg_futex_wait(uint32_t *addr, uint32_t val, int64_t ns) {
+	struct timespec ts = {ns / 1000000000, ns % 1000000000};
+	syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, ns >= 0 ? &ts : NULL, NULL, 0);
+}
+
+static inline void hg_futex_wake(uint32_t *addr) {
+	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+// hg_busy counts the threads of the process that spin here or run a call
+// handed over here; a thread spins only while that leaves a CPU of the
+// process's affinity for it. When every CPU is taken, sleeping costs no
+// halted-vCPU wake-up (the CPUs are busy) and spinning would only take a
+// CPU from a worker.
+extern int32_t hg_busy, hg_ncpu;
+
+static inline int32_t hg_cpus(void) {
+	int32_t n = LD(&hg_ncpu);
+	if (n == 0) {
+		cpu_set_t set;
+		n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+		ST(&hg_ncpu, n);
+	}
+	return n;
+}
+
+static inline int32_t hg_load_busy(void) { return LD(&hg_busy); }
+
+static inline void hg_enter(void) { __atomic_add_fetch(&hg_busy, 1, __ATOMIC_SEQ_CST); }
+static inline void hg_leave(void) { __atomic_sub_fetch(&hg_busy, 1, __ATOMIC_SEQ_CST); }
+
+static inline int hg_try_spin(void) {
+	if (__atomic_add_fetch(&hg_busy, 1, __ATOMIC_SEQ_CST) <= hg_cpus())
+		return 1;
+	hg_leave();
+	return 0;
+}
+
+// hg_spin returns 1 as soon as *word != unlike (or *cancel == seq when
+// cancel is set), 0 when until passes first.
+static inline int hg_spin(uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until) {
+	for (unsigned i = 1;; i++) {
+		if (LD(word) != unlike || (cancel && LD(cancel) == seq))
+			return 1;
+		if ((i & 63) == 0) {
+			if (hg_now() >= until)
+				return 0;
+			sched_yield();
+		} else {
+			hg_relax();
+		}
+	}
+}
+
+static inline uint32_t hg_post(hg_cell *c) {
+	uint32_t seq = __atomic_add_fetch(&c->req, 1, __ATOMIC_SEQ_CST);
+	if (LD(&c->wsleep))
+		hg_futex_wake(&c->req);
+	return seq;
+}
+
+static inline uint32_t hg_next(hg_cell *c, uint32_t last, int64_t spin_ns) {
+	uint32_t r;
+	if (spin_ns > 0 && hg_try_spin()) {
+		hg_spin(&c->req, last, NULL, 0, hg_now() + spin_ns);
+		hg_leave();
+	}
+	while ((r = LD(&c->req)) == last) {
+		ST(&c->wsleep, 1);
+		if (LD(&c->req) == last)
+			hg_futex_wait(&c->req, last, -1);
+		ST(&c->wsleep, 0);
+	}
+	hg_enter(); // running the call, until hg_done
+	return r;
+}
+
+static inline void hg_done(hg_cell *c, uint32_t seq) {
+	hg_leave();
+	ST(&c->res, seq);
+	if (LD(&c->csleep))
+		hg_futex_wake(&c->res);
+}
+
+static inline void hg_cancel(hg_cell *c, uint32_t seq) {
+	ST(&c->cancel, seq);
+	if (LD(&c->csleep))
+		hg_futex_wake(&c->res);
+}
+
+// hg_wait: 0 answered, 1 deadline passed, 2 cancelled (never when
+// timeout_ns < 0: then it waits for the answer alone, however long).
+static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns) {
+	int forever = timeout_ns < 0;
+	int64_t start = hg_now(), deadline = start + timeout_ns;
+	uint32_t r = seq - 1; // the answer before seq's: calls are one at a time
+	uint32_t *cancel = forever ? NULL : &c->cancel;
+	if (!forever && spin_ns > timeout_ns)
+		spin_ns = timeout_ns;
+	if (spin_ns > 0 && hg_try_spin()) {
+		hg_spin(&c->res, r, cancel, seq, start + spin_ns);
+		hg_leave();
+	}
+	for (;;) {
+		if (LD(&c->res) == seq)
+			return 0;
+		if (cancel && LD(cancel) == seq)
+			return 2;
+		int64_t left = forever ? -1 : deadline - hg_now();
+		if (!forever && left <= 0)
+			return 1;
+		ST(&c->csleep, 1);
+		if (LD(&c->res) == r && !(cancel && LD(cancel) == seq))
+			hg_futex_wait(&c->res, r, left);
+		ST(&c->csleep, 0);
+	}
+}
+
+#endif
