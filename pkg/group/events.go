@@ -1,6 +1,7 @@
 package group
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	gosync "sync"
@@ -104,6 +105,15 @@ type Tombstones interface {
 	Record(ctx context.Context, t tombstone.Tombstone) error
 }
 
+// Reviver is implemented by Tombstones that can revoke the tombstones of
+// a version (identity and fingerprint) made again through the group, so
+// that a plan does not delete the new object on the old destroy's
+// account (a plan deletes a tombstoned version wherever it remains).
+// *tombstone.Journal and *MemoryTombstones implement it.
+type Reviver interface {
+	Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error)
+}
+
 // MemoryTombstones is the default Tombstones: kept in memory for the life
 // of the group, for tests and programs without a state directory. Safe for
 // concurrent use.
@@ -118,6 +128,32 @@ func (m *MemoryTombstones) Record(_ context.Context, t tombstone.Tombstone) erro
 	defer m.mu.Unlock()
 	m.all = append(m.all, t)
 	return nil
+}
+
+// Revive revokes every tombstone of id + fingerprint not yet revoked
+// (see Reviver) and returns how many; a nil fingerprint revives nothing.
+func (m *MemoryTombstones) Revive(_ context.Context, id hasync.Identity, fingerprint []byte) (int, error) {
+	if fingerprint == nil {
+		return 0, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	revoked := map[string]bool{}
+	for _, t := range m.all {
+		if t.Revoked {
+			revoked[revocationKey(t)] = true
+		}
+	}
+	n := 0
+	for _, t := range m.all {
+		if t.Revoked || revoked[revocationKey(t)] || !t.Identity.Equal(id) || !bytes.Equal(t.Fingerprint, fingerprint) {
+			continue
+		}
+		m.all = append(m.all, t.Revocation())
+		revoked[revocationKey(t)] = true
+		n++
+	}
+	return n, nil
 }
 
 // Snapshot returns the tombstones recorded so far and not revoked as a

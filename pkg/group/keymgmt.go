@@ -276,6 +276,8 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		}
 	}
 
+	revived := g.revive(ctx, ms)
+
 	// The virtual entries, before replication so that the physical handles
 	// can be recorded as they come.
 	vs := make([]*vobject, len(ms))
@@ -314,6 +316,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 			}
 		}
 		undo()
+		g.rebury(ctx, revived)
 		return nil, opErr(op, p.Name(), err)
 	}
 	res := make([]ObjectHandle, len(vs))
@@ -322,6 +325,52 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	}
 	g.changes.Add(uint64(len(vs)))
 	return res, nil
+}
+
+// revive revokes the tombstones of the token objects in ms, just made on
+// the primary: an object made again through the group with the
+// identity and fingerprint of one destroyed before (a public key imported
+// again, a key unwrapped again from the same blob) is alive, and a plan,
+// which deletes a tombstoned version wherever it remains, must leave it
+// alone. It runs before the replication, so that the new object's copies
+// are never taken for the destroyed one's. A revocation that cannot be
+// recorded does not fail the creation; a TombstoneFailed event says that
+// a catch-up may delete the object. It returns the objects whose
+// tombstones it revoked: should the creation be undone, they are
+// destroyed again and get a tombstone again.
+func (g *Group) revive(ctx context.Context, ms []made) []hasync.Object {
+	r, ok := g.tombstones.(Reviver)
+	if !ok {
+		return nil
+	}
+	var out []hasync.Object
+	for _, m := range ms {
+		if !m.obj.Token || m.obj.Fingerprint == nil {
+			continue
+		}
+		n, err := r.Revive(context.WithoutCancel(ctx), m.obj.Identity, m.obj.Fingerprint)
+		if err != nil {
+			g.emit(Event{Kind: TombstoneFailed, Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint,
+				Err: fmt.Errorf("made again through the group, but the tombstone of its earlier destroy could not be revoked (a catch-up may delete it): %w", err)})
+		}
+		if n > 0 {
+			out = append(out, m.obj)
+		}
+	}
+	return out
+}
+
+// rebury records a tombstone again for each of objs, whose tombstones
+// revive revoked for a creation that was then undone: the object is
+// destroyed again, and copies of it on a member that was away must not
+// come back.
+func (g *Group) rebury(ctx context.Context, objs []hasync.Object) {
+	for _, o := range objs {
+		t := tombstone.Tombstone{Identity: o.Identity, Fingerprint: o.Fingerprint, Time: time.Now(), GroupSerial: g.serial}
+		if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
+			g.emit(Event{Kind: TombstoneFailed, Object: t.Identity, Fingerprint: t.Fingerprint, Err: err})
+		}
+	}
 }
 
 // nothingMade reports whether p holds no object under the identity of any
@@ -828,7 +877,8 @@ func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vo
 // first on one member (a refusal such as CKR_ACTION_PROHIBITED is returned
 // as it is and nothing else is touched), then on the others in parallel.
 // A member that fails to destroy it is failed (recovery removes it there).
-// Token objects leave a tombstone (Options.Tombstones) so that a member
+// A second copy of a token object on a member (see destroyCopies) goes
+// too. Token objects leave a tombstone (Options.Tombstones) so that a member
 // that was away cannot bring the object back. The tombstone is recorded
 // before the first member's destroy: a catch-up in another process that
 // lists the members while the destroy is under way must find it, or it
@@ -953,7 +1003,11 @@ func (g *Group) destroyOn(ctx context.Context, o *vobject, m *member.Member) err
 			return err
 		}
 		_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
-		if err == nil || !isHandleError(err) {
+		if err == nil {
+			g.destroyCopies(ctx, o, m)
+			return nil
+		}
+		if !isHandleError(err) {
 			return err
 		}
 		o.forget(m.Index())
@@ -963,6 +1017,55 @@ func (g *Group) destroyOn(ctx context.Context, o *vobject, m *member.Member) err
 			return errAbsent
 		}
 	}
+}
+
+// destroyCopies destroys, after o's destroy on token member m, any other
+// copy of o that m still holds: an object with o's identity and o's
+// fingerprint (or none that the member can compute). A catch-up in
+// another process can leave such a second copy: its listing of m predated
+// the replication that put o there, so it copied o to m too (a copy to a
+// member the listing showed without the object does not search it
+// first). The destroy would leave that copy behind, on a member whose
+// tombstone then names an object it still holds. Objects of the identity
+// with other key material (a conflict) are left alone. It is best effort:
+// o is destroyed on m already; a member that fails here is failed, and
+// its recovery deletes what remains under the tombstone.
+func (g *Group) destroyCopies(ctx context.Context, o *vobject, m *member.Member) {
+	if !o.token {
+		return
+	}
+	id, want := o.identity(), o.fingerprint()
+	var hs []pkcs11.ObjectHandle
+	if _, err := g.call(ctx, m, func() (err error) {
+		hs, err = m.Slot().FindObjects(ctx, identityTemplate(id))
+		return err
+	}); err != nil {
+		g.copiesLeft(ctx, m, id, err)
+		return
+	}
+	for _, h := range hs {
+		fp, err := g.fingerprint(ctx, m, h)
+		if err != nil {
+			g.copiesLeft(ctx, m, id, err)
+			return
+		}
+		if fp != nil && want != nil && !bytes.Equal(fp, want) {
+			continue
+		}
+		if _, err := g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, h) }); err != nil && !isHandleError(err) {
+			g.copiesLeft(ctx, m, id, err)
+			return
+		}
+	}
+}
+
+// copiesLeft reports that m may still hold a copy of the destroyed id:
+// a member that failed for it is failed, so that its recovery removes it.
+func (g *Group) copiesLeft(ctx context.Context, m *member.Member, id hasync.Identity, err error) {
+	if ctx.Err() != nil || slot.ClassOf(err) != slot.ClassHealth {
+		return
+	}
+	g.replicationFailed(m, id, fmt.Errorf("destroy: look for a second copy: %w", err))
 }
 
 // DestroyObject is Group.DestroyObject for the PKCS#11 module; a session

@@ -180,13 +180,9 @@ type CatchUp struct {
 	// object was destroyed while it was being copied.
 	Vanished int
 
-	mark      uint64          // Engine.WriteMark before the last listing
-	converged bool            // the last pass found nothing left for the member
-	copied    map[string]bool // versions this attempt copied (versionKey)
+	mark      uint64 // Engine.WriteMark before the last listing
+	converged bool   // the last pass found nothing left for the member
 }
-
-// versionKey names one version of an object: identity and fingerprint.
-func versionKey(id hasync.Identity, fp []byte) string { return id.Key() + "\x00" + string(fp) }
 
 // ConflictError says that the recovering member holds an object whose
 // identity another member holds with different key material. The member
@@ -679,7 +675,7 @@ func (r *Recoverer) catchUpAndActivate(ctx context.Context, name string, s *slot
 	}
 	defer release()
 	if r.opts.CatchUp == nil && (!cu.converged || r.eng.WriteMark() != cu.mark) {
-		fin, err := r.planPasses(ctx, self, r.peers(name), 1, true, cu.copied)
+		fin, err := r.planPasses(ctx, self, r.peers(name), 1, true)
 		cu.Passes += fin.Passes
 		cu.Copied += fin.Copied
 		cu.Deleted += fin.Deleted
@@ -828,7 +824,7 @@ func (r *Recoverer) finish(m *memberRec, fl *flight, gen uint64, manual bool, ou
 // still behind then is finished by the final pass under the write
 // barrier).
 func (r *Recoverer) planCatchUp(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember) (CatchUp, error) {
-	return r.planPasses(ctx, self, peers, maxPasses, false, nil)
+	return r.planPasses(ctx, self, peers, maxPasses, false)
 }
 
 // loadTombstones reads the tombstones for a plan (nil without a source).
@@ -846,13 +842,9 @@ func (r *Recoverer) loadTombstones(ctx context.Context) (hasync.Tombstones, erro
 
 // planPasses runs up to max plan/apply rounds for self. With final (the
 // write barrier is held, nothing changes through the group) one clean
-// apply is enough. copied are the versions earlier passes of the attempt
-// copied (nil: none).
-func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember, max int, final bool, copied map[string]bool) (CatchUp, error) {
-	cu := CatchUp{copied: copied}
-	if cu.copied == nil {
-		cu.copied = map[string]bool{}
-	}
+// apply is enough.
+func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember, max int, final bool) (CatchUp, error) {
+	var cu CatchUp
 	lacking := r.lacking()
 	members := capableFirst(append([]hasync.PlanMember{self}, peers...), lacking)
 	opts := hasync.PlanOptions{
@@ -863,10 +855,6 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		// tombstone, read before, would be missing too, so the object
 		// would be copied back from the member that was away.
 		LoadTombstones: r.loadTombstones,
-		// A version this attempt copied and that is tombstoned now was
-		// destroyed while it was being copied: deleted everywhere,
-		// though the copies made every member hold it.
-		Copied: func(id hasync.Identity, fp []byte) bool { return cu.copied[versionKey(id, fp)] },
 	}
 	for cu.Passes < max {
 		cu.Passes++
@@ -903,7 +891,6 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		for _, a := range res.Done {
 			if a.Kind == hasync.Copy {
 				cu.Copied++
-				cu.copied[versionKey(a.Identity, a.Fingerprint)] = true
 			} else {
 				cu.Deleted++
 			}

@@ -70,13 +70,6 @@ type PlanOptions struct {
 	// read before the listing, would be missing, so the plan would copy
 	// the destroyed object back from a member that was away.
 	LoadTombstones func(ctx context.Context) (Tombstones, error)
-	// Copied, when set, reports the versions (identity and fingerprint)
-	// the caller copied to some member since it last read the
-	// tombstones: a catch-up's earlier passes. Such a version that is
-	// tombstoned now was destroyed while it was being copied, and is
-	// deleted everywhere, even where every member holds it (the copies
-	// are the caller's, not the object made again).
-	Copied func(id Identity, fingerprint []byte) bool
 }
 
 // ActionKind says what an action does.
@@ -307,10 +300,14 @@ func mergeUnknown(vs []*holding) []*holding {
 // parallel), joins the listings on identity, and plans:
 //
 //   - a version (identity + fingerprint) that a tombstone says was
-//     destroyed, and that some member lacks, is deleted where it remains.
-//     A tombstoned version present on every member was evidently made
-//     again after the destroy and is left alone, unless the caller says
-//     it copied that version itself (PlanOptions.Copied);
+//     destroyed is deleted wherever it remains, even where every member
+//     holds it. Holding it everywhere is no sign that it was made again:
+//     a catch-up's copy that lands just before the destroy, or a second
+//     copy on one member that a destroy did not see, leaves it on members
+//     the destroy did not reach. An object made again through the group
+//     revokes its tombstone (see pkg/group); one re-imported on the
+//     members directly, outside the group, within the tombstone horizon
+//     is deleted: re-import it through the group;
 //   - of what remains, two or more fingerprints under one identity are a
 //     Conflict, reported with every fingerprint, and nothing is done;
 //   - one version held by some members only is copied from the first
@@ -441,8 +438,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		e := byID[k]
 		var remaining []*holding
 		for _, v := range e.versions {
-			copiedBack := opts.Copied != nil && opts.Copied(e.id, v.fp)
-			if tombstoned(tombs, e.id, v.fp) && (len(v.holders) < n || copiedBack) {
+			if tombstoned(tombs, e.id, v.fp) {
 				for pos := 0; pos < n; pos++ {
 					if h, ok := v.holders[pos]; ok {
 						deletes = append(deletes, Action{Kind: Delete, Identity: e.id, Fingerprint: v.fp,

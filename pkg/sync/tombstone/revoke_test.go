@@ -206,3 +206,55 @@ func TestRevocationNeedsItsTombstoneTime(t *testing.T) {
 		t.Fatalf("revocation without a time: %v", err)
 	}
 }
+
+// An object made again through the group revives: Revive revokes every
+// tombstone of its identity and fingerprint that counts (two processes
+// destroyed it, say), for every reader, and nothing else; with nothing to
+// revoke it writes nothing; a later destroy counts again.
+func TestReviveRevokesEveryTombstoneOfTheVersion(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	clk := &clock{now: time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)}
+	opts := Options{Now: clk.Now, CompactBytes: -1}
+	j := openT(t, dir, opts)
+	other := openT(t, dir, opts)
+	for _, tb := range []Tombstone{tomb("again", []byte{1}), tomb("other-fp", []byte{2})} {
+		if err := j.Record(ctx, tb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(time.Second)
+	if err := other.Record(ctx, tomb("again", []byte{1})); err != nil { // a second destroy, elsewhere
+		t.Fatal(err)
+	}
+	again := ident("again")
+	again.Label = "other-fp"
+	if err := j.Record(ctx, Tombstone{Identity: again, Fingerprint: []byte{2}}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := j.Revive(ctx, ident("again"), []byte{1})
+	if err != nil || n != 2 {
+		t.Fatalf("Revive = %d, %v; want both tombstones revoked", n, err)
+	}
+	mustContain(t, j, ident("again"), []byte{1}, false)
+	mustContain(t, other, ident("again"), []byte{1}, false)
+	mustContain(t, other, again, []byte{2}, true)
+	mustContain(t, other, ident("other-fp"), []byte{2}, true)
+
+	path := filepath.Join(dir, "1000001", JournalName)
+	before := len(readLines(t, path))
+	if n, err := other.Revive(ctx, ident("again"), []byte{1}); err != nil || n != 0 {
+		t.Fatalf("second Revive = %d, %v; want nothing to revoke", n, err)
+	}
+	if n, err := other.Revive(ctx, ident("again"), nil); err != nil || n != 0 {
+		t.Fatalf("Revive without a fingerprint = %d, %v; want nothing", n, err)
+	}
+	if after := len(readLines(t, path)); after != before {
+		t.Fatalf("Revive with nothing to revoke wrote %d lines", after-before)
+	}
+	clk.Add(time.Second)
+	if err := j.Record(ctx, tomb("again", []byte{1})); err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, other, ident("again"), []byte{1}, true)
+}

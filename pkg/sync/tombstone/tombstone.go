@@ -37,6 +37,11 @@
 // and NewSet treat a revoked tombstone as absent, and compaction drops
 // it together with its revocation.
 //
+// An object made again through the group with the identity and
+// fingerprint of one destroyed before revives: Journal.Revive revokes
+// every tombstone of that version that still counts, since a plan
+// deletes a tombstoned version wherever it remains, even on every member.
+//
 // Binaries from before revocations refuse a journal holding a revocation
 // line (an unknown field), reporting the journal's file and line, rather
 // than taking it for a tombstone and deleting a live object; a
@@ -312,6 +317,84 @@ func (j *Journal) Record(ctx context.Context, t Tombstone) error {
 		_, _ = j.compactLocked() // the tombstone is durable either way; see the doc comment
 	}
 	return nil
+}
+
+// Revive revokes every tombstone of the version id + fingerprint that
+// still counts (within the horizon, not revoked), and returns how many it
+// revoked. The group calls it when it makes that version again (a public
+// key or certificate imported again, a key unwrapped again from the same
+// blob): the destroy is then over, and a plan must not delete the new
+// object on the old tombstone's account. Revoking every one, not just the
+// latest, matters: an older tombstone of the version would count again
+// once the latest is revoked. Nothing is written when none counts; the
+// revocations, when there are any, are on disk before Revive returns. A
+// nil fingerprint revives nothing (a fingerprint-less object is matched by
+// identity, and an identity may have been destroyed with other
+// material).
+func (j *Journal) Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error) {
+	if fingerprint == nil {
+		return 0, nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return 0, fmt.Errorf("tombstones of group %s: journal closed", j.serial)
+	}
+	// A shared lock first: the usual case (nothing to revoke) writes
+	// nothing and should not keep every other reader out.
+	if n, err := j.liveLocked(ctx, id, fingerprint, unix.LOCK_SH); err != nil || n == 0 {
+		return 0, err
+	}
+	unlock, err := j.lock(ctx, unix.LOCK_EX)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	if err := j.refreshLocked(); err != nil {
+		return 0, err
+	}
+	cutoff := j.cutoff()
+	var lines []byte
+	n := 0
+	for _, t := range j.entries[key(id, fingerprint)] {
+		if t.Revoked || t.Time.Before(cutoff) {
+			continue
+		}
+		line, err := json.Marshal(toWire(t.Revocation()))
+		if err != nil {
+			return 0, fmt.Errorf("tombstones of group %s: encode revocation of %s: %w", j.serial, t.Identity, err)
+		}
+		lines = append(append(lines, line...), '\n')
+		n++
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if _, err := j.appendLocked(lines); err != nil {
+		return 0, fmt.Errorf("tombstones of group %s: revoke the tombstones of %s (made again) in %s: %w", j.serial, id, j.path(JournalName), err)
+	}
+	return n, nil
+}
+
+// liveLocked counts, under a lock of kind how, the tombstones of id +
+// fingerprint that still count. j.mu must be held.
+func (j *Journal) liveLocked(ctx context.Context, id hasync.Identity, fingerprint []byte, how int) (int, error) {
+	unlock, err := j.lock(ctx, how)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	if err := j.refreshLocked(); err != nil {
+		return 0, err
+	}
+	cutoff := j.cutoff()
+	n := 0
+	for _, t := range j.entries[key(id, fingerprint)] {
+		if !t.Revoked && !t.Time.Before(cutoff) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // appendLocked appends line to the journal, first cutting off a torn last

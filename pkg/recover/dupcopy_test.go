@@ -1,0 +1,183 @@
+package recover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
+)
+
+// listingOrder is a slot.WrapInterceptor for another process's slots: the
+// FindObjects of the token first waits until the others' FindObjects
+// have answered, then runs before (outside the interceptor's lock), and
+// only then is the call made. It orders the parallel listings of a plan.
+type listingOrder struct {
+	first  string        // the token whose listing runs last
+	others chan struct{} // one value per other token's answered FindObjects
+	n      int           // how many others
+	before func()        // run once, before first's FindObjects
+}
+
+func (l *listingOrder) Before(context.Context, string, slot.Op) error { return nil }
+
+func (l *listingOrder) Wrap(ctx context.Context, token string, op slot.Op, call func() error) error {
+	if op != slot.OpFindObjects {
+		return call()
+	}
+	if token != l.first {
+		err := call()
+		select {
+		case l.others <- struct{}{}:
+		default:
+		}
+		return err
+	}
+	if fn := l.before; fn != nil {
+		l.before = nil // one listing: FindObjects of first runs on one goroutine at a time
+		for range l.n {
+			select {
+			case <-l.others:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(30 * time.Second):
+				return errors.New("test: the other listings did not answer within 30s")
+			}
+		}
+		fn()
+	}
+	return call()
+}
+
+// Soak seed 1796068917464095269 (issue 6): 12 key pairs destroyed
+// through the group were found on every member at the end, tombstoned.
+// The interleaving, across processes:
+//
+//  1. another process (libhapkcs11, haagent) catches up a member: its plan
+//     lists m1 and m2 just before this process's group makes a key pair on
+//     m0 and replicates it to m1 and m2, and lists m0 just after. The pair
+//     is on m0 only in that plan, so it copies it to m1 and m2, without
+//     searching them first (the listing said they lack it): m1 and m2
+//     now hold it twice;
+//  2. this process's group, with m0 failed in its view (the other process
+//     still serves from it), destroys the pair: the tombstone is written
+//     ahead, and the destroy removes the copy it knows on m1 and m2. The
+//     second copies stay;
+//  3. m0 returns: its catch-up finds the pair, tombstoned, on every
+//     member, and the plan took that for the key made again after the
+//     destroy, and left it everywhere.
+//
+// The pair must be gone from m1 and m2 when the destroy returns, and from
+// every member once m0 has caught up.
+func TestDestroyedPairCopiedTwiceByAnotherProcessStaysGone(t *testing.T) {
+	r := newRig(t, rigOpts{n: 3, retries: 0})
+	m0, m1, m2 := r.name(0), r.name(1), r.name(2)
+	s := r.session()
+	r.genEC(s, "kept")
+
+	// The other process: its own slots on the tokens, its own journal.
+	order := &listingOrder{first: m0 + "-other", others: make(chan struct{}, 2), n: 2}
+	var other []hasync.PlanMember
+	for _, tok := range r.toks {
+		sl, err := slot.Open(rigCtx(t), slot.Spec{
+			Name: tok.Name + "-other", Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label,
+			PIN: secret.PINFromString(testhsm.UserPIN), CommandTimeout: 20 * time.Second, Interceptor: order,
+		})
+		if err != nil {
+			t.Fatalf("open %s for the other process: %v", tok.Name, err)
+		}
+		t.Cleanup(func() { sl.Close() })
+		other = append(other, hasync.PlanMember{Name: tok.Name, Slot: sl})
+	}
+	otherJournal, err := tombstone.Open(r.stateDir, r.cfg.Serial, tombstone.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherJournal.Close()
+	load := func(ctx context.Context) (hasync.Tombstones, error) { return otherJournal.Snapshot(ctx) }
+
+	// 1. The pair is made through this process's group between the other
+	// process's listings of m1, m2 and its listing of m0.
+	pair := make(chan [2]group.ObjectHandle, 1)
+	order.before = func() {
+		pub, priv := r.genEC(s, "doomed")
+		pair <- [2]group.ObjectHandle{pub, priv}
+	}
+	plan, err := hasync.MakePlan(rigCtx(t), other, nil, hasync.PlanOptions{SkipUnreachable: true, LoadTombstones: load})
+	if err != nil {
+		t.Fatalf("the other process's plan: %v", err)
+	}
+	var made [2]group.ObjectHandle
+	select {
+	case made = <-pair:
+	default:
+		t.Fatal("the pair was not made during the other process's listing")
+	}
+	want := map[string]bool{}
+	for _, a := range plan.Actions {
+		if a.Kind == hasync.Copy && a.Identity.Label == "doomed" && a.Source == m0 {
+			want[a.Member] = true
+		}
+	}
+	if !want[m1] || !want[m2] {
+		t.Fatalf("the other process's plan does not copy the pair from %s to %s and %s: %v", m0, m1, m2, plan.Actions)
+	}
+	rep := &hasync.Replicator{GroupSerial: r.cfg.Serial}
+	if _, err := rep.Apply(rigCtx(t), plan); err != nil {
+		t.Fatalf("the other process's apply: %v", err)
+	}
+	for _, i := range []int{1, 2} {
+		if n := count(labels(inventory(t, r.direct(r.toks[i], "-dup"))), "doomed"); n != 4 {
+			t.Fatalf("%s holds %d objects labelled doomed after the other process's copies, want the pair twice (4)", r.name(i), n)
+		}
+	}
+
+	// 2. m0 fails in this process's view; the pair is destroyed.
+	if err := r.g.FailMember(m0, errors.New("test: away from this process")); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []group.ObjectHandle{made[1], made[0]} { // private half first, as the soak's loads do
+		if err := r.g.DestroyObject(rigCtx(t), h); err != nil {
+			t.Fatalf("destroy: %v", err)
+		}
+	}
+	for _, i := range []int{1, 2} {
+		inv := inventory(t, r.direct(r.toks[i], "-destroyed"))
+		if n := count(labels(inv), "doomed"); n != 0 {
+			t.Errorf("%s, serving, holds %d objects labelled doomed after the destroy returned:\n  %s", r.name(i), n, dump(inv))
+		}
+	}
+
+	// 3. m0 returns.
+	res, err := r.rec.Recover(rigCtx(t), m0)
+	if err != nil {
+		t.Fatalf("recover %s: %v", m0, err)
+	}
+	if st := r.state(m0); st != member.Active {
+		t.Fatalf("%s is %v after recovery", m0, st)
+	}
+	for i := range r.toks {
+		inv := inventory(t, r.direct(r.toks[i], fmt.Sprintf("-check%d", i)))
+		if got := fmt.Sprint(labels(inv)); got != "[kept kept]" {
+			t.Errorf("%s holds %v after %s's recovery, want only the kept pair (catch-up: %+v)\n  %s", r.name(i), got, m0, res.CatchUp, dump(inv))
+		}
+	}
+}
+
+func count(ls []string, l string) int {
+	n := 0
+	for _, x := range ls {
+		if x == l {
+			n++
+		}
+	}
+	return n
+}
