@@ -1021,20 +1021,23 @@ func (g *Group) destroyOn(ctx context.Context, o *vobject, m *member.Member) err
 
 // destroyCopies destroys, after o's destroy on token member m, any other
 // copy of o that m still holds: an object with o's identity and o's
-// fingerprint (or none that the member can compute). A catch-up in
-// another process can leave such a second copy: its listing of m predated
-// the replication that put o there, so it copied o to m too (a copy to a
-// member the listing showed without the object does not search it
-// first). The destroy would leave that copy behind, on a member whose
+// fingerprint (or none that the member can compute: a SoftHSM EC private
+// key whose public half is gone). A catch-up in another process can leave
+// such a second copy: its listing of m predated the replication that put
+// o there, so it copied o to m too (a copy to a member the listing showed
+// without the object does not search it first). The destroy would leave that copy behind, on a member whose
 // tombstone then names an object it still holds. Objects of the identity
 // with other key material (a conflict) are left alone. It is best effort:
 // o is destroyed on m already; a member that fails here is failed, and
 // its recovery deletes what remains under the tombstone.
 func (g *Group) destroyCopies(ctx context.Context, o *vobject, m *member.Member) {
-	if !o.token {
+	id, want := o.identity(), o.fingerprint()
+	if !o.token || want == nil {
+		// Without o's fingerprint a second object of the identity could
+		// be another key (a conflict): left to the plan, which deletes
+		// the tombstoned version.
 		return
 	}
-	id, want := o.identity(), o.fingerprint()
 	var hs []pkcs11.ObjectHandle
 	if _, err := g.call(ctx, m, func() (err error) {
 		hs, err = m.Slot().FindObjects(ctx, identityTemplate(id))
@@ -1049,7 +1052,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vobject, m *member.Member)
 			g.copiesLeft(ctx, m, id, err)
 			return
 		}
-		if fp != nil && want != nil && !bytes.Equal(fp, want) {
+		if fp != nil && !bytes.Equal(fp, want) {
 			continue
 		}
 		if _, err := g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, h) }); err != nil && !isHandleError(err) {
