@@ -27,7 +27,7 @@ type Slot struct {
 
 	gate     gate
 	permits  chan struct{} // one per session lent out of the pool
-	idle     chan *sess    // pooled sessions not lent out
+	idle     idlePool      // pooled sessions not lent out
 	closed   atomic.Bool
 	closedCh chan struct{}
 
@@ -153,7 +153,6 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		}
 	}
 	s.permits = make(chan struct{}, s.capacity)
-	s.idle = make(chan *sess, s.capacity)
 
 	s.mu.Lock()
 	_, err = s.anchorLocked(ctx)
@@ -465,15 +464,9 @@ func (s *Slot) Reinit(ctx context.Context) error {
 // about to be finalized). Callers hold s.mu and the gate.
 func (s *Slot) retireAllLocked(closeThem bool) {
 	var all []*sess
-	for {
-		select {
-		case x := <-s.idle:
-			all = append(all, x)
-			s.stats.open.Add(-1)
-			continue
-		default:
-		}
-		break
+	for x, ok := s.idle.take(); ok; x, ok = s.idle.take() {
+		all = append(all, x)
+		s.stats.open.Add(-1)
 	}
 	if s.anchor != nil {
 		all = append(all, s.anchor)
@@ -605,9 +598,38 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 	case isSessionFatal(err):
 		s.discard(x)
 	default:
-		s.idle <- x // never blocks: at most capacity sessions exist
+		s.idle.put(x)
 	}
 	return err
+}
+
+// idlePool holds the pooled sessions not lent out, last returned on top: a
+// call takes the session used last, whose worker (and lane) is likely
+// still spinning for its next call. Taken in turn (a channel's FIFO),
+// calls would go round the pool and find every worker asleep, or spinning
+// on a CPU that another session's worker needs.
+type idlePool struct {
+	mu sync.Mutex
+	xs []*sess
+}
+
+func (p *idlePool) put(x *sess) {
+	p.mu.Lock()
+	p.xs = append(p.xs, x)
+	p.mu.Unlock()
+}
+
+func (p *idlePool) take() (*sess, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.xs)
+	if n == 0 {
+		return nil, false
+	}
+	x := p.xs[n-1]
+	p.xs[n-1] = nil
+	p.xs = p.xs[:n-1]
+	return x, true
 }
 
 // borrow takes an idle session of generation st, or opens one. The caller
@@ -615,14 +637,12 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 // there is room for one more.
 func (s *Slot) borrow(ctx context.Context, st *slotState) (*sess, error) {
 	for {
-		select {
-		case x := <-s.idle:
+		if x, ok := s.idle.take(); ok {
 			if x.gen == st.gen && !x.dead {
 				return x, nil
 			}
 			s.discard(x)
 			continue
-		default:
 		}
 		x := newSess(s, st)
 		if err := x.openOn(ctx, st.id, s.cmdTimeout); err != nil {
