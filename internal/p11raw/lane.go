@@ -5,6 +5,7 @@ package p11raw
 #cgo LDFLAGS: -lpthread
 #include "cell.h" // first: it asks for _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,9 +100,26 @@ static void hg_lane_exec(hg_lane *l) {
 	l->rv = rv;
 }
 
+// hg_lane_quiet blocks the asynchronous signals in the calling thread. A
+// lane thread is not a Go thread, so the Go runtime does not field its
+// signals: a module writing to a dead peer's socket (p11-kit's client,
+// when the server is killed) would get SIGPIPE and, unhandled, the
+// process would die with it. Blocked, the write fails with EPIPE and the
+// module reports the member's failure. The application's own handlers
+// (SIGINT, SIGTERM…) then never run on a lane either.
+static void hg_lane_quiet(void) {
+	sigset_t set;
+	sigfillset(&set);
+	int sync[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS };
+	for (unsigned i = 0; i < sizeof sync / sizeof sync[0]; i++)
+		sigdelset(&set, sync[i]);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
 static void *hg_lane_main(void *arg) {
 	hg_lane *l = arg;
 	uint32_t seq = 0;
+	hg_lane_quiet();
 	for (;;) {
 		seq = hg_next(&l->cell, seq, l->spin_ns);
 		if (LD(&l->quit)) {
