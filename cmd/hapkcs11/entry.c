@@ -4,6 +4,7 @@
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "hapkcs11.h"
 #include "entry.h"
@@ -41,6 +42,23 @@ static void hap_at_exit(void)
 int hap_forked(void)
 {
 	return exiting || in_child;
+}
+
+/* The next time the calling thread is due to yield to the Go scheduler
+ * (see procs.go), on CLOCK_MONOTONIC in ns. */
+static __thread long long yield_at;
+
+#define YIELD_EVERY_NS 5000000LL
+
+int hap_yield_due(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	long long now = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+	if (now < yield_at)
+		return 0;
+	yield_at = now + YIELD_EVERY_NS;
+	return 1;
 }
 
 /* Serialises C_Initialize and C_Finalize with each other. */

@@ -13,11 +13,15 @@
  * CKF_OS_LOCKING_OK, the application asked the library to use its
  * primitives; the library then holds the application's mutex around every
  * call (hap_app_lock/hap_app_unlock).
+ *
+ * Scheduler tick: every few milliseconds a thread's call first yields to
+ * the Go scheduler (hap_yield_due, hapYield in procs.go).
  */
 #ifndef HAPKCS11_ENTRY_H
 #define HAPKCS11_ENTRY_H
 
 int hap_forked(void);
+int hap_yield_due(void);
 CK_RV hap_app_lock(void);
 void hap_app_unlock(void);
 
@@ -25,6 +29,8 @@ void hap_app_unlock(void);
 	do {                                          \
 		if (hap_forked())                     \
 			return CKR_CRYPTOKI_NOT_INITIALIZED; \
+		if (hap_yield_due())                  \
+			hapYield();                   \
 		CK_RV lrv_ = hap_app_lock();          \
 		if (lrv_ != CKR_OK)                   \
 			return lrv_;                  \
