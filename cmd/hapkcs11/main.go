@@ -25,6 +25,14 @@
 // application's mutex. CKF_LIBRARY_CANT_CREATE_OS_THREADS is ignored: the
 // Go runtime creates threads regardless.
 //
+// Threads: besides the Go runtime's own, every pooled session on an
+// in-process member module has a C thread that makes its signatures and
+// verifications (a lane, see pkg/slot); these threads block asynchronous
+// signals, so the application's handlers never run on them. The runtime
+// gets at least 8 Ps (GOMAXPROCS) unless the environment sets GOMAXPROCS,
+// and an application thread yields to the Go scheduler once every 5 ms of
+// calls (procs.go says why).
+//
 // Recovery: each group is opened with pkg/ha, so failed members are
 // recovered in the application's process (every interval, retries times)
 // and destroys are journalled in state_dir when the process may write it.
