@@ -85,7 +85,8 @@ type sess struct {
 	err      error
 	quit     atomic.Bool // set before the last post: the worker ends
 
-	lane *p11raw.Lane // the C thread for signatures (lane.go); nil without
+	lane      *p11raw.Lane // the C thread for signatures (lane.go); nil without
+	laneTried bool         // startLane ran: a nil lane stays nil
 
 	objects *objectLock // the token's, shared with every session on it
 
@@ -104,7 +105,6 @@ func newSess(owner *Slot, st *slotState) *sess {
 		objects: owner.mod.objectLock(st.id),
 	}
 	if x.spin {
-		x.startLane()
 		go x.workSpin()
 		return x
 	}

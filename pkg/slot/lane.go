@@ -54,8 +54,11 @@ func newLaneJob(op p11raw.LaneOp, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, 
 	return &laneJob{call: p11raw.LaneCall{Op: op, Mechanism: m.Mechanism, Parameter: m.Parameter, Key: key, Data: data, Sig: sig}}
 }
 
-// startLane gives x a lane when its session can have one.
+// startLane gives x a lane when its session can have one. It runs at the
+// session's first call that a lane can make, so sessions that never sign
+// (the login anchor, most dedicated ones) start no thread.
 func (x *sess) startLane() {
+	x.laneTried = true
 	if !x.spin || x.owner.spec.Interceptor != nil {
 		return
 	}
@@ -68,6 +71,9 @@ func (x *sess) startLane() {
 
 // runEither runs lj on x's lane when x has one, fn on its worker otherwise.
 func (x *sess) runEither(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
+	if lj != nil && !x.laneTried && !x.dead {
+		x.startLane()
+	}
 	if lj == nil || x.lane == nil {
 		return x.run(ctx, op, timeout, fn)
 	}

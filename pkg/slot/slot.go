@@ -549,9 +549,10 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 	return ss, nil
 }
 
-// do runs fn on a pooled session: it borrows one (waiting, bounded by ctx,
-// while all are lent out), runs fn under timeout, and returns the session to
-// the pool, or discards it after a session-level error.
+// do runs fn (or lj on the session's lane, see lane.go) on a pooled
+// session: it borrows one (waiting, bounded by ctx, while all are lent
+// out), runs the call under timeout, and returns the session to the pool,
+// or discards it after a session-level error.
 func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
 	if q := s.quarantined.Load(); q >= int64(s.capacity) {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
