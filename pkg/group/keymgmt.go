@@ -885,9 +885,12 @@ func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vo
 // would take the object, gone from the member that served it but still
 // on one that was away, for one to copy back everywhere. When the destroy
 // then does not happen (the first member refuses it, the object is in
-// conflict, no serving member holds it, every member fails), the
-// tombstone is revoked: this destroy removed nothing, and a later
-// catch-up must not delete the object on its account. (A revocation
+// conflict, every member fails), the tombstone is revoked: this destroy
+// removed nothing, and a later catch-up must not delete the object on its
+// account. When no serving member holds the object (CKR_OBJECT_HANDLE_INVALID
+// is returned) the tombstone stands: the object is gone, perhaps deleted
+// by a catch-up that honoured this very tombstone, and copies on members
+// that were away must not come back. (A revocation
 // cancels this tombstone only, never another process's tombstone of the
 // same object.)
 func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
@@ -937,6 +940,13 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		if lastHealth != nil {
 			return wrap(ErrNoMember, op, "", lastHealth)
 		}
+		// No serving member holds it: it is gone, and its tombstone
+		// stands. It may be gone on the tombstone's own account: a
+		// catch-up in another process that read the tombstone, recorded
+		// ahead, deleted it before this destroy reached it. Revoking then
+		// would bring it back from a member that was away and still
+		// holds a copy.
+		destroyed = true
 		g.objs.remove(o)
 		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
 	}

@@ -181,3 +181,68 @@ func count(ls []string, l string) int {
 	}
 	return n
 }
+
+// Soak seed 1796073944601797857 (issue 6): a pair destroyed through the
+// module came back on every member. Its private key's tombstone was
+// recorded ahead, and before the destroy reached the only serving member a
+// catch-up in another process, reading that tombstone, deleted the key
+// there. The destroy found no member holding it, took that for "the
+// destroy did not happen" and revoked the tombstone; the copy on a member
+// that was away was then live again and came back everywhere.
+//
+// The tombstone must stand, and the key stay gone once the member that
+// was away has caught up.
+func TestDestroyAnticipatedByCatchUpKeepsItsTombstone(t *testing.T) {
+	hook := &hookOnce{}
+	r := newRig(t, rigOpts{n: 2, retries: 0, interceptor: hook})
+	serving, away := r.name(0), r.name(1)
+	s := r.session()
+	pub, priv := r.genEC(s, "doomed")
+	r.genEC(s, "kept")
+	if err := r.g.FailMember(away, errors.New("test: away")); err != nil {
+		t.Fatal(err)
+	}
+	// The other process serves only the member this process serves too.
+	other := []hasync.PlanMember{{Name: serving, Slot: r.direct(r.toks[0], "-other")}}
+	otherJournal, err := tombstone.Open(r.stateDir, r.cfg.Serial, tombstone.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherJournal.Close()
+	var deleted int
+	hook.arm(serving, func() {
+		// Between the tombstone recorded ahead and the destroy on the
+		// serving member: the other process's catch-up applies it.
+		plan, err := hasync.MakePlan(rigCtx(t), other, nil, hasync.PlanOptions{
+			LoadTombstones: func(ctx context.Context) (hasync.Tombstones, error) { return otherJournal.Snapshot(ctx) }})
+		if err != nil {
+			t.Errorf("the other process's plan: %v", err)
+			return
+		}
+		res, err := (&hasync.Replicator{GroupSerial: r.cfg.Serial}).Apply(rigCtx(t), plan)
+		if err != nil {
+			t.Errorf("the other process's apply: %v", err)
+			return
+		}
+		deleted = len(res.Done)
+	}, slot.OpDestroyObject)
+	err = r.g.DestroyObject(rigCtx(t), priv)
+	if deleted != 1 {
+		t.Fatalf("the other process's catch-up deleted %d objects, want the private key", deleted)
+	}
+	t.Logf("destroy of the private key after the catch-up deleted it: %v", err)
+	if err := r.g.DestroyObject(rigCtx(t), pub); err != nil {
+		t.Fatalf("destroy the public key: %v", err)
+	}
+	res, err := r.rec.Recover(rigCtx(t), away)
+	if err != nil {
+		t.Fatalf("recover %s: %v", away, err)
+	}
+	for i := range r.toks {
+		inv := inventory(t, r.direct(r.toks[i], fmt.Sprintf("-check%d", i)))
+		if got := fmt.Sprint(labels(inv)); got != "[kept kept]" {
+			t.Errorf("%s holds %v after %s's recovery, want only the kept pair (catch-up: copied %d, deleted %d)\n  %s",
+				r.name(i), got, away, res.CatchUp.Copied, res.CatchUp.Deleted, dump(inv))
+		}
+	}
+}
