@@ -249,9 +249,10 @@ import (
 // never answers is abandoned like any other (pkg/slot's rule), but the
 // call costs one hand-off between two threads that spin for each other:
 // no goroutine is readied, no P changes hands and no cgo call is made on
-// the worker's side. On the 2-vCPU development VM that is the difference
-// between ~0.5 and ~0.9 of a module's own signing rate for
-// libhapkcs11.so's application threads.
+// the worker's side. With the session pool's order and the module's
+// runtime settings (cmd/hapkcs11's procs.go) it took libhapkcs11.so from
+// 0.47 to 0.92 of SoftHSM's own ECDSA rate for one application thread on
+// the 2-vCPU development VM (docs/BENCHMARKS.md).
 //
 // One call at a time; the caller serialises (a Lane belongs to one
 // session). Its zero value is not usable: see NewLane.
