@@ -37,6 +37,7 @@ type chaos struct {
 	maxStopped int
 	agentHangs []string // restarts after which haagent did not answer
 	repairs    int      // token.object files a kill left truncated (world.repairToken)
+	halfMade   int      // object files a kill left half-written (world.removeHalfWritten)
 }
 
 // restart restarts member i's killed server, after putting back its token
@@ -45,6 +46,14 @@ func (c *chaos) restart(ctx context.Context, i int, why string) error {
 	repaired, err := c.w.repairToken(i)
 	if err != nil {
 		return fmt.Errorf("%s: token file: %w", c.w.members[i], err)
+	}
+	half, err := c.w.removeHalfWritten(i)
+	if err != nil {
+		return fmt.Errorf("%s: object files: %w", c.w.members[i], err)
+	}
+	if half > 0 {
+		c.halfMade += half
+		c.note("removed %d half-written object file(s) of %s (a kill stopped SoftHSM mid-create)", half, c.w.members[i])
 	}
 	if err := c.w.servers[i].Start(ctx); err != nil {
 		return err
@@ -258,8 +267,8 @@ func (c *chaos) restoreAll(ctx context.Context) error {
 func (c *chaos) summary() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return fmt.Sprintf("%d kills, %d stops (at most %d at once), %d restarts, %d haagent kills; token.object files restored after a kill truncated them: %d",
-		c.kills, c.stops, c.maxStopped, c.restarts, c.agentKills, c.repairs)
+	return fmt.Sprintf("%d kills, %d stops (at most %d at once), %d restarts, %d haagent kills; token.object files restored after a kill truncated them: %d; half-written object files removed: %d",
+		c.kills, c.stops, c.maxStopped, c.restarts, c.agentKills, c.repairs, c.halfMade)
 }
 
 func (c *chaos) history() string {

@@ -3,6 +3,8 @@ package soak
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -93,6 +95,41 @@ func TestRepairToken(t *testing.T) {
 		}
 		if b, _ := os.ReadFile(path); !bytes.Equal(b, want) {
 			t.Fatalf("%s: file holds %q, want %q", tc.name, b, want)
+		}
+	}
+}
+
+// removeHalfWritten deletes the object files a kill left with a generation
+// counter and no attributes (with their lock files), and nothing else.
+func TestRemoveHalfWritten(t *testing.T) {
+	dir := t.TempDir()
+	w := &world{tokenFiles: []tokenFile{{path: filepath.Join(dir, "token.object")}}}
+	files := map[string][]byte{
+		"token.object":  []byte("tiny"), // repairToken's business, not this
+		"half.object":   make([]byte, halfWritten),
+		"half.lock":     nil,
+		"whole.object":  make([]byte, 200),
+		"whole.lock":    nil,
+		"empty.object":  nil,
+		"empty.lock":    nil,
+		"generation":    make([]byte, 8),
+		"nolock.object": []byte{1, 2, 3},
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := w.removeHalfWritten(0)
+	if err != nil || n != 2 {
+		t.Fatalf("removeHalfWritten = %d, %v; want 2 (half, nolock)", n, err)
+	}
+	for name := range files {
+		_, err := os.Stat(filepath.Join(dir, name))
+		gone := errors.Is(err, fs.ErrNotExist)
+		want := name == "half.object" || name == "half.lock" || name == "nolock.object"
+		if gone != want {
+			t.Errorf("%s: removed %v, want %v", name, gone, want)
 		}
 	}
 }
