@@ -466,4 +466,3 @@ func (w *world) removeHalfWritten(i int) (int, error) {
 	}
 	return n, nil
 }
-
