@@ -138,12 +138,7 @@ func (m *MemoryTombstones) Revive(_ context.Context, id hasync.Identity, fingerp
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	revoked := map[string]bool{}
-	for _, t := range m.all {
-		if t.Revoked {
-			revoked[revocationKey(t)] = true
-		}
-	}
+	revoked := m.revokedLocked()
 	n := 0
 	for _, t := range m.all {
 		if t.Revoked || revoked[revocationKey(t)] || !t.Identity.Equal(id) || !bytes.Equal(t.Fingerprint, fingerprint) {
@@ -154,6 +149,18 @@ func (m *MemoryTombstones) Revive(_ context.Context, id hasync.Identity, fingerp
 		n++
 	}
 	return n, nil
+}
+
+// revokedLocked returns the revocation keys of the tombstones revoked so
+// far. m.mu must be held.
+func (m *MemoryTombstones) revokedLocked() map[string]bool {
+	revoked := map[string]bool{}
+	for _, t := range m.all {
+		if t.Revoked {
+			revoked[revocationKey(t)] = true
+		}
+	}
+	return revoked
 }
 
 // Snapshot returns the tombstones recorded so far and not revoked as a
@@ -169,12 +176,7 @@ func (m *MemoryTombstones) Snapshot(context.Context) (*tombstone.Set, error) {
 func (m *MemoryTombstones) All() []tombstone.Tombstone {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	revoked := map[string]bool{}
-	for _, t := range m.all {
-		if t.Revoked {
-			revoked[revocationKey(t)] = true
-		}
-	}
+	revoked := m.revokedLocked()
 	out := make([]tombstone.Tombstone, 0, len(m.all))
 	for _, t := range m.all {
 		if !t.Revoked && !revoked[revocationKey(t)] {
