@@ -1,13 +1,15 @@
-// Package p11raw holds the PKCS#11 calls miekg/pkcs11 cannot express:
-// attributes whose value is itself an attribute array (CKA_WRAP_TEMPLATE,
-// CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE). They go straight to the
-// module's CK_FUNCTION_LIST, read from a miekg context. It is shared by
-// pkg/slot (in-process members) and pkg/remote (the token server).
+// Package p11raw holds the PKCS#11 calls made straight to a module's
+// CK_FUNCTION_LIST (read from a miekg context) rather than through
+// miekg/pkcs11: attributes whose value is itself an attribute array
+// (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE), which
+// miekg cannot express, and the signatures of a Lane (lane.go), made from
+// a C thread without the Go runtime. It is shared by pkg/slot (in-process
+// members) and pkg/remote (the token server).
 //
 // Only the parts of the PKCS#11 ABI used here are declared, so the build
-// needs no PKCS#11 development headers: CK_ATTRIBUTE, and the function list
-// up to C_GetAttributeValue (its members are, in order, CK_VERSION and one
-// function pointer per C_ function as listed in pkcs11f.h).
+// needs no PKCS#11 development headers: CK_ATTRIBUTE, CK_MECHANISM, and the
+// function list up to C_Verify (its members are, in order, CK_VERSION and
+// one function pointer per C_ function as listed in pkcs11f.h).
 package p11raw
 
 /*
