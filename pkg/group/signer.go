@@ -13,13 +13,8 @@ import (
 	"io"
 	"math/big"
 
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
-)
-
-// PKCS#11 3.0 names miekg/pkcs11 1.1.2 lacks.
-const (
-	ckkECEdwards = 0x40
-	ckmEdDSA     = 0x1057
 )
 
 // KeySelector names a private key for Signer: by CKA_ID, by CKA_LABEL, or
@@ -129,7 +124,7 @@ func (g *Group) publicKey(ctx context.Context, h ObjectHandle, keyType uint) (cr
 			return nil, fmt.Errorf("EC point: %w", err)
 		}
 		return pk, nil
-	case ckkECEdwards:
+	case slot.CKKECEdwards:
 		a, err := g.attrMap(ctx, h, pkcs11.CKA_EC_POINT)
 		if err != nil {
 			return nil, err
@@ -233,7 +228,7 @@ func (s *Signer) SignContext(ctx context.Context, digest []byte, opts crypto.Sig
 		if opts.HashFunc() != 0 {
 			return nil, errors.New("group: Ed25519 signs the message itself: opts.HashFunc() must be 0 (Ed25519ph is not supported)")
 		}
-		return s.g.Sign(ctx, pkcs11.NewMechanism(ckmEdDSA, nil), s.priv, digest)
+		return s.g.Sign(ctx, pkcs11.NewMechanism(slot.CKMEdDSA, nil), s.priv, digest)
 	}
 	return nil, fmt.Errorf("group: unsupported public key %T", s.pub)
 }

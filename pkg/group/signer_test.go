@@ -14,10 +14,9 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
-
-const ckmECEdwardsKeyPairGen = 0x1055
 
 var ed25519Params = []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
 
@@ -124,7 +123,7 @@ func TestSignerEd25519AcrossFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(mechs, ckmEdDSA) || !slices.Contains(mechs, ckmECEdwardsKeyPairGen) {
+	if !slices.Contains(mechs, slot.CKMEdDSA) || !slices.Contains(mechs, slot.CKMECEdwardsKeyPairGen) {
 		t.Skip("the members do not offer CKM_EDDSA")
 	}
 	importEd25519(t, toks, "ed")
@@ -154,7 +153,7 @@ func TestUnreplicableKeyIsNotMade(t *testing.T) {
 	f := setup(t, setupOpts{})
 	ctx := testContext(t)
 	s := openSession(t, f.g)
-	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(ckmECEdwardsKeyPairGen, nil),
+	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(slot.CKMECEdwardsKeyPairGen, nil),
 		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_EC_PARAMS, ed25519Params), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, "ed-gen")},
 		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "ed-gen")})
 	want := 2

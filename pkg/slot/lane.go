@@ -41,13 +41,10 @@ var laneMechanisms = map[uint]bool{
 	pkcs11.CKM_SHA384_HMAC: true, pkcs11.CKM_SHA512_HMAC: true,
 }
 
-// ckmEdDSA is CKM_EDDSA (PKCS#11 v3.0), which miekg/pkcs11 does not name.
-const ckmEdDSA = 0x1057
-
 // newLaneJob returns the lane call for op with m, or nil when m cannot go
 // through a lane.
 func newLaneJob(op p11raw.LaneOp, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) *laneJob {
-	ok := laneMechanisms[m.Mechanism] || m.Mechanism == ckmEdDSA && len(m.Parameter) == 0
+	ok := laneMechanisms[m.Mechanism] || m.Mechanism == CKMEdDSA && len(m.Parameter) == 0
 	if !ok {
 		return nil
 	}

@@ -121,7 +121,7 @@ func copyTypes(class, keyType uint) ([]uint, error) {
 		switch keyType {
 		case pkcs11.CKK_RSA:
 			return append(t, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT), nil
-		case pkcs11.CKK_EC, ckkECEdwards, ckkECMontgomry:
+		case pkcs11.CKK_EC, slot.CKKECEdwards, slot.CKKECMontgomery:
 			return append(t, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT), nil
 		case pkcs11.CKK_DH:
 			return append(t, pkcs11.CKA_PRIME, pkcs11.CKA_BASE, pkcs11.CKA_VALUE), nil

@@ -233,7 +233,7 @@ func TestCopyTypesExist(t *testing.T) {
 	}{
 		{"EC", genEC(t, s, "types-ec", randomID(t)), pkcs11.CKK_EC},
 		{"RSA", genRSA(t, s, "types-rsa", randomID(t)), pkcs11.CKK_RSA},
-		{"Ed25519", genEd25519(t, s, "types-ed", randomID(t)), ckkECEdwards},
+		{"Ed25519", genEd25519(t, s, "types-ed", randomID(t)), slot.CKKECEdwards},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			types, err := copyTypes(pkcs11.CKO_PUBLIC_KEY, c.kt)

@@ -44,7 +44,7 @@ func materialTypes(class, keyType uint) []uint {
 		switch keyType {
 		case pkcs11.CKK_RSA:
 			return []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT}
-		case pkcs11.CKK_EC, ckkECEdwards, ckkECMontgomry:
+		case pkcs11.CKK_EC, slot.CKKECEdwards, slot.CKKECMontgomery:
 			if class == pkcs11.CKO_PUBLIC_KEY {
 				return []uint{pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT}
 			}
@@ -244,7 +244,7 @@ next:
 // call where the attribute does not exist.
 func ownECPoint(ctx context.Context, s store, h pkcs11.ObjectHandle, keyType uint, a attrs) ([]byte, error) {
 	switch keyType {
-	case pkcs11.CKK_EC, ckkECEdwards, ckkECMontgomry:
+	case pkcs11.CKK_EC, slot.CKKECEdwards, slot.CKKECMontgomery:
 	default:
 		return nil, ErrNoFingerprint
 	}
@@ -313,7 +313,7 @@ func publicKeyEncoding(ctx context.Context, s store, h pkcs11.ObjectHandle, keyT
 		if a.nonEmpty(pkcs11.CKA_MODULUS) && a.nonEmpty(pkcs11.CKA_PUBLIC_EXPONENT) {
 			return rsaSPKI(a[pkcs11.CKA_MODULUS], a[pkcs11.CKA_PUBLIC_EXPONENT])
 		}
-	case pkcs11.CKK_EC, ckkECEdwards, ckkECMontgomry:
+	case pkcs11.CKK_EC, slot.CKKECEdwards, slot.CKKECMontgomery:
 		if a.nonEmpty(pkcs11.CKA_EC_PARAMS) && a.nonEmpty(pkcs11.CKA_EC_POINT) {
 			return ecSPKI(keyType, a[pkcs11.CKA_EC_PARAMS], a[pkcs11.CKA_EC_POINT])
 		}
@@ -326,7 +326,7 @@ func publicKeyEncoding(ctx context.Context, s store, h pkcs11.ObjectHandle, keyT
 		}
 		return asn1.Marshal(k)
 	}
-	if isPublic && keyType != pkcs11.CKK_RSA && keyType != pkcs11.CKK_EC && keyType != ckkECEdwards && keyType != ckkECMontgomry {
+	if isPublic && keyType != pkcs11.CKK_RSA && keyType != pkcs11.CKK_EC && keyType != slot.CKKECEdwards && keyType != slot.CKKECMontgomery {
 		// DSA, DH and others: the public value and domain parameters,
 		// length-prefixed under a fixed label.
 		v, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_PRIME, pkcs11.CKA_SUBPRIME, pkcs11.CKA_BASE, pkcs11.CKA_VALUE})

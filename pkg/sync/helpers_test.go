@@ -21,8 +21,6 @@ var (
 	oidEd25519Der = []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
 )
 
-const ckmECEdwardsKeyPairGen = 0x1055
-
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -87,7 +85,7 @@ func genEC(t *testing.T, s *slot.Slot, label string, id []byte, extra ...*pkcs11
 
 func genEd25519(t *testing.T, s *slot.Slot, label string, id []byte) keyPair {
 	t.Helper()
-	pub, priv, err := s.GenerateKeyPair(testContext(t), pkcs11.NewMechanism(ckmECEdwardsKeyPairGen, nil),
+	pub, priv, err := s.GenerateKeyPair(testContext(t), pkcs11.NewMechanism(slot.CKMECEdwardsKeyPairGen, nil),
 		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, oidEd25519Der), attr(pkcs11.CKA_TOKEN, true),
 			attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id)},
 		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true),

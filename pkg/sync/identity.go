@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -119,12 +120,6 @@ func ClassName(c uint) string {
 	return fmt.Sprintf("class 0x%x", c)
 }
 
-// PKCS#11 3.0 key types miekg/pkcs11 1.1.2 does not name.
-const (
-	ckkECEdwards   = 0x40
-	ckkECMontgomry = 0x41
-)
-
 // KeyTypeName names a CKK_ key type for messages.
 func KeyTypeName(k uint) string {
 	switch k {
@@ -136,9 +131,9 @@ func KeyTypeName(k uint) string {
 		return "DH"
 	case pkcs11.CKK_EC:
 		return "EC"
-	case ckkECEdwards:
+	case slot.CKKECEdwards:
 		return "EC_EDWARDS"
-	case ckkECMontgomry:
+	case slot.CKKECMontgomery:
 		return "EC_MONTGOMERY"
 	case pkcs11.CKK_GENERIC_SECRET:
 		return "GENERIC_SECRET"

@@ -101,8 +101,6 @@ func cleanupContext(ctx context.Context) boundedContext {
 	return boundedContext{c, cancel}
 }
 
-const ckmEDDSA = 0x1057 // PKCS#11 3.0; miekg/pkcs11 1.1.2 does not name it
-
 var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 
 // Replicate makes the object srcH of src exist on dst and returns its
@@ -669,7 +667,7 @@ func proveSigning(ctx context.Context, s store, h pkcs11.ObjectHandle, spki []by
 			return ecdsa.Verify(k, challenge, new(big.Int).SetBytes(sig[:n]), new(big.Int).SetBytes(sig[n:]))
 		}
 	case ed25519.PublicKey:
-		mech = ckmEDDSA
+		mech = slot.CKMEdDSA
 		check = func(sig []byte) bool { return ed25519.Verify(k, challenge, sig) }
 	default:
 		return proofNone, nil

@@ -353,13 +353,9 @@ func (j *Journal) Revive(ctx context.Context, id hasync.Identity, fingerprint []
 	if err := j.refreshLocked(); err != nil {
 		return 0, err
 	}
-	cutoff := j.cutoff()
 	var lines []byte
 	n := 0
-	for _, t := range j.entries[key(id, fingerprint)] {
-		if t.Revoked || t.Time.Before(cutoff) {
-			continue
-		}
+	for _, t := range j.liveEntries(id, fingerprint) {
 		line, err := json.Marshal(toWire(t.Revocation()))
 		if err != nil {
 			return 0, fmt.Errorf("tombstones of group %s: encode revocation of %s: %w", j.serial, t.Identity, err)
@@ -387,14 +383,21 @@ func (j *Journal) liveLocked(ctx context.Context, id hasync.Identity, fingerprin
 	if err := j.refreshLocked(); err != nil {
 		return 0, err
 	}
+	return len(j.liveEntries(id, fingerprint)), nil
+}
+
+// liveEntries returns the tombstones of id + fingerprint that still count:
+// not revoked, and inside the horizon. j.mu must be held and the journal
+// refreshed.
+func (j *Journal) liveEntries(id hasync.Identity, fingerprint []byte) []Tombstone {
 	cutoff := j.cutoff()
-	n := 0
+	var live []Tombstone
 	for _, t := range j.entries[key(id, fingerprint)] {
 		if !t.Revoked && !t.Time.Before(cutoff) {
-			n++
+			live = append(live, t)
 		}
 	}
-	return n, nil
+	return live
 }
 
 // appendLocked appends line to the journal, first cutting off a torn last
