@@ -274,16 +274,27 @@ func (x *sess) spinResult(op Op) error {
 // returns false when the worker finished just now: then nothing is given
 // up and the caller takes the result after all.
 func (x *sess) abandon() bool {
-	x.owner.hold()
-	x.owner.quarantined.Add(1)
+	x.quarantine()
 	if !x.state.CompareAndSwap(stBusy, stAbandoned) {
 		x.owner.unquarantine()
 		x.owner.unhold()
 		return false
 	}
+	x.markAbandoned()
+	return true
+}
+
+// quarantine counts x's call as hung and keeps the slot (and its module)
+// alive for it, until afterAbandon.
+func (x *sess) quarantine() {
+	x.owner.hold()
+	x.owner.quarantined.Add(1)
+}
+
+// markAbandoned makes x dead once its call is given up for good.
+func (x *sess) markAbandoned() {
 	x.dead = true
 	x.owner.stats.quarantinedTotal.Add(1)
-	return true
 }
 
 // retire closes the session (bounded by timeout) and stops its workers.

@@ -103,10 +103,8 @@ func (x *sess) runLane(ctx context.Context, op Op, timeout time.Duration, lj *la
 	}
 	// Abandoned, as run's abandon does, except that the lane has already
 	// settled the race with its thread.
-	x.owner.hold()
-	x.owner.quarantined.Add(1)
-	x.owner.stats.quarantinedTotal.Add(1)
-	x.dead = true
+	x.quarantine()
+	x.markAbandoned()
 	lane := x.lane
 	x.lane = nil
 	x.stopWorker()
