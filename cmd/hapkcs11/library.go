@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -78,6 +79,9 @@ type appSession struct {
 	rw     bool
 	be     session
 	epoch  uint64 // slot.lost() when opened: stale after the token lost its sessions
+	// ctx is the library's context with the session's slot.Affinity: its
+	// calls keep to the member sessions (and their threads) it used last.
+	ctx context.Context
 
 	mu      sync.Mutex // one call at a time
 	closed  bool
@@ -223,7 +227,8 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	l.mu.Lock()
 	l.next++
 	h := l.next
-	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be, epoch: epoch}
+	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be, epoch: epoch,
+		ctx: slot.WithAffinity(l.ctx, new(slot.Affinity))}
 	l.mu.Unlock()
 	return h, nil
 }
@@ -442,7 +447,7 @@ func (l *library) checkKey(s *appSession, key uint, kind opKind) error {
 	ki, ok := e.keys[key]
 	e.mu.Unlock()
 	if !ok {
-		attrs, err := s.be.GetAttributes(l.ctx, key, []uint{pkcs11.CKA_CLASS,
+		attrs, err := s.be.GetAttributes(s.ctx, key, []uint{pkcs11.CKA_CLASS,
 			pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY})
 		if err != nil {
 			if codeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
@@ -527,15 +532,15 @@ func (l *library) abort(s *appSession, kind opKind) {
 	var err error
 	switch kind {
 	case opEncrypt:
-		_, err = s.be.EncryptFinal(l.ctx)
+		_, err = s.be.EncryptFinal(s.ctx)
 	case opDecrypt:
-		_, err = s.be.DecryptFinal(l.ctx)
+		_, err = s.be.DecryptFinal(s.ctx)
 	case opDigest:
-		_, err = s.be.DigestFinal(l.ctx)
+		_, err = s.be.DigestFinal(s.ctx)
 	case opSign:
-		_, err = s.be.SignFinal(l.ctx)
+		_, err = s.be.SignFinal(s.ctx)
 	case opVerify:
-		err = s.be.VerifyFinal(l.ctx, nil)
+		err = s.be.VerifyFinal(s.ctx, nil)
 	}
 	_ = err // the operation is being thrown away; its outcome is moot
 }
@@ -592,13 +597,13 @@ func (l *library) single(h uint, kind opKind, in []byte, dst output) error {
 	if out == nil || op.heldStep != stepSingle || !bytes.Equal(op.heldIn, in) {
 		switch kind {
 		case opEncrypt:
-			out, err = s.be.Encrypt(l.ctx, op.mech, op.key, in)
+			out, err = s.be.Encrypt(s.ctx, op.mech, op.key, in)
 		case opDecrypt:
-			out, err = s.be.Decrypt(l.ctx, op.mech, op.key, in)
+			out, err = s.be.Decrypt(s.ctx, op.mech, op.key, in)
 		case opDigest:
-			out, err = s.be.Digest(l.ctx, op.mech, in)
+			out, err = s.be.Digest(s.ctx, op.mech, in)
 		case opSign:
-			out, err = s.be.Sign(l.ctx, op.mech, op.key, in)
+			out, err = s.be.Sign(s.ctx, op.mech, op.key, in)
 		}
 		if err != nil {
 			s.ops[kind] = nil
@@ -624,7 +629,7 @@ func (l *library) verify(h uint, data, sig []byte) error {
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
 	s.ops[opVerify] = nil
-	return s.be.Verify(l.ctx, op.mech, op.key, data, sig)
+	return s.be.Verify(s.ctx, op.mech, op.key, data, sig)
 }
 
 // pin sends an operation's Init to the backend at its first Update or
@@ -636,15 +641,15 @@ func (l *library) pin(s *appSession, kind opKind, op *operation) error {
 	var err error
 	switch kind {
 	case opEncrypt:
-		err = s.be.EncryptInit(l.ctx, op.mech, op.key)
+		err = s.be.EncryptInit(s.ctx, op.mech, op.key)
 	case opDecrypt:
-		err = s.be.DecryptInit(l.ctx, op.mech, op.key)
+		err = s.be.DecryptInit(s.ctx, op.mech, op.key)
 	case opDigest:
-		err = s.be.DigestInit(l.ctx, op.mech)
+		err = s.be.DigestInit(s.ctx, op.mech)
 	case opSign:
-		err = s.be.SignInit(l.ctx, op.mech, op.key)
+		err = s.be.SignInit(s.ctx, op.mech, op.key)
 	case opVerify:
-		err = s.be.VerifyInit(l.ctx, op.mech, op.key)
+		err = s.be.VerifyInit(s.ctx, op.mech, op.key)
 	}
 	if err != nil {
 		s.ops[kind] = nil
@@ -676,16 +681,16 @@ func (l *library) update(h uint, kind opKind, in []byte, dst output) error {
 			break
 		}
 		if kind == opEncrypt {
-			out, err = s.be.EncryptUpdate(l.ctx, in)
+			out, err = s.be.EncryptUpdate(s.ctx, in)
 		} else {
-			out, err = s.be.DecryptUpdate(l.ctx, in)
+			out, err = s.be.DecryptUpdate(s.ctx, in)
 		}
 	case opDigest:
-		err = s.be.DigestUpdate(l.ctx, in)
+		err = s.be.DigestUpdate(s.ctx, in)
 	case opSign:
-		err = s.be.SignUpdate(l.ctx, in)
+		err = s.be.SignUpdate(s.ctx, in)
 	case opVerify:
-		err = s.be.VerifyUpdate(l.ctx, in)
+		err = s.be.VerifyUpdate(s.ctx, in)
 	}
 	if err != nil {
 		s.ops[kind] = nil
@@ -715,13 +720,13 @@ func (l *library) final(h uint, kind opKind, dst output) error {
 	if out == nil || op.heldStep != stepFinal {
 		switch kind {
 		case opEncrypt:
-			out, err = s.be.EncryptFinal(l.ctx)
+			out, err = s.be.EncryptFinal(s.ctx)
 		case opDecrypt:
-			out, err = s.be.DecryptFinal(l.ctx)
+			out, err = s.be.DecryptFinal(s.ctx)
 		case opDigest:
-			out, err = s.be.DigestFinal(l.ctx)
+			out, err = s.be.DigestFinal(s.ctx)
 		case opSign:
-			out, err = s.be.SignFinal(l.ctx)
+			out, err = s.be.SignFinal(s.ctx)
 		}
 		if err != nil {
 			s.ops[kind] = nil
@@ -745,7 +750,7 @@ func (l *library) verifyFinal(h uint, sig []byte) error {
 		return err
 	}
 	s.ops[opVerify] = nil
-	return s.be.VerifyFinal(l.ctx, sig)
+	return s.be.VerifyFinal(s.ctx, sig)
 }
 
 // findInit, findNext and findFinal keep one search per session; the
@@ -759,7 +764,7 @@ func (l *library) findInit(h uint, tmpl []*pkcs11.Attribute) error {
 	if s.finding {
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
-	found, err := s.be.FindObjects(l.ctx, tmpl)
+	found, err := s.be.FindObjects(s.ctx, tmpl)
 	if err != nil {
 		return err
 	}
@@ -819,7 +824,7 @@ func (l *library) writableObject(s *appSession, h uint) error {
 	if s.rw {
 		return nil
 	}
-	attrs, err := s.be.GetAttributes(l.ctx, h, []uint{pkcs11.CKA_TOKEN})
+	attrs, err := s.be.GetAttributes(s.ctx, h, []uint{pkcs11.CKA_TOKEN})
 	if err != nil {
 		return err
 	}

@@ -7,3 +7,4 @@
 
 __attribute__((visibility("hidden"))) int32_t hg_busy;
 __attribute__((visibility("hidden"))) int32_t hg_ncpu;
+__attribute__((visibility("hidden"))) int32_t hg_lane_callers;

@@ -58,6 +58,9 @@ static inline void hg_futex_wake(uint32_t *addr) {
 // CPU from a worker.
 extern int32_t hg_busy, hg_ncpu;
 
+// hg_lane_callers counts the threads waiting on a lane (internal/p11raw).
+extern int32_t hg_lane_callers;
+
 static inline int32_t hg_cpus(void) {
 	int32_t n = LD(&hg_ncpu);
 	if (n == 0) {
@@ -80,19 +83,42 @@ static inline int hg_try_spin(void) {
 	return 0;
 }
 
+// How a waiting side spins before it sleeps:
+enum {
+	HG_SPIN_TRY = 0,   // on a CPU of its own, if hg_try_spin finds one free
+	HG_SPIN_HELD = 1,  // on a CPU of its own, already counted in hg_busy
+	HG_SPIN_YIELD = 2, // giving the CPU up at every turn, to the other
+	                   // side when it shares the CPU (see internal/p11raw's
+	                   // lanes): not counted in hg_busy
+};
+
 // hg_spin returns 1 as soon as *word != unlike (or *cancel == seq when
-// cancel is set), 0 when until passes first.
-static inline int hg_spin(uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until) {
+// cancel is set), 0 when until passes first. It yields the CPU every few
+// dozen turns, or at every turn when yield is set.
+static inline int hg_spin(uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until, int yield) {
+	unsigned every = yield ? 0 : 63;
 	for (unsigned i = 1;; i++) {
 		if (LD(word) != unlike || (cancel && LD(cancel) == seq))
 			return 1;
-		if ((i & 63) == 0) {
+		if ((i & every) == 0) {
 			if (hg_now() >= until)
 				return 0;
 			sched_yield();
 		} else {
 			hg_relax();
 		}
+	}
+}
+
+// hg_spin_as spins as mode says (and releases a HG_SPIN_HELD count).
+static inline void hg_spin_as(int mode, uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until) {
+	if (mode == HG_SPIN_YIELD) {
+		hg_spin(word, unlike, cancel, seq, until, 1);
+		return;
+	}
+	if (mode == HG_SPIN_HELD || hg_try_spin()) {
+		hg_spin(word, unlike, cancel, seq, until, 0);
+		hg_leave();
 	}
 }
 
@@ -103,12 +129,12 @@ static inline uint32_t hg_post(hg_cell *c) {
 	return seq;
 }
 
-static inline uint32_t hg_next(hg_cell *c, uint32_t last, int64_t spin_ns) {
+static inline uint32_t hg_next_as(hg_cell *c, uint32_t last, int64_t spin_ns, int mode) {
 	uint32_t r;
-	if (spin_ns > 0 && hg_try_spin()) {
-		hg_spin(&c->req, last, NULL, 0, hg_now() + spin_ns);
+	if (spin_ns > 0)
+		hg_spin_as(mode, &c->req, last, NULL, 0, hg_now() + spin_ns);
+	else if (mode == HG_SPIN_HELD)
 		hg_leave();
-	}
 	while ((r = LD(&c->req)) == last) {
 		ST(&c->wsleep, 1);
 		if (LD(&c->req) == last)
@@ -117,6 +143,10 @@ static inline uint32_t hg_next(hg_cell *c, uint32_t last, int64_t spin_ns) {
 	}
 	hg_enter(); // running the call, until hg_done
 	return r;
+}
+
+static inline uint32_t hg_next(hg_cell *c, uint32_t last, int64_t spin_ns) {
+	return hg_next_as(c, last, spin_ns, HG_SPIN_TRY);
 }
 
 static inline void hg_done(hg_cell *c, uint32_t seq) {
@@ -132,19 +162,19 @@ static inline void hg_cancel(hg_cell *c, uint32_t seq) {
 		hg_futex_wake(&c->res);
 }
 
-// hg_wait: 0 answered, 1 deadline passed, 2 cancelled (never when
+// hg_wait_as: 0 answered, 1 deadline passed, 2 cancelled (never when
 // timeout_ns < 0: then it waits for the answer alone, however long).
-static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns) {
+static inline int hg_wait_as(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns, int mode) {
 	int forever = timeout_ns < 0;
 	int64_t start = hg_now(), deadline = start + timeout_ns;
 	uint32_t r = seq - 1; // the answer before seq's: calls are one at a time
 	uint32_t *cancel = forever ? NULL : &c->cancel;
 	if (!forever && spin_ns > timeout_ns)
 		spin_ns = timeout_ns;
-	if (spin_ns > 0 && hg_try_spin()) {
-		hg_spin(&c->res, r, cancel, seq, start + spin_ns);
+	if (spin_ns > 0)
+		hg_spin_as(mode, &c->res, r, cancel, seq, start + spin_ns);
+	else if (mode == HG_SPIN_HELD)
 		hg_leave();
-	}
 	for (;;) {
 		if (LD(&c->res) == seq)
 			return 0;
@@ -158,6 +188,10 @@ static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t tim
 			hg_futex_wait(&c->res, r, left);
 		ST(&c->csleep, 0);
 	}
+}
+
+static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns) {
+	return hg_wait_as(c, seq, spin_ns, timeout_ns, HG_SPIN_TRY);
 }
 
 #endif

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -229,6 +230,73 @@ func TestStoppedServerTimesOut(t *testing.T) {
 			t.Fatalf("Sign after the second SIGCONT: %v", err)
 		}
 	})
+}
+
+// More signing threads than half the CPUs: each lane's thread is pinned to
+// its caller's CPU and the two yield it to each other. Signatures stay
+// right, and a stopped server still times every caller out at the deadline.
+func TestSaturatedLanesTimeOut(t *testing.T) {
+	t.Parallel()
+	srv := testhsm.Serve(t, "saturated")
+	spec := specOf(srv.Token())
+	spec.SpinHandoff = true
+	spec.CommandTimeout = 500 * time.Millisecond
+	callers := runtime.NumCPU() + 1
+	spec.MaxSessions = callers
+	s := open(t, spec)
+	pub, priv := newECKey(t, s, "saturated")
+	key := ecPublic(t, s, pub)
+	ctx := ctxT(t)
+
+	each := func(fn func(i int) error) []error {
+		errs := make([]error, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() { errs[i] = fn(i) })
+		}
+		wg.Wait()
+		return errs
+	}
+	for i, err := range each(func(i int) error {
+		for n := range 50 {
+			msg := fmt.Appendf(nil, "caller %d, signature %d", i, n)
+			sig, err := signDigest(ctx, s, priv, msg)
+			if err != nil {
+				return err
+			}
+			checkSig(t, key, msg, sig)
+		}
+		return nil
+	}) {
+		if err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+	}
+	if slot.LaneYields(s) == 0 {
+		t.Fatalf("%d callers on %d CPUs: none of %d lane calls was waited for pinned, by yielding", callers, runtime.NumCPU(), slot.LaneCalls(s))
+	}
+
+	srv.Stop()
+	elapsed := make([]time.Duration, callers)
+	errs := each(func(i int) error {
+		start := time.Now()
+		_, err := signDigest(ctx, s, priv, []byte("stopped"))
+		elapsed[i] = time.Since(start)
+		return err
+	})
+	srv.Cont()
+	for i, err := range errs {
+		checkTimeout(t, fmt.Sprintf("caller %d's Sign on a stopped server", i), err, elapsed[i], spec.CommandTimeout)
+	}
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("the hung calls never returned after SIGCONT: %v", err)
+	}
+	msg := []byte("after SIGCONT")
+	sig, err := signDigest(ctx, s, priv, msg)
+	if err != nil {
+		t.Fatalf("Sign after SIGCONT: %v", err)
+	}
+	checkSig(t, key, msg, sig)
 }
 
 // A killed remote token answers CKR_DEVICE_ERROR until its own context is

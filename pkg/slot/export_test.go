@@ -22,6 +22,10 @@ func ModuleCounts(path string) (refs, inits, finals int) {
 // LaneCalls is how many calls of s went through a session's lane.
 func LaneCalls(s *Slot) uint64 { return s.stats.laneCalls.Load() }
 
+// LaneYields is how many of them were waited for by yielding the CPU to
+// the lane's thread, pinned to the caller's CPU (p11raw's hg_lane_place).
+func LaneYields(s *Slot) uint64 { return s.stats.laneYields.Load() }
+
 // WaitQuarantine waits until no call of s is quarantined.
 func WaitQuarantine(ctx context.Context, s *Slot) error { return s.waitQuarantine(ctx) }
 
@@ -44,6 +48,14 @@ func CheckFunctionList(s *Slot) error {
 		if got := p11raw.FunctionListEntry(mm.fl, i); got != want {
 			return fmt.Errorf("function list entry %d is %p, %s is %p", i, got, name, want)
 		}
+	}
+	return nil
+}
+
+// AffineSession is the session (opaque) a used last on s, nil when none.
+func AffineSession(a *Affinity, s *Slot) any {
+	if x := a.lastOn(s); x != nil {
+		return x
 	}
 	return nil
 }

@@ -88,6 +88,9 @@ func (x *sess) runLane(ctx context.Context, op Op, timeout time.Duration, lj *la
 	lj.call.Session = x.h
 	x.owner.stats.laneCalls.Add(1)
 	out, outcome, err := x.lane.Call(ctx, &lj.call, callerSpin, timeout)
+	if lj.call.Yielded {
+		x.owner.stats.laneYields.Add(1)
+	}
 	switch outcome {
 	case p11raw.LaneAnswered:
 		lj.out = out

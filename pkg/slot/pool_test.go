@@ -179,3 +179,60 @@ func TestSessionErrorDiscardsSession(t *testing.T) {
 		t.Fatalf("a request error discarded the session: %+v", st)
 	}
 }
+
+// A caller with an Affinity takes the session it used last when that one is
+// idle, not the session returned to the pool after it.
+func TestAffinityKeepsCallersSession(t *testing.T) {
+	t.Parallel()
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.MaxSessions = 4
+	f := slottest.NewFaults()
+	spec.Interceptor = f
+	t.Cleanup(func() { f.Heal(tok.Name) })
+	s := open(t, spec)
+	var a, b slot.Affinity
+	ctxA, ctxB := slot.WithAffinity(ctxT(t), &a), slot.WithAffinity(ctxT(t), &b)
+
+	// A holds a session in a hung call, so B opens a second one.
+	f.Hang(tok.Name, slot.OpGenerateRandom)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.GenerateRandom(ctxA, 8)
+		done <- err
+	}()
+	if err := f.WaitHung(ctxT(t), tok.Name, 1); err != nil {
+		t.Fatalf("A's call never hung: %v", err)
+	}
+	sha := pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil)
+	if _, err := s.Digest(ctxB, sha, []byte("b")); err != nil {
+		t.Fatalf("B's first Digest: %v", err)
+	}
+	bSess := slot.AffineSession(&b, s)
+	aSess := slot.AffineSession(&a, s)
+	if bSess == nil || aSess == nil || bSess == aSess {
+		t.Fatalf("A and B should each hold a session of their own; A %p, B %p", aSess, bSess)
+	}
+	// A's session comes back to the pool after B's: on top.
+	f.Release(tok.Name)
+	if err := <-done; err != nil {
+		t.Fatalf("A's released call: %v", err)
+	}
+	for i := range 3 {
+		if _, err := s.Digest(ctxB, sha, []byte("b")); err != nil {
+			t.Fatalf("B's Digest %d: %v", i, err)
+		}
+		if got := slot.AffineSession(&b, s); got != bSess {
+			t.Fatalf("B's Digest %d took another session than B's own", i)
+		}
+		if _, err := s.Digest(ctxA, sha, []byte("a")); err != nil {
+			t.Fatalf("A's Digest %d: %v", i, err)
+		}
+		if got := slot.AffineSession(&a, s); got != aSess {
+			t.Fatalf("A's Digest %d took another session than A's own", i)
+		}
+	}
+	if st := s.Stats(); st.Opened != 2 {
+		t.Fatalf("opened %d sessions, want 2", st.Opened)
+	}
+}

@@ -76,6 +76,7 @@ type counters struct {
 	quarantinedTotal atomic.Uint64
 	relogins         atomic.Uint64
 	laneCalls        atomic.Uint64 // calls made on a session's lane (lane.go)
+	laneYields       atomic.Uint64 // of which waited for pinned, by yielding the CPU
 }
 
 // Stats is a snapshot of a Slot's session pool.
@@ -464,7 +465,7 @@ func (s *Slot) Reinit(ctx context.Context) error {
 // about to be finalized). Callers hold s.mu and the gate.
 func (s *Slot) retireAllLocked(closeThem bool) {
 	var all []*sess
-	for x, ok := s.idle.take(); ok; x, ok = s.idle.take() {
+	for x, ok := s.idle.take(nil); ok; x, ok = s.idle.take(nil) {
 		all = append(all, x)
 		s.stats.open.Add(-1)
 	}
@@ -620,26 +621,46 @@ func (p *idlePool) put(x *sess) {
 	p.mu.Unlock()
 }
 
-func (p *idlePool) take() (*sess, bool) {
+// take takes want when it is idle, else the top session.
+func (p *idlePool) take(want *sess) (*sess, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.xs)
 	if n == 0 {
 		return nil, false
 	}
-	x := p.xs[n-1]
+	i := n - 1
+	if want != nil {
+		for j := i; j >= 0; j-- {
+			if p.xs[j] == want {
+				i = j
+				break
+			}
+		}
+	}
+	x := p.xs[i]
+	copy(p.xs[i:], p.xs[i+1:])
 	p.xs[n-1] = nil
 	p.xs = p.xs[:n-1]
 	return x, true
 }
 
-// borrow takes an idle session of generation st, or opens one. The caller
-// holds a permit, so when none is idle every open session is lent out and
-// there is room for one more.
+// borrow takes an idle session of generation st — the one ctx's Affinity
+// used last when it is idle — or opens one. The caller holds a permit, so
+// when none is idle every open session is lent out and there is room for
+// one more.
 func (s *Slot) borrow(ctx context.Context, st *slotState) (*sess, error) {
+	var want *sess
+	aff := affinityOf(ctx)
+	if aff != nil {
+		want = aff.lastOn(s)
+	}
 	for {
-		if x, ok := s.idle.take(); ok {
+		if x, ok := s.idle.take(want); ok {
 			if x.gen == st.gen && !x.dead {
+				if aff != nil && x != want {
+					aff.remember(s, x)
+				}
 				return x, nil
 			}
 			s.discard(x)
@@ -658,6 +679,9 @@ func (s *Slot) borrow(ctx context.Context, st *slotState) (*sess, error) {
 			}
 		}
 		s.stats.opened.Add(1)
+		if aff != nil {
+			aff.remember(s, x)
+		}
 		return x, nil
 	}
 }
