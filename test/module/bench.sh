@@ -3,7 +3,11 @@
 # against straight libsofthsm2.so on the same token, ECDSA P-256 and
 # RSA-2048, 1 and 2 threads; the cost of loading the module and
 # C_Initialize; the resident memory it adds. Runs of the two modules
-# alternate and each figure is the median of RUNS runs.
+# alternate and each figure is the median of RUNS runs. The ratio column
+# is the median of the runs' own ratios (run i of libhapkcs11.so over run
+# i of libsofthsm2.so, measured seconds apart), which a virtual machine's
+# drifting speed moves less than a ratio of medians; the range of those
+# ratios follows it.
 #
 #   test/module/bench.sh            (make bench runs it)
 #   RUNS=5 SECONDS_PER=3 test/module/bench.sh
@@ -82,11 +86,22 @@ function median(key,   n, i, j, t, a) {
 	else next
 	if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
 	vals[mod SUBSEP key] = vals[mod SUBSEP key] " " val
+	n = ++count[mod SUBSEP key]
+	run[mod SUBSEP key SUBSEP n] = val
 }
 END {
-	printf "%-34s %12s %12s %8s\n", "figure (median)", "libsofthsm2", "libhapkcs11", "ratio"
+	printf "%-34s %12s %12s %8s  %s\n", "figure (median)", "libsofthsm2", "libhapkcs11", "ratio", "range of run ratios"
 	for (i = 1; i <= nk; i++) {
 		k = order[i]; a = median("softhsm2" SUBSEP k); b = median("hapkcs11" SUBSEP k)
-		printf "%-34s %12.1f %12.1f %8.2f\n", k, a, b, (a > 0 ? b / a : 0)
+		lo = hi = ""
+		for (r = 1; r <= count["hapkcs11" SUBSEP k]; r++) {
+			d = run["softhsm2" SUBSEP k SUBSEP r]
+			if (d <= 0) continue
+			q = run["hapkcs11" SUBSEP k SUBSEP r] / d
+			vals["ratio" SUBSEP k] = vals["ratio" SUBSEP k] " " q
+			if (lo == "" || q < lo) lo = q
+			if (hi == "" || q > hi) hi = q
+		}
+		printf "%-34s %12.1f %12.1f %8.2f  %.2f-%.2f\n", k, a, b, median("ratio" SUBSEP k), lo, hi
 	}
 }' "$work/results"
