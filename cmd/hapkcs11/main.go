@@ -28,7 +28,11 @@
 // Threads: besides the Go runtime's own, every pooled session on an
 // in-process member module has a C thread that makes its signatures and
 // verifications (a lane, see pkg/slot); these threads block asynchronous
-// signals, so the application's handlers never run on them. The runtime
+// signals, so the application's handlers never run on them. An
+// application session keeps to the lane it used last, and while more
+// application threads wait on lanes than half the CPUs, each lane is
+// pinned to its caller's CPU (sched_setaffinity; internal/p11raw says
+// why). The runtime
 // gets at least 8 Ps (GOMAXPROCS) unless the environment sets GOMAXPROCS,
 // and an application thread yields to the Go scheduler once every 5 ms of
 // calls (procs.go says why).

@@ -7,7 +7,9 @@
 # is the median of the runs' own ratios (run i of libhapkcs11.so over run
 # i of libsofthsm2.so, measured seconds apart), which a virtual machine's
 # drifting speed moves less than a ratio of medians; the range of those
-# ratios follows it.
+# ratios follows it. Plain C thread pairs (test/module/c/pairs.c) measure,
+# in the same runs, what handing each signature to another thread costs
+# without Go or the engine: the floor under libhapkcs11.so's figures.
 #
 #   test/module/bench.sh            (make bench runs it)
 #   RUNS=5 SECONDS_PER=3 test/module/bench.sh
@@ -30,6 +32,7 @@ if [[ ! -f $LIB ]]; then
 fi
 LIB=$(realpath "$LIB")
 gcc -O2 -Wall -I cmd/hapkcs11 -o "$work/bench" test/module/c/bench.c -ldl -lpthread
+gcc -O2 -Wall -I cmd/hapkcs11 -I internal/handoff -o "$work/pairs" test/module/c/pairs.c -ldl -lpthread
 
 # One throwaway token holding the two keys. The PIN never appears on a
 # command line: pkcs11-tool reads it from the environment, bench from a file.
@@ -69,6 +72,10 @@ echo "bench: $RUNS runs of ${SECONDS_PER}s per figure; SoftHSM slot $slot vs vir
 for ((i = 0; i < RUNS; i++)); do
 	"$work/bench" "$SOFTHSM" "$slot" "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/softhsm2 /' >>"$work/results"
 	"$work/bench" "$LIB" 0xf4241 "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/hapkcs11 /' >>"$work/results"
+	# The floor under libhapkcs11.so: plain C thread pairs handing each
+	# signature over as the lanes do (pairs.c), 1 thread spinning, 2 pinned.
+	"$work/pairs" "$SOFTHSM" "$slot" "$work/pin" ec spin 1 "$SECONDS_PER" | sed 's/^/pairs-spin /' >>"$work/results"
+	"$work/pairs" "$SOFTHSM" "$slot" "$work/pin" ec pinned 2 "$SECONDS_PER" | sed 's/^/pairs-pinned /' >>"$work/results"
 done
 
 awk '
@@ -91,17 +98,28 @@ function median(key,   n, i, j, t, a) {
 }
 END {
 	printf "%-34s %12s %12s %8s  %s\n", "figure (median)", "libsofthsm2", "libhapkcs11", "ratio", "range of run ratios"
+	row("hapkcs11")
+	printf "\nThe hand-off alone: C thread pairs (pairs.c), no Go, in the same runs\n"
+	printf "%-34s %12s %12s %8s  %s\n", "figure (median)", "libsofthsm2", "pairs", "ratio", "range of run ratios"
+	row("pairs-spin")
+	row("pairs-pinned")
+}
+function row(mod,   i, k, a, b, lo, hi, r, d, q) {
 	for (i = 1; i <= nk; i++) {
-		k = order[i]; a = median("softhsm2" SUBSEP k); b = median("hapkcs11" SUBSEP k)
+		k = order[i]
+		if (!((mod SUBSEP k) in count)) continue
+		a = median("softhsm2" SUBSEP k); b = median(mod SUBSEP k)
+		delete vals["ratio" SUBSEP k]
 		lo = hi = ""
-		for (r = 1; r <= count["hapkcs11" SUBSEP k]; r++) {
+		for (r = 1; r <= count[mod SUBSEP k]; r++) {
 			d = run["softhsm2" SUBSEP k SUBSEP r]
 			if (d <= 0) continue
-			q = run["hapkcs11" SUBSEP k SUBSEP r] / d
+			q = run[mod SUBSEP k SUBSEP r] / d
 			vals["ratio" SUBSEP k] = vals["ratio" SUBSEP k] " " q
 			if (lo == "" || q < lo) lo = q
 			if (hi == "" || q > hi) hi = q
 		}
-		printf "%-34s %12.1f %12.1f %8.2f  %.2f-%.2f\n", k, a, b, median("ratio" SUBSEP k), lo, hi
+		label = mod ~ /^pairs-/ ? k " (" substr(mod, 7) ")" : k
+		printf "%-34s %12.1f %12.1f %8.2f  %.2f-%.2f\n", label, a, b, median("ratio" SUBSEP k), lo, hi
 	}
 }' "$work/results"
