@@ -218,11 +218,14 @@ enum { HG_ANSWERED = 0, HG_TIMED_OUT = 1, HG_CANCELLED = 2, HG_NO_MEMORY = 3 };
 // often across CPUs. So the worker is pinned to its caller's CPU and both
 // wait by yielding it: the call passes between them by a switch on one
 // CPU, with no wake-up and no cache lines crossing. Measured with a pair
-// of C threads per signing thread (2 threads, SoftHSM ECDSA, the 2-vCPU
-// development VM): 0.94 of the direct rate pinned and yielding, 0.79
-// sleeping, 0.87 spinning; unpinned, yielding fell to 0.54, the pairs'
+// of C threads per signing thread (test/module/c/pairs.c; 2 threads,
+// SoftHSM ECDSA, the 2-vCPU development VM, medians of 8 alternated
+// rounds): 0.93-0.94 of the direct rate pinned and yielding, 0.82-0.87
+// spinning, 0.79 sleeping; unpinned, yielding fell to 0.54, the pairs'
 // threads yielding to each other's. With one signing thread, spinning
-// made 0.98 and pinned yielding 0.92.
+// made 0.98 and pinned yielding 0.92. Runs in which both callers sit on
+// one CPU fall far lower, their lanes pinned there with them
+// (docs/BENCHMARKS.md).
 static int hg_lane_place(hg_lane *l, int32_t callers) {
 	int32_t tid = LD(&l->tid);
 	if (tid == 0)
