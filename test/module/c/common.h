@@ -87,6 +87,20 @@ static inline CK_OBJECT_HANDLE find_one(CK_FUNCTION_LIST_PTR f, CK_SESSION_HANDL
 	return h[0];
 }
 
+/* init_login initialises f (OS locking) and returns a session on slot
+ * logged in as the user. */
+static inline CK_SESSION_HANDLE init_login(CK_FUNCTION_LIST_PTR f, CK_SLOT_ID slot, char *pin, CK_ULONG pinlen)
+{
+	CK_C_INITIALIZE_ARGS a;
+	CK_SESSION_HANDLE s;
+	memset(&a, 0, sizeof a);
+	a.flags = CKF_OS_LOCKING_OK;
+	CHECK(f->C_Initialize(&a));
+	CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION, NULL, NULL, &s));
+	CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
+	return s;
+}
+
 static inline double now_seconds(void)
 {
 	struct timespec ts;

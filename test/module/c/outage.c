@@ -66,12 +66,7 @@ int main(int argc, char **argv)
 	slot = strtoul(argv[2], NULL, 0);
 	pinlen = read_pin(argv[3], pin, sizeof pin);
 
-	CK_C_INITIALIZE_ARGS a;
-	memset(&a, 0, sizeof a);
-	a.flags = CKF_OS_LOCKING_OK;
-	CHECK(f->C_Initialize(&a));
-	CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION, NULL, NULL, &s));
-	CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
+	s = init_login(f, slot, pin, pinlen);
 	CHECK(find(s, argv[4], &key));
 	CHECK(sign(s, key));
 	printf("ready\n");

@@ -108,7 +108,6 @@ static void *caller(void *arg)
 int main(int argc, char **argv)
 {
 	char pin[256];
-	CK_SESSION_HANDLE s;
 	static struct pair pairs[8];
 
 	if (argc != 8) {
@@ -129,12 +128,7 @@ int main(int argc, char **argv)
 	}
 
 	f = load_module(argv[1], NULL);
-	CK_C_INITIALIZE_ARGS a;
-	memset(&a, 0, sizeof a);
-	a.flags = CKF_OS_LOCKING_OK;
-	CHECK(f->C_Initialize(&a));
-	CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION, NULL, NULL, &s));
-	CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
+	init_login(f, slot, pin, pinlen);
 	for (int i = 0; i < threads; i++) {
 		struct pair *p = &pairs[i];
 		CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION, NULL, NULL, &p->s));
