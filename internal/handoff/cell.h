@@ -86,8 +86,7 @@ static inline int hg_try_spin(void) {
 // How a waiting side spins before it sleeps:
 enum {
 	HG_SPIN_TRY = 0,   // on a CPU of its own, if hg_try_spin finds one free
-	HG_SPIN_HELD = 1,  // on a CPU of its own, already counted in hg_busy
-	HG_SPIN_YIELD = 2, // giving the CPU up at every turn, to the other
+	HG_SPIN_YIELD = 1, // giving the CPU up at every turn, to the other
 	                   // side when it shares the CPU (see internal/p11raw's
 	                   // lanes): not counted in hg_busy
 };
@@ -110,13 +109,13 @@ static inline int hg_spin(uint32_t *word, uint32_t unlike, uint32_t *cancel, uin
 	}
 }
 
-// hg_spin_as spins as mode says (and releases a HG_SPIN_HELD count).
+// hg_spin_as spins as mode says.
 static inline void hg_spin_as(int mode, uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until) {
 	if (mode == HG_SPIN_YIELD) {
 		hg_spin(word, unlike, cancel, seq, until, 1);
 		return;
 	}
-	if (mode == HG_SPIN_HELD || hg_try_spin()) {
+	if (hg_try_spin()) {
 		hg_spin(word, unlike, cancel, seq, until, 0);
 		hg_leave();
 	}
@@ -133,8 +132,6 @@ static inline uint32_t hg_next_as(hg_cell *c, uint32_t last, int64_t spin_ns, in
 	uint32_t r;
 	if (spin_ns > 0)
 		hg_spin_as(mode, &c->req, last, NULL, 0, hg_now() + spin_ns);
-	else if (mode == HG_SPIN_HELD)
-		hg_leave();
 	while ((r = LD(&c->req)) == last) {
 		ST(&c->wsleep, 1);
 		if (LD(&c->req) == last)
@@ -173,8 +170,6 @@ static inline int hg_wait_as(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t 
 		spin_ns = timeout_ns;
 	if (spin_ns > 0)
 		hg_spin_as(mode, &c->res, r, cancel, seq, start + spin_ns);
-	else if (mode == HG_SPIN_HELD)
-		hg_leave();
 	for (;;) {
 		if (LD(&c->res) == seq)
 			return 0;

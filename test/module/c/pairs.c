@@ -93,7 +93,7 @@ static void *caller(void *arg)
 		} else {
 			__atomic_store_n(&p->cpu, sched_getcpu(), __ATOMIC_SEQ_CST);
 			uint32_t seq = hg_post(&p->cell);
-			int how = mode == SPIN ? HG_SPIN_TRY : mode == SLEEP ? HG_SPIN_TRY : HG_SPIN_YIELD;
+			int how = mode == YIELD || mode == PINNED ? HG_SPIN_YIELD : HG_SPIN_TRY;
 			if (hg_wait_as(&p->cell, seq, mode == SLEEP ? 0 : CALLER_SPIN_NS, TIMEOUT_NS, how) != 0)
 				die("waiting for the worker", CKR_GENERAL_ERROR);
 			rv = p->rv;
