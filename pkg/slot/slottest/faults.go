@@ -242,6 +242,9 @@ func (f *Faults) Wrap(ctx context.Context, name string, op slot.Op, call func() 
 	}
 	sem := t.sem
 	d, slow := rule(t.delay, op)
+	// Taken with the count: a Heal that follows the count (WaitCalls) ends
+	// this call's delay.
+	delayed := t.release
 	f.mu.Unlock()
 
 	if sem != nil {
@@ -253,13 +256,10 @@ func (f *Faults) Wrap(ctx context.Context, name string, op slot.Op, call func() 
 		defer func() { <-sem }()
 	}
 	if slow && d > 0 {
-		f.mu.Lock()
-		release := t.release
-		f.mu.Unlock()
 		timer := time.NewTimer(d)
 		select {
 		case <-timer.C:
-		case <-release:
+		case <-delayed:
 			timer.Stop()
 		}
 	}
