@@ -3,8 +3,8 @@
  * every includer of cell.h shares (hidden: not exported from a c-shared
  * library).
  */
-#include "cell.h"
+#include "place.h"
 
 __attribute__((visibility("hidden"))) int32_t hg_busy;
 __attribute__((visibility("hidden"))) int32_t hg_ncpu;
-__attribute__((visibility("hidden"))) int32_t hg_lane_callers;
+__attribute__((visibility("hidden"))) int32_t hg_waiting;

@@ -58,9 +58,6 @@ static inline void hg_futex_wake(uint32_t *addr) {
 // CPU from a worker.
 extern int32_t hg_busy, hg_ncpu;
 
-// hg_lane_callers counts the threads waiting on a lane (internal/p11raw).
-extern int32_t hg_lane_callers;
-
 static inline int32_t hg_cpus(void) {
 	int32_t n = LD(&hg_ncpu);
 	if (n == 0) {

@@ -3,7 +3,7 @@ package p11raw
 /*
 #cgo CFLAGS: -O2 -I${SRCDIR}/../handoff
 #cgo LDFLAGS: -lpthread
-#include "cell.h" // first: it asks for _GNU_SOURCE
+#include "place.h" // first: cell.h asks for _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -57,13 +57,7 @@ typedef struct {
 	int64_t last_ns; // how long the last answered call took
 	hg_lane_fl *fl;
 
-	// Where the worker runs (hg_lane_place): tid is its thread (0 until it
-	// has started), all the CPUs it may use unpinned, pin the one CPU it
-	// is pinned to or -1, unsaturated the calls in a row that found a CPU
-	// free while pinned.
-	int32_t tid, pin;
-	uint32_t unsaturated;
-	cpu_set_t all;
+	hg_place place; // where the worker runs, how the caller waits (place.h)
 	int yielded; // the last call was waited for by yielding, pinned
 
 	int op;
@@ -130,10 +124,9 @@ static void *hg_lane_main(void *arg) {
 	hg_lane *l = arg;
 	uint32_t seq = 0;
 	hg_lane_quiet();
-	if (sched_getaffinity(0, sizeof l->all, &l->all) == 0)
-		ST(&l->tid, (int32_t)syscall(SYS_gettid));
+	hg_place_started(&l->place);
 	for (;;) {
-		seq = hg_next_as(&l->cell, seq, l->spin_ns, LD(&l->pin) >= 0 ? HG_SPIN_YIELD : HG_SPIN_TRY);
+		seq = hg_next_as(&l->cell, seq, l->spin_ns, hg_worker_mode(&l->place));
 		if (LD(&l->quit)) {
 			hg_leave();
 			break;
@@ -162,7 +155,7 @@ static hg_lane *hg_lane_new(void *fl, int64_t spin_ns) {
 	l->out_cap = HG_LANE_OUT;
 	l->fl = fl;
 	l->spin_ns = spin_ns;
-	l->pin = -1;
+	hg_place_init(&l->place);
 	l->refs = 2;
 	pthread_attr_t attr;
 	pthread_t t;
@@ -204,53 +197,6 @@ enum { HG_ANSWERED = 0, HG_TIMED_OUT = 1, HG_CANCELLED = 2, HG_NO_MEMORY = 3 };
 // per waiting thread.
 #define HG_LANE_FIT_MAX 1000000LL
 
-// After this many calls in a row that found the CPUs unsaturated, a pinned
-// worker is let go again (hg_lane_place).
-#define HG_LANE_UNPIN_AFTER 64
-
-// hg_lane_place decides how a caller waits and where its worker runs.
-// callers is how many threads wait on a lane now, this one included.
-//
-// While each caller and worker can have a CPU of their own (callers at
-// most half the CPUs), they spin for each other there (HG_SPIN_TRY), and
-// the worker may run anywhere. Beyond that, the waiting side cannot spin
-// on a CPU of its own, and sleeping costs each call two futex wake-ups,
-// often across CPUs. So the worker is pinned to its caller's CPU and both
-// wait by yielding it: the call passes between them by a switch on one
-// CPU, with no wake-up and no cache lines crossing. Measured with a pair
-// of C threads per signing thread (test/module/c/pairs.c; 2 threads,
-// SoftHSM ECDSA, the 2-vCPU development VM, medians of 8 alternated
-// rounds): 0.93-0.94 of the direct rate pinned and yielding, 0.82-0.87
-// spinning, 0.79 sleeping; unpinned, yielding fell to 0.54, the pairs'
-// threads yielding to each other's. With one signing thread, spinning
-// made 0.98 and pinned yielding 0.92. Runs in which both callers sit on
-// one CPU fall far lower, their lanes pinned there with them
-// (docs/BENCHMARKS.md).
-static int hg_lane_place(hg_lane *l, int32_t callers) {
-	int32_t tid = LD(&l->tid);
-	if (tid == 0)
-		return HG_SPIN_TRY;
-	if (2 * callers <= hg_cpus()) {
-		if (l->pin < 0)
-			return HG_SPIN_TRY;
-		if (++l->unsaturated >= HG_LANE_UNPIN_AFTER && sched_setaffinity(tid, sizeof l->all, &l->all) == 0) {
-			ST(&l->pin, -1);
-			return HG_SPIN_TRY;
-		}
-		return HG_SPIN_YIELD;
-	}
-	l->unsaturated = 0;
-	int cpu = sched_getcpu();
-	if (cpu >= 0 && cpu != l->pin) {
-		cpu_set_t one;
-		CPU_ZERO(&one);
-		CPU_SET(cpu, &one);
-		if (sched_setaffinity(tid, sizeof one, &one) == 0)
-			ST(&l->pin, cpu);
-	}
-	return l->pin >= 0 ? HG_SPIN_YIELD : HG_SPIN_TRY;
-}
-
 // hg_lane_call copies a call into the lane, hands it to the worker and
 // waits, spinning first for up to spin_ns or, when the lane's last call
 // took longer and at most HG_LANE_FIT_MAX, for half as long again as that
@@ -273,13 +219,13 @@ static int hg_lane_call(hg_lane *l, int op, hg_ulong session, hg_ulong mech,
 	int64_t fit = l->last_ns + l->last_ns / 2;
 	if (fit > spin_ns && fit <= HG_LANE_FIT_MAX)
 		spin_ns = fit;
-	int mode = hg_lane_place(l, __atomic_add_fetch(&hg_lane_callers, 1, __ATOMIC_SEQ_CST));
+	int mode = hg_place_wait(&l->place, __atomic_add_fetch(&hg_waiting, 1, __ATOMIC_SEQ_CST));
 	l->yielded = mode == HG_SPIN_YIELD;
 	ST(&l->state, HG_BUSY);
 	int64_t start = hg_now();
 	uint32_t seq = hg_post(&l->cell);
 	int outcome = hg_wait_as(&l->cell, seq, spin_ns, timeout_ns, mode);
-	__atomic_sub_fetch(&hg_lane_callers, 1, __ATOMIC_SEQ_CST);
+	__atomic_sub_fetch(&hg_waiting, 1, __ATOMIC_SEQ_CST);
 	if (outcome == HG_ANSWERED) {
 		l->last_ns = hg_now() - start;
 		return outcome;
@@ -386,7 +332,7 @@ type LaneCall struct {
 
 	// Yielded is set by Call when the CPUs were saturated with callers, so
 	// that the lane's thread was pinned to the caller's CPU and the two
-	// yielded it to each other (see hg_lane_place).
+	// yielded it to each other (see internal/handoff/place.h).
 	Yielded bool
 }
 

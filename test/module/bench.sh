@@ -73,9 +73,10 @@ for ((i = 0; i < RUNS; i++)); do
 	"$work/bench" "$SOFTHSM" "$slot" "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/softhsm2 /' >>"$work/results"
 	"$work/bench" "$LIB" 0xf4241 "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/hapkcs11 /' >>"$work/results"
 	# The floor under libhapkcs11.so: plain C thread pairs handing each
-	# signature over as the lanes do (pairs.c), 1 thread spinning, 2 pinned.
-	"$work/pairs" "$SOFTHSM" "$slot" "$work/pin" ec spin 1 "$SECONDS_PER" | sed 's/^/pairs-spin /' >>"$work/results"
-	"$work/pairs" "$SOFTHSM" "$slot" "$work/pin" ec pinned 2 "$SECONDS_PER" | sed 's/^/pairs-pinned /' >>"$work/results"
+	# signature over as the lanes do (pairs.c).
+	for t in 1 2; do
+		"$work/pairs" "$SOFTHSM" "$slot" "$work/pin" ec lanes $t "$SECONDS_PER" | sed 's/^/pairs /' >>"$work/results"
+	done
 done
 
 awk '
@@ -101,8 +102,7 @@ END {
 	row("hapkcs11")
 	printf "\nThe hand-off alone: C thread pairs (pairs.c), no Go, in the same runs\n"
 	printf "%-34s %12s %12s %8s  %s\n", "figure (median)", "libsofthsm2", "pairs", "ratio", "range of run ratios"
-	row("pairs-spin")
-	row("pairs-pinned")
+	row("pairs")
 }
 function row(mod,   i, k, a, b, lo, hi, r, d, q) {
 	for (i = 1; i <= nk; i++) {
@@ -119,7 +119,6 @@ function row(mod,   i, k, a, b, lo, hi, r, d, q) {
 			if (lo == "" || q < lo) lo = q
 			if (hi == "" || q > hi) hi = q
 		}
-		label = mod ~ /^pairs-/ ? k " (" substr(mod, 7) ")" : k
-		printf "%-34s %12.1f %12.1f %8.2f  %.2f-%.2f\n", label, a, b, median("ratio" SUBSEP k), lo, hi
+		printf "%-34s %12.1f %12.1f %8.2f  %.2f-%.2f\n", k, a, b, median("ratio" SUBSEP k), lo, hi
 	}
 }' "$work/results"

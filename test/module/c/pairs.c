@@ -10,11 +10,11 @@
  * MODE is how the two threads wait for each other:
  *   direct  no worker: the signing thread calls the module itself
  *   sleep   on a futex at once
- *   spin    spinning on a CPU while one is free, then on a futex (the
- *           lanes' way while signing threads are at most half the CPUs)
+ *   spin    spinning on a CPU while one is free, then on a futex
  *   yield   yielding the CPU at every turn, then on a futex
- *   pinned  yielding, with the worker pinned to its caller's CPU (the
- *           lanes' way beyond that)
+ *   lanes   the lanes' way (internal/handoff/place.h): spinning while the
+ *           signing threads are at most half the CPUs, beyond that
+ *           yielding with the worker pinned to its caller's CPU
  * Prints: sign ecdsa-p256 threads=T ops_per_s=N
  */
 #define _GNU_SOURCE
@@ -23,12 +23,12 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "cell.h"
+#include "place.h"
 
-int32_t hg_busy, hg_ncpu, hg_lane_callers;
+int32_t hg_busy, hg_ncpu, hg_waiting;
 
-enum { DIRECT, SLEEP, SPIN, YIELD, PINNED };
-static const char *modes[] = {"direct", "sleep", "spin", "yield", "pinned"};
+enum { DIRECT, SLEEP, SPIN, YIELD, LANES };
+static const char *modes[] = {"direct", "sleep", "spin", "yield", "lanes"};
 
 #define CALLER_SPIN_NS 1000000 /* bounds a wait's spinning, as the lanes' HG_LANE_FIT_MAX */
 #define WORKER_SPIN_NS 50000   /* pkg/slot's workerSpin */
@@ -43,7 +43,7 @@ struct pair {
 	CK_SESSION_HANDLE s;
 	CK_OBJECT_HANDLE key;
 	hg_cell cell;
-	int cpu; /* the caller's CPU at its last post */
+	hg_place place;
 	CK_RV rv;
 	unsigned long n;
 };
@@ -62,18 +62,20 @@ static void *worker(void *arg)
 {
 	struct pair *p = arg;
 	uint32_t last = 0;
-	int pinned = -1;
+	hg_place_started(&p->place);
 	for (;;) {
-		if (mode == YIELD || mode == PINNED)
-			hg_spin(&p->cell.req, last, NULL, 0, hg_now() + WORKER_SPIN_NS, 1);
-		last = hg_next(&p->cell, last, mode == SPIN ? WORKER_SPIN_NS : 0);
-		int cpu = __atomic_load_n(&p->cpu, __ATOMIC_SEQ_CST);
-		if (mode == PINNED && cpu != pinned) {
-			cpu_set_t one;
-			CPU_ZERO(&one);
-			CPU_SET(cpu, &one);
-			if (sched_setaffinity(0, sizeof one, &one) == 0)
-				pinned = cpu;
+		switch (mode) {
+		case SLEEP:
+			last = hg_next(&p->cell, last, 0);
+			break;
+		case SPIN:
+			last = hg_next(&p->cell, last, WORKER_SPIN_NS);
+			break;
+		case YIELD:
+			last = hg_next_as(&p->cell, last, WORKER_SPIN_NS, HG_SPIN_YIELD);
+			break;
+		default:
+			last = hg_next_as(&p->cell, last, WORKER_SPIN_NS, hg_worker_mode(&p->place));
 		}
 		p->rv = sign(p);
 		hg_done(&p->cell, last);
@@ -91,10 +93,14 @@ static void *caller(void *arg)
 		if (mode == DIRECT) {
 			rv = sign(p);
 		} else {
-			__atomic_store_n(&p->cpu, sched_getcpu(), __ATOMIC_SEQ_CST);
+			int how = mode == YIELD ? HG_SPIN_YIELD : HG_SPIN_TRY;
+			if (mode == LANES)
+				how = hg_place_wait(&p->place, __atomic_add_fetch(&hg_waiting, 1, __ATOMIC_SEQ_CST));
 			uint32_t seq = hg_post(&p->cell);
-			int how = mode == YIELD || mode == PINNED ? HG_SPIN_YIELD : HG_SPIN_TRY;
-			if (hg_wait_as(&p->cell, seq, mode == SLEEP ? 0 : CALLER_SPIN_NS, TIMEOUT_NS, how) != 0)
+			int got = hg_wait_as(&p->cell, seq, mode == SLEEP ? 0 : CALLER_SPIN_NS, TIMEOUT_NS, how);
+			if (mode == LANES)
+				__atomic_sub_fetch(&hg_waiting, 1, __ATOMIC_SEQ_CST);
+			if (got != 0)
 				die("waiting for the worker", CKR_GENERAL_ERROR);
 			rv = p->rv;
 		}
@@ -123,7 +129,7 @@ int main(int argc, char **argv)
 	int threads = atoi(argv[6]);
 	double seconds = atof(argv[7]);
 	if (mode < 0 || threads < 1 || threads > 8) {
-		fprintf(stderr, "pairs: MODE is direct, sleep, spin, yield or pinned; THREADS 1 to 8\n");
+		fprintf(stderr, "pairs: MODE is direct, sleep, spin, yield or lanes; THREADS 1 to 8\n");
 		return 2;
 	}
 
@@ -131,6 +137,7 @@ int main(int argc, char **argv)
 	init_login(f, slot, pin, pinlen);
 	for (int i = 0; i < threads; i++) {
 		struct pair *p = &pairs[i];
+		hg_place_init(&p->place);
 		CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION, NULL, NULL, &p->s));
 		p->key = find_one(f, p->s, CKO_PRIVATE_KEY, argv[4]);
 		if (mode != DIRECT)
