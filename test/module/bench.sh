@@ -69,9 +69,17 @@ EOF
 export HAGROUP_CONF=$work/hagroup.toml
 
 echo "bench: $RUNS runs of ${SECONDS_PER}s per figure; SoftHSM slot $slot vs virtual slot 0xf4241" >&2
+# Which module runs first alternates from run to run, so that neither
+# always follows the other (ABBA).
 for ((i = 0; i < RUNS; i++)); do
-	"$work/bench" "$SOFTHSM" "$slot" "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/softhsm2 /' >>"$work/results"
-	"$work/bench" "$LIB" 0xf4241 "$work/pin" ec rsa "$SECONDS_PER" | sed 's/^/hapkcs11 /' >>"$work/results"
+	order="softhsm2 hapkcs11"
+	((i % 2)) && order="hapkcs11 softhsm2"
+	for m in $order; do
+		case $m in
+		softhsm2) "$work/bench" "$SOFTHSM" "$slot" "$work/pin" ec rsa "$SECONDS_PER" ;;
+		hapkcs11) "$work/bench" "$LIB" 0xf4241 "$work/pin" ec rsa "$SECONDS_PER" ;;
+		esac | sed "s/^/$m /" >>"$work/results"
+	done
 	# The floor under libhapkcs11.so: plain C thread pairs handing each
 	# signature over as the lanes do (pairs.c).
 	for t in 1 2; do
