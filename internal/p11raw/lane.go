@@ -198,9 +198,9 @@ enum { HG_ANSWERED = 0, HG_TIMED_OUT = 1, HG_CANCELLED = 2, HG_NO_MEMORY = 3 };
 #define HG_LANE_FIT_MAX 1000000LL
 
 // hg_lane_call copies a call into the lane, hands it to the worker and
-// waits, spinning first for up to spin_ns or, when the lane's last call
-// took longer and at most HG_LANE_FIT_MAX, for half as long again as that
-// call. On a deadline or cancel the call is abandoned (the worker ends
+// waits, spinning (or yielding, as place.h decides) first for up to
+// spin_ns or, when the lane's last call took longer and at most
+// HG_LANE_FIT_MAX, for half as long again as that call. On a deadline or cancel the call is abandoned (the worker ends
 // after it) unless the worker finished first, which then counts as
 // answered.
 static int hg_lane_call(hg_lane *l, int op, hg_ulong session, hg_ulong mech,
@@ -272,7 +272,8 @@ import (
 // C thread of its own, without the Go runtime on the module's side of the
 // hand-off. The caller still waits with a deadline, so a call the module
 // never answers is abandoned like any other (pkg/slot's rule), but the
-// call costs one hand-off between two threads that spin for each other:
+// call costs one hand-off between two threads that spin for each other
+// (or, with the CPUs saturated, yield one CPU to each other: place.h):
 // no goroutine is readied, no P changes hands and no cgo call is made on
 // the worker's side. With the session pool's order and the module's
 // runtime settings (cmd/hapkcs11's procs.go) it took libhapkcs11.so from
