@@ -31,11 +31,10 @@
 // signals, so the application's handlers never run on them. An
 // application session keeps to the lane it used last, and while more
 // application threads wait on lanes than half the CPUs, each lane is
-// pinned to its caller's CPU (sched_setaffinity; internal/p11raw says
-// why). The runtime
-// gets at least 8 Ps (GOMAXPROCS) unless the environment sets GOMAXPROCS,
-// and an application thread yields to the Go scheduler once every 5 ms of
-// calls (procs.go says why).
+// pinned to its caller's CPU (sched_setaffinity; internal/handoff's
+// place.h says why). The runtime gets at least 8 Ps (GOMAXPROCS) unless
+// the environment sets GOMAXPROCS, and an application thread yields to the
+// Go scheduler once every 5 ms of calls (procs.go says why).
 //
 // Recovery: each group is opened with pkg/ha, so failed members are
 // recovered in the application's process (every interval, retries times)

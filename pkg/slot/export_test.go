@@ -23,7 +23,7 @@ func ModuleCounts(path string) (refs, inits, finals int) {
 func LaneCalls(s *Slot) uint64 { return s.stats.laneCalls.Load() }
 
 // LaneYields is how many of them were waited for by yielding the CPU to
-// the lane's thread, pinned to the caller's CPU (p11raw's hg_lane_place).
+// the lane's thread, pinned to the caller's CPU (internal/handoff/place.h).
 func LaneYields(s *Slot) uint64 { return s.stats.laneYields.Load() }
 
 // WaitQuarantine waits until no call of s is quarantined.
