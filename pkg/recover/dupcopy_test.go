@@ -3,13 +3,11 @@ package recover
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
@@ -157,19 +155,7 @@ func TestDestroyedPairCopiedTwiceByAnotherProcessStaysGone(t *testing.T) {
 	}
 
 	// 3. m0 returns.
-	res, err := r.rec.Recover(rigCtx(t), m0)
-	if err != nil {
-		t.Fatalf("recover %s: %v", m0, err)
-	}
-	if st := r.state(m0); st != member.Active {
-		t.Fatalf("%s is %v after recovery", m0, st)
-	}
-	for i := range r.toks {
-		inv := inventory(t, r.direct(r.toks[i], fmt.Sprintf("-check%d", i)))
-		if got := fmt.Sprint(labels(inv)); got != "[kept kept]" {
-			t.Errorf("%s holds %v after %s's recovery, want only the kept pair (catch-up: %+v)\n  %s", r.name(i), got, m0, res.CatchUp, dump(inv))
-		}
-	}
+	r.recoverExpecting(m0, "kept", "kept")
 }
 
 func count(ls []string, l string) int {
@@ -234,15 +220,5 @@ func TestDestroyAnticipatedByCatchUpKeepsItsTombstone(t *testing.T) {
 	if err := r.g.DestroyObject(rigCtx(t), pub); err != nil {
 		t.Fatalf("destroy the public key: %v", err)
 	}
-	res, err := r.rec.Recover(rigCtx(t), away)
-	if err != nil {
-		t.Fatalf("recover %s: %v", away, err)
-	}
-	for i := range r.toks {
-		inv := inventory(t, r.direct(r.toks[i], fmt.Sprintf("-check%d", i)))
-		if got := fmt.Sprint(labels(inv)); got != "[kept kept]" {
-			t.Errorf("%s holds %v after %s's recovery, want only the kept pair (catch-up: copied %d, deleted %d)\n  %s",
-				r.name(i), got, away, res.CatchUp.Copied, res.CatchUp.Deleted, dump(inv))
-		}
-	}
+	r.recoverExpecting(away, "kept", "kept")
 }

@@ -3,12 +3,10 @@ package recover
 import (
 	"context"
 	"errors"
-	"fmt"
 	gosync "sync"
 	"testing"
 	"time"
 
-	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
@@ -121,19 +119,7 @@ func TestKeyDestroyedDuringRecoveryStaysGone(t *testing.T) {
 					}, slot.OpCreateObject, slot.OpUnwrapKey)
 				}, slot.OpFindObjects)
 			}
-			res, err := r.rec.Recover(rigCtx(t), victim)
-			if err != nil {
-				t.Fatalf("recover: %v", err)
-			}
-			if st := r.state(victim); st != member.Active {
-				t.Fatalf("victim is %v after recovery", st)
-			}
-			for i := range r.toks {
-				inv := inventory(t, r.direct(r.toks[i], fmt.Sprintf("-check%d", i)))
-				if got := fmt.Sprint(labels(inv)); got != "[kept kept]" {
-					t.Errorf("%s holds %v after the recovery, want only the kept pair (catch-up: %+v)\n%s", r.name(i), got, res.CatchUp, dump(inv))
-				}
-			}
+			r.recoverExpecting(victim, "kept", "kept")
 		})
 	}
 }

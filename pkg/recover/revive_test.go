@@ -1,15 +1,9 @@
 package recover
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"encoding/asn1"
 	"errors"
-	"fmt"
 	"testing"
 
-	"github.com/hagroup/hagroup/pkg/member"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
@@ -23,18 +17,7 @@ import (
 func TestObjectMadeAgainThroughTheGroupSurvivesCatchUp(t *testing.T) {
 	r := newRig(t, rigOpts{n: 3, retries: 0})
 	s := r.session()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	point, err := k.PublicKey.Bytes()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ecPoint, err := asn1.Marshal(point)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ecPoint, _ := newP256(t)
 	tmpl := []*pkcs11.Attribute{rigA(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), rigA(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC),
 		rigA(pkcs11.CKA_TOKEN, true), rigA(pkcs11.CKA_EC_PARAMS, rigP256), rigA(pkcs11.CKA_EC_POINT, ecPoint),
 		rigA(pkcs11.CKA_VERIFY, true), rigA(pkcs11.CKA_LABEL, "again"), rigA(pkcs11.CKA_ID, []byte("id-again"))}
@@ -67,18 +50,5 @@ func TestObjectMadeAgainThroughTheGroupSurvivesCatchUp(t *testing.T) {
 	if err := r.g.FailMember(victim, errors.New("test: away")); err != nil {
 		t.Fatal(err)
 	}
-	res, err := r.rec.Recover(rigCtx(t), victim)
-	if err != nil {
-		t.Fatalf("recover %s: %v", victim, err)
-	}
-	if st := r.state(victim); st != member.Active {
-		t.Fatalf("%s is %v after recovery", victim, st)
-	}
-	for i := range r.toks {
-		inv := inventory(t, r.direct(r.toks[i], fmt.Sprintf("-check%d", i)))
-		if got := fmt.Sprint(labels(inv)); got != "[again]" {
-			t.Errorf("%s holds %v after the recovery, want the key made again (catch-up: copied %d, deleted %d)\n  %s",
-				r.name(i), got, res.CatchUp.Copied, res.CatchUp.Deleted, dump(inv))
-		}
-	}
+	r.recoverExpecting(victim, "again")
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	gosync "sync"
@@ -186,25 +187,30 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	return r
 }
 
-// importEC puts one P-256 key pair, labelled label, on every member.
-func (r *rig) importEC(label string) {
-	r.t.Helper()
+// newP256 makes a P-256 key here: its CKA_EC_POINT and private scalar.
+func newP256(t testing.TB) (ecPoint, scalar []byte) {
+	t.Helper()
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		r.t.Fatal(err)
+		t.Fatal(err)
 	}
 	point, err := k.PublicKey.Bytes()
 	if err != nil {
-		r.t.Fatal(err)
+		t.Fatal(err)
 	}
-	ecPoint, err := asn1.Marshal(point)
-	if err != nil {
-		r.t.Fatal(err)
+	if ecPoint, err = asn1.Marshal(point); err != nil {
+		t.Fatal(err)
 	}
-	scalar, err := k.Bytes()
-	if err != nil {
-		r.t.Fatal(err)
+	if scalar, err = k.Bytes(); err != nil {
+		t.Fatal(err)
 	}
+	return ecPoint, scalar
+}
+
+// importEC puts one P-256 key pair, labelled label, on every member.
+func (r *rig) importEC(label string) {
+	r.t.Helper()
+	ecPoint, scalar := newP256(r.t)
 	id := []byte("id-" + label)
 	for _, tok := range r.toks {
 		s := r.direct(tok, "-import")
@@ -368,6 +374,27 @@ func (r *rig) genEC(s *group.Session, label string) (pub, priv group.ObjectHandl
 		r.t.Fatalf("generate %s through the group: %v", label, err)
 	}
 	return pub, priv
+}
+
+// recoverExpecting recovers name, and checks that it is back in rotation
+// and that every member then holds objects labelled want and no others
+// (sorted, one per object, as labels gives them).
+func (r *rig) recoverExpecting(name string, want ...string) {
+	t := r.t
+	t.Helper()
+	res, err := r.rec.Recover(rigCtx(t), name)
+	if err != nil {
+		t.Fatalf("recover %s: %v", name, err)
+	}
+	if st := r.state(name); st != member.Active {
+		t.Fatalf("%s is %v after recovery", name, st)
+	}
+	for i := range r.toks {
+		inv := inventory(t, r.direct(r.toks[i], fmt.Sprintf("-check%d", i)))
+		if got := labels(inv); !slices.Equal(got, want) {
+			t.Errorf("%s holds %q after %s's recovery, want %q (catch-up: %+v)\n  %s", r.name(i), got, name, want, res.CatchUp, dump(inv))
+		}
+	}
 }
 
 // inventory lists a token directly: "identity fp=…" -> count.
