@@ -2,23 +2,29 @@
 # Sign throughput through libhapkcs11.so (a group of one SoftHSM member)
 # against straight libsofthsm2.so on the same token, ECDSA P-256 and
 # RSA-2048, 1 and 2 threads; the cost of loading the module and
-# C_Initialize; the resident memory it adds. Runs of the two modules
-# alternate and each figure is the median of RUNS runs. The ratio column
-# is the median of the runs' own ratios (run i of libhapkcs11.so over run
-# i of libsofthsm2.so, measured seconds apart), which a virtual machine's
-# drifting speed moves less than a ratio of medians; the range of those
-# ratios follows it. Plain C thread pairs (test/module/c/pairs.c) measure,
-# in the same runs, what handing each signature to another thread costs
-# without Go or the engine: the floor under libhapkcs11.so's figures.
+# C_Initialize; the resident memory it adds.
+#
+# The ratios come from one process that loads both modules and signs
+# through them in alternating slices (test/module/c/interleave.c: ROUNDS
+# rounds of four SLICE_MS slices, ABBA), so that a virtual machine's
+# drifting speed falls on both alike: the median of the rounds' ratios,
+# with their quartiles. Separate runs of each module in a process of its
+# own, alternating (RUNS of them, SECONDS_PER seconds per figure), give
+# the load time, the memory and each module's rate on its own, with the
+# median of the runs' own ratios beside them. Plain C thread pairs
+# (test/module/c/pairs.c) measure in those runs what handing each
+# signature to another thread costs without Go or the engine.
 #
 #   test/module/bench.sh            (make bench runs it)
-#   RUNS=5 SECONDS_PER=3 test/module/bench.sh
+#   ROUNDS=60 RUNS=5 SECONDS_PER=3 test/module/bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=$PATH:/usr/local/go/bin
 
 RUNS=${RUNS:-3}
 SECONDS_PER=${SECONDS_PER:-2}
+ROUNDS=${ROUNDS:-30}
+SLICE_MS=${SLICE_MS:-100}
 SOFTHSM=/usr/lib/softhsm/libsofthsm2.so
 LIB=${LIB:-bin/libhapkcs11.so}
 
@@ -33,6 +39,7 @@ fi
 LIB=$(realpath "$LIB")
 gcc -O2 -Wall -I cmd/hapkcs11 -o "$work/bench" test/module/c/bench.c -ldl -lpthread
 gcc -O2 -Wall -I cmd/hapkcs11 -I internal/handoff -o "$work/pairs" test/module/c/pairs.c -ldl -lpthread
+gcc -O2 -Wall -I cmd/hapkcs11 -o "$work/interleave" test/module/c/interleave.c -ldl -lpthread
 
 # One throwaway token holding the two keys. The PIN never appears on a
 # command line: pkcs11-tool reads it from the environment, bench from a file.
@@ -68,7 +75,9 @@ serial = "1000001"
 EOF
 export HAGROUP_CONF=$work/hagroup.toml
 
-echo "bench: $RUNS runs of ${SECONDS_PER}s per figure; SoftHSM slot $slot vs virtual slot 0xf4241" >&2
+echo "bench: SoftHSM slot $slot vs virtual slot 0xf4241; interleaved: $ROUNDS rounds of 4 x ${SLICE_MS} ms per figure" >&2
+"$work/interleave" "$SOFTHSM" "$slot" "$LIB" 0xf4241 "$work/pin" ec rsa "$SLICE_MS" "$ROUNDS" >"$work/interleaved"
+echo "bench: separate processes: $RUNS runs of ${SECONDS_PER}s per figure" >&2
 # Which module runs first alternates from run to run, so that neither
 # always follows the other (ABBA).
 for ((i = 0; i < RUNS; i++)); do
@@ -87,6 +96,14 @@ for ((i = 0; i < RUNS; i++)); do
 	done
 done
 
+echo "In one process, alternating slices (interleave.c): median of $ROUNDS rounds' ratios, quartiles"
+awk '{
+	for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+	if (NR == 1) printf "%-34s %12s %12s %8s  %s\n", "figure", "libsofthsm2", "libhapkcs11", "ratio", "q1-q3"
+	printf "%-34s %12.1f %12.1f %8.2f  %.2f-%.2f\n", $2 " " v["threads"] " thread sign/s", v["base_per_s"], v["module_per_s"], v["ratio"], v["q1"], v["q3"]
+}' "$work/interleaved"
+echo
+echo "Each module in a process of its own: medians of $RUNS runs, and of the runs' own ratios"
 awk '
 function median(key,   n, i, j, t, a) {
 	n = split(vals[key], a, " ")

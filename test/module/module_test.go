@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/sha256"
 	"crypto/x509"
+	"fmt"
 	"math/big"
 	"os"
 	"os/exec"
@@ -172,6 +173,41 @@ func TestCoexist(t *testing.T) {
 	out := r.mustRun(time.Minute, cprog(t, "coexist"), r.lib, "/usr/lib/softhsm/libsofthsm2.so", virtualSlot)
 	if strings.TrimSpace(out) != "ok" {
 		t.Errorf("coexist: %s", out)
+	}
+}
+
+// TestSignBesideSoftHSM: one process logged in to a member's token through
+// SoftHSM directly and to the group through the library signs through
+// both in turn, from one thread and from two (interleave.c, which make
+// bench measures with), and every signature succeeds.
+func TestSignBesideSoftHSM(t *testing.T) {
+	r := newRig(t, rigOpts{ecKey: "beside,0d"})
+	m := r.members[0]
+	var base string
+	for _, s := range parseSlots(r.direct(m, "-L")) {
+		if s.Label == m.Label {
+			base = s.ID
+		}
+	}
+	if base == "" {
+		t.Fatalf("SoftHSM lists no slot with token %s", m.Label)
+	}
+	out := r.mustRun(2*time.Minute, cprog(t, "interleave"), m.Module, base, r.lib, virtualSlot, r.pinFile, "beside", "-", "20", "3")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("interleave printed %d lines, want ECDSA with 1 and 2 threads:\n%s", len(lines), out)
+	}
+	for i, line := range lines {
+		var threads, rounds int
+		var base, module, ratio, q1, q3 float64
+		_, err := fmt.Sscanf(line, "sign ecdsa-p256 threads=%d base_per_s=%g module_per_s=%g ratio=%g q1=%g q3=%g rounds=%d",
+			&threads, &base, &module, &ratio, &q1, &q3, &rounds)
+		if err != nil || threads != i+1 || rounds != 3 {
+			t.Fatalf("interleave line %q: want ECDSA with %d thread(s) over 3 rounds (%v)", line, i+1, err)
+		}
+		if base <= 0 || module <= 0 {
+			t.Errorf("%d thread(s): %.0f signatures/s through SoftHSM, %.0f through the group: want both above 0", threads, base, module)
+		}
 	}
 }
 
