@@ -60,6 +60,10 @@ typedef struct {
 	hg_place place; // where the worker runs, how the caller waits (place.h)
 	int yielded; // the last call was waited for by yielding, pinned
 
+	// The context watch (Lane.watch): calls made under generation
+	// watch_gen are cancelled once watch_dead equals it.
+	uint32_t watch_gen, watch_dead;
+
 	int op;
 	hg_ulong session, mech, key, rv;
 	unsigned char *param, *in, *out;
@@ -200,13 +204,14 @@ enum { HG_ANSWERED = 0, HG_TIMED_OUT = 1, HG_CANCELLED = 2, HG_NO_MEMORY = 3 };
 // hg_lane_call copies a call into the lane, hands it to the worker and
 // waits, spinning (or yielding, as place.h decides) first for up to
 // spin_ns or, when the lane's last call took longer and at most
-// HG_LANE_FIT_MAX, for half as long again as that call. On a deadline or cancel the call is abandoned (the worker ends
-// after it) unless the worker finished first, which then counts as
-// answered.
+// HG_LANE_FIT_MAX, for half as long again as that call. On a deadline or
+// cancel (of watch generation gen, when not 0) the call is abandoned (the
+// worker ends after it) unless the worker finished first, which then
+// counts as answered.
 static int hg_lane_call(hg_lane *l, int op, hg_ulong session, hg_ulong mech,
                         void *param, hg_ulong param_len, hg_ulong key,
                         void *in, hg_ulong in_len, void *sig, hg_ulong sig_len,
-                        int64_t spin_ns, int64_t timeout_ns) {
+                        int64_t spin_ns, int64_t timeout_ns, uint32_t gen) {
 	if (!hg_put(&l->param, &l->param_cap, &l->param_len, param, param_len) ||
 	    !hg_put(&l->in, &l->in_cap, &l->in_len, in, in_len))
 		return HG_NO_MEMORY;
@@ -224,6 +229,9 @@ static int hg_lane_call(hg_lane *l, int op, hg_ulong session, hg_ulong mech,
 	ST(&l->state, HG_BUSY);
 	int64_t start = hg_now();
 	uint32_t seq = hg_post(&l->cell);
+	// A cancel that came before the post did not see seq (hg_lane_unwatch).
+	if (gen != 0 && LD(&l->watch_dead) == gen)
+		ST(&l->cell.cancel, seq);
 	int outcome = hg_wait_as(&l->cell, seq, spin_ns, timeout_ns, mode);
 	__atomic_sub_fetch(&hg_waiting, 1, __ATOMIC_SEQ_CST);
 	if (outcome == HG_ANSWERED) {
@@ -240,7 +248,19 @@ static int hg_lane_call(hg_lane *l, int op, hg_ulong session, hg_ulong mech,
 // hg_lane_seq is the sequence number of the last call posted.
 static uint32_t hg_lane_seq(hg_lane *l) { return LD(&l->cell.req); }
 
-static void hg_lane_cancel(hg_lane *l, uint32_t seq) { hg_cancel(&l->cell, seq); }
+// hg_lane_watch starts watch generation gen.
+static void hg_lane_watch(hg_lane *l, uint32_t gen) { ST(&l->watch_gen, gen); }
+
+// hg_lane_unwatch cancels the calls of generation gen: the one in flight,
+// if any, and, through watch_dead, one being posted now (hg_lane_call
+// checks after its post; whichever of the two comes second sees the
+// other).
+static void hg_lane_unwatch(hg_lane *l, uint32_t gen) {
+	if (LD(&l->watch_gen) != gen)
+		return;
+	ST(&l->watch_dead, gen);
+	hg_cancel(&l->cell, LD(&l->cell.req));
+}
 
 // hg_lane_abandoned waits until the worker has returned from an abandoned
 // call, however long that takes, and lets go of the lane.
@@ -260,6 +280,7 @@ import "C"
 
 import (
 	"context"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -284,6 +305,18 @@ import (
 // session). Its zero value is not usable: see NewLane.
 type Lane struct {
 	l *C.hg_lane
+
+	// The watch: the cancellation of the context whose Done channel is
+	// watched cancels the lane's calls. It stays in place from call to
+	// call while their contexts share that channel (libhapkcs11.so's calls
+	// all do): registering with the context on every call cost 1.6-2.0 µs
+	// of CPU per ECDSA signature (docs/BENCHMARKS.md). mu keeps the
+	// callback off a lane being re-watched or let go.
+	mu        sync.Mutex
+	gen       uint32 // the watch's generation, 0 before the first
+	watched   <-chan struct{}
+	stopWatch func() bool
+	done      bool // closed or abandoned: the callback must not touch l
 }
 
 // LaneOp is the operation a Lane runs.
@@ -342,18 +375,17 @@ type LaneCall struct {
 // With LaneAnswered, err is the module's answer (a pkcs11.Error, as
 // miekg/pkcs11 returns them) and sig the signature of a LaneSign.
 func (l *Lane) Call(ctx context.Context, c *LaneCall, spin, timeout time.Duration) (sig []byte, outcome LaneOutcome, err error) {
-	var stop func() bool
-	if ctx.Done() != nil {
-		seq := C.hg_lane_seq(l.l) + 1 // one call at a time: the next post's number
-		stop = context.AfterFunc(ctx, func() { C.hg_lane_cancel(l.l, seq) })
+	var gen uint32 // 0: a context that is never cancelled
+	if done := ctx.Done(); done != nil {
+		if done != l.watched {
+			l.watch(ctx, done)
+		}
+		gen = l.gen
 	}
 	outcome = LaneOutcome(C.hg_lane_call(l.l, C.int(c.Op), C.hg_ulong(c.Session), C.hg_ulong(c.Mechanism),
 		bytesPtr(c.Parameter), C.hg_ulong(len(c.Parameter)), C.hg_ulong(c.Key),
 		bytesPtr(c.Data), C.hg_ulong(len(c.Data)), bytesPtr(c.Sig), C.hg_ulong(len(c.Sig)),
-		C.int64_t(spin), C.int64_t(max(timeout, 0))))
-	if stop != nil {
-		stop()
-	}
+		C.int64_t(spin), C.int64_t(max(timeout, 0)), C.uint32_t(gen)))
 	c.Yielded = l.l.yielded != 0
 	if outcome != LaneAnswered {
 		return nil, outcome, nil
@@ -367,14 +399,50 @@ func (l *Lane) Call(ctx context.Context, c *LaneCall, spin, timeout time.Duratio
 	return sig, outcome, nil
 }
 
+// watch makes the cancellation of ctx, whose Done channel is done, cancel
+// the lane's calls from now on, in place of the last context watched.
+func (l *Lane) watch(ctx context.Context, done <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopWatch != nil {
+		l.stopWatch()
+	}
+	l.gen++
+	if l.gen == 0 { // 0 stands for no watch
+		l.gen = 1
+	}
+	gen := l.gen
+	C.hg_lane_watch(l.l, C.uint32_t(gen))
+	l.watched = done
+	l.stopWatch = context.AfterFunc(ctx, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !l.done && l.gen == gen {
+			C.hg_lane_unwatch(l.l, C.uint32_t(gen))
+		}
+	})
+}
+
+// unwatch ends the watch before the lane is let go.
+func (l *Lane) unwatch() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.done = true
+	if l.stopWatch != nil {
+		l.stopWatch()
+	}
+}
+
 // Abandoned waits, however long it takes, for the module to return from
 // the call that Call gave up on, and releases the lane.
 func (l *Lane) Abandoned() {
+	l.unwatch()
 	C.hg_lane_abandoned(l.l, C.hg_lane_seq(l.l))
 }
 
 // Close ends an idle lane's thread and releases the lane.
 func (l *Lane) Close() {
+	l.unwatch()
 	C.hg_lane_close(l.l)
 }
 

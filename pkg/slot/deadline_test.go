@@ -229,6 +229,42 @@ func TestStoppedServerTimesOut(t *testing.T) {
 		if _, err := signDigest(ctx, s, priv, msg); err != nil {
 			t.Fatalf("Sign after the second SIGCONT: %v", err)
 		}
+		if !spin {
+			return
+		}
+
+		// A lane keeps watching a context from call to call while they share
+		// it (libhapkcs11.so's do): cancelled during a later call, it still
+		// ends the wait.
+		shared, cancelShared := context.WithCancel(ctx)
+		defer cancelShared()
+		if _, err := signDigest(shared, s, priv, msg); err != nil {
+			t.Fatalf("Sign with the shared context: %v", err)
+		}
+		srv.Stop()
+		calls := slot.LaneCalls(s)
+		errc := make(chan error, 1)
+		start = time.Now()
+		go func() {
+			_, err := signDigest(shared, s, priv, msg)
+			errc <- err
+		}()
+		for slot.LaneCalls(s) == calls {
+			runtime.Gosched() // until the call is on its lane
+		}
+		cancelShared()
+		err = <-errc
+		elapsed = time.Since(start)
+		srv.Cont()
+		if !errors.Is(err, context.Canceled) || elapsed >= spec.CommandTimeout {
+			t.Fatalf("Sign whose shared context was cancelled on a stopped server: %v after %v; want the context's error before %v", err, elapsed, spec.CommandTimeout)
+		}
+		if err := slot.WaitQuarantine(ctx, s); err != nil {
+			t.Fatalf("the cancelled call never returned after SIGCONT: %v", err)
+		}
+		if _, err := signDigest(ctx, s, priv, msg); err != nil {
+			t.Fatalf("Sign after the third SIGCONT: %v", err)
+		}
 	})
 }
 
