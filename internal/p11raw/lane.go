@@ -298,7 +298,7 @@ import (
 // no goroutine is readied, no P changes hands and no cgo call is made on
 // the worker's side. With the session pool's order and the module's
 // runtime settings (cmd/hapkcs11's procs.go) it took libhapkcs11.so from
-// 0.47 to 0.92 of SoftHSM's own ECDSA rate for one application thread on
+// 0.47 to 0.90 of SoftHSM's own ECDSA rate for one application thread on
 // the 2-vCPU development VM (docs/BENCHMARKS.md).
 //
 // One call at a time; the caller serialises (a Lane belongs to one
