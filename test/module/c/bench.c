@@ -44,16 +44,10 @@ struct worker {
 static void *run(void *arg)
 {
 	struct worker *w = arg;
-	CK_MECHANISM m = {w->mech, NULL, 0};
-	CK_BYTE data[32], sig[512];
-	memset(data, 7, sizeof data);
 	while (!go)
 		;
 	while (!stop) {
-		CK_ULONG n = sizeof sig;
-		CK_RV rv = f->C_SignInit(w->s, &m, w->key);
-		if (rv == CKR_OK)
-			rv = f->C_Sign(w->s, data, sizeof data, sig, &n);
+		CK_RV rv = sign32(f, w->s, w->mech, w->key);
 		if (rv != CKR_OK) {
 			w->err = rv;
 			return NULL;
