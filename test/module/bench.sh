@@ -6,9 +6,9 @@
 #
 # The ratios come from one process that loads both modules and signs
 # through them in alternating slices (test/module/c/interleave.c: ROUNDS
-# rounds of four SLICE_MS slices, ABBA), so that a virtual machine's
-# drifting speed falls on both alike: the median of the rounds' ratios,
-# with their quartiles. Separate runs of each module in a process of its
+# rounds of four SLICE_MS slices, ABBA, each slice's first fifth not
+# counted), so that a virtual machine's drifting speed falls on both
+# alike: the median of the rounds' ratios, with their quartiles. Separate runs of each module in a process of its
 # own, alternating (RUNS of them, SECONDS_PER seconds per figure), give
 # the load time, the memory and each module's rate on its own, with the
 # median of the runs' own ratios beside them. Plain C thread pairs
@@ -23,7 +23,7 @@ export PATH=$PATH:/usr/local/go/bin
 
 RUNS=${RUNS:-3}
 SECONDS_PER=${SECONDS_PER:-2}
-ROUNDS=${ROUNDS:-30}
+ROUNDS=${ROUNDS:-40}
 SLICE_MS=${SLICE_MS:-100}
 SOFTHSM=/usr/lib/softhsm/libsofthsm2.so
 LIB=${LIB:-bin/libhapkcs11.so}
