@@ -249,8 +249,13 @@ func TestStoppedServerTimesOut(t *testing.T) {
 			_, err := signDigest(shared, s, priv, msg)
 			errc <- err
 		}()
-		for slot.LaneCalls(s) == calls {
-			runtime.Gosched() // until the call is on its lane
+		for slot.LaneCalls(s) == calls { // until the call is on its lane
+			select {
+			case err := <-errc:
+				t.Fatalf("Sign returned before it reached its lane: %v", err)
+			default:
+				runtime.Gosched()
+			}
 		}
 		cancelShared()
 		err = <-errc

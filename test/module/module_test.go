@@ -199,14 +199,14 @@ func TestSignBesideSoftHSM(t *testing.T) {
 	}
 	for i, line := range lines {
 		var threads, rounds int
-		var base, module, ratio, q1, q3 float64
+		var direct, group, ratio, q1, q3 float64
 		_, err := fmt.Sscanf(line, "sign ecdsa-p256 threads=%d base_per_s=%g module_per_s=%g ratio=%g q1=%g q3=%g rounds=%d",
-			&threads, &base, &module, &ratio, &q1, &q3, &rounds)
+			&threads, &direct, &group, &ratio, &q1, &q3, &rounds)
 		if err != nil || threads != i+1 || rounds != 3 {
 			t.Fatalf("interleave line %q: want ECDSA with %d thread(s) over 3 rounds (%v)", line, i+1, err)
 		}
-		if base <= 0 || module <= 0 {
-			t.Errorf("%d thread(s): %.0f signatures/s through SoftHSM, %.0f through the group: want both above 0", threads, base, module)
+		if direct <= 0 || group <= 0 {
+			t.Errorf("%d thread(s): %.0f signatures/s through SoftHSM, %.0f through the group: want both above 0", threads, direct, group)
 		}
 	}
 }
