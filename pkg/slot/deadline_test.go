@@ -13,7 +13,6 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -55,10 +54,7 @@ func TestHungCallTimesOut(t *testing.T) {
 		spec.CommandTimeout = 200 * time.Millisecond
 		spec.KeygenTimeout = 500 * time.Millisecond
 		spec.MaxSessions = 2
-		f := slottest.NewFaults()
-		spec.Interceptor = f
-		t.Cleanup(func() { f.Heal(tok.Name) })
-		s := open(t, spec)
+		s, f := openFaulty(t, tok, spec)
 		_, priv := newECKey(t, s, "hang")
 		ctx := ctxT(t)
 
@@ -112,10 +108,7 @@ func TestCancelledCallIsQuarantined(t *testing.T) {
 		spec := specOf(tok)
 		spec.SpinHandoff = spin
 		spec.CommandTimeout = 20 * time.Second
-		f := slottest.NewFaults()
-		spec.Interceptor = f
-		t.Cleanup(func() { f.Heal(tok.Name) })
-		s := open(t, spec)
+		s, f := openFaulty(t, tok, spec)
 
 		f.Hang(tok.Name, slot.OpDigest)
 		ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
@@ -147,9 +140,7 @@ func TestDelayAndCapacity(t *testing.T) {
 	tok := testhsm.Take(t, 1)[0]
 	spec := specOf(tok)
 	spec.CommandTimeout = 150 * time.Millisecond
-	f := slottest.NewFaults()
-	spec.Interceptor = f
-	s := open(t, spec)
+	s, f := openFaulty(t, tok, spec)
 	ctx := ctxT(t)
 
 	f.Delay(tok.Name, slot.OpGenerateRandom, 30*time.Millisecond)

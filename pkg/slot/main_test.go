@@ -14,6 +14,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -38,6 +39,16 @@ func ctxT(t testing.TB) context.Context {
 }
 
 // open opens spec and closes the slot when the test ends.
+// openFaulty opens spec with a fault injector on it, healed when the test
+// ends so that no call stays hung in it.
+func openFaulty(t testing.TB, tok testhsm.Token, spec slot.Spec) (*slot.Slot, *slottest.Faults) {
+	t.Helper()
+	f := slottest.NewFaults()
+	spec.Interceptor = f
+	t.Cleanup(func() { f.Heal(tok.Name) })
+	return open(t, spec), f
+}
+
 func open(t testing.TB, spec slot.Spec) *slot.Slot {
 	t.Helper()
 	s, err := slot.Open(ctxT(t), spec)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -19,10 +18,7 @@ func TestPoolBoundsSessions(t *testing.T) {
 	tok := testhsm.Take(t, 1)[0]
 	spec := specOf(tok)
 	spec.MaxSessions = 4
-	f := slottest.NewFaults()
-	spec.Interceptor = f
-	t.Cleanup(func() { f.Heal(tok.Name) })
-	s := open(t, spec)
+	s, f := openFaulty(t, tok, spec)
 	_, priv := newECKey(t, s, "pool")
 	if s.Capacity() != 4 {
 		t.Fatalf("Capacity() = %d, want 4", s.Capacity())
@@ -84,10 +80,7 @@ func TestPoolWaitHonoursContext(t *testing.T) {
 	spec := specOf(tok)
 	spec.MaxSessions = 1
 	spec.CommandTimeout = 20 * time.Second
-	f := slottest.NewFaults()
-	spec.Interceptor = f
-	t.Cleanup(func() { f.Heal(tok.Name) })
-	s := open(t, spec)
+	s, f := openFaulty(t, tok, spec)
 
 	// Hold the only session in a hung GenerateRandom.
 	f.Hang(tok.Name, slot.OpGenerateRandom)
@@ -127,9 +120,7 @@ func TestSessionErrorDiscardsSession(t *testing.T) {
 	tok := testhsm.Take(t, 1)[0]
 	spec := specOf(tok)
 	spec.MaxSessions = 1
-	f := slottest.NewFaults()
-	spec.Interceptor = f
-	s := open(t, spec)
+	s, f := openFaulty(t, tok, spec)
 	ctx := ctxT(t)
 	_, priv := newECKey(t, s, "discard")
 	if _, err := signDigest(ctx, s, priv, []byte("warm")); err != nil {
@@ -187,10 +178,7 @@ func TestAffinityKeepsCallersSession(t *testing.T) {
 	tok := testhsm.Take(t, 1)[0]
 	spec := specOf(tok)
 	spec.MaxSessions = 4
-	f := slottest.NewFaults()
-	spec.Interceptor = f
-	t.Cleanup(func() { f.Heal(tok.Name) })
-	s := open(t, spec)
+	s, f := openFaulty(t, tok, spec)
 	var a, b slot.Affinity
 	ctxA, ctxB := slot.WithAffinity(ctxT(t), &a), slot.WithAffinity(ctxT(t), &b)
 

@@ -68,11 +68,7 @@ static void measure(const char *name, CK_MECHANISM_TYPE mech, const char *label,
 		w[i].mech = mech;
 		pthread_create(&w[i].t, NULL, run, &w[i]);
 	}
-	double t0 = now_seconds();
-	go = 1;
-	while (now_seconds() - t0 < seconds)
-		usleep(10000);
-	stop = 1;
+	double t0 = run_for(&go, &stop, seconds);
 	unsigned long total = 0;
 	for (int i = 0; i < nthreads; i++) {
 		pthread_join(w[i].t, NULL);

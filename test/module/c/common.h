@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hapkcs11.h"
 
@@ -118,6 +119,18 @@ static inline double now_seconds(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* run_for lets the benchmark threads go, stops them after seconds and
+ * returns when it let them go. */
+static inline double run_for(volatile int *go, volatile int *stop, double seconds)
+{
+	double t0 = now_seconds();
+	*go = 1;
+	while (now_seconds() - t0 < seconds)
+		usleep(10000);
+	*stop = 1;
+	return t0;
 }
 
 #endif

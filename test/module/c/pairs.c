@@ -144,11 +144,7 @@ int main(int argc, char **argv)
 			pthread_create(&p->worker, NULL, worker, p);
 		pthread_create(&p->caller, NULL, caller, p);
 	}
-	double t0 = now_seconds();
-	go = 1;
-	while (now_seconds() - t0 < seconds)
-		usleep(10000);
-	stop = 1;
+	double t0 = run_for(&go, &stop, seconds);
 	unsigned long total = 0;
 	for (int i = 0; i < threads; i++) {
 		pthread_join(pairs[i].caller, NULL);
