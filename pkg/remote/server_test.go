@@ -1,8 +1,8 @@
 package remote_test
 
 import (
-	"context"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
