@@ -195,6 +195,9 @@ func (d *decoder) attrs() []*pkcs11.Attribute {
 	for i := range as {
 		as[i] = &pkcs11.Attribute{Type: d.uint(), Value: d.bytes()}
 	}
+	if d.err != nil {
+		return nil
+	}
 	return as
 }
 
