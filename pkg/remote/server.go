@@ -48,6 +48,9 @@ type Server struct {
 	// command has one, and SIGKILL as its parent-death signal, and at
 	// shutdown sends it SIGTERM, then SIGKILL after a grace period.
 	Child func() *exec.Cmd
+	// MaxConns bounds the connections served by children at once (0:
+	// DefaultMaxConns); more are refused (closed at once).
+	MaxConns int
 }
 
 // Serve serves module on l until ctx ends (then it returns nil) or l fails,
@@ -109,8 +112,8 @@ func checkSocketDir(dir string) error {
 // (in this process) or for children to exit after SIGTERM.
 const closeWait = 5 * time.Second
 
-// maxChildren bounds the connections served at once; more are refused.
-const maxChildren = 256
+// DefaultMaxConns is Server.MaxConns by default.
+const DefaultMaxConns = 256
 
 // Serve serves l until ctx ends (returning nil) or accepting fails. It
 // closes l. Without Child it first loads and initialises the module.
@@ -170,12 +173,16 @@ func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
 		mu       sync.Mutex
 		children = make(map[*exec.Cmd]chan struct{})
 	)
+	limit := s.MaxConns
+	if limit <= 0 {
+		limit = DefaultMaxConns
+	}
 	err := s.accept(ctx, l, func(nc net.Conn) {
 		defer nc.Close() // the child has its own descriptor
 		mu.Lock()
 		n := len(children)
 		mu.Unlock()
-		if n >= maxChildren {
+		if n >= limit {
 			s.refuse(fmt.Errorf("refused a connection: %d connections are served already", n))
 			return
 		}
