@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -169,6 +170,11 @@ func (s *Server) accept(ctx context.Context, l net.Listener, handle func(net.Con
 
 // serveChildren serves each connection in a child process of its own.
 func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
+	// Linux sends a child its parent-death signal when the thread that
+	// started it ends, not the process: start every child from this one
+	// locked thread, which lives until the children are stopped.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	var (
 		mu       sync.Mutex
 		children = make(map[*exec.Cmd]chan struct{})
