@@ -92,21 +92,38 @@ func Listen(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// checkSocketDir refuses a directory that users other than its owner can
-// write, sticky or not: another uid could bind the socket's path while
-// the server is down and receive what clients send (their PINs).
+// checkSocketDir refuses a socket directory that another user could
+// write, sticky or not (they could bind the socket's path while the
+// server is down and receive what clients send, their PINs), or that
+// another user owns; and a directory above it that another user owns or
+// could write without the sticky bit (they could move it aside and put
+// their own in its place).
 func checkSocketDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("socket directory: %w", err)
+	own := uint32(os.Getuid())
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("socket directory: %w", err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("socket directory %s is not a directory", d)
+		}
+		what := "socket directory " + d
+		if d != filepath.Clean(dir) {
+			what = fmt.Sprintf("%s, above socket directory %s,", d, dir)
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if ok && st.Uid != own && st.Uid != 0 {
+			return fmt.Errorf("%s is owned by uid %d: use a directory of this user (uid %d) or root", what, st.Uid, own)
+		}
+		mode := fi.Mode()
+		if mode.Perm()&0o022 != 0 && (d == filepath.Clean(dir) || mode&os.ModeSticky == 0) {
+			return fmt.Errorf("%s has mode %v: group or others can write it; use a directory only its owner can write", what, mode&(os.ModePerm|os.ModeSticky))
+		}
+		if d == "/" {
+			return nil
+		}
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("socket directory %s is not a directory", dir)
-	}
-	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		return fmt.Errorf("socket directory %s has mode %v: group or others can write it (and bind the socket's path); use a directory only its owner can write", dir, fi.Mode()&(os.ModePerm|os.ModeSticky))
-	}
-	return nil
 }
 
 // closeWait bounds how long Serve waits at shutdown for calls in flight

@@ -25,23 +25,58 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// hsmserve will not put its socket where another user could bind the path
-// after it (world- or group-writable, sticky or not): it exits 1 naming
-// the directory and creates nothing there.
+// hsmserve will not put its socket where another user could bind the
+// path after it: a directory that group or others can write, sticky or
+// not, or that another user owns, or under a directory that others can
+// write without the sticky bit (they could move ours aside). It exits 1
+// naming the directory at fault and creates nothing.
 func TestHSMServeRefusesSharedSocketDir(t *testing.T) {
 	bin := testhsm.HSMServe(t)
-	for _, perm := range []os.FileMode{0o777 | os.ModeSticky, 0o777, 0o770, 0o730} {
-		t.Run(perm.String(), func(t *testing.T) {
-			dir := hsmserveSharedDir(t, perm)
+	for _, c := range []struct {
+		name string
+		// dir returns the socket directory and the one the error names.
+		dir  func(t *testing.T) (string, string)
+		want string
+	}{
+		{"world-writable sticky", func(t *testing.T) (string, string) {
+			d := hsmserveSharedDir(t, 0o777|os.ModeSticky)
+			return d, d
+		}, "group or others can write it"},
+		{"world-writable", func(t *testing.T) (string, string) {
+			d := hsmserveSharedDir(t, 0o777)
+			return d, d
+		}, "group or others can write it"},
+		{"group-writable", func(t *testing.T) (string, string) {
+			d := hsmserveSharedDir(t, 0o770)
+			return d, d
+		}, "group or others can write it"},
+		{"owned by another user", func(t *testing.T) (string, string) {
+			d := hsmserveSharedDir(t, 0o700)
+			if err := os.Chown(d, hsmserveNobody, hsmserveNobody); err != nil {
+				t.Fatal(err)
+			}
+			return d, d
+		}, fmt.Sprintf("is owned by uid %d", hsmserveNobody)},
+		{"under a world-writable directory", func(t *testing.T) (string, string) {
+			up := hsmserveSharedDir(t, 0o777)
+			d := filepath.Join(up, "own")
+			if err := os.Mkdir(d, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return d, up
+		}, "group or others can write it"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir, bad := c.dir(t)
 			sock := filepath.Join(dir, "m.sock")
 			cmd := exec.CommandContext(hsmserveCtx(t), bin, "--module", testhsm.SoftHSMModule, "--socket", sock)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-				t.Fatalf("hsmserve in a %v directory: %v (%s), want exit status 1", perm, err, out)
+				t.Fatalf("hsmserve with its socket in %s: %v (%s), want exit status 1", dir, err, out)
 			}
-			if !strings.Contains(string(out), "socket directory "+dir) || !strings.Contains(string(out), "group or others can write it") {
-				t.Errorf("hsmserve's error %q does not name %s as writable by others", out, dir)
+			if !strings.Contains(string(out), bad) || !strings.Contains(string(out), c.want) {
+				t.Errorf("hsmserve's error %q: want it to name %s and say %q", out, bad, c.want)
 			}
 			if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 				t.Errorf("%s exists after the refusal: %v", sock, err)
