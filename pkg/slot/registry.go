@@ -142,16 +142,16 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 		return nil, fmt.Errorf("initialise PKCS#11 module %s: %w", path, err)
 	}
 	m := &module{
-		key:       path,
-		path:      path,
-		env:       maps.Clone(env),
-		serverUID: serverUID,
-		ctx:       c,
-		id:        id,
-		refs:      1,
-		foreign:   foreign,
-		private:   private,
+		key:     path,
+		path:    path,
+		env:     maps.Clone(env),
+		ctx:     c,
+		id:      id,
+		refs:    1,
+		foreign: foreign,
+		private: private,
 	}
+	m.serverUID = serverUID
 	if !foreign {
 		r.inits[path]++
 	}
