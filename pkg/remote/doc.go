@@ -33,9 +33,9 @@
 // message field by field: hello and welcome (the server refuses other
 // versions, naming both), then requests tagged with an ID and responses
 // carrying it back. The server runs up to 16 requests of a connection
-// concurrently, holding at most a frame's worth of them and their replies,
-// and reads no more until a reply is written (back-pressure), so every
-// call of a context shares the connection without waiting for the others.
+// concurrently, and reads no more while those and the replies not yet
+// written hold a frame's worth (back-pressure), so every call of a
+// context shares the connection without waiting for the others.
 // Whoever reads a frame checks its length and every count in it against
 // the bounds (MaxFrame, MaxAttributes, MaxNested, MaxHandles) before it
 // allocates; C_GenerateRandom is bounded by MaxRandom. A request over a

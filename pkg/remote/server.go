@@ -355,10 +355,12 @@ func (m *served) objectLock(o op) func() {
 }
 
 // Back-pressure: a connection runs at most maxInFlight requests at once,
-// holding at most MaxFrame bytes of requests and replies between them
-// (any one frame is admitted when nothing else is held). The server reads
-// no further request until a running one has written its reply, so a
-// client that sends without reading stalls in its own socket buffer.
+// and the server reads the body of another only while the requests
+// running and the replies not yet written hold less than MaxFrame bytes
+// between them (any one frame is admitted when nothing else is held). So
+// a client that sends without reading its replies stalls in its own
+// socket buffer, and what a connection holds is bounded by MaxFrame plus
+// the replies of the calls running.
 const maxInFlight = 16
 
 // budget counts what a connection's requests in flight hold.
@@ -386,16 +388,13 @@ func (b *budget) acquire(n int) {
 	b.mu.Unlock()
 }
 
-// resize changes what a call holds from n to m bytes, waiting while the
-// bigger reply does not fit.
+// resize changes what a call holds from its request's n bytes to its
+// reply's m. It does not wait: the reply is made already, and what the
+// reader admits next accounts for it.
 func (b *budget) resize(n, m int) {
 	b.mu.Lock()
-	b.bytes -= n
+	b.bytes += m - n
 	b.cond.Broadcast()
-	for b.bytes > 0 && b.bytes+m > MaxFrame {
-		b.cond.Wait()
-	}
-	b.bytes += m
 	b.mu.Unlock()
 }
 

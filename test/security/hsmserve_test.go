@@ -297,9 +297,10 @@ func hsmserveCount(t *testing.T, c *remote.Client, sh pkcs11.SessionHandle, clas
 }
 
 // hsmserveRSSBound is what any one of hsmserve's processes may hold
-// resident after the attacks: a connection's process holds its runtime,
-// SoftHSM and at most MaxFrame of requests and replies in flight; the
-// parent reads nothing from its connections. Twice MaxFrame leaves room
+// resident after the attacks: a connection's process holds its runtime
+// and SoftHSM (~12 MiB measured), and reads no request while MaxFrame of
+// requests and unwritten replies are held; the parent reads nothing from
+// its connections. Twice MaxFrame leaves room
 // for the garbage collector's slack; before, the attacks made one process
 // hold 592 MB, 1.6 GB and 1.8 GB.
 const hsmserveRSSBound = 32<<20 + 2*remote.MaxFrame
