@@ -100,7 +100,11 @@ func (c *Client) checkServer(nc net.Conn) error {
 		return fmt.Errorf("token server at %s: %v", c.sock, err)
 	}
 	if cred.Uid != 0 && cred.Uid != c.serverUID {
-		return fmt.Errorf("token server at %s runs as uid %d (pid %d), not uid %d or root: refusing to send it anything", c.sock, cred.Uid, cred.Pid, c.serverUID)
+		want := "root"
+		if c.serverUID != 0 {
+			want = fmt.Sprintf("uid %d or root", c.serverUID)
+		}
+		return fmt.Errorf("token server at %s runs as uid %d (pid %d), not %s: refusing to send it anything", c.sock, cred.Uid, cred.Pid, want)
 	}
 	return nil
 }
