@@ -117,6 +117,7 @@ func memberSpec(m config.Member, set config.Settings) slot.Spec {
 		TokenLabel:     m.TokenLabel,
 		TokenSerial:    m.TokenSerial,
 		URI:            m.URI,
+		ServerUID:      m.ExpectedServerUID(),
 		CommandTimeout: set.CommandTimeout,
 		KeygenTimeout:  set.KeygenTimeout,
 		SpinHandoff:    true, // the callers are the application's threads

@@ -7,15 +7,24 @@
 //	hsmserve --module /usr/lib/softhsm/libsofthsm2.so --socket /run/hsm-a.sock [--token-label ha-a]
 //
 // It runs in the foreground; SIGTERM or SIGINT stop it (exit 0). The
-// socket is created with mode 0600 and only the server's own uid and root
-// may connect (checked with SO_PEERCRED). PINs pass through, never logged.
+// socket is created with mode 0600 in a directory only its owner may
+// write, and only the server's own uid and root may connect (checked with
+// SO_PEERCRED). PINs pass through, never logged.
+//
+// Each connection is served by a process of its own, this executable run
+// again with the hidden flag --serve-fd: it receives the connection as
+// file descriptor 3, loads and initialises the module for that client
+// alone, and exits when the connection closes. So one client's login,
+// logout and sessions never touch another's, as with `p11-kit server`.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -32,9 +41,14 @@ func run(args []string) int {
 	module := fs.String("module", "", "absolute path of the PKCS#11 module to serve (required)")
 	sock := fs.String("socket", "", "absolute path of the Unix socket to listen on (required)")
 	label := fs.String("token-label", "", "serve only the slot whose token has this label")
+	serveFD := fs.Bool("serve-fd", false, "internal: serve the one connection on file descriptor 3")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL]\n")
-		fs.PrintDefaults()
+		fs.VisitAll(func(f *flag.Flag) {
+			if f.Name != "serve-fd" {
+				fmt.Fprintf(fs.Output(), "  --%s\n    \t%s\n", f.Name, f.Usage)
+			}
+		})
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -46,6 +60,8 @@ func run(args []string) int {
 	case *module == "" || !filepath.IsAbs(*module):
 		fmt.Fprintln(os.Stderr, "hsmserve: --module must be the absolute path of a PKCS#11 module")
 		return 2
+	case *serveFD:
+		return serveOne(*module, *label)
 	case *sock == "" || !filepath.IsAbs(*sock):
 		fmt.Fprintln(os.Stderr, "hsmserve: --socket must be an absolute path")
 		return 2
@@ -55,6 +71,11 @@ func run(args []string) int {
 		return 2
 	}
 
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hsmserve: find this executable to serve connections: %v\n", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	l, err := remote.Listen(*sock)
@@ -67,6 +88,9 @@ func run(args []string) int {
 		Module:     *module,
 		TokenLabel: *label,
 		Refused:    func(err error) { fmt.Fprintf(os.Stderr, "hsmserve: %v\n", err) },
+		Child: func() *exec.Cmd {
+			return exec.Command(self, "--serve-fd", "--module", *module, "--token-label", *label)
+		},
 	}
 	what := "every token"
 	if *label != "" {
@@ -75,6 +99,33 @@ func run(args []string) int {
 	fmt.Fprintf(os.Stderr, "hsmserve: serving %s of %s as module path %s\n", what, *module, remote.ModulePath(*sock))
 	if err := srv.Serve(ctx, l); err != nil {
 		fmt.Fprintf(os.Stderr, "hsmserve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// connFD is the descriptor a connection's process receives it on
+// (exec.Cmd.ExtraFiles[0]).
+const connFD = 3
+
+// serveOne serves the connection on connFD until it closes or SIGTERM.
+func serveOne(module, label string) int {
+	f := os.NewFile(connFD, "connection")
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hsmserve: --serve-fd: descriptor %d: %v\n", connFD, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	srv := &remote.Server{
+		Module:     module,
+		TokenLabel: label,
+		Refused:    func(err error) { fmt.Fprintf(os.Stderr, "hsmserve[%d]: %v\n", os.Getpid(), err) },
+	}
+	if err := srv.ServeConn(ctx, nc); err != nil {
+		fmt.Fprintf(os.Stderr, "hsmserve[%d]: %v\n", os.Getpid(), err)
 		return 1
 	}
 	return 0

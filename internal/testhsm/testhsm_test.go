@@ -162,7 +162,7 @@ func TestServeRemote(t *testing.T) {
 	}
 	labels := func() map[string]string {
 		t.Helper()
-		c, err := remote.NewClient(tok.Module)
+		c, err := remote.NewClient(tok.Module, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

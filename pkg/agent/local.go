@@ -51,6 +51,7 @@ func MemberSpec(m config.Member, s config.Settings, pin secret.PIN) slot.Spec {
 		TokenLabel:     m.TokenLabel,
 		TokenSerial:    m.TokenSerial,
 		URI:            m.URI,
+		ServerUID:      m.ExpectedServerUID(),
 		PIN:            pin,
 		CommandTimeout: s.CommandTimeout,
 		KeygenTimeout:  s.KeygenTimeout,

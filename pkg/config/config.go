@@ -199,6 +199,21 @@ type Member struct {
 	PINEnv  string `toml:"pin_env"`
 	// Standby members take no work until every active member is down.
 	Standby bool `toml:"standby"`
+	// ServerUID, for a token served by hsmserve (module hagroup-remote:),
+	// is the uid hsmserve must run as; root is accepted too. Unset: the
+	// uid of the process using the group. See [Member.ExpectedServerUID].
+	ServerUID *int64 `toml:"server_uid"`
+}
+
+// ExpectedServerUID is the uid a served member's hsmserve must run as,
+// as pkg/remote takes it (nil: the caller's own uid). Validate has checked
+// the range.
+func (m Member) ExpectedServerUID() *uint32 {
+	if m.ServerUID == nil {
+		return nil
+	}
+	uid := uint32(*m.ServerUID)
+	return &uid
 }
 
 // Settings are the effective HA settings of one group, every field

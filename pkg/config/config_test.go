@@ -69,6 +69,9 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 	if !ok || len(g.Members) != 3 || !g.Members[2].Standby {
 		t.Fatalf("example's group = %+v", g)
 	}
+	if uid := g.Members[2].ExpectedServerUID(); uid == nil || *uid != 990 || g.Members[0].ExpectedServerUID() != nil {
+		t.Errorf("example's server_uid: %v on hsm-c, %v on hsm-a; want 990 and unset", uid, g.Members[0].ExpectedServerUID())
+	}
 	s := c.Settings(g)
 	if s.Policy != PolicyPrimaryBackup || s.Interval != 30*time.Second || s.CommandTimeout != 20*time.Second {
 		t.Errorf("example settings = %+v", s)

@@ -80,6 +80,9 @@ func encode(c *Config, n notes) ([]byte, error) {
 			if m.Standby {
 				w.kv("standby", "true")
 			}
+			if m.ServerUID != nil {
+				w.kv("server_uid", strconv.FormatInt(*m.ServerUID, 10))
+			}
 		}
 	}
 	if len(n.tail) > 0 {

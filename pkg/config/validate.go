@@ -38,7 +38,8 @@ const (
 // [A-Za-z0-9._-]; a member sets exactly one of token_label, token_serial
 // and uri, a uri is a pkcs11: URI naming a token (by token= or serial=) and
 // carrying no PIN; module is an absolute path; at most one of pin_file
-// (absolute) and pin_env; two members of a group do not select the same
+// (absolute) and pin_env; server_uid is a user ID, on a member served by
+// hsmserve only; two members of a group do not select the same
 // token; durations are not negative, interval is at least 1s; policy and
 // recovery_mode come from their sets; retries is at least -1 and
 // failure_threshold at least 1; agent paths are absolute and metrics is
@@ -256,6 +257,14 @@ func (c *Config) validateMembers(p *problems, gi int) {
 			}
 		}
 		validateSelector(p, gi, mi, m)
+		if uid := m.ServerUID; uid != nil {
+			switch {
+			case !strings.HasPrefix(m.Module, remoteScheme):
+				p.at(gi, mi, "server_uid", fmt.Sprintf("applies only to a token served by hsmserve (module %s…)", remoteScheme))
+			case *uid < 0 || *uid >= math.MaxUint32:
+				p.at(gi, mi, "server_uid", fmt.Sprintf("%d is not a user ID", *uid))
+			}
+		}
 		switch {
 		case m.PINFile != "" && m.PINEnv != "":
 			p.at(gi, mi, "pin_file", "pin_file and pin_env are both set: use one")

@@ -229,6 +229,21 @@ func TestValidateErrors(t *testing.T) {
 			want: []string{`t.toml:{m}: group "x": member "a": module: "hagroup-remote:unix:run/a.sock": a served token is hagroup-remote:unix:/absolute/path/of/socket`},
 		},
 		{
+			name: "server_uid on a module that is not served",
+			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  server_uid = 1000 #u\n",
+			want: []string{`t.toml:{u}: group "x": member "a": server_uid: applies only to a token served by hsmserve (module hagroup-remote:…)`},
+		},
+		{
+			name: "server_uid negative",
+			doc:  "[[group]]\nlabel = \"x\"\n  [[group.member]]\n  name = \"a\"\n  module = \"hagroup-remote:unix:/run/a.sock\"\n  token_label = \"t\"\n  server_uid = -1 #u\n",
+			want: []string{`t.toml:{u}: group "x": member "a": server_uid: -1 is not a user ID`},
+		},
+		{
+			name: "server_uid beyond uid_t",
+			doc:  "[[group]]\nlabel = \"x\"\n  [[group.member]]\n  name = \"a\"\n  module = \"hagroup-remote:unix:/run/a.sock\"\n  token_label = \"t\"\n  server_uid = 4294967295 #u\n",
+			want: []string{`t.toml:{u}: group "x": member "a": server_uid: 4294967295 is not a user ID`},
+		},
+		{
 			name: "module_env bad name",
 			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  module_env = { \"A=B\" = \"c\" } #e\n",
 			want: []string{`t.toml:{e}: group "x": member "a": module_env: "A=B" is not an environment variable name`},

@@ -315,6 +315,7 @@ func (g *Group) spec(m config.Member) slot.Spec {
 		TokenLabel:     m.TokenLabel,
 		TokenSerial:    m.TokenSerial,
 		URI:            m.URI,
+		ServerUID:      m.ExpectedServerUID(),
 		CommandTimeout: g.settings.CommandTimeout,
 		KeygenTimeout:  g.settings.KeygenTimeout,
 		MaxSessions:    g.opts.MaxSessions,

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -52,5 +53,28 @@ func BenchmarkSign(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkConnect is the cost of one connection to hsmserve: dial, the
+// server's check of the peer, the start of the connection's own server
+// process (which loads and initialises the module), the handshake and a
+// first call.
+//
+//	go test -run '^$' -bench Connect -benchtime 50x ./pkg/remote
+func BenchmarkConnect(b *testing.B) {
+	srv := testhsm.ServeRemote(b, "connect")
+	for b.Loop() {
+		c, err := remote.NewClient(srv.Token().Module, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Initialize(); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.GetSlotList(true); err != nil {
+			b.Fatal(err)
+		}
+		c.Finalize()
 	}
 }

@@ -2,10 +2,10 @@ package remote
 
 import (
 	"bufio"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +22,11 @@ const DialTimeout = 10 * time.Second
 // CreateObjectNested and GetNestedAttribute. Initialize connects, Finalize
 // disconnects (the server closes the sessions of the connection).
 //
+// Before it sends a byte, Initialize checks who serves the socket
+// (SO_PEERCRED): root or the expected uid (NewClient's serverUID), so that
+// a process of another user bound at the socket's path receives nothing,
+// no PIN above all.
+//
 // Calls run concurrently over one connection. When the connection is lost
 // (the server died), every pending and later call fails at once with
 // CKR_DEVICE_ERROR until Finalize and Initialize connect again, as a lost
@@ -30,19 +35,26 @@ const DialTimeout = 10 * time.Second
 // (pkg/slot abandons them at Spec.CommandTimeout), and Finalize releases
 // them. Safe for concurrent use.
 type Client struct {
-	path string
-	sock string
-	cur  atomic.Pointer[conn]
-	mu   sync.Mutex // serialises Initialize and Finalize
+	path      string
+	sock      string
+	serverUID uint32
+	cur       atomic.Pointer[conn]
+	mu        sync.Mutex // serialises Initialize and Finalize
 }
 
 // NewClient returns an unconnected client for module path (see Scheme).
-func NewClient(path string) (*Client, error) {
+// serverUID is the uid the server must run as (root is accepted too);
+// nil means this process's own uid.
+func NewClient(path string, serverUID *uint32) (*Client, error) {
 	sock, err := ParseModulePath(path)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{path: path, sock: sock}, nil
+	uid := uint32(os.Getuid())
+	if serverUID != nil {
+		uid = *serverUID
+	}
+	return &Client{path: path, sock: sock, serverUID: uid}, nil
 }
 
 // Path returns the module path of the client.
@@ -54,8 +66,8 @@ var (
 )
 
 // Initialize connects to the server. Options are ignored (the server's
-// module is initialised by the server). A server that cannot be reached
-// gives an error wrapping CKR_DEVICE_ERROR.
+// module is initialised by the server). A server that cannot be reached,
+// or runs as another user, gives an error wrapping CKR_DEVICE_ERROR.
 func (c *Client) Initialize(...pkcs11.InitializeOption) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -66,6 +78,10 @@ func (c *Client) Initialize(...pkcs11.InitializeOption) error {
 	if err != nil {
 		return fmt.Errorf("connect to token server: %v: %w", err, errDevice)
 	}
+	if err := c.checkServer(nc); err != nil {
+		nc.Close()
+		return fmt.Errorf("%v: %w", err, errDevice)
+	}
 	cn, err := handshake(nc)
 	if err != nil {
 		nc.Close()
@@ -73,6 +89,23 @@ func (c *Client) Initialize(...pkcs11.InitializeOption) error {
 	}
 	c.cur.Store(cn)
 	go cn.read()
+	return nil
+}
+
+// checkServer lets the client talk only to a server running as root or
+// as the expected uid.
+func (c *Client) checkServer(nc net.Conn) error {
+	cred, err := peerCred(nc)
+	if err != nil {
+		return fmt.Errorf("token server at %s: %v", c.sock, err)
+	}
+	if cred.Uid != 0 && cred.Uid != c.serverUID {
+		want := "root"
+		if c.serverUID != 0 {
+			want = fmt.Sprintf("uid %d or root", c.serverUID)
+		}
+		return fmt.Errorf("token server at %s runs as uid %d (pid %d), not %s: refusing to send it anything", c.sock, cred.Uid, cred.Pid, want)
+	}
 	return nil
 }
 
@@ -94,10 +127,8 @@ func (c *Client) Destroy() { _ = c.Finalize() }
 // conn is one connection and its pending calls.
 type conn struct {
 	nc  net.Conn
-	dec *gob.Decoder
-
+	r   *bufio.Reader
 	wmu sync.Mutex
-	enc *gob.Encoder
 
 	pmu     sync.Mutex
 	pending map[uint64]chan *response
@@ -110,17 +141,20 @@ func handshake(nc net.Conn) (*conn, error) {
 	if err := nc.SetDeadline(time.Now().Add(DialTimeout)); err != nil {
 		return nil, err
 	}
-	cn := &conn{
-		nc:      nc,
-		dec:     gob.NewDecoder(bufio.NewReader(nc)),
-		enc:     gob.NewEncoder(nc),
-		pending: make(map[uint64]chan *response),
-	}
-	if err := cn.enc.Encode(hello{Magic: magic, Version: ProtocolVersion}); err != nil {
+	cn := &conn{nc: nc, r: bufio.NewReader(nc), pending: make(map[uint64]chan *response)}
+	e := newFrame()
+	(&hello{Magic: magic, Version: ProtocolVersion}).encode(e)
+	if err := cn.write(e); err != nil {
 		return nil, fmt.Errorf("send hello: %w", err)
 	}
+	b, err := readFrame(cn.r)
+	if err != nil {
+		return nil, fmt.Errorf("read welcome: %w", err)
+	}
 	var w welcome
-	if err := cn.dec.Decode(&w); err != nil {
+	d := &decoder{b: b}
+	w.decode(d)
+	if err := d.end(); err != nil {
 		return nil, fmt.Errorf("read welcome: %w", err)
 	}
 	if w.Err != "" {
@@ -135,12 +169,32 @@ func handshake(nc net.Conn) (*conn, error) {
 	return cn, nil
 }
 
-// read delivers responses until the connection fails.
+// write sends one frame.
+func (cn *conn) write(e *encoder) error {
+	b, err := e.frame()
+	if err != nil {
+		return err
+	}
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	_, err = cn.nc.Write(b)
+	return err
+}
+
+// read delivers responses until the connection fails. A frame or a
+// response that breaks a bound ends the connection.
 func (cn *conn) read() {
 	for {
-		r := new(response)
-		if err := cn.dec.Decode(r); err != nil {
+		b, err := readFrame(cn.r)
+		if err != nil {
 			cn.fail(err)
+			return
+		}
+		r := new(response)
+		d := &decoder{b: b}
+		r.decode(d)
+		if err := d.end(); err != nil {
+			cn.fail(fmt.Errorf("response: %w", err))
 			return
 		}
 		cn.pmu.Lock()
@@ -168,15 +222,16 @@ func (cn *conn) fail(err error) {
 	}
 }
 
-// call sends req and waits for its response.
+// call sends req and waits for its response. A request too big for a
+// frame fails with CKR_ARGUMENTS_BAD and is not sent.
 func (c *Client) call(req *request) (*response, error) {
+	defer clear(req.PIN)
 	cn := c.cur.Load()
 	if cn == nil {
 		return nil, errNotInitialized
 	}
 	if !encodable(req) {
-		// gob cannot carry a nil attribute; the module would refuse it.
-		return nil, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
+		return nil, fmt.Errorf("a nil attribute cannot be sent: %w", errArgumentsBad)
 	}
 	ch := make(chan *response, 1)
 	cn.pmu.Lock()
@@ -186,13 +241,26 @@ func (c *Client) call(req *request) (*response, error) {
 	}
 	cn.next++
 	req.ID = cn.next
+	cn.pmu.Unlock()
+	e := newFrame()
+	req.encode(e)
+	frame, err := e.frame()
+	if err != nil {
+		clear(e.b) // the PIN, if any
+		return nil, fmt.Errorf("token server at %s: request: %v: %w", c.sock, err, errArgumentsBad)
+	}
+	cn.pmu.Lock()
+	if cn.broken != nil {
+		cn.pmu.Unlock()
+		return nil, errDevice
+	}
 	cn.pending[req.ID] = ch
 	cn.pmu.Unlock()
 
 	cn.wmu.Lock()
-	err := cn.enc.Encode(req)
+	_, err = cn.nc.Write(frame)
 	cn.wmu.Unlock()
-	clear(req.PIN)
+	clear(frame)
 	if err != nil {
 		cn.fail(err)
 	}
@@ -574,8 +642,8 @@ func orProtocol(err error) error {
 	return protocolError("response without its result")
 }
 
-// encodable reports whether req has no nil attribute: a request that gob
-// cannot encode must be refused before it reaches the connection.
+// encodable reports whether req has no nil attribute (the module would
+// refuse one; the wire cannot carry it).
 func encodable(req *request) bool {
 	ok := func(as []*pkcs11.Attribute) bool {
 		for _, a := range as {

@@ -28,13 +28,25 @@
 //
 // # Protocol
 //
-// Version ProtocolVersion: a stream of encoding/gob values on one Unix
-// stream connection per client context: hello and welcome (the server
-// refuses other versions, naming both), then requests tagged with an ID
-// and responses carrying it back. The server runs requests concurrently,
-// so every call of a context shares the connection without waiting for
-// the others; each connection has its own sessions, which the server
-// closes when the connection ends.
+// Version ProtocolVersion: frames on one Unix stream connection per client
+// context, each a 4-byte length and at most MaxFrame bytes holding one
+// message field by field: hello and welcome (the server refuses other
+// versions, naming both), then requests tagged with an ID and responses
+// carrying it back. The server runs up to 16 requests of a connection
+// concurrently, and reads no more while those and the replies not yet
+// written hold a frame's worth (back-pressure), so every call of a
+// context shares the connection without waiting for the others.
+// Whoever reads a frame checks its length and every count in it against
+// the bounds (MaxFrame, MaxAttributes, MaxNested, MaxHandles) before it
+// allocates; C_GenerateRandom is bounded by MaxRandom. A request over a
+// bound fails alone with CKR_ARGUMENTS_BAD.
+//
+// # Processes
+//
+// hsmserve serves each connection in a process of its own (Server.Child,
+// ServeConn) with its own module context: the client's login, logout and
+// sessions are its own, as with one application per process on a bare
+// token. The sessions of a connection end with it.
 //
 // # Failures
 //
@@ -46,8 +58,11 @@
 //
 // # Security
 //
-// The socket is created with mode 0600 (Listen) and the server accepts
-// only peers (SO_PEERCRED) of its own uid or root, unless
-// Server.AllowUID says otherwise. PINs cross the socket on C_Login and are
-// never logged by either side.
+// Listen refuses a socket directory that others can write, and creates
+// the socket with mode 0600; the server accepts only peers (SO_PEERCRED)
+// of its own uid or root, unless Server.AllowUID says otherwise. Before it
+// sends a byte, the client checks that the server runs as root or as the
+// expected uid (NewClient), so a process of another user bound at the
+// path receives nothing. PINs cross the socket on C_Login and are never
+// logged by either side.
 package remote

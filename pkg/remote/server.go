@@ -3,11 +3,15 @@ package remote
 import (
 	"bufio"
 	"context"
-	"encoding/gob"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,10 +24,12 @@ import (
 )
 
 // Server serves the tokens of one PKCS#11 module to Clients over Unix
-// stream connections. The module is loaded and initialised once, in the
-// server's process; each connection gets its own sessions, closed when the
-// connection ends. Login state is the token's, shared by every connection
-// (as it is by every application of one PKCS#11 module).
+// stream connections. With Child set (as hsmserve does), each accepted
+// connection is served by a process of its own that loads and
+// initialises the module for it alone, as `p11-kit server` does: a
+// client's login, logout and sessions never touch another's. Without
+// Child, connections are served in this process and share one module
+// context and its login state (for tests and embedding).
 type Server struct {
 	// Module is the path of the PKCS#11 module to serve.
 	Module string
@@ -34,18 +40,34 @@ type Server struct {
 	// the server's own uid and root.
 	AllowUID func(uid uint32) bool
 	// Refused, when set, is told about each connection refused (its peer
-	// uid is not allowed, or it speaks another protocol). Never given a PIN.
+	// uid is not allowed, it speaks another protocol, it breaks a bound).
+	// Never given a PIN.
 	Refused func(err error)
+	// Child, when set, returns the command that serves one connection,
+	// given to it as file descriptor 3 (ServeConn serves it there). The
+	// server starts it with that descriptor, its own stderr unless the
+	// command has one, and SIGKILL as its parent-death signal, and at
+	// shutdown sends it SIGTERM, then SIGKILL after a grace period.
+	Child func() *exec.Cmd
+	// MaxConns bounds the connections served by children at once (0:
+	// DefaultMaxConns); more are refused (closed at once).
+	MaxConns int
 }
 
-// Serve serves module on l until ctx ends (then it returns nil) or l fails.
+// Serve serves module on l until ctx ends (then it returns nil) or l fails,
+// in this process (no Child).
 func Serve(ctx context.Context, l net.Listener, module string) error {
 	return (&Server{Module: module}).Serve(ctx, l)
 }
 
-// Listen listens on a Unix socket at path, mode 0600. A socket file left
-// by a server that died is replaced; a socket that answers is not.
+// Listen listens on a Unix socket at path, mode 0600. It refuses a
+// directory that another user could write (a socket path there could be
+// replaced under the server). A socket file left by a server that died is
+// replaced; a socket that answers is not.
 func Listen(path string) (net.Listener, error) {
+	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("listen on %s: a server already answers there", path)
@@ -70,81 +92,235 @@ func Listen(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// closeWait bounds how long Serve waits for calls in flight at shutdown
-// before finalizing the module under them.
+// checkSocketDir refuses a socket directory that another user could
+// write, sticky or not (they could bind the socket's path while the
+// server is down and receive what clients send, their PINs), or that
+// another user owns; and a directory above it that another user owns or
+// could write without the sticky bit (they could move it aside and put
+// their own in its place).
+func checkSocketDir(dir string) error {
+	own := uint32(os.Getuid())
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("socket directory: %w", err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("socket directory %s is not a directory", d)
+		}
+		what := "socket directory " + d
+		if d != filepath.Clean(dir) {
+			what = fmt.Sprintf("%s, above socket directory %s,", d, dir)
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if ok && st.Uid != own && st.Uid != 0 {
+			return fmt.Errorf("%s is owned by uid %d: use a directory of this user (uid %d) or root", what, st.Uid, own)
+		}
+		mode := fi.Mode()
+		if mode.Perm()&0o022 != 0 && (d == filepath.Clean(dir) || mode&os.ModeSticky == 0) {
+			return fmt.Errorf("%s has mode %v: group or others can write it; use a directory only its owner can write", what, mode&(os.ModePerm|os.ModeSticky))
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
+
+// closeWait bounds how long Serve waits at shutdown for calls in flight
+// (in this process) or for children to exit after SIGTERM.
 const closeWait = 5 * time.Second
 
-// Serve loads and initialises the module, then serves l until ctx ends
-// (returning nil) or accepting fails. It closes l.
-func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	mc := pkcs11.New(s.Module)
-	if mc == nil {
-		if _, err := os.Stat(s.Module); err != nil {
-			return fmt.Errorf("load PKCS#11 module: %w", err)
-		}
-		return fmt.Errorf("load PKCS#11 module %s: dlopen failed or no C_GetFunctionList", s.Module)
-	}
-	// A module already initialised in this process (by pkg/slot, say) is
-	// served as it is and never finalized here.
-	foreign := false
-	if err := mc.Initialize(); err != nil {
-		if !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
-			mc.Destroy()
-			return fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
-		}
-		foreign = true
-	}
-	fl, flErr := p11raw.FunctionList(mc, s.Module)
-	m := &served{srv: s, ctx: mc, fl: fl, flErr: flErr}
+// DefaultMaxConns is Server.MaxConns by default.
+const DefaultMaxConns = 256
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// Serve serves l until ctx ends (returning nil) or accepting fails. It
+// closes l. Without Child it first loads and initialises the module.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	if s.Child != nil {
+		return s.serveChildren(ctx, l)
+	}
+	m, release, err := s.load()
+	if err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
-	conns := make(map[net.Conn]struct{})
-	var mu sync.Mutex
-	go func() {
-		<-ctx.Done()
-		l.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
-	var err error
-	for {
-		c, aerr := l.Accept()
-		if aerr != nil {
-			if ctx.Err() == nil {
-				err = fmt.Errorf("accept on %s: %w", l.Addr(), aerr)
-			}
-			break
-		}
-		mu.Lock()
-		conns[c] = struct{}{}
-		mu.Unlock()
+	err = s.accept(ctx, l, func(nc net.Conn) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m.serveConn(c)
-			mu.Lock()
-			delete(conns, c)
-			mu.Unlock()
+			m.serveConn(ctx, nc)
 		}()
-	}
-	cancel()
+	})
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		if !foreign {
-			_ = mc.Finalize()
-			mc.Destroy()
-		}
+		release()
 	case <-time.After(closeWait):
 		// Calls hang in the module: leave it be; the process is exiting.
 	}
 	return err
+}
+
+// accept accepts connections until ctx ends or l fails, and hands each
+// one whose peer is allowed to handle. It closes l.
+func (s *Server) accept(ctx context.Context, l net.Listener, handle func(net.Conn)) error {
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	defer l.Close()
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accept on %s: %w", l.Addr(), err)
+		}
+		if err := s.checkPeer(nc); err != nil {
+			nc.Close()
+			s.refuse(err)
+			continue
+		}
+		handle(nc)
+	}
+}
+
+// serveChildren serves each connection in a child process of its own.
+func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
+	// Linux sends a child its parent-death signal when the thread that
+	// started it ends, not the process: start every child from this one
+	// locked thread, which lives until the children are stopped.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var (
+		mu       sync.Mutex
+		children = make(map[*exec.Cmd]chan struct{})
+	)
+	limit := s.MaxConns
+	if limit <= 0 {
+		limit = DefaultMaxConns
+	}
+	err := s.accept(ctx, l, func(nc net.Conn) {
+		defer nc.Close() // the child has its own descriptor
+		mu.Lock()
+		n := len(children)
+		mu.Unlock()
+		if n >= limit {
+			s.refuse(fmt.Errorf("refused a connection: %d connections are served already", n))
+			return
+		}
+		cmd, err := s.startChild(nc)
+		if err != nil {
+			s.refuse(err)
+			return
+		}
+		done := make(chan struct{})
+		mu.Lock()
+		children[cmd] = done
+		mu.Unlock()
+		go func() {
+			_ = cmd.Wait()
+			mu.Lock()
+			delete(children, cmd)
+			mu.Unlock()
+			close(done)
+		}()
+	})
+	mu.Lock()
+	left := maps.Clone(children)
+	mu.Unlock()
+	stopChildren(left)
+	return err
+}
+
+// startChild starts the process that serves nc.
+func (s *Server) startChild(nc net.Conn) (*exec.Cmd, error) {
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("connection from %s is not a Unix socket connection", nc.RemoteAddr())
+	}
+	f, err := uc.File()
+	if err != nil {
+		return nil, fmt.Errorf("pass a connection to its server process: %w", err)
+	}
+	defer f.Close()
+	cmd := s.Child()
+	cmd.ExtraFiles = []*os.File{f}
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	// A parent killed outright takes its children along, so that a
+	// killed server drops every connection, as one process would.
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the server process of a connection: %w", err)
+	}
+	return cmd, nil
+}
+
+// stopChildren sends each child SIGTERM and waits closeWait for it, then
+// kills those left.
+func stopChildren(children map[*exec.Cmd]chan struct{}) {
+	for cmd := range children {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+	}
+	grace := time.NewTimer(closeWait)
+	defer grace.Stop()
+	for cmd, done := range children {
+		select {
+		case <-done:
+			continue
+		case <-grace.C:
+		}
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// ServeConn serves the one connection nc with a module context of its
+// own: it loads and initialises the module, serves nc until the client
+// closes it or ctx ends, then finalizes the module. It is the body of a
+// Child; the peer was checked by the Server that accepted nc.
+func (s *Server) ServeConn(ctx context.Context, nc net.Conn) error {
+	m, release, err := s.load()
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	m.serveConn(ctx, nc)
+	release()
+	return nil
+}
+
+// load loads and initialises the module; release finalizes it (unless
+// this process had initialised it already: then it is served as it is).
+func (s *Server) load() (m *served, release func(), err error) {
+	mc := pkcs11.New(s.Module)
+	if mc == nil {
+		if _, err := os.Stat(s.Module); err != nil {
+			return nil, nil, fmt.Errorf("load PKCS#11 module: %w", err)
+		}
+		return nil, nil, fmt.Errorf("load PKCS#11 module %s: dlopen failed or no C_GetFunctionList", s.Module)
+	}
+	foreign := false
+	if err := mc.Initialize(); err != nil {
+		if !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
+			mc.Destroy()
+			return nil, nil, fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
+		}
+		foreign = true
+	}
+	fl, flErr := p11raw.FunctionList(mc, s.Module)
+	release = func() {
+		if !foreign {
+			_ = mc.Finalize()
+			mc.Destroy()
+		}
+	}
+	return &served{srv: s, ctx: mc, fl: fl, flErr: flErr}, release, nil
 }
 
 // served is the module being served.
@@ -178,66 +354,154 @@ func (m *served) objectLock(o op) func() {
 	return func() {}
 }
 
+// Back-pressure: a connection runs at most maxInFlight requests at once,
+// and the server reads the body of another only while the requests
+// running and the replies not yet written hold less than MaxFrame bytes
+// between them (any one frame is admitted when nothing else is held). So
+// a client that sends without reading its replies stalls in its own
+// socket buffer, and what a connection holds is bounded by MaxFrame plus
+// the replies of the calls running.
+const maxInFlight = 16
+
+// budget counts what a connection's requests in flight hold.
+type budget struct {
+	mu    sync.Mutex
+	cond  sync.Cond
+	calls int
+	bytes int
+}
+
+func newBudget() *budget {
+	b := &budget{}
+	b.cond.L = &b.mu
+	return b
+}
+
+// acquire waits until one more call of n bytes fits.
+func (b *budget) acquire(n int) {
+	b.mu.Lock()
+	for b.calls >= maxInFlight || (b.bytes > 0 && b.bytes+n > MaxFrame) {
+		b.cond.Wait()
+	}
+	b.calls++
+	b.bytes += n
+	b.mu.Unlock()
+}
+
+// resize changes what a call holds from its request's n bytes to its
+// reply's m. It does not wait: the reply is made already, and what the
+// reader admits next accounts for it.
+func (b *budget) resize(n, m int) {
+	b.mu.Lock()
+	b.bytes += m - n
+	b.cond.Broadcast()
+	b.mu.Unlock()
+}
+
+func (b *budget) release(n int) {
+	b.mu.Lock()
+	b.calls--
+	b.bytes -= n
+	b.cond.Broadcast()
+	b.mu.Unlock()
+}
+
 // peer is one client connection.
 type peer struct {
 	m   *served
 	nc  net.Conn
 	wmu sync.Mutex
-	enc *gob.Encoder
 
 	smu      sync.RWMutex
 	sessions map[pkcs11.SessionHandle]struct{}
 	calls    sync.WaitGroup
 }
 
-func (m *served) refuse(err error) {
-	if m.srv.Refused != nil {
-		m.srv.Refused(err)
+func (s *Server) refuse(err error) {
+	if s.Refused != nil {
+		s.Refused(err)
 	}
 }
 
-// serveConn serves one connection until it ends, then closes the
-// sessions it left open.
-func (m *served) serveConn(nc net.Conn) {
-	defer nc.Close()
-	if err := m.checkPeer(nc); err != nil {
-		m.refuse(err)
+// write sends one frame; a failed write ends the connection.
+func (p *peer) write(e *encoder) {
+	b, err := e.frame()
+	if err != nil {
+		p.m.srv.refuse(err)
+		p.nc.Close()
 		return
 	}
-	p := &peer{m: m, nc: nc, enc: gob.NewEncoder(nc), sessions: make(map[pkcs11.SessionHandle]struct{})}
-	dec := gob.NewDecoder(bufio.NewReader(nc))
-	_ = nc.SetDeadline(time.Now().Add(DialTimeout))
+	p.wmu.Lock()
+	_, err = p.nc.Write(b)
+	p.wmu.Unlock()
+	if err != nil {
+		p.nc.Close()
+	}
+}
+
+// handshake reads the hello and answers it, within DialTimeout.
+func (p *peer) handshake(r io.Reader) error {
+	_ = p.nc.SetDeadline(time.Now().Add(DialTimeout))
+	b, err := readFrame(r)
+	if err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
 	var h hello
-	if err := dec.Decode(&h); err != nil {
-		m.refuse(fmt.Errorf("read hello: %w", err))
-		return
-	}
+	d := &decoder{b: b}
+	h.decode(d)
 	if h.Magic != magic || h.Version != ProtocolVersion {
 		err := fmt.Errorf("client speaks %q protocol version %d; this server %q version %d", h.Magic, h.Version, magic, ProtocolVersion)
-		_ = p.enc.Encode(welcome{Version: ProtocolVersion, Err: err.Error()})
-		m.refuse(err)
+		e := newFrame()
+		(&welcome{Version: ProtocolVersion, Err: err.Error()}).encode(e)
+		p.write(e)
+		return err
+	}
+	if err := d.end(); err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	e := newFrame()
+	(&welcome{Version: ProtocolVersion}).encode(e)
+	p.write(e)
+	return p.nc.SetDeadline(time.Time{})
+}
+
+// serveConn serves one connection until it ends or ctx does, then
+// closes the sessions it left open.
+func (m *served) serveConn(ctx context.Context, nc net.Conn) {
+	defer nc.Close()
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	defer stop()
+	p := &peer{m: m, nc: nc, sessions: make(map[pkcs11.SessionHandle]struct{})}
+	r := bufio.NewReader(nc)
+	if err := p.handshake(r); err != nil {
+		if !errors.Is(err, io.EOF) {
+			m.srv.refuse(err)
+		}
 		return
 	}
-	if err := p.enc.Encode(welcome{Version: ProtocolVersion}); err != nil {
-		return
-	}
-	_ = nc.SetDeadline(time.Time{})
+	b := newBudget()
 	for {
-		req := new(request)
-		if err := dec.Decode(req); err != nil {
+		n, err := readHeader(r)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+				m.srv.refuse(err)
+			}
+			break
+		}
+		b.acquire(n)
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			b.release(n)
 			break
 		}
 		p.calls.Add(1)
 		go func() {
 			defer p.calls.Done()
-			r := p.exec(req)
-			r.ID = req.ID
-			p.wmu.Lock()
-			err := p.enc.Encode(r)
-			p.wmu.Unlock()
-			if err != nil {
-				nc.Close()
-			}
+			e := p.answer(body)
+			size := len(e.b)
+			b.resize(n, size)
+			p.write(e)
+			b.release(size)
 		}()
 	}
 	nc.Close()
@@ -250,27 +514,39 @@ func (m *served) serveConn(nc net.Conn) {
 	p.sessions = nil
 }
 
-// checkPeer lets in the server's own uid and root (or Server.AllowUID).
-func (m *served) checkPeer(nc net.Conn) error {
-	uc, ok := nc.(*net.UnixConn)
-	if !ok {
-		return fmt.Errorf("connection from %s is not a Unix socket connection", nc.RemoteAddr())
+// answer decodes and runs one request and returns its reply frame.
+func (p *peer) answer(body []byte) *encoder {
+	q := new(request)
+	d := &decoder{b: body}
+	q.decodeHead(d)
+	var r *response
+	if d.err == nil {
+		q.decodeBody(d)
 	}
-	raw, err := uc.SyscallConn()
+	if err := d.end(); err != nil {
+		r = &response{RV: pkcs11.CKR_ARGUMENTS_BAD, Err: fmt.Sprintf("request: %v", err)}
+	} else {
+		r = p.exec(q)
+	}
+	clear(q.PIN)
+	r.ID = q.ID
+	e := newFrame()
+	r.encode(e)
+	if n := len(e.b) - frameHeader; n > MaxFrame {
+		e = newFrame()
+		(&response{ID: q.ID, RV: pkcs11.CKR_DEVICE_MEMORY,
+			Err: fmt.Sprintf("reply of %d bytes exceeds the %d-byte frame bound", n, MaxFrame)}).encode(e)
+	}
+	return e
+}
+
+// checkPeer lets in the server's own uid and root (or Server.AllowUID).
+func (s *Server) checkPeer(nc net.Conn) error {
+	cred, err := peerCred(nc)
 	if err != nil {
 		return err
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("read peer credentials: %w", cerr)
-	}
-	allow := m.srv.AllowUID
+	allow := s.AllowUID
 	if allow == nil {
 		own := uint32(os.Getuid())
 		allow = func(uid uint32) bool { return uid == own || uid == 0 }
@@ -279,6 +555,30 @@ func (m *served) checkPeer(nc net.Conn) error {
 		return fmt.Errorf("refused connection from pid %d uid %d: uid not allowed", cred.Pid, cred.Uid)
 	}
 	return nil
+}
+
+// peerCred returns the credentials (SO_PEERCRED) of nc's peer: the
+// process that connected, or the one that listened.
+func peerCred(nc net.Conn) (*unix.Ucred, error) {
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("connection to %s is not a Unix socket connection", nc.RemoteAddr())
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	if cerr != nil {
+		return nil, fmt.Errorf("read peer credentials: %w", cerr)
+	}
+	return cred, nil
 }
 
 var (
@@ -324,6 +624,10 @@ func (p *peer) exec(q *request) *response {
 		var pe pkcs11.Error
 		if errors.As(err, &pe) {
 			r.RV = uint(pe)
+			if err != error(pe) {
+				// Say why, as the client adds the code itself.
+				r.Err = strings.TrimSuffix(err.Error(), ": "+pe.Error())
+			}
 		} else {
 			r.RV = pkcs11.CKR_GENERAL_ERROR
 			r.Err = err.Error()
@@ -426,7 +730,8 @@ func (p *peer) run(q *request, r *response) error {
 	case opFindObjectsInit:
 		return c.FindObjectsInit(sh, q.Attrs)
 	case opFindObjects:
-		hs, more, err := c.FindObjects(sh, int(q.N))
+		// A search may return fewer than asked; the reply must fit.
+		hs, more, err := c.FindObjects(sh, int(min(q.N, MaxHandles)))
 		r.Handles = make([]uint, len(hs))
 		for i, h := range hs {
 			r.Handles[i] = uint(h)
@@ -456,6 +761,9 @@ func (p *peer) run(q *request, r *response) error {
 		r.Handle = uint(h)
 		return err
 	case opGenerateRandom:
+		if q.N > MaxRandom {
+			return fmt.Errorf("C_GenerateRandom of %d bytes exceeds the bound of %d: %w", q.N, MaxRandom, errArgumentsBad)
+		}
 		v, err := c.GenerateRandom(sh, int(q.N))
 		r.Data = v
 		return err

@@ -1,9 +1,12 @@
 package remote_test
 
 import (
+	"bytes"
 	"context"
-	"encoding/gob"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -43,7 +46,7 @@ func TestParseModulePath(t *testing.T) {
 }
 
 // A client of another protocol version is refused with a message naming
-// both versions (gob matches structures by field names).
+// both versions.
 func TestVersionMismatch(t *testing.T) {
 	srv := testhsm.ServeRemote(t, "version")
 	c, err := net.DialTimeout("unix", srv.Socket(), 5*time.Second)
@@ -52,21 +55,19 @@ func TestVersionMismatch(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := gob.NewEncoder(c).Encode(struct {
-		Magic   string
-		Version int
-	}{"hagroup-remote", 99}); err != nil {
+	// A hello frame: the magic as a length and bytes, then version 99.
+	hello := append([]byte{byte(len("hagroup-remote"))}, "hagroup-remote"...)
+	hello = append(hello, 99)
+	if _, err := c.Write(append(binary.BigEndian.AppendUint32(nil, uint32(len(hello))), hello...)); err != nil {
 		t.Fatal(err)
 	}
-	var w struct {
-		Version int
-		Err     string
-	}
-	if err := gob.NewDecoder(c).Decode(&w); err != nil {
+	w, err := io.ReadAll(c)
+	if err != nil {
 		t.Fatalf("read welcome: %v", err)
 	}
-	if w.Version != remote.ProtocolVersion || !strings.Contains(w.Err, "version 99") || !strings.Contains(w.Err, "version 1") {
-		t.Errorf("welcome %+v: want a refusal naming versions 99 and 1", w)
+	if len(w) < 6 || int(binary.BigEndian.Uint32(w)) != len(w)-4 || w[4] != remote.ProtocolVersion ||
+		!bytes.Contains(w, []byte("version 99")) || !bytes.Contains(w, []byte(fmt.Sprintf("version %d", remote.ProtocolVersion))) {
+		t.Errorf("welcome %q: want one frame refusing, naming versions 99 and %d", w, remote.ProtocolVersion)
 	}
 }
 
@@ -123,7 +124,7 @@ func TestListenAndPeerCheck(t *testing.T) {
 	if _, err := remote.Listen(sock); err == nil || !strings.Contains(err.Error(), "already answers") {
 		t.Errorf("Listen on a live socket: %v, want a refusal", err)
 	}
-	c, err := remote.NewClient(remote.ModulePath(sock))
+	c, err := remote.NewClient(remote.ModulePath(sock), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestServeOneTokenInProcess(t *testing.T) {
 // A request the client cannot encode fails alone; the connection stays.
 func TestBadRequestKeepsConnection(t *testing.T) {
 	srv := testhsm.ServeRemote(t, "badreq")
-	c, err := remote.NewClient(srv.Token().Module)
+	c, err := remote.NewClient(srv.Token().Module, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

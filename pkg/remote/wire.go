@@ -8,16 +8,19 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// The protocol: a stream of encoding/gob values over one Unix stream
-// connection per client context. The client opens with a hello and the
-// server answers with a welcome; from then on the client sends requests
-// and the server answers each with a response carrying the request's ID,
-// in any order (the server runs requests concurrently), so one connection
-// carries every concurrent call of its context.
+// The protocol: frames over one Unix stream connection per client
+// context, each a 4-byte big-endian length and that many bytes (at most
+// MaxFrame) holding one message, field by field (codec.go). The client
+// opens with a hello and the server answers with a welcome; from then on
+// the client sends requests and the server answers each with a response
+// carrying the request's ID, in any order (the server runs a bounded
+// number of requests concurrently), so one connection carries every
+// concurrent call of its context.
 
 // ProtocolVersion is the version of the request/response protocol. A server
 // refuses a client of another version with a welcome naming both.
-const ProtocolVersion = 1
+// Version 1 was encoding/gob, unbounded.
+const ProtocolVersion = 2
 
 // magic opens every connection.
 const magic = "hagroup-remote"
@@ -87,8 +90,7 @@ const (
 	opCount
 )
 
-// request is one call. Fields unused by an op stay zero (gob does not send
-// them).
+// request is one call. Fields unused by an op stay zero.
 type request struct {
 	ID      uint64
 	Op      op

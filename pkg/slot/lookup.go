@@ -296,7 +296,7 @@ func findToken(ctx context.Context, spec *Spec, q tokenQuery, c p11, timeout tim
 // ListTokens lists the tokens a module offers, the uninitialised ones
 // included. env is set while the module loads, as for Spec.ModuleEnv.
 func ListTokens(ctx context.Context, module string, env map[string]string) ([]TokenSummary, error) {
-	m, err := modules.acquire(ctx, module, env, DefaultCommandTimeout)
+	m, err := modules.acquire(ctx, module, env, nil, DefaultCommandTimeout)
 	if err != nil {
 		return nil, err
 	}

@@ -110,10 +110,11 @@ func (m *miekgModule) GetNestedAttribute(sh pkcs11.SessionHandle, h pkcs11.Objec
 // loadModule loads the module of path, not initialised yet. id identifies
 // the module instance (its function list) so that one loaded twice under
 // different paths is shared; nil when unknown (remote tokens, or a module
-// whose function list could not be read).
-func loadModule(path string) (c p11, id unsafe.Pointer, err error) {
+// whose function list could not be read). serverUID is for remote tokens
+// (remote.NewClient).
+func loadModule(path string, serverUID *uint32) (c p11, id unsafe.Pointer, err error) {
 	if remote.IsModulePath(path) {
-		rc, err := remote.NewClient(path)
+		rc, err := remote.NewClient(path, serverUID)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
 		}

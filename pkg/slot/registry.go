@@ -21,6 +21,9 @@ type module struct {
 	key  string
 	path string
 	env  map[string]string
+	// serverUID is the uid a remote token's server must run as (nil:
+	// ours); see remote.NewClient.
+	serverUID *uint32
 
 	// ctx and id change only under the registry lock (Reinit); sessions
 	// copy ctx when they open.
@@ -93,7 +96,7 @@ const finalizeTimeout = 10 * time.Second
 // module turns out to hand the same function list to every loader, in
 // which case the existing context is shared. A remote token's path
 // (remote.Scheme) always gets a context, and a connection, of its own.
-func (r *registry) acquire(ctx context.Context, path string, env map[string]string, timeout time.Duration) (*module, error) {
+func (r *registry) acquire(ctx context.Context, path string, env map[string]string, serverUID *uint32, timeout time.Duration) (*module, error) {
 	if path == "" {
 		return nil, fmt.Errorf("%w: no module path", ErrInvalidSpec)
 	}
@@ -109,7 +112,7 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 	restore := setEnv(env)
 	defer restore()
 
-	c, id, err := loadModule(path)
+	c, id, err := loadModule(path, serverUID)
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +151,7 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 		foreign: foreign,
 		private: private,
 	}
+	m.serverUID = serverUID
 	if !foreign {
 		r.inits[path]++
 	}
@@ -212,7 +216,7 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 	restore := setEnv(m.env)
 	defer restore()
 	if m.wedged {
-		c, id, err := loadModule(m.path)
+		c, id, err := loadModule(m.path, m.serverUID)
 		if err != nil {
 			return fmt.Errorf("reload PKCS#11 module %s: %w", m.path, err)
 		}

@@ -114,7 +114,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	pin := spec.PIN.Clone()
 	spec.PIN = secret.PIN{}
 
-	mod, err := modules.acquire(ctx, spec.Module, spec.ModuleEnv, spec.CommandTimeout)
+	mod, err := modules.acquire(ctx, spec.Module, spec.ModuleEnv, spec.ServerUID, spec.CommandTimeout)
 	if err != nil {
 		pin.Zero()
 		return nil, newError(spec.Name, "", err)

@@ -109,6 +109,7 @@ type Spec struct {
 	CommandTimeout time.Duration // deadline of every call (default 20s)
 	KeygenTimeout  time.Duration // deadline of key generation (default 120s)
 	MaxSessions    int           // pool cap; 0: min(token MaxRwSessionCount-1, 32), 32 when the token says "effectively infinite"
+	ServerUID      *uint32       // served token (hagroup-remote:): the uid its hsmserve must run as, besides root; nil: this process's
 	Interceptor    Interceptor   // fault injection for tests
 	// SpinHandoff hands each call to its session's worker by spinning
 	// briefly rather than through the Go scheduler (call.go), and, on an

@@ -1,0 +1,432 @@
+package remote
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/miekg/pkcs11"
+)
+
+// Bounds of the protocol, checked by whoever reads: the server on
+// requests, the client on responses. Each is a limit on what one frame
+// can make its reader hold, so a hostile or broken peer cannot make the
+// other side grow.
+const (
+	// MaxFrame is the largest frame (one request or response) either
+	// side reads or writes: the header of a larger one ends the
+	// connection before its body is read; a request the client cannot
+	// fit in it fails with CKR_ARGUMENTS_BAD before it is sent.
+	MaxFrame = 16 << 20
+	// MaxAttributes bounds the attributes of one template or one
+	// attribute array, and MaxNested the attribute arrays (CKA_WRAP_
+	// TEMPLATE, …) of one template; an attribute array holds no arrays.
+	MaxAttributes = 1024
+	MaxNested     = 8
+	// MaxHandles bounds a list of handles or mechanisms, and so
+	// C_FindObjects' count.
+	MaxHandles = 1 << 16
+	// MaxRandom bounds C_GenerateRandom's length.
+	MaxRandom = 1 << 20
+)
+
+// frameHeader is the size of a frame's big-endian length.
+const frameHeader = 4
+
+// errArgumentsBad answers a request that breaks a bound.
+var errArgumentsBad = pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
+
+// readFrame reads one frame of at most MaxFrame bytes; a larger header
+// is an error and nothing more is read.
+func readFrame(r io.Reader) ([]byte, error) {
+	n, err := readHeader(r)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, fmt.Errorf("read a frame of %d bytes: %w", n, err)
+	}
+	return b, nil
+}
+
+// readHeader reads a frame header and checks it against MaxFrame.
+func readHeader(r io.Reader) (int, error) {
+	var h [frameHeader]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, err
+	}
+	n := binary.BigEndian.Uint32(h[:])
+	if n > MaxFrame {
+		return 0, fmt.Errorf("frame of %d bytes exceeds the %d-byte bound", n, MaxFrame)
+	}
+	return int(n), nil
+}
+
+// newFrame returns an encoder whose buffer starts with room for the
+// frame header.
+func newFrame() *encoder { return &encoder{b: make([]byte, frameHeader, 256)} }
+
+// frame returns the frame, header set, or an error when it exceeds
+// MaxFrame.
+func (e *encoder) frame() ([]byte, error) {
+	n := len(e.b) - frameHeader
+	if n > MaxFrame {
+		return nil, fmt.Errorf("frame of %d bytes exceeds the %d-byte bound", n, MaxFrame)
+	}
+	binary.BigEndian.PutUint32(e.b, uint32(n))
+	return e.b, nil
+}
+
+// encoder appends values: unsigned integers as uvarints, byte strings as
+// a length and the bytes.
+type encoder struct{ b []byte }
+
+func (e *encoder) uint(v uint)     { e.b = binary.AppendUvarint(e.b, uint64(v)) }
+func (e *encoder) bytes(p []byte)  { e.uint(uint(len(p))); e.b = append(e.b, p...) }
+func (e *encoder) string(s string) { e.uint(uint(len(s))); e.b = append(e.b, s...) }
+
+func (e *encoder) bool(v bool) {
+	if v {
+		e.b = append(e.b, 1)
+	} else {
+		e.b = append(e.b, 0)
+	}
+}
+
+func (e *encoder) attrs(as []*pkcs11.Attribute) {
+	e.uint(uint(len(as)))
+	for _, a := range as {
+		e.uint(a.Type)
+		e.bytes(a.Value)
+	}
+}
+
+func (e *encoder) uints(vs []uint) {
+	e.uint(uint(len(vs)))
+	for _, v := range vs {
+		e.uint(v)
+	}
+}
+
+func (e *encoder) version(v pkcs11.Version) { e.b = append(e.b, v.Major, v.Minor) }
+
+// decoder reads what encoder wrote from one frame. The first error
+// sticks and every later read returns zero; byte strings alias the
+// frame.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+var errShort = errors.New("frame ends inside a value")
+
+func (d *decoder) fail(err error) {
+	if d.err == nil {
+		d.err = err
+	}
+	d.b = nil
+}
+
+func (d *decoder) uint() uint {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail(errShort)
+		return 0
+	}
+	d.b = d.b[n:]
+	return uint(v)
+}
+
+func (d *decoder) bool() bool {
+	if len(d.b) == 0 {
+		d.fail(errShort)
+		return false
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	if v > 1 {
+		d.fail(fmt.Errorf("boolean byte %d", v))
+	}
+	return v == 1
+}
+
+// bytes returns a byte string (nil when empty).
+func (d *decoder) bytes() []byte {
+	n := d.uint()
+	if n > uint(len(d.b)) {
+		d.fail(errShort)
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	p := d.b[:n:n]
+	d.b = d.b[n:]
+	return p
+}
+
+func (d *decoder) string() string { return string(d.bytes()) }
+
+// count reads the length of a list of at most max elements, each at
+// least one byte long.
+func (d *decoder) count(max int, what string) int {
+	n := d.uint()
+	switch {
+	case d.err != nil:
+		return 0
+	case n > uint(max):
+		d.fail(fmt.Errorf("%d %s exceed the bound of %d", n, what, max))
+		return 0
+	case n > uint(len(d.b)):
+		d.fail(errShort)
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) attrs() []*pkcs11.Attribute {
+	n := d.count(MaxAttributes, "attributes")
+	if n == 0 {
+		return nil
+	}
+	as := make([]*pkcs11.Attribute, n)
+	for i := range as {
+		as[i] = &pkcs11.Attribute{Type: d.uint(), Value: d.bytes()}
+	}
+	if d.err != nil {
+		return nil
+	}
+	return as
+}
+
+func (d *decoder) uints() []uint {
+	n := d.count(MaxHandles, "handles")
+	if n == 0 {
+		return nil
+	}
+	vs := make([]uint, n)
+	for i := range vs {
+		vs[i] = d.uint()
+	}
+	return vs
+}
+
+func (d *decoder) version() pkcs11.Version {
+	if len(d.b) < 2 {
+		d.fail(errShort)
+		return pkcs11.Version{}
+	}
+	v := pkcs11.Version{Major: d.b[0], Minor: d.b[1]}
+	d.b = d.b[2:]
+	return v
+}
+
+// end reports the first error, or bytes left over after the value.
+func (d *decoder) end() error {
+	if d.err == nil && len(d.b) > 0 {
+		d.err = fmt.Errorf("%d bytes after the value", len(d.b))
+	}
+	return d.err
+}
+
+// present writes whether a pointer field is set.
+func present[T any](e *encoder, p *T) bool {
+	e.bool(p != nil)
+	return p != nil
+}
+
+// The messages, field by field. A reader checks every count and length
+// against the bounds and the bytes left in the frame before it
+// allocates.
+
+func (h *hello) encode(e *encoder) { e.string(h.Magic); e.uint(uint(h.Version)) }
+
+func (h *hello) decode(d *decoder) { h.Magic = d.string(); h.Version = int(d.uint()) }
+
+func (w *welcome) encode(e *encoder) { e.uint(uint(w.Version)); e.string(w.Err) }
+
+func (w *welcome) decode(d *decoder) { w.Version = int(d.uint()); w.Err = d.string() }
+
+func (q *request) encode(e *encoder) {
+	e.uint(uint(q.ID))
+	e.uint(uint(q.Op))
+	for _, v := range []uint{q.Slot, q.Session, q.Object, q.Object2, q.N} {
+		e.uint(v)
+	}
+	if present(e, q.Mech) {
+		q.Mech.encode(e)
+	}
+	e.attrs(q.Attrs)
+	e.attrs(q.Attrs2)
+	e.uint(uint(len(q.Nested)))
+	for _, n := range q.Nested {
+		e.uint(n.Type)
+		e.attrs(n.Attrs)
+	}
+	e.bytes(q.Data)
+	e.bytes(q.Data2)
+	e.bytes(q.PIN)
+}
+
+// decodeHead reads a request's ID and op, so that a request whose body
+// breaks a bound can still be answered.
+func (q *request) decodeHead(d *decoder) {
+	q.ID = uint64(d.uint())
+	q.Op = op(d.uint())
+}
+
+func (q *request) decodeBody(d *decoder) {
+	q.Slot, q.Session, q.Object, q.Object2, q.N = d.uint(), d.uint(), d.uint(), d.uint(), d.uint()
+	if d.bool() {
+		q.Mech = new(mech)
+		q.Mech.decode(d)
+	}
+	q.Attrs = d.attrs()
+	q.Attrs2 = d.attrs()
+	if n := d.count(MaxNested, "attribute arrays"); n > 0 {
+		q.Nested = make([]nestedAttr, n)
+		for i := range q.Nested {
+			q.Nested[i] = nestedAttr{Type: d.uint(), Attrs: d.attrs()}
+		}
+	}
+	q.Data = d.bytes()
+	q.Data2 = d.bytes()
+	q.PIN = d.bytes()
+}
+
+func (m *mech) encode(e *encoder) {
+	e.uint(m.Type)
+	e.bytes(m.Param)
+	if present(e, m.OAEP) {
+		encodeOAEP(e, m.OAEP)
+	}
+	if present(e, m.ECDH) {
+		e.uint(m.ECDH.KDF)
+		e.bytes(m.ECDH.SharedData)
+		e.bytes(m.ECDH.PublicKeyData)
+	}
+	if present(e, m.KeyWrap) {
+		e.uint(m.KeyWrap.AESKeyBits)
+		encodeOAEP(e, &m.KeyWrap.OAEPParams)
+	}
+	if present(e, m.GCM) {
+		e.bytes(m.GCM.IV)
+		e.bytes(m.GCM.AAD)
+		e.uint(uint(m.GCM.TagBits))
+	}
+}
+
+func (m *mech) decode(d *decoder) {
+	m.Type = d.uint()
+	m.Param = d.bytes()
+	if d.bool() {
+		m.OAEP = decodeOAEP(d)
+	}
+	if d.bool() {
+		m.ECDH = &pkcs11.ECDH1DeriveParams{KDF: d.uint(), SharedData: d.bytes(), PublicKeyData: d.bytes()}
+	}
+	if d.bool() {
+		m.KeyWrap = &pkcs11.RSAAESKeyWrapParams{AESKeyBits: d.uint(), OAEPParams: *decodeOAEP(d)}
+	}
+	if d.bool() {
+		m.GCM = &gcmParams{IV: d.bytes(), AAD: d.bytes(), TagBits: int(d.uint())}
+	}
+}
+
+func encodeOAEP(e *encoder, o *pkcs11.OAEPParams) {
+	e.uint(o.HashAlg)
+	e.uint(o.MGF)
+	e.uint(o.SourceType)
+	e.bytes(o.SourceData)
+}
+
+func decodeOAEP(d *decoder) *pkcs11.OAEPParams {
+	return &pkcs11.OAEPParams{HashAlg: d.uint(), MGF: d.uint(), SourceType: d.uint(), SourceData: d.bytes()}
+}
+
+func (r *response) encode(e *encoder) {
+	e.uint(uint(r.ID))
+	e.uint(r.RV)
+	e.string(r.Err)
+	e.uint(r.Handle)
+	e.uint(r.Handle2)
+	e.uints(r.Handles)
+	e.bool(r.More)
+	e.bytes(r.Data)
+	e.attrs(r.Attrs)
+	if i := r.Info; present(e, i) {
+		e.version(i.CryptokiVersion)
+		e.string(i.ManufacturerID)
+		e.uint(i.Flags)
+		e.string(i.LibraryDescription)
+		e.version(i.LibraryVersion)
+	}
+	if s := r.SlotInfo; present(e, s) {
+		e.string(s.SlotDescription)
+		e.string(s.ManufacturerID)
+		e.uint(s.Flags)
+		e.version(s.HardwareVersion)
+		e.version(s.FirmwareVersion)
+	}
+	if t := r.TokenInfo; present(e, t) {
+		for _, s := range []string{t.Label, t.ManufacturerID, t.Model, t.SerialNumber, t.UTCTime} {
+			e.string(s)
+		}
+		for _, v := range []uint{t.Flags, t.MaxSessionCount, t.SessionCount, t.MaxRwSessionCount, t.RwSessionCount,
+			t.MaxPinLen, t.MinPinLen, t.TotalPublicMemory, t.FreePublicMemory, t.TotalPrivateMemory, t.FreePrivateMemory} {
+			e.uint(v)
+		}
+		e.version(t.HardwareVersion)
+		e.version(t.FirmwareVersion)
+	}
+	if m := r.MechInfo; present(e, m) {
+		e.uint(m.MinKeySize)
+		e.uint(m.MaxKeySize)
+		e.uint(m.Flags)
+	}
+	if s := r.SessionInfo; present(e, s) {
+		e.uint(s.SlotID)
+		e.uint(s.State)
+		e.uint(s.Flags)
+		e.uint(s.DeviceError)
+	}
+}
+
+func (r *response) decode(d *decoder) {
+	r.ID = uint64(d.uint())
+	r.RV = d.uint()
+	r.Err = d.string()
+	r.Handle = d.uint()
+	r.Handle2 = d.uint()
+	r.Handles = d.uints()
+	r.More = d.bool()
+	r.Data = d.bytes()
+	r.Attrs = d.attrs()
+	if d.bool() {
+		r.Info = &pkcs11.Info{CryptokiVersion: d.version(), ManufacturerID: d.string(), Flags: d.uint(),
+			LibraryDescription: d.string(), LibraryVersion: d.version()}
+	}
+	if d.bool() {
+		r.SlotInfo = &pkcs11.SlotInfo{SlotDescription: d.string(), ManufacturerID: d.string(), Flags: d.uint(),
+			HardwareVersion: d.version(), FirmwareVersion: d.version()}
+	}
+	if d.bool() {
+		t := &pkcs11.TokenInfo{Label: d.string(), ManufacturerID: d.string(), Model: d.string(),
+			SerialNumber: d.string(), UTCTime: d.string()}
+		for _, p := range []*uint{&t.Flags, &t.MaxSessionCount, &t.SessionCount, &t.MaxRwSessionCount, &t.RwSessionCount,
+			&t.MaxPinLen, &t.MinPinLen, &t.TotalPublicMemory, &t.FreePublicMemory, &t.TotalPrivateMemory, &t.FreePrivateMemory} {
+			*p = d.uint()
+		}
+		t.HardwareVersion = d.version()
+		t.FirmwareVersion = d.version()
+		r.TokenInfo = t
+	}
+	if d.bool() {
+		r.MechInfo = &pkcs11.MechanismInfo{MinKeySize: d.uint(), MaxKeySize: d.uint(), Flags: d.uint()}
+	}
+	if d.bool() {
+		r.SessionInfo = &pkcs11.SessionInfo{SlotID: d.uint(), State: d.uint(), Flags: d.uint(), DeviceError: d.uint()}
+	}
+}

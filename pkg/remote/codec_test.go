@@ -1,0 +1,179 @@
+package remote
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/miekg/pkcs11"
+)
+
+// Every field of a request and a response survives the wire.
+func TestCodecRoundTrip(t *testing.T) {
+	q := &request{
+		ID: 1 << 40, Op: opUnwrapKey, Slot: 3, Session: 7, Object: 11, Object2: 13, N: 1<<63 + 5,
+		Mech: &mech{Type: pkcs11.CKM_RSA_AES_KEY_WRAP, Param: []byte{1, 2},
+			OAEP:    &pkcs11.OAEPParams{HashAlg: 1, MGF: 2, SourceType: 3, SourceData: []byte("src")},
+			ECDH:    &pkcs11.ECDH1DeriveParams{KDF: 4, SharedData: []byte("sh"), PublicKeyData: []byte("pub")},
+			KeyWrap: &pkcs11.RSAAESKeyWrapParams{AESKeyBits: 256, OAEPParams: pkcs11.OAEPParams{HashAlg: 5, SourceData: []byte("x")}},
+			GCM:     &gcmParams{IV: []byte("iv"), AAD: []byte("aad"), TagBits: 128}},
+		Attrs:  []*pkcs11.Attribute{{Type: pkcs11.CKA_LABEL, Value: []byte("k")}, {Type: pkcs11.CKA_VALUE}},
+		Attrs2: []*pkcs11.Attribute{{Type: pkcs11.CKA_TOKEN, Value: []byte{1}}},
+		Nested: []nestedAttr{{Type: pkcs11.CKA_UNWRAP_TEMPLATE, Attrs: []*pkcs11.Attribute{{Type: pkcs11.CKA_SIGN, Value: []byte{1}}}}},
+		Data:   []byte("data"), Data2: []byte("data2"), PIN: []byte("1234"),
+	}
+	e := newFrame()
+	q.encode(e)
+	got := new(request)
+	d := &decoder{b: frameBody(t, e)}
+	got.decodeHead(d)
+	got.decodeBody(d)
+	if err := d.end(); err != nil {
+		t.Fatalf("decode request: %v", err)
+	}
+	if !reflect.DeepEqual(got, q) {
+		t.Errorf("request changed on the wire:\n got %+v\nwant %+v", got, q)
+	}
+
+	r := &response{
+		ID: 9, RV: pkcs11.CKR_ATTRIBUTE_SENSITIVE, Err: "why", Handle: 1, Handle2: 2, Handles: []uint{3, 1 << 33}, More: true,
+		Data:        []byte("out"),
+		Attrs:       []*pkcs11.Attribute{{Type: pkcs11.CKA_CLASS, Value: []byte{3, 0, 0, 0, 0, 0, 0, 0}}},
+		Info:        &pkcs11.Info{CryptokiVersion: pkcs11.Version{Major: 2, Minor: 40}, ManufacturerID: "m", Flags: 1, LibraryDescription: "d", LibraryVersion: pkcs11.Version{Major: 2, Minor: 6}},
+		SlotInfo:    &pkcs11.SlotInfo{SlotDescription: "s", ManufacturerID: "m", Flags: 7, HardwareVersion: pkcs11.Version{Major: 1}, FirmwareVersion: pkcs11.Version{Minor: 1}},
+		TokenInfo:   &pkcs11.TokenInfo{Label: "l", ManufacturerID: "m", Model: "o", SerialNumber: "n", Flags: 1, MaxSessionCount: 2, SessionCount: 3, MaxRwSessionCount: 4, RwSessionCount: 5, MaxPinLen: 6, MinPinLen: 7, TotalPublicMemory: 8, FreePublicMemory: 9, TotalPrivateMemory: 10, FreePrivateMemory: 11, HardwareVersion: pkcs11.Version{Major: 12}, FirmwareVersion: pkcs11.Version{Minor: 13}, UTCTime: "t"},
+		MechInfo:    &pkcs11.MechanismInfo{MinKeySize: 1, MaxKeySize: 2, Flags: 3},
+		SessionInfo: &pkcs11.SessionInfo{SlotID: 1, State: 2, Flags: 3, DeviceError: 4},
+	}
+	e = newFrame()
+	r.encode(e)
+	back := new(response)
+	d = &decoder{b: frameBody(t, e)}
+	back.decode(d)
+	if err := d.end(); err != nil {
+		t.Fatalf("decode response: %v", err)
+	}
+	if !reflect.DeepEqual(back, r) {
+		t.Errorf("response changed on the wire:\n got %+v\nwant %+v", back, r)
+	}
+}
+
+// frameBody returns e's frame without its header, checking the header.
+func frameBody(t *testing.T, e *encoder) []byte {
+	t.Helper()
+	b, err := e.frame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := binary.BigEndian.Uint32(b); int(n) != len(b)-frameHeader {
+		t.Fatalf("header says %d bytes, frame holds %d", n, len(b)-frameHeader)
+	}
+	return b[frameHeader:]
+}
+
+// countingReader counts what is read from it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// A frame header over MaxFrame is refused before its body is read (the
+// reader holds nothing of it); one at MaxFrame is read.
+func TestFrameBound(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		n    uint32
+		err  string
+	}{
+		{"one byte over", MaxFrame + 1, "frame of 16777217 bytes exceeds the 16777216-byte bound"},
+		{"4 GiB", 1<<32 - 1, "exceeds the 16777216-byte bound"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cr := &countingReader{r: io.MultiReader(bytes.NewReader(binary.BigEndian.AppendUint32(nil, c.n)), zeros{})}
+			_, err := readFrame(cr)
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Fatalf("readFrame: %v, want %q", err, c.err)
+			}
+			if cr.n != frameHeader {
+				t.Errorf("read %d bytes, want only the %d of the header", cr.n, frameHeader)
+			}
+		})
+	}
+	b, err := readFrame(io.MultiReader(bytes.NewReader(binary.BigEndian.AppendUint32(nil, MaxFrame)), zeros{}))
+	if err != nil || len(b) != MaxFrame {
+		t.Fatalf("a frame of MaxFrame bytes: %d bytes, %v", len(b), err)
+	}
+	e := newFrame()
+	e.bytes(make([]byte, MaxFrame))
+	if _, err := e.frame(); err == nil || !strings.Contains(err.Error(), "exceeds the 16777216-byte bound") {
+		t.Errorf("encoding a frame over MaxFrame: %v, want a refusal", err)
+	}
+}
+
+// zeros reads as an endless stream of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// Counts over their bound, or longer than what is left of the frame, and
+// trailing bytes are errors; nothing is allocated for them.
+func TestDecoderBounds(t *testing.T) {
+	uv := func(vs ...uint64) []byte {
+		var b []byte
+		for _, v := range vs {
+			b = binary.AppendUvarint(b, v)
+		}
+		return b
+	}
+	// head: ID 1, op; body up to the attribute lists: 5 numbers, no mech.
+	head := uv(1, uint64(opCreateObject), 0, 0, 0, 0, 0, 0)
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
+	for _, c := range []struct {
+		name string
+		body []byte
+		err  string
+	}{
+		{"attributes over the bound", cat(head, uv(MaxAttributes+1), make([]byte, 4096)), "1025 attributes exceed the bound of 1024"},
+		{"attributes beyond the frame", cat(head, uv(1000), uv(1, 0)), errShort.Error()},
+		{"attribute value beyond the frame", cat(head, uv(1, pkcs11.CKA_VALUE, 1<<30), []byte("abc")), errShort.Error()},
+		{"a billion attributes", cat(head, uv(1<<30)), "1073741824 attributes exceed the bound of 1024"},
+		{"attribute arrays over the bound", cat(head, uv(0, 0, MaxNested+1), make([]byte, 64)), "9 attribute arrays exceed the bound of 8"},
+		{"nested attributes over the bound", cat(head, uv(0, 0, 1, pkcs11.CKA_UNWRAP_TEMPLATE, MaxAttributes+1), make([]byte, 4096)), "1025 attributes exceed the bound of 1024"},
+		{"truncated number", cat(head[:2], []byte{0x80}), errShort.Error()},
+		{"trailing bytes", cat(head, uv(0, 0, 0, 0, 0, 0), []byte{7}), "1 bytes after the value"},
+		{"bad boolean", cat(uv(1, uint64(opCreateObject), 0, 0, 0, 0, 0), []byte{2}), "boolean byte 2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var q request
+			d := &decoder{b: c.body}
+			q.decodeHead(d)
+			q.decodeBody(d)
+			err := d.end()
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Fatalf("decode: %v, want %q", err, c.err)
+			}
+			if q.Attrs != nil {
+				t.Errorf("decoded %d attributes from a refused frame", len(q.Attrs))
+			}
+		})
+	}
+	var r response
+	d := &decoder{b: cat(uv(1, 0), uv(0), uv(0, 0), uv(MaxHandles+1), make([]byte, 16))}
+	r.decode(d)
+	if err := d.end(); err == nil || !strings.Contains(err.Error(), "65537 handles exceed the bound of 65536") {
+		t.Errorf("a response with too many handles: %v", err)
+	}
+	if !errors.Is(errArgumentsBad, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)) {
+		t.Errorf("errArgumentsBad is %v", errArgumentsBad)
+	}
+}
