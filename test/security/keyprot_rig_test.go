@@ -3,6 +3,12 @@ package security
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -235,4 +241,62 @@ func (keyprotTokenFace) Code(err error) uint { return slot.CodeOf(err) }
 func keyprotBare(t testing.TB) keyprotTokenFace {
 	t.Helper()
 	return keyprotTokenFace{s: keyprotDirect(t, testhsm.Take(t, 1)[0])}
+}
+
+// keyprotModule builds libhapkcs11.so (as the Makefile does) into a
+// directory of the test's and writes a configuration for the group cfg;
+// it returns the library and the environment a client needs (the user PIN
+// in HA_PIN, for pkcs11-tool's --pin env:HA_PIN: never on a command line).
+func keyprotModule(t *testing.T, cfg config.Group) (lib string, env []string) {
+	t.Helper()
+	dir := t.TempDir()
+	_, file, _, _ := runtime.Caller(0)
+	repo := filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	lib = filepath.Join(dir, "libhapkcs11.so")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildmode=c-shared", "-o", lib, "./cmd/hapkcs11")
+	build.Dir = repo
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build libhapkcs11.so: %v\n%s", err, out)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "[agent]\nstate_dir = %q\nlog_file = %q\n\n", filepath.Join(dir, "state"), filepath.Join(dir, "ha.log"))
+	fmt.Fprintf(&b, "[ha]\ncommand_timeout = \"20s\"\n\n[[group]]\nlabel = %q\nserial = %q\n", cfg.Label, cfg.Serial)
+	for _, m := range cfg.Members {
+		fmt.Fprintf(&b, "\n  [[group.member]]\n  name = %q\n  module = %q\n  token_label = %q\n", m.Name, m.Module, m.TokenLabel)
+	}
+	conf := filepath.Join(dir, "hagroup.toml")
+	if err := os.WriteFile(conf, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// SOFTHSM2_CONF is the pool's (testhsm.Main set it for this process).
+	return lib, append(os.Environ(), "HAGROUP_CONF="+conf, "HA_PIN="+testhsm.UserPIN)
+}
+
+// keyprotRV is the CKR a pkcs11-tool run reported, or "CKR_OK" when it
+// succeeded.
+var keyprotRV = regexp.MustCompile(`rv = (CKR_[A-Z_]+)`)
+
+// keyprotTool runs pkcs11-tool on module and token with the user logged
+// in, and returns the CKR code it reported and its output.
+func keyprotTool(t *testing.T, env []string, module, token string, args ...string) (string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	all := append([]string{"--module", module, "--token-label", token, "--login", "--pin", "env:HA_PIN"}, args...)
+	cmd := exec.CommandContext(ctx, "pkcs11-tool", all...)
+	cmd.Env = env
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("pkcs11-tool %s: no answer within the deadline", strings.Join(args, " "))
+	}
+	if err == nil {
+		return "CKR_OK", string(out)
+	}
+	if m := keyprotRV.FindStringSubmatch(string(out)); m != nil {
+		return m[1], string(out)
+	}
+	return "failed without a CKR", string(out)
 }

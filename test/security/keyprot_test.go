@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -464,6 +466,46 @@ func TestKeyprotMembersAnswerAlike(t *testing.T) {
 			if d := keyprotDiff(first[i], keyprotRead(t, ctx, solo, h)); d != nil {
 				t.Errorf("%s (class %d) in a fresh process served by %s alone differs: %v", k.label, k.class, tok.Name, d)
 			}
+		}
+	}
+}
+
+// TestKeyprotThroughModule: what `pkcs11-tool --keygen --key-type AES:32`
+// makes through libhapkcs11.so (no CKA_SENSITIVE, no CKA_EXTRACTABLE)
+// cannot be read or wrapped under the application's own key, in a fresh
+// process, with the CKR a bare token gives for the same commands; and
+// directly on each member it can be neither read nor wrapped under the
+// user's own key.
+func TestKeyprotThroughModule(t *testing.T) {
+	r := keyprotSetup(t)
+	lib, env := keyprotModule(t, r.cfg)
+	bare := testhsm.Take(t, 1)[0]
+	steps := [][]string{
+		{"--keygen", "--key-type", "AES:32", "--label", "tool-kek", "--id", "01", "--usage-wrap"},
+		{"--keygen", "--key-type", "AES:32", "--label", "tool-aes", "--id", "02"},
+		{"--read-object", "--type", "secrkey", "--id", "02"},
+		{"--wrap", "--mechanism", "AES-KEY-WRAP", "--id", "01", "--application-id", "02", "--output-file", "blob"},
+	}
+	want := []string{"CKR_OK", "CKR_OK", "CKR_ATTRIBUTE_SENSITIVE", "CKR_KEY_UNEXTRACTABLE"}
+	for i, step := range steps {
+		b, bout := keyprotTool(t, env, bare.Module, bare.Label, step...)
+		if b != want[i] {
+			t.Fatalf("bare token: pkcs11-tool %s: %s, want %s\n%s", strings.Join(step, " "), b, want[i], bout)
+		}
+		g, gout := keyprotTool(t, env, lib, r.cfg.Label, step...)
+		if g != b {
+			t.Errorf("libhapkcs11.so: pkcs11-tool %s: %s, a bare token %s\n%s", strings.Join(step, " "), g, b, gout)
+		}
+	}
+	for _, tok := range r.toks {
+		if rv, out := keyprotTool(t, env, tok.Module, tok.Label, "--read-object", "--type", "secrkey", "--id", "02"); rv != "CKR_ATTRIBUTE_SENSITIVE" {
+			t.Errorf("member %s directly: read the group key: %s, want CKR_ATTRIBUTE_SENSITIVE\n%s", tok.Name, rv, out)
+		}
+		if rv, out := keyprotTool(t, env, tok.Module, tok.Label, "--keygen", "--key-type", "AES:32", "--label", "own-kek", "--id", "0a", "--usage-wrap"); rv != "CKR_OK" {
+			t.Fatalf("member %s directly: the user's own key: %s\n%s", tok.Name, rv, out)
+		}
+		if rv, out := keyprotTool(t, env, tok.Module, tok.Label, "--wrap", "--mechanism", "AES-KEY-WRAP", "--id", "0a", "--application-id", "02", "--output-file", "blob"); rv != "CKR_KEY_NOT_WRAPPABLE" {
+			t.Errorf("member %s directly: wrap the group key under the user's own key: %s, want CKR_KEY_NOT_WRAPPABLE\n%s", tok.Name, rv, out)
 		}
 	}
 }
