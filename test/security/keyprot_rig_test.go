@@ -36,14 +36,17 @@ func keyprotCtx(t testing.TB) context.Context {
 func keyprotAttr(t uint, v any) *pkcs11.Attribute { return pkcs11.NewAttribute(t, v) }
 
 // keyprotRig is a 3-member group on real SoftHSM tokens, with a trusted
-// domain key (installed with the SO PIN, as `hactl hagroup domain` does).
+// domain key (installed with the SO PIN, as `hactl hagroup domain` does),
+// and a bare token beside it: the reference every answer is held to.
 type keyprotRig struct {
-	t      testing.TB
-	toks   []testhsm.Token
-	cfg    config.Group
-	g      *group.Group
-	s      *group.Session
-	faults *slottest.Faults
+	t       testing.TB
+	toks    []testhsm.Token
+	cfg     config.Group
+	g       *group.Group
+	s       *group.Session
+	faults  *slottest.Faults
+	bareTok testhsm.Token
+	bare    keyprotTokenFace
 }
 
 func keyprotSetup(t testing.TB) *keyprotRig {
@@ -70,6 +73,8 @@ func keyprotSetup(t testing.TB) *keyprotRig {
 	}
 	t.Cleanup(func() { s.Close() })
 	r.s = s
+	r.bareTok = testhsm.Take(t, 1)[0]
+	r.bare = keyprotTokenFace{s: keyprotDirect(t, r.bareTok)}
 	return r
 }
 
@@ -236,12 +241,6 @@ func (f keyprotTokenFace) SetAttributes(ctx context.Context, h uint, attrs []*pk
 }
 
 func (keyprotTokenFace) Code(err error) uint { return slot.CodeOf(err) }
-
-// keyprotBare is a bare token: the reference every answer is held to.
-func keyprotBare(t testing.TB) keyprotTokenFace {
-	t.Helper()
-	return keyprotTokenFace{s: keyprotDirect(t, testhsm.Take(t, 1)[0])}
-}
 
 // keyprotModule builds libhapkcs11.so (as the Makefile does) into a
 // directory of the test's and writes a configuration for the group cfg;

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -18,6 +17,25 @@ import (
 // The attacks of issue 14, item 2: a key made through the group must be as
 // protected as the application asked, on every member, and answer alike
 // whichever member serves.
+
+// TestKeyprot runs every keyprot attack on one 3-member group and one bare
+// token (the package's token pool is shared by the whole suite). The steps
+// that take members out come last.
+func TestKeyprot(t *testing.T) {
+	r := keyprotSetup(t)
+	for _, step := range []struct {
+		name string
+		run  func(*testing.T, *keyprotRig)
+	}{
+		{"BareDefaults", keyprotBareDefaults},
+		{"ApplicationCannotExport", keyprotApplicationCannotExport},
+		{"MemberCopiesHold", keyprotMemberCopiesHold},
+		{"ThroughModule", keyprotThroughModule},
+		{"MembersAnswerAlike", keyprotMembersAnswerAlike},
+	} {
+		t.Run(step.name, func(t *testing.T) { step.run(t, r) })
+	}
+}
 
 var keyprotP256 = []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
 
@@ -165,13 +183,13 @@ func keyprotTry(ctx context.Context, f keyprotMaker, w keyprotWrappers, kind key
 	return res
 }
 
-// TestKeyprotBareDefaults measures what the group's rule takes for the
+// keyprotBareDefaults measures what the group's rule takes for the
 // token's defaults (tokenDefaultExtractable in pkg/group): SoftHSM makes a
 // key whose template names neither CKA_EXTRACTABLE nor CKA_SENSITIVE
 // unextractable and not sensitive, and its material unreadable.
-func TestKeyprotBareDefaults(t *testing.T) {
+func keyprotBareDefaults(t *testing.T, r *keyprotRig) {
 	ctx := keyprotCtx(t)
-	bare := keyprotBare(t)
+	bare := r.bare
 	for _, kind := range []keyprotKind{keyprotKinds[0], keyprotKinds[5]} {
 		key, err := kind.make(ctx, bare, "defaults-"+kind.name)
 		if err != nil {
@@ -190,16 +208,15 @@ func TestKeyprotBareDefaults(t *testing.T) {
 	}
 }
 
-// TestKeyprotApplicationCannotExport: through the group (this process and
+// keyprotApplicationCannotExport: through the group (this process and
 // a fresh one), an application cannot wrap under its own keys, or read,
 // a key it did not make extractable; each step answers what a bare token
 // answers to the same calls.
-func TestKeyprotApplicationCannotExport(t *testing.T) {
-	r := keyprotSetup(t)
+func keyprotApplicationCannotExport(t *testing.T, r *keyprotRig) {
 	ctx := keyprotCtx(t)
-	bare := keyprotBare(t)
+	bare := r.bare
 	gf := keyprotGroupFace{g: r.g, s: r.s}
-	bw := keyprotMakeWrappers(t, ctx, bare, "bare")
+	bw := keyprotMakeWrappers(t, ctx, bare, "bare-export")
 	gw := keyprotMakeWrappers(t, ctx, gf, "group")
 	fresh := keyprotOpen(t, r.cfg, nil)
 	fs, err := fresh.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
@@ -256,13 +273,12 @@ func keyprotGroupFind(t testing.TB, g *group.Group, class uint, label string) ui
 	return uint(hs[0])
 }
 
-// TestKeyprotMemberCopiesHold: a user with the user PIN on a member,
+// keyprotMemberCopiesHold: a user with the user PIN on a member,
 // outside the group, can neither wrap a group key under a key of their own
 // nor read it, nor turn its protection off, on any member (the primary
 // included); each step answers what a bare token answers for a key with
 // the same attributes.
-func TestKeyprotMemberCopiesHold(t *testing.T) {
-	r := keyprotSetup(t)
+func keyprotMemberCopiesHold(t *testing.T, r *keyprotRig) {
 	ctx := keyprotCtx(t)
 	gf := keyprotGroupFace{g: r.g, s: r.s}
 	for _, kind := range []keyprotKind{keyprotKinds[0], keyprotKinds[1], keyprotKinds[5]} {
@@ -272,8 +288,8 @@ func TestKeyprotMemberCopiesHold(t *testing.T) {
 	}
 	// The reference: a bare token's key made with what the members' copies
 	// must hold (sensitive, extractable under trusted keys only).
-	bare := keyprotBare(t)
-	bw := keyprotMakeWrappers(t, ctx, bare, "bare")
+	bare := r.bare
+	bw := keyprotMakeWrappers(t, ctx, bare, "bare-member")
 	ref, err := bare.GenerateKey(ctx, keyprotAESGen, keyprotAES("bare-ref", keyprotAttr(pkcs11.CKA_SENSITIVE, true),
 		keyprotAttr(pkcs11.CKA_EXTRACTABLE, true), keyprotAttr(pkcs11.CKA_WRAP_WITH_TRUSTED, true)))
 	if err != nil {
@@ -385,13 +401,12 @@ func keyprotDiff(a, b []slot.Attribute) []string {
 	return d
 }
 
-// TestKeyprotMembersAnswerAlike: every attribute of a group key reads the
+// keyprotMembersAnswerAlike: every attribute of a group key reads the
 // same through the virtual slot whichever member serves: the primary,
 // then (the primary failed) the second member, then (the second failing
 // with CKR_DEVICE_ERROR under slottest faults) the third; and in a fresh
 // process served by each member alone.
-func TestKeyprotMembersAnswerAlike(t *testing.T) {
-	r := keyprotSetup(t)
+func keyprotMembersAnswerAlike(t *testing.T, r *keyprotRig) {
 	ctx := keyprotCtx(t)
 	gf := keyprotGroupFace{g: r.g, s: r.s}
 	type key struct {
@@ -470,16 +485,15 @@ func TestKeyprotMembersAnswerAlike(t *testing.T) {
 	}
 }
 
-// TestKeyprotThroughModule: what `pkcs11-tool --keygen --key-type AES:32`
+// keyprotThroughModule: what `pkcs11-tool --keygen --key-type AES:32`
 // makes through libhapkcs11.so (no CKA_SENSITIVE, no CKA_EXTRACTABLE)
 // cannot be read or wrapped under the application's own key, in a fresh
 // process, with the CKR a bare token gives for the same commands; and
 // directly on each member it can be neither read nor wrapped under the
 // user's own key.
-func TestKeyprotThroughModule(t *testing.T) {
-	r := keyprotSetup(t)
+func keyprotThroughModule(t *testing.T, r *keyprotRig) {
 	lib, env := keyprotModule(t, r.cfg)
-	bare := testhsm.Take(t, 1)[0]
+	bare := r.bareTok
 	steps := [][]string{
 		{"--keygen", "--key-type", "AES:32", "--label", "tool-kek", "--id", "01", "--usage-wrap"},
 		{"--keygen", "--key-type", "AES:32", "--label", "tool-aes", "--id", "02"},
