@@ -32,8 +32,8 @@ import (
 // is gone the key reads unextractable — the safe side.
 
 // tokenDefaultExtractable is CKA_EXTRACTABLE when a template gives none:
-// SoftHSM 2.6's default (measured by TestKeyprotBareDefaults), and the
-// safe side for tokens whose default is not known.
+// SoftHSM 2.6's default (measured by TestKeyprot/BareDefaults in
+// test/security), and the safe side for tokens whose default is not known.
 const tokenDefaultExtractable = false
 
 // protect applies the members' side of the rule to in, a private or
