@@ -118,7 +118,9 @@ func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkc
 		}
 	}
 	if in.class == pkcs11.CKO_PRIVATE_KEY || in.class == pkcs11.CKO_SECRET_KEY {
-		g.protect(ctx, primary, &in, tmpl, from)
+		if err := g.protect(ctx, primary, &in, tmpl, from); err != nil {
+			return intent{}, err
+		}
 	}
 	return in, nil
 }

@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -45,13 +46,17 @@ const tokenDefaultExtractable = false
 // CKA_EXTRACTABLE=true, which it holds already, is accepted);
 // its default is its source's extractability, and a CKA_EXTRACTABLE=false
 // it asks for is kept by this process only (the copy cannot be given
-// CKA_WRAP_WITH_TRUSTED).
-func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent, tmpl []*pkcs11.Attribute, from *vobject) {
+// CKA_WRAP_WITH_TRUSTED). A copy of an unextractable key cannot be made
+// extractable (CKR_ATTRIBUTE_READ_ONLY, as a token answers).
+func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent, tmpl []*pkcs11.Attribute, from *vobject) error {
 	ext, set := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
 	in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
 	if from != nil {
+		if set && ext && from.unextractable.Load() {
+			return wrap(ErrReadOnly, "CopyObject", "", errors.New("a copy of an unextractable key cannot be extractable"))
+		}
 		in.unextractable = set && !ext || from.unextractable.Load()
-		return
+		return nil
 	}
 	if !set {
 		ext = tokenDefaultExtractable
@@ -61,6 +66,7 @@ func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent,
 	if wwt, _ := attrBool(tmpl, pkcs11.CKA_WRAP_WITH_TRUSTED); (!ext || wwt) && g.domainTrusted(ctx, primary) {
 		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
 	}
+	return nil
 }
 
 // unextractable reports whether the application may not wrap o, a

@@ -154,10 +154,12 @@ func keyprotMakeWrappers(t *testing.T, ctx context.Context, f keyprotMaker, pref
 }
 
 // keyprotAttack is what an application (or a user on a member) tries on a
-// key to get its material out: every step's CKR code, by name.
+// key to get its material out: every step's CKR code, by name. keyprotTry
+// is the application's: wrap the key under its own keys, read its
+// material, copy it into an extractable key.
 type keyprotAttack map[string]uint
 
-func keyprotTry(ctx context.Context, f keyprotMaker, w keyprotWrappers, kind keyprotKind, key uint) keyprotAttack {
+func keyprotTry(ctx context.Context, f keyprotMaker, w keyprotWrappers, kind keyprotKind, key uint, label string) keyprotAttack {
 	res := keyprotAttack{}
 	_, err := f.WrapKey(ctx, keyprotWrapPad, w.aes, key)
 	res["C_WrapKey(CKM_AES_KEY_WRAP_PAD, application AES key)"] = f.Code(err)
@@ -176,6 +178,8 @@ func keyprotTry(ctx context.Context, f keyprotMaker, w keyprotWrappers, kind key
 		}
 		res[fmt.Sprintf("C_GetAttributeValue(%#x)", t)] = code
 	}
+	_, err = f.CopyObject(ctx, key, []*pkcs11.Attribute{keyprotAttr(pkcs11.CKA_EXTRACTABLE, true), keyprotAttr(pkcs11.CKA_LABEL, label+"-extractable-copy")})
+	res["C_CopyObject(CKA_EXTRACTABLE=true)"] = f.Code(err)
 	attrs, err := f.GetAttributes(ctx, key, []uint{pkcs11.CKA_EXTRACTABLE, pkcs11.CKA_SENSITIVE})
 	if err == nil && attrs[0].Status == pkcs11.CKR_OK {
 		res["CKA_EXTRACTABLE"] = uint(attrs[0].Value[0])
@@ -237,9 +241,9 @@ func keyprotApplicationCannotExport(t *testing.T, r *keyprotRig) {
 			if err != nil {
 				t.Fatalf("through the group: %v", err)
 			}
-			want := keyprotTry(ctx, bare, bw, kind, bk)
+			want := keyprotTry(ctx, bare, bw, kind, bk, label)
 			for k, v := range want {
-				if k != "CKA_EXTRACTABLE" && v != pkcs11.CKR_KEY_UNEXTRACTABLE && v != pkcs11.CKR_ATTRIBUTE_SENSITIVE {
+				if k != "CKA_EXTRACTABLE" && v != pkcs11.CKR_KEY_UNEXTRACTABLE && v != pkcs11.CKR_ATTRIBUTE_SENSITIVE && v != pkcs11.CKR_ATTRIBUTE_READ_ONLY {
 					t.Errorf("bare token: %s answered %#x: the reference lets the key out", k, v)
 				}
 			}
@@ -252,7 +256,7 @@ func keyprotApplicationCannotExport(t *testing.T, r *keyprotRig) {
 				{"group", gf, gw, gk},
 				{"fresh process", ff, fw, uint(keyprotGroupFind(t, fresh, kind.class, label))},
 			} {
-				got := keyprotTry(ctx, face.f, face.w, kind, face.key)
+				got := keyprotTry(ctx, face.f, face.w, kind, face.key, label+"-"+face.name)
 				for step, code := range want {
 					if got[step] != code {
 						t.Errorf("%s: %s answered %#x, a bare token %#x", face.name, step, got[step], code)
