@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -107,6 +108,23 @@ var keyprotKinds = []keyprotKind{
 			}
 			return f.CopyObject(ctx, src, []*pkcs11.Attribute{keyprotAttr(pkcs11.CKA_LABEL, label)})
 		}},
+	{name: "aes-derived", class: pkcs11.CKO_SECRET_KEY, material: []uint{pkcs11.CKA_VALUE},
+		make: func(ctx context.Context, f keyprotMaker, label string) (uint, error) {
+			pub, priv, err := f.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+				[]*pkcs11.Attribute{keyprotAttr(pkcs11.CKA_TOKEN, true), keyprotAttr(pkcs11.CKA_EC_PARAMS, keyprotP256), keyprotAttr(pkcs11.CKA_LABEL, label+"-ecdh")},
+				[]*pkcs11.Attribute{keyprotAttr(pkcs11.CKA_TOKEN, true), keyprotAttr(pkcs11.CKA_PRIVATE, true),
+					keyprotAttr(pkcs11.CKA_DERIVE, true), keyprotAttr(pkcs11.CKA_LABEL, label+"-ecdh")})
+			if err != nil {
+				return 0, err
+			}
+			pt, err := f.GetAttributes(ctx, pub, []uint{pkcs11.CKA_EC_POINT})
+			if err != nil {
+				return 0, err
+			}
+			params := pkcs11.NewECDH1DeriveParams(pkcs11.CKD_NULL, nil, pt[0].Value)
+			tmpl := keyprotAES(label)
+			return f.DeriveKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDH1_DERIVE, params), priv, tmpl)
+		}},
 	{name: "ec-private-defaults", class: pkcs11.CKO_PRIVATE_KEY, material: []uint{pkcs11.CKA_VALUE},
 		make: func(ctx context.Context, f keyprotMaker, label string) (uint, error) {
 			_, priv, err := f.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
@@ -123,6 +141,20 @@ var keyprotKinds = []keyprotKind{
 			_, priv, err := keyprotRSAPair(ctx, f, label, false)
 			return priv, err
 		}},
+}
+
+// keyprotKindsNamed returns the kinds of keyprotKinds with the given names.
+func keyprotKindsNamed(t *testing.T, names ...string) []keyprotKind {
+	t.Helper()
+	var out []keyprotKind
+	for _, n := range names {
+		i := slices.IndexFunc(keyprotKinds, func(k keyprotKind) bool { return k.name == n })
+		if i < 0 {
+			t.Fatalf("no key kind %q", n)
+		}
+		out = append(out, keyprotKinds[i])
+	}
+	return out
 }
 
 // keyprotRSAPair makes an RSA-2048 pair; wrapping makes the public half a
@@ -194,7 +226,7 @@ func keyprotTry(ctx context.Context, f keyprotMaker, w keyprotWrappers, kind key
 func keyprotBareDefaults(t *testing.T, r *keyprotRig) {
 	ctx := keyprotCtx(t)
 	bare := r.bare
-	for _, kind := range []keyprotKind{keyprotKinds[0], keyprotKinds[5]} {
+	for _, kind := range keyprotKindsNamed(t, "aes-defaults", "ec-private-defaults") {
 		key, err := kind.make(ctx, bare, "defaults-"+kind.name)
 		if err != nil {
 			t.Fatalf("%s: %v", kind.name, err)
@@ -285,7 +317,8 @@ func keyprotGroupFind(t testing.TB, g *group.Group, class uint, label string) ui
 func keyprotMemberCopiesHold(t *testing.T, r *keyprotRig) {
 	ctx := keyprotCtx(t)
 	gf := keyprotGroupFace{g: r.g, s: r.s}
-	for _, kind := range []keyprotKind{keyprotKinds[0], keyprotKinds[1], keyprotKinds[5]} {
+	onMembers := keyprotKinds // every way of making a key: generate, pair, create, unwrap, copy, derive
+	for _, kind := range onMembers {
 		if _, err := kind.make(ctx, gf, "member-"+kind.name); err != nil {
 			t.Fatalf("%s through the group: %v", kind.name, err)
 		}
@@ -299,7 +332,7 @@ func keyprotMemberCopiesHold(t *testing.T, r *keyprotRig) {
 	if err != nil {
 		t.Fatalf("bare reference key: %v", err)
 	}
-	want := keyprotMemberAttack(ctx, bare, bw, keyprotKinds[0], ref)
+	want := keyprotMemberAttack(ctx, bare, bw, keyprotKindsNamed(t, "aes-defaults")[0], ref)
 	for step, code := range want {
 		// Making a key unextractable is allowed (PKCS#11): it lets nothing out.
 		if (code == pkcs11.CKR_OK || code == 0xffff) && step != "C_SetAttributeValue(CKA_EXTRACTABLE=false)" {
@@ -309,13 +342,13 @@ func keyprotMemberCopiesHold(t *testing.T, r *keyprotRig) {
 	for i, tok := range r.toks {
 		d := keyprotTokenFace{s: keyprotDirect(t, tok)}
 		w := keyprotMakeWrappers(t, ctx, d, fmt.Sprintf("user%d", i))
-		for _, kind := range []keyprotKind{keyprotKinds[0], keyprotKinds[1], keyprotKinds[5]} {
+		for _, kind := range onMembers {
 			key := uint(keyprotFind(t, d.s, kind.class, "member-"+kind.name))
 			got := keyprotMemberAttack(ctx, d, w, kind, key)
 			for step, code := range got {
 				wantCode, ok := want[step]
 				if !ok {
-					// EC material: no bare AES counterpart; it must stay in.
+					// EC and RSA material: no bare AES counterpart; it must stay in.
 					wantCode = pkcs11.CKR_ATTRIBUTE_SENSITIVE
 				}
 				if code != wantCode {
