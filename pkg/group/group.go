@@ -36,16 +36,16 @@
 //     must be unique among token objects made through the group; two keys
 //     under one identity (found by fingerprint) are reported
 //     (ConflictFound) and never used.
-//   - A key the application makes with CKA_EXTRACTABLE=false is made
-//     physically extractable (the group must move it between members under
-//     the domain key) with CKA_WRAP_WITH_TRUSTED=true when the domain key
-//     is trusted; on the virtual slot a private or secret key whose
-//     copies all carry CKA_WRAP_WITH_TRUSTED=true reads
-//     CKA_EXTRACTABLE=false and cannot be wrapped (CKR_KEY_UNEXTRACTABLE),
-//     in this process and in any other. (Replicas carry it whatever the
-//     application asked — the trusted domain key's unwrap template forces
-//     it — so the key as it was made decides; once that copy is gone the
-//     key reads unextractable.)
+//   - A private or secret key made through the group is sensitive and
+//     physically extractable on every member (the group must move it
+//     between members under the domain key), with CKA_WRAP_WITH_TRUSTED
+//     when the domain key is trusted unless the application made it
+//     extractable (a template without CKA_EXTRACTABLE takes SoftHSM's
+//     default, false). On the virtual slot a private or secret key whose
+//     copies all carry CKA_WRAP_WITH_TRUSTED reads CKA_EXTRACTABLE=false
+//     and cannot be wrapped (CKR_KEY_UNEXTRACTABLE), in this process and
+//     in any other, and every private or secret key is sensitive; its
+//     attributes read alike from every member (see keyprot.go).
 //     With an untrusted domain key the promise holds in the process that
 //     made the key only: install a trusted domain key.
 //   - The application's PIN is kept, while logged in, only if a member

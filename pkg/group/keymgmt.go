@@ -99,8 +99,10 @@ func randomID() ([]byte, error) {
 
 // prepare copies tmpl and adapts it for the group. class is the class the
 // operation makes (0: read CKA_CLASS from tmpl). id, when not nil, is the
-// CKA_ID to give an object that has neither CKA_ID nor CKA_LABEL.
-func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkcs11.Attribute, class uint, id []byte) (intent, error) {
+// CKA_ID to give an object that has neither CKA_ID nor CKA_LABEL. from is
+// the source of a copy (nil otherwise). A private or secret key gets the
+// group's protection (protect).
+func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkcs11.Attribute, class uint, id []byte, from *vobject) (intent, error) {
 	in := intent{tmpl: append([]*pkcs11.Attribute(nil), tmpl...), class: class, classKnown: class != 0}
 	if i := attrIndex(tmpl, pkcs11.CKA_CLASS); i >= 0 && class == 0 {
 		in.class, in.classKnown = ulong(tmpl[i].Value), true
@@ -116,16 +118,9 @@ func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkc
 		}
 	}
 	if in.class == pkcs11.CKO_PRIVATE_KEY || in.class == pkcs11.CKO_SECRET_KEY {
-		ext, set := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
-		if set && !ext {
-			in.unextractable = true
-			if g.domainTrusted(ctx, primary) {
-				in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
-			}
+		if err := g.protect(ctx, primary, &in, tmpl, from); err != nil {
+			return intent{}, err
 		}
-		// The group must be able to wrap the key under the domain key to
-		// replicate it.
-		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
 	}
 	return in, nil
 }
@@ -301,7 +296,6 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		o.setFingerprint(m.obj.Fingerprint)
 		if m.in.unextractable {
 			o.unextractable.Store(true)
-			o.madeUnextractable.Store(true)
 		}
 		vs[i] = o
 	}
@@ -673,7 +667,7 @@ func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (O
 	if err != nil {
 		return 0, err
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, 0, id)
+	in, err := s.g.prepare(ctx, p, tmpl, 0, id, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -697,7 +691,7 @@ func (s *Session) GenerateKey(ctx context.Context, mech *pkcs11.Mechanism, tmpl 
 	if err != nil {
 		return 0, err
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id)
+	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -722,11 +716,11 @@ func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, p
 	if err != nil {
 		return 0, 0, err
 	}
-	pin, err := s.g.prepare(ctx, p, pub, pkcs11.CKO_PUBLIC_KEY, id)
+	pin, err := s.g.prepare(ctx, p, pub, pkcs11.CKO_PUBLIC_KEY, id, nil)
 	if err != nil {
 		return 0, 0, err
 	}
-	prin, err := s.g.prepare(ctx, p, priv, pkcs11.CKO_PRIVATE_KEY, id)
+	prin, err := s.g.prepare(ctx, p, priv, pkcs11.CKO_PRIVATE_KEY, id, nil)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -767,7 +761,10 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 		return 0, wrap(ErrNoMember, "CopyObject", "", nil)
 	}
 	class := src.identity().Class
-	in, err := s.g.prepare(ctx, p, tmpl, class, nil)
+	if src.isKey() && class != pkcs11.CKO_PUBLIC_KEY {
+		s.g.unextractable(ctx, src) // the copy's default (protect)
+	}
+	in, err := s.g.prepare(ctx, p, tmpl, class, nil, src)
 	if err != nil {
 		return 0, err
 	}
@@ -779,9 +776,6 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 		in.class, in.classKnown = class, true
 	}
 	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
-	if src.unextractable.Load() {
-		in.unextractable = true
-	}
 	hs, err := s.createOn(ctx, "CopyObject", []intent{in}, []*vobject{src}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		nh, err := t.CopyObject(ctx, ins[0], in.tmpl)
 		return []pkcs11.ObjectHandle{nh}, err
@@ -807,7 +801,7 @@ func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapp
 	if err != nil {
 		return 0, err
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, 0, id)
+	in, err := s.g.prepare(ctx, p, tmpl, 0, id, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -835,7 +829,7 @@ func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base Ob
 	if err != nil {
 		return 0, err
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id)
+	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -1123,7 +1117,7 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 	makeUnextractable := false
 	if i := attrIndex(attrs, pkcs11.CKA_EXTRACTABLE); i >= 0 && o.isKey() && o.identity().Class != pkcs11.CKO_PUBLIC_KEY {
 		v, _ := attrBool(attrs, pkcs11.CKA_EXTRACTABLE)
-		if v && o.unextractable.Load() {
+		if v && g.unextractable(ctx, o) {
 			return wrap(ErrReadOnly, op, "", errors.New("CKA_EXTRACTABLE cannot go back to true"))
 		}
 		if !v {

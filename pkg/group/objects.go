@@ -42,13 +42,11 @@ type vobject struct {
 	fp atomic.Pointer[[]byte]
 
 	// unextractable: the application made or set the key with
-	// CKA_EXTRACTABLE=false (see extractable.go).
+	// CKA_EXTRACTABLE=false, or the members say so (see unextractable).
 	unextractable atomic.Bool
-	// madeUnextractable: unextractable since creation through the group
-	// (CKA_NEVER_EXTRACTABLE is presented true).
-	madeUnextractable atomic.Bool
-	// extractChecked: CKA_WRAP_WITH_TRUSTED was read once.
-	extractChecked atomic.Bool
+	// valueLen: a secret key's CKA_VALUE_LEN once a member told it (see
+	// valueLen); 0 until then.
+	valueLen atomic.Uint64
 	// wwtOrigin: what the members' copies say of CKA_WRAP_WITH_TRUSTED
 	// (see wrapWithTrustedEverywhere); 0 until asked.
 	wwtOrigin atomic.Int32

@@ -100,91 +100,26 @@ func (g *Group) GenerateRandom(ctx context.Context, n int) (out []byte, err erro
 // GetAttributes reads attributes of an object from one member (with
 // failover). Each attribute comes back with its own status
 // (CKR_ATTRIBUTE_SENSITIVE, CKR_ATTRIBUTE_TYPE_INVALID) as in
-// C_GetAttributeValue. CKA_EXTRACTABLE and CKA_NEVER_EXTRACTABLE are
-// presented as the application made the key (see WrapKey).
+// C_GetAttributeValue. A key's protection and provenance attributes are
+// presented as every member answers them (see present), whichever member
+// served the read.
 func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint) ([]slot.Attribute, error) {
 	o, err := g.object("GetAttributes", h)
 	if err != nil {
 		return nil, err
 	}
-	want := types
-	extraIdx := -1
-	needWWT := o.isKey() && o.identity().Class != pkcs11.CKO_PUBLIC_KEY && containsType(types, pkcs11.CKA_EXTRACTABLE, pkcs11.CKA_NEVER_EXTRACTABLE)
-	if needWWT && !containsType(types, pkcs11.CKA_WRAP_WITH_TRUSTED) {
-		want = append(append([]uint(nil), types...), pkcs11.CKA_WRAP_WITH_TRUSTED)
-		extraIdx = len(types)
-	}
 	var attrs []slot.Attribute
 	err = g.run(ctx, "GetAttributes", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		attrs, err = s.GetAttributes(ctx, hs[0], want)
+		attrs, err = s.GetAttributes(ctx, hs[0], types)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if needWWT {
-		wwt := false
-		for _, a := range attrs {
-			if a.Type == pkcs11.CKA_WRAP_WITH_TRUSTED && a.Status == pkcs11.CKR_OK {
-				wwt = len(a.Value) > 0 && a.Value[0] != 0
-			}
-		}
-		if wwt && !o.unextractable.Load() {
-			wwt = g.wrapWithTrustedEverywhere(ctx, o)
-		}
-		if wwt {
-			o.unextractable.Store(true)
-		}
-		if o.unextractable.Load() {
-			for i := range attrs {
-				switch attrs[i].Type {
-				case pkcs11.CKA_EXTRACTABLE:
-					attrs[i] = slot.Attribute{Type: pkcs11.CKA_EXTRACTABLE, Value: []byte{0}, Status: pkcs11.CKR_OK}
-				case pkcs11.CKA_NEVER_EXTRACTABLE:
-					if o.madeUnextractable.Load() {
-						attrs[i] = slot.Attribute{Type: pkcs11.CKA_NEVER_EXTRACTABLE, Value: []byte{1}, Status: pkcs11.CKR_OK}
-					}
-				}
-			}
-		}
-		if extraIdx >= 0 {
-			attrs = attrs[:extraIdx]
-		}
+	if o.isKey() && containsType(types, viewTypes...) {
+		g.present(ctx, o, attrs)
 	}
 	return attrs, nil
-}
-
-// wrapWithTrustedEverywhere reports whether no serving member holds a
-// copy of o without CKA_WRAP_WITH_TRUSTED. Replicas carry it whatever the
-// application asked (a trusted domain key's unwrap template forces it,
-// so that they can be replicated again); only the key as it was made
-// tells: with it, the application made the key unextractable (prepare),
-// without it, the application may wrap the key. The answer is kept for
-// the life of the object. With no copy left without it (the member that
-// made the key is gone), the key reads unextractable: the safe side.
-func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vobject) bool {
-	switch o.wwtOrigin.Load() {
-	case wwtSomewhereFalse:
-		return false
-	case wwtEverywhere:
-		return true
-	}
-	answered := 0
-	for _, m := range g.serving() {
-		wwt, ok := g.wrapWithTrustedOn(ctx, o, m)
-		if !ok {
-			continue
-		}
-		answered++
-		if !wwt {
-			o.wwtOrigin.Store(wwtSomewhereFalse)
-			return false
-		}
-	}
-	if answered > 0 {
-		o.wwtOrigin.Store(wwtEverywhere)
-	}
-	return true
 }
 
 func containsType(types []uint, want ...uint) bool {
@@ -235,15 +170,12 @@ func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vobject, m *member.Mem
 	return len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0, true
 }
 
-// WrapKey wraps key under wrapping (with failover). A key the application
-// made with CKA_EXTRACTABLE=false cannot be wrapped through the group
-// (CKR_KEY_UNEXTRACTABLE) even though the group keeps it physically
-// extractable so that it can move it between members under the domain
-// key: the group marks such keys CKA_WRAP_WITH_TRUSTED=true, and on the
-// virtual slot a private or secret key with CKA_WRAP_WITH_TRUSTED=true is
-// presented and treated as not extractable (the only trusted wrapping key
-// the group knows, the domain key, is never exposed). A key the
-// application made extractable is wrapped on a member whose copy lacks
+// WrapKey wraps key under wrapping (with failover). A private or secret
+// key the application did not make extractable cannot be wrapped through
+// the group (CKR_KEY_UNEXTRACTABLE, see unextractable) even though the
+// group keeps it physically extractable under trusted keys, so that it
+// can move it between members under the domain key. A key the application
+// made extractable is wrapped on a member whose copy lacks
 // CKA_WRAP_WITH_TRUSTED (the copy it was made as; replicas carry it), and
 // on the others only when no such member serves.
 func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, key ObjectHandle) ([]byte, error) {
@@ -255,13 +187,7 @@ func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, k
 	if err != nil {
 		return nil, err
 	}
-	if !k.unextractable.Load() && !k.extractChecked.Load() && k.identity().Class != pkcs11.CKO_PUBLIC_KEY {
-		if _, err := g.GetAttributes(ctx, key, []uint{pkcs11.CKA_EXTRACTABLE}); err != nil {
-			return nil, err
-		}
-		k.extractChecked.Store(true)
-	}
-	if k.unextractable.Load() {
+	if k.identity().Class != pkcs11.CKO_PUBLIC_KEY && g.unextractable(ctx, k) {
 		return nil, wrap(ErrKeyUnextractable, "WrapKey", "", nil)
 	}
 	var avoid memberSet
