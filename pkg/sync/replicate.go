@@ -82,6 +82,12 @@ func (t Target) store() store {
 type Replicator struct {
 	// GroupSerial selects the domain key: DomainLabel(GroupSerial).
 	GroupSerial string
+	// OnWeakDomainKey, when set, is told of a member whose domain key the
+	// audit found weak, once per member and set of flaws. Nothing is
+	// replicated to or from that member meanwhile (the copies fail with
+	// the same *WeakDomainKeyError). It is called on the replicating
+	// goroutine and must not block.
+	OnWeakDomainKey func(*WeakDomainKeyError)
 
 	mu      gosync.Mutex
 	members map[weak.Pointer[slot.Slot]]*memberState
