@@ -8,16 +8,20 @@ package security
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/x509"
 	"encoding/asn1"
 	"errors"
 	"slices"
 	"strings"
+	gosync "sync"
 	"testing"
+	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
@@ -371,5 +375,104 @@ func TestDomainAuditRefusesOldKey(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// domainWindow is an Interceptor on the ceremony's slot that, at the
+// moment the user copies the SO's public original (the one moment it is
+// a public, modifiable object), lets an attacker with the user PIN at it.
+type domainWindow struct {
+	t      *testing.T
+	tok    testhsm.Token
+	label  string
+	once   gosync.Once
+	opened bool
+}
+
+func (w *domainWindow) Before(ctx context.Context, _ string, op slot.Op) error {
+	if op == slot.OpCopyObject {
+		w.once.Do(func() { w.attack(ctx) })
+	}
+	return nil
+}
+
+// attack tries every change on the public original, and checks that none
+// of them makes it decrypt. It leaves CKA_DECRYPT=true on the original,
+// so that the ceremony's private copy inherits it.
+func (w *domainWindow) attack(ctx context.Context) {
+	t := w.t
+	w.opened = true
+	// Not domainOpenUser: this runs on the ceremony's call goroutine, where
+	// t.Fatal must not be called.
+	s, err := slot.Open(ctx, slot.Spec{Name: w.tok.Name + "-window", Module: w.tok.Module, TokenLabel: w.tok.Label,
+		PIN: secret.PINFromString(w.tok.UserPIN), CommandTimeout: 20 * time.Second})
+	if err != nil {
+		t.Errorf("open %s for the attacker: %v", w.tok.Name, err)
+		return
+	}
+	t.Cleanup(func() { s.Close() })
+	orig, err := s.FindObjects(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, w.label), pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false)})
+	if err != nil || len(orig) != 1 {
+		t.Errorf("find the SO's public original: %d objects, %v", len(orig), err)
+		return
+	}
+	o := orig[0]
+	block := make([]byte, 16)
+	// SoftHSM makes this copy (the original is modifiable); it must not
+	// decrypt.
+	c, err := s.CopyObject(ctx, o, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_DECRYPT, true)})
+	if err != nil {
+		t.Errorf("C_CopyObject(original, CKA_DECRYPT=true): %v; SoftHSM makes it, and the test needs it", err)
+	} else {
+		_, err = s.Decrypt(ctx, domainECB, c, block)
+		domainWantCode(t, "C_DecryptInit(CKM_AES_ECB, a copy of the original with CKA_DECRYPT=true)", err, pkcs11.CKR_MECHANISM_INVALID)
+		s.DestroyObject(ctx, c)
+	}
+	err = s.SetAttributes(ctx, o, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, []byte{1, 0x10, 0, 0, 0, 0, 0, 0})})
+	domainWantCode(t, "C_SetAttributeValue(original, CKA_ALLOWED_MECHANISMS=CKM_AES_ECB)", err, pkcs11.CKR_ATTRIBUTE_READ_ONLY)
+	err = s.SetAttributes(ctx, o, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_UNWRAP_TEMPLATE, nil)})
+	domainWantCode(t, "C_SetAttributeValue(original, empty CKA_UNWRAP_TEMPLATE)", err, pkcs11.CKR_ATTRIBUTE_READ_ONLY)
+	_, err = s.CopyObject(ctx, o, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, []byte{1, 0x10, 0, 0, 0, 0, 0, 0})})
+	domainWantCode(t, "C_CopyObject(original, CKA_ALLOWED_MECHANISMS=CKM_AES_ECB)", err, pkcs11.CKR_ATTRIBUTE_READ_ONLY)
+	if err := s.SetAttributes(ctx, o, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_DECRYPT, true)}); err != nil {
+		t.Errorf("C_SetAttributeValue(original, CKA_DECRYPT=true): %v (the original is modifiable: SoftHSM copies no other)", err)
+		return
+	}
+	_, err = s.Decrypt(ctx, domainECB, o, block)
+	domainWantCode(t, "C_DecryptInit(CKM_AES_ECB, original with CKA_DECRYPT=true)", err, pkcs11.CKR_MECHANISM_INVALID)
+}
+
+// TestDomainCeremonyWindow: during a trusted ceremony the SO's original is
+// a public object that must stay modifiable until the user's copy (SoftHSM
+// copies a non-modifiable object with no attribute changed at all). An
+// attacker at it in that moment cannot make it, or a copy of it, decrypt
+// (CKA_ALLOWED_MECHANISMS is read-only and allows CKM_AES_KEY_WRAP_PAD
+// alone), cannot widen its unwrap template, and the usage it did change
+// shows in the private copy: the ceremony reads it back, refuses, and
+// leaves no domain key.
+func TestDomainCeremonyWindow(t *testing.T) {
+	tok := domainTokens(t, 1)[0]
+	serial := domainSerial()
+	w := &domainWindow{t: t, tok: tok, label: hasync.DomainLabel(serial)}
+	s, err := slot.Open(domainContext(t), slot.Spec{
+		Name: tok.Name + "-ceremony", Module: tok.Module, TokenLabel: tok.Label,
+		PIN: secret.PINFromString(tok.UserPIN), CommandTimeout: 20 * time.Second, Interceptor: w,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	err = hasync.InstallDomainKey(domainContext(t), []hasync.DomainTarget{{
+		Slot: s, SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN),
+	}}, serial)
+	if !w.opened {
+		t.Fatal("the ceremony made no copy of the SO's original")
+	}
+	if !errors.Is(err, hasync.ErrWeakDomainKey) || !strings.Contains(err.Error(), "CKA_DECRYPT=true") || !strings.Contains(err.Error(), tok.Name) {
+		t.Fatalf("ceremony after a change to the original: %v, want ErrWeakDomainKey naming %s and CKA_DECRYPT=true", err, tok.Name)
+	}
+	if n := len(domainFindKey(t, s, pkcs11.CKO_SECRET_KEY, hasync.DomainLabel(serial))); n != 0 {
+		t.Errorf("%d keys %q left after the refused ceremony", n, hasync.DomainLabel(serial))
 	}
 }
