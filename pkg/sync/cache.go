@@ -185,6 +185,18 @@ func (r *Replicator) domainKey(ctx context.Context, s *slot.Slot) (h pkcs11.Obje
 	return dk.h, dk.trusted, false, nil
 }
 
+// Audit looks up and audits s's domain key now, as the first wrap or
+// unwrap under it in this login epoch would, so that a weak key is
+// reported (OnWeakDomainKey) as soon as the member is logged in; a sound
+// key is remembered for the epoch. It returns what that first use would
+// meet: nil, a *WeakDomainKeyError, an error wrapping ErrNoDomainKey, or
+// the member's failure to answer (never charged here: the next call
+// meets it again).
+func (r *Replicator) Audit(ctx context.Context, s *slot.Slot) error {
+	_, _, _, err := r.domainKey(ctx, s)
+	return err
+}
+
 // noteAudit records the audit of s's domain key and returns a
 // *WeakDomainKeyError when it found flaws, which are then reported to
 // OnWeakDomainKey unless they were reported last time.
