@@ -97,13 +97,14 @@ func domainProtection() []*pkcs11.Attribute {
 type copier interface {
 	store
 	CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error)
 }
 
 var _ copier = (*slot.Slot)(nil)
 
 // auditDomainKey returns what is wrong with the domain key h on s (nil
-// when nothing is): every attribute of domainRules read back, and
-// CKA_ALLOWED_MECHANISMS. A key the token leaves CKA_COPYABLE=true (SoftHSM
+// when nothing is): every attribute of domainRules read back,
+// CKA_ALLOWED_MECHANISMS, and the unwrap template (see unwrapFlaws). A key the token leaves CKA_COPYABLE=true (SoftHSM
 // 2.6.1 cannot clear it on the private copy of a trusted ceremony) passes
 // only if it is not modifiable and the token refuses every copy that would
 // change one of its attributes: each such copy is tried, as an attacker
@@ -113,7 +114,7 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle) ([]str
 	for _, r := range domainRules {
 		types = append(types, r.typ)
 	}
-	a, err := readAttrs(ctx, s, h, append(types, pkcs11.CKA_ALLOWED_MECHANISMS))
+	a, err := readAttrs(ctx, s, h, append(types, pkcs11.CKA_ALLOWED_MECHANISMS, pkcs11.CKA_TRUSTED))
 	if err != nil {
 		return nil, fmt.Errorf("read the domain key's attributes: %w", err)
 	}
@@ -133,6 +134,11 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle) ([]str
 	if !sameMechanisms(a[pkcs11.CKA_ALLOWED_MECHANISMS], domainMechanisms) {
 		flaws = append(flaws, "CKA_ALLOWED_MECHANISMS not only "+mechanismName(wrapMechanism))
 	}
+	uf, err := unwrapFlaws(ctx, s, h, a.boolean(pkcs11.CKA_TRUSTED))
+	if err != nil {
+		return nil, err
+	}
+	flaws = append(flaws, uf...)
 	if copyable {
 		f, err := copyFlaw(ctx, s, h, a.boolean(pkcs11.CKA_MODIFIABLE))
 		if err != nil {
@@ -141,6 +147,33 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle) ([]str
 		if f != "" {
 			flaws = append(flaws, f)
 		}
+	}
+	return flaws, nil
+}
+
+// unwrapFlaws checks the domain key's CKA_UNWRAP_TEMPLATE: without
+// CKA_SENSITIVE=true in it a user unwraps a blob (wrapped under the same
+// value on any member) into a key whose value it reads; under a trusted
+// key, without CKA_WRAP_WITH_TRUSTED=true an unwrapped key could be
+// wrapped again under a key of the user's own.
+func unwrapFlaws(ctx context.Context, s copier, h pkcs11.ObjectHandle, trusted bool) ([]string, error) {
+	tmpl, err := s.GetNestedAttribute(ctx, h, pkcs11.CKA_UNWRAP_TEMPLATE)
+	if err != nil {
+		if slot.ClassOf(err) == slot.ClassRequest {
+			return []string{"CKA_UNWRAP_TEMPLATE not answered by the token"}, nil
+		}
+		return nil, fmt.Errorf("read the domain key's CKA_UNWRAP_TEMPLATE: %w", err)
+	}
+	forced := map[uint]bool{}
+	for _, a := range tmpl {
+		forced[a.Type] = len(a.Value) == 1 && a.Value[0] != 0
+	}
+	var flaws []string
+	if !forced[pkcs11.CKA_SENSITIVE] {
+		flaws = append(flaws, "CKA_UNWRAP_TEMPLATE does not force CKA_SENSITIVE=true")
+	}
+	if trusted && !forced[pkcs11.CKA_WRAP_WITH_TRUSTED] {
+		flaws = append(flaws, "CKA_UNWRAP_TEMPLATE does not force CKA_WRAP_WITH_TRUSTED=true")
 	}
 	return flaws, nil
 }
