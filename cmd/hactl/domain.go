@@ -104,8 +104,9 @@ forcing CKA_SENSITIVE on every key unwrapped under it. Each attribute is
 read back from every member; where a token does not keep one, nothing is
 installed and the error names the member and the attribute. A token that
 leaves CKA_COPYABLE true (SoftHSM does, on a trusted key) passes only when
-the key is not modifiable and the token refuses every copy that would
-change one of its attributes, which the check tries.
+the key is not modifiable and the token refuses each copy that would give
+up its secret (one that decrypts, is extractable or readable, modifiable,
+or allowed another mechanism), which the check tries.
 
 Where the token allows, the key is installed by the Security Officer as a
 trusted key, so keys made through the group can be wrapped under it alone;
