@@ -104,11 +104,11 @@ var _ copier = (*slot.Slot)(nil)
 
 // auditDomainKey returns what is wrong with the domain key h on s (nil
 // when nothing is): every attribute of domainRules read back,
-// CKA_ALLOWED_MECHANISMS, and the unwrap template (see unwrapFlaws). A key the token leaves CKA_COPYABLE=true (SoftHSM
-// 2.6.1 cannot clear it on the private copy of a trusted ceremony) passes
-// only if it is not modifiable and the token refuses every copy that would
-// change one of its attributes: each such copy is tried, as an attacker
-// would, and one the token makes is destroyed at once.
+// CKA_ALLOWED_MECHANISMS, and the unwrap template (see unwrapFlaws). A key
+// the token leaves CKA_COPYABLE=true (SoftHSM 2.6.1 cannot clear it on the
+// private copy of a trusted ceremony) passes only if it is not modifiable
+// and the token refuses the copies of copyTrials, each tried as an
+// attacker would.
 func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle) ([]string, error) {
 	types := make([]uint, 0, len(domainRules)+1)
 	for _, r := range domainRules {
