@@ -242,3 +242,29 @@ func TestReplaceDomainKey(t *testing.T) {
 		t.Errorf("check values differ after replace: %x, %x", kcvs[0], kcvs[1])
 	}
 }
+
+// TestReplaceDomainKeyFailure: a replacement that fails on one member (a
+// wrong SO PIN there) leaves no domain key on any member, says so and names
+// the member; a retry installs one everywhere.
+func TestReplaceDomainKeyFailure(t *testing.T) {
+	ss, toks := openN(t, 2)
+	ctx := testContext(t)
+	const serial = "88replacefail"
+	installDomain(t, serial, false, ss, toks)
+	err := ReplaceDomainKey(ctx, []DomainTarget{
+		{Slot: ss[0], SOPIN: secret.PINFromString(toks[0].SOPIN), UserPIN: secret.PINFromString(toks[0].UserPIN)},
+		{Slot: ss[1], SOPIN: secret.PINFromString("wrong-so-pin"), UserPIN: secret.PINFromString(toks[1].UserPIN)},
+	}, serial)
+	if err == nil || !strings.Contains(err.Error(), ss[1].Name()) || !strings.Contains(err.Error(), "not installed on any") {
+		t.Fatalf("replace with a wrong SO PIN on %s: %v, want an error naming it and saying no key is left", ss[1].Name(), err)
+	}
+	if strings.Contains(err.Error(), "wrong-so-pin") || strings.Contains(err.Error(), toks[0].SOPIN) {
+		t.Fatalf("error reveals a PIN: %v", err)
+	}
+	for _, s := range ss {
+		if n := len(findByLabel(t, s, DomainLabel(serial))); n != 0 {
+			t.Errorf("%s: %d domain key objects left after the failed replacement", s.Name(), n)
+		}
+	}
+	installDomain(t, serial, true, ss, toks)
+}
