@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	gosync "sync"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
@@ -14,30 +16,111 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// domainResult is domain --install's report.
+// domainResult is domain --install's and --replace's report.
 type domainResult struct {
 	SchemaVersion int      `json:"schemaVersion"`
 	Group         string   `json:"group"`
 	Members       []string `json:"members"`
 	Trusted       bool     `json:"trusted"`
+	// Replaced: the old key was destroyed and a new one installed.
+	Replaced bool `json:"replaced"`
+}
+
+// domainCheck is domain --check's report.
+type domainCheck struct {
+	SchemaVersion int               `json:"schemaVersion"`
+	Group         string            `json:"group"`
+	Members       []domainCheckLine `json:"members"`
+}
+
+// domainCheckLine is one member's domain key as the audit saw it.
+type domainCheckLine struct {
+	Member     string   `json:"member"`
+	Label      string   `json:"label"`
+	Status     string   `json:"status"` // ok, weak, missing, error
+	Trusted    bool     `json:"trusted"`
+	CheckValue string   `json:"checkValue,omitempty"`
+	Flaws      []string `json:"flaws,omitempty"`
+	Error      string   `json:"error,omitempty"`
+}
+
+// Statuses of a domainCheckLine.
+const (
+	domainOK      = "ok"
+	domainWeak    = "weak"
+	domainMissing = "missing"
+	domainError   = "error"
+)
+
+// problems counts the members whose domain key is not sound.
+func (c domainCheck) problems() int {
+	n := 0
+	for _, l := range c.Members {
+		if l.Status != domainOK {
+			n++
+		}
+	}
+	return n
+}
+
+func makeDomainCheckTable(c domainCheck) tableData {
+	rows := make([][]string, 0, len(c.Members))
+	for _, l := range c.Members {
+		detail := strings.Join(l.Flaws, ", ")
+		if l.Error != "" {
+			detail = l.Error
+		}
+		trusted := "-"
+		if l.Status == domainOK || l.Status == domainWeak {
+			trusted = yesNo(l.Trusted)
+		}
+		rows = append(rows, []string{l.Member, l.Status, trusted, dash(l.CheckValue), dash(detail)})
+	}
+	return table([]string{"MEMBER", "DOMAIN KEY", "TRUSTED", "CHECK VALUE", "DETAIL"}, rows)
+}
+
+// domainFlags are the options of hactl hagroup domain.
+type domainFlags struct {
+	group, soPINEnv, soPINFile         string
+	install, check, replace, untrusted bool
+	yes, jsonOut                       bool
 }
 
 func newDomainCmd(a *app) *cobra.Command {
-	var group, soPINEnv, soPINFile string
-	var install, untrusted, jsonOut bool
+	var f domainFlags
 	cmd := &cobra.Command{
 		Use:   "domain",
-		Short: "Install a group's domain key on every member (the key ceremony)",
+		Short: "Install, check or replace a group's domain key on every member (the key ceremony)",
 		Long: `Install the group's domain key: an AES-256 key with the same value on every
 member, under which private and secret keys are wrapped to replicate them.
 The value is generated in memory, installed on every member, its key check
 value verified equal everywhere, and forgotten.
+
+The key can wrap and unwrap with CKM_AES_KEY_WRAP_PAD and do nothing else:
+CKA_MODIFIABLE, CKA_COPYABLE, CKA_EXTRACTABLE, CKA_ENCRYPT, CKA_DECRYPT,
+CKA_SIGN, CKA_VERIFY and CKA_DERIVE false, CKA_SENSITIVE true,
+CKA_ALLOWED_MECHANISMS only CKM_AES_KEY_WRAP_PAD, and an unwrap template
+forcing CKA_SENSITIVE on every key unwrapped under it. Each attribute is
+read back from every member; where a token does not keep one, nothing is
+installed and the error names the member and the attribute. A token that
+leaves CKA_COPYABLE true (SoftHSM does, on a trusted key) passes only when
+the key is not modifiable and the token refuses each copy that would give
+up its secret (one that decrypts, is extractable or readable, modifiable,
+or allowed another mechanism), which the check tries.
 
 Where the token allows, the key is installed by the Security Officer as a
 trusted key, so keys made through the group can be wrapped under it alone;
 the SO PIN of each member is prompted for on a terminal, or read from
 --so-pin-file / --so-pin-env (the same for every member). --untrusted skips
 the SO step (an operator-made key).
+
+--check audits the key on every member (logged in with each member's PIN
+source) and exits 3 when one is weak (a user with the user PIN could make
+it decrypt what it wraps), missing or unreadable. The engine makes the same
+audit before it replicates under a member's key, and replicates nothing to
+or from a member whose key is weak. --replace destroys the key on every
+member and installs a new one; nothing is wrapped again, since keys travel
+wrapped only while they are replicated.
 
 Every member must wrap and unwrap with CKM_AES_KEY_WRAP_PAD, and a trusted
 install sets the nested CKA_UNWRAP_TEMPLATE; otherwise nothing is installed
@@ -46,103 +129,217 @@ p11-kit-client.so offers neither: serve it with hsmserve and name it as
 module "hagroup-remote:unix:/path/of/socket".`,
 		Example: `  hactl hagroup domain --group signing --install
   hactl hagroup domain --group signing --install --so-pin-env HSM_SO_PIN
-  hactl hagroup domain --group signing --install --untrusted`,
+  hactl hagroup domain --group signing --install --untrusted
+  hactl hagroup domain --group signing --check
+  hactl hagroup domain --group signing --replace --so-pin-file /etc/hagroup/so-pin --yes`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if !install {
-				return &usageError{"domain: nothing to do (pass --install)"}
-			}
-			ctx := cmd.Context()
-			cfg, err := a.loadConfig()
-			if err != nil {
-				return err
-			}
-			g, err := groupOf(cfg, group, a.configPath())
-			if err != nil {
-				return err
-			}
-			set := cfg.Settings(g)
-			var common secret.PIN
 			switch {
-			case soPINFile != "":
-				b, err := os.ReadFile(soPINFile)
-				if err != nil {
-					return fmt.Errorf("--so-pin-file: %w", err)
-				}
-				common = secret.NewPIN([]byte(strings.TrimRight(string(b), "\r\n")))
-				clear(b)
-			case soPINEnv != "":
-				v, ok := os.LookupEnv(soPINEnv)
-				if !ok || v == "" {
-					return fmt.Errorf("--so-pin-env %s: the variable is not set", soPINEnv)
-				}
-				common = secret.PINFromString(v)
+			case f.check:
+				return runDomainCheck(cmd.Context(), a, f)
+			case f.install, f.replace:
+				return runDomainCeremony(cmd.Context(), a, f)
 			}
-			defer common.Zero()
-			p := a.prompter(false, jsonOut)
-			var targets []hasync.DomainTarget
-			var names []string
-			defer func() {
-				for _, t := range targets {
-					t.Slot.Close()
-					t.SOPIN.Zero()
-				}
-			}()
-			for _, m := range g.Members {
-				pin, err := m.ReadPIN()
-				if err != nil {
-					return agent.NameMember(m.Name, err)
-				}
-				s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
-				if err != nil {
-					pin.Zero()
-					return agent.NameMember(m.Name, err)
-				}
-				t := hasync.DomainTarget{Slot: s, UserPIN: pin}
-				if !untrusted {
-					if !common.Empty() {
-						t.SOPIN = common.Clone()
-					} else {
-						so, err := p.Password(fmt.Sprintf("SO PIN of member %q (token %s)", m.Name, agent.TokenSelector(m)))
-						if errors.Is(err, errNoTerminal) {
-							s.Close()
-							a.quietUsage = true
-							return &usageError{"domain: the SO PIN is needed and there is no terminal to ask on: pass --so-pin-file, --so-pin-env or --untrusted"}
-						}
-						if err != nil {
-							s.Close()
-							return err
-						}
-						t.SOPIN = so
-					}
-				}
-				targets = append(targets, t)
-				names = append(names, m.Name)
-			}
-			if err := hasync.InstallDomainKey(ctx, targets, g.Serial); err != nil {
-				return fmt.Errorf("group %q: %w%s", group, err, p11kitHint(g.Members, err))
-			}
-			res := domainResult{SchemaVersion: agent.SchemaVersion, Group: group, Members: names, Trusted: !untrusted}
-			if jsonOut {
-				return a.printJSON(res)
-			}
-			kind := "trusted"
-			if untrusted {
-				kind = "untrusted"
-			}
-			_, err = fmt.Fprintf(a.out, "group %q: %s domain key installed on %s; key check values match\n", group, kind, strings.Join(names, ", "))
-			return err
+			return &usageError{"domain: nothing to do (pass --install, --check or --replace)"}
 		}),
 	}
-	cmd.Flags().StringVar(&group, "group", "", "the group")
-	cmd.Flags().BoolVar(&install, "install", false, "generate and install the domain key")
-	cmd.Flags().BoolVar(&untrusted, "untrusted", false, "install without the SO (no CKA_TRUSTED)")
-	cmd.Flags().StringVar(&soPINFile, "so-pin-file", "", "file holding the SO PIN (same for every member)")
-	cmd.Flags().StringVar(&soPINEnv, "so-pin-env", "", "environment variable holding the SO PIN (same for every member)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().StringVar(&f.group, "group", "", "the group")
+	cmd.Flags().BoolVar(&f.install, "install", false, "generate and install the domain key")
+	cmd.Flags().BoolVar(&f.check, "check", false, "audit every member's domain key (exit 3 when one is weak or missing)")
+	cmd.Flags().BoolVar(&f.replace, "replace", false, "destroy the domain key on every member and install a new one")
+	cmd.Flags().BoolVar(&f.untrusted, "untrusted", false, "install without the SO (no CKA_TRUSTED)")
+	cmd.Flags().StringVar(&f.soPINFile, "so-pin-file", "", "file holding the SO PIN (same for every member)")
+	cmd.Flags().StringVar(&f.soPINEnv, "so-pin-env", "", "environment variable holding the SO PIN (same for every member)")
+	cmd.Flags().BoolVar(&f.yes, "yes", false, "do not ask for confirmation (--replace)")
+	cmd.Flags().BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-file", "so-pin-env")
+	cmd.MarkFlagsMutuallyExclusive("install", "check", "replace")
 	return cmd
+}
+
+// soPIN reads the SO PIN common to every member from --so-pin-file or
+// --so-pin-env; empty when neither is given.
+func (f domainFlags) soPIN() (secret.PIN, error) {
+	switch {
+	case f.soPINFile != "":
+		b, err := os.ReadFile(f.soPINFile)
+		if err != nil {
+			return secret.PIN{}, fmt.Errorf("--so-pin-file: %w", err)
+		}
+		defer clear(b)
+		return secret.NewPIN([]byte(strings.TrimRight(string(b), "\r\n"))), nil
+	case f.soPINEnv != "":
+		v, ok := os.LookupEnv(f.soPINEnv)
+		if !ok || v == "" {
+			return secret.PIN{}, fmt.Errorf("--so-pin-env %s: the variable is not set", f.soPINEnv)
+		}
+		return secret.PINFromString(v), nil
+	}
+	return secret.PIN{}, nil
+}
+
+// runDomainCeremony installs (--install) or replaces (--replace) the
+// domain key on every member of the group.
+func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
+	cfg, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	g, err := groupOf(cfg, f.group, a.configPath())
+	if err != nil {
+		return err
+	}
+	set := cfg.Settings(g)
+	common, err := f.soPIN()
+	if err != nil {
+		return err
+	}
+	defer common.Zero()
+	p := a.prompter(f.yes, f.jsonOut)
+	if f.replace {
+		if err := a.confirm(p, fmt.Sprintf("destroy the domain key of group %q on every member and install a new one", f.group)); err != nil {
+			return err
+		}
+	}
+	var targets []hasync.DomainTarget
+	var names []string
+	defer func() {
+		for _, t := range targets {
+			t.Slot.Close()
+			t.SOPIN.Zero()
+		}
+	}()
+	for _, m := range g.Members {
+		pin, err := m.ReadPIN()
+		if err != nil {
+			return agent.NameMember(m.Name, err)
+		}
+		s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
+		if err != nil {
+			pin.Zero()
+			return agent.NameMember(m.Name, err)
+		}
+		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
+		if !f.untrusted {
+			if !common.Empty() {
+				t.SOPIN = common.Clone()
+			} else {
+				so, err := p.Password(fmt.Sprintf("SO PIN of member %q (token %s)", m.Name, agent.TokenSelector(m)))
+				if errors.Is(err, errNoTerminal) {
+					s.Close()
+					a.quietUsage = true
+					return &usageError{"domain: the SO PIN is needed and there is no terminal to ask on: pass --so-pin-file, --so-pin-env or --untrusted"}
+				}
+				if err != nil {
+					s.Close()
+					return err
+				}
+				t.SOPIN = so
+			}
+		}
+		targets = append(targets, t)
+		names = append(names, m.Name)
+	}
+	ceremony := hasync.InstallDomainKey
+	if f.replace {
+		ceremony = hasync.ReplaceDomainKey
+	}
+	if err := ceremony(ctx, targets, g.Serial); err != nil {
+		return fmt.Errorf("group %q: %w%s", f.group, err, p11kitHint(g.Members, err))
+	}
+	res := domainResult{SchemaVersion: agent.SchemaVersion, Group: f.group, Members: names, Trusted: !f.untrusted, Replaced: f.replace}
+	if f.jsonOut {
+		return a.printJSON(res)
+	}
+	kind := "trusted"
+	if f.untrusted {
+		kind = "untrusted"
+	}
+	done := "installed"
+	if f.replace {
+		done = "replaced"
+	}
+	_, err = fmt.Fprintf(a.out, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", "))
+	return err
+}
+
+// runDomainCheck audits every member's domain key at once, one command
+// timeout each, prints the whole report and exits 3 when one is not sound.
+func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
+	cfg, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	g, err := groupOf(cfg, f.group, a.configPath())
+	if err != nil {
+		return err
+	}
+	set := cfg.Settings(g)
+	res := domainCheck{SchemaVersion: agent.SchemaVersion, Group: f.group, Members: make([]domainCheckLine, len(g.Members))}
+	var wg gosync.WaitGroup
+	for i, m := range g.Members {
+		wg.Go(func() { res.Members[i] = auditMember(ctx, a, m, set, g.Serial) })
+	}
+	wg.Wait()
+	if f.jsonOut {
+		if err := a.printJSON(res); err != nil {
+			return err
+		}
+	} else if err := renderTable(a.out, makeDomainCheckTable(res)); err != nil {
+		return err
+	}
+	if n := res.problems(); n > 0 {
+		return &problemError{fmt.Sprintf("group %q: the domain key of %d of %d member(s) is weak, missing or unreadable (replace it: hactl hagroup domain --group %s --replace)", f.group, n, len(res.Members), f.group)}
+	}
+	return nil
+}
+
+// auditMember opens member m logged in with its PIN source and audits its
+// domain key, within the group's command timeout.
+func auditMember(ctx context.Context, a *app, m config.Member, set config.Settings, serial string) domainCheckLine {
+	l := domainCheckLine{Member: m.Name, Label: hasync.DomainLabel(serial)}
+	fail := func(err error) domainCheckLine {
+		l.Status, l.Error = domainError, agent.NameMember(m.Name, err).Error()
+		return l
+	}
+	timeout := set.CommandTimeout
+	if timeout <= 0 {
+		timeout = config.DefaultCommandTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pin, err := m.ReadPIN()
+	if err != nil {
+		return fail(err)
+	}
+	defer pin.Zero()
+	if pin.Empty() {
+		// The domain key is a private object: unseen without a login.
+		return fail(errors.New("no pin_file or pin_env: the domain key is private and cannot be audited without logging in"))
+	}
+	s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
+	if err != nil {
+		return fail(err)
+	}
+	defer s.Close()
+	d, err := hasync.AuditDomainKey(ctx, s, serial)
+	if err != nil {
+		return fail(err)
+	}
+	l.Trusted, l.Flaws = d.Trusted, d.Flaws
+	switch {
+	case !d.Found:
+		l.Status = domainMissing
+	case d.Weak():
+		l.Status = domainWeak
+	default:
+		l.Status = domainOK
+	}
+	if d.Found {
+		l.CheckValue = hasync.FormatFingerprint(d.CheckValue)
+	}
+	return l
 }
 
 // p11kitHint explains, after a failed ceremony, why members reached through

@@ -325,9 +325,10 @@ func killGroup(c *exec.Cmd) {
 // TestMain registers the helper programs the scripts exec.
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
-		"mkkey":  mkkeyMain,
-		"grpkey": grpkeyMain,
-		"lsobj":  lsobjMain,
+		"mkkey":     mkkeyMain,
+		"grpkey":    grpkeyMain,
+		"lsobj":     lsobjMain,
+		"olddomain": olddomainMain,
 	})
 }
 

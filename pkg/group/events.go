@@ -62,6 +62,12 @@ const (
 	// cannot take it (it lacks a mechanism); the member stays in service
 	// and counts the object as out of sync.
 	ReplicationSkipped EventKind = "replication_skipped"
+	// DomainKeyWeak: a member's domain key could be made to decrypt what it
+	// wraps (Err, a *hasync.WeakDomainKeyError, names the key and each
+	// attribute at fault); nothing is replicated to or from the member
+	// until an operator replaces the key (hactl hagroup domain --replace).
+	// Reported once per member and set of flaws.
+	DomainKeyWeak EventKind = "domain_key_weak"
 )
 
 // Event is one thing that happened in a group. Fields that do not apply to

@@ -218,6 +218,9 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		skipped:    make(map[string]map[string]skippedObject),
 		leftAt:     make(map[string]uint64),
 	}
+	gr.rep.OnWeakDomainKey = func(e *hasync.WeakDomainKeyError) {
+		gr.emit(Event{Kind: DomainKeyWeak, Member: e.Member, Err: e})
+	}
 	gr.policy.Store(int32(pol))
 	gr.enhanced.Store(enhanced)
 	gr.userType.Store(-1)

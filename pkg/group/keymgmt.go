@@ -633,9 +633,14 @@ func sourceUnwell(err error, p *member.Member) bool {
 // refusing the request (not a target failing, not p being unwell): a
 // request error, or an ambiguous one (CKR_GENERAL_ERROR,
 // CKR_FUNCTION_FAILED) that a second try got too, which is never charged
-// to the primary's health.
+// to the primary's health, or the primary's domain key failing its audit.
 func sourceRefused(err error, p *member.Member) bool {
 	var se *slot.Error
+	var we *hasync.WeakDomainKeyError
+	if errors.As(err, &we) {
+		// The primary's domain key is weak: nothing leaves it.
+		return we.Member == p.Name()
+	}
 	return errors.As(err, &se) && se.Member == p.Name() && (slot.ClassOf(err) == slot.ClassRequest || ambiguous(err))
 }
 

@@ -381,6 +381,10 @@ func (g *Group) loginMember(ctx context.Context, m *member.Member, userType uint
 	if out := m.End(start, err); out.Fail {
 		g.failMember(m, err)
 	}
+	if err == nil {
+		// The domain key is private: now it can be seen, audit it.
+		_ = g.rep.Audit(ctx, s) // a weak key is reported; the first copy meets any error again
+	}
 	return err
 }
 

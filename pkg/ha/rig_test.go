@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/asn1"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"strings"
@@ -195,12 +196,27 @@ func installDomain(t testing.TB, serial string, toks []testhsm.Token, plain bool
 		rand.Read(value)
 		for _, tok := range toks {
 			s := direct(t, tok)
-			if _, err := s.CreateObject(testCtx(t), []*pkcs11.Attribute{
+			tmpl := []*pkcs11.Attribute{
 				a(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), a(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 				a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, hasync.DomainLabel(serial)),
 				a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_PRIVATE, true), a(pkcs11.CKA_SENSITIVE, true),
 				a(pkcs11.CKA_EXTRACTABLE, false), a(pkcs11.CKA_WRAP, true), a(pkcs11.CKA_UNWRAP, true),
-			}); err != nil {
+				// The protection the engine's audit asks of a domain key.
+				a(pkcs11.CKA_ENCRYPT, false), a(pkcs11.CKA_DECRYPT, false), a(pkcs11.CKA_SIGN, false),
+				a(pkcs11.CKA_VERIFY, false), a(pkcs11.CKA_DERIVE, false),
+				a(pkcs11.CKA_MODIFIABLE, false), a(pkcs11.CKA_COPYABLE, false),
+				a(pkcs11.CKA_ALLOWED_MECHANISMS, binary.NativeEndian.AppendUint64(nil, pkcs11.CKM_AES_KEY_WRAP_PAD)),
+			}
+			var err error
+			if tok.Module == testhsm.P11KitClient {
+				// p11-kit 0.24 carries no unwrap template; such a member
+				// cannot wrap either, so it never uses the key.
+				_, err = s.CreateObject(testCtx(t), tmpl)
+			} else {
+				_, err = s.CreateObjectNested(testCtx(t), tmpl, map[uint][]*pkcs11.Attribute{
+					pkcs11.CKA_UNWRAP_TEMPLATE: {a(pkcs11.CKA_SENSITIVE, true)}})
+			}
+			if err != nil {
 				t.Fatalf("domain key on %s: %v", tok.Name, err)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"weak"
 
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -87,6 +88,9 @@ type memberState struct {
 	// one file per object).
 	turn chan struct{}
 	memo memo
+	// weak is the flaws last reported of the member's domain key ("" when
+	// sound or not yet audited), so each change is reported once.
+	weak string
 }
 
 // state returns s's state, made on first use. Callers hold r.mu.
@@ -168,8 +172,49 @@ func (r *Replicator) domainKey(ctx context.Context, s *slot.Slot) (h pkcs11.Obje
 	if err != nil {
 		return 0, false, false, err
 	}
+	flaws, err := auditDomainKey(ctx, s, dk.h)
+	if err != nil {
+		return 0, false, false, fmt.Errorf("member %s: audit domain key %q: %w", s.Name(), DomainLabel(r.GroupSerial), err)
+	}
+	if werr := r.noteAudit(s, flaws); werr != nil {
+		// Not remembered: the next call audits again, and finds a
+		// replaced key.
+		return 0, false, false, werr
+	}
 	r.remember(s, epoch, func(m *memo) { m.dk, m.trusted = dk.h, dk.trusted })
 	return dk.h, dk.trusted, false, nil
+}
+
+// Audit looks up and audits s's domain key now, as the first wrap or
+// unwrap under it in this login epoch would, so that a weak key is
+// reported (OnWeakDomainKey) as soon as the member is logged in; a sound
+// key is remembered for the epoch. It returns what that first use would
+// meet: nil, a *WeakDomainKeyError, an error wrapping ErrNoDomainKey, or
+// the member's failure to answer (never charged here: the next call
+// meets it again).
+func (r *Replicator) Audit(ctx context.Context, s *slot.Slot) error {
+	_, _, _, err := r.domainKey(ctx, s)
+	return err
+}
+
+// noteAudit records the audit of s's domain key and returns a
+// *WeakDomainKeyError when it found flaws, which are then reported to
+// OnWeakDomainKey unless they were reported last time.
+func (r *Replicator) noteAudit(s *slot.Slot, flaws []string) error {
+	key := strings.Join(flaws, ", ")
+	r.mu.Lock()
+	st := r.stateLocked(s)
+	changed := st.weak != key
+	st.weak = key
+	r.mu.Unlock()
+	if len(flaws) == 0 {
+		return nil
+	}
+	werr := &WeakDomainKeyError{Member: s.Name(), Label: DomainLabel(r.GroupSerial), Flaws: flaws}
+	if changed && r.OnWeakDomainKey != nil {
+		r.OnWeakDomainKey(werr)
+	}
+	return werr
 }
 
 // withDomainKey runs fn with the domain key of s. When fn fails because

@@ -20,7 +20,9 @@
 // Replicator.ReplicateEach copies one object to several members at once,
 // reading and wrapping it once. A member that cannot wrap or unwrap with
 // CKM_AES_KEY_WRAP_PAD gets ErrMechanismUnavailable (a request error, not
-// a health one).
+// a health one). A member whose domain key could do more than wrap and
+// unwrap (see WeakDomainKeyError) gets ErrWeakDomainKey, and nothing is
+// copied to or from it until ReplaceDomainKey puts a sound key everywhere.
 //
 // # Searches
 //

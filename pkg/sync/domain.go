@@ -52,9 +52,16 @@ type DomainTarget struct {
 	UserPIN secret.PIN
 }
 
-// domainKeyTemplate is the domain key: AES-256, for wrapping and
-// unwrapping only. CKA_DECRYPT=false matters: a domain key that could
-// decrypt would turn any wrapped blob into plaintext.
+// domainKeyTemplate is the domain key: AES-256 with domainProtection,
+// wrapping and unwrapping only and neither changed, copied nor extracted.
+// A trusted install's original is made by the SO as a public object and
+// copied to a private one by the user; SoftHSM refuses every attribute in
+// the copy of an object that is not modifiable (CKR_ATTRIBUTE_READ_ONLY),
+// and will not clear CKA_COPYABLE in a copy, so that original stays
+// modifiable and copyable until it is copied and destroyed, moments later.
+// Its CKA_ALLOWED_MECHANISMS and CKA_UNWRAP_TEMPLATE are read-only, so
+// nothing done to it in that moment makes it decrypt or unwrap a readable
+// key; a change to its usage shows in the copy, which is read back.
 func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkcs11.Attribute {
 	t := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
@@ -63,20 +70,26 @@ func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkc
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
 		boolAttr(pkcs11.CKA_TOKEN, true),
 		boolAttr(pkcs11.CKA_PRIVATE, private),
-		boolAttr(pkcs11.CKA_SENSITIVE, true),
-		boolAttr(pkcs11.CKA_EXTRACTABLE, false),
-		boolAttr(pkcs11.CKA_WRAP, true),
-		boolAttr(pkcs11.CKA_UNWRAP, true),
-		boolAttr(pkcs11.CKA_ENCRYPT, false),
-		boolAttr(pkcs11.CKA_DECRYPT, false),
-		boolAttr(pkcs11.CKA_SIGN, false),
-		boolAttr(pkcs11.CKA_VERIFY, false),
-		boolAttr(pkcs11.CKA_DERIVE, false),
 	}
+	t = append(t, domainProtection()...)
 	if trusted {
-		t = append(t, boolAttr(pkcs11.CKA_TRUSTED, true))
+		t = override(t, []*pkcs11.Attribute{
+			boolAttr(pkcs11.CKA_TRUSTED, true),
+			boolAttr(pkcs11.CKA_MODIFIABLE, true),
+			boolAttr(pkcs11.CKA_COPYABLE, true),
+		})
 	}
 	return t
+}
+
+// privateCopyTemplate turns a trusted install's public original into the
+// domain key: private, and no longer modifiable.
+func privateCopyTemplate() []*pkcs11.Attribute {
+	return []*pkcs11.Attribute{
+		boolAttr(pkcs11.CKA_PRIVATE, true),
+		boolAttr(pkcs11.CKA_TOKEN, true),
+		boolAttr(pkcs11.CKA_MODIFIABLE, false),
+	}
 }
 
 // unwrapTemplate is forced on every key unwrapped under the domain key.
@@ -161,53 +174,52 @@ func findDomainKey(ctx context.Context, s store, member, groupSerial string) (fo
 // logged out and in again around the SO step); without, the user creates
 // an untrusted private key. Either way the key carries a
 // CKA_UNWRAP_TEMPLATE forcing CKA_SENSITIVE, so no blob can be unwrapped
-// into a readable key.
+// into a readable key, and the protection of domainRules and
+// CKA_ALLOWED_MECHANISMS, read back from every member: a token that does
+// not keep one of them fails the install (ErrWeakDomainKey, naming the
+// member and the attributes) and nothing stays installed.
 //
-// It does nothing if every member already holds a domain key with one
-// check value; it refuses (naming the member) if they differ (ErrConflict)
-// or if only some members hold one (ErrDomainPartial). Before making
-// anything it refuses members that cannot wrap and unwrap with
+// It does nothing if every member already holds a sound domain key with
+// one check value; it refuses (naming the member) if they differ
+// (ErrConflict), if only some members hold one (ErrDomainPartial), or if
+// one is weak (ErrWeakDomainKey: replace it with ReplaceDomainKey). Before
+// making anything it refuses members that cannot wrap and unwrap with
 // CKM_AES_KEY_WRAP_PAD, the one use of a domain key (a *MechanismError
 // per member, wrapping ErrMechanismUnavailable). A member whose module
 // cannot carry the nested unwrap template fails with ErrNestedTemplates,
-// naming it. If installing fails
-// on a member, the keys already installed on the others are removed again,
-// so that a retry starts clean; the error names the member.
+// naming it. If installing fails on a member, the keys already installed
+// on the others are removed again, so that a retry starts clean; the
+// error names the member.
 func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial string) error {
-	if len(members) == 0 {
-		return errors.New("install domain key: no members")
-	}
-	if groupSerial == "" {
-		return errors.New("install domain key: empty group serial")
-	}
-	for _, m := range members {
-		if m.Slot == nil {
-			return errors.New("install domain key: a member without a slot")
-		}
-		if !m.SOPIN.Empty() && m.UserPIN.Empty() {
-			return fmt.Errorf("install domain key: member %s: a trusted install needs the user PIN to log the user in again after the SO step", m.Slot.Name())
-		}
+	if err := checkTargets(members, groupSerial); err != nil {
+		return fmt.Errorf("install domain key: %w", err)
 	}
 	var have, lack []string
+	var weak []error
 	var firstKCV []byte
 	firstMember := ""
 	for _, m := range members {
-		dk, err := findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
-		kcv := dk.kcv
-		switch {
-		case errors.Is(err, ErrNoDomainKey):
-			lack = append(lack, m.Slot.Name())
-			continue
-		case err != nil:
+		d, err := AuditDomainKey(ctx, m.Slot, groupSerial)
+		if err != nil {
 			return fmt.Errorf("install domain key: %w", err)
 		}
-		have = append(have, m.Slot.Name())
-		if firstMember == "" {
-			firstMember, firstKCV = m.Slot.Name(), kcv
-		} else if !bytes.Equal(kcv, firstKCV) {
-			return fmt.Errorf("install domain key: %w: member %s holds domain key %q with check value %s, member %s one with %s",
-				ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), FormatFingerprint(kcv), firstMember, FormatFingerprint(firstKCV))
+		if !d.Found {
+			lack = append(lack, m.Slot.Name())
+			continue
 		}
+		have = append(have, m.Slot.Name())
+		if err := d.weakError(); err != nil {
+			weak = append(weak, err)
+		}
+		if firstMember == "" {
+			firstMember, firstKCV = m.Slot.Name(), d.CheckValue
+		} else if !bytes.Equal(d.CheckValue, firstKCV) {
+			return fmt.Errorf("install domain key: %w: member %s holds domain key %q with check value %s, member %s one with %s",
+				ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), FormatFingerprint(d.CheckValue), firstMember, FormatFingerprint(firstKCV))
+		}
+	}
+	if len(weak) > 0 {
+		return fmt.Errorf("install domain key: %w", errors.Join(weak...))
 	}
 	if len(lack) == 0 {
 		return nil
@@ -216,39 +228,92 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 		return fmt.Errorf("install domain key: %w: members %s hold %q (check value %s) but %s do not",
 			ErrDomainPartial, strings.Join(have, ", "), DomainLabel(groupSerial), FormatFingerprint(firstKCV), strings.Join(lack, ", "))
 	}
-	// A domain key serves CKM_AES_KEY_WRAP_PAD alone: refuse, before
-	// anything is made, a member that cannot use it.
+	if err := checkWrapMechanism(ctx, members); err != nil {
+		return fmt.Errorf("install domain key: %w", err)
+	}
+	if err := installAll(ctx, members, groupSerial); err != nil {
+		return fmt.Errorf("install domain key: %w", err)
+	}
+	return nil
+}
+
+// ReplaceDomainKey destroys the group's domain key on every member, sound,
+// weak or partial, and installs a new one as InstallDomainKey does. Nothing
+// is wrapped again: keys travel wrapped only while they are replicated,
+// never at rest. The members are checked (slots, PINs, the wrapping
+// mechanism) before anything is destroyed; an install that fails then
+// leaves no domain key on any member, and the error says so (replicating
+// private and secret keys waits until a domain key is installed).
+func ReplaceDomainKey(ctx context.Context, members []DomainTarget, groupSerial string) error {
+	if err := checkTargets(members, groupSerial); err != nil {
+		return fmt.Errorf("replace domain key: %w", err)
+	}
+	if err := checkWrapMechanism(ctx, members); err != nil {
+		return fmt.Errorf("replace domain key: %w", err)
+	}
+	for _, m := range members {
+		if err := RemoveDomainKey(ctx, m.Slot, groupSerial); err != nil {
+			return fmt.Errorf("replace domain key: %w", err)
+		}
+	}
+	if err := installAll(ctx, members, groupSerial); err != nil {
+		return fmt.Errorf("replace domain key: the old key is destroyed on every member and the new one is not installed on any: %w", err)
+	}
+	return nil
+}
+
+// checkTargets refuses an installation that cannot start.
+func checkTargets(members []DomainTarget, groupSerial string) error {
+	if len(members) == 0 {
+		return errors.New("no members")
+	}
+	if groupSerial == "" {
+		return errors.New("empty group serial")
+	}
+	for _, m := range members {
+		if m.Slot == nil {
+			return errors.New("a member without a slot")
+		}
+		if !m.SOPIN.Empty() && m.UserPIN.Empty() {
+			return fmt.Errorf("member %s: a trusted install needs the user PIN to log the user in again after the SO step", m.Slot.Name())
+		}
+	}
+	return nil
+}
+
+// checkWrapMechanism refuses, before anything is made, members that
+// cannot use a domain key: it serves CKM_AES_KEY_WRAP_PAD alone.
+func checkWrapMechanism(ctx context.Context, members []DomainTarget) error {
 	var unable []error
 	for _, m := range members {
 		info, err := m.Slot.MechanismInfo(ctx, wrapMechanism)
 		if err != nil && slot.ClassOf(err) != slot.ClassRequest {
-			return fmt.Errorf("install domain key: member %s: ask for %s: %w", m.Slot.Name(), mechanismName(wrapMechanism), err)
+			return fmt.Errorf("member %s: ask for %s: %w", m.Slot.Name(), mechanismName(wrapMechanism), err)
 		}
 		if merr := mechanismError(m.Slot.Name(), info, err, pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP); merr != nil {
 			unable = append(unable, merr)
 		}
 	}
-	if len(unable) > 0 {
-		return fmt.Errorf("install domain key: %w", errors.Join(unable...))
-	}
+	return errors.Join(unable...)
+}
 
+// installAll makes one new value and installs it on every member, none
+// of which holds a domain key; on a failure the members done so far, and
+// the one that failed, are cleared again.
+func installAll(ctx context.Context, members []DomainTarget, groupSerial string) error {
 	value := make([]byte, 32)
 	defer clear(value)
 	if _, err := rand.Read(value); err != nil {
-		return fmt.Errorf("install domain key: random value: %w", err)
+		return fmt.Errorf("random value: %w", err)
 	}
 	want, err := aesKCV(value)
 	if err != nil {
-		return fmt.Errorf("install domain key: %w", err)
+		return err
 	}
 	for i, m := range members {
 		err := installOne(ctx, m, groupSerial, value)
 		if err == nil {
-			var dk foundKey
-			dk, err = findDomainKey(ctx, m.Slot, m.Slot.Name(), groupSerial)
-			if err == nil && !bytes.Equal(dk.kcv, want) {
-				err = fmt.Errorf("member %s: domain key check value %s, want %s", m.Slot.Name(), FormatFingerprint(dk.kcv), FormatFingerprint(want))
-			}
+			err = verifyInstalled(ctx, m.Slot, groupSerial, want)
 		}
 		if err != nil {
 			// Undo on this member too: it may hold part of the install.
@@ -259,8 +324,26 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 				}
 			}
 			undo.cancel()
-			return fmt.Errorf("install domain key: %w", err)
+			return err
 		}
+	}
+	return nil
+}
+
+// verifyInstalled reads the new domain key back from s: its check value
+// must be want and its protection whole.
+func verifyInstalled(ctx context.Context, s *slot.Slot, groupSerial string, want []byte) error {
+	d, err := AuditDomainKey(ctx, s, groupSerial)
+	switch {
+	case err != nil:
+		return err
+	case !d.Found:
+		return fmt.Errorf("member %s: %w %q after installing it", s.Name(), ErrNoDomainKey, d.Label)
+	case !bytes.Equal(d.CheckValue, want):
+		return fmt.Errorf("member %s: domain key check value %s, want %s", s.Name(), FormatFingerprint(d.CheckValue), FormatFingerprint(want))
+	case d.Weak():
+		return fmt.Errorf("member %s: %w: the token did not keep the protection asked for the new key %q (%s), so it is not installed",
+			s.Name(), ErrWeakDomainKey, d.Label, strings.Join(d.Flaws, ", "))
 	}
 	return nil
 }
@@ -305,7 +388,7 @@ func installOne(ctx context.Context, m DomainTarget, groupSerial string, value [
 	if len(pubs) != 1 {
 		return fmt.Errorf("member %s: after the SO step %d public domain keys %q, want 1", name, len(pubs), label)
 	}
-	_, cerr := s.CopyObject(ctx, pubs[0], []*pkcs11.Attribute{boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_TOKEN, true)})
+	_, cerr := s.CopyObject(ctx, pubs[0], privateCopyTemplate())
 	if err := removePublicOriginals(ctx, s, label); err != nil {
 		cerr = errors.Join(cerr, err)
 	}

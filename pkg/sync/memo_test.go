@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	gosync "sync"
 	"testing"
@@ -174,26 +175,16 @@ func TestReplicateRemembersPerEpoch(t *testing.T) {
 }
 
 // TestReplicateDerivesUnwrapTemplate: the template forced on copies is
-// known from the domain key's CKA_TRUSTED, never read back (p11-kit 0.24
-// cannot carry a nested attribute): every copy is sensitive, and after a
-// trusted install wrappable only by a trusted key. A domain key made
-// without any unwrap template (as tests over p11-kit do) still works.
+// known from the domain key's CKA_TRUSTED, not read back on every copy
+// (the audit reads it once per login epoch): every copy is sensitive, and
+// after a trusted install wrappable only by a trusted key.
 func TestReplicateDerivesUnwrapTemplate(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		trusted bool
-		plain   bool
-	}{{"trusted", true, false}, {"untrusted", false, false}, {"plain key", false, true}} {
+	}{{"trusted", true}, {"untrusted", false}} {
 		t.Run(c.name, func(t *testing.T) {
-			var src, dst *slot.Slot
-			log := newOpLog()
-			if c.plain {
-				toks := testhsm.Take(t, 2)
-				src, dst = openSlot(t, toks[0], log), openSlot(t, toks[1], log)
-				plainDomainKey(t, testSerial, src, dst)
-			} else {
-				src, dst, log, _ = countedPair(t, c.trusted, 0)
-			}
+			src, dst, log, _ := countedPair(t, c.trusted, 0)
 			r := &Replicator{GroupSerial: testSerial}
 			replicateWith(t, r, src, genAES(t, src, "warm-up", randomID(t)), Target{Slot: dst})
 			k, err := src.GenerateKey(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
@@ -220,6 +211,30 @@ func TestReplicateDerivesUnwrapTemplate(t *testing.T) {
 				t.Errorf("copy CKA_WRAP_WITH_TRUSTED %v, want %v", got, c.trusted)
 			}
 		})
+	}
+}
+
+// TestReplicateRefusesPlainDomainKey: a domain key made without an unwrap
+// template (a user could unwrap a blob into a readable key) fails the
+// audit: nothing is replicated under it, and the error says why.
+func TestReplicateRefusesPlainDomainKey(t *testing.T) {
+	toks := testhsm.Take(t, 2)
+	src, dst := openSlot(t, toks[0], nil), openSlot(t, toks[1], nil)
+	plainDomainKey(t, testSerial, src, dst)
+	var reported []*WeakDomainKeyError
+	r := &Replicator{GroupSerial: testSerial, OnWeakDomainKey: func(e *WeakDomainKeyError) { reported = append(reported, e) }}
+	for range 2 {
+		_, err := r.Replicate(testContext(t), src, genAES(t, src, fmt.Sprintf("plain-%x", randomID(t)), randomID(t)), Target{Slot: dst})
+		var we *WeakDomainKeyError
+		if !errors.As(err, &we) || we.Member != src.Name() || !slices.Contains(we.Flaws, "CKA_UNWRAP_TEMPLATE does not force CKA_SENSITIVE=true") {
+			t.Fatalf("replicate under a plain domain key: %v, want a *WeakDomainKeyError for %s naming the unwrap template", err, src.Name())
+		}
+		if slot.ClassOf(err) != slot.ClassRequest {
+			t.Errorf("a weak domain key is classed %v, want a request error (never a health failure)", slot.ClassOf(err))
+		}
+	}
+	if len(reported) != 1 {
+		t.Errorf("OnWeakDomainKey called %d times, want once", len(reported))
 	}
 }
 

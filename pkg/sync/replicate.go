@@ -82,6 +82,12 @@ func (t Target) store() store {
 type Replicator struct {
 	// GroupSerial selects the domain key: DomainLabel(GroupSerial).
 	GroupSerial string
+	// OnWeakDomainKey, when set, is told of a member whose domain key the
+	// audit found weak, once per member and set of flaws. Nothing is
+	// replicated to or from that member meanwhile (the copies fail with
+	// the same *WeakDomainKeyError). It is called on the replicating
+	// goroutine and must not block.
+	OnWeakDomainKey func(*WeakDomainKeyError)
 
 	mu      gosync.Mutex
 	members map[weak.Pointer[slot.Slot]]*memberState
@@ -123,9 +129,8 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // so a copy can be stricter than its source: always CKA_SENSITIVE, and
 // after a trusted install (the domain key carries CKA_TRUSTED)
 // CKA_WRAP_WITH_TRUSTED. That template is the one InstallDomainKey
-// writes, known from the flat CKA_TRUSTED: it is never read back, since
-// not every module can carry a nested attribute (p11-kit 0.24 answers
-// CKR_DEVICE_ERROR). Key material (modulus, EC params, value length) comes
+// writes, known from the flat CKA_TRUSTED; the audit of the domain key
+// reads it once per login epoch (see WeakDomainKeyError), not every copy. Key material (modulus, EC params, value length) comes
 // from the blob: SoftHSM refuses it in an unwrap template. Not copied:
 // CKA_TRUSTED (only the SO may set it), CKA_WRAP_TEMPLATE and the other
 // nested templates. Public keys, certificates and data objects are
