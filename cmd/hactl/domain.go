@@ -37,7 +37,7 @@ type domainCheck struct {
 type domainCheckLine struct {
 	Member     string   `json:"member"`
 	Label      string   `json:"label"`
-	Status     string   `json:"status"` // ok, weak, missing, error
+	Status     string   `json:"status"` // ok, untrusted, weak, missing, error
 	Trusted    bool     `json:"trusted"`
 	CheckValue string   `json:"checkValue,omitempty"`
 	Flaws      []string `json:"flaws,omitempty"`
@@ -46,10 +46,11 @@ type domainCheckLine struct {
 
 // Statuses of a domainCheckLine.
 const (
-	domainOK      = "ok"
-	domainWeak    = "weak"
-	domainMissing = "missing"
-	domainError   = "error"
+	domainOK        = "ok"
+	domainUntrusted = "untrusted"
+	domainWeak      = "weak"
+	domainMissing   = "missing"
+	domainError     = "error"
 )
 
 // problems counts the members whose domain key is not sound.
@@ -71,7 +72,7 @@ func makeDomainCheckTable(c domainCheck) tableData {
 			detail = l.Error
 		}
 		trusted := "-"
-		if l.Status == domainOK || l.Status == domainWeak {
+		if l.Status == domainOK || l.Status == domainUntrusted || l.Status == domainWeak {
 			trusted = yesNo(l.Trusted)
 		}
 		rows = append(rows, []string{l.Member, l.Status, trusted, dash(l.CheckValue), dash(detail)})
@@ -112,11 +113,13 @@ Where the token allows, the key is installed by the Security Officer as a
 trusted key, so keys made through the group can be wrapped under it alone;
 the SO PIN of each member is prompted for on a terminal, or read from
 --so-pin-file / --so-pin-env (the same for every member). --untrusted skips
-the SO step (an operator-made key).
+the SO step (an operator-made key): keys it replicates cannot be marked
+CKA_WRAP_WITH_TRUSTED, so a user on a member can wrap them under a key of
+its own; use it only where a token has no SO.
 
 --check audits the key on every member (logged in with each member's PIN
-source) and exits 3 when one is weak (a user with the user PIN could make
-it decrypt what it wraps), missing or unreadable. The engine makes the same
+source) and exits 3 when one is untrusted, weak (a user with the user PIN
+could make it decrypt what it wraps), missing or unreadable. The engine makes the same
 audit before it replicates under a member's key, and replicates nothing to
 or from a member whose key is weak. --replace destroys the key on every
 member and installs a new one; nothing is wrapped again, since keys travel
@@ -260,7 +263,12 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	if f.replace {
 		done = "replaced"
 	}
-	_, err = fmt.Fprintf(a.out, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", "))
+	if _, err := fmt.Fprintf(a.out, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", ")); err != nil {
+		return err
+	}
+	if f.untrusted {
+		_, err = fmt.Fprintf(a.errOut, "hactl: warning: an untrusted domain key cannot mark group keys CKA_WRAP_WITH_TRUSTED: a user on a member can wrap them under a key of its own; domain --check reports it (exit 3) until it is replaced with a trusted one\n")
+	}
 	return err
 }
 
@@ -290,7 +298,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 		return err
 	}
 	if n := res.problems(); n > 0 {
-		return &problemError{fmt.Sprintf("group %q: the domain key of %d of %d member(s) is weak, missing or unreadable (replace it: hactl hagroup domain --group %s --replace)", f.group, n, len(res.Members), f.group)}
+		return &problemError{fmt.Sprintf("group %q: the domain key of %d of %d member(s) is untrusted, weak, missing or unreadable (replace it: hactl hagroup domain --group %s --replace)", f.group, n, len(res.Members), f.group)}
 	}
 	return nil
 }
@@ -333,6 +341,12 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		l.Status = domainMissing
 	case d.Weak():
 		l.Status = domainWeak
+	case !d.Trusted:
+		// Sound as a key, but the keys it replicates cannot be marked
+		// CKA_WRAP_WITH_TRUSTED, so a user on this member can wrap them
+		// under a key of its own: the threat model does not hold here.
+		l.Status = domainUntrusted
+		l.Flaws = append(l.Flaws, "not CKA_TRUSTED: group keys on this member can be wrapped under a user's own key")
 	default:
 		l.Status = domainOK
 	}

@@ -11,6 +11,7 @@ func TestMakeDomainCheckTable(t *testing.T) {
 		{Member: "b", Status: domainWeak, CheckValue: "0a0b0c", Flaws: []string{"CKA_MODIFIABLE=true", "CKA_COPYABLE=true"}},
 		{Member: "c", Status: domainMissing},
 		{Member: "d", Status: domainError, Error: "member d: token not present"},
+		{Member: "e", Status: domainUntrusted, CheckValue: "0a0b0c", Flaws: []string{"not CKA_TRUSTED"}},
 	}}
 	td := makeDomainCheckTable(c)
 	if !slices.Equal(td.header, []string{"MEMBER", "DOMAIN KEY", "TRUSTED", "CHECK VALUE", "DETAIL"}) {
@@ -21,13 +22,14 @@ func TestMakeDomainCheckTable(t *testing.T) {
 		{"b", "weak", "no", "0a0b0c", "CKA_MODIFIABLE=true, CKA_COPYABLE=true"},
 		{"c", "missing", "-", "-", "-"},
 		{"d", "error", "-", "-", "member d: token not present"},
+		{"e", "untrusted", "no", "0a0b0c", "not CKA_TRUSTED"},
 	}
 	for i, row := range td.rows {
 		if !slices.Equal(row, want[i]) {
 			t.Errorf("row %d: %q, want %q", i, row, want[i])
 		}
 	}
-	if n := c.problems(); n != 3 {
-		t.Errorf("problems %d, want 3", n)
+	if n := c.problems(); n != 4 {
+		t.Errorf("problems %d, want 4", n)
 	}
 }
