@@ -82,7 +82,8 @@ func makeDomainCheckTable(c domainCheck) tableData {
 
 // domainFlags are the options of hactl hagroup domain.
 type domainFlags struct {
-	group, soPINEnv, soPINFile         string
+	group                              string
+	soPINEnv, soPINFile                []string
 	install, check, replace, untrusted bool
 	yes, jsonOut                       bool
 }
@@ -112,7 +113,9 @@ or allowed another mechanism), which the check tries.
 Where the token allows, the key is installed by the Security Officer as a
 trusted key, so keys made through the group can be wrapped under it alone;
 the SO PIN of each member is prompted for on a terminal, or read from
---so-pin-file / --so-pin-env (the same for every member). --untrusted skips
+--so-pin-file / --so-pin-env: FILE or VAR for every member, or
+MEMBER=FILE / MEMBER=VAR for one (repeat the flag), so members with
+different SO PINs need no terminal. --untrusted skips
 the SO step (an operator-made key): keys it replicates cannot be marked
 CKA_WRAP_WITH_TRUSTED, so a user on a member can wrap them under a key of
 its own; use it only where a token has no SO.
@@ -132,6 +135,7 @@ p11-kit-client.so offers neither: serve it with hsmserve and name it as
 module "hagroup-remote:unix:/path/of/socket".`,
 		Example: `  hactl hagroup domain --group signing --install
   hactl hagroup domain --group signing --install --so-pin-env HSM_SO_PIN
+  hactl hagroup domain --group signing --install --so-pin-file hsm-a=/etc/hagroup/so-a --so-pin-file hsm-b=/etc/hagroup/so-b
   hactl hagroup domain --group signing --install --untrusted
   hactl hagroup domain --group signing --check
   hactl hagroup domain --group signing --replace --so-pin-file /etc/hagroup/so-pin --yes`,
@@ -151,35 +155,75 @@ module "hagroup-remote:unix:/path/of/socket".`,
 	cmd.Flags().BoolVar(&f.check, "check", false, "audit every member's domain key (exit 3 when one is weak or missing)")
 	cmd.Flags().BoolVar(&f.replace, "replace", false, "destroy the domain key on every member and install a new one")
 	cmd.Flags().BoolVar(&f.untrusted, "untrusted", false, "install without the SO (no CKA_TRUSTED)")
-	cmd.Flags().StringVar(&f.soPINFile, "so-pin-file", "", "file holding the SO PIN (same for every member)")
-	cmd.Flags().StringVar(&f.soPINEnv, "so-pin-env", "", "environment variable holding the SO PIN (same for every member)")
+	cmd.Flags().StringArrayVar(&f.soPINFile, "so-pin-file", nil, "file holding the SO PIN: FILE for every member, or MEMBER=FILE (repeatable)")
+	cmd.Flags().StringArrayVar(&f.soPINEnv, "so-pin-env", nil, "environment variable holding the SO PIN: VAR for every member, or MEMBER=VAR (repeatable)")
 	cmd.Flags().BoolVar(&f.yes, "yes", false, "do not ask for confirmation (--replace)")
 	cmd.Flags().BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("group")
-	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-file", "so-pin-env")
+	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-file")
+	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-env")
 	cmd.MarkFlagsMutuallyExclusive("install", "check", "replace")
 	return cmd
 }
 
-// soPIN reads the SO PIN common to every member from --so-pin-file or
-// --so-pin-env; empty when neither is given.
-func (f domainFlags) soPIN() (secret.PIN, error) {
-	switch {
-	case f.soPINFile != "":
-		b, err := os.ReadFile(f.soPINFile)
+// soPINSource is where one SO PIN is read from: a file or a variable.
+type soPINSource struct{ flag, value string }
+
+// soPINSources maps each member of members to the SO PIN source that
+// --so-pin-file / --so-pin-env give it: a MEMBER=VALUE entry for that
+// member, else an entry without a member name, which serves every member.
+// A member named twice, or two entries for every member, is a usage
+// error; members given nothing are absent from the map (prompted for).
+func (f domainFlags) soPINSources(members []string) (map[string]soPINSource, error) {
+	known := make(map[string]bool, len(members))
+	for _, m := range members {
+		known[m] = true
+	}
+	own := map[string]soPINSource{}
+	var common *soPINSource
+	for _, fl := range []struct {
+		name   string
+		values []string
+	}{{"--so-pin-file", f.soPINFile}, {"--so-pin-env", f.soPINEnv}} {
+		for _, v := range fl.values {
+			if name, rest, ok := strings.Cut(v, "="); ok && known[name] {
+				if _, dup := own[name]; dup {
+					return nil, &usageError{fmt.Sprintf("domain: member %q is given two SO PINs", name)}
+				}
+				own[name] = soPINSource{fl.name, rest}
+				continue
+			}
+			if common != nil {
+				return nil, &usageError{fmt.Sprintf("domain: %s %s and %s %s both name an SO PIN for every member (name each as MEMBER=...)", common.flag, common.value, fl.name, v)}
+			}
+			common = &soPINSource{fl.name, v}
+		}
+	}
+	if common != nil {
+		for _, m := range members {
+			if _, ok := own[m]; !ok {
+				own[m] = *common
+			}
+		}
+	}
+	return own, nil
+}
+
+// read reads the SO PIN from its file or variable.
+func (src soPINSource) read() (secret.PIN, error) {
+	if src.flag == "--so-pin-file" {
+		b, err := os.ReadFile(src.value)
 		if err != nil {
 			return secret.PIN{}, fmt.Errorf("--so-pin-file: %w", err)
 		}
 		defer clear(b)
 		return secret.NewPIN([]byte(strings.TrimRight(string(b), "\r\n"))), nil
-	case f.soPINEnv != "":
-		v, ok := os.LookupEnv(f.soPINEnv)
-		if !ok || v == "" {
-			return secret.PIN{}, fmt.Errorf("--so-pin-env %s: the variable is not set", f.soPINEnv)
-		}
-		return secret.PINFromString(v), nil
 	}
-	return secret.PIN{}, nil
+	v, ok := os.LookupEnv(src.value)
+	if !ok || v == "" {
+		return secret.PIN{}, fmt.Errorf("--so-pin-env %s: the variable is not set", src.value)
+	}
+	return secret.PINFromString(v), nil
 }
 
 // runDomainCeremony installs (--install) or replaces (--replace) the
@@ -194,11 +238,14 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		return err
 	}
 	set := cfg.Settings(g)
-	common, err := f.soPIN()
+	memberNames := make([]string, len(g.Members))
+	for i, m := range g.Members {
+		memberNames[i] = m.Name
+	}
+	sources, err := f.soPINSources(memberNames)
 	if err != nil {
 		return err
 	}
-	defer common.Zero()
 	p := a.prompter(f.yes, f.jsonOut)
 	if f.replace {
 		if err := a.confirm(p, fmt.Sprintf("destroy the domain key of group %q on every member and install a new one", f.group)); err != nil {
@@ -210,6 +257,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	defer func() {
 		for _, t := range targets {
 			t.Slot.Close()
+			t.UserPIN.Zero()
 			t.SOPIN.Zero()
 		}
 	}()
@@ -225,17 +273,25 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		}
 		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
 		if !f.untrusted {
-			if !common.Empty() {
-				t.SOPIN = common.Clone()
+			if src, ok := sources[m.Name]; ok {
+				so, err := src.read()
+				if err != nil {
+					s.Close()
+					pin.Zero()
+					return agent.NameMember(m.Name, err)
+				}
+				t.SOPIN = so
 			} else {
 				so, err := p.Password(fmt.Sprintf("SO PIN of member %q (token %s)", m.Name, agent.TokenSelector(m)))
 				if errors.Is(err, errNoTerminal) {
 					s.Close()
+					pin.Zero()
 					a.quietUsage = true
-					return &usageError{"domain: the SO PIN is needed and there is no terminal to ask on: pass --so-pin-file, --so-pin-env or --untrusted"}
+					return &usageError{fmt.Sprintf("domain: the SO PIN of member %q is needed and there is no terminal to ask on: pass --so-pin-file, --so-pin-env (FILE, VAR or %s=...) or --untrusted", m.Name, m.Name)}
 				}
 				if err != nil {
 					s.Close()
+					pin.Zero()
 					return err
 				}
 				t.SOPIN = so
