@@ -237,6 +237,10 @@ type Options struct {
 	CatchUp CatchUpFunc
 	// LockPerm is the mode of lock files created; 0 means 0660.
 	LockPerm os.FileMode
+	// PINBlocks holds the members' PIN marks (see ErrPINBlocked); give
+	// the group the same one as its group.PINGuard. Nil: the Recoverer
+	// makes its own, in StateDir (in memory without one).
+	PINBlocks *PINBlocks
 }
 
 // Result is the outcome of one attempt.
@@ -280,6 +284,11 @@ type Status struct {
 	LastError error
 	// LastRecovered is when the member last came back.
 	LastRecovered time.Time
+	// PINBlocked reports whether the member's token refused its PIN:
+	// no automatic attempt is made, in any process sharing the state
+	// directory, until a manual Recover. PINBlock says when and why.
+	PINBlocked bool
+	PINBlock   PINBlock
 	// NextAttempt is when the next automatic attempt is due (zero when
 	// none is scheduled).
 	NextAttempt time.Time
@@ -296,6 +305,7 @@ type Status struct {
 // for concurrent use.
 type Recoverer struct {
 	eng     Engine
+	blocks  *PINBlocks
 	clock   Clock
 	repl    *hasync.Replicator
 	opts    Options
@@ -330,6 +340,7 @@ type memberRec struct {
 	checked      time.Time // when that plan was made
 	flight       *flight
 	kick         chan struct{} // re-arms the loop's timer (interval changed)
+	blockSeen    bool          // PINBlocked was reported for the mark there is now
 }
 
 // flight is one attempt running; callers that join wait for done.
@@ -367,8 +378,16 @@ func New(opts Options) (*Recoverer, error) {
 	if opts.LockPerm == 0 {
 		opts.LockPerm = 0o660
 	}
+	if opts.PINBlocks == nil {
+		b, err := NewPINBlocks(opts.StateDir, serial, opts.LockPerm)
+		if err != nil {
+			return nil, err
+		}
+		opts.PINBlocks = b
+	}
 	r := &Recoverer{
 		eng:      opts.Engine,
+		blocks:   opts.PINBlocks,
 		clock:    opts.Clock,
 		repl:     &hasync.Replicator{GroupSerial: serial},
 		opts:     opts,
@@ -612,6 +631,10 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, a
 		out.stop = true
 		return out
 	}
+	if err := r.checkPINBlock(m, manual); err != nil {
+		out.err = fmt.Errorf("recover member %s: %w", m.name, err)
+		return out
+	}
 	out.counted = true
 	start := r.clock.Now()
 	r.mu.Lock()
@@ -645,10 +668,53 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, a
 		if errors.As(err, &ce) {
 			r.emit(Event{Kind: ConflictFound, Member: m.name, Attempt: out.res.Attempt, Manual: manual, Conflicts: ce.Conflicts, Err: err})
 		}
+		if slot.PINRefused(err) {
+			r.notePINRefused(m, out.err)
+		}
 		return out
 	}
 	out.stop = true
 	return out
+}
+
+// checkPINBlock is the PIN mark's rule, checked under the member's host
+// lock before every attempt: a manual attempt clears the mark (the
+// operator says the PIN source is fixed) and goes on; an automatic one is
+// not made while the mark is there, whichever process made it, and costs
+// no attempt. The first automatic attempt held back by a mark reports it
+// (PINBlocked).
+func (r *Recoverer) checkPINBlock(m *memberRec, manual bool) error {
+	if manual {
+		r.mu.Lock()
+		m.blockSeen = false
+		r.mu.Unlock()
+		return r.blocks.Clear(m.name)
+	}
+	mk, ok := r.blocks.Get(m.name)
+	r.mu.Lock()
+	report := ok && !m.blockSeen
+	m.blockSeen = ok
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	err := mk.err(m.name)
+	if report {
+		r.emit(Event{Kind: PINBlocked, Member: m.name, Err: err})
+	}
+	return err
+}
+
+// notePINRefused marks member m after its attempt's login was refused
+// (the engine's guard has usually marked it already) and reports it.
+func (r *Recoverer) notePINRefused(m *memberRec, err error) {
+	if _, ok := r.blocks.Get(m.name); !ok {
+		r.blocks.Mark(m.name, err) // an unwritable mark still holds in this process
+	}
+	r.mu.Lock()
+	m.blockSeen = true
+	r.mu.Unlock()
+	r.emit(Event{Kind: PINBlocked, Member: m.name, Err: err})
 }
 
 // attempt re-opens, catches up and activates member name.
@@ -974,13 +1040,16 @@ func (r *Recoverer) lockMember(ctx context.Context, name string, wait bool) (fun
 
 // Status returns the recovery state of member name.
 func (r *Recoverer) Status(name string) Status {
+	mk, blocked := r.blocks.Get(name)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.members[name]
 	if m == nil {
-		return Status{Member: name, AttemptsLeft: r.retries}
+		return Status{Member: name, AttemptsLeft: r.retries, PINBlocked: blocked, PINBlock: mk}
 	}
 	return Status{
+		PINBlocked:    blocked,
+		PINBlock:      mk,
 		Member:        name,
 		InProgress:    m.flight != nil,
 		Auto:          m.episode,
