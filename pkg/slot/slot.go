@@ -364,7 +364,7 @@ func (s *Slot) forgetPINLocked() {
 // nobody is logged in, and bumps Epoch when it did. Callers hold s.mu.
 func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	var state uint
-	err := a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
+	err := a.run(ctx, OpSessionInfo, s.cmdTimeout, func(x *sess) error {
 		si, err := x.ctx.GetSessionInfo(x.h)
 		state = si.State
 		return err
