@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,6 +157,7 @@ type loginRig struct {
 	shimLog  string
 	labels   []string // member i is "hsm-i" on token labels[i]
 	pinFiles []string // member i's pin_file ("" for none)
+	metrics  string   // haagent's metrics address
 	env      []string
 }
 
@@ -197,6 +200,7 @@ func newLoginRig(t *testing.T, o loginRigOpts) *loginRig {
 		r.pinFiles = append(r.pinFiles, f)
 	}
 	r.env = append(os.Environ(), "SOFTHSM2_CONF="+soft, "HAGROUP_CONF="+r.conf)
+	r.metrics = loginFreeAddr(t)
 	r.write("hagroup.toml", r.config(r.pinFiles))
 	// The domain key and nothing else, through the members' own module,
 	// with every member's PIN known to the operator.
@@ -204,6 +208,9 @@ func newLoginRig(t *testing.T, o loginRigOpts) *loginRig {
 	so := r.write("prep-so.pin", testhsm.SOPIN+"\n")
 	prep := r.write("prep.toml", r.config([]string{"", "", ""}))
 	r.mustRun(nil, filepath.Join(r.bin, "hsmprep"), "-config", prep, "-group", loginGroup, "-user-pin-file", user, "-so-pin-file", so)
+	if err := os.Remove(r.shimLog); err != nil {
+		t.Fatalf("hsmprep's logins were not counted: %v", err)
+	}
 	return r
 }
 
@@ -211,8 +218,12 @@ func newLoginRig(t *testing.T, o loginRigOpts) *loginRig {
 // member i with pin_file pinFiles[i] when not empty.
 func (r *loginRig) config(pinFiles []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n",
+	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n",
 		filepath.Join(r.dir, "haagent.sock"), filepath.Join(r.dir, "state"), filepath.Join(r.dir, "ha.log"))
+	if r.metrics != "" {
+		fmt.Fprintf(&b, "metrics = %q\n", r.metrics)
+	}
+	b.WriteString("\n")
 	b.WriteString("[ha]\ninterval = \"1s\"\nretries = -1\ncommand_timeout = \"10s\"\nprobe_interval = \"1s\"\n\n")
 	fmt.Fprintf(&b, "[[group]]\nlabel = %q\nserial = %q\n", loginGroup, loginSerial)
 	for i, label := range r.labels {
@@ -242,6 +253,17 @@ func (r *loginRig) run(env []string, name string, args ...string) (string, error
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(append(append([]string{}, r.env...), "LOGIN_SHIM_LOG="+r.shimLog), env...)
 	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// hactlStdout runs hactl like run, and returns its standard output alone.
+func (r *loginRig) hactlStdout(args ...string) (string, error) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(r.t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(r.bin, "hactl"), append([]string{"--config", r.conf}, args...)...)
+	cmd.Env = r.env
+	out, err := cmd.Output()
 	return string(out), err
 }
 
@@ -367,7 +389,11 @@ type loginMemberJSON struct {
 // members returns the members as haagent reports them.
 func (r *loginRig) members() map[string]loginMemberJSON {
 	r.t.Helper()
-	out := r.mustRun(nil, filepath.Join(r.bin, "hactl"), "--config", r.conf, "hagroup", "listgroups", "--json")
+	out, err := r.hactlStdout("hagroup", "listgroups", "--json")
+	var exit *exec.ExitError
+	if err != nil && (!errors.As(err, &exit) || exit.ExitCode() != 3) { // 3: degraded, as it is while a member is out
+		r.t.Fatalf("hactl hagroup listgroups --json: %v\n%s", err, out)
+	}
 	var doc struct {
 		Groups []struct {
 			Label   string            `json:"label"`
@@ -401,4 +427,32 @@ func (r *loginRig) waitMember(name, what string, cond func(loginMemberJSON) bool
 		}
 		time.Sleep(100 * time.Millisecond) // polling a process's state, bounded by the deadline
 	}
+}
+
+// loginFreeAddr returns a loopback address no one listens on now.
+func loginFreeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// metric returns the line of haagent's /metrics that starts with name.
+func (r *loginRig) metric(name string) string {
+	r.t.Helper()
+	resp, err := http.Get("http://" + r.metrics + "/metrics")
+	if err != nil {
+		r.t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), name) {
+			return sc.Text()
+		}
+	}
+	return ""
 }

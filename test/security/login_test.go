@@ -483,3 +483,131 @@ func TestLoginURIPINNotEchoed(t *testing.T) {
 		t.Errorf("RedactURI = %q", got)
 	}
 }
+
+// TestLoginWrongAppPINModule: through libhapkcs11.so, the attack of issue
+// 14 — `pkcs11-tool --login --pin WRONG -O` on the virtual slot with a
+// pin_file on every member exited 0 — now fails with CKR_PIN_INCORRECT,
+// as on a bare token, and exactly one member's token saw one C_Login
+// (counted by the shim under the module). The right PIN opens the slot,
+// makes a key through it and signs.
+func TestLoginWrongAppPINModule(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pins [3]string
+	}{
+		{"every member has a pin_file", [3]string{testhsm.UserPIN, testhsm.UserPIN, testhsm.UserPIN}},
+		{"no member has a PIN source", [3]string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newLoginRig(t, loginRigOpts{pins: tc.pins})
+			lib := filepath.Join(r.bin, "libhapkcs11.so")
+			bad := []string{"BAD_PIN=" + loginWrongPIN}
+
+			bare, err := r.run(bad, "pkcs11-tool", "--module", filepath.Join(r.bin, "loginshim.so"), "--token-label", r.labels[0], "--login", "--pin", "env:BAD_PIN", "-O")
+			if err == nil || !strings.Contains(bare, "CKR_PIN_INCORRECT") {
+				t.Fatalf("a bare token with a wrong PIN: %v\n%s", err, bare)
+			}
+			os.Remove(r.shimLog)
+
+			out, err := r.run(bad, "pkcs11-tool", "--module", lib, "--token-label", loginGroup, "--login", "--pin", "env:BAD_PIN", "-O")
+			if err == nil || !strings.Contains(out, "CKR_PIN_INCORRECT") {
+				t.Fatalf("the virtual slot with a wrong PIN: %v (want a failure with CKR_PIN_INCORRECT)\n%s", err, out)
+			}
+			if strings.Contains(out, loginWrongPIN) || strings.Contains(out, testhsm.UserPIN) {
+				t.Errorf("a PIN reached pkcs11-tool's output")
+			}
+			calls := r.logins()
+			if len(calls) != 1 || calls[0].rv != loginRVIncorrect {
+				t.Errorf("the members' tokens saw %v, want one C_Login answered CKR_PIN_INCORRECT (0xa0)", calls)
+			}
+
+			os.Remove(r.shimLog)
+			good := []string{"HA_PIN=" + testhsm.UserPIN}
+			r.mustRun(good, "pkcs11-tool", "--module", lib, "--slot", loginVirtual, "--login", "--pin", "env:HA_PIN",
+				"--keypairgen", "--key-type", "EC:prime256v1", "--label", "login-sig", "--id", "a1")
+			data := r.write("data", "the quick brown fox")
+			sig := filepath.Join(r.dir, "sig")
+			r.mustRun(good, "pkcs11-tool", "--module", lib, "--slot", loginVirtual, "--login", "--pin", "env:HA_PIN",
+				"--sign", "--mechanism", "ECDSA", "--id", "a1", "--input-file", data, "--output-file", sig)
+			if st, err := os.Stat(sig); err != nil || st.Size() != 64 {
+				t.Errorf("signature: %v, want 64 bytes", err)
+			}
+			for _, c := range r.logins() {
+				if c.rv != loginRVOK {
+					t.Errorf("with the right PIN a member answered C_Login with %s", c.rv)
+				}
+			}
+		})
+	}
+}
+
+// TestLoginWrongMemberPINAgent: haagent with a member whose pin_file holds
+// a wrong PIN. Before: the agent offered it at every interval, forever.
+// Now: one C_Login (counted on the token), then the member is shown
+// PIN-blocked (listgroups --json and its table, the HA event log, the
+// metrics) and no process sharing the state directory offers it a PIN —
+// neither the agent over more than five intervals nor an application
+// through libhapkcs11.so. After the operator fixes the file, `hactl
+// hagroup recover` clears the mark, makes one C_Login and the member
+// returns.
+func TestLoginWrongMemberPINAgent(t *testing.T) {
+	r := newLoginRig(t, loginRigOpts{pins: [3]string{testhsm.UserPIN, loginWrongPIN, testhsm.UserPIN}})
+	hactl := filepath.Join(r.bin, "hactl")
+	r.agent()
+	r.waitMember("hsm-1", "PIN-blocked", func(m loginMemberJSON) bool { return m.PINBlocked })
+	// The behaviour under test is that nothing happens: let five recovery
+	// intervals pass, then count.
+	time.Sleep(5*time.Second + 500*time.Millisecond)
+	if n, bad := r.loginsOn("ha-1", ""), r.loginsOn("ha-1", loginRVIncorrect); n != 1 || bad != 1 {
+		t.Errorf("the member with the wrong pin_file saw %d C_Login calls (%d refused) over more than 5 intervals, want 1", n, bad)
+	}
+	m := r.members()["hsm-1"]
+	if m.State != "failed" || !strings.Contains(m.PINBlockedReason, "CKR_PIN_INCORRECT") {
+		t.Errorf("listgroups --json: %+v, want failed and PIN-blocked by CKR_PIN_INCORRECT", m)
+	}
+	table, _ := r.run(nil, hactl, "--config", r.conf, "hagroup", "listgroups")
+	if !strings.Contains(table, "0 (PIN refused)") {
+		t.Errorf("listgroups does not show the PIN block:\n%s", table)
+	}
+	if line := r.metric(`hagroup_member_pin_blocked{group="signing",member="hsm-1"}`); !strings.HasSuffix(line, " 1") {
+		t.Errorf("metrics: %q, want hagroup_member_pin_blocked 1 for hsm-1", line)
+	}
+	halog := r.mustRun(nil, hactl, "--config", r.conf, "hagroup", "halog", "--group", loginGroup)
+	if !strings.Contains(halog, "recovery_pin_blocked") {
+		t.Errorf("the HA event log has no recovery_pin_blocked:\n%s", halog)
+	}
+	for _, s := range []string{table, halog, m.PINBlockedReason} {
+		if strings.Contains(s, loginWrongPIN) || strings.Contains(s, testhsm.UserPIN) {
+			t.Errorf("a PIN reached hactl's output")
+		}
+	}
+
+	// An application on the same host and state directory logs in with the
+	// right PIN: the blocked member gets no C_Login from it either.
+	out := r.mustRun([]string{"HA_PIN=" + testhsm.UserPIN}, "pkcs11-tool", "--module", filepath.Join(r.bin, "libhapkcs11.so"),
+		"--slot", loginVirtual, "--login", "--pin", "env:HA_PIN", "-O")
+	if strings.Contains(out, testhsm.UserPIN) {
+		t.Errorf("a PIN reached pkcs11-tool's output")
+	}
+	if n := r.loginsOn("ha-1", ""); n != 1 {
+		t.Errorf("after an application logged in, the PIN-blocked member saw %d C_Login calls, want still 1", n)
+	}
+
+	// The operator fixes the PIN file and recovers the member.
+	r.write("pin-1", testhsm.UserPIN+"\n")
+	rec := r.mustRun(nil, hactl, "--config", r.conf, "hagroup", "recover", "--group", loginGroup, "--member", "hsm-1")
+	r.waitMember("hsm-1", "back in service", func(m loginMemberJSON) bool { return m.State == "active" && !m.PINBlocked })
+	calls := r.logins()
+	var onBad []string
+	for _, c := range calls {
+		if c.label == "ha-1" {
+			onBad = append(onBad, c.rv)
+		}
+	}
+	if len(onBad) != 2 || onBad[1] != loginRVOK {
+		t.Errorf("C_Login answers on the member: %v, want the refused one then one that succeeded (recover said:\n%s)", onBad, rec)
+	}
+	if line := r.metric(`hagroup_member_pin_blocked{group="signing",member="hsm-1"}`); !strings.HasSuffix(line, " 0") {
+		t.Errorf("metrics after the recover: %q, want hagroup_member_pin_blocked 0 for hsm-1", line)
+	}
+}
