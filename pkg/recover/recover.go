@@ -51,6 +51,14 @@
 // recovery and the auto-recovery never work on one member together — the
 // race the Luna documentation warns corrupts keys.
 //
+// A member whose token refused its PIN (CKR_PIN_INCORRECT, _LOCKED,
+// _EXPIRED) — at an attempt's login, or at any login the engine made by
+// itself — is marked in state_dir/<group serial>/<member>.pinblock
+// (PINBlocks): no automatic attempt is made on it, in any process sharing
+// the state directory, until a manual Recover clears the mark and tries
+// once. A real HSM locks its user out after a few wrong PINs; offering
+// the same wrong one at every interval would.
+//
 // Each attempt and its outcome is an Event.
 package recover
 
@@ -1048,8 +1056,6 @@ func (r *Recoverer) Status(name string) Status {
 		return Status{Member: name, AttemptsLeft: r.retries, PINBlocked: blocked, PINBlock: mk}
 	}
 	return Status{
-		PINBlocked:    blocked,
-		PINBlock:      mk,
 		Member:        name,
 		InProgress:    m.flight != nil,
 		Auto:          m.episode,
@@ -1059,6 +1065,8 @@ func (r *Recoverer) Status(name string) Status {
 		LastAttempt:   m.lastAttempt,
 		LastError:     m.lastErr,
 		LastRecovered: m.lastOK,
+		PINBlocked:    blocked,
+		PINBlock:      mk,
 		NextAttempt:   m.next,
 		Conflicts:     m.conflicts,
 		OutOfSync:     m.outOfSync,
