@@ -202,7 +202,7 @@ type Group struct {
 // error is kept in its status and a MemberFailed event is emitted), so a
 // group opens even with members down, and recovery (ActivateMember) brings
 // them in later. Open fails only on an unusable configuration or when ctx
-// ends. Members are not logged in: call Login.
+// ends. Members are not logged in: call Login or LoginConfigured.
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
 	if g.Label == "" {
 		return nil, errors.New("group: empty label")

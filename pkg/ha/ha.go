@@ -104,7 +104,10 @@ func (s *sink) Event(e group.Event) {
 // Open opens group g with settings s: its members (one that is down
 // starts failed and is recovered later), its tombstone journal, and its
 // recoverer, which starts on the members failed now. Members are not
-// logged in: call Login. Open fails on an unusable configuration or when
+// logged in: call Login with the application's PIN, or LoginConfigured
+// (the members' own PIN sources, for the agent). The engine and the
+// recoverer share one set of PIN marks in the state directory (see
+// recover.PINBlocks). Open fails on an unusable configuration or when
 // ctx ends; a journal that cannot be opened is not fatal (see
 // TombstoneError).
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
