@@ -231,8 +231,12 @@ func loginSign(t *testing.T, g *ha.Group) {
 // (CKR_PIN_INCORRECT), after exactly one C_Login on one member, marks no
 // member and fails none. The empty PIN likewise. The right PIN opens the
 // group and signs; a second Login and a second Logout answer as a bare
-// token does.
+// token does. Only a member that is down passes the check on.
 func TestLoginWrongAppPINGoAPI(t *testing.T) {
+	// Three tokens for every case (the package's token pool is shared):
+	// each case is a group of its own on them.
+	toks := testhsm.Take(t, 3)
+	bare := toks[0] // opened directly, outside the groups, without a PIN
 	for _, tc := range []struct {
 		name     string
 		pinFiles bool
@@ -241,8 +245,6 @@ func TestLoginWrongAppPINGoAPI(t *testing.T) {
 		{"no member has a PIN source", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			toks := testhsm.Take(t, 4)
-			bare, toks := toks[3], toks[:3]
 			serial := fmt.Sprintf("%d", 7100000+loginSerials.Add(1))
 			loginInstallDomain(t, serial, toks)
 			dir := t.TempDir()
@@ -295,6 +297,7 @@ func TestLoginWrongAppPINGoAPI(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a member down passes the check on", func(t *testing.T) { loginHealthFailureMovesCheck(t, toks) })
 }
 
 // pinShown names a PIN in a test message without showing it.
@@ -305,12 +308,11 @@ func pinShown(pin string) string {
 	return "wrong PIN"
 }
 
-// TestLoginHealthFailureMovesCheck: only a member that is down passes the
+// loginHealthFailureMovesCheck: only a member that is down passes the
 // check on. The first member answers C_Login with CKR_DEVICE_ERROR: the
 // wrong PIN goes to the second, whose CKR_PIN_INCORRECT is final — the
 // third sees no C_Login.
-func TestLoginHealthFailureMovesCheck(t *testing.T) {
-	toks := testhsm.Take(t, 3)
+func loginHealthFailureMovesCheck(t *testing.T, toks []testhsm.Token) {
 	serial := fmt.Sprintf("%d", 7200000+loginSerials.Add(1))
 	dir := t.TempDir()
 	files := make([]string, len(toks))
