@@ -21,7 +21,7 @@ import (
 )
 
 // The login tests' world outside the test process: the real haagent, hactl
-// and libhapkcs11.so, built once per test binary, on SoftHSM tokens of a
+// and libhapkcs11.so, built for each test, on SoftHSM tokens of a
 // token directory of the test's own (each process reads SOFTHSM2_CONF at
 // its own C_Initialize). Every member is reached through loginShim, a
 // PKCS#11 module that hands out SoftHSM's own function list with C_Login
@@ -84,60 +84,47 @@ CK_RV C_GetFunctionList(CK_FUNCTION_LIST_PTR_PTR pp)
 }
 `
 
-// loginBuilt holds the artifacts built once per test binary.
-var loginBuilt struct {
-	once sync.Once
-	dir  string
-	err  error
-}
-
 // loginRepo is the repository root.
 func loginRepo() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// loginBuild builds haagent, hactl, hsmprep, libhapkcs11.so and the shim,
-// once, and returns the directory holding them.
+// loginBuild builds haagent, hactl, hsmprep, libhapkcs11.so and the shim
+// into a directory of the test's own (removed with it; the Go build cache
+// makes the builds after the first one cheap).
 func loginBuild(t *testing.T) string {
 	t.Helper()
-	loginBuilt.once.Do(func() {
-		dir, err := os.MkdirTemp("", "security-login-")
-		if err != nil {
-			loginBuilt.err = err
-			return
+	for _, tool := range []string{"softhsm2-util", "pkcs11-tool", "gcc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (scripts/deps.sh installs it)", tool)
 		}
-		loginBuilt.dir = dir
-		repo := loginRepo()
-		shim := filepath.Join(dir, "shim.c")
-		if err := os.WriteFile(shim, []byte(loginShimSource), 0o600); err != nil {
-			loginBuilt.err = err
-			return
-		}
-		steps := [][]string{
-			{"gcc", "-Wall", "-Werror", "-O2", "-shared", "-fPIC", "-I", filepath.Join(repo, "cmd", "hapkcs11"),
-				"-o", filepath.Join(dir, "loginshim.so"), shim, "-ldl"},
-			{"go", "build", "-o", filepath.Join(dir, "haagent"), "./cmd/haagent"},
-			{"go", "build", "-o", filepath.Join(dir, "hactl"), "./cmd/hactl"},
-			{"go", "build", "-o", filepath.Join(dir, "hsmprep"), "./test/module/hsmprep"},
-			{"go", "build", "-trimpath", "-buildmode=c-shared", "-ldflags=-s -w", "-o", filepath.Join(dir, "libhapkcs11.so"), "./cmd/hapkcs11"},
-		}
-		for _, s := range steps {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-			cmd := exec.CommandContext(ctx, s[0], s[1:]...)
-			cmd.Dir = repo
-			out, err := cmd.CombinedOutput()
-			cancel()
-			if err != nil {
-				loginBuilt.err = fmt.Errorf("%s: %v\n%s", strings.Join(s, " "), err, out)
-				return
-			}
-		}
-	})
-	if loginBuilt.err != nil {
-		t.Fatal(loginBuilt.err)
 	}
-	return loginBuilt.dir
+	dir := t.TempDir()
+	repo := loginRepo()
+	shim := filepath.Join(dir, "shim.c")
+	if err := os.WriteFile(shim, []byte(loginShimSource), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	steps := [][]string{
+		{"gcc", "-Wall", "-Werror", "-O2", "-shared", "-fPIC", "-I", filepath.Join(repo, "cmd", "hapkcs11"),
+			"-o", filepath.Join(dir, "loginshim.so"), shim, "-ldl"},
+		{"go", "build", "-o", filepath.Join(dir, "haagent"), "./cmd/haagent"},
+		{"go", "build", "-o", filepath.Join(dir, "hactl"), "./cmd/hactl"},
+		{"go", "build", "-o", filepath.Join(dir, "hsmprep"), "./test/module/hsmprep"},
+		{"go", "build", "-trimpath", "-buildmode=c-shared", "-ldflags=-s -w", "-o", filepath.Join(dir, "libhapkcs11.so"), "./cmd/hapkcs11"},
+	}
+	for _, s := range steps {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+		cmd := exec.CommandContext(ctx, s[0], s[1:]...)
+		cmd.Dir = repo
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(s, " "), err, out)
+		}
+	}
+	return dir
 }
 
 // Group identity of every login rig.
@@ -168,17 +155,12 @@ type loginRigOpts struct {
 	pins [3]string
 }
 
-// newLoginRig makes the tokens, the PIN files and the configuration, and
+// newLoginRig makes, for the programs in bin (loginBuild), the tokens, the PIN files and the configuration, and
 // installs the group's domain key (with hsmprep, whose C_Login calls are
 // not counted).
-func newLoginRig(t *testing.T, o loginRigOpts) *loginRig {
+func newLoginRig(t *testing.T, bin string, o loginRigOpts) *loginRig {
 	t.Helper()
-	for _, tool := range []string{"softhsm2-util", "pkcs11-tool", "gcc"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (scripts/deps.sh installs it)", tool)
-		}
-	}
-	r := &loginRig{t: t, bin: loginBuild(t), dir: t.TempDir()}
+	r := &loginRig{t: t, bin: bin, dir: t.TempDir()}
 	tokens := filepath.Join(r.dir, "tokens")
 	if err := os.Mkdir(tokens, 0o700); err != nil {
 		t.Fatal(err)

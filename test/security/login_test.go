@@ -493,6 +493,7 @@ func TestLoginURIPINNotEchoed(t *testing.T) {
 // (counted by the shim under the module). The right PIN opens the slot,
 // makes a key through it and signs.
 func TestLoginWrongAppPINModule(t *testing.T) {
+	bin := loginBuild(t)
 	for _, tc := range []struct {
 		name string
 		pins [3]string
@@ -501,7 +502,7 @@ func TestLoginWrongAppPINModule(t *testing.T) {
 		{"no member has a PIN source", [3]string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newLoginRig(t, loginRigOpts{pins: tc.pins})
+			r := newLoginRig(t, bin, loginRigOpts{pins: tc.pins})
 			lib := filepath.Join(r.bin, "libhapkcs11.so")
 			bad := []string{"BAD_PIN=" + loginWrongPIN}
 
@@ -553,7 +554,7 @@ func TestLoginWrongAppPINModule(t *testing.T) {
 // hagroup recover` clears the mark, makes one C_Login and the member
 // returns.
 func TestLoginWrongMemberPINAgent(t *testing.T) {
-	r := newLoginRig(t, loginRigOpts{pins: [3]string{testhsm.UserPIN, loginWrongPIN, testhsm.UserPIN}})
+	r := newLoginRig(t, loginBuild(t), loginRigOpts{pins: [3]string{testhsm.UserPIN, loginWrongPIN, testhsm.UserPIN}})
 	hactl := filepath.Join(r.bin, "hactl")
 	r.agent()
 	r.waitMember("hsm-1", "PIN-blocked", func(m loginMemberJSON) bool { return m.PINBlocked })
