@@ -169,6 +169,9 @@ func TestPrinters(t *testing.T) {
 	if got := attemptsLeft(agent.MemberStatus{GaveUp: true, AttemptsLeft: &four}); got != "0 (gave up)" {
 		t.Errorf("attempts left of a member that gave up = %q", got)
 	}
+	if got := attemptsLeft(agent.MemberStatus{PINBlocked: true, AttemptsLeft: &four}); got != "0 (PIN refused)" {
+		t.Errorf("attempts left of a PIN-blocked member = %q", got)
+	}
 	if got := needsSync(agent.MemberStatus{NeedsSync: true}); got != "yes" {
 		t.Errorf("needs sync without a count = %q", got)
 	}

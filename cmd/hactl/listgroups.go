@@ -24,6 +24,10 @@ attempt and why the last failed, whether recovery gave up, when it was last
 checked, its conflicts, the keys it could not receive and the mechanisms it
 lacks.
 
+A member whose token refused its PIN shows "0 (PIN refused)" as its attempts
+left (pinBlocked and pinBlockedReason in --json): nothing logs it in again
+until "hactl hagroup recover" for it.
+
 The states come from haagent when it runs; otherwise hactl reads the
 configuration and opens every member token itself (without logging in), and
 says so. Exits 3 when a group is degraded (a member down or out of sync).`,

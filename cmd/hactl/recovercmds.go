@@ -17,7 +17,13 @@ func newRecoverCmd(a *app) *cobra.Command {
 		Long: `Ask haagent to recover a group's failed members now, or one member: reopen
 the token, log in, apply what was created and deleted while it was away, and
 return it to service. haagent never runs two recoveries of one member at once,
-so this is safe while auto-recovery is on.`,
+so this is safe while auto-recovery is on.
+
+A member whose token refused its PIN (CKR_PIN_INCORRECT, CKR_PIN_LOCKED,
+CKR_PIN_EXPIRED) is PIN-blocked: no process sharing the state directory logs
+it in or recovers it automatically, so a wrong pin_file cannot lock the HSM's
+user out. Fix its pin_file or pin_env (or unlock the PIN on the HSM), then
+recover it: this clears the mark and makes one attempt, with one C_Login.`,
 		Example: `  hactl hagroup recover --group signing
   hactl hagroup recover --group signing --member hsm-b`,
 		Args: noArgs,

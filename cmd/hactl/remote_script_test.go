@@ -71,7 +71,7 @@ func grpkey(args []string) error {
 		return err
 	}
 	defer g.Close()
-	if err := g.Login(ctx, pkcs11.CKU_USER, secret.PIN{}); err != nil {
+	if err := g.LoginConfigured(ctx); err != nil {
 		return err
 	}
 	s, err := g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)

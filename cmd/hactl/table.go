@@ -146,6 +146,8 @@ func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
 // "-" when unknown (no agent), "unlimited", "0 (gave up)", or a count.
 func attemptsLeft(m agent.MemberStatus) string {
 	switch {
+	case m.PINBlocked:
+		return "0 (PIN refused)"
 	case m.GaveUp:
 		return "0 (gave up)"
 	case m.AttemptsLeft == nil:

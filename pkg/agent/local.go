@@ -37,7 +37,7 @@ func TokenSelector(m config.Member) string {
 	case m.TokenSerial != "":
 		return "serial=" + m.TokenSerial
 	default:
-		return m.URI
+		return slot.RedactURI(m.URI)
 	}
 }
 
@@ -187,7 +187,7 @@ func TokenNotFound(m config.Member, tokens []slot.TokenSummary) error {
 	case m.TokenSerial != "":
 		what = fmt.Sprintf("token serial %q", m.TokenSerial)
 	default:
-		what = fmt.Sprintf("token URI %q", m.URI)
+		what = fmt.Sprintf("token URI %q", slot.RedactURI(m.URI))
 	}
 	return fmt.Errorf("member %q: %s not found in %s; tokens there: %s", m.Name, what, m.Module, list)
 }

@@ -98,6 +98,12 @@ type MemberStatus struct {
 	// GaveUp reports whether the automatic attempts ran out: the member
 	// stays out until a manual recover.
 	GaveUp bool `json:"gaveUp,omitempty"`
+	// PINBlocked reports whether the member's token refused its PIN
+	// (incorrect, locked, expired): no process logs it in or recovers it
+	// automatically until `hactl hagroup recover` for it, which clears
+	// the mark and tries once. PINBlockedReason says when and why.
+	PINBlocked       bool   `json:"pinBlocked,omitempty"`
+	PINBlockedReason string `json:"pinBlockedReason,omitempty"`
 	// Attempts made in the current (or last) episode of automatic
 	// recovery.
 	Attempts int `json:"attempts,omitempty"`

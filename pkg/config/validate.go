@@ -371,6 +371,9 @@ func checkURI(s string) string {
 			if !ok || name == "" {
 				return "a path attribute is not name=value"
 			}
+			if strings.HasPrefix(strings.ToLower(name), "pin-") {
+				return fmt.Sprintf("must not carry a PIN (%s): use pin_file or pin_env", name)
+			}
 			if seen[name] {
 				return fmt.Sprintf("attribute %q appears twice", name)
 			}
@@ -400,10 +403,10 @@ func checkURI(s string) string {
 	if query != "" {
 		for _, attr := range strings.Split(query, "&") {
 			name, _, _ := strings.Cut(attr, "=")
-			switch name {
-			case "pin-value", "pin-source":
+			switch {
+			case strings.HasPrefix(strings.ToLower(name), "pin-"):
 				return fmt.Sprintf("must not carry a PIN (%s): use pin_file or pin_env", name)
-			case "module-name", "module-path":
+			case name == "module-name" || name == "module-path":
 				return fmt.Sprintf("query attribute %s: give the module with the module key", name)
 			}
 		}

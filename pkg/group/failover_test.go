@@ -523,8 +523,8 @@ func TestMemberPINSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	if err := g.Login(testContext(t), pkcs11.CKU_USER, pinOf("")); err != nil {
-		t.Fatalf("Login with member PIN sources only: %v", err)
+	if err := g.LoginConfigured(testContext(t)); err != nil {
+		t.Fatalf("LoginConfigured with member PIN sources only: %v", err)
 	}
 	if !g.appPIN.Empty() {
 		t.Errorf("the group kept an application PIN no member needs")
@@ -537,14 +537,31 @@ func TestMemberPINSources(t *testing.T) {
 	if err := g.Logout(testContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	// A member's own PIN overrides the application's: a wrong application
-	// PIN does not matter to members that have their own.
-	if err := g.Login(testContext(t), pkcs11.CKU_USER, pinOf("not-the-pin")); err != nil {
-		t.Fatalf("Login with a wrong application PIN but member PIN sources: %v", err)
+	// The application proves its PIN even where every member has its own:
+	// a wrong one is refused after one try on one member, and costs no
+	// member its place.
+	err = g.Login(testContext(t), pkcs11.CKU_USER, pinOf("not-the-pin"))
+	if CodeOf(err) != pkcs11.CKR_PIN_INCORRECT {
+		t.Fatalf("Login with a wrong application PIN but member PIN sources: %v, want CKR_PIN_INCORRECT", err)
+	}
+	tried := 0
+	for _, tok := range toks {
+		tried += faults.Calls(tok.Name, slot.OpLogin) - 1
+	}
+	if tried != 1 {
+		t.Errorf("the wrong application PIN reached %d logins, want 1", tried)
 	}
 	for _, m := range g.Members() {
 		if m.State != member.Active {
 			t.Errorf("%s is %v", m.Name, m.State)
+		}
+	}
+	if err := g.Login(testContext(t), pkcs11.CKU_USER, pinOf(toks[0].UserPIN)); err != nil {
+		t.Fatalf("Login with the right application PIN: %v", err)
+	}
+	for _, tok := range toks {
+		if n := faults.Calls(tok.Name, slot.OpLogin); n < 2 {
+			t.Errorf("%s: %d logins after the right PIN, want it logged in again", tok.Name, n)
 		}
 	}
 }

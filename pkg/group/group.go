@@ -121,6 +121,22 @@ type Options struct {
 	// SpinHandoff is passed into every member's slot.Spec: the callers are
 	// threads of a C application (libhapkcs11.so).
 	SpinHandoff bool
+	// PINGuard keeps members whose token refused their PIN from being
+	// offered one again; nil: no guard beyond this process's own refusal.
+	PINGuard PINGuard
+}
+
+// PINGuard remembers the members whose token refused the PIN the engine
+// logged them in with (pkg/recover's PINBlocks keeps it in the state
+// directory, for every process on the host). Its methods must be safe for
+// concurrent use and must not block for long.
+type PINGuard interface {
+	// Blocked returns why member must not be logged in by the engine, or
+	// nil.
+	Blocked(member string) error
+	// Refused records that member's token refused the PIN the engine
+	// logged it in with (slot.PINRefused(err)).
+	Refused(member string, err error)
 }
 
 // Group is one HA group. Create it with Open; it is safe for concurrent
@@ -186,7 +202,7 @@ type Group struct {
 // error is kept in its status and a MemberFailed event is emitted), so a
 // group opens even with members down, and recovery (ActivateMember) brings
 // them in later. Open fails only on an unusable configuration or when ctx
-// ends. Members are not logged in: call Login.
+// ends. Members are not logged in: call Login or LoginConfigured.
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
 	if g.Label == "" {
 		return nil, errors.New("group: empty label")
@@ -638,7 +654,9 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 		}
 		m.BumpEpoch()
 	}
-	if ut >= 0 {
+	if ut >= 0 && !(uint(ut) == pkcs11.CKU_USER && s.LoggedIn()) {
+		// (A slot that logged in again by itself with its kept PIN on
+		// Reinit needs no second C_Login.)
 		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
 			if slot.ClassOf(err) == slot.ClassLogin && !g.ownPIN(m, uint(ut)) {
 				// The kept PIN is refused here: stop offering it, so that

@@ -248,18 +248,31 @@ func (s *Session) checkOpen(op string) error {
 	return nil
 }
 
-// Login logs the virtual slot in as userType (CKU_USER or CKU_SO). Every
-// active and standby member is logged in: a member with its own PIN source
-// in the configuration (pin_file / pin_env) uses it for CKU_USER, the
-// others use pin. pin is tried first on one member only: if that member
-// says the PIN is incorrect or locked, the error is returned and no other
-// member is tried, so a wrong PIN cannot lock every member out. A member
-// that fails to log in for another reason is failed. Login succeeds when
-// at least one member is logged in. While logged in the group keeps a copy
-// of pin so that recovered members can be logged in; Logout and Close zero
-// it. Login with an empty pin logs in the members that have their own PIN
-// (for the agent).
+// Login logs the virtual slot in as userType (CKU_USER or CKU_SO) with the
+// application's pin, which must prove itself first: it is tried on one
+// member only (see proveOn for which), and that member's answer is final —
+// CKR_PIN_INCORRECT, CKR_PIN_LOCKED, CKR_PIN_EXPIRED or any other refusal
+// is returned and reaches no other member, so a wrong PIN costs one try on
+// one token, as on a bare token. Only a member that fails for a health
+// reason passes the check on to the next. Once the PIN is proved, every
+// other serving member is logged in: with its own PIN source (pin_file /
+// pin_env) for CKU_USER where it has one, with pin otherwise; a member
+// that fails to log in is failed. While logged in the group keeps a copy
+// of pin when some member needs it to be logged in after a recovery;
+// Logout and Close zero it.
 func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error {
+	return g.login(ctx, userType, pin, true)
+}
+
+// LoginConfigured logs the members in as CKU_USER with their own PIN
+// sources only, for a process that serves no application and has no PIN
+// of its own to prove (haagent). Members without a source stay logged
+// out. It succeeds when at least one member is logged in.
+func (g *Group) LoginConfigured(ctx context.Context) error {
+	return g.login(ctx, pkcs11.CKU_USER, secret.PIN{}, false)
+}
+
+func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove bool) error {
 	if err := g.gate.enter(); err != nil {
 		return err
 	}
@@ -277,52 +290,28 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 		g.ensureActive()
 		ms = g.serving()
 	}
-	var app, own []*member.Member
-	for _, m := range ms {
-		if g.ownPIN(m, userType) {
-			own = append(own, m)
-		} else if !pin.Empty() {
-			app = append(app, m)
-		}
-	}
-	var lastErr error
+	var rest []*member.Member
 	logged := 0
-	// The application's PIN on one member first.
-	for len(app) > 0 {
-		m := app[0]
-		app = app[1:]
-		err := g.loginMember(ctx, m, userType, pin)
-		if err == nil {
-			logged++
-			break
-		}
-		switch slot.ClassOf(err) {
-		case slot.ClassLogin, slot.ClassRequest:
-			if ctx.Err() == nil {
-				return opErr("Login", m.Name(), err)
-			}
-		}
-		lastErr = err
-		g.failMember(m, err)
-	}
-	if logged == 0 {
-		app = nil // the PIN was never accepted: do not spread it
-	}
-	rest := append(app, own...)
-	errs := make([]error, len(rest))
-	var wg gosync.WaitGroup
-	for i, m := range rest {
-		wg.Go(func() { errs[i] = g.loginMember(ctx, m, userType, pin) })
-	}
-	wg.Wait()
-	for i, err := range errs {
+	if prove {
+		checked, err := g.provePIN(ctx, ms, userType, pin)
 		if err != nil {
-			lastErr = err
-			g.failMember(rest[i], err)
-			continue
+			return err
 		}
 		logged++
+		for _, m := range ms {
+			if m != checked {
+				rest = append(rest, m)
+			}
+		}
+	} else {
+		for _, m := range ms {
+			if g.ownPIN(m, userType) {
+				rest = append(rest, m)
+			}
+		}
 	}
+	n, lastErr := g.loginAll(ctx, rest, userType, pin)
+	logged += n
 	if logged == 0 {
 		if lastErr == nil {
 			return wrap(ErrNoMember, "Login", "", errors.New("no member to log in"))
@@ -331,7 +320,7 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 	}
 	g.appPIN.Zero()
 	g.appPIN = secret.PIN{}
-	if g.needsAppPIN(userType) {
+	if prove && g.needsAppPIN(userType) {
 		// Kept only because a member that is (or will be) recovered must
 		// be logged in with it.
 		g.appPIN = pin.Clone()
@@ -341,6 +330,67 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
 	return nil
+}
+
+// provePIN logs one member of ms in with the application's pin and
+// returns it. Members without a PIN source of their own are asked first:
+// they are the ones that need the application's PIN, and where members
+// hold different PINs the application knows theirs. A member the guard
+// blocks is passed over (nothing is sent to it); a member that fails for a
+// health reason is failed and the next one asked; any other answer is
+// final.
+func (g *Group) provePIN(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (*member.Member, error) {
+	order := make([]*member.Member, 0, len(ms))
+	for _, own := range []bool{false, true} {
+		for _, m := range ms {
+			if g.ownPIN(m, userType) == own {
+				order = append(order, m)
+			}
+		}
+	}
+	var lastErr error
+	for _, m := range order {
+		if err := g.blocked(m); err != nil {
+			lastErr = err
+			g.failMember(m, err)
+			continue
+		}
+		err := g.loginAs(ctx, m, userType, pin)
+		if err == nil {
+			return m, nil
+		}
+		if slot.ClassOf(err) != slot.ClassHealth || ctx.Err() != nil {
+			return nil, opErr("Login", m.Name(), err)
+		}
+		lastErr = err
+		g.failMember(m, err)
+	}
+	if lastErr == nil {
+		return nil, wrap(ErrNoMember, "Login", "", errors.New("no member to check the PIN on"))
+	}
+	return nil, wrap(ErrNoMember, "Login", "", lastErr)
+}
+
+// loginAll logs ms in (see loginMember) at once, fails those that do not
+// log in, and returns how many did and the last error.
+func (g *Group) loginAll(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (int, error) {
+	errs := make([]error, len(ms))
+	var wg gosync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() { errs[i] = g.loginMember(ctx, m, userType, pin) })
+	}
+	wg.Wait()
+	logged := 0
+	var lastErr error
+	for i, err := range errs {
+		if err != nil {
+			lastErr = err
+			g.failMember(ms[i], err)
+			continue
+		}
+		logged++
+	}
+	return logged, lastErr
 }
 
 // needsAppPIN reports whether some member logs in as userType with the
@@ -360,8 +410,16 @@ func (g *Group) ownPIN(m *member.Member, userType uint) bool {
 	return ok && userType == pkcs11.CKU_USER && cm.HasPIN()
 }
 
-// loginMember logs m in with its own PIN or pin. loginMu held.
+// loginMember logs m in by itself, as the engine does after the PIN was
+// proved, on a recovery and on a lost login: with its own PIN source, or
+// else pin (the application's, kept). A member the guard blocks is not
+// asked; a token that refuses the PIN is reported to the guard, so that
+// no process offers it again until an operator recovers the member.
+// loginMu held.
 func (g *Group) loginMember(ctx context.Context, m *member.Member, userType uint, pin secret.PIN) error {
+	if err := g.blocked(m); err != nil {
+		return err
+	}
 	if g.ownPIN(m, userType) {
 		own, err := g.view().cfg[m.Index()].ReadPIN()
 		if err != nil {
@@ -372,6 +430,24 @@ func (g *Group) loginMember(ctx context.Context, m *member.Member, userType uint
 	} else if pin.Empty() {
 		return wrap(ErrNotLoggedIn, "Login", m.Name(), errors.New("no PIN for this member: it has no pin source and the application's PIN is not known"))
 	}
+	err := g.loginAs(ctx, m, userType, pin)
+	if slot.PINRefused(err) && g.opts.PINGuard != nil {
+		g.opts.PINGuard.Refused(m.Name(), err)
+	}
+	return err
+}
+
+// blocked returns why the guard keeps m from being logged in, or nil.
+func (g *Group) blocked(m *member.Member) error {
+	if g.opts.PINGuard == nil {
+		return nil
+	}
+	return g.opts.PINGuard.Blocked(m.Name())
+}
+
+// loginAs makes the one C_Login of a login of m with pin, charging m's
+// health as any call would. CKR_USER_ALREADY_LOGGED_IN is success.
+func (g *Group) loginAs(ctx context.Context, m *member.Member, userType uint, pin secret.PIN) error {
 	s := m.Slot()
 	start := m.Begin()
 	err := s.Login(ctx, userType, pin)

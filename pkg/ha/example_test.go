@@ -9,8 +9,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/recover"
-	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/miekg/pkcs11"
 )
 
 // Opening a configured group with its recovery, adding a member while it
@@ -28,7 +26,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer g.Close()
-	if err := g.Login(ctx, pkcs11.CKU_USER, secret.PIN{}); err != nil { // members' own PIN files
+	if err := g.LoginConfigured(ctx); err != nil { // members' own PIN files
 		log.Fatal(err)
 	}
 

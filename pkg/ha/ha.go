@@ -104,7 +104,10 @@ func (s *sink) Event(e group.Event) {
 // Open opens group g with settings s: its members (one that is down
 // starts failed and is recovered later), its tombstone journal, and its
 // recoverer, which starts on the members failed now. Members are not
-// logged in: call Login. Open fails on an unusable configuration or when
+// logged in: call Login with the application's PIN, or LoginConfigured
+// (the members' own PIN sources, for the agent). The engine and the
+// recoverer share one set of PIN marks in the state directory (see
+// recover.PINBlocks). Open fails on an unusable configuration or when
 // ctx ends; a journal that cannot be opened is not fatal (see
 // TombstoneError).
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
@@ -129,6 +132,15 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		gopts.Tombstones = mem
 		tombs = mem
 	}
+	// One set of PIN marks for the engine (which consults it before every
+	// login it makes by itself) and the recoverer (before every automatic
+	// attempt), in the state directory every process on the host shares.
+	blocks, err := recover.NewPINBlocks(stateDir, g.Serial, 0)
+	if err != nil {
+		h.closeJournal()
+		return nil, fmt.Errorf("group %s: %w", g.Label, err)
+	}
+	gopts.PINGuard = blocks
 	gr, err := group.Open(ctx, g, s, gopts)
 	if err != nil {
 		h.closeJournal()
@@ -144,6 +156,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		Tombstones:     tombs,
 		Events:         opts.RecoveryEvents,
 		Clock:          opts.Clock,
+		PINBlocks:      blocks,
 	})
 	if err != nil {
 		gr.Close()
@@ -233,6 +246,11 @@ type MemberStatus struct {
 	// GaveUp reports whether the automatic attempts ran out: the member
 	// stays failed until a manual Recover.
 	GaveUp bool `json:"gave_up"`
+	// PINBlocked reports whether the member's token refused its PIN: no
+	// process sharing the state directory logs it in or recovers it
+	// automatically until a manual Recover. PINBlockedReason says why.
+	PINBlocked       bool   `json:"pin_blocked"`
+	PINBlockedReason string `json:"pin_blocked_reason,omitempty"`
 	// Attempts made in the current (or last) episode of automatic
 	// recovery, and AttemptsLeft (-1: without limit).
 	Attempts     int       `json:"attempts"`
@@ -275,6 +293,7 @@ func (h *Group) Status() Status {
 			Recovering:    rs.InProgress,
 			AutoRecovery:  rs.Auto,
 			GaveUp:        rs.GaveUp,
+			PINBlocked:    rs.PINBlocked,
 			Attempts:      rs.Attempts,
 			AttemptsLeft:  rs.AttemptsLeft,
 			LastAttempt:   rs.LastAttempt,
@@ -287,6 +306,9 @@ func (h *Group) Status() Status {
 		}
 		if rs.LastError != nil {
 			ms.LastAttemptError = rs.LastError.Error()
+		}
+		if rs.PINBlocked {
+			ms.PINBlockedReason = rs.PINBlock.Reason
 		}
 		for _, u := range ms.Unreplicated {
 			if u.Time.After(rs.CheckedAt) {

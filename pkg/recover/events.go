@@ -15,7 +15,11 @@ type EventKind string
 // Recovered or AttemptFailed (plus ConflictFound before a failure caused by
 // a conflict, and GaveUp after the last automatic attempt failed). A
 // scheduled attempt that found the member's lock held by another process
-// emits AttemptSkipped instead and costs no attempt.
+// emits AttemptSkipped instead and costs no attempt. PINBlocked follows an
+// attempt whose login the token refused (CKR_PIN_INCORRECT, _LOCKED,
+// _EXPIRED), and comes when an automatic attempt is first held back by a
+// PIN mark (made by any process): no automatic attempt is made until a
+// manual one.
 const (
 	AttemptStarted EventKind = "recovery_attempt"
 	Recovered      EventKind = "recovery_succeeded"
@@ -23,6 +27,7 @@ const (
 	GaveUp         EventKind = "recovery_gave_up"
 	AttemptSkipped EventKind = "recovery_skipped"
 	ConflictFound  EventKind = "recovery_conflict"
+	PINBlocked     EventKind = "recovery_pin_blocked"
 )
 
 // Event is one step of a member's recovery. Fields that do not apply to

@@ -51,6 +51,14 @@
 // recovery and the auto-recovery never work on one member together — the
 // race the Luna documentation warns corrupts keys.
 //
+// A member whose token refused its PIN (CKR_PIN_INCORRECT, _LOCKED,
+// _EXPIRED) — at an attempt's login, or at any login the engine made by
+// itself — is marked in state_dir/<group serial>/<member>.pinblock
+// (PINBlocks): no automatic attempt is made on it, in any process sharing
+// the state directory, until a manual Recover clears the mark and tries
+// once. A real HSM locks its user out after a few wrong PINs; offering
+// the same wrong one at every interval would.
+//
 // Each attempt and its outcome is an Event.
 package recover
 
@@ -237,6 +245,10 @@ type Options struct {
 	CatchUp CatchUpFunc
 	// LockPerm is the mode of lock files created; 0 means 0660.
 	LockPerm os.FileMode
+	// PINBlocks holds the members' PIN marks (see ErrPINBlocked); give
+	// the group the same one as its group.PINGuard. Nil: the Recoverer
+	// makes its own, in StateDir (in memory without one).
+	PINBlocks *PINBlocks
 }
 
 // Result is the outcome of one attempt.
@@ -280,6 +292,11 @@ type Status struct {
 	LastError error
 	// LastRecovered is when the member last came back.
 	LastRecovered time.Time
+	// PINBlocked reports whether the member's token refused its PIN:
+	// no automatic attempt is made, in any process sharing the state
+	// directory, until a manual Recover. PINBlock says when and why.
+	PINBlocked bool
+	PINBlock   PINBlock
 	// NextAttempt is when the next automatic attempt is due (zero when
 	// none is scheduled).
 	NextAttempt time.Time
@@ -296,6 +313,7 @@ type Status struct {
 // for concurrent use.
 type Recoverer struct {
 	eng     Engine
+	blocks  *PINBlocks
 	clock   Clock
 	repl    *hasync.Replicator
 	opts    Options
@@ -330,6 +348,7 @@ type memberRec struct {
 	checked      time.Time // when that plan was made
 	flight       *flight
 	kick         chan struct{} // re-arms the loop's timer (interval changed)
+	blockSeen    bool          // PINBlocked was reported for the mark there is now
 }
 
 // flight is one attempt running; callers that join wait for done.
@@ -367,8 +386,16 @@ func New(opts Options) (*Recoverer, error) {
 	if opts.LockPerm == 0 {
 		opts.LockPerm = 0o660
 	}
+	if opts.PINBlocks == nil {
+		b, err := NewPINBlocks(opts.StateDir, serial, opts.LockPerm)
+		if err != nil {
+			return nil, err
+		}
+		opts.PINBlocks = b
+	}
 	r := &Recoverer{
 		eng:      opts.Engine,
+		blocks:   opts.PINBlocks,
 		clock:    opts.Clock,
 		repl:     &hasync.Replicator{GroupSerial: serial},
 		opts:     opts,
@@ -612,6 +639,10 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, a
 		out.stop = true
 		return out
 	}
+	if err := r.checkPINBlock(m, manual); err != nil {
+		out.err = fmt.Errorf("recover member %s: %w", m.name, err)
+		return out
+	}
 	out.counted = true
 	start := r.clock.Now()
 	r.mu.Lock()
@@ -645,10 +676,53 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, a
 		if errors.As(err, &ce) {
 			r.emit(Event{Kind: ConflictFound, Member: m.name, Attempt: out.res.Attempt, Manual: manual, Conflicts: ce.Conflicts, Err: err})
 		}
+		if slot.PINRefused(err) {
+			r.notePINRefused(m, out.err)
+		}
 		return out
 	}
 	out.stop = true
 	return out
+}
+
+// checkPINBlock is the PIN mark's rule, checked under the member's host
+// lock before every attempt: a manual attempt clears the mark (the
+// operator says the PIN source is fixed) and goes on; an automatic one is
+// not made while the mark is there, whichever process made it, and costs
+// no attempt. The first automatic attempt held back by a mark reports it
+// (PINBlocked).
+func (r *Recoverer) checkPINBlock(m *memberRec, manual bool) error {
+	if manual {
+		r.mu.Lock()
+		m.blockSeen = false
+		r.mu.Unlock()
+		return r.blocks.Clear(m.name)
+	}
+	mk, ok := r.blocks.Get(m.name)
+	r.mu.Lock()
+	report := ok && !m.blockSeen
+	m.blockSeen = ok
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	err := mk.err(m.name)
+	if report {
+		r.emit(Event{Kind: PINBlocked, Member: m.name, Err: err})
+	}
+	return err
+}
+
+// notePINRefused marks member m after its attempt's login was refused
+// (the engine's guard has usually marked it already) and reports it.
+func (r *Recoverer) notePINRefused(m *memberRec, err error) {
+	if _, ok := r.blocks.Get(m.name); !ok {
+		r.blocks.Mark(m.name, err) // an unwritable mark still holds in this process
+	}
+	r.mu.Lock()
+	m.blockSeen = true
+	r.mu.Unlock()
+	r.emit(Event{Kind: PINBlocked, Member: m.name, Err: err})
 }
 
 // attempt re-opens, catches up and activates member name.
@@ -974,11 +1048,12 @@ func (r *Recoverer) lockMember(ctx context.Context, name string, wait bool) (fun
 
 // Status returns the recovery state of member name.
 func (r *Recoverer) Status(name string) Status {
+	mk, blocked := r.blocks.Get(name)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.members[name]
 	if m == nil {
-		return Status{Member: name, AttemptsLeft: r.retries}
+		return Status{Member: name, AttemptsLeft: r.retries, PINBlocked: blocked, PINBlock: mk}
 	}
 	return Status{
 		Member:        name,
@@ -990,6 +1065,8 @@ func (r *Recoverer) Status(name string) Status {
 		LastAttempt:   m.lastAttempt,
 		LastError:     m.lastErr,
 		LastRecovered: m.lastOK,
+		PINBlocked:    blocked,
+		PINBlock:      mk,
 		NextAttempt:   m.next,
 		Conflicts:     m.conflicts,
 		OutOfSync:     m.outOfSync,

@@ -24,7 +24,10 @@
 //
 // SoftHSM, like many tokens, invalidates private object handles on logout. A
 // Slot holding a user PIN logs in again by itself when it finds its login
-// gone, and Epoch changes whenever handles obtained earlier may have become
+// gone (a new anchor session, Reinit, a lost login) — until the token
+// refuses that PIN (PINRefused): then it forgets it, so a PIN changed on
+// the HSM is not offered again and again until the user is locked out —
+// and Epoch changes whenever handles obtained earlier may have become
 // invalid (re-login, Logout, Reinit): callers that cache handles compare
 // Epoch and look their objects up again.
 //

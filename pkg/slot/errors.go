@@ -297,6 +297,23 @@ func ClassOf(err error) Class {
 	return ClassHealth
 }
 
+// PINRefused reports whether err is a token refusing a PIN itself:
+// incorrect (or of a length or form it does not take), locked or expired.
+// Offering the same PIN again can only bring a lockout closer, so nothing
+// offers it again by itself.
+func PINRefused(err error) bool {
+	code, ok := codeIn(err)
+	if !ok {
+		return false
+	}
+	switch code {
+	case pkcs11.CKR_PIN_INCORRECT, pkcs11.CKR_PIN_INVALID, pkcs11.CKR_PIN_LEN_RANGE,
+		pkcs11.CKR_PIN_LOCKED, pkcs11.CKR_PIN_EXPIRED:
+		return true
+	}
+	return false
+}
+
 // CodeOf returns the CKR code for err for the C boundary: the module's own
 // code, CKR_DEVICE_ERROR for timeouts and unknown health errors, CKR_OK for nil.
 func CodeOf(err error) uint {

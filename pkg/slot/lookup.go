@@ -61,37 +61,43 @@ func parseQuery(spec *Spec) (tokenQuery, error) {
 // slot-manufacturer, library-manufacturer, library-description,
 // library-version), percent-decoding their values. Object attributes
 // (object, type, id) are accepted and ignored; any other path attribute is
-// an error, as is a PIN in the query (pin-value).
+// an error, as is a PIN (pin-value, pin-source) in the path or the query.
+// Errors quote the URI only as RedactURI gives it and name attributes,
+// never a value that could be a PIN.
 func parseURI(uri string) (tokenQuery, error) {
-	q := tokenQuery{what: fmt.Sprintf("token matching %q", uri), byURI: true, attrs: map[string]string{}}
+	shown := RedactURI(uri)
+	q := tokenQuery{what: fmt.Sprintf("token matching %q", shown), byURI: true, attrs: map[string]string{}}
 	rest, ok := strings.CutPrefix(uri, "pkcs11:")
 	if !ok {
-		return q, fmt.Errorf("%w: URI %q does not start with pkcs11:", ErrInvalidSpec, uri)
+		return q, fmt.Errorf("%w: URI %q does not start with pkcs11:", ErrInvalidSpec, shown)
 	}
 	path, query, _ := strings.Cut(rest, "?")
 	if path != "" {
-		for _, part := range strings.Split(path, ";") {
+		for i, part := range strings.Split(path, ";") {
 			k, v, ok := strings.Cut(part, "=")
 			if !ok || k == "" {
-				return q, fmt.Errorf("%w: URI %q: attribute %q is not name=value", ErrInvalidSpec, uri, part)
+				return q, fmt.Errorf("%w: URI %q: path attribute %d is not name=value", ErrInvalidSpec, shown, i+1)
+			}
+			if isPINAttr(k) {
+				return q, fmt.Errorf("%w: URI %q carries a PIN (%s); give the PIN through a PIN file or variable", ErrInvalidSpec, shown, k)
 			}
 			val, err := url.PathUnescape(v)
 			if err != nil {
-				return q, fmt.Errorf("%w: URI %q: attribute %s: %v", ErrInvalidSpec, uri, k, err)
+				return q, fmt.Errorf("%w: URI %q: attribute %s: bad percent-encoding", ErrInvalidSpec, shown, k)
 			}
 			switch {
 			case contains(objectAttrs, k):
 				continue
 			case !contains(tokenAttrs, k):
-				return q, fmt.Errorf("%w: URI %q: unknown attribute %q", ErrInvalidSpec, uri, k)
+				return q, fmt.Errorf("%w: URI %q: unknown attribute %q", ErrInvalidSpec, shown, k)
 			}
 			if _, dup := q.attrs[k]; dup {
-				return q, fmt.Errorf("%w: URI %q: attribute %s given twice", ErrInvalidSpec, uri, k)
+				return q, fmt.Errorf("%w: URI %q: attribute %s given twice", ErrInvalidSpec, shown, k)
 			}
 			if k == "slot-id" {
 				id, err := strconv.ParseUint(val, 10, 64)
 				if err != nil {
-					return q, fmt.Errorf("%w: URI %q: slot-id %q is not a decimal number", ErrInvalidSpec, uri, val)
+					return q, fmt.Errorf("%w: URI %q: slot-id %q is not a decimal number", ErrInvalidSpec, shown, val)
 				}
 				u := uint(id)
 				q.slot = &u
@@ -102,20 +108,53 @@ func parseURI(uri string) (tokenQuery, error) {
 	if query != "" {
 		for _, part := range strings.Split(query, "&") {
 			k, _, _ := strings.Cut(part, "=")
-			if k == "pin-value" {
-				return q, fmt.Errorf("%w: URI %q carries a PIN (pin-value); give the PIN through a PIN file or variable", ErrInvalidSpec, redactQuery(uri))
+			if isPINAttr(k) {
+				return q, fmt.Errorf("%w: URI %q carries a PIN (%s); give the PIN through a PIN file or variable", ErrInvalidSpec, shown, k)
 			}
 		}
 	}
 	return q, nil
 }
 
-// redactQuery drops the query of a URI, which may hold a PIN.
-func redactQuery(uri string) string {
+// isPINAttr reports whether URI attribute k carries a PIN or says where
+// one is (RFC 7512's pin-value and pin-source, wherever they are put).
+func isPINAttr(k string) bool { return strings.HasPrefix(strings.ToLower(k), "pin-") }
+
+// RedactURI returns uri as messages may show it: the values of PIN attributes
+// in the path replaced by "…", and the query, which may hold a PIN,
+// dropped.
+func RedactURI(uri string) string {
 	if i := strings.IndexByte(uri, '?'); i >= 0 {
-		return uri[:i] + "?…"
+		uri = uri[:i] + "?…"
 	}
-	return uri
+	path, query, hasQuery := strings.Cut(uri, "?")
+	parts := strings.Split(path, ";")
+	for i, part := range parts {
+		if part == "" || part == "pkcs11:" {
+			continue
+		}
+		k, _, ok := strings.Cut(part, "=")
+		if i == 0 {
+			k = strings.TrimPrefix(k, "pkcs11:")
+		}
+		if !ok || isPINAttr(k) {
+			// Not name=value: it could be anything, a PIN included.
+			prefix := ""
+			if i == 0 && strings.HasPrefix(part, "pkcs11:") {
+				prefix = "pkcs11:"
+			}
+			if ok {
+				parts[i] = prefix + k + "=…"
+			} else {
+				parts[i] = prefix + "…"
+			}
+		}
+	}
+	out := strings.Join(parts, ";")
+	if hasQuery {
+		out += "?" + query
+	}
+	return out
 }
 
 func contains(list []string, s string) bool {

@@ -346,19 +346,25 @@ func (s *Slot) Logout(ctx context.Context) error {
 			return err
 		}
 	}
+	s.forgetPINLocked()
+	s.epoch.Add(1)
+	return nil
+}
+
+// forgetPINLocked drops the kept user PIN and the login state: the slot no
+// longer logs in by itself. Callers hold s.mu.
+func (s *Slot) forgetPINLocked() {
 	s.pin.Zero()
 	s.pin = secret.PIN{}
 	s.loginType = loginNone
 	s.loggedIn.Store(false)
-	s.epoch.Add(1)
-	return nil
 }
 
 // reloginLocked logs the user in again on anchor a when the token says
 // nobody is logged in, and bumps Epoch when it did. Callers hold s.mu.
 func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	var state uint
-	err := a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
+	err := a.run(ctx, OpSessionInfo, s.cmdTimeout, func(x *sess) error {
 		si, err := x.ctx.GetSessionInfo(x.h)
 		state = si.State
 		return err
@@ -375,6 +381,11 @@ func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	})
 	if code, ok := codeIn(err); err != nil && (!ok || code != pkcs11.CKR_USER_ALREADY_LOGGED_IN) {
 		s.loggedIn.Store(false)
+		if PINRefused(err) {
+			// The token no longer takes the kept PIN: forget it, so that
+			// no new anchor, Reinit or lost login offers it again.
+			s.forgetPINLocked()
+		}
 		return err
 	}
 	s.loggedIn.Store(true)

@@ -14,6 +14,7 @@ type Op string
 const (
 	OpOpenSession     Op = "OpenSession"
 	OpLogin           Op = "Login"
+	OpSessionInfo     Op = "SessionInfo" // C_GetSessionInfo: is the login still there?
 	OpLogout          Op = "Logout"
 	OpTokenInfo       Op = "TokenInfo"
 	OpMechanisms      Op = "Mechanisms"

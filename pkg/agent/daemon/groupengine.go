@@ -14,10 +14,8 @@ import (
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recover"
-	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
-	"github.com/miekg/pkcs11"
 )
 
 // groupEngine is the real Engine: an ha.Group (pkg/group with its
@@ -67,7 +65,7 @@ func OpenGroup(ctx context.Context, g config.Group, s config.Settings, env Env, 
 		emit(agent.Event{Group: g.Label, Event: "tombstones_unavailable", Detail: err.Error()})
 	}
 	if hasPIN(g) {
-		if err := h.Login(ctx, pkcs11.CKU_USER, secret.PIN{}); err != nil {
+		if err := h.LoginConfigured(ctx); err != nil {
 			emit(agent.Event{Group: g.Label, Event: "login_failed", Detail: err.Error()})
 		}
 	}
@@ -131,6 +129,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 			ms.LastError = ""
 		}
 		ms.Since, ms.Recovering, ms.AutoRecovery, ms.GaveUp = s.Since, s.Recovering, s.AutoRecovery, s.GaveUp
+		ms.PINBlocked, ms.PINBlockedReason = s.PINBlocked, s.PINBlockedReason
 		ms.Attempts, ms.LastAttempt, ms.NextAttempt, ms.LastAttemptError = s.Attempts, s.LastAttempt, s.NextAttempt, s.LastAttemptError
 		left := s.AttemptsLeft
 		ms.AttemptsLeft = &left
@@ -415,6 +414,10 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	timeout := set.CommandTimeout
 	if timeout <= 0 {
 		timeout = config.DefaultCommandTimeout
+	}
+	if st := ge.h.Recoverer().Status(name); st.PINBlocked {
+		// Its token refused the PIN: a check offers it no PIN again.
+		return nil, fmt.Errorf("member %s: not opened: %w (%s)", name, recover.ErrPINBlocked, st.PINBlock.Reason)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

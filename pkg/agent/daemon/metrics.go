@@ -34,6 +34,9 @@ var (
 	descRecoveries = prometheus.NewDesc("hagroup_recovery_attempts_total",
 		"Recovery attempts of the member, automatic and manual.",
 		[]string{"group", "member"}, nil)
+	descPINBlocked = prometheus.NewDesc("hagroup_member_pin_blocked",
+		"Whether the member's token refused its PIN (1: no automatic login or recovery until an operator runs hactl hagroup recover, 0: not blocked).",
+		[]string{"group", "member"}, nil)
 	descOutOfSync = prometheus.NewDesc("hagroup_objects_out_of_sync",
 		"Objects that differ between this member and the rest of its group at the last synchronisation check (0: in sync).",
 		[]string{"group", "member"}, nil)
@@ -120,7 +123,7 @@ func (m *Metrics) forgetGroup(group string) {
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMemberUp, descInflight, descOperations, descErrors, descFailovers, descRecoveries, descOutOfSync} {
+	for _, d := range []*prometheus.Desc{descMemberUp, descInflight, descOperations, descErrors, descFailovers, descRecoveries, descOutOfSync, descPINBlocked} {
 		ch <- d
 	}
 }
@@ -148,6 +151,11 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(ms.Failures), g.Label, ms.Name)
 			ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(m.failovers[k]), g.Label, ms.Name)
 			ch <- prometheus.MustNewConstMetric(descRecoveries, prometheus.CounterValue, float64(m.recoveries[k]), g.Label, ms.Name)
+			blocked := 0.0
+			if ms.PINBlocked {
+				blocked = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descPINBlocked, prometheus.GaugeValue, blocked, g.Label, ms.Name)
 			ch <- prometheus.MustNewConstMetric(descOutOfSync, prometheus.GaugeValue, float64(m.d.outOfSync(g.Label, ms.Name)), g.Label, ms.Name)
 		}
 	}
