@@ -44,18 +44,27 @@ func groupHealth(g agent.GroupStatus) int {
 	}
 }
 
-var descGroupHealth = prometheus.NewDesc("hagroup_group_health",
-	"Health of the group (2: ok, every member in service; 1: degraded, a member serves and another is out of service; 0: down, no member serves).",
-	[]string{"group"}, nil)
+var (
+	descGroupHealth = prometheus.NewDesc("hagroup_group_health",
+		"Health of the group (2: ok, every member in service; 1: degraded, a member serves and another is out of service; 0: down, no member serves).",
+		[]string{"group"}, nil)
+	descGaveUp = prometheus.NewDesc("hagroup_member_recovery_gave_up",
+		"Whether automatic recovery of the member ran out of attempts (1: it stays out of service until an operator runs hactl hagroup recover; 0: not given up).",
+		[]string{"group", "member"}, nil)
+)
 
-// groupHealthCollector exports hagroup_group_health, read at scrape time.
-type groupHealthCollector struct{ d *Daemon }
+// healthCollector exports the health of each group and whether a
+// member's automatic recovery gave up, read at scrape time.
+type healthCollector struct{ d *Daemon }
 
 // Describe implements prometheus.Collector.
-func (c groupHealthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descGroupHealth }
+func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descGroupHealth
+	ch <- descGaveUp
+}
 
 // Collect implements prometheus.Collector.
-func (c groupHealthCollector) Collect(ch chan<- prometheus.Metric) {
+func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rep, err := c.d.Groups(ctx, "")
@@ -64,7 +73,17 @@ func (c groupHealthCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, g := range rep.Groups {
 		ch <- prometheus.MustNewConstMetric(descGroupHealth, prometheus.GaugeValue, float64(groupHealth(g)), g.Label)
+		for _, ms := range g.Members {
+			ch <- prometheus.MustNewConstMetric(descGaveUp, prometheus.GaugeValue, boolValue(ms.GaveUp), g.Label, ms.Name)
+		}
 	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // buildVersion returns the agent's module version and the Go version it

@@ -75,7 +75,7 @@ func NewMetrics(d *Daemon) *Metrics {
 		failovers:  map[memberKey]uint64{},
 		recoveries: map[memberKey]uint64{},
 	}
-	m.reg.MustRegister(m, m.durations, m.groupDurations, groupHealthCollector{d}, newBuildInfo(), collectors.NewGoCollector())
+	m.reg.MustRegister(m, m.durations, m.groupDurations, healthCollector{d}, newBuildInfo(), collectors.NewGoCollector())
 	return m
 }
 
