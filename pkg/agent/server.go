@@ -218,6 +218,9 @@ func (a *auditWriter) WriteHeader(code int) {
 	a.ResponseWriter.WriteHeader(code)
 }
 
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (a *auditWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
 func (a *auditWriter) Write(b []byte) (int, error) {
 	if a.status == 0 {
 		a.status = http.StatusOK

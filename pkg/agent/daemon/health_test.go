@@ -143,8 +143,7 @@ serial = "1000001"
 // the whole group) are timed without a member label, and no series
 // anywhere carries member="".
 func TestMetricsBuildInfoAndNoEmptyMember(t *testing.T) {
-	toks := testhsm.Take(t, 2)
-	pin := pinFile(t)
+	tok := testhsm.Take(t, 1)[0]
 	ta := startAgent(t, `[agent]
 socket = "$SOCK"
 state_dir = "$STATE"
@@ -156,7 +155,7 @@ probe_interval = "100ms"
 [[group]]
 label = "g"
 serial = "1000001"
-`+memberTOML("a", toks[0], pin, false)+memberTOML("b", toks[1], pin, false))
+`+memberTOML("a", tok, pinFile(t), false))
 	ctx := t.Context()
 	if _, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g", Check: true}); err != nil {
 		t.Fatal(err)

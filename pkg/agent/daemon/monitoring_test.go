@@ -109,8 +109,7 @@ func TestMonitoringConfigsNameExportedMetrics(t *testing.T) {
 		}
 	}
 
-	toks := testhsm.Take(t, 2)
-	pin := pinFile(t)
+	tok := testhsm.Take(t, 1)[0]
 	ta := startAgent(t, `[agent]
 socket = "$SOCK"
 state_dir = "$STATE"
@@ -122,7 +121,7 @@ probe_interval = "100ms"
 [[group]]
 label = "g"
 serial = "1000001"
-`+memberTOML("a", toks[0], pin, false)+memberTOML("b", toks[1], pin, false))
+`+memberTOML("a", tok, pinFile(t), false))
 	addr := ta.d.MetricsAddr()
 	// Histograms appear once observed: a probe, and a group-wide check.
 	if _, err := ta.d.Synchronize(t.Context(), agent.SyncRequest{Group: "g", Check: true}); err != nil {
