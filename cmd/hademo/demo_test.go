@@ -86,12 +86,14 @@ func TestSummary(t *testing.T) {
 // too), or, flat out, this machine's CPUs.
 func TestDrawFailover(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		rate int
-		want []string
+		name   string
+		rate   int
+		want   []string
+		absent []string
 	}{
-		{"offered", 100, []string{"100/s offered", "offered 100/s", "fixed 100 signatures/s"}},
-		{"flat out", 0, []string{"flat out", "this machine&#39;s CPUs"}},
+		{"offered", 100, []string{"100/s offered", "offered 100/s", "fixed 100 signatures/s"}, []string{"fell short"}},
+		{"flat out", 0, []string{"flat out", "this machine&#39;s CPUs"}, []string{"offered", "fell short"}},
+		{"short of the offered rate", 200, []string{"200/s offered", "this run fell short of it"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, lines := fakeRun(t)
@@ -109,6 +111,11 @@ func TestDrawFailover(t *testing.T) {
 				"hsm-a (primary, killed)", "hsm-c (standby)", "total"}, tc.want...) {
 				if !strings.Contains(svg, w) {
 					t.Errorf("the picture lacks %q", w)
+				}
+			}
+			for _, w := range tc.absent {
+				if strings.Contains(svg, w) {
+					t.Errorf("the picture says %q", w)
 				}
 			}
 		})

@@ -41,7 +41,12 @@ func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 		how = fmt.Sprintf("%d/s offered", r.rate)
 	}
 	p.Title.Text = fmt.Sprintf("Signing through libhapkcs11.so, %s: %s killed, then back", how, r.victim)
-	p.X.Label.Text = "seconds since the load started\n" + wrap(loadNote(r.rate), 80)
+	note := loadNote(r.rate)
+	if ph := ratesByPhase(r); !ph.keptUp(r.rate) {
+		note += fmt.Sprintf("; this run fell short of it where the total dips (%.0f/s before the kill, %.0f/s while %s was out, %.0f/s after)",
+			ph.before, ph.out, r.victim, ph.after)
+	}
+	p.X.Label.Text = "seconds since the load started\n" + wrap(note, 80)
 	p.Y.Label.Text = "signatures per second"
 	// The legend sits top left, below the title, over headroom that no
 	// line reaches (ytop below), left of the marks, whose labels are
