@@ -19,7 +19,7 @@ func fakeRun(t *testing.T) (*failoverRun, []load.StatsLine) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	r := &failoverRun{victim: "hsm-a", start: t0, kill: t0.Add(2 * time.Second), dropped: t0.Add(2100 * time.Millisecond),
 		restart: t0.Add(4 * time.Second), back: t0.Add(4500 * time.Millisecond), end: t0.Add(6 * time.Second),
-		interval: time.Second, verified: 600, syncCode: 0}
+		interval: time.Second, verified: 600, syncCode: 0, rate: 100}
 	r.result = &load.Result{Ops: 600}
 	var lines []load.StatsLine
 	var a, b uint64
@@ -63,10 +63,17 @@ func TestSummary(t *testing.T) {
 		t.Errorf("problems in a good run: %v", p)
 	}
 	text := strings.Join(s.lines(), "\n")
-	for _, w := range []string{"600 signatures", "failures             0", "600 of 600", "in sync"} {
+	for _, w := range []string{"600 signatures", "failures             0", "600 of 600", "in sync",
+		"signing rate         offered 100/s; served 100/s before the kill, 100/s while hsm-a was out, 100/s after\n"} {
 		if !strings.Contains(text, w) {
 			t.Errorf("summary lacks %q:\n%s", w, text)
 		}
+	}
+	// Offered more than was served: the summary says the machine did not
+	// keep up (it is not a failure of the story).
+	s.rate = 200
+	if l := s.phases.line(s.rate, s.victim); !strings.HasSuffix(l, "(this machine did not keep up with the offered load)") {
+		t.Errorf("rate line with 200/s offered and 100/s served = %q", l)
 	}
 	s.failed, s.badSigs, s.syncCode = 2, 1, 3
 	if p := s.problems(); len(p) != 3 {
@@ -74,21 +81,44 @@ func TestSummary(t *testing.T) {
 	}
 }
 
+// TestDrawFailover: the picture marks the kill, restart and return, names
+// the members, and says what sets the rate: the offered load (its line
+// too), or, flat out, this machine's CPUs.
 func TestDrawFailover(t *testing.T) {
-	r, lines := fakeRun(t)
-	path := filepath.Join(t.TempDir(), "failover.svg")
-	if err := drawFailover(path, r, lines); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svg := string(b)
-	for _, w := range []string{"<svg", "kill -9 hsm-a", "server restarted", "back in rotation", "hsm-a (primary, killed)", "hsm-c (standby)", "total"} {
-		if !strings.Contains(svg, w) {
-			t.Errorf("the picture lacks %q", w)
-		}
+	for _, tc := range []struct {
+		name   string
+		rate   int
+		want   []string
+		absent []string
+	}{
+		{"offered", 100, []string{"100/s offered", "offered 100/s", "fixed 100 signatures/s"}, []string{"fell short"}},
+		{"flat out", 0, []string{"flat out", "this machine&#39;s CPUs"}, []string{"offered", "fell short"}},
+		{"short of the offered rate", 200, []string{"200/s offered", "this run fell short of it"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, lines := fakeRun(t)
+			r.rate = tc.rate
+			path := filepath.Join(t.TempDir(), "failover.svg")
+			if err := drawFailover(path, r, lines); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			svg := string(b)
+			for _, w := range append([]string{"<svg", "kill -9 hsm-a", "server restarted", "back in rotation",
+				"hsm-a (primary, killed)", "hsm-c (standby)", "total"}, tc.want...) {
+				if !strings.Contains(svg, w) {
+					t.Errorf("the picture lacks %q", w)
+				}
+			}
+			for _, w := range tc.absent {
+				if strings.Contains(svg, w) {
+					t.Errorf("the picture says %q", w)
+				}
+			}
+		})
 	}
 }
 
@@ -130,7 +160,7 @@ func TestDemo(t *testing.T) {
 			"$ hactl hagroup creategroup --label demo", "$ hactl hagroup addstandby --group demo --member hsm-c",
 			"hagroup domain --group demo --install", "same key pair on all three members",
 			"$ kill -KILL", "hsm-a   failed", "back in rotation", "group \"demo\" is in sync", "2. Each HSM behind its own server process (" + server + ")",
-			"  failures             0", "The application saw no failure",
+			"  failures             0", "The application saw no failure", "  signing rate         offered 1500/s; served ",
 		} {
 			if !strings.Contains(text, w) {
 				t.Errorf("run %d: output lacks %q", run, w)
@@ -160,4 +190,23 @@ func testPIN(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+func TestRateTicks(t *testing.T) {
+	for _, tc := range []struct {
+		hi   float64
+		want string
+	}{
+		{2432, "0 500 1000 1500 2000"},
+		{9000, "0 2000 4000 6000 8000"},
+		{160, "0 50 100 150"},
+	} {
+		var got []string
+		for _, tk := range (rateTicks{}).Ticks(0, tc.hi) {
+			got = append(got, tk.Label)
+		}
+		if s := strings.Join(got, " "); s != tc.want {
+			t.Errorf("ticks of 0..%v = %q, want %q", tc.hi, s, tc.want)
+		}
+	}
 }

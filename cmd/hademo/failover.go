@@ -30,6 +30,7 @@ type failoverRun struct {
 	syncCode    int
 	interval    time.Duration // recovery interval in the configuration
 	loadThreads int
+	rate        int // offered signatures per second; 0: flat out
 	loadPeakKB  int // peak resident memory of the load process (libhapkcs11.so inside)
 	agentPeakKB int // peak resident memory of haagent
 }
@@ -38,7 +39,7 @@ type failoverRun struct {
 // group with it down, restarts it and waits until it is back in rotation.
 func (d *demo) failover(ctx context.Context) (*failoverRun, error) {
 	d.title("7. A signing load through libhapkcs11.so (%d threads), and the primary HSM killed in the middle of it", d.o.threads)
-	r := &failoverRun{victim: plan()[0].name, interval: time.Second, loadThreads: d.o.threads,
+	r := &failoverRun{victim: plan()[0].name, interval: time.Second, loadThreads: d.o.threads, rate: d.o.rate,
 		statsPath: filepath.Join(d.o.out, "stats.jsonl"), sigPath: filepath.Join(d.o.out, "signatures.bin")}
 	prog := filepath.Join(d.o.out, "haload")
 	d.say("$ gcc -O2 -o %s test/load/c/haload.c -ldl -lpthread    # our load generator, in C", d.show(prog))
@@ -46,10 +47,15 @@ func (d *demo) failover(ctx context.Context) (*failoverRun, error) {
 		return nil, err
 	}
 	env := append(append([]string{}, d.env...), "HAGROUP_STATS_FILE="+r.statsPath)
-	d.say("$ HAGROUP_STATS_FILE=%s haload -m %s -s %#x -p %s -k %s -t %d -o %s",
+	rateFlag := ""
+	if d.o.rate > 0 {
+		rateFlag = fmt.Sprintf(" -R %d", d.o.rate)
+	}
+	d.say("$ HAGROUP_STATS_FILE=%s haload -m %s -s %#x -p %s -k %s -t %d%s -o %s",
 		d.show(r.statsPath), d.show(filepath.Join(d.o.bin, "libhapkcs11.so")), slotID, d.show(d.userFile), keyLabel,
-		d.o.threads, d.show(r.sigPath))
+		d.o.threads, rateFlag, d.show(r.sigPath))
 	d.say("    (HAGROUP_STATS_FILE asks libhapkcs11.so for its per-member counters every 100 ms, for the picture)")
+	d.say("    (%s)", loadNote(d.o.rate))
 	raw, err := os.Create(filepath.Join(d.o.out, "logs", "haload.out"))
 	if err != nil {
 		return nil, err
@@ -58,7 +64,7 @@ func (d *demo) failover(ctx context.Context) (*failoverRun, error) {
 	var rawMu sync.Mutex
 	l, err := load.StartLoad(ctx, d.reg, load.LoadOptions{
 		Prog: prog, Module: filepath.Join(d.o.bin, "libhapkcs11.so"), Slot: slotID, PINFile: d.userFile,
-		Key: keyLabel, Threads: d.o.threads, SigFile: r.sigPath, Tick: 100 * time.Millisecond,
+		Key: keyLabel, Threads: d.o.threads, Rate: d.o.rate, SigFile: r.sigPath, Tick: 100 * time.Millisecond,
 		Seed: uint64(time.Now().UnixNano()), Env: env, Dir: d.o.out,
 	}, func(line string) {
 		rawMu.Lock()

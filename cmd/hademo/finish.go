@@ -77,6 +77,8 @@ type summary struct {
 	victim             string
 	loadKB, agentKB    int
 	threads            int
+	rate               int // offered; 0: flat out
+	phases             phaseRates
 }
 
 type memberShare struct {
@@ -93,7 +95,7 @@ func summarize(r *failoverRun, lines []load.StatsLine) summary {
 	s := summary{ops: res.Ops, failed: res.Failed, wrong: res.Bad, seconds: r.end.Sub(r.start).Seconds(),
 		verified: r.verified, badSigs: r.badSigs, dropped: r.dropped.Sub(r.kill), recovery: r.back.Sub(r.restart),
 		interval: r.interval, syncCode: r.syncCode, victim: r.victim,
-		loadKB: r.loadPeakKB, agentKB: r.agentPeakKB, threads: r.loadThreads}
+		loadKB: r.loadPeakKB, agentKB: r.agentPeakKB, threads: r.loadThreads, rate: r.rate, phases: ratesByPhase(r)}
 	for _, t := range res.Ticks {
 		// A tick's latency belongs to calls that ended in it.
 		switch {
@@ -146,6 +148,7 @@ func (s summary) lines() []string {
 	}
 	return []string{
 		fmt.Sprintf("  operations           %d signatures in %.1f s (%.0f/s) through libhapkcs11.so", s.ops, s.seconds, rate),
+		fmt.Sprintf("  signing rate         %s", s.phases.line(s.rate, s.victim)),
 		fmt.Sprintf("  failures             %d", s.failed),
 		fmt.Sprintf("  signatures verified  %d of %d, independently (Go crypto/ecdsa); %d bad", s.verified-s.badSigs, s.ops, s.badSigs),
 		fmt.Sprintf("  failover stall       longest C_Sign %s in the %v after the kill (longest before it: %s); %s dropped %s after the kill",

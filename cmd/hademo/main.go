@@ -9,11 +9,18 @@
 // the operations per second of each member over time with the kill and the
 // recovery marked.
 //
+// The load offers a fixed rate (-rate), below what one member serves
+// alone, so the total stays flat through the kill and only the split
+// between the members moves. Run flat out (-rate 0), the total is what
+// this machine's CPUs allow: the member servers share them, so with one
+// server dead the survivor gets more CPU and the total rises, which is
+// the machine's doing, not HA's; the picture then says so.
+//
 // Everything it starts it stops, on success, failure or Ctrl-C (each child
 // runs in its own process group and dies with hademo). It cleans its output
 // directory first, so it can run again at once.
 //
-//	hademo [-out demo-out] [-bin DIR] [-src DIR] [-threads 4] [-phase 6s] [-server hsmserve|p11-kit]
+//	hademo [-out demo-out] [-bin DIR] [-src DIR] [-threads 4] [-rate 1500] [-phase 6s] [-server hsmserve|p11-kit]
 //
 // Exit status: 0 when the story held (no failed operation, every signature
 // verified, the member back in rotation, the group in sync), 1 otherwise.
@@ -44,6 +51,7 @@ type options struct {
 	bin     string
 	src     string
 	threads int
+	rate    int // signatures per second offered; 0: flat out
 	phase   time.Duration
 	quiet   bool
 	server  load.Kind
@@ -55,6 +63,7 @@ func run() int {
 	flag.StringVar(&o.bin, "bin", "", "directory holding hactl, haagent and libhapkcs11.so (default: hademo's own)")
 	flag.StringVar(&o.src, "src", "", "source tree, for the C load generator (default: found from the working directory)")
 	flag.IntVar(&o.threads, "threads", 4, "signing threads")
+	flag.IntVar(&o.rate, "rate", defaultRate, "signatures per second the load offers on a fixed schedule, below what one member serves alone (0: as fast as the members answer, which this machine's CPUs limit)")
 	flag.DurationVar(&o.phase, "phase", 6*time.Second, "load before the kill, while the member is down, and after it is back")
 	flag.BoolVar(&o.quiet, "quiet", false, "no progress line")
 	server := flag.String("server", string(load.HSMServe), "what serves each member token: hsmserve, or p11-kit (whose RPC cannot carry key replication: provisioning then reaches the tokens directly)")
@@ -135,6 +144,9 @@ func newDemo(o options) (*demo, error) {
 	}
 	if o.threads < 1 || o.threads > 64 {
 		return nil, errors.New("-threads must be 1 to 64")
+	}
+	if o.rate < 0 {
+		return nil, errors.New("-rate must be 0 (flat out) or a positive rate")
 	}
 	cwd, _ := os.Getwd()
 	return &demo{o: o, reg: load.NewRegistry(), w: os.Stdout, cwd: cwd}, nil

@@ -3,7 +3,10 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hagroup/hagroup/test/load"
@@ -29,11 +32,21 @@ func memberColors() []color.RGBA {
 
 // drawFailover writes the failover picture: operations per second of each
 // member over the load (as libhapkcs11.so in the load process counted
-// them), the total, and the kill, restart and return to rotation.
+// them), the total, the offered rate, the kill, restart and return to
+// rotation, and under the axis what sets the rate.
 func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Signing through libhapkcs11.so: %s killed, then back — operations/s per member", r.victim)
-	p.X.Label.Text = "seconds since the load started"
+	how := "flat out"
+	if r.rate > 0 {
+		how = fmt.Sprintf("%d/s offered", r.rate)
+	}
+	p.Title.Text = fmt.Sprintf("Signing through libhapkcs11.so, %s: %s killed, then back", how, r.victim)
+	note := loadNote(r.rate)
+	if ph := ratesByPhase(r); !ph.keptUp(r.rate) {
+		note += fmt.Sprintf("; this run fell short of it where the total dips (%.0f/s before the kill, %.0f/s while %s was out, %.0f/s after)",
+			ph.before, ph.out, r.victim, ph.after)
+	}
+	p.X.Label.Text = "seconds since the load started\n" + wrap(note, 80)
 	p.Y.Label.Text = "signatures per second"
 	// The legend sits top left, below the title, over headroom that no
 	// line reaches (ytop below), left of the marks, whose labels are
@@ -105,8 +118,25 @@ func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 		p.Add(l)
 		p.Legend.Add("total", l)
 	}
+	if r.rate > 0 {
+		ymax = max(ymax, float64(r.rate))
+		x1 := 1.0
+		if len(xs) > 0 {
+			x1 = xs[len(xs)-1]
+		}
+		l, err := plotter.NewLine(plotter.XYs{{X: 0, Y: float64(r.rate)}, {X: x1, Y: float64(r.rate)}})
+		if err != nil {
+			return err
+		}
+		l.Color = color.RGBA{A: 0xff}
+		l.Width = vg.Points(0.75)
+		l.Dashes = []vg.Length{vg.Points(1), vg.Points(2)}
+		p.Add(l)
+		p.Legend.Add(fmt.Sprintf("offered %d/s", r.rate), l)
+	}
 	ytop := ymax * 1.6
 	p.Y.Min, p.Y.Max = 0, ytop
+	p.Y.Tick.Marker = rateTicks{}
 	marks := []struct {
 		at    time.Time
 		label string
@@ -147,4 +177,45 @@ func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 	}
 	p.X.Min = 0
 	return p.Save(10*vg.Inch, 5*vg.Inch, path)
+}
+
+// wrap breaks text into lines of at most width bytes at spaces.
+func wrap(text string, width int) string {
+	var out, line string
+	for _, w := range strings.Fields(text) {
+		if line != "" && len(line)+1+len(w) > width {
+			out += line + "\n"
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += w
+	}
+	return out + line
+}
+
+// rateTicks labels the rate axis in whole signatures per second at a
+// round step (1, 2 or 5 times a power of ten), about five labels high.
+type rateTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (rateTicks) Ticks(lo, hi float64) []plot.Tick {
+	raw := (hi - lo) / 5
+	if raw <= 0 {
+		return nil
+	}
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := 10 * mag
+	for _, m := range []float64{1, 2, 5} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi; v += step {
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', 0, 64)})
+	}
+	return ticks
 }

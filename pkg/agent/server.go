@@ -179,6 +179,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := decisionOf(r.Context())
+	if rt.level >= LevelWrite {
+		aw := &auditWriter{ResponseWriter: w}
+		defer s.audit(r, d, d.Level < rt.level, aw, time.Now())
+		w = aw
+	}
 	if d.Level < rt.level {
 		who := "this connection"
 		if d.Peer.Known {
@@ -198,6 +203,50 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
+}
+
+// auditWriter remembers the status a write route answered with.
+type auditWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (a *auditWriter) WriteHeader(code int) {
+	if a.status == 0 {
+		a.status = code
+	}
+	a.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (a *auditWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
+func (a *auditWriter) Write(b []byte) (int, error) {
+	if a.status == 0 {
+		a.status = http.StatusOK
+	}
+	return a.ResponseWriter.Write(b)
+}
+
+// audit logs one line per request to a write route, after its answer:
+// who asked (from the connection's SO_PEERCRED), which route, and whether
+// it was refused, failed or done. It goes to the agent's own log (the
+// journal under systemd), not the HA event log that read-only users read.
+func (s *Server) audit(r *http.Request, d Decision, refused bool, aw *auditWriter, start time.Time) {
+	outcome := "ok"
+	switch {
+	case refused:
+		outcome = "refused"
+	case aw.status >= 400:
+		outcome = "failed"
+	}
+	uid := "unknown"
+	if d.Peer.Known {
+		uid = strconv.Itoa(d.Peer.UID)
+	}
+	s.logger.Info("audit", "uid", uid, "gid", d.Peer.GID, "pid", d.Peer.PID, "access", d.Level.String(),
+		"route", r.Method+" "+r.URL.Path, "outcome", outcome, "status", aw.status, "reason", d.Reason,
+		"duration", time.Since(start).Round(time.Millisecond))
 }
 
 func allowed(path string) string {

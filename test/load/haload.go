@@ -46,8 +46,11 @@ type LoadOptions struct {
 	// LockFile, when set, is flock(2)ed around every object creation and
 	// destruction (see haload.c).
 	LockFile string
-	Env      []string // environment (HAGROUP_CONF, HAGROUP_STATS_FILE …)
-	Dir      string
+	// Rate, when positive, is the operations per second the threads offer
+	// together on a fixed schedule (haload -R); 0 runs them flat out.
+	Rate int
+	Env  []string // environment (HAGROUP_CONF, HAGROUP_STATS_FILE …)
+	Dir  string
 }
 
 // Tick is one tick of a run: what finished in it.
@@ -104,6 +107,9 @@ func StartLoad(ctx context.Context, reg *Registry, o LoadOptions, onLine func(st
 	}
 	if o.LockFile != "" {
 		args = append(args, "-l", o.LockFile)
+	}
+	if o.Rate > 0 {
+		args = append(args, "-R", strconv.Itoa(o.Rate))
 	}
 	args = append(args, "-r", strconv.FormatUint(o.Seed, 10))
 	inR, inW, err := os.Pipe()

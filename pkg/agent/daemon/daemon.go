@@ -593,7 +593,11 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 	}
 	start := time.Now()
 	rep, err := eng.Synchronize(ctx, req)
-	d.metrics.observe(req.Group, "", "synchronize", time.Since(start))
+	op := "synchronize"
+	if req.Check {
+		op = "sync_check"
+	}
+	d.metrics.observe(req.Group, "", op, time.Since(start))
 	if err != nil {
 		return agent.SyncReport{}, err
 	}

@@ -52,7 +52,8 @@ type Metrics struct {
 	d   *Daemon
 	reg *prometheus.Registry
 
-	durations *prometheus.HistogramVec
+	durations      *prometheus.HistogramVec // operations on one member
+	groupDurations *prometheus.HistogramVec // group-wide operations
 
 	mu         sync.Mutex
 	failovers  map[memberKey]uint64
@@ -66,27 +67,43 @@ func NewMetrics(d *Daemon) *Metrics {
 		reg: prometheus.NewRegistry(),
 		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "hagroup_operation_duration_seconds",
-			Help:    "Duration in seconds of the operations the agent runs on a group or member (op: probe, recover, synchronize, sync_check; member empty for group-wide ones).",
-			Buckets: []float64{.0005, .001, .005, .01, .05, .1, .5, 1, 5, 20, 60},
+			Help:    "Duration in seconds of the operations the agent runs on one member (op: probe, recover).",
+			Buckets: durationBuckets,
 		}, []string{"group", "member", "op"}),
+		groupDurations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "hagroup_group_operation_duration_seconds",
+			Help:    "Duration in seconds of the operations the agent runs on a whole group (op: recover, synchronize, sync_check).",
+			Buckets: durationBuckets,
+		}, []string{"group", "op"}),
 		failovers:  map[memberKey]uint64{},
 		recoveries: map[memberKey]uint64{},
 	}
-	m.reg.MustRegister(m, m.durations, collectors.NewGoCollector())
+	m.reg.MustRegister(m, m.durations, m.groupDurations, healthCollector{d}, newBuildInfo(), collectors.NewGoCollector())
 	return m
 }
 
 // Registry returns the registry the metrics live in.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves /metrics.
+// Handler serves /metrics, /healthz (liveness) and /readyz (every group
+// has a member in service).
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", m.serveHealthz)
+	mux.HandleFunc("GET /readyz", m.serveReadyz)
 	return mux
 }
 
+var durationBuckets = []float64{.0005, .001, .005, .01, .05, .1, .5, 1, 5, 20, 60}
+
+// observe records an operation's duration: on one member, or on the whole
+// group when member is "" (never a member="" series).
 func (m *Metrics) observe(group, member, op string, d time.Duration) {
+	if member == "" {
+		m.groupDurations.WithLabelValues(group, op).Observe(d.Seconds())
+		return
+	}
 	m.durations.WithLabelValues(group, member, op).Observe(d.Seconds())
 }
 
@@ -119,6 +136,7 @@ func (m *Metrics) forgetGroup(group string) {
 	}
 	m.mu.Unlock()
 	m.durations.DeletePartialMatch(prometheus.Labels{"group": group})
+	m.groupDurations.DeletePartialMatch(prometheus.Labels{"group": group})
 }
 
 // Describe implements prometheus.Collector.

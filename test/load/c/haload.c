@@ -7,7 +7,7 @@
  * usage: haload -m MODULE -s SLOT -p PIN_FILE -k EC_KEY_LABEL
  *               [-t THREADS] [-x sign|mixed] [-o SIGFILE] [-i TICK_MS]
  *               [-a AES_KEY_LABEL] [-c data|keypair] [-n PREFIX] [-r SEED]
- *               [-l LOCK_FILE]
+ *               [-l LOCK_FILE] [-R OPS_PER_SECOND]
  *
  *   sign   every thread signs (CKM_ECDSA, 32 bytes) in a loop;
  *   mixed  every thread picks, with a seeded generator, one of: sign,
@@ -16,6 +16,13 @@
  *          decrypt round trip (with -a), find the key by label, random; and
  *          now and then creates a token object (-c data: a data object;
  *          -c keypair: an EC P-256 key pair) or destroys one it created.
+ *
+ * With -R, the threads together offer OPS_PER_SECOND operations a second
+ * on a fixed schedule (each thread its share, staggered) instead of as
+ * many as the module answers: an open load whose total does not depend on
+ * how fast the members are, as long as they keep up. A thread a little
+ * behind (a slow call) catches up; one more than 200 ms behind (the group
+ * stalled) skips the slots it missed rather than bursting to make them up.
  *
  * With -l, every object creation and destruction holds an exclusive
  * flock(2) on LOCK_FILE, so that several load processes (and the soak's Go
@@ -101,7 +108,36 @@ struct worker {
 	int ncreated, cap;
 	int retrying;   /* an earlier destroy of created[0] failed */
 	unsigned long made;
+	long long next_ns; /* -R: when this thread's next operation is due */
 };
+
+static double offered_rate; /* -R: operations per second, all threads; 0: unpaced */
+static int nthreads = 4;
+
+static long long mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* pace waits for this thread's next slot in the -R schedule. */
+static void pace(struct worker *w)
+{
+	if (offered_rate <= 0)
+		return;
+	long long period = (long long)(nthreads * 1e9 / offered_rate), now = mono_ns();
+	if (w->next_ns == 0)
+		w->next_ns = now + period * w->index / nthreads;
+	if (now > w->next_ns + 200000000LL)
+		w->next_ns = now; /* a stall's slots are not made up */
+	while (now < w->next_ns && !stopping) {
+		struct timespec ts = {w->next_ns / 1000000000LL, w->next_ns % 1000000000LL};
+		clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+		now = mono_ns();
+	}
+	w->next_ns += period;
+}
 
 static double wall_ms(void)
 {
@@ -453,6 +489,9 @@ static void *run(void *arg)
 			}
 			last_rv = CKR_OK;
 		}
+		pace(w);
+		if (stopping)
+			break;
 		if (!mixed) {
 			do_sign(w, i);
 			continue;
@@ -501,18 +540,18 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: haload -m MODULE -s SLOT -p PIN_FILE -k EC_KEY_LABEL [-t THREADS] [-x sign|mixed]\n"
 			"              [-o SIGFILE] [-i TICK_MS] [-a AES_KEY_LABEL] [-c data|keypair] [-n PREFIX] [-r SEED]\n"
-			"              [-l LOCK_FILE]\n");
+			"              [-l LOCK_FILE] [-R OPS_PER_SECOND]\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
 	const char *module = NULL, *pinfile = NULL, *sigpath = NULL;
-	int nthreads = 4, c;
+	int c;
 	unsigned long long seed = 1;
 
 	slot = (CK_SLOT_ID)-1;
-	while ((c = getopt(argc, argv, "m:s:p:k:t:x:o:i:a:c:n:r:l:")) != -1) {
+	while ((c = getopt(argc, argv, "m:s:p:k:t:x:o:i:a:c:n:r:l:R:")) != -1) {
 		switch (c) {
 		case 'm': module = optarg; break;
 		case 's': slot = strtoul(optarg, NULL, 0); break;
@@ -536,6 +575,7 @@ int main(int argc, char **argv)
 			break;
 		case 'n': prefix = optarg; break;
 		case 'r': seed = strtoull(optarg, NULL, 0); break;
+		case 'R': offered_rate = atof(optarg); break;
 		case 'l':
 			lockfd = open(optarg, O_RDWR | O_CREAT, 0600);
 			if (lockfd < 0) {
@@ -546,7 +586,7 @@ int main(int argc, char **argv)
 		default: usage();
 		}
 	}
-	if (!module || slot == (CK_SLOT_ID)-1 || !pinfile || !key_label || nthreads < 1 || nthreads > 64 || tick_ms < 10)
+	if (!module || slot == (CK_SLOT_ID)-1 || !pinfile || !key_label || nthreads < 1 || nthreads > 64 || tick_ms < 10 || offered_rate < 0)
 		usage();
 	if (sigpath) {
 		sigfile = fopen(sigpath, "wb");
