@@ -48,8 +48,9 @@ type Options struct {
 // queueSize bounds the events waiting to be sent; minGap is the least
 // time between two reports.
 const (
-	queueSize = 256
-	minGap    = 100 * time.Millisecond
+	queueSize    = 256
+	minGap       = 100 * time.Millisecond
+	finalTimeout = 250 * time.Millisecond
 )
 
 // Reporter reports one process's groups and events to the agent. Every
@@ -104,7 +105,6 @@ func Start(opts Options) *Reporter {
 	})
 	sock := opts.Socket
 	r.hc = &http.Client{
-		Timeout: opts.Timeout,
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
@@ -297,7 +297,11 @@ func (r *Reporter) post(rep Report) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.opts.Timeout)
+	timeout := r.opts.Timeout
+	if rep.Final {
+		timeout = min(timeout, finalTimeout) // the application is waiting in its close
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+Host+Path, bytes.NewReader(b))
 	if err != nil {

@@ -93,7 +93,7 @@ func validReport(rep fleet.Report) error {
 
 // record stores rep from peer and returns the events to log (those of
 // groups and members the agent runs, within the process's budget).
-// known says whether the agent runs a group ("" member) or member.
+// known says whether the agent runs a group ("" member) or a member of it.
 func (t *clientTable) record(peer agent.Peer, rep fleet.Report, known func(group, member string) bool) ([]fleet.Event, error) {
 	if err := validReport(rep); err != nil {
 		return nil, err
@@ -169,7 +169,9 @@ func (t *clientTable) budgetLocked(c *clientEntry, es []fleet.Event, now time.Ti
 	}
 	var out []fleet.Event
 	for _, e := range es {
-		if e.Event == "" || !known(e.Group, "") || (e.Member != "" && !known(e.Group, e.Member)) {
+		// Process-level events (no group) are kept; group events only for
+		// groups and members the agent runs.
+		if e.Event == "" || (e.Group != "" && !known(e.Group, e.Member)) {
 			continue
 		}
 		if c.budget >= eventBudget {
