@@ -84,11 +84,11 @@ type MemberStatus struct {
 	Failures    uint64 `json:"failures"`
 	// The figures every other process running the group reports (pkg/fleet),
 	// summed; processes gone keep their share. Clients is how many report
-	// the member now.
-	ClientOperations uint64 `json:"clientOperations"`
-	ClientFailures   uint64 `json:"clientFailures"`
-	ClientFailovers  uint64 `json:"clientFailovers"`
-	Clients          int    `json:"clients"`
+	// the member now. Absent: zero (and always without an agent).
+	ClientOperations uint64 `json:"clientOperations,omitempty"`
+	ClientFailures   uint64 `json:"clientFailures,omitempty"`
+	ClientFailovers  uint64 `json:"clientFailovers,omitempty"`
+	Clients          int    `json:"clients,omitempty"`
 	// NeedsSync reports whether the member lacks objects the group holds
 	// (or holds objects the group deleted).
 	NeedsSync bool `json:"needsSync"`
