@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -74,6 +75,9 @@ only). --json prints one JSON object per line.`,
 					fmt.Fprintln(a.out, "no events")
 					return nil
 				}
+				// Lines appended by processes without an agent may be out of
+				// order by a little; a person reads them in time order.
+				slices.SortStableFunc(events, func(x, y agent.Event) int { return x.Time.Compare(y.Time) })
 				return renderTable(a.out, table(makeEventsTable(events)))
 			}
 			return nil

@@ -41,7 +41,7 @@ func TestFolderFoldsRepeatsWithinTheWindow(t *testing.T) {
 	if len(lines) != 4 || lines[3].repeats != 0 {
 		t.Fatalf("a new window: %+v", lines[3:])
 	}
-	if got := FoldedDetail("CKR_DEVICE_ERROR", 11, time.Minute); got != "CKR_DEVICE_ERROR (×11 more in 1m0s)" {
+	if got := FoldedDetail("CKR_DEVICE_ERROR", 11, time.Minute); got != "×11 more in 1m0s (last: CKR_DEVICE_ERROR)" {
 		t.Errorf("FoldedDetail = %q", got)
 	}
 }

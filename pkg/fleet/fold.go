@@ -94,5 +94,5 @@ func FoldedDetail(detail string, repeats int, window time.Duration) string {
 	if detail == "" {
 		return s
 	}
-	return detail + " (" + s + ")"
+	return s + " (last: " + detail + ")"
 }

@@ -252,6 +252,11 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 		t.Errorf("member_failed lines of hsm-2: %+v, want one first line naming who saw it", failedLines)
 	}
 
+	for _, cmd := range [][]string{{"clients"}, {"halog"}} {
+		out, _ := hactlOut(t, r, hactl, append([]string{"--config", r.conf, "hagroup"}, cmd...)...)
+		t.Logf("hactl hagroup %s:\n%s", cmd[0], out)
+	}
+
 	// With the agent stopped both keep signing, at the same pace.
 	g.waitFor("three rates with the agent up", time.Minute, func() bool { return len(g.rates) >= 4 })
 	up := g.rates[len(g.rates)-3:]
