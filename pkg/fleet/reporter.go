@@ -34,7 +34,8 @@ type Options struct {
 	Socket string
 	// Program names the process; "" : the base name of os.Args[0].
 	Program string
-	// Interval between snapshots; 0: DefaultInterval.
+	// Interval between snapshots; 0: DefaultInterval; at most
+	// MaxInterval.
 	Interval time.Duration
 	// Timeout bounds one send; 0: one second.
 	Timeout time.Duration
@@ -86,6 +87,8 @@ func Start(opts Options) *Reporter {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
+	// The agent forgets a process silent for 6 default intervals.
+	opts.Interval = min(opts.Interval, MaxInterval)
 	if opts.Timeout <= 0 {
 		opts.Timeout = time.Second
 	}

@@ -36,6 +36,7 @@ const (
 	MaxProgramLen   = 64
 	MaxHostLen      = 255
 	DefaultInterval = 5 * time.Second
+	MaxInterval     = 3 * DefaultInterval
 )
 
 // Report is what one process sends to the agent: a snapshot of every group
