@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -112,6 +115,24 @@ func (s *signer) finish() string {
 	return ""
 }
 
+// lockedBuffer collects a process's stderr while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // hactlOut runs hactl and returns its standard output alone (a degraded
 // group's exit 3 and its summary on stderr are expected here).
 func hactlOut(t *testing.T, r *rig, hactl string, args ...string) (string, error) {
@@ -143,7 +164,7 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := strings.Replace(string(cfg), "[agent]\n", fmt.Sprintf("[agent]\nsocket = %q\n", sock), 1)
+	conf := strings.Replace(string(cfg), "[agent]\n", fmt.Sprintf("[agent]\nsocket = %q\nmetrics = \"127.0.0.1:0\"\n", sock), 1)
 	conf = strings.Replace(conf, "[ha]\n", "[ha]\nprobe_interval = \"500ms\"\n", 1)
 	if err := os.WriteFile(r.conf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -153,8 +174,8 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 	defer cancel()
 	ag := exec.CommandContext(ctx, haagent, "--config", r.conf)
 	ag.Env, ag.Dir = r.env, r.dir
-	var agErr strings.Builder
-	ag.Stderr = &agErr
+	agErr := &lockedBuffer{}
+	ag.Stderr = agErr
 	if err := ag.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +209,14 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 	waitUntil("haagent listening", time.Minute, func() (bool, string) {
 		_, err := net.Dial("unix", sock)
 		return err == nil, fmt.Sprint(err)
+	})
+	var metricsAddr string
+	waitUntil("haagent's metrics address in its log", time.Minute, func() (bool, string) {
+		m := regexp.MustCompile(`msg="metrics endpoint" addr=(\S+)`).FindStringSubmatch(agErr.String())
+		if m != nil {
+			metricsAddr = m[1]
+		}
+		return m != nil, "none"
 	})
 
 	// A pkcs11-tool run while the agent runs adds no line to the HA log
@@ -234,6 +263,27 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 		}
 		return false, "no hsm-2"
 	})
+	// The applications' failures are in the agent's metrics too.
+	var hsm2 agent.MemberStatus
+	for _, m := range rep.Groups[0].Members {
+		if m.Name == "hsm-2" {
+			hsm2 = m
+		}
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^hagroup_member_errors_total\{group="signing",member="hsm-2"\} (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no hagroup_member_errors_total for hsm-2:\n%s", body)
+	}
+	if v, _ := strconv.ParseFloat(string(m[1]), 64); v < float64(hsm2.ClientFailures+hsm2.Failures) {
+		t.Errorf("hagroup_member_errors_total{member=hsm-2} = %v, want at least the agent's %d plus the applications' %d", v, hsm2.Failures, hsm2.ClientFailures)
+	}
+
 	var failedLines []agent.Event
 	waitUntil("member_failed of hsm-2 in halog", time.Minute, func() (bool, string) {
 		out, _ := hactlOut(t, r, hactl, "--config", r.conf, "hagroup", "halog", "--json")
