@@ -253,12 +253,27 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 	}
 
 	r.served.Kill()
+	waitUntil("hsm-2 failed in both applications, with an error", time.Minute, func() (bool, string) {
+		hactlJSON(&cl, "clients", "--json")
+		n := 0
+		for _, p := range cl.Clients {
+			for _, m := range p.Groups[0].Members {
+				if m.Name == "hsm-2" && m.State == "failed" && m.Errors >= 1 {
+					n++
+				}
+			}
+		}
+		return n == 2, fmt.Sprintf("%+v", cl.Clients)
+	})
 	var rep agent.GroupsReport
 	waitUntil("the applications' failures of hsm-2 in listgroups", time.Minute, func() (bool, string) {
 		hactlJSON(&rep, "listgroups", "--json")
 		for _, m := range rep.Groups[0].Members {
 			if m.Name == "hsm-2" {
-				return m.ClientFailures >= 2 && m.ClientFailovers >= 2, fmt.Sprintf("%+v", m)
+				// Each application charged hsm-2 at least one error
+				// (the call that found it dead); how many failovers each
+				// counts depends on what was in flight.
+				return m.ClientFailures >= 2 && m.ClientFailovers >= 1, fmt.Sprintf("%+v", m)
 			}
 		}
 		return false, "no hsm-2"
