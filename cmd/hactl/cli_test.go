@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/spf13/cobra"
 )
@@ -154,7 +155,7 @@ func TestPrinters(t *testing.T) {
 		Members: []agent.MemberStatus{
 			{Name: "hsm-a", State: "active", Primary: true, SlotID: &id, TokenLabel: "ha-a", TokenSerial: "abc", Operations: 12, AttemptsLeft: &unlimited},
 			{Name: "hsm-b", State: "failed", Token: "label=ha-b", LastError: "CKR_DEVICE_ERROR", Failures: 3,
-				AttemptsLeft: &four, OutOfSync: 2, NeedsSync: true},
+				AttemptsLeft: &four, OutOfSync: 2, NeedsSync: true, ClientOperations: 40, ClientFailures: 2, Clients: 1},
 			{Name: "hsm-c", State: "standby", Standby: true, InFlight: 2},
 		}}
 	h, rows := makeMembersTable(g)
@@ -162,9 +163,9 @@ func TestPrinters(t *testing.T) {
 		t.Fatalf("header %v vs row %v", h, rows[0])
 	}
 	want := [][]string{
-		{"hsm-a", "active", "primary", "7", "ha-a", "abc", "0", "12", "0", "unlimited", "no", "-"},
-		{"hsm-b", "failed", "active", "-", "label=ha-b", "-", "0", "0", "3", "4", "yes (2)", "CKR_DEVICE_ERROR"},
-		{"hsm-c", "standby", "standby", "-", "-", "-", "2", "0", "0", "-", "no", "-"},
+		{"hsm-a", "active", "primary", "7", "ha-a", "abc", "0", "12", "0", "0", "0", "0", "unlimited", "no", "-"},
+		{"hsm-b", "failed", "active", "-", "label=ha-b", "-", "0", "0", "3", "40", "2", "1", "4", "yes (2)", "CKR_DEVICE_ERROR"},
+		{"hsm-c", "standby", "standby", "-", "-", "-", "2", "0", "0", "0", "0", "0", "-", "no", "-"},
 	}
 	if got := attemptsLeft(agent.MemberStatus{GaveUp: true, AttemptsLeft: &four}); got != "0 (gave up)" {
 		t.Errorf("attempts left of a member that gave up = %q", got)
@@ -197,9 +198,24 @@ func TestPrinters(t *testing.T) {
 		t.Errorf("diff row %v", drows[0])
 	}
 	ts := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
-	_, erows := makeEventsTable([]agent.Event{{Time: ts, Group: "g", Event: "member_failed"}})
-	if !slices.Equal(erows[0], []string{"2025-03-04T05:06:07Z", "g", "-", "member_failed", "-"}) {
-		t.Errorf("event row %v", erows[0])
+	uid := 1000
+	_, erows := makeEventsTable([]agent.Event{{Time: ts.Add(123456789), Event: "member_failed"},
+		{Time: ts, Group: "g", Member: "b", Event: "member_failed", Program: "pkcs11-tool", PID: 42, Host: "h1", UID: &uid}})
+	if !slices.Equal(erows[0], []string{"2025-03-04T05:06:07Z", "-", "-", "-", "member_failed", "-"}) {
+		t.Errorf("event row %v, want RFC 3339 to the second and dashes for what is empty", erows[0])
+	}
+	if !slices.Equal(erows[1], []string{"2025-03-04T05:06:07Z", "pkcs11-tool[42]@h1 uid 1000", "g", "b", "member_failed", "-"}) {
+		t.Errorf("event row %v, want who saw it", erows[1])
+	}
+	if l := followLine(agent.Event{Time: ts, Event: "member_failed"}); !strings.HasPrefix(l, "2025-03-04T05:06:07Z  -    ") {
+		t.Errorf("follow line %q: an empty column must keep its width", l)
+	}
+	ch, crows := makeClientsTable(agent.ClientsReport{Clients: []agent.ClientStatus{{PID: 42, UID: 1000, Program: "signload", Host: "h1",
+		LastSeen: ts, Groups: []fleet.GroupReport{{Group: "signing", Members: []fleet.MemberReport{
+			{Name: "a", State: "active", Operations: 10, Errors: 0, Failovers: 0},
+			{Name: "b", State: "failed", Operations: 5, Errors: 2, Failovers: 1}}}}}}}, ts.Add(3*time.Second))
+	if len(ch) != len(crows[0]) || !slices.Equal(crows[0], []string{"42", "signload", "h1", "1000", "signing", "a=active,b=failed", "15", "1", "2", "3s ago"}) {
+		t.Errorf("clients table %v %v", ch, crows)
 	}
 	_, rrows := makeRecoverTable(agent.RecoverResult{Members: []agent.MemberResult{{Member: "b", OK: false, State: "failed", Detail: "x"}}})
 	if !slices.Equal(rrows[0], []string{"b", "failed", "failed", "x"}) {

@@ -28,6 +28,7 @@ func newHagroupCmd(a *app) *cobra.Command {
 		newIntervalCmd(a),
 		newHAOnlyCmd(a),
 		newHALogCmd(a),
+		newClientsCmd(a),
 		newDomainCmd(a),
 	)
 	return cmd

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -24,9 +25,13 @@ func newHALogCmd(a *app) *cobra.Command {
 		Use:   "halog",
 		Short: "Show the HA event log (failures, recoveries, replication)",
 		Long: `Show the HA event log: members failing and recovering, standbys promoted,
-objects replicated, conflicts found. From haagent when it runs, otherwise
-straight from the config's log_file. --follow keeps printing new events
-(haagent only). --json prints one JSON object per line.`,
+objects replicated, conflicts found — seen by haagent or reported to it by
+the applications running the group. Each line says when (RFC 3339, UTC),
+who (program[pid]@host, and the uid of a reporting application), the group,
+member and event; repeats of an event within a minute are folded into one
+line ("×12 more in 1m0s"). From haagent when it runs, otherwise straight
+from the config's log_file. --follow keeps printing new events (haagent
+only). --json prints one JSON object per line.`,
 		Example: `  hactl hagroup halog --since 1h
   hactl hagroup halog --follow --group signing --json`,
 		Args: noArgs,
@@ -39,11 +44,15 @@ straight from the config's log_file. --follow keeps printing new events
 				case jsonOut:
 					return enc.Encode(eventLine{agent.SchemaVersion, e})
 				case follow:
-					_, err := fmt.Fprintln(a.out, joinRow(makeEventRow(e)))
+					_, err := fmt.Fprintln(a.out, followLine(e))
 					return err
 				}
 				events = append(events, e)
 				return nil
+			}
+			if follow && !jsonOut {
+				h := eventHeader
+				fmt.Fprintf(a.out, "%-20s  %-32s  %-12s  %-10s  %-22s  %s\n", h[0], h[1], h[2], h[3], h[4], h[5])
 			}
 			c := a.client()
 			defer c.Close()
@@ -66,6 +75,9 @@ straight from the config's log_file. --follow keeps printing new events
 					fmt.Fprintln(a.out, "no events")
 					return nil
 				}
+				// Lines appended by processes without an agent may be out of
+				// order by a little; a person reads them in time order.
+				slices.SortStableFunc(events, func(x, y agent.Event) int { return x.Time.Compare(y.Time) })
 				return renderTable(a.out, table(makeEventsTable(events)))
 			}
 			return nil
@@ -76,15 +88,4 @@ straight from the config's log_file. --follow keeps printing new events
 	cmd.Flags().StringVar(&group, "group", "", "only this group's events")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON lines")
 	return cmd
-}
-
-func joinRow(r []string) string {
-	s := ""
-	for i, c := range r {
-		if i > 0 {
-			s += "  "
-		}
-		s += c
-	}
-	return s
 }

@@ -28,6 +28,11 @@ A member whose token refused its PIN shows "0 (PIN refused)" as its attempts
 left (pinBlocked and pinBlockedReason in --json): nothing logs it in again
 until "hactl hagroup recover" for it.
 
+OPS and FAILURES are the agent's own; APP OPS and APP FAILURES sum what every
+application running the group reports to haagent (libhapkcs11.so, Go
+programs on pkg/ha), CLIENTS is how many report the member now (hactl
+hagroup clients lists them).
+
 The states come from haagent when it runs; otherwise hactl reads the
 configuration and opens every member token itself (without logging in), and
 says so. Exits 3 when a group is degraded (a member down or out of sync).`,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -117,7 +118,7 @@ func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
 // makeMembersTable renders a group's members: the member table of
 // listgroups.
 func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
-	header := []string{"MEMBER", "STATE", "ROLE", "SLOT", "TOKEN", "SERIAL", "IN-FLIGHT", "OPS", "FAILURES", "ATTEMPTS LEFT", "NEEDS SYNC", "LAST ERROR"}
+	header := []string{"MEMBER", "STATE", "ROLE", "SLOT", "TOKEN", "SERIAL", "IN-FLIGHT", "OPS", "FAILURES", "APP OPS", "APP FAILURES", "CLIENTS", "ATTEMPTS LEFT", "NEEDS SYNC", "LAST ERROR"}
 	rows := make([][]string, 0, len(g.Members))
 	for _, m := range g.Members {
 		role := "active"
@@ -137,7 +138,9 @@ func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
 		}
 		rows = append(rows, []string{m.Name, m.State, role, slotID, dash(token), dash(m.TokenSerial),
 			strconv.FormatInt(m.InFlight, 10), strconv.FormatUint(m.Operations, 10),
-			strconv.FormatUint(m.Failures, 10), attemptsLeft(m), needsSync(m), dash(m.LastError)})
+			strconv.FormatUint(m.Failures, 10), strconv.FormatUint(m.ClientOperations, 10),
+			strconv.FormatUint(m.ClientFailures, 10), strconv.Itoa(m.Clients),
+			attemptsLeft(m), needsSync(m), dash(m.LastError)})
 	}
 	return header, rows
 }
@@ -192,9 +195,32 @@ func makeDiffTable(r agent.SyncReport) ([]string, [][]string) {
 	return []string{"OBJECT", "DIFFERENCE", "MEMBERS", "ACTION", "DETAIL"}, rows
 }
 
-// makeEventRow renders one HA log event.
+// makeEventRow renders one HA log event: when (RFC 3339, seconds), who,
+// where, what.
 func makeEventRow(e agent.Event) []string {
-	return []string{e.Time.UTC().Format(time.RFC3339Nano), e.Group, dash(e.Member), e.Event, dash(e.Detail)}
+	return []string{e.Time.UTC().Format(time.RFC3339), eventWho(e), dash(e.Group), dash(e.Member), e.Event, dash(e.Detail)}
+}
+
+// eventHeader names makeEventRow's columns.
+var eventHeader = []string{"TIME", "WHO", "GROUP", "MEMBER", "EVENT", "DETAIL"}
+
+// eventWho renders who saw an event: program[pid]@host, plus the uid of a
+// reporting process; the source of lines from older versions.
+func eventWho(e agent.Event) string {
+	if e.Program == "" {
+		return dash(e.Source)
+	}
+	s := e.Program
+	if e.PID != 0 {
+		s += "[" + strconv.Itoa(e.PID) + "]"
+	}
+	if e.Host != "" {
+		s += "@" + e.Host
+	}
+	if e.UID != nil {
+		s += " uid " + strconv.Itoa(*e.UID)
+	}
+	return s
 }
 
 // makeEventsTable renders HA log events.
@@ -203,7 +229,33 @@ func makeEventsTable(es []agent.Event) ([]string, [][]string) {
 	for i, e := range es {
 		rows[i] = makeEventRow(e)
 	}
-	return []string{"TIME", "GROUP", "MEMBER", "EVENT", "DETAIL"}, rows
+	return eventHeader, rows
+}
+
+// makeClientsTable renders the processes reporting to the agent: one row
+// per process and group, its members' states in one cell.
+func makeClientsTable(r agent.ClientsReport, now time.Time) ([]string, [][]string) {
+	header := []string{"PID", "PROGRAM", "HOST", "UID", "GROUP", "MEMBERS", "OPS", "FAILOVERS", "ERRORS", "LAST SEEN"}
+	var rows [][]string
+	for _, c := range r.Clients {
+		seen := now.Sub(c.LastSeen).Round(time.Second).String() + " ago"
+		base := []string{strconv.Itoa(c.PID), dash(c.Program), dash(c.Host), strconv.Itoa(c.UID)}
+		if len(c.Groups) == 0 {
+			rows = append(rows, append(base, "-", "-", "0", "0", "0", seen))
+			continue
+		}
+		for _, g := range c.Groups {
+			var states []string
+			var ops, failovers, errs uint64
+			for _, m := range g.Members {
+				states = append(states, m.Name+"="+m.State)
+				ops, failovers, errs = ops+m.Operations, failovers+m.Failovers, errs+m.Errors
+			}
+			rows = append(rows, append(slices.Clone(base), g.Group, dash(strings.Join(states, ",")),
+				strconv.FormatUint(ops, 10), strconv.FormatUint(failovers, 10), strconv.FormatUint(errs, 10), seen))
+		}
+	}
+	return header, rows
 }
 
 // makeTokensTable renders the tokens a module offers.

@@ -10,7 +10,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/ha"
-	harecover "github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -78,11 +77,13 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 		gc := cfg.Groups[i]
 		set := cfg.Settings(&gc)
 		v := &virtual{}
-		sink := &eventSink{log: log, v: v}
+		sink := &eventSink{v: v}
 		g, err := ha.Open(ctx, gc, set, ha.Options{
-			StateDir:       stateDir,
-			Events:         sink,
-			RecoveryEvents: sink.recovery(gc.Label),
+			StateDir: stateDir,
+			Events:   sink,
+			// The engine's and the recoverer's events and the members'
+			// figures go to haagent (or, without one, to the HA log).
+			Report: log.rep,
 			// Calls come from the application's threads (slot.Spec).
 			SpinHandoff: true,
 		})
@@ -110,37 +111,16 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 	return out, func() error { return errors.Join(stats.stop(), closeAll()) }, nil
 }
 
-// eventSink writes the engine's events to the HA event log and tells the
-// virtual slot of a group_down. It must not block: the log is an O_APPEND
-// file write and groupDown only schedules. (pkg/ha forwards member
+// eventSink tells the virtual slot of a group_down. It must not block:
+// groupDown only schedules. (pkg/ha reports the events and forwards member
 // failures to the recoverer itself.)
 type eventSink struct {
-	log *eventLog
-	v   *virtual
+	v *virtual
 }
 
 func (s *eventSink) Event(e group.Event) {
-	detail := ""
-	switch {
-	case e.Err != nil:
-		detail = e.Err.Error()
-	case e.Object.Label != "" || len(e.Object.ID) > 0:
-		detail = e.Object.String()
-	case e.From != e.To:
-		detail = fmt.Sprintf("%s -> %s", e.From, e.To)
-	}
-	s.log.event(e.Group, e.Member, string(e.Kind), detail)
 	if e.Kind == group.GroupDown && s.v.basicNow != nil {
 		s.v.groupDown()
-	}
-}
-
-// recovery returns the recoverer's event callback for group label.
-func (s *eventSink) recovery(label string) func(harecover.Event) {
-	return func(e harecover.Event) {
-		// The same detail as the agent's lines: what a catch-up copied
-		// and deleted, conflicts, unreadable objects, the error.
-		s.log.event(label, e.Member, string(e.Kind), e.Detail())
 	}
 }
 

@@ -6,17 +6,25 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/hagroup/hagroup/pkg/fleet"
 )
 
-// eventLog is where the module reports: HA events go to the HA event log
-// named by the configuration's log_file, as JSON lines in the agent's
-// format, when this process may append to it; otherwise, and for debug
+// eventLog is where the module reports: HA events go to haagent through
+// the fleet reporter (the agent writes the HA log, in order, folded), which
+// also carries the members' figures. Without an agent the reporter hands
+// them back, folded, and they are appended to the configuration's
+// log_file when this process may write it; otherwise, and for debug
 // detail, to stderr only when HAGROUP_DEBUG is set. An application's
 // stderr is never written otherwise. No PIN is ever passed to it.
 type eventLog struct {
-	pid int
+	pid  int
+	prog string
+	host string
+	rep  *fleet.Reporter // nil before the configuration is read
 
 	mu sync.Mutex
 	f  *os.File // the HA event log, or nil
@@ -27,22 +35,27 @@ type eventLog struct {
 // debugEnv is the variable that turns stderr logging on.
 const debugEnv = "HAGROUP_DEBUG"
 
-// haEvent is one line of the HA event log (the same fields as the agent's
-// events, plus where it came from).
+// haEvent is one line of the HA event log written without an agent (the
+// same fields as the agent's events).
 type haEvent struct {
-	Time   time.Time `json:"time"`
-	Group  string    `json:"group"`
-	Member string    `json:"member,omitempty"`
-	Event  string    `json:"event"`
-	Detail string    `json:"detail,omitempty"`
-	Source string    `json:"source"`
+	Time    time.Time `json:"time"`
+	Group   string    `json:"group"`
+	Member  string    `json:"member,omitempty"`
+	Event   string    `json:"event"`
+	Detail  string    `json:"detail,omitempty"`
+	Program string    `json:"program"`
+	PID     int       `json:"pid"`
+	UID     int       `json:"uid"`
+	Host    string    `json:"host"`
 }
 
-// newEventLog opens the HA event log at path ("" for none) for appending;
-// a file this process may not write is skipped silently (stderr, when
-// debugging, says so).
-func newEventLog(path string) *eventLog {
-	l := &eventLog{pid: os.Getpid()}
+// newEventLog reports to the agent at socket ("" for none) and falls back
+// to the HA event log at path ("" for none), opened for appending; a file
+// this process may not write is skipped silently (stderr, when debugging,
+// says so).
+func newEventLog(path, socket string) *eventLog {
+	l := &eventLog{pid: os.Getpid(), prog: filepath.Base(os.Args[0])}
+	l.host, _ = os.Hostname()
 	if os.Getenv(debugEnv) != "" {
 		l.dbg = newDebugLogger(os.Stderr, l.pid)
 	}
@@ -54,6 +67,9 @@ func newEventLog(path string) *eventLog {
 			l.f = f
 		}
 	}
+	if socket != "" || l.f != nil || l.dbg != nil {
+		l.rep = fleet.Start(fleet.Options{Socket: socket, Program: l.prog, Fallback: l.write})
+	}
 	return l
 }
 
@@ -62,16 +78,29 @@ func newDebugLogger(w io.Writer, pid int) *slog.Logger {
 		With("lib", "libhapkcs11", "pid", pid)
 }
 
-// event records an HA event.
+// event records an HA event of the module itself (the engine's go
+// through the reporter from pkg/ha).
 func (l *eventLog) event(group, member, name, detail string) {
 	if l == nil {
 		return
 	}
+	e := fleet.Event{Time: time.Now(), Group: group, Member: member, Event: name, Detail: detail}
+	if l.rep != nil {
+		l.rep.Event(e)
+		return
+	}
+	l.write(e)
+}
+
+// write appends e to the HA event log (the reporter's fallback: called
+// from its goroutine, already folded), or to stderr when debugging.
+func (l *eventLog) write(e fleet.Event) {
+	group, member, name, detail := e.Group, e.Member, e.Event, e.Detail
 	l.mu.Lock()
 	f := l.f
 	if f != nil {
-		line, err := json.Marshal(haEvent{Time: time.Now().UTC(), Group: group, Member: member,
-			Event: name, Detail: detail, Source: fmt.Sprintf("libhapkcs11 pid %d", l.pid)})
+		line, err := json.Marshal(haEvent{Time: e.Time.UTC(), Group: group, Member: member,
+			Event: name, Detail: detail, Program: l.prog, PID: l.pid, UID: os.Getuid(), Host: l.host})
 		if err == nil {
 			_, err = f.Write(append(line, '\n')) // one write: O_APPEND keeps lines whole
 		}
@@ -95,7 +124,9 @@ func (l *eventLog) debug(msg string, kv ...any) {
 	}
 }
 
+// close sends the last report (bounded: pkg/fleet) and closes the file.
 func (l *eventLog) close() {
+	l.rep.Close()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f != nil {

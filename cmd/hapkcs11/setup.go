@@ -19,12 +19,12 @@ func newLibrary() (*library, error) {
 	path := config.ResolvePath("")
 	cfg, err := config.Load(path)
 	if err != nil {
-		log := newEventLog("")
+		log := newEventLog("", "")
 		log.debug("cannot load the configuration", "path", path, "err", err)
 		return nil, ckErr(pkcs11.CKR_GENERAL_ERROR)
 	}
 	agent := cfg.Agent.WithDefaults()
-	log := newEventLog(agent.LogFile)
+	log := newEventLog(agent.LogFile, agent.Socket)
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &library{
 		ctx:      ctx,
@@ -94,7 +94,8 @@ func newLibrary() (*library, error) {
 			l.add(ids.take(physicalSlotID(cfg.Groups[gi].Serial, j.member)), j.tok)
 		}
 	}
-	log.event("", "", "client-start", fmt.Sprintf("config %s: %d groups, %d slots", cfg.Path, len(cfg.Groups), len(l.slots)))
+	// No start line: hactl hagroup clients lists the processes.
+	log.debug("started", "config", cfg.Path, "groups", len(cfg.Groups), "slots", len(l.slots))
 	return l, nil
 }
 

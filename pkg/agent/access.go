@@ -16,13 +16,16 @@ type Level int
 
 // Access levels, ordered: a route needing LevelRead is open to LevelWrite.
 const (
-	LevelNone  Level = iota // refused: every route answers permission_denied
-	LevelRead               // status, listgroups, halog, synchronize --check
-	LevelWrite              // recover, synchronize, reload
+	LevelNone   Level = iota // refused: every route answers permission_denied
+	LevelReport              // an application's engine reporting (pkg/fleet): /v1/report only
+	LevelRead                // status, listgroups, clients, halog, synchronize --check
+	LevelWrite               // recover, synchronize, reload
 )
 
 func (l Level) String() string {
 	switch l {
+	case LevelReport:
+		return "report"
 	case LevelRead:
 		return "read"
 	case LevelWrite:
@@ -97,7 +100,9 @@ func (p Policy) Decide(peer Peer) Decision {
 		d.Level, d.Reason = LevelRead, "other local user: read-only (others_read_only)"+groupNote
 		return d
 	}
-	d.Reason = "other local user: refused (others_read_only = false)" + groupNote
+	// Every local user's applications run the engine and report what
+	// they see; that is all they may do.
+	d.Level, d.Reason = LevelReport, "other local user: may only report (others_read_only = false)"+groupNote
 	return d
 }
 

@@ -28,6 +28,7 @@ type EventLog struct {
 	ring   []Event // memory-only mode
 	subs   map[*follower]struct{}
 	closed bool
+	last   time.Time // the latest time written: lines never go back in time
 }
 
 const ringSize = 1000
@@ -85,21 +86,27 @@ func (l *EventLog) openFile() error {
 func (l *EventLog) Path() string { return l.path }
 
 // Append writes e (stamping Time when zero) and hands it to followers.
+// Times in the log never go back: an event stamped before the last one
+// written (by a goroutine that was slower to get here) takes its time.
 func (l *EventLog) Append(e Event) error {
-	if e.Time.IsZero() {
-		e.Time = l.now()
-	}
-	e.Time = e.Time.UTC()
-	line, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	line = append(line, '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return errors.New("HA event log is closed")
 	}
+	if e.Time.IsZero() {
+		e.Time = l.now()
+	}
+	e.Time = e.Time.UTC()
+	if e.Time.Before(l.last) {
+		e.Time = l.last
+	}
+	l.last = e.Time
+	line, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	line = append(line, '\n')
 	if l.f == nil {
 		if len(l.ring) == ringSize {
 			copy(l.ring, l.ring[1:])

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hagroup/hagroup/pkg/fleet"
 )
 
 // Backend is what the server serves: the running engine of every group.
@@ -28,6 +30,7 @@ type Backend interface {
 	// HALog calls emit for each selected event, oldest first; with
 	// req.Follow it then waits for new events until ctx ends.
 	HALog(ctx context.Context, req HALogRequest, emit func(Event) error) error
+	FleetBackend
 }
 
 // maxBody bounds a request body. Every request this API takes is tiny.
@@ -51,6 +54,8 @@ var routes = []route{
 	{http.MethodPost, "/v1/synchronize", LevelWrite, (*Server).serveSynchronize},
 	{http.MethodPost, "/v1/reload", LevelWrite, (*Server).serveReload},
 	{http.MethodGet, "/v1/halog", LevelRead, (*Server).serveHALog},
+	{http.MethodPost, fleet.Path, LevelReport, (*Server).serveReport},
+	{http.MethodGet, "/v1/clients", LevelRead, (*Server).serveClients},
 }
 
 // Server serves a Backend on a listener. Create it with NewServer; it is
@@ -289,7 +294,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // DecodeBody decodes a request body strictly: one JSON object of type T,
 // no unknown fields, no trailing data, at most 64 KiB.
-func DecodeBody[T any](body io.Reader) (T, error) {
+func DecodeBody[T any](body io.Reader) (T, error) { return decodeBodyLimit[T](body, maxBody) }
+
+func decodeBodyLimit[T any](body io.Reader, maxBody int64) (T, error) {
 	var v T
 	dec := json.NewDecoder(io.LimitReader(body, maxBody+1))
 	dec.DisallowUnknownFields()

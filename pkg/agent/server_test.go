@@ -22,6 +22,7 @@ type testBackend struct {
 
 	mu       sync.Mutex
 	recovers []RecoverRequest
+	reports  []peerReport
 	block    chan struct{} // when set, Recover waits for it
 	started  chan struct{}
 }
@@ -263,12 +264,13 @@ func TestRouteAccess(t *testing.T) {
 		"/v1/sync/check":  `{"group":"signing","check":true}`,
 		"/v1/synchronize": `{"group":"signing"}`,
 		"/v1/reload":      `{}`,
+		"/v1/report":      `{"program":"t","pid":1,"host":"h","started":"2026-01-01T00:00:00Z","groups":[]}`,
 	}
 	for _, rt := range routes {
 		if !strings.HasPrefix(rt.path, "/v1/") {
 			t.Errorf("route %s outside /v1/", rt.path)
 		}
-		for _, lvl := range []Level{LevelNone, LevelRead, LevelWrite} {
+		for _, lvl := range []Level{LevelNone, LevelReport, LevelRead, LevelWrite} {
 			t.Run(fmt.Sprintf("%s %s as %s", rt.method, rt.path, lvl), func(t *testing.T) {
 				req := httptest.NewRequest(rt.method, "http://"+Host+rt.path, strings.NewReader(bodies[rt.path]))
 				req = req.WithContext(WithDecision(req.Context(), Decision{Level: lvl, Reason: "test", Peer: Peer{UID: 1234, Known: true}}))
@@ -306,7 +308,7 @@ func TestPolicyDecide(t *testing.T) {
 		{"allowed group primary", Policy{AgentUID: 999, AllowedGroup: "4242", GroupIDs: groups}, Peer{UID: 2000, GID: 4242, Known: true}, LevelWrite, "allowed_group"},
 		{"allowed group supplementary", Policy{AgentUID: 999, AllowedGroup: "4242", GroupIDs: groups}, Peer{UID: 2001, GID: 100, Known: true}, LevelWrite, "allowed_group"},
 		{"other read-only", Policy{AgentUID: 999, OthersReadOnly: true, AllowedGroup: "4242", GroupIDs: groups}, Peer{UID: 3000, GID: 100, Known: true}, LevelRead, "read-only"},
-		{"other refused", Policy{AgentUID: 999}, Peer{UID: 3000, Known: true}, LevelNone, "refused"},
+		{"other may only report", Policy{AgentUID: 999}, Peer{UID: 3000, Known: true}, LevelReport, "may only report"},
 		{"no credentials", Policy{OthersReadOnly: true}, Peer{}, LevelNone, "no peer credentials"},
 		{"unknown group", Policy{AgentUID: 999, OthersReadOnly: true, AllowedGroup: "no-such-group-hagroup"}, Peer{UID: 3000, Known: true}, LevelRead, "not checked"},
 	}

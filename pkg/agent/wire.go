@@ -82,6 +82,13 @@ type MemberStatus struct {
 	InFlight    int64  `json:"inFlight"`
 	Operations  uint64 `json:"operations"`
 	Failures    uint64 `json:"failures"`
+	// The figures every other process running the group reports (pkg/fleet),
+	// summed; processes gone keep their share. Clients is how many report
+	// the member now. Absent: zero (and always without an agent).
+	ClientOperations uint64 `json:"clientOperations,omitempty"`
+	ClientFailures   uint64 `json:"clientFailures,omitempty"`
+	ClientFailovers  uint64 `json:"clientFailovers,omitempty"`
+	Clients          int    `json:"clients,omitempty"`
 	// NeedsSync reports whether the member lacks objects the group holds
 	// (or holds objects the group deleted).
 	NeedsSync bool `json:"needsSync"`
@@ -259,9 +266,18 @@ type Event struct {
 	Member string    `json:"member,omitempty"`
 	Event  string    `json:"event"`
 	Detail string    `json:"detail,omitempty"`
-	// Source says who wrote the event when it was not haagent (for
-	// example "libhapkcs11 pid 1234", which appends to the same file).
+	// Source says who wrote the event in logs written before the who
+	// fields below existed ("libhapkcs11 pid 1234").
 	Source string `json:"source,omitempty"`
+	// Who saw it: the program, its pid and host (the agent's own events
+	// name haagent), and for a reporting process its uid (SO_PEERCRED).
+	Program string `json:"program,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+	UID     *int   `json:"uid,omitempty"`
+	Host    string `json:"host,omitempty"`
+	// Repeats is, on a folded summary line, how many more times the event
+	// happened in the window after the line that showed it first.
+	Repeats int `json:"repeats,omitempty"`
 }
 
 // HALogRequest selects events from the HA event log.

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recover"
@@ -68,6 +69,10 @@ type Options struct {
 	Clock recover.Clock
 	// AttemptTimeout bounds one recovery attempt; 0: recover's default.
 	AttemptTimeout time.Duration
+	// Report, when set, receives the group's member figures and events
+	// for haagent (pkg/fleet); one Reporter serves every group of a
+	// process. The agent itself leaves it nil.
+	Report *fleet.Reporter
 }
 
 // Group is an open HA group with its recovery. Safe for concurrent use.
@@ -76,6 +81,8 @@ type Group struct {
 	rec     *recover.Recoverer
 	journal *tombstone.Journal // nil: tombstones in memory
 	tombErr error              // why the journal could not be opened
+
+	unwatch func() // stops reporting the group (Options.Report)
 
 	mu  gosync.Mutex // serialises Update, AddMember, RemoveMember, SetStandby
 	cfg config.Group
@@ -86,14 +93,16 @@ type Group struct {
 // that failed. The recoverer exists only once the group does: failures
 // before that are picked up by Resume.
 type sink struct {
-	next group.EventSink
-	rec  atomic.Pointer[recover.Recoverer]
+	next   group.EventSink
+	report *fleet.Reporter
+	rec    atomic.Pointer[recover.Recoverer]
 }
 
 func (s *sink) Event(e group.Event) {
 	if s.next != nil {
 		s.next.Event(e)
 	}
+	s.report.GroupEvent(e)
 	if e.Kind == group.MemberFailed {
 		if r := s.rec.Load(); r != nil {
 			r.MemberFailed(e.Member)
@@ -112,7 +121,7 @@ func (s *sink) Event(e group.Event) {
 // TombstoneError).
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
 	h := &Group{cfg: cloneGroup(g), set: s}
-	snk := &sink{next: opts.Events}
+	snk := &sink{next: opts.Events, report: opts.Report}
 	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions, SpinHandoff: opts.SpinHandoff}
 	stateDir := opts.StateDir
 	var tombs recover.TombstoneSource
@@ -154,7 +163,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		Retries:        s.Retries,
 		AttemptTimeout: opts.AttemptTimeout,
 		Tombstones:     tombs,
-		Events:         opts.RecoveryEvents,
+		Events:         reportRecovery(opts.Report, g.Label, opts.RecoveryEvents),
 		Clock:          opts.Clock,
 		PINBlocks:      blocks,
 	})
@@ -166,6 +175,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	h.rec = rec
 	snk.rec.Store(rec)
 	rec.Resume()
+	h.unwatch = opts.Report.Watch(gr)
 	return h, nil
 }
 
@@ -550,6 +560,9 @@ func sameToken(a, b config.Member) bool {
 // Close stops recovery, closes the group (waiting for the work in flight)
 // and the journal.
 func (h *Group) Close() error {
+	if h.unwatch != nil {
+		h.unwatch()
+	}
 	errs := []error{h.rec.Close(), h.Group.Close()}
 	errs = append(errs, h.closeJournal())
 	return errors.Join(errs...)

@@ -12,6 +12,7 @@ package soak
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -326,10 +327,17 @@ func TestSoak(t *testing.T) {
 	rep.agentHangs = ch.agentHangs
 	if b, err := os.ReadFile(w.logFile); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, `"event":"recovery_failed"`) {
-				rep.recoveryFailed++
-				if strings.Contains(line, "no longer holds it") {
-					rep.recoveryRaced++
+			// A folded summary line stands for its repeats too.
+			var e struct {
+				Event   string `json:"event"`
+				Detail  string `json:"detail"`
+				Repeats int    `json:"repeats"`
+			}
+			if json.Unmarshal([]byte(line), &e) == nil && e.Event == "recovery_failed" {
+				n := max(e.Repeats, 1)
+				rep.recoveryFailed += n
+				if strings.Contains(e.Detail, "no longer holds it") {
+					rep.recoveryRaced += n
 				}
 			}
 		}

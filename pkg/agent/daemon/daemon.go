@@ -15,6 +15,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/recover"
 )
 
@@ -51,6 +52,8 @@ type Daemon struct {
 	order  []string // group labels in config order
 
 	events  *agent.EventLog
+	fold    *fleet.Folder[agent.Event] // in front of events: repeats folded
+	clients *clientTable               // the processes that report (clients.go)
 	metrics *Metrics
 	server  *agent.Server
 	socket  string
@@ -103,6 +106,7 @@ func New(opts Options) (*Daemon, error) {
 		d.socket = opts.Socket
 	}
 	d.metrics = NewMetrics(d)
+	d.clients = newClientTable()
 	return d, nil
 }
 
@@ -134,12 +138,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.events = ev
 	defer ev.Close()
+	d.fold = d.newEventFolder()
+	foldCtx, stopFold := context.WithCancel(context.Background())
+	foldDone := make(chan struct{})
+	go func() { d.foldLoop(foldCtx); close(foldDone) }()
+	defer func() { stopFold(); <-foldDone }() // before ev.Close: the last summaries
 
 	pol := policyOf(d.agent)
-	mode := os.FileMode(0o660)
-	if pol.OthersReadOnly {
-		mode = 0o666 // others must reach the socket to be given read access
-	}
+	// Every local user reaches the socket: its applications report there
+	// (pkg/fleet); what a connection may do is decided from SO_PEERCRED.
+	mode := os.FileMode(0o666)
 	gid := -1
 	if d.agent.AllowedGroup != "" {
 		g, err := agent.LookupGroupID(d.agent.AllowedGroup)
@@ -273,6 +281,7 @@ func (d *Daemon) stopGroup(label string, keepEngine bool) *groupRun {
 			}
 		}
 		d.metrics.forgetGroup(label)
+		d.clients.forgetGroup(label)
 	}
 	return gr
 }
@@ -429,11 +438,7 @@ func (d *Daemon) emit(e agent.Event) {
 	}
 	d.metrics.countEvent(e)
 	d.log.Info("ha event", "group", e.Group, "member", e.Member, "event", e.Event, "detail", e.Detail)
-	if d.events != nil {
-		if err := d.events.Append(e); err != nil {
-			d.log.Error("HA event log", "error", err)
-		}
-	}
+	d.logEvent(e)
 }
 
 // lookup returns a running group or a not_found error naming the groups.
@@ -551,6 +556,7 @@ func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatu
 	if gs.Members == nil {
 		gs.Members = []agent.MemberStatus{}
 	}
+	d.clients.view().addFleet(&gs)
 	return gs
 }
 

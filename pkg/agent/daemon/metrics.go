@@ -23,13 +23,13 @@ var (
 		"Operations in flight on the member right now, as seen by this agent's engine.",
 		[]string{"group", "member"}, nil)
 	descOperations = prometheus.NewDesc("hagroup_operations_total",
-		"Operations completed on the member by this agent's engine (probes, recovery, synchronisation).",
+		"Operations completed on the member by this agent's engine (probes, recovery, synchronisation) and by every application that reports to it (pkg/fleet; processes gone keep their share).",
 		[]string{"group", "member"}, nil)
 	descErrors = prometheus.NewDesc("hagroup_member_errors_total",
-		"Operations on the member that failed for a health reason (charged to the member).",
+		"Operations on the member that failed for a health reason (charged to the member), in this agent and in every application that reports to it.",
 		[]string{"group", "member"}, nil)
 	descFailovers = prometheus.NewDesc("hagroup_failovers_total",
-		"Times the member was dropped from rotation (failed over).",
+		"Times the member was dropped from rotation (failed over), in this agent and in every application that reports to it.",
 		[]string{"group", "member"}, nil)
 	descRecoveries = prometheus.NewDesc("hagroup_recovery_attempts_total",
 		"Recovery attempts of the member, automatic and manual.",
@@ -165,9 +165,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			k := memberKey{g.Label, ms.Name}
 			ch <- prometheus.MustNewConstMetric(descMemberUp, prometheus.GaugeValue, up, g.Label, ms.Name)
 			ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(ms.InFlight), g.Label, ms.Name)
-			ch <- prometheus.MustNewConstMetric(descOperations, prometheus.CounterValue, float64(ms.Operations), g.Label, ms.Name)
-			ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, float64(ms.Failures), g.Label, ms.Name)
-			ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(m.failovers[k]), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descOperations, prometheus.CounterValue, fleetOps(ms), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descErrors, prometheus.CounterValue, fleetErrors(ms), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(m.failovers[k]+ms.ClientFailovers), g.Label, ms.Name)
 			ch <- prometheus.MustNewConstMetric(descRecoveries, prometheus.CounterValue, float64(m.recoveries[k]), g.Label, ms.Name)
 			blocked := 0.0
 			if ms.PINBlocked {
@@ -178,3 +178,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// The fleet's share of the member counters: the agent's own figures plus
+// what the reporting applications saw (clients.go sums them).
+func fleetOps(ms agent.MemberStatus) float64    { return float64(ms.Operations + ms.ClientOperations) }
+func fleetErrors(ms agent.MemberStatus) float64 { return float64(ms.Failures + ms.ClientFailures) }

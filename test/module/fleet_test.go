@@ -1,0 +1,351 @@
+package module
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/agent"
+)
+
+func goBinary(t testing.TB, name, pkg string) string {
+	return buildOnce(t, name, func(out string) error {
+		return command(5*time.Minute, repoDir, "go", "build", "-o", out, pkg)
+	})
+}
+
+// signer is a signing process (signload on libhapkcs11.so, or fleetsign on
+// the Go API) whose output lines are read as they come.
+type signer struct {
+	t        *testing.T
+	name     string
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	lines    chan string
+	progress int
+	rates    []int
+	stderr   strings.Builder
+	all      []string
+}
+
+func startSigner(t *testing.T, r *rig, name string, args ...string) *signer {
+	t.Helper()
+	s := &signer{t: t, name: name, lines: make(chan string, 4096)}
+	s.cmd = exec.CommandContext(t.Context(), args[0], args[1:]...)
+	s.cmd.Env, s.cmd.Dir, s.cmd.Stderr = r.env, r.dir, &s.stderr
+	var err error
+	if s.stdin, err = s.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(s.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			s.lines <- sc.Text()
+		}
+	}()
+	return s
+}
+
+// waitFor reads the signer's lines until cond holds or d passes.
+func (s *signer) waitFor(what string, d time.Duration, cond func() bool) {
+	s.t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case line, ok := <-s.lines:
+			if !ok {
+				s.t.Fatalf("%s ended while waiting for %s: %s", s.name, what, s.stderr.String())
+			}
+			s.all = append(s.all, line)
+			if n, ok := strings.CutPrefix(line, "progress "); ok {
+				s.progress, _ = strconv.Atoi(n)
+			}
+			if n, ok := strings.CutPrefix(line, "rate "); ok {
+				v, _ := strconv.Atoi(n)
+				s.rates = append(s.rates, v)
+			}
+			if strings.HasPrefix(line, "error ") {
+				s.t.Errorf("%s: %s", s.name, line)
+			}
+		case <-deadline.C:
+			s.t.Fatalf("%s: no %s within %v (progress %d)", s.name, what, d, s.progress)
+		}
+	}
+}
+
+// finish closes the signer's input and returns its total line.
+func (s *signer) finish() string {
+	s.t.Helper()
+	s.stdin.Close()
+	for line := range s.lines {
+		s.all = append(s.all, line)
+	}
+	if err := s.cmd.Wait(); err != nil {
+		s.t.Fatalf("%s: %v\n%s", s.name, err, s.stderr.String())
+	}
+	for _, l := range s.all {
+		if strings.HasPrefix(l, "total ") {
+			return l
+		}
+	}
+	s.t.Fatalf("%s printed no total", s.name)
+	return ""
+}
+
+// lockedBuffer collects a process's stderr while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// hactlOut runs hactl and returns its standard output alone (a degraded
+// group's exit 3 and its summary on stderr are expected here).
+func hactlOut(t *testing.T, r *rig, hactl string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, hactl, args...)
+	cmd.Env, cmd.Dir = r.env, r.dir
+	out, err := cmd.Output()
+	return string(out), err
+}
+
+// The fleet seen from one place: a C application on libhapkcs11.so and a
+// Go program on pkg/ha sign through the group while haagent runs. Both
+// appear in hactl hagroup clients with their operations; the member
+// killed under them shows in listgroups' APP FAILURES and in the HA log
+// as one line saying who saw it, not one per process; a pkcs11-tool run
+// adds no line; and with the agent stopped both keep signing at the same
+// pace.
+func TestFleetSeenByTheAgent(t *testing.T) {
+	r := newRig(t, rigOpts{remote: true})
+	r.keypair("load1", "0c")
+	haagent := goBinary(t, "haagent", "./cmd/haagent")
+	hactl := goBinary(t, "hactl", "./cmd/hactl")
+	fleetsign := goBinary(t, "fleetsign", "./test/module/fleetsign")
+
+	sock := filepath.Join(r.dir, "agent.sock")
+	cfg, err := os.ReadFile(r.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.Replace(string(cfg), "[agent]\n", fmt.Sprintf("[agent]\nsocket = %q\nmetrics = \"127.0.0.1:0\"\n", sock), 1)
+	conf = strings.Replace(conf, "[ha]\n", "[ha]\nprobe_interval = \"500ms\"\n", 1)
+	if err := os.WriteFile(r.conf, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	ag := exec.CommandContext(ctx, haagent, "--config", r.conf)
+	ag.Env, ag.Dir = r.env, r.dir
+	agErr := &lockedBuffer{}
+	ag.Stderr = agErr
+	if err := ag.Start(); err != nil {
+		t.Fatal(err)
+	}
+	agentDone := make(chan error, 1)
+	go func() { agentDone <- ag.Wait() }()
+	defer func() {
+		ag.Process.Signal(syscall.SIGTERM)
+		<-agentDone
+	}()
+	hactlJSON := func(v any, args ...string) {
+		t.Helper()
+		out, err := hactlOut(t, r, hactl, append([]string{"--config", r.conf, "hagroup"}, args...)...)
+		if jerr := json.Unmarshal([]byte(out), v); jerr != nil {
+			t.Fatalf("hactl %s: %v %v\n%s", strings.Join(args, " "), err, jerr, out)
+		}
+	}
+	waitUntil := func(what string, d time.Duration, cond func() (bool, string)) {
+		t.Helper()
+		end := time.Now().Add(d)
+		last := ""
+		for time.Now().Before(end) {
+			ok, s := cond()
+			if ok {
+				return
+			}
+			last = s
+			time.Sleep(100 * time.Millisecond) // polling hactl, bounded by the deadline
+		}
+		t.Fatalf("%s: not within %v; last: %s\nhaagent: %s", what, d, last, agErr.String())
+	}
+	waitUntil("haagent listening", time.Minute, func() (bool, string) {
+		_, err := net.Dial("unix", sock)
+		return err == nil, fmt.Sprint(err)
+	})
+	var metricsAddr string
+	waitUntil("haagent's metrics address in its log", time.Minute, func() (bool, string) {
+		m := regexp.MustCompile(`msg="metrics endpoint" addr=(\S+)`).FindStringSubmatch(agErr.String())
+		if m != nil {
+			metricsAddr = m[1]
+		}
+		return m != nil, "none"
+	})
+
+	// A pkcs11-tool run while the agent runs adds no line to the HA log
+	// (it used to add client-start and per-member lines).
+	logBefore := r.haLog()
+	r.tool("-L")
+	if after := r.haLog(); after != logBefore {
+		t.Errorf("a pkcs11-tool -L run wrote to the HA log:\n%s", strings.TrimPrefix(after, logBefore))
+	}
+
+	c := startSigner(t, r, "signload", cprog(t, "signload"), r.lib, virtualSlot, r.pinFile, "load1", "2")
+	g := startSigner(t, r, "fleetsign", fleetsign, "-config", r.conf, "-group", groupLabel, "-pin-file", r.pinFile, "-key", "load1")
+	c.waitFor("signing", time.Minute, func() bool { return c.progress >= 400 })
+	g.waitFor("signing", time.Minute, func() bool { return g.progress >= 400 })
+
+	var cl agent.ClientsReport
+	waitUntil("both processes in hactl hagroup clients with their operations", time.Minute, func() (bool, string) {
+		hactlJSON(&cl, "clients", "--json")
+		seen := map[string]bool{}
+		for _, p := range cl.Clients {
+			var ops uint64
+			for _, gr := range p.Groups {
+				for _, m := range gr.Members {
+					ops += m.Operations
+				}
+			}
+			pid := map[string]int{"signload": c.cmd.Process.Pid, "fleetsign": g.cmd.Process.Pid}[p.Program]
+			seen[p.Program] = ops >= 400 && p.PID == pid && p.UID == os.Getuid() && len(p.Groups) == 1 && p.Groups[0].Group == groupLabel
+		}
+		return seen["signload"] && seen["fleetsign"], fmt.Sprintf("%+v", cl.Clients)
+	})
+	if cl.SchemaVersion != agent.SchemaVersion {
+		t.Errorf("clients --json schemaVersion %d", cl.SchemaVersion)
+	}
+
+	r.served.Kill()
+	waitUntil("hsm-2 failed in both applications, with an error", time.Minute, func() (bool, string) {
+		hactlJSON(&cl, "clients", "--json")
+		n := 0
+		for _, p := range cl.Clients {
+			for _, m := range p.Groups[0].Members {
+				if m.Name == "hsm-2" && m.State == "failed" && m.Errors >= 1 {
+					n++
+				}
+			}
+		}
+		return n == 2, fmt.Sprintf("%+v", cl.Clients)
+	})
+	var rep agent.GroupsReport
+	waitUntil("the applications' failures of hsm-2 in listgroups", time.Minute, func() (bool, string) {
+		hactlJSON(&rep, "listgroups", "--json")
+		for _, m := range rep.Groups[0].Members {
+			if m.Name == "hsm-2" {
+				// Each application charged hsm-2 at least one error
+				// (the call that found it dead); how many failovers each
+				// counts depends on what was in flight.
+				return m.ClientFailures >= 2 && m.ClientFailovers >= 1, fmt.Sprintf("%+v", m)
+			}
+		}
+		return false, "no hsm-2"
+	})
+	// The applications' failures are in the agent's metrics too.
+	var hsm2 agent.MemberStatus
+	for _, m := range rep.Groups[0].Members {
+		if m.Name == "hsm-2" {
+			hsm2 = m
+		}
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^hagroup_member_errors_total\{group="signing",member="hsm-2"\} (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no hagroup_member_errors_total for hsm-2:\n%s", body)
+	}
+	if v, _ := strconv.ParseFloat(string(m[1]), 64); v < float64(hsm2.ClientFailures+hsm2.Failures) {
+		t.Errorf("hagroup_member_errors_total{member=hsm-2} = %v, want at least the agent's %d plus the applications' %d", v, hsm2.Failures, hsm2.ClientFailures)
+	}
+
+	var failedLines []agent.Event
+	waitUntil("member_failed of hsm-2 in halog", time.Minute, func() (bool, string) {
+		out, _ := hactlOut(t, r, hactl, "--config", r.conf, "hagroup", "halog", "--json")
+		failedLines = nil
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var e agent.Event
+			if json.Unmarshal([]byte(l), &e) == nil && e.Member == "hsm-2" && e.Event == "member_failed" {
+				failedLines = append(failedLines, e)
+			}
+		}
+		return len(failedLines) > 0, out
+	})
+	// Three engines saw hsm-2 fail (the agent's, signload's, fleetsign's):
+	// one line says so at once; the repeats wait for the folded summary.
+	if len(failedLines) != 1 || failedLines[0].Repeats != 0 || failedLines[0].Program == "" || failedLines[0].PID == 0 {
+		t.Errorf("member_failed lines of hsm-2: %+v, want one first line naming who saw it", failedLines)
+	}
+
+	for _, cmd := range [][]string{{"clients"}, {"halog"}} {
+		out, _ := hactlOut(t, r, hactl, append([]string{"--config", r.conf, "hagroup"}, cmd...)...)
+		t.Logf("hactl hagroup %s:\n%s", cmd[0], out)
+	}
+
+	// With the agent stopped both keep signing, at the same pace.
+	g.waitFor("three rates with the agent up", time.Minute, func() bool { return len(g.rates) >= 4 })
+	up := g.rates[len(g.rates)-3:]
+	ag.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-agentDone:
+	case <-time.After(time.Minute):
+		t.Fatal("haagent did not stop within a minute")
+	}
+	agentDone <- nil // for the deferred stop
+	at := c.progress
+	n := len(g.rates)
+	c.waitFor("signing with the agent stopped", time.Minute, func() bool { return c.progress >= at+1000 })
+	g.waitFor("three rates with the agent stopped", time.Minute, func() bool { return len(g.rates) >= n+4 })
+	down := g.rates[n+1 : n+4]
+	sum := func(v []int) int { return v[0] + v[1] + v[2] }
+	t.Logf("fleetsign signatures/s with the agent up %v, stopped %v", up, down)
+	if sum(down)*2 < sum(up) {
+		t.Errorf("with the agent stopped fleetsign signs %v/s, with it up %v/s: reporting must not slow the application", down, up)
+	}
+	for _, s := range []*signer{c, g} {
+		total := s.finish()
+		if !strings.Contains(total, "sign_failed=0") {
+			t.Errorf("%s: %s, want no failed signature", s.name, total)
+		}
+	}
+}
