@@ -88,13 +88,7 @@ replicating them (asks first; --yes for scripts).`,
 			if err != nil {
 				return err
 			}
-			switch {
-			case check && !res.InSync:
-				return &problemError{fmt.Sprintf("group %q is out of sync: %d difference(s)", group, len(res.Differences))}
-			case res.Conflicts > 0:
-				return &problemError{fmt.Sprintf("group %q has %d conflict(s) that need an operator", group, res.Conflicts)}
-			}
-			return nil
+			return syncOutcome(res, !jsonOut)
 		}),
 	}
 	cmd.Flags().StringVar(&group, "group", "", "the group")
@@ -113,13 +107,32 @@ func printSyncReport(a *app, r agent.SyncReport) error {
 			return err
 		}
 	}
+	_, err := fmt.Fprintln(a.out, syncSummary(r))
+	return err
+}
+
+// syncSummary is the one line that sums a synchronisation up.
+func syncSummary(r agent.SyncReport) string {
 	switch {
 	case r.InSync && r.Checked:
-		fmt.Fprintf(a.out, "group %q is in sync\n", r.Group)
+		return fmt.Sprintf("group %q is in sync", r.Group)
 	case r.Checked:
-		fmt.Fprintf(a.out, "group %q is out of sync: %d difference(s)\n", r.Group, len(r.Differences))
-	default:
-		fmt.Fprintf(a.out, "group %q synchronised: %d change(s) applied, %d conflict(s)\n", r.Group, r.Applied, r.Conflicts)
+		return fmt.Sprintf("group %q is out of sync: %d difference(s)", r.Group, len(r.Differences))
+	}
+	return fmt.Sprintf("group %q synchronised: %d change(s) applied, %d failed, %d conflict(s)", r.Group, r.Applied, r.Failed, r.Conflicts)
+}
+
+// syncOutcome is the error (and so the exit code) of a synchronisation:
+// failed copies (6) before conflicts and differences found by a check
+// (3). shown says the summary is already printed with the report.
+func syncOutcome(r agent.SyncReport, shown bool) error {
+	switch {
+	case r.Failed > 0:
+		return &failedError{msg: syncSummary(r), shown: shown}
+	case r.Checked && !r.InSync:
+		return &problemError{msg: syncSummary(r), shown: shown}
+	case r.Conflicts > 0:
+		return &problemError{msg: syncSummary(r), shown: shown}
 	}
 	return nil
 }

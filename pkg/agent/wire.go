@@ -221,7 +221,10 @@ type SyncReport struct {
 	InSync        bool         `json:"inSync"`
 	Differences   []Difference `json:"differences"`
 	Applied       int          `json:"applied"`
-	Conflicts     int          `json:"conflicts"`
+	// Failed is how many actions failed (each a difference of kind
+	// "failed").
+	Failed    int `json:"failed"`
+	Conflicts int `json:"conflicts"`
 }
 
 // ReloadResult is the answer to a reload.

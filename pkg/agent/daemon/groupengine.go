@@ -344,9 +344,11 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 	rep.InSync = len(rep.Differences) == 0
 	if sr.Applied != nil {
 		rep.Applied = len(sr.Applied.Done)
+		rep.Failed = len(sr.Applied.Failed)
 		for _, f := range sr.Applied.Failed {
+			// The action is in its own column: the detail is the cause.
 			rep.Differences = append(rep.Differences, agent.Difference{Object: f.Action.Identity.String(), Kind: "failed",
-				Members: []string{f.Action.Member}, Action: f.Action.String(), Detail: f.Error()})
+				Members: []string{f.Action.Member}, Action: f.Action.String(), Detail: f.Err.Error()})
 		}
 	}
 	if err != nil && sr.Applied == nil {
