@@ -1000,7 +1000,7 @@ func (r *Recoverer) Status(name string) Status {
 // Reconfigure changes the interval and the retry count. Scheduled attempts
 // are re-timed from now; members failed now (including those whose
 // attempts ran out) get a fresh budget of retries, or with 0 no more
-// automatic attempts.
+// automatic attempts; members in service show the new budget.
 func (r *Recoverer) Reconfigure(interval time.Duration, retries int) error {
 	if err := checkPolicy(interval, retries); err != nil {
 		return err
@@ -1024,6 +1024,9 @@ func (r *Recoverer) Reconfigure(interval time.Duration, retries int) error {
 			}
 		case m.gaveUp && retries != 0 && !r.closed:
 			r.startEpisodeLocked(m)
+		case !m.gaveUp:
+			// In service: the budget its next failure starts with.
+			m.attemptsLeft = retries
 		}
 	}
 	return nil
