@@ -28,7 +28,8 @@ runs, its socket and config file, and what this connection may do (read or
 write). Exits 4 when no agent answers.`,
 		Example: `  hactl agent status
   hactl agent status --json`,
-		Args: noArgs,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			c := a.client()
 			defer c.Close()

@@ -78,6 +78,15 @@ type failedError struct {
 
 func (e *failedError) Error() string { return e.msg }
 
+// reportedError is a failure (exit 1) the command has already reported:
+// when shown, its summary msg is on stdout already.
+type reportedError struct {
+	msg   string
+	shown bool
+}
+
+func (e *reportedError) Error() string { return e.msg }
+
 // errDeclined is the operator's no to a confirmation.
 var errDeclined = errors.New("not confirmed; nothing changed")
 
@@ -90,7 +99,8 @@ var errInterrupted = errors.New("interrupted")
 func shownSummary(err error) bool {
 	var p *problemError
 	var f *failedError
-	return (errors.As(err, &p) && p.shown) || (errors.As(err, &f) && f.shown)
+	var r *reportedError
+	return (errors.As(err, &p) && p.shown) || (errors.As(err, &f) && f.shown) || (errors.As(err, &r) && r.shown)
 }
 
 // runError marks an error returned from a command's RunE, so that errors

@@ -38,7 +38,8 @@ seen yet is shown and exits 3 too: one command for monitoring.`,
 		Example: `  hactl hagroup listgroups
   hactl hagroup listgroups --group signing --json
   hactl hagroup listgroups --check`,
-		Args: noArgs,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			c := a.client()

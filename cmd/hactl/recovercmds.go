@@ -20,7 +20,8 @@ return it to service. haagent never runs two recoveries of one member at once,
 so this is safe while auto-recovery is on.`,
 		Example: `  hactl hagroup recover --group signing
   hactl hagroup recover --group signing --member hsm-b`,
-		Args: noArgs,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			c := a.client()
 			defer c.Close()
@@ -67,7 +68,8 @@ replicating them (asks first; --yes for scripts).`,
 		Example: `  hactl hagroup synchronize --group signing --check
   hactl hagroup synchronize --group signing
   hactl hagroup synchronize --group signing --prune --yes`,
-		Args: noArgs,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if prune {
 				if err := a.confirm(a.prompter(yes, jsonOut), fmt.Sprintf("destroy the objects that only some members of %q hold", group)); err != nil {

@@ -83,11 +83,13 @@ interrupted (Ctrl-C).`,
 	pf.StringVar(&a.configFlag, "config", "", "configuration file (default $HAGROUP_CONF, else "+config.DefaultPath+")")
 	pf.StringVar(&a.socketFlag, "socket", "", "haagent's socket (default: the config's agent.socket, else "+config.DefaultSocket+")")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err.Error()} })
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return a.checkConfigFlag(cmd) }
 
 	root.AddCommand(
 		newHagroupCmd(a),
 		newSlotCmd(a),
 		newAgentCmd(a),
+		newConfigCmd(a),
 		newCompletionCmd(a),
 		newManCmd(a),
 	)
