@@ -64,7 +64,11 @@ under one identity are reported as conflicts and never resolved by guessing.
 
 --check only prints the differences and exits 3 when there are any: made for
 cron. --prune destroys objects found on some members only instead of
-replicating them (asks first; --yes for scripts).`,
+replicating them (asks first; --yes for scripts).
+
+The last line sums it up: changes applied, failed and conflicts (the JSON has
+applied, failed and conflicts). Exits 6 when an action failed (each is a
+"failed" row, with its cause), else 3 when conflicts remain.`,
 		Example: `  hactl hagroup synchronize --group signing --check
   hactl hagroup synchronize --group signing
   hactl hagroup synchronize --group signing --prune --yes`,
