@@ -639,7 +639,7 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, a
 	out.res.CatchUp = cu
 	out.res.Duration = r.clock.Now().Sub(start)
 	if err != nil {
-		out.err = fmt.Errorf("recover member %s: %w", m.name, err)
+		out.err = fmt.Errorf("recover %s: %w", memberOf(m.name, err), err)
 		r.eng.FailMember(m.name, out.err)
 		var ce *ConflictError
 		if errors.As(err, &ce) {
@@ -649,6 +649,15 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, a
 	}
 	out.stop = true
 	return out
+}
+
+// memberOf names member name for an error's prefix, unless err names it
+// already (see slot.NamesMember).
+func memberOf(name string, err error) string {
+	if slot.NamesMember(err, name) {
+		return "attempt"
+	}
+	return "member " + name
 }
 
 // attempt re-opens, catches up and activates member name.
