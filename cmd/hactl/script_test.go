@@ -87,6 +87,7 @@ func TestScripts(t *testing.T) {
 			"hsmserve":  cmdHSMServe,
 			"scrub":     cmdScrub,
 			"envsubst":  cmdEnvsubst,
+			"jsondoc":   cmdJSONDoc,
 		},
 	})
 }
@@ -141,6 +142,11 @@ func setupScript(env *testscript.Env, bin string) error {
 	env.Setenv("P11CLIENT", p11kitClient)
 	env.Setenv("HSM_SO_PIN", scriptSOPIN)
 	env.Setenv("HACTL_BIN", filepath.Join(bin, "hactl"))
+	docs, err := filepath.Abs(filepath.Join("..", "..", "docs", "json"))
+	if err != nil {
+		return err
+	}
+	env.Setenv("DOCS_JSON", docs)
 	st := &scriptState{servers: map[string]*exec.Cmd{}}
 	env.Values[stateKey{}] = st
 	env.Defer(func() {
