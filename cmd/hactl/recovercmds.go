@@ -17,7 +17,9 @@ func newRecoverCmd(a *app) *cobra.Command {
 		Long: `Ask haagent to recover a group's failed members now, or one member: reopen
 the token, log in, apply what was created and deleted while it was away, and
 return it to service. haagent never runs two recoveries of one member at once,
-so this is safe while auto-recovery is on.`,
+so this is safe while auto-recovery is on. On a terminal (and without
+--json), a bar on stderr shows the objects copied or deleted so far, of the
+catch-up's total, and the member.`,
 		Example: `  hactl hagroup recover --group signing
   hactl hagroup recover --group signing --member hsm-b`,
 		Args:        noArgs,
@@ -25,7 +27,15 @@ so this is safe while auto-recovery is on.`,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			c := a.client()
 			defer c.Close()
-			res, err := c.Recover(cmd.Context(), agent.RecoverRequest{Group: group, Member: member})
+			req := agent.RecoverRequest{Group: group, Member: member}
+			var res agent.RecoverResult
+			var err error
+			if show, end := a.progress(jsonOut); show != nil {
+				res, err = c.RecoverWithProgress(cmd.Context(), req, show)
+				end()
+			} else {
+				res, err = c.Recover(cmd.Context(), req)
+			}
 			if err != nil {
 				return err
 			}
@@ -68,7 +78,9 @@ replicating them (asks first; --yes for scripts).
 
 The last line sums it up: changes applied, failed and conflicts (the JSON has
 applied, failed and conflicts). Exits 6 when an action failed (each is a
-"failed" row, with its cause), else 3 when conflicts remain.`,
+"failed" row, with its cause), else 3 when conflicts remain. On a terminal
+(and without --json or --check), a bar on stderr shows the objects done so
+far, of the plan's total, and the member they go to.`,
 		Example: `  hactl hagroup synchronize --group signing --check
   hactl hagroup synchronize --group signing
   hactl hagroup synchronize --group signing --prune --yes`,
@@ -82,7 +94,15 @@ applied, failed and conflicts). Exits 6 when an action failed (each is a
 			}
 			c := a.client()
 			defer c.Close()
-			res, err := c.Synchronize(cmd.Context(), agent.SyncRequest{Group: group, Check: check, Prune: prune})
+			req := agent.SyncRequest{Group: group, Check: check, Prune: prune}
+			var res agent.SyncReport
+			var err error
+			if show, end := a.progress(jsonOut || check); show != nil {
+				res, err = c.SynchronizeWithProgress(cmd.Context(), req, show)
+				end()
+			} else {
+				res, err = c.Synchronize(cmd.Context(), req)
+			}
 			if err != nil {
 				return err
 			}

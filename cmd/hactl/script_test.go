@@ -73,7 +73,6 @@ func TestScripts(t *testing.T) {
 		}
 	}
 	bin := buildBinaries(t)
-	t.Cleanup(func() { os.RemoveAll(bin) })
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
@@ -328,9 +327,22 @@ func killGroup(c *exec.Cmd) {
 	}
 }
 
+// removeBinaries runs the tests, then removes the binaries they built: not
+// before, as -count runs every test again on the same binaries (without
+// them, scripts would run whatever hactl is installed on PATH).
+type removeBinaries struct{ m *testing.M }
+
+func (r removeBinaries) Run() int {
+	code := r.m.Run()
+	if buildOnce.dir != "" {
+		os.RemoveAll(buildOnce.dir)
+	}
+	return code
+}
+
 // TestMain registers the helper programs the scripts exec.
 func TestMain(m *testing.M) {
-	testscript.Main(m, map[string]func(){
+	testscript.Main(removeBinaries{m}, map[string]func(){
 		"mkkey":  mkkeyMain,
 		"grpkey": grpkeyMain,
 		"lsobj":  lsobjMain,
