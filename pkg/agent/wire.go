@@ -223,7 +223,7 @@ type Progress struct {
 // progress: progress lines as the work goes, then one line with the
 // result, or with the error.
 type ProgressLine struct {
-	Progress *Progress      `json:"progress,omitempty"`
+	Progress *Progress       `json:"progress,omitempty"`
 	Result   json.RawMessage `json:"result,omitempty"`
 	Error    string          `json:"error,omitempty"`
 	Code     string          `json:"code,omitempty"`
