@@ -50,6 +50,16 @@ func (s *Server) serveWithProgress(w http.ResponseWriter, r *http.Request, work 
 			fl.Flush()
 		}
 	}
+	var sent *Progress
+	sendLatest := func() {
+		mu.Lock()
+		p := latest
+		mu.Unlock()
+		if p != sent { // a wake-up for a count already sent is none
+			sent = p
+			send(ProgressLine{Progress: p})
+		}
+	}
 	type outcome struct {
 		v   any
 		err error
@@ -62,11 +72,15 @@ func (s *Server) serveWithProgress(w http.ResponseWriter, r *http.Request, work 
 	for {
 		select {
 		case <-wake:
-			mu.Lock()
-			p := latest
-			mu.Unlock()
-			send(ProgressLine{Progress: p})
+			sendLatest()
 		case o := <-done:
+			// The work reported its last count before it returned:
+			// that count goes out before the result.
+			select {
+			case <-wake:
+				sendLatest()
+			default:
+			}
 			if o.err != nil {
 				e := s.errorOf(r, o.err)
 				send(ProgressLine{Error: e.Message, Code: e.Code})
