@@ -28,7 +28,8 @@ func TestExitCodesUnique(t *testing.T) {
 		}
 		seen[c.Code] = c.Name
 	}
-	want := map[int]bool{ExitOK: true, ExitError: true, ExitUsage: true, ExitProblem: true, ExitUnreachable: true, ExitPermission: true}
+	want := map[int]bool{ExitOK: true, ExitError: true, ExitUsage: true, ExitProblem: true, ExitUnreachable: true, ExitPermission: true,
+		ExitFailed: true, ExitDeclined: true, ExitInterrupted: true}
 	if len(seen) != len(want) {
 		t.Errorf("exitCodes lists %d codes, want %d", len(seen), len(want))
 	}
@@ -44,7 +45,11 @@ func TestExitCodeOf(t *testing.T) {
 		{"cobra parse error", errors.New("unknown flag: --x"), ExitUsage},
 		{"usage from a command", &runError{&usageError{"pass --yes"}}, ExitUsage},
 		{"plain failure", &runError{errors.New("boom")}, ExitError},
-		{"problem", &runError{&problemError{"out of sync"}}, ExitProblem},
+		{"problem", &runError{&problemError{msg: "out of sync"}}, ExitProblem},
+		{"failed actions", &runError{&failedError{msg: "3 copies failed"}}, ExitFailed},
+		{"declined", &runError{fmt.Errorf("delete: %w", errDeclined)}, ExitDeclined},
+		{"interrupted at a prompt", &runError{fmt.Errorf("prompt: %w", errInterrupted)}, ExitInterrupted},
+		{"interrupted in cobra", errInterrupted, ExitInterrupted},
 		{"unreachable", &runError{fmt.Errorf("x: %w", &agent.UnreachableError{Path: "/s", Err: errors.New("ENOENT")})}, ExitUnreachable},
 		{"agent permission", &runError{agent.Errorf(agent.CodePermissionDenied, "no")}, ExitPermission},
 		{"socket permission", &runError{&agent.SocketPermissionError{Path: "/s", Err: errors.New("EACCES")}}, ExitPermission},

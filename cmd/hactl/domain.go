@@ -354,7 +354,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 		return err
 	}
 	if n := res.problems(); n > 0 {
-		return &problemError{fmt.Sprintf("group %q: the domain key of %d of %d member(s) is untrusted, weak, missing or unreadable (replace it: hactl hagroup domain --group %s --replace)", f.group, n, len(res.Members), f.group)}
+		return &problemError{msg: fmt.Sprintf("group %q: the domain key of %d of %d member(s) is untrusted, weak, missing or unreadable (replace it: hactl hagroup domain --group %s --replace)", f.group, n, len(res.Members), f.group)}
 	}
 	return nil
 }

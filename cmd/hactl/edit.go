@@ -24,6 +24,9 @@ type editResult struct {
 // fn returns a one-line description of the change.
 func (a *app) edit(ctx context.Context, jsonOut bool, fn func(c *config.Config) (string, error)) error {
 	path := a.configPath()
+	// The agent to tell is the one running now, at the socket the file
+	// names before the edit (which may change it).
+	sock := a.socketPath()
 	var change string
 	err := config.Edit(ctx, path, func(c *config.Config) error {
 		s, err := fn(c)
@@ -34,7 +37,7 @@ func (a *app) edit(ctx context.Context, jsonOut bool, fn func(c *config.Config) 
 		return err
 	}
 	res := editResult{SchemaVersion: agent.SchemaVersion, Config: path, Change: change}
-	a.tellAgent(ctx, &res)
+	a.tellAgent(ctx, sock, &res)
 	if jsonOut {
 		return a.printJSON(res)
 	}
@@ -53,14 +56,14 @@ func (a *app) edit(ctx context.Context, jsonOut bool, fn func(c *config.Config) 
 	return nil
 }
 
-func (a *app) tellAgent(ctx context.Context, res *editResult) {
-	c := a.client()
+func (a *app) tellAgent(ctx context.Context, sock string, res *editResult) {
+	c := agent.NewClient(sock)
 	defer c.Close()
 	rr, err := c.Reload(ctx)
 	switch {
 	case err == nil:
 		res.Agent, res.AgentChanges = "reloaded", rr.Changes
-		if rr.ConfigPath != "" && rr.ConfigPath != res.Config {
+		if rr.ConfigPath != "" && canonicalPath(rr.ConfigPath) != canonicalPath(res.Config) {
 			res.Agent = fmt.Sprintf("at %s reloaded %s, not %s: it does not use the file edited", c.Path(), rr.ConfigPath, res.Config)
 		}
 	case agent.IsUnreachable(err):

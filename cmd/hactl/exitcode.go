@@ -26,6 +26,15 @@ const (
 	// ExitPermission: permission denied by haagent (SO_PEERCRED) or by the
 	// file system (the config file, the socket).
 	ExitPermission = 5
+	// ExitFailed: the command ran but some of its actions failed (a copy
+	// of synchronize); the report names each.
+	ExitFailed = 6
+	// ExitDeclined: the operator answered no to a confirmation; nothing
+	// changed.
+	ExitDeclined = 7
+	// ExitInterrupted: interrupted (Ctrl-C, SIGINT, SIGTERM), by the
+	// shells' convention 128+SIGINT.
+	ExitInterrupted = 130
 )
 
 // exitCodes lists every code with its name, for the uniqueness test and
@@ -40,6 +49,9 @@ var exitCodes = []struct {
 	{ExitProblem, "check found a problem"},
 	{ExitUnreachable, "agent unreachable"},
 	{ExitPermission, "permission denied"},
+	{ExitFailed, "an action failed"},
+	{ExitDeclined, "confirmation declined"},
+	{ExitInterrupted, "interrupted"},
 }
 
 // usageError is a command-line mistake found by a command itself.
@@ -48,10 +60,48 @@ type usageError struct{ msg string }
 func (e *usageError) Error() string { return e.msg }
 
 // problemError is a check that ran and found something wrong; the command
-// has already printed its report.
-type problemError struct{ msg string }
+// has already printed its report. When shown, the summary msg is part of
+// that report (on stdout), and main does not print it again.
+type problemError struct {
+	msg   string
+	shown bool
+}
 
 func (e *problemError) Error() string { return e.msg }
+
+// failedError is work done in part: some of its actions failed, and the
+// report (already printed, with its summary when shown) names them.
+type failedError struct {
+	msg   string
+	shown bool
+}
+
+func (e *failedError) Error() string { return e.msg }
+
+// reportedError is a failure (exit 1) the command has already reported:
+// when shown, its summary msg is on stdout already.
+type reportedError struct {
+	msg   string
+	shown bool
+}
+
+func (e *reportedError) Error() string { return e.msg }
+
+// errDeclined is the operator's no to a confirmation.
+var errDeclined = errors.New("not confirmed; nothing changed")
+
+// errInterrupted is a signal (or Ctrl-C at a prompt) that ended the
+// command.
+var errInterrupted = errors.New("interrupted")
+
+// shownSummary reports whether err's message is a summary the command
+// already printed in its report.
+func shownSummary(err error) bool {
+	var p *problemError
+	var f *failedError
+	var r *reportedError
+	return (errors.As(err, &p) && p.shown) || (errors.As(err, &f) && f.shown) || (errors.As(err, &r) && r.shown)
+}
 
 // runError marks an error returned from a command's RunE, so that errors
 // from cobra's own flag and argument parsing (exit 2) are told apart from
@@ -65,10 +115,13 @@ func (e *runError) Unwrap() error { return e.err }
 func exitCodeOf(err error) int {
 	var u *usageError
 	var p *problemError
+	var f *failedError
 	var r *runError
 	switch {
 	case err == nil:
 		return ExitOK
+	case errors.Is(err, errInterrupted):
+		return ExitInterrupted
 	case errors.As(err, &u):
 		return ExitUsage
 	case !errors.As(err, &r):
@@ -76,6 +129,10 @@ func exitCodeOf(err error) int {
 		return ExitUsage
 	case errors.As(err, &p):
 		return ExitProblem
+	case errors.As(err, &f):
+		return ExitFailed
+	case errors.Is(err, errDeclined):
+		return ExitDeclined
 	case agent.IsUnreachable(err):
 		return ExitUnreachable
 	case errors.Is(err, agent.ErrPermissionDenied), errors.Is(err, fs.ErrPermission):

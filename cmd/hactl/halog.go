@@ -34,7 +34,8 @@ from the config's log_file. --follow keeps printing new events (haagent
 only). --json prints one JSON object per line.`,
 		Example: `  hactl hagroup halog --since 1h
   hactl hagroup halog --follow --group signing --json`,
-		Args: noArgs,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			req := agent.HALogRequest{Since: since, Group: group, Follow: follow}
 			var events []agent.Event

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -10,7 +13,7 @@ import (
 
 func newListGroupsCmd(a *app) *cobra.Command {
 	var group string
-	var jsonOut bool
+	var jsonOut, check bool
 	cmd := &cobra.Command{
 		Use:   "listgroups",
 		Short: "Show the HA groups, their members and their health",
@@ -35,17 +38,25 @@ hagroup clients lists them).
 
 The states come from haagent when it runs; otherwise hactl reads the
 configuration and opens every member token itself (without logging in), and
-says so. Exits 3 when a group is degraded (a member down or out of sync).`,
+says so. A degraded group (a member down or out of sync) is summed up in one
+line after the tables (on stderr with --json), and listgroups exits 3.
+
+--check also compares every group's members now (as synchronize --check
+does; haagent must run), so a difference the agent's periodic check has not
+seen yet is shown and exits 3 too: one command for monitoring.`,
 		Example: `  hactl hagroup listgroups
-  hactl hagroup listgroups --group signing --json`,
-		Args: noArgs,
+  hactl hagroup listgroups --group signing --json
+  hactl hagroup listgroups --check`,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			c := a.client()
 			defer c.Close()
 			rep, err := c.ListGroups(ctx, group)
-			source := "haagent at " + c.Path()
+			source, unreachable := "haagent at "+c.Path(), error(nil)
 			if agent.IsUnreachable(err) {
+				unreachable = err
 				cfg, cerr := a.loadConfig()
 				if cerr != nil {
 					return cerr
@@ -53,24 +64,29 @@ says so. Exits 3 when a group is degraded (a member down or out of sync).`,
 				rep, err = agent.ProbeReport(ctx, cfg, group, a.openSlot)
 				source = fmt.Sprintf("%s and its tokens (haagent is not running at %s)", cfg.Path, c.Path())
 			}
+			if err == nil && check {
+				if unreachable != nil {
+					return fmt.Errorf("--check compares the members through haagent: %w", unreachable)
+				}
+				err = checkSync(ctx, c, &rep)
+			}
 			if err != nil {
 				return err
 			}
 			if jsonOut {
-				if err := a.printJSON(rep); err != nil {
-					return err
-				}
-			} else if err := printGroupsReport(a, rep, source); err != nil {
+				err = a.printJSON(rep)
+			} else {
+				err = printGroupsReport(a, rep, source)
+			}
+			if err != nil || !rep.Degraded() {
 				return err
 			}
-			if rep.Degraded() {
-				return &problemError{degradedSummary(rep)}
-			}
-			return nil
+			return &problemError{msg: degradedSummary(rep), shown: !jsonOut}
 		}),
 	}
 	cmd.Flags().StringVar(&group, "group", "", "show only this group")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the report as JSON")
+	cmd.Flags().BoolVar(&check, "check", false, "also compare every group's members now; exit 3 when one differs")
 	return cmd
 }
 
@@ -92,7 +108,45 @@ func printGroupsReport(a *app, rep agent.GroupsReport, source string) error {
 			return err
 		}
 	}
+	if rep.Degraded() {
+		fmt.Fprintf(a.out, "\n%s\n", degradedSummary(rep))
+	}
 	return nil
+}
+
+// checkSync compares the members of every group in rep now (haagent's
+// synchronize --check) and marks the members that differ as needing
+// synchronisation. A group with no member in service to compare is left
+// as the report shows it: degraded already.
+func checkSync(ctx context.Context, c *agent.Client, rep *agent.GroupsReport) error {
+	for i := range rep.Groups {
+		g := &rep.Groups[i]
+		res, err := c.Synchronize(ctx, agent.SyncRequest{Group: g.Label, Check: true})
+		if (errors.Is(err, agent.ErrMemberUnreachable) || errors.Is(err, agent.ErrUnavailable)) && !g.Healthy {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("check group %q: %w", g.Label, err)
+		}
+		for _, d := range res.Differences {
+			for _, name := range d.Members {
+				markNeedsSync(g, name)
+			}
+		}
+	}
+	return nil
+}
+
+// markNeedsSync records that member name of g needs synchronisation.
+func markNeedsSync(g *agent.GroupStatus, name string) {
+	for j := range g.Members {
+		if g.Members[j].Name == name {
+			g.Members[j].NeedsSync = true
+		}
+	}
+	if !slices.Contains(g.NeedsSync, name) {
+		g.NeedsSync = append(g.NeedsSync, name)
+	}
 }
 
 // degradedSummary names what is wrong, for the exit-3 message.

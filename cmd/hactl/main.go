@@ -31,8 +31,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err == nil {
 		return ExitOK
 	}
+	if ctx.Err() != nil {
+		// A signal ended the work: whatever error it caused, the cause is
+		// the interruption.
+		err = fmt.Errorf("%w: %v", errInterrupted, err)
+	}
 	code := exitCodeOf(err)
-	fmt.Fprintf(stderr, "hactl: %v\n", err)
+	if !shownSummary(err) {
+		fmt.Fprintf(stderr, "hactl: %v\n", err)
+	}
 	if code == ExitUsage && !a.quietUsage {
 		fmt.Fprintf(stderr, "Run 'hactl %s --help' for usage.\n", commandPathOf(root, args))
 	}

@@ -47,12 +47,21 @@ func newSurveyPrompter(in io.Reader, out, errOut io.Writer) Prompter {
 func (p surveyPrompter) Confirm(q string) (bool, error) {
 	var ok bool
 	err := survey.AskOne(&survey.Confirm{Message: q}, &ok, p.opt)
-	return ok, err
+	return ok, promptError(err)
 }
 
 func (p surveyPrompter) Password(q string) (secret.PIN, error) {
 	var s string
 	err := survey.AskOne(&survey.Password{Message: q}, &s, p.opt)
 	pin := secret.PINFromString(s)
-	return pin, err
+	return pin, promptError(err)
+}
+
+// promptError turns Ctrl-C at a prompt (the terminal is raw: no SIGINT is
+// sent) into errInterrupted, for exit code 130.
+func promptError(err error) error {
+	if errors.Is(err, terminal.InterruptErr) {
+		return errInterrupted
+	}
+	return err
 }

@@ -17,7 +17,9 @@ func newRecoverCmd(a *app) *cobra.Command {
 		Long: `Ask haagent to recover a group's failed members now, or one member: reopen
 the token, log in, apply what was created and deleted while it was away, and
 return it to service. haagent never runs two recoveries of one member at once,
-so this is safe while auto-recovery is on.
+so this is safe while auto-recovery is on. On a terminal (and without
+--json), a bar on stderr shows the objects copied or deleted so far, of the
+catch-up's total, and the member.
 
 A member whose token refused its PIN (CKR_PIN_INCORRECT, CKR_PIN_LOCKED,
 CKR_PIN_EXPIRED) is PIN-blocked: no process sharing the state directory logs
@@ -26,11 +28,20 @@ user out. Fix its pin_file or pin_env (or unlock the PIN on the HSM), then
 recover it: this clears the mark and makes one attempt, with one C_Login.`,
 		Example: `  hactl hagroup recover --group signing
   hactl hagroup recover --group signing --member hsm-b`,
-		Args: noArgs,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			c := a.client()
 			defer c.Close()
-			res, err := c.Recover(cmd.Context(), agent.RecoverRequest{Group: group, Member: member})
+			req := agent.RecoverRequest{Group: group, Member: member}
+			var res agent.RecoverResult
+			var err error
+			if show, end := a.progress(jsonOut); show != nil {
+				res, err = c.RecoverWithProgress(cmd.Context(), req, show)
+				end()
+			} else {
+				res, err = c.Recover(cmd.Context(), req)
+			}
 			if err != nil {
 				return err
 			}
@@ -69,11 +80,18 @@ under one identity are reported as conflicts and never resolved by guessing.
 
 --check only prints the differences and exits 3 when there are any: made for
 cron. --prune destroys objects found on some members only instead of
-replicating them (asks first; --yes for scripts).`,
+replicating them (asks first; --yes for scripts).
+
+The last line sums it up: changes applied, failed and conflicts (the JSON has
+applied, failed and conflicts). Exits 6 when an action failed (each is a
+"failed" row, with its cause), else 3 when conflicts remain. On a terminal
+(and without --json or --check), a bar on stderr shows the objects done so
+far, of the plan's total, and the member they go to.`,
 		Example: `  hactl hagroup synchronize --group signing --check
   hactl hagroup synchronize --group signing
   hactl hagroup synchronize --group signing --prune --yes`,
-		Args: noArgs,
+		Args:        noArgs,
+		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if prune {
 				if err := a.confirm(a.prompter(yes, jsonOut), fmt.Sprintf("destroy the objects that only some members of %q hold", group)); err != nil {
@@ -82,7 +100,15 @@ replicating them (asks first; --yes for scripts).`,
 			}
 			c := a.client()
 			defer c.Close()
-			res, err := c.Synchronize(cmd.Context(), agent.SyncRequest{Group: group, Check: check, Prune: prune})
+			req := agent.SyncRequest{Group: group, Check: check, Prune: prune}
+			var res agent.SyncReport
+			var err error
+			if show, end := a.progress(jsonOut || check); show != nil {
+				res, err = c.SynchronizeWithProgress(cmd.Context(), req, show)
+				end()
+			} else {
+				res, err = c.Synchronize(cmd.Context(), req)
+			}
 			if err != nil {
 				return err
 			}
@@ -94,13 +120,7 @@ replicating them (asks first; --yes for scripts).`,
 			if err != nil {
 				return err
 			}
-			switch {
-			case check && !res.InSync:
-				return &problemError{fmt.Sprintf("group %q is out of sync: %d difference(s)", group, len(res.Differences))}
-			case res.Conflicts > 0:
-				return &problemError{fmt.Sprintf("group %q has %d conflict(s) that need an operator", group, res.Conflicts)}
-			}
-			return nil
+			return syncOutcome(res, !jsonOut)
 		}),
 	}
 	cmd.Flags().StringVar(&group, "group", "", "the group")
@@ -119,13 +139,32 @@ func printSyncReport(a *app, r agent.SyncReport) error {
 			return err
 		}
 	}
+	_, err := fmt.Fprintln(a.out, syncSummary(r))
+	return err
+}
+
+// syncSummary is the one line that sums a synchronisation up.
+func syncSummary(r agent.SyncReport) string {
 	switch {
 	case r.InSync && r.Checked:
-		fmt.Fprintf(a.out, "group %q is in sync\n", r.Group)
+		return fmt.Sprintf("group %q is in sync", r.Group)
 	case r.Checked:
-		fmt.Fprintf(a.out, "group %q is out of sync: %d difference(s)\n", r.Group, len(r.Differences))
-	default:
-		fmt.Fprintf(a.out, "group %q synchronised: %d change(s) applied, %d conflict(s)\n", r.Group, r.Applied, r.Conflicts)
+		return fmt.Sprintf("group %q is out of sync: %d difference(s)", r.Group, len(r.Differences))
+	}
+	return fmt.Sprintf("group %q synchronised: %d change(s) applied, %d failed, %d conflict(s)", r.Group, r.Applied, r.Failed, r.Conflicts)
+}
+
+// syncOutcome is the error (and so the exit code) of a synchronisation:
+// failed copies (6) before conflicts and differences found by a check
+// (3). shown says the summary is already printed with the report.
+func syncOutcome(r agent.SyncReport, shown bool) error {
+	switch {
+	case r.Failed > 0:
+		return &failedError{msg: syncSummary(r), shown: shown}
+	case r.Checked && !r.InSync:
+		return &problemError{msg: syncSummary(r), shown: shown}
+	case r.Conflicts > 0:
+		return &problemError{msg: syncSummary(r), shown: shown}
 	}
 	return nil
 }

@@ -62,7 +62,9 @@ as one virtual slot. It edits the configuration file (locked, atomically) and
 sends live commands to haagent over its Unix socket.
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 a check found a problem (degraded group,
-member down, out of sync), 4 haagent unreachable, 5 permission denied.`,
+member down, out of sync), 4 haagent unreachable, 5 permission denied, 6 an
+action failed (a copy of synchronize), 7 a confirmation declined, 130
+interrupted (Ctrl-C).`,
 		Example: `  hactl hagroup creategroup --label signing --token-label ha-a --module /usr/lib/softhsm/libsofthsm2.so --pin-file /etc/hagroup/pin-a
   hactl hagroup listgroups
   hactl hagroup synchronize --group signing --check`,
@@ -81,11 +83,13 @@ member down, out of sync), 4 haagent unreachable, 5 permission denied.`,
 	pf.StringVar(&a.configFlag, "config", "", "configuration file (default $HAGROUP_CONF, else "+config.DefaultPath+")")
 	pf.StringVar(&a.socketFlag, "socket", "", "haagent's socket (default: the config's agent.socket, else "+config.DefaultSocket+")")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err.Error()} })
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return a.checkConfigFlag(cmd) }
 
 	root.AddCommand(
 		newHagroupCmd(a),
 		newSlotCmd(a),
 		newAgentCmd(a),
+		newConfigCmd(a),
 		newCompletionCmd(a),
 		newManCmd(a),
 	)
@@ -204,7 +208,7 @@ func (a *app) confirm(p Prompter, what string) error {
 		return err
 	}
 	if !ok {
-		return errors.New("not confirmed; nothing changed")
+		return errDeclined
 	}
 	return nil
 }

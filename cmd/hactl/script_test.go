@@ -73,7 +73,6 @@ func TestScripts(t *testing.T) {
 		}
 	}
 	bin := buildBinaries(t)
-	t.Cleanup(func() { os.RemoveAll(bin) })
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
@@ -87,6 +86,7 @@ func TestScripts(t *testing.T) {
 			"hsmserve":  cmdHSMServe,
 			"scrub":     cmdScrub,
 			"envsubst":  cmdEnvsubst,
+			"jsondoc":   cmdJSONDoc,
 		},
 	})
 }
@@ -141,6 +141,11 @@ func setupScript(env *testscript.Env, bin string) error {
 	env.Setenv("P11CLIENT", p11kitClient)
 	env.Setenv("HSM_SO_PIN", scriptSOPIN)
 	env.Setenv("HACTL_BIN", filepath.Join(bin, "hactl"))
+	docs, err := filepath.Abs(filepath.Join("..", "..", "docs", "json"))
+	if err != nil {
+		return err
+	}
+	env.Setenv("DOCS_JSON", docs)
 	st := &scriptState{servers: map[string]*exec.Cmd{}}
 	env.Values[stateKey{}] = st
 	env.Defer(func() {
@@ -322,9 +327,22 @@ func killGroup(c *exec.Cmd) {
 	}
 }
 
+// removeBinaries runs the tests, then removes the binaries they built: not
+// before, as -count runs every test again on the same binaries (without
+// them, scripts would run whatever hactl is installed on PATH).
+type removeBinaries struct{ m *testing.M }
+
+func (r removeBinaries) Run() int {
+	code := r.m.Run()
+	if buildOnce.dir != "" {
+		os.RemoveAll(buildOnce.dir)
+	}
+	return code
+}
+
 // TestMain registers the helper programs the scripts exec.
 func TestMain(m *testing.M) {
-	testscript.Main(m, map[string]func(){
+	testscript.Main(removeBinaries{m}, map[string]func(){
 		"mkkey":     mkkeyMain,
 		"grpkey":    grpkeyMain,
 		"lsobj":     lsobjMain,

@@ -22,16 +22,32 @@ func (a *app) haTarget(c *config.Config, group string) (*config.HA, string, erro
 	return &g.HA, fmt.Sprintf("group %q", group), nil
 }
 
-// settingCmd builds one of the commands that set one HA key.
-func (a *app) settingCmd(use, short, example string, addFlags func(*cobra.Command), set func(h *config.HA) (string, error)) *cobra.Command {
+// settingCmd builds one of the commands that set one HA key. When show is
+// set, --show prints the effective value instead (a line, or with --json
+// the value show returns), and the setting flag named flag is needed only
+// without --show.
+func (a *app) settingCmd(use, short, example string, addFlags func(*cobra.Command), set func(h *config.HA) (string, error),
+	flag string, show func(s config.Settings, scope string) (string, any)) *cobra.Command {
 	var group string
-	var jsonOut bool
+	var jsonOut, showIt bool
 	cmd := &cobra.Command{
 		Use:     use,
 		Short:   short,
 		Example: example,
 		Args:    noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			if showIt {
+				s, scope, err := a.effectiveSettings(group)
+				if err != nil {
+					return err
+				}
+				line, v := show(s, scope)
+				if jsonOut {
+					return a.printJSON(v)
+				}
+				_, err = fmt.Fprintln(a.out, line)
+				return err
+			}
 			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
 				h, where, err := a.haTarget(c, group)
 				if err != nil {
@@ -48,7 +64,46 @@ func (a *app) settingCmd(use, short, example string, addFlags func(*cobra.Comman
 	cmd.Flags().StringVar(&group, "group", "", "set it for this group only (default: the global [ha] setting)")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
 	addFlags(cmd)
+	if show == nil {
+		cmd.MarkFlagRequired(flag)
+	} else {
+		cmd.Flags().BoolVar(&showIt, "show", false, "print the value in effect (the group's own, else the global one, else the default)")
+		cmd.MarkFlagsOneRequired(flag, "show")
+		cmd.MarkFlagsMutuallyExclusive(flag, "show")
+	}
 	return cmd
+}
+
+// effectiveSettings are the settings in effect globally, or for group,
+// with a name for the scope.
+func (a *app) effectiveSettings(group string) (config.Settings, string, error) {
+	c, err := a.loadConfig()
+	if err != nil {
+		return config.Settings{}, "", err
+	}
+	if group == "" {
+		return c.Settings(nil), "global", nil
+	}
+	g, err := groupOf(c, group, a.configPath())
+	if err != nil {
+		return config.Settings{}, "", err
+	}
+	return c.Settings(g), fmt.Sprintf("group %q", group), nil
+}
+
+// retryShow is retry --show's report.
+type retryShow struct {
+	SchemaVersion int    `json:"schemaVersion"`
+	Scope         string `json:"scope"`
+	// Retries: -1 without limit, 0 off.
+	Retries int `json:"retries"`
+}
+
+// intervalShow is interval --show's report.
+type intervalShow struct {
+	SchemaVersion   int    `json:"schemaVersion"`
+	Scope           string `json:"scope"`
+	IntervalSeconds int    `json:"intervalSeconds"`
 }
 
 func newRecoveryModeCmd(a *app) *cobra.Command {
@@ -59,7 +114,6 @@ func newRecoveryModeCmd(a *app) *cobra.Command {
   hactl hagroup recoverymode --mode activeBasic --group signing`,
 		func(cmd *cobra.Command) {
 			cmd.Flags().StringVar(&mode, "mode", "", "activeBasic (recover members in the background) or activeEnhanced (also restore sessions and logins after a total outage)")
-			cmd.MarkFlagRequired("mode")
 		},
 		func(h *config.HA) (string, error) {
 			if mode != config.RecoveryActiveBasic && mode != config.RecoveryActiveEnhanced {
@@ -67,7 +121,7 @@ func newRecoveryModeCmd(a *app) *cobra.Command {
 			}
 			h.RecoveryMode = mode
 			return "recovery mode set to " + mode, nil
-		})
+		}, "mode", nil)
 }
 
 func newRetryCmd(a *app) *cobra.Command {
@@ -75,10 +129,10 @@ func newRetryCmd(a *app) *cobra.Command {
 	return a.settingCmd("retry",
 		"Set how many times a failed member is retried (-1 unlimited, 0 off)",
 		`  hactl hagroup retry --count -1
-  hactl hagroup retry --count 0 --group signing`,
+  hactl hagroup retry --count 0 --group signing
+  hactl hagroup retry --show --group signing`,
 		func(cmd *cobra.Command) {
 			cmd.Flags().IntVar(&count, "count", 0, "recovery attempts: -1 without limit, 0 no auto-recovery")
-			cmd.MarkFlagRequired("count")
 		},
 		func(h *config.HA) (string, error) {
 			if count < -1 {
@@ -92,6 +146,15 @@ func newRetryCmd(a *app) *cobra.Command {
 				return "auto-recovery turned off (retries 0)", nil
 			}
 			return fmt.Sprintf("recovery retries set to %d", count), nil
+		}, "count", func(s config.Settings, scope string) (string, any) {
+			v := retryShow{SchemaVersion: agent.SchemaVersion, Scope: scope, Retries: s.Retries}
+			switch {
+			case s.Retries < 0:
+				return scope + ": recovery retries unlimited", v
+			case s.Retries == 0:
+				return scope + ": auto-recovery off (retries 0)", v
+			}
+			return fmt.Sprintf("%s: recovery retries %d", scope, s.Retries), v
 		})
 }
 
@@ -99,10 +162,10 @@ func newIntervalCmd(a *app) *cobra.Command {
 	var seconds int
 	return a.settingCmd("interval",
 		"Set the time between recovery attempts of a failed member",
-		`  hactl hagroup interval --seconds 60`,
+		`  hactl hagroup interval --seconds 60
+  hactl hagroup interval --show`,
 		func(cmd *cobra.Command) {
 			cmd.Flags().IntVar(&seconds, "seconds", 0, "seconds between recovery attempts (at least 1)")
-			cmd.MarkFlagRequired("seconds")
 		},
 		func(h *config.HA) (string, error) {
 			if seconds < 1 {
@@ -110,6 +173,10 @@ func newIntervalCmd(a *app) *cobra.Command {
 			}
 			h.Interval = config.Duration(time.Duration(seconds) * time.Second)
 			return fmt.Sprintf("recovery interval set to %ds", seconds), nil
+		}, "seconds", func(s config.Settings, scope string) (string, any) {
+			secs := int(s.Interval / time.Second)
+			return fmt.Sprintf("%s: recovery interval %ds", scope, secs),
+				intervalShow{SchemaVersion: agent.SchemaVersion, Scope: scope, IntervalSeconds: secs}
 		})
 }
 

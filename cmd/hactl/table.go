@@ -140,9 +140,22 @@ func makeMembersTable(g agent.GroupStatus) ([]string, [][]string) {
 			strconv.FormatInt(m.InFlight, 10), strconv.FormatUint(m.Operations, 10),
 			strconv.FormatUint(m.Failures, 10), strconv.FormatUint(m.ClientOperations, 10),
 			strconv.FormatUint(m.ClientFailures, 10), strconv.Itoa(m.Clients),
-			attemptsLeft(m), needsSync(m), dash(m.LastError)})
+			attemptsLeft(m), needsSync(m), dash(cut(m.LastError, lastErrorWidth))})
 	}
 	return header, rows
+}
+
+// lastErrorWidth is how much of a member's last error the table shows, so
+// a long chain does not wrap the table; --json has it whole.
+const lastErrorWidth = 60
+
+// cut shortens s to at most n characters, ending it with … when cut.
+func cut(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 // attemptsLeft renders the automatic recovery attempts a member has left:

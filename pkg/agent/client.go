@@ -99,6 +99,61 @@ func (c *Client) Synchronize(ctx context.Context, req SyncRequest) (SyncReport, 
 	return v, c.call(ctx, http.MethodPost, path, nil, req, &v)
 }
 
+// SynchronizeWithProgress is Synchronize, calling fn with each progress
+// report of the agent while it applies the plan.
+func (c *Client) SynchronizeWithProgress(ctx context.Context, req SyncRequest, fn func(Progress)) (SyncReport, error) {
+	path := "/v1/synchronize"
+	if req.Check {
+		path = "/v1/sync/check"
+	}
+	req.Progress = true
+	var v SyncReport
+	return v, c.callProgress(ctx, path, req, &v, fn)
+}
+
+// RecoverWithProgress is Recover, calling fn with each progress report
+// of the agent while it catches members up.
+func (c *Client) RecoverWithProgress(ctx context.Context, req RecoverRequest, fn func(Progress)) (RecoverResult, error) {
+	req.Progress = true
+	var v RecoverResult
+	return v, c.callProgress(ctx, "/v1/recover", req, &v, fn)
+}
+
+// callProgress posts in and reads the answer's JSON lines: progress lines
+// go to fn, the result into out, an error line becomes an *Error.
+func (c *Client) callProgress(ctx context.Context, path string, in, out any, fn func(Progress)) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, http.MethodPost, path, nil, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var line ProgressLine
+		if err := dec.Decode(&line); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("haagent at %s: POST %s: %w", c.path, path, ctx.Err())
+			}
+			return fmt.Errorf("reading haagent's answer to POST %s: %w", path, err)
+		}
+		switch {
+		case line.Code != "":
+			return &Error{Status: statusOf(line.Code), Code: line.Code, Message: line.Error}
+		case line.Result != nil:
+			if err := json.Unmarshal(line.Result, out); err != nil {
+				return fmt.Errorf("decoding haagent's answer to POST %s: %w", path, err)
+			}
+			return nil
+		case line.Progress != nil:
+			fn(*line.Progress)
+		}
+	}
+}
+
 // Reload tells the agent to re-read its config file.
 func (c *Client) Reload(ctx context.Context) (ReloadResult, error) {
 	var v ReloadResult

@@ -223,7 +223,7 @@ func CheckToken(ctx context.Context, m config.Member, s config.Settings, open Op
 // NameMember prefixes err with the member's name unless its message
 // already names it.
 func NameMember(name string, err error) error {
-	if strings.Contains(err.Error(), fmt.Sprintf("%q", name)) {
+	if slot.NamesMember(err, name) || strings.Contains(err.Error(), fmt.Sprintf("%q", name)) {
 		return err
 	}
 	return fmt.Errorf("member %q: %w", name, err)

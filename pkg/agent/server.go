@@ -269,6 +269,14 @@ func allowed(path string) string {
 
 // fail writes err as {error, code} with its HTTP status.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := s.errorOf(r, err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	json.NewEncoder(w).Encode(ErrorBody{Error: e.Message, Code: e.Code})
+}
+
+// errorOf makes err an *Error with its status set, and logs it.
+func (s *Server) errorOf(r *http.Request, err error) *Error {
 	var e *Error
 	if !errors.As(err, &e) {
 		code := CodeInternal
@@ -277,19 +285,17 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		}
 		e = Errorf(code, "%s", err.Error())
 	}
-	status := e.Status
-	if status == 0 {
-		status = statusOf(e.Code)
+	out := *e
+	if out.Status == 0 {
+		out.Status = statusOf(out.Code)
 	}
 	level := slog.LevelInfo
-	if status >= 500 {
+	if out.Status >= 500 {
 		level = slog.LevelWarn
 	}
 	s.logger.Log(r.Context(), level, "request failed", "method", r.Method, "path", r.URL.Path,
-		"status", status, "code", e.Code, "error", e.Message)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(ErrorBody{Error: e.Message, Code: e.Code})
+		"status", out.Status, "code", out.Code, "error", out.Message)
+	return &out
 }
 
 // DecodeBody decodes a request body strictly: one JSON object of type T,
@@ -394,12 +400,19 @@ func (s *Server) serveRecover(w http.ResponseWriter, r *http.Request) (any, erro
 	if req.Group == "" {
 		return nil, Errorf(CodeBadRequest, "recover: group is required")
 	}
-	res, err := s.backend.Recover(r.Context(), req)
-	if err != nil {
-		return nil, err
+	recoverIt := func(ctx context.Context) (any, error) {
+		res, err := s.backend.Recover(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		res.SchemaVersion = SchemaVersion
+		return res, nil
 	}
-	res.SchemaVersion = SchemaVersion
-	return res, nil
+	if req.Progress {
+		s.serveWithProgress(w, r, recoverIt)
+		return nil, nil
+	}
+	return recoverIt(r.Context())
 }
 
 func (s *Server) serveSyncCheck(w http.ResponseWriter, r *http.Request) (any, error) {
@@ -417,6 +430,10 @@ func (s *Server) serveSynchronize(w http.ResponseWriter, r *http.Request) (any, 
 	req, err := DecodeBody[SyncRequest](r.Body)
 	if err != nil {
 		return nil, err
+	}
+	if req.Progress {
+		s.serveWithProgress(w, r, func(ctx context.Context) (any, error) { return s.sync(ctx, req) })
+		return nil, nil
 	}
 	return s.sync(r.Context(), req)
 }

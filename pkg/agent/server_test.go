@@ -25,6 +25,10 @@ type testBackend struct {
 	reports  []peerReport
 	block    chan struct{} // when set, Recover waits for it
 	started  chan struct{}
+	// progressN is how many progress reports Synchronize makes; syncDone,
+	// when set, is closed when it has made them.
+	progressN int
+	syncDone  chan struct{}
 }
 
 func (b *testBackend) Status(ctx context.Context) (Status, error) {
@@ -67,7 +71,21 @@ func (b *testBackend) Recover(ctx context.Context, req RecoverRequest) (RecoverR
 }
 
 func (b *testBackend) Synchronize(ctx context.Context, req SyncRequest) (SyncReport, error) {
-	return SyncReport{Group: req.Group, Checked: req.Check, InSync: true}, nil
+	if req.Group == "ghost" {
+		return SyncReport{}, Errorf(CodeNotFound, "group %q is not configured", req.Group)
+	}
+	b.mu.Lock()
+	n, done := b.progressN, b.syncDone
+	b.mu.Unlock()
+	if fn := ProgressFrom(ctx); fn != nil {
+		for i := 1; i <= n; i++ {
+			fn(Progress{Done: i, Total: n, Member: "hsm-b"})
+		}
+	}
+	if done != nil {
+		close(done)
+	}
+	return SyncReport{Group: req.Group, Checked: req.Check, InSync: true, Applied: n}, nil
 }
 
 func (b *testBackend) Reload(ctx context.Context) (ReloadResult, error) {
@@ -475,5 +493,54 @@ func TestClientComparesAPIVersion(t *testing.T) {
 	var ve *VersionError
 	if !errors.As(err, &ve) || ve.Server != "2" || ve.Client != APIVersion {
 		t.Fatalf("err = %v, want *VersionError", err)
+	}
+}
+
+// A synchronisation asked with progress streams the counts and then the
+// report; the last count always arrives; a reader that does not read
+// never holds the work up; an error arrives as a typed error.
+func TestProgressStream(t *testing.T) {
+	c, b, _ := startServer(t, Policy{AgentUID: os.Getuid()})
+	ctx := t.Context()
+	const n = 5000
+	done := make(chan struct{})
+	b.mu.Lock()
+	b.progressN, b.syncDone = n, done
+	b.mu.Unlock()
+
+	release := make(chan struct{})
+	var got []Progress
+	rep, err := c.SynchronizeWithProgress(ctx, SyncRequest{Group: "signing"}, func(p Progress) {
+		if len(got) == 0 {
+			// The reader stalls on its first line: the work must
+			// still finish.
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("the work was held up by a reader that did not read")
+			}
+			close(release)
+		}
+		got = append(got, p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-release
+	if rep.Group != "signing" || rep.Applied != n || rep.SchemaVersion != SchemaVersion {
+		t.Errorf("report %+v", rep)
+	}
+	if len(got) == 0 || got[len(got)-1] != (Progress{Done: n, Total: n, Member: "hsm-b"}) {
+		t.Fatalf("last progress %v, want %d of %d on hsm-b", got[len(got)-1:], n, n)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Done <= got[i-1].Done {
+			t.Fatalf("progress went back: %v then %v", got[i-1], got[i])
+		}
+	}
+
+	_, err = c.SynchronizeWithProgress(ctx, SyncRequest{Group: "ghost"}, func(Progress) {})
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `group "ghost" is not configured`) {
+		t.Errorf("error through the stream: %v", err)
 	}
 }

@@ -10,6 +10,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"time"
 )
 
@@ -180,6 +181,9 @@ func (r GroupsReport) Degraded() bool {
 type RecoverRequest struct {
 	Group  string `json:"group"`
 	Member string `json:"member,omitempty"`
+	// Progress asks for a stream of progress lines (see ProgressLine)
+	// before the result.
+	Progress bool `json:"progress,omitempty"`
 }
 
 // MemberResult is the outcome of an action on one member.
@@ -215,6 +219,27 @@ type SyncRequest struct {
 	// Prune destroys objects that exist only on some members instead of
 	// replicating them; the caller must have confirmed it.
 	Prune bool `json:"prune,omitempty"`
+	// Progress asks for a stream of progress lines (see ProgressLine)
+	// before the report.
+	Progress bool `json:"progress,omitempty"`
+}
+
+// Progress is how far a synchronisation or recovery has come in applying
+// its plan: Done of Total objects, the last on Member.
+type Progress struct {
+	Done   int    `json:"done"`
+	Total  int    `json:"total"`
+	Member string `json:"member"`
+}
+
+// ProgressLine is one line of the answer to a request that asked for
+// progress: progress lines as the work goes, then one line with the
+// result, or with the error.
+type ProgressLine struct {
+	Progress *Progress       `json:"progress,omitempty"`
+	Result   json.RawMessage `json:"result,omitempty"`
+	Error    string          `json:"error,omitempty"`
+	Code     string          `json:"code,omitempty"`
 }
 
 // Difference is one object that is not the same on every member.
@@ -234,7 +259,10 @@ type SyncReport struct {
 	InSync        bool         `json:"inSync"`
 	Differences   []Difference `json:"differences"`
 	Applied       int          `json:"applied"`
-	Conflicts     int          `json:"conflicts"`
+	// Failed is how many actions failed (each a difference of kind
+	// "failed").
+	Failed    int `json:"failed"`
+	Conflicts int `json:"conflicts"`
 }
 
 // ReloadResult is the answer to a reload.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,8 +23,10 @@ import (
 // lost. The file keeps its mode (a new one gets 0600). It is rewritten in
 // Encode's layout, its comments kept above (or after) the header or key
 // they preceded (or followed), wherever that now is; the comments of a
-// removed group, member or key go with it. The lock file is never removed:
-// removing it would let two editors lock different files.
+// removed group, member or key go with it. The lock file stays beside the
+// file; an Edit that fails where there was no file removes it again, so a
+// failed first edit leaves nothing behind (see lockFile for why that is
+// safe against a waiting editor).
 func Edit(ctx context.Context, path string, fn func(*Config) error) error {
 	return editor{}.edit(ctx, path, fn)
 }
@@ -37,12 +40,22 @@ func (e editor) edit(ctx context.Context, path string, fn func(*Config) error) e
 	if path == "" {
 		return errors.New("config: edit: no configuration path given")
 	}
-	unlock, err := lockFile(ctx, path+".lock")
+	unlock, unlockAndRemove, err := lockFile(ctx, path+".lock")
 	if err != nil {
 		return fmt.Errorf("config: edit %s: %w", path, err)
 	}
-	defer unlock()
 	removeStaleTemps(path)
+	err = e.editLocked(ctx, path, fn)
+	if _, serr := os.Lstat(path); err != nil && errors.Is(serr, fs.ErrNotExist) {
+		unlockAndRemove()
+	} else {
+		unlock()
+	}
+	return err
+}
+
+// editLocked is Edit's work once the lock is held.
+func (e editor) editLocked(ctx context.Context, path string, fn func(*Config) error) error {
 
 	perm := os.FileMode(0o600)
 	c, err := Load(path)

@@ -370,7 +370,7 @@ func TestEditWaitsForLock(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "hagroup.toml")
 	seed(t, path)
-	unlock, err := lockFile(t.Context(), path+".lock")
+	unlock, _, err := lockFile(t.Context(), path+".lock")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,6 +393,102 @@ func TestEditWaitsForLock(t *testing.T) {
 		t.Fatal("waiting editor did not proceed after the lock was released")
 	}
 	if got := memberNames(t, path); !slices.Equal(got, []string{"seed", "waiter"}) {
+		t.Errorf("members = %v", got)
+	}
+}
+
+// TestEditFailedFirstEditLeavesNothing: an edit that fails where there
+// was no file leaves neither the file nor its lock file (a failed
+// creategroup left x.toml.lock behind).
+func TestEditFailedFirstEditLeavesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "new.toml")
+	boom := errors.New("boom")
+	if err := Edit(t.Context(), path, func(*Config) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("Edit = %v, want boom", err)
+	}
+	if err := Edit(t.Context(), path, func(c *Config) error {
+		c.Groups = append(c.Groups, Group{Label: "g"}) // no member: invalid
+		return nil
+	}); err == nil {
+		t.Fatal("an invalid first edit succeeded")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("failed first edits left %v", entries)
+	}
+	// An existing file keeps its lock file whatever happens.
+	seed(t, path)
+	Edit(t.Context(), path, func(*Config) error { return boom })
+	if _, err := os.Stat(path + ".lock"); err != nil {
+		t.Errorf("lock file of an existing config: %v", err)
+	}
+}
+
+// openCount is how many descriptors of this process are open on path.
+func openCount(t *testing.T, path string) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.TrimSuffix(target, " (deleted)") == path {
+			n++
+		}
+	}
+	return n
+}
+
+// TestEditLockRemovedUnderWaiter: an editor waiting on a lock file that
+// its holder removes (a failed first edit) does not go ahead on the
+// removed file while another editor holds the new one.
+func TestEditLockRemovedUnderWaiter(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "hagroup.toml")
+	seed(t, path)
+	lock := path + ".lock"
+	unlockOld, _, err := lockFile(t.Context(), lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- Edit(t.Context(), path, addMember("waiter")) }()
+	// The waiter has the old lock file open (and waits on it).
+	deadline := time.Now().Add(10 * time.Second)
+	for openCount(t, lock) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting editor never opened the lock file")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The old file is removed and a new editor locks a new one before
+	// the old lock is let go: the waiter then holds a lock on a file
+	// that is no longer the lock file.
+	if err := os.Remove(lock); err != nil {
+		t.Fatal(err)
+	}
+	unlockNew, _, err := lockFile(t.Context(), lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlockOld()
+	select {
+	case err := <-done:
+		t.Fatalf("the waiter went ahead on the removed lock file (err %v) while the new one was held", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	unlockNew()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter did not go ahead once the new lock was released")
+	}
+	if got := memberNames(t, path); !slices.Contains(got, "waiter") {
 		t.Errorf("members = %v", got)
 	}
 }

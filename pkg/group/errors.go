@@ -22,13 +22,18 @@ type Error struct {
 // Error describes the operation, the member and the cause.
 func (e *Error) Error() string {
 	s := ""
+	// The member is named once: by the cause, when it comes from it.
+	member := e.Member
+	if slot.NamesMember(e.Err, member) {
+		member = ""
+	}
 	if e.Op != "" {
 		s = e.Op
-		if e.Member != "" {
-			s += " on member " + e.Member
+		if member != "" {
+			s += " on member " + member
 		}
-	} else if e.Member != "" {
-		s = "member " + e.Member
+	} else if member != "" {
+		s = "member " + member
 	}
 	for _, part := range []string{e.msg, errString(e.Err)} {
 		if part == "" {

@@ -682,6 +682,24 @@ func TestReconfigure(t *testing.T) {
 	}
 }
 
+// A member in service after a recovery gets the new retry count too: its
+// status said "unlimited" after retries 0.
+func TestReconfigureMemberInService(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	h.eng.fail("a")
+	if e := h.tick(t); e.Kind != Recovered {
+		t.Fatalf("first attempt: %+v", e)
+	}
+	for _, retries := range []int{0, 5, -1} {
+		if err := h.r.Reconfigure(time.Second, retries); err != nil {
+			t.Fatal(err)
+		}
+		if st := h.r.Status("a"); st.AttemptsLeft != retries || st.Auto {
+			t.Errorf("after retries %d, the member in service has %+v", retries, st)
+		}
+	}
+}
+
 // Close cancels a running attempt (the member is failed again) and waits
 // for it.
 func TestCloseCancelsAttempt(t *testing.T) {

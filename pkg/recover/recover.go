@@ -670,7 +670,7 @@ func (r *Recoverer) run(ctx context.Context, m *memberRec, gen uint64, manual, a
 	out.res.CatchUp = cu
 	out.res.Duration = r.clock.Now().Sub(start)
 	if err != nil {
-		out.err = fmt.Errorf("recover member %s: %w", m.name, err)
+		out.err = fmt.Errorf("recover %s: %w", memberOf(m.name, err), err)
 		r.eng.FailMember(m.name, out.err)
 		var ce *ConflictError
 		if errors.As(err, &ce) {
@@ -723,6 +723,15 @@ func (r *Recoverer) notePINRefused(m *memberRec, err error) {
 	m.blockSeen = true
 	r.mu.Unlock()
 	r.emit(Event{Kind: PINBlocked, Member: m.name, Err: err})
+}
+
+// memberOf names member name for an error's prefix, unless err names it
+// already (see slot.NamesMember).
+func memberOf(name string, err error) string {
+	if slot.NamesMember(err, name) {
+		return "attempt"
+	}
+	return "member " + name
 }
 
 // attempt re-opens, catches up and activates member name.
@@ -1077,7 +1086,7 @@ func (r *Recoverer) Status(name string) Status {
 // Reconfigure changes the interval and the retry count. Scheduled attempts
 // are re-timed from now; members failed now (including those whose
 // attempts ran out) get a fresh budget of retries, or with 0 no more
-// automatic attempts.
+// automatic attempts; members in service show the new budget.
 func (r *Recoverer) Reconfigure(interval time.Duration, retries int) error {
 	if err := checkPolicy(interval, retries); err != nil {
 		return err
@@ -1101,6 +1110,9 @@ func (r *Recoverer) Reconfigure(interval time.Duration, retries int) error {
 			}
 		case m.gaveUp && retries != 0 && !r.closed:
 			r.startEpisodeLocked(m)
+		case !m.gaveUp:
+			// In service: the budget its next failure starts with.
+			m.attemptsLeft = retries
 		}
 	}
 	return nil

@@ -71,6 +71,15 @@ type Error struct {
 	Err    error
 }
 
+// NamesMember reports whether err's message names member name already:
+// err wraps an *Error of that member. A member's name is said once in an
+// error chain, by this package, which is below every layer that handles a
+// member's errors; the layers above name it only where it is not named.
+func NamesMember(err error, name string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Member == name
+}
+
 func (e *Error) Error() string {
 	if e.Op == "" {
 		return fmt.Sprintf("member %s: %v", e.Member, e.Err)

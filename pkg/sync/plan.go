@@ -609,6 +609,7 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 	res := &ApplyResult{}
 	var mu gosync.Mutex
 	var copied []copyDone
+	progress, done := progressOf(ctx), 0
 	for _, phase := range phases {
 		byMember := map[string][]Action{}
 		for _, a := range phase {
@@ -634,6 +635,8 @@ func (r *Replicator) Apply(ctx context.Context, p *Plan) (*ApplyResult, error) {
 					default:
 						res.Done = append(res.Done, a)
 					}
+					done++
+					progress(Progress{Done: done, Total: len(p.Actions), Member: a.Member})
 					mu.Unlock()
 				}
 			})

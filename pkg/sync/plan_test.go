@@ -529,3 +529,38 @@ func TestApplyInterruptedIsFinishedByTheNext(t *testing.T) {
 		t.Fatalf("%d objects after finishing, want 18", len(inv))
 	}
 }
+
+// Apply reports each action done or failed, in order, to the progress
+// callback of its context.
+func TestApplyReportsProgress(t *testing.T) {
+	f := slottest.NewFaults()
+	ms := planMembers(t, 3, f)
+	for i := range 3 {
+		planData(t, ms[0].Slot, fmt.Sprintf("d%d", i), "x")
+	}
+	p := planMake(t, ms, nil, hasync.PlanOptions{})
+	if len(p.Actions) != 6 {
+		t.Fatalf("%d actions, want 6", len(p.Actions))
+	}
+	// m2 refuses every object: its copies fail, and count as done.
+	f.Fail("m2", slot.OpCreateObject, pkcs11.Error(pkcs11.CKR_DEVICE_MEMORY))
+	var got []hasync.Progress
+	ctx := hasync.WithProgress(planCtx(t), func(pr hasync.Progress) { got = append(got, pr) })
+	res, _ := (&hasync.Replicator{GroupSerial: planSerial}).Apply(ctx, p)
+	if len(res.Failed) != 3 {
+		t.Fatalf("%d failed, want m2's 3", len(res.Failed))
+	}
+	if len(got) != 6 {
+		t.Fatalf("progress reported %d times, want 6: %+v", len(got), got)
+	}
+	per := map[string]int{}
+	for i, pr := range got {
+		if pr.Done != i+1 || pr.Total != 6 {
+			t.Errorf("report %d: %+v, want %d of 6", i, pr, i+1)
+		}
+		per[pr.Member]++
+	}
+	if per["m1"] != 3 || per["m2"] != 3 {
+		t.Errorf("reports per member %v, want 3 for m1 and m2", per)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
@@ -95,6 +96,11 @@ func New(opts Options) (*Daemon, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	// The path is reported in status and compared by hactl with the file
+	// it was given: make it absolute, as the agent's cwd is not hactl's.
+	if abs, err := filepath.Abs(opts.ConfigPath); err == nil && opts.ConfigPath != "" {
+		opts.ConfigPath = abs
 	}
 	cfg, err := config.Load(opts.ConfigPath)
 	if err != nil {

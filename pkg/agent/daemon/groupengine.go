@@ -205,6 +205,7 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 
 // Recover implements Engine.
 func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.MemberResult, error) {
+	ctx = bridgeProgress(ctx)
 	var names []string
 	if name != "" {
 		names = []string{name}
@@ -252,6 +253,7 @@ func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.Member
 // cannot work (a member lacks CKM_AES_KEY_WRAP_PAD) are reported, not
 // attempted.
 func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.SyncReport, error) {
+	ctx = bridgeProgress(ctx)
 	rep := agent.SyncReport{Group: ge.label, Checked: req.Check, Differences: []agent.Difference{}}
 	serving := 0
 	for _, s := range ge.h.Members() {
@@ -343,15 +345,29 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 	rep.InSync = len(rep.Differences) == 0
 	if sr.Applied != nil {
 		rep.Applied = len(sr.Applied.Done)
+		rep.Failed = len(sr.Applied.Failed)
 		for _, f := range sr.Applied.Failed {
+			// The action is in its own column: the detail is the cause.
 			rep.Differences = append(rep.Differences, agent.Difference{Object: f.Action.Identity.String(), Kind: "failed",
-				Members: []string{f.Action.Member}, Action: f.Action.String(), Detail: f.Error()})
+				Members: []string{f.Action.Member}, Action: f.Action.String(), Detail: f.Err.Error()})
 		}
 	}
 	if err != nil && sr.Applied == nil {
 		return rep, fmt.Errorf("group %q: %w", ge.label, err)
 	}
 	return rep, nil
+}
+
+// bridgeProgress hands the progress the engine reports (pkg/sync's) to
+// the socket's caller, when it asked for progress.
+func bridgeProgress(ctx context.Context) context.Context {
+	fn := agent.ProgressFrom(ctx)
+	if fn == nil {
+		return ctx
+	}
+	return hasync.WithProgress(ctx, func(p hasync.Progress) {
+		fn(agent.Progress{Done: p.Done, Total: p.Total, Member: p.Member})
+	})
 }
 
 func actionKey(a hasync.Action) string {
