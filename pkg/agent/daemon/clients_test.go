@@ -18,7 +18,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
@@ -85,7 +84,7 @@ func TestFleetReportsReachTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	if err := g.Login(ctx, pkcs11.CKU_USER, secret.PIN{}); err != nil {
+	if err := g.LoginConfigured(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 50; i++ {
