@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/hagroup/hagroup/internal/version"
 	"github.com/hagroup/hagroup/pkg/remote"
 )
 
@@ -32,14 +33,18 @@ func run(args []string) int {
 	module := fs.String("module", "", "absolute path of the PKCS#11 module to serve (required)")
 	sock := fs.String("socket", "", "absolute path of the Unix socket to listen on (required)")
 	label := fs.String("token-label", "", "serve only the slot whose token has this label")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL]\n")
+		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL]\n       hsmserve --version\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	switch {
+	case *showVersion:
+		fmt.Println("hsmserve", version.String())
+		return 0
 	case fs.NArg() > 0:
 		fmt.Fprintf(os.Stderr, "hsmserve: unexpected argument %q\n", fs.Arg(0))
 		return 2
