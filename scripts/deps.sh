@@ -16,6 +16,7 @@ packages=(
 	gcc libc6-dev            # cgo, and the C test harnesses
 	openjdk-17-jdk-headless  # SunPKCS11 client test
 	util-linux               # setpriv, for the permission tests
+	bash-completion          # hactl's bash completion test
 )
 
 missing=()

@@ -90,6 +90,7 @@ member down, out of sync), 4 haagent unreachable, 5 permission denied.`,
 		newCompletionCmd(a),
 		newManCmd(a),
 	)
+	registerValueCompletions(root, a)
 	return root
 }
 
