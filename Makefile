@@ -128,7 +128,7 @@ uninstall:
 
 # $(DIST)/hagroup_<version>_<arch>.deb, from a staged `make install`.
 deb: build-product
-	@rm -rf $(DEBROOT) && mkdir -p $(DEBROOT)
+	@rm -rf $(DEBROOT) && mkdir -p $(DEBROOT) $(DIST)
 	@$(MAKE) --no-print-directory install PREFIX=/usr DESTDIR=$(abspath $(DEBROOT)) INSTALL_CONFIG=no >/dev/null
 	DEB_VERSION=$$(packaging/version.sh deb) DEB_ARCH=$$($(GO) env GOARCH) \
 		$(NFPM) package --config packaging/nfpm.yaml --packager deb --target $(DIST)/

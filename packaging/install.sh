@@ -61,15 +61,20 @@ do_install() {
 	mv "$manifest.new" "$manifest"
 
 	conf=$DESTDIR$SYSCONFDIR/hagroup/hagroup.toml
+	wrote=no
 	if [ "$INSTALL_CONFIG" = yes ] && [ ! -e "$conf" ]; then
 		install -D -m 0640 packaging/hagroup.toml "$conf"
+		wrote=yes
 		echo "install: wrote $conf (a valid start with no groups yet)"
 	fi
 	# A live install (no DESTDIR) also makes the agent's system user, as the
-	# .deb does, and lets it read the configuration.
+	# .deb does, and lets it read the configuration written just now.
 	if [ -z "$DESTDIR" ] && command -v systemd-sysusers >/dev/null 2>&1; then
 		systemd-sysusers "$SYSUSERSDIR/hagroup.conf"
-		[ "$INSTALL_CONFIG" = yes ] && chgrp hagroup "$conf" "$(dirname "$conf")"
+		if [ "$wrote" = yes ]; then
+			chgrp hagroup "$conf" "$(dirname "$conf")"
+			chmod 0750 "$(dirname "$conf")"
+		fi
 	fi
 	echo "install: $(wc -l <"$manifest") files under ${DESTDIR:-/}, listed in $DOCDIR/MANIFEST"
 }
