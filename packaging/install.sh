@@ -57,6 +57,7 @@ do_install() {
 		put 0644 "$f" "$DOCDIR/examples/$(basename "$f")"
 	done
 	put 0644 README.md "$DOCDIR/README.md"
+	put 0644 LICENSE "$DOCDIR/copyright"
 	echo "$DOCDIR/MANIFEST" >>"$manifest.new"
 	mv "$manifest.new" "$manifest"
 

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,7 @@ var installed = []string{
 	"/usr/lib/systemd/system/haagent.service",
 	"/usr/lib/sysusers.d/hagroup.conf",
 	"/usr/share/doc/hagroup/examples/hagroup.toml",
+	"/usr/share/doc/hagroup/copyright",
 	"/etc/hagroup/hagroup.toml",
 }
 
@@ -149,6 +151,10 @@ func TestDebInstallRemovePurge(t *testing.T) {
 			try(t, stepDeadline, "userdel", "hagroup")
 			try(t, stepDeadline, "groupdel", "hagroup")
 		}
+		// None of these existed before (skipUnlessThisMachineIsFree).
+		for _, d := range append(agentDirs, "/run/hagroup", "/etc/hagroup") {
+			os.RemoveAll(d)
+		}
 	})
 
 	dpkg(t, "-i", deb)
@@ -160,8 +166,10 @@ func TestDebInstallRemovePurge(t *testing.T) {
 	checkConfig(t)
 	checkUnit(t)
 	checkModuleLoads(t)
+	pins := checkOperatorSession(t)
 	owned := strings.Fields(sh(t, "dpkg-query", "-L", pkg))
-	// What a running agent leaves behind, for purge to remove.
+	// What a running agent leaves behind, for purge to remove (the
+	// operator session's agent wrote some already).
 	for _, d := range agentDirs {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
@@ -186,9 +194,18 @@ func TestDebInstallRemovePurge(t *testing.T) {
 	if s := status(t); s != "" {
 		t.Errorf("after dpkg --purge, status %q, want none", s)
 	}
-	for _, p := range append(owned, slicesConcat(agentDirs, []string{"/etc/hagroup"})...) {
+	// The operator's PIN files stay, and so /etc/hagroup with them: only them.
+	if _, err := os.Stat("/etc/hagroup"); pins == nil && err == nil {
+		t.Errorf("after dpkg --purge, /etc/hagroup is still there")
+	}
+	if pins != nil {
+		if left := files(t, "/etc/hagroup"); !slices.Equal(left, pins) {
+			t.Errorf("after dpkg --purge, /etc/hagroup holds %q, want only the operator's PIN files %q", left, pins)
+		}
+	}
+	for _, p := range append(owned, slicesConcat(agentDirs, []string{"/run/hagroup"})...) {
 		fi, err := os.Lstat(p)
-		if err == nil && !(fi.IsDir() && isShared(p)) {
+		if err == nil && !(fi.IsDir() && isShared(p)) && !strings.HasPrefix(p, "/etc/hagroup") {
 			t.Errorf("after dpkg --purge, %s is still there", p)
 		}
 	}
