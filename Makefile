@@ -14,11 +14,42 @@ BENCHTIME ?= 1s
 # .ci/run). 100,000 inputs take ~10 s per target on the 2-vCPU machine.
 FUZZTIME  ?= 100000x
 DURATION  ?= 10m
+# The version every binary reports (internal/version), from git describe.
+VERSION   ?= $(shell packaging/version.sh)
+LDFLAGS   := -X github.com/hagroup/hagroup/internal/version.stamped=$(VERSION)
+
+# Where `make install` puts things. /usr/local by default, as a Debian
+# admin expects of software not from a package; the .deb uses /usr.
+# DESTDIR stages the tree elsewhere (packagers, `make deb`).
+PREFIX      ?= /usr/local
+DESTDIR     ?=
+MULTIARCH   ?= $(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+BINDIR      ?= $(PREFIX)/bin
+PKCS11DIR   ?= $(PREFIX)/lib/$(MULTIARCH)/pkcs11
+MANDIR      ?= $(PREFIX)/share/man
+DOCDIR      ?= $(PREFIX)/share/doc/hagroup
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/$(if $(filter /usr,$(PREFIX)),vendor-completions,site-functions)
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+SYSCONFDIR  ?= /etc
+INSTALL_CONFIG ?= yes
+INSTALL_VARS = BIN=$(BIN) PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) BINDIR=$(BINDIR) PKCS11DIR=$(PKCS11DIR) \
+	MANDIR=$(MANDIR) DOCDIR=$(DOCDIR) BASHCOMPDIR=$(BASHCOMPDIR) ZSHCOMPDIR=$(ZSHCOMPDIR) \
+	FISHCOMPDIR=$(FISHCOMPDIR) UNITDIR=$(UNITDIR) SYSUSERSDIR=$(SYSUSERSDIR) SYSCONFDIR=$(SYSCONFDIR) \
+	INSTALL_CONFIG=$(INSTALL_CONFIG)
+
+# The .deb: nfpm, pinned, run through the Go module proxy.
+NFPM      := $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
+DIST      ?= dist
+DEBROOT   := dist/deb-root
+
 # Fuzz targets as package:Target; `make test` runs each for a short time.
 FUZZ_TARGETS := $(shell grep -rl --include='*_test.go' '^func Fuzz' pkg cmd 2>/dev/null | \
 	xargs -r grep -H -o '^func Fuzz[A-Za-z0-9_]*' | sed -E 's|/[^/]*_test.go:func |:|')
 
-.PHONY: all deps build test vet fmt-check fuzz fuzz-short bench demo soak man clean
+.PHONY: all deps build build-product test vet fmt-check fuzz fuzz-short bench demo soak man clean install uninstall deb
 
 all: build
 
@@ -26,15 +57,20 @@ deps:
 	@./scripts/deps.sh
 
 build: deps
+	@$(MAKE) --no-print-directory build-product CMDS="hactl haagent hsmserve hademo haload"
+
+# What is installed and packaged: the three commands and the module.
+build-product: CMDS ?= hactl haagent hsmserve
+build-product:
 	@mkdir -p $(BIN)
-	@for c in hactl haagent hsmserve hademo haload; do \
-		if [ -d cmd/$$c ]; then $(GO) build -trimpath -o $(BIN)/$$c ./cmd/$$c || exit 1; fi; \
+	@for c in $(CMDS); do \
+		if [ -d cmd/$$c ]; then $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$c ./cmd/$$c || exit 1; fi; \
 	done
-	@if [ -d cmd/hapkcs11 ]; then $(MAKE) --no-print-directory $(BIN)/libhapkcs11.so; fi
+	@$(MAKE) --no-print-directory $(BIN)/libhapkcs11.so
 
 $(BIN)/libhapkcs11.so: $(shell find cmd/hapkcs11 pkg -type f 2>/dev/null) go.mod go.sum
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -buildmode=c-shared -ldflags='-s -w' -o $@ ./cmd/hapkcs11
+	$(GO) build -trimpath -buildmode=c-shared -ldflags='-s -w $(LDFLAGS)' -o $@ ./cmd/hapkcs11
 	@rm -f $(BIN)/libhapkcs11.h
 
 vet:
@@ -82,5 +118,20 @@ soak: build
 man:
 	$(GO) run ./cmd/hactl man man
 
+# See packaging/install.sh for what goes where; `make uninstall` removes
+# what its MANIFEST lists and leaves $(SYSCONFDIR)/hagroup alone.
+install: build-product
+	@$(INSTALL_VARS) packaging/install.sh install
+
+uninstall:
+	@$(INSTALL_VARS) packaging/install.sh uninstall
+
+# $(DIST)/hagroup_<version>_<arch>.deb, from a staged `make install`.
+deb: build-product
+	@rm -rf $(DEBROOT) && mkdir -p $(DEBROOT) $(DIST)
+	@$(MAKE) --no-print-directory install PREFIX=/usr DESTDIR=$(abspath $(DEBROOT)) INSTALL_CONFIG=no >/dev/null
+	DEB_VERSION=$$(packaging/version.sh deb) DEB_ARCH=$$($(GO) env GOARCH) \
+		$(NFPM) package --config packaging/nfpm.yaml --packager deb --target $(DIST)/
+
 clean:
-	rm -rf $(BIN) bench-out demo-out
+	rm -rf $(BIN) bench-out demo-out $(DIST)

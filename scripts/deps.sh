@@ -17,6 +17,7 @@ packages=(
 	openjdk-17-jdk-headless  # SunPKCS11 client test
 	util-linux               # setpriv, for the permission tests
 	prometheus               # promtool, to check configs/prometheus/hagroup-rules.yml
+	bash-completion          # hactl's bash completion test
 )
 
 missing=()

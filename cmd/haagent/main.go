@@ -4,6 +4,7 @@
 // hactl on a Unix socket.
 //
 //	haagent [--config PATH] [--socket PATH] [--log-level debug|info|warn|error]
+//	haagent --version
 //
 // SIGHUP reloads the configuration (a bad one is refused and the running
 // one kept); SIGTERM and SIGINT drain requests and exit 0.
@@ -20,20 +21,18 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/hagroup/hagroup/internal/version"
 	"github.com/hagroup/hagroup/pkg/agent/daemon"
 	"github.com/hagroup/hagroup/pkg/config"
 )
 
-// version is set at build time with -ldflags '-X main.version=…'.
-var version = "dev"
-
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // run parses flags, starts the daemon and blocks until a stop signal.
 // Exit codes: 0 clean stop, 1 failure, 2 bad flags.
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("haagent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgFlag := fs.String("config", "", "configuration file (default $HAGROUP_CONF, else "+config.DefaultPath+")")
@@ -48,7 +47,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(stderr, "haagent", version)
+		fmt.Fprintln(stdout, "haagent", version.String())
 		return 0
 	}
 	var lv slog.Level
@@ -61,7 +60,7 @@ func run(args []string, stderr io.Writer) int {
 	d, err := daemon.New(daemon.Options{
 		ConfigPath: config.ResolvePath(*cfgFlag),
 		Socket:     *socket,
-		Version:    version,
+		Version:    version.String(),
 		Logger:     logger,
 		Open:       daemon.OpenGroup,
 	})

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+	buildversion "github.com/hagroup/hagroup/internal/version"
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -17,8 +18,8 @@ import (
 	"golang.org/x/term"
 )
 
-// version is set at build time with -ldflags '-X main.version=…'.
-var version = "dev"
+// version is this build's version, as every hagroup binary reports it.
+var version = buildversion.String()
 
 // app is what every command shares: standard streams, the global flags and
 // the seams tests replace (through fields, never package variables).
@@ -93,6 +94,7 @@ interrupted (Ctrl-C).`,
 		newCompletionCmd(a),
 		newManCmd(a),
 	)
+	registerValueCompletions(root, a)
 	return root
 }
 

@@ -36,6 +36,9 @@ const (
 	waitDeadline = 20 * time.Second
 )
 
+// scriptVersion is the version the scripts' binaries report.
+const scriptVersion = "script-test"
+
 // binDir holds the freshly built binaries; set up once by buildBinaries.
 var buildOnce struct {
 	sync.Once
@@ -52,7 +55,9 @@ func buildBinaries(t *testing.T) string {
 		}
 		os.Chmod(dir, 0o755) // a second uid runs hactl from here
 		for _, c := range []string{"hactl", "haagent", "hsmserve"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, c), "github.com/hagroup/hagroup/cmd/"+c)
+			// A fixed version, so scripts can compare what the binaries report.
+			cmd := exec.Command("go", "build", "-ldflags=-X github.com/hagroup/hagroup/internal/version.stamped="+scriptVersion,
+				"-o", filepath.Join(dir, c), "github.com/hagroup/hagroup/cmd/"+c)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				buildOnce.err = fmt.Errorf("go build %s: %v\n%s", c, err, out)
 				return

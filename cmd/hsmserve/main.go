@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/hagroup/hagroup/internal/version"
 	"github.com/hagroup/hagroup/pkg/remote"
 )
 
@@ -42,8 +43,9 @@ func run(args []string) int {
 	sock := fs.String("socket", "", "absolute path of the Unix socket to listen on (required)")
 	label := fs.String("token-label", "", "serve only the slot whose token has this label")
 	serveFD := fs.Bool("serve-fd", false, "internal: serve the one connection on file descriptor 3")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL]\n")
+		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL]\n       hsmserve --version\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			if f.Name != "serve-fd" {
 				fmt.Fprintf(fs.Output(), "  --%s\n    \t%s\n", f.Name, f.Usage)
@@ -54,6 +56,9 @@ func run(args []string) int {
 		return 2
 	}
 	switch {
+	case *showVersion:
+		fmt.Println("hsmserve", version.String())
+		return 0
 	case fs.NArg() > 0:
 		fmt.Fprintf(os.Stderr, "hsmserve: unexpected argument %q\n", fs.Arg(0))
 		return 2

@@ -8,8 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 )
 
 // Edit changes the configuration file at path under an exclusive lock: it
@@ -144,12 +143,12 @@ func (w atomicWriter) write(path string, data []byte, perm os.FileMode) (err err
 	if real, err := filepath.EvalSymlinks(path); err == nil {
 		path = real
 	}
-	var owner *unix.Stat_t
+	var owner *syscall.Stat_t
 	if st, err := os.Lstat(path); err == nil {
 		if !st.Mode().IsRegular() {
 			return fmt.Errorf("write %s: not a regular file but %s", path, fileKind(st.Mode()))
 		}
-		if sys, ok := st.Sys().(*unix.Stat_t); ok && os.Geteuid() == 0 {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 {
 			owner = sys
 		}
 	}

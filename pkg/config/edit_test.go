@@ -366,6 +366,32 @@ func TestEditCreatesAndKeepsMode(t *testing.T) {
 	}
 }
 
+// TestEditKeepsOwner: root editing a file the agent's group may read
+// (root:hagroup 0640, as the .deb installs it) keeps its owner and group,
+// or the agent could no longer read its configuration.
+func TestEditKeepsOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give the file another owner")
+	}
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "hagroup.toml")
+	seed(t, path)
+	const uid, gid = 65534, 65534
+	if err := os.Chown(path, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	if err := Edit(t.Context(), path, addMember("m")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys := st.Sys().(*syscall.Stat_t); sys.Uid != uid || sys.Gid != gid {
+		t.Errorf("owner after edit = %d:%d, want %d:%d kept", sys.Uid, sys.Gid, uid, gid)
+	}
+}
+
 func TestEditWaitsForLock(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "hagroup.toml")
