@@ -15,7 +15,9 @@ type EventKind string
 // Recovered or AttemptFailed (plus ConflictFound before a failure caused by
 // a conflict, and GaveUp after the last automatic attempt failed). A
 // scheduled attempt that found the member's lock held by another process
-// emits AttemptSkipped instead and costs no attempt.
+// emits AttemptSkipped instead and costs no attempt. A synchronisation
+// that finds a member's lock held by a recovery emits LockWaiting (Err
+// names the holder) before it waits for it.
 const (
 	AttemptStarted EventKind = "recovery_attempt"
 	Recovered      EventKind = "recovery_succeeded"
@@ -23,6 +25,7 @@ const (
 	GaveUp         EventKind = "recovery_gave_up"
 	AttemptSkipped EventKind = "recovery_skipped"
 	ConflictFound  EventKind = "recovery_conflict"
+	LockWaiting    EventKind = "recovery_lock_waiting"
 )
 
 // Event is one step of a member's recovery. Fields that do not apply to
