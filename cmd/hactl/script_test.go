@@ -36,34 +36,24 @@ const (
 	waitDeadline = 20 * time.Second
 )
 
-// binDir holds the freshly built binaries; set up once by buildBinaries.
-var buildOnce struct {
-	sync.Once
-	dir string
-	err error
-}
-
+// buildBinaries builds hactl, haagent and hsmserve into a temporary
+// directory removed when the test ends (each run of -count=N builds again; the build cache makes
+// that cheap) and returns it.
 func buildBinaries(t *testing.T) string {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "hactl-bin-")
-		if err != nil {
-			buildOnce.err = err
-			return
-		}
-		os.Chmod(dir, 0o755) // a second uid runs hactl from here
-		for _, c := range []string{"hactl", "haagent", "hsmserve"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, c), "github.com/hagroup/hagroup/cmd/"+c)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildOnce.err = fmt.Errorf("go build %s: %v\n%s", c, err, out)
-				return
-			}
-		}
-		buildOnce.dir = dir
-	})
-	if buildOnce.err != nil {
-		t.Fatal(buildOnce.err)
+	t.Helper()
+	dir, err := os.MkdirTemp("", "hactl-bin-") // not t.TempDir: its parent is 0700
+	if err != nil {
+		t.Fatal(err)
 	}
-	return buildOnce.dir
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755) // a second uid runs hactl from here
+	for _, c := range []string{"hactl", "haagent", "hsmserve"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, c), "github.com/hagroup/hagroup/cmd/"+c)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", c, err, out)
+		}
+	}
+	return dir
 }
 
 func TestScripts(t *testing.T) {
@@ -73,7 +63,6 @@ func TestScripts(t *testing.T) {
 		}
 	}
 	bin := buildBinaries(t)
-	t.Cleanup(func() { os.RemoveAll(bin) })
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
@@ -334,7 +323,14 @@ func TestMain(m *testing.M) {
 // mkkey TOKEN LABEL [public] (exec'd by scripts): generate an EC P-256
 // key pair on a SoftHSM token directly, as an application bypassing the
 // group would, logged in with the PIN in $PINFILE. With "public" only the
-// public half is kept on the token (it replicates without a domain key).
+// public half is kept on the token (it replicates without a domain key),
+// and nothing logs in: both halves are public objects. A script may make
+// such a key while haagent probes the token; a login is unsafe then:
+// SoftHSM 2.6.1 rewrites token.object on every C_Login and lets go of the
+// file's lock before its buffered bytes are written, so a C_GetTokenInfo
+// in another process waiting for that lock reads the file empty and
+// answers CKR_GENERAL_ERROR, and the probe fails the member. So scripts
+// make a private key ("mkkey TOKEN LABEL") while no agent runs.
 // It runs in its own process because SoftHSM reads SOFTHSM2_CONF once per
 // process.
 func mkkeyMain() {
@@ -349,15 +345,18 @@ func mkkey(args []string) error {
 		return errors.New("usage: mkkey TOKEN LABEL [public]")
 	}
 	privOnToken := len(args) == 2
-	b, err := os.ReadFile(os.Getenv("PINFILE"))
-	if err != nil {
-		return err
+	spec := slot.Spec{Name: "mkkey", Module: softhsmModule, TokenLabel: args[0]}
+	if privOnToken {
+		b, err := os.ReadFile(os.Getenv("PINFILE"))
+		if err != nil {
+			return err
+		}
+		spec.PIN = secret.NewPIN([]byte(strings.TrimSpace(string(b))))
+		defer spec.PIN.Zero()
 	}
-	pin := secret.NewPIN([]byte(strings.TrimSpace(string(b))))
-	defer pin.Zero()
 	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
-	s, err := slot.Open(ctx, slot.Spec{Name: "mkkey", Module: softhsmModule, TokenLabel: args[0], PIN: pin})
+	s, err := slot.Open(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -372,7 +371,7 @@ func mkkey(args []string) error {
 	}
 	priv := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, privOnToken),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, privOnToken),
 		pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true),
 		pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, args[1]),
