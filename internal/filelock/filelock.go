@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,24 +22,10 @@ import (
 // ErrBusy is returned by TryLock when another descriptor holds the lock.
 var ErrBusy = errors.New("lock held by another")
 
-// A busy lock is tried again after pollMin, then at doubling intervals up
-// to pollMax: at once for a lock held for a journal append, without
-// spinning for one held by a recovery for minutes. The wait polls rather
-// than blocking in flock(2) because a blocked flock cannot be called off:
-// the waiter would stay in the kernel after ctx ended, keeping its
-// descriptor and a thread, and take the lock for a moment once the holder
-// let go (refusing another process's try meanwhile).
-const (
-	pollMin = time.Millisecond
-	pollMax = 50 * time.Millisecond
-)
-
 // Lock takes an exclusive lock on path, creating the file with exactly perm
 // when it is missing, and waits for it as long as ctx allows. Closing the
-// returned file releases the lock. When ctx ends first, the wait leaves
-// nothing behind: no descriptor, no waiter that takes the lock later. A
-// caller that may read but not write an existing lock file still gets the
-// lock (flock needs no write access).
+// returned file releases the lock. A caller that may read but not write an
+// existing lock file still gets the lock (flock needs no write access).
 func Lock(ctx context.Context, path string, perm os.FileMode) (*os.File, error) {
 	return lock(ctx, path, unix.LOCK_EX, perm, true)
 }
@@ -91,34 +76,50 @@ func lock(ctx context.Context, path string, how int, perm os.FileMode, wait bool
 	if err != nil {
 		return nil, fmt.Errorf("open lock file: %w", err)
 	}
-	for delay := pollMin; ; delay = min(2*delay, pollMax) {
-		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
-		if err == nil {
-			return f, nil
+	err = unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+	if err == nil {
+		return f, nil
+	}
+	if !errors.Is(err, unix.EWOULDBLOCK) {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if !wait {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, ErrBusy)
+	}
+	// Held by someone else: wait in a goroutine so ctx can end the wait.
+	// If ctx wins, the goroutine still owns f and closes it (releasing the
+	// lock it may have got by then).
+	done := make(chan error) // unbuffered: a result nobody takes is abandoned
+	abandon := make(chan struct{})
+	go func() {
+		err := flockRetry(f, how)
+		select {
+		case done <- err:
+		case <-abandon:
+			f.Close()
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
-		if !wait {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, ErrBusy)
-		}
-		if err := pause(ctx, delay); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
+		return f, nil
+	case <-ctx.Done():
+		close(abandon)
+		return nil, fmt.Errorf("lock %s: %w", path, context.Cause(ctx))
 	}
 }
 
-// pause waits d, or until ctx ends (returning its cause).
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
+// flockRetry takes a blocking flock, retrying when a signal interrupts it.
+func flockRetry(f *os.File, how int) error {
+	for {
+		err := unix.Flock(int(f.Fd()), how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
 	}
 }
