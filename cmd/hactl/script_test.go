@@ -358,7 +358,14 @@ func TestMain(m *testing.M) {
 // mkkey TOKEN LABEL [public] (exec'd by scripts): generate an EC P-256
 // key pair on a SoftHSM token directly, as an application bypassing the
 // group would, logged in with the PIN in $PINFILE. With "public" only the
-// public half is kept on the token (it replicates without a domain key).
+// public half is kept on the token (it replicates without a domain key),
+// and nothing logs in: both halves are public objects. A script may make
+// such a key while haagent probes the token; a login is unsafe then:
+// SoftHSM 2.6.1 rewrites token.object on every C_Login and lets go of the
+// file's lock before its buffered bytes are written, so a C_GetTokenInfo
+// in another process waiting for that lock reads the file empty and
+// answers CKR_GENERAL_ERROR, and the probe fails the member. So scripts
+// make a private key ("mkkey TOKEN LABEL") while no agent runs.
 // It runs in its own process because SoftHSM reads SOFTHSM2_CONF once per
 // process.
 func mkkeyMain() {
@@ -373,15 +380,18 @@ func mkkey(args []string) error {
 		return errors.New("usage: mkkey TOKEN LABEL [public]")
 	}
 	privOnToken := len(args) == 2
-	b, err := os.ReadFile(os.Getenv("PINFILE"))
-	if err != nil {
-		return err
+	spec := slot.Spec{Name: "mkkey", Module: softhsmModule, TokenLabel: args[0]}
+	if privOnToken {
+		b, err := os.ReadFile(os.Getenv("PINFILE"))
+		if err != nil {
+			return err
+		}
+		spec.PIN = secret.NewPIN([]byte(strings.TrimSpace(string(b))))
+		defer spec.PIN.Zero()
 	}
-	pin := secret.NewPIN([]byte(strings.TrimSpace(string(b))))
-	defer pin.Zero()
 	ctx, cancel := context.WithTimeout(context.Background(), waitDeadline)
 	defer cancel()
-	s, err := slot.Open(ctx, slot.Spec{Name: "mkkey", Module: softhsmModule, TokenLabel: args[0], PIN: pin})
+	s, err := slot.Open(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -396,7 +406,7 @@ func mkkey(args []string) error {
 	}
 	priv := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, privOnToken),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, privOnToken),
 		pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true),
 		pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, args[1]),

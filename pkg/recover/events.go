@@ -19,7 +19,8 @@ type EventKind string
 // attempt whose login the token refused (CKR_PIN_INCORRECT, _LOCKED,
 // _EXPIRED), and comes when an automatic attempt is first held back by a
 // PIN mark (made by any process): no automatic attempt is made until a
-// manual one.
+// manual one. A synchronisation that finds a member's lock held by a
+// recovery emits LockWaiting (Err names the holder) before it waits for it.
 const (
 	AttemptStarted EventKind = "recovery_attempt"
 	Recovered      EventKind = "recovery_succeeded"
@@ -28,6 +29,7 @@ const (
 	AttemptSkipped EventKind = "recovery_skipped"
 	ConflictFound  EventKind = "recovery_conflict"
 	PINBlocked     EventKind = "recovery_pin_blocked"
+	LockWaiting    EventKind = "recovery_lock_waiting"
 )
 
 // Event is one step of a member's recovery. Fields that do not apply to

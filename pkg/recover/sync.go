@@ -175,7 +175,8 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 // go of the rest and waits for that one alone. So a synchronisation
 // waiting for one member's recovery keeps no other member's recovery out
 // meanwhile (an automatic attempt only tries the lock, once an interval).
-// The returned func releases every lock.
+// Each wait is announced by a LockWaiting event, sent once the other locks
+// are let go. The returned func releases every lock.
 func (r *Recoverer) lockMembers(ctx context.Context, names []string, wait time.Duration) (func(), error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -189,14 +190,15 @@ func (r *Recoverer) lockMembers(ctx context.Context, names []string, wait time.D
 		}
 	}
 	for {
-		busy := ""
+		var busy string
+		var busyErr error
 		for _, name := range sorted {
 			if held[name] != nil {
 				continue
 			}
 			unlock, err := r.lockMember(ctx, name, false)
 			if errors.Is(err, ErrInProgress) {
-				busy = name
+				busy, busyErr = name, err
 				break
 			}
 			if err != nil {
@@ -209,6 +211,7 @@ func (r *Recoverer) lockMembers(ctx context.Context, names []string, wait time.D
 			return releaseAll, nil
 		}
 		releaseAll()
+		r.emit(Event{Kind: LockWaiting, Member: busy, Err: busyErr})
 		unlock, err := r.lockMember(ctx, busy, true)
 		if err != nil {
 			return nil, fmt.Errorf("waited up to %v for the recovery lock of member %s: %w", wait, busy, err)

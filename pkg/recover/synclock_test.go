@@ -6,9 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -144,13 +142,18 @@ func TestSynchronizeLockWaitIsBoundedAndHoldsNothing(t *testing.T) {
 		}
 	}
 
+	// It said what it waited for.
+	if e := r.rev.next(t, LockWaiting); e.Member != last || !errors.Is(e.Err, ErrInProgress) {
+		t.Fatalf("synchronize against a held lock: event %+v, want %s for %s naming the holder", e, LockWaiting, last)
+	}
+
 	// While it waits for the last member, the others are free.
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.rec.Synchronize(rigCtx(t), SyncOptions{LockWait: time.Minute})
 		done <- err
 	}()
-	waitBlockedOn(t, r.lockPath(last), done)
+	waitLockWaiting(t, r.rev, last, done)
 	for _, name := range names[:len(names)-1] {
 		if !r.tryLock(name) {
 			t.Errorf("the recovery lock of %s is held while synchronize waits for %s's: its recovery in another process is refused", name, last)
@@ -162,40 +165,22 @@ func TestSynchronizeLockWaitIsBoundedAndHoldsNothing(t *testing.T) {
 	}
 }
 
-// waitBlockedOn waits (20 s at most) until some descriptor waits for the
-// flock on path, as /proc/locks shows it; done ending first fails the
-// test.
-func waitBlockedOn(t *testing.T, path string, done <-chan error) {
+// waitLockWaiting waits (20 s at most) for the LockWaiting event of member
+// name: the synchronisation has let go of every other lock and waits for
+// name's. done ending first fails the test.
+func waitLockWaiting(t *testing.T, ev *events, name string, done <-chan error) {
 	t.Helper()
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		t.Skip("no inode numbers here")
-	}
-	suffix := ":" + strconv.FormatUint(st.Ino, 10)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.After(20 * time.Second)
 	for {
-		b, err := os.ReadFile("/proc/locks")
-		if err != nil {
-			t.Skipf("cannot see who waits for a lock: %v", err)
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) > 6 && f[1] == "->" && f[2] == "FLOCK" && strings.HasSuffix(f[6], suffix) {
+		select {
+		case e := <-ev.ch:
+			if e.Kind == LockWaiting && e.Member == name {
 				return
 			}
-		}
-		select {
 		case err := <-done:
-			t.Fatalf("synchronize ended without waiting for the lock %s: %v", path, err)
-		default:
+			t.Fatalf("synchronize ended without waiting for the recovery lock of %s: %v", name, err)
+		case <-deadline:
+			t.Fatalf("synchronize did not wait for the recovery lock of %s within 20 s", name)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nobody waits for the lock %s after 20 s", path)
-		}
-		time.Sleep(10 * time.Millisecond) // the kernel's lock table has no event to wait for
 	}
 }
