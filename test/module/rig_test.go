@@ -139,7 +139,7 @@ type rigOpts struct {
 	// allRemote: every one of the three members is served by hsmserve
 	// (r.served is the last).
 	allRemote bool
-	mode   string // recovery_mode; "": the default (activeBasic)
+	mode      string // recovery_mode; "": the default (activeBasic)
 }
 
 // newRig makes three members (two in-process SoftHSM tokens and, with
