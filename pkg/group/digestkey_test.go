@@ -67,3 +67,28 @@ func TestDigestKey(t *testing.T) {
 		t.Errorf("digest after a refused key: %x, %v; want the empty digest %x, as the token", d, err, empty)
 	}
 }
+
+// A group of members of different models reports hagroup's own identity:
+// no one token's quirks apply to it.
+func TestAgreedModel(t *testing.T) {
+	ctx := testContext(t)
+	soft, err := openDirect(t, takeTokens(t, 1)[0]).TokenInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := soft
+	other.Model = "Luna K7"
+	for _, c := range []struct {
+		name  string
+		infos []pkcs11.TokenInfo
+		want  [2]string
+	}{
+		{"one member", []pkcs11.TokenInfo{soft}, [2]string{soft.ManufacturerID, soft.Model}},
+		{"agreeing", []pkcs11.TokenInfo{soft, soft, soft}, [2]string{soft.ManufacturerID, soft.Model}},
+		{"another model", []pkcs11.TokenInfo{soft, other}, [2]string{MixedManufacturer, MixedModel}},
+	} {
+		if got := agreedModel(c.infos); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}

@@ -115,16 +115,24 @@ func (g *Group) tokenModel(answered []*member.Member, infos []pkcs11.TokenInfo) 
 		}
 		return MixedManufacturer, MixedModel
 	}
-	first := infos[answered[0].Index()]
-	for _, m := range answered[1:] {
-		in := infos[m.Index()]
-		if in.ManufacturerID != first.ManufacturerID || in.Model != first.Model {
-			g.model.Store(&[2]string{MixedManufacturer, MixedModel})
-			return MixedManufacturer, MixedModel
+	got := make([]pkcs11.TokenInfo, len(answered))
+	for i, m := range answered {
+		got[i] = infos[m.Index()]
+	}
+	id := agreedModel(got)
+	g.model.Store(&id)
+	return id[0], id[1]
+}
+
+// agreedModel is the manufacturer and model of tokens that agree on both,
+// else MixedManufacturer and MixedModel.
+func agreedModel(infos []pkcs11.TokenInfo) [2]string {
+	for _, in := range infos[1:] {
+		if in.ManufacturerID != infos[0].ManufacturerID || in.Model != infos[0].Model {
+			return [2]string{MixedManufacturer, MixedModel}
 		}
 	}
-	g.model.Store(&[2]string{first.ManufacturerID, first.Model})
-	return first.ManufacturerID, first.Model
+	return [2]string{infos[0].ManufacturerID, infos[0].Model}
 }
 
 func sumCount(a, b uint) uint {

@@ -625,10 +625,12 @@ func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final b
 		if with != nil {
 			var err error
 			if wh, err = g.resolve(ctx, with, m); err != nil {
-				s.endOp(k)
 				if errors.Is(err, errAbsent) {
+					// Nothing reached the member: its operation goes
+					// on, as a token's does after a bad handle.
 					return nil, wrap(ErrKeyHandle, opName, m.Name(), err)
 				}
+				s.endOp(k)
 				return nil, opErr(opName, m.Name(), err)
 			}
 		}
@@ -656,10 +658,15 @@ func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final b
 	for {
 		m := g.pick(skip)
 		if m == nil {
-			s.endOp(k)
 			if lastHealth == nil {
+				// When only with is held nowhere, nothing started:
+				// the operation goes on, as a token's does.
+				if with == nil || op.key != nil {
+					s.endOp(k)
+				}
 				return nil, wrap(ErrKeyHandle, opName, "", errors.New("no live member holds the key"))
 			}
+			s.endOp(k)
 			return nil, wrap(ErrNoMember, opName, "", lastHealth)
 		}
 		skip.add(m.Index())
@@ -847,16 +854,18 @@ func (s *Session) DigestUpdate(ctx context.Context, data []byte) error {
 	return err
 }
 
-// DigestKey feeds the value of secret key key to a multi-part digest, on
+// DigestKey feeds the value of object key to a multi-part digest, on
 // the digest's member (chosen here among those holding the key when this
 // is the digest's first step).
 func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
 	const opName = "DigestKey"
-	o, err := s.g.key(opName, key)
-	if err != nil {
-		return err // a bare token's digest survives a bad handle too
+	// Any object the group holds goes to the member, which decides what
+	// it digests (SoftHSM digests a data object's value too).
+	o, ok := s.g.objs.get(key)
+	if !ok {
+		return wrap(ErrKeyHandle, opName, "", nil) // a token's digest survives a bad handle too
 	}
-	_, err = s.stepWith(ctx, opDigest, opName, false, o, func(ps *slot.Session, h pkcs11.ObjectHandle) ([]byte, error) {
+	_, err := s.stepWith(ctx, opDigest, opName, false, o, func(ps *slot.Session, h pkcs11.ObjectHandle) ([]byte, error) {
 		return nil, ps.DigestKey(ctx, h)
 	})
 	return err

@@ -325,7 +325,7 @@ type keyDigester interface {
 	DigestKey(sh pkcs11.SessionHandle, key pkcs11.ObjectHandle) error
 }
 
-// DigestKey feeds the value of secret key key to the digest; a module
+// DigestKey feeds the value of key to the digest; a module
 // that cannot carry it answers CKR_FUNCTION_NOT_SUPPORTED.
 func (ss *Session) DigestKey(ctx context.Context, key pkcs11.ObjectHandle) error {
 	return ss.call(ctx, OpDigestKey, false, func(x *sess) error {

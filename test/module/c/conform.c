@@ -207,6 +207,24 @@ static void part_digestkey(CK_SESSION_HANDLE s, CK_OBJECT_HANDLE key)
 	n = sizeof out;
 	if (rv("digest final after bad handle", f->C_DigestFinal(s, out, &n)) == CKR_OK)
 		hex("digest", out, n);
+	/* An object that is no key. */
+	CK_OBJECT_CLASS cls = CKO_DATA;
+	CK_BBOOL no = CK_FALSE;
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_TOKEN, &no, sizeof no},
+		{CKA_LABEL, "conform-data", 12},
+		{CKA_VALUE, "data", 4},
+	};
+	CK_OBJECT_HANDLE data;
+	CHECK(f->C_CreateObject(s, t, sizeof t / sizeof t[0], &data));
+	rv("digest init", f->C_DigestInit(s, &m));
+	rv("digest update", f->C_DigestUpdate(s, (CK_BYTE_PTR) "abc", 3));
+	rv("digestkey data object", f->C_DigestKey(s, data));
+	n = sizeof out;
+	if (rv("digest final after data object", f->C_DigestFinal(s, out, &n)) == CKR_OK)
+		hex("digest", out, n);
+	CHECK(f->C_DestroyObject(s, data));
 }
 
 int main(int argc, char **argv)
