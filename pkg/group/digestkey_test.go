@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"testing"
 
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -90,5 +91,33 @@ func TestAgreedModel(t *testing.T) {
 		if got := agreedModel(c.infos); got != c.want {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
+	}
+}
+
+// While no member answers, the virtual token keeps the identity its
+// members last reported: it does not turn into another model mid-outage.
+func TestTokenModelDuringOutage(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults})
+	ctx := testContext(t)
+	before, err := f.g.TokenInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.ManufacturerID == MixedManufacturer {
+		t.Fatalf("manufacturer %q with every member answering, want the members'", before.ManufacturerID)
+	}
+	for _, tok := range f.toks {
+		faults.FailAll(tok.Name, errDevice)
+	}
+	during, err := f.g.TokenInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if during.ManufacturerID != before.ManufacturerID || during.Model != before.Model {
+		t.Errorf("during the outage %q/%q, want %q/%q as before", during.ManufacturerID, during.Model, before.ManufacturerID, before.Model)
+	}
+	if during.FreePublicMemory != ckUnavailable {
+		t.Errorf("free memory %d during the outage: the members did answer", during.FreePublicMemory)
 	}
 }
