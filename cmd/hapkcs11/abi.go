@@ -347,7 +347,7 @@ func hapGetMechanismInfo(id C.CK_SLOT_ID, mech C.CK_MECHANISM_TYPE, p C.CK_MECHA
 		if err != nil {
 			return err
 		}
-		mechs, err := s.mechanisms(l.ctx)
+		mechs, _, err := s.mechanisms(l.ctx)
 		if err != nil {
 			return err
 		}
@@ -795,15 +795,7 @@ func hapDigestUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) 
 
 //export hapDigestKey
 func hapDigestKey(h C.CK_SESSION_HANDLE, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return call("C_DigestKey", func(l *library) error {
-		return l.withSession(uint(h), func(s *appSession) error {
-			if s.ops[opDigest] == nil {
-				return ckErr(pkcs11.CKR_OPERATION_NOT_INITIALIZED)
-			}
-			// pkg/slot has no DigestKey; see the report.
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
+	return call("C_DigestKey", func(l *library) error { return l.digestKey(uint(h), uint(key)) })
 }
 
 //export hapDigestFinal

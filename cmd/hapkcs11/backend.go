@@ -82,6 +82,7 @@ type session interface {
 	DecryptFinal(ctx context.Context) ([]byte, error)
 	DigestInit(ctx context.Context, m *pkcs11.Mechanism) error
 	DigestUpdate(ctx context.Context, data []byte) error
+	DigestKey(ctx context.Context, key uint) error
 	DigestFinal(ctx context.Context) ([]byte, error)
 
 	// Close ends the session (and its session objects).

@@ -138,7 +138,6 @@ func (v *virtual) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 		return ti, err
 	}
 	ti.Label, ti.SerialNumber = v.g.Label(), v.g.Serial()
-	ti.ManufacturerID, ti.Model = manufacturer, model
 	return ti, nil
 }
 
@@ -327,6 +326,9 @@ func (v *virtualSession) DigestInit(ctx context.Context, m *pkcs11.Mechanism) er
 }
 func (v *virtualSession) DigestUpdate(ctx context.Context, data []byte) error {
 	return v.s.DigestUpdate(ctx, data)
+}
+func (v *virtualSession) DigestKey(ctx context.Context, key uint) error {
+	return v.s.DigestKey(ctx, vh(key))
 }
 func (v *virtualSession) DigestFinal(ctx context.Context) ([]byte, error) {
 	return v.s.DigestFinal(ctx)

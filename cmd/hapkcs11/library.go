@@ -3,7 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/secret"
@@ -42,6 +42,7 @@ type slotEntry struct {
 	nro    int               // open read-only sessions
 	keys   map[uint]keyInfo  // checked keys, dropped on any change
 	mechs  map[uint]struct{} // nil until read
+	mechL  []uint            // mechs in the token's order
 	mechOK bool
 	seen   uint64 // the token's Lost count that user reflects (sessionLoser)
 }
@@ -126,7 +127,7 @@ type operation struct {
 
 	held     []byte // output computed but not yet delivered
 	heldIn   []byte // the input it was computed from
-	heldStep step
+	heldStep step   // the call that computed held; 0: nothing held (held may be empty)
 }
 
 // ckErr is an error with a CKR code; slot.CodeOf reads it.
@@ -165,40 +166,38 @@ func (l *library) token(id uint) (*slotEntry, error) {
 	return s, nil
 }
 
-// mechanisms returns the token's mechanisms, read once.
-func (s *slotEntry) mechanisms(ctx context.Context) (map[uint]struct{}, error) {
+// mechanisms returns the token's mechanisms as a set and in the token's
+// order, read once.
+func (s *slotEntry) mechanisms(ctx context.Context) (map[uint]struct{}, []uint, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mechOK {
-		return s.mechs, nil
+		return s.mechs, s.mechL, nil
 	}
 	list, err := s.tok.Mechanisms(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.mechs = make(map[uint]struct{}, len(list))
 	for _, m := range list {
 		s.mechs[m] = struct{}{}
 	}
+	s.mechL = list
 	s.mechOK = true
-	return s.mechs, nil
+	return s.mechs, s.mechL, nil
 }
 
+// mechanismList lists the token's mechanisms in its own order.
 func (l *library) mechanismList(id uint) ([]uint, error) {
 	s, err := l.token(id)
 	if err != nil {
 		return nil, err
 	}
-	set, err := s.mechanisms(l.ctx)
+	_, list, err := s.mechanisms(l.ctx)
 	if err != nil {
 		return nil, err
 	}
-	list := make([]uint, 0, len(set))
-	for m := range set {
-		list = append(list, m)
-	}
-	sort.Slice(list, func(i, j int) bool { return list[i] < list[j] })
-	return list, nil
+	return slices.Clone(list), nil
 }
 
 func (l *library) openSession(id uint, rw bool) (uint, error) {
@@ -505,7 +504,7 @@ func (l *library) opInit(h uint, kind opKind, m *pkcs11.Mechanism, key uint) err
 	if s.ops[kind] != nil {
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
-	mechs, err := s.slot.mechanisms(l.ctx)
+	mechs, _, err := s.slot.mechanisms(l.ctx)
 	if err != nil {
 		return err
 	}
@@ -594,7 +593,7 @@ func (l *library) single(h uint, kind opKind, in []byte, dst output) error {
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
 	out := op.held
-	if out == nil || op.heldStep != stepSingle || !bytes.Equal(op.heldIn, in) {
+	if op.heldStep != stepSingle || !bytes.Equal(op.heldIn, in) {
 		switch kind {
 		case opEncrypt:
 			out, err = s.be.Encrypt(s.ctx, op.mech, op.key, in)
@@ -676,7 +675,7 @@ func (l *library) update(h uint, kind opKind, in []byte, dst output) error {
 	var out []byte
 	switch kind {
 	case opEncrypt, opDecrypt:
-		if op.held != nil && op.heldStep == stepUpdate && bytes.Equal(op.heldIn, in) {
+		if op.heldStep == stepUpdate && bytes.Equal(op.heldIn, in) {
 			out = op.held
 			break
 		}
@@ -702,6 +701,28 @@ func (l *library) update(h uint, kind opKind, in []byte, dst output) error {
 	return s.deliver(kind, op, stepUpdate, in, out, dst)
 }
 
+// digestKey runs C_DigestKey: like C_DigestUpdate, on the member the
+// digest runs on.
+func (l *library) digestKey(h, key uint) error {
+	s, err := l.session(h)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	op, err := s.active(opDigest)
+	if err != nil {
+		return err
+	}
+	if err := l.pin(s, opDigest, op); err != nil {
+		return err
+	}
+	err = s.be.DigestKey(s.ctx, key)
+	if err != nil && codeOf(err) != pkcs11.CKR_KEY_HANDLE_INVALID {
+		s.ops[opDigest] = nil
+	}
+	return err
+}
+
 // final runs C_EncryptFinal, C_DecryptFinal, C_DigestFinal or C_SignFinal.
 func (l *library) final(h uint, kind opKind, dst output) error {
 	s, err := l.session(h)
@@ -717,7 +738,7 @@ func (l *library) final(h uint, kind opKind, dst output) error {
 		return err
 	}
 	out := op.held
-	if out == nil || op.heldStep != stepFinal {
+	if op.heldStep != stepFinal {
 		switch kind {
 		case opEncrypt:
 			out, err = s.be.EncryptFinal(s.ctx)

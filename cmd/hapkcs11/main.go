@@ -55,10 +55,10 @@ package main
 */
 import "C"
 
-// Library identity, reported by C_GetInfo and in slot and token info.
+// Library identity, reported by C_GetInfo and C_GetSlotInfo; the virtual
+// token reports its members' manufacturer and model (group.TokenInfo).
 const (
 	manufacturer = "hagroup"
-	model        = "hagroup"
 	libraryMajor = 1
 	libraryMinor = 0
 )

@@ -199,6 +199,9 @@ func (p *physicalSession) DigestInit(ctx context.Context, m *pkcs11.Mechanism) e
 func (p *physicalSession) DigestUpdate(ctx context.Context, data []byte) error {
 	return p.ss.DigestUpdate(ctx, data)
 }
+func (p *physicalSession) DigestKey(ctx context.Context, key uint) error {
+	return p.ss.DigestKey(ctx, oh(key))
+}
 func (p *physicalSession) DigestFinal(ctx context.Context) ([]byte, error) {
 	return p.ss.DigestFinal(ctx)
 }

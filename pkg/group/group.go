@@ -151,10 +151,11 @@ type Group struct {
 	// roster is the membership now; replaced whole under memberMu.
 	roster   atomic.Pointer[roster]
 	memberMu gosync.Mutex
-	retiring memberSet     // indexes of removed members still draining; guarded by memberMu
-	epochs   atomic.Uint64 // epoch source shared by every member
-	width    atomic.Int64  // 1 + the highest member index in use
-	limited  gosync.Map    // member name → struct{}: missing mechanisms reported
+	retiring memberSet                 // indexes of removed members still draining; guarded by memberMu
+	epochs   atomic.Uint64             // epoch source shared by every member
+	width    atomic.Int64              // 1 + the highest member index in use
+	limited  gosync.Map                // member name → struct{}: missing mechanisms reported
+	model    atomic.Pointer[[2]string] // token manufacturer and model last reported (tokenModel)
 
 	events     EventSink
 	tombstones Tombstones

@@ -54,12 +54,8 @@ func (g *Group) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 		infos[m.Index()], err = m.Slot().TokenInfo(ctx)
 		return err
 	})
-	ti := pkcs11.TokenInfo{
-		Label:          g.label,
-		ManufacturerID: "hagroup",
-		Model:          "HA virtual slot",
-		SerialNumber:   g.serial,
-	}
+	ti := pkcs11.TokenInfo{Label: g.label, SerialNumber: g.serial}
+	ti.ManufacturerID, ti.Model = g.tokenModel(answered, infos)
 	if len(answered) == 0 {
 		ti.Flags = pkcs11.CKF_TOKEN_INITIALIZED | pkcs11.CKF_LOGIN_REQUIRED | pkcs11.CKF_USER_PIN_INITIALIZED
 		ti.MaxSessionCount, ti.SessionCount = ckUnavailable, ckUnavailable
@@ -99,6 +95,46 @@ func (g *Group) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 	return ti, nil
 }
 
+// Fallback token identity, for a group whose members are of different
+// models (no one token's quirks apply to it) or were never reached.
+const (
+	MixedManufacturer = "hagroup"
+	MixedModel        = "HA virtual slot"
+)
+
+// tokenModel returns the manufacturer and model the virtual token reports:
+// its members' when they all agree, since the group passes every operation
+// to them and an application working around a token's quirks by
+// ManufacturerID meets exactly theirs; else MixedManufacturer and
+// MixedModel. The last agreed answer stands while no member answers, so
+// the token does not change identity during an outage.
+func (g *Group) tokenModel(answered []*member.Member, infos []pkcs11.TokenInfo) (string, string) {
+	if len(answered) == 0 {
+		if id := g.model.Load(); id != nil {
+			return id[0], id[1]
+		}
+		return MixedManufacturer, MixedModel
+	}
+	got := make([]pkcs11.TokenInfo, len(answered))
+	for i, m := range answered {
+		got[i] = infos[m.Index()]
+	}
+	id := agreedModel(got)
+	g.model.Store(&id)
+	return id[0], id[1]
+}
+
+// agreedModel is the manufacturer and model of tokens that agree on both,
+// else MixedManufacturer and MixedModel.
+func agreedModel(infos []pkcs11.TokenInfo) [2]string {
+	for _, in := range infos[1:] {
+		if in.ManufacturerID != infos[0].ManufacturerID || in.Model != infos[0].Model {
+			return [2]string{MixedManufacturer, MixedModel}
+		}
+	}
+	return [2]string{infos[0].ManufacturerID, infos[0].Model}
+}
+
 func sumCount(a, b uint) uint {
 	if a == ckUnavailable || b == ckUnavailable {
 		return ckUnavailable
@@ -120,7 +156,9 @@ func minCount(a, b uint) uint {
 }
 
 // Mechanisms returns the mechanisms every serving member supports (a
-// mechanism only some members have would fail after a failover).
+// mechanism only some members have would fail after a failover), in the
+// order the primary lists them: applications pick "the first mechanism
+// that does X" as they would on the member token.
 func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
 	if err := g.gate.enter(); err != nil {
 		return nil, err
@@ -134,12 +172,15 @@ func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
 	if len(answered) == 0 {
 		return nil, wrap(ErrNoMember, "Mechanisms", "", nil)
 	}
-	out := slices.Clone(lists[answered[0].Index()])
-	for _, m := range answered[1:] {
+	first := answered[0]
+	if p := g.primary(); p != nil && slices.Contains(answered, p) {
+		first = p
+	}
+	out := slices.Clone(lists[first.Index()])
+	for _, m := range answered {
 		l := lists[m.Index()]
 		out = slices.DeleteFunc(out, func(x uint) bool { return !slices.Contains(l, x) })
 	}
-	slices.Sort(out)
 	return out, nil
 }
 

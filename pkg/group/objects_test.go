@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -454,6 +455,10 @@ func TestTokenInfoSynthesised(t *testing.T) {
 	if ti.Label != f.g.Label() || ti.SerialNumber != f.g.Serial() {
 		t.Errorf("label/serial %q/%q, want %q/%q", ti.Label, ti.SerialNumber, f.g.Label(), f.g.Serial())
 	}
+	// The members agree on their model: the token behind the group shows.
+	if ti.ManufacturerID != phys.ManufacturerID || ti.Model != phys.Model || !strings.HasPrefix(phys.Model, "SoftHSM") {
+		t.Errorf("manufacturer/model %q/%q, want the members' %q/%q", ti.ManufacturerID, ti.Model, phys.ManufacturerID, phys.Model)
+	}
 	if ti.Flags&pkcs11.CKF_TOKEN_INITIALIZED == 0 || ti.Flags&pkcs11.CKF_LOGIN_REQUIRED == 0 || ti.Flags&pkcs11.CKF_RNG == 0 {
 		t.Errorf("flags 0x%x", ti.Flags)
 	}
@@ -466,6 +471,15 @@ func TestTokenInfoSynthesised(t *testing.T) {
 	mechs, err := f.g.Mechanisms(ctx)
 	if err != nil || len(mechs) == 0 {
 		t.Fatalf("Mechanisms: %v", err)
+	}
+	// In the primary's order, as applications pick the first that fits.
+	primary, _ := f.g.Member(f.g.Primary())
+	own, err := primary.Slot().Mechanisms(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(mechs, own) || slices.IsSorted(own) {
+		t.Errorf("mechanisms %#x, want the primary's own unsorted list %#x", mechs, own)
 	}
 	found := false
 	for _, m := range mechs {

@@ -589,11 +589,19 @@ func initOn(ctx context.Context, k opKind, ps *slot.Session, mech *pkcs11.Mechan
 // ErrMemberLost (CKR_DEVICE_ERROR), the member is failed, and the
 // application must start again.
 func (s *Session) step(ctx context.Context, k opKind, final bool, fn func(ps *slot.Session) ([]byte, error)) ([]byte, error) {
-	g := s.g
 	opName := opNames[k] + "Update"
 	if final {
 		opName = opNames[k] + "Final"
 	}
+	return s.stepWith(ctx, k, opName, final, nil, func(ps *slot.Session, _ pkcs11.ObjectHandle) ([]byte, error) { return fn(ps) })
+}
+
+// stepWith is step for a call that also names an object (C_DigestKey's
+// key): with is resolved on the operation's member, which, when the
+// operation is not pinned yet, is one that holds it.
+func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final bool, with *vobject,
+	fn func(ps *slot.Session, h pkcs11.ObjectHandle) ([]byte, error)) ([]byte, error) {
+	g := s.g
 	if err := g.gate.enter(); err != nil {
 		return nil, err
 	}
@@ -613,9 +621,22 @@ func (s *Session) step(ctx context.Context, k opKind, final bool, fn func(ps *sl
 			s.endOp(k)
 			return nil, wrap(ErrMemberLost, opName, m.Name(), nil)
 		}
+		var wh pkcs11.ObjectHandle
+		if with != nil {
+			var err error
+			if wh, err = g.resolve(ctx, with, m); err != nil {
+				if errors.Is(err, errAbsent) {
+					// Nothing reached the member: its operation goes
+					// on, as a token's does after a bad handle.
+					return nil, wrap(ErrKeyHandle, opName, m.Name(), err)
+				}
+				s.endOp(k)
+				return nil, opErr(opName, m.Name(), err)
+			}
+		}
 		var out []byte
 		class, err := g.call(ctx, m, func() (err error) {
-			out, err = fn(op.ps)
+			out, err = fn(op.ps, wh)
 			return err
 		})
 		switch {
@@ -637,29 +658,43 @@ func (s *Session) step(ctx context.Context, k opKind, final bool, fn func(ps *sl
 	for {
 		m := g.pick(skip)
 		if m == nil {
-			s.endOp(k)
 			if lastHealth == nil {
+				// When only with is held nowhere, nothing started:
+				// the operation goes on, as a token's does.
+				if with == nil || op.key != nil {
+					s.endOp(k)
+				}
 				return nil, wrap(ErrKeyHandle, opName, "", errors.New("no live member holds the key"))
 			}
+			s.endOp(k)
 			return nil, wrap(ErrNoMember, opName, "", lastHealth)
 		}
 		skip.add(m.Index())
-		var kh pkcs11.ObjectHandle
-		if op.key != nil {
+		var hs [2]pkcs11.ObjectHandle // the operation's key, then with
+		next := false
+		for i, o := range [2]*vobject{op.key, with} {
+			if o == nil {
+				continue
+			}
 			var err error
-			kh, err = g.resolve(ctx, op.key, m)
+			hs[i], err = g.resolve(ctx, o, m)
 			switch {
 			case err == nil:
-			case errors.Is(err, errAbsent):
 				continue
+			case errors.Is(err, errAbsent):
 			case slot.ClassOf(err) == slot.ClassHealth && !errors.Is(err, ErrConflict) && ctx.Err() == nil:
 				lastHealth = err
-				continue
 			default:
 				s.endOp(k)
 				return nil, opErr(opName, m.Name(), err)
 			}
+			next = true
+			break
 		}
+		if next {
+			continue
+		}
+		kh, wh := hs[0], hs[1]
 		var ps *slot.Session
 		var out []byte
 		ep := m.Epoch()
@@ -668,7 +703,7 @@ func (s *Session) step(ctx context.Context, k opKind, final bool, fn func(ps *sl
 				return err
 			}
 			if err = initOn(ctx, k, ps, op.mech, kh); err == nil {
-				out, err = fn(ps)
+				out, err = fn(ps, wh)
 			}
 			if err != nil {
 				ps.Close()
@@ -816,6 +851,23 @@ func (s *Session) Digest(ctx context.Context, data []byte) ([]byte, error) {
 // DigestUpdate feeds data to a multi-part digest.
 func (s *Session) DigestUpdate(ctx context.Context, data []byte) error {
 	_, err := s.step(ctx, opDigest, false, func(ps *slot.Session) ([]byte, error) { return nil, ps.DigestUpdate(ctx, data) })
+	return err
+}
+
+// DigestKey feeds the value of object key to a multi-part digest, on
+// the digest's member (chosen here among those holding the key when this
+// is the digest's first step).
+func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
+	const opName = "DigestKey"
+	// Any object the group holds goes to the member, which decides what
+	// it digests (SoftHSM digests a data object's value too).
+	o, ok := s.g.objs.get(key)
+	if !ok {
+		return wrap(ErrKeyHandle, opName, "", nil) // a token's digest survives a bad handle too
+	}
+	_, err := s.stepWith(ctx, opDigest, opName, false, o, func(ps *slot.Session, h pkcs11.ObjectHandle) ([]byte, error) {
+		return nil, ps.DigestKey(ctx, h)
+	})
 	return err
 }
 

@@ -79,13 +79,23 @@ func (e *encoder) frame() ([]byte, error) {
 	return e.b, nil
 }
 
-// encoder appends values: unsigned integers as uvarints, byte strings as
-// a length and the bytes.
+// encoder appends values: unsigned integers as uvarints, strings as a
+// length and the bytes, byte strings as 0 for nil or 1 + length and the
+// bytes, so that an empty output (a C_EncryptFinal of CBC_PAD with nothing
+// left) arrives empty, not as no output.
 type encoder struct{ b []byte }
 
 func (e *encoder) uint(v uint)     { e.b = binary.AppendUvarint(e.b, uint64(v)) }
-func (e *encoder) bytes(p []byte)  { e.uint(uint(len(p))); e.b = append(e.b, p...) }
 func (e *encoder) string(s string) { e.uint(uint(len(s))); e.b = append(e.b, s...) }
+
+func (e *encoder) bytes(p []byte) {
+	if p == nil {
+		e.uint(0)
+		return
+	}
+	e.uint(uint(len(p)) + 1)
+	e.b = append(e.b, p...)
+}
 
 func (e *encoder) bool(v bool) {
 	if v {
@@ -152,22 +162,35 @@ func (d *decoder) bool() bool {
 	return v == 1
 }
 
-// bytes returns a byte string (nil when empty).
+// bytes returns a byte string: nil, or empty, as it was encoded.
 func (d *decoder) bytes() []byte {
 	n := d.uint()
+	if n == 0 {
+		return nil
+	}
+	n--
 	if n > uint(len(d.b)) {
 		d.fail(errShort)
 		return nil
 	}
 	if n == 0 {
-		return nil
+		return []byte{}
 	}
 	p := d.b[:n:n]
 	d.b = d.b[n:]
 	return p
 }
 
-func (d *decoder) string() string { return string(d.bytes()) }
+func (d *decoder) string() string {
+	n := d.uint()
+	if n > uint(len(d.b)) {
+		d.fail(errShort)
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
 
 // count reads the length of a list of at most max elements, each at
 // least one byte long.

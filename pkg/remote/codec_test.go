@@ -62,6 +62,33 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 }
 
+// An empty output (C_EncryptFinal of CBC_PAD after whole blocks) arrives
+// empty and no output arrives nil: the module delivers the one and asks
+// again for the other.
+func TestCodecEmptyIsNotNil(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		data []byte
+	}{{"nil", nil}, {"empty", []byte{}}, {"one byte", []byte{0}}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newFrame()
+			(&response{ID: 1, Data: c.data, Attrs: []*pkcs11.Attribute{{Type: pkcs11.CKA_LABEL, Value: c.data}}}).encode(e)
+			var r response
+			d := &decoder{b: frameBody(t, e)}
+			r.decode(d)
+			if err := d.end(); err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			if (r.Data == nil) != (c.data == nil) || !bytes.Equal(r.Data, c.data) {
+				t.Errorf("Data %#v arrived as %#v", c.data, r.Data)
+			}
+			if v := r.Attrs[0].Value; (v == nil) != (c.data == nil) || !bytes.Equal(v, c.data) {
+				t.Errorf("attribute value %#v arrived as %#v", c.data, v)
+			}
+		})
+	}
+}
+
 // frameBody returns e's frame without its header, checking the header.
 func frameBody(t *testing.T, e *encoder) []byte {
 	t.Helper()

@@ -19,8 +19,9 @@ import (
 
 // ProtocolVersion is the version of the request/response protocol. A server
 // refuses a client of another version with a welcome naming both.
-// Version 1 was encoding/gob, unbounded.
-const ProtocolVersion = 2
+// Version 1 was encoding/gob, unbounded; version 2 did not tell an empty
+// byte string from none.
+const ProtocolVersion = 3
 
 // magic opens every connection.
 const magic = "hagroup-remote"

@@ -319,6 +319,24 @@ func (ss *Session) DigestUpdate(ctx context.Context, data []byte) error {
 	return ss.call(ctx, OpDigestUpdate, false, func(x *sess) error { return x.ctx.DigestUpdate(x.h, data) })
 }
 
+// keyDigester is a module that can digest a key's value (miekg's context
+// can; the hsmserve protocol carries no C_DigestKey).
+type keyDigester interface {
+	DigestKey(sh pkcs11.SessionHandle, key pkcs11.ObjectHandle) error
+}
+
+// DigestKey feeds the value of key to the digest; a module
+// that cannot carry it answers CKR_FUNCTION_NOT_SUPPORTED.
+func (ss *Session) DigestKey(ctx context.Context, key pkcs11.ObjectHandle) error {
+	return ss.call(ctx, OpDigestKey, false, func(x *sess) error {
+		dk, ok := x.ctx.(keyDigester)
+		if !ok {
+			return pkcs11.Error(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
+		}
+		return dk.DigestKey(x.h, key)
+	})
+}
+
 // DigestFinal finishes the digest and returns it.
 func (ss *Session) DigestFinal(ctx context.Context) ([]byte, error) {
 	var out []byte

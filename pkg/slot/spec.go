@@ -50,6 +50,7 @@ const (
 	OpDecryptFinal    Op = "DecryptFinal"
 	OpDigestInit      Op = "DigestInit"
 	OpDigestUpdate    Op = "DigestUpdate"
+	OpDigestKey       Op = "DigestKey"
 	OpDigestFinal     Op = "DigestFinal"
 )
 

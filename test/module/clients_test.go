@@ -23,7 +23,7 @@ func TestP11tool(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	r.keypair("ec1", "01")
 	tokens := r.mustRun(time.Minute, "p11tool", "--provider", r.lib, "--list-tokens")
-	if !containsAll(tokens, "Label: signing", "Serial: 1000001", "Manufacturer: hagroup", "Model: hagroup") {
+	if !containsAll(tokens, "Label: signing", "Serial: 1000001", "Manufacturer: SoftHSM project", "Model: SoftHSM v2") {
 		t.Errorf("p11tool --list-tokens does not show the virtual token:\n%s", tokens)
 	}
 	objs := r.mustRun(time.Minute, "p11tool", "--provider", r.lib, "--login", "--list-all", "pkcs11:token=signing")

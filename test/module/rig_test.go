@@ -136,7 +136,10 @@ type rigOpts struct {
 	remote bool   // the last member is served by hagroup's hsmserve (hagroup-remote: module path)
 	ecKey  string // "LABEL,IDHEX": an EC key pair made through the engine with every member reached directly
 	solo   bool   // with served or remote: the served member is the only one
-	mode   string // recovery_mode; "": the default (activeBasic)
+	// allRemote: every one of the three members is served by hsmserve
+	// (r.served is the last).
+	allRemote bool
+	mode      string // recovery_mode; "": the default (activeBasic)
 }
 
 // newRig makes three members (two in-process SoftHSM tokens and, with
@@ -181,7 +184,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 	if o.served || o.remote {
 		local = 2
 	}
-	if o.solo {
+	if o.solo || o.allRemote {
 		local = 0
 	}
 	for i := 0; i < local; i++ {
@@ -199,10 +202,15 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		// hsmserve carries CKM_AES_KEY_WRAP_PAD and nested templates, so
 		// the domain key and private keys reach this member through its
 		// server like any other.
-		r.served = testhsm.ServeRemote(t, "ha-2")
-		tok := r.served.Token()
-		tok.Name = "hsm-2"
-		r.members = append(r.members, tok)
+		for i := local; i < 3; i++ {
+			if o.solo && i < 2 {
+				continue
+			}
+			r.served = testhsm.ServeRemote(t, fmt.Sprintf("ha-%d", i))
+			tok := r.served.Token()
+			tok.Name = fmt.Sprintf("hsm-%d", i)
+			r.members = append(r.members, tok)
+		}
 	}
 	r.mode = o.mode
 	r.conf = r.write("hagroup.toml", r.config(o.only, r.members))

@@ -1,0 +1,274 @@
+/*
+ * conform.c — one PKCS#11 call sequence, printed so that two modules'
+ * answers can be compared line for line: every CKR code, length and
+ * output, never a handle (handles differ between a group and a token).
+ *
+ *   conform MODULE TOKEN_LABEL PIN_FILE PART...
+ *
+ * Parts: info (token manufacturer and model), mechs (C_GetMechanismList
+ * in order), cbc (AES-CBC-PAD multi-part encryption and decryption with a
+ * length query before every Update and Final), digestkey (C_DigestKey
+ * inside a SHA-256 digest, and its error cases). cbc and digestkey log in
+ * and make an AES key of a fixed value, destroyed at the end.
+ */
+#include "common.h"
+
+static CK_FUNCTION_LIST_PTR f;
+
+/* rv prints a call's name and result; returns the result. */
+static CK_RV rv(const char *what, CK_RV r)
+{
+	printf("%s rv=0x%lx\n", what, (unsigned long)r);
+	return r;
+}
+
+static void hex(const char *what, const CK_BYTE *b, CK_ULONG n)
+{
+	printf("%s len=%lu ", what, (unsigned long)n);
+	for (CK_ULONG i = 0; i < n; i++)
+		printf("%02x", b[i]);
+	printf("\n");
+}
+
+/* padded compares a blank-padded PKCS#11 string with s. */
+static int padded_is(const CK_UTF8CHAR *p, size_t size, const char *s)
+{
+	size_t n = strlen(s);
+	if (n > size || memcmp(p, s, n) != 0)
+		return 0;
+	for (size_t i = n; i < size; i++)
+		if (p[i] != ' ')
+			return 0;
+	return 1;
+}
+
+static CK_SLOT_ID find_slot(const char *label)
+{
+	CK_SLOT_ID ids[64];
+	CK_ULONG n = 64;
+	CHECK(f->C_GetSlotList(CK_TRUE, ids, &n));
+	for (CK_ULONG i = 0; i < n; i++) {
+		CK_TOKEN_INFO ti;
+		if (f->C_GetTokenInfo(ids[i], &ti) == CKR_OK && padded_is(ti.label, sizeof ti.label, label))
+			return ids[i];
+	}
+	fprintf(stderr, "FATAL no token labelled %s\n", label);
+	exit(2);
+}
+
+static void part_info(CK_SLOT_ID slot)
+{
+	CK_TOKEN_INFO ti;
+	CHECK(f->C_GetTokenInfo(slot, &ti));
+	printf("token manufacturer=%.32s model=%.16s\n", ti.manufacturerID, ti.model);
+}
+
+static void part_mechs(CK_SLOT_ID slot)
+{
+	CK_MECHANISM_TYPE m[512];
+	CK_ULONG n = 512;
+	CHECK(f->C_GetMechanismList(slot, m, &n));
+	for (CK_ULONG i = 0; i < n; i++)
+		printf("mech 0x%lx\n", (unsigned long)m[i]);
+}
+
+static CK_OBJECT_HANDLE make_key(CK_SESSION_HANDLE s)
+{
+	static CK_BYTE value[16] = {0x2b, 0x7e, 0x15, 0x16, 0x28, 0xae, 0xd2, 0xa6,
+				    0xab, 0xf7, 0x15, 0x88, 0x09, 0xcf, 0x4f, 0x3c};
+	CK_OBJECT_CLASS cls = CKO_SECRET_KEY;
+	CK_KEY_TYPE kt = CKK_AES;
+	CK_BBOOL yes = CK_TRUE, no = CK_FALSE;
+	char label[64];
+	snprintf(label, sizeof label, "conform-%d", (int)getpid());
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_KEY_TYPE, &kt, sizeof kt},
+		{CKA_TOKEN, &yes, sizeof yes},
+		{CKA_PRIVATE, &yes, sizeof yes},
+		{CKA_SENSITIVE, &no, sizeof no},
+		{CKA_EXTRACTABLE, &yes, sizeof yes},
+		{CKA_ENCRYPT, &yes, sizeof yes},
+		{CKA_DECRYPT, &yes, sizeof yes},
+		{CKA_LABEL, label, strlen(label)},
+		{CKA_ID, "cf", 2},
+		{CKA_VALUE, value, sizeof value},
+	};
+	CK_OBJECT_HANDLE k;
+	CHECK(f->C_CreateObject(s, t, sizeof t / sizeof t[0], &k));
+	return k;
+}
+
+typedef CK_RV (*updateFn)(CK_SESSION_HANDLE, CK_BYTE_PTR, CK_ULONG, CK_BYTE_PTR, CK_ULONG_PTR);
+typedef CK_RV (*finalFn)(CK_SESSION_HANDLE, CK_BYTE_PTR, CK_ULONG_PTR);
+
+/*
+ * multi runs one multi-part operation over in, cut at cuts: each Update
+ * and the Final first asked for its length (NULL buffer), then given a
+ * buffer of exactly that length. Returns the output's length in out.
+ */
+static CK_ULONG multi(const char *name, CK_SESSION_HANDLE s, updateFn up, finalFn fin,
+		      const CK_BYTE *in, const CK_ULONG *cuts, int ncuts, CK_BYTE *out)
+{
+	CK_ULONG total = 0, at = 0;
+	char what[64];
+	for (int i = 0; i < ncuts; i++) {
+		CK_ULONG n = 0;
+		snprintf(what, sizeof what, "%s update %d query", name, i);
+		if (rv(what, up(s, (CK_BYTE_PTR)in + at, cuts[i], NULL, &n)) != CKR_OK)
+			return total;
+		printf("%s len=%lu\n", what, (unsigned long)n);
+		snprintf(what, sizeof what, "%s update %d", name, i);
+		if (rv(what, up(s, (CK_BYTE_PTR)in + at, cuts[i], out + total, &n)) != CKR_OK)
+			return total;
+		hex(what, out + total, n);
+		total += n;
+		at += cuts[i];
+	}
+	CK_ULONG n = 0;
+	snprintf(what, sizeof what, "%s final query", name);
+	if (rv(what, fin(s, NULL, &n)) != CKR_OK)
+		return total;
+	printf("%s len=%lu\n", what, (unsigned long)n);
+	snprintf(what, sizeof what, "%s final", name);
+	if (rv(what, fin(s, out + total, &n)) != CKR_OK)
+		return total;
+	hex(what, out + total, n);
+	total += n;
+	snprintf(what, sizeof what, "%s final again", name);
+	rv(what, fin(s, out + total, &n));
+	return total;
+}
+
+static void part_cbc(CK_SESSION_HANDLE s, CK_OBJECT_HANDLE key)
+{
+	CK_BYTE iv[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+	CK_MECHANISM m = {CKM_AES_CBC_PAD, iv, sizeof iv};
+	CK_BYTE plain[64], ct[96], back[96];
+	for (int i = 0; i < 64; i++)
+		plain[i] = (CK_BYTE)(i * 7 + 1);
+	/* 37 bytes: a partial block left for the final; 32: whole blocks, so
+	 * the decryption's last Update holds a block back and its Final
+	 * returns nothing; 5: every Update returns nothing. */
+	struct {
+		const char *name;
+		CK_ULONG cuts[4];
+		int ncuts;
+	} cases[] = {
+		{"partial", {16, 5, 16}, 3},
+		{"blocks", {16, 16}, 2},
+		{"short", {5}, 1},
+	};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		char name[64];
+		CK_ULONG len = 0;
+		for (int i = 0; i < cases[c].ncuts; i++)
+			len += cases[c].cuts[i];
+		snprintf(name, sizeof name, "%s encrypt", cases[c].name);
+		if (rv(name, f->C_EncryptInit(s, &m, key)) != CKR_OK)
+			continue;
+		CK_ULONG n = multi(name, s, f->C_EncryptUpdate, f->C_EncryptFinal, plain, cases[c].cuts, cases[c].ncuts, ct);
+		hex(name, ct, n);
+		/* Decrypt in 16-byte parts (the last one shorter if need be). */
+		CK_ULONG dcuts[8];
+		int nd = 0;
+		for (CK_ULONG at = 0; at < n; at += 16)
+			dcuts[nd++] = n - at < 16 ? n - at : 16;
+		snprintf(name, sizeof name, "%s decrypt", cases[c].name);
+		if (rv(name, f->C_DecryptInit(s, &m, key)) != CKR_OK)
+			continue;
+		CK_ULONG p = multi(name, s, f->C_DecryptUpdate, f->C_DecryptFinal, ct, dcuts, nd, back);
+		printf("%s round trip %s\n", cases[c].name, p == len && memcmp(back, plain, len) == 0 ? "equal" : "DIFFERENT");
+	}
+}
+
+static void part_digestkey(CK_SESSION_HANDLE s, CK_OBJECT_HANDLE key)
+{
+	CK_MECHANISM m = {CKM_SHA256, NULL, 0};
+	CK_BYTE out[32];
+	CK_ULONG n;
+	rv("digestkey without init", f->C_DigestKey(s, key));
+	rv("digest init", f->C_DigestInit(s, &m));
+	rv("digest update", f->C_DigestUpdate(s, (CK_BYTE_PTR) "abc", 3));
+	rv("digestkey", f->C_DigestKey(s, key));
+	n = sizeof out;
+	if (rv("digest final", f->C_DigestFinal(s, out, &n)) == CKR_OK)
+		hex("digest", out, n);
+	/* The key first: the digest is placed where the key is. */
+	rv("digest init", f->C_DigestInit(s, &m));
+	rv("digestkey first", f->C_DigestKey(s, key));
+	rv("digest update", f->C_DigestUpdate(s, (CK_BYTE_PTR) "abc", 3));
+	n = sizeof out;
+	if (rv("digest final", f->C_DigestFinal(s, out, &n)) == CKR_OK)
+		hex("digest", out, n);
+	/* A handle that is no key, then whether the digest survived it. */
+	rv("digest init", f->C_DigestInit(s, &m));
+	rv("digestkey bad handle", f->C_DigestKey(s, 0x7ffff0));
+	n = sizeof out;
+	if (rv("digest final after bad handle", f->C_DigestFinal(s, out, &n)) == CKR_OK)
+		hex("digest", out, n);
+	/* An object that is no key. */
+	CK_OBJECT_CLASS cls = CKO_DATA;
+	CK_BBOOL no = CK_FALSE;
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_TOKEN, &no, sizeof no},
+		{CKA_LABEL, "conform-data", 12},
+		{CKA_VALUE, "data", 4},
+	};
+	CK_OBJECT_HANDLE data;
+	CHECK(f->C_CreateObject(s, t, sizeof t / sizeof t[0], &data));
+	rv("digest init", f->C_DigestInit(s, &m));
+	rv("digest update", f->C_DigestUpdate(s, (CK_BYTE_PTR) "abc", 3));
+	rv("digestkey data object", f->C_DigestKey(s, data));
+	n = sizeof out;
+	if (rv("digest final after data object", f->C_DigestFinal(s, out, &n)) == CKR_OK)
+		hex("digest", out, n);
+	CHECK(f->C_DestroyObject(s, data));
+}
+
+int main(int argc, char **argv)
+{
+	char pin[256];
+	if (argc < 5) {
+		fprintf(stderr, "usage: conform MODULE TOKEN_LABEL PIN_FILE PART...\n");
+		return 2;
+	}
+	f = load_module(argv[1], NULL);
+	CHECK(f->C_Initialize(NULL));
+	CK_SLOT_ID slot = find_slot(argv[2]);
+	CK_ULONG pinLen = read_pin(argv[3], pin, sizeof pin);
+	CK_SESSION_HANDLE s = CK_INVALID_HANDLE;
+	CK_OBJECT_HANDLE key = CK_INVALID_HANDLE;
+	for (int i = 4; i < argc; i++) {
+		const char *part = argv[i];
+		if (strcmp(part, "info") == 0) {
+			part_info(slot);
+			continue;
+		}
+		if (strcmp(part, "mechs") == 0) {
+			part_mechs(slot);
+			continue;
+		}
+		if (s == CK_INVALID_HANDLE) {
+			CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION | CKF_RW_SESSION, NULL, NULL, &s));
+			CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinLen));
+			key = make_key(s);
+		}
+		if (strcmp(part, "cbc") == 0)
+			part_cbc(s, key);
+		else if (strcmp(part, "digestkey") == 0)
+			part_digestkey(s, key);
+		else {
+			fprintf(stderr, "FATAL unknown part %s\n", part);
+			return 2;
+		}
+	}
+	memset(pin, 0, sizeof pin);
+	if (s != CK_INVALID_HANDLE) {
+		CHECK(f->C_DestroyObject(s, key));
+		CHECK(f->C_CloseSession(s));
+	}
+	CHECK(f->C_Finalize(NULL));
+	return 0;
+}
