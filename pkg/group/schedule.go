@@ -148,22 +148,10 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 	return class, class == slot.ClassHealth && out.Fail, err
 }
 
-// ambiguous reports whether a health-class error may as well be the
-// request's fault: CKR_GENERAL_ERROR and CKR_FUNCTION_FAILED, which tokens
-// also return for requests they dislike (SoftHSM, for one). A member is
-// failed for one only once another member has served the same request;
-// if every member says the same, the request is wrong and nobody is
-// failed.
-func ambiguous(err error) bool {
-	if errors.Is(err, slot.ErrTimeout) {
-		return false
-	}
-	switch slot.CodeOf(err) {
-	case pkcs11.CKR_GENERAL_ERROR, pkcs11.CKR_FUNCTION_FAILED:
-		return true
-	}
-	return false
-}
+// ambiguous is slot.Ambiguous: a member is failed for such an error only
+// once another member has served the same request; if every member says
+// the same, the request is wrong and nobody is failed.
+func ambiguous(err error) bool { return slot.Ambiguous(err) }
 
 // lostLogin reports whether err says a member is not logged in while the
 // group is.

@@ -399,3 +399,21 @@ func isSessionFatal(err error) bool {
 	}
 	return ClassOf(err) == ClassHealth
 }
+
+// Ambiguous reports whether a health-class error may as well be the
+// request's or a passing moment's fault: CKR_GENERAL_ERROR and
+// CKR_FUNCTION_FAILED, which tokens also return for requests they dislike,
+// and SoftHSM for a C_GetTokenInfo that meets another process's C_Login
+// rewriting the token file. The engine fails a member for one only once it
+// is confirmed: another member served the same request, or the same probe
+// failed so again.
+func Ambiguous(err error) bool {
+	if errors.Is(err, ErrTimeout) {
+		return false
+	}
+	switch CodeOf(err) {
+	case pkcs11.CKR_GENERAL_ERROR, pkcs11.CKR_FUNCTION_FAILED:
+		return true
+	}
+	return false
+}

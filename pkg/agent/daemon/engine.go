@@ -12,6 +12,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/slot"
 )
 
 // Engine is one running group as the daemon drives it. The real one wraps
@@ -61,4 +62,7 @@ type Opener func(ctx context.Context, g config.Group, s config.Settings, env Env
 type Env struct {
 	// StateDir is the agent's state directory (tombstones, checkpoints).
 	StateDir string
+	// Interceptor is passed to every member's slot: fault injection at the
+	// pkg/slot boundary in tests; nil in production.
+	Interceptor slot.Interceptor
 }

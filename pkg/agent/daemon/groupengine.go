@@ -30,6 +30,9 @@ type groupEngine struct {
 	cfg    config.Group         // as last applied; guarded by mu
 	set    config.Settings      // guarded by mu
 	tokens map[string]tokenSeen // member → what its last successful probe saw
+	// doubted holds the members whose last probe answered an ambiguous
+	// error (slot.Ambiguous): the next such answer fails them.
+	doubted map[string]bool
 }
 
 type tokenSeen struct {
@@ -51,9 +54,10 @@ func engineSettings(s config.Settings) config.Settings {
 // member down at start-up starts failed and is recovered later), logs in
 // the members that have a PIN source, and starts recovery.
 func OpenGroup(ctx context.Context, g config.Group, s config.Settings, env Env, emit func(agent.Event)) (Engine, error) {
-	ge := &groupEngine{label: g.Label, cfg: g, set: s, emit: emit, tokens: map[string]tokenSeen{}}
+	ge := &groupEngine{label: g.Label, cfg: g, set: s, emit: emit, tokens: map[string]tokenSeen{}, doubted: map[string]bool{}}
 	h, err := ha.Open(ctx, g, engineSettings(s), ha.Options{
 		StateDir:       env.StateDir,
+		Interceptor:    env.Interceptor,
 		Events:         group.EventFunc(ge.onGroupEvent),
 		RecoveryEvents: ge.onRecoverEvent,
 	})
@@ -193,14 +197,35 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 			case err == nil:
 				ge.mu.Lock()
 				ge.tokens[s.Name] = tokenSeen{strings.TrimRight(info.Label, " "), strings.TrimRight(info.SerialNumber, " ")}
+				delete(ge.doubted, s.Name)
 				ge.mu.Unlock()
 			case ctx.Err() == nil && slot.ClassOf(err) == slot.ClassHealth:
-				ge.h.FailMember(s.Name, fmt.Errorf("health probe: %w", err))
+				if ge.confirmed(s.Name, err) {
+					ge.h.FailMember(s.Name, fmt.Errorf("health probe: %w", err))
+				}
 			}
 		})
 	}
 	wg.Wait()
 	return res
+}
+
+// confirmed reports whether a probe's health error on member name fails
+// it: at once, unless the error is ambiguous; an ambiguous one only when
+// the member's previous probe answered one too (SoftHSM answers a
+// C_GetTokenInfo with CKR_GENERAL_ERROR while another process logs in).
+func (ge *groupEngine) confirmed(name string, err error) bool {
+	if !slot.Ambiguous(err) {
+		return true
+	}
+	ge.mu.Lock()
+	defer ge.mu.Unlock()
+	if ge.doubted[name] {
+		delete(ge.doubted, name)
+		return true
+	}
+	ge.doubted[name] = true
+	return false
 }
 
 // Recover implements Engine.
