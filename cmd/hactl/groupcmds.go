@@ -1,7 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"os/user"
+	"strconv"
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -20,6 +24,7 @@ type memberFlags struct {
 	env         []string
 	pinFile     string
 	pinEnv      string
+	serverUser  string
 	noCheck     bool
 }
 
@@ -32,6 +37,7 @@ func (f *memberFlags) register(cmd *cobra.Command) {
 	fl.StringArrayVar(&f.env, "module-env", nil, "KEY=VALUE set while loading the module (repeatable; gives the member its own module context)")
 	fl.StringVar(&f.pinFile, "pin-file", "", "file holding the user PIN (never a PIN on the command line)")
 	fl.StringVar(&f.pinEnv, "pin-env", "", "environment variable holding the user PIN")
+	fl.StringVar(&f.serverUser, "server-uid", "", "for a module hagroup-remote:unix:PATH: the user (name or uid) hsmserve must run as (default: the user of each process using the group)")
 	fl.BoolVar(&f.noCheck, "no-check", false, "do not open the token to check it (it is not reachable from here)")
 	cmd.MarkFlagsOneRequired("token-label", "token-serial", "uri")
 	cmd.MarkFlagsMutuallyExclusive("token-label", "token-serial", "uri")
@@ -43,6 +49,13 @@ func (f *memberFlags) register(cmd *cobra.Command) {
 func (f *memberFlags) member() (config.Member, error) {
 	m := config.Member{Name: f.name, Module: f.module, TokenLabel: f.tokenLabel, TokenSerial: f.tokenSerial,
 		URI: f.uri, PINFile: f.pinFile, PINEnv: f.pinEnv}
+	if f.serverUser != "" {
+		uid, err := lookupUID(f.serverUser)
+		if err != nil {
+			return m, &usageError{fmt.Sprintf("--server-uid %q: %v", f.serverUser, err)}
+		}
+		m.ServerUID = &uid
+	}
 	for _, kv := range f.env {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
@@ -153,4 +166,19 @@ func newDeleteGroupCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("label")
 	return cmd
+}
+
+// lookupUID is the uid of a user given by name or number.
+func lookupUID(s string) (int64, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < 0 || n > math.MaxUint32 {
+			return 0, errors.New("not a user ID")
+		}
+		return n, nil
+	}
+	u, err := user.Lookup(s)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(u.Uid, 10, 64)
 }

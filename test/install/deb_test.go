@@ -164,6 +164,7 @@ func TestDebInstallRemovePurge(t *testing.T) {
 	checkVersions(t)
 	checkFiles(t)
 	checkConfig(t)
+	checkAgentDirs(t)
 	checkUnit(t)
 	checkModuleLoads(t)
 	pins := checkOperatorSession(t)
@@ -300,6 +301,39 @@ func checkConfig(t *testing.T) {
 	}
 	if gid := ownerGID(fi); gid != g.Gid {
 		t.Errorf("%s group %s, want hagroup (%s)", p, gid, g.Gid)
+	}
+}
+
+// checkAgentDirs: the state directory and the HA log's directory are the
+// agent's and set-group-ID, so a file an application running as root
+// makes there (a tombstone lock, the log without an agent) gets the group
+// hagroup and the agent can still open it.
+func checkAgentDirs(t *testing.T) {
+	g, err := user.LookupGroup("hagroup")
+	if err != nil {
+		t.Fatalf("the agent's group: %v", err)
+	}
+	for _, d := range agentDirs {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Errorf("after dpkg -i: %v", err)
+			continue
+		}
+		if want := os.ModeDir | os.ModeSetgid | 0o770; fi.Mode() != want {
+			t.Errorf("%s mode %v, want %v", d, fi.Mode(), want)
+		}
+		if gid := ownerGID(fi); gid != g.Gid {
+			t.Errorf("%s group %s, want hagroup (%s)", d, gid, g.Gid)
+		}
+		// What root makes there is the agent's group's.
+		f := filepath.Join(d, "made-by-root")
+		if err := os.WriteFile(f, nil, 0o660); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := os.Stat(f); err != nil || ownerGID(fi) != g.Gid {
+			t.Errorf("a file root makes in %s does not get the group hagroup (%v)", d, err)
+		}
+		os.Remove(f)
 	}
 }
 

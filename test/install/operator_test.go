@@ -51,7 +51,7 @@ func checkOperatorSession(t *testing.T) (pins []string) {
 	for _, d := range []struct {
 		path string
 		mode string
-	}{{"/run/hagroup", "0755"}, {"/var/lib/hagroup", "0770"}, {"/var/log/hagroup", "0750"}} {
+	}{{"/run/hagroup", "0755"}, {"/var/lib/hagroup", "2770"}, {"/var/log/hagroup", "2770"}} {
 		sh(t, "install", "-d", "-o", "hagroup", "-g", "hagroup", "-m", d.mode, d.path)
 	}
 	var log lockedBuffer
