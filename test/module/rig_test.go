@@ -236,7 +236,9 @@ func newRig(t *testing.T, o rigOpts) *rig {
 // config renders a configuration of group "signing" with members ms.
 func (r *rig) config(only bool, ms []testhsm.Token) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "[agent]\nstate_dir = %q\nlog_file = %q\n\n", filepath.Join(r.dir, "state"), r.logFile)
+	// A socket of the rig's own: the library reports to no agent on the
+	// default path (test/install runs one there) and logs to log_file.
+	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n", filepath.Join(r.dir, "no-agent.sock"), filepath.Join(r.dir, "state"), r.logFile)
 	fmt.Fprintf(&b, "[ha]\nonly = %v\ninterval = \"1s\"\ncommand_timeout = \"10s\"\n", only)
 	if r.mode != "" {
 		fmt.Fprintf(&b, "recovery_mode = %q\n", r.mode)

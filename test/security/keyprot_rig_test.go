@@ -260,7 +260,7 @@ func keyprotModule(t *testing.T, cfg config.Group) (lib string, env []string) {
 		t.Fatalf("build libhapkcs11.so: %v\n%s", err, out)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "[agent]\nstate_dir = %q\nlog_file = %q\n\n", filepath.Join(dir, "state"), filepath.Join(dir, "ha.log"))
+	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n", filepath.Join(dir, "no-agent.sock"), filepath.Join(dir, "state"), filepath.Join(dir, "ha.log"))
 	fmt.Fprintf(&b, "[ha]\ncommand_timeout = \"20s\"\n\n[[group]]\nlabel = %q\nserial = %q\n", cfg.Label, cfg.Serial)
 	for _, m := range cfg.Members {
 		fmt.Fprintf(&b, "\n  [[group.member]]\n  name = %q\n  module = %q\n  token_label = %q\n", m.Name, m.Module, m.TokenLabel)
