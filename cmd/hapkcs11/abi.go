@@ -109,7 +109,7 @@ func hapFinalize() (rv C.CK_RV) {
 	}
 	module.lib = nil
 	if err := l.finalize(); err != nil {
-		l.log.event("", "", "client-finalize-error", err.Error())
+		l.log.event("", "", "finalize_failed", err.Error())
 	}
 	l.log.close()
 	return C.CKR_OK

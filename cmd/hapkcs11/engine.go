@@ -92,7 +92,7 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			return nil, nil, fmt.Errorf("group %s: %w", gc.Label, err)
 		}
 		if terr := g.TombstoneError(); terr != nil {
-			log.event(gc.Label, "", "client-tombstones-in-memory", terr.Error())
+			log.event(gc.Label, "", "tombstones_in_memory", terr.Error())
 		}
 		groups = append(groups, g)
 		v.g = g
@@ -106,7 +106,7 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 	}
 	stats, err := startStats(os.Getenv, sources)
 	if err != nil {
-		log.event("", "", "client-stats-off", err.Error())
+		log.event("", "", "stats_off", err.Error())
 	}
 	return out, func() error { return errors.Join(stats.stop(), closeAll()) }, nil
 }

@@ -142,7 +142,7 @@ func logPanic(call string, r any, stack []byte) {
 	module.RUnlock()
 	detail := fmt.Sprintf("%s: panic: %v", call, r)
 	if l != nil {
-		l.log.event("", "", "client-panic", detail)
+		l.log.event("", "", "panic", detail)
 		l.log.debug("panic", "call", call, "panic", fmt.Sprint(r), "stack", string(stack))
 		return
 	}

@@ -38,7 +38,7 @@ func newLibrary() (*library, error) {
 	virt, closer, err := openGroups(ctx, cfg, log)
 	if err != nil {
 		cancel()
-		log.event("", "", "client-start-failed", err.Error())
+		log.event("", "", "start_failed", err.Error())
 		log.close()
 		return nil, ckErr(pkcs11.CKR_GENERAL_ERROR)
 	}
@@ -89,7 +89,7 @@ func newLibrary() (*library, error) {
 				continue
 			}
 			if j.tok.err != nil {
-				log.event(g.Label, j.member, "client-member-slot-absent", j.tok.err.Error())
+				log.event(g.Label, j.member, "member_slot_absent", j.tok.err.Error())
 			}
 			l.add(ids.take(physicalSlotID(cfg.Groups[gi].Serial, j.member)), j.tok)
 		}
