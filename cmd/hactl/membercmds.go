@@ -69,6 +69,9 @@ new member up with the group's objects and only then gives it work.`,
 			}
 			ctx := cmd.Context()
 			if !mf.noCheck {
+				if err := samePIN(m, g); err != nil {
+					return err
+				}
 				if err := agent.CheckToken(ctx, m, c.Settings(g), a.openSlot, a.listTokens); err != nil {
 					return err
 				}
@@ -192,4 +195,28 @@ func newStandbyCmd(a *app, on bool) *cobra.Command {
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagRequired("member")
 	return cmd
+}
+
+// samePIN checks that new's PIN source holds the user PIN the group's
+// members hold (a group has one user PIN: the application proves it on one
+// member, docs/DESIGN.md "Login"). Members whose source cannot be read
+// here (a pin_env of another environment) are not compared.
+func samePIN(m config.Member, g *config.Group) error {
+	pin, err := m.ReadPIN()
+	if err != nil || pin.Empty() {
+		return nil // the token check names a source that cannot be read
+	}
+	defer pin.Zero()
+	for _, o := range g.Members {
+		other, err := o.ReadPIN()
+		if err != nil || other.Empty() {
+			continue
+		}
+		same := pin.Equal(other)
+		other.Zero()
+		if !same {
+			return fmt.Errorf("member %q: its PIN source holds another user PIN than member %q's: every member of a group holds the same user PIN, the one applications present", m.Name, o.Name)
+		}
+	}
+	return nil
 }

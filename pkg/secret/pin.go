@@ -4,6 +4,7 @@
 package secret
 
 import (
+	"crypto/subtle"
 	"fmt"
 	"log/slog"
 )
@@ -38,6 +39,10 @@ func (p PIN) Reveal() string { return string(p.b) }
 func (p PIN) Empty() bool { return len(p.b) == 0 }
 
 // Clone returns an independent copy of p.
+// Equal reports whether p and q are the same PIN, in time that does not
+// depend on where they differ.
+func (p PIN) Equal(q PIN) bool { return subtle.ConstantTimeCompare(p.b, q.b) == 1 }
+
 func (p PIN) Clone() PIN { return NewPIN(p.b) }
 
 // Zero overwrites the PIN's bytes with zeros.
