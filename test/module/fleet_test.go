@@ -164,7 +164,13 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := strings.Replace(string(cfg), "[agent]\n", fmt.Sprintf("[agent]\nsocket = %q\nmetrics = \"127.0.0.1:0\"\n", sock), 1)
+	// The rig's config names a socket no agent listens on; this test's
+	// agent listens on sock.
+	noAgent := fmt.Sprintf("socket = %q\n", filepath.Join(r.dir, "no-agent.sock"))
+	if !strings.Contains(string(cfg), noAgent) {
+		t.Fatalf("the rig's config has no %q", noAgent)
+	}
+	conf := strings.Replace(string(cfg), noAgent, fmt.Sprintf("socket = %q\nmetrics = \"127.0.0.1:0\"\n", sock), 1)
 	conf = strings.Replace(conf, "[ha]\n", "[ha]\nprobe_interval = \"500ms\"\n", 1)
 	if err := os.WriteFile(r.conf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
