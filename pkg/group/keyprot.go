@@ -168,7 +168,7 @@ func (g *Group) present(ctx context.Context, o *vobject, attrs []slot.Attribute)
 			*a = boolAnswer(a.Type, g.wrapWithTrustedEverywhere(ctx, o))
 		case sensitiveTypes[a.Type] && (a.Status == pkcs11.CKR_OK || a.Status == pkcs11.CKR_ATTRIBUTE_SENSITIVE):
 			*a = slot.Attribute{Type: a.Type, Status: pkcs11.CKR_ATTRIBUTE_SENSITIVE}
-		case a.Type == pkcs11.CKA_VALUE_LEN && class == pkcs11.CKO_SECRET_KEY && a.Status == pkcs11.CKR_OK && ulongOf(a.Value) == 0:
+		case a.Type == pkcs11.CKA_VALUE_LEN && class == pkcs11.CKO_SECRET_KEY && a.Status == pkcs11.CKR_OK && ulong(a.Value) == 0:
 			a.Value = ulongBytes(g.valueLen(ctx, o))
 		}
 	}
@@ -183,16 +183,6 @@ func boolAnswer(t uint, v bool) slot.Attribute {
 }
 
 func ulongBytes(v uint) []byte { return binary.NativeEndian.AppendUint64(nil, uint64(v)) }
-
-func ulongOf(v []byte) uint {
-	switch len(v) {
-	case 8:
-		return uint(binary.NativeEndian.Uint64(v))
-	case 4:
-		return uint(binary.NativeEndian.Uint32(v))
-	}
-	return 0
-}
 
 // valueLen returns the length of the secret key o. SoftHSM answers 0 for
 // a key it unwrapped, which every replica is: the copy that was made by
@@ -227,7 +217,7 @@ func (g *Group) valueLenOn(ctx context.Context, o *vobject, m *member.Member) ui
 	if _, err := g.call(ctx, m, func() error {
 		attrs, err := m.Slot().GetAttributes(ctx, h, []uint{pkcs11.CKA_VALUE_LEN})
 		if err == nil && len(attrs) == 1 && attrs[0].Status == pkcs11.CKR_OK {
-			n = ulongOf(attrs[0].Value)
+			n = ulong(attrs[0].Value)
 		}
 		return err
 	}); err != nil || n > 0 || o.identity().KeyType != pkcs11.CKK_AES {
