@@ -143,19 +143,7 @@ serial = "1000001"
 // the whole group) are timed without a member label, and no series
 // anywhere carries member="".
 func TestMetricsBuildInfoAndNoEmptyMember(t *testing.T) {
-	tok := testhsm.Take(t, 1)[0]
-	ta := startAgent(t, `[agent]
-socket = "$SOCK"
-state_dir = "$STATE"
-metrics = "127.0.0.1:0"
-
-[ha]
-probe_interval = "100ms"
-
-[[group]]
-label = "g"
-serial = "1000001"
-`+memberTOML("a", tok, pinFile(t), false))
+	ta := metricsAgent(t)
 	ctx := t.Context()
 	if _, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g", Check: true}); err != nil {
 		t.Fatal(err)
@@ -193,4 +181,23 @@ func grepLines(body, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// metricsAgent runs an agent with a metrics listener and one group "g" of
+// one in-process member "a", probed every 100 ms.
+func metricsAgent(t *testing.T) *testAgent {
+	t.Helper()
+	tok := testhsm.Take(t, 1)[0]
+	return startAgent(t, `[agent]
+socket = "$SOCK"
+state_dir = "$STATE"
+metrics = "127.0.0.1:0"
+
+[ha]
+probe_interval = "100ms"
+
+[[group]]
+label = "g"
+serial = "1000001"
+`+memberTOML("a", tok, pinFile(t), false))
 }

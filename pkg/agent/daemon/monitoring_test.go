@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/agent"
 	"go.yaml.in/yaml/v3"
 )
@@ -102,19 +101,7 @@ func TestMonitoringConfigsNameExportedMetrics(t *testing.T) {
 		}
 	}
 
-	tok := testhsm.Take(t, 1)[0]
-	ta := startAgent(t, `[agent]
-socket = "$SOCK"
-state_dir = "$STATE"
-metrics = "127.0.0.1:0"
-
-[ha]
-probe_interval = "100ms"
-
-[[group]]
-label = "g"
-serial = "1000001"
-`+memberTOML("a", tok, pinFile(t), false))
+	ta := metricsAgent(t)
 	addr := ta.d.MetricsAddr()
 	// Histograms appear once observed: a probe, and a group-wide check.
 	if _, err := ta.d.Synchronize(t.Context(), agent.SyncRequest{Group: "g", Check: true}); err != nil {
