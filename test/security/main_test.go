@@ -12,7 +12,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 )
 
-// poolSize is how many in-process tokens the tests of this package may Take.
-const poolSize = 32
+// poolSize is how many in-process tokens the tests of this package may Take:
+// enough for go test -count=5 (one run takes 13).
+const poolSize = 80
 
 func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, poolSize)) }
