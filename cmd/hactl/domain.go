@@ -7,12 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	gosync "sync"
+	"sync"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/spf13/cobra"
 )
 
@@ -252,7 +252,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 			return err
 		}
 	}
-	var targets []hasync.DomainTarget
+	var targets []replica.DomainTarget
 	var names []string
 	defer func() {
 		for _, t := range targets {
@@ -271,7 +271,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 			pin.Zero()
 			return agent.NameMember(m.Name, err)
 		}
-		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
+		t := replica.DomainTarget{Slot: s, UserPIN: pin}
 		if !f.untrusted {
 			if src, ok := sources[m.Name]; ok {
 				so, err := src.read()
@@ -300,9 +300,9 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		targets = append(targets, t)
 		names = append(names, m.Name)
 	}
-	ceremony := hasync.InstallDomainKey
+	ceremony := replica.InstallDomainKey
 	if f.replace {
-		ceremony = hasync.ReplaceDomainKey
+		ceremony = replica.ReplaceDomainKey
 	}
 	if err := ceremony(ctx, targets, g.Serial); err != nil {
 		return fmt.Errorf("group %q: %w%s", f.group, err, p11kitHint(g.Members, err))
@@ -341,7 +341,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 	}
 	set := cfg.Settings(g)
 	res := domainCheck{SchemaVersion: agent.SchemaVersion, Group: f.group, Members: make([]domainCheckLine, len(g.Members))}
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for i, m := range g.Members {
 		wg.Go(func() { res.Members[i] = auditMember(ctx, a, m, set, g.Serial) })
 	}
@@ -362,7 +362,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 // auditMember opens member m logged in with its PIN source and audits its
 // domain key, within the group's command timeout.
 func auditMember(ctx context.Context, a *app, m config.Member, set config.Settings, serial string) domainCheckLine {
-	l := domainCheckLine{Member: m.Name, Label: hasync.DomainLabel(serial)}
+	l := domainCheckLine{Member: m.Name, Label: replica.DomainLabel(serial)}
 	fail := func(err error) domainCheckLine {
 		l.Status, l.Error = domainError, agent.NameMember(m.Name, err).Error()
 		return l
@@ -387,7 +387,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		return fail(err)
 	}
 	defer s.Close()
-	d, err := hasync.AuditDomainKey(ctx, s, serial)
+	d, err := replica.AuditDomainKey(ctx, s, serial)
 	if err != nil {
 		return fail(err)
 	}
@@ -407,7 +407,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		l.Status = domainOK
 	}
 	if d.Found {
-		l.CheckValue = hasync.FormatFingerprint(d.CheckValue)
+		l.CheckValue = replica.FormatFingerprint(d.CheckValue)
 	}
 	return l
 }
@@ -417,7 +417,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 // RPC (0.24) carries neither CKM_AES_KEY_WRAP_PAD nor nested attributes
 // such as the domain key's CKA_UNWRAP_TEMPLATE.
 func p11kitHint(members []config.Member, err error) string {
-	if !errors.Is(err, hasync.ErrMechanismUnavailable) {
+	if !errors.Is(err, replica.ErrMechanismUnavailable) {
 		return ""
 	}
 	var names []string

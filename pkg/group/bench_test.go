@@ -3,7 +3,7 @@ package group
 import (
 	"crypto/sha256"
 	"fmt"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,7 +164,7 @@ func BenchmarkFindAll(b *testing.B) {
 func fill(b *testing.B, toks []testhsm.Token, n int) {
 	b.Helper()
 	start := time.Now()
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for _, tok := range toks {
 		d := openDirect(b, tok)
 		var next atomic.Int64

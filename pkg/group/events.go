@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	gosync "sync"
+	"sync"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
+	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 )
 
 // EventKind names what happened.
@@ -63,7 +63,7 @@ const (
 	// and counts the object as out of sync.
 	ReplicationSkipped EventKind = "replication_skipped"
 	// DomainKeyWeak: a member's domain key could be made to decrypt what it
-	// wraps (Err, a *hasync.WeakDomainKeyError, names the key and each
+	// wraps (Err, a *replica.WeakDomainKeyError, names the key and each
 	// attribute at fault); nothing is replicated to or from the member
 	// until an operator replaces the key (hactl hagroup domain --replace).
 	// Reported once per member and set of flaws.
@@ -80,7 +80,7 @@ type Event struct {
 	// From and To are the member states of a member event.
 	From, To member.State
 	// Object is the identity of an object event.
-	Object hasync.Identity
+	Object replica.Identity
 	// Fingerprint of the object (or, for ConflictFound, one of the two).
 	Fingerprint []byte
 	// Other is the second fingerprint of a ConflictFound, or the other
@@ -117,14 +117,14 @@ type Tombstones interface {
 // account (a plan deletes a tombstoned version wherever it remains).
 // *tombstone.Journal and *MemoryTombstones implement it.
 type Reviver interface {
-	Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error)
+	Revive(ctx context.Context, id replica.Identity, fingerprint []byte) (int, error)
 }
 
 // MemoryTombstones is the default Tombstones: kept in memory for the life
 // of the group, for tests and programs without a state directory. Safe for
 // concurrent use.
 type MemoryTombstones struct {
-	mu  gosync.Mutex
+	mu  sync.Mutex
 	all []tombstone.Tombstone
 }
 
@@ -138,7 +138,7 @@ func (m *MemoryTombstones) Record(_ context.Context, t tombstone.Tombstone) erro
 
 // Revive revokes every tombstone of id + fingerprint not yet revoked
 // (see Reviver) and returns how many; a nil fingerprint revives nothing.
-func (m *MemoryTombstones) Revive(_ context.Context, id hasync.Identity, fingerprint []byte) (int, error) {
+func (m *MemoryTombstones) Revive(_ context.Context, id replica.Identity, fingerprint []byte) (int, error) {
 	if fingerprint == nil {
 		return 0, nil
 	}
@@ -170,7 +170,7 @@ func (m *MemoryTombstones) revokedLocked() map[string]bool {
 }
 
 // Snapshot returns the tombstones recorded so far and not revoked as a
-// set, for planning (pkg/recover's TombstoneSource).
+// set, for planning (pkg/recovery's TombstoneSource).
 func (m *MemoryTombstones) Snapshot(context.Context) (*tombstone.Set, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -11,8 +11,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -42,12 +42,12 @@ func Example() {
 
 	// Once per group: a domain key on every member, under which keys are
 	// replicated (`hactl hagroup domain` does this, trusted with the SO PIN).
-	var targets []hasync.DomainTarget
+	var targets []replica.DomainTarget
 	for _, m := range g.Members() {
 		mm, _ := g.Member(m.Name)
-		targets = append(targets, hasync.DomainTarget{Slot: mm.Slot()})
+		targets = append(targets, replica.DomainTarget{Slot: mm.Slot()})
 	}
-	if err := hasync.InstallDomainKey(ctx, targets, g.Serial()); err != nil {
+	if err := replica.InstallDomainKey(ctx, targets, g.Serial()); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -6,7 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,9 +73,9 @@ func signLoad(t *testing.T, signer *Signer, n, workers int, at func(done int64))
 	t.Helper()
 	pub := signer.Public().(*ecdsa.PublicKey)
 	var next, done atomic.Int64
-	var mu gosync.Mutex
+	var mu sync.Mutex
 	var res load
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			for {
@@ -137,7 +137,7 @@ func TestConcurrentSignaturesSurvivePrimaryFailure(t *testing.T) {
 	f := setup(t, setupOpts{interceptor: faults})
 	signer := ecSigner(t, f.g, "busy")
 	primary := f.g.Primary()
-	var once gosync.Once
+	var once sync.Once
 	res := signLoad(t, signer, 2000, 16, func(done int64) {
 		if done == 500 {
 			once.Do(func() { faults.FailAll(primary, errDevice) })
@@ -178,7 +178,7 @@ func TestHungMemberBoundedStall(t *testing.T) {
 	signer := ecSigner(t, f.g, "hung")
 	victim := f.toks[1].Name
 	t.Cleanup(func() { faults.Heal(victim) })
-	var once gosync.Once
+	var once sync.Once
 	var faultAt time.Time
 	res := signLoad(t, signer, 2000, 16, func(done int64) {
 		if done == 500 {
@@ -231,7 +231,7 @@ func TestStoppedRemoteMemberBoundedStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Cont)
-	var once gosync.Once
+	var once sync.Once
 	var faultAt time.Time
 	res := signLoad(t, signer, 2000, 16, func(done int64) {
 		if done == 500 {

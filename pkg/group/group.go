@@ -56,7 +56,7 @@
 // SetStandby, SetOrder): the membership is replaced whole, so the hot path
 // reads it with one atomic load and never waits for a change. A member
 // added joins as recovering — no work, no replicated objects — until the
-// caller has caught it up and activates it (pkg/recover's Admit; pkg/ha
+// caller has caught it up and activates it (pkg/recovery's Admit; pkg/ha
 // does both); a member removed takes no new work at once and is closed
 // once the calls in flight on it and the multi-part operations pinned to
 // it have ended.
@@ -94,15 +94,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -127,7 +127,7 @@ type Options struct {
 }
 
 // PINGuard remembers the members whose token refused the PIN the engine
-// logged them in with (pkg/recover's PINBlocks keeps it in the state
+// logged them in with (pkg/recovery's PINBlocks keeps it in the state
 // directory, for every process on the host). Its methods must be safe for
 // concurrent use and must not block for long.
 type PINGuard interface {
@@ -150,16 +150,16 @@ type Group struct {
 
 	// roster is the membership now; replaced whole under memberMu.
 	roster   atomic.Pointer[roster]
-	memberMu gosync.Mutex
+	memberMu sync.Mutex
 	retiring memberSet                 // indexes of removed members still draining; guarded by memberMu
 	epochs   atomic.Uint64             // epoch source shared by every member
 	width    atomic.Int64              // 1 + the highest member index in use
-	limited  gosync.Map                // member name → struct{}: missing mechanisms reported
+	limited  sync.Map                  // member name → struct{}: missing mechanisms reported
 	model    atomic.Pointer[[2]string] // token manufacturer and model last reported (tokenModel)
 
 	events     EventSink
 	tombstones Tombstones
-	rep        *hasync.Replicator
+	rep        *replica.Replicator
 
 	rr   atomic.Uint64 // rotation for round-robin and least-busy ties
 	gate gate
@@ -169,14 +169,14 @@ type Group struct {
 	writes    barrier
 	writeMark atomic.Uint64
 
-	loginMu  gosync.Mutex
+	loginMu  sync.Mutex
 	userType atomic.Int64 // -1: logged out; otherwise CKU_USER / CKU_SO
 	appPIN   secret.PIN   // guarded by loginMu; zeroed on logout and close
 
-	recoverMu  gosync.Mutex
+	recoverMu  sync.Mutex
 	recovering map[string]bool // guarded by recoverMu
 
-	sessMu   gosync.Mutex
+	sessMu   sync.Mutex
 	sessions map[SessionHandle]*Session
 	nextSess atomic.Uint64
 	// sessGen changes when every member failed in activeBasic: sessions
@@ -184,18 +184,18 @@ type Group struct {
 	sessGen atomic.Uint64
 	down    atomic.Bool // every member is down (the outage was handled)
 
-	bgMu     gosync.Mutex
+	bgMu     sync.Mutex
 	bgClosed bool // guarded by bgMu
-	bg       gosync.WaitGroup
+	bg       sync.WaitGroup
 
-	skipMu  gosync.Mutex
+	skipMu  sync.Mutex
 	skipped map[string]map[string]skippedObject // member → identity key → what it lacks
 	leftAt  map[string]uint64                   // member → changes when it left rotation
 	changes atomic.Uint64                       // objects made, destroyed or changed
 
 	objs objectTable
 
-	closeOnce gosync.Once
+	closeOnce sync.Once
 }
 
 // Open builds the group g with settings s. Every member's token is opened
@@ -229,13 +229,13 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		opts:       opts,
 		events:     opts.Events,
 		tombstones: opts.Tombstones,
-		rep:        &hasync.Replicator{GroupSerial: g.Serial},
+		rep:        &replica.Replicator{GroupSerial: g.Serial},
 		sessions:   make(map[SessionHandle]*Session),
 		recovering: make(map[string]bool),
 		skipped:    make(map[string]map[string]skippedObject),
 		leftAt:     make(map[string]uint64),
 	}
-	gr.rep.OnWeakDomainKey = func(e *hasync.WeakDomainKeyError) {
+	gr.rep.OnWeakDomainKey = func(e *replica.WeakDomainKeyError) {
 		gr.emit(Event{Kind: DomainKeyWeak, Member: e.Member, Err: e})
 	}
 	gr.policy.Store(int32(pol))
@@ -261,7 +261,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 
 	slots := make([]*slot.Slot, len(specs))
 	errs := make([]error, len(specs))
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for i, spec := range specs {
 		wg.Go(func() { slots[i], errs[i] = slot.Open(ctx, spec) })
 	}
@@ -305,7 +305,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		err, t := m.LastError()
 		gr.emit(Event{Kind: MemberFailed, Time: t, Member: m.Name(), To: member.Failed, Err: err})
 	}
-	var mwg gosync.WaitGroup
+	var mwg sync.WaitGroup
 	for _, m := range r.members {
 		if m.Slot() != nil {
 			// A failure is charged to the member (see call); it is
@@ -475,7 +475,7 @@ func (g *Group) closeSlots() {
 type gate struct {
 	n      atomic.Int64
 	closed atomic.Bool
-	once   gosync.Once
+	once   sync.Once
 	idle   chan struct{}
 }
 
@@ -682,7 +682,7 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 // ActivateMember does not catch the member up: the caller does, and to
 // miss nothing made or destroyed through the group meanwhile, it calls
 // ActivateMember while it holds the write barrier (HoldWrites) and has
-// caught up again if WriteMark moved since its last listing (pkg/recover
+// caught up again if WriteMark moved since its last listing (pkg/recovery
 // does so).
 func (g *Group) ActivateMember(ctx context.Context, name string) error {
 	if err := g.gate.enter(); err != nil {

@@ -3,7 +3,7 @@ package group
 import (
 	"context"
 	"slices"
-	gosync "sync"
+	"sync"
 
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/miekg/pkcs11"
@@ -19,7 +19,7 @@ const (
 func (g *Group) each(ctx context.Context, fn func(m *member.Member) error) []*member.Member {
 	ms := g.serving()
 	ok := make([]bool, len(ms))
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for i, m := range ms {
 		wg.Go(func() {
 			_, err := g.call(ctx, m, func() error { return fn(m) })

@@ -8,13 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	gosync "sync"
+	"sync"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -129,7 +129,7 @@ func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkc
 // so that keys made with CKA_WRAP_WITH_TRUSTED can still be replicated.
 func (g *Group) domainTrusted(ctx context.Context, m *member.Member) bool {
 	s := m.Slot()
-	h, err := hasync.FindDomainKey(ctx, s, g.serial)
+	h, err := replica.FindDomainKey(ctx, s, g.serial)
 	if err != nil {
 		return false
 	}
@@ -144,7 +144,7 @@ func (g *Group) domainTrusted(ctx context.Context, m *member.Member) bool {
 type made struct {
 	in  intent
 	h   pkcs11.ObjectHandle
-	obj hasync.Object
+	obj replica.Object
 }
 
 // createOn runs a key-management call on the primary and replicates what
@@ -245,9 +245,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		}
 	}
 	for i := range ms {
-		var obj hasync.Object
+		var obj replica.Object
 		if _, err := g.call(ctx, p, func() (err error) {
-			obj, err = hasync.ReadObject(ctx, p.Slot(), ms[i].h)
+			obj, err = replica.ReadObject(ctx, p.Slot(), ms[i].h)
 			return err
 		}); err != nil {
 			undo()
@@ -332,12 +332,12 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 // a catch-up may delete the object. It returns the objects whose
 // tombstones it revoked: should the creation be undone, they are
 // destroyed again and get a tombstone again.
-func (g *Group) revive(ctx context.Context, ms []made) []hasync.Object {
+func (g *Group) revive(ctx context.Context, ms []made) []replica.Object {
 	r, ok := g.tombstones.(Reviver)
 	if !ok {
 		return nil
 	}
-	var out []hasync.Object
+	var out []replica.Object
 	for _, m := range ms {
 		if !m.obj.Token || m.obj.Fingerprint == nil {
 			continue
@@ -358,7 +358,7 @@ func (g *Group) revive(ctx context.Context, ms []made) []hasync.Object {
 // revive revoked for a creation that was then undone: the object is
 // destroyed again, and copies of it on a member that was away must not
 // come back.
-func (g *Group) rebury(ctx context.Context, objs []hasync.Object) {
+func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 	for _, o := range objs {
 		t := tombstone.Tombstone{Identity: o.Identity, Fingerprint: o.Fingerprint, Time: time.Now(), GroupSerial: g.serial}
 		if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
@@ -427,10 +427,10 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	}
 	// Physical sessions for session objects are opened here, under s.mu,
 	// before the goroutines start.
-	dsts := make([]hasync.Target, len(targets))
+	dsts := make([]replica.Target, len(targets))
 	errs := make([]error, len(targets))
 	for i, t := range targets {
-		dsts[i] = hasync.Target{Slot: t.Slot()}
+		dsts[i] = replica.Target{Slot: t.Slot()}
 		if !ms[0].obj.Token {
 			ps, err := s.physSession(ctx, t)
 			if err != nil {
@@ -445,7 +445,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
 	objErrs := make([][]error, len(targets))
 	skipped := make([][]bool, len(targets))
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for i, t := range targets {
 		copies[i] = make([]pkcs11.ObjectHandle, len(ms))
 		objErrs[i] = make([]error, len(ms))
@@ -476,7 +476,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			}
 		}
 		// One target's objects one after the other (one physical session
-		// takes one call at a time, and pkg/sync makes one copy into a
+		// takes one call at a time, and pkg/replica makes one copy into a
 		// token at a time anyway), in the order made — the public half
 		// of a key pair first — and none after a failure: a target that
 		// dies under the copies keeps at most a public key, whose
@@ -636,7 +636,7 @@ func sourceUnwell(err error, p *member.Member) bool {
 // to the primary's health, or the primary's domain key failing its audit.
 func sourceRefused(err error, p *member.Member) bool {
 	var se *slot.Error
-	var we *hasync.WeakDomainKeyError
+	var we *replica.WeakDomainKeyError
 	if errors.As(err, &we) {
 		// The primary's domain key is weak: nothing leaves it.
 		return we.Member == p.Name()
@@ -646,7 +646,7 @@ func sourceRefused(err error, p *member.Member) bool {
 
 // destroyIn takes back a copy made on dst (errors ignored: the copy is
 // made again or removed by the member's next catch-up).
-func (g *Group) destroyIn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) {
+func (g *Group) destroyIn(ctx context.Context, dst replica.Target, h pkcs11.ObjectHandle) {
 	if dst.Session != nil {
 		dst.Session.DestroyObject(ctx, h)
 		return
@@ -657,7 +657,7 @@ func (g *Group) destroyIn(ctx context.Context, dst hasync.Target, h pkcs11.Objec
 // replicationFailed reports the failure and fails the member: it no longer
 // holds what the group holds, so it must not serve until recovery has
 // brought it up to date.
-func (g *Group) replicationFailed(m *member.Member, id hasync.Identity, err error) {
+func (g *Group) replicationFailed(m *member.Member, id replica.Identity, err error) {
 	g.emit(Event{Kind: ReplicationFailed, Member: m.Name(), Object: id, Err: err})
 	g.failMember(m, fmt.Errorf("replication of %v: %w", id, err))
 }
@@ -951,7 +951,7 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	}
 	destroyed = true
 	g.emit(Event{Kind: ObjectDestroyed, Member: first.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for _, m := range rest {
 		wg.Go(func() {
 			err := g.destroyOn(ctx, o, m)
@@ -1073,7 +1073,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vobject, m *member.Member)
 
 // copiesLeft reports that m may still hold a copy of the destroyed id:
 // a member that failed for it is failed, so that its recovery removes it.
-func (g *Group) copiesLeft(ctx context.Context, m *member.Member, id hasync.Identity, err error) {
+func (g *Group) copiesLeft(ctx context.Context, m *member.Member, id replica.Identity, err error) {
 	if ctx.Err() != nil || slot.ClassOf(err) != slot.ClassHealth {
 		return
 	}
@@ -1195,7 +1195,7 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		}
 		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
 	}
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for _, m := range rest {
 		wg.Go(func() {
 			if err := apply(m); err != nil && !errors.Is(err, errAbsent) {

@@ -6,8 +6,8 @@ import (
 	"errors"
 
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -225,7 +225,7 @@ func (g *Group) valueLenOn(ctx context.Context, o *vobject, m *member.Member) ui
 	}
 	var blob []byte
 	if _, err := g.call(ctx, m, func() error {
-		dk, err := hasync.FindDomainKey(ctx, m.Slot(), g.serial)
+		dk, err := replica.FindDomainKey(ctx, m.Slot(), g.serial)
 		if err != nil {
 			return err
 		}

@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	gosync "sync"
+	"sync"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -24,7 +24,7 @@ import (
 const MaxMembers = 64
 
 // MechWrapPad names CKM_AES_KEY_WRAP_PAD, the mechanism private and secret
-// keys travel under between members (see pkg/sync). A member whose token
+// keys travel under between members (see pkg/replica). A member whose token
 // does not offer it (one served by p11-kit 0.24, whose RPC cannot carry
 // it, for one) stays in service for everything else: keys that would have
 // to be wrapped to or from it are not replicated there, each such miss is
@@ -75,7 +75,7 @@ func (g *Group) view() *roster { return g.roster.Load() }
 // error says why, a MemberFailed event is emitted and the recovery loop
 // retries it like any failed member. It goes last in the configured order.
 //
-// AddMember does not catch the member up: pkg/recover's Admit (or
+// AddMember does not catch the member up: pkg/recovery's Admit (or
 // ha.Group.AddMember, which does both) copies the group's objects to it
 // and then returns it to rotation.
 func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
@@ -414,13 +414,13 @@ func wrappedClass(class uint) bool {
 // member did not receive because a mechanism it lacks made replication to
 // it impossible.
 type Unreplicated struct {
-	Object hasync.Identity
+	Object replica.Identity
 	Time   time.Time
 }
 
 type skippedObject = Unreplicated
 
-func (g *Group) noteSkipped(m *member.Member, id hasync.Identity) {
+func (g *Group) noteSkipped(m *member.Member, id replica.Identity) {
 	g.skipMu.Lock()
 	defer g.skipMu.Unlock()
 	byID := g.skipped[m.Name()]
@@ -432,7 +432,7 @@ func (g *Group) noteSkipped(m *member.Member, id hasync.Identity) {
 }
 
 // forgetSkipped drops id from every member's list (it was destroyed).
-func (g *Group) forgetSkipped(id hasync.Identity) {
+func (g *Group) forgetSkipped(id replica.Identity) {
 	k := id.Key()
 	g.skipMu.Lock()
 	defer g.skipMu.Unlock()
@@ -503,7 +503,7 @@ func (g *Group) HoldWrites(ctx context.Context) (release func(), err error) {
 	if err := g.writes.hold(ctx); err != nil {
 		return nil, fmt.Errorf("group %s: hold writes: %w", g.label, err)
 	}
-	var once gosync.Once
+	var once sync.Once
 	return func() { once.Do(g.writes.release) }, nil
 }
 
@@ -523,7 +523,7 @@ func (g *Group) beginWrite(ctx context.Context, op string) (func(), error) {
 // holder waiting for the writers in progress keeps new writers out, so
 // key creation under load cannot starve it.
 type barrier struct {
-	mu      gosync.Mutex
+	mu      sync.Mutex
 	writers int
 	held    bool
 	open    chan struct{} // closed when the holder releases

@@ -7,12 +7,12 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -38,7 +38,7 @@ type vobject struct {
 	token bool
 	owner SessionHandle // session objects: the virtual session they live in
 
-	id atomic.Pointer[hasync.Identity]
+	id atomic.Pointer[replica.Identity]
 	fp atomic.Pointer[[]byte]
 
 	// unextractable: the application made or set the key with
@@ -90,7 +90,7 @@ func (o *vobject) cell(i int) *atomic.Pointer[physRef] {
 	}
 }
 
-func (o *vobject) identity() hasync.Identity { return *o.id.Load() }
+func (o *vobject) identity() replica.Identity { return *o.id.Load() }
 
 func (o *vobject) fingerprint() []byte {
 	if p := o.fp.Load(); p != nil {
@@ -163,10 +163,10 @@ func (o *vobject) cached(m *member.Member) (pkcs11.ObjectHandle, bool) {
 // → object) take no lock.
 type objectTable struct {
 	width    func() int // 1 + the highest member index in use
-	byHandle gosync.Map // ObjectHandle → *vobject
+	byHandle sync.Map   // ObjectHandle → *vobject
 	next     atomic.Uint64
 
-	mu       gosync.Mutex
+	mu       sync.Mutex
 	byKey    map[string]*vobject                          // token objects by identity
 	sessPhys [MaxMembers]map[pkcs11.ObjectHandle]*vobject // per member index: session objects by physical handle
 }
@@ -176,7 +176,7 @@ func (t *objectTable) init(width func() int) {
 	t.byKey = make(map[string]*vobject)
 }
 
-func (t *objectTable) newObject(id hasync.Identity, token bool, owner SessionHandle) *vobject {
+func (t *objectTable) newObject(id replica.Identity, token bool, owner SessionHandle) *vobject {
 	o := &vobject{h: ObjectHandle(t.next.Add(1)), token: token, owner: owner}
 	refs := make([]atomic.Pointer[physRef], t.width())
 	o.phys.Store(&refs)
@@ -198,7 +198,7 @@ func (t *objectTable) purge(i int) {
 
 // intern returns the token object with identity id, creating its entry on
 // first sight. created reports whether it is new.
-func (t *objectTable) intern(id hasync.Identity) (o *vobject, created bool) {
+func (t *objectTable) intern(id replica.Identity) (o *vobject, created bool) {
 	k := id.Key()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -213,7 +213,7 @@ func (t *objectTable) intern(id hasync.Identity) (o *vobject, created bool) {
 
 // addSessionObject enters a new session object owned by the virtual
 // session owner.
-func (t *objectTable) addSessionObject(id hasync.Identity, owner SessionHandle) *vobject {
+func (t *objectTable) addSessionObject(id replica.Identity, owner SessionHandle) *vobject {
 	o := t.newObject(id, false, owner)
 	t.byHandle.Store(o.h, o)
 	return o
@@ -266,7 +266,7 @@ func (t *objectTable) remove(o *vobject) {
 
 // rekey moves a token object to a new identity (after CKA_ID or CKA_LABEL
 // changed).
-func (t *objectTable) rekey(o *vobject, id hasync.Identity) {
+func (t *objectTable) rekey(o *vobject, id replica.Identity) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if o.token {
@@ -307,7 +307,7 @@ func (g *Group) key(op string, h ObjectHandle) (*vobject, error) {
 }
 
 // identityTemplate finds exactly the token objects with identity id.
-func identityTemplate(id hasync.Identity) []*pkcs11.Attribute {
+func identityTemplate(id replica.Identity) []*pkcs11.Attribute {
 	t := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
 		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
@@ -316,7 +316,7 @@ func identityTemplate(id hasync.Identity) []*pkcs11.Attribute {
 	if id.Class != pkcs11.CKO_DATA { // data objects have no CKA_ID: it would match nothing
 		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
 	}
-	if id.KeyType != hasync.NoKeyType {
+	if id.KeyType != replica.NoKeyType {
 		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
 	}
 	return t
@@ -416,8 +416,8 @@ func (g *Group) verifyRef(ctx context.Context, o *vobject, m *member.Member, r *
 func (g *Group) fingerprint(ctx context.Context, m *member.Member, h pkcs11.ObjectHandle) ([]byte, error) {
 	var fp []byte
 	class, err := g.call(ctx, m, func() (err error) {
-		fp, err = hasync.Fingerprint(ctx, m.Slot(), h)
-		if errors.Is(err, hasync.ErrNoFingerprint) {
+		fp, err = replica.Fingerprint(ctx, m.Slot(), h)
+		if errors.Is(err, replica.ErrNoFingerprint) {
 			return nil
 		}
 		return err
@@ -437,13 +437,13 @@ func (g *Group) conflict(o *vobject, m *member.Member, a, b []byte) {
 }
 
 func isDomainLabel(class uint, label string) bool {
-	return class == pkcs11.CKO_SECRET_KEY && strings.HasPrefix(label, hasync.DomainLabel(""))
+	return class == pkcs11.CKO_SECRET_KEY && strings.HasPrefix(label, replica.DomainLabel(""))
 }
 
 var identityAttrs = []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL, pkcs11.CKA_TOKEN}
 
-func identityFrom(attrs []slot.Attribute) (id hasync.Identity, token bool) {
-	id.KeyType = hasync.NoKeyType
+func identityFrom(attrs []slot.Attribute) (id replica.Identity, token bool) {
+	id.KeyType = replica.NoKeyType
 	for _, a := range attrs {
 		if a.Status != pkcs11.CKR_OK {
 			continue
@@ -603,7 +603,7 @@ func (g *Group) findEvery(ctx context.Context, ms []*member.Member, tmpl []*pkcs
 func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]ObjectHandle, error) {
 	ep := m.Epoch()
 	type found struct {
-		id  hasync.Identity
+		id  replica.Identity
 		hs  []pkcs11.ObjectHandle
 		fps [][]byte
 	}
@@ -652,8 +652,8 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 		var first []byte
 		conflict := false
 		for i, h := range f.hs {
-			fp, err := hasync.Fingerprint(ctx, s, h)
-			if err != nil && !errors.Is(err, hasync.ErrNoFingerprint) {
+			fp, err := replica.Fingerprint(ctx, s, h)
+			if err != nil && !errors.Is(err, replica.ErrNoFingerprint) {
 				if slot.ClassOf(err) == slot.ClassHealth {
 					return nil, err
 				}
@@ -692,10 +692,10 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 		g.ensureActive()
 		ms = g.serving()
 	}
-	lists := make([][]hasync.Object, len(ms))
+	lists := make([][]replica.Object, len(ms))
 	epochs := make([]uint64, len(ms))
 	errs := make([]error, len(ms))
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	// The first member's listing reads the key material (fingerprints);
 	// the others read identities only, and each of their handles is
 	// checked against the fingerprint when it is first used there. That
@@ -705,7 +705,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 		wg.Go(func() {
 			_, errs[i] = g.call(ctx, m, func() (err error) {
 				if i == 0 {
-					lists[i], err = hasync.List(ctx, m.Slot())
+					lists[i], err = replica.List(ctx, m.Slot())
 				} else {
 					lists[i], err = listIdentities(ctx, m.Slot())
 				}
@@ -715,7 +715,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 	}
 	wg.Wait()
 	type entry struct {
-		id       hasync.Identity
+		id       replica.Identity
 		fp       []byte
 		conflict [2][]byte
 		bad      bool
@@ -813,12 +813,12 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 // listIdentities lists the objects on s the current login can see with
 // their identity and storage flags only (no key material): one FindObjects
 // and one GetAttributes per object. Domain keys are left out.
-func listIdentities(ctx context.Context, s *slot.Slot) ([]hasync.Object, error) {
+func listIdentities(ctx context.Context, s *slot.Slot) ([]replica.Object, error) {
 	hs, err := s.FindObjects(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]hasync.Object, 0, len(hs))
+	out := make([]replica.Object, 0, len(hs))
 	for _, h := range hs {
 		attrs, err := s.GetAttributes(ctx, h, identityAttrs)
 		if err != nil {
@@ -831,7 +831,7 @@ func listIdentities(ctx context.Context, s *slot.Slot) ([]hasync.Object, error) 
 		if isDomainLabel(id.Class, id.Label) {
 			continue
 		}
-		out = append(out, hasync.Object{Identity: id, Handle: h, Token: token})
+		out = append(out, replica.Object{Identity: id, Handle: h, Token: token})
 	}
 	return out, nil
 }

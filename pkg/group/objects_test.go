@@ -13,9 +13,9 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -560,7 +560,7 @@ func TestFailAndActivateMember(t *testing.T) {
 	if err := f.g.ActivateMember(ctx, "nobody"); !errors.Is(err, ErrUnknownMember) {
 		t.Errorf("ActivateMember(unknown): %v", err)
 	}
-	_ = hasync.NoKeyType
+	_ = replica.NoKeyType
 }
 
 func TestOpenWithAMemberDown(t *testing.T) {

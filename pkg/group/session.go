@@ -3,7 +3,7 @@ package group
 import (
 	"context"
 	"errors"
-	gosync "sync"
+	"sync"
 
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
@@ -57,7 +57,7 @@ type Session struct {
 	flags uint
 	gen   uint64 // Group.sessGen at open: a different one means the session was lost
 
-	mu      gosync.Mutex
+	mu      sync.Mutex
 	closed  bool
 	lost    bool          // closed because every member failed (activeBasic)
 	phys    []physSession // by member index; grows with the group
@@ -375,7 +375,7 @@ func (g *Group) provePIN(ctx context.Context, ms []*member.Member, userType uint
 // log in, and returns how many did and the last error.
 func (g *Group) loginAll(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (int, error) {
 	errs := make([]error, len(ms))
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for i, m := range ms {
 		wg.Go(func() { errs[i] = g.loginMember(ctx, m, userType, pin) })
 	}
@@ -479,7 +479,7 @@ func (g *Group) Logout(ctx context.Context) error {
 	g.userType.Store(-1)
 	g.appPIN.Zero()
 	g.appPIN = secret.PIN{}
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	for _, m := range g.serving() {
 		wg.Go(func() {
 			start := m.Begin()

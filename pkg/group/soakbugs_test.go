@@ -2,12 +2,12 @@ package group
 
 import (
 	"errors"
-	gosync "sync"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	harecover "github.com/hagroup/hagroup/pkg/recover"
+	"github.com/hagroup/hagroup/pkg/recovery"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
@@ -247,12 +247,12 @@ func TestMemberFailingAsItReturnsIsRecoveredAgain(t *testing.T) {
 	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
 	signer := ecSigner(t, f.g, "fails-as-it-returns")
 	back := f.toks[0].Name // the primary: primary-backup gives it every signature
-	rec, err := harecover.New(harecover.Options{Engine: f.g, Interval: harecover.MinInterval, Retries: -1, Tombstones: f.tombs})
+	rec, err := recovery.New(recovery.Options{Engine: f.g, Interval: recovery.MinInterval, Retries: -1, Tombstones: f.tombs})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rec.Close()
-	var again gosync.Once
+	var again sync.Once
 	var againErr error
 	hook := func(e Event) {
 		switch {

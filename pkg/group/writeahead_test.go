@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
-	gosync "sync"
+	"sync"
 	"testing"
 
+	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -36,7 +36,7 @@ func otherProcess(t *testing.T, f *fixture) *tombstone.Set {
 }
 
 // objectOf returns the identity and fingerprint the group knows h by.
-func objectOf(t *testing.T, g *Group, h ObjectHandle) (hasync.Identity, []byte) {
+func objectOf(t *testing.T, g *Group, h ObjectHandle) (replica.Identity, []byte) {
 	t.Helper()
 	o, ok := g.objs.get(h)
 	if !ok {
@@ -182,7 +182,7 @@ func TestDestroyFailedEverywhereRevokesItsTombstone(t *testing.T) {
 
 // failingTombstones is a tombstone store whose disk fails n times.
 type failingTombstones struct {
-	mu   gosync.Mutex
+	mu   sync.Mutex
 	left int
 	mem  MemoryTombstones
 }

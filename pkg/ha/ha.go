@@ -1,15 +1,15 @@
 // Package ha is an HA group as haagent and the PKCS#11 module run it: the
 // engine (pkg/group), the automatic and manual recovery of its members
-// (pkg/recover) and its tombstone journal (pkg/sync/tombstone), wired
+// (pkg/recovery) and its tombstone journal (pkg/replica/tombstone), wired
 // together once, with the group-level operations an operator asks for —
 // Recover, Synchronize, Status — and hot membership changes — AddMember,
 // RemoveMember, SetStandby, Update — that never drop the work of the
 // members they do not touch.
 //
-// Why a package of its own: pkg/recover drives an engine through its small
+// Why a package of its own: pkg/recovery drives an engine through its small
 // Engine interface (which *group.Group satisfies) and does not import
 // pkg/group; pkg/group knows nothing of recovery loops, retry budgets or
-// lock files. Each is tested alone (pkg/recover against a scripted engine
+// lock files. Each is tested alone (pkg/recovery against a scripted engine
 // and against real groups). Composing them inside either would make one
 // import the other, and the arrow from recover to group (recovery drives
 // the engine) and the one from group to recover (the group offers
@@ -30,7 +30,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,10 +38,10 @@ import (
 	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recover"
+	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 )
 
 // Options are what a Group needs besides its configuration.
@@ -57,7 +57,7 @@ type Options struct {
 	// as group.EventSink says (synchronously, must not block).
 	Events group.EventSink
 	// RecoveryEvents receives the recoverer's events; nil drops them.
-	RecoveryEvents func(recover.Event)
+	RecoveryEvents func(recovery.Event)
 	// Interceptor is passed to every member's slot (fault injection in
 	// tests); nil in production.
 	Interceptor slot.Interceptor
@@ -66,7 +66,7 @@ type Options struct {
 	// SpinHandoff is passed to every member's slot (see slot.Spec).
 	SpinHandoff bool
 	// Clock drives the retry timers; nil: the real clock.
-	Clock recover.Clock
+	Clock recovery.Clock
 	// AttemptTimeout bounds one recovery attempt; 0: recover's default.
 	AttemptTimeout time.Duration
 	// Report, when set, receives the group's member figures and events
@@ -78,13 +78,13 @@ type Options struct {
 // Group is an open HA group with its recovery. Safe for concurrent use.
 type Group struct {
 	*group.Group
-	rec     *recover.Recoverer
+	rec     *recovery.Recoverer
 	journal *tombstone.Journal // nil: tombstones in memory
 	tombErr error              // why the journal could not be opened
 
 	unwatch func() // stops reporting the group (Options.Report)
 
-	mu  gosync.Mutex // serialises Update, AddMember, RemoveMember, SetStandby
+	mu  sync.Mutex // serialises Update, AddMember, RemoveMember, SetStandby
 	cfg config.Group
 	set config.Settings
 }
@@ -95,7 +95,7 @@ type Group struct {
 type sink struct {
 	next   group.EventSink
 	report *fleet.Reporter
-	rec    atomic.Pointer[recover.Recoverer]
+	rec    atomic.Pointer[recovery.Recoverer]
 }
 
 func (s *sink) Event(e group.Event) {
@@ -116,7 +116,7 @@ func (s *sink) Event(e group.Event) {
 // logged in: call Login with the application's PIN, or LoginConfigured
 // (the members' own PIN sources, for the agent). The engine and the
 // recoverer share one set of PIN marks in the state directory (see
-// recover.PINBlocks). Open fails on an unusable configuration or when
+// recovery.PINBlocks). Open fails on an unusable configuration or when
 // ctx ends; a journal that cannot be opened is not fatal (see
 // TombstoneError).
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
@@ -124,7 +124,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	snk := &sink{next: opts.Events, report: opts.Report}
 	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions, SpinHandoff: opts.SpinHandoff}
 	stateDir := opts.StateDir
-	var tombs recover.TombstoneSource
+	var tombs recovery.TombstoneSource
 	if stateDir != "" {
 		j, err := tombstone.Open(stateDir, g.Serial, tombstone.Options{Horizon: s.TombstoneHorizon})
 		if err != nil {
@@ -144,7 +144,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	// One set of PIN marks for the engine (which consults it before every
 	// login it makes by itself) and the recoverer (before every automatic
 	// attempt), in the state directory every process on the host shares.
-	blocks, err := recover.NewPINBlocks(stateDir, g.Serial, 0)
+	blocks, err := recovery.NewPINBlocks(stateDir, g.Serial, 0)
 	if err != nil {
 		h.closeJournal()
 		return nil, fmt.Errorf("group %s: %w", g.Label, err)
@@ -156,7 +156,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		return nil, err
 	}
 	h.Group = gr
-	rec, err := recover.New(recover.Options{
+	rec, err := recovery.New(recovery.Options{
 		Engine:         gr,
 		StateDir:       stateDir,
 		Interval:       s.Interval,
@@ -190,21 +190,21 @@ func cloneGroup(g config.Group) config.Group {
 func (h *Group) TombstoneError() error { return h.tombErr }
 
 // Recoverer returns the group's recoverer.
-func (h *Group) Recoverer() *recover.Recoverer { return h.rec }
+func (h *Group) Recoverer() *recovery.Recoverer { return h.rec }
 
 // Recover recovers member name now: a failed member, including one whose
-// automatic attempts ran out (see recover.Recoverer.Recover).
-func (h *Group) Recover(ctx context.Context, name string) (recover.Result, error) {
+// automatic attempts ran out (see recovery.Recoverer.Recover).
+func (h *Group) Recover(ctx context.Context, name string) (recovery.Result, error) {
 	if _, ok := h.Member(name); !ok {
-		return recover.Result{Member: name, Manual: true}, fmt.Errorf("group %s: recover member %q: %w", h.Label(), name, group.ErrUnknownMember)
+		return recovery.Result{Member: name, Manual: true}, fmt.Errorf("group %s: recover member %q: %w", h.Label(), name, group.ErrUnknownMember)
 	}
 	return h.rec.Recover(ctx, name)
 }
 
 // Synchronize compares the serving members and, unless opts.Check, makes
-// them equal (see recover.Recoverer.Synchronize). opts.Prune is
+// them equal (see recovery.Recoverer.Synchronize). opts.Prune is
 // destructive.
-func (h *Group) Synchronize(ctx context.Context, opts recover.SyncOptions) (*recover.SyncReport, error) {
+func (h *Group) Synchronize(ctx context.Context, opts recovery.SyncOptions) (*recovery.SyncReport, error) {
 	return h.rec.Synchronize(ctx, opts)
 }
 
@@ -281,7 +281,7 @@ type MemberStatus struct {
 	OutOfSync int       `json:"out_of_sync"`
 	CheckedAt time.Time `json:"checked_at,omitzero"`
 	// Conflicts involving the member found by its last recovery attempt.
-	Conflicts []hasync.Conflict `json:"conflicts,omitempty"`
+	Conflicts []replica.Conflict `json:"conflicts,omitempty"`
 	// Unreplicated are keys made since the member was last caught up
 	// that it could not receive (it lacks CKM_AES_KEY_WRAP_PAD).
 	Unreplicated []group.Unreplicated `json:"unreplicated,omitempty"`
@@ -339,18 +339,18 @@ func (h *Group) Status() Status {
 // working throughout. If the member cannot be brought in now, it stays in
 // the group as failed, automatic recovery takes it from there, and the
 // error says why.
-func (h *Group) AddMember(ctx context.Context, mc config.Member) (recover.Result, error) {
+func (h *Group) AddMember(ctx context.Context, mc config.Member) (recovery.Result, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.addMember(ctx, mc)
 }
 
-func (h *Group) addMember(ctx context.Context, mc config.Member) (recover.Result, error) {
+func (h *Group) addMember(ctx context.Context, mc config.Member) (recovery.Result, error) {
 	if err := h.Group.AddMember(ctx, mc); err != nil {
 		if _, in := h.Member(mc.Name); in {
 			h.noteMember(mc)
 		}
-		return recover.Result{Member: mc.Name, Manual: true, Admitted: true}, err
+		return recovery.Result{Member: mc.Name, Manual: true, Admitted: true}, err
 	}
 	h.noteMember(mc)
 	res, err := h.rec.Admit(ctx, mc.Name)

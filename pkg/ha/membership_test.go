@@ -6,7 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/sha256"
 	"fmt"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,10 +22,10 @@ import (
 // closed, verifying every signature; it returns the number of signatures
 // and the errors.
 type signLoad struct {
-	wg   gosync.WaitGroup
+	wg   sync.WaitGroup
 	stop chan struct{}
 	ops  atomic.Int64
-	mu   gosync.Mutex
+	mu   sync.Mutex
 	errs []error
 }
 
@@ -101,7 +101,7 @@ func TestAddMemberCatchesUpBeforeWork(t *testing.T) {
 	// creates on one token (CKR_GENERAL_ERROR), so one goroutine per
 	// token.
 	start := time.Now()
-	var wg gosync.WaitGroup
+	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i, tok := range toks[:2] {
 		d := direct(t, tok)

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	gosync "sync"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,7 +66,7 @@ func TestKeyDestroyedByAnotherProcessDuringAgentRecoveryStaysGone(t *testing.T) 
 			t.Fatal(err)
 		}
 	}
-	var once gosync.Once
+	var once sync.Once
 	hook.set(serving, slot.OpFindObjects, func() {
 		once.Do(func() {
 			hook.set("", "", nil)

@@ -10,7 +10,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recover"
+	"github.com/hagroup/hagroup/pkg/recovery"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
 )
@@ -145,14 +145,14 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 			served, ms.OutOfSync, ms.Unreplicated, ms.MissingMechanisms)
 	}
 
-	rep, err := r.g.Synchronize(ctx, recover.SyncOptions{Check: true})
+	rep, err := r.g.Synchronize(ctx, recovery.SyncOptions{Check: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.InSync() || len(rep.Unreplicable) != 1 || rep.Unreplicable[0].Member != served {
 		t.Fatalf("check: in sync %v, unreplicable %v", rep.InSync(), rep.Unreplicable)
 	}
-	rep, err = r.g.Synchronize(ctx, recover.SyncOptions{})
+	rep, err = r.g.Synchronize(ctx, recovery.SyncOptions{})
 	if err != nil {
 		t.Fatalf("Synchronize with an unreplicable difference: %v", err)
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recover"
+	"github.com/hagroup/hagroup/pkg/recovery"
 )
 
 // Status carries each member's state, last error, last attempt, attempts
@@ -63,7 +63,7 @@ func TestStatusFollowsRecovery(t *testing.T) {
 	if ms.State != member.Active || ms.GaveUp || ms.LastAttemptError != "" || ms.LastRecovered.IsZero() || ms.OutOfSync != 0 || ms.CheckedAt.IsZero() {
 		t.Fatalf("after the manual recovery: %+v", ms)
 	}
-	rep, err := r.g.Synchronize(ctx, recover.SyncOptions{Check: true})
+	rep, err := r.g.Synchronize(ctx, recovery.SyncOptions{Check: true})
 	if err != nil || !rep.InSync() {
 		t.Fatalf("check after recovery: in sync %v, %v", rep != nil && rep.InSync(), err)
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	gosync "sync"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,7 +47,7 @@ func TestCatchUpWindowMissesNothing(t *testing.T) {
 	}
 
 	ws := r.session()
-	var mu gosync.Mutex
+	var mu sync.Mutex
 	var made, destroyed, refused int
 	hf.set(victim, slot.OpCreateObject, func() {
 		mu.Lock()

@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,9 +16,9 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -26,7 +26,7 @@ import (
 // under a serial (and object labels) of its own, so the tests need no
 // fresh tokens, and -count=N takes no more from the package's pool.
 var domainPool struct {
-	gosync.Mutex
+	sync.Mutex
 	toks []testhsm.Token
 }
 
@@ -67,19 +67,19 @@ func domainOpenUser(t testing.TB, tok testhsm.Token, name string) *slot.Slot {
 	return s
 }
 
-// domainInstall runs the ceremony (hasync.InstallDomainKey) on toks.
+// domainInstall runs the ceremony (replica.InstallDomainKey) on toks.
 func domainInstall(t testing.TB, serial string, toks []testhsm.Token, trusted bool) {
 	t.Helper()
-	var targets []hasync.DomainTarget
+	var targets []replica.DomainTarget
 	for _, tok := range toks {
-		dt := hasync.DomainTarget{Slot: domainOpenUser(t, tok, "ceremony")}
+		dt := replica.DomainTarget{Slot: domainOpenUser(t, tok, "ceremony")}
 		if trusted {
 			dt.SOPIN = secret.PINFromString(tok.SOPIN)
 			dt.UserPIN = secret.PINFromString(tok.UserPIN)
 		}
 		targets = append(targets, dt)
 	}
-	if err := hasync.InstallDomainKey(domainContext(t), targets, serial); err != nil {
+	if err := replica.InstallDomainKey(domainContext(t), targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }
@@ -143,7 +143,7 @@ func domainValue(t testing.TB) []byte {
 // domainFind returns the one domain key of serial on s.
 func domainFind(t testing.TB, s *slot.Slot, serial string) pkcs11.ObjectHandle {
 	t.Helper()
-	h, err := hasync.FindDomainKey(domainContext(t), s, serial)
+	h, err := replica.FindDomainKey(domainContext(t), s, serial)
 	if err != nil {
 		t.Fatalf("%s: %v", s.Name(), err)
 	}
@@ -172,7 +172,7 @@ func domainWantCode(t testing.TB, what string, err error, want uint) {
 
 // domainEvents keeps a group's events.
 type domainEvents struct {
-	mu  gosync.Mutex
+	mu  sync.Mutex
 	all []group.Event
 }
 

@@ -27,9 +27,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	harecover "github.com/hagroup/hagroup/pkg/recover"
+	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/hagroup/hagroup/test/load"
 	"github.com/miekg/pkcs11"
 )
@@ -49,7 +49,7 @@ func TestMain(m *testing.M) {
 // events counts the Go engine's events and forwards member failures to
 // its recoverer.
 type events struct {
-	rec       atomic.Pointer[harecover.Recoverer]
+	rec       atomic.Pointer[recovery.Recoverer]
 	mu        sync.Mutex
 	conflicts []string
 	failed    int
@@ -126,7 +126,7 @@ func (e *events) trailText() string {
 }
 
 // recoveryEvent records a recoverer's event in the trail.
-func (e *events) recoveryEvent(ev harecover.Event) {
+func (e *events) recoveryEvent(ev recovery.Event) {
 	e.note(ev.Time, "recover %s %s attempt %d: %v", ev.Member, ev.Kind, ev.Attempt, ev.Err)
 }
 
@@ -197,7 +197,7 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	rec, err := harecover.New(harecover.Options{Engine: g, StateDir: w.stateDir, Interval: set.Interval, Retries: set.Retries, Tombstones: journal,
+	rec, err := recovery.New(recovery.Options{Engine: g, StateDir: w.stateDir, Interval: set.Interval, Retries: set.Retries, Tombstones: journal,
 		Events: ev.recoveryEvent})
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 )
 
 // Engine is one running group as the daemon drives it. The real one wraps
-// pkg/group (and pkg/recover for recovery and pkg/sync for plans); the
+// pkg/group (and pkg/recovery for recovery and pkg/replica for plans); the
 // seam keeps the daemon independent of the engine's internals. Methods
 // are called concurrently.
 type Engine interface {

@@ -18,9 +18,9 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -67,7 +67,7 @@ func run() error {
 			return err
 		}
 	}
-	var targets []hasync.DomainTarget
+	var targets []replica.DomainTarget
 	for _, m := range g.Members {
 		s, err := slot.Open(ctx, slot.Spec{
 			Name: m.Name, Module: m.Module, ModuleEnv: m.ModuleEnv,
@@ -78,9 +78,9 @@ func run() error {
 			return err
 		}
 		defer s.Close()
-		targets = append(targets, hasync.DomainTarget{Slot: s, SOPIN: so, UserPIN: user})
+		targets = append(targets, replica.DomainTarget{Slot: s, SOPIN: so, UserPIN: user})
 	}
-	if err := hasync.InstallDomainKey(ctx, targets, g.Serial); err != nil {
+	if err := replica.InstallDomainKey(ctx, targets, g.Serial); err != nil {
 		return err
 	}
 	if *ecKey == "" {

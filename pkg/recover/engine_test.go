@@ -1,5 +1,0 @@
-package recover
-
-import "github.com/hagroup/hagroup/pkg/group"
-
-var _ Engine = (*group.Group)(nil)
