@@ -37,9 +37,10 @@ func (g *Group) each(ctx context.Context, fn func(m *member.Member) error) []*me
 }
 
 // TokenInfo synthesises the virtual token's information from the serving
-// members: the group's label and serial; CKF_RNG, CKF_USER_PIN_INITIALIZED
-// and CKF_TOKEN_INITIALIZED when every member has them; CKF_LOGIN_REQUIRED
-// and CKF_WRITE_PROTECTED when any member has them; the PIN length range
+// members: the group's label and serial; CKF_RNG, CKF_USER_PIN_INITIALIZED,
+// CKF_TOKEN_INITIALIZED and CKF_RESTORE_KEY_NOT_NEEDED when every member
+// has them; CKF_LOGIN_REQUIRED, CKF_WRITE_PROTECTED and the PIN counter
+// flags when any member has them; the PIN length range
 // every member accepts; session counts summed and session maxima the
 // smallest member's (each virtual session may need a session on every
 // member); memory figures summed. With no member answering it returns the
@@ -65,8 +66,12 @@ func (g *Group) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 		ti.MaxPinLen, ti.MinPinLen = ckUnavailable, ckUnavailable
 		return ti, nil
 	}
-	all := uint(pkcs11.CKF_RNG | pkcs11.CKF_USER_PIN_INITIALIZED | pkcs11.CKF_TOKEN_INITIALIZED)
-	anyOf := uint(pkcs11.CKF_LOGIN_REQUIRED | pkcs11.CKF_WRITE_PROTECTED)
+	all := uint(pkcs11.CKF_RNG | pkcs11.CKF_USER_PIN_INITIALIZED | pkcs11.CKF_TOKEN_INITIALIZED | pkcs11.CKF_RESTORE_KEY_NOT_NEEDED)
+	// A PIN's state on any member is the application's to see: a PIN is
+	// proved on one member, and that one counts the failures.
+	anyOf := uint(pkcs11.CKF_LOGIN_REQUIRED | pkcs11.CKF_WRITE_PROTECTED |
+		pkcs11.CKF_USER_PIN_COUNT_LOW | pkcs11.CKF_USER_PIN_FINAL_TRY | pkcs11.CKF_USER_PIN_LOCKED | pkcs11.CKF_USER_PIN_TO_BE_CHANGED |
+		pkcs11.CKF_SO_PIN_COUNT_LOW | pkcs11.CKF_SO_PIN_FINAL_TRY | pkcs11.CKF_SO_PIN_LOCKED | pkcs11.CKF_SO_PIN_TO_BE_CHANGED)
 	ti.Flags = all
 	ti.MaxPinLen = ckUnavailable
 	ti.MaxSessionCount, ti.MaxRwSessionCount = ckInfinite, ckInfinite

@@ -1,0 +1,67 @@
+package conformance
+
+import "slices"
+
+// knownDefect is a difference from the member token that is a defect, not
+// a decision: the test logs it (with the helper or issue item that owns
+// the fix) instead of failing, and says when it is gone. The lead removes
+// an entry once its fix is merged; a defect that answers otherwise than
+// listed fails the test like any other difference.
+type knownDefect struct {
+	step    string
+	configs []string // none: every group
+	got     string   // the virtual slot's answer, exactly
+	owner   string
+	endsOp  bool
+}
+
+const (
+	ownerInit    = "issue 16 item 2 (session: errors at *Init as the token gives them)"
+	ownerHandles = "executor (handle resolution invents CKR_KEY_HANDLE_INVALID)"
+	ownerGeneral = "executor (CKR_GENERAL_ERROR charged to the member at once)"
+	ownerLogin   = "session (login state checks)"
+	ownerABI     = "session (C-ABI argument checks)"
+	ownerOutage  = "session/executor (served members after C_CloseAllSessions)"
+	served       = "three served members"
+	inProcess1   = "one member"
+	inProcess3   = "three members"
+)
+
+var knownDefects = []knownDefect{
+	{step: "CBC-PAD IV of 8 bytes", got: "rv=0x0", owner: ownerInit},
+	{step: "CBC-PAD without IV", got: "rv=0x0", owner: ownerInit},
+	{step: "encrypt with HMAC key", got: "rv=0x0", owner: ownerInit},
+	{step: "encrypt with sign-only mechanism", got: "rv=0x0", owner: ownerInit},
+	{step: "GCM bad tag length", got: "rv=0x0", owner: ownerInit},
+	{step: "HMAC with short key", got: "rv=0x0", owner: ownerInit},
+	{step: "RSA PSS bad parameters", got: "rv=0x0", owner: ownerInit},
+	{step: "OAEP mismatched hash", got: "rv=0x0", owner: ownerInit},
+	{step: "OAEP without parameters", got: "rv=0x0", owner: ownerInit},
+	{step: "OAEP with SHA-256", got: "rv=0x0", owner: ownerInit},
+	{step: "encrypt with bad key handle", got: "rv=0x60", owner: ownerHandles},
+	{step: "wrap with bad wrapping key", got: "rv=0x60", owner: ownerHandles},
+	{step: "general: unwrap garbage", got: "rv=0x30", owner: ownerGeneral},
+	{step: "general: ECDH derive bad point", got: "rv=0x30", owner: ownerGeneral},
+	{step: "general: ECDH derive bad point", configs: []string{inProcess1}, got: "rv=0xb3", owner: ownerGeneral},
+	{step: "general: session after unwrap garbage", configs: []string{inProcess1}, got: "rv=0xb3", owner: ownerGeneral},
+	{step: "general: session after bad point", configs: []string{inProcess1}, got: "rv=0xb3", owner: ownerGeneral},
+	{step: "general: random after errors", configs: []string{inProcess1}, got: "rv=0xb3", owner: ownerGeneral},
+	{step: "general: logout", configs: []string{inProcess1}, got: "rv=0xb3", owner: ownerGeneral},
+	{step: "logout before login", got: "rv=0x101", owner: ownerLogin},
+	{step: "logout twice", got: "rv=0x101", owner: ownerLogin},
+	{step: "login SO while user", got: "rv=0x104", owner: ownerLogin},
+	{step: "create NULL template", got: "rv=0xd0", owner: ownerABI},
+}
+
+var _ = []string{served, inProcess3}
+
+// knownAt returns the known defects listed for step in config.
+func knownAt(config, step string) []knownDefect {
+	var out []knownDefect
+	for _, k := range knownDefects {
+		if k.step == step && (len(k.configs) == 0 || slices.Contains(k.configs, config)) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
