@@ -203,6 +203,8 @@ func sequence(t testing.TB) []step {
 	add(
 		st("create data object", "create $s %s", dataObj).saving("d=h"),
 		st("create token object read-only", "create $ro %s", dataObj),
+		st("create duplicate data object", "create $s %s", dataObj).saving("dup=h"),
+		st("destroy duplicate", "destroy $s $dup"),
 		st("object size", "objsize $s $d"),
 		st("object size bad handle", "objsize $s %d", badH),
 		st("attribute lengths", "getattr $s $d %s", tpl(gq(p.CKA_CLASS), gq(p.CKA_LABEL), gq(p.CKA_VALUE), gq(p.CKA_APPLICATION))),
@@ -311,8 +313,6 @@ func sequence(t testing.TB) []step {
 		st("CBC-PAD decrypt update", "decupd $s $ct 128").in("cbc-dec"),
 		st("CBC-PAD decrypt final query", "decfin $s -").in("cbc-dec"),
 		st("CBC-PAD decrypt final", "decfin $s 64").in("cbc-dec"),
-		st("decrypt with wrong padding init", "decinit $s %s $aes", cbc).in("cbc-bad"),
-		st("decrypt with wrong padding", "dec $s %s 64", data32).in("cbc-bad"),
 		st("GCM encrypt init", "encinit $s %s $aes", mech(p.CKM_AES_GCM, "gcm", "cafebabefacedbaddecaf888", "feedface", "128")).in("gcm"),
 		st("GCM encrypt query", "enc $s %s -", data20).in("gcm"),
 		st("GCM encrypt", "enc $s %s 128", data20).in("gcm").saving("gct=out"),
@@ -488,7 +488,7 @@ func generalErrors(t testing.TB) []step {
 		st("general: open", "open 0x%x", rw).saving("s=h"),
 		st("general: login", "login $s 1 user"),
 		st("general: session AES key", "create $s %s", tpl(tu(p.CKA_CLASS, p.CKO_SECRET_KEY), tu(p.CKA_KEY_TYPE, p.CKK_AES), tb(p.CKA_TOKEN, false),
-			tb(p.CKA_UNWRAP, true), tb(p.CKA_WRAP, true), tx(p.CKA_VALUE, k.aes))).saving("aes=h"),
+			tb(p.CKA_UNWRAP, true), tb(p.CKA_DECRYPT, true), tb(p.CKA_WRAP, true), tx(p.CKA_VALUE, k.aes))).saving("aes=h"),
 		st("general: session EC key", "create $s %s", tpl(tu(p.CKA_CLASS, p.CKO_PRIVATE_KEY), tu(p.CKA_KEY_TYPE, p.CKK_EC), tb(p.CKA_TOKEN, false),
 			tb(p.CKA_DERIVE, true), tx(p.CKA_EC_PARAMS, p256), tx(p.CKA_VALUE, k.ec.D.FillBytes(make([]byte, 32))))).saving("ec=h"),
 		st("general: unwrap garbage", "unwrap $s %s $aes %s %s", mech(p.CKM_AES_KEY_WRAP), hex.EncodeToString(seq(40, 3)), sessionSecret),
@@ -496,9 +496,24 @@ func generalErrors(t testing.TB) []step {
 		st("general: ECDH derive bad point", "derive $s %s $ec %s", mech(p.CKM_ECDH1_DERIVE, "ecdh", "1", "0102"),
 			tpl(tu(p.CKA_CLASS, p.CKO_SECRET_KEY), tu(p.CKA_KEY_TYPE, p.CKK_GENERIC_SECRET), tu(p.CKA_VALUE_LEN, 32), tb(p.CKA_TOKEN, false))),
 		st("general: session after bad point", "sessinfo $s"),
+		st("general: decrypt with wrong padding init", "decinit $s %s $aes", mech(p.CKM_AES_CBC_PAD, "x", hex.EncodeToString(seq(16, 0xc0)))).in("cbc-bad"),
+		st("general: decrypt with wrong padding", "dec $s %s 64", hex.EncodeToString(seq(32, 0))).in("cbc-bad"),
+		st("general: session after wrong padding", "sessinfo $s"),
 		st("general: random after errors", "random $s 16").skipping("out"),
 		st("general: logout", "logout $s"),
 		st("general: finalize", "fin"),
+	}
+}
+
+// cleanup destroys every object a user sees (between runs on one world).
+func cleanup() []step {
+	return []step{
+		st("cleanup: init", "init"),
+		st("cleanup: select slot", "slot %s", label),
+		st("cleanup: open", "open 0x%x", rw).saving("s=h"),
+		st("cleanup: login", "login $s 1 user"),
+		st("cleanup: destroy all", "destroyall $s"),
+		st("cleanup: finalize", "fin"),
 	}
 }
 

@@ -573,6 +573,26 @@ static void do_find(int argc, char **argv)
 		printf(" h=%lu", (unsigned long)hs[0]);
 }
 
+/* destroyall S: destroys every object the session sees (the harness's
+ * cleanup between runs, never compared); answers how many went. */
+static void do_destroyall(int argc, char **argv)
+{
+	need(argc, 2);
+	CK_SESSION_HANDLE s = num(argv[1]);
+	CK_OBJECT_HANDLE hs[256];
+	CK_ULONG n = 0, gone = 0;
+	CK_RV rv = f->C_FindObjectsInit(s, NULL, 0);
+	if (rv == CKR_OK)
+		rv = f->C_FindObjects(s, hs, 256, &n);
+	if (rv == CKR_OK)
+		rv = f->C_FindObjectsFinal(s);
+	for (CK_ULONG i = 0; rv == CKR_OK && i < n; i++) {
+		rv = f->C_DestroyObject(s, hs[i]);
+		gone += rv == CKR_OK;
+	}
+	printf("rv=0x%lx n=%lu", (unsigned long)rv, (unsigned long)gone);
+}
+
 static void do_findfin(int argc, char **argv)
 {
 	need(argc, 2);
@@ -804,7 +824,7 @@ static const struct {
     {"login", do_login},	{"logout", do_logout},	      {"create", do_create},
     {"copy", do_copy},		{"destroy", do_destroy},      {"objsize", do_objsize},
     {"getattr", do_getattr},	{"setattr", do_setattr},      {"findinit", do_findinit},
-    {"find", do_find},		{"findfin", do_findfin},      {"encinit", do_encinit},
+    {"find", do_find},		{"findfin", do_findfin},      {"destroyall", do_destroyall},      {"encinit", do_encinit},
     {"enc", do_enc},		{"encupd", do_encupd},	      {"encfin", do_encfin},
     {"decinit", do_decinit},	{"dec", do_dec},	      {"decupd", do_decupd},
     {"decfin", do_decfin},	{"diginit", do_diginit},      {"dig", do_dig},

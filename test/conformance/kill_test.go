@@ -1,0 +1,88 @@
+package conformance
+
+import (
+	"fmt"
+	"testing"
+)
+
+// fault is one kill or restart of a served member, before a step.
+type fault struct {
+	before  string // the step's name
+	member  int
+	restart bool
+}
+
+// faults kill a non-primary during a multi-part encryption, the primary
+// during an RSA signature and the key management after it, and another
+// non-primary while token objects are destroyed; each comes back later.
+var faults = []fault{
+	{before: "CBC-PAD encrypt update 2", member: 1},
+	{before: "HMAC sign init", member: 1, restart: true},
+	{before: "RSA sign", member: 0},
+	{before: "wrap query", member: 0, restart: true},
+	{before: "destroy data object", member: 2},
+	{before: "no objects left", member: 2, restart: true},
+}
+
+// TestConformanceUnderKill runs the sequence through three served members
+// while members are killed with SIGKILL and restarted between steps; the
+// only differences allowed beyond the documented ones are the
+// CKR_DEVICE_ERROR of a multi-part operation whose member died in it
+// (which ends it). Then, every member back, the sequence runs again and
+// must answer as the bare token.
+func TestConformanceUnderKill(t *testing.T) {
+	steps, general := sequence(t), generalErrors(t)
+	bare := newWorld(t, "bare token", 0, false)
+	want := play(t, bare, steps, nil)
+	wantGeneral := play(t, bare, general, nil)
+
+	w := newWorld(t, served, 3, true)
+	index := map[string]int{}
+	for i, s := range steps {
+		index[s.name] = i
+	}
+	at := map[int][]fault{}
+	for _, f := range faults {
+		i, ok := index[f.before]
+		if !ok {
+			t.Fatalf("fault before step %q, which the sequence does not have", f.before)
+		}
+		at[i] = append(at[i], f)
+	}
+	// cut holds the operations in progress when a member died.
+	cut := map[string]bool{}
+	inject := func(i int) {
+		for _, f := range at[i] {
+			s := w.served[f.member]
+			if f.restart {
+				t.Logf("restarting member m-%d before step %q", f.member, f.before)
+				s.Restart(t)
+				continue
+			}
+			t.Logf("killing member m-%d (SIGKILL) before step %q", f.member, f.before)
+			s.Kill()
+			if i > 0 && steps[i].op != "" && steps[i-1].op == steps[i].op {
+				cut[steps[i].op] = true
+			}
+		}
+	}
+	got := play(t, w, steps, inject)
+	midOp := allowance{
+		rule: func(want []answer, i int, got answer) bool {
+			return cut[want[i].step.op] && got.rv() == "0x30" && got.norm() == "rv=0x30"
+		},
+		endsOp: true,
+		design: "**A member's death mid-operation.**",
+	}
+	check(t, underKill, compare(underKill, want, got, append([]allowance{midOp}, allowances...)))
+	// What the run under kill left behind (a failed destroy) is not the
+	// next run's business: clear it, then every member is back.
+	for _, a := range play(t, w, cleanup(), nil) {
+		t.Logf("cleanup: %-20s %s", a.step.name, a.line)
+	}
+	for n, run := range [][2][]answer{{want, play(t, w, steps, nil)}, {wantGeneral, play(t, w, general, nil)}} {
+		t.Run(fmt.Sprintf("again %d", n+1), func(t *testing.T) {
+			check(t, "after restarts", compare(served, run[0], run[1], allowances))
+		})
+	}
+}
