@@ -12,16 +12,25 @@ type fault struct {
 	restart bool
 }
 
-// faults kill a non-primary during a multi-part encryption, the primary
-// during an RSA signature and the key management after it, and another
-// non-primary while token objects are destroyed; each comes back later.
-var faults = []fault{
-	{before: "CBC-PAD encrypt update 2", member: 1},
-	{before: "HMAC sign init", member: 1, restart: true},
-	{before: "RSA sign", member: 0},
-	{before: "wrap query", member: 0, restart: true},
-	{before: "destroy data object", member: 2},
-	{before: "no objects left", member: 2, restart: true},
+// plans are the runs under kill: a non-primary dies during a multi-part
+// encryption, the primary during an RSA signature and the key management
+// after it; in a run of its own (the first ends early today, see
+// known_test.go) another non-primary dies while token objects are
+// destroyed. Each comes back later in its run.
+var plans = []struct {
+	name   string
+	faults []fault
+}{
+	{"non-primary then primary", []fault{
+		{before: "CBC-PAD encrypt update 2", member: 1},
+		{before: "HMAC sign init", member: 1, restart: true},
+		{before: "RSA sign", member: 0},
+		{before: "wrap query", member: 0, restart: true},
+	}},
+	{"non-primary during destroys", []fault{
+		{before: "destroy data object", member: 2},
+		{before: "no objects left", member: 2, restart: true},
+	}},
 }
 
 // TestConformanceUnderKill runs the sequence through three served members
@@ -37,6 +46,37 @@ func TestConformanceUnderKill(t *testing.T) {
 	wantGeneral := play(t, bare, general, nil)
 
 	w := newWorld(t, served, 3, true)
+	for _, plan := range plans {
+		t.Run(plan.name, func(t *testing.T) {
+			got, cut := playFaults(t, w, steps, plan.faults)
+			midOp := allowance{
+				rule: func(want []answer, i int, got answer) bool {
+					return cut[want[i].step.op] && got.norm() == "rv=0x30"
+				},
+				endsOp: true,
+				design: "**A member's death mid-operation.**",
+			}
+			check(t, underKill, compare(underKill, want, got, append([]allowance{midOp}, allowances...)))
+			// What the run left behind is not the next run's business: a
+			// failed destroy, or (item 7, see TestObjectsAfterRestart) the
+			// objects a member that was away during the destroys brings back
+			// to the new process that cleans up.
+			for _, a := range play(t, w, cleanup(), nil) {
+				t.Logf("cleanup: %-20s %s", a.step.name, a.line)
+			}
+		})
+	}
+	for n, run := range [][2][]answer{{want, play(t, w, steps, nil)}, {wantGeneral, play(t, w, general, nil)}} {
+		t.Run(fmt.Sprintf("again %d", n+1), func(t *testing.T) {
+			check(t, "after restarts", compare(served, run[0], run[1], allowances))
+		})
+	}
+}
+
+// playFaults plays steps on w, injecting faults before the steps they
+// name, and returns the answers and the operations a death cut.
+func playFaults(t *testing.T, w *world, steps []step, faults []fault) ([]answer, map[string]bool) {
+	t.Helper()
 	index := map[string]int{}
 	for i, s := range steps {
 		index[s.name] = i
@@ -49,9 +89,8 @@ func TestConformanceUnderKill(t *testing.T) {
 		}
 		at[i] = append(at[i], f)
 	}
-	// cut holds the operations in progress when a member died.
 	cut := map[string]bool{}
-	inject := func(i int) {
+	got := play(t, w, steps, func(i int) {
 		for _, f := range at[i] {
 			s := w.served[f.member]
 			if f.restart {
@@ -65,24 +104,6 @@ func TestConformanceUnderKill(t *testing.T) {
 				cut[steps[i].op] = true
 			}
 		}
-	}
-	got := play(t, w, steps, inject)
-	midOp := allowance{
-		rule: func(want []answer, i int, got answer) bool {
-			return cut[want[i].step.op] && got.rv() == "0x30" && got.norm() == "rv=0x30"
-		},
-		endsOp: true,
-		design: "**A member's death mid-operation.**",
-	}
-	check(t, underKill, compare(underKill, want, got, append([]allowance{midOp}, allowances...)))
-	// What the run under kill left behind (a failed destroy) is not the
-	// next run's business: clear it, then every member is back.
-	for _, a := range play(t, w, cleanup(), nil) {
-		t.Logf("cleanup: %-20s %s", a.step.name, a.line)
-	}
-	for n, run := range [][2][]answer{{want, play(t, w, steps, nil)}, {wantGeneral, play(t, w, general, nil)}} {
-		t.Run(fmt.Sprintf("again %d", n+1), func(t *testing.T) {
-			check(t, "after restarts", compare(served, run[0], run[1], allowances))
-		})
-	}
+	})
+	return got, cut
 }
