@@ -158,10 +158,8 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		return nil, err
 	}
 	defer g.gate.leave()
-	for _, o := range inputs {
-		if err := o.usable(); err != nil {
-			return nil, wrap(err.(*Error), op, "", nil)
-		}
+	if err := usable(op, inputs); err != nil {
+		return nil, err
 	}
 	done, err := g.beginWrite(ctx, op)
 	if err != nil {
@@ -179,61 +177,30 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		// CKA_CLASS) may be a key that travels wrapped.
 		wrapped = wrapped || !in.classKnown || wrappedClass(in.class)
 	}
-	p := g.creator(wrapped)
-	if p == nil {
-		return nil, wrap(ErrNoMember, op, "", nil)
-	}
-	hs := make([]pkcs11.ObjectHandle, len(inputs))
-	for i, o := range inputs {
-		h, err := g.resolve(ctx, o, p)
-		if err != nil {
-			if errors.Is(err, errAbsent) {
-				return nil, wrap(ErrKeyHandle, op, p.Name(), errors.New("the primary does not hold the object"))
-			}
-			return nil, opErr(op, p.Name(), err)
-		}
-		hs[i] = h
-	}
 	session := false
 	for _, in := range ins {
 		session = session || !in.token
 	}
-	var target slotOps = p.Slot()
-	if session {
-		ps, err := s.physSession(ctx, p)
-		if err != nil {
-			return nil, opErr(op, p.Name(), err)
-		}
-		target = ps
-	}
+	finds := madeTemplates(ins, inputs)
+	named := slices.ContainsFunc(ins, func(in intent) bool { return in.explicitID })
+	var target slotOps
 	var out []pkcs11.ObjectHandle
-	make1 := func() (slot.Class, bool, error) {
-		return g.measure(ctx, p, func() (err error) {
-			out, err = do(ctx, target, hs)
+	p, err := g.exec(ctx, plan{
+		op: op, objs: inputs, absent: ErrKeyHandle,
+		next: func(skip memberSet) *member.Member { return g.creator(wrapped, skip) },
+		ready: func(ctx context.Context, m *member.Member) (err error) {
+			target = m.Slot()
+			if session {
+				target, err = s.physSession(ctx, m)
+			}
 			return err
-		})
-	}
-	class, fail, err := make1()
-	if err != nil && class == slot.ClassHealth && ambiguous(err) && g.nothingMade(ctx, p, ins) {
-		// CKR_GENERAL_ERROR or CKR_FUNCTION_FAILED: tokens give them for
-		// requests they dislike and, SoftHSM 2.6 for one, now and then
-		// for a creation that overlaps another on the same token. Nothing
-		// of the first try is on the primary: one more try.
-		class, fail, err = make1()
-	}
+		},
+	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = makeOn(ctx, op, sl, target, finds, named, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
+		return err
+	})
 	if err != nil {
-		if class == slot.ClassHealth && fail && !ambiguous(err) {
-			// Only a clear health error (a device error, a timeout) fails
-			// the primary. An ambiguous one is never charged: no other
-			// member can serve the same creation to tell the request's
-			// fault from the member's (a second copy would be a
-			// duplicate), and failing the primary for it would take the
-			// last serving member down with a request. A member that is
-			// really unwell shows it on the next operations, which can
-			// fail over.
-			g.failMember(p, err)
-		}
-		return nil, opErr(op, p.Name(), err)
+		return nil, err
 	}
 	ms := make([]made, len(out))
 	for i, h := range out {
@@ -367,31 +334,104 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 	}
 }
 
-// nothingMade reports whether p holds no object under the identity of any
-// of ins, so that a creation that failed can be tried again without
-// making a duplicate. A template that names no CKA_ID or CKA_LABEL cannot
-// be checked (and a copy keeps its source's identity, which is found):
-// false. A search that fails: false.
-func (g *Group) nothingMade(ctx context.Context, p *member.Member, ins []intent) bool {
-	for _, in := range ins {
-		if !in.classKnown || !(hasValue(in.tmpl, pkcs11.CKA_ID) || hasValue(in.tmpl, pkcs11.CKA_LABEL)) {
-			return false
-		}
-		tmpl := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, in.class), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, in.token)}
-		for _, t := range []uint{pkcs11.CKA_ID, pkcs11.CKA_LABEL} {
-			if i := attrIndex(in.tmpl, t); i >= 0 {
-				tmpl = append(tmpl, in.tmpl[i])
-			}
-		}
-		var found []pkcs11.ObjectHandle
-		if _, err := g.call(ctx, p, func() (err error) {
-			found, err = p.Slot().FindObjects(ctx, tmpl)
-			return err
-		}); err != nil || len(found) > 0 {
-			return false
+// makeOn runs do, a creation on member slot sl (target: sl or this
+// session's physical session there), and leaves nothing behind when it
+// fails: what it made is found by finds (madeTemplates) and destroyed
+// (SoftHSM, for one, keeps the key of a C_UnwrapKey it then refuses with
+// CKR_ATTRIBUTE_READ_ONLY). One ambiguous answer (CKR_GENERAL_ERROR:
+// SoftHSM 2.6's now and then to a creation that overlaps another on the
+// token) is tried again once the member holds nothing of it. A failure
+// after which the member may keep a key of its own making (it did not
+// answer, or a hung generation may still finish) is final (stop): made
+// again elsewhere under the same identity it would be a second, different
+// key. Other creations (an import, an unwrap, a derivation, a copy) make
+// the same object wherever they run, so exec may try them on the next
+// member.
+func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, finds [][]*pkcs11.Attribute, named bool,
+	do func() ([]pkcs11.ObjectHandle, error)) ([]pkcs11.ObjectHandle, error) {
+	var before []pkcs11.ObjectHandle
+	if named {
+		// The application named the object: others of that name may be
+		// there already, and are not this call's to remove.
+		var err error
+		if before, err = findMade(ctx, sl, finds); err != nil {
+			return nil, err
 		}
 	}
-	return true
+	for again := false; ; again = true {
+		out, err := do()
+		if err == nil {
+			return out, nil
+		}
+		clean := removeMade(context.WithoutCancel(ctx), sl, target, finds, before)
+		switch {
+		case slot.ClassOf(err) != slot.ClassHealth:
+			return nil, err
+		case slot.Ambiguous(err) && clean && !again && ctx.Err() == nil:
+			continue
+		case (!clean || errors.Is(err, slot.ErrTimeout)) && (op == "GenerateKey" || op == "GenerateKeyPair"):
+			return nil, &stop{err}
+		}
+		return nil, err
+	}
+}
+
+// madeTemplates returns, per intent, a search for what its creation
+// makes: the class when known, CKA_TOKEN, and the CKA_ID and CKA_LABEL
+// the call sets (the group sets a random CKA_ID or label where the
+// application set neither), or those of the source of a copy.
+func madeTemplates(ins []intent, inputs []*vobject) [][]*pkcs11.Attribute {
+	out := make([][]*pkcs11.Attribute, len(ins))
+	for i, in := range ins {
+		t := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, in.token)}
+		if in.classKnown {
+			t = append(t, pkcs11.NewAttribute(pkcs11.CKA_CLASS, in.class))
+		}
+		named := false
+		for _, a := range []uint{pkcs11.CKA_ID, pkcs11.CKA_LABEL} {
+			if j := attrIndex(in.tmpl, a); j >= 0 {
+				t, named = append(t, in.tmpl[j]), true
+			}
+		}
+		if !named && len(inputs) > 0 {
+			id := inputs[0].identity()
+			t = append(t, pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)))
+			if id.Class != pkcs11.CKO_DATA {
+				t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
+			}
+		}
+		out[i] = t
+	}
+	return out
+}
+
+// findMade lists the objects finds find on sl.
+func findMade(ctx context.Context, sl *slot.Slot, finds [][]*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
+	var out []pkcs11.ObjectHandle
+	for _, t := range finds {
+		hs, err := sl.FindObjects(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, hs...)
+	}
+	return out, nil
+}
+
+// removeMade destroys the objects finds find on sl that were not there
+// before, and reports whether sl is known to hold none of them now.
+func removeMade(ctx context.Context, sl *slot.Slot, target slotOps, finds [][]*pkcs11.Attribute, before []pkcs11.ObjectHandle) bool {
+	now, err := findMade(ctx, sl, finds)
+	if err != nil {
+		return false
+	}
+	clean := true
+	for _, h := range now {
+		if !slices.Contains(before, h) {
+			clean = target.DestroyObject(ctx, h) == nil && clean
+		}
+	}
+	return clean
 }
 
 // slotOps is what key management needs from a pooled slot or a session.
@@ -470,7 +510,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 				// another on the token) gets one more try; a failed copy
 				// leaves nothing behind, and a second try finds a copy
 				// the first one made after all.
-				if err == nil || again || !ambiguous(err) || ctx.Err() != nil {
+				if err == nil || again || !slot.Ambiguous(err) || ctx.Err() != nil {
 					return
 				}
 			}
@@ -574,6 +614,15 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 		return fmt.Errorf("the primary failed before another member held a copy: %w", sourceErr)
 	}
+	if err := unservedCopy(targets, errs, skipped); err != nil {
+		// The rule (attempt.go): an ambiguous answer fails a target only
+		// once another member served the same copy. None did: the
+		// request's fault; nobody is failed and nothing is made.
+		for k := range targets {
+			takeBack(k)
+		}
+		return err
+	}
 	sourceFailed := false
 	for i, t := range targets {
 		if errs[i] != nil {
@@ -621,12 +670,29 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	return nil
 }
 
+// unservedCopy returns a target's ambiguous error when no target took the
+// copy and every target that failed answered ambiguously.
+func unservedCopy(targets []*member.Member, errs []error, skipped [][]bool) error {
+	var amb error
+	for i := range targets {
+		switch {
+		case errs[i] == nil && slices.Contains(skipped[i], false):
+			return nil // served
+		case errs[i] != nil && !slot.Ambiguous(errs[i]):
+			return nil
+		case errs[i] != nil:
+			amb = errs[i]
+		}
+	}
+	return amb
+}
+
 // sourceUnwell reports whether a replication error is the primary p
 // failing for a health reason (killed, hung) while being read or wrapped:
 // the fault is the source's, not the target's.
 func sourceUnwell(err error, p *member.Member) bool {
 	var se *slot.Error
-	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth && !ambiguous(err)
+	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth && !slot.Ambiguous(err)
 }
 
 // sourceRefused reports whether a replication error is the primary p
@@ -641,7 +707,7 @@ func sourceRefused(err error, p *member.Member) bool {
 		// The primary's domain key is weak: nothing leaves it.
 		return we.Member == p.Name()
 	}
-	return errors.As(err, &se) && se.Member == p.Name() && (slot.ClassOf(err) == slot.ClassRequest || ambiguous(err))
+	return errors.As(err, &se) && se.Member == p.Name() && (slot.ClassOf(err) == slot.ClassRequest || slot.Ambiguous(err))
 }
 
 // destroyIn takes back a copy made on dst (errors ignored: the copy is
@@ -856,9 +922,7 @@ func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vo
 	}
 	o, err := g.object(op, h)
 	if err == nil {
-		if uerr := o.usable(); uerr != nil {
-			err = wrap(uerr.(*Error), op, "", nil)
-		}
+		err = usable(op, []*vobject{o})
 	}
 	if err != nil {
 		g.gate.leave()
@@ -912,33 +976,8 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 			}
 		}()
 	}
-	ms := g.serving()
-	var first *member.Member
-	var lastHealth error
-	rest := ms
-	for len(rest) > 0 && first == nil {
-		m := rest[0]
-		rest = rest[1:]
-		err := g.destroyOn(ctx, o, m)
-		if err == nil {
-			first = m
-			break
-		}
-		switch {
-		case errors.Is(err, errAbsent):
-			continue
-		case errors.Is(err, ErrConflict):
-			return wrap(ErrConflict, op, m.Name(), err)
-		case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
-			lastHealth = err
-			continue
-		}
-		return opErr(op, m.Name(), err)
-	}
-	if first == nil {
-		if lastHealth != nil {
-			return wrap(ErrNoMember, op, "", lastHealth)
-		}
+	first, err := g.exec(ctx, g.writePlan(op, o, g.inOrder), g.destroyAttempt(o))
+	if errors.Is(err, ErrObjectHandle) {
 		// No serving member holds it: it is gone, and its tombstone
 		// stands. It may be gone on the tombstone's own account: a
 		// catch-up in another process that read the tombstone, recorded
@@ -947,15 +986,21 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		// holds a copy.
 		destroyed = true
 		g.objs.remove(o)
-		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
+		return err
+	}
+	if err != nil {
+		return err
 	}
 	destroyed = true
 	g.emit(Event{Kind: ObjectDestroyed, Member: first.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
 	var wg sync.WaitGroup
-	for _, m := range rest {
+	for _, m := range g.serving() {
+		if m == first {
+			continue
+		}
 		wg.Go(func() {
-			err := g.destroyOn(ctx, o, m)
-			if errors.Is(err, errAbsent) {
+			_, err := g.exec(ctx, g.writePlan(op, o, only(m)), g.destroyAttempt(o))
+			if gone(err) {
 				return
 			}
 			if err != nil {
@@ -992,41 +1037,30 @@ func (g *Group) revokeTombstone(ctx context.Context, t tombstone.Tombstone) {
 	}
 }
 
-// destroyOn destroys o on member m. An object already gone there is done,
-// not a failure: a handle the member no longer knows
-// (CKR_OBJECT_HANDLE_INVALID: the object was destroyed there meanwhile, by
-// another process's destroy or a recovery applying a tombstone, or the
-// cached handle is stale) is looked up again by identity once, and
-// errAbsent is returned when the member does not hold the object any
-// more. A member the group had found without the object is searched
-// again. A request error is never charged to the member's health.
-func (g *Group) destroyOn(ctx context.Context, o *vobject, m *member.Member) error {
-	if r := o.ref(m.Index()); r != nil && r.absent {
-		// "Not there" may be old news: another process's replication or
-		// catch-up may have brought the object since. Look again.
-		o.forget(m.Index())
-	}
-	for again := false; ; again = true {
-		ph, err := g.resolve(ctx, o, m)
-		if err != nil {
+// writePlan is the plan of a change of o on the members next offers.
+func (g *Group) writePlan(op string, o *vobject, next func(memberSet) *member.Member) plan {
+	return plan{op: op, objs: []*vobject{o}, next: next, absent: ErrObjectHandle}
+}
+
+// destroyAttempt destroys o on one member, and any second copy of it
+// there (destroyCopies). A handle the member no longer knows
+// (CKR_OBJECT_HANDLE_INVALID: destroyed there meanwhile, by another
+// process's destroy or a recovery applying a tombstone, or a stale cached
+// handle) is looked up again by exec; a member that no longer holds the
+// object is skipped.
+func (g *Group) destroyAttempt(o *vobject) attempt {
+	return func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		if err := s.DestroyObject(ctx, hs[0]); err != nil {
 			return err
 		}
-		_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
-		if err == nil {
-			g.destroyCopies(ctx, o, m)
-			return nil
-		}
-		if !isHandleError(err) {
-			return err
-		}
-		o.forget(m.Index())
-		if again {
-			// Found by identity and gone again before the destroy
-			// reached it: someone else destroyed it.
-			return errAbsent
-		}
+		g.destroyCopies(ctx, o, m)
+		return nil
 	}
 }
+
+// gone reports whether a change of an object on one member found it gone
+// there: not held, or destroyed under the change by someone else.
+func gone(err error) bool { return errors.Is(err, ErrObjectHandle) || isHandleError(err) }
 
 // destroyCopies destroys, after o's destroy on token member m, any other
 // copy of o that m still holds: an object with o's identity and o's
@@ -1148,57 +1182,32 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		attrs = append(attrs, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
 		addedWWT = true
 	}
-	apply := func(m *member.Member) error {
+	set := func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) error {
 		if len(attrs) == 0 {
 			return nil
 		}
-		ph, err := g.resolve(ctx, o, m)
-		if err != nil {
-			return err
-		}
-		_, err = g.call(ctx, m, func() error { return m.Slot().SetAttributes(ctx, ph, attrs) })
+		err := sl.SetAttributes(ctx, hs[0], attrs)
 		if err != nil && addedWWT && slot.CodeOf(err) == pkcs11.CKR_ATTRIBUTE_READ_ONLY {
 			// The token keeps CKA_WRAP_WITH_TRUSTED fixed (SoftHSM): the
 			// promise then holds in this process only.
-			rest := attrs[:len(attrs)-1]
-			if len(rest) == 0 {
-				return nil
+			if rest := attrs[:len(attrs)-1]; len(rest) > 0 {
+				return sl.SetAttributes(ctx, hs[0], rest)
 			}
-			_, err = g.call(ctx, m, func() error { return m.Slot().SetAttributes(ctx, ph, rest) })
+			return nil
 		}
 		return err
 	}
-	var first *member.Member
-	var lastHealth error
-	rest := ms
-	for len(rest) > 0 && first == nil {
-		m := rest[0]
-		rest = rest[1:]
-		err := apply(m)
-		switch {
-		case err == nil:
-			first = m
-			continue
-		case errors.Is(err, errAbsent):
-			continue
-		case errors.Is(err, ErrConflict):
-			return wrap(ErrConflict, op, m.Name(), err)
-		case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
-			lastHealth = err
-			continue
-		}
-		return opErr(op, m.Name(), err)
-	}
-	if first == nil {
-		if lastHealth != nil {
-			return wrap(ErrNoMember, op, "", lastHealth)
-		}
-		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
+	first, err := g.exec(ctx, g.writePlan(op, o, g.inOrder), set)
+	if err != nil {
+		return err
 	}
 	var wg sync.WaitGroup
-	for _, m := range rest {
+	for _, m := range g.serving() {
+		if m == first {
+			continue
+		}
 		wg.Go(func() {
-			if err := apply(m); err != nil && !errors.Is(err, errAbsent) {
+			if _, err := g.exec(ctx, g.writePlan(op, o, only(m)), set); err != nil && !gone(err) {
 				g.replicationFailed(m, o.identity(), fmt.Errorf("set attributes: %w", err))
 				return
 			}

@@ -195,7 +195,7 @@ func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, k
 		avoid = g.wrapWithTrustedCopies(ctx, k)
 	}
 	var out []byte
-	err = g.runAvoiding(ctx, "WrapKey", []*vobject{w, k}, avoid, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	_, err = g.exec(ctx, plan{op: "WrapKey", objs: []*vobject{w, k}, avoid: avoid}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = s.WrapKey(ctx, mech, hs[0], hs[1])
 		return err
 	})
