@@ -181,8 +181,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	for _, in := range ins {
 		session = session || !in.token
 	}
-	finds := madeTemplates(ins, inputs)
-	named := slices.ContainsFunc(ins, func(in intent) bool { return in.explicitID })
+	left := newLeftovers(ins, inputs)
 	var target slotOps
 	var out []pkcs11.ObjectHandle
 	p, err := g.exec(ctx, plan{
@@ -196,7 +195,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 			return err
 		},
 	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		out, err = makeOn(ctx, op, sl, target, finds, named, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
+		out, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
 		return err
 	})
 	if err != nil {
@@ -336,9 +335,7 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 
 // makeOn runs do, a creation on member slot sl (target: sl or this
 // session's physical session there), and leaves nothing behind when it
-// fails: what it made is found by finds (madeTemplates) and destroyed
-// (SoftHSM, for one, keeps the key of a C_UnwrapKey it then refuses with
-// CKR_ATTRIBUTE_READ_ONLY). One ambiguous answer (CKR_GENERAL_ERROR:
+// fails (see leftovers). One ambiguous answer (CKR_GENERAL_ERROR:
 // SoftHSM 2.6's now and then to a creation that overlaps another on the
 // token) is tried again once the member holds nothing of it. A failure
 // after which the member may keep a key of its own making (it did not
@@ -347,23 +344,17 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 // key. Other creations (an import, an unwrap, a derivation, a copy) make
 // the same object wherever they run, so exec may try them on the next
 // member.
-func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, finds [][]*pkcs11.Attribute, named bool,
+func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left leftovers,
 	do func() ([]pkcs11.ObjectHandle, error)) ([]pkcs11.ObjectHandle, error) {
-	var before []pkcs11.ObjectHandle
-	if named {
-		// The application named the object: others of that name may be
-		// there already, and are not this call's to remove.
-		var err error
-		if before, err = findMade(ctx, sl, finds); err != nil {
-			return nil, err
-		}
+	if err := left.snapshot(ctx, sl); err != nil {
+		return nil, err
 	}
 	for again := false; ; again = true {
 		out, err := do()
 		if err == nil {
 			return out, nil
 		}
-		clean := removeMade(context.WithoutCancel(ctx), sl, target, finds, before)
+		clean := left.remove(context.WithoutCancel(ctx), sl, target)
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
 			return nil, err
@@ -374,64 +365,6 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, finds
 		}
 		return nil, err
 	}
-}
-
-// madeTemplates returns, per intent, a search for what its creation
-// makes: the class when known, CKA_TOKEN, and the CKA_ID and CKA_LABEL
-// the call sets (the group sets a random CKA_ID or label where the
-// application set neither), or those of the source of a copy.
-func madeTemplates(ins []intent, inputs []*vobject) [][]*pkcs11.Attribute {
-	out := make([][]*pkcs11.Attribute, len(ins))
-	for i, in := range ins {
-		t := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, in.token)}
-		if in.classKnown {
-			t = append(t, pkcs11.NewAttribute(pkcs11.CKA_CLASS, in.class))
-		}
-		named := false
-		for _, a := range []uint{pkcs11.CKA_ID, pkcs11.CKA_LABEL} {
-			if j := attrIndex(in.tmpl, a); j >= 0 {
-				t, named = append(t, in.tmpl[j]), true
-			}
-		}
-		if !named && len(inputs) > 0 {
-			id := inputs[0].identity()
-			t = append(t, pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)))
-			if id.Class != pkcs11.CKO_DATA {
-				t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
-			}
-		}
-		out[i] = t
-	}
-	return out
-}
-
-// findMade lists the objects finds find on sl.
-func findMade(ctx context.Context, sl *slot.Slot, finds [][]*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
-	var out []pkcs11.ObjectHandle
-	for _, t := range finds {
-		hs, err := sl.FindObjects(ctx, t)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, hs...)
-	}
-	return out, nil
-}
-
-// removeMade destroys the objects finds find on sl that were not there
-// before, and reports whether sl is known to hold none of them now.
-func removeMade(ctx context.Context, sl *slot.Slot, target slotOps, finds [][]*pkcs11.Attribute, before []pkcs11.ObjectHandle) bool {
-	now, err := findMade(ctx, sl, finds)
-	if err != nil {
-		return false
-	}
-	clean := true
-	for _, h := range now {
-		if !slices.Contains(before, h) {
-			clean = target.DestroyObject(ctx, h) == nil && clean
-		}
-	}
-	return clean
 }
 
 // slotOps is what key management needs from a pooled slot or a session.
