@@ -3,6 +3,8 @@ package group
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -209,6 +211,38 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 		return nil, p.notHeld()
 	}
 	return nil, v.unserved(p.op)
+}
+
+// writeAll changes o on every serving member: first on one, in
+// configured order (whose refusal is returned as it is and nothing else
+// is touched), then on the others in parallel. A member where the change
+// fails is failed (it no longer holds what the group holds; recovery
+// catches it up); done is called for each member changed.
+func (g *Group) writeAll(ctx context.Context, op string, o *vobject, fn attempt, done func(*member.Member)) error {
+	first, err := g.exec(ctx, plan{op: op, objs: []*vobject{o}, next: g.inOrder, absent: ErrObjectHandle}, fn)
+	if err != nil {
+		return err
+	}
+	done(first)
+	var wg sync.WaitGroup
+	for _, m := range g.serving() {
+		if m == first {
+			continue
+		}
+		wg.Go(func() {
+			_, err := g.exec(ctx, plan{op: op, objs: []*vobject{o}, next: only(m), absent: ErrObjectHandle}, fn)
+			switch {
+			case err == nil:
+				done(m)
+			case !errors.Is(err, ErrObjectHandle) && !isHandleError(err):
+				// (Not held there, or destroyed under the change by
+				// someone else: nothing to change.)
+				g.replicationFailed(m, o.identity(), fmt.Errorf("%s: %w", op, err))
+			}
+		})
+	}
+	wg.Wait()
+	return nil
 }
 
 // usable returns the error for the first of objs that cannot be used.

@@ -23,17 +23,9 @@ import (
 // member, in parallel, before the call returns. A member that cannot take
 // the object is failed (it catches up on recovery) and a ReplicationFailed
 // event says why; the call succeeds while the primary holds the object.
-// Creation is not retried on another member after a health failure of the
-// primary: the object may exist there, and a second one made elsewhere
-// would be a duplicate under the same identity. The caller gets
-// CKR_DEVICE_ERROR and may try again (the primary has moved on).
-// CKR_GENERAL_ERROR and CKR_FUNCTION_FAILED are ambiguous (a token's
-// answer to a request it dislikes, or SoftHSM 2.6's now and then to a
-// creation that overlaps another on the token): they never fail the
-// primary — no other member can serve the same creation to tell whose
-// fault it is — and one such answer is tried again on the primary when
-// nothing under the new object's identity is there; a second goes to the
-// caller. A copy to another member that gets one is tried once more too.
+// The primary is chosen, and failed over, by exec (attempt.go): a creation
+// that has changed no member moves to the next primary, and one that
+// failed leaves nothing on the member (makeOn, leftovers).
 //
 // Identity must be unique among token objects: an object made with the
 // CKA_CLASS, CKA_KEY_TYPE, CKA_ID and CKA_LABEL of an existing one is
@@ -185,7 +177,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	var target slotOps
 	var out []pkcs11.ObjectHandle
 	p, err := g.exec(ctx, plan{
-		op: op, objs: inputs, absent: ErrKeyHandle,
+		op: op, objs: inputs,
 		next: func(skip memberSet) *member.Member { return g.creator(wrapped, skip) },
 		ready: func(ctx context.Context, m *member.Member) (err error) {
 			target = m.Slot()
@@ -354,13 +346,15 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left 
 		if err == nil {
 			return out, nil
 		}
-		clean := left.remove(context.WithoutCancel(ctx), sl, target)
+		// A member that did not answer is not asked again: what it may
+		// hold stays unknown.
+		clean := !errors.Is(err, slot.ErrTimeout) && left.remove(context.WithoutCancel(ctx), sl, target)
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
 			return nil, err
 		case slot.Ambiguous(err) && clean && !again && ctx.Err() == nil:
 			continue
-		case (!clean || errors.Is(err, slot.ErrTimeout)) && (op == "GenerateKey" || op == "GenerateKeyPair"):
+		case !clean && (op == "GenerateKey" || op == "GenerateKeyPair"):
 			return nil, &stop{err}
 		}
 		return nil, err
@@ -661,22 +655,34 @@ func (g *Group) replicationFailed(m *member.Member, id replica.Identity, err err
 	g.failMember(m, fmt.Errorf("replication of %v: %w", id, err))
 }
 
-// CreateObject makes an object from tmpl on the primary and replicates it.
-func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+// intent adapts tmpl for the group (Group.prepare) on the primary.
+func (s *Session) intent(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, id []byte, from *vobject) (intent, error) {
 	p := s.g.primary()
 	if p == nil {
-		return 0, wrap(ErrNoMember, "CreateObject", "", nil)
+		return intent{}, wrap(ErrNoMember, op, "", nil)
 	}
+	return s.g.prepare(ctx, p, tmpl, class, id, from)
+}
+
+// createOne makes one object by do (see createOn) from tmpl, of class
+// (0: the template's), an unnamed one under a random CKA_ID.
+func (s *Session) createOne(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, inputs []*vobject,
+	do func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error)) (ObjectHandle, error) {
 	id, err := randomID()
 	if err != nil {
 		return 0, err
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, 0, id, nil)
+	in, err := s.intent(ctx, op, tmpl, class, id, nil)
 	if err != nil {
 		return 0, err
 	}
-	hs, err := s.createOn(ctx, "CreateObject", []intent{in}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		h, err := t.CreateObject(ctx, in.tmpl)
+	return s.createIntent(ctx, op, in, inputs, do)
+}
+
+func (s *Session) createIntent(ctx context.Context, op string, in intent, inputs []*vobject,
+	do func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error)) (ObjectHandle, error) {
+	hs, err := s.createOn(ctx, op, []intent{in}, inputs, func(ctx context.Context, t slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		h, err := do(ctx, t, in, hs)
 		return []pkcs11.ObjectHandle{h}, err
 	})
 	if err != nil {
@@ -685,46 +691,33 @@ func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (O
 	return hs[0], nil
 }
 
+// CreateObject makes an object from tmpl on the primary and replicates it.
+func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+	return s.createOne(ctx, "CreateObject", tmpl, 0, nil, func(ctx context.Context, t slotOps, in intent, _ []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.CreateObject(ctx, in.tmpl)
+	})
+}
+
 // GenerateKey generates a secret key on the primary and replicates it.
 func (s *Session) GenerateKey(ctx context.Context, mech *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "GenerateKey", "", nil)
-	}
-	id, err := randomID()
-	if err != nil {
-		return 0, err
-	}
-	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id, nil)
-	if err != nil {
-		return 0, err
-	}
-	hs, err := s.createOn(ctx, "GenerateKey", []intent{in}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		h, err := t.GenerateKey(ctx, mech, in.tmpl)
-		return []pkcs11.ObjectHandle{h}, err
+	return s.createOne(ctx, "GenerateKey", tmpl, pkcs11.CKO_SECRET_KEY, nil, func(ctx context.Context, t slotOps, in intent, _ []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.GenerateKey(ctx, mech, in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // GenerateKeyPair generates a key pair on the primary and replicates both
 // halves (all or nothing per member).
 func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (ObjectHandle, ObjectHandle, error) {
-	p := s.g.primary()
-	if p == nil {
-		return 0, 0, wrap(ErrNoMember, "GenerateKeyPair", "", nil)
-	}
+	const op = "GenerateKeyPair"
 	id, err := randomID()
 	if err != nil {
 		return 0, 0, err
 	}
-	pin, err := s.g.prepare(ctx, p, pub, pkcs11.CKO_PUBLIC_KEY, id, nil)
+	pin, err := s.intent(ctx, op, pub, pkcs11.CKO_PUBLIC_KEY, id, nil)
 	if err != nil {
 		return 0, 0, err
 	}
-	prin, err := s.g.prepare(ctx, p, priv, pkcs11.CKO_PRIVATE_KEY, id, nil)
+	prin, err := s.intent(ctx, op, priv, pkcs11.CKO_PRIVATE_KEY, id, nil)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -742,7 +735,7 @@ func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, p
 		pin.tmpl = setAttr(pin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 		prin.tmpl = setAttr(prin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 	}
-	hs, err := s.createOn(ctx, "GenerateKeyPair", []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+	hs, err := s.createOn(ctx, op, []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		a, b, err := t.GenerateKeyPair(ctx, mech, pin.tmpl, prin.tmpl)
 		return []pkcs11.ObjectHandle{a, b}, err
 	})
@@ -760,15 +753,11 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 	if err != nil {
 		return 0, err
 	}
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "CopyObject", "", nil)
-	}
 	class := src.identity().Class
 	if src.isKey() && class != pkcs11.CKO_PUBLIC_KEY {
 		s.g.unextractable(ctx, src) // the copy's default (protect)
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, class, nil, src)
+	in, err := s.intent(ctx, "CopyObject", tmpl, class, nil, src)
 	if err != nil {
 		return 0, err
 	}
@@ -780,14 +769,9 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 		in.class, in.classKnown = class, true
 	}
 	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
-	hs, err := s.createOn(ctx, "CopyObject", []intent{in}, []*vobject{src}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		nh, err := t.CopyObject(ctx, ins[0], in.tmpl)
-		return []pkcs11.ObjectHandle{nh}, err
+	return s.createIntent(ctx, "CopyObject", in, []*vobject{src}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.CopyObject(ctx, hs[0], in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // UnwrapKey unwraps blob under unwrapping on the primary and replicates the
@@ -797,26 +781,9 @@ func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapp
 	if err != nil {
 		return 0, err
 	}
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "UnwrapKey", "", nil)
-	}
-	id, err := randomID()
-	if err != nil {
-		return 0, err
-	}
-	in, err := s.g.prepare(ctx, p, tmpl, 0, id, nil)
-	if err != nil {
-		return 0, err
-	}
-	hs, err := s.createOn(ctx, "UnwrapKey", []intent{in}, []*vobject{uk}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		nh, err := t.UnwrapKey(ctx, mech, ins[0], blob, in.tmpl)
-		return []pkcs11.ObjectHandle{nh}, err
+	return s.createOne(ctx, "UnwrapKey", tmpl, 0, []*vobject{uk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.UnwrapKey(ctx, mech, hs[0], blob, in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // DeriveKey derives a key from base on the primary and replicates it.
@@ -825,26 +792,9 @@ func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base Ob
 	if err != nil {
 		return 0, err
 	}
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "DeriveKey", "", nil)
-	}
-	id, err := randomID()
-	if err != nil {
-		return 0, err
-	}
-	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id, nil)
-	if err != nil {
-		return 0, err
-	}
-	hs, err := s.createOn(ctx, "DeriveKey", []intent{in}, []*vobject{bk}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		nh, err := t.DeriveKey(ctx, mech, ins[0], in.tmpl)
-		return []pkcs11.ObjectHandle{nh}, err
+	return s.createOne(ctx, "DeriveKey", tmpl, pkcs11.CKO_SECRET_KEY, []*vobject{bk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.DeriveKey(ctx, mech, hs[0], in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // writeObject enters the group, finds the usable object h and takes the
@@ -909,7 +859,10 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 			}
 		}()
 	}
-	first, err := g.exec(ctx, g.writePlan(op, o, g.inOrder), g.destroyAttempt(o))
+	destroyedOn := func(m *member.Member) {
+		g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
+	}
+	err = g.writeAll(ctx, op, o, g.destroyAttempt(o), destroyedOn)
 	if errors.Is(err, ErrObjectHandle) {
 		// No serving member holds it: it is gone, and its tombstone
 		// stands. It may be gone on the tombstone's own account: a
@@ -925,25 +878,6 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		return err
 	}
 	destroyed = true
-	g.emit(Event{Kind: ObjectDestroyed, Member: first.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
-	var wg sync.WaitGroup
-	for _, m := range g.serving() {
-		if m == first {
-			continue
-		}
-		wg.Go(func() {
-			_, err := g.exec(ctx, g.writePlan(op, o, only(m)), g.destroyAttempt(o))
-			if gone(err) {
-				return
-			}
-			if err != nil {
-				g.replicationFailed(m, o.identity(), fmt.Errorf("destroy: %w", err))
-				return
-			}
-			g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
-		})
-	}
-	wg.Wait()
 	g.objs.remove(o)
 	g.changes.Add(1)
 	if o.token {
@@ -970,11 +904,6 @@ func (g *Group) revokeTombstone(ctx context.Context, t tombstone.Tombstone) {
 	}
 }
 
-// writePlan is the plan of a change of o on the members next offers.
-func (g *Group) writePlan(op string, o *vobject, next func(memberSet) *member.Member) plan {
-	return plan{op: op, objs: []*vobject{o}, next: next, absent: ErrObjectHandle}
-}
-
 // destroyAttempt destroys o on one member, and any second copy of it
 // there (destroyCopies). A handle the member no longer knows
 // (CKR_OBJECT_HANDLE_INVALID: destroyed there meanwhile, by another
@@ -990,10 +919,6 @@ func (g *Group) destroyAttempt(o *vobject) attempt {
 		return nil
 	}
 }
-
-// gone reports whether a change of an object on one member found it gone
-// there: not held, or destroyed under the change by someone else.
-func gone(err error) bool { return errors.Is(err, ErrObjectHandle) || isHandleError(err) }
 
 // destroyCopies destroys, after o's destroy on token member m, any other
 // copy of o that m still holds: an object with o's identity and o's
@@ -1107,9 +1032,8 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 	if i := attrIndex(attrs, pkcs11.CKA_LABEL); i >= 0 {
 		newID.Label = string(attrs[i].Value)
 	}
-	ms := g.serving()
 	addedWWT := false
-	if makeUnextractable && attrIndex(attrs, pkcs11.CKA_WRAP_WITH_TRUSTED) < 0 && len(ms) > 0 && g.domainTrusted(ctx, ms[0]) {
+	if ms := g.serving(); makeUnextractable && attrIndex(attrs, pkcs11.CKA_WRAP_WITH_TRUSTED) < 0 && len(ms) > 0 && g.domainTrusted(ctx, ms[0]) {
 		// Mark it for other processes too (see WrapKey), where the token
 		// lets CKA_WRAP_WITH_TRUSTED go from false to true.
 		attrs = append(attrs, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
@@ -1130,24 +1054,12 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		}
 		return err
 	}
-	first, err := g.exec(ctx, g.writePlan(op, o, g.inOrder), set)
-	if err != nil {
+	replicated := func(m *member.Member) {
+		g.emit(Event{Kind: ObjectReplicated, Member: m.Name(), Object: newID, Fingerprint: o.fingerprint()})
+	}
+	if err := g.writeAll(ctx, op, o, set, replicated); err != nil {
 		return err
 	}
-	var wg sync.WaitGroup
-	for _, m := range g.serving() {
-		if m == first {
-			continue
-		}
-		wg.Go(func() {
-			if _, err := g.exec(ctx, g.writePlan(op, o, only(m)), set); err != nil && !gone(err) {
-				g.replicationFailed(m, o.identity(), fmt.Errorf("set attributes: %w", err))
-				return
-			}
-			g.emit(Event{Kind: ObjectReplicated, Member: m.Name(), Object: newID, Fingerprint: o.fingerprint()})
-		})
-	}
-	wg.Wait()
 	g.changes.Add(1)
 	if makeUnextractable {
 		o.unextractable.Store(true)
