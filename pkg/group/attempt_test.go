@@ -248,6 +248,31 @@ func TestCreateMovesToTheNextPrimaryBeforeAnyMemberChanged(t *testing.T) {
 		faults.Heal(primary)
 		check(t, f, primary, "cert", 1)
 	})
+	t.Run("generation hung: not made again elsewhere", func(t *testing.T) {
+		// The hung generation may still finish on the primary: a second
+		// key made elsewhere under the same identity would be a
+		// different key. The application gets CKR_DEVICE_ERROR.
+		const timeout = 1500 * time.Millisecond
+		faults := slottest.NewFaults()
+		f := setup(t, setupOpts{interceptor: faults, timeout: timeout, keygen: timeout, policy: config.PolicyPrimaryBackup})
+		primary := f.g.Primary()
+		faults.Hang(primary, slot.OpGenerateKeyPair)
+		t.Cleanup(func() { faults.Heal(primary) })
+		_, _, err := openSession(t, f.g).GenerateKeyPair(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+			[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_LABEL, "hung-pair")},
+			[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "hung-pair")})
+		if CodeOf(err) != pkcs11.CKR_DEVICE_ERROR {
+			t.Fatalf("GenerateKeyPair with the primary hung: %v (0x%x), want CKR_DEVICE_ERROR", err, CodeOf(err))
+		}
+		if st := memberState(f.g, primary); st != member.Failed {
+			t.Errorf("the hung primary %s is %v, want failed", primary, st)
+		}
+		for _, tok := range f.toks[1:] {
+			if n := len(findDirect(t, openDirect(t, tok), "hung-pair")); n != 0 {
+				t.Errorf("member %s holds %d objects of the hung generation, want 0", tok.Name, n)
+			}
+		}
+	})
 	t.Run("served member killed", func(t *testing.T) {
 		f, srv := servedGroup(t, 3, setupOpts{policy: config.PolicyPrimaryBackup})
 		primary := srv.Token().Name

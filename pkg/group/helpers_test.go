@@ -99,6 +99,7 @@ type setupOpts struct {
 	n           int
 	policy      string
 	timeout     time.Duration
+	keygen      time.Duration // keygen_timeout (default: the configuration's)
 	threshold   int
 	standby     []int // indexes of standby members
 	interceptor slot.Interceptor
@@ -139,6 +140,9 @@ func setup(t testing.TB, o setupOpts) *fixture {
 	set.CommandTimeout = 10 * time.Second
 	if o.timeout > 0 {
 		set.CommandTimeout = o.timeout
+	}
+	if o.keygen > 0 {
+		set.KeygenTimeout = o.keygen
 	}
 	if o.policy != "" {
 		set.Policy = o.policy
