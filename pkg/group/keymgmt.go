@@ -409,13 +409,16 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	}
 	// Every target at once (token object creation is slow on some
 	// tokens: SoftHSM's file store waits on the disk).
+	made := make([]pkcs11.ObjectHandle, len(ms))
+	for j, m := range ms {
+		made[j] = m.h
+	}
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
-	objErrs := make([][]error, len(targets))
 	skipped := make([][]bool, len(targets))
+	failedAt := make([]int, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		copies[i] = make([]pkcs11.ObjectHandle, len(ms))
-		objErrs[i] = make([]error, len(ms))
 		skipped[i] = make([]bool, len(ms))
 		if errs[i] != nil {
 			continue
@@ -423,54 +426,9 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		for j := range ms {
 			skipped[i][j] = wrappedClass(ms[j].obj.Class) && !canWrap(p, t)
 		}
-		one := func(j int) {
-			if skipped[i][j] {
-				return
-			}
-			for again := false; ; again = true {
-				start := t.Begin()
-				h, err := g.rep.Replicate(ctx, p.Slot(), ms[j].h, dsts[i])
-				t.End(start, err)
-				copies[i][j], objErrs[i][j] = h, err
-				// An ambiguous answer (CKR_GENERAL_ERROR: SoftHSM's
-				// answer now and then to a creation that overlaps
-				// another on the token) gets one more try; a failed copy
-				// leaves nothing behind, and a second try finds a copy
-				// the first one made after all.
-				if err == nil || again || !slot.Ambiguous(err) || ctx.Err() != nil {
-					return
-				}
-			}
-		}
-		// One target's objects one after the other (one physical session
-		// takes one call at a time, and pkg/replica makes one copy into a
-		// token at a time anyway), in the order made — the public half
-		// of a key pair first — and none after a failure: a target that
-		// dies under the copies keeps at most a public key, whose
-		// fingerprint its recovery can read, never a private key without
-		// its public half, which SoftHSM will not fingerprint and which
-		// a recovery then takes for a different key under the same
-		// identity.
-		wg.Go(func() {
-			for j := range ms {
-				if one(j); objErrs[i][j] != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { failedAt[i], errs[i] = g.copyTo(ctx, t, dsts[i], p.Slot(), made, copies[i], skipped[i]) })
 	}
 	wg.Wait()
-	failedAt := make([]int, len(targets))
-	for i := range targets {
-		for j, err := range objErrs[i] {
-			if err != nil && errs[i] == nil {
-				errs[i], failedAt[i] = err, j
-			}
-			if err != nil {
-				copies[i][j] = 0
-			}
-		}
-	}
 	takeBack := func(i int) {
 		for _, h := range copies[i] {
 			if h != 0 {
@@ -480,14 +438,12 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		copies[i] = nil
 	}
 	// A refusal by the primary shows in any copy's error.
-	for i := range targets {
-		for _, err := range objErrs[i] {
-			if err != nil && sourceRefused(err, p) {
-				for k := range targets {
-					takeBack(k)
-				}
-				return err
+	for _, err := range errs {
+		if err != nil && sourceRefused(err, p) {
+			for k := range targets {
+				takeBack(k)
 			}
+			return err
 		}
 	}
 	// The primary died under the copies and no other member got the
@@ -515,22 +471,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			if errs[i] == nil || !sourceUnwell(errs[i], p) {
 				continue
 			}
-			var err error
-			for j := range ms {
-				if copies[i][j] != 0 || skipped[i][j] {
-					continue
-				}
-				start := targets[i].Begin()
-				copies[i][j], err = g.rep.Replicate(ctx, h.Slot(), copies[holder][j], dsts[i])
-				targets[i].End(start, err)
-				if err != nil {
-					errs[i], failedAt[i] = err, j
-					break
-				}
-			}
-			if err == nil {
-				errs[i] = nil
-			}
+			failedAt[i], errs[i] = g.copyTo(ctx, targets[i], dsts[i], h.Slot(), copies[holder], copies[i], skipped[i])
 		}
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 	}
@@ -595,6 +536,34 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		}
 	}
 	return nil
+}
+
+// copyTo copies the objects at hs on src to target t (dst), into copies,
+// but none that is skipped or copied already. One target's objects go one
+// after the other (one physical session takes one call at a time, and
+// pkg/replica makes one copy into a token at a time anyway), in the order
+// made — the public half of a key pair first — and none after a failure:
+// a target that dies under the copies keeps at most a public key, whose
+// fingerprint its recovery can read, never a private key without its
+// public half, which SoftHSM will not fingerprint and which a recovery
+// then takes for a different key under the same identity. An ambiguous
+// answer (CKR_GENERAL_ERROR: SoftHSM's now and then to a creation that
+// overlaps another on the token) gets one more try; a failed copy leaves
+// nothing behind, and a second try finds a copy the first one made after
+// all. It returns the index of the object that failed and its error.
+func (g *Group) copyTo(ctx context.Context, t *member.Member, dst replica.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle, skipped []bool) (int, error) {
+	for j, h := range hs {
+		for again := false; copies[j] == 0 && !skipped[j]; again = true {
+			start := t.Begin()
+			c, err := g.rep.Replicate(ctx, src, h, dst)
+			t.End(start, err)
+			if err != nil && (again || !slot.Ambiguous(err) || ctx.Err() != nil) {
+				return j, err
+			}
+			copies[j] = c
+		}
+	}
+	return 0, nil
 }
 
 // unservedCopy returns a target's ambiguous error when no target took the
