@@ -15,7 +15,9 @@ import (
 // member goes through exec: it chooses the member (the scheduler's pick,
 // or configured order for key management), resolves the virtual handles
 // on it, runs, classifies the error, charges the member's health by the
-// one rule below, and fails over or stops.
+// one rule below, and fails over or stops. A change every member must
+// take (a destroy, an attribute change) goes to the first through exec
+// and then to the others (writeAll).
 //
 // The rule. A request error (bad mechanism, wrong signature, …) or a
 // login error goes to the caller as the token gave it. A clear health
@@ -193,7 +195,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 			m.AddFailover()
 			skip.add(m.Index())
 			if final != nil {
-				return m, v.unserved(p.op)
+				return m, opErr(p.op, m.Name(), err)
 			}
 			continue
 		case len(p.objs) > 0 && isHandleError(err) && !stale.has(m.Index()):
