@@ -760,19 +760,19 @@ func (g *Group) serving() []*member.Member {
 // primary returns the first active member in configured order, promoting
 // standbys if none is left; nil when no member serves.
 func (g *Group) primary() *member.Member {
-	return g.creator(false)
+	return g.creator(false, 0)
 }
 
-// creator returns the member key management runs on: the primary, or
-// with wrapped (the object made is a private or secret key, which travels
-// to the other members only wrapped under the domain key) the first
-// active member that can wrap it, and the primary when none can. nil when
-// no member serves.
-func (g *Group) creator(wrapped bool) *member.Member {
+// creator returns the member key management runs on, among those not in
+// skip: the primary, or with wrapped (the object made is a private or
+// secret key, which travels to the other members only wrapped under the
+// domain key) the first active member that can wrap it, and the primary
+// when none can. nil when no member serves.
+func (g *Group) creator(wrapped bool, skip memberSet) *member.Member {
 	for range 2 {
 		var first *member.Member
 		for _, m := range g.view().members {
-			if m.State() != member.Active || m.Slot() == nil {
+			if m.State() != member.Active || m.Slot() == nil || skip.has(m.Index()) {
 				continue
 			}
 			if !wrapped || !m.Lacks(MechWrapPad) {

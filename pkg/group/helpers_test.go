@@ -26,7 +26,7 @@ import (
 
 // poolSize tokens are made for the package; the last three (from
 // exampleFirstToken) are left to Example, which names them by label.
-const poolSize = 170
+const poolSize = 260
 
 func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, poolSize)) }
 
@@ -99,6 +99,7 @@ type setupOpts struct {
 	n           int
 	policy      string
 	timeout     time.Duration
+	keygen      time.Duration // keygen_timeout (default: the configuration's)
 	threshold   int
 	standby     []int // indexes of standby members
 	interceptor slot.Interceptor
@@ -139,6 +140,9 @@ func setup(t testing.TB, o setupOpts) *fixture {
 	set.CommandTimeout = 10 * time.Second
 	if o.timeout > 0 {
 		set.CommandTimeout = o.timeout
+	}
+	if o.keygen > 0 {
+		set.KeygenTimeout = o.keygen
 	}
 	if o.policy != "" {
 		set.Policy = o.policy

@@ -23,17 +23,9 @@ import (
 // member, in parallel, before the call returns. A member that cannot take
 // the object is failed (it catches up on recovery) and a ReplicationFailed
 // event says why; the call succeeds while the primary holds the object.
-// Creation is not retried on another member after a health failure of the
-// primary: the object may exist there, and a second one made elsewhere
-// would be a duplicate under the same identity. The caller gets
-// CKR_DEVICE_ERROR and may try again (the primary has moved on).
-// CKR_GENERAL_ERROR and CKR_FUNCTION_FAILED are ambiguous (a token's
-// answer to a request it dislikes, or SoftHSM 2.6's now and then to a
-// creation that overlaps another on the token): they never fail the
-// primary — no other member can serve the same creation to tell whose
-// fault it is — and one such answer is tried again on the primary when
-// nothing under the new object's identity is there; a second goes to the
-// caller. A copy to another member that gets one is tried once more too.
+// The primary is chosen, and failed over, by exec (attempt.go): a creation
+// that has changed no member moves to the next primary, and one that
+// failed leaves nothing on the member (makeOn, leftovers).
 //
 // Identity must be unique among token objects: an object made with the
 // CKA_CLASS, CKA_KEY_TYPE, CKA_ID and CKA_LABEL of an existing one is
@@ -158,10 +150,8 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		return nil, err
 	}
 	defer g.gate.leave()
-	for _, o := range inputs {
-		if err := o.usable(); err != nil {
-			return nil, wrap(err.(*Error), op, "", nil)
-		}
+	if err := usable(op, inputs); err != nil {
+		return nil, err
 	}
 	done, err := g.beginWrite(ctx, op)
 	if err != nil {
@@ -179,61 +169,29 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		// CKA_CLASS) may be a key that travels wrapped.
 		wrapped = wrapped || !in.classKnown || wrappedClass(in.class)
 	}
-	p := g.creator(wrapped)
-	if p == nil {
-		return nil, wrap(ErrNoMember, op, "", nil)
-	}
-	hs := make([]pkcs11.ObjectHandle, len(inputs))
-	for i, o := range inputs {
-		h, err := g.resolve(ctx, o, p)
-		if err != nil {
-			if errors.Is(err, errAbsent) {
-				return nil, wrap(ErrKeyHandle, op, p.Name(), errors.New("the primary does not hold the object"))
-			}
-			return nil, opErr(op, p.Name(), err)
-		}
-		hs[i] = h
-	}
 	session := false
 	for _, in := range ins {
 		session = session || !in.token
 	}
-	var target slotOps = p.Slot()
-	if session {
-		ps, err := s.physSession(ctx, p)
-		if err != nil {
-			return nil, opErr(op, p.Name(), err)
-		}
-		target = ps
-	}
+	left := newLeftovers(ins, inputs)
+	var target slotOps
 	var out []pkcs11.ObjectHandle
-	make1 := func() (slot.Class, bool, error) {
-		return g.measure(ctx, p, func() (err error) {
-			out, err = do(ctx, target, hs)
+	p, err := g.exec(ctx, plan{
+		op: op, objs: inputs,
+		next: func(skip memberSet) *member.Member { return g.creator(wrapped, skip) },
+		ready: func(ctx context.Context, m *member.Member) (err error) {
+			target = m.Slot()
+			if session {
+				target, err = s.physSession(ctx, m)
+			}
 			return err
-		})
-	}
-	class, fail, err := make1()
-	if err != nil && class == slot.ClassHealth && ambiguous(err) && g.nothingMade(ctx, p, ins) {
-		// CKR_GENERAL_ERROR or CKR_FUNCTION_FAILED: tokens give them for
-		// requests they dislike and, SoftHSM 2.6 for one, now and then
-		// for a creation that overlaps another on the same token. Nothing
-		// of the first try is on the primary: one more try.
-		class, fail, err = make1()
-	}
+		},
+	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
+		return err
+	})
 	if err != nil {
-		if class == slot.ClassHealth && fail && !ambiguous(err) {
-			// Only a clear health error (a device error, a timeout) fails
-			// the primary. An ambiguous one is never charged: no other
-			// member can serve the same creation to tell the request's
-			// fault from the member's (a second copy would be a
-			// duplicate), and failing the primary for it would take the
-			// last serving member down with a request. A member that is
-			// really unwell shows it on the next operations, which can
-			// fail over.
-			g.failMember(p, err)
-		}
-		return nil, opErr(op, p.Name(), err)
+		return nil, err
 	}
 	ms := make([]made, len(out))
 	for i, h := range out {
@@ -367,31 +325,40 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 	}
 }
 
-// nothingMade reports whether p holds no object under the identity of any
-// of ins, so that a creation that failed can be tried again without
-// making a duplicate. A template that names no CKA_ID or CKA_LABEL cannot
-// be checked (and a copy keeps its source's identity, which is found):
-// false. A search that fails: false.
-func (g *Group) nothingMade(ctx context.Context, p *member.Member, ins []intent) bool {
-	for _, in := range ins {
-		if !in.classKnown || !(hasValue(in.tmpl, pkcs11.CKA_ID) || hasValue(in.tmpl, pkcs11.CKA_LABEL)) {
-			return false
-		}
-		tmpl := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, in.class), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, in.token)}
-		for _, t := range []uint{pkcs11.CKA_ID, pkcs11.CKA_LABEL} {
-			if i := attrIndex(in.tmpl, t); i >= 0 {
-				tmpl = append(tmpl, in.tmpl[i])
-			}
-		}
-		var found []pkcs11.ObjectHandle
-		if _, err := g.call(ctx, p, func() (err error) {
-			found, err = p.Slot().FindObjects(ctx, tmpl)
-			return err
-		}); err != nil || len(found) > 0 {
-			return false
-		}
+// makeOn runs do, a creation on member slot sl (target: sl or this
+// session's physical session there), and leaves nothing behind when it
+// fails (see leftovers). One ambiguous answer (CKR_GENERAL_ERROR:
+// SoftHSM 2.6's now and then to a creation that overlaps another on the
+// token) is tried again once the member holds nothing of it. A failure
+// after which the member may keep a key of its own making (it did not
+// answer, or a hung generation may still finish) is final (stop): made
+// again elsewhere under the same identity it would be a second, different
+// key. Other creations (an import, an unwrap, a derivation, a copy) make
+// the same object wherever they run, so exec may try them on the next
+// member.
+func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left leftovers,
+	do func() ([]pkcs11.ObjectHandle, error)) ([]pkcs11.ObjectHandle, error) {
+	if err := left.snapshot(ctx, sl); err != nil {
+		return nil, err
 	}
-	return true
+	for again := false; ; again = true {
+		out, err := do()
+		if err == nil {
+			return out, nil
+		}
+		// A member that did not answer is not asked again: what it may
+		// hold stays unknown.
+		clean := !errors.Is(err, slot.ErrTimeout) && left.remove(context.WithoutCancel(ctx), sl, target)
+		switch {
+		case slot.ClassOf(err) != slot.ClassHealth:
+			return nil, err
+		case slot.Ambiguous(err) && clean && !again && ctx.Err() == nil:
+			continue
+		case !clean && (op == "GenerateKey" || op == "GenerateKeyPair"):
+			return nil, &stop{err}
+		}
+		return nil, err
+	}
 }
 
 // slotOps is what key management needs from a pooled slot or a session.
@@ -442,13 +409,16 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	}
 	// Every target at once (token object creation is slow on some
 	// tokens: SoftHSM's file store waits on the disk).
+	made := make([]pkcs11.ObjectHandle, len(ms))
+	for j, m := range ms {
+		made[j] = m.h
+	}
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
-	objErrs := make([][]error, len(targets))
 	skipped := make([][]bool, len(targets))
+	failedAt := make([]int, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		copies[i] = make([]pkcs11.ObjectHandle, len(ms))
-		objErrs[i] = make([]error, len(ms))
 		skipped[i] = make([]bool, len(ms))
 		if errs[i] != nil {
 			continue
@@ -456,54 +426,9 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		for j := range ms {
 			skipped[i][j] = wrappedClass(ms[j].obj.Class) && !canWrap(p, t)
 		}
-		one := func(j int) {
-			if skipped[i][j] {
-				return
-			}
-			for again := false; ; again = true {
-				start := t.Begin()
-				h, err := g.rep.Replicate(ctx, p.Slot(), ms[j].h, dsts[i])
-				t.End(start, err)
-				copies[i][j], objErrs[i][j] = h, err
-				// An ambiguous answer (CKR_GENERAL_ERROR: SoftHSM's
-				// answer now and then to a creation that overlaps
-				// another on the token) gets one more try; a failed copy
-				// leaves nothing behind, and a second try finds a copy
-				// the first one made after all.
-				if err == nil || again || !ambiguous(err) || ctx.Err() != nil {
-					return
-				}
-			}
-		}
-		// One target's objects one after the other (one physical session
-		// takes one call at a time, and pkg/replica makes one copy into a
-		// token at a time anyway), in the order made — the public half
-		// of a key pair first — and none after a failure: a target that
-		// dies under the copies keeps at most a public key, whose
-		// fingerprint its recovery can read, never a private key without
-		// its public half, which SoftHSM will not fingerprint and which
-		// a recovery then takes for a different key under the same
-		// identity.
-		wg.Go(func() {
-			for j := range ms {
-				if one(j); objErrs[i][j] != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { failedAt[i], errs[i] = g.copyTo(ctx, t, dsts[i], p.Slot(), made, copies[i], skipped[i]) })
 	}
 	wg.Wait()
-	failedAt := make([]int, len(targets))
-	for i := range targets {
-		for j, err := range objErrs[i] {
-			if err != nil && errs[i] == nil {
-				errs[i], failedAt[i] = err, j
-			}
-			if err != nil {
-				copies[i][j] = 0
-			}
-		}
-	}
 	takeBack := func(i int) {
 		for _, h := range copies[i] {
 			if h != 0 {
@@ -513,14 +438,12 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		copies[i] = nil
 	}
 	// A refusal by the primary shows in any copy's error.
-	for i := range targets {
-		for _, err := range objErrs[i] {
-			if err != nil && sourceRefused(err, p) {
-				for k := range targets {
-					takeBack(k)
-				}
-				return err
+	for _, err := range errs {
+		if err != nil && sourceRefused(err, p) {
+			for k := range targets {
+				takeBack(k)
 			}
+			return err
 		}
 	}
 	// The primary died under the copies and no other member got the
@@ -548,22 +471,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			if errs[i] == nil || !sourceUnwell(errs[i], p) {
 				continue
 			}
-			var err error
-			for j := range ms {
-				if copies[i][j] != 0 || skipped[i][j] {
-					continue
-				}
-				start := targets[i].Begin()
-				copies[i][j], err = g.rep.Replicate(ctx, h.Slot(), copies[holder][j], dsts[i])
-				targets[i].End(start, err)
-				if err != nil {
-					errs[i], failedAt[i] = err, j
-					break
-				}
-			}
-			if err == nil {
-				errs[i] = nil
-			}
+			failedAt[i], errs[i] = g.copyTo(ctx, targets[i], dsts[i], h.Slot(), copies[holder], copies[i], skipped[i])
 		}
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 	}
@@ -573,6 +481,15 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		}
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 		return fmt.Errorf("the primary failed before another member held a copy: %w", sourceErr)
+	}
+	if err := unservedCopy(targets, errs, skipped); err != nil {
+		// The rule (attempt.go): an ambiguous answer fails a target only
+		// once another member served the same copy. None did: the
+		// request's fault; nobody is failed and nothing is made.
+		for k := range targets {
+			takeBack(k)
+		}
+		return err
 	}
 	sourceFailed := false
 	for i, t := range targets {
@@ -621,12 +538,57 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	return nil
 }
 
+// copyTo copies the objects at hs on src to target t (dst), into copies,
+// but none that is skipped or copied already. One target's objects go one
+// after the other (one physical session takes one call at a time, and
+// pkg/replica makes one copy into a token at a time anyway), in the order
+// made — the public half of a key pair first — and none after a failure:
+// a target that dies under the copies keeps at most a public key, whose
+// fingerprint its recovery can read, never a private key without its
+// public half, which SoftHSM will not fingerprint and which a recovery
+// then takes for a different key under the same identity. An ambiguous
+// answer (CKR_GENERAL_ERROR: SoftHSM's now and then to a creation that
+// overlaps another on the token) gets one more try; a failed copy leaves
+// nothing behind, and a second try finds a copy the first one made after
+// all. It returns the index of the object that failed and its error.
+func (g *Group) copyTo(ctx context.Context, t *member.Member, dst replica.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle, skipped []bool) (int, error) {
+	for j, h := range hs {
+		for again := false; copies[j] == 0 && !skipped[j]; again = true {
+			start := t.Begin()
+			c, err := g.rep.Replicate(ctx, src, h, dst)
+			t.End(start, err)
+			if err != nil && (again || !slot.Ambiguous(err) || ctx.Err() != nil) {
+				return j, err
+			}
+			copies[j] = c
+		}
+	}
+	return 0, nil
+}
+
+// unservedCopy returns a target's ambiguous error when no target took the
+// copy and every target that failed answered ambiguously.
+func unservedCopy(targets []*member.Member, errs []error, skipped [][]bool) error {
+	var amb error
+	for i := range targets {
+		switch {
+		case errs[i] == nil && slices.Contains(skipped[i], false):
+			return nil // served
+		case errs[i] != nil && !slot.Ambiguous(errs[i]):
+			return nil
+		case errs[i] != nil:
+			amb = errs[i]
+		}
+	}
+	return amb
+}
+
 // sourceUnwell reports whether a replication error is the primary p
 // failing for a health reason (killed, hung) while being read or wrapped:
 // the fault is the source's, not the target's.
 func sourceUnwell(err error, p *member.Member) bool {
 	var se *slot.Error
-	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth && !ambiguous(err)
+	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth && !slot.Ambiguous(err)
 }
 
 // sourceRefused reports whether a replication error is the primary p
@@ -641,7 +603,7 @@ func sourceRefused(err error, p *member.Member) bool {
 		// The primary's domain key is weak: nothing leaves it.
 		return we.Member == p.Name()
 	}
-	return errors.As(err, &se) && se.Member == p.Name() && (slot.ClassOf(err) == slot.ClassRequest || ambiguous(err))
+	return errors.As(err, &se) && se.Member == p.Name() && (slot.ClassOf(err) == slot.ClassRequest || slot.Ambiguous(err))
 }
 
 // destroyIn takes back a copy made on dst (errors ignored: the copy is
@@ -662,22 +624,34 @@ func (g *Group) replicationFailed(m *member.Member, id replica.Identity, err err
 	g.failMember(m, fmt.Errorf("replication of %v: %w", id, err))
 }
 
-// CreateObject makes an object from tmpl on the primary and replicates it.
-func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+// intent adapts tmpl for the group (Group.prepare) on the primary.
+func (s *Session) intent(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, id []byte, from *vobject) (intent, error) {
 	p := s.g.primary()
 	if p == nil {
-		return 0, wrap(ErrNoMember, "CreateObject", "", nil)
+		return intent{}, wrap(ErrNoMember, op, "", nil)
 	}
+	return s.g.prepare(ctx, p, tmpl, class, id, from)
+}
+
+// createOne makes one object by do (see createOn) from tmpl, of class
+// (0: the template's), an unnamed one under a random CKA_ID.
+func (s *Session) createOne(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, inputs []*vobject,
+	do func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error)) (ObjectHandle, error) {
 	id, err := randomID()
 	if err != nil {
 		return 0, err
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, 0, id, nil)
+	in, err := s.intent(ctx, op, tmpl, class, id, nil)
 	if err != nil {
 		return 0, err
 	}
-	hs, err := s.createOn(ctx, "CreateObject", []intent{in}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		h, err := t.CreateObject(ctx, in.tmpl)
+	return s.createIntent(ctx, op, in, inputs, do)
+}
+
+func (s *Session) createIntent(ctx context.Context, op string, in intent, inputs []*vobject,
+	do func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error)) (ObjectHandle, error) {
+	hs, err := s.createOn(ctx, op, []intent{in}, inputs, func(ctx context.Context, t slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+		h, err := do(ctx, t, in, hs)
 		return []pkcs11.ObjectHandle{h}, err
 	})
 	if err != nil {
@@ -686,46 +660,33 @@ func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (O
 	return hs[0], nil
 }
 
+// CreateObject makes an object from tmpl on the primary and replicates it.
+func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
+	return s.createOne(ctx, "CreateObject", tmpl, 0, nil, func(ctx context.Context, t slotOps, in intent, _ []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.CreateObject(ctx, in.tmpl)
+	})
+}
+
 // GenerateKey generates a secret key on the primary and replicates it.
 func (s *Session) GenerateKey(ctx context.Context, mech *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "GenerateKey", "", nil)
-	}
-	id, err := randomID()
-	if err != nil {
-		return 0, err
-	}
-	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id, nil)
-	if err != nil {
-		return 0, err
-	}
-	hs, err := s.createOn(ctx, "GenerateKey", []intent{in}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		h, err := t.GenerateKey(ctx, mech, in.tmpl)
-		return []pkcs11.ObjectHandle{h}, err
+	return s.createOne(ctx, "GenerateKey", tmpl, pkcs11.CKO_SECRET_KEY, nil, func(ctx context.Context, t slotOps, in intent, _ []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.GenerateKey(ctx, mech, in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // GenerateKeyPair generates a key pair on the primary and replicates both
 // halves (all or nothing per member).
 func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (ObjectHandle, ObjectHandle, error) {
-	p := s.g.primary()
-	if p == nil {
-		return 0, 0, wrap(ErrNoMember, "GenerateKeyPair", "", nil)
-	}
+	const op = "GenerateKeyPair"
 	id, err := randomID()
 	if err != nil {
 		return 0, 0, err
 	}
-	pin, err := s.g.prepare(ctx, p, pub, pkcs11.CKO_PUBLIC_KEY, id, nil)
+	pin, err := s.intent(ctx, op, pub, pkcs11.CKO_PUBLIC_KEY, id, nil)
 	if err != nil {
 		return 0, 0, err
 	}
-	prin, err := s.g.prepare(ctx, p, priv, pkcs11.CKO_PRIVATE_KEY, id, nil)
+	prin, err := s.intent(ctx, op, priv, pkcs11.CKO_PRIVATE_KEY, id, nil)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -743,7 +704,7 @@ func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, p
 		pin.tmpl = setAttr(pin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 		prin.tmpl = setAttr(prin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 	}
-	hs, err := s.createOn(ctx, "GenerateKeyPair", []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
+	hs, err := s.createOn(ctx, op, []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		a, b, err := t.GenerateKeyPair(ctx, mech, pin.tmpl, prin.tmpl)
 		return []pkcs11.ObjectHandle{a, b}, err
 	})
@@ -761,15 +722,11 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 	if err != nil {
 		return 0, err
 	}
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "CopyObject", "", nil)
-	}
 	class := src.identity().Class
 	if src.isKey() && class != pkcs11.CKO_PUBLIC_KEY {
 		s.g.unextractable(ctx, src) // the copy's default (protect)
 	}
-	in, err := s.g.prepare(ctx, p, tmpl, class, nil, src)
+	in, err := s.intent(ctx, "CopyObject", tmpl, class, nil, src)
 	if err != nil {
 		return 0, err
 	}
@@ -781,14 +738,9 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 		in.class, in.classKnown = class, true
 	}
 	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
-	hs, err := s.createOn(ctx, "CopyObject", []intent{in}, []*vobject{src}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		nh, err := t.CopyObject(ctx, ins[0], in.tmpl)
-		return []pkcs11.ObjectHandle{nh}, err
+	return s.createIntent(ctx, "CopyObject", in, []*vobject{src}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.CopyObject(ctx, hs[0], in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // UnwrapKey unwraps blob under unwrapping on the primary and replicates the
@@ -798,26 +750,9 @@ func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapp
 	if err != nil {
 		return 0, err
 	}
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "UnwrapKey", "", nil)
-	}
-	id, err := randomID()
-	if err != nil {
-		return 0, err
-	}
-	in, err := s.g.prepare(ctx, p, tmpl, 0, id, nil)
-	if err != nil {
-		return 0, err
-	}
-	hs, err := s.createOn(ctx, "UnwrapKey", []intent{in}, []*vobject{uk}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		nh, err := t.UnwrapKey(ctx, mech, ins[0], blob, in.tmpl)
-		return []pkcs11.ObjectHandle{nh}, err
+	return s.createOne(ctx, "UnwrapKey", tmpl, 0, []*vobject{uk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.UnwrapKey(ctx, mech, hs[0], blob, in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // DeriveKey derives a key from base on the primary and replicates it.
@@ -826,26 +761,9 @@ func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base Ob
 	if err != nil {
 		return 0, err
 	}
-	p := s.g.primary()
-	if p == nil {
-		return 0, wrap(ErrNoMember, "DeriveKey", "", nil)
-	}
-	id, err := randomID()
-	if err != nil {
-		return 0, err
-	}
-	in, err := s.g.prepare(ctx, p, tmpl, pkcs11.CKO_SECRET_KEY, id, nil)
-	if err != nil {
-		return 0, err
-	}
-	hs, err := s.createOn(ctx, "DeriveKey", []intent{in}, []*vobject{bk}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
-		nh, err := t.DeriveKey(ctx, mech, ins[0], in.tmpl)
-		return []pkcs11.ObjectHandle{nh}, err
+	return s.createOne(ctx, "DeriveKey", tmpl, pkcs11.CKO_SECRET_KEY, []*vobject{bk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+		return t.DeriveKey(ctx, mech, hs[0], in.tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return hs[0], nil
 }
 
 // writeObject enters the group, finds the usable object h and takes the
@@ -856,9 +774,7 @@ func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vo
 	}
 	o, err := g.object(op, h)
 	if err == nil {
-		if uerr := o.usable(); uerr != nil {
-			err = wrap(uerr.(*Error), op, "", nil)
-		}
+		err = usable(op, []*vobject{o})
 	}
 	if err != nil {
 		g.gate.leave()
@@ -912,33 +828,11 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 			}
 		}()
 	}
-	ms := g.serving()
-	var first *member.Member
-	var lastHealth error
-	rest := ms
-	for len(rest) > 0 && first == nil {
-		m := rest[0]
-		rest = rest[1:]
-		err := g.destroyOn(ctx, o, m)
-		if err == nil {
-			first = m
-			break
-		}
-		switch {
-		case errors.Is(err, errAbsent):
-			continue
-		case errors.Is(err, ErrConflict):
-			return wrap(ErrConflict, op, m.Name(), err)
-		case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
-			lastHealth = err
-			continue
-		}
-		return opErr(op, m.Name(), err)
+	destroyedOn := func(m *member.Member) {
+		g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
 	}
-	if first == nil {
-		if lastHealth != nil {
-			return wrap(ErrNoMember, op, "", lastHealth)
-		}
+	err = g.writeAll(ctx, op, o, g.destroyAttempt(o), destroyedOn)
+	if errors.Is(err, ErrObjectHandle) {
 		// No serving member holds it: it is gone, and its tombstone
 		// stands. It may be gone on the tombstone's own account: a
 		// catch-up in another process that read the tombstone, recorded
@@ -947,25 +841,12 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		// holds a copy.
 		destroyed = true
 		g.objs.remove(o)
-		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
+		return err
+	}
+	if err != nil {
+		return err
 	}
 	destroyed = true
-	g.emit(Event{Kind: ObjectDestroyed, Member: first.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
-	var wg sync.WaitGroup
-	for _, m := range rest {
-		wg.Go(func() {
-			err := g.destroyOn(ctx, o, m)
-			if errors.Is(err, errAbsent) {
-				return
-			}
-			if err != nil {
-				g.replicationFailed(m, o.identity(), fmt.Errorf("destroy: %w", err))
-				return
-			}
-			g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
-		})
-	}
-	wg.Wait()
 	g.objs.remove(o)
 	g.changes.Add(1)
 	if o.token {
@@ -992,39 +873,19 @@ func (g *Group) revokeTombstone(ctx context.Context, t tombstone.Tombstone) {
 	}
 }
 
-// destroyOn destroys o on member m. An object already gone there is done,
-// not a failure: a handle the member no longer knows
-// (CKR_OBJECT_HANDLE_INVALID: the object was destroyed there meanwhile, by
-// another process's destroy or a recovery applying a tombstone, or the
-// cached handle is stale) is looked up again by identity once, and
-// errAbsent is returned when the member does not hold the object any
-// more. A member the group had found without the object is searched
-// again. A request error is never charged to the member's health.
-func (g *Group) destroyOn(ctx context.Context, o *vobject, m *member.Member) error {
-	if r := o.ref(m.Index()); r != nil && r.absent {
-		// "Not there" may be old news: another process's replication or
-		// catch-up may have brought the object since. Look again.
-		o.forget(m.Index())
-	}
-	for again := false; ; again = true {
-		ph, err := g.resolve(ctx, o, m)
-		if err != nil {
+// destroyAttempt destroys o on one member, and any second copy of it
+// there (destroyCopies). A handle the member no longer knows
+// (CKR_OBJECT_HANDLE_INVALID: destroyed there meanwhile, by another
+// process's destroy or a recovery applying a tombstone, or a stale cached
+// handle) is looked up again by exec; a member that no longer holds the
+// object is skipped.
+func (g *Group) destroyAttempt(o *vobject) attempt {
+	return func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		if err := s.DestroyObject(ctx, hs[0]); err != nil {
 			return err
 		}
-		_, err = g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, ph) })
-		if err == nil {
-			g.destroyCopies(ctx, o, m)
-			return nil
-		}
-		if !isHandleError(err) {
-			return err
-		}
-		o.forget(m.Index())
-		if again {
-			// Found by identity and gone again before the destroy
-			// reached it: someone else destroyed it.
-			return errAbsent
-		}
+		g.destroyCopies(ctx, o, m)
+		return nil
 	}
 }
 
@@ -1140,72 +1001,34 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 	if i := attrIndex(attrs, pkcs11.CKA_LABEL); i >= 0 {
 		newID.Label = string(attrs[i].Value)
 	}
-	ms := g.serving()
 	addedWWT := false
-	if makeUnextractable && attrIndex(attrs, pkcs11.CKA_WRAP_WITH_TRUSTED) < 0 && len(ms) > 0 && g.domainTrusted(ctx, ms[0]) {
+	if ms := g.serving(); makeUnextractable && attrIndex(attrs, pkcs11.CKA_WRAP_WITH_TRUSTED) < 0 && len(ms) > 0 && g.domainTrusted(ctx, ms[0]) {
 		// Mark it for other processes too (see WrapKey), where the token
 		// lets CKA_WRAP_WITH_TRUSTED go from false to true.
 		attrs = append(attrs, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
 		addedWWT = true
 	}
-	apply := func(m *member.Member) error {
+	set := func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) error {
 		if len(attrs) == 0 {
 			return nil
 		}
-		ph, err := g.resolve(ctx, o, m)
-		if err != nil {
-			return err
-		}
-		_, err = g.call(ctx, m, func() error { return m.Slot().SetAttributes(ctx, ph, attrs) })
+		err := sl.SetAttributes(ctx, hs[0], attrs)
 		if err != nil && addedWWT && slot.CodeOf(err) == pkcs11.CKR_ATTRIBUTE_READ_ONLY {
 			// The token keeps CKA_WRAP_WITH_TRUSTED fixed (SoftHSM): the
 			// promise then holds in this process only.
-			rest := attrs[:len(attrs)-1]
-			if len(rest) == 0 {
-				return nil
+			if rest := attrs[:len(attrs)-1]; len(rest) > 0 {
+				return sl.SetAttributes(ctx, hs[0], rest)
 			}
-			_, err = g.call(ctx, m, func() error { return m.Slot().SetAttributes(ctx, ph, rest) })
+			return nil
 		}
 		return err
 	}
-	var first *member.Member
-	var lastHealth error
-	rest := ms
-	for len(rest) > 0 && first == nil {
-		m := rest[0]
-		rest = rest[1:]
-		err := apply(m)
-		switch {
-		case err == nil:
-			first = m
-			continue
-		case errors.Is(err, errAbsent):
-			continue
-		case errors.Is(err, ErrConflict):
-			return wrap(ErrConflict, op, m.Name(), err)
-		case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
-			lastHealth = err
-			continue
-		}
-		return opErr(op, m.Name(), err)
+	replicated := func(m *member.Member) {
+		g.emit(Event{Kind: ObjectReplicated, Member: m.Name(), Object: newID, Fingerprint: o.fingerprint()})
 	}
-	if first == nil {
-		if lastHealth != nil {
-			return wrap(ErrNoMember, op, "", lastHealth)
-		}
-		return wrap(ErrObjectHandle, op, "", errors.New("no member holds the object"))
+	if err := g.writeAll(ctx, op, o, set, replicated); err != nil {
+		return err
 	}
-	var wg sync.WaitGroup
-	for _, m := range rest {
-		wg.Go(func() {
-			if err := apply(m); err != nil && !errors.Is(err, errAbsent) {
-				g.replicationFailed(m, o.identity(), fmt.Errorf("set attributes: %w", err))
-				return
-			}
-			g.emit(Event{Kind: ObjectReplicated, Member: m.Name(), Object: newID, Fingerprint: o.fingerprint()})
-		})
-	}
-	wg.Wait()
 	g.changes.Add(1)
 	if makeUnextractable {
 		o.unextractable.Store(true)

@@ -507,7 +507,7 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 		return g.findEvery(ctx, ms, tmpl)
 	}
 	var out []ObjectHandle
-	err := g.runAvoiding(ctx, "FindObjects", nil, avoid, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
+	_, err := g.exec(ctx, plan{op: "FindObjects", avoid: avoid}, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
 		hs, err := g.findOn(ctx, m, s, tmpl)
 		if err != nil {
 			return err

@@ -13,6 +13,16 @@ import (
 // caller sees success while one member that holds the key lives. Request
 // errors (bad mechanism, wrong signature, …) are returned as they are.
 
+// withKey runs one single-part call with key o (see run).
+func withKey[T any](ctx context.Context, g *Group, op string, o *vobject, fn func(s *slot.Slot, h pkcs11.ObjectHandle) (T, error)) (T, error) {
+	var out T
+	err := g.run(ctx, op, []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = fn(s, hs[0])
+		return err
+	})
+	return out, err
+}
+
 // Sign signs data with key in one part.
 func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
 	o, err := g.key("Sign", key)
@@ -22,12 +32,8 @@ func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHand
 	return g.sign(ctx, mech, o, data)
 }
 
-func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) (out []byte, err error) {
-	err = g.run(ctx, "Sign", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		out, err = s.Sign(ctx, mech, hs[0], data)
-		return err
-	})
-	return out, err
+func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) ([]byte, error) {
+	return withKey(ctx, g, "Sign", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Sign(ctx, mech, h, data) })
 }
 
 // Verify checks sig over data with key in one part.
@@ -54,12 +60,8 @@ func (g *Group) Encrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 	return g.encrypt(ctx, mech, o, data)
 }
 
-func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) (out []byte, err error) {
-	err = g.run(ctx, "Encrypt", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		out, err = s.Encrypt(ctx, mech, hs[0], data)
-		return err
-	})
-	return out, err
+func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) ([]byte, error) {
+	return withKey(ctx, g, "Encrypt", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Encrypt(ctx, mech, h, data) })
 }
 
 // Decrypt decrypts data with key in one part.
@@ -71,12 +73,8 @@ func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 	return g.decrypt(ctx, mech, o, data)
 }
 
-func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) (out []byte, err error) {
-	err = g.run(ctx, "Decrypt", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		out, err = s.Decrypt(ctx, mech, hs[0], data)
-		return err
-	})
-	return out, err
+func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) ([]byte, error) {
+	return withKey(ctx, g, "Decrypt", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Decrypt(ctx, mech, h, data) })
 }
 
 // Digest digests data in one part.
@@ -195,7 +193,7 @@ func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, k
 		avoid = g.wrapWithTrustedCopies(ctx, k)
 	}
 	var out []byte
-	err = g.runAvoiding(ctx, "WrapKey", []*vobject{w, k}, avoid, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	_, err = g.exec(ctx, plan{op: "WrapKey", objs: []*vobject{w, k}, avoid: avoid}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = s.WrapKey(ctx, mech, hs[0], hs[1])
 		return err
 	})

@@ -518,8 +518,8 @@ func (s *Session) initOp(k opKind, mech *pkcs11.Mechanism, key ObjectHandle) err
 		if o, err = s.g.key(op, key); err != nil {
 			return err
 		}
-		if err := o.usable(); err != nil {
-			return wrap(err.(*Error), op, "", nil)
+		if err := usable(op, []*vobject{o}); err != nil {
+			return err
 		}
 	}
 	s.mu.Lock()
@@ -624,14 +624,11 @@ func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final b
 		var wh pkcs11.ObjectHandle
 		if with != nil {
 			var err error
-			if wh, err = g.resolve(ctx, with, m); err != nil {
-				if errors.Is(err, errAbsent) {
-					// Nothing reached the member: its operation goes
-					// on, as a token's does after a bad handle.
-					return nil, wrap(ErrKeyHandle, opName, m.Name(), err)
-				}
-				s.endOp(k)
-				return nil, opErr(opName, m.Name(), err)
+			if wh, err = g.resolveHeld(ctx, opName, with, m); err != nil {
+				if !errors.Is(err, ErrKeyHandle) {
+					s.endOp(k)
+				} // else nothing reached the member: its operation goes on, as a token's does after a bad handle
+				return nil, err
 			}
 		}
 		var out []byte
@@ -645,7 +642,9 @@ func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final b
 				s.endOp(k)
 			}
 			return out, nil
-		case class == slot.ClassHealth && ctx.Err() == nil:
+		case class == slot.ClassHealth && ctx.Err() == nil && !slot.Ambiguous(err):
+			// (An ambiguous error is the request's while no other member
+			// served it: the token's answer, and the member stays.)
 			s.endOp(k)
 			g.failMember(m, err)
 			return nil, wrap(ErrMemberLost, opName, m.Name(), err)
@@ -653,82 +652,52 @@ func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final b
 		s.endOp(k)
 		return nil, opErr(opName, m.Name(), err)
 	}
-	var skip memberSet
-	var lastHealth error
-	for {
-		m := g.pick(skip)
-		if m == nil {
-			if lastHealth == nil {
-				// When only with is held nowhere, nothing started:
-				// the operation goes on, as a token's does.
-				if with == nil || op.key != nil {
-					s.endOp(k)
-				}
-				return nil, wrap(ErrKeyHandle, opName, "", errors.New("no live member holds the key"))
-			}
-			s.endOp(k)
-			return nil, wrap(ErrNoMember, opName, "", lastHealth)
+	// Not placed yet: exec places the Init and this step on one member
+	// that holds the key (and with), with failover.
+	var objs []*vobject
+	for _, o := range [2]*vobject{op.key, with} {
+		if o != nil {
+			objs = append(objs, o)
 		}
-		skip.add(m.Index())
-		var hs [2]pkcs11.ObjectHandle // the operation's key, then with
-		next := false
-		for i, o := range [2]*vobject{op.key, with} {
-			if o == nil {
-				continue
-			}
-			var err error
-			hs[i], err = g.resolve(ctx, o, m)
-			switch {
-			case err == nil:
-				continue
-			case errors.Is(err, errAbsent):
-			case slot.ClassOf(err) == slot.ClassHealth && !errors.Is(err, ErrConflict) && ctx.Err() == nil:
-				lastHealth = err
-			default:
-				s.endOp(k)
-				return nil, opErr(opName, m.Name(), err)
-			}
-			next = true
-			break
-		}
-		if next {
-			continue
-		}
-		kh, wh := hs[0], hs[1]
-		var ps *slot.Session
-		var out []byte
-		ep := m.Epoch()
-		class, err := g.call(ctx, m, func() (err error) {
-			if ps, err = m.Slot().OpenSession(ctx); err != nil {
-				return err
-			}
-			if err = initOn(ctx, k, ps, op.mech, kh); err == nil {
-				out, err = fn(ps, wh)
-			}
-			if err != nil {
-				ps.Close()
-				ps = nil
-			}
-			return err
-		})
-		switch {
-		case err == nil:
-			if final {
-				ps.Close()
-				s.endOp(k)
-			} else {
-				op.m, op.ps, op.epoch = m, ps, ep
-				m.Pin()
-			}
-			return out, nil
-		case class == slot.ClassHealth && ctx.Err() == nil:
-			lastHealth = err
-			m.AddFailover()
-			continue
-		}
-		s.endOp(k)
-		return nil, opErr(opName, m.Name(), err)
 	}
+	var ps *slot.Session
+	var out []byte
+	var ep uint64
+	m, err := g.exec(ctx, plan{op: opName, objs: objs}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		var kh, wh pkcs11.ObjectHandle
+		if op.key != nil {
+			kh = hs[0]
+		}
+		if with != nil {
+			wh = hs[len(hs)-1]
+		}
+		ep = m.Epoch()
+		if ps, err = sl.OpenSession(ctx); err != nil {
+			return err
+		}
+		if err = initOn(ctx, k, ps, op.mech, kh); err == nil {
+			out, err = fn(ps, wh)
+		}
+		if err != nil {
+			ps.Close()
+			ps = nil
+		}
+		return err
+	})
+	switch {
+	case err == nil && final:
+		ps.Close()
+		s.endOp(k)
+	case err == nil:
+		op.m, op.ps, op.epoch = m, ps, ep
+		m.Pin()
+	case op.key == nil && errors.Is(err, ErrKeyHandle):
+		// Only with is held nowhere: nothing started, and the operation
+		// goes on, as a token's does.
+	default:
+		s.endOp(k)
+	}
+	return out, err
 }
 
 // SignInit starts a signature with key. Nothing reaches a member until

@@ -1,0 +1,370 @@
+package group
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// Failover lives here. Every operation that may run on more than one
+// member goes through exec: it chooses the member (the scheduler's pick,
+// or configured order for key management), resolves the virtual handles
+// on it, runs, classifies the error, charges the member's health by the
+// one rule below, and fails over or stops. A change every member must
+// take (a destroy, an attribute change) goes to the first through exec
+// and then to the others (writeAll).
+//
+// The rule. A request error (bad mechanism, wrong signature, …) or a
+// login error goes to the caller as the token gave it. A clear health
+// error (a device error, a timeout) is charged to the member at once and
+// the operation moves on. An ambiguous error (slot.Ambiguous:
+// CKR_GENERAL_ERROR, CKR_FUNCTION_FAILED — a token's answer to a request
+// it dislikes as well as to trouble of its own) fails a member only once
+// another member served the same request; when no member serves it, it
+// is the request's fault, nobody is failed and the caller gets the
+// token's error. A call made on one member with no other to compare
+// (call) therefore never fails a member for an ambiguous error. A member
+// that does not hold an object is skipped without charge, and "no such
+// key" is answered only when no serving member holds it.
+
+// errAbsent says a member does not hold the object (not its fault). It
+// never leaves this file and resolve.
+var errAbsent = errors.New("object not on this member")
+
+// attempt is one try of an operation on one member, with the physical
+// handles of the objects it names already resolved there.
+type attempt func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error
+
+// plan says where exec may run an operation.
+type plan struct {
+	op   string
+	objs []*vobject // resolved on each member tried
+	// next returns the member to try next, not one in skip; nil: the
+	// scheduler (pick).
+	next func(skip memberSet) *member.Member
+	// avoid: members tried only when no other can serve.
+	avoid memberSet
+	// ready, when set, gets a member ready for fn after the look-ups (a
+	// lone call, charged by itself); its errors count as a look-up's.
+	ready func(ctx context.Context, m *member.Member) error
+	// absent is the error when no serving member holds objs; nil:
+	// ErrKeyHandle for a key, ErrObjectHandle otherwise.
+	absent *Error
+}
+
+// stop marks an attempt's error as final: exec charges it by the rule
+// but tries no other member (a write that may have half-happened).
+type stop struct{ err error }
+
+func (e *stop) Error() string { return e.err.Error() }
+func (e *stop) Unwrap() error { return e.err }
+
+// verdict gathers the health errors of one request's attempts and
+// charges them by the rule.
+type verdict struct {
+	suspects []suspect // ambiguous errors, charged only if another member serves
+	clear    int       // clear health errors (already charged)
+	last     error     // the last health error
+}
+
+type suspect struct {
+	m    *member.Member
+	err  error
+	fail bool
+}
+
+func (v *verdict) health(g *Group, m *member.Member, err error, fail bool) {
+	v.last = err
+	if slot.Ambiguous(err) {
+		v.suspects = append(v.suspects, suspect{m, err, fail})
+		return
+	}
+	v.clear++
+	if fail {
+		g.failMember(m, err)
+	}
+}
+
+// lookup notes a health error of a handle look-up, which call charged.
+func (v *verdict) lookup(err error) {
+	v.last = err
+	if !slot.Ambiguous(err) {
+		v.clear++
+	}
+}
+
+// served charges the suspects: another member served their request.
+func (v *verdict) served(g *Group) {
+	for _, s := range v.suspects {
+		if s.fail {
+			g.failMember(s.m, s.err)
+		}
+	}
+}
+
+// unserved is the error when no member served: the token's own answer
+// when every member that answered refused it the same ambiguous way.
+func (v *verdict) unserved(op string) error {
+	if len(v.suspects) > 0 && v.clear == 0 {
+		return opErr(op, "", v.suspects[len(v.suspects)-1].err)
+	}
+	return wrap(ErrNoMember, op, "", v.last)
+}
+
+// run executes a single-part operation with failover on members the
+// scheduler picks. The caller sees success while one member that holds
+// the objects lives.
+func (g *Group) run(ctx context.Context, op string, objs []*vobject, fn attempt) error {
+	_, err := g.exec(ctx, plan{op: op, objs: objs}, fn)
+	return err
+}
+
+// exec runs fn by p (see the rule above) and returns the member that
+// served it, or that gave the error returned.
+func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, error) {
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	if err := usable(p.op, p.objs); err != nil {
+		return nil, err
+	}
+	next := p.next
+	if next == nil {
+		next = g.pick
+	}
+	var v verdict
+	var skip, stale memberSet
+	avoid := p.avoid
+	absent, retriedAbsent := false, false
+	hs := make([]pkcs11.ObjectHandle, len(p.objs))
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, opErr(p.op, "", err)
+		}
+		m := next(skip | avoid)
+		if m == nil && avoid != 0 {
+			avoid = 0
+			continue
+		}
+		if m == nil {
+			if absent && v.last == nil && !retriedAbsent {
+				// Every live member said "not here" from its cache: look
+				// again once, in case another process replicated it since.
+				retriedAbsent = true
+				for _, o := range p.objs {
+					o.forgetAbsent()
+				}
+				skip, absent = 0, false
+				continue
+			}
+			break
+		}
+		s := m.Slot()
+		if err := g.prepareOn(ctx, p, m, hs); err != nil {
+			skip.add(m.Index())
+			switch {
+			case errors.Is(err, errAbsent):
+				absent = true
+				continue
+			case errors.Is(err, ErrConflict):
+				return m, wrap(ErrConflict, p.op, m.Name(), err)
+			case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
+				v.lookup(err)
+				m.AddFailover()
+				continue
+			}
+			return m, opErr(p.op, m.Name(), err)
+		}
+		class, fail, err := g.measure(ctx, m, func() error { return fn(ctx, m, s, hs) })
+		var final *stop
+		if errors.As(err, &final) {
+			err = final.err
+		}
+		switch {
+		case class == slot.ClassNone:
+			v.served(g)
+			return m, nil
+		case class == slot.ClassHealth:
+			v.health(g, m, err, fail)
+			m.AddFailover()
+			skip.add(m.Index())
+			if final != nil {
+				return m, opErr(p.op, m.Name(), err)
+			}
+			continue
+		case len(p.objs) > 0 && isHandleError(err) && !stale.has(m.Index()):
+			// The cached physical handle went stale (re-login, object
+			// replaced): find it again once.
+			stale.add(m.Index())
+			for _, o := range p.objs {
+				o.forget(m.Index())
+			}
+			continue
+		}
+		return m, opErr(p.op, m.Name(), err)
+	}
+	if v.last == nil && absent {
+		return nil, p.notHeld()
+	}
+	return nil, v.unserved(p.op)
+}
+
+// writeAll changes o on every serving member: first on one, in
+// configured order (whose refusal is returned as it is and nothing else
+// is touched), then on the others in parallel. A member where the change
+// fails is failed (it no longer holds what the group holds; recovery
+// catches it up); done is called for each member changed.
+func (g *Group) writeAll(ctx context.Context, op string, o *vobject, fn attempt, done func(*member.Member)) error {
+	first, err := g.exec(ctx, plan{op: op, objs: []*vobject{o}, next: g.inOrder, absent: ErrObjectHandle}, fn)
+	if err != nil {
+		return err
+	}
+	done(first)
+	var wg sync.WaitGroup
+	for _, m := range g.serving() {
+		if m == first {
+			continue
+		}
+		wg.Go(func() {
+			_, err := g.exec(ctx, plan{op: op, objs: []*vobject{o}, next: only(m), absent: ErrObjectHandle}, fn)
+			switch {
+			case err == nil:
+				done(m)
+			case !errors.Is(err, ErrObjectHandle) && !isHandleError(err):
+				// (Not held there, or destroyed under the change by
+				// someone else: nothing to change.)
+				g.replicationFailed(m, o.identity(), fmt.Errorf("%s: %w", op, err))
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// usable returns the error for the first of objs that cannot be used.
+func usable(op string, objs []*vobject) error {
+	for _, o := range objs {
+		var e *Error
+		if err := o.usable(); errors.As(err, &e) {
+			return wrap(e, op, "", nil)
+		}
+	}
+	return nil
+}
+
+// notHeld is the error when no serving member holds p.objs.
+func (p plan) notHeld() error {
+	e := p.absent
+	if e == nil {
+		e = ErrObjectHandle
+		if p.objs[0].isKey() {
+			e = ErrKeyHandle
+		}
+	}
+	return wrap(e, p.op, "", errors.New("no live member holds the object"))
+}
+
+// prepareOn resolves p.objs on m into hs and gets m ready (p.ready).
+func (g *Group) prepareOn(ctx context.Context, p plan, m *member.Member, hs []pkcs11.ObjectHandle) error {
+	for i, o := range p.objs {
+		h, err := g.resolve(ctx, o, m)
+		if err != nil {
+			return err
+		}
+		hs[i] = h
+	}
+	if p.ready != nil {
+		return p.ready(ctx, m)
+	}
+	return nil
+}
+
+// resolveHeld is resolve for a call bound to m: an object m does not hold
+// is CKR_KEY_HANDLE_INVALID (a key) or CKR_OBJECT_HANDLE_INVALID, naming m.
+func (g *Group) resolveHeld(ctx context.Context, op string, o *vobject, m *member.Member) (pkcs11.ObjectHandle, error) {
+	h, err := g.resolve(ctx, o, m)
+	switch {
+	case err == nil:
+		return h, nil
+	case errors.Is(err, errAbsent) && o.isKey():
+		return 0, wrap(ErrKeyHandle, op, m.Name(), err)
+	case errors.Is(err, errAbsent):
+		return 0, wrap(ErrObjectHandle, op, m.Name(), err)
+	}
+	return 0, opErr(op, m.Name(), err)
+}
+
+// inOrder returns the first serving member in configured order not in
+// skip: the order writes to every member go in.
+func (g *Group) inOrder(skip memberSet) *member.Member {
+	for _, m := range g.serving() {
+		if !skip.has(m.Index()) {
+			return m
+		}
+	}
+	return nil
+}
+
+// only returns a plan.next that offers m alone, while it serves.
+func only(m *member.Member) func(memberSet) *member.Member {
+	return func(skip memberSet) *member.Member {
+		if skip.has(m.Index()) || !m.State().Serving() || m.Slot() == nil {
+			return nil
+		}
+		return m
+	}
+}
+
+// call runs one call on m alone with in-flight and latency accounting,
+// and charges its health by the rule: a clear health failure (failing m
+// at the threshold or on a timeout), never an ambiguous one, since no
+// other member served the same request. A call the caller's context cut
+// short is not charged.
+func (g *Group) call(ctx context.Context, m *member.Member, fn func() error) (slot.Class, error) {
+	class, fail, err := g.measure(ctx, m, fn)
+	if fail && !slot.Ambiguous(err) {
+		g.failMember(m, err)
+	}
+	return class, err
+}
+
+// measure is call without the failing: it reports whether the call should
+// fail m, for exec's verdict.
+func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) (slot.Class, bool, error) {
+	start := m.Begin()
+	err := fn()
+	if err != nil && ctx.Err() != nil {
+		m.End(start, nil) // not the member's fault
+		return slot.ClassRequest, false, err
+	}
+	out := m.End(start, err)
+	class := out.Class
+	if (class == slot.ClassLogin || class == slot.ClassRequest) && g.lostLogin(err) {
+		// The member forgot our login (token restarted under us): it is
+		// unwell, not the request.
+		class = slot.ClassHealth
+		out.Fail = m.ChargeHealth(err)
+	}
+	return class, class == slot.ClassHealth && out.Fail, err
+}
+
+// lostLogin reports whether err says a member is not logged in while the
+// group is.
+func (g *Group) lostLogin(err error) bool {
+	return g.userType.Load() >= 0 && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
+}
+
+func isHandleError(err error) bool {
+	switch slot.CodeOf(err) {
+	case pkcs11.CKR_OBJECT_HANDLE_INVALID, pkcs11.CKR_KEY_HANDLE_INVALID,
+		pkcs11.CKR_WRAPPING_KEY_HANDLE_INVALID, pkcs11.CKR_UNWRAPPING_KEY_HANDLE_INVALID:
+		return true
+	}
+	return false
+}
