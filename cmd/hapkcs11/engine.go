@@ -163,13 +163,11 @@ func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 
 func (v *virtual) Close() error { return nil } // the groups close in openGroups' closer
 
-// virtualSession is one application session on a group. Single-part
-// operations go to the group (scheduled over members, with failover), after
-// the engine's session says it is still valid (Session.Check: in
-// activeBasic a session opened before every member failed answers
-// CKR_SESSION_HANDLE_INVALID, as it would on the engine's session);
-// multi-part ones go to the engine's session, which pins them on the first
-// Update.
+// virtualSession is one application session on a group: its operations
+// are the engine's session's (group.Session); the calls the engine keeps
+// on the group check first that the session is still valid (Session.Check:
+// in activeBasic a session opened before every member failed answers
+// CKR_SESSION_HANDLE_INVALID).
 type virtualSession struct {
 	g *group.Group
 	s *group.Session
@@ -245,41 +243,6 @@ func (v *virtualSession) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, bas
 	return uint(h), err
 }
 
-func (v *virtualSession) Sign(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Sign(ctx, m, vh(key), data)
-}
-
-func (v *virtualSession) Verify(ctx context.Context, m *pkcs11.Mechanism, key uint, data, sig []byte) error {
-	if err := v.s.Check(); err != nil {
-		return err
-	}
-	return v.g.Verify(ctx, m, vh(key), data, sig)
-}
-
-func (v *virtualSession) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Encrypt(ctx, m, vh(key), data)
-}
-
-func (v *virtualSession) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Decrypt(ctx, m, vh(key), data)
-}
-
-func (v *virtualSession) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Digest(ctx, m, data)
-}
-
 func (v *virtualSession) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
 	if err := v.s.Check(); err != nil {
 		return nil, err
@@ -287,50 +250,18 @@ func (v *virtualSession) GenerateRandom(ctx context.Context, n int) ([]byte, err
 	return v.g.GenerateRandom(ctx, n)
 }
 
-func (v *virtualSession) SignInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.SignInit(ctx, m, vh(key))
+func (v *virtualSession) Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error {
+	return v.s.Init(ctx, k, m, vh(key))
 }
-func (v *virtualSession) SignUpdate(ctx context.Context, data []byte) error {
-	return v.s.SignUpdate(ctx, data)
+
+func (v *virtualSession) Cancel(k group.OpKind) error { return v.s.Cancel(k) }
+
+func (v *virtualSession) Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
+	return v.s.Do(ctx, k, st, in, sig, room)
 }
-func (v *virtualSession) SignFinal(ctx context.Context) ([]byte, error) { return v.s.SignFinal(ctx) }
-func (v *virtualSession) VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.VerifyInit(ctx, m, vh(key))
-}
-func (v *virtualSession) VerifyUpdate(ctx context.Context, data []byte) error {
-	return v.s.VerifyUpdate(ctx, data)
-}
-func (v *virtualSession) VerifyFinal(ctx context.Context, sig []byte) error {
-	return v.s.VerifyFinal(ctx, sig)
-}
-func (v *virtualSession) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.EncryptInit(ctx, m, vh(key))
-}
-func (v *virtualSession) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return v.s.EncryptUpdate(ctx, data)
-}
-func (v *virtualSession) EncryptFinal(ctx context.Context) ([]byte, error) {
-	return v.s.EncryptFinal(ctx)
-}
-func (v *virtualSession) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.DecryptInit(ctx, m, vh(key))
-}
-func (v *virtualSession) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return v.s.DecryptUpdate(ctx, data)
-}
-func (v *virtualSession) DecryptFinal(ctx context.Context) ([]byte, error) {
-	return v.s.DecryptFinal(ctx)
-}
-func (v *virtualSession) DigestInit(ctx context.Context, m *pkcs11.Mechanism) error {
-	return v.s.DigestInit(ctx, m)
-}
-func (v *virtualSession) DigestUpdate(ctx context.Context, data []byte) error {
-	return v.s.DigestUpdate(ctx, data)
-}
+
 func (v *virtualSession) DigestKey(ctx context.Context, key uint) error {
 	return v.s.DigestKey(ctx, vh(key))
 }
-func (v *virtualSession) DigestFinal(ctx context.Context) ([]byte, error) {
-	return v.s.DigestFinal(ctx)
-}
+
 func (v *virtualSession) Close() error { return v.s.Close() }

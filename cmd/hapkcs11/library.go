@@ -1,11 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"slices"
 	"sync"
 
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -40,7 +40,6 @@ type slotEntry struct {
 	user   uint              // CKU_USER, CKU_SO or userNone
 	nsess  int               // open sessions
 	nro    int               // open read-only sessions
-	keys   map[uint]keyInfo  // checked keys, dropped on any change
 	mechs  map[uint]struct{} // nil until read
 	mechL  []uint            // mechs in the token's order
 	mechOK bool
@@ -61,16 +60,8 @@ func (e *slotEntry) lost() uint64 {
 func (e *slotEntry) current() {
 	if n := e.lost(); n != e.seen {
 		e.user = userNone
-		e.keys = nil
 		e.seen = n
 	}
-}
-
-// keyInfo is what an *Init call checks of a key: that it is a key and may
-// be used for the operation.
-type keyInfo struct {
-	class uint
-	perm  [nOps]bool
 }
 
 // appSession is one application session.
@@ -88,46 +79,6 @@ type appSession struct {
 	closed  bool
 	finding bool
 	found   []uint
-	ops     [nOps]*operation
-}
-
-// opKind names the cryptographic operation families, one active per
-// session each.
-type opKind int
-
-const (
-	opEncrypt opKind = iota
-	opDecrypt
-	opDigest
-	opSign
-	opVerify
-	nOps
-)
-
-// opPerm is the key attribute that permits each operation.
-var opPerm = [nOps]uint{pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, 0, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY}
-
-// step says which call produced an output the application has not taken
-// yet (it asked for the length, or its buffer was too small).
-type step int
-
-const (
-	stepSingle step = iota + 1
-	stepUpdate
-	stepFinal
-)
-
-// operation is one active *Init…*Final operation. Until the first Update
-// nothing reaches the backend, so a single-part call can go to any member;
-// an Update pins it (multi = true).
-type operation struct {
-	mech  *pkcs11.Mechanism
-	key   uint
-	multi bool
-
-	held     []byte // output computed but not yet delivered
-	heldIn   []byte // the input it was computed from
-	heldStep step   // the call that computed held; 0: nothing held (held may be empty)
 }
 
 // ckErr is an error with a CKR code; slot.CodeOf reads it.
@@ -317,7 +268,6 @@ func (l *library) endSession(s *appSession) error {
 	last := e.nsess == 0 && e.user != userNone
 	if last {
 		e.user = userNone
-		e.keys = nil
 	}
 	e.mu.Unlock()
 	if last {
@@ -408,7 +358,6 @@ func (l *library) login(h, userType uint, pin secret.PIN) error {
 		return err
 	}
 	e.user = userType
-	e.keys = nil
 	return nil
 }
 
@@ -427,82 +376,19 @@ func (l *library) logout(h uint) error {
 	}
 	err = e.tok.Logout(l.ctx)
 	e.user = userNone
-	e.keys = nil
 	return err
 }
 
-// forget drops what the slot remembers of its keys (after any change).
-func (e *slotEntry) forget() {
-	e.mu.Lock()
-	e.keys = nil
-	e.mu.Unlock()
-}
-
-// checkKey reports CKR_KEY_HANDLE_INVALID or CKR_KEY_FUNCTION_NOT_PERMITTED
-// at *Init time, as a module does, rather than at the first data call.
-func (l *library) checkKey(s *appSession, key uint, kind opKind) error {
-	e := s.slot
-	e.mu.Lock()
-	ki, ok := e.keys[key]
-	e.mu.Unlock()
-	if !ok {
-		attrs, err := s.be.GetAttributes(s.ctx, key, []uint{pkcs11.CKA_CLASS,
-			pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY})
-		if err != nil {
-			if codeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
-				return ckErr(pkcs11.CKR_KEY_HANDLE_INVALID)
-			}
-			return err
-		}
-		for _, a := range attrs {
-			if a.Status != pkcs11.CKR_OK {
-				continue
-			}
-			switch a.Type {
-			case pkcs11.CKA_CLASS:
-				ki.class = ulong(a.Value)
-			default:
-				for k, p := range opPerm {
-					if p == a.Type && p != 0 {
-						ki.perm[k] = len(a.Value) > 0 && a.Value[0] != 0
-					}
-				}
-			}
-		}
-		e.mu.Lock()
-		if e.keys == nil {
-			e.keys = map[uint]keyInfo{}
-		}
-		e.keys[key] = ki
-		e.mu.Unlock()
-	}
-	switch ki.class {
-	case pkcs11.CKO_SECRET_KEY, pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_PUBLIC_KEY:
-	default:
-		return ckErr(pkcs11.CKR_KEY_HANDLE_INVALID)
-	}
-	if !ki.perm[kind] {
-		return ckErr(pkcs11.CKR_KEY_FUNCTION_NOT_PERMITTED)
-	}
-	return nil
-}
-
-// opInit starts an operation; a nil mechanism ends the active one.
-func (l *library) opInit(h uint, kind opKind, m *pkcs11.Mechanism, key uint) error {
+// opInit starts an operation (C_SignInit …); a nil mechanism ends the
+// active one. The session's backend (pkg/group) keeps the operation.
+func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uint) error {
 	s, err := l.session(h)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
 	if m == nil {
-		if s.ops[kind] == nil {
-			return ckErr(pkcs11.CKR_OPERATION_NOT_INITIALIZED)
-		}
-		l.abort(s, kind)
-		return nil
-	}
-	if s.ops[kind] != nil {
-		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
+		return s.be.Cancel(kind)
 	}
 	mechs, _, err := s.slot.mechanisms(l.ctx)
 	if err != nil {
@@ -511,267 +397,39 @@ func (l *library) opInit(h uint, kind opKind, m *pkcs11.Mechanism, key uint) err
 	if _, ok := mechs[m.Mechanism]; !ok {
 		return ckErr(pkcs11.CKR_MECHANISM_INVALID)
 	}
-	if kind != opDigest {
-		if err := l.checkKey(s, key, kind); err != nil {
-			return err
-		}
-	}
-	s.ops[kind] = &operation{mech: m, key: key}
-	return nil
+	return s.be.Init(s.ctx, kind, m, key)
 }
 
-// abort ends an operation; one already pinned to a member is finished
-// there and its result dropped.
-func (l *library) abort(s *appSession, kind opKind) {
-	op := s.ops[kind]
-	s.ops[kind] = nil
-	if op == nil || !op.multi {
-		return
-	}
-	var err error
-	switch kind {
-	case opEncrypt:
-		_, err = s.be.EncryptFinal(s.ctx)
-	case opDecrypt:
-		_, err = s.be.DecryptFinal(s.ctx)
-	case opDigest:
-		_, err = s.be.DigestFinal(s.ctx)
-	case opSign:
-		_, err = s.be.SignFinal(s.ctx)
-	case opVerify:
-		err = s.be.VerifyFinal(s.ctx, nil)
-	}
-	_ = err // the operation is being thrown away; its outcome is moot
-}
-
-// output is where a call's output goes: the C buffer convention lives in
-// abi.go behind put, which reports CKR_BUFFER_TOO_SMALL or, for a length
-// query (NULL buffer), delivered=false with no error.
+// output is where a call's output goes: abi.go's C buffer. room says how
+// much it takes (group.RoomQuery for a NULL buffer); put sets the length
+// the application reads and copies b when it fits.
 type output interface {
-	put(b []byte) (delivered bool, err error)
+	room() group.Room
+	put(b []byte)
 }
 
-// deliver hands out to the application, keeping it for the next call when
-// the application only asked for its length or gave too small a buffer.
-func (s *appSession) deliver(kind opKind, op *operation, st step, in, out []byte, dst output) error {
-	delivered, err := dst.put(out)
-	if !delivered {
-		op.held, op.heldIn, op.heldStep = out, in, st
-		return err
-	}
-	op.held, op.heldIn, op.heldStep = nil, nil, 0
-	if st != stepUpdate {
-		s.ops[kind] = nil
-	}
-	return nil
-}
-
-// active returns the session's operation of kind, or
-// CKR_OPERATION_NOT_INITIALIZED.
-func (s *appSession) active(kind opKind) (*operation, error) {
-	op := s.ops[kind]
-	if op == nil {
-		return nil, ckErr(pkcs11.CKR_OPERATION_NOT_INITIALIZED)
-	}
-	return op, nil
-}
-
-// single runs a single-part C_Encrypt, C_Decrypt, C_Digest or C_Sign.
-func (l *library) single(h uint, kind opKind, in []byte, dst output) error {
+// op runs step st of an operation: in is the data, sig the signature
+// (C_Verify, C_VerifyFinal), dst nil for a step without output.
+func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, dst output) error {
 	s, err := l.session(h)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	op, err := s.active(kind)
-	if err != nil {
-		return err
+	room := group.RoomAny
+	if dst != nil {
+		room = dst.room()
 	}
-	if op.multi {
-		// Any failed C_Sign (C_Encrypt …) ends the operation.
-		l.abort(s, kind)
-		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
-	}
-	out := op.held
-	if op.heldStep != stepSingle || !bytes.Equal(op.heldIn, in) {
-		switch kind {
-		case opEncrypt:
-			out, err = s.be.Encrypt(s.ctx, op.mech, op.key, in)
-		case opDecrypt:
-			out, err = s.be.Decrypt(s.ctx, op.mech, op.key, in)
-		case opDigest:
-			out, err = s.be.Digest(s.ctx, op.mech, in)
-		case opSign:
-			out, err = s.be.Sign(s.ctx, op.mech, op.key, in)
-		}
-		if err != nil {
-			s.ops[kind] = nil
-			return err
-		}
-	}
-	return s.deliver(kind, op, stepSingle, in, out, dst)
-}
-
-// verify runs a single-part C_Verify.
-func (l *library) verify(h uint, data, sig []byte) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(opVerify)
-	if err != nil {
-		return err
-	}
-	if op.multi {
-		l.abort(s, opVerify)
-		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
-	}
-	s.ops[opVerify] = nil
-	return s.be.Verify(s.ctx, op.mech, op.key, data, sig)
-}
-
-// pin sends an operation's Init to the backend at its first Update or
-// Final.
-func (l *library) pin(s *appSession, kind opKind, op *operation) error {
-	if op.multi {
-		return nil
-	}
-	var err error
-	switch kind {
-	case opEncrypt:
-		err = s.be.EncryptInit(s.ctx, op.mech, op.key)
-	case opDecrypt:
-		err = s.be.DecryptInit(s.ctx, op.mech, op.key)
-	case opDigest:
-		err = s.be.DigestInit(s.ctx, op.mech)
-	case opSign:
-		err = s.be.SignInit(s.ctx, op.mech, op.key)
-	case opVerify:
-		err = s.be.VerifyInit(s.ctx, op.mech, op.key)
-	}
-	if err != nil {
-		s.ops[kind] = nil
-		return err
-	}
-	op.multi = true
-	return nil
-}
-
-// update runs C_*Update; dst is nil for digest, sign and verify.
-func (l *library) update(h uint, kind opKind, in []byte, dst output) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(kind)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, kind, op); err != nil {
-		return err
-	}
-	var out []byte
-	switch kind {
-	case opEncrypt, opDecrypt:
-		if op.heldStep == stepUpdate && bytes.Equal(op.heldIn, in) {
-			out = op.held
-			break
-		}
-		if kind == opEncrypt {
-			out, err = s.be.EncryptUpdate(s.ctx, in)
-		} else {
-			out, err = s.be.DecryptUpdate(s.ctx, in)
-		}
-	case opDigest:
-		err = s.be.DigestUpdate(s.ctx, in)
-	case opSign:
-		err = s.be.SignUpdate(s.ctx, in)
-	case opVerify:
-		err = s.be.VerifyUpdate(s.ctx, in)
-	}
-	if err != nil {
-		s.ops[kind] = nil
-		return err
-	}
-	if dst == nil {
-		return nil
-	}
-	return s.deliver(kind, op, stepUpdate, in, out, dst)
-}
-
-// digestKey runs C_DigestKey: like C_DigestUpdate, on the member the
-// digest runs on.
-func (l *library) digestKey(h, key uint) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(opDigest)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, opDigest, op); err != nil {
-		return err
-	}
-	err = s.be.DigestKey(s.ctx, key)
-	if err != nil && codeOf(err) != pkcs11.CKR_KEY_HANDLE_INVALID {
-		s.ops[opDigest] = nil
+	out, err := s.be.Do(s.ctx, kind, st, in, sig, room)
+	if dst != nil && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
+		dst.put(out)
 	}
 	return err
 }
 
-// final runs C_EncryptFinal, C_DecryptFinal, C_DigestFinal or C_SignFinal.
-func (l *library) final(h uint, kind opKind, dst output) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(kind)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, kind, op); err != nil {
-		return err
-	}
-	out := op.held
-	if op.heldStep != stepFinal {
-		switch kind {
-		case opEncrypt:
-			out, err = s.be.EncryptFinal(s.ctx)
-		case opDecrypt:
-			out, err = s.be.DecryptFinal(s.ctx)
-		case opDigest:
-			out, err = s.be.DigestFinal(s.ctx)
-		case opSign:
-			out, err = s.be.SignFinal(s.ctx)
-		}
-		if err != nil {
-			s.ops[kind] = nil
-			return err
-		}
-	}
-	return s.deliver(kind, op, stepFinal, nil, out, dst)
-}
-
-func (l *library) verifyFinal(h uint, sig []byte) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(opVerify)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, opVerify, op); err != nil {
-		return err
-	}
-	s.ops[opVerify] = nil
-	return s.be.VerifyFinal(s.ctx, sig)
+// digestKey runs C_DigestKey.
+func (l *library) digestKey(h, key uint) error {
+	return l.withSession(h, func(s *appSession) error { return s.be.DigestKey(s.ctx, key) })
 }
 
 // findInit, findNext and findFinal keep one search per session; the

@@ -193,7 +193,8 @@ type Group struct {
 	leftAt  map[string]uint64                   // member → changes when it left rotation
 	changes atomic.Uint64                       // objects made, destroyed or changed
 
-	objs objectTable
+	objs   objectTable
+	proofs initProofs // Inits the members accepted (initproof.go)
 
 	closeOnce sync.Once
 }
