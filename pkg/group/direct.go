@@ -14,7 +14,7 @@ import (
 // failover and the token's own handles. Safe for concurrent use; calls
 // are serialised.
 type DirectSession struct {
-	ctx context.Context // for abandoning operations when the session closes
+	ctx context.Context // for abandoning an operation the application cancels
 	ss  *slot.Session
 
 	mu  sync.Mutex
@@ -22,7 +22,7 @@ type DirectSession struct {
 }
 
 // NewDirectSession runs operations on ss, which it closes on Close. ctx
-// bounds the calls Close makes to end operations still active.
+// bounds the calls Cancel makes to end an operation on the token.
 func NewDirectSession(ctx context.Context, ss *slot.Session) *DirectSession {
 	return &DirectSession{ctx: ctx, ss: ss}
 }
@@ -60,17 +60,23 @@ func (d *DirectSession) DigestKey(ctx context.Context, key pkcs11.ObjectHandle) 
 	return err
 }
 
-// Close ends the session's operations and the token session.
+// Close closes the token session, which ends its operations there.
 func (d *DirectSession) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.ops.endAll(d)
+	d.ops = opTable{}
 	return d.ss.Close()
 }
 
 func (d *DirectSession) start(ctx context.Context, k OpKind, op *operation) error {
 	op.ps = d.ss
-	return initOn(ctx, k, d.ss, op.mech, op.raw)
+	err := initOn(ctx, k, d.ss, op.mech, op.raw)
+	if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
+		// SoftHSM names a bad key handle as an object handle; PKCS#11
+		// (and the virtual slot) say CKR_KEY_HANDLE_INVALID.
+		return wrap(ErrKeyHandle, opNames[k]+"Init", "", err)
+	}
+	return err
 }
 
 func (d *DirectSession) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *withObject) ([]byte, error) {

@@ -24,10 +24,9 @@ type initProofs struct {
 }
 
 type proofKey struct {
-	k     OpKind
-	key   *vobject // nil for a digest
-	mech  uint
-	param string
+	k    OpKind
+	key  *vobject // nil for a digest
+	mech uint
 }
 
 type proofAt struct{ gen, changes uint64 }
@@ -35,20 +34,22 @@ type proofAt struct{ gen, changes uint64 }
 // maxProofs bounds the table; when full it starts again.
 const maxProofs = 4096
 
-// proofKeyOf returns op's proof key, or false when its mechanism carries
-// parameters built from Go values (miekg's *OAEPParams, *GCMParams …):
-// those are compared by nothing here, so such an Init is always sent.
+// proofKeyOf returns op's proof key, or false when its mechanism has a
+// parameter: a parameter may hold pointers (CK_GCM_PARAMS' IV, an OAEP
+// label; miekg's *GCMParams …) that are the caller's only during its
+// Init, so such an Init is always sent when the application makes it.
 func proofKeyOf(k OpKind, op *operation) (proofKey, bool) {
-	if op.mech == nil || !plainMechanism(op.mech) {
+	if op.mech == nil || len(op.mech.Parameter) != 0 || hasGenerator(op.mech) {
 		return proofKey{}, false
 	}
-	return proofKey{k: k, key: op.key, mech: op.mech.Mechanism, param: string(op.mech.Parameter)}, true
+	return proofKey{k: k, key: op.key, mech: op.mech.Mechanism}, true
 }
 
-// plainMechanism reports whether m's parameter is all in m.Parameter.
-func plainMechanism(m *pkcs11.Mechanism) bool {
+// hasGenerator reports whether m's parameter is built from a Go value
+// (miekg keeps it unexported until the call).
+func hasGenerator(m *pkcs11.Mechanism) bool {
 	g := reflect.ValueOf(m).Elem().FieldByName("generator")
-	return !g.IsValid() || g.IsNil()
+	return g.IsValid() && !g.IsNil()
 }
 
 // proven reports whether op's Init was accepted since the last change.

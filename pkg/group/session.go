@@ -200,8 +200,8 @@ func (g *Group) dropPhysicalSessions(m *member.Member) {
 
 // Check returns ErrSessionHandle (CKR_SESSION_HANDLE_INVALID) when the
 // session is closed or was lost when every member failed in activeBasic,
-// and nil otherwise: for a PKCS#11 module that runs single-part
-// operations through the Group rather than through the Session.
+// and nil otherwise: for a PKCS#11 module that runs a session's calls
+// other than operations (attributes, wrapping, random) on the Group.
 func (s *Session) Check() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
