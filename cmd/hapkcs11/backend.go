@@ -29,6 +29,10 @@ type token interface {
 	// application), as C_Login does.
 	Login(ctx context.Context, userType uint, pin secret.PIN) error
 	Logout(ctx context.Context) error
+	// LoggedIn reports whether the application is logged in to the token,
+	// and as whom: the token's (for a group, the engine's) login state,
+	// which the library does not keep.
+	LoggedIn() (userType uint, ok bool)
 	// OpenSession opens one application session.
 	OpenSession(ctx context.Context) (session, error)
 	// Close releases the token when the module is finalized.
@@ -70,6 +74,9 @@ type session interface {
 	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
 	DigestKey(ctx context.Context, key uint) error
 
+	// Check returns an error when the backend lost the session (a group's
+	// session when every member failed in activeBasic).
+	Check() error
 	// Close ends the session (and its session objects).
 	Close() error
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
@@ -16,43 +15,10 @@ import (
 )
 
 // virtual is one HA group as a slot: the engine (pkg/group) with its
-// recovery (pkg/ha) running in the application's process.
+// recovery (pkg/ha) running in the application's process. The engine keeps
+// the login and the sessions, and what an outage does to them.
 type virtual struct {
 	g *ha.Group
-	// lost counts the group_down events in activeBasic: every session and
-	// the login were lost then, and the library drops what it keeps of them
-	// (sessionLoser).
-	lost     atomic.Uint64
-	onLost   atomic.Pointer[func()]
-	basicNow func() bool
-}
-
-// sessionLoser is a token whose sessions and login can be lost all at once
-// (a virtual slot whose group went down in activeBasic). Lost counts those
-// losses; OnLost registers a function called (without blocking the caller)
-// after each.
-type sessionLoser interface {
-	Lost() uint64
-	OnLost(fn func())
-}
-
-// Lost implements sessionLoser.
-func (v *virtual) Lost() uint64 { return v.lost.Load() }
-
-// OnLost implements sessionLoser.
-func (v *virtual) OnLost(fn func()) { v.onLost.Store(&fn) }
-
-// groupDown records a group_down event: in activeBasic the engine lost
-// every session and the login, so the library must too. It must not block
-// (it runs inside the engine's event emission).
-func (v *virtual) groupDown() {
-	if !v.basicNow() {
-		return // activeEnhanced: sessions and login survive the outage
-	}
-	v.lost.Add(1)
-	if fn := v.onLost.Load(); fn != nil {
-		go (*fn)()
-	}
 }
 
 // openGroups starts every configured group with ha.Open: the engine, the
@@ -76,11 +42,8 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 	for i := range cfg.Groups {
 		gc := cfg.Groups[i]
 		set := cfg.Settings(&gc)
-		v := &virtual{}
-		sink := &eventSink{v: v}
 		g, err := ha.Open(ctx, gc, set, ha.Options{
 			StateDir: stateDir,
-			Events:   sink,
 			// The engine's and the recoverer's events and the members'
 			// figures go to haagent (or, without one, to the HA log).
 			Report: log.rep,
@@ -95,9 +58,7 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			log.event(gc.Label, "", "tombstones_in_memory", terr.Error())
 		}
 		groups = append(groups, g)
-		v.g = g
-		v.basicNow = func() bool { return g.Settings().RecoveryMode == config.RecoveryActiveBasic }
-		out = append(out, v)
+		out = append(out, &virtual{g: g})
 	}
 	// Per-member counters for the application, when it asks (stats.go).
 	sources := make([]statsSource, len(groups))
@@ -109,19 +70,6 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 		log.event("", "", "stats_off", err.Error())
 	}
 	return out, func() error { return errors.Join(stats.stop(), closeAll()) }, nil
-}
-
-// eventSink tells the virtual slot of a group_down. It must not block:
-// groupDown only schedules. (pkg/ha reports the events and forwards member
-// failures to the recoverer itself.)
-type eventSink struct {
-	v *virtual
-}
-
-func (s *eventSink) Event(e group.Event) {
-	if e.Kind == group.GroupDown && s.v.basicNow != nil {
-		s.v.groupDown()
-	}
 }
 
 func (v *virtual) SlotInfo() slotInfo {
@@ -152,6 +100,8 @@ func (v *virtual) Login(ctx context.Context, userType uint, pin secret.PIN) erro
 }
 
 func (v *virtual) Logout(ctx context.Context) error { return v.g.Logout(ctx) }
+
+func (v *virtual) LoggedIn() (uint, bool) { return v.g.LoggedIn() }
 
 func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 	s, err := v.g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
@@ -263,5 +213,7 @@ func (v *virtualSession) Do(ctx context.Context, k group.OpKind, st group.Step, 
 func (v *virtualSession) DigestKey(ctx context.Context, key uint) error {
 	return v.s.DigestKey(ctx, vh(key))
 }
+
+func (v *virtualSession) Check() error { return v.s.Check() }
 
 func (v *virtualSession) Close() error { return v.s.Close() }

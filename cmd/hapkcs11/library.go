@@ -28,40 +28,17 @@ type library struct {
 	next     uint
 }
 
-// userNone marks a token nobody is logged in to.
-const userNone = ^uint(0)
-
-// slotEntry is one listed slot and the application's login state on it.
+// slotEntry is one listed slot. The login is its token's (token.LoggedIn)
+// and a session's validity its backend's (session.Check): the library
+// keeps neither.
 type slotEntry struct {
 	id  uint
 	tok token
 
-	mu     sync.Mutex
-	user   uint              // CKU_USER, CKU_SO or userNone
-	nsess  int               // open sessions
-	nro    int               // open read-only sessions
+	mu     sync.Mutex        // serialises C_Login and C_Logout; guards the mechanisms
 	mechs  map[uint]struct{} // nil until read
 	mechL  []uint            // mechs in the token's order
 	mechOK bool
-	seen   uint64 // the token's Lost count that user reflects (sessionLoser)
-}
-
-// lost returns how many times the token lost every session and its login
-// (a virtual slot whose group went down in activeBasic); 0 for others.
-func (e *slotEntry) lost() uint64 {
-	if lo, ok := e.tok.(sessionLoser); ok {
-		return lo.Lost()
-	}
-	return 0
-}
-
-// current forgets the login when the token lost it since it was recorded.
-// Called with e.mu held, before any read of user or keys.
-func (e *slotEntry) current() {
-	if n := e.lost(); n != e.seen {
-		e.user = userNone
-		e.seen = n
-	}
 }
 
 // appSession is one application session.
@@ -70,7 +47,6 @@ type appSession struct {
 	slot   *slotEntry
 	rw     bool
 	be     session
-	epoch  uint64 // slot.lost() when opened: stale after the token lost its sessions
 	// ctx is the library's context with the session's slot.Affinity: its
 	// calls keep to the member sessions (and their threads) it used last.
 	ctx context.Context
@@ -156,28 +132,17 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	s.current()
-	so := s.user == pkcs11.CKU_SO
-	s.mu.Unlock()
-	epoch := s.lost()
-	if so && !rw {
+	if ut, ok := s.tok.LoggedIn(); ok && ut == pkcs11.CKU_SO && !rw {
 		return 0, ckErr(pkcs11.CKR_SESSION_READ_WRITE_SO_EXISTS)
 	}
 	be, err := s.tok.OpenSession(l.ctx)
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	s.nsess++
-	if !rw {
-		s.nro++
-	}
-	s.mu.Unlock()
 	l.mu.Lock()
 	l.next++
 	h := l.next
-	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be, epoch: epoch,
+	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be,
 		ctx: slot.WithAffinity(l.ctx, new(slot.Affinity))}
 	l.mu.Unlock()
 	return h, nil
@@ -196,48 +161,49 @@ func (l *library) session(h uint) (*appSession, error) {
 		s.mu.Unlock()
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
-	if s.epoch != s.slot.lost() {
-		// Opened before the group went down in activeBasic: the engine
-		// lost it, so the application's handle is gone too.
+	if err := s.be.Check(); err != nil {
+		// The engine lost it (every member of the group failed in
+		// activeBasic): the application's handle is gone too.
 		s.mu.Unlock()
-		l.dropLost(s.slot)
+		l.forget(h, s)
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
 	return s, nil
 }
 
-// dropLost removes the sessions of slot e that its token lost (every member
-// of the group failed in activeBasic), and with them the login, without
-// asking the token to log out: the engine already forgot both. It runs from
-// the token's OnLost callback and when a stale session is used.
-func (l *library) dropLost(e *slotEntry) {
-	n := e.lost()
+// forget drops session s (handle h), which its backend lost, without
+// logging out: the engine forgot the login with it.
+func (l *library) forget(h uint, s *appSession) {
 	l.mu.Lock()
-	var stale []*appSession
-	for h, s := range l.sessions {
-		if s.slot == e && s.epoch != n {
-			stale = append(stale, s)
-			delete(l.sessions, h)
-		}
+	if l.sessions[h] == s {
+		delete(l.sessions, h)
 	}
 	l.mu.Unlock()
-	for _, s := range stale {
-		s.mu.Lock()
-		s.closed = true
-		if err := s.be.Close(); err != nil {
-			l.log.debug("closing a session lost with its group", "slot", e.id, "err", err)
-		}
-		s.mu.Unlock()
-		e.mu.Lock()
-		e.nsess--
-		if !s.rw {
-			e.nro--
-		}
-		e.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
 	}
-	e.mu.Lock()
-	e.current()
-	e.mu.Unlock()
+	s.closed = true
+	if err := s.be.Close(); err != nil {
+		l.log.debug("closing a session lost with its group", "slot", s.slot.id, "err", err)
+	}
+}
+
+// live counts the sessions of e that are open and not lost, and the
+// read-only ones among them.
+func (l *library) live(e *slotEntry) (all, ro int) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, s := range l.sessions {
+		if s.slot == e && s.be.Check() == nil {
+			all++
+			if !s.rw {
+				ro++
+			}
+		}
+	}
+	return all, ro
 }
 
 func (l *library) closeSession(h uint) error {
@@ -260,19 +226,12 @@ func (l *library) endSession(s *appSession) error {
 	s.mu.Unlock()
 	e := s.slot
 	e.mu.Lock()
-	e.current()
-	e.nsess--
-	if !s.rw {
-		e.nro--
-	}
-	last := e.nsess == 0 && e.user != userNone
-	if last {
-		e.user = userNone
-	}
-	e.mu.Unlock()
-	if last {
-		if lerr := e.tok.Logout(l.ctx); lerr != nil && err == nil {
-			l.log.debug("logout after the last session closed", "slot", e.id, "err", lerr)
+	defer e.mu.Unlock()
+	if _, in := e.tok.LoggedIn(); in {
+		if n, _ := l.live(e); n == 0 {
+			if lerr := e.tok.Logout(l.ctx); lerr != nil {
+				l.log.debug("logout after the last session closed", "slot", e.id, "err", lerr)
+			}
 		}
 	}
 	return err
@@ -307,17 +266,14 @@ func (l *library) sessionInfo(h uint) (slotID, state, flags uint, err error) {
 		return 0, 0, 0, err
 	}
 	defer s.mu.Unlock()
-	s.slot.mu.Lock()
-	s.slot.current()
-	user := s.slot.user
-	s.slot.mu.Unlock()
+	user, in := s.slot.tok.LoggedIn()
 	flags = pkcs11.CKF_SERIAL_SESSION
 	switch {
-	case user == pkcs11.CKU_SO:
+	case in && user == pkcs11.CKU_SO:
 		state = pkcs11.CKS_RW_SO_FUNCTIONS
-	case user == pkcs11.CKU_USER && s.rw:
+	case in && s.rw:
 		state = pkcs11.CKS_RW_USER_FUNCTIONS
-	case user == pkcs11.CKU_USER:
+	case in:
 		state = pkcs11.CKS_RO_USER_FUNCTIONS
 	case s.rw:
 		state = pkcs11.CKS_RW_PUBLIC_SESSION
@@ -345,20 +301,16 @@ func (l *library) login(h, userType uint, pin secret.PIN) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.current()
-	switch {
-	case e.user == userType:
-		return ckErr(pkcs11.CKR_USER_ALREADY_LOGGED_IN)
-	case e.user != userNone:
+	if ut, in := e.tok.LoggedIn(); in {
+		if ut == userType {
+			return ckErr(pkcs11.CKR_USER_ALREADY_LOGGED_IN)
+		}
 		return ckErr(pkcs11.CKR_USER_ANOTHER_ALREADY_LOGGED_IN)
-	case userType == pkcs11.CKU_SO && e.nro > 0:
+	}
+	if _, ro := l.live(e); userType == pkcs11.CKU_SO && ro > 0 {
 		return ckErr(pkcs11.CKR_SESSION_READ_ONLY_EXISTS)
 	}
-	if err := e.tok.Login(l.ctx, userType, pin); err != nil {
-		return err
-	}
-	e.user = userType
-	return nil
+	return e.tok.Login(l.ctx, userType, pin)
 }
 
 func (l *library) logout(h uint) error {
@@ -370,13 +322,10 @@ func (l *library) logout(h uint) error {
 	s.mu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.current()
-	if e.user == userNone {
+	if _, in := e.tok.LoggedIn(); !in {
 		return ckErr(pkcs11.CKR_USER_NOT_LOGGED_IN)
 	}
-	err = e.tok.Logout(l.ctx)
-	e.user = userNone
-	return err
+	return e.tok.Logout(l.ctx)
 }
 
 // opInit starts an operation (C_SignInit …); a nil mechanism ends the

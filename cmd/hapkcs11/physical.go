@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
@@ -17,8 +18,9 @@ import (
 type physical struct {
 	group  string // the group's label, for the slot description
 	member string
-	s      *slot.Slot // nil: the member could not be opened at C_Initialize
-	err    error      // why not
+	s      *slot.Slot   // nil: the member could not be opened at C_Initialize
+	err    error        // why not
+	user   atomic.Int64 // the user type the application logged in as; -1: none
 }
 
 // openPhysical opens a member's token without logging in (the application
@@ -26,6 +28,7 @@ type physical struct {
 // slot without a token.
 func openPhysical(ctx context.Context, group string, spec slot.Spec) *physical {
 	p := &physical{group: group, member: spec.Name}
+	p.user.Store(-1)
 	p.s, p.err = slot.Open(ctx, spec)
 	return p
 }
@@ -50,10 +53,22 @@ func (p *physical) MechanismInfo(ctx context.Context, mech uint) (pkcs11.Mechani
 }
 
 func (p *physical) Login(ctx context.Context, userType uint, pin secret.PIN) error {
-	return p.s.Login(ctx, userType, pin)
+	if err := p.s.Login(ctx, userType, pin); err != nil {
+		return err
+	}
+	p.user.Store(int64(userType))
+	return nil
 }
 
-func (p *physical) Logout(ctx context.Context) error { return p.s.Logout(ctx) }
+func (p *physical) Logout(ctx context.Context) error {
+	p.user.Store(-1)
+	return p.s.Logout(ctx)
+}
+
+func (p *physical) LoggedIn() (uint, bool) {
+	ut := p.user.Load()
+	return uint(ut), ut >= 0
+}
 
 func (p *physical) OpenSession(ctx context.Context) (session, error) {
 	ss, err := p.s.OpenSession(ctx)
@@ -155,5 +170,7 @@ func (p *physicalSession) Do(ctx context.Context, k group.OpKind, st group.Step,
 func (p *physicalSession) DigestKey(ctx context.Context, key uint) error {
 	return p.d.DigestKey(ctx, oh(key))
 }
+
+func (p *physicalSession) Check() error { return nil } // a member's own session is lost only with its token
 
 func (p *physicalSession) Close() error { return p.d.Close() }
