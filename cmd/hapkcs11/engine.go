@@ -108,18 +108,17 @@ func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &virtualSession{g: v.g.Group, s: s}, nil
+	return &virtualSession{s: s}, nil
 }
 
 func (v *virtual) Close() error { return nil } // the groups close in openGroups' closer
 
-// virtualSession is one application session on a group: its operations
-// are the engine's session's (group.Session); the calls the engine keeps
-// on the group check first that the session is still valid (Session.Check:
-// in activeBasic a session opened before every member failed answers
-// CKR_SESSION_HANDLE_INVALID).
+// virtualSession is one application session on a group: every call goes
+// to the engine's session (group.Session), which alone knows whether the
+// session is still valid (in activeBasic a session opened before every
+// member failed answers CKR_SESSION_HANDLE_INVALID) and what operations it
+// has active. Only handles are converted here.
 type virtualSession struct {
-	g *group.Group
 	s *group.Session
 }
 
@@ -139,17 +138,11 @@ func (v *virtualSession) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribu
 }
 
 func (v *virtualSession) GetAttributes(ctx context.Context, h uint, types []uint) ([]slot.Attribute, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.GetAttributes(ctx, vh(h), types)
+	return v.s.GetAttributes(ctx, vh(h), types)
 }
 
 func (v *virtualSession) SetAttributes(ctx context.Context, h uint, attrs []*pkcs11.Attribute) error {
-	if err := v.s.Check(); err != nil {
-		return err
-	}
-	return v.g.SetAttributes(ctx, vh(h), attrs)
+	return v.s.SetAttributes(ctx, vh(h), attrs)
 }
 
 func (v *virtualSession) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (uint, error) {
@@ -177,10 +170,7 @@ func (v *virtualSession) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanis
 }
 
 func (v *virtualSession) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key uint) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.WrapKey(ctx, m, vh(wrapping), vh(key))
+	return v.s.WrapKey(ctx, m, vh(wrapping), vh(key))
 }
 
 func (v *virtualSession) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping uint, blob []byte, tmpl []*pkcs11.Attribute) (uint, error) {
@@ -194,10 +184,7 @@ func (v *virtualSession) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, bas
 }
 
 func (v *virtualSession) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.GenerateRandom(ctx, n)
+	return v.s.GenerateRandom(ctx, n)
 }
 
 func (v *virtualSession) Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error {

@@ -889,6 +889,41 @@ func (s *Session) DigestFinal(ctx context.Context) ([]byte, error) {
 	return s.Do(ctx, OpDigest, StepFinal, nil, nil, RoomAny)
 }
 
+// GetAttributes is Group.GetAttributes in this session: a session lost
+// in activeBasic answers CKR_SESSION_HANDLE_INVALID.
+func (s *Session) GetAttributes(ctx context.Context, h ObjectHandle, types []uint) ([]slot.Attribute, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return s.g.GetAttributes(ctx, h, types)
+}
+
+// SetAttributes is Group.SetAttributes in this session (see
+// GetAttributes).
+func (s *Session) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs11.Attribute) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	return s.g.SetAttributes(ctx, h, attrs)
+}
+
+// WrapKey is Group.WrapKey in this session (see GetAttributes).
+func (s *Session) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, key ObjectHandle) ([]byte, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return s.g.WrapKey(ctx, mech, wrapping, key)
+}
+
+// GenerateRandom is Group.GenerateRandom in this session (see
+// GetAttributes).
+func (s *Session) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return s.g.GenerateRandom(ctx, n)
+}
+
 // Find is Group.Find, for the PKCS#11 module's FindObjects*: the module
 // keeps the cursor over the returned handles.
 func (s *Session) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
