@@ -472,15 +472,6 @@ func (l *library) withSession(h uint, fn func(s *appSession) error) error {
 	return fn(s)
 }
 
-// ulong reads a little-endian CK_ULONG attribute value.
-func ulong(b []byte) uint {
-	var v uint
-	for i := len(b) - 1; i >= 0; i-- {
-		v = v<<8 | uint(b[i])
-	}
-	return v
-}
-
 // finalize closes every session and token and the backends.
 func (l *library) finalize() error {
 	l.cancel()
