@@ -176,21 +176,32 @@ type cOut struct {
 	n C.CK_ULONG_PTR
 }
 
-func (o cOut) put(b []byte) (bool, error) {
-	if o.n == nil {
-		return false, errArgs
-	}
+func (o cOut) room() group.Room {
 	if o.p == nil {
-		*o.n = C.CK_ULONG(len(b))
-		return false, nil
+		return group.RoomQuery
 	}
-	if int(*o.n) < len(b) {
-		*o.n = C.CK_ULONG(len(b))
-		return false, ckErr(pkcs11.CKR_BUFFER_TOO_SMALL)
+	return group.Room(min(uint64(*o.n), uint64(group.RoomAny)))
+}
+
+func (o cOut) put(b []byte) {
+	if o.p != nil && int(*o.n) >= len(b) {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(o.p)), len(b)), b)
 	}
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(o.p)), len(b)), b)
 	*o.n = C.CK_ULONG(len(b))
-	return true, nil
+}
+
+// putAll hands b out whole (C_WrapKey): CKR_BUFFER_TOO_SMALL when it
+// does not fit, the length alone for a NULL buffer.
+func (o cOut) putAll(b []byte) error {
+	if o.n == nil {
+		return errArgs
+	}
+	fits := o.p == nil || int(*o.n) >= len(b)
+	o.put(b)
+	if !fits {
+		return ckErr(pkcs11.CKR_BUFFER_TOO_SMALL)
+	}
+	return nil
 }
 
 // padded writes s into a blank-padded fixed-size PKCS#11 string field.
@@ -545,7 +556,6 @@ func hapDestroyObject(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE) C.CK_RV {
 			if err := l.writableObject(s, uint(obj)); err != nil {
 				return err
 			}
-			defer s.slot.forget()
 			return s.be.DestroyObject(s.ctx, uint(obj))
 		})
 	})
@@ -646,7 +656,6 @@ func hapSetAttributeValue(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_
 			if err := l.writableObject(s, uint(obj)); err != nil {
 				return err
 			}
-			defer s.slot.forget()
 			return s.be.SetAttributes(s.ctx, uint(obj), attrs)
 		})
 	})
@@ -689,7 +698,7 @@ func hapFindObjectsFinal(h C.CK_SESSION_HANDLE) C.CK_RV {
 
 // ---- cryptographic operations ----
 
-func opInit(name string, h C.CK_SESSION_HANDLE, kind opKind, p C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
+func opInit(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, p C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
 	return call(name, func(l *library) error {
 		m, err := mechIn(p)
 		if err != nil {
@@ -699,98 +708,107 @@ func opInit(name string, h C.CK_SESSION_HANDLE, kind opKind, p C.CK_MECHANISM_PT
 	})
 }
 
-func single(name string, h C.CK_SESSION_HANDLE, kind opKind, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return call(name, func(l *library) error {
-		data, err := goBytes(in, inLen)
-		if err != nil {
-			return err
-		}
-		if outLen == nil {
-			return errArgs
-		}
-		return l.single(uint(h), kind, data, cOut{out, outLen})
-	})
-}
-
-func update(name string, h C.CK_SESSION_HANDLE, kind opKind, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
+// step runs one step of an operation with input in (for Update and the
+// single-part call) and an output buffer when out is asked for (outLen
+// not NULL is required then).
+func step(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, st group.Step, in C.CK_BYTE_PTR, inLen C.CK_ULONG, withOut bool, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
 	return call(name, func(l *library) error {
 		data, err := goBytes(in, inLen)
 		if err != nil {
 			return err
 		}
 		var dst output
-		if kind == opEncrypt || kind == opDecrypt {
+		if withOut {
 			if outLen == nil {
 				return errArgs
 			}
 			dst = cOut{out, outLen}
 		}
-		return l.update(uint(h), kind, data, dst)
+		return l.op(uint(h), kind, st, data, nil, dst)
 	})
 }
 
-func final(name string, h C.CK_SESSION_HANDLE, kind opKind, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
+func single(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
+	return step(name, h, kind, group.StepSingle, in, inLen, true, out, outLen)
+}
+
+func update(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
+	withOut := kind == group.OpEncrypt || kind == group.OpDecrypt
+	return step(name, h, kind, group.StepUpdate, in, inLen, withOut, out, outLen)
+}
+
+func final(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
+	return step(name, h, kind, group.StepFinal, nil, 0, true, out, outLen)
+}
+
+// verify runs C_Verify (st StepSingle, with data) or C_VerifyFinal.
+func verify(name string, h C.CK_SESSION_HANDLE, st group.Step, in C.CK_BYTE_PTR, inLen C.CK_ULONG, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG) C.CK_RV {
 	return call(name, func(l *library) error {
-		if outLen == nil {
-			return errArgs
+		data, err := goBytes(in, inLen)
+		if err != nil {
+			return err
 		}
-		return l.final(uint(h), kind, cOut{out, outLen})
+		s, err := goBytes(sig, sigLen)
+		if err != nil {
+			return err
+		}
+		return l.op(uint(h), group.OpVerify, st, data, s, nil)
 	})
 }
 
 //export hapEncryptInit
 func hapEncryptInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_EncryptInit", h, opEncrypt, m, key)
+	return opInit("C_EncryptInit", h, group.OpEncrypt, m, key)
 }
 
 //export hapEncrypt
 func hapEncrypt(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Encrypt", h, opEncrypt, in, inLen, out, outLen)
+	return single("C_Encrypt", h, group.OpEncrypt, in, inLen, out, outLen)
 }
 
 //export hapEncryptUpdate
 func hapEncryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return update("C_EncryptUpdate", h, opEncrypt, in, inLen, out, outLen)
+	return update("C_EncryptUpdate", h, group.OpEncrypt, in, inLen, out, outLen)
 }
 
 //export hapEncryptFinal
 func hapEncryptFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_EncryptFinal", h, opEncrypt, out, outLen)
+	return final("C_EncryptFinal", h, group.OpEncrypt, out, outLen)
 }
 
 //export hapDecryptInit
 func hapDecryptInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_DecryptInit", h, opDecrypt, m, key)
+	return opInit("C_DecryptInit", h, group.OpDecrypt, m, key)
 }
 
 //export hapDecrypt
 func hapDecrypt(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Decrypt", h, opDecrypt, in, inLen, out, outLen)
+	return single("C_Decrypt", h, group.OpDecrypt, in, inLen, out, outLen)
 }
 
 //export hapDecryptUpdate
 func hapDecryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return update("C_DecryptUpdate", h, opDecrypt, in, inLen, out, outLen)
+	return update("C_DecryptUpdate", h, group.OpDecrypt, in, inLen, out, outLen)
 }
 
 //export hapDecryptFinal
 func hapDecryptFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_DecryptFinal", h, opDecrypt, out, outLen)
+	return final("C_DecryptFinal", h, group.OpDecrypt, out, outLen)
 }
 
 //export hapDigestInit
 func hapDigestInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR) C.CK_RV {
-	return opInit("C_DigestInit", h, opDigest, m, 0)
+	return opInit("C_DigestInit", h, group.OpDigest, m, 0)
 }
 
 //export hapDigest
 func hapDigest(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Digest", h, opDigest, in, inLen, out, outLen)
+	return single("C_Digest", h, group.OpDigest, in, inLen, out, outLen)
 }
 
 //export hapDigestUpdate
 func hapDigestUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return update("C_DigestUpdate", h, opDigest, in, inLen, nil, nil)
+	return update("C_DigestUpdate", h, group.OpDigest, in, inLen, nil, nil)
 }
 
 //export hapDigestKey
@@ -800,27 +818,27 @@ func hapDigestKey(h C.CK_SESSION_HANDLE, key C.CK_OBJECT_HANDLE) C.CK_RV {
 
 //export hapDigestFinal
 func hapDigestFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_DigestFinal", h, opDigest, out, outLen)
+	return final("C_DigestFinal", h, group.OpDigest, out, outLen)
 }
 
 //export hapSignInit
 func hapSignInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_SignInit", h, opSign, m, key)
+	return opInit("C_SignInit", h, group.OpSign, m, key)
 }
 
 //export hapSign
 func hapSign(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Sign", h, opSign, in, inLen, out, outLen)
+	return single("C_Sign", h, group.OpSign, in, inLen, out, outLen)
 }
 
 //export hapSignUpdate
 func hapSignUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return update("C_SignUpdate", h, opSign, in, inLen, nil, nil)
+	return update("C_SignUpdate", h, group.OpSign, in, inLen, nil, nil)
 }
 
 //export hapSignFinal
 func hapSignFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_SignFinal", h, opSign, out, outLen)
+	return final("C_SignFinal", h, group.OpSign, out, outLen)
 }
 
 // notSupported answers the functions neither SoftHSM nor the engine
@@ -846,38 +864,22 @@ func hapSignRecover(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, o
 
 //export hapVerifyInit
 func hapVerifyInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_VerifyInit", h, opVerify, m, key)
+	return opInit("C_VerifyInit", h, group.OpVerify, m, key)
 }
 
 //export hapVerify
 func hapVerify(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG) C.CK_RV {
-	return call("C_Verify", func(l *library) error {
-		data, err := goBytes(in, inLen)
-		if err != nil {
-			return err
-		}
-		s, err := goBytes(sig, sigLen)
-		if err != nil {
-			return err
-		}
-		return l.verify(uint(h), data, s)
-	})
+	return verify("C_Verify", h, group.StepSingle, in, inLen, sig, sigLen)
 }
 
 //export hapVerifyUpdate
 func hapVerifyUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return update("C_VerifyUpdate", h, opVerify, in, inLen, nil, nil)
+	return update("C_VerifyUpdate", h, group.OpVerify, in, inLen, nil, nil)
 }
 
 //export hapVerifyFinal
 func hapVerifyFinal(h C.CK_SESSION_HANDLE, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG) C.CK_RV {
-	return call("C_VerifyFinal", func(l *library) error {
-		s, err := goBytes(sig, sigLen)
-		if err != nil {
-			return err
-		}
-		return l.verifyFinal(uint(h), s)
-	})
+	return verify("C_VerifyFinal", h, group.StepFinal, nil, 0, sig, sigLen)
 }
 
 //export hapVerifyRecoverInit
@@ -991,8 +993,7 @@ func hapWrapKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, wrapping, key C.CK_
 			if err != nil {
 				return err
 			}
-			_, err = cOut{out, outLen}.put(blob)
-			return err
+			return cOut{out, outLen}.putAll(blob)
 		})
 	})
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -28,6 +29,10 @@ type token interface {
 	// application), as C_Login does.
 	Login(ctx context.Context, userType uint, pin secret.PIN) error
 	Logout(ctx context.Context) error
+	// LoggedIn reports whether the application is logged in to the token,
+	// and as whom: the token's (for a group, the engine's) login state,
+	// which the library does not keep.
+	LoggedIn() (userType uint, ok bool)
 	// OpenSession opens one application session.
 	OpenSession(ctx context.Context) (session, error)
 	// Close releases the token when the module is finalized.
@@ -58,33 +63,20 @@ type session interface {
 	UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping uint, blob []byte, tmpl []*pkcs11.Attribute) (uint, error)
 	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base uint, tmpl []*pkcs11.Attribute) (uint, error)
 
-	// Single-part operations: the backend may run each on any member.
-	Sign(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error)
-	Verify(ctx context.Context, m *pkcs11.Mechanism, key uint, data, sig []byte) error
-	Encrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error)
-	Decrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error)
-	Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error)
 	GenerateRandom(ctx context.Context, n int) ([]byte, error)
 
-	// Multi-part operations: pinned by the backend to one member from Init
-	// to Final.
-	SignInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
-	SignUpdate(ctx context.Context, data []byte) error
-	SignFinal(ctx context.Context) ([]byte, error)
-	VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
-	VerifyUpdate(ctx context.Context, data []byte) error
-	VerifyFinal(ctx context.Context, sig []byte) error
-	EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
-	EncryptUpdate(ctx context.Context, data []byte) ([]byte, error)
-	EncryptFinal(ctx context.Context) ([]byte, error)
-	DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error
-	DecryptUpdate(ctx context.Context, data []byte) ([]byte, error)
-	DecryptFinal(ctx context.Context) ([]byte, error)
-	DigestInit(ctx context.Context, m *pkcs11.Mechanism) error
-	DigestUpdate(ctx context.Context, data []byte) error
+	// The cryptographic operations (C_SignInit … C_SignFinal) run through
+	// pkg/group's one operation state machine, for both kinds of slot: it
+	// keeps the active operations, what ends them and output held for the
+	// buffer convention (see group.Session.Do).
+	Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error
+	Cancel(k group.OpKind) error
+	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
 	DigestKey(ctx context.Context, key uint) error
-	DigestFinal(ctx context.Context) ([]byte, error)
 
+	// Check returns an error when the backend lost the session (a group's
+	// session when every member failed in activeBasic).
+	Check() error
 	// Close ends the session (and its session objects).
 	Close() error
 }

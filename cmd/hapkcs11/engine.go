@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
@@ -16,43 +15,10 @@ import (
 )
 
 // virtual is one HA group as a slot: the engine (pkg/group) with its
-// recovery (pkg/ha) running in the application's process.
+// recovery (pkg/ha) running in the application's process. The engine keeps
+// the login and the sessions, and what an outage does to them.
 type virtual struct {
 	g *ha.Group
-	// lost counts the group_down events in activeBasic: every session and
-	// the login were lost then, and the library drops what it keeps of them
-	// (sessionLoser).
-	lost     atomic.Uint64
-	onLost   atomic.Pointer[func()]
-	basicNow func() bool
-}
-
-// sessionLoser is a token whose sessions and login can be lost all at once
-// (a virtual slot whose group went down in activeBasic). Lost counts those
-// losses; OnLost registers a function called (without blocking the caller)
-// after each.
-type sessionLoser interface {
-	Lost() uint64
-	OnLost(fn func())
-}
-
-// Lost implements sessionLoser.
-func (v *virtual) Lost() uint64 { return v.lost.Load() }
-
-// OnLost implements sessionLoser.
-func (v *virtual) OnLost(fn func()) { v.onLost.Store(&fn) }
-
-// groupDown records a group_down event: in activeBasic the engine lost
-// every session and the login, so the library must too. It must not block
-// (it runs inside the engine's event emission).
-func (v *virtual) groupDown() {
-	if !v.basicNow() {
-		return // activeEnhanced: sessions and login survive the outage
-	}
-	v.lost.Add(1)
-	if fn := v.onLost.Load(); fn != nil {
-		go (*fn)()
-	}
 }
 
 // openGroups starts every configured group with ha.Open: the engine, the
@@ -76,11 +42,8 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 	for i := range cfg.Groups {
 		gc := cfg.Groups[i]
 		set := cfg.Settings(&gc)
-		v := &virtual{}
-		sink := &eventSink{v: v}
 		g, err := ha.Open(ctx, gc, set, ha.Options{
 			StateDir: stateDir,
-			Events:   sink,
 			// The engine's and the recoverer's events and the members'
 			// figures go to haagent (or, without one, to the HA log).
 			Report: log.rep,
@@ -95,9 +58,7 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			log.event(gc.Label, "", "tombstones_in_memory", terr.Error())
 		}
 		groups = append(groups, g)
-		v.g = g
-		v.basicNow = func() bool { return g.Settings().RecoveryMode == config.RecoveryActiveBasic }
-		out = append(out, v)
+		out = append(out, &virtual{g: g})
 	}
 	// Per-member counters for the application, when it asks (stats.go).
 	sources := make([]statsSource, len(groups))
@@ -109,19 +70,6 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 		log.event("", "", "stats_off", err.Error())
 	}
 	return out, func() error { return errors.Join(stats.stop(), closeAll()) }, nil
-}
-
-// eventSink tells the virtual slot of a group_down. It must not block:
-// groupDown only schedules. (pkg/ha reports the events and forwards member
-// failures to the recoverer itself.)
-type eventSink struct {
-	v *virtual
-}
-
-func (s *eventSink) Event(e group.Event) {
-	if e.Kind == group.GroupDown && s.v.basicNow != nil {
-		s.v.groupDown()
-	}
 }
 
 func (v *virtual) SlotInfo() slotInfo {
@@ -153,25 +101,24 @@ func (v *virtual) Login(ctx context.Context, userType uint, pin secret.PIN) erro
 
 func (v *virtual) Logout(ctx context.Context) error { return v.g.Logout(ctx) }
 
+func (v *virtual) LoggedIn() (uint, bool) { return v.g.LoggedIn() }
+
 func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 	s, err := v.g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 	if err != nil {
 		return nil, err
 	}
-	return &virtualSession{g: v.g.Group, s: s}, nil
+	return &virtualSession{s: s}, nil
 }
 
 func (v *virtual) Close() error { return nil } // the groups close in openGroups' closer
 
-// virtualSession is one application session on a group. Single-part
-// operations go to the group (scheduled over members, with failover), after
-// the engine's session says it is still valid (Session.Check: in
-// activeBasic a session opened before every member failed answers
-// CKR_SESSION_HANDLE_INVALID, as it would on the engine's session);
-// multi-part ones go to the engine's session, which pins them on the first
-// Update.
+// virtualSession is one application session on a group: every call goes
+// to the engine's session (group.Session), which alone knows whether the
+// session is still valid (in activeBasic a session opened before every
+// member failed answers CKR_SESSION_HANDLE_INVALID) and what operations it
+// has active. Only handles are converted here.
 type virtualSession struct {
-	g *group.Group
 	s *group.Session
 }
 
@@ -191,17 +138,11 @@ func (v *virtualSession) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribu
 }
 
 func (v *virtualSession) GetAttributes(ctx context.Context, h uint, types []uint) ([]slot.Attribute, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.GetAttributes(ctx, vh(h), types)
+	return v.s.GetAttributes(ctx, vh(h), types)
 }
 
 func (v *virtualSession) SetAttributes(ctx context.Context, h uint, attrs []*pkcs11.Attribute) error {
-	if err := v.s.Check(); err != nil {
-		return err
-	}
-	return v.g.SetAttributes(ctx, vh(h), attrs)
+	return v.s.SetAttributes(ctx, vh(h), attrs)
 }
 
 func (v *virtualSession) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (uint, error) {
@@ -229,10 +170,7 @@ func (v *virtualSession) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanis
 }
 
 func (v *virtualSession) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key uint) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.WrapKey(ctx, m, vh(wrapping), vh(key))
+	return v.s.WrapKey(ctx, m, vh(wrapping), vh(key))
 }
 
 func (v *virtualSession) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping uint, blob []byte, tmpl []*pkcs11.Attribute) (uint, error) {
@@ -245,92 +183,24 @@ func (v *virtualSession) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, bas
 	return uint(h), err
 }
 
-func (v *virtualSession) Sign(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Sign(ctx, m, vh(key), data)
-}
-
-func (v *virtualSession) Verify(ctx context.Context, m *pkcs11.Mechanism, key uint, data, sig []byte) error {
-	if err := v.s.Check(); err != nil {
-		return err
-	}
-	return v.g.Verify(ctx, m, vh(key), data, sig)
-}
-
-func (v *virtualSession) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Encrypt(ctx, m, vh(key), data)
-}
-
-func (v *virtualSession) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Decrypt(ctx, m, vh(key), data)
-}
-
-func (v *virtualSession) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.Digest(ctx, m, data)
-}
-
 func (v *virtualSession) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	if err := v.s.Check(); err != nil {
-		return nil, err
-	}
-	return v.g.GenerateRandom(ctx, n)
+	return v.s.GenerateRandom(ctx, n)
 }
 
-func (v *virtualSession) SignInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.SignInit(ctx, m, vh(key))
+func (v *virtualSession) Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error {
+	return v.s.Init(ctx, k, m, vh(key))
 }
-func (v *virtualSession) SignUpdate(ctx context.Context, data []byte) error {
-	return v.s.SignUpdate(ctx, data)
+
+func (v *virtualSession) Cancel(k group.OpKind) error { return v.s.Cancel(k) }
+
+func (v *virtualSession) Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
+	return v.s.Do(ctx, k, st, in, sig, room)
 }
-func (v *virtualSession) SignFinal(ctx context.Context) ([]byte, error) { return v.s.SignFinal(ctx) }
-func (v *virtualSession) VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.VerifyInit(ctx, m, vh(key))
-}
-func (v *virtualSession) VerifyUpdate(ctx context.Context, data []byte) error {
-	return v.s.VerifyUpdate(ctx, data)
-}
-func (v *virtualSession) VerifyFinal(ctx context.Context, sig []byte) error {
-	return v.s.VerifyFinal(ctx, sig)
-}
-func (v *virtualSession) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.EncryptInit(ctx, m, vh(key))
-}
-func (v *virtualSession) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return v.s.EncryptUpdate(ctx, data)
-}
-func (v *virtualSession) EncryptFinal(ctx context.Context) ([]byte, error) {
-	return v.s.EncryptFinal(ctx)
-}
-func (v *virtualSession) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return v.s.DecryptInit(ctx, m, vh(key))
-}
-func (v *virtualSession) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return v.s.DecryptUpdate(ctx, data)
-}
-func (v *virtualSession) DecryptFinal(ctx context.Context) ([]byte, error) {
-	return v.s.DecryptFinal(ctx)
-}
-func (v *virtualSession) DigestInit(ctx context.Context, m *pkcs11.Mechanism) error {
-	return v.s.DigestInit(ctx, m)
-}
-func (v *virtualSession) DigestUpdate(ctx context.Context, data []byte) error {
-	return v.s.DigestUpdate(ctx, data)
-}
+
 func (v *virtualSession) DigestKey(ctx context.Context, key uint) error {
 	return v.s.DigestKey(ctx, vh(key))
 }
-func (v *virtualSession) DigestFinal(ctx context.Context) ([]byte, error) {
-	return v.s.DigestFinal(ctx)
-}
+
+func (v *virtualSession) Check() error { return v.s.Check() }
+
 func (v *virtualSession) Close() error { return v.s.Close() }

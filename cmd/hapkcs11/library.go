@@ -1,11 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"slices"
 	"sync"
 
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -28,49 +28,17 @@ type library struct {
 	next     uint
 }
 
-// userNone marks a token nobody is logged in to.
-const userNone = ^uint(0)
-
-// slotEntry is one listed slot and the application's login state on it.
+// slotEntry is one listed slot. The login is its token's (token.LoggedIn)
+// and a session's validity its backend's (session.Check): the library
+// keeps neither.
 type slotEntry struct {
 	id  uint
 	tok token
 
-	mu     sync.Mutex
-	user   uint              // CKU_USER, CKU_SO or userNone
-	nsess  int               // open sessions
-	nro    int               // open read-only sessions
-	keys   map[uint]keyInfo  // checked keys, dropped on any change
+	mu     sync.Mutex        // serialises C_Login and C_Logout; guards the mechanisms
 	mechs  map[uint]struct{} // nil until read
 	mechL  []uint            // mechs in the token's order
 	mechOK bool
-	seen   uint64 // the token's Lost count that user reflects (sessionLoser)
-}
-
-// lost returns how many times the token lost every session and its login
-// (a virtual slot whose group went down in activeBasic); 0 for others.
-func (e *slotEntry) lost() uint64 {
-	if lo, ok := e.tok.(sessionLoser); ok {
-		return lo.Lost()
-	}
-	return 0
-}
-
-// current forgets the login when the token lost it since it was recorded.
-// Called with e.mu held, before any read of user or keys.
-func (e *slotEntry) current() {
-	if n := e.lost(); n != e.seen {
-		e.user = userNone
-		e.keys = nil
-		e.seen = n
-	}
-}
-
-// keyInfo is what an *Init call checks of a key: that it is a key and may
-// be used for the operation.
-type keyInfo struct {
-	class uint
-	perm  [nOps]bool
 }
 
 // appSession is one application session.
@@ -79,7 +47,6 @@ type appSession struct {
 	slot   *slotEntry
 	rw     bool
 	be     session
-	epoch  uint64 // slot.lost() when opened: stale after the token lost its sessions
 	// ctx is the library's context with the session's slot.Affinity: its
 	// calls keep to the member sessions (and their threads) it used last.
 	ctx context.Context
@@ -88,46 +55,6 @@ type appSession struct {
 	closed  bool
 	finding bool
 	found   []uint
-	ops     [nOps]*operation
-}
-
-// opKind names the cryptographic operation families, one active per
-// session each.
-type opKind int
-
-const (
-	opEncrypt opKind = iota
-	opDecrypt
-	opDigest
-	opSign
-	opVerify
-	nOps
-)
-
-// opPerm is the key attribute that permits each operation.
-var opPerm = [nOps]uint{pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, 0, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY}
-
-// step says which call produced an output the application has not taken
-// yet (it asked for the length, or its buffer was too small).
-type step int
-
-const (
-	stepSingle step = iota + 1
-	stepUpdate
-	stepFinal
-)
-
-// operation is one active *Init…*Final operation. Until the first Update
-// nothing reaches the backend, so a single-part call can go to any member;
-// an Update pins it (multi = true).
-type operation struct {
-	mech  *pkcs11.Mechanism
-	key   uint
-	multi bool
-
-	held     []byte // output computed but not yet delivered
-	heldIn   []byte // the input it was computed from
-	heldStep step   // the call that computed held; 0: nothing held (held may be empty)
 }
 
 // ckErr is an error with a CKR code; slot.CodeOf reads it.
@@ -205,28 +132,17 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	s.current()
-	so := s.user == pkcs11.CKU_SO
-	s.mu.Unlock()
-	epoch := s.lost()
-	if so && !rw {
+	if ut, ok := s.tok.LoggedIn(); ok && ut == pkcs11.CKU_SO && !rw {
 		return 0, ckErr(pkcs11.CKR_SESSION_READ_WRITE_SO_EXISTS)
 	}
 	be, err := s.tok.OpenSession(l.ctx)
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	s.nsess++
-	if !rw {
-		s.nro++
-	}
-	s.mu.Unlock()
 	l.mu.Lock()
 	l.next++
 	h := l.next
-	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be, epoch: epoch,
+	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be,
 		ctx: slot.WithAffinity(l.ctx, new(slot.Affinity))}
 	l.mu.Unlock()
 	return h, nil
@@ -245,48 +161,49 @@ func (l *library) session(h uint) (*appSession, error) {
 		s.mu.Unlock()
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
-	if s.epoch != s.slot.lost() {
-		// Opened before the group went down in activeBasic: the engine
-		// lost it, so the application's handle is gone too.
+	if err := s.be.Check(); err != nil {
+		// The engine lost it (every member of the group failed in
+		// activeBasic): the application's handle is gone too.
 		s.mu.Unlock()
-		l.dropLost(s.slot)
+		l.forget(h, s)
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
 	return s, nil
 }
 
-// dropLost removes the sessions of slot e that its token lost (every member
-// of the group failed in activeBasic), and with them the login, without
-// asking the token to log out: the engine already forgot both. It runs from
-// the token's OnLost callback and when a stale session is used.
-func (l *library) dropLost(e *slotEntry) {
-	n := e.lost()
+// forget drops session s (handle h), which its backend lost, without
+// logging out: the engine forgot the login with it.
+func (l *library) forget(h uint, s *appSession) {
 	l.mu.Lock()
-	var stale []*appSession
-	for h, s := range l.sessions {
-		if s.slot == e && s.epoch != n {
-			stale = append(stale, s)
-			delete(l.sessions, h)
-		}
+	if l.sessions[h] == s {
+		delete(l.sessions, h)
 	}
 	l.mu.Unlock()
-	for _, s := range stale {
-		s.mu.Lock()
-		s.closed = true
-		if err := s.be.Close(); err != nil {
-			l.log.debug("closing a session lost with its group", "slot", e.id, "err", err)
-		}
-		s.mu.Unlock()
-		e.mu.Lock()
-		e.nsess--
-		if !s.rw {
-			e.nro--
-		}
-		e.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
 	}
-	e.mu.Lock()
-	e.current()
-	e.mu.Unlock()
+	s.closed = true
+	if err := s.be.Close(); err != nil {
+		l.log.debug("closing a session lost with its group", "slot", s.slot.id, "err", err)
+	}
+}
+
+// live counts the sessions of e that are open and not lost, and the
+// read-only ones among them.
+func (l *library) live(e *slotEntry) (all, ro int) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, s := range l.sessions {
+		if s.slot == e && s.be.Check() == nil {
+			all++
+			if !s.rw {
+				ro++
+			}
+		}
+	}
+	return all, ro
 }
 
 func (l *library) closeSession(h uint) error {
@@ -309,20 +226,12 @@ func (l *library) endSession(s *appSession) error {
 	s.mu.Unlock()
 	e := s.slot
 	e.mu.Lock()
-	e.current()
-	e.nsess--
-	if !s.rw {
-		e.nro--
-	}
-	last := e.nsess == 0 && e.user != userNone
-	if last {
-		e.user = userNone
-		e.keys = nil
-	}
-	e.mu.Unlock()
-	if last {
-		if lerr := e.tok.Logout(l.ctx); lerr != nil && err == nil {
-			l.log.debug("logout after the last session closed", "slot", e.id, "err", lerr)
+	defer e.mu.Unlock()
+	if _, in := e.tok.LoggedIn(); in {
+		if n, _ := l.live(e); n == 0 {
+			if lerr := e.tok.Logout(l.ctx); lerr != nil {
+				l.log.debug("logout after the last session closed", "slot", e.id, "err", lerr)
+			}
 		}
 	}
 	return err
@@ -357,17 +266,14 @@ func (l *library) sessionInfo(h uint) (slotID, state, flags uint, err error) {
 		return 0, 0, 0, err
 	}
 	defer s.mu.Unlock()
-	s.slot.mu.Lock()
-	s.slot.current()
-	user := s.slot.user
-	s.slot.mu.Unlock()
+	user, in := s.slot.tok.LoggedIn()
 	flags = pkcs11.CKF_SERIAL_SESSION
 	switch {
-	case user == pkcs11.CKU_SO:
+	case in && user == pkcs11.CKU_SO:
 		state = pkcs11.CKS_RW_SO_FUNCTIONS
-	case user == pkcs11.CKU_USER && s.rw:
+	case in && s.rw:
 		state = pkcs11.CKS_RW_USER_FUNCTIONS
-	case user == pkcs11.CKU_USER:
+	case in:
 		state = pkcs11.CKS_RO_USER_FUNCTIONS
 	case s.rw:
 		state = pkcs11.CKS_RW_PUBLIC_SESSION
@@ -395,21 +301,16 @@ func (l *library) login(h, userType uint, pin secret.PIN) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.current()
-	switch {
-	case e.user == userType:
-		return ckErr(pkcs11.CKR_USER_ALREADY_LOGGED_IN)
-	case e.user != userNone:
+	if ut, in := e.tok.LoggedIn(); in {
+		if ut == userType {
+			return ckErr(pkcs11.CKR_USER_ALREADY_LOGGED_IN)
+		}
 		return ckErr(pkcs11.CKR_USER_ANOTHER_ALREADY_LOGGED_IN)
-	case userType == pkcs11.CKU_SO && e.nro > 0:
+	}
+	if _, ro := l.live(e); userType == pkcs11.CKU_SO && ro > 0 {
 		return ckErr(pkcs11.CKR_SESSION_READ_ONLY_EXISTS)
 	}
-	if err := e.tok.Login(l.ctx, userType, pin); err != nil {
-		return err
-	}
-	e.user = userType
-	e.keys = nil
-	return nil
+	return e.tok.Login(l.ctx, userType, pin)
 }
 
 func (l *library) logout(h uint) error {
@@ -421,88 +322,22 @@ func (l *library) logout(h uint) error {
 	s.mu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.current()
-	if e.user == userNone {
+	if _, in := e.tok.LoggedIn(); !in {
 		return ckErr(pkcs11.CKR_USER_NOT_LOGGED_IN)
 	}
-	err = e.tok.Logout(l.ctx)
-	e.user = userNone
-	e.keys = nil
-	return err
+	return e.tok.Logout(l.ctx)
 }
 
-// forget drops what the slot remembers of its keys (after any change).
-func (e *slotEntry) forget() {
-	e.mu.Lock()
-	e.keys = nil
-	e.mu.Unlock()
-}
-
-// checkKey reports CKR_KEY_HANDLE_INVALID or CKR_KEY_FUNCTION_NOT_PERMITTED
-// at *Init time, as a module does, rather than at the first data call.
-func (l *library) checkKey(s *appSession, key uint, kind opKind) error {
-	e := s.slot
-	e.mu.Lock()
-	ki, ok := e.keys[key]
-	e.mu.Unlock()
-	if !ok {
-		attrs, err := s.be.GetAttributes(s.ctx, key, []uint{pkcs11.CKA_CLASS,
-			pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY})
-		if err != nil {
-			if codeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
-				return ckErr(pkcs11.CKR_KEY_HANDLE_INVALID)
-			}
-			return err
-		}
-		for _, a := range attrs {
-			if a.Status != pkcs11.CKR_OK {
-				continue
-			}
-			switch a.Type {
-			case pkcs11.CKA_CLASS:
-				ki.class = ulong(a.Value)
-			default:
-				for k, p := range opPerm {
-					if p == a.Type && p != 0 {
-						ki.perm[k] = len(a.Value) > 0 && a.Value[0] != 0
-					}
-				}
-			}
-		}
-		e.mu.Lock()
-		if e.keys == nil {
-			e.keys = map[uint]keyInfo{}
-		}
-		e.keys[key] = ki
-		e.mu.Unlock()
-	}
-	switch ki.class {
-	case pkcs11.CKO_SECRET_KEY, pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_PUBLIC_KEY:
-	default:
-		return ckErr(pkcs11.CKR_KEY_HANDLE_INVALID)
-	}
-	if !ki.perm[kind] {
-		return ckErr(pkcs11.CKR_KEY_FUNCTION_NOT_PERMITTED)
-	}
-	return nil
-}
-
-// opInit starts an operation; a nil mechanism ends the active one.
-func (l *library) opInit(h uint, kind opKind, m *pkcs11.Mechanism, key uint) error {
+// opInit starts an operation (C_SignInit …); a nil mechanism ends the
+// active one. The session's backend (pkg/group) keeps the operation.
+func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uint) error {
 	s, err := l.session(h)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
 	if m == nil {
-		if s.ops[kind] == nil {
-			return ckErr(pkcs11.CKR_OPERATION_NOT_INITIALIZED)
-		}
-		l.abort(s, kind)
-		return nil
-	}
-	if s.ops[kind] != nil {
-		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
+		return s.be.Cancel(kind)
 	}
 	mechs, _, err := s.slot.mechanisms(l.ctx)
 	if err != nil {
@@ -511,267 +346,39 @@ func (l *library) opInit(h uint, kind opKind, m *pkcs11.Mechanism, key uint) err
 	if _, ok := mechs[m.Mechanism]; !ok {
 		return ckErr(pkcs11.CKR_MECHANISM_INVALID)
 	}
-	if kind != opDigest {
-		if err := l.checkKey(s, key, kind); err != nil {
-			return err
-		}
-	}
-	s.ops[kind] = &operation{mech: m, key: key}
-	return nil
+	return s.be.Init(s.ctx, kind, m, key)
 }
 
-// abort ends an operation; one already pinned to a member is finished
-// there and its result dropped.
-func (l *library) abort(s *appSession, kind opKind) {
-	op := s.ops[kind]
-	s.ops[kind] = nil
-	if op == nil || !op.multi {
-		return
-	}
-	var err error
-	switch kind {
-	case opEncrypt:
-		_, err = s.be.EncryptFinal(s.ctx)
-	case opDecrypt:
-		_, err = s.be.DecryptFinal(s.ctx)
-	case opDigest:
-		_, err = s.be.DigestFinal(s.ctx)
-	case opSign:
-		_, err = s.be.SignFinal(s.ctx)
-	case opVerify:
-		err = s.be.VerifyFinal(s.ctx, nil)
-	}
-	_ = err // the operation is being thrown away; its outcome is moot
-}
-
-// output is where a call's output goes: the C buffer convention lives in
-// abi.go behind put, which reports CKR_BUFFER_TOO_SMALL or, for a length
-// query (NULL buffer), delivered=false with no error.
+// output is where a call's output goes: abi.go's C buffer. room says how
+// much it takes (group.RoomQuery for a NULL buffer); put sets the length
+// the application reads and copies b when it fits.
 type output interface {
-	put(b []byte) (delivered bool, err error)
+	room() group.Room
+	put(b []byte)
 }
 
-// deliver hands out to the application, keeping it for the next call when
-// the application only asked for its length or gave too small a buffer.
-func (s *appSession) deliver(kind opKind, op *operation, st step, in, out []byte, dst output) error {
-	delivered, err := dst.put(out)
-	if !delivered {
-		op.held, op.heldIn, op.heldStep = out, in, st
-		return err
-	}
-	op.held, op.heldIn, op.heldStep = nil, nil, 0
-	if st != stepUpdate {
-		s.ops[kind] = nil
-	}
-	return nil
-}
-
-// active returns the session's operation of kind, or
-// CKR_OPERATION_NOT_INITIALIZED.
-func (s *appSession) active(kind opKind) (*operation, error) {
-	op := s.ops[kind]
-	if op == nil {
-		return nil, ckErr(pkcs11.CKR_OPERATION_NOT_INITIALIZED)
-	}
-	return op, nil
-}
-
-// single runs a single-part C_Encrypt, C_Decrypt, C_Digest or C_Sign.
-func (l *library) single(h uint, kind opKind, in []byte, dst output) error {
+// op runs step st of an operation: in is the data, sig the signature
+// (C_Verify, C_VerifyFinal), dst nil for a step without output.
+func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, dst output) error {
 	s, err := l.session(h)
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	op, err := s.active(kind)
-	if err != nil {
-		return err
+	room := group.RoomAny
+	if dst != nil {
+		room = dst.room()
 	}
-	if op.multi {
-		// Any failed C_Sign (C_Encrypt …) ends the operation.
-		l.abort(s, kind)
-		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
-	}
-	out := op.held
-	if op.heldStep != stepSingle || !bytes.Equal(op.heldIn, in) {
-		switch kind {
-		case opEncrypt:
-			out, err = s.be.Encrypt(s.ctx, op.mech, op.key, in)
-		case opDecrypt:
-			out, err = s.be.Decrypt(s.ctx, op.mech, op.key, in)
-		case opDigest:
-			out, err = s.be.Digest(s.ctx, op.mech, in)
-		case opSign:
-			out, err = s.be.Sign(s.ctx, op.mech, op.key, in)
-		}
-		if err != nil {
-			s.ops[kind] = nil
-			return err
-		}
-	}
-	return s.deliver(kind, op, stepSingle, in, out, dst)
-}
-
-// verify runs a single-part C_Verify.
-func (l *library) verify(h uint, data, sig []byte) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(opVerify)
-	if err != nil {
-		return err
-	}
-	if op.multi {
-		l.abort(s, opVerify)
-		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
-	}
-	s.ops[opVerify] = nil
-	return s.be.Verify(s.ctx, op.mech, op.key, data, sig)
-}
-
-// pin sends an operation's Init to the backend at its first Update or
-// Final.
-func (l *library) pin(s *appSession, kind opKind, op *operation) error {
-	if op.multi {
-		return nil
-	}
-	var err error
-	switch kind {
-	case opEncrypt:
-		err = s.be.EncryptInit(s.ctx, op.mech, op.key)
-	case opDecrypt:
-		err = s.be.DecryptInit(s.ctx, op.mech, op.key)
-	case opDigest:
-		err = s.be.DigestInit(s.ctx, op.mech)
-	case opSign:
-		err = s.be.SignInit(s.ctx, op.mech, op.key)
-	case opVerify:
-		err = s.be.VerifyInit(s.ctx, op.mech, op.key)
-	}
-	if err != nil {
-		s.ops[kind] = nil
-		return err
-	}
-	op.multi = true
-	return nil
-}
-
-// update runs C_*Update; dst is nil for digest, sign and verify.
-func (l *library) update(h uint, kind opKind, in []byte, dst output) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(kind)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, kind, op); err != nil {
-		return err
-	}
-	var out []byte
-	switch kind {
-	case opEncrypt, opDecrypt:
-		if op.heldStep == stepUpdate && bytes.Equal(op.heldIn, in) {
-			out = op.held
-			break
-		}
-		if kind == opEncrypt {
-			out, err = s.be.EncryptUpdate(s.ctx, in)
-		} else {
-			out, err = s.be.DecryptUpdate(s.ctx, in)
-		}
-	case opDigest:
-		err = s.be.DigestUpdate(s.ctx, in)
-	case opSign:
-		err = s.be.SignUpdate(s.ctx, in)
-	case opVerify:
-		err = s.be.VerifyUpdate(s.ctx, in)
-	}
-	if err != nil {
-		s.ops[kind] = nil
-		return err
-	}
-	if dst == nil {
-		return nil
-	}
-	return s.deliver(kind, op, stepUpdate, in, out, dst)
-}
-
-// digestKey runs C_DigestKey: like C_DigestUpdate, on the member the
-// digest runs on.
-func (l *library) digestKey(h, key uint) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(opDigest)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, opDigest, op); err != nil {
-		return err
-	}
-	err = s.be.DigestKey(s.ctx, key)
-	if err != nil && codeOf(err) != pkcs11.CKR_KEY_HANDLE_INVALID {
-		s.ops[opDigest] = nil
+	out, err := s.be.Do(s.ctx, kind, st, in, sig, room)
+	if dst != nil && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
+		dst.put(out)
 	}
 	return err
 }
 
-// final runs C_EncryptFinal, C_DecryptFinal, C_DigestFinal or C_SignFinal.
-func (l *library) final(h uint, kind opKind, dst output) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(kind)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, kind, op); err != nil {
-		return err
-	}
-	out := op.held
-	if op.heldStep != stepFinal {
-		switch kind {
-		case opEncrypt:
-			out, err = s.be.EncryptFinal(s.ctx)
-		case opDecrypt:
-			out, err = s.be.DecryptFinal(s.ctx)
-		case opDigest:
-			out, err = s.be.DigestFinal(s.ctx)
-		case opSign:
-			out, err = s.be.SignFinal(s.ctx)
-		}
-		if err != nil {
-			s.ops[kind] = nil
-			return err
-		}
-	}
-	return s.deliver(kind, op, stepFinal, nil, out, dst)
-}
-
-func (l *library) verifyFinal(h uint, sig []byte) error {
-	s, err := l.session(h)
-	if err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	op, err := s.active(opVerify)
-	if err != nil {
-		return err
-	}
-	if err := l.pin(s, opVerify, op); err != nil {
-		return err
-	}
-	s.ops[opVerify] = nil
-	return s.be.VerifyFinal(s.ctx, sig)
+// digestKey runs C_DigestKey.
+func (l *library) digestKey(h, key uint) error {
+	return l.withSession(h, func(s *appSession) error { return s.be.DigestKey(s.ctx, key) })
 }
 
 // findInit, findNext and findFinal keep one search per session; the
@@ -863,15 +470,6 @@ func (l *library) withSession(h uint, fn func(s *appSession) error) error {
 	}
 	defer s.mu.Unlock()
 	return fn(s)
-}
-
-// ulong reads a little-endian CK_ULONG attribute value.
-func ulong(b []byte) uint {
-	var v uint
-	for i := len(b) - 1; i >= 0; i-- {
-		v = v<<8 | uint(b[i])
-	}
-	return v
 }
 
 // finalize closes every session and token and the backends.

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -16,8 +18,9 @@ import (
 type physical struct {
 	group  string // the group's label, for the slot description
 	member string
-	s      *slot.Slot // nil: the member could not be opened at C_Initialize
-	err    error      // why not
+	s      *slot.Slot   // nil: the member could not be opened at C_Initialize
+	err    error        // why not
+	user   atomic.Int64 // the user type the application logged in as; -1: none
 }
 
 // openPhysical opens a member's token without logging in (the application
@@ -25,6 +28,7 @@ type physical struct {
 // slot without a token.
 func openPhysical(ctx context.Context, group string, spec slot.Spec) *physical {
 	p := &physical{group: group, member: spec.Name}
+	p.user.Store(-1)
 	p.s, p.err = slot.Open(ctx, spec)
 	return p
 }
@@ -49,17 +53,29 @@ func (p *physical) MechanismInfo(ctx context.Context, mech uint) (pkcs11.Mechani
 }
 
 func (p *physical) Login(ctx context.Context, userType uint, pin secret.PIN) error {
-	return p.s.Login(ctx, userType, pin)
+	if err := p.s.Login(ctx, userType, pin); err != nil {
+		return err
+	}
+	p.user.Store(int64(userType))
+	return nil
 }
 
-func (p *physical) Logout(ctx context.Context) error { return p.s.Logout(ctx) }
+func (p *physical) Logout(ctx context.Context) error {
+	p.user.Store(-1)
+	return p.s.Logout(ctx)
+}
+
+func (p *physical) LoggedIn() (uint, bool) {
+	ut := p.user.Load()
+	return uint(ut), ut >= 0
+}
 
 func (p *physical) OpenSession(ctx context.Context) (session, error) {
 	ss, err := p.s.OpenSession(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &physicalSession{ss: ss}, nil
+	return &physicalSession{ss: ss, d: group.NewDirectSession(ctx, ss)}, nil
 }
 
 func (p *physical) Close() error {
@@ -70,9 +86,11 @@ func (p *physical) Close() error {
 }
 
 // physicalSession adapts a *slot.Session to the session interface: the only
-// work is converting handles.
+// work is converting handles. Its operations run through the same state
+// machine as a virtual slot's (group.DirectSession).
 type physicalSession struct {
 	ss *slot.Session
+	d  *group.DirectSession
 }
 
 func oh(h uint) pkcs11.ObjectHandle { return pkcs11.ObjectHandle(h) }
@@ -135,74 +153,24 @@ func (p *physicalSession) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, ba
 	return uint(h), err
 }
 
-func (p *physicalSession) Sign(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	return p.ss.Sign(ctx, m, oh(key), data)
-}
-
-func (p *physicalSession) Verify(ctx context.Context, m *pkcs11.Mechanism, key uint, data, sig []byte) error {
-	return p.ss.Verify(ctx, m, oh(key), data, sig)
-}
-
-func (p *physicalSession) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	return p.ss.Encrypt(ctx, m, oh(key), data)
-}
-
-func (p *physicalSession) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key uint, data []byte) ([]byte, error) {
-	return p.ss.Decrypt(ctx, m, oh(key), data)
-}
-
-func (p *physicalSession) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return p.ss.Digest(ctx, m, data)
-}
-
 func (p *physicalSession) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
 	return p.ss.GenerateRandom(ctx, n)
 }
 
-func (p *physicalSession) SignInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return p.ss.SignInit(ctx, m, oh(key))
+func (p *physicalSession) Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error {
+	return p.d.Init(ctx, k, m, oh(key))
 }
-func (p *physicalSession) SignUpdate(ctx context.Context, data []byte) error {
-	return p.ss.SignUpdate(ctx, data)
+
+func (p *physicalSession) Cancel(k group.OpKind) error { return p.d.Cancel(k) }
+
+func (p *physicalSession) Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
+	return p.d.Do(ctx, k, st, in, sig, room)
 }
-func (p *physicalSession) SignFinal(ctx context.Context) ([]byte, error) { return p.ss.SignFinal(ctx) }
-func (p *physicalSession) VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return p.ss.VerifyInit(ctx, m, oh(key))
-}
-func (p *physicalSession) VerifyUpdate(ctx context.Context, data []byte) error {
-	return p.ss.VerifyUpdate(ctx, data)
-}
-func (p *physicalSession) VerifyFinal(ctx context.Context, sig []byte) error {
-	return p.ss.VerifyFinal(ctx, sig)
-}
-func (p *physicalSession) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return p.ss.EncryptInit(ctx, m, oh(key))
-}
-func (p *physicalSession) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return p.ss.EncryptUpdate(ctx, data)
-}
-func (p *physicalSession) EncryptFinal(ctx context.Context) ([]byte, error) {
-	return p.ss.EncryptFinal(ctx)
-}
-func (p *physicalSession) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key uint) error {
-	return p.ss.DecryptInit(ctx, m, oh(key))
-}
-func (p *physicalSession) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return p.ss.DecryptUpdate(ctx, data)
-}
-func (p *physicalSession) DecryptFinal(ctx context.Context) ([]byte, error) {
-	return p.ss.DecryptFinal(ctx)
-}
-func (p *physicalSession) DigestInit(ctx context.Context, m *pkcs11.Mechanism) error {
-	return p.ss.DigestInit(ctx, m)
-}
-func (p *physicalSession) DigestUpdate(ctx context.Context, data []byte) error {
-	return p.ss.DigestUpdate(ctx, data)
-}
+
 func (p *physicalSession) DigestKey(ctx context.Context, key uint) error {
-	return p.ss.DigestKey(ctx, oh(key))
+	return p.d.DigestKey(ctx, oh(key))
 }
-func (p *physicalSession) DigestFinal(ctx context.Context) ([]byte, error) {
-	return p.ss.DigestFinal(ctx)
-}
-func (p *physicalSession) Close() error { return p.ss.Close() }
+
+func (p *physicalSession) Check() error { return nil } // a member's own session is lost only with its token
+
+func (p *physicalSession) Close() error { return p.d.Close() }

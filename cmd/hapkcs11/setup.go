@@ -100,12 +100,9 @@ func newLibrary() (*library, error) {
 }
 
 func (l *library) add(id uint, t token) {
-	e := &slotEntry{id: id, tok: t, user: userNone}
+	e := &slotEntry{id: id, tok: t}
 	l.slots = append(l.slots, e)
 	l.byID[id] = e
-	if lo, ok := t.(sessionLoser); ok {
-		lo.OnLost(func() { l.dropLost(e) })
-	}
 }
 
 // memberSpec is how a member's token is opened (no PIN: the application

@@ -26,12 +26,14 @@
 //     member says the same, the request is at fault and nobody is failed.
 //   - Request errors are returned as they are, never charged; a wrong PIN
 //     is tried on one member only.
-//   - Multi-part operations (*Init, *Update, *Final) touch no member until
-//     the first Update, are placed with failover up to that point, and are
-//     pinned afterwards: if the member fails, the operation ends with
-//     ErrMemberLost (CKR_DEVICE_ERROR). A PKCS#11 module answering a
-//     length query (NULL output buffer) must keep the result of the one
-//     call it makes: single-part calls end the operation.
+//   - Operations (Session.Init, then Do: single-part, or Updates and a
+//     Final) send their Init to a member when the application makes it,
+//     so that its refusal is the Init's, unless the same Init was accepted
+//     since the last change (initproof.go). Until an Update was accepted
+//     they fail over by sending the Init again to the next member;
+//     afterwards they are pinned: if the member fails, the operation ends
+//     with ErrMemberLost (CKR_DEVICE_ERROR). Session.Do keeps the output of
+//     a length query or a short buffer for the next call, as PKCS#11 says.
 //   - Object identity is CKA_CLASS + CKA_KEY_TYPE + CKA_ID + CKA_LABEL and
 //     must be unique among token objects made through the group; two keys
 //     under one identity (found by fingerprint) are reported
@@ -193,7 +195,8 @@ type Group struct {
 	leftAt  map[string]uint64                   // member → changes when it left rotation
 	changes atomic.Uint64                       // objects made, destroyed or changed
 
-	objs objectTable
+	objs   objectTable
+	proofs initProofs // Inits the members accepted (initproof.go)
 
 	closeOnce sync.Once
 }

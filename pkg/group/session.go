@@ -15,32 +15,6 @@ import (
 // process, never reused, never 0.
 type SessionHandle uint
 
-type opKind int
-
-const (
-	opSign opKind = iota
-	opVerify
-	opEncrypt
-	opDecrypt
-	opDigest
-	nKinds
-)
-
-var opNames = [nKinds]string{"Sign", "Verify", "Encrypt", "Decrypt", "Digest"}
-
-// mpState is one operation started with *Init. It touches no member until
-// the application says whether it is single-part (then it is scheduled
-// with failover) or multi-part (then it is pinned to one member on the
-// first Update).
-type mpState struct {
-	mech *pkcs11.Mechanism
-	key  *vobject // nil for digest
-
-	m     *member.Member // pinned member; nil until the first Update
-	ps    *slot.Session
-	epoch uint64
-}
-
 type physSession struct {
 	s     *slot.Session
 	epoch uint64
@@ -61,7 +35,7 @@ type Session struct {
 	closed  bool
 	lost    bool          // closed because every member failed (activeBasic)
 	phys    []physSession // by member index; grows with the group
-	ops     [nKinds]*mpState
+	ops     opTable
 	objects map[ObjectHandle]*vobject // session objects made in this session
 }
 
@@ -160,9 +134,7 @@ func (s *Session) close() bool {
 		return false
 	}
 	s.closed = true
-	for k := range s.ops {
-		s.endOp(opKind(k))
-	}
+	s.ops.endAll(s)
 	for _, o := range s.objects {
 		s.g.objs.remove(o)
 	}
@@ -228,8 +200,8 @@ func (g *Group) dropPhysicalSessions(m *member.Member) {
 
 // Check returns ErrSessionHandle (CKR_SESSION_HANDLE_INVALID) when the
 // session is closed or was lost when every member failed in activeBasic,
-// and nil otherwise: for a PKCS#11 module that runs single-part
-// operations through the Group rather than through the Session.
+// and nil otherwise: for a PKCS#11 module that runs a session's calls
+// other than operations (attributes, wrapping, random) on the Group.
 func (s *Session) Check() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -326,6 +298,7 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 		g.appPIN = pin.Clone()
 	}
 	g.userType.Store(int64(userType))
+	g.forgetProofs()
 	for _, m := range g.view().members {
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
@@ -477,6 +450,7 @@ func (g *Group) Logout(ctx context.Context) error {
 		return wrap(ErrNotLoggedIn, "Logout", "", nil)
 	}
 	g.userType.Store(-1)
+	g.forgetProofs()
 	g.appPIN.Zero()
 	g.appPIN = secret.PIN{}
 	var wg sync.WaitGroup
@@ -508,174 +482,206 @@ func (g *Group) LoggedIn() (userType uint, ok bool) {
 	return uint(ut), true
 }
 
-// ---- operations: *Init records, single-part schedules, Update pins ----
+// ---- operations: the virtual session's runner for opTable ----
 
-func (s *Session) initOp(k opKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	op := opNames[k] + "Init"
-	var o *vobject
-	if k != opDigest {
+// Init starts operation k (C_SignInit …) with mech and key (0 for a
+// digest). The Init is sent to a member now, so that its answer
+// (CKR_KEY_SIZE_RANGE, CKR_MECHANISM_PARAM_INVALID …) is the call's, as on
+// a bare token; a member that fails for a health reason passes it on to
+// the next. It is not sent when the same Init was accepted before (see
+// initProofs): then the first data call sends it, on the member the
+// scheduler picks then.
+func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	op := &operation{mech: mech}
+	if k != OpDigest {
 		var err error
-		if o, err = s.g.key(op, key); err != nil {
+		if op.key, err = s.g.key(opNames[k]+"Init", key); err != nil {
 			return err
 		}
-		if err := usable(op, []*vobject{o}); err != nil {
+		if err := usable(opNames[k]+"Init", []*vobject{op.key}); err != nil {
 			return err
 		}
 	}
+	return s.withOps(opNames[k]+"Init", func() error { return s.ops.init(ctx, s, k, op) })
+}
+
+// Cancel ends operation k without a result (C_SignInit with a NULL
+// mechanism …).
+func (s *Session) Cancel(k OpKind) error {
+	return s.withOps(opNames[k]+"Init", func() error { return s.ops.cancel(s, k) })
+}
+
+// Do runs step st of operation k with in (and sig, for a verification's
+// single part and Final) and returns its output, within room: a length
+// query (RoomQuery) or a short buffer keeps the output and the operation
+// for the next call of the same step with the same input (then the error
+// is nil, or ErrBufferTooSmall), as PKCS#11's buffer convention says. A
+// single-part step and a Final end the operation, and so does any error
+// but ErrBufferTooSmall.
+func (s *Session) Do(ctx context.Context, k OpKind, st Step, in, sig []byte, room Room) ([]byte, error) {
+	var out []byte
+	err := s.withOps(st.name(k), func() (err error) {
+		out, err = s.ops.do(ctx, s, k, st, in, sig, nil, room)
+		return err
+	})
+	return out, err
+}
+
+// withOps runs fn with the session locked and open, inside the group's
+// gate.
+func (s *Session) withOps(op string, fn func() error) error {
+	if err := s.g.gate.enter(); err != nil {
+		return err
+	}
+	defer s.g.gate.leave()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkOpen(op); err != nil {
 		return err
 	}
-	if s.ops[k] != nil {
-		return wrap(ErrOperationActive, op, "", nil)
-	}
-	s.ops[k] = &mpState{mech: mech, key: o}
-	return nil
+	return fn()
 }
 
-// endOp ends operation k, closing its physical session. s.mu held.
-func (s *Session) endOp(k opKind) {
-	if op := s.ops[k]; op != nil {
-		if op.ps != nil {
-			op.ps.Close()
-		}
-		if op.m != nil {
-			op.m.Unpin()
-		}
-		s.ops[k] = nil
+// start implements runner: the Init goes to a member now, unless proven.
+func (s *Session) start(ctx context.Context, k OpKind, op *operation) error {
+	if s.g.proven(k, op) {
+		return nil
 	}
+	changes := s.g.changes.Load()
+	_, err := s.place(ctx, k, op, opNames[k]+"Init", 0, nil, nil)
+	if err == nil {
+		s.g.record(k, op, changes)
+	}
+	return err
 }
 
-// takeSingle ends operation k and returns it for a single-part call.
-func (s *Session) takeSingle(k opKind) (*mpState, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.checkOpen(opNames[k]); err != nil {
-		return nil, err
+// stop implements runner: the operation's member session is closed, which
+// ends whatever the member still holds of it.
+func (s *Session) stop(_ OpKind, op *operation, _ bool) {
+	if op.ps != nil {
+		op.ps.Close()
 	}
-	op := s.ops[k]
-	if op == nil {
-		return nil, wrap(ErrOperationNotInitialized, opNames[k], "", nil)
+	if op.started {
+		op.m.Unpin()
 	}
-	pinned := op.m != nil
-	s.endOp(k)
-	if pinned {
-		return nil, wrap(ErrOperationActive, opNames[k], "", errors.New("a multi-part operation is in progress"))
-	}
-	return op, nil
+	op.m, op.ps, op.started = nil, nil, false
 }
 
-// initOn starts operation op on physical session ps.
-func initOn(ctx context.Context, k opKind, ps *slot.Session, mech *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	switch k {
-	case opSign:
-		return ps.SignInit(ctx, mech, key)
-	case opVerify:
-		return ps.VerifyInit(ctx, mech, key)
-	case opEncrypt:
-		return ps.EncryptInit(ctx, mech, key)
-	case opDecrypt:
-		return ps.DecryptInit(ctx, mech, key)
-	default:
-		return ps.DigestInit(ctx, mech)
+// run implements runner. A placed operation runs on its member; before
+// any Update was accepted there nothing is committed, so a member that
+// fails for a health reason (or left) passes the operation on: the Init
+// is sent again, with its kept parameters, on the next member, then this
+// step. Once an Update was accepted it is pinned: if the member fails,
+// the operation ends with ErrMemberLost (CKR_DEVICE_ERROR) and the
+// application must start again. A deferred operation (proven Init) is
+// placed now, or, for a single-part step, run in one call from the
+// members' session pools.
+func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *withObject) ([]byte, error) {
+	opName := st.name(k)
+	if with != nil {
+		opName = "DigestKey"
 	}
-}
-
-// step runs one Update (or Final) of operation k. Before the first Update
-// succeeded nothing is committed, so the operation is placed with failover
-// (init + this step on one member, moving on after a health failure).
-// Afterwards it is pinned: if the member fails, the operation ends with
-// ErrMemberLost (CKR_DEVICE_ERROR), the member is failed, and the
-// application must start again.
-func (s *Session) step(ctx context.Context, k opKind, final bool, fn func(ps *slot.Session) ([]byte, error)) ([]byte, error) {
-	opName := opNames[k] + "Update"
-	if final {
-		opName = opNames[k] + "Final"
+	fn := func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error) {
+		return stepOn(ctx, k, st, ps, in, sig, wh)
 	}
-	return s.stepWith(ctx, k, opName, final, nil, func(ps *slot.Session, _ pkcs11.ObjectHandle) ([]byte, error) { return fn(ps) })
-}
-
-// stepWith is step for a call that also names an object (C_DigestKey's
-// key): with is resolved on the operation's member, which, when the
-// operation is not pinned yet, is one that holds it.
-func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final bool, with *vobject,
-	fn func(ps *slot.Session, h pkcs11.ObjectHandle) ([]byte, error)) ([]byte, error) {
-	g := s.g
-	if err := g.gate.enter(); err != nil {
-		return nil, err
-	}
-	defer g.gate.leave()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.checkOpen(opName); err != nil {
-		return nil, err
-	}
-	op := s.ops[k]
-	if op == nil {
-		return nil, wrap(ErrOperationNotInitialized, opName, "", nil)
-	}
-	if op.m != nil {
-		m := op.m
-		if !m.State().Serving() || m.Epoch() != op.epoch {
-			s.endOp(k)
+	var skip memberSet
+	if m := op.m; m != nil {
+		if m.State().Serving() && m.Epoch() == op.epoch {
+			out, class, err := s.onMember(ctx, op, with, fn)
+			switch {
+			case err == nil:
+				s.started(op, st)
+				return out, nil
+			case class != slot.ClassHealth || ctx.Err() != nil:
+				return nil, opErr(opName, m.Name(), err)
+			case op.started:
+				s.g.failMember(m, err)
+				return nil, wrap(ErrMemberLost, opName, m.Name(), err)
+			}
+			m.AddFailover()
+		} else if op.started {
 			return nil, wrap(ErrMemberLost, opName, m.Name(), nil)
 		}
-		var wh pkcs11.ObjectHandle
-		if with != nil {
-			var err error
-			if wh, err = g.resolveHeld(ctx, opName, with, m); err != nil {
-				if !errors.Is(err, ErrKeyHandle) {
-					s.endOp(k)
-				} // else nothing reached the member: its operation goes on, as a token's does after a bad handle
-				return nil, err
-			}
-		}
-		var out []byte
-		class, err := g.call(ctx, m, func() (err error) {
-			out, err = fn(op.ps, wh)
-			return err
-		})
+		skip.add(m.Index())
+		s.stop(k, op, true)
+	} else if st == StepSingle {
+		return s.g.single(ctx, k, op.mech, op.key, in, sig)
+	}
+	out, err := s.place(ctx, k, op, opName, skip, with, fn)
+	if err == nil {
+		s.started(op, st)
+	}
+	return out, err
+}
+
+// started records that an Update was accepted: the operation is pinned
+// to its member from now on.
+func (s *Session) started(op *operation, st Step) {
+	if st == StepUpdate && !op.started && op.m != nil {
+		op.started = true
+		op.m.Pin()
+	}
+}
+
+// onMember runs fn on the operation's member session, with resolved on
+// that member.
+func (s *Session) onMember(ctx context.Context, op *operation, with *withObject,
+	fn func(*slot.Session, *pkcs11.ObjectHandle) ([]byte, error)) ([]byte, slot.Class, error) {
+	var wh *pkcs11.ObjectHandle
+	if with != nil {
+		h, err := s.g.resolveHeld(ctx, "DigestKey", with.o, op.m)
 		switch {
-		case err == nil:
-			if final {
-				s.endOp(k)
-			}
-			return out, nil
-		case class == slot.ClassHealth && ctx.Err() == nil && !slot.Ambiguous(err):
-			// (An ambiguous error is the request's while no other member
-			// served it: the token's answer, and the member stays.)
-			s.endOp(k)
-			g.failMember(m, err)
-			return nil, wrap(ErrMemberLost, opName, m.Name(), err)
+		case errors.Is(err, ErrKeyHandle), errors.Is(err, ErrObjectHandle):
+			// Nothing reached the member: its operation goes on, as a
+			// token's does after a bad handle.
+			return nil, slot.ClassRequest, err
+		case err != nil:
+			return nil, slot.ClassOf(err), err
 		}
-		s.endOp(k)
-		return nil, opErr(opName, m.Name(), err)
+		wh = &h
 	}
-	// Not placed yet: exec places the Init and this step on one member
-	// that holds the key (and with), with failover.
-	var objs []*vobject
-	for _, o := range [2]*vobject{op.key, with} {
-		if o != nil {
-			objs = append(objs, o)
-		}
-	}
-	var ps *slot.Session
 	var out []byte
+	class, err := s.g.call(ctx, op.m, func() (err error) {
+		out, err = fn(op.ps, wh)
+		return err
+	})
+	return out, class, err
+}
+
+// stepFn runs one step on a member session; wh is the object the step
+// names besides the key (C_DigestKey), resolved on that member.
+type stepFn func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error)
+
+// place puts op on a member and runs fn there (nil: the Init alone), by
+// the group's failover (exec): members in skip, and those that do not
+// hold the objects, are passed over. On success op runs on that member
+// from now on.
+func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, with *withObject, fn stepFn) ([]byte, error) {
+	var objs []*vobject // the operation's key, then with's object
+	if op.key != nil {
+		objs = append(objs, op.key)
+	}
+	if with != nil {
+		objs = append(objs, with.o)
+	}
+	next := func(tried memberSet) *member.Member { return s.g.pick(tried | skip) }
+	var out []byte
+	var ps *slot.Session
 	var ep uint64
-	m, err := g.exec(ctx, plan{op: opName, objs: objs}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		var kh, wh pkcs11.ObjectHandle
+	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		var kh pkcs11.ObjectHandle
 		if op.key != nil {
 			kh = hs[0]
 		}
+		var wh *pkcs11.ObjectHandle
 		if with != nil {
-			wh = hs[len(hs)-1]
+			wh = &hs[len(hs)-1]
 		}
 		ep = m.Epoch()
 		if ps, err = sl.OpenSession(ctx); err != nil {
 			return err
 		}
-		if err = initOn(ctx, k, ps, op.mech, kh); err == nil {
+		if err = initOn(ctx, k, ps, op.mech, kh); err == nil && fn != nil {
 			out, err = fn(ps, wh)
 		}
 		if err != nil {
@@ -684,165 +690,194 @@ func (s *Session) stepWith(ctx context.Context, k opKind, opName string, final b
 		}
 		return err
 	})
-	switch {
-	case err == nil && final:
-		ps.Close()
-		s.endOp(k)
-	case err == nil:
-		op.m, op.ps, op.epoch = m, ps, ep
-		m.Pin()
-	case op.key == nil && errors.Is(err, ErrKeyHandle):
-		// Only with is held nowhere: nothing started, and the operation
-		// goes on, as a token's does.
-	default:
-		s.endOp(k)
-	}
-	return out, err
-}
-
-// SignInit starts a signature with key. Nothing reaches a member until
-// Sign (single-part, scheduled with failover) or SignUpdate (multi-part,
-// pinned to one member).
-func (s *Session) SignInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return s.initOp(opSign, mech, key)
-}
-
-// Sign signs data in one part, with transparent failover, and ends the
-// operation.
-func (s *Session) Sign(ctx context.Context, data []byte) ([]byte, error) {
-	op, err := s.takeSingle(opSign)
 	if err != nil {
 		return nil, err
 	}
-	return s.g.sign(ctx, op.mech, op.key, data)
+	op.m, op.ps, op.epoch = m, ps, ep
+	return out, nil
+}
+
+// object returns w's virtual object; nil for no w.
+func (w *withObject) object() *vobject {
+	if w == nil {
+		return nil
+	}
+	return w.o
+}
+
+// single runs a single-part operation whose Init was proven in one call
+// from the members' session pools, with the group's failover.
+func (g *Group) single(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key *vobject, in, sig []byte) ([]byte, error) {
+	switch k {
+	case OpSign:
+		return g.sign(ctx, mech, key, in)
+	case OpVerify:
+		return nil, g.verify(ctx, mech, key, in, sig)
+	case OpEncrypt:
+		return g.encrypt(ctx, mech, key, in)
+	case OpDecrypt:
+		return g.decrypt(ctx, mech, key, in)
+	default:
+		return g.Digest(ctx, mech, in)
+	}
+}
+
+// SignInit starts a signature with key (see Init).
+func (s *Session) SignInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	return s.Init(ctx, OpSign, mech, key)
+}
+
+// Sign signs data in one part and ends the operation.
+func (s *Session) Sign(ctx context.Context, data []byte) ([]byte, error) {
+	return s.Do(ctx, OpSign, StepSingle, data, nil, RoomAny)
 }
 
 // SignUpdate feeds data to a multi-part signature.
 func (s *Session) SignUpdate(ctx context.Context, data []byte) error {
-	_, err := s.step(ctx, opSign, false, func(ps *slot.Session) ([]byte, error) { return nil, ps.SignUpdate(ctx, data) })
+	_, err := s.Do(ctx, OpSign, StepUpdate, data, nil, RoomAny)
 	return err
 }
 
 // SignFinal returns the multi-part signature and ends the operation.
 func (s *Session) SignFinal(ctx context.Context) ([]byte, error) {
-	return s.step(ctx, opSign, true, func(ps *slot.Session) ([]byte, error) { return ps.SignFinal(ctx) })
+	return s.Do(ctx, OpSign, StepFinal, nil, nil, RoomAny)
 }
 
-// VerifyInit starts a verification with key (see SignInit).
+// VerifyInit starts a verification with key (see Init).
 func (s *Session) VerifyInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return s.initOp(opVerify, mech, key)
+	return s.Init(ctx, OpVerify, mech, key)
 }
 
-// Verify checks sig over data in one part, with failover. A bad signature
-// is CKR_SIGNATURE_INVALID, never a failover.
+// Verify checks sig over data in one part. A bad signature is
+// CKR_SIGNATURE_INVALID, never a failover.
 func (s *Session) Verify(ctx context.Context, data, sig []byte) error {
-	op, err := s.takeSingle(opVerify)
-	if err != nil {
-		return err
-	}
-	return s.g.verify(ctx, op.mech, op.key, data, sig)
+	_, err := s.Do(ctx, OpVerify, StepSingle, data, sig, RoomAny)
+	return err
 }
 
 // VerifyUpdate feeds data to a multi-part verification.
 func (s *Session) VerifyUpdate(ctx context.Context, data []byte) error {
-	_, err := s.step(ctx, opVerify, false, func(ps *slot.Session) ([]byte, error) { return nil, ps.VerifyUpdate(ctx, data) })
+	_, err := s.Do(ctx, OpVerify, StepUpdate, data, nil, RoomAny)
 	return err
 }
 
 // VerifyFinal checks sig and ends the multi-part verification.
 func (s *Session) VerifyFinal(ctx context.Context, sig []byte) error {
-	_, err := s.step(ctx, opVerify, true, func(ps *slot.Session) ([]byte, error) { return nil, ps.VerifyFinal(ctx, sig) })
+	_, err := s.Do(ctx, OpVerify, StepFinal, nil, sig, RoomAny)
 	return err
 }
 
-// EncryptInit starts an encryption with key (see SignInit).
+// EncryptInit starts an encryption with key (see Init).
 func (s *Session) EncryptInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return s.initOp(opEncrypt, mech, key)
+	return s.Init(ctx, OpEncrypt, mech, key)
 }
 
-// Encrypt encrypts data in one part, with failover.
+// Encrypt encrypts data in one part.
 func (s *Session) Encrypt(ctx context.Context, data []byte) ([]byte, error) {
-	op, err := s.takeSingle(opEncrypt)
-	if err != nil {
-		return nil, err
-	}
-	return s.g.encrypt(ctx, op.mech, op.key, data)
+	return s.Do(ctx, OpEncrypt, StepSingle, data, nil, RoomAny)
 }
 
 // EncryptUpdate feeds data to a multi-part encryption.
 func (s *Session) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return s.step(ctx, opEncrypt, false, func(ps *slot.Session) ([]byte, error) { return ps.EncryptUpdate(ctx, data) })
+	return s.Do(ctx, OpEncrypt, StepUpdate, data, nil, RoomAny)
 }
 
 // EncryptFinal ends a multi-part encryption.
 func (s *Session) EncryptFinal(ctx context.Context) ([]byte, error) {
-	return s.step(ctx, opEncrypt, true, func(ps *slot.Session) ([]byte, error) { return ps.EncryptFinal(ctx) })
+	return s.Do(ctx, OpEncrypt, StepFinal, nil, nil, RoomAny)
 }
 
-// DecryptInit starts a decryption with key (see SignInit).
+// DecryptInit starts a decryption with key (see Init).
 func (s *Session) DecryptInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return s.initOp(opDecrypt, mech, key)
+	return s.Init(ctx, OpDecrypt, mech, key)
 }
 
-// Decrypt decrypts data in one part, with failover.
+// Decrypt decrypts data in one part.
 func (s *Session) Decrypt(ctx context.Context, data []byte) ([]byte, error) {
-	op, err := s.takeSingle(opDecrypt)
-	if err != nil {
-		return nil, err
-	}
-	return s.g.decrypt(ctx, op.mech, op.key, data)
+	return s.Do(ctx, OpDecrypt, StepSingle, data, nil, RoomAny)
 }
 
 // DecryptUpdate feeds data to a multi-part decryption.
 func (s *Session) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return s.step(ctx, opDecrypt, false, func(ps *slot.Session) ([]byte, error) { return ps.DecryptUpdate(ctx, data) })
+	return s.Do(ctx, OpDecrypt, StepUpdate, data, nil, RoomAny)
 }
 
 // DecryptFinal ends a multi-part decryption.
 func (s *Session) DecryptFinal(ctx context.Context) ([]byte, error) {
-	return s.step(ctx, opDecrypt, true, func(ps *slot.Session) ([]byte, error) { return ps.DecryptFinal(ctx) })
+	return s.Do(ctx, OpDecrypt, StepFinal, nil, nil, RoomAny)
 }
 
 // DigestInit starts a digest.
 func (s *Session) DigestInit(ctx context.Context, mech *pkcs11.Mechanism) error {
-	return s.initOp(opDigest, mech, 0)
+	return s.Init(ctx, OpDigest, mech, 0)
 }
 
-// Digest digests data in one part, with failover.
+// Digest digests data in one part.
 func (s *Session) Digest(ctx context.Context, data []byte) ([]byte, error) {
-	op, err := s.takeSingle(opDigest)
-	if err != nil {
-		return nil, err
-	}
-	return s.g.Digest(ctx, op.mech, data)
+	return s.Do(ctx, OpDigest, StepSingle, data, nil, RoomAny)
 }
 
 // DigestUpdate feeds data to a multi-part digest.
 func (s *Session) DigestUpdate(ctx context.Context, data []byte) error {
-	_, err := s.step(ctx, opDigest, false, func(ps *slot.Session) ([]byte, error) { return nil, ps.DigestUpdate(ctx, data) })
+	_, err := s.Do(ctx, OpDigest, StepUpdate, data, nil, RoomAny)
 	return err
 }
 
-// DigestKey feeds the value of object key to a multi-part digest, on
-// the digest's member (chosen here among those holding the key when this
-// is the digest's first step).
+// DigestKey feeds the value of object key to a multi-part digest, on the
+// digest's member (chosen here among those holding the key when nothing
+// pinned the digest yet). A handle the group does not know is
+// CKR_KEY_HANDLE_INVALID and the digest goes on, as a token's does.
 func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
-	const opName = "DigestKey"
 	// Any object the group holds goes to the member, which decides what
 	// it digests (SoftHSM digests a data object's value too).
 	o, ok := s.g.objs.get(key)
 	if !ok {
-		return wrap(ErrKeyHandle, opName, "", nil) // a token's digest survives a bad handle too
+		return wrap(ErrKeyHandle, "DigestKey", "", nil)
 	}
-	_, err := s.stepWith(ctx, opDigest, opName, false, o, func(ps *slot.Session, h pkcs11.ObjectHandle) ([]byte, error) {
-		return nil, ps.DigestKey(ctx, h)
+	return s.withOps("DigestKey", func() error {
+		_, err := s.ops.do(ctx, s, OpDigest, StepUpdate, nil, nil, &withObject{o: o}, RoomAny)
+		return err
 	})
-	return err
 }
 
 // DigestFinal ends a multi-part digest.
 func (s *Session) DigestFinal(ctx context.Context) ([]byte, error) {
-	return s.step(ctx, opDigest, true, func(ps *slot.Session) ([]byte, error) { return ps.DigestFinal(ctx) })
+	return s.Do(ctx, OpDigest, StepFinal, nil, nil, RoomAny)
+}
+
+// GetAttributes is Group.GetAttributes in this session: a session lost
+// in activeBasic answers CKR_SESSION_HANDLE_INVALID.
+func (s *Session) GetAttributes(ctx context.Context, h ObjectHandle, types []uint) ([]slot.Attribute, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return s.g.GetAttributes(ctx, h, types)
+}
+
+// SetAttributes is Group.SetAttributes in this session (see
+// GetAttributes).
+func (s *Session) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs11.Attribute) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	return s.g.SetAttributes(ctx, h, attrs)
+}
+
+// WrapKey is Group.WrapKey in this session (see GetAttributes).
+func (s *Session) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, key ObjectHandle) ([]byte, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return s.g.WrapKey(ctx, mech, wrapping, key)
+}
+
+// GenerateRandom is Group.GenerateRandom in this session (see
+// GetAttributes).
+func (s *Session) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	return s.g.GenerateRandom(ctx, n)
 }
 
 // Find is Group.Find, for the PKCS#11 module's FindObjects*: the module

@@ -46,6 +46,43 @@ func TestConformServed(t *testing.T) {
 	sameAnswers(t, "served member hsm-2's own slot", want, r.conform(r.lib, r.members[2].Label, parts...))
 }
 
+// TestConformInitErrors: an *Init the token refuses is refused at the
+// *Init through the module too, with the token's code, and the data call
+// then finds no operation (issue 16 item 2: C_SignInit with a 4-byte
+// HMAC-SHA1 key answered CKR_OK and C_Sign CKR_KEY_SIZE_RANGE; C_DecryptInit
+// with OAEP parameters the token refuses answered CKR_OK and C_Decrypt
+// CKR_ARGUMENTS_BAD). Each refused Init is made twice, and a good HMAC
+// twice, so that the Init sent at the data call for an Init accepted
+// before (initproof.go) is compared with the token as well; the
+// single-part calls go through a length query and a short buffer. On
+// the virtual slot of in-process members, and on a served member's own
+// slot (the pass-through slot runs the same state machine).
+func TestConformInitErrors(t *testing.T) {
+	for _, served := range []bool{false, true} {
+		name := map[bool]string{false: "in-process", true: "served"}[served]
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, rigOpts{remote: served, allRemote: served})
+			bare := r.bareToken()
+			want := r.conform(testhsm.SoftHSMModule, bare, "initerr")
+			for _, line := range []string{
+				"hmac short key signinit rv=0x62\n",    // CKR_KEY_SIZE_RANGE
+				"hmac short key sign rv=0x91\n",        // CKR_OPERATION_NOT_INITIALIZED
+				"oaep bad params decryptinit rv=0x7\n", // CKR_ARGUMENTS_BAD
+				"oaep bad params decrypt rv=0x91\n",    // CKR_OPERATION_NOT_INITIALIZED
+				"hmac good key sign short rv=0x150\n",  // CKR_BUFFER_TOO_SMALL
+				"hmac good key sign len=20 ",           // delivered after it
+				"oaep decrypt len=6 736563726574\n",    // the round trip
+			} {
+				if !strings.Contains(want, line) {
+					t.Fatalf("the bare token did not answer %q:\n%s", line, want)
+				}
+			}
+			sameAnswers(t, "virtual slot", want, r.conform(r.lib, groupLabel, "initerr"))
+			sameAnswers(t, "member hsm-1's own slot", want, r.conform(r.lib, r.members[1].Label, "initerr"))
+		})
+	}
+}
+
 // bareToken makes a fresh SoftHSM token beside the members, with the same
 // PINs, and returns its label.
 func (r *rig) bareToken() string {

@@ -9,7 +9,9 @@
  * in order), cbc (AES-CBC-PAD multi-part encryption and decryption with a
  * length query before every Update and Final), digestkey (C_DigestKey
  * inside a SHA-256 digest, and its error cases). cbc and digestkey log in
- * and make an AES key of a fixed value, destroyed at the end.
+ * and make an AES key of a fixed value, destroyed at the end. initerr
+ * (the errors *Init calls give, then the buffer convention on C_Sign and
+ * C_Decrypt) makes its own keys too.
  */
 #include "common.h"
 
@@ -227,6 +229,151 @@ static void part_digestkey(CK_SESSION_HANDLE s, CK_OBJECT_HANDLE key)
 	CHECK(f->C_DestroyObject(s, data));
 }
 
+/* secret makes a token generic secret (HMAC) key of n bytes, for signing. */
+static CK_OBJECT_HANDLE secret(CK_SESSION_HANDLE s, const char *label, CK_ULONG n)
+{
+	CK_BYTE value[64];
+	CK_OBJECT_CLASS cls = CKO_SECRET_KEY;
+	CK_KEY_TYPE kt = CKK_GENERIC_SECRET;
+	CK_BBOOL yes = CK_TRUE, no = CK_FALSE;
+	char name[64];
+	for (CK_ULONG i = 0; i < n; i++)
+		value[i] = (CK_BYTE)(i * 13 + 5);
+	snprintf(name, sizeof name, "%s-%d", label, (int)getpid());
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_KEY_TYPE, &kt, sizeof kt},
+		{CKA_TOKEN, &yes, sizeof yes},
+		{CKA_PRIVATE, &yes, sizeof yes},
+		{CKA_SENSITIVE, &yes, sizeof yes},
+		{CKA_EXTRACTABLE, &no, sizeof no},
+		{CKA_SIGN, &yes, sizeof yes},
+		{CKA_VERIFY, &yes, sizeof yes},
+		{CKA_LABEL, name, strlen(name)},
+		{CKA_ID, "ie", 2},
+		{CKA_VALUE, value, n},
+	};
+	CK_OBJECT_HANDLE k;
+	CHECK(f->C_CreateObject(s, t, sizeof t / sizeof t[0], &k));
+	return k;
+}
+
+/* sign_once runs C_SignInit and C_Sign (length query, a short buffer,
+ * then the buffer) and prints each answer. */
+static void sign_once(const char *name, CK_SESSION_HANDLE s, CK_MECHANISM *m, CK_OBJECT_HANDLE key)
+{
+	CK_BYTE out[128];
+	CK_ULONG n = 0;
+	char what[80];
+	snprintf(what, sizeof what, "%s signinit", name);
+	rv(what, f->C_SignInit(s, m, key));
+	snprintf(what, sizeof what, "%s sign query", name);
+	if (rv(what, f->C_Sign(s, (CK_BYTE_PTR) "data", 4, NULL, &n)) == CKR_OK)
+		printf("%s len=%lu\n", what, (unsigned long)n);
+	snprintf(what, sizeof what, "%s sign short", name);
+	n = 1;
+	if (rv(what, f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n)) == CKR_BUFFER_TOO_SMALL)
+		printf("%s len=%lu\n", what, (unsigned long)n);
+	snprintf(what, sizeof what, "%s sign", name);
+	n = sizeof out;
+	if (rv(what, f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n)) == CKR_OK)
+		hex(what, out, n);
+	snprintf(what, sizeof what, "%s sign again", name);
+	n = sizeof out;
+	rv(what, f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n));
+}
+
+/*
+ * part_initerr: errors an *Init call gives (issue 16 item 2): a key too
+ * short for HMAC-SHA1, OAEP parameters the token refuses, a CBC IV of the
+ * wrong length, a key that may not encrypt, a mechanism that is no
+ * digest. Each Init is made twice (the second time must not be answered
+ * from memory of a different outcome), then the data call, which must
+ * find no operation. Then a good HMAC twice, with the buffer convention.
+ */
+static void part_initerr(CK_SESSION_HANDLE s, CK_OBJECT_HANDLE aes)
+{
+	CK_MECHANISM hmac1 = {CKM_SHA_1_HMAC, NULL, 0};
+	CK_OBJECT_HANDLE shortKey = secret(s, "conform-short", 4);
+	CK_OBJECT_HANDLE goodKey = secret(s, "conform-hmac", 32);
+	for (int i = 0; i < 2; i++)
+		sign_once("hmac short key", s, &hmac1, shortKey);
+	for (int i = 0; i < 2; i++)
+		sign_once("hmac good key", s, &hmac1, goodKey);
+
+	CK_BYTE out[512];
+	CK_ULONG n;
+	CK_BYTE iv8[8] = {0};
+	CK_MECHANISM cbc8 = {CKM_AES_CBC_PAD, iv8, sizeof iv8};
+	for (int i = 0; i < 2; i++) {
+		rv("cbc short iv encryptinit", f->C_EncryptInit(s, &cbc8, aes));
+		n = sizeof out;
+		rv("cbc short iv encrypt", f->C_Encrypt(s, (CK_BYTE_PTR) "data", 4, out, &n));
+	}
+	CK_BYTE iv[16] = {0};
+	CK_MECHANISM cbc = {CKM_AES_CBC_PAD, iv, sizeof iv};
+	for (int i = 0; i < 2; i++) {
+		rv("hmac key encryptinit", f->C_EncryptInit(s, &cbc, goodKey));
+		n = sizeof out;
+		rv("hmac key encrypt", f->C_Encrypt(s, (CK_BYTE_PTR) "data", 4, out, &n));
+	}
+	CK_MECHANISM nodigest = {CKM_SHA256_HMAC, NULL, 0};
+	rv("hmac digestinit", f->C_DigestInit(s, &nodigest));
+
+	CK_MECHANISM gen = {CKM_RSA_PKCS_KEY_PAIR_GEN, NULL, 0};
+	CK_ULONG bits = 2048;
+	CK_BYTE e[] = {1, 0, 1};
+	CK_BBOOL yes = CK_TRUE;
+	char label[64];
+	snprintf(label, sizeof label, "conform-rsa-%d", (int)getpid());
+	CK_ATTRIBUTE pub[] = {
+		{CKA_TOKEN, &yes, sizeof yes},
+		{CKA_ENCRYPT, &yes, sizeof yes},
+		{CKA_MODULUS_BITS, &bits, sizeof bits},
+		{CKA_PUBLIC_EXPONENT, e, sizeof e},
+		{CKA_LABEL, label, strlen(label)},
+		{CKA_ID, "ir", 2},
+	};
+	CK_ATTRIBUTE priv[] = {
+		{CKA_TOKEN, &yes, sizeof yes},
+		{CKA_PRIVATE, &yes, sizeof yes},
+		{CKA_SENSITIVE, &yes, sizeof yes},
+		{CKA_DECRYPT, &yes, sizeof yes},
+		{CKA_LABEL, label, strlen(label)},
+		{CKA_ID, "ir", 2},
+	};
+	CK_OBJECT_HANDLE pk, sk;
+	CHECK(f->C_GenerateKeyPair(s, &gen, pub, 6, priv, 6, &pk, &sk));
+	/* SHA-256 with MGF1-SHA1: the token refuses the mix. */
+	CK_RSA_PKCS_OAEP_PARAMS bad = {CKM_SHA256, CKG_MGF1_SHA1, CKZ_DATA_SPECIFIED, NULL, 0};
+	CK_MECHANISM oaepBad = {CKM_RSA_PKCS_OAEP, &bad, sizeof bad};
+	CK_BYTE ct[256];
+	memset(ct, 0x5a, sizeof ct);
+	for (int i = 0; i < 2; i++) {
+		rv("oaep bad params decryptinit", f->C_DecryptInit(s, &oaepBad, sk));
+		n = sizeof out;
+		rv("oaep bad params decrypt", f->C_Decrypt(s, ct, sizeof ct, out, &n));
+	}
+	/* Good parameters: a round trip, the decryption with a length query. */
+	CK_RSA_PKCS_OAEP_PARAMS good = {CKM_SHA_1, CKG_MGF1_SHA1, CKZ_DATA_SPECIFIED, NULL, 0};
+	CK_MECHANISM oaep = {CKM_RSA_PKCS_OAEP, &good, sizeof good};
+	CK_ULONG cn = sizeof ct;
+	rv("oaep encryptinit", f->C_EncryptInit(s, &oaep, pk));
+	if (rv("oaep encrypt", f->C_Encrypt(s, (CK_BYTE_PTR) "secret", 6, ct, &cn)) == CKR_OK)
+		printf("oaep encrypt len=%lu\n", (unsigned long)cn);
+	rv("oaep decryptinit", f->C_DecryptInit(s, &oaep, sk));
+	n = 0;
+	if (rv("oaep decrypt query", f->C_Decrypt(s, ct, cn, NULL, &n)) == CKR_OK)
+		printf("oaep decrypt query len=%lu\n", (unsigned long)n);
+	n = sizeof out;
+	if (rv("oaep decrypt", f->C_Decrypt(s, ct, cn, out, &n)) == CKR_OK)
+		hex("oaep decrypt", out, n);
+	CHECK(f->C_DestroyObject(s, pk));
+	CHECK(f->C_DestroyObject(s, sk));
+	CHECK(f->C_DestroyObject(s, shortKey));
+	CHECK(f->C_DestroyObject(s, goodKey));
+}
+
 int main(int argc, char **argv)
 {
 	char pin[256];
@@ -259,6 +406,8 @@ int main(int argc, char **argv)
 			part_cbc(s, key);
 		else if (strcmp(part, "digestkey") == 0)
 			part_digestkey(s, key);
+		else if (strcmp(part, "initerr") == 0)
+			part_initerr(s, key);
 		else {
 			fprintf(stderr, "FATAL unknown part %s\n", part);
 			return 2;
