@@ -62,6 +62,10 @@ const (
 	// cannot take it (it lacks a mechanism); the member stays in service
 	// and counts the object as out of sync.
 	ReplicationSkipped EventKind = "replication_skipped"
+	// CreationRefused: a creation was refused, before anything was
+	// written, because a serving member cannot hold a key of that kind
+	// (Err names the member, the kind and why; see capability.go).
+	CreationRefused EventKind = "creation_refused"
 	// DomainKeyWeak: a member's domain key could be made to decrypt what it
 	// wraps (Err, a *replica.WeakDomainKeyError, names the key and each
 	// attribute at fault); nothing is replicated to or from the member

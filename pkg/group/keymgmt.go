@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -57,6 +56,8 @@ type intent struct {
 	token         bool
 	unextractable bool
 	explicitID    bool // the application named the object (CKA_ID or CKA_LABEL)
+	genMech       uint // the generation mechanism, for GenerateKey and GenerateKeyPair (kindOf)
+	copied        bool // a copy of the one input (kindOf)
 }
 
 func attrIndex(tmpl []*pkcs11.Attribute, t uint) int {
@@ -183,6 +184,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	if p == nil {
 		return nil, wrap(ErrNoMember, op, "", nil)
 	}
+	if err := g.checkHold(op, ins, inputs); err != nil {
+		return nil, err
+	}
 	hs := make([]pkcs11.ObjectHandle, len(inputs))
 	for i, o := range inputs {
 		h, err := g.resolve(ctx, o, p)
@@ -300,6 +304,10 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		vs[i] = o
 	}
 	if err := g.replicate(ctx, s, p, ms, vs); err != nil {
+		var rs Refusals
+		if errors.As(err, &rs) {
+			err = g.refuse(op, rs)
+		}
 		// The primary cannot export what it made (say, a key type its
 		// token will not wrap): the object cannot be highly available, so
 		// it is not made at all.
@@ -411,10 +419,9 @@ type slotOps interface {
 // itself refuses to export an object (a request error on the primary's
 // side, such as CKR_KEY_NOT_WRAPPABLE), no member can ever get it: every
 // copy made is taken back, no member is failed, and the error is returned.
-// A private or secret key is not sent where it cannot be wrapped or
-// unwrapped (p or the target lacks MechWrapPad): the target keeps serving,
-// is told the object is absent, and the miss is reported
-// (ReplicationSkipped) and counted (Unreplicated).
+// A target that cannot hold an object (capability.go; one that joined
+// after createOn's check) or refuses its copy as a request makes nothing
+// stay anywhere: every copy is taken back and a Refusals error returned.
 func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vobject) error {
 	var targets []*member.Member
 	for _, m := range g.serving() {
@@ -424,6 +431,9 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	}
 	if len(targets) == 0 {
 		return nil
+	}
+	if rs := g.targetsCannotHold(p, targets, ms); rs != nil {
+		return rs
 	}
 	// Physical sessions for session objects are opened here, under s.mu,
 	// before the goroutines start.
@@ -444,22 +454,14 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	// tokens: SoftHSM's file store waits on the disk).
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
 	objErrs := make([][]error, len(targets))
-	skipped := make([][]bool, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		copies[i] = make([]pkcs11.ObjectHandle, len(ms))
 		objErrs[i] = make([]error, len(ms))
-		skipped[i] = make([]bool, len(ms))
 		if errs[i] != nil {
 			continue
 		}
-		for j := range ms {
-			skipped[i][j] = wrappedClass(ms[j].obj.Class) && !canWrap(p, t)
-		}
 		one := func(j int) {
-			if skipped[i][j] {
-				return
-			}
 			for again := false; ; again = true {
 				start := t.Begin()
 				h, err := g.rep.Replicate(ctx, p.Slot(), ms[j].h, dsts[i])
@@ -523,6 +525,13 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			}
 		}
 	}
+	// So does a target's refusal: the object cannot be on every member.
+	if rs := targetsRefused(targets, errs, ms, failedAt); rs != nil {
+		for k := range targets {
+			takeBack(k)
+		}
+		return rs
+	}
 	// The primary died under the copies and no other member got the
 	// object whole: nobody serving holds it, so it is not made as far as
 	// the caller can tell (CKR_DEVICE_ERROR; the object may remain on the
@@ -533,7 +542,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		switch {
 		case errs[i] != nil && sourceUnwell(errs[i], p) && sourceErr == nil:
 			sourceErr = errs[i]
-		case errs[i] == nil && !slices.Contains(skipped[i], true) && holder < 0:
+		case errs[i] == nil && holder < 0:
 			holder = i
 		}
 	}
@@ -550,7 +559,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			}
 			var err error
 			for j := range ms {
-				if copies[i][j] != 0 || skipped[i][j] {
+				if copies[i][j] != 0 {
 					continue
 				}
 				start := targets[i].Begin()
@@ -595,20 +604,6 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			continue
 		}
 		for j, m := range ms {
-			if skipped[i][j] {
-				vs[j].setAbsent(t.Index(), t.Epoch())
-				if m.obj.Token {
-					g.noteSkipped(t, m.obj.Identity)
-				}
-				lacking := t
-				if p.Lacks(MechWrapPad) {
-					lacking = p
-				}
-				g.emit(Event{Kind: ReplicationSkipped, Member: t.Name(), Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint,
-					Err: fmt.Errorf("not replicated to member %s: member %s lacks %s; %s stays in service and counts the object as out of sync",
-						t.Name(), lacking.Name(), MechWrapPad, t.Name())})
-				continue
-			}
 			if m.obj.Token {
 				vs[j].set(t.Index(), t.Epoch(), copies[i][j])
 			} else {
@@ -700,6 +695,7 @@ func (s *Session) GenerateKey(ctx context.Context, mech *pkcs11.Mechanism, tmpl 
 	if err != nil {
 		return 0, err
 	}
+	in.genMech = mechType(mech)
 	hs, err := s.createOn(ctx, "GenerateKey", []intent{in}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		h, err := t.GenerateKey(ctx, mech, in.tmpl)
 		return []pkcs11.ObjectHandle{h}, err
@@ -743,6 +739,7 @@ func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, p
 		pin.tmpl = setAttr(pin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 		prin.tmpl = setAttr(prin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 	}
+	pin.genMech, prin.genMech = mechType(mech), mechType(mech)
 	hs, err := s.createOn(ctx, "GenerateKeyPair", []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		a, b, err := t.GenerateKeyPair(ctx, mech, pin.tmpl, prin.tmpl)
 		return []pkcs11.ObjectHandle{a, b}, err
@@ -781,6 +778,7 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 		in.class, in.classKnown = class, true
 	}
 	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
+	in.copied = true
 	hs, err := s.createOn(ctx, "CopyObject", []intent{in}, []*vobject{src}, func(ctx context.Context, t slotOps, ins []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		nh, err := t.CopyObject(ctx, ins[0], in.tmpl)
 		return []pkcs11.ObjectHandle{nh}, err
