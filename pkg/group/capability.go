@@ -30,7 +30,7 @@ var keygenKinds = map[uint]replica.Kind{
 	pkcs11.CKM_RSA_X9_31_KEY_PAIR_GEN: {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_RSA},
 	pkcs11.CKM_EC_KEY_PAIR_GEN:        {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC},
 	slot.CKMECEdwardsKeyPairGen:       {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: slot.CKKECEdwards},
-	slot.CKMECMontgomeryKeyPairGen:         {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: slot.CKKECMontgomery},
+	slot.CKMECMontgomeryKeyPairGen:    {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: slot.CKKECMontgomery},
 	pkcs11.CKM_DSA_KEY_PAIR_GEN:       {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_DSA},
 	pkcs11.CKM_DH_PKCS_KEY_PAIR_GEN:   {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_DH},
 	pkcs11.CKM_GOSTR3410_KEY_PAIR_GEN: {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_GOSTR3410},

@@ -428,7 +428,7 @@ func TestReplicationSendsNoPrivateHalfAfterThePublicFailed(t *testing.T) {
 	s := openSession(t, f.g)
 	target := f.toks[2].Name
 	faults.Fail(target, slot.OpCreateObject, errDevice) // public keys travel by CreateObject
-	before := faults.Calls(target, slot.OpUnwrapKey) // the wrap probe's trial keys
+	before := faults.Calls(target, slot.OpUnwrapKey)    // the wrap probe's trial keys
 	genEC(t, s, "public-first")
 	if n := faults.Calls(target, slot.OpUnwrapKey) - before; n != 0 {
 		t.Errorf("the private half was sent (%d unwraps) to a target that failed under the public half", n)
