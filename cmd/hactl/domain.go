@@ -24,6 +24,8 @@ type domainResult struct {
 	Trusted       bool     `json:"trusted"`
 	// Replaced: the old key was destroyed and a new one installed.
 	Replaced bool `json:"replaced"`
+	// CannotHold lists the kinds of key a member could not hold.
+	CannotHold []holdLine `json:"cannotHold,omitempty"`
 }
 
 // domainCheck is domain --check's report.
@@ -308,6 +310,13 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		return fmt.Errorf("group %q: %w%s", f.group, err, p11kitHint(g.Members, err))
 	}
 	res := domainResult{SchemaVersion: agent.SchemaVersion, Group: f.group, Members: names, Trusted: !f.untrusted, Replaced: f.replace}
+	for i, t := range targets {
+		holds, err := cannotHold(ctx, names[i], t.Slot)
+		if err != nil {
+			return fmt.Errorf("group %q: domain key %s, but: %w", f.group, map[bool]string{false: "installed", true: "replaced"}[f.replace], err)
+		}
+		res.CannotHold = append(res.CannotHold, holds...)
+	}
 	if f.jsonOut {
 		return a.printJSON(res)
 	}
@@ -322,6 +331,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	if _, err := fmt.Fprintf(a.out, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", ")); err != nil {
 		return err
 	}
+	printCannotHold(a.errOut, res.CannotHold)
 	if f.untrusted {
 		_, err = fmt.Fprintf(a.errOut, "hactl: warning: an untrusted domain key cannot mark group keys CKA_WRAP_WITH_TRUSTED: a user on a member can wrap them under a key of its own; domain --check reports it (exit 3) until it is replaced with a trusted one\n")
 	}

@@ -251,26 +251,9 @@ func (g *Group) CannotHold() []Refusal {
 		if !ok {
 			continue
 		}
-		out = append(out, HoldRefusals(m.Name(), c.(replica.WrapCapability))...)
-	}
-	return out
-}
-
-// HoldRefusals lists the kinds of key a member whose token has capability
-// c could not hold in a group of two or more: every wrapped kind when it
-// lacks the mechanism, else the kinds its token refused to wrap or unwrap.
-func HoldRefusals(name string, c replica.WrapCapability) []Refusal {
-	var out []Refusal
-	if !c.Mechanism {
-		for _, class := range []uint{pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_SECRET_KEY} {
-			k := replica.Kind{Class: class, KeyType: replica.KeyTypeUnknown}
-			out = append(out, Refusal{Member: name, Kind: k, Err: c.Holds(k)})
-		}
-		return out
-	}
-	for _, k := range c.Probed {
-		if err := c.Holds(k); err != nil {
-			out = append(out, Refusal{Member: name, Kind: k, Err: err})
+		cp := c.(replica.WrapCapability)
+		for _, k := range cp.Unholdable() {
+			out = append(out, Refusal{Member: m.Name(), Kind: k, Err: cp.Holds(k)})
 		}
 	}
 	return out

@@ -62,9 +62,25 @@ func (c WrapCapability) Holds(k Kind) error {
 		return fmt.Errorf("its token does not offer %s", mechanismName(wrapMechanism))
 	}
 	if err, ok := c.Refused[k]; ok {
-		return fmt.Errorf("its token refuses to wrap or unwrap a %s with %s: %w", k, mechanismName(wrapMechanism), err)
+		return fmt.Errorf("its token refuses to wrap or unwrap %ss with %s: %w", k, mechanismName(wrapMechanism), err)
 	}
 	return nil
+}
+
+// Unholdable lists the kinds of key a token with capability c could not
+// hold in a group of two or more (Holds says why): private and secret keys
+// of any type when it lacks the mechanism, else the kinds it refused.
+func (c WrapCapability) Unholdable() []Kind {
+	if !c.Mechanism {
+		return []Kind{{pkcs11.CKO_PRIVATE_KEY, KeyTypeUnknown}, {pkcs11.CKO_SECRET_KEY, KeyTypeUnknown}}
+	}
+	var out []Kind
+	for _, k := range c.Probed {
+		if c.Holds(k) != nil {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // wrapTrial is one kind of key tried, made by one generation mechanism
