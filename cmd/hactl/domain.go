@@ -134,7 +134,13 @@ Every member must wrap and unwrap with CKM_AES_KEY_WRAP_PAD, and a trusted
 install sets the nested CKA_UNWRAP_TEMPLATE; otherwise nothing is installed
 and the error names the member. A token reached through p11-kit 0.24's
 p11-kit-client.so offers neither: serve it with hsmserve and name it as
-module "hagroup-remote:unix:/path/of/socket".`,
+module "hagroup-remote:unix:/path/of/socket".
+
+Once the key is in place, each member's token is tried with throwaway
+session keys, and every kind of key a member could not hold is warned of
+(--json: cannotHold): while such a member serves with another, the group
+makes no key of that kind and does not offer the mechanisms that generate
+it (SoftHSM 2.6 cannot wrap EdDSA private keys).`,
 		Example: `  hactl hagroup domain --group signing --install
   hactl hagroup domain --group signing --install --so-pin-env HSM_SO_PIN
   hactl hagroup domain --group signing --install --so-pin-file hsm-a=/etc/hagroup/so-a --so-pin-file hsm-b=/etc/hagroup/so-b

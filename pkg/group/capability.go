@@ -55,7 +55,7 @@ func (r Refusal) Error() string {
 
 // probeCapability finds out which kinds of key m's token can wrap and
 // unwrap (mechs is its mechanism list) and caches the answer; a change is
-// reported once with a MechanismMissing event naming the kinds. A member
+// reported once with a KeysUnholdable event naming the kinds. A member
 // failing under the probe is charged and the error returned.
 func (g *Group) probeCapability(ctx context.Context, m *member.Member, mechs []uint) error {
 	var c replica.WrapCapability
@@ -69,36 +69,27 @@ func (g *Group) probeCapability(ctx context.Context, m *member.Member, mechs []u
 	if seen && sameCapability(old.(replica.WrapCapability), c) {
 		return nil
 	}
-	if c.Mechanism && len(c.Refused) > 0 {
-		g.emit(Event{Kind: MechanismMissing, Member: m.Name(), Err: fmt.Errorf(
+	if names, why := refusedKinds(c); c.Mechanism && len(names) > 0 {
+		g.emit(Event{Kind: KeysUnholdable, Member: m.Name(), Err: fmt.Errorf(
 			"member %s cannot hold %s: %s; while it serves with another member the group makes no such key and does not offer the mechanisms that generate them",
-			m.Name(), strings.Join(refusedKinds(c), ", "), refusedWhy(c))})
+			m.Name(), strings.Join(names, ", "), why)})
 	}
 	return nil
 }
 
 func sameCapability(a, b replica.WrapCapability) bool {
-	return a.Mechanism == b.Mechanism && slices.Equal(refusedKinds(a), refusedKinds(b))
+	return a.Mechanism == b.Mechanism && slices.Equal(a.Unholdable(), b.Unholdable())
 }
 
-// refusedKinds names the kinds c refused, in the order probed.
-func refusedKinds(c replica.WrapCapability) []string {
-	var out []string
-	for _, k := range c.Probed {
-		if _, ok := c.Refused[k]; ok {
-			out = append(out, k.String()+"s")
+// refusedKinds names the kinds c refused and why the first was.
+func refusedKinds(c replica.WrapCapability) (names []string, why string) {
+	for _, k := range c.Unholdable() {
+		names = append(names, k.String()+"s")
+		if why == "" {
+			why = c.Holds(k).Error()
 		}
 	}
-	return out
-}
-
-func refusedWhy(c replica.WrapCapability) string {
-	for _, k := range c.Probed {
-		if err, ok := c.Refused[k]; ok {
-			return c.Holds(k).Error() + fmt.Sprintf(" (%v)", err)
-		}
-	}
-	return ""
+	return names, why
 }
 
 // capability is what m was last probed to hold; a member not probed yet is

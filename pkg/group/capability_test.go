@@ -98,8 +98,8 @@ func TestEd25519OnThreeSoftHSMMembers(t *testing.T) {
 		if len(refused) != 1 || !strings.Contains(refused[0].Err.Error(), "EC_EDWARDS private key") || !strings.Contains(refused[0].Err.Error(), "CKR_KEY_NOT_WRAPPABLE") {
 			t.Errorf("creation_refused events for %s: %v; want one naming the EdDSA private key and CKR_KEY_NOT_WRAPPABLE", tok.Name, refused)
 		}
-		if n := f.events.count(MechanismMissing, tok.Name); n != 1 {
-			t.Errorf("%d mechanism_missing events for %s, want 1 saying it cannot hold EdDSA keys", n, tok.Name)
+		if n := f.events.count(KeysUnholdable, tok.Name); n != 1 {
+			t.Errorf("%d keys_unholdable events for %s, want 1 saying it cannot hold EdDSA keys", n, tok.Name)
 		}
 	}
 	held := map[string]bool{}
