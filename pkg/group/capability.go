@@ -50,7 +50,7 @@ type Refusal struct {
 }
 
 func (r Refusal) Error() string {
-	return fmt.Sprintf("member %s cannot hold a %s made through the group: %v", r.Member, r.Kind, r.Err)
+	return fmt.Sprintf("member %s cannot hold %ss made through the group: %v", r.Member, r.Kind, r.Err)
 }
 
 // probeCapability finds out which kinds of key m's token can wrap and
