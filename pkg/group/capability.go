@@ -230,22 +230,3 @@ func errs(rs []Refusal) []error {
 	}
 	return out
 }
-
-// CannotHold returns, for each member of the group that could not hold a
-// key of some kind that a generation mechanism its tokens list makes, why;
-// an operator sees it before the member's first creation fails. Members
-// not probed (failed, or never opened) are left out.
-func (g *Group) CannotHold() []Refusal {
-	var out []Refusal
-	for _, m := range g.view().members {
-		c, ok := g.caps.Load(m.Name())
-		if !ok {
-			continue
-		}
-		cp := c.(replica.WrapCapability)
-		for _, k := range cp.Unholdable() {
-			out = append(out, Refusal{Member: m.Name(), Kind: k, Err: cp.Holds(k)})
-		}
-	}
-	return out
-}

@@ -128,9 +128,10 @@ var wrapTrials = []wrapTrial{
 // own, destroyed at the end and gone with the session in any case, so the
 // probe needs no login and no domain key, and its answer does not change
 // when the domain key is installed or replaced. A kind whose trial key
-// the token will not make (a curve it lacks) is not marked. The error is
-// the member failing (a health error) or the trial wrapping key refused;
-// the capability then holds what was learned before it.
+// the token will not make (a curve it lacks) is not marked, and nothing is
+// tried on a token that will not make the trial wrapping key. The error is
+// the member failing (a health error); the capability then holds what was
+// learned before it.
 func ProbeWrap(ctx context.Context, s *slot.Slot, mechs []uint) (WrapCapability, error) {
 	c := WrapCapability{Mechanism: slices.Contains(mechs, wrapMechanism)}
 	if !c.Mechanism {
@@ -145,7 +146,12 @@ func ProbeWrap(ctx context.Context, s *slot.Slot, mechs []uint) (WrapCapability,
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32), pkcs11.NewAttribute(pkcs11.CKA_WRAP, true),
 		pkcs11.NewAttribute(pkcs11.CKA_UNWRAP, true), pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, false)))
 	if err != nil {
-		return c, fmt.Errorf("probe what member %s can wrap: a trial wrapping key: %w", s.Name(), err)
+		// A token that will not make the trial wrapping key is judged
+		// by the mechanism alone; only its failing is an error.
+		if err := healthOnly(err); err != nil {
+			return c, fmt.Errorf("probe what member %s can wrap: a trial wrapping key: %w", s.Name(), err)
+		}
+		return c, nil
 	}
 	defer ss.DestroyObject(context.WithoutCancel(ctx), kek)
 	for _, t := range wrapTrials {
