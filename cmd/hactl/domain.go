@@ -24,6 +24,8 @@ type domainResult struct {
 	Trusted       bool     `json:"trusted"`
 	// Replaced: the old key was destroyed and a new one installed.
 	Replaced bool `json:"replaced"`
+	// CannotHold lists the kinds of key a member could not hold.
+	CannotHold []holdLine `json:"cannotHold,omitempty"`
 }
 
 // domainCheck is domain --check's report.
@@ -132,7 +134,13 @@ Every member must wrap and unwrap with CKM_AES_KEY_WRAP_PAD, and a trusted
 install sets the nested CKA_UNWRAP_TEMPLATE; otherwise nothing is installed
 and the error names the member. A token reached through p11-kit 0.24's
 p11-kit-client.so offers neither: serve it with hsmserve and name it as
-module "hagroup-remote:unix:/path/of/socket".`,
+module "hagroup-remote:unix:/path/of/socket".
+
+Once the key is in place, each member's token is tried with throwaway
+session keys, and every kind of key a member could not hold is warned of
+(--json: cannotHold): while such a member serves with another, the group
+makes no key of that kind and does not offer the mechanisms that generate
+it (SoftHSM 2.6 cannot wrap EdDSA private keys).`,
 		Example: `  hactl hagroup domain --group signing --install
   hactl hagroup domain --group signing --install --so-pin-env HSM_SO_PIN
   hactl hagroup domain --group signing --install --so-pin-file hsm-a=/etc/hagroup/so-a --so-pin-file hsm-b=/etc/hagroup/so-b
@@ -308,6 +316,13 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		return fmt.Errorf("group %q: %w%s", f.group, err, p11kitHint(g.Members, err))
 	}
 	res := domainResult{SchemaVersion: agent.SchemaVersion, Group: f.group, Members: names, Trusted: !f.untrusted, Replaced: f.replace}
+	for i, t := range targets {
+		holds, err := cannotHold(ctx, names[i], t.Slot)
+		if err != nil {
+			return fmt.Errorf("group %q: domain key %s, but: %w", f.group, map[bool]string{false: "installed", true: "replaced"}[f.replace], err)
+		}
+		res.CannotHold = append(res.CannotHold, holds...)
+	}
 	if f.jsonOut {
 		return a.printJSON(res)
 	}
@@ -322,6 +337,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	if _, err := fmt.Fprintf(a.out, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", ")); err != nil {
 		return err
 	}
+	printCannotHold(a.errOut, res.CannotHold)
 	if f.untrusted {
 		_, err = fmt.Fprintf(a.errOut, "hactl: warning: an untrusted domain key cannot mark group keys CKA_WRAP_WITH_TRUSTED: a user on a member can wrap them under a key of its own; domain --check reports it (exit 3) until it is replaced with a trusted one\n")
 	}

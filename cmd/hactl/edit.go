@@ -17,12 +17,20 @@ type editResult struct {
 	// "not running", or why it was not told.
 	Agent        string   `json:"agent"`
 	AgentChanges []string `json:"agentChanges,omitempty"`
+	// CannotHold lists the kinds of key a member added could not hold.
+	CannotHold []holdLine `json:"cannotHold,omitempty"`
 }
 
 // edit changes the config under its lock (atomically; nothing is written
 // when fn or validation fails), then tells a running agent to reload.
 // fn returns a one-line description of the change.
 func (a *app) edit(ctx context.Context, jsonOut bool, fn func(c *config.Config) (string, error)) error {
+	return a.editNoting(ctx, jsonOut, nil, fn)
+}
+
+// editNoting is edit, reporting also the kinds of key a member could not
+// hold (warnings, or cannotHold in JSON).
+func (a *app) editNoting(ctx context.Context, jsonOut bool, holds []holdLine, fn func(c *config.Config) (string, error)) error {
 	path := a.configPath()
 	// The agent to tell is the one running now, at the socket the file
 	// names before the edit (which may change it).
@@ -36,12 +44,13 @@ func (a *app) edit(ctx context.Context, jsonOut bool, fn func(c *config.Config) 
 	if err != nil {
 		return err
 	}
-	res := editResult{SchemaVersion: agent.SchemaVersion, Config: path, Change: change}
+	res := editResult{SchemaVersion: agent.SchemaVersion, Config: path, Change: change, CannotHold: holds}
 	a.tellAgent(ctx, sock, &res)
 	if jsonOut {
 		return a.printJSON(res)
 	}
 	fmt.Fprintln(a.out, change)
+	printCannotHold(a.errOut, holds)
 	switch res.Agent {
 	case "reloaded":
 		fmt.Fprintln(a.out, "haagent reloaded")

@@ -43,7 +43,14 @@ func newAddMemberCmd(a *app) *cobra.Command {
 		Short: "Add a member token to an HA group",
 		Long: `Add a member to an HA group. The token is opened (and logged into when a PIN
 source is given) to check it first. A running haagent reloads, catches the
-new member up with the group's objects and only then gives it work.`,
+new member up with the group's objects and only then gives it work.
+
+The check also tries which kinds of key the token can wrap and unwrap with
+CKM_AES_KEY_WRAP_PAD (with throwaway session keys), and warns of each kind
+it could not hold (--json: cannotHold): while it serves with another
+member, the group makes no key of that kind and does not offer the
+mechanisms that generate it. A token behind p11-kit 0.24 holds no private
+or secret key; SoftHSM 2.6 holds no EdDSA private key.`,
 		Example: `  hactl hagroup addmember --group signing --name hsm-b --token-label ha-b \
       --module /usr/lib/softhsm/libsofthsm2.so --pin-file /etc/hagroup/pin-b
   hactl hagroup addmember --group signing --name hsm-c --uri 'pkcs11:token=ha-c' \
@@ -68,6 +75,7 @@ new member up with the group's objects and only then gives it work.`,
 				return fmt.Errorf("group %q already has a member %q", group, m.Name)
 			}
 			ctx := cmd.Context()
+			var holds []holdLine
 			if !mf.noCheck {
 				if err := samePIN(m, g); err != nil {
 					return err
@@ -75,8 +83,11 @@ new member up with the group's objects and only then gives it work.`,
 				if err := agent.CheckToken(ctx, m, c.Settings(g), a.openSlot, a.listTokens); err != nil {
 					return err
 				}
+				if holds, err = memberCannotHold(ctx, a, m, c.Settings(g)); err != nil {
+					return err
+				}
 			}
-			return a.edit(ctx, jsonOut, func(c *config.Config) (string, error) {
+			return a.editNoting(ctx, jsonOut, holds, func(c *config.Config) (string, error) {
 				g, err := groupOf(c, group, a.configPath())
 				if err != nil {
 					return "", err

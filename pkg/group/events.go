@@ -58,10 +58,15 @@ const (
 	// MechanismMissing: a member's token lacks a mechanism the group
 	// needs (Err names both, and what follows); reported once per change.
 	MechanismMissing EventKind = "mechanism_missing"
-	// ReplicationSkipped: an object was not replicated to a member that
-	// cannot take it (it lacks a mechanism); the member stays in service
-	// and counts the object as out of sync.
-	ReplicationSkipped EventKind = "replication_skipped"
+	// CreationRefused: a creation was refused, before anything was
+	// written, because a serving member cannot hold a key of that kind
+	// (Err names the member, the kind and why; see capability.go).
+	CreationRefused EventKind = "creation_refused"
+	// KeysUnholdable: a member's token offers the wrap mechanism but
+	// refused to wrap or unwrap trial keys of some kinds (Err names them
+	// and the token's answer): while it serves with another member the
+	// group makes no key of those kinds. Reported once per change.
+	KeysUnholdable EventKind = "keys_unholdable"
 	// DomainKeyWeak: a member's domain key could be made to decrypt what it
 	// wraps (Err, a *replica.WeakDomainKeyError, names the key and each
 	// attribute at fault); nothing is replicated to or from the member

@@ -81,12 +81,13 @@
 // Private and secret keys travel between members wrapped with
 // CKM_AES_KEY_WRAP_PAD. A member whose token does not offer it (one served
 // by p11-kit 0.24, whose RPC cannot carry it) is reported once
-// (MechanismMissing) and stays in service: such keys are made on the first
-// active member that can wrap them (the primary when none can), are not
-// sent to it (ReplicationSkipped; Unreplicated counts them), its health is
-// not charged for it, and a search by template avoids it while another
-// member serves. Key generation through the group then succeeds, with the
-// member reported out of sync for the key — never silently.
+// (MechanismMissing) and stays in service, its health not charged for it;
+// but an object made through the group must be on every serving member
+// (Luna's promise), so while it serves with another member a creation of a
+// private or secret key fails cleanly (CreationRefused; nothing is made)
+// and the mechanisms that generate them are not offered. The same holds
+// for a key type a member's token will not wrap (SoftHSM 2.6: EdDSA), as
+// probed when it joins (capability.go).
 //
 // The engine never logs: it reports what happens through Options.Events.
 // Every exported method is safe for concurrent use.
@@ -156,7 +157,7 @@ type Group struct {
 	retiring memberSet                 // indexes of removed members still draining; guarded by memberMu
 	epochs   atomic.Uint64             // epoch source shared by every member
 	width    atomic.Int64              // 1 + the highest member index in use
-	limited  sync.Map                  // member name → struct{}: missing mechanisms reported
+	caps     sync.Map                  // member name → replica.WrapCapability (capability.go)
 	model    atomic.Pointer[[2]string] // token manufacturer and model last reported (tokenModel)
 
 	events     EventSink

@@ -26,7 +26,7 @@ import (
 
 // poolSize tokens are made for the package; the last three (from
 // exampleFirstToken) are left to Example, which names them by label.
-const poolSize = 290
+const poolSize = 300
 
 func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, poolSize)) }
 

@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -163,7 +164,8 @@ func minCount(a, b uint) uint {
 // Mechanisms returns the mechanisms every serving member supports (a
 // mechanism only some members have would fail after a failover), in the
 // order the primary lists them: applications pick "the first mechanism
-// that does X" as they would on the member token.
+// that does X" as they would on the member token. A mechanism that
+// generates keys some serving member cannot hold is left out (offered).
 func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
 	if err := g.gate.enter(); err != nil {
 		return nil, err
@@ -186,16 +188,21 @@ func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
 		l := lists[m.Index()]
 		out = slices.DeleteFunc(out, func(x uint) bool { return !slices.Contains(l, x) })
 	}
-	return out, nil
+	return slices.DeleteFunc(out, func(x uint) bool { return !g.offered(x) }), nil
 }
 
 // MechanismInfo returns what every serving member can do with mech: the
-// flags all of them have and the key size range all of them accept.
+// flags all of them have and the key size range all of them accept. A
+// mechanism Mechanisms leaves out answers CKR_MECHANISM_INVALID.
 func (g *Group) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
 	if err := g.gate.enter(); err != nil {
 		return pkcs11.MechanismInfo{}, err
 	}
 	defer g.gate.leave()
+	if !g.offered(mech) {
+		return pkcs11.MechanismInfo{}, &Error{Code: pkcs11.CKR_MECHANISM_INVALID, Op: "MechanismInfo",
+			msg: fmt.Sprintf("mechanism 0x%x generates keys a serving member cannot hold", mech)}
+	}
 	infos := make([]pkcs11.MechanismInfo, MaxMembers)
 	errs := make([]error, MaxMembers)
 	answered := g.each(ctx, func(m *member.Member) error {

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -49,6 +48,8 @@ type intent struct {
 	token         bool
 	unextractable bool
 	explicitID    bool // the application named the object (CKA_ID or CKA_LABEL)
+	genMech       uint // the generation mechanism, for GenerateKey and GenerateKeyPair (kindOf)
+	copied        bool // a copy of the one input (kindOf)
 }
 
 func attrIndex(tmpl []*pkcs11.Attribute, t uint) int {
@@ -169,6 +170,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		// CKA_CLASS) may be a key that travels wrapped.
 		wrapped = wrapped || !in.classKnown || wrappedClass(in.class)
 	}
+	if err := g.checkHold(op, ins, inputs); err != nil {
+		return nil, err
+	}
 	session := false
 	for _, in := range ins {
 		session = session || !in.token
@@ -258,6 +262,10 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		vs[i] = o
 	}
 	if err := g.replicate(ctx, s, p, ms, vs); err != nil {
+		var rs Refusals
+		if errors.As(err, &rs) {
+			err = g.refuse(op, rs)
+		}
 		// The primary cannot export what it made (say, a key type its
 		// token will not wrap): the object cannot be highly available, so
 		// it is not made at all.
@@ -378,10 +386,9 @@ type slotOps interface {
 // itself refuses to export an object (a request error on the primary's
 // side, such as CKR_KEY_NOT_WRAPPABLE), no member can ever get it: every
 // copy made is taken back, no member is failed, and the error is returned.
-// A private or secret key is not sent where it cannot be wrapped or
-// unwrapped (p or the target lacks MechWrapPad): the target keeps serving,
-// is told the object is absent, and the miss is reported
-// (ReplicationSkipped) and counted (Unreplicated).
+// A target that cannot hold an object (capability.go; one that joined
+// after createOn's check) or refuses its copy as a request makes nothing
+// stay anywhere: every copy is taken back and a Refusals error returned.
 func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vobject) error {
 	var targets []*member.Member
 	for _, m := range g.serving() {
@@ -391,6 +398,9 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	}
 	if len(targets) == 0 {
 		return nil
+	}
+	if rs := g.targetsCannotHold(p, targets, ms); rs != nil {
+		return rs
 	}
 	// Physical sessions for session objects are opened here, under s.mu,
 	// before the goroutines start.
@@ -414,19 +424,14 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		made[j] = m.h
 	}
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
-	skipped := make([][]bool, len(targets))
 	failedAt := make([]int, len(targets))
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		copies[i] = make([]pkcs11.ObjectHandle, len(ms))
-		skipped[i] = make([]bool, len(ms))
 		if errs[i] != nil {
 			continue
 		}
-		for j := range ms {
-			skipped[i][j] = wrappedClass(ms[j].obj.Class) && !canWrap(p, t)
-		}
-		wg.Go(func() { failedAt[i], errs[i] = g.copyTo(ctx, t, dsts[i], p.Slot(), made, copies[i], skipped[i]) })
+		wg.Go(func() { failedAt[i], errs[i] = g.copyTo(ctx, t, dsts[i], p.Slot(), made, copies[i]) })
 	}
 	wg.Wait()
 	takeBack := func(i int) {
@@ -446,6 +451,13 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			return err
 		}
 	}
+	// So does a target's refusal: the object cannot be on every member.
+	if rs := targetsRefused(targets, errs, ms, failedAt); rs != nil {
+		for k := range targets {
+			takeBack(k)
+		}
+		return rs
+	}
 	// The primary died under the copies and no other member got the
 	// object whole: nobody serving holds it, so it is not made as far as
 	// the caller can tell (CKR_DEVICE_ERROR; the object may remain on the
@@ -456,7 +468,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		switch {
 		case errs[i] != nil && sourceUnwell(errs[i], p) && sourceErr == nil:
 			sourceErr = errs[i]
-		case errs[i] == nil && !slices.Contains(skipped[i], true) && holder < 0:
+		case errs[i] == nil && holder < 0:
 			holder = i
 		}
 	}
@@ -471,7 +483,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			if errs[i] == nil || !sourceUnwell(errs[i], p) {
 				continue
 			}
-			failedAt[i], errs[i] = g.copyTo(ctx, targets[i], dsts[i], h.Slot(), copies[holder], copies[i], skipped[i])
+			failedAt[i], errs[i] = g.copyTo(ctx, targets[i], dsts[i], h.Slot(), copies[holder], copies[i])
 		}
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 	}
@@ -482,7 +494,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 		return fmt.Errorf("the primary failed before another member held a copy: %w", sourceErr)
 	}
-	if err := unservedCopy(targets, errs, skipped); err != nil {
+	if err := unservedCopy(targets, errs); err != nil {
 		// The rule (attempt.go): an ambiguous answer fails a target only
 		// once another member served the same copy. None did: the
 		// request's fault; nobody is failed and nothing is made.
@@ -512,20 +524,6 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			continue
 		}
 		for j, m := range ms {
-			if skipped[i][j] {
-				vs[j].setAbsent(t.Index(), t.Epoch())
-				if m.obj.Token {
-					g.noteSkipped(t, m.obj.Identity)
-				}
-				lacking := t
-				if p.Lacks(MechWrapPad) {
-					lacking = p
-				}
-				g.emit(Event{Kind: ReplicationSkipped, Member: t.Name(), Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint,
-					Err: fmt.Errorf("not replicated to member %s: member %s lacks %s; %s stays in service and counts the object as out of sync",
-						t.Name(), lacking.Name(), MechWrapPad, t.Name())})
-				continue
-			}
 			if m.obj.Token {
 				vs[j].set(t.Index(), t.Epoch(), copies[i][j])
 			} else {
@@ -539,7 +537,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 }
 
 // copyTo copies the objects at hs on src to target t (dst), into copies,
-// but none that is skipped or copied already. One target's objects go one
+// but none copied already. One target's objects go one
 // after the other (one physical session takes one call at a time, and
 // pkg/replica makes one copy into a token at a time anyway), in the order
 // made — the public half of a key pair first — and none after a failure:
@@ -551,9 +549,9 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 // overlaps another on the token) gets one more try; a failed copy leaves
 // nothing behind, and a second try finds a copy the first one made after
 // all. It returns the index of the object that failed and its error.
-func (g *Group) copyTo(ctx context.Context, t *member.Member, dst replica.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle, skipped []bool) (int, error) {
+func (g *Group) copyTo(ctx context.Context, t *member.Member, dst replica.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle) (int, error) {
 	for j, h := range hs {
-		for again := false; copies[j] == 0 && !skipped[j]; again = true {
+		for again := false; copies[j] == 0; again = true {
 			start := t.Begin()
 			c, err := g.rep.Replicate(ctx, src, h, dst)
 			t.End(start, err)
@@ -568,11 +566,11 @@ func (g *Group) copyTo(ctx context.Context, t *member.Member, dst replica.Target
 
 // unservedCopy returns a target's ambiguous error when no target took the
 // copy and every target that failed answered ambiguously.
-func unservedCopy(targets []*member.Member, errs []error, skipped [][]bool) error {
+func unservedCopy(targets []*member.Member, errs []error) error {
 	var amb error
 	for i := range targets {
 		switch {
-		case errs[i] == nil && slices.Contains(skipped[i], false):
+		case errs[i] == nil:
 			return nil // served
 		case errs[i] != nil && !slot.Ambiguous(errs[i]):
 			return nil
@@ -669,7 +667,16 @@ func (s *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (O
 
 // GenerateKey generates a secret key on the primary and replicates it.
 func (s *Session) GenerateKey(ctx context.Context, mech *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
-	return s.createOne(ctx, "GenerateKey", tmpl, pkcs11.CKO_SECRET_KEY, nil, func(ctx context.Context, t slotOps, in intent, _ []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+	id, err := randomID()
+	if err != nil {
+		return 0, err
+	}
+	in, err := s.intent(ctx, "GenerateKey", tmpl, pkcs11.CKO_SECRET_KEY, id, nil)
+	if err != nil {
+		return 0, err
+	}
+	in.genMech = mechType(mech)
+	return s.createIntent(ctx, "GenerateKey", in, nil, func(ctx context.Context, t slotOps, in intent, _ []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 		return t.GenerateKey(ctx, mech, in.tmpl)
 	})
 }
@@ -704,6 +711,7 @@ func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, p
 		pin.tmpl = setAttr(pin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 		prin.tmpl = setAttr(prin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 	}
+	pin.genMech, prin.genMech = mechType(mech), mechType(mech)
 	hs, err := s.createOn(ctx, op, []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		a, b, err := t.GenerateKeyPair(ctx, mech, pin.tmpl, prin.tmpl)
 		return []pkcs11.ObjectHandle{a, b}, err
@@ -738,6 +746,7 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 		in.class, in.classKnown = class, true
 	}
 	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
+	in.copied = true
 	return s.createIntent(ctx, "CopyObject", in, []*vobject{src}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 		return t.CopyObject(ctx, hs[0], in.tmpl)
 	})

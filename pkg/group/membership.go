@@ -26,10 +26,9 @@ const MaxMembers = 64
 // MechWrapPad names CKM_AES_KEY_WRAP_PAD, the mechanism private and secret
 // keys travel under between members (see pkg/replica). A member whose token
 // does not offer it (one served by p11-kit 0.24, whose RPC cannot carry
-// it, for one) stays in service for everything else: keys that would have
-// to be wrapped to or from it are not replicated there, each such miss is
-// reported (ReplicationSkipped) and counted as out of sync, and its
-// health is not charged for what cannot work.
+// it, for one) stays in service for everything else; while it serves with
+// another member, no private or secret key is made through the group
+// (capability.go), and its health is not charged for what cannot work.
 const MechWrapPad = "CKM_AES_KEY_WRAP_PAD"
 
 // roster is the membership at one moment. It is never changed once
@@ -376,7 +375,8 @@ func (g *Group) dropLostSessions() {
 
 // checkMechanisms reads the mechanisms of m's token and records (and
 // reports once, with a MechanismMissing event) those the group needs that
-// it lacks. The member's health is charged if the call fails.
+// it lacks, then probes which kinds of key it can hold (capability.go).
+// The member's health is charged if a call fails.
 func (g *Group) checkMechanisms(ctx context.Context, m *member.Member) error {
 	var mechs []uint
 	if _, err := g.call(ctx, m, func() (err error) {
@@ -391,15 +391,13 @@ func (g *Group) checkMechanisms(ctx context.Context, m *member.Member) error {
 	}
 	if m.SetMissingMechanisms(missing) && len(missing) > 0 {
 		g.emit(Event{Kind: MechanismMissing, Member: m.Name(), Err: fmt.Errorf(
-			"member %s does not offer %s (0x%x; a p11-kit 0.24 RPC cannot carry it): private and secret keys cannot be replicated to or from it; it stays in service, and each such key it lacks is reported (%s) and counted out of sync",
-			m.Name(), MechWrapPad, uint(pkcs11.CKM_AES_KEY_WRAP_PAD), ReplicationSkipped)})
+			"member %s does not offer %s (0x%x; a p11-kit 0.24 RPC cannot carry it): private and secret keys cannot be replicated to or from it; it stays in service, and while it serves with another member the group makes no private or secret key (%s) and does not offer the mechanisms that generate them",
+			m.Name(), MechWrapPad, uint(pkcs11.CKM_AES_KEY_WRAP_PAD), CreationRefused)})
+	}
+	if err := g.probeCapability(ctx, m, mechs); err != nil {
+		return fmt.Errorf("probe what it can wrap: %w", err)
 	}
 	return nil
-}
-
-// canWrap reports whether a wrapped object can travel from src to dst.
-func canWrap(src, dst *member.Member) bool {
-	return !src.Lacks(MechWrapPad) && !dst.Lacks(MechWrapPad)
 }
 
 // wrappedClass reports whether objects of class travel wrapped under the
@@ -419,17 +417,6 @@ type Unreplicated struct {
 }
 
 type skippedObject = Unreplicated
-
-func (g *Group) noteSkipped(m *member.Member, id replica.Identity) {
-	g.skipMu.Lock()
-	defer g.skipMu.Unlock()
-	byID := g.skipped[m.Name()]
-	if byID == nil {
-		byID = map[string]skippedObject{}
-		g.skipped[m.Name()] = byID
-	}
-	byID[id.Key()] = skippedObject{Object: id, Time: time.Now()}
-}
 
 // forgetSkipped drops id from every member's list (it was destroyed).
 func (g *Group) forgetSkipped(id replica.Identity) {

@@ -484,9 +484,9 @@ func ulong(b []byte) uint {
 // member (with failover; a member lacking MechWrapPad, which lacks the
 // keys it could not be sent, only when no other serves) and the results
 // mapped to the other members lazily, when first used there. When no
-// serving member has MechWrapPad, the private and secret keys made
-// through the group live on their creators only: every serving member is
-// searched and the results joined. An empty template ("find all") lists every
+// serving member has MechWrapPad, private and secret keys (which the group
+// then makes none of: capability.go) live only where they were put: every
+// serving member is searched and the results joined. An empty template ("find all") lists every
 // serving member once, in parallel, and joins the listings on identity, so
 // its cost is one listing per member, not a look-up per object per member.
 // Objects whose identity is shared by different key material are reported

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -123,7 +122,7 @@ func TestSignerEd25519AcrossFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(mechs, slot.CKMEdDSA) || !slices.Contains(mechs, slot.CKMECEdwardsKeyPairGen) {
+	if !slices.Contains(mechs, slot.CKMEdDSA) {
 		t.Skip("the members do not offer CKM_EDDSA")
 	}
 	importEd25519(t, toks, "ed")
@@ -144,35 +143,6 @@ func TestSignerEd25519AcrossFailover(t *testing.T) {
 	})
 	if _, err := signer.Decrypt(rand.Reader, []byte("x"), nil); err == nil {
 		t.Errorf("Decrypt with an Ed25519 key succeeded")
-	}
-}
-
-// A key the primary cannot export cannot be made highly available: it is
-// either made on every member or not at all, and no member is blamed.
-func TestUnreplicableKeyIsNotMade(t *testing.T) {
-	f := setup(t, setupOpts{})
-	ctx := testContext(t)
-	s := openSession(t, f.g)
-	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(slot.CKMECEdwardsKeyPairGen, nil),
-		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_EC_PARAMS, ed25519Params), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, "ed-gen")},
-		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "ed-gen")})
-	want := 2
-	if err != nil {
-		t.Logf("Ed25519 key generation through the group: %v", err)
-		if c := CodeOf(err); c != pkcs11.CKR_KEY_NOT_WRAPPABLE && c != pkcs11.CKR_MECHANISM_INVALID {
-			t.Errorf("code 0x%x, want CKR_KEY_NOT_WRAPPABLE (SoftHSM 2.6 cannot wrap EdDSA keys)", c)
-		}
-		want = 0
-	}
-	for _, tok := range f.toks {
-		if n := len(findDirect(t, openDirect(t, tok), "ed-gen")); n != want {
-			t.Errorf("%s holds %d ed-gen objects, want %d", tok.Name, n, want)
-		}
-	}
-	for _, m := range f.g.Members() {
-		if m.State != member.Active {
-			t.Errorf("%s is %v: a key the primary cannot export is not a member's fault", m.Name, m.State)
-		}
 	}
 }
 

@@ -88,14 +88,18 @@ func TestFullOutageOfServedMembers(t *testing.T) {
 
 // A member served by p11-kit 0.24 (whose RPC cannot carry
 // CKM_AES_KEY_WRAP_PAD) stays in service: it is reported once when the
-// group opens; a key pair made through the group is made on a member that
-// can wrap, its private half is not sent to the served member (reported,
-// counted out of sync, no health charge); Synchronize reports the
-// difference without failing on it, and a recovery of the member succeeds
-// without it.
+// group opens and its health is never charged. It cannot hold private or
+// secret keys, so while it serves with the others the group makes none
+// (Luna's promise: success only once the object is on every serving
+// member): a key generation answers CKR_MECHANISM_INVALID, a
+// creation_refused event names the member, and no member keeps anything.
+// A key the other members hold signs; Synchronize reports the private key
+// the member cannot take without failing on it, and a recovery of the
+// member succeeds without it.
 func TestMemberWithoutWrapMechanism(t *testing.T) {
 	srv := testhsm.Serve(t, "nowrap")
 	toks := append([]testhsm.Token{srv.Token()}, testhsm.Take(t, 2)...)
+	importEC(t, toks[1:], "wrapless")
 	r := newRig(t, rigOpts{toks: toks, plainDomain: true, manual: true})
 	ctx := testCtx(t)
 	served := toks[0].Name
@@ -112,7 +116,21 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 		t.Fatalf("primary is %s, want the served member (first in order)", r.g.Primary())
 	}
 	s := r.session()
-	genEC(t, s, "wrapless")
+	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{a(pkcs11.CKA_EC_PARAMS, p256), a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_VERIFY, true), a(pkcs11.CKA_LABEL, "made-here")},
+		[]*pkcs11.Attribute{a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_PRIVATE, true), a(pkcs11.CKA_SIGN, true), a(pkcs11.CKA_SENSITIVE, true), a(pkcs11.CKA_LABEL, "made-here")})
+	if code := group.CodeOf(err); code != pkcs11.CKR_MECHANISM_INVALID {
+		t.Fatalf("EC key generation with %s serving: %v (0x%x), want CKR_MECHANISM_INVALID", served, err, code)
+	}
+	refused := r.ev.groupEvents(group.CreationRefused, served)
+	if len(refused) != 1 || !strings.Contains(refused[0].Err.Error(), "CKM_AES_KEY_WRAP_PAD") {
+		t.Errorf("creation_refused events for %s: %v; want one naming CKM_AES_KEY_WRAP_PAD", served, refused)
+	}
+	for _, tok := range toks {
+		if n := len(findLabelled(t, direct(t, tok), "made-here")); n != 0 {
+			t.Errorf("%s holds %d objects of the refused generation, want 0", tok.Name, n)
+		}
+	}
 	signer, err := r.g.Signer(ctx, group.KeySelector{Label: "wrapless"})
 	if err != nil {
 		t.Fatal(err)
@@ -125,24 +143,10 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 	}
 	load.finish(t)
 	if st := r.state(served); st != member.Active {
-		t.Fatalf("the served member is %v after a key it cannot take was made", st)
+		t.Fatalf("the served member is %v after a refused creation and signatures", st)
 	}
-	skipped := r.ev.groupEvents(group.ReplicationSkipped, served)
-	if len(skipped) != 1 || skipped[0].Object.Class != pkcs11.CKO_PRIVATE_KEY {
-		t.Fatalf("ReplicationSkipped events for %s: %v", served, skipped)
-	}
-	if len(findLabelled(t, direct(t, toks[0]), "wrapless")) != 1 {
-		t.Error("the served member should hold the public half only")
-	}
-	for _, tok := range toks[1:] {
-		if n := len(findLabelled(t, direct(t, tok), "wrapless")); n != 2 {
-			t.Errorf("%s holds %d halves of the key pair, want 2", tok.Name, n)
-		}
-	}
-	ms := memberStatus(t, r.g.Status(), served)
-	if ms.OutOfSync != 1 || len(ms.Unreplicated) != 1 || len(ms.MissingMechanisms) != 1 {
-		t.Errorf("status of %s: out of sync %d, unreplicated %v, missing %v; want 1, 1 key, [CKM_AES_KEY_WRAP_PAD]",
-			served, ms.OutOfSync, ms.Unreplicated, ms.MissingMechanisms)
+	if ms := memberStatus(t, r.g.Status(), served); len(ms.MissingMechanisms) != 1 {
+		t.Errorf("status of %s: missing %v, want [CKM_AES_KEY_WRAP_PAD]", served, ms.MissingMechanisms)
 	}
 
 	rep, err := r.g.Synchronize(ctx, recovery.SyncOptions{Check: true})

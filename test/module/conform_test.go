@@ -25,7 +25,7 @@ func TestConformInProcess(t *testing.T) {
 	if !strings.Contains(want, "digestkey rv=0x0\n") || !strings.Contains(want, "partial round trip equal") {
 		t.Fatalf("the bare token did not run the sequence:\n%s", want)
 	}
-	sameAnswers(t, "virtual slot", want, r.conform(r.lib, groupLabel, parts...))
+	sameAnswers(t, "virtual slot", withoutEdDSAGeneration(want), r.conform(r.lib, groupLabel, parts...))
 	sameAnswers(t, "member hsm-1's own slot", want, r.conform(r.lib, r.members[1].Label, parts...))
 }
 
@@ -42,7 +42,7 @@ func TestConformServed(t *testing.T) {
 	if !strings.Contains(want, "blocks decrypt final len=0 \n") {
 		t.Fatalf("the bare token's decryption of whole blocks does not end with an empty Final:\n%s", want)
 	}
-	sameAnswers(t, "virtual slot", want, r.conform(r.lib, groupLabel, parts...))
+	sameAnswers(t, "virtual slot", withoutEdDSAGeneration(want), r.conform(r.lib, groupLabel, parts...))
 	sameAnswers(t, "served member hsm-2's own slot", want, r.conform(r.lib, r.members[2].Label, parts...))
 }
 
@@ -81,6 +81,14 @@ func TestConformInitErrors(t *testing.T) {
 			sameAnswers(t, "member hsm-1's own slot", want, r.conform(r.lib, r.members[1].Label, "initerr"))
 		})
 	}
+}
+
+// withoutEdDSAGeneration is a bare SoftHSM 2.6 token's answers less
+// CKM_EC_EDWARDS_KEY_PAIR_GEN, which a group of such members does not offer:
+// their tokens cannot wrap EdDSA private keys to replicate them
+// (docs/DESIGN.md, "Differences from the member token").
+func withoutEdDSAGeneration(out string) string {
+	return strings.Replace(out, "mech 0x1055\n", "", 1)
 }
 
 // bareToken makes a fresh SoftHSM token beside the members, with the same

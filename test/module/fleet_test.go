@@ -225,6 +225,11 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 		return m != nil, "none"
 	})
 
+	// The agent's own opening lines come first: it opens the group after
+	// it listens.
+	waitUntil("haagent's group_opened in the HA log", time.Minute, func() (bool, string) {
+		return strings.Contains(r.haLog(), `"event":"group_opened"`), r.haLog()
+	})
 	// A pkcs11-tool run while the agent runs adds no line to the HA log
 	// (it used to add client-start and per-member lines).
 	logBefore := r.haLog()

@@ -132,7 +132,7 @@ func (e *events) recoveryEvent(ev recovery.Event) {
 
 func (e *events) Event(ev group.Event) {
 	switch ev.Kind {
-	case group.ObjectReplicated, group.ObjectDestroyed, group.ReplicationFailed, group.ReplicationSkipped:
+	case group.ObjectReplicated, group.ObjectDestroyed, group.ReplicationFailed:
 		e.objectEvent(ev)
 	}
 	switch ev.Kind {
