@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -111,18 +112,9 @@ func (l *library) add(id uint, t token) {
 // memberSpec is how a member's token is opened (no PIN: the application
 // logs in).
 func memberSpec(m config.Member, set config.Settings) slot.Spec {
-	return slot.Spec{
-		Name:           m.Name,
-		Module:         m.Module,
-		ModuleEnv:      m.ModuleEnv,
-		TokenLabel:     m.TokenLabel,
-		TokenSerial:    m.TokenSerial,
-		URI:            m.URI,
-		ServerUID:      m.ExpectedServerUID(),
-		CommandTimeout: set.CommandTimeout,
-		KeygenTimeout:  set.KeygenTimeout,
-		SpinHandoff:    true, // the callers are the application's threads
-	}
+	spec := member.SlotSpec(m, set)
+	spec.SpinHandoff = true // the callers are the application's threads
+	return spec
 }
 
 // Slot IDs are stable across processes and configuration edits that do
