@@ -18,7 +18,7 @@ import (
 // virtual is one HA group as a slot: the engine (pkg/group) with its
 // recovery (pkg/ha) running in the application's process.
 type virtual struct {
-	g *ha.Group
+	g *group.Group
 	// lost counts the group_down events in activeBasic: every session and
 	// the login were lost then, and the library drops what it keeps of them
 	// (sessionLoser).
@@ -95,14 +95,14 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			log.event(gc.Label, "", "tombstones_in_memory", terr.Error())
 		}
 		groups = append(groups, g)
-		v.g = g
-		v.basicNow = func() bool { return g.Settings().RecoveryMode == config.RecoveryActiveBasic }
+		v.g = g.Engine()
+		v.basicNow = func() bool { return v.g.Settings().RecoveryMode == config.RecoveryActiveBasic }
 		out = append(out, v)
 	}
 	// Per-member counters for the application, when it asks (stats.go).
 	sources := make([]statsSource, len(groups))
 	for i, g := range groups {
-		sources[i] = g
+		sources[i] = g.Engine()
 	}
 	stats, err := startStats(os.Getenv, sources)
 	if err != nil {
@@ -158,7 +158,7 @@ func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &virtualSession{g: v.g.Group, s: s}, nil
+	return &virtualSession{g: v.g, s: s}, nil
 }
 
 func (v *virtual) Close() error { return nil } // the groups close in openGroups' closer
