@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
 )
 
 var (
@@ -36,18 +38,30 @@ func TestInitCost(t *testing.T) {
 		name string
 		r    *rig
 		env  []string
+		lib  string // "": the library under test
+		slot string // "": the virtual slot
 	}
+	// The same figures on SoftHSM alone, on the first member's token.
+	bare := config{"softhsm-alone", local, nil, local.members[0].Module, softSlot(t, local, local.members[0].Label)}
 	for _, c := range []config{
-		{"1-inprocess", local, []string{"HAGROUP_CONF=" + one}},
-		{"3-inprocess", local, nil},
-		{"3-served", served, nil},
+		bare,
+		{name: "1-inprocess", r: local, env: []string{"HAGROUP_CONF=" + one}},
+		{name: "3-inprocess", r: local},
+		{name: "3-served", r: served},
 	} {
-		for _, lib := range libs {
-			path := c.r.lib
-			if lib.path != "" {
+		turns := libs
+		if c.lib != "" {
+			turns = libs[:1]
+		}
+		for _, lib := range turns {
+			path, slot := c.r.lib, virtualSlot
+			switch {
+			case c.lib != "":
+				path, slot, lib.name = c.lib, c.slot, "softhsm"
+			case lib.path != "":
 				path = lib.path
 			}
-			out, err := c.r.run(5*time.Minute, c.env, prog, path, virtualSlot, c.r.pinFile, fmt.Sprint(*initCostN))
+			out, err := c.r.run(5*time.Minute, c.env, prog, path, slot, c.r.pinFile, fmt.Sprint(*initCostN))
 			if err != nil {
 				t.Fatalf("%s, %s library: initcost: %v\n%s", c.name, lib.name, err, out)
 			}
@@ -56,4 +70,16 @@ func TestInitCost(t *testing.T) {
 			}
 		}
 	}
+}
+
+// softSlot returns SoftHSM's slot ID of the token labelled label.
+func softSlot(t *testing.T, r *rig, label string) string {
+	t.Helper()
+	for _, s := range parseSlots(r.mustRun(time.Minute, "pkcs11-tool", "--module", testhsm.SoftHSMModule, "-L")) {
+		if s.Label == label {
+			return s.ID
+		}
+	}
+	t.Fatalf("SoftHSM lists no token %s", label)
+	return ""
 }
