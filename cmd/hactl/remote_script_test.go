@@ -71,10 +71,10 @@ func grpkey(args []string) error {
 		return err
 	}
 	defer g.Close()
-	if err := g.LoginConfigured(ctx); err != nil {
+	if err := g.Engine().LoginConfigured(ctx); err != nil {
 		return err
 	}
-	s, err := g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	s, err := g.Engine().OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 	if err != nil {
 		return err
 	}

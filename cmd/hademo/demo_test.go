@@ -191,22 +191,3 @@ func testPIN(t *testing.T, path string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
-
-func TestRateTicks(t *testing.T) {
-	for _, tc := range []struct {
-		hi   float64
-		want string
-	}{
-		{2432, "0 500 1000 1500 2000"},
-		{9000, "0 2000 4000 6000 8000"},
-		{160, "0 50 100 150"},
-	} {
-		var got []string
-		for _, tk := range (rateTicks{}).Ticks(0, tc.hi) {
-			got = append(got, tk.Label)
-		}
-		if s := strings.Join(got, " "); s != tc.want {
-			t.Errorf("ticks of 0..%v = %q, want %q", tc.hi, s, tc.want)
-		}
-	}
-}

@@ -18,7 +18,7 @@ import (
 // recovery (pkg/ha) running in the application's process. The engine keeps
 // the login and the sessions, and what an outage does to them.
 type virtual struct {
-	g *ha.Group
+	g *group.Group
 }
 
 // openGroups starts every configured group with ha.Open: the engine, the
@@ -58,12 +58,12 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			log.event(gc.Label, "", "tombstones_in_memory", terr.Error())
 		}
 		groups = append(groups, g)
-		out = append(out, &virtual{g: g})
+		out = append(out, &virtual{g: g.Engine()})
 	}
 	// Per-member counters for the application, when it asks (stats.go).
 	sources := make([]statsSource, len(groups))
 	for i, g := range groups {
-		sources[i] = g
+		sources[i] = g.Engine()
 	}
 	stats, err := startStats(os.Getenv, sources)
 	if err != nil {

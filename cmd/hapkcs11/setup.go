@@ -5,16 +5,16 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
-	"sync"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
 // newLibrary reads the configuration and builds the slot list: every group
 // as a virtual slot, then (unless the group says only = true) every
-// member's own token.
+// member's own token, opened when it is first used (lazyPhysical).
 func newLibrary() (*library, error) {
 	path := config.ResolvePath("")
 	cfg, err := config.Load(path)
@@ -46,52 +46,22 @@ func newLibrary() (*library, error) {
 	for i, g := range cfg.Groups {
 		l.add(ids.take(virtualSlotID(g.Serial)), virt[i])
 	}
-
-	// Members' own tokens, opened in parallel: one that is down costs one
-	// command timeout at most, not one per member.
-	type job struct {
-		group, member string
-		spec          slot.Spec
-		tok           *physical
-	}
-	var jobs []*job
-	for gi := range cfg.Groups {
-		g := &cfg.Groups[gi]
+	for i := range cfg.Groups {
+		g := &cfg.Groups[i]
 		set := cfg.Settings(g)
 		if set.Only {
 			continue
 		}
+		eng := virt[i].(*virtual).g
 		for _, m := range g.Members {
-			jobs = append(jobs, &job{group: g.Label, member: m.Name, spec: memberSpec(m, set)})
-		}
-	}
-	var wg sync.WaitGroup
-	for _, j := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// A panic here would not reach call()'s recover and would kill
-			// the application.
-			defer func() {
-				if r := recover(); r != nil {
-					j.tok = &physical{group: j.group, member: j.member, err: fmt.Errorf("opening member %s: panic: %v", j.member, r)}
-				}
-			}()
-			octx, ocancel := context.WithTimeout(ctx, j.spec.CommandTimeout)
-			defer ocancel()
-			j.tok = openPhysical(octx, j.group, j.spec)
-		}()
-	}
-	wg.Wait()
-	for gi, g := range cfg.Groups {
-		for _, j := range jobs {
-			if j.group != g.Label {
-				continue
+			p := &lazyPhysical{group: g.Label, member: m.Name, spec: memberSpec(m, set), log: log}
+			if gm, ok := eng.Member(m.Name); ok && gm.Slot() != nil {
+				p.present = true
+			} else if ok {
+				err, _ := gm.LastError()
+				log.event(g.Label, m.Name, "member_slot_absent", fmt.Sprint(err))
 			}
-			if j.tok.err != nil {
-				log.event(g.Label, j.member, "member_slot_absent", j.tok.err.Error())
-			}
-			l.add(ids.take(physicalSlotID(cfg.Groups[gi].Serial, j.member)), j.tok)
+			l.add(ids.take(physicalSlotID(g.Serial, m.Name)), p)
 		}
 	}
 	// No start line: hactl hagroup clients lists the processes.
@@ -108,18 +78,9 @@ func (l *library) add(id uint, t token) {
 // memberSpec is how a member's token is opened (no PIN: the application
 // logs in).
 func memberSpec(m config.Member, set config.Settings) slot.Spec {
-	return slot.Spec{
-		Name:           m.Name,
-		Module:         m.Module,
-		ModuleEnv:      m.ModuleEnv,
-		TokenLabel:     m.TokenLabel,
-		TokenSerial:    m.TokenSerial,
-		URI:            m.URI,
-		ServerUID:      m.ExpectedServerUID(),
-		CommandTimeout: set.CommandTimeout,
-		KeygenTimeout:  set.KeygenTimeout,
-		SpinHandoff:    true, // the callers are the application's threads
-	}
+	spec := member.SlotSpec(m, set)
+	spec.SpinHandoff = true // the callers are the application's threads
+	return spec
 }
 
 // Slot IDs are stable across processes and configuration edits that do

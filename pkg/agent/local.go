@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 )
@@ -44,18 +45,9 @@ func TokenSelector(m config.Member) string {
 // MemberSpec builds the slot.Spec of a member with the given PIN (empty:
 // Open does not log in).
 func MemberSpec(m config.Member, s config.Settings, pin secret.PIN) slot.Spec {
-	return slot.Spec{
-		Name:           m.Name,
-		Module:         m.Module,
-		ModuleEnv:      m.ModuleEnv,
-		TokenLabel:     m.TokenLabel,
-		TokenSerial:    m.TokenSerial,
-		URI:            m.URI,
-		ServerUID:      m.ExpectedServerUID(),
-		PIN:            pin,
-		CommandTimeout: s.CommandTimeout,
-		KeygenTimeout:  s.KeygenTimeout,
-	}
+	spec := member.SlotSpec(m, s)
+	spec.PIN = pin
+	return spec
 }
 
 // ConfigReport lists the configured groups (or one, when group is set)

@@ -332,20 +332,11 @@ func checkMemberConfig(m config.Member) error {
 
 // spec is the slot.Spec of member m under the group's settings.
 func (g *Group) spec(m config.Member) slot.Spec {
-	return slot.Spec{
-		Name:           m.Name,
-		Module:         m.Module,
-		ModuleEnv:      m.ModuleEnv,
-		TokenLabel:     m.TokenLabel,
-		TokenSerial:    m.TokenSerial,
-		URI:            m.URI,
-		ServerUID:      m.ExpectedServerUID(),
-		CommandTimeout: g.settings.CommandTimeout,
-		KeygenTimeout:  g.settings.KeygenTimeout,
-		MaxSessions:    g.opts.MaxSessions,
-		Interceptor:    g.opts.Interceptor,
-		SpinHandoff:    g.opts.SpinHandoff,
-	}
+	spec := member.SlotSpec(m, g.settings)
+	spec.MaxSessions = g.opts.MaxSessions
+	spec.Interceptor = g.opts.Interceptor
+	spec.SpinHandoff = g.opts.SpinHandoff
+	return spec
 }
 
 func (g *Group) memberConfig(cm config.Member, index int) member.Config {

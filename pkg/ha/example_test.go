@@ -26,7 +26,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer g.Close()
-	if err := g.LoginConfigured(ctx); err != nil { // members' own PIN files
+	if err := g.Engine().LoginConfigured(ctx); err != nil { // members' own PIN files
 		log.Fatal(err)
 	}
 

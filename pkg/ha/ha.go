@@ -19,8 +19,11 @@
 // the engine's primitives (AddMember leaves a member recovering; Admit
 // catches it up and activates it under the write barrier).
 //
-// *Group embeds *group.Group: every engine operation (sessions, signing,
-// key management, the crypto.Signer) is used on it directly.
+// *Group holds its engine rather than embedding it, so that a
+// membership change cannot reach the engine's primitive by accident (the
+// engine's AddMember leaves a member recovering without catching it up):
+// membership goes through *Group's methods, every other engine operation
+// (sessions, login, signing, key management) through Engine.
 package ha
 
 import (
@@ -77,7 +80,7 @@ type Options struct {
 
 // Group is an open HA group with its recovery. Safe for concurrent use.
 type Group struct {
-	*group.Group
+	g       *group.Group
 	rec     *recovery.Recoverer
 	journal *tombstone.Journal // nil: tombstones in memory
 	tombErr error              // why the journal could not be opened
@@ -155,7 +158,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		h.closeJournal()
 		return nil, err
 	}
-	h.Group = gr
+	h.g = gr
 	rec, err := recovery.New(recovery.Options{
 		Engine:         gr,
 		StateDir:       stateDir,
@@ -184,6 +187,13 @@ func cloneGroup(g config.Group) config.Group {
 	return g
 }
 
+// Engine returns the group's engine, for sessions, login, key operations
+// and the members' figures. Change membership through h (AddMember,
+// RemoveMember, SetStandby, Update), which catches a member up before it
+// takes work; the engine's methods of those names are the primitives h
+// sequences.
+func (h *Group) Engine() *group.Group { return h.g }
+
 // TombstoneError says why the tombstone journal could not be opened in
 // the state directory (tombstones are then kept in memory); nil when it
 // was, or when no state directory was given.
@@ -195,8 +205,8 @@ func (h *Group) Recoverer() *recovery.Recoverer { return h.rec }
 // Recover recovers member name now: a failed member, including one whose
 // automatic attempts ran out (see recovery.Recoverer.Recover).
 func (h *Group) Recover(ctx context.Context, name string) (recovery.Result, error) {
-	if _, ok := h.Member(name); !ok {
-		return recovery.Result{Member: name, Manual: true}, fmt.Errorf("group %s: recover member %q: %w", h.Label(), name, group.ErrUnknownMember)
+	if _, ok := h.g.Member(name); !ok {
+		return recovery.Result{Member: name, Manual: true}, fmt.Errorf("group %s: recover member %q: %w", h.g.Label(), name, group.ErrUnknownMember)
 	}
 	return h.rec.Recover(ctx, name)
 }
@@ -289,7 +299,7 @@ type MemberStatus struct {
 
 // Status returns a snapshot of the group and its members' recovery.
 func (h *Group) Status() Status {
-	gs := h.Group.Status()
+	gs := h.g.Status()
 	st := Status{
 		Label: gs.Label, Serial: gs.Serial, Policy: gs.Policy, RecoveryMode: gs.RecoveryMode,
 		LoggedIn: gs.LoggedIn, Primary: gs.Primary, Active: gs.Active, Standby: gs.Standby,
@@ -312,7 +322,7 @@ func (h *Group) Status() Status {
 			OutOfSync:     rs.OutOfSync,
 			CheckedAt:     rs.CheckedAt,
 			Conflicts:     rs.Conflicts,
-			Unreplicated:  h.Unreplicated(snap.Name),
+			Unreplicated:  h.g.Unreplicated(snap.Name),
 		}
 		if rs.LastError != nil {
 			ms.LastAttemptError = rs.LastError.Error()
@@ -325,7 +335,7 @@ func (h *Group) Status() Status {
 				ms.OutOfSync++
 			}
 		}
-		ms.OutOfSync += int(h.MissedChanges(snap.Name))
+		ms.OutOfSync += int(h.g.MissedChanges(snap.Name))
 		st.Members = append(st.Members, ms)
 	}
 	return st
@@ -346,8 +356,8 @@ func (h *Group) AddMember(ctx context.Context, mc config.Member) (recovery.Resul
 }
 
 func (h *Group) addMember(ctx context.Context, mc config.Member) (recovery.Result, error) {
-	if err := h.Group.AddMember(ctx, mc); err != nil {
-		if _, in := h.Member(mc.Name); in {
+	if err := h.g.AddMember(ctx, mc); err != nil {
+		if _, in := h.g.Member(mc.Name); in {
 			h.noteMember(mc)
 		}
 		return recovery.Result{Member: mc.Name, Manual: true, Admitted: true}, err
@@ -355,7 +365,7 @@ func (h *Group) addMember(ctx context.Context, mc config.Member) (recovery.Resul
 	h.noteMember(mc)
 	res, err := h.rec.Admit(ctx, mc.Name)
 	if err != nil {
-		return res, fmt.Errorf("group %s: member %s added but not in rotation yet (automatic recovery retries it): %w", h.Label(), mc.Name, err)
+		return res, fmt.Errorf("group %s: member %s added but not in rotation yet (automatic recovery retries it): %w", h.g.Label(), mc.Name, err)
 	}
 	return res, nil
 }
@@ -381,7 +391,7 @@ func (h *Group) RemoveMember(ctx context.Context, name string) error {
 }
 
 func (h *Group) removeMember(ctx context.Context, name string) error {
-	if err := h.Group.RemoveMember(ctx, name); err != nil {
+	if err := h.g.RemoveMember(ctx, name); err != nil {
 		return err
 	}
 	h.rec.Forget(name)
@@ -394,7 +404,7 @@ func (h *Group) removeMember(ctx context.Context, name string) error {
 func (h *Group) SetStandby(name string, standby bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.Group.SetStandby(name, standby); err != nil {
+	if err := h.g.SetStandby(name, standby); err != nil {
 		return err
 	}
 	for i := range h.cfg.Members {
@@ -425,17 +435,17 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if g.Label != h.cfg.Label || g.Serial != h.cfg.Serial {
-		return nil, fmt.Errorf("group %s: label or serial changed: %w", h.Label(), ErrReopen)
+		return nil, fmt.Errorf("group %s: label or serial changed: %w", h.g.Label(), ErrReopen)
 	}
 	old := h.set
 	fixed := old
 	fixed.Policy, fixed.RecoveryMode, fixed.Retries, fixed.Interval = s.Policy, s.RecoveryMode, s.Retries, s.Interval
 	fixed.ProbeInterval, fixed.Only = s.ProbeInterval, s.Only // not the engine's
 	if fixed != s {
-		return nil, fmt.Errorf("group %s: command_timeout, keygen_timeout, failure_threshold or tombstone_horizon changed: %w", h.Label(), ErrReopen)
+		return nil, fmt.Errorf("group %s: command_timeout, keygen_timeout, failure_threshold or tombstone_horizon changed: %w", h.g.Label(), ErrReopen)
 	}
 	if len(g.Members) == 0 {
-		return nil, fmt.Errorf("group %s: no members", h.Label())
+		return nil, fmt.Errorf("group %s: no members", h.g.Label())
 	}
 	want := map[string]config.Member{}
 	for _, m := range g.Members {
@@ -455,24 +465,24 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 	}
 	if len(stay) == 0 {
 		// Nothing running would survive: reopening loses nothing.
-		return nil, fmt.Errorf("group %s: no member is kept as it was: %w", h.Label(), ErrReopen)
+		return nil, fmt.Errorf("group %s: no member is kept as it was: %w", h.g.Label(), ErrReopen)
 	}
 	var lines []string
 	if s.Policy != old.Policy {
-		if err := h.SetPolicy(s.Policy); err != nil {
+		if err := h.g.SetPolicy(s.Policy); err != nil {
 			return lines, err
 		}
-		lines = append(lines, "policy: "+h.Group.Status().Policy)
+		lines = append(lines, "policy: "+h.g.Status().Policy)
 	}
 	if s.RecoveryMode != old.RecoveryMode {
-		if err := h.SetRecoveryMode(s.RecoveryMode); err != nil {
+		if err := h.g.SetRecoveryMode(s.RecoveryMode); err != nil {
 			return lines, err
 		}
-		lines = append(lines, "recovery_mode: "+h.RecoveryMode())
+		lines = append(lines, "recovery_mode: "+h.g.RecoveryMode())
 	}
 	if s.Retries != old.Retries || s.Interval != old.Interval {
 		if err := h.rec.Reconfigure(s.Interval, s.Retries); err != nil {
-			return lines, fmt.Errorf("group %s: %w", h.Label(), err)
+			return lines, fmt.Errorf("group %s: %w", h.g.Label(), err)
 		}
 		lines = append(lines, fmt.Sprintf("recovery: retries %d, interval %v", s.Retries, s.Interval))
 	}
@@ -482,7 +492,7 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		if om, _ := h.cfg.Member(nm.Name); om.Standby == nm.Standby {
 			continue
 		}
-		if err := h.Group.SetStandby(nm.Name, nm.Standby); err != nil {
+		if err := h.g.SetStandby(nm.Name, nm.Standby); err != nil {
 			return lines, err
 		}
 		h.noteMember(nm)
@@ -501,7 +511,7 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		}
 	}
 	for _, nm := range g.Members {
-		_, had := h.Member(nm.Name)
+		_, had := h.g.Member(nm.Name)
 		isChanged := slices.ContainsFunc(changed, func(m config.Member) bool { return m.Name == nm.Name })
 		if had && !isChanged {
 			continue
@@ -513,7 +523,7 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		res, err := h.addMember(ctx, nm)
 		switch {
 		case err != nil:
-			if _, in := h.Member(nm.Name); !in {
+			if _, in := h.g.Member(nm.Name); !in {
 				return lines, err
 			}
 			lines = append(lines, fmt.Sprintf("%s: %s (not in rotation yet: %v)", nm.Name, event, err))
@@ -532,7 +542,7 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 		order[i] = m.Name
 	}
 	if !slices.Equal(order, h.names()) {
-		if err := h.SetOrder(order); err != nil {
+		if err := h.g.SetOrder(order); err != nil {
 			return lines, err
 		}
 		lines = append(lines, "order: "+strings.Join(order, ", "))
@@ -544,7 +554,7 @@ func (h *Group) Update(ctx context.Context, g config.Group, s config.Settings) (
 // names returns the members' names in configured order.
 func (h *Group) names() []string {
 	var out []string
-	for _, m := range h.Members() {
+	for _, m := range h.g.Members() {
 		out = append(out, m.Name)
 	}
 	return out
@@ -563,7 +573,7 @@ func (h *Group) Close() error {
 	if h.unwatch != nil {
 		h.unwatch()
 	}
-	errs := []error{h.rec.Close(), h.Group.Close()}
+	errs := []error{h.rec.Close(), h.g.Close()}
 	errs = append(errs, h.closeJournal())
 	return errors.Join(errs...)
 }

@@ -126,7 +126,7 @@ func TestAddMemberCatchesUpBeforeWork(t *testing.T) {
 		t.Fatalf("the group holds %d objects, want %d", len(want), n)
 	}
 
-	signer, err := r.g.Signer(ctx, group.KeySelector{Label: "signing"})
+	signer, err := r.g.Engine().Signer(ctx, group.KeySelector{Label: "signing"})
 	if err != nil {
 		t.Fatal(err)
 	}

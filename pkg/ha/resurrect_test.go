@@ -47,13 +47,13 @@ func TestKeyDestroyedByAnotherProcessDuringAgentRecoveryStaysGone(t *testing.T) 
 			t.Fatalf("Open: %v", err)
 		}
 		t.Cleanup(func() { g.Close() })
-		if err := g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
+		if err := g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
 			t.Fatalf("Login: %v", err)
 		}
 		return g
 	}
 	agentG, appG := open(hook), open(nil)
-	s, err := appG.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	s, err := appG.Engine().OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestKeyDestroyedByAnotherProcessDuringAgentRecoveryStaysGone(t *testing.T) 
 	genEC(t, s, "kept")
 	serving, away := toks[0].Name, toks[1].Name
 	for _, g := range []*Group{agentG, appG} {
-		if err := g.FailMember(away, errors.New("test: away")); err != nil {
+		if err := g.Engine().FailMember(away, errors.New("test: away")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -71,7 +71,7 @@ func TestKeyDestroyedByAnotherProcessDuringAgentRecoveryStaysGone(t *testing.T) 
 		once.Do(func() {
 			hook.set("", "", nil)
 			for _, h := range []group.ObjectHandle{priv, pub} {
-				if err := appG.DestroyObject(ctx, h); err != nil {
+				if err := appG.Engine().DestroyObject(ctx, h); err != nil {
 					t.Errorf("destroy through the application's group: %v", err)
 				}
 			}
@@ -80,7 +80,7 @@ func TestKeyDestroyedByAnotherProcessDuringAgentRecoveryStaysGone(t *testing.T) 
 	if _, err := agentG.Recover(ctx, away); err != nil {
 		t.Fatalf("agent's recovery: %v", err)
 	}
-	if m, _ := agentG.Member(away); m.State() != member.Active {
+	if m, _ := agentG.Engine().Member(away); m.State() != member.Active {
 		t.Fatalf("%s is %v in the agent after its recovery", away, m.State())
 	}
 	for _, tok := range toks {

@@ -182,7 +182,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		t.Fatalf("Open: %v", err)
 	}
 	t.Cleanup(func() { g.Close() })
-	if err := g.Login(testCtx(t), pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
+	if err := g.Engine().Login(testCtx(t), pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
 		t.Fatalf("Login: %v", err)
 	}
 	return &rig{t: t, g: g, cfg: cfg, set: set, ev: ev}
@@ -252,7 +252,7 @@ var p256 = []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
 
 func (r *rig) session() *group.Session {
 	r.t.Helper()
-	s, err := r.g.OpenSession(testCtx(r.t), pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	s, err := r.g.Engine().OpenSession(testCtx(r.t), pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -411,7 +411,7 @@ func findLabelled(t testing.TB, s *slot.Slot, prefix string) []string {
 }
 
 func (r *rig) state(name string) member.State {
-	m, ok := r.g.Member(name)
+	m, ok := r.g.Engine().Member(name)
 	if !ok {
 		return member.Removed
 	}

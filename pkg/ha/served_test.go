@@ -67,7 +67,7 @@ func TestFullOutageOfServedMembers(t *testing.T) {
 				if err != nil {
 					t.Fatalf("the session from before the outage: %v", err)
 				}
-				if _, ok := r.g.LoggedIn(); !ok {
+				if _, ok := r.g.Engine().LoggedIn(); !ok {
 					t.Fatal("the login was lost")
 				}
 				return
@@ -76,7 +76,7 @@ func TestFullOutageOfServedMembers(t *testing.T) {
 				t.Fatalf("the session from before the outage: %v (0x%x), want CKR_SESSION_HANDLE_INVALID", err, code)
 			}
 			fresh := r.session()
-			if err := r.g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
+			if err := r.g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
 				t.Fatalf("login after the outage: %v", err)
 			}
 			if err := signOnce(ctx, fresh, key); err != nil {
@@ -112,8 +112,8 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 			t.Errorf("%d MechanismMissing events for %s, which has the mechanism", n, other.Name)
 		}
 	}
-	if r.g.Primary() != served {
-		t.Fatalf("primary is %s, want the served member (first in order)", r.g.Primary())
+	if r.g.Engine().Primary() != served {
+		t.Fatalf("primary is %s, want the served member (first in order)", r.g.Engine().Primary())
 	}
 	s := r.session()
 	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
@@ -131,7 +131,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 			t.Errorf("%s holds %d objects of the refused generation, want 0", tok.Name, n)
 		}
 	}
-	signer, err := r.g.Signer(ctx, group.KeySelector{Label: "wrapless"})
+	signer, err := r.g.Engine().Signer(ctx, group.KeySelector{Label: "wrapless"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 		t.Fatalf("the served member is %v after Synchronize", st)
 	}
 
-	if err := r.g.FailMember(served, errors.New("test")); err != nil {
+	if err := r.g.Engine().FailMember(served, errors.New("test")); err != nil {
 		t.Fatal(err)
 	}
 	res, err := r.g.Recover(ctx, served)

@@ -39,7 +39,7 @@ func TestCatchUpWindowMissesNothing(t *testing.T) {
 		}
 		handles[i] = h
 	}
-	if err := r.g.FailMember(victim, errors.New("test: taken out of rotation")); err != nil {
+	if err := r.g.Engine().FailMember(victim, errors.New("test: taken out of rotation")); err != nil {
 		t.Fatal(err)
 	}
 	if err := dataObject(ctx, s, "made-while-away"); err != nil {

@@ -1,6 +1,6 @@
 package slot_test
 
-// The contract other packages build on (COMMON.md, the original api.go): a
+// The contract other packages build on (pkg/slot's exported API): a
 // change of any of these signatures fails the build of the tests.
 
 import (

@@ -125,7 +125,7 @@ func TestHSMServeImpostorGetsNothing(t *testing.T) {
 		t.Fatalf("open the group: %v", err)
 	}
 	defer g.Close()
-	if err := g.Login(hsmserveCtx(t), pkcs11.CKU_USER, secret.PINFromString(tok.UserPIN)); err != nil {
+	if err := g.Engine().Login(hsmserveCtx(t), pkcs11.CKU_USER, secret.PINFromString(tok.UserPIN)); err != nil {
 		t.Fatalf("log in to the group with member b bound by the impostor: %v", err)
 	}
 	mu.Lock()

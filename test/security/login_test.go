@@ -170,7 +170,7 @@ func loginCalls(f *slottest.Faults, toks []testhsm.Token) int {
 }
 
 func loginState(g *ha.Group, name string) member.State {
-	for _, m := range g.Members() {
+	for _, m := range g.Engine().Members() {
 		if m.Name == name {
 			return m.State
 		}
@@ -199,7 +199,7 @@ func loginBareCode(t *testing.T, tok testhsm.Token, pin string) uint {
 func loginSign(t *testing.T, g *ha.Group) {
 	t.Helper()
 	ctx := loginCtx(t)
-	s, err := g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	s, err := g.Engine().OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestLoginWrongAppPINGoAPI(t *testing.T) {
 			for _, pin := range []string{loginWrongPIN, ""} {
 				want := loginBareCode(t, bare, pin)
 				before := loginCalls(faults, toks)
-				err := g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(pin))
+				err := g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(pin))
 				if got := group.CodeOf(err); got != want || got == pkcs11.CKR_OK {
 					t.Fatalf("Login(%q): %v (0x%x), want 0x%x as a bare token answers", pinShown(pin), err, got, want)
 				}
@@ -279,20 +279,20 @@ func TestLoginWrongAppPINGoAPI(t *testing.T) {
 			}
 
 			before := loginCalls(faults, toks)
-			if err := g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
+			if err := g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
 				t.Fatalf("Login with the right PIN: %v", err)
 			}
 			if n := loginCalls(faults, toks) - before; n != len(toks) {
 				t.Errorf("the right PIN made %d C_Login calls, want one per member (%d)", n, len(toks))
 			}
 			loginSign(t, g)
-			if err := g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); group.CodeOf(err) != pkcs11.CKR_USER_ALREADY_LOGGED_IN {
+			if err := g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); group.CodeOf(err) != pkcs11.CKR_USER_ALREADY_LOGGED_IN {
 				t.Errorf("second Login: %v, want CKR_USER_ALREADY_LOGGED_IN", err)
 			}
-			if err := g.Logout(ctx); err != nil {
+			if err := g.Engine().Logout(ctx); err != nil {
 				t.Fatalf("Logout: %v", err)
 			}
-			if err := g.Logout(ctx); group.CodeOf(err) != pkcs11.CKR_USER_NOT_LOGGED_IN {
+			if err := g.Engine().Logout(ctx); group.CodeOf(err) != pkcs11.CKR_USER_NOT_LOGGED_IN {
 				t.Errorf("second Logout: %v, want CKR_USER_NOT_LOGGED_IN", err)
 			}
 		})
@@ -322,7 +322,7 @@ func loginHealthFailureMovesCheck(t *testing.T, toks []testhsm.Token) {
 	faults := slottest.NewFaults()
 	g := loginOpen(t, loginGroupCfg(serial, toks, files), filepath.Join(dir, "state"), faults, nil)
 	faults.FailN(toks[0].Name, slot.OpLogin, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR), 1)
-	err := g.Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(loginWrongPIN))
+	err := g.Engine().Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(loginWrongPIN))
 	if group.CodeOf(err) != pkcs11.CKR_PIN_INCORRECT {
 		t.Fatalf("Login with a wrong PIN, first member down: %v, want CKR_PIN_INCORRECT", err)
 	}
@@ -365,7 +365,7 @@ func TestLoginWrongMemberPINLibrary(t *testing.T) {
 
 	faults, ev := slottest.NewFaults(), newLoginEvents()
 	g := loginOpen(t, cfg, stateDir, faults, ev)
-	if err := g.Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
+	if err := g.Engine().Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
 		t.Fatalf("Login with the right application PIN: %v", err)
 	}
 	ev.wait(t, "the member's recovery reports the PIN block", func() bool { return ev.count(recovery.PINBlocked, bad) > 0 })
@@ -391,7 +391,7 @@ func TestLoginWrongMemberPINLibrary(t *testing.T) {
 	// same configuration: the mark keeps the wrong PIN from it too.
 	faults2, ev2 := slottest.NewFaults(), newLoginEvents()
 	g2 := loginOpen(t, cfg, stateDir, faults2, ev2)
-	if err := g2.Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
+	if err := g2.Engine().Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
 		t.Fatalf("second group: Login: %v", err)
 	}
 	ev2.wait(t, "the second group's recovery sees the mark", func() bool { return ev2.count(recovery.PINBlocked, bad) > 0 })

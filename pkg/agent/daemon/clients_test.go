@@ -84,18 +84,18 @@ func TestFleetReportsReachTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	if err := g.LoginConfigured(ctx); err != nil {
+	if err := g.Engine().LoginConfigured(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 50; i++ {
-		if _, err := g.GenerateRandom(ctx, 16); err != nil {
+		if _, err := g.Engine().GenerateRandom(ctx, 16); err != nil {
 			t.Fatal(err)
 		}
 	}
 	faults.Fail("b", slot.OpGenerateRandom, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR))
 	waitFor(t, "b failed in the application", func() (bool, string) {
-		g.GenerateRandom(ctx, 16)
-		for _, m := range g.Members() {
+		g.Engine().GenerateRandom(ctx, 16)
+		for _, m := range g.Engine().Members() {
 			if m.Name == "b" {
 				return m.State == member.Failed, m.State.String()
 			}
@@ -103,7 +103,7 @@ func TestFleetReportsReachTheAgent(t *testing.T) {
 		return false, "no member b"
 	})
 	appOps := uint64(0)
-	for _, m := range g.Members() {
+	for _, m := range g.Engine().Members() {
 		appOps += m.Ops
 	}
 

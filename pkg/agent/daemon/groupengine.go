@@ -69,7 +69,7 @@ func OpenGroup(ctx context.Context, g config.Group, s config.Settings, env Env, 
 		emit(agent.Event{Group: g.Label, Event: "tombstones_unavailable", Detail: err.Error()})
 	}
 	if hasPIN(g) {
-		if err := h.LoginConfigured(ctx); err != nil {
+		if err := h.Engine().LoginConfigured(ctx); err != nil {
 			emit(agent.Event{Group: g.Label, Event: "login_failed", Detail: err.Error()})
 		}
 	}
@@ -151,7 +151,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 		if seen, ok := ge.tokens[s.Name]; ok {
 			ms.TokenLabel, ms.TokenSerial = seen.label, seen.serial
 		}
-		if m, ok := ge.h.Member(s.Name); ok && s.State.Serving() {
+		if m, ok := ge.h.Engine().Member(s.Name); ok && s.State.Serving() {
 			if sl := m.Slot(); sl != nil {
 				id := sl.SlotID()
 				ms.SlotID = &id
@@ -165,7 +165,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 // Probe implements Engine: a TokenInfo call on every serving member; a
 // health failure fails the member (and starts its recovery).
 func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
-	snaps := ge.h.Members()
+	snaps := ge.h.Engine().Members()
 	res := make([]ProbeResult, len(snaps))
 	var wg sync.WaitGroup
 	for i, s := range snaps {
@@ -173,7 +173,7 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 		if !s.State.Serving() {
 			continue
 		}
-		m, ok := ge.h.Member(s.Name)
+		m, ok := ge.h.Engine().Member(s.Name)
 		if !ok {
 			continue
 		}
@@ -201,7 +201,7 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 				ge.mu.Unlock()
 			case ctx.Err() == nil && slot.ClassOf(err) == slot.ClassHealth:
 				if ge.confirmed(s.Name, err) {
-					ge.h.FailMember(s.Name, fmt.Errorf("health probe: %w", err))
+					ge.h.Engine().FailMember(s.Name, fmt.Errorf("health probe: %w", err))
 				}
 			}
 		})
@@ -235,7 +235,7 @@ func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.Member
 	if name != "" {
 		names = []string{name}
 	} else {
-		for _, s := range ge.h.Members() {
+		for _, s := range ge.h.Engine().Members() {
 			if s.State == member.Failed || s.State == member.Recovering {
 				names = append(names, s.Name)
 			}
@@ -245,7 +245,7 @@ func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.Member
 	for _, n := range names {
 		r, err := ge.h.Recover(ctx, n)
 		mr := agent.MemberResult{Member: n, OK: err == nil}
-		if m, ok := ge.h.Member(n); ok {
+		if m, ok := ge.h.Engine().Member(n); ok {
 			mr.State = m.State().String()
 		}
 		switch {
@@ -281,7 +281,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 	ctx = bridgeProgress(ctx)
 	rep := agent.SyncReport{Group: ge.label, Checked: req.Check, Differences: []agent.Difference{}}
 	serving := 0
-	for _, s := range ge.h.Members() {
+	for _, s := range ge.h.Engine().Members() {
 		if s.State.Serving() {
 			serving++
 		}
@@ -304,7 +304,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 		notServing[name] = true
 		st := "not in service"
 		recovering := false
-		if m, ok := ge.h.Member(name); ok {
+		if m, ok := ge.h.Engine().Member(name); ok {
 			st = "member is " + m.State().String()
 			recovering = m.State() == member.Recovering
 		}
@@ -402,7 +402,7 @@ func actionKey(a replica.Action) string {
 // lackingOf names the member of a that lacks the wrap mechanism.
 func lackingOf(h *ha.Group, a replica.Action) string {
 	for _, name := range []string{a.Member, a.Source} {
-		if m, ok := h.Member(name); ok && m.Lacks(group.MechWrapPad) {
+		if m, ok := h.Engine().Member(name); ok && m.Lacks(group.MechWrapPad) {
 			return name
 		}
 	}
@@ -473,11 +473,11 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]replica.Action,
 	}
 	defer s.Close()
 	members := []replica.PlanMember{{Name: name, Slot: s}}
-	for _, sn := range ge.h.Members() {
+	for _, sn := range ge.h.Engine().Members() {
 		if !sn.State.Serving() || sn.Name == name {
 			continue
 		}
-		if m, ok := ge.h.Member(sn.Name); ok {
+		if m, ok := ge.h.Engine().Member(sn.Name); ok {
 			if sl := m.Slot(); sl != nil {
 				members = append(members, replica.PlanMember{Name: sn.Name, Slot: sl})
 			}

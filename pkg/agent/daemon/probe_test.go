@@ -42,7 +42,7 @@ func TestProbeConfirmsAnAmbiguousError(t *testing.T) {
 	defer eng.Close()
 	ge := eng.(*groupEngine)
 	state := func(name string) member.State {
-		m, ok := ge.h.Member(name)
+		m, ok := ge.h.Engine().Member(name)
 		if !ok {
 			t.Fatalf("no member %s", name)
 		}

@@ -10,15 +10,12 @@ import (
 	"bufio"
 	"flag"
 	"fmt"
-	"image/color"
 	"os"
 	"regexp"
 	"sort"
 	"strconv"
 
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
+	"github.com/hagroup/hagroup/internal/svgplot"
 )
 
 // perMember is the model HSM's ceiling: 4 calls at once, 2 ms each.
@@ -64,37 +61,23 @@ func run(in, out string) error {
 		ns = append(ns, n)
 	}
 	sort.Ints(ns)
-	var measured, ideal plotter.XYs
+	ideal := svgplot.Line{Label: "ideal: members × 2,000/s", Color: svgplot.Color{R: 0x70, G: 0x70, B: 0x70}, Dashes: []float64{4, 3}}
+	measured := svgplot.Line{Label: "measured (median)", Color: svgplot.Color{R: 0x1f, G: 0x77, B: 0xb4}, Points: true}
 	fmt.Println("members  signs/s (median)  ideal  efficiency")
 	for _, n := range ns {
 		v := median(rates[n])
-		measured = append(measured, plotter.XY{X: float64(n), Y: v})
-		ideal = append(ideal, plotter.XY{X: float64(n), Y: float64(n) * perMember})
+		measured.X, measured.Y = append(measured.X, float64(n)), append(measured.Y, v)
+		ideal.X, ideal.Y = append(ideal.X, float64(n)), append(ideal.Y, float64(n)*perMember)
 		fmt.Printf("%7d  %16.0f  %5.0f  %10.2f\n", n, v, float64(n)*perMember, v/(float64(n)*perMember))
 	}
-	p := plot.New()
-	p.Title.Text = "Sign throughput through pkg/group: members of fixed 2 ms service time, 4 calls at once"
-	p.X.Label.Text = "members"
-	p.Y.Label.Text = "signs per second"
-	p.Add(plotter.NewGrid())
-	il, err := plotter.NewLine(ideal)
-	if err != nil {
-		return err
+	c := &svgplot.Chart{
+		Title:  "Sign throughput through pkg/group: members of fixed 2 ms service time, 4 calls at once",
+		XLabel: "members",
+		YLabel: "signs per second",
+		Width:  768, Height: 432,
+		Lines: []svgplot.Line{ideal, measured},
 	}
-	il.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-	il.Color = color.RGBA{R: 0x70, G: 0x70, B: 0x70, A: 0xff}
-	ml, mp, err := plotter.NewLinePoints(measured)
-	if err != nil {
-		return err
-	}
-	ml.Color = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}
-	mp.Color = ml.Color
-	p.Add(il, ml, mp)
-	p.Legend.Add("ideal: members × 2,000/s", il)
-	p.Legend.Add("measured (median)", ml, mp)
-	p.Legend.Top, p.Legend.Left = true, true
-	p.X.Min, p.Y.Min = 0, 0
-	return p.Save(8*vg.Inch, 4.5*vg.Inch, out)
+	return c.Save(out)
 }
 
 func median(v []float64) float64 {

@@ -70,10 +70,10 @@ func run() error {
 		return err
 	}
 	defer g.Close()
-	if err := g.Login(ctx, pkcs11.CKU_USER, pin); err != nil {
+	if err := g.Engine().Login(ctx, pkcs11.CKU_USER, pin); err != nil {
 		return err
 	}
-	s, err := g.Signer(ctx, group.KeySelector{Label: *key})
+	s, err := g.Engine().Signer(ctx, group.KeySelector{Label: *key})
 	if err != nil {
 		return err
 	}
