@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -175,6 +176,14 @@ func (m *MemoryTombstones) Snapshot(context.Context) (*tombstone.Set, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return tombstone.NewSet(m.all...), nil
+}
+
+// Records returns every record kept, tombstones and revocations, for
+// tombstone.Shared to spread to the members.
+func (m *MemoryTombstones) Records(context.Context) ([]tombstone.Tombstone, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.all), nil
 }
 
 // All returns the tombstones recorded so far and not revoked, in the

@@ -132,15 +132,21 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 			stateDir = ""
 		} else {
 			h.journal = j
-			gopts.Tombstones = j
-			tombs = j
 		}
 	}
+	var local tombstone.Local = h.journal
 	if h.journal == nil {
-		mem := &group.MemoryTombstones{}
-		gopts.Tombstones = mem
-		tombs = mem
+		local = &group.MemoryTombstones{}
 	}
+	// The tombstones live on the members too, for every process on every
+	// host (DESIGN.md, "Group state on the members").
+	shared := tombstone.NewShared(local, g.Serial, tombstone.SharedOptions{
+		Horizon: s.TombstoneHorizon,
+		OnError: func(m string, err error) {
+			snk.Event(group.Event{Kind: group.TombstoneFailed, Time: time.Now(), Member: m, Err: err})
+		},
+	})
+	gopts.Tombstones, tombs = shared, shared
 	// One set of PIN marks for the engine (which consults it before every
 	// login it makes by itself) and the recoverer (before every automatic
 	// attempt), in the state directory every process on the host shares.
@@ -156,6 +162,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		return nil, err
 	}
 	h.Group = gr
+	shared.SetMembers(gr.StateSlots)
 	rec, err := recovery.New(recovery.Options{
 		Engine:         gr,
 		StateDir:       stateDir,

@@ -990,3 +990,26 @@ func readCheckpoint(r io.Reader, serial string) ([]Tombstone, error) {
 	}
 	return out, nil
 }
+
+// Records returns every record within the horizon as it stands now,
+// tombstones and revocations alike, oldest first: what Shared spreads to
+// the members (a revocation must travel with its tombstone, or a copy of
+// the tombstone alone would delete an object made again).
+func (j *Journal) Records(ctx context.Context) ([]Tombstone, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.readLocked(ctx); err != nil {
+		return nil, err
+	}
+	cutoff := j.cutoff()
+	var out []Tombstone
+	for _, r := range j.entries {
+		for _, t := range r {
+			if !t.Time.Before(cutoff) {
+				out = append(out, t)
+			}
+		}
+	}
+	sortTombstones(out)
+	return out, nil
+}
