@@ -80,7 +80,7 @@ func memberTombstones(t testing.TB, serial string, tok testhsm.Token) *tombstone
 	sh := tombstone.NewShared(&group.MemoryTombstones{}, serial, tombstone.SharedOptions{
 		OnError: func(m string, err error) { t.Errorf("member %s: %v", m, err) },
 	})
-	sh.SetMembers(func() []*slot.Slot { return []*slot.Slot{s} })
+	sh.SetMembers(func(bool) []*slot.Slot { return []*slot.Slot{s} })
 	set, err := sh.Snapshot(testCtx(t))
 	if err != nil {
 		t.Fatalf("tombstones on %s: %v", tok.Name, err)

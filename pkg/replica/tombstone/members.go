@@ -62,7 +62,7 @@ type Shared struct {
 	serial  string
 	label   string
 	opts    SharedOptions
-	members atomic.Pointer[func() []*slot.Slot]
+	members atomic.Pointer[func(recovering bool) []*slot.Slot]
 }
 
 // NewShared returns the tombstones of the group with serial groupSerial,
@@ -79,12 +79,14 @@ func NewShared(local Local, groupSerial string, opts SharedOptions) *Shared {
 }
 
 // SetMembers gives the members to keep the tombstones on: members returns
-// the slots that can be read and written now (open and logged in).
-func (s *Shared) SetMembers(members func() []*slot.Slot) { s.members.Store(&members) }
+// the slots that can be read and written now (open and logged in): the
+// serving members, and with recovering those being caught up too, which
+// Snapshot reads and repairs (pkg/group's StateSlots).
+func (s *Shared) SetMembers(members func(recovering bool) []*slot.Slot) { s.members.Store(&members) }
 
-func (s *Shared) slots() []*slot.Slot {
+func (s *Shared) slots(recovering bool) []*slot.Slot {
 	if f := s.members.Load(); f != nil {
-		return (*f)()
+		return (*f)(recovering)
 	}
 	return nil
 }
@@ -119,9 +121,10 @@ func (s *Shared) Revive(ctx context.Context, id replica.Identity, fingerprint []
 }
 
 // spread merges the local records and extra into the tombstone object of
-// every member reached, in parallel.
+// every serving member, in parallel. A member being caught up gets them
+// from its catch-up's plan (Snapshot).
 func (s *Shared) spread(ctx context.Context, extra ...Tombstone) {
-	ms := s.slots()
+	ms := s.slots(false)
 	if len(ms) == 0 {
 		return
 	}
@@ -211,7 +214,7 @@ func (s *Shared) Snapshot(ctx context.Context) (*Set, error) {
 	cutoff := s.cutoff()
 	union := newRecordSet()
 	union.addAll(newRecordSet(local...), cutoff)
-	ms := s.slots()
+	ms := s.slots(true)
 	held := make([]*memberRecords, len(ms))
 	var wg sync.WaitGroup
 	for i, m := range ms {
