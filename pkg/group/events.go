@@ -69,6 +69,11 @@ const (
 	// until an operator replaces the key (hactl hagroup domain --replace).
 	// Reported once per member and set of flaws.
 	DomainKeyWeak EventKind = "domain_key_weak"
+	// GroupStateFailed: group state on a member (a tombstone or a behind
+	// mark; see pkg/replica's StateLabel) could not be read or written
+	// (Err says which and why), or every serving member is marked behind
+	// by another (run hactl hagroup synchronize).
+	GroupStateFailed EventKind = "group_state_failed"
 )
 
 // Event is one thing that happened in a group. Fields that do not apply to

@@ -195,6 +195,8 @@ type Group struct {
 
 	objs objectTable
 
+	marks *marks // behind marks on the members (groupstate.go)
+
 	closeOnce sync.Once
 }
 
@@ -234,6 +236,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		recovering: make(map[string]bool),
 		skipped:    make(map[string]map[string]skippedObject),
 		leftAt:     make(map[string]uint64),
+		marks:      newMarks(),
 	}
 	gr.rep.OnWeakDomainKey = func(e *replica.WeakDomainKeyError) {
 		gr.emit(Event{Kind: DomainKeyWeak, Member: e.Member, Err: e})
@@ -577,7 +580,11 @@ func (g *Group) Reconnect(ctx context.Context, name string) (*slot.Slot, error) 
 		return nil, &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "Reconnect", Member: name, msg: "recovery already running"}
 	}
 	defer g.releaseRecovery(name)
-	return g.reconnect(ctx, m)
+	s, err := g.reconnect(ctx, m)
+	if err == nil {
+		g.noteMarks(ctx, m) // before the catch-up lists anything
+	}
+	return s, err
 }
 
 func (g *Group) claimRecovery(name string) bool {
@@ -729,6 +736,7 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member changed state during recovery (now " + m.State().String() + ")"}
 	}
 	g.clearSkipped(name)
+	g.clearMarks(ctx, name)
 	if !m.ConfiguredStandby() {
 		g.demoteStandbys()
 	}

@@ -1,9 +1,22 @@
 package group
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
 )
+
+// Group state on the members (DESIGN.md, "Group state on the members"):
+// the behind marks that keep a member that missed changes out of every
+// process's rotation until it is caught up. See pkg/replica's marker.go
+// for the rule.
 
 // StateSlots returns the slots of the members whose group state (see
 // pkg/replica's StateLabel) can be read and written now: serving (and,
@@ -24,4 +37,167 @@ func (g *Group) StateSlots(recovering bool) []*slot.Slot {
 		}
 	}
 	return out
+}
+
+// marks is this process's share of the behind marks.
+type marks struct {
+	writer string // names this process in the marks it leaves
+
+	mu sync.Mutex
+	// mine: missed member → member marked on → the latest mark left
+	// there; an older one is removed once a newer one stands.
+	mine map[string]map[*slot.Slot]replica.Mark
+	// read: member under recovery → the marks naming it read before its
+	// catch-up's first listing, which its activation clears.
+	read map[string][]replica.Mark
+}
+
+func newMarks() *marks {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return &marks{writer: hex.EncodeToString(b), mine: map[string]map[*slot.Slot]replica.Mark{}, read: map[string][]replica.Mark{}}
+}
+
+// markMissed runs after every object change through the group (see
+// beginWrite): each configured member out of rotation missed it, and
+// every serving member is given a mark saying so. Nothing is written
+// while every member serves. A new mark is left each time, after the
+// change, so that a catch-up that read the older one before its listing
+// and clears it cannot clear the news of this change.
+func (g *Group) markMissed(ctx context.Context) {
+	var missed []string
+	for _, m := range g.view().members {
+		if !m.State().Serving() {
+			missed = append(missed, m.Name())
+		}
+	}
+	if len(missed) == 0 {
+		return
+	}
+	targets := g.StateSlots(false)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
+	defer cancel()
+	g.marks.mu.Lock()
+	defer g.marks.mu.Unlock()
+	for _, name := range missed {
+		mine := g.marks.mine[name]
+		if mine == nil {
+			mine = map[*slot.Slot]replica.Mark{}
+			g.marks.mine[name] = mine
+		}
+		for _, s := range targets {
+			h, err := replica.WriteMark(ctx, s, g.serial, name, g.marks.writer)
+			if err != nil {
+				g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: fmt.Errorf("member %s missed a change, and %s could not be told: %w", name, s.Name(), err)})
+				continue
+			}
+			if old, ok := mine[s]; ok {
+				_ = replica.ClearMark(ctx, g.serial, old) // a leftover only costs a catch-up
+			}
+			mine[s] = replica.Mark{Member: name, Writer: g.marks.writer, On: s, Handle: h}
+		}
+	}
+}
+
+// readMarks reads the behind marks on every serving member, in parallel.
+// A member that cannot be read is reported and left out.
+func (g *Group) readMarks(ctx context.Context, recovering bool) []replica.Mark {
+	slots := g.StateSlots(recovering)
+	found := make([][]replica.Mark, len(slots))
+	var wg sync.WaitGroup
+	for i, s := range slots {
+		wg.Go(func() {
+			ks, err := replica.ReadMarks(ctx, s, g.serial)
+			if err != nil {
+				g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: err})
+				return
+			}
+			found[i] = ks
+		})
+	}
+	wg.Wait()
+	var out []replica.Mark
+	for _, ks := range found {
+		out = append(out, ks...)
+	}
+	return out
+}
+
+// admitMembers keeps out of rotation every serving member that another
+// member marks behind: it missed a change made through the group (by any
+// process, on any host) and has not been caught up since. It is failed
+// with the reason, so recovery catches it up and returns it. When every
+// serving member is marked, none is failed (each holds what another
+// lacks: the hosts were partitioned from different members) and a
+// GroupStateFailed event says to synchronize. Called once the group is
+// logged in: marks are private objects.
+func (g *Group) admitMembers(ctx context.Context) {
+	ks := g.readMarks(ctx, false)
+	if len(ks) == 0 {
+		return
+	}
+	why := map[string]replica.Mark{}
+	for _, k := range ks {
+		if k.On.Name() != k.Member {
+			why[k.Member] = k
+		}
+	}
+	var behind []*member.Member
+	current := 0
+	for _, m := range g.serving() {
+		if _, ok := why[m.Name()]; ok {
+			behind = append(behind, m)
+		} else {
+			current++
+		}
+	}
+	if len(behind) == 0 {
+		return
+	}
+	if current == 0 {
+		g.emit(Event{Kind: GroupStateFailed, Err: errors.New(
+			"every serving member is marked as having missed changes made through the group while it was away (hosts were partitioned from different members): all stay in service; run hactl hagroup synchronize to merge them")})
+		return
+	}
+	for _, m := range behind {
+		k := why[m.Name()]
+		g.failMember(m, fmt.Errorf("behind: member %s holds a mark that %s missed a change made through the group while it was away; it serves again once it is caught up", k.On.Name(), m.Name()))
+	}
+}
+
+// noteMarks reads the marks naming member m, before its catch-up lists
+// anything, for its activation to clear.
+func (g *Group) noteMarks(ctx context.Context, m *member.Member) {
+	var mine []replica.Mark
+	for _, k := range g.readMarks(ctx, true) {
+		if k.Member == m.Name() {
+			mine = append(mine, k)
+		}
+	}
+	g.marks.mu.Lock()
+	g.marks.read[m.Name()] = mine
+	g.marks.mu.Unlock()
+}
+
+// clearMarks removes, once member name is caught up and back in rotation,
+// the marks naming it that were read before its catch-up, and those this
+// process left (its changes were all in the catch-up's final pass, under
+// the write barrier). A mark left since by another process stays: that
+// change may have been missed, and the member is caught up again.
+func (g *Group) clearMarks(ctx context.Context, name string) {
+	g.marks.mu.Lock()
+	ks := g.marks.read[name]
+	delete(g.marks.read, name)
+	for _, k := range g.marks.mine[name] {
+		ks = append(ks, k)
+	}
+	delete(g.marks.mine, name)
+	g.marks.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
+	defer cancel()
+	for _, k := range ks {
+		if err := replica.ClearMark(ctx, g.serial, k); err != nil {
+			g.emit(Event{Kind: GroupStateFailed, Member: k.On.Name(), Err: err})
+		}
+	}
 }

@@ -12,11 +12,13 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recovery"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -89,9 +91,9 @@ func memberTombstones(t testing.TB, serial string, tok testhsm.Token) *tombstone
 }
 
 // The first finding: host A destroys a key while m2 is away; m2
-// comes back and host B, which never saw the destroy, synchronizes. The
-// key used to be copied back to every member. It must stay gone, and
-// host A, asked afterwards, must find nothing to do.
+// comes back and host B, which never saw the destroy, recovers it and
+// synchronizes. The key used to be copied back to every member. It must
+// stay gone, and host A, asked afterwards, must find nothing to do.
 func TestDestroyOnOneHostStaysGoneWhenAnotherSynchronizes(t *testing.T) {
 	h := newHosts(t, 3)
 	ctx := testCtx(t)
@@ -113,15 +115,21 @@ func TestDestroyOnOneHostStaysGoneWhenAnotherSynchronizes(t *testing.T) {
 	}
 
 	hostB := h.open(nil) // a fresh host: its own, empty, state directory
+	if _, err := hostB.Recover(ctx, away); err != nil {
+		t.Fatalf("host B recovers %s: %v", away, err)
+	}
 	rep, err := hostB.Synchronize(ctx, recovery.SyncOptions{})
 	if err != nil {
 		t.Fatalf("host B synchronizes: %v", err)
+	}
+	if len(rep.NotServing) != 0 {
+		t.Fatalf("host B's synchronize left out %v", rep.NotServing)
 	}
 	for _, tok := range h.toks {
 		got := findLabelled(t, direct(t, tok), "")
 		sort.Strings(got)
 		if fmt.Sprint(got) != "[kept kept]" {
-			t.Errorf("%s holds %v after host B's synchronize (plan %v), want only the kept pair", tok.Name, got, rep.Plan.Actions)
+			t.Errorf("%s holds %v after host B's recovery and synchronize (plan %v), want only the kept pair", tok.Name, got, rep.Plan.Actions)
 		}
 	}
 	check, err := hostA.Synchronize(ctx, recovery.SyncOptions{Check: true})
@@ -248,5 +256,69 @@ func TestGroupStateIsHiddenFromTheApplication(t *testing.T) {
 	}
 	if !rep.Plan.Empty() {
 		t.Errorf("plan over members holding group state: %v", rep.Plan.Actions)
+	}
+}
+
+// The third finding: a member that missed changes (here: key
+// pairs made while it was away) was used by a new process at once, and
+// signatures failed with "key not found" while other members held the
+// key. A fresh host must keep it out of rotation — no signature reaches
+// it — until it is caught up, and once it is, a fresh host uses it again.
+func TestFreshHostKeepsABehindMemberOutOfRotation(t *testing.T) {
+	h := newHosts(t, 3)
+	ctx := testCtx(t)
+	hostA := h.open(nil)
+	sa := openSession(t, hostA)
+	away := h.toks[2].Name
+	if err := hostA.FailMember(away, errors.New("test: away")); err != nil {
+		t.Fatal(err)
+	}
+	const missed = 6
+	for i := range missed {
+		genEC(t, sa, fmt.Sprintf("missed-%d", i))
+	}
+	if got := findLabelled(t, direct(t, h.toks[2]), "missed-"); len(got) != 0 {
+		t.Fatalf("%s holds %v; the test needs it without the keys", away, got)
+	}
+
+	faults := slottest.NewFaults()
+	hostB := h.open(faults) // fresh: nothing of host A's in its state directory
+	if m, _ := hostB.Member(away); m.State() != member.Failed {
+		t.Fatalf("%s is %v in a fresh host, want failed until it is caught up", away, m.State())
+	} else if err, _ := m.LastError(); err == nil || !strings.Contains(err.Error(), "behind") {
+		t.Errorf("%s was kept out with %v, want the reason (behind)", away, err)
+	}
+	sb := openSession(t, hostB)
+	before := faults.Calls(away, slot.OpSign)
+	for i := range missed {
+		key := findKey(t, sb, fmt.Sprintf("missed-%d", i))
+		for range 6 {
+			if err := signOnce(ctx, sb, key); err != nil {
+				t.Fatalf("host B signs with missed-%d: %v", i, err)
+			}
+		}
+	}
+	if n := faults.Calls(away, slot.OpSign) - before; n != 0 {
+		t.Errorf("%d signatures reached %s, which lacks every key signed with", n, away)
+	}
+
+	if _, err := hostB.Recover(ctx, away); err != nil {
+		t.Fatalf("host B recovers %s: %v", away, err)
+	}
+	if got := findLabelled(t, direct(t, h.toks[2]), "missed-"); len(got) != 2*missed {
+		t.Fatalf("%s holds %d of the %d missed objects after its recovery", away, len(got), 2*missed)
+	}
+	for _, tok := range h.toks[:2] {
+		ks, err := replica.ReadMarks(ctx, direct(t, tok), h.cfg.Serial)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ks) != 0 {
+			t.Errorf("%s still holds %d behind marks after the recovery", tok.Name, len(ks))
+		}
+	}
+	hostC := h.open(nil)
+	if m, _ := hostC.Member(away); m.State() != member.Active {
+		t.Errorf("%s is %v in a fresh host after its recovery, want active", away, m.State())
 	}
 }
