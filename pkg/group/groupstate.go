@@ -46,16 +46,23 @@ type marks struct {
 	mu sync.Mutex
 	// mine: missed member → member marked on → the latest mark left
 	// there; an older one is removed once a newer one stands.
-	mine map[string]map[*slot.Slot]replica.Mark
+	mine map[string]map[*slot.Slot]ownMark
 	// read: member under recovery → the marks naming it read before its
 	// catch-up's first listing, which its activation clears.
 	read map[string][]replica.Mark
 }
 
+// ownMark is a mark this process left, with the slot's Epoch then: while
+// it has not changed, the handle still names the mark.
+type ownMark struct {
+	replica.Mark
+	epoch uint64
+}
+
 func newMarks() *marks {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
-	return &marks{writer: hex.EncodeToString(b), mine: map[string]map[*slot.Slot]replica.Mark{}, read: map[string][]replica.Mark{}}
+	return &marks{writer: hex.EncodeToString(b), mine: map[string]map[*slot.Slot]ownMark{}, read: map[string][]replica.Mark{}}
 }
 
 // markMissed runs after every object change through the group (see
@@ -80,23 +87,39 @@ func (g *Group) markMissed(ctx context.Context) {
 	g.marks.mu.Lock()
 	defer g.marks.mu.Unlock()
 	for _, name := range missed {
-		mine := g.marks.mine[name]
-		if mine == nil {
-			mine = map[*slot.Slot]replica.Mark{}
-			g.marks.mine[name] = mine
-		}
-		for _, s := range targets {
-			h, err := replica.WriteMark(ctx, s, g.serial, name, g.marks.writer)
-			if err != nil {
-				g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: fmt.Errorf("member %s missed a change, and %s could not be told: %w", name, s.Name(), err)})
-				continue
-			}
-			if old, ok := mine[s]; ok {
-				_ = replica.ClearMark(ctx, g.serial, old) // a leftover only costs a catch-up
-			}
-			mine[s] = replica.Mark{Member: name, Writer: g.marks.writer, On: s, Handle: h}
+		if g.marks.mine[name] == nil {
+			g.marks.mine[name] = map[*slot.Slot]ownMark{}
 		}
 	}
+	var mu sync.Mutex // guards g.marks.mine's inner maps below
+	var wg sync.WaitGroup
+	for _, s := range targets {
+		wg.Go(func() {
+			for _, name := range missed {
+				epoch := s.Epoch()
+				h, err := replica.WriteMark(ctx, s, g.serial, name, g.marks.writer)
+				if err != nil {
+					g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: fmt.Errorf("member %s missed a change, and %s could not be told: %w", name, s.Name(), err)})
+					continue
+				}
+				mine := g.marks.mine[name]
+				mu.Lock()
+				old, had := mine[s]
+				mine[s] = ownMark{Mark: replica.Mark{Member: name, Writer: g.marks.writer, On: s, Handle: h}, epoch: epoch}
+				mu.Unlock()
+				if !had {
+					continue
+				}
+				// A leftover only costs a catch-up.
+				if old.epoch == epoch {
+					_ = s.DestroyObject(ctx, old.Handle)
+				} else {
+					_ = replica.ClearMark(ctx, g.serial, old.Mark)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // readMarks reads the behind marks on every serving member, in parallel.
@@ -189,7 +212,7 @@ func (g *Group) clearMarks(ctx context.Context, name string) {
 	ks := g.marks.read[name]
 	delete(g.marks.read, name)
 	for _, k := range g.marks.mine[name] {
-		ks = append(ks, k)
+		ks = append(ks, k.Mark)
 	}
 	delete(g.marks.mine, name)
 	g.marks.mu.Unlock()

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -102,23 +103,46 @@ func ReadState(ctx context.Context, s *slot.Slot, label string) ([]StateObject, 
 
 // WriteState stores value on s as a new group state object labelled
 // label, with CKA_APPLICATION app, and then destroys the objects in
-// merged, whose content value must hold. An object of merged already gone
-// (another writer folded it in first) is no error.
-func WriteState(ctx context.Context, s *slot.Slot, label, app string, value []byte, merged []StateObject) error {
+// merged, whose content value must hold. An object of merged whose value
+// is no longer the one read (gone, or the handle names another object by
+// now) is left alone. It returns the new object.
+func WriteState(ctx context.Context, s *slot.Slot, label, app string, value []byte, merged []StateObject) (StateObject, error) {
 	if !s.LoggedIn() {
-		return fmt.Errorf("member %s: write %s: %w", s.Name(), label, ErrNotLoggedIn)
+		return StateObject{}, fmt.Errorf("member %s: write %s: %w", s.Name(), label, ErrNotLoggedIn)
 	}
 	tmpl := append(stateTemplate(label),
 		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(app)),
 		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, false),
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE, value))
-	if _, err := s.CreateObject(ctx, tmpl); err != nil {
-		return fmt.Errorf("member %s: write %s (%d bytes): %w", s.Name(), label, len(value), err)
+	h, err := s.CreateObject(ctx, tmpl)
+	if err != nil {
+		return StateObject{}, fmt.Errorf("member %s: write %s (%d bytes): %w", s.Name(), label, len(value), err)
 	}
 	for _, o := range merged {
-		if err := s.DestroyObject(ctx, o.Handle); err != nil && !isGone(err) {
-			return fmt.Errorf("member %s: remove an older %s (object %d): %w", s.Name(), label, o.Handle, err)
+		if err := destroyIfSame(ctx, s, label, o); err != nil {
+			return StateObject{Handle: h, Value: value}, err
 		}
+	}
+	return StateObject{Handle: h, Value: value}, nil
+}
+
+// destroyIfSame destroys o on s if its handle still names a state object
+// labelled label holding o's value: a handle kept from an earlier read
+// may name another object by now (handles can change with a re-login),
+// whose content the writer does not hold.
+func destroyIfSame(ctx context.Context, s *slot.Slot, label string, o StateObject) error {
+	attrs, err := s.GetAttributes(ctx, o.Handle, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
+	if err != nil {
+		if isGone(err) || slot.ClassOf(err) == slot.ClassRequest {
+			return nil
+		}
+		return fmt.Errorf("member %s: read an older %s (object %d): %w", s.Name(), label, o.Handle, err)
+	}
+	if len(attrs) != 2 || string(attrs[0].Value) != label || !bytes.Equal(attrs[1].Value, o.Value) {
+		return nil
+	}
+	if err := s.DestroyObject(ctx, o.Handle); err != nil && !isGone(err) {
+		return fmt.Errorf("member %s: remove an older %s (object %d): %w", s.Name(), label, o.Handle, err)
 	}
 	return nil
 }

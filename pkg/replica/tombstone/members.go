@@ -63,6 +63,34 @@ type Shared struct {
 	label   string
 	opts    SharedOptions
 	members atomic.Pointer[func(recovering bool) []*slot.Slot]
+
+	mu      sync.Mutex
+	written map[*slot.Slot]*written // guarded by mu
+}
+
+// written is the tombstone object this process last wrote on a member.
+// Its next write there folds that one object in without searching the
+// member (a search costs a scan of every object on SoftHSM); other
+// writers' objects are left to the reads, which take every object.
+type written struct {
+	mu      sync.Mutex // serialises this process's writes on the member
+	epoch   uint64     // the slot's Epoch when obj was written
+	obj     replica.StateObject
+	records recordSet // what obj holds; nil: nothing written yet
+}
+
+func (s *Shared) writtenOn(m *slot.Slot) *written {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.written == nil {
+		s.written = map[*slot.Slot]*written{}
+	}
+	w := s.written[m]
+	if w == nil {
+		w = &written{}
+		s.written[m] = w
+	}
+	return w
 }
 
 // NewShared returns the tombstones of the group with serial groupSerial,
@@ -144,10 +172,25 @@ func (s *Shared) spread(ctx context.Context, extra ...Tombstone) {
 	wg.Wait()
 }
 
-// merge reads m's tombstone objects and, unless they already hold every
-// record of add, writes their union with add. held, when set, is what
-// was read from m just before (saving the read).
+// merge writes on m an object holding add with what m holds: with held
+// (what was read from m just before) or on a member this process has not
+// written to since its last re-login, the union of every object read,
+// which it then removes; otherwise the union of this process's own last
+// object there, which it replaces (see written). Nothing is written when
+// the objects already hold every record of add.
 func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *memberRecords) (recordSet, error) {
+	w := s.writtenOn(m)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	epoch := m.Epoch()
+	if held == nil && w.records != nil && w.epoch == epoch {
+		union := newRecordSet()
+		union.addAll(w.records, s.cutoff())
+		if !union.addAll(add, s.cutoff()) {
+			return union, nil
+		}
+		return union, s.write(ctx, m, w, epoch, union, []replica.StateObject{w.obj})
+	}
 	if held == nil {
 		h, err := s.read(ctx, m)
 		if err != nil {
@@ -162,10 +205,20 @@ func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *m
 	if len(union) == 0 {
 		return union, nil
 	}
-	if err := replica.WriteState(ctx, m, s.label, Application, encodeRecords(union.sorted()), held.objects); err != nil {
-		return nil, fmt.Errorf("tombstones of group %s: %w", s.serial, err)
+	return union, s.write(ctx, m, w, epoch, union, held.objects)
+}
+
+// write stores union on m and removes the objects it folds in; w.mu must
+// be held.
+func (s *Shared) write(ctx context.Context, m *slot.Slot, w *written, epoch uint64, union recordSet, folded []replica.StateObject) error {
+	obj, err := replica.WriteState(ctx, m, s.label, Application, encodeRecords(union.sorted()), folded)
+	if obj.Handle != 0 || err == nil {
+		w.epoch, w.obj, w.records = epoch, obj, union
 	}
-	return union, nil
+	if err != nil {
+		return fmt.Errorf("tombstones of group %s: %w", s.serial, err)
+	}
+	return nil
 }
 
 // memberRecords is what one member holds.

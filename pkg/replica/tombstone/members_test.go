@@ -146,7 +146,7 @@ func BenchmarkRecordOnMembers(b *testing.B) {
 		}
 		if n > 0 {
 			for _, s := range slots {
-				if err := replica.WriteState(ctx, s, replica.StateLabel(serial, StateKind), Application, encodeRecords(seed), nil); err != nil {
+				if _, err := replica.WriteState(ctx, s, replica.StateLabel(serial, StateKind), Application, encodeRecords(seed), nil); err != nil {
 					b.Fatal(err)
 				}
 			}
