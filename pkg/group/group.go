@@ -61,6 +61,12 @@
 // once the calls in flight on it and the multi-part operations pinned to
 // it have ended.
 //
+// What every process on every host must agree on is kept on the members
+// (groupstate.go, pkg/replica's state.go and marker.go): a change made
+// while a member is out of rotation leaves, on every serving member, a
+// mark that the member missed it, and a process that logs in keeps every
+// member so marked out of rotation until it is caught up.
+//
 // Object creation, destruction and attribute changes pass a write barrier
 // (HoldWrites) and move a mark (WriteMark). Recovery holds the barrier for
 // its final catch-up and the activation, so an object made between its

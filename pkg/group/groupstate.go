@@ -224,3 +224,27 @@ func (g *Group) clearMarks(ctx context.Context, name string) {
 		}
 	}
 }
+
+// BehindMarks returns the behind marks on the serving members, for a
+// caller that is about to make them equal (a synchronize) and may then
+// clear the marks it read before (ClearBehindMarks).
+func (g *Group) BehindMarks(ctx context.Context) []replica.Mark {
+	return g.readMarks(ctx, false)
+}
+
+// ClearBehindMarks removes marks read by BehindMarks before a
+// synchronisation that made every serving member equal: the changes they
+// tell of were in its listing. Only marks naming a serving member go; a
+// member out of rotation was not synchronised.
+func (g *Group) ClearBehindMarks(ctx context.Context, ks []replica.Mark) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
+	defer cancel()
+	for _, k := range ks {
+		if m, ok := g.Member(k.Member); !ok || !m.State().Serving() {
+			continue
+		}
+		if err := replica.ClearMark(ctx, g.serial, k); err != nil {
+			g.emit(Event{Kind: GroupStateFailed, Member: k.On.Name(), Err: err})
+		}
+	}
+}

@@ -210,9 +210,28 @@ func (h *Group) Recover(ctx context.Context, name string) (recovery.Result, erro
 
 // Synchronize compares the serving members and, unless opts.Check, makes
 // them equal (see recovery.Recoverer.Synchronize). opts.Prune is
-// destructive.
+// destructive. A synchronisation that made every serving member equal
+// clears the behind marks naming them that it read before it listed them
+// (DESIGN.md, "Group state on the members").
 func (h *Group) Synchronize(ctx context.Context, opts recovery.SyncOptions) (*recovery.SyncReport, error) {
-	return h.rec.Synchronize(ctx, opts)
+	var marks []replica.Mark
+	if !opts.Check {
+		marks = h.Group.BehindMarks(ctx)
+	}
+	rep, err := h.rec.Synchronize(ctx, opts)
+	if err == nil && len(marks) > 0 && madeEqual(rep) {
+		h.Group.ClearBehindMarks(ctx, marks)
+	}
+	return rep, err
+}
+
+// madeEqual reports whether a synchronisation left every serving member
+// holding the same objects: every member listed, nothing unreadable,
+// unreplicable, in conflict or failed.
+func madeEqual(rep *recovery.SyncReport) bool {
+	p := rep.Plan
+	return p != nil && len(p.Skipped) == 0 && len(p.Unreadable) == 0 && len(p.Conflicts) == 0 &&
+		len(rep.Unreplicable) == 0 && (rep.Applied == nil || len(rep.Applied.Failed) == 0)
 }
 
 // Status is a snapshot of the group with the recovery state of each

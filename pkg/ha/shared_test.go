@@ -322,3 +322,58 @@ func TestFreshHostKeepsABehindMemberOutOfRotation(t *testing.T) {
 		t.Errorf("%s is %v in a fresh host after its recovery, want active", away, m.State())
 	}
 }
+
+// Hosts cut off from different members: A works on m0 while m1 is away
+// from it, B on m1 while m0 is away from it. Each member now holds what
+// the other lacks, and each is marked behind by the other. A fresh host
+// that reaches both keeps both in service (failing either would lose
+// what only it holds) and says so; recovering one merges both sides.
+func TestPartitionedHostsMarkEachOther(t *testing.T) {
+	h := newHosts(t, 2)
+	ctx := testCtx(t)
+	m0, m1 := h.toks[0].Name, h.toks[1].Name
+	hostA, hostB := h.open(nil), h.open(nil)
+	if err := hostA.FailMember(m1, errors.New("test: partitioned")); err != nil {
+		t.Fatal(err)
+	}
+	if err := hostB.FailMember(m0, errors.New("test: partitioned")); err != nil {
+		t.Fatal(err)
+	}
+	if err := dataObject(ctx, openSession(t, hostA), "side-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := dataObject(ctx, openSession(t, hostB), "side-b"); err != nil {
+		t.Fatal(err)
+	}
+	ev := newRecorder()
+	hostC, err := Open(ctx, h.cfg, h.set, Options{StateDir: t.TempDir(), Events: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hostC.Close() })
+	if err := hostC.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{m0, m1} {
+		if m, _ := hostC.Member(name); m.State() != member.Active {
+			t.Errorf("%s is %v in a fresh host, want active (each member holds what the other lacks)", name, m.State())
+		}
+	}
+	if evs := ev.groupEvents(group.GroupStateFailed, ""); len(evs) != 1 || !strings.Contains(evs[0].Err.Error(), "synchronize") {
+		t.Errorf("group_state_failed events %v, want one saying to synchronize", evs)
+	}
+	rep, err := hostC.Synchronize(ctx, recovery.SyncOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range h.toks {
+		got := findLabelled(t, direct(t, tok), "side-")
+		sort.Strings(got)
+		if fmt.Sprint(got) != "[side-a side-b]" {
+			t.Errorf("%s holds %v after the synchronize (plan %v), want both sides", tok.Name, got, rep.Plan.Actions)
+		}
+		if ks, err := replica.ReadMarks(ctx, direct(t, tok), h.cfg.Serial); err != nil || len(ks) != 0 {
+			t.Errorf("%s holds behind marks %v after the members were made equal (%v)", tok.Name, ks, err)
+		}
+	}
+}

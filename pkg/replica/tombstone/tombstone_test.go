@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envHelper) == "writer" {
 		os.Exit(helperWriter())
 	}
-	os.Exit(testhsm.Main(m, 8))
+	os.Exit(testhsm.Main(m, 24))
 }
 
 // helperWriter records envCount tombstones labelled "<who>-<i>" into the
