@@ -20,6 +20,11 @@
 // A crash can leave at most a torn last journal line; readers ignore it and
 // the next writer cuts it off before appending.
 //
+// That journal is this host's write-ahead record and cache. The group's
+// truth is on the members: Shared (members.go) spreads every record to
+// them and plans with the union of the journal and every member reached,
+// so processes on other hosts honour the destroy too.
+//
 // # Write-ahead and revocation
 //
 // The group records a tombstone before it destroys the object on the
