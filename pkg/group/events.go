@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,6 +74,11 @@ const (
 	// until an operator replaces the key (hactl hagroup domain --replace).
 	// Reported once per member and set of flaws.
 	DomainKeyWeak EventKind = "domain_key_weak"
+	// GroupStateFailed: group state on a member (a tombstone or a behind
+	// mark; see pkg/replica's StateLabel) could not be read or written
+	// (Err says which and why), or every serving member is marked behind
+	// by another (run hactl hagroup synchronize).
+	GroupStateFailed EventKind = "group_state_failed"
 )
 
 // Event is one thing that happened in a group. Fields that do not apply to
@@ -180,6 +186,14 @@ func (m *MemoryTombstones) Snapshot(context.Context) (*tombstone.Set, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return tombstone.NewSet(m.all...), nil
+}
+
+// Records returns every record kept, tombstones and revocations, for
+// tombstone.Shared to spread to the members.
+func (m *MemoryTombstones) Records(context.Context) ([]tombstone.Tombstone, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.all), nil
 }
 
 // All returns the tombstones recorded so far and not revoked, in the

@@ -63,6 +63,12 @@
 // once the calls in flight on it and the multi-part operations pinned to
 // it have ended.
 //
+// What every process on every host must agree on is kept on the members
+// (groupstate.go, pkg/replica's state.go and marker.go): a change made
+// while a member is out of rotation leaves, on every serving member, a
+// mark that the member missed it, and a process that logs in keeps every
+// member so marked out of rotation until it is caught up.
+//
 // Object creation, destruction and attribute changes pass a write barrier
 // (HoldWrites) and move a mark (WriteMark). Recovery holds the barrier for
 // its final catch-up and the activation, so an object made between its
@@ -199,6 +205,8 @@ type Group struct {
 	objs   objectTable
 	proofs initProofs // Inits the members accepted (initproof.go)
 
+	marks *marks // behind marks on the members (groupstate.go)
+
 	closeOnce sync.Once
 }
 
@@ -238,6 +246,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		recovering: make(map[string]bool),
 		skipped:    make(map[string]map[string]skippedObject),
 		leftAt:     make(map[string]uint64),
+		marks:      newMarks(),
 	}
 	gr.rep.OnWeakDomainKey = func(e *replica.WeakDomainKeyError) {
 		gr.emit(Event{Kind: DomainKeyWeak, Member: e.Member, Err: e})
@@ -572,7 +581,11 @@ func (g *Group) Reconnect(ctx context.Context, name string) (*slot.Slot, error) 
 		return nil, &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "Reconnect", Member: name, msg: "recovery already running"}
 	}
 	defer g.releaseRecovery(name)
-	return g.reconnect(ctx, m)
+	s, err := g.reconnect(ctx, m)
+	if err == nil {
+		g.noteMarks(ctx, m) // before the catch-up lists anything
+	}
+	return s, err
 }
 
 func (g *Group) claimRecovery(name string) bool {
@@ -724,6 +737,7 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member changed state during recovery (now " + m.State().String() + ")"}
 	}
 	g.clearSkipped(name)
+	g.clearMarks(ctx, name)
 	if !m.ConfiguredStandby() {
 		g.demoteStandbys()
 	}

@@ -144,6 +144,7 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 		}
 		m.BumpEpoch()
 	}
+	g.noteMarks(ctx, m) // before its catch-up lists anything
 	return nil
 }
 
@@ -502,6 +503,9 @@ func (g *Group) beginWrite(ctx context.Context, op string) (func(), error) {
 	}
 	return func() {
 		g.writeMark.Add(1)
+		// Before leaving: a catch-up under the barrier then finds the
+		// marks of every change made before it.
+		g.markMissed(ctx)
 		g.writes.leave()
 	}, nil
 }

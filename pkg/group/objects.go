@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -436,9 +435,9 @@ func (g *Group) conflict(o *vobject, m *member.Member, a, b []byte) {
 	}
 }
 
-func isDomainLabel(class uint, label string) bool {
-	return class == pkcs11.CKO_SECRET_KEY && strings.HasPrefix(label, replica.DomainLabel(""))
-}
+// isDomainLabel reports whether the object is the group's own (its domain
+// key or group state on the members), hidden from the application.
+func isDomainLabel(class uint, label string) bool { return replica.Hidden(class, label) }
 
 var identityAttrs = []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL, pkcs11.CKA_TOKEN}
 

@@ -302,6 +302,7 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	for _, m := range g.view().members {
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
+	g.admitMembers(ctx) // marks are private: readable from now on
 	return nil
 }
 

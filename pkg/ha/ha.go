@@ -135,15 +135,21 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 			stateDir = ""
 		} else {
 			h.journal = j
-			gopts.Tombstones = j
-			tombs = j
 		}
 	}
+	var local tombstone.Local = h.journal
 	if h.journal == nil {
-		mem := &group.MemoryTombstones{}
-		gopts.Tombstones = mem
-		tombs = mem
+		local = &group.MemoryTombstones{}
 	}
+	// The tombstones live on the members too, for every process on every
+	// host (DESIGN.md, "Group state on the members").
+	shared := tombstone.NewShared(local, g.Serial, tombstone.SharedOptions{
+		Horizon: s.TombstoneHorizon,
+		OnError: func(m string, err error) {
+			snk.Event(group.Event{Kind: group.TombstoneFailed, Time: time.Now(), Member: m, Err: err})
+		},
+	})
+	gopts.Tombstones, tombs = shared, shared
 	// One set of PIN marks for the engine (which consults it before every
 	// login it makes by itself) and the recoverer (before every automatic
 	// attempt), in the state directory every process on the host shares.
@@ -159,6 +165,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		return nil, err
 	}
 	h.g = gr
+	shared.SetMembers(gr.StateSlots)
 	rec, err := recovery.New(recovery.Options{
 		Engine:         gr,
 		StateDir:       stateDir,
@@ -213,9 +220,28 @@ func (h *Group) Recover(ctx context.Context, name string) (recovery.Result, erro
 
 // Synchronize compares the serving members and, unless opts.Check, makes
 // them equal (see recovery.Recoverer.Synchronize). opts.Prune is
-// destructive.
+// destructive. A synchronisation that made every serving member equal
+// clears the behind marks naming them that it read before it listed them
+// (DESIGN.md, "Group state on the members").
 func (h *Group) Synchronize(ctx context.Context, opts recovery.SyncOptions) (*recovery.SyncReport, error) {
-	return h.rec.Synchronize(ctx, opts)
+	var marks []replica.Mark
+	if !opts.Check {
+		marks = h.g.BehindMarks(ctx)
+	}
+	rep, err := h.rec.Synchronize(ctx, opts)
+	if err == nil && len(marks) > 0 && madeEqual(rep) {
+		h.g.ClearBehindMarks(ctx, marks)
+	}
+	return rep, err
+}
+
+// madeEqual reports whether a synchronisation left every serving member
+// holding the same objects: every member listed, nothing unreadable,
+// unreplicable, in conflict or failed.
+func madeEqual(rep *recovery.SyncReport) bool {
+	p := rep.Plan
+	return p != nil && len(p.Skipped) == 0 && len(p.Unreadable) == 0 && len(p.Conflicts) == 0 &&
+		len(rep.Unreplicable) == 0 && (rep.Applied == nil || len(rep.Applied.Failed) == 0)
 }
 
 // Status is a snapshot of the group with the recovery state of each

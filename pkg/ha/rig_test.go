@@ -30,7 +30,7 @@ import (
 // Tests of the composed group on real SoftHSM tokens and real p11-kit
 // servers.
 
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 24)) }
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 64)) }
 
 var serials atomic.Int64
 

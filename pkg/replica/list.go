@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -20,7 +19,7 @@ func ReadObject(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (Objec
 }
 
 // List returns every object on s that the current login can see, except
-// domain keys (secret keys labelled with DomainLabel's prefix) and
+// the group's own (Hidden: domain keys, group state) and
 // objects the member will not describe (see Scan, which reports those).
 //
 // Cost: one FindObjects with an empty template, then two GetAttributes
@@ -129,7 +128,7 @@ func list(ctx context.Context, s store, member string) (Listing, error) {
 			return out, err
 		}
 		id, a := r.Identity, r.a
-		if isDomainKey(id) {
+		if Hidden(id.Class, id.Label) {
 			continue
 		}
 		if id.Class == pkcs11.CKO_PRIVATE_KEY {
@@ -204,8 +203,4 @@ func list(ctx context.Context, s store, member string) (Listing, error) {
 // isGone reports whether err says the object no longer exists.
 func isGone(err error) bool {
 	return err != nil && slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID
-}
-
-func isDomainKey(id Identity) bool {
-	return id.Class == pkcs11.CKO_SECRET_KEY && strings.HasPrefix(id.Label, domainLabelPrefix)
 }

@@ -20,6 +20,11 @@
 // A crash can leave at most a torn last journal line; readers ignore it and
 // the next writer cuts it off before appending.
 //
+// That journal is this host's write-ahead record and cache. The group's
+// truth is on the members: Shared (members.go) spreads every record to
+// them and plans with the union of the journal and every member reached,
+// so processes on other hosts honour the destroy too.
+//
 // # Write-ahead and revocation
 //
 // The group records a tombstone before it destroys the object on the
@@ -988,5 +993,28 @@ func readCheckpoint(r io.Reader, serial string) ([]Tombstone, error) {
 		}
 		out = append(out, t)
 	}
+	return out, nil
+}
+
+// Records returns every record within the horizon as it stands now,
+// tombstones and revocations alike, oldest first: what Shared spreads to
+// the members (a revocation must travel with its tombstone, or a copy of
+// the tombstone alone would delete an object made again).
+func (j *Journal) Records(ctx context.Context) ([]Tombstone, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.readLocked(ctx); err != nil {
+		return nil, err
+	}
+	cutoff := j.cutoff()
+	var out []Tombstone
+	for _, r := range j.entries {
+		for _, t := range r {
+			if !t.Time.Before(cutoff) {
+				out = append(out, t)
+			}
+		}
+	}
+	sortTombstones(out)
 	return out, nil
 }

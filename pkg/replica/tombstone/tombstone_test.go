@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/miekg/pkcs11"
 	"golang.org/x/sys/unix"
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envHelper) == "writer" {
 		os.Exit(helperWriter())
 	}
-	os.Exit(m.Run())
+	os.Exit(testhsm.Main(m, 24))
 }
 
 // helperWriter records envCount tombstones labelled "<who>-<i>" into the

@@ -1,0 +1,512 @@
+package tombstone
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/slot"
+)
+
+// Tombstones on the members (DESIGN.md, "Group state on the members").
+// Every process on every host meets the others only on the members, so a
+// destroy is recorded there too: the records go into a private data
+// object labelled replica.StateLabel(serial, StateKind) on every member
+// that can be reached, merged by union with what the member holds (see
+// replica.WriteState), and a plan reads the union over every member it
+// reaches. A process on another host, with another state directory, thus
+// honours a destroy as long as it reaches one member that saw it. The
+// local record (the journal, or memory) stays the write-ahead record: it
+// is written first, and what it holds is spread to the members at every
+// write, so a record whose first spreading failed reaches them later.
+
+// StateKind names the tombstone objects on the members.
+const StateKind = "tombstones"
+
+// Application is the CKA_APPLICATION of the tombstone objects.
+const Application = "hagroup/tombstones"
+
+// Local is the record a process writes ahead of the members: the host's
+// *Journal, or memory in a process without a state directory.
+type Local interface {
+	Record(ctx context.Context, t Tombstone) error
+	Revive(ctx context.Context, id replica.Identity, fingerprint []byte) (int, error)
+	// Records returns every record within the horizon, revocations too.
+	Records(ctx context.Context) ([]Tombstone, error)
+}
+
+// SharedOptions tune a Shared. The zero value is the production setting.
+type SharedOptions struct {
+	// Horizon is how long a tombstone counts; 0 means DefaultHorizon.
+	Horizon time.Duration
+	// OnError is told of a member that could not be read or written (a
+	// destroy stays recorded locally and on the other members); nil
+	// drops it. It must not block.
+	OnError func(member string, err error)
+	// Now returns the current time; nil means time.Now.
+	Now func() time.Time
+}
+
+// Shared is a group's tombstones, kept locally and on the members. It
+// implements what pkg/group records destroys with and what pkg/recovery
+// plans with. Safe for concurrent use.
+type Shared struct {
+	local   Local
+	serial  string
+	label   string
+	opts    SharedOptions
+	members atomic.Pointer[func(recovering bool) []*slot.Slot]
+
+	mu      sync.Mutex
+	written map[*slot.Slot]*written // guarded by mu
+}
+
+// written is the tombstone object this process last wrote on a member.
+// Its next write there folds that one object in without searching the
+// member (a search costs a scan of every object on SoftHSM); other
+// writers' objects are left to the reads, which take every object.
+type written struct {
+	mu      sync.Mutex // serialises this process's writes on the member
+	epoch   uint64     // the slot's Epoch when obj was written
+	obj     replica.StateObject
+	records recordSet // what obj holds; nil: nothing written yet
+}
+
+func (s *Shared) writtenOn(m *slot.Slot) *written {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.written == nil {
+		s.written = map[*slot.Slot]*written{}
+	}
+	w := s.written[m]
+	if w == nil {
+		w = &written{}
+		s.written[m] = w
+	}
+	return w
+}
+
+// NewShared returns the tombstones of the group with serial groupSerial,
+// written ahead to local. Until SetMembers is called they are kept in
+// local only.
+func NewShared(local Local, groupSerial string, opts SharedOptions) *Shared {
+	if opts.Horizon <= 0 {
+		opts.Horizon = DefaultHorizon
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Shared{local: local, serial: groupSerial, label: replica.StateLabel(groupSerial, StateKind), opts: opts}
+}
+
+// SetMembers gives the members to keep the tombstones on: members returns
+// the slots that can be read and written now (open and logged in): the
+// serving members, and with recovering those being caught up too, which
+// Snapshot reads and repairs (pkg/group's StateSlots).
+func (s *Shared) SetMembers(members func(recovering bool) []*slot.Slot) { s.members.Store(&members) }
+
+func (s *Shared) slots(recovering bool) []*slot.Slot {
+	if f := s.members.Load(); f != nil {
+		return (*f)(recovering)
+	}
+	return nil
+}
+
+// Record writes t ahead to the local record and then to every member
+// reached. It fails only when the local record fails: a member that
+// cannot be written is reported (SharedOptions.OnError) and gets the
+// record with a later write or the next plan's repair.
+func (s *Shared) Record(ctx context.Context, t Tombstone) error {
+	if t.GroupSerial == "" {
+		t.GroupSerial = s.serial
+	}
+	if t.Time.IsZero() && !t.Revoked {
+		t.Time = s.opts.Now()
+	}
+	if err := s.local.Record(ctx, t); err != nil {
+		return err
+	}
+	s.spread(ctx, t)
+	return nil
+}
+
+// Revive revokes the tombstones of the version id + fingerprint (see
+// Journal.Revive) locally and then on the members.
+func (s *Shared) Revive(ctx context.Context, id replica.Identity, fingerprint []byte) (int, error) {
+	n, err := s.local.Revive(ctx, id, fingerprint)
+	if err != nil || n == 0 {
+		return n, err
+	}
+	s.spread(ctx)
+	return n, nil
+}
+
+// spread merges the local records and extra into the tombstone object of
+// every serving member, in parallel. A member being caught up gets them
+// from its catch-up's plan (Snapshot).
+func (s *Shared) spread(ctx context.Context, extra ...Tombstone) {
+	ms := s.slots(false)
+	if len(ms) == 0 {
+		return
+	}
+	local, err := s.local.Records(ctx)
+	if err != nil {
+		s.report("", fmt.Errorf("read the local tombstones to copy them to the members: %w", err))
+	}
+	add := newRecordSet(append(local, extra...)...)
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Go(func() {
+			if _, err := s.merge(ctx, m, add, nil); err != nil {
+				s.report(m.Name(), err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// merge writes on m an object holding add with what m holds: with held
+// (what was read from m just before) or on a member this process has not
+// written to since its last re-login, the union of every object read,
+// which it then removes; otherwise the union of this process's own last
+// object there, which it replaces (see written). Nothing is written when
+// the objects already hold every record of add.
+func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *memberRecords) (recordSet, error) {
+	w := s.writtenOn(m)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	epoch := m.Epoch()
+	if held == nil && w.records != nil && w.epoch == epoch {
+		union := newRecordSet()
+		union.addAll(w.records, s.cutoff())
+		if !union.addAll(add, s.cutoff()) {
+			return union, nil
+		}
+		return union, s.write(ctx, m, w, epoch, union, []replica.StateObject{w.obj})
+	}
+	if held == nil {
+		h, err := s.read(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		held = &h
+	}
+	union := held.records.clone()
+	if !union.addAll(add, s.cutoff()) && len(held.objects) == 1 {
+		return union, nil // nothing new, and nothing to fold together
+	}
+	if len(union) == 0 {
+		return union, nil
+	}
+	return union, s.write(ctx, m, w, epoch, union, held.objects)
+}
+
+// write stores union on m and removes the objects it folds in; w.mu must
+// be held.
+func (s *Shared) write(ctx context.Context, m *slot.Slot, w *written, epoch uint64, union recordSet, folded []replica.StateObject) error {
+	obj, err := replica.WriteState(ctx, m, s.label, Application, encodeRecords(union.sorted()), folded)
+	if obj.Handle != 0 || err == nil {
+		w.epoch, w.obj, w.records = epoch, obj, union
+	}
+	if err != nil {
+		return fmt.Errorf("tombstones of group %s: %w", s.serial, err)
+	}
+	return nil
+}
+
+// memberRecords is what one member holds.
+type memberRecords struct {
+	objects []replica.StateObject
+	records recordSet
+}
+
+// read returns the tombstone records m holds (within the horizon). An
+// object that does not decode (one caught while another process writes
+// it) is reported and left out of objects, so that no write destroys
+// content it never read.
+func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) {
+	objs, err := replica.ReadState(ctx, m, s.label)
+	if err != nil {
+		return memberRecords{}, fmt.Errorf("tombstones of group %s: %w", s.serial, err)
+	}
+	out := memberRecords{records: recordSet{}}
+	cutoff := s.cutoff()
+	for _, o := range objs {
+		ts, err := decodeRecords(o.Value, s.serial)
+		if err != nil {
+			// Never destroyed on our account: its content is unknown.
+			s.report(m.Name(), fmt.Errorf("tombstones of group %s: object %d: %w", s.serial, o.Handle, err))
+			continue
+		}
+		out.objects = append(out.objects, o)
+		for _, t := range ts {
+			out.records.add(t, cutoff)
+		}
+	}
+	return out, nil
+}
+
+// Snapshot returns the tombstones within the horizon and not revoked: the
+// union of the local record and of every member reached. A member that
+// lacks some of them gets the union written (the tombstones replicate
+// like the objects they protect); one that cannot be read is reported
+// and left out — a destroy it alone saw is then not known until it is
+// reached again.
+func (s *Shared) Snapshot(ctx context.Context) (*Set, error) {
+	local, err := s.local.Records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cutoff := s.cutoff()
+	union := newRecordSet()
+	union.addAll(newRecordSet(local...), cutoff)
+	ms := s.slots(true)
+	held := make([]*memberRecords, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() {
+			h, err := s.read(ctx, m)
+			if err != nil {
+				s.report(m.Name(), err)
+				return
+			}
+			held[i] = &h
+		})
+	}
+	wg.Wait()
+	for _, h := range held {
+		if h != nil {
+			union.addAll(h.records, cutoff)
+		}
+	}
+	for i, m := range ms {
+		if h := held[i]; h != nil && !h.records.holds(union) {
+			wg.Go(func() {
+				if _, err := s.merge(ctx, m, union, h); err != nil {
+					s.report(m.Name(), err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return NewSet(union.sorted()...), nil
+}
+
+func (s *Shared) cutoff() time.Time { return s.opts.Now().Add(-s.opts.Horizon) }
+
+func (s *Shared) report(member string, err error) {
+	if s.opts.OnError != nil {
+		s.opts.OnError(member, err)
+	}
+}
+
+// recordSet holds tombstones and revocations by identity, fingerprint and
+// time; a revocation replaces its tombstone (records.add's rule).
+type recordSet map[string]Tombstone
+
+func recordKey(t Tombstone) string {
+	return fmt.Sprintf("%s\x00%d", key(t.Identity, t.Fingerprint), t.Time.UnixNano())
+}
+
+func newRecordSet(ts ...Tombstone) recordSet {
+	r := recordSet{}
+	for _, t := range ts {
+		r.add(t, time.Time{})
+	}
+	return r
+}
+
+// add merges t unless it is older than cutoff, and reports whether that
+// changed r.
+func (r recordSet) add(t Tombstone, cutoff time.Time) bool {
+	if t.Time.Before(cutoff) {
+		return false
+	}
+	k := recordKey(t)
+	old, ok := r[k]
+	if ok && (old.Revoked || !t.Revoked) {
+		return false
+	}
+	r[k] = t
+	return true
+}
+
+// addAll merges every record of o and reports whether r changed.
+func (r recordSet) addAll(o recordSet, cutoff time.Time) bool {
+	changed := false
+	for _, t := range o {
+		if r.add(t, cutoff) {
+			changed = true
+		}
+	}
+	return changed
+}
+
+// holds reports whether r already has every record of o.
+func (r recordSet) holds(o recordSet) bool {
+	for k, t := range o {
+		have, ok := r[k]
+		if !ok || (t.Revoked && !have.Revoked) {
+			return false
+		}
+	}
+	return true
+}
+
+func (r recordSet) clone() recordSet {
+	c := make(recordSet, len(r))
+	for k, t := range r {
+		c[k] = t
+	}
+	return c
+}
+
+func (r recordSet) sorted() []Tombstone {
+	out := make([]Tombstone, 0, len(r))
+	for _, t := range r {
+		out = append(out, t)
+	}
+	sortTombstones(out)
+	return out
+}
+
+// The member form: a magic, the records, and a CRC-32 of all that, so a
+// torn read is recognised. Per record: flags, class, key type, CKA_ID,
+// CKA_LABEL, fingerprint, time (Unix nanoseconds). About 50 bytes plus
+// the CKA_ID and the label.
+const recordsMagic = "HGT1"
+
+const (
+	flagRevoked = 1 << iota
+	flagNoKeyType
+	flagNoFingerprint
+)
+
+func encodeRecords(ts []Tombstone) []byte {
+	var b []byte
+	b = append(b, recordsMagic...)
+	for _, t := range ts {
+		var f byte
+		if t.Revoked {
+			f |= flagRevoked
+		}
+		if t.Identity.KeyType == replica.NoKeyType {
+			f |= flagNoKeyType
+		}
+		if t.Fingerprint == nil {
+			f |= flagNoFingerprint
+		}
+		b = append(b, f)
+		b = binary.AppendUvarint(b, uint64(t.Identity.Class))
+		if f&flagNoKeyType == 0 {
+			b = binary.AppendUvarint(b, uint64(t.Identity.KeyType))
+		}
+		b = appendBytes(b, t.Identity.ID)
+		b = appendBytes(b, []byte(t.Identity.Label))
+		b = appendBytes(b, t.Fingerprint)
+		b = binary.AppendVarint(b, t.Time.UnixNano())
+	}
+	return binary.BigEndian.AppendUint32(b, crc32.ChecksumIEEE(b))
+}
+
+func appendBytes(b, v []byte) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(v))), v...)
+}
+
+var errTorn = errors.New("does not decode (torn, or not written by hagroup)")
+
+func decodeRecords(b []byte, serial string) ([]Tombstone, error) {
+	if len(b) < len(recordsMagic)+4 || !bytes.HasPrefix(b, []byte(recordsMagic)) {
+		return nil, errTorn
+	}
+	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
+	if crc32.ChecksumIEEE(body) != sum {
+		return nil, errTorn
+	}
+	d := decoder{b: body[len(recordsMagic):]}
+	var out []Tombstone
+	for len(d.b) > 0 && d.err == nil {
+		f := d.byte()
+		t := Tombstone{GroupSerial: serial, Revoked: f&flagRevoked != 0}
+		t.Identity.Class = uint(d.uvarint())
+		t.Identity.KeyType = replica.NoKeyType
+		if f&flagNoKeyType == 0 {
+			t.Identity.KeyType = uint(d.uvarint())
+		}
+		t.Identity.ID = d.bytes()
+		t.Identity.Label = string(d.bytes())
+		t.Fingerprint = d.bytes()
+		if f&flagNoFingerprint != 0 {
+			t.Fingerprint = nil
+		}
+		t.Time = time.Unix(0, d.varint())
+		out = append(out, t)
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return out, nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil || len(d.b) == 0 {
+		d.err = errTorn
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errTorn
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.err = errTorn
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil || n > uint64(len(d.b)) {
+		d.err = errTorn
+		return nil
+	}
+	v := make([]byte, n)
+	copy(v, d.b[:n])
+	d.b = d.b[n:]
+	return v
+}
