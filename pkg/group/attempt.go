@@ -52,6 +52,9 @@ type plan struct {
 	// ready, when set, gets a member ready for fn after the look-ups (a
 	// lone call, charged by itself); its errors count as a look-up's.
 	ready func(ctx context.Context, m *member.Member) error
+	// prior: ambiguous failures of this request before exec (a placed
+	// operation's first step on its member), charged as exec's own.
+	prior []suspect
 	// absent is the error when no serving member holds objs; nil:
 	// ErrKeyHandle for a key, ErrObjectHandle otherwise.
 	absent *Error
@@ -138,7 +141,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	if next == nil {
 		next = g.pick
 	}
-	var v verdict
+	v := verdict{suspects: p.prior}
 	var skip, stale memberSet
 	avoid := p.avoid
 	absent, retriedAbsent := false, false

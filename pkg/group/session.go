@@ -549,7 +549,7 @@ func (s *Session) start(ctx context.Context, k OpKind, op *operation) error {
 		return nil
 	}
 	changes := s.g.changes.Load()
-	_, err := s.place(ctx, k, op, opNames[k]+"Init", 0, nil, nil)
+	_, err := s.place(ctx, k, op, opNames[k]+"Init", 0, nil, nil, nil)
 	if err == nil {
 		s.g.record(k, op, changes)
 	}
@@ -586,18 +586,28 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 		return stepOn(ctx, k, st, ps, in, sig, wh)
 	}
 	var skip memberSet
+	var prior []suspect
 	if m := op.m; m != nil {
 		if m.State().Serving() && m.Epoch() == op.epoch {
-			out, class, err := s.onMember(ctx, op, with, fn)
+			out, class, fail, err := s.onMember(ctx, op, with, fn)
 			switch {
 			case err == nil:
 				s.started(op, st)
 				return out, nil
 			case class != slot.ClassHealth || ctx.Err() != nil:
 				return nil, opErr(opName, m.Name(), err)
+			case op.started && slot.Ambiguous(err):
+				// Pinned: no other member can serve the same request, so
+				// the rule makes it the token's answer, and m stays.
+				return nil, opErr(opName, m.Name(), err)
 			case op.started:
 				s.g.failMember(m, err)
 				return nil, wrap(ErrMemberLost, opName, m.Name(), err)
+			case slot.Ambiguous(err):
+				// Charged by exec only if another member serves it.
+				prior = append(prior, suspect{m, err, fail})
+			case fail:
+				s.g.failMember(m, err)
 			}
 			m.AddFailover()
 		} else if op.started {
@@ -608,7 +618,7 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 	} else if st == StepSingle {
 		return s.g.single(ctx, k, op.mech, op.key, in, sig)
 	}
-	out, err := s.place(ctx, k, op, opName, skip, with, fn)
+	out, err := s.place(ctx, k, op, opName, skip, prior, with, fn)
 	if err == nil {
 		s.started(op, st)
 	}
@@ -627,7 +637,7 @@ func (s *Session) started(op *operation, st Step) {
 // onMember runs fn on the operation's member session, with resolved on
 // that member.
 func (s *Session) onMember(ctx context.Context, op *operation, with *withObject,
-	fn func(*slot.Session, *pkcs11.ObjectHandle) ([]byte, error)) ([]byte, slot.Class, error) {
+	fn func(*slot.Session, *pkcs11.ObjectHandle) ([]byte, error)) ([]byte, slot.Class, bool, error) {
 	var wh *pkcs11.ObjectHandle
 	if with != nil {
 		h, err := s.g.resolveHeld(ctx, "DigestKey", with.o, op.m)
@@ -635,18 +645,18 @@ func (s *Session) onMember(ctx context.Context, op *operation, with *withObject,
 		case errors.Is(err, ErrKeyHandle), errors.Is(err, ErrObjectHandle):
 			// Nothing reached the member: its operation goes on, as a
 			// token's does after a bad handle.
-			return nil, slot.ClassRequest, err
+			return nil, slot.ClassRequest, false, err
 		case err != nil:
-			return nil, slot.ClassOf(err), err
+			return nil, slot.ClassOf(err), false, err
 		}
 		wh = &h
 	}
 	var out []byte
-	class, err := s.g.call(ctx, op.m, func() (err error) {
+	class, fail, err := s.g.measure(ctx, op.m, func() (err error) {
 		out, err = fn(op.ps, wh)
 		return err
 	})
-	return out, class, err
+	return out, class, fail, err
 }
 
 // stepFn runs one step on a member session; wh is the object the step
@@ -657,7 +667,7 @@ type stepFn func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error)
 // the group's failover (exec): members in skip, and those that do not
 // hold the objects, are passed over. On success op runs on that member
 // from now on.
-func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, with *withObject, fn stepFn) ([]byte, error) {
+func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *withObject, fn stepFn) ([]byte, error) {
 	var objs []*vobject // the operation's key, then with's object
 	if op.key != nil {
 		objs = append(objs, op.key)
@@ -669,7 +679,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 	var out []byte
 	var ps *slot.Session
 	var ep uint64
-	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next, prior: prior}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		var kh pkcs11.ObjectHandle
 		if op.key != nil {
 			kh = hs[0]
