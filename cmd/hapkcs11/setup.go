@@ -121,7 +121,7 @@ func memberSpec(m config.Member, set config.Settings) slot.Spec {
 		ServerUID:      m.ExpectedServerUID(),
 		CommandTimeout: set.CommandTimeout,
 		KeygenTimeout:  set.KeygenTimeout,
-		SpinHandoff:    true, // the callers are the application's threads
+		Dispatch:       slot.Dispatch(m.Dispatch),
 	}
 }
 

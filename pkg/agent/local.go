@@ -55,6 +55,7 @@ func MemberSpec(m config.Member, s config.Settings, pin secret.PIN) slot.Spec {
 		PIN:            pin,
 		CommandTimeout: s.CommandTimeout,
 		KeygenTimeout:  s.KeygenTimeout,
+		Dispatch:       slot.Dispatch(m.Dispatch),
 	}
 }
 

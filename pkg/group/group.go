@@ -118,9 +118,6 @@ type Options struct {
 	Tombstones Tombstones
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
-	// SpinHandoff is passed into every member's slot.Spec: the callers are
-	// threads of a C application (libhapkcs11.so).
-	SpinHandoff bool
 	// PINGuard keeps members whose token refused their PIN from being
 	// offered one again; nil: no guard beyond this process's own refusal.
 	PINGuard PINGuard
@@ -340,7 +337,7 @@ func (g *Group) spec(m config.Member) slot.Spec {
 		KeygenTimeout:  g.settings.KeygenTimeout,
 		MaxSessions:    g.opts.MaxSessions,
 		Interceptor:    g.opts.Interceptor,
-		SpinHandoff:    g.opts.SpinHandoff,
+		Dispatch:       slot.Dispatch(m.Dispatch),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
@@ -39,37 +40,19 @@ type module struct {
 	// earlier incarnation are gone.
 	inc atomic.Uint64
 
-	// objects holds an *objectLock per slot ID.
-	objects sync.Map
+	// objects holds the object locks of the module's tokens that need
+	// one (internal/tokenquirk).
+	objects tokenquirk.Locks
 }
 
-// objectLock keeps the calls of this process that write one token's
-// objects apart from those that read them. SoftHSM 2.6 does not keep two
-// threads of one process apart on one object file (its fcntl locks work
-// between processes only): a search or attribute read that refreshes an
-// object another thread is writing can leave it without CKA_CLASS for
-// good (CKR_ATTRIBUTE_VALUE_INVALID ever after), and the write fails with
-// CKR_GENERAL_ERROR. Cryptographic calls take no lock.
-type objectLock struct{ sync.RWMutex }
-
-// objectLock returns the lock of the token in slot id.
-func (m *module) objectLock(id uint) *objectLock {
-	l, _ := m.objects.LoadOrStore(id, &objectLock{})
-	return l.(*objectLock)
-}
-
-// hold takes the lock op needs and returns its release.
-func (l *objectLock) hold(op Op) func() {
-	switch op {
-	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
-		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
-		l.Lock()
-		return l.Unlock
-	case OpFindObjects, OpGetAttributes:
-		l.RLock()
-		return l.RUnlock
+// objectLock returns the object lock of token tok, nil when it needs
+// none. A token served by hsmserve is locked by the server, which sees
+// every client's calls.
+func (m *module) objectLock(tok TokenSummary) *tokenquirk.ObjectLock {
+	if remote.IsModulePath(m.path) {
+		return nil
 	}
-	return func() {}
+	return m.objects.For(tok.SlotID, tok.Manufacturer, tok.Model)
 }
 
 // registry holds the process's module contexts. It is package state because

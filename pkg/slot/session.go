@@ -28,14 +28,10 @@ func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) 
 	if keygen {
 		t = ss.s.keyTimeout
 	}
-	return ss.callWith(ctx, op, t, fn, nil)
+	return ss.callWith(ctx, op, t, fn)
 }
 
-func (ss *Session) callLane(ctx context.Context, op Op, lj *laneJob, fn func(*sess) error) error {
-	return ss.callWith(ctx, op, ss.s.cmdTimeout, fn, lj)
-}
-
-func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, lj *laneJob) error {
+func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error) error {
 	s := ss.s
 	if ss.closed {
 		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
@@ -43,7 +39,7 @@ func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func
 	if ss.broken != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: broken by an earlier error: %v", ErrSessionLost, ss.broken)}
 	}
-	err := ss.run(ctx, op, t, fn, lj)
+	err := ss.run(ctx, op, t, fn)
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
 	}
@@ -52,7 +48,7 @@ func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func
 
 // run makes the call inside the slot's gate, so that Reinit and Close never
 // finalize or close under it.
-func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
+func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
 	s := ss.s
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
@@ -65,7 +61,7 @@ func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn fun
 		ss.broken = ErrSessionLost
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: the slot was re-initialised since the session was opened", ErrSessionLost)}
 	}
-	err := ss.x.runEither(ctx, op, timeout, fn, lj)
+	err := ss.x.run(ctx, op, timeout, fn)
 	if ss.x.dead || ClassOf(err) == ClassHealth {
 		ss.broken = err
 	}
