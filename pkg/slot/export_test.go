@@ -54,3 +54,7 @@ func SetTokenIdentity(s *Slot, manufacturer, model string) {
 	st.objects = s.mod.objectLock(st.token)
 	s.st.Store(&st)
 }
+
+// SetOwnEnvironment sets whether the process owns its environment (see
+// OwnEnvironment) and returns what it was.
+func SetOwnEnvironment(own bool) (was bool) { return ownEnv.Swap(own) }
