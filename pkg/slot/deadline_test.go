@@ -46,89 +46,85 @@ func eachDispatch(t *testing.T, fn func(t *testing.T, d slot.Dispatch)) {
 // Under handoff (the default) a hung call is abandoned at its deadline.
 func TestHungCallTimesOut(t *testing.T) {
 	t.Parallel()
-	{
-		tok := testhsm.Take(t, 1)[0]
-		spec := specOf(tok)
-		spec.CommandTimeout = 200 * time.Millisecond
-		spec.KeygenTimeout = 500 * time.Millisecond
-		spec.MaxSessions = 2
-		s, f := openFaulty(t, tok, spec)
-		_, priv := newECKey(t, s, "hang")
-		ctx := ctxT(t)
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.CommandTimeout = 200 * time.Millisecond
+	spec.KeygenTimeout = 500 * time.Millisecond
+	spec.MaxSessions = 2
+	s, f := openFaulty(t, tok, spec)
+	_, priv := newECKey(t, s, "hang")
+	ctx := ctxT(t)
 
-		f.Hang(tok.Name, slot.OpSign)
-		start := time.Now()
-		_, err := signDigest(ctx, s, priv, []byte("x"))
-		checkTimeout(t, "hung Sign", err, time.Since(start), spec.CommandTimeout)
-		if !strings.Contains(err.Error(), "member "+tok.Name+": Sign:") {
-			t.Fatalf("timeout error does not name member and op: %v", err)
-		}
-		if st := s.Stats(); st.Quarantined != 1 || st.Open != 0 {
-			t.Fatalf("after the timeout: %+v; want the session quarantined, out of the pool", st)
-		}
+	f.Hang(tok.Name, slot.OpSign)
+	start := time.Now()
+	_, err := signDigest(ctx, s, priv, []byte("x"))
+	checkTimeout(t, "hung Sign", err, time.Since(start), spec.CommandTimeout)
+	if !strings.Contains(err.Error(), "member "+tok.Name+": Sign:") {
+		t.Fatalf("timeout error does not name member and op: %v", err)
+	}
+	if st := s.Stats(); st.Quarantined != 1 || st.Open != 0 {
+		t.Fatalf("after the timeout: %+v; want the session quarantined, out of the pool", st)
+	}
 
-		// Key generation runs under the longer timeout.
-		f.Hang(tok.Name, slot.OpGenerateKey)
-		start = time.Now()
-		_, err = s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
-			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16)})
-		checkTimeout(t, "hung GenerateKey", err, time.Since(start), spec.KeygenTimeout)
+	// Key generation runs under the longer timeout.
+	f.Hang(tok.Name, slot.OpGenerateKey)
+	start = time.Now()
+	_, err = s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16)})
+	checkTimeout(t, "hung GenerateKey", err, time.Since(start), spec.KeygenTimeout)
 
-		// With as many calls hung as the pool holds, calls fail at once.
-		start = time.Now()
-		_, err = s.GenerateRandom(ctx, 4)
-		if !errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin || !strings.Contains(err.Error(), "2 calls still hung") {
-			t.Fatalf("call with the pool's worth of calls hung: %v after %v; want an immediate ErrTimeout", err, time.Since(start))
-		}
-		if got := f.Calls(tok.Name, slot.OpGenerateRandom); got != 0 {
-			t.Fatalf("GenerateRandom reached the module %d times", got)
-		}
+	// With as many calls hung as the pool holds, calls fail at once.
+	start = time.Now()
+	_, err = s.GenerateRandom(ctx, 4)
+	if !errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin || !strings.Contains(err.Error(), "2 calls still hung") {
+		t.Fatalf("call with the pool's worth of calls hung: %v after %v; want an immediate ErrTimeout", err, time.Since(start))
+	}
+	if got := f.Calls(tok.Name, slot.OpGenerateRandom); got != 0 {
+		t.Fatalf("GenerateRandom reached the module %d times", got)
+	}
 
-		// The hung calls return: their sessions are closed, never reused.
-		f.Release(tok.Name)
-		if err := slot.WaitQuarantine(ctx, s); err != nil {
-			t.Fatalf("quarantined calls never returned: %v", err)
-		}
-		sig, err := signDigest(ctx, s, priv, []byte("y"))
-		if err != nil || len(sig) != 64 {
-			t.Fatalf("Sign after release: %v", err)
-		}
-		if st := s.Stats(); st.Opened != 3 || st.QuarantinedTotal != 2 || st.Quarantined != 0 {
-			t.Fatalf("after release: %+v; want a third session opened, two quarantined in all", st)
-		}
+	// The hung calls return: their sessions are closed, never reused.
+	f.Release(tok.Name)
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("quarantined calls never returned: %v", err)
+	}
+	sig, err := signDigest(ctx, s, priv, []byte("y"))
+	if err != nil || len(sig) != 64 {
+		t.Fatalf("Sign after release: %v", err)
+	}
+	if st := s.Stats(); st.Opened != 3 || st.QuarantinedTotal != 2 || st.Quarantined != 0 {
+		t.Fatalf("after release: %+v; want a third session opened, two quarantined in all", st)
 	}
 }
 
 func TestCancelledCallIsQuarantined(t *testing.T) {
 	t.Parallel()
-	{
-		tok := testhsm.Take(t, 1)[0]
-		spec := specOf(tok)
-		spec.CommandTimeout = 20 * time.Second
-		s, f := openFaulty(t, tok, spec)
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.CommandTimeout = 20 * time.Second
+	s, f := openFaulty(t, tok, spec)
 
-		f.Hang(tok.Name, slot.OpDigest)
-		ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		_, err := s.Digest(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x"))
-		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin {
-			t.Fatalf("Digest with a ctx ending first: %v after %v; want the ctx's error, promptly", err, time.Since(start))
-		}
-		if slot.ClassOf(err) != slot.ClassRequest {
-			t.Fatalf("ClassOf(caller's deadline) = %v, want request: the member is not charged for it", slot.ClassOf(err))
-		}
-		if st := s.Stats(); st.Quarantined != 1 {
-			t.Fatalf("the abandoned session is not quarantined: %+v", st)
-		}
-		f.Release(tok.Name)
-		if err := slot.WaitQuarantine(ctxT(t), s); err != nil {
-			t.Fatal(err)
-		}
-		// Abandoned before the module was called: the module never saw it.
-		if _, err := s.Digest(ctxT(t), pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x")); err != nil {
-			t.Fatalf("Digest after release: %v", err)
-		}
+	f.Hang(tok.Name, slot.OpDigest)
+	ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Digest(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x"))
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin {
+		t.Fatalf("Digest with a ctx ending first: %v after %v; want the ctx's error, promptly", err, time.Since(start))
+	}
+	if slot.ClassOf(err) != slot.ClassRequest {
+		t.Fatalf("ClassOf(caller's deadline) = %v, want request: the member is not charged for it", slot.ClassOf(err))
+	}
+	if st := s.Stats(); st.Quarantined != 1 {
+		t.Fatalf("the abandoned session is not quarantined: %+v", st)
+	}
+	f.Release(tok.Name)
+	if err := slot.WaitQuarantine(ctxT(t), s); err != nil {
+		t.Fatal(err)
+	}
+	// Abandoned before the module was called: the module never saw it.
+	if _, err := s.Digest(ctxT(t), pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x")); err != nil {
+		t.Fatalf("Digest after release: %v", err)
 	}
 }
 
@@ -159,58 +155,56 @@ func TestDelayAndCapacity(t *testing.T) {
 // module, and only our deadline bounds them.
 func TestStoppedServerTimesOut(t *testing.T) {
 	t.Parallel()
-	{
-		srv := testhsm.Serve(t, "stopped")
-		spec := specOf(srv.Token())
-		spec.CommandTimeout = 300 * time.Millisecond
-		s := open(t, spec)
-		pub, priv := newECKey(t, s, "stop")
-		ctx := ctxT(t)
+	srv := testhsm.Serve(t, "stopped")
+	spec := specOf(srv.Token())
+	spec.CommandTimeout = 300 * time.Millisecond
+	s := open(t, spec)
+	pub, priv := newECKey(t, s, "stop")
+	ctx := ctxT(t)
 
-		srv.Stop()
-		start := time.Now()
-		_, err := signDigest(ctx, s, priv, []byte("x"))
-		elapsed := time.Since(start)
-		stopped := s.Stats()
-		srv.Cont()
-		checkTimeout(t, "Sign on a stopped server", err, elapsed, spec.CommandTimeout)
-		if stopped.Quarantined != 1 {
-			t.Fatalf("after the timeout: %+v; want the session quarantined", stopped)
-		}
+	srv.Stop()
+	start := time.Now()
+	_, err := signDigest(ctx, s, priv, []byte("x"))
+	elapsed := time.Since(start)
+	stopped := s.Stats()
+	srv.Cont()
+	checkTimeout(t, "Sign on a stopped server", err, elapsed, spec.CommandTimeout)
+	if stopped.Quarantined != 1 {
+		t.Fatalf("after the timeout: %+v; want the session quarantined", stopped)
+	}
 
-		// Once the server runs again the hung call returns and its session is
-		// closed; the member works again.
-		if err := slot.WaitQuarantine(ctx, s); err != nil {
-			t.Fatalf("the hung call never returned after SIGCONT: %v", err)
-		}
-		msg := []byte("after SIGCONT")
-		sig, err := signDigest(ctx, s, priv, msg)
-		if err != nil {
-			t.Fatalf("Sign after SIGCONT: %v", err)
-		}
-		checkSig(t, ecPublic(t, s, pub), msg, sig)
+	// Once the server runs again the hung call returns and its session is
+	// closed; the member works again.
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("the hung call never returned after SIGCONT: %v", err)
+	}
+	msg := []byte("after SIGCONT")
+	sig, err := signDigest(ctx, s, priv, msg)
+	if err != nil {
+		t.Fatalf("Sign after SIGCONT: %v", err)
+	}
+	checkSig(t, ecPublic(t, s, pub), msg, sig)
 
-		// The caller's context ends the wait before the deadline does.
-		srv.Stop()
-		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		start = time.Now()
-		_, err = signDigest(short, s, priv, msg)
-		elapsed = time.Since(start)
-		cancel()
-		quarantined := s.Stats().Quarantined
-		srv.Cont()
-		if !errors.Is(err, context.DeadlineExceeded) || elapsed >= spec.CommandTimeout {
-			t.Fatalf("Sign with a 50ms context on a stopped server: %v after %v; want the context's error before %v", err, elapsed, spec.CommandTimeout)
-		}
-		if quarantined != 1 {
-			t.Fatalf("%d calls quarantined after the cancelled one, want 1", quarantined)
-		}
-		if err := slot.WaitQuarantine(ctx, s); err != nil {
-			t.Fatalf("the cancelled call never returned after SIGCONT: %v", err)
-		}
-		if _, err := signDigest(ctx, s, priv, msg); err != nil {
-			t.Fatalf("Sign after the second SIGCONT: %v", err)
-		}
+	// The caller's context ends the wait before the deadline does.
+	srv.Stop()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	start = time.Now()
+	_, err = signDigest(short, s, priv, msg)
+	elapsed = time.Since(start)
+	cancel()
+	quarantined := s.Stats().Quarantined
+	srv.Cont()
+	if !errors.Is(err, context.DeadlineExceeded) || elapsed >= spec.CommandTimeout {
+		t.Fatalf("Sign with a 50ms context on a stopped server: %v after %v; want the context's error before %v", err, elapsed, spec.CommandTimeout)
+	}
+	if quarantined != 1 {
+		t.Fatalf("%d calls quarantined after the cancelled one, want 1", quarantined)
+	}
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("the cancelled call never returned after SIGCONT: %v", err)
+	}
+	if _, err := signDigest(ctx, s, priv, msg); err != nil {
+		t.Fatalf("Sign after the second SIGCONT: %v", err)
 	}
 }
 
