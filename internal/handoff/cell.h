@@ -138,50 +138,30 @@ static inline void hg_cancel(hg_cell *c, uint32_t seq) {
 		hg_futex_wake(&c->res);
 }
 
-// hg_sleep_until sleeps on res until the answer r+1, the cancel, or the
-// time until (forever when until < 0), and returns 0 answered, 1 time
-// passed, 2 cancelled. The worker wakes it when it answers.
-static inline int hg_sleep_until(hg_cell *c, uint32_t seq, uint32_t *cancel, int64_t until) {
+// hg_wait: 0 answered, 1 deadline passed, 2 cancelled (never when
+// timeout_ns < 0: then it waits for the answer alone, however long).
+static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns) {
+	int forever = timeout_ns < 0;
+	int64_t start = hg_now(), deadline = start + timeout_ns;
 	uint32_t r = seq - 1; // the answer before seq's: calls are one at a time
+	uint32_t *cancel = forever ? NULL : &c->cancel;
+	if (!forever && spin_ns > timeout_ns)
+		spin_ns = timeout_ns;
+	if (spin_ns > 0)
+		hg_spin_free(&c->res, r, cancel, seq, start + spin_ns);
 	for (;;) {
 		if (LD(&c->res) == seq)
 			return 0;
 		if (cancel && LD(cancel) == seq)
 			return 2;
-		int64_t left = until < 0 ? -1 : until - hg_now();
-		if (until >= 0 && left <= 0)
+		int64_t left = forever ? -1 : deadline - hg_now();
+		if (!forever && left <= 0)
 			return 1;
 		ST(&c->csleep, 1);
 		if (LD(&c->res) == r && !(cancel && LD(cancel) == seq))
 			hg_futex_wait(&c->res, r, left);
 		ST(&c->csleep, 0);
 	}
-}
-
-// hg_wait waits for the answer to call seq: it sleeps for presleep_ns
-// (the call is not expected to be answered before), spins for spin_ns,
-// then sleeps until the deadline. It returns 0 answered, 1 deadline
-// passed, 2 cancelled (never when timeout_ns < 0: then it waits for the
-// answer alone, however long).
-static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t presleep_ns, int64_t spin_ns, int64_t timeout_ns) {
-	int forever = timeout_ns < 0;
-	int64_t start = hg_now(), deadline = forever ? -1 : start + timeout_ns;
-	uint32_t *cancel = forever ? NULL : &c->cancel;
-	if (presleep_ns > 0) {
-		int64_t wake = start + presleep_ns;
-		if (!forever && wake > deadline)
-			wake = deadline;
-		int got = hg_sleep_until(c, seq, cancel, wake);
-		if (got != 1 || wake == deadline)
-			return got;
-	}
-	if (spin_ns > 0) {
-		int64_t until = hg_now() + spin_ns;
-		if (!forever && until > deadline)
-			until = deadline;
-		hg_spin_free(&c->res, seq - 1, cancel, seq, until);
-	}
-	return hg_sleep_until(c, seq, cancel, deadline);
 }
 
 #endif

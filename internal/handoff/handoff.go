@@ -65,17 +65,15 @@ func (c *Cell) Drop() { C.hg_leave() }
 func (c *Cell) Cancel(seq uint32) { C.hg_cancel(&c.c, C.uint32_t(seq)) }
 
 // Wait blocks the caller until call seq is answered, cancelled or timeout
-// passes: it sleeps for presleep (the call is not expected to be answered
-// sooner; the worker wakes it if it is), spins for up to spin, then sleeps.
-// Calls must be waited for in order.
-func (c *Cell) Wait(seq uint32, presleep, spin, timeout time.Duration) Outcome {
-	return Outcome(C.hg_wait(&c.c, C.uint32_t(seq), C.int64_t(presleep), C.int64_t(spin), C.int64_t(max(timeout, 0))))
+// passes, spinning for up to spin first. Calls must be waited for in order.
+func (c *Cell) Wait(seq uint32, spin, timeout time.Duration) Outcome {
+	return Outcome(C.hg_wait(&c.c, C.uint32_t(seq), C.int64_t(spin), C.int64_t(max(timeout, 0))))
 }
 
 // WaitAnswer blocks the caller until call seq is answered, whatever the
 // time and any cancel: for a call whose worker is known to be finishing.
 func (c *Cell) WaitAnswer(seq uint32) {
-	C.hg_wait(&c.c, C.uint32_t(seq), 0, 0, -1)
+	C.hg_wait(&c.c, C.uint32_t(seq), 0, -1)
 }
 
 // busy is hg_busy: the threads spinning or running a call now.

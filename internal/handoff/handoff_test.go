@@ -35,7 +35,7 @@ func TestRoundTrips(t *testing.T) {
 			for i := int64(1); i <= 2000; i++ {
 				in.Store(i)
 				seq := c.Post()
-				if got := c.Wait(seq, 0, spin, 10*time.Second); got != Answered {
+				if got := c.Wait(seq, spin, 10*time.Second); got != Answered {
 					t.Fatalf("call %d: outcome %v, want Answered", i, got)
 				}
 				if got := out.Load(); got != 2*i {
@@ -67,7 +67,7 @@ func TestManyPairs(t *testing.T) {
 			go worker(&c, &in, &out, &quit, 50*time.Microsecond, &w)
 			for i := int64(1); i <= 300; i++ {
 				in.Store(i)
-				if got := c.Wait(c.Post(), 0, 200*time.Microsecond, 10*time.Second); got != Answered || out.Load() != 2*i {
+				if got := c.Wait(c.Post(), 200*time.Microsecond, 10*time.Second); got != Answered || out.Load() != 2*i {
 					t.Errorf("call %d: outcome %v, answer %d", i, got, out.Load())
 					break
 				}
@@ -87,7 +87,7 @@ func TestTimeout(t *testing.T) {
 	var c Cell
 	seq := c.Post() // no worker: never answered
 	start := time.Now()
-	got := c.Wait(seq, 0, 100*time.Microsecond, 50*time.Millisecond)
+	got := c.Wait(seq, 100*time.Microsecond, 50*time.Millisecond)
 	elapsed := time.Since(start)
 	if got != TimedOut {
 		t.Fatalf("outcome %v, want TimedOut", got)
@@ -104,7 +104,7 @@ func TestCancel(t *testing.T) {
 	var c Cell
 	first := c.Post()
 	c.Cancel(first - 1) // a late cancel of an older call: ignored
-	if got := c.Wait(first, 0, 0, 20*time.Millisecond); got != TimedOut {
+	if got := c.Wait(first, 0, 20*time.Millisecond); got != TimedOut {
 		t.Fatalf("after a cancel of an older call: %v, want TimedOut", got)
 	}
 
@@ -112,7 +112,7 @@ func TestCancel(t *testing.T) {
 	seq := d.Post()
 	go d.Cancel(seq) // before or while the caller sleeps: either way
 	start := time.Now()
-	if got := d.Wait(seq, 0, 0, time.Minute); got != Cancelled {
+	if got := d.Wait(seq, 0, time.Minute); got != Cancelled {
 		t.Fatalf("outcome %v, want Cancelled", got)
 	}
 	if elapsed := time.Since(start); elapsed > 2*time.Second {
@@ -149,7 +149,7 @@ func BenchmarkWakeUp(b *testing.B) {
 			go worker(&c, &in, &out, &quit, spin, &wg)
 			for i := 0; b.Loop(); i++ {
 				in.Store(int64(i))
-				if got := c.Wait(c.Post(), 0, spin, 10*time.Second); got != Answered {
+				if got := c.Wait(c.Post(), spin, 10*time.Second); got != Answered {
 					b.Fatalf("outcome %v", got)
 				}
 			}
@@ -157,37 +157,5 @@ func BenchmarkWakeUp(b *testing.B) {
 			c.Post()
 			wg.Wait()
 		})
-	}
-}
-
-// A caller sleeping before it expects the answer is woken by the worker
-// when the answer comes sooner, and a presleep never outlasts the
-// deadline.
-func TestPresleep(t *testing.T) {
-	var c Cell
-	var in, out atomic.Int64
-	var quit atomic.Bool
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go worker(&c, &in, &out, &quit, 0, &wg)
-	start := time.Now()
-	if got := c.Wait(c.Post(), time.Minute, 0, 2*time.Minute); got != Answered {
-		t.Fatalf("outcome %v, want Answered", got)
-	}
-	if elapsed := time.Since(start); elapsed > 5*time.Second {
-		t.Fatalf("an answer during the presleep was waited for %v", elapsed)
-	}
-	quit.Store(true)
-	c.Post()
-	wg.Wait()
-
-	var d Cell // no worker: nobody answers
-	seq := d.Post()
-	start = time.Now()
-	if got := d.Wait(seq, time.Minute, time.Millisecond, 50*time.Millisecond); got != TimedOut {
-		t.Fatalf("outcome %v, want TimedOut", got)
-	}
-	if elapsed := time.Since(start); elapsed < 50*time.Millisecond || elapsed > 5*time.Second {
-		t.Fatalf("a presleep past the deadline returned after %v, want the 50ms deadline", elapsed)
 	}
 }

@@ -46,7 +46,6 @@ type sess struct {
 	err  error            // the worker's result
 
 	worker   bool // the session has a worker (handoff)
-	expect   expectation
 	cell     handoff.Cell
 	posted   atomic.Uint32
 	answered atomic.Uint32
@@ -177,26 +176,22 @@ func objectAccess(op Op) tokenquirk.Access {
 }
 
 // runHandoff posts the call to the worker and waits for its answer, the
-// deadline or ctx. The caller sleeps until shortly before the answer is
-// expected (expectation), spins for as long as a wake-up costs
-// (callerSpin), and then sleeps again; the worker wakes it if the answer
-// comes while it sleeps.
+// deadline or ctx. The caller spins for as long as a wake-up costs
+// (callerSpin) and then sleeps.
 func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
-	start := time.Now()
 	seq := x.posted.Add(1) // the cell numbers calls the same way
 	x.cell.Post()
 	var stop func() bool
 	if ctx.Done() != nil {
 		stop = context.AfterFunc(ctx, func() { x.cell.Cancel(seq) })
 	}
-	outcome := x.cell.Wait(seq, x.expect.presleep(op), callerSpin, timeout)
+	outcome := x.cell.Wait(seq, callerSpin, timeout)
 	if stop != nil {
 		stop()
 	}
 	var cause error
 	switch outcome {
 	case handoff.Answered:
-		x.expect.took(op, time.Since(start))
 		return x.result(op)
 	case handoff.TimedOut:
 		cause = timeoutError(x.owner.spec.Name, op, timeout)

@@ -54,37 +54,6 @@ const (
 	workerSpin = 30 * time.Microsecond
 )
 
-// expectation is how long a session's calls of one kind take, so that a
-// caller sleeps through most of a call it knows to be long rather than
-// spin: woken by its own timer shortly before the answer is due, it costs
-// no wake-up on the answer's path; woken by the worker (the answer came
-// sooner), it costs what sleeping costs anyway. Caller side only.
-type expectation struct {
-	op  Op
-	avg time.Duration // moving average of the calls of op in a row
-}
-
-// wakeEarly is how long before the expected answer a sleeping caller
-// wakes to spin: about a wake-up, plus the timer's slack.
-const wakeEarly = callerSpin
-
-// presleep is how long a caller of op sleeps before it spins.
-func (e *expectation) presleep(op Op) time.Duration {
-	if op != e.op || e.avg <= wakeEarly {
-		return 0
-	}
-	return e.avg - wakeEarly
-}
-
-// took records that a call of op was answered after d.
-func (e *expectation) took(op Op, d time.Duration) {
-	if op != e.op {
-		e.op, e.avg = op, d
-		return
-	}
-	e.avg += (d - e.avg) / 4
-}
-
 // watch is the inline watchdog of one call.
 type watch struct {
 	state atomic.Int32 // watchRunning, watchDone or watchFired
