@@ -125,6 +125,17 @@ func (l *ObjectLock) giveUpLocked(waiting bool) {
 	}
 }
 
+// Writing reports whether a writer holds the lock (for tests and
+// diagnostics).
+func (l *ObjectLock) Writing() bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.writer
+}
+
 // Release lets the lock go. Releasing twice, or a nil Hold, is harmless.
 func (h *Hold) Release() {
 	if h == nil {

@@ -15,9 +15,11 @@ import (
 // Every module call of a session goes through run, which dispatches it as
 // the member's Spec.Dispatch says (dispatch.go): on the caller's goroutine
 // (inline) or on the session's worker, abandoned at its deadline (handoff).
-// The token's object lock (a quirk of SoftHSM's, internal/tokenquirk) is
-// taken before either, outside the deadline, and let go when the module
-// call returns, however late.
+// Right before the module call (below the Interceptor: an injected fault
+// holds no lock) it takes the token's object lock, a quirk of SoftHSM's
+// (internal/tokenquirk), and lets it go when the module call returns,
+// however late. The wait for the lock is not part of the call's deadline:
+// the caller, or the inline watchdog, extends the deadline by it.
 
 // Session states, for the race between a worker finishing and its caller
 // giving up.
@@ -42,16 +44,21 @@ type sess struct {
 	cctx context.Context
 	op   Op
 	fn   func(*sess) error
-	hold *tokenquirk.Hold // the call's hold on the token's object lock; nil for none
-	err  error            // the worker's result
+	err  error // the worker's result
+
+	// The call's hold on the token's object lock (nil for none), and how
+	// long the call has waited for it: lockWait ns in all, plus the wait
+	// going on since lockSince (unix ns; 0 when none). Written by the
+	// goroutine making the call, read by its caller.
+	hold      atomic.Pointer[tokenquirk.Hold]
+	lockWait  atomic.Int64
+	lockSince atomic.Int64
 
 	worker   bool // the session has a worker (handoff)
 	cell     handoff.Cell
 	posted   atomic.Uint32
 	answered atomic.Uint32
 	quit     atomic.Bool // set before the last post: the worker ends
-
-	objects *tokenquirk.ObjectLock // the token's; nil when it needs none
 
 	state atomic.Int32
 	dead  bool // caller side: abandoned or closed, never to be used again
@@ -61,12 +68,11 @@ type sess struct {
 // under handoff.
 func newSess(owner *Slot, st *slotState) *sess {
 	x := &sess{
-		owner:   owner,
-		ctx:     st.ctx,
-		gen:     st.gen,
-		inc:     st.inc,
-		objects: st.objects,
-		worker:  owner.spec.Dispatch != DispatchInline,
+		owner:  owner,
+		ctx:    st.ctx,
+		gen:    st.gen,
+		inc:    st.inc,
+		worker: owner.spec.Dispatch != DispatchInline,
 	}
 	if x.worker {
 		go x.work()
@@ -102,18 +108,47 @@ func (x *sess) work() {
 const opCloseSession Op = "CloseSession"
 
 // exec runs the interceptor and the module call, on whichever goroutine the
-// dispatch chose, and lets the object lock go when the call returns.
+// dispatch chose.
 func (x *sess) exec() error {
-	defer x.hold.Release()
 	if x.op == opCloseSession || x.owner.spec.Interceptor == nil {
-		return x.fn(x)
+		return x.call()
 	}
-	return x.owner.spec.intercepted(x.cctx, x.op, func() error {
-		if x.state.Load() == stAbandoned {
-			return nil // nobody waits any more: do not start the module call
+	return x.owner.spec.intercepted(x.cctx, x.op, x.call)
+}
+
+// call makes the module call under the token's object lock (the slot's
+// current one: a session of an older generation fails in the module).
+func (x *sess) call() error {
+	if a := objectAccess(x.op); a != tokenquirk.None {
+		x.lockSince.Store(time.Now().UnixNano())
+		start := time.Now()
+		hold, err := x.owner.st.Load().objects.Acquire(x.cctx, a)
+		x.lockWait.Add(int64(time.Since(start)))
+		x.lockSince.Store(0)
+		if err != nil {
+			if errors.Is(err, tokenquirk.ErrStuck) {
+				err = fmt.Errorf("%w: %v", ErrTimeout, err)
+			}
+			return err
 		}
-		return x.fn(x)
-	})
+		defer hold.Release()
+		x.hold.Store(hold)
+		defer x.hold.Store(nil)
+	}
+	if x.state.Load() == stAbandoned {
+		return nil // nobody waits any more: do not start the module call
+	}
+	return x.fn(x)
+}
+
+// lockWaited is how long the call in flight has waited for the token's
+// object lock so far.
+func (x *sess) lockWaited() time.Duration {
+	d := x.lockWait.Load()
+	if since := x.lockSince.Load(); since != 0 {
+		d += time.Now().UnixNano() - since
+	}
+	return time.Duration(d)
 }
 
 // afterAbandon runs on the worker once an abandoned call has returned: it
@@ -148,14 +183,8 @@ func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*s
 			return err
 		}
 	}
-	hold, err := x.objects.Acquire(ctx, objectAccess(op))
-	if err != nil {
-		if errors.Is(err, tokenquirk.ErrStuck) {
-			err = fmt.Errorf("%w: %v", ErrTimeout, err)
-		}
-		return &Error{Member: s.spec.Name, Op: op, Err: err}
-	}
-	x.cctx, x.op, x.fn, x.hold = ctx, op, fn, hold
+	x.cctx, x.op, x.fn = ctx, op, fn
+	x.lockWait.Store(0)
 	x.state.Store(stBusy)
 	if !x.worker {
 		return x.runInline(op, timeout)
@@ -186,6 +215,16 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		stop = context.AfterFunc(ctx, func() { x.cell.Cancel(seq) })
 	}
 	outcome := x.cell.Wait(seq, callerSpin, timeout)
+	// The wait for the token's object lock is not the member's: wait as
+	// much longer.
+	for credited := time.Duration(0); outcome == handoff.TimedOut; {
+		waited := x.lockWaited()
+		if waited <= credited {
+			break
+		}
+		outcome = x.cell.Wait(seq, 0, waited-credited)
+		credited = waited
+	}
 	if stop != nil {
 		stop()
 	}
@@ -210,7 +249,7 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 func (x *sess) result(op Op) error {
 	x.answered.Load() // the result is visible from here on
 	err := x.err
-	x.cctx, x.fn, x.err, x.hold = nil, nil, nil, nil
+	x.cctx, x.fn, x.err = nil, nil, nil
 	return newError(x.owner.spec.Name, op, err)
 }
 
@@ -227,7 +266,7 @@ func (x *sess) abandon() bool {
 		s.unhold()
 		return false
 	}
-	x.hold.Stuck()
+	x.hold.Load().Stuck() // the worker checks stAbandoned after it stores a hold
 	x.dead = true
 	s.stats.quarantinedTotal.Add(1)
 	return true

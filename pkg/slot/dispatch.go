@@ -56,8 +56,10 @@ const (
 
 // watch is the inline watchdog of one call.
 type watch struct {
-	state atomic.Int32 // watchRunning, watchDone or watchFired
-	s     *Slot
+	state    atomic.Int32 // watchRunning, watchDone or watchFired
+	x        *sess
+	t        atomic.Pointer[time.Timer]
+	credited time.Duration // of x's wait for the object lock; fire's only
 }
 
 const (
@@ -66,23 +68,31 @@ const (
 	watchFired
 )
 
+// fire marks the member stalled, unless the call spent part of its time
+// waiting for the token's object lock: then it looks again as much later.
 func (w *watch) fire() {
+	if waited := w.x.lockWaited(); waited > w.credited && w.t.Load() != nil {
+		w.t.Load().Reset(waited - w.credited)
+		w.credited = waited
+		return
+	}
 	if w.state.CompareAndSwap(watchRunning, watchFired) {
-		w.s.stalls.Add(1)
+		w.x.owner.stalls.Add(1)
 	}
 }
 
 // runInline makes the call on the caller's goroutine, under the watchdog.
 func (x *sess) runInline(op Op, timeout time.Duration) error {
-	w := &watch{s: x.owner}
+	w := &watch{x: x}
 	t := time.AfterFunc(timeout, w.fire)
+	w.t.Store(t)
 	err := x.exec()
 	t.Stop()
 	if !w.state.CompareAndSwap(watchRunning, watchDone) {
 		x.owner.stalls.Add(-1) // the member answers again
 	}
 	x.state.Store(stIdle)
-	x.cctx, x.fn, x.hold = nil, nil, nil
+	x.cctx, x.fn = nil, nil
 	return newError(x.owner.spec.Name, op, err)
 }
 

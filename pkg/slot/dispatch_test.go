@@ -11,7 +11,6 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -131,46 +130,65 @@ func TestInlineWatchdog(t *testing.T) {
 	}
 }
 
-// objectLockRig opens a member whose key generation hangs inside the
-// module (holding the token's object lock when the token needs one).
-func objectLockRig(t *testing.T, keygen time.Duration, identity ...string) (*slot.Slot, *slottest.Faults, testhsm.Token, <-chan error) {
+// lockRig opens a p11-kit member (SoftHSM behind p11-kit server, as its
+// token info says) and stops its server; a key generation then hangs in
+// the module holding the token's object lock for writing. keygen is the key
+// generation timeout. The dedicated session it returns was opened before
+// the stop.
+func lockRig(t *testing.T, keygen time.Duration) (*slot.Slot, *slot.Session, *testhsm.Served, <-chan error) {
 	t.Helper()
-	tok := testhsm.Take(t, 1)[0]
-	spec := specOf(tok)
+	srv := testhsm.Serve(t, "lock")
+	spec := specOf(srv.Token())
 	spec.CommandTimeout = 300 * time.Millisecond
 	spec.KeygenTimeout = keygen
-	s, f := openFaulty(t, tok, spec)
-	if len(identity) == 2 {
-		slot.SetTokenIdentity(s, identity[0], identity[1])
+	s := open(t, spec)
+	ctx := ctxT(t)
+	if _, err := s.GenerateRandom(ctx, 4); err != nil { // a pooled session, open before the stop
+		t.Fatal(err)
 	}
-	f.Hang(tok.Name, slot.OpGenerateKey)
+	ss, err := s.OpenSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	srv.Stop()
+	t.Cleanup(srv.Cont)
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.GenerateKey(ctxT(t), pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		_, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
 			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16)})
 		done <- err
 	}()
-	if err := f.WaitHung(ctxT(t), tok.Name, 1); err != nil {
-		t.Fatalf("the GenerateKey never hung: %v", err)
+	waitWriting(t, s)
+	return s, ss, srv, done
+}
+
+// waitWriting waits until a call of s holds its token's object lock for
+// writing.
+func waitWriting(t *testing.T, s *slot.Slot) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !slot.ObjectLockWriting(s) {
+		if time.Now().After(deadline) {
+			t.Fatal("the key generation never took the object lock")
+		}
+		time.Sleep(time.Millisecond)
 	}
-	return s, f, tok, done
 }
 
 // On a token without SoftHSM's quirk a search does not wait for a key
-// generation in flight.
+// generation in flight: it goes to the module (where, the server being
+// stopped, it times out at its own deadline).
 func TestObjectLockOnlyWhereNeeded(t *testing.T) {
 	t.Parallel()
-	s, f, tok, keygen := objectLockRig(t, 20*time.Second, "Example HSMs Inc.", "X1")
+	s, ss, srv, keygen := lockRig(t, 20*time.Second)
+	slot.SetTokenIdentity(s, "Example HSMs Inc.", "X1")
 	start := time.Now()
-	if _, err := s.FindObjects(ctxT(t), nil); err != nil {
-		t.Fatalf("FindObjects during a key generation: %v", err)
-	}
-	if took := time.Since(start); took > margin {
-		t.Fatalf("FindObjects took %v while a key generation ran on a token without the quirk", took)
-	}
-	f.Release(tok.Name)
+	_, err := ss.FindObjects(ctxT(t), nil)
+	checkTimeout(t, "FindObjects on a stopped server beside a key generation", err, time.Since(start), 300*time.Millisecond)
+	srv.Cont()
 	if err := <-keygen; err != nil {
-		t.Fatalf("the released GenerateKey: %v", err)
+		t.Fatalf("the key generation once the server runs again: %v", err)
 	}
 }
 
@@ -178,11 +196,11 @@ func TestObjectLockOnlyWhereNeeded(t *testing.T) {
 // object lock, and that wait does not count against command_timeout.
 func TestObjectLockWaitIsNotCharged(t *testing.T) {
 	t.Parallel()
-	s, f, tok, keygen := objectLockRig(t, 20*time.Second)
+	_, ss, srv, keygen := lockRig(t, 20*time.Second)
 	found := make(chan error, 1)
 	start := time.Now()
 	go func() {
-		_, err := s.FindObjects(ctxT(t), nil)
+		_, err := ss.FindObjects(ctxT(t), nil)
 		found <- err
 	}()
 	// Twice the command timeout passes with the search still queued.
@@ -191,12 +209,9 @@ func TestObjectLockWaitIsNotCharged(t *testing.T) {
 		t.Fatalf("FindObjects returned (%v) while a key generation held SoftHSM's object lock", err)
 	case <-time.After(2 * 300 * time.Millisecond):
 	}
-	if got := f.Calls(tok.Name, slot.OpFindObjects); got != 0 {
-		t.Fatalf("FindObjects reached the module %d times while the lock was held", got)
-	}
-	f.Release(tok.Name)
+	srv.Cont()
 	if err := <-keygen; err != nil {
-		t.Fatalf("the released GenerateKey: %v", err)
+		t.Fatalf("the key generation once the server runs again: %v", err)
 	}
 	if err := <-found; err != nil {
 		t.Fatalf("FindObjects after waiting %v for the lock: %v; want success, the wait is not the member's", time.Since(start), err)
@@ -207,16 +222,16 @@ func TestObjectLockWaitIsNotCharged(t *testing.T) {
 // a search fails at once, as a health error, rather than queue behind it.
 func TestObjectLockHeldByHungCall(t *testing.T) {
 	t.Parallel()
-	s, f, tok, keygen := objectLockRig(t, 300*time.Millisecond)
+	s, ss, srv, keygen := lockRig(t, 300*time.Millisecond)
 	if err := <-keygen; !errors.Is(err, slot.ErrTimeout) {
-		t.Fatalf("hung GenerateKey: %v, want ErrTimeout", err)
+		t.Fatalf("key generation on a stopped server: %v, want ErrTimeout", err)
 	}
 	start := time.Now()
-	_, err := s.FindObjects(ctxT(t), nil)
+	_, err := ss.FindObjects(ctxT(t), nil)
 	if !errors.Is(err, slot.ErrTimeout) || slot.ClassOf(err) != slot.ClassHealth || time.Since(start) > margin {
 		t.Fatalf("FindObjects behind a hung key generation: %v after %v; want ErrTimeout (health) at once", err, time.Since(start))
 	}
-	f.Release(tok.Name)
+	srv.Cont()
 	if err := slot.WaitQuarantine(ctxT(t), s); err != nil {
 		t.Fatal(err)
 	}

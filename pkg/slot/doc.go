@@ -25,8 +25,8 @@
 // ErrTimeout until it returns.
 //
 // SoftHSM tokens get an object lock (internal/tokenquirk) that keeps this
-// process's object writes apart from its object reads; it is waited for
-// before the deadline starts.
+// process's object writes apart from its object reads; the time a call
+// waits for it is added to its deadline.
 //
 // # Handles and logins
 //

@@ -47,7 +47,7 @@ func CheckFunctionList(s *Slot) error {
 
 // SetTokenIdentity makes s decide its token's object lock as for a token
 // of the given manufacturer and model (as C_GetTokenInfo reports them),
-// for the sessions it opens from now on.
+// from its next call on.
 func SetTokenIdentity(s *Slot, manufacturer, model string) {
 	st := *s.st.Load()
 	st.token.Manufacturer, st.token.Model = manufacturer, model
@@ -58,3 +58,7 @@ func SetTokenIdentity(s *Slot, manufacturer, model string) {
 // SetOwnEnvironment sets whether the process owns its environment (see
 // OwnEnvironment) and returns what it was.
 func SetOwnEnvironment(own bool) (was bool) { return ownEnv.Swap(own) }
+
+// ObjectLockWriting reports whether a call of s holds its token's object
+// lock for writing.
+func ObjectLockWriting(s *Slot) bool { return s.st.Load().objects.Writing() }
