@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"io"
 	"log/slog"
 	"os"
@@ -33,6 +34,7 @@ func main() {
 // run parses flags, starts the daemon and blocks until a stop signal.
 // Exit codes: 0 clean stop, 1 failure, 2 bad flags.
 func run(args []string, stdout, stderr io.Writer) int {
+	slot.OwnEnvironment() // a hagroup program: members' module_env may be written (pkg/slot)
 	fs := flag.NewFlagSet("haagent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgFlag := fs.String("config", "", "configuration file (default $HAGROUP_CONF, else "+config.DefaultPath+")")

@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"io"
 	"os"
 	"os/signal"
@@ -24,6 +25,7 @@ func main() {
 // run executes one hactl command line and returns its exit code. The
 // mapping from errors to exit codes happens here and nowhere else.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	slot.OwnEnvironment() // a hagroup program: members' module_env may be written (pkg/slot)
 	a := newApp(stdin, stdout, stderr)
 	root := newRootCmd(a)
 	root.SetArgs(args)

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -58,6 +59,7 @@ type options struct {
 }
 
 func run() int {
+	slot.OwnEnvironment() // a hagroup program: members' module_env may be written (pkg/slot)
 	var o options
 	flag.StringVar(&o.out, "out", "demo-out", "output directory (removed and made anew)")
 	flag.StringVar(&o.bin, "bin", "", "directory holding hactl, haagent and libhapkcs11.so (default: hademo's own)")

@@ -78,7 +78,6 @@ func hapInitialize(flags C.CK_FLAGS) (rv C.CK_RV) {
 	if module.lib != nil {
 		return C.CKR_CRYPTOKI_ALREADY_INITIALIZED
 	}
-	raiseProcs()
 	l, err := newLibrary()
 	if err != nil {
 		return C.CK_RV(codeOf(err))

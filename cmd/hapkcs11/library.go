@@ -7,7 +7,6 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -47,8 +46,7 @@ type appSession struct {
 	slot   *slotEntry
 	rw     bool
 	be     session
-	// ctx is the library's context with the session's slot.Affinity: its
-	// calls keep to the member sessions (and their threads) it used last.
+	// ctx is the library's context.
 	ctx context.Context
 
 	mu      sync.Mutex // one call at a time
@@ -143,7 +141,7 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	l.next++
 	h := l.next
 	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be,
-		ctx: slot.WithAffinity(l.ctx, new(slot.Affinity))}
+		ctx: l.ctx}
 	l.mu.Unlock()
 	return h, nil
 }

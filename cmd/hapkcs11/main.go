@@ -25,16 +25,13 @@
 // application's mutex. CKF_LIBRARY_CANT_CREATE_OS_THREADS is ignored: the
 // Go runtime creates threads regardless.
 //
-// Threads: besides the Go runtime's own, every pooled session on an
-// in-process member module has a C thread that makes its signatures and
-// verifications (a lane, see pkg/slot); these threads block asynchronous
-// signals, so the application's handlers never run on them. An
-// application session keeps to the lane it used last, and while more
-// application threads wait on lanes than half the CPUs, each lane is
-// pinned to its caller's CPU (sched_setaffinity; internal/handoff's
-// place.h says why). The runtime gets at least 8 Ps (GOMAXPROCS) unless
-// the environment sets GOMAXPROCS, and an application thread yields to the
-// Go scheduler once every 5 ms of calls (procs.go says why).
+// Threads: besides the Go runtime's own, a member with dispatch "handoff"
+// (the default) has a worker goroutine per session that makes its calls
+// off the application's thread; with "inline" the calls run on the
+// application's thread (hagroup.toml(5)). The library pins no thread,
+// leaves GOMAXPROCS and the environment as the application has them, and
+// an application thread yields to the Go scheduler once every 5 ms of
+// calls (procs.go says why).
 //
 // Recovery: each group is opened with pkg/ha, so failed members are
 // recovered in the application's process (every interval, retries times)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -54,7 +53,7 @@ func newLibrary() (*library, error) {
 		}
 		eng := virt[i].(*virtual).g
 		for _, m := range g.Members {
-			p := &lazyPhysical{group: g.Label, member: m.Name, spec: memberSpec(m, set), log: log}
+			p := &lazyPhysical{group: g.Label, member: m.Name, spec: member.SlotSpec(m, set), log: log}
 			if gm, ok := eng.Member(m.Name); ok && gm.Slot() != nil {
 				p.present = true
 			} else if ok {
@@ -73,14 +72,6 @@ func (l *library) add(id uint, t token) {
 	e := &slotEntry{id: id, tok: t}
 	l.slots = append(l.slots, e)
 	l.byID[id] = e
-}
-
-// memberSpec is how a member's token is opened (no PIN: the application
-// logs in).
-func memberSpec(m config.Member, set config.Settings) slot.Spec {
-	spec := member.SlotSpec(m, set)
-	spec.SpinHandoff = true // the callers are the application's threads
-	return spec
 }
 
 // Slot IDs are stable across processes and configuration edits that do

@@ -3,8 +3,7 @@
  * every includer of cell.h shares (hidden: not exported from a c-shared
  * library).
  */
-#include "place.h"
+#include "cell.h"
 
 __attribute__((visibility("hidden"))) int32_t hg_busy;
 __attribute__((visibility("hidden"))) int32_t hg_ncpu;
-__attribute__((visibility("hidden"))) int32_t hg_waiting;

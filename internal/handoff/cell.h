@@ -1,7 +1,6 @@
 /*
  * cell.h — the caller/worker meeting point of package handoff, in C so that
- * C worker threads (internal/p11raw's lanes) use the same cell and the same
- * process-wide count of spinning threads as the Go workers. See
+ * the spinning and the futex calls stay out of the Go scheduler's way. See
  * handoff.go for why the hand-off spins before it sleeps.
  */
 #ifndef HG_CELL_H
@@ -80,23 +79,14 @@ static inline int hg_try_spin(void) {
 	return 0;
 }
 
-// How a waiting side spins before it sleeps:
-enum {
-	HG_SPIN_TRY = 0,   // on a CPU of its own, if hg_try_spin finds one free
-	HG_SPIN_YIELD = 1, // giving the CPU up at every turn, to the other
-	                   // side when it shares the CPU (see internal/p11raw's
-	                   // lanes): not counted in hg_busy
-};
-
 // hg_spin returns 1 as soon as *word != unlike (or *cancel == seq when
 // cancel is set), 0 when until passes first. It yields the CPU every few
-// dozen turns, or at every turn when yield is set.
-static inline int hg_spin(uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until, int yield) {
-	unsigned every = yield ? 0 : 63;
+// dozen turns.
+static inline int hg_spin(uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until) {
 	for (unsigned i = 1;; i++) {
 		if (LD(word) != unlike || (cancel && LD(cancel) == seq))
 			return 1;
-		if ((i & every) == 0) {
+		if ((i & 63) == 0) {
 			if (hg_now() >= until)
 				return 0;
 			sched_yield();
@@ -106,14 +96,10 @@ static inline int hg_spin(uint32_t *word, uint32_t unlike, uint32_t *cancel, uin
 	}
 }
 
-// hg_spin_as spins as mode says.
-static inline void hg_spin_as(int mode, uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until) {
-	if (mode == HG_SPIN_YIELD) {
-		hg_spin(word, unlike, cancel, seq, until, 1);
-		return;
-	}
+// hg_spin_free spins as hg_spin does, if a CPU is free for it.
+static inline void hg_spin_free(uint32_t *word, uint32_t unlike, uint32_t *cancel, uint32_t seq, int64_t until) {
 	if (hg_try_spin()) {
-		hg_spin(word, unlike, cancel, seq, until, 0);
+		hg_spin(word, unlike, cancel, seq, until);
 		hg_leave();
 	}
 }
@@ -125,10 +111,10 @@ static inline uint32_t hg_post(hg_cell *c) {
 	return seq;
 }
 
-static inline uint32_t hg_next_as(hg_cell *c, uint32_t last, int64_t spin_ns, int mode) {
+static inline uint32_t hg_next(hg_cell *c, uint32_t last, int64_t spin_ns) {
 	uint32_t r;
 	if (spin_ns > 0)
-		hg_spin_as(mode, &c->req, last, NULL, 0, hg_now() + spin_ns);
+		hg_spin_free(&c->req, last, NULL, 0, hg_now() + spin_ns);
 	while ((r = LD(&c->req)) == last) {
 		ST(&c->wsleep, 1);
 		if (LD(&c->req) == last)
@@ -137,10 +123,6 @@ static inline uint32_t hg_next_as(hg_cell *c, uint32_t last, int64_t spin_ns, in
 	}
 	hg_enter(); // running the call, until hg_done
 	return r;
-}
-
-static inline uint32_t hg_next(hg_cell *c, uint32_t last, int64_t spin_ns) {
-	return hg_next_as(c, last, spin_ns, HG_SPIN_TRY);
 }
 
 static inline void hg_done(hg_cell *c, uint32_t seq) {
@@ -156,9 +138,9 @@ static inline void hg_cancel(hg_cell *c, uint32_t seq) {
 		hg_futex_wake(&c->res);
 }
 
-// hg_wait_as: 0 answered, 1 deadline passed, 2 cancelled (never when
+// hg_wait: 0 answered, 1 deadline passed, 2 cancelled (never when
 // timeout_ns < 0: then it waits for the answer alone, however long).
-static inline int hg_wait_as(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns, int mode) {
+static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns) {
 	int forever = timeout_ns < 0;
 	int64_t start = hg_now(), deadline = start + timeout_ns;
 	uint32_t r = seq - 1; // the answer before seq's: calls are one at a time
@@ -166,7 +148,7 @@ static inline int hg_wait_as(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t 
 	if (!forever && spin_ns > timeout_ns)
 		spin_ns = timeout_ns;
 	if (spin_ns > 0)
-		hg_spin_as(mode, &c->res, r, cancel, seq, start + spin_ns);
+		hg_spin_free(&c->res, r, cancel, seq, start + spin_ns);
 	for (;;) {
 		if (LD(&c->res) == seq)
 			return 0;
@@ -180,10 +162,6 @@ static inline int hg_wait_as(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t 
 			hg_futex_wait(&c->res, r, left);
 		ST(&c->csleep, 0);
 	}
-}
-
-static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns) {
-	return hg_wait_as(c, seq, spin_ns, timeout_ns, HG_SPIN_TRY);
 }
 
 #endif

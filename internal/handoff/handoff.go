@@ -2,25 +2,20 @@
 // worker thread and the word "done" back, without putting either thread to
 // sleep when the other answers soon.
 //
-// pkg/slot runs every module call on a worker so that its caller can give
-// up at the deadline (a call inside a module cannot be cancelled). Handing
-// the call over through Go channels costs two thread wake-ups per call, and
-// on a virtual machine whose idle vCPUs halt, a wake-up is an
-// inter-processor interrupt through the hypervisor: measured on the 2-vCPU
-// development VM, a condition-variable round trip between two threads
-// costs 33 µs and a spinning one 0.5 µs. A PKCS#11 application's threads
-// (libhapkcs11.so) are moreover locked to their Go M, which makes the Go
-// scheduler hand its P over at every block (stoplockedm/startlockedm):
-// ~40 µs per call on a 57 µs ECDSA signature.
-//
-// So each side first spins for a bounded time, with the CPU's pause
-// instruction and a sched_yield every few dozen turns (a spinning thread
-// gives its vCPU to a runnable worker at once when the machine is
-// oversubscribed), then sleeps on a futex. The state is a Cell in Go
-// memory that C only reads and writes during a call (the cgo pointer
-// rules); it holds no Go pointer. Publishing the call's arguments and
-// result is the caller's business (with sync/atomic, so that the race
-// detector sees the order the futex words give).
+// pkg/slot's handoff dispatch runs every module call on a worker so that
+// its caller can give up at the deadline (a call inside a module cannot be
+// cancelled). Sleeping costs a wake-up, and on a virtual machine whose idle
+// vCPUs halt a wake-up is an interrupt through the hypervisor; a Go channel
+// costs the threads of a C application (locked to their M) more, as the
+// scheduler hands their P away and back at every block. So each side first
+// spins for a bounded time, with the CPU's pause instruction and a
+// sched_yield every few dozen turns, and only while that leaves a CPU of the
+// process's affinity free (hg_busy), then sleeps on a futex. The state is a
+// Cell in Go memory that C only reads and writes during a call (the cgo
+// pointer rules); it holds no Go pointer. Publishing the call's arguments
+// and result is the caller's business (with sync/atomic, so that the race
+// detector sees the order the futex words give). docs/BENCHMARKS.md has
+// what a wake-up and a spinning round trip cost.
 package handoff
 
 /*

@@ -132,3 +132,30 @@ func TestCancel(t *testing.T) {
 	d.Done(s)
 	<-answered
 }
+
+// BenchmarkWakeUp measures a round trip between a caller and its worker
+// when both sleep at once (spin=0: two futex wake-ups per call) and when
+// both spin (spin=1ms: none), whose difference is what pkg/slot's
+// callerSpin and workerSpin are sized to: a side spins about as long as
+// waking it would cost. Figures in docs/BENCHMARKS.md.
+func BenchmarkWakeUp(b *testing.B) {
+	for _, spin := range []time.Duration{0, time.Millisecond} {
+		b.Run("spin="+spin.String(), func(b *testing.B) {
+			var c Cell
+			var in, out atomic.Int64
+			var quit atomic.Bool
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go worker(&c, &in, &out, &quit, spin, &wg)
+			for i := 0; b.Loop(); i++ {
+				in.Store(int64(i))
+				if got := c.Wait(c.Post(), spin, 10*time.Second); got != Answered {
+					b.Fatalf("outcome %v", got)
+				}
+			}
+			quit.Store(true)
+			c.Post()
+			wg.Wait()
+		})
+	}
+}

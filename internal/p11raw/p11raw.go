@@ -2,9 +2,8 @@
 // CK_FUNCTION_LIST (read from a miekg context) rather than through
 // miekg/pkcs11: attributes whose value is itself an attribute array
 // (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE), which
-// miekg cannot express, and the signatures of a Lane (lane.go), made from
-// a C thread without the Go runtime. It is shared by pkg/slot (in-process
-// members) and pkg/remote (the token server).
+// miekg cannot express. It is shared by pkg/slot (in-process members) and
+// pkg/remote (the token server).
 //
 // Only the parts of the PKCS#11 ABI used here are declared, so the build
 // needs no PKCS#11 development headers: CK_ATTRIBUTE, CK_MECHANISM, and the

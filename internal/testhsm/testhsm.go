@@ -19,6 +19,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,7 @@ var pool struct {
 // points SOFTHSM2_CONF at it, runs the tests, removes the directory and
 // returns the exit code for os.Exit.
 func Main(m *testing.M, ntokens int) int {
+	slot.OwnEnvironment() // a test binary: members' module_env may be written (pkg/slot)
 	dir, err := os.MkdirTemp("", "testhsm-")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testhsm: %v\n", err)

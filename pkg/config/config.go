@@ -199,11 +199,25 @@ type Member struct {
 	PINEnv  string `toml:"pin_env"`
 	// Standby members take no work until every active member is down.
 	Standby bool `toml:"standby"`
+	// Dispatch is how calls reach the member's module: DispatchHandoff
+	// (the default, also when empty) or DispatchInline; pkg/slot's
+	// Dispatch says what each means.
+	Dispatch string `toml:"dispatch"`
 	// ServerUID, for a token served by hsmserve (module hagroup-remote:),
 	// is the uid hsmserve must run as; root is accepted too. Unset: the
 	// uid of the process using the group. See [Member.ExpectedServerUID].
 	ServerUID *int64 `toml:"server_uid"`
 }
+
+// The values of Member.Dispatch.
+const (
+	// DispatchHandoff runs each call off the caller's thread and abandons
+	// it at command_timeout.
+	DispatchHandoff = "handoff"
+	// DispatchInline runs each call on the caller's thread, for in-process
+	// software tokens that cannot hang; a hung call is not abandoned.
+	DispatchInline = "inline"
+)
 
 // ExpectedServerUID is the uid a served member's hsmserve must run as,
 // as pkg/remote takes it (nil: the caller's own uid). Validate has checked

@@ -83,6 +83,7 @@ func encode(c *Config, n notes) ([]byte, error) {
 			if m.ServerUID != nil {
 				w.kv("server_uid", strconv.FormatInt(*m.ServerUID, 10))
 			}
+			w.str("dispatch", m.Dispatch)
 		}
 	}
 	if len(n.tail) > 0 {

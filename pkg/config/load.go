@@ -198,7 +198,7 @@ func knownKeys(table string) []string {
 		return append([]string{"label", "serial", "member"}, ha...)
 	case "group.member":
 		return []string{"name", "module", "module_env", "token_label", "token_serial", "uri", "pin_file",
-			"pin_env", "standby", "server_uid"}
+			"pin_env", "standby", "server_uid", "dispatch"}
 	}
 	return nil
 }

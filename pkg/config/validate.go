@@ -257,6 +257,15 @@ func (c *Config) validateMembers(p *problems, gi int) {
 			}
 		}
 		validateSelector(p, gi, mi, m)
+		switch m.Dispatch {
+		case "", DispatchHandoff:
+		case DispatchInline:
+			if strings.HasPrefix(m.Module, remoteScheme) {
+				p.at(gi, mi, "dispatch", fmt.Sprintf("%q is for in-process software tokens that cannot hang; a token served by hsmserve can: use %q", DispatchInline, DispatchHandoff))
+			}
+		default:
+			p.at(gi, mi, "dispatch", fmt.Sprintf("%q is not a dispatch: use %q (the default) or %q", m.Dispatch, DispatchHandoff, DispatchInline))
+		}
 		if uid := m.ServerUID; uid != nil {
 			switch {
 			case !strings.HasPrefix(m.Module, remoteScheme):

@@ -244,6 +244,16 @@ func TestValidateErrors(t *testing.T) {
 			want: []string{`t.toml:{u}: group "x": member "a": server_uid: 4294967295 is not a user ID`},
 		},
 		{
+			name: "dispatch unknown",
+			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  dispatch = \"spin\" #d\n",
+			want: []string{`t.toml:{d}: group "x": member "a": dispatch: "spin" is not a dispatch: use "handoff" (the default) or "inline"`},
+		},
+		{
+			name: "dispatch inline on a served token",
+			doc:  "[[group]]\nlabel = \"x\"\n  [[group.member]]\n  name = \"a\"\n  module = \"hagroup-remote:unix:/run/a.sock\"\n  token_label = \"t\"\n  dispatch = \"inline\" #d\n",
+			want: []string{`t.toml:{d}: group "x": member "a": dispatch: "inline" is for in-process software tokens that cannot hang; a token served by hsmserve can: use "handoff"`},
+		},
+		{
 			name: "module_env bad name",
 			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  module_env = { \"A=B\" = \"c\" } #e\n",
 			want: []string{`t.toml:{e}: group "x": member "a": module_env: "A=B" is not an environment variable name`},

@@ -127,9 +127,6 @@ type Options struct {
 	Tombstones Tombstones
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
-	// SpinHandoff is passed into every member's slot.Spec: the callers are
-	// threads of a C application (libhapkcs11.so).
-	SpinHandoff bool
 	// PINGuard keeps members whose token refused their PIN from being
 	// offered one again; nil: no guard beyond this process's own refusal.
 	PINGuard PINGuard
@@ -344,7 +341,6 @@ func (g *Group) spec(m config.Member) slot.Spec {
 	spec := member.SlotSpec(m, g.settings)
 	spec.MaxSessions = g.opts.MaxSessions
 	spec.Interceptor = g.opts.Interceptor
-	spec.SpinHandoff = g.opts.SpinHandoff
 	return spec
 }
 

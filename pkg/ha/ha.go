@@ -66,8 +66,6 @@ type Options struct {
 	Interceptor slot.Interceptor
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
-	// SpinHandoff is passed to every member's slot (see slot.Spec).
-	SpinHandoff bool
 	// Clock drives the retry timers; nil: the real clock.
 	Clock recovery.Clock
 	// AttemptTimeout bounds one recovery attempt; 0: recover's default.
@@ -125,7 +123,7 @@ func (s *sink) Event(e group.Event) {
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
 	h := &Group{cfg: cloneGroup(g), set: s}
 	snk := &sink{next: opts.Events, report: opts.Report}
-	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions, SpinHandoff: opts.SpinHandoff}
+	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions}
 	stateDir := opts.StateDir
 	var tombs recovery.TombstoneSource
 	if stateDir != "" {

@@ -26,5 +26,6 @@ func SlotSpec(m config.Member, s config.Settings) slot.Spec {
 		ServerUID:      m.ExpectedServerUID(),
 		CommandTimeout: s.CommandTimeout,
 		KeygenTimeout:  s.KeygenTimeout,
+		Dispatch:       slot.Dispatch(m.Dispatch),
 	}
 }

@@ -19,7 +19,7 @@ var notInSpec = map[string]string{
 
 // callerSets are the slot.Spec fields the configuration does not hold.
 var callerSets = map[string]bool{
-	"PIN": true, "MaxSessions": true, "Interceptor": true, "SpinHandoff": true,
+	"PIN": true, "MaxSessions": true, "Interceptor": true,
 }
 
 // filled is a config.Member with every field set to a value of its own.
@@ -91,13 +91,14 @@ func TestSlotSpecValues(t *testing.T) {
 	m := config.Member{
 		Name: "hsm-a", Module: "/usr/lib/softhsm/libsofthsm2.so", ModuleEnv: map[string]string{"SOFTHSM2_CONF": "/etc/a.conf"},
 		TokenLabel: "a", TokenSerial: "s", URI: "pkcs11:token=a", ServerUID: &uid, PINFile: "/etc/pin", Standby: true,
+		Dispatch: "inline",
 	}
 	set := config.Defaults()
 	set.CommandTimeout, set.KeygenTimeout = 3*time.Second, 7*time.Second
 	got := SlotSpec(m, set)
 	want := slot.Spec{
 		Name: "hsm-a", Module: m.Module, ModuleEnv: m.ModuleEnv, TokenLabel: "a", TokenSerial: "s", URI: "pkcs11:token=a",
-		CommandTimeout: 3 * time.Second, KeygenTimeout: 7 * time.Second,
+		CommandTimeout: 3 * time.Second, KeygenTimeout: 7 * time.Second, Dispatch: slot.DispatchInline,
 	}
 	if got.ServerUID == nil || *got.ServerUID != 1001 {
 		t.Fatalf("ServerUID = %v, want 1001", got.ServerUID)

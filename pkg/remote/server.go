@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/hagroup/hagroup/internal/p11raw"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/miekg/pkcs11"
 	"golang.org/x/sys/unix"
 )
@@ -329,29 +330,32 @@ type served struct {
 	ctx   *pkcs11.Ctx
 	fl    unsafe.Pointer
 	flErr error
-	// objects keeps calls that write token objects apart from calls that
-	// read them. The server calls the module from many threads of one
-	// process, and SoftHSM 2.6 does not keep two threads apart on one
-	// object file (fcntl locks work between processes only): a search or
-	// read that refreshes an object while another thread writes it can
-	// leave it without CKA_CLASS for good, and the write then fails with
-	// CKR_GENERAL_ERROR. Cryptographic calls take no lock.
-	objects sync.RWMutex
+	// objects holds the object locks of the served tokens that need one
+	// (internal/tokenquirk): the server calls the module from many
+	// threads of one process, for every client.
+	objects tokenquirk.Locks
 }
 
-// objectLock takes the lock o needs on m.objects and returns its
-// release.
-func (m *served) objectLock(o op) func() {
+// objectAccess is what o does to the token's objects.
+func objectAccess(o op) tokenquirk.Access {
 	switch o {
 	case opCreateObject, opCreateObjectNested, opCopyObject, opDestroyObject, opSetAttributeValue,
 		opGenerateKey, opGenerateKeyPair, opUnwrapKey, opDeriveKey:
-		m.objects.Lock()
-		return m.objects.Unlock
+		return tokenquirk.Write
 	case opFindObjectsInit, opFindObjects, opGetAttributeValue, opGetNestedAttribute:
-		m.objects.RLock()
-		return m.objects.RUnlock
+		return tokenquirk.Read
 	}
-	return func() {}
+	return tokenquirk.None
+}
+
+// objectLock returns the object lock of the token in slot id, nil when it
+// needs none.
+func (m *served) objectLock(id uint) (*tokenquirk.ObjectLock, error) {
+	ti, err := m.ctx.GetTokenInfo(id)
+	if err != nil {
+		return nil, err
+	}
+	return m.objects.For(id, ti.ManufacturerID, ti.Model), nil
 }
 
 // Back-pressure: a connection runs at most maxInFlight requests at once,
@@ -413,7 +417,7 @@ type peer struct {
 	wmu sync.Mutex
 
 	smu      sync.RWMutex
-	sessions map[pkcs11.SessionHandle]struct{}
+	sessions map[pkcs11.SessionHandle]*tokenquirk.ObjectLock // each with its token's object lock
 	calls    sync.WaitGroup
 }
 
@@ -471,7 +475,7 @@ func (m *served) serveConn(ctx context.Context, nc net.Conn) {
 	defer nc.Close()
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
 	defer stop()
-	p := &peer{m: m, nc: nc, sessions: make(map[pkcs11.SessionHandle]struct{})}
+	p := &peer{m: m, nc: nc, sessions: make(map[pkcs11.SessionHandle]*tokenquirk.ObjectLock)}
 	r := bufio.NewReader(nc)
 	if err := p.handshake(r); err != nil {
 		if !errors.Is(err, io.EOF) {
@@ -586,16 +590,17 @@ var (
 	errSlotInvalid    = pkcs11.Error(pkcs11.CKR_SLOT_ID_INVALID)
 )
 
-// session checks that sh is a session of this connection.
-func (p *peer) session(sh uint) (pkcs11.SessionHandle, error) {
+// session checks that sh is a session of this connection and returns it
+// with its token's object lock.
+func (p *peer) session(sh uint) (pkcs11.SessionHandle, *tokenquirk.ObjectLock, error) {
 	h := pkcs11.SessionHandle(sh)
 	p.smu.RLock()
-	_, ok := p.sessions[h]
+	l, ok := p.sessions[h]
 	p.smu.RUnlock()
 	if !ok {
-		return 0, errSessionInvalid
+		return 0, nil, errSessionInvalid
 	}
-	return h, nil
+	return h, l, nil
 }
 
 // slotServed reports whether slot id is served (Server.TokenLabel).
@@ -666,7 +671,7 @@ func (p *peer) run(q *request, r *response) error {
 	if q.Op == opInvalid || q.Op >= opCount {
 		return fmt.Errorf("unknown operation %d (protocol version %d)", q.Op, ProtocolVersion)
 	}
-	sh, err := p.session(q.Session)
+	sh, objects, err := p.session(q.Session)
 	if err != nil {
 		return err
 	}
@@ -675,7 +680,12 @@ func (p *peer) run(q *request, r *response) error {
 		return err
 	}
 	defer freeMech(ms)
-	defer m.objectLock(q.Op)()
+	// The client's deadline bounds the wait; the server has none of its own.
+	hold, err := objects.Acquire(context.Background(), objectAccess(q.Op))
+	if err != nil {
+		return err
+	}
+	defer hold.Release()
 	obj := pkcs11.ObjectHandle(q.Object)
 	switch q.Op {
 	case opCloseSession:
@@ -861,6 +871,10 @@ func (p *peer) runSlot(q *request, r *response) error {
 		r.MechInfo = &v
 		return err
 	case opOpenSession:
+		objects, err := p.m.objectLock(q.Slot)
+		if err != nil {
+			return err
+		}
 		h, err := c.OpenSession(q.Slot, q.N)
 		if err != nil {
 			return err
@@ -871,7 +885,7 @@ func (p *peer) runSlot(q *request, r *response) error {
 			_ = c.CloseSession(h)
 			return errSessionInvalid
 		}
-		p.sessions[h] = struct{}{}
+		p.sessions[h] = objects
 		p.smu.Unlock()
 		r.Handle = uint(h)
 		return nil

@@ -2,50 +2,24 @@ package slot
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/hagroup/hagroup/internal/handoff"
-	"github.com/hagroup/hagroup/internal/p11raw"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/miekg/pkcs11"
 )
 
-// A module call cannot be cancelled, so every call runs on the session's
-// own worker goroutine while the caller waits for the result, the deadline
-// or its ctx, whichever comes first. A caller that stops waiting abandons
-// the session: it is quarantined (never reused) and its worker closes it
-// when, if ever, the call returns.
-//
-// A long-lived worker per session rather than a goroutine per call: the
-// hand-off is a channel send to a parked goroutine and back, with no
-// goroutine, channel or timer created per call, and the worker runs on the
-// caller's thread. Measured on the 2-vCPU development machine, a no-op call
-// costs ~1 µs this way against ~3 µs with a goroutine (and timer and
-// channel) per call.
-//
-// The price that remains is the runtime's: each hand-off readies a
-// goroutine, and when a P is idle the runtime wakes a thread to look for
-// work (golang/go#32113) which finds none. Where the two vCPUs share a
-// physical core, that thread slows the signature running on the other one:
-// ~20 µs on a 60 µs SoftHSM ECDSA signature from a single goroutine, none
-// to speak of when every P is busy (many callers) or with GOMAXPROCS=1
-// (BenchmarkSlotSign). A deadline cannot be had without the hand-off: a
-// goroutine inside a C call cannot return to its caller.
-//
-// Callers that are threads of a C application (libhapkcs11.so) are another
-// matter: each is locked to its M, so a channel hand-off makes the
-// scheduler pass the P to another thread and back (stoplockedm,
-// startlockedm), two thread wake-ups per call, and on a VM whose idle
-// vCPUs halt a wake-up is an interrupt through the hypervisor (~16 µs
-// here). For them Spec.SpinHandoff hands calls over through
-// internal/handoff instead: caller and worker spin briefly, while a CPU is
-// free for it, before they sleep on a futex. callerSpin covers a typical
-// signature (ECDSA ~60 µs on SoftHSM) and workerSpin the gap between two
-// calls of a busy application thread.
-const (
-	callerSpin = 200 * time.Microsecond
-	workerSpin = 50 * time.Microsecond
-)
+// Every module call of a session goes through run, which dispatches it as
+// the member's Spec.Dispatch says (dispatch.go): on the caller's goroutine
+// (inline) or on the session's worker, abandoned at its deadline (handoff).
+// Right before the module call (below the Interceptor: an injected fault
+// holds no lock) it takes the token's object lock, a quirk of SoftHSM's
+// (internal/tokenquirk), and lets it go when the module call returns,
+// however late. The wait for the lock is not part of the call's deadline:
+// the caller, or the inline watchdog, extends the deadline by it.
 
 // Session states, for the race between a worker finishing and its caller
 // giving up.
@@ -55,7 +29,7 @@ const (
 	stAbandoned
 )
 
-// sess is one physical session and its worker.
+// sess is one physical session and, under handoff, its worker.
 type sess struct {
 	owner *Slot
 	ctx   p11
@@ -64,73 +38,50 @@ type sess struct {
 	inc   uint64 // module incarnation the session was opened in
 	open  bool   // h is an open session
 
-	// The call being handed to the worker. Written by the caller before the
-	// send on req (or the store of posted), read by the worker after
-	// receiving (or loading posted).
+	// The call being made. Written by the caller before the post, read by
+	// the worker after it (ordered by posted and answered for the race
+	// detector, by the cell's futex words for the machine).
 	cctx context.Context
 	op   Op
 	fn   func(*sess) error
+	err  error // the worker's result
 
-	// Channel hand-off (Go callers).
-	req   chan struct{}
-	res   chan error // buffered: the worker never blocks on it
-	timer *time.Timer
+	// The call's hold on the token's object lock (nil for none), and how
+	// long the call has waited for it: lockWait ns in all, plus the wait
+	// going on since lockSince (unix ns; 0 when none). Written by the
+	// goroutine making the call, read by its caller.
+	hold      atomic.Pointer[tokenquirk.Hold]
+	lockWait  atomic.Int64
+	lockSince atomic.Int64
 
-	// Spin hand-off (Spec.SpinHandoff): the atomics order the call and its
-	// result for the race detector, the cell's futex words for the machine.
-	spin     bool
+	worker   bool // the session has a worker (handoff)
 	cell     handoff.Cell
 	posted   atomic.Uint32
 	answered atomic.Uint32
-	err      error
 	quit     atomic.Bool // set before the last post: the worker ends
-
-	lane      *p11raw.Lane // the C thread for signatures (lane.go); nil without
-	laneTried bool         // startLane ran: a nil lane stays nil
-
-	objects *objectLock // the token's, shared with every session on it
 
 	state atomic.Int32
 	dead  bool // caller side: abandoned or closed, never to be used again
 }
 
-// newSess starts the worker of a session, not open yet, on state st.
+// newSess makes a session (not open yet) on state st, with its worker
+// under handoff.
 func newSess(owner *Slot, st *slotState) *sess {
 	x := &sess{
-		owner:   owner,
-		ctx:     st.ctx,
-		gen:     st.gen,
-		inc:     st.inc,
-		spin:    owner.spec.SpinHandoff,
-		objects: owner.mod.objectLock(st.id),
+		owner:  owner,
+		ctx:    st.ctx,
+		gen:    st.gen,
+		inc:    st.inc,
+		worker: owner.spec.Dispatch != DispatchInline,
 	}
-	if x.spin {
-		go x.workSpin()
-		return x
+	if x.worker {
+		go x.work()
 	}
-	x.req = make(chan struct{})
-	x.res = make(chan error, 1)
-	x.timer = time.NewTimer(time.Hour)
-	x.timer.Stop()
-	go x.work()
 	return x
 }
 
 // work runs calls until the session is retired or abandoned.
 func (x *sess) work() {
-	for range x.req {
-		err := x.exec()
-		if !x.state.CompareAndSwap(stBusy, stIdle) {
-			// The caller gave up on this call: clean up behind it.
-			x.afterAbandon()
-			return
-		}
-		x.res <- err
-	}
-}
-
-// workSpin is work for the spin hand-off.
-func (x *sess) workSpin() {
 	var seq uint32
 	for {
 		seq = x.cell.Next(seq, workerSpin)
@@ -141,6 +92,7 @@ func (x *sess) workSpin() {
 		x.posted.Load() // the call is visible from here on
 		err := x.exec()
 		if !x.state.CompareAndSwap(stBusy, stIdle) {
+			// The caller gave up on this call: clean up behind it.
 			x.cell.Drop()
 			x.afterAbandon()
 			return
@@ -155,24 +107,48 @@ func (x *sess) workSpin() {
 // the Interceptor: injected faults must never leak sessions on the token.
 const opCloseSession Op = "CloseSession"
 
-// exec runs the interceptor and the call on the worker goroutine.
+// exec runs the interceptor and the module call, on whichever goroutine the
+// dispatch chose.
 func (x *sess) exec() error {
 	if x.op == opCloseSession || x.owner.spec.Interceptor == nil {
 		return x.call()
 	}
-	return x.owner.spec.intercepted(x.cctx, x.op, func() error {
-		if x.state.Load() == stAbandoned {
-			return nil // nobody waits any more: do not start the module call
-		}
-		return x.call()
-	})
+	return x.owner.spec.intercepted(x.cctx, x.op, x.call)
 }
 
-// call makes the module call, under the token's object lock (an injected
-// fault above it holds no lock).
+// call makes the module call under the token's object lock (the slot's
+// current one: a session of an older generation fails in the module).
 func (x *sess) call() error {
-	defer x.objects.hold(x.op)()
+	if a := objectAccess(x.op); a != tokenquirk.None {
+		x.lockSince.Store(time.Now().UnixNano())
+		start := time.Now()
+		hold, err := x.owner.st.Load().objects.Acquire(x.cctx, a)
+		x.lockWait.Add(int64(time.Since(start)))
+		x.lockSince.Store(0)
+		if err != nil {
+			if errors.Is(err, tokenquirk.ErrStuck) {
+				err = fmt.Errorf("%w: %v", ErrTimeout, err)
+			}
+			return err
+		}
+		defer hold.Release()
+		x.hold.Store(hold)
+		defer x.hold.Store(nil)
+	}
+	if x.state.Load() == stAbandoned {
+		return nil // nobody waits any more: do not start the module call
+	}
 	return x.fn(x)
+}
+
+// lockWaited is how long the call in flight has waited for the token's
+// object lock so far.
+func (x *sess) lockWaited() time.Duration {
+	d := x.lockWait.Load()
+	if since := x.lockSince.Load(); since != 0 {
+		d += time.Now().UnixNano() - since
+	}
+	return time.Duration(d)
 }
 
 // afterAbandon runs on the worker once an abandoned call has returned: it
@@ -191,49 +167,47 @@ func (x *sess) afterAbandon() {
 	x.owner.unhold()
 }
 
-// run hands fn to the worker and waits for its result, at most timeout and
-// not beyond ctx. On timeout the error wraps ErrTimeout; on ctx the error
-// wraps ctx.Err(); in both cases the session is quarantined and dead.
+// run makes call fn for op on x, at most timeout under handoff and not
+// beyond ctx. On timeout the error wraps ErrTimeout; on ctx the error wraps
+// ctx.Err(); in both cases the session is quarantined and dead.
 func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+	s := x.owner
 	if x.dead {
-		return &Error{Member: x.owner.spec.Name, Op: op, Err: ErrSessionLost}
+		return &Error{Member: s.spec.Name, Op: op, Err: ErrSessionLost}
 	}
 	if err := ctx.Err(); err != nil {
-		return &Error{Member: x.owner.spec.Name, Op: op, Err: err}
+		return &Error{Member: s.spec.Name, Op: op, Err: err}
+	}
+	if op != opCloseSession {
+		if err := s.stalled(op); err != nil {
+			return err
+		}
 	}
 	x.cctx, x.op, x.fn = ctx, op, fn
+	x.lockWait.Store(0)
 	x.state.Store(stBusy)
-	if x.spin {
-		return x.runSpin(ctx, op, timeout)
+	if !x.worker {
+		return x.runInline(op, timeout)
 	}
-	// Arm the timer before the hand-off: from the send on, this goroutine
-	// should park at once so that the worker runs on this thread (a
-	// spinning thread of the runtime steals it after a few µs otherwise).
-	x.timer.Reset(timeout)
-	x.req <- struct{}{}
-	var cause error
-	select {
-	case err := <-x.res:
-		x.timer.Stop()
-		x.cctx, x.fn = nil, nil
-		return newError(x.owner.spec.Name, op, err)
-	case <-x.timer.C:
-		cause = timeoutError(x.owner.spec.Name, op, timeout)
-	case <-ctx.Done():
-		x.timer.Stop()
-		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
-	}
-	if !x.abandon() {
-		// The worker finished just now: take its result after all.
-		err := <-x.res
-		x.cctx, x.fn = nil, nil
-		return newError(x.owner.spec.Name, op, err)
-	}
-	return cause
+	return x.runHandoff(ctx, op, timeout)
 }
 
-// runSpin is run's hand-off for Spec.SpinHandoff.
-func (x *sess) runSpin(ctx context.Context, op Op, timeout time.Duration) error {
+// objectAccess is what op does to the token's objects.
+func objectAccess(op Op) tokenquirk.Access {
+	switch op {
+	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
+		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
+		return tokenquirk.Write
+	case OpFindObjects, OpGetAttributes:
+		return tokenquirk.Read
+	}
+	return tokenquirk.None
+}
+
+// runHandoff posts the call to the worker and waits for its answer, the
+// deadline or ctx. The caller spins for as long as a wake-up costs
+// (callerSpin) and then sleeps.
+func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
 	seq := x.posted.Add(1) // the cell numbers calls the same way
 	x.cell.Post()
 	var stop func() bool
@@ -241,13 +215,23 @@ func (x *sess) runSpin(ctx context.Context, op Op, timeout time.Duration) error 
 		stop = context.AfterFunc(ctx, func() { x.cell.Cancel(seq) })
 	}
 	outcome := x.cell.Wait(seq, callerSpin, timeout)
+	// The wait for the token's object lock is not the member's: wait as
+	// much longer.
+	for credited := time.Duration(0); outcome == handoff.TimedOut; {
+		waited := x.lockWaited()
+		if waited <= credited {
+			break
+		}
+		outcome = x.cell.Wait(seq, 0, waited-credited)
+		credited = waited
+	}
 	if stop != nil {
 		stop()
 	}
 	var cause error
 	switch outcome {
 	case handoff.Answered:
-		return x.spinResult(op)
+		return x.result(op)
 	case handoff.TimedOut:
 		cause = timeoutError(x.owner.spec.Name, op, timeout)
 	default:
@@ -256,13 +240,13 @@ func (x *sess) runSpin(ctx context.Context, op Op, timeout time.Duration) error 
 	if !x.abandon() {
 		// The worker finished just now: its answer is on the way.
 		x.cell.WaitAnswer(seq)
-		return x.spinResult(op)
+		return x.result(op)
 	}
 	return cause
 }
 
-// spinResult takes the answered call's result.
-func (x *sess) spinResult(op Op) error {
+// result takes the answered call's result.
+func (x *sess) result(op Op) error {
 	x.answered.Load() // the result is visible from here on
 	err := x.err
 	x.cctx, x.fn, x.err = nil, nil, nil
@@ -274,37 +258,24 @@ func (x *sess) spinResult(op Op) error {
 // returns false when the worker finished just now: then nothing is given
 // up and the caller takes the result after all.
 func (x *sess) abandon() bool {
-	x.quarantine()
+	s := x.owner
+	s.hold()
+	s.quarantined.Add(1)
 	if !x.state.CompareAndSwap(stBusy, stAbandoned) {
-		x.owner.unquarantine()
-		x.owner.unhold()
+		s.unquarantine()
+		s.unhold()
 		return false
 	}
-	x.markAbandoned()
+	x.hold.Load().Stuck() // the worker checks stAbandoned after it stores a hold
+	x.dead = true
+	s.stats.quarantinedTotal.Add(1)
 	return true
 }
 
-// quarantine counts x's call as hung and keeps the slot (and its module)
-// alive for it, until afterAbandon.
-func (x *sess) quarantine() {
-	x.owner.hold()
-	x.owner.quarantined.Add(1)
-}
-
-// markAbandoned makes x dead once its call is given up for good.
-func (x *sess) markAbandoned() {
-	x.dead = true
-	x.owner.stats.quarantinedTotal.Add(1)
-}
-
-// retire closes the session (bounded by timeout) and stops its workers.
+// retire closes the session (bounded by timeout) and stops its worker.
 func (x *sess) retire(timeout time.Duration) {
 	if x.dead {
 		return
-	}
-	if x.lane != nil {
-		x.lane.Close()
-		x.lane = nil
 	}
 	if x.open {
 		_ = x.run(context.Background(), opCloseSession, timeout, func(x *sess) error {
@@ -317,17 +288,10 @@ func (x *sess) retire(timeout time.Duration) {
 		return // the close hung; the worker cleans up
 	}
 	x.dead = true
-	x.stopWorker()
-}
-
-// stopWorker ends the idle worker of a session that is dead.
-func (x *sess) stopWorker() {
-	if x.spin {
+	if x.worker {
 		x.quit.Store(true)
 		x.cell.Post()
-		return
 	}
-	close(x.req)
 }
 
 // openOn opens the session on slot id (CKF_SERIAL_SESSION|CKF_RW_SESSION).

@@ -33,106 +33,99 @@ func checkTimeout(t *testing.T, what string, err error, elapsed, d time.Duration
 	}
 }
 
-// eachHandoff runs fn with each way of handing calls to a session's worker
-// (channels for Go callers, spinning for a C application's threads), in
-// parallel.
-func eachHandoff(t *testing.T, fn func(t *testing.T, spin bool)) {
-	for _, spin := range []bool{false, true} {
-		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) {
+// eachDispatch runs fn with each dispatch, in parallel.
+func eachDispatch(t *testing.T, fn func(t *testing.T, d slot.Dispatch)) {
+	for _, d := range slot.Dispatches {
+		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
-			fn(t, spin)
+			fn(t, d)
 		})
 	}
 }
 
+// Under handoff (the default) a hung call is abandoned at its deadline.
 func TestHungCallTimesOut(t *testing.T) {
 	t.Parallel()
-	eachHandoff(t, func(t *testing.T, spin bool) {
-		tok := testhsm.Take(t, 1)[0]
-		spec := specOf(tok)
-		spec.SpinHandoff = spin
-		spec.CommandTimeout = 200 * time.Millisecond
-		spec.KeygenTimeout = 500 * time.Millisecond
-		spec.MaxSessions = 2
-		s, f := openFaulty(t, tok, spec)
-		_, priv := newECKey(t, s, "hang")
-		ctx := ctxT(t)
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.CommandTimeout = 200 * time.Millisecond
+	spec.KeygenTimeout = 500 * time.Millisecond
+	spec.MaxSessions = 2
+	s, f := openFaulty(t, tok, spec)
+	_, priv := newECKey(t, s, "hang")
+	ctx := ctxT(t)
 
-		f.Hang(tok.Name, slot.OpSign)
-		start := time.Now()
-		_, err := signDigest(ctx, s, priv, []byte("x"))
-		checkTimeout(t, "hung Sign", err, time.Since(start), spec.CommandTimeout)
-		if !strings.Contains(err.Error(), "member "+tok.Name+": Sign:") {
-			t.Fatalf("timeout error does not name member and op: %v", err)
-		}
-		if st := s.Stats(); st.Quarantined != 1 || st.Open != 0 {
-			t.Fatalf("after the timeout: %+v; want the session quarantined, out of the pool", st)
-		}
+	f.Hang(tok.Name, slot.OpSign)
+	start := time.Now()
+	_, err := signDigest(ctx, s, priv, []byte("x"))
+	checkTimeout(t, "hung Sign", err, time.Since(start), spec.CommandTimeout)
+	if !strings.Contains(err.Error(), "member "+tok.Name+": Sign:") {
+		t.Fatalf("timeout error does not name member and op: %v", err)
+	}
+	if st := s.Stats(); st.Quarantined != 1 || st.Open != 0 {
+		t.Fatalf("after the timeout: %+v; want the session quarantined, out of the pool", st)
+	}
 
-		// Key generation runs under the longer timeout.
-		f.Hang(tok.Name, slot.OpGenerateKey)
-		start = time.Now()
-		_, err = s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
-			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16)})
-		checkTimeout(t, "hung GenerateKey", err, time.Since(start), spec.KeygenTimeout)
+	// Key generation runs under the longer timeout.
+	f.Hang(tok.Name, slot.OpGenerateKey)
+	start = time.Now()
+	_, err = s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16)})
+	checkTimeout(t, "hung GenerateKey", err, time.Since(start), spec.KeygenTimeout)
 
-		// With as many calls hung as the pool holds, calls fail at once.
-		start = time.Now()
-		_, err = s.GenerateRandom(ctx, 4)
-		if !errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin || !strings.Contains(err.Error(), "2 calls still hung") {
-			t.Fatalf("call with the pool's worth of calls hung: %v after %v; want an immediate ErrTimeout", err, time.Since(start))
-		}
-		if got := f.Calls(tok.Name, slot.OpGenerateRandom); got != 0 {
-			t.Fatalf("GenerateRandom reached the module %d times", got)
-		}
+	// With as many calls hung as the pool holds, calls fail at once.
+	start = time.Now()
+	_, err = s.GenerateRandom(ctx, 4)
+	if !errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin || !strings.Contains(err.Error(), "2 calls still hung") {
+		t.Fatalf("call with the pool's worth of calls hung: %v after %v; want an immediate ErrTimeout", err, time.Since(start))
+	}
+	if got := f.Calls(tok.Name, slot.OpGenerateRandom); got != 0 {
+		t.Fatalf("GenerateRandom reached the module %d times", got)
+	}
 
-		// The hung calls return: their sessions are closed, never reused.
-		f.Release(tok.Name)
-		if err := slot.WaitQuarantine(ctx, s); err != nil {
-			t.Fatalf("quarantined calls never returned: %v", err)
-		}
-		sig, err := signDigest(ctx, s, priv, []byte("y"))
-		if err != nil || len(sig) != 64 {
-			t.Fatalf("Sign after release: %v", err)
-		}
-		if st := s.Stats(); st.Opened != 3 || st.QuarantinedTotal != 2 || st.Quarantined != 0 {
-			t.Fatalf("after release: %+v; want a third session opened, two quarantined in all", st)
-		}
-	})
+	// The hung calls return: their sessions are closed, never reused.
+	f.Release(tok.Name)
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("quarantined calls never returned: %v", err)
+	}
+	sig, err := signDigest(ctx, s, priv, []byte("y"))
+	if err != nil || len(sig) != 64 {
+		t.Fatalf("Sign after release: %v", err)
+	}
+	if st := s.Stats(); st.Opened != 3 || st.QuarantinedTotal != 2 || st.Quarantined != 0 {
+		t.Fatalf("after release: %+v; want a third session opened, two quarantined in all", st)
+	}
 }
 
 func TestCancelledCallIsQuarantined(t *testing.T) {
 	t.Parallel()
-	eachHandoff(t, func(t *testing.T, spin bool) {
-		tok := testhsm.Take(t, 1)[0]
-		spec := specOf(tok)
-		spec.SpinHandoff = spin
-		spec.CommandTimeout = 20 * time.Second
-		s, f := openFaulty(t, tok, spec)
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.CommandTimeout = 20 * time.Second
+	s, f := openFaulty(t, tok, spec)
 
-		f.Hang(tok.Name, slot.OpDigest)
-		ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		_, err := s.Digest(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x"))
-		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin {
-			t.Fatalf("Digest with a ctx ending first: %v after %v; want the ctx's error, promptly", err, time.Since(start))
-		}
-		if slot.ClassOf(err) != slot.ClassRequest {
-			t.Fatalf("ClassOf(caller's deadline) = %v, want request: the member is not charged for it", slot.ClassOf(err))
-		}
-		if st := s.Stats(); st.Quarantined != 1 {
-			t.Fatalf("the abandoned session is not quarantined: %+v", st)
-		}
-		f.Release(tok.Name)
-		if err := slot.WaitQuarantine(ctxT(t), s); err != nil {
-			t.Fatal(err)
-		}
-		// Abandoned before the module was called: the module never saw it.
-		if _, err := s.Digest(ctxT(t), pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x")); err != nil {
-			t.Fatalf("Digest after release: %v", err)
-		}
-	})
+	f.Hang(tok.Name, slot.OpDigest)
+	ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Digest(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x"))
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, slot.ErrTimeout) || time.Since(start) > margin {
+		t.Fatalf("Digest with a ctx ending first: %v after %v; want the ctx's error, promptly", err, time.Since(start))
+	}
+	if slot.ClassOf(err) != slot.ClassRequest {
+		t.Fatalf("ClassOf(caller's deadline) = %v, want request: the member is not charged for it", slot.ClassOf(err))
+	}
+	if st := s.Stats(); st.Quarantined != 1 {
+		t.Fatalf("the abandoned session is not quarantined: %+v", st)
+	}
+	f.Release(tok.Name)
+	if err := slot.WaitQuarantine(ctxT(t), s); err != nil {
+		t.Fatal(err)
+	}
+	// Abandoned before the module was called: the module never saw it.
+	if _, err := s.Digest(ctxT(t), pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), []byte("x")); err != nil {
+		t.Fatalf("Digest after release: %v", err)
+	}
 }
 
 func TestDelayAndCapacity(t *testing.T) {
@@ -162,116 +155,65 @@ func TestDelayAndCapacity(t *testing.T) {
 // module, and only our deadline bounds them.
 func TestStoppedServerTimesOut(t *testing.T) {
 	t.Parallel()
-	eachHandoff(t, func(t *testing.T, spin bool) {
-		srv := testhsm.Serve(t, "stopped")
-		spec := specOf(srv.Token())
-		spec.SpinHandoff = spin
-		spec.CommandTimeout = 300 * time.Millisecond
-		s := open(t, spec)
-		pub, priv := newECKey(t, s, "stop")
-		ctx := ctxT(t)
+	srv := testhsm.Serve(t, "stopped")
+	spec := specOf(srv.Token())
+	spec.CommandTimeout = 300 * time.Millisecond
+	s := open(t, spec)
+	pub, priv := newECKey(t, s, "stop")
+	ctx := ctxT(t)
 
-		srv.Stop()
-		start := time.Now()
-		_, err := signDigest(ctx, s, priv, []byte("x"))
-		elapsed := time.Since(start)
-		stopped := s.Stats()
-		srv.Cont()
-		checkTimeout(t, "Sign on a stopped server", err, elapsed, spec.CommandTimeout)
-		// p11-kit's client is an in-process module: with SpinHandoff the
-		// signature went through a lane, and the lane's call was abandoned.
-		if lane := slot.LaneCalls(s); spin && lane != 1 || !spin && lane != 0 {
-			t.Fatalf("%d lane calls with SpinHandoff %v", lane, spin)
-		}
-		if stopped.Quarantined != 1 {
-			t.Fatalf("after the timeout: %+v; want the session quarantined", stopped)
-		}
+	srv.Stop()
+	start := time.Now()
+	_, err := signDigest(ctx, s, priv, []byte("x"))
+	elapsed := time.Since(start)
+	stopped := s.Stats()
+	srv.Cont()
+	checkTimeout(t, "Sign on a stopped server", err, elapsed, spec.CommandTimeout)
+	if stopped.Quarantined != 1 {
+		t.Fatalf("after the timeout: %+v; want the session quarantined", stopped)
+	}
 
-		// Once the server runs again the hung call returns and its session is
-		// closed; the member works again.
-		if err := slot.WaitQuarantine(ctx, s); err != nil {
-			t.Fatalf("the hung call never returned after SIGCONT: %v", err)
-		}
-		msg := []byte("after SIGCONT")
-		sig, err := signDigest(ctx, s, priv, msg)
-		if err != nil {
-			t.Fatalf("Sign after SIGCONT: %v", err)
-		}
-		checkSig(t, ecPublic(t, s, pub), msg, sig)
+	// Once the server runs again the hung call returns and its session is
+	// closed; the member works again.
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("the hung call never returned after SIGCONT: %v", err)
+	}
+	msg := []byte("after SIGCONT")
+	sig, err := signDigest(ctx, s, priv, msg)
+	if err != nil {
+		t.Fatalf("Sign after SIGCONT: %v", err)
+	}
+	checkSig(t, ecPublic(t, s, pub), msg, sig)
 
-		// The caller's context ends the wait before the deadline does.
-		srv.Stop()
-		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		start = time.Now()
-		_, err = signDigest(short, s, priv, msg)
-		elapsed = time.Since(start)
-		cancel()
-		quarantined := s.Stats().Quarantined
-		srv.Cont()
-		if !errors.Is(err, context.DeadlineExceeded) || elapsed >= spec.CommandTimeout {
-			t.Fatalf("Sign with a 50ms context on a stopped server: %v after %v; want the context's error before %v", err, elapsed, spec.CommandTimeout)
-		}
-		if quarantined != 1 {
-			t.Fatalf("%d calls quarantined after the cancelled one, want 1", quarantined)
-		}
-		if err := slot.WaitQuarantine(ctx, s); err != nil {
-			t.Fatalf("the cancelled call never returned after SIGCONT: %v", err)
-		}
-		if _, err := signDigest(ctx, s, priv, msg); err != nil {
-			t.Fatalf("Sign after the second SIGCONT: %v", err)
-		}
-		if !spin {
-			return
-		}
-
-		// A lane keeps watching a context from call to call while they share
-		// it (libhapkcs11.so's do): cancelled during a later call, it still
-		// ends the wait.
-		shared, cancelShared := context.WithCancel(ctx)
-		defer cancelShared()
-		if _, err := signDigest(shared, s, priv, msg); err != nil {
-			t.Fatalf("Sign with the shared context: %v", err)
-		}
-		srv.Stop()
-		calls := slot.LaneCalls(s)
-		errc := make(chan error, 1)
-		start = time.Now()
-		go func() {
-			_, err := signDigest(shared, s, priv, msg)
-			errc <- err
-		}()
-		for slot.LaneCalls(s) == calls { // until the call is on its lane
-			select {
-			case err := <-errc:
-				t.Fatalf("Sign returned before it reached its lane: %v", err)
-			default:
-				runtime.Gosched()
-			}
-		}
-		cancelShared()
-		err = <-errc
-		elapsed = time.Since(start)
-		srv.Cont()
-		if !errors.Is(err, context.Canceled) || elapsed >= spec.CommandTimeout {
-			t.Fatalf("Sign whose shared context was cancelled on a stopped server: %v after %v; want the context's error before %v", err, elapsed, spec.CommandTimeout)
-		}
-		if err := slot.WaitQuarantine(ctx, s); err != nil {
-			t.Fatalf("the cancelled call never returned after SIGCONT: %v", err)
-		}
-		if _, err := signDigest(ctx, s, priv, msg); err != nil {
-			t.Fatalf("Sign after the third SIGCONT: %v", err)
-		}
-	})
+	// The caller's context ends the wait before the deadline does.
+	srv.Stop()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	start = time.Now()
+	_, err = signDigest(short, s, priv, msg)
+	elapsed = time.Since(start)
+	cancel()
+	quarantined := s.Stats().Quarantined
+	srv.Cont()
+	if !errors.Is(err, context.DeadlineExceeded) || elapsed >= spec.CommandTimeout {
+		t.Fatalf("Sign with a 50ms context on a stopped server: %v after %v; want the context's error before %v", err, elapsed, spec.CommandTimeout)
+	}
+	if quarantined != 1 {
+		t.Fatalf("%d calls quarantined after the cancelled one, want 1", quarantined)
+	}
+	if err := slot.WaitQuarantine(ctx, s); err != nil {
+		t.Fatalf("the cancelled call never returned after SIGCONT: %v", err)
+	}
+	if _, err := signDigest(ctx, s, priv, msg); err != nil {
+		t.Fatalf("Sign after the second SIGCONT: %v", err)
+	}
 }
 
-// More signing threads than half the CPUs: each lane's thread is pinned to
-// its caller's CPU and the two yield it to each other. Signatures stay
-// right, and a stopped server still times every caller out at the deadline.
-func TestSaturatedLanesTimeOut(t *testing.T) {
+// More signing callers than CPUs: signatures stay right, and a stopped
+// server still times every caller out at the deadline.
+func TestSaturatedCallersTimeOut(t *testing.T) {
 	t.Parallel()
 	srv := testhsm.Serve(t, "saturated")
 	spec := specOf(srv.Token())
-	spec.SpinHandoff = true
 	spec.CommandTimeout = 500 * time.Millisecond
 	callers := runtime.NumCPU() + 1
 	spec.MaxSessions = callers
@@ -304,9 +246,6 @@ func TestSaturatedLanesTimeOut(t *testing.T) {
 			t.Fatalf("caller %d: %v", i, err)
 		}
 	}
-	if slot.LaneYields(s) == 0 {
-		t.Fatalf("%d callers on %d CPUs: none of %d lane calls was waited for pinned, by yielding", callers, runtime.NumCPU(), slot.LaneCalls(s))
-	}
 
 	srv.Stop()
 	elapsed := make([]time.Duration, callers)
@@ -333,20 +272,11 @@ func TestSaturatedLanesTimeOut(t *testing.T) {
 
 // A killed remote token answers CKR_DEVICE_ERROR until its own context is
 // finalized and initialised again: Reinit brings it back.
-//
-// With SpinHandoff the Sign after the kill is made on a lane, a thread the
-// Go runtime does not know: p11-kit's client writing to the dead socket
-// must get EPIPE there, not a SIGPIPE that ends the test process.
 func TestReinitAfterKillAndRestart(t *testing.T) {
 	t.Parallel()
-	eachHandoff(t, testReinitAfterKillAndRestart)
-}
-
-func testReinitAfterKillAndRestart(t *testing.T, spin bool) {
 	srv := testhsm.Serve(t, "killed")
 	spec := specOf(srv.Token())
 	spec.CommandTimeout = 5 * time.Second
-	spec.SpinHandoff = spin
 	s := open(t, spec)
 	if !s.OwnsContext() {
 		t.Fatalf("served member does not own its context")
@@ -359,9 +289,6 @@ func testReinitAfterKillAndRestart(t *testing.T, spin bool) {
 	_, err := signDigest(ctx, s, priv, []byte("x"))
 	if !errors.Is(err, slot.ErrDeviceFailure) || slot.ClassOf(err) != slot.ClassHealth {
 		t.Fatalf("Sign on a killed server: %v (class %v); want ErrDeviceFailure, health", err, slot.ClassOf(err))
-	}
-	if lane := slot.LaneCalls(s); spin && lane == 0 || !spin && lane != 0 {
-		t.Fatalf("%d lane calls with SpinHandoff %v", lane, spin)
 	}
 	// Reinit while the server is down fails, as a health error.
 	if err := s.Reinit(ctx); err == nil || slot.ClassOf(err) != slot.ClassHealth {

@@ -11,14 +11,22 @@
 // (cmd/hsmserve), named hagroup-remote:unix:/path/of/socket (see
 // pkg/remote); such a path gets a module context of its own per Slot.
 //
-// # Deadlines
+// # Deadlines and dispatch
 //
-// A call into a module cannot be cancelled. Every call therefore runs on the
-// worker goroutine of its session while the caller waits for the result, for
+// A call into a module cannot be cancelled. Under Spec.Dispatch
+// DispatchHandoff (the default) every call therefore runs on the worker of
+// its session while the caller waits for the result, for
 // Spec.CommandTimeout (Spec.KeygenTimeout for key generation), or for its
 // ctx, whichever comes first. A caller that stops waiting gets an error
 // wrapping ErrTimeout (or its ctx's error) and the session is quarantined:
-// it is never used again, and it is closed if the call ever returns.
+// it is never used again, and it is closed if the call ever returns. Under
+// DispatchInline the call runs on the caller's goroutine and is never
+// abandoned; once one is past its deadline every other call fails with
+// ErrTimeout until it returns.
+//
+// SoftHSM tokens get an object lock (internal/tokenquirk) that keeps this
+// process's object writes apart from its object reads; the time a call
+// waits for it is added to its deadline.
 //
 // # Handles and logins
 //

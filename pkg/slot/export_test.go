@@ -19,13 +19,6 @@ func ModuleCounts(path string) (refs, inits, finals int) {
 	return refs, modules.inits[path], modules.finals[path]
 }
 
-// LaneCalls is how many calls of s went through a session's lane.
-func LaneCalls(s *Slot) uint64 { return s.stats.laneCalls.Load() }
-
-// LaneYields is how many of them were waited for by yielding the CPU to
-// the lane's thread, pinned to the caller's CPU (internal/handoff/place.h).
-func LaneYields(s *Slot) uint64 { return s.stats.laneYields.Load() }
-
 // WaitQuarantine waits until no call of s is quarantined.
 func WaitQuarantine(ctx context.Context, s *Slot) error { return s.waitQuarantine(ctx) }
 
@@ -52,10 +45,20 @@ func CheckFunctionList(s *Slot) error {
 	return nil
 }
 
-// AffineSession is the session (opaque) a used last on s, nil when none.
-func AffineSession(a *Affinity, s *Slot) any {
-	if x := a.lastOn(s); x != nil {
-		return x
-	}
-	return nil
+// SetTokenIdentity makes s decide its token's object lock as for a token
+// of the given manufacturer and model (as C_GetTokenInfo reports them),
+// from its next call on.
+func SetTokenIdentity(s *Slot, manufacturer, model string) {
+	st := *s.st.Load()
+	st.token.Manufacturer, st.token.Model = manufacturer, model
+	st.objects = s.mod.objectLock(st.token)
+	s.st.Store(&st)
 }
+
+// SetOwnEnvironment sets whether the process owns its environment (see
+// OwnEnvironment) and returns what it was.
+func SetOwnEnvironment(own bool) (was bool) { return ownEnv.Swap(own) }
+
+// ObjectLockWriting reports whether a call of s holds its token's object
+// lock for writing.
+func ObjectLockWriting(s *Slot) bool { return s.st.Load().objects.Writing() }

@@ -18,7 +18,7 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 40)) }
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 80)) }
 
 // specOf builds a slot.Spec naming tok by label, logging in as its user.
 func specOf(tok testhsm.Token) slot.Spec {

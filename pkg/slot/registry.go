@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
@@ -39,37 +40,19 @@ type module struct {
 	// earlier incarnation are gone.
 	inc atomic.Uint64
 
-	// objects holds an *objectLock per slot ID.
-	objects sync.Map
+	// objects holds the object locks of the module's tokens that need
+	// one (internal/tokenquirk).
+	objects tokenquirk.Locks
 }
 
-// objectLock keeps the calls of this process that write one token's
-// objects apart from those that read them. SoftHSM 2.6 does not keep two
-// threads of one process apart on one object file (its fcntl locks work
-// between processes only): a search or attribute read that refreshes an
-// object another thread is writing can leave it without CKA_CLASS for
-// good (CKR_ATTRIBUTE_VALUE_INVALID ever after), and the write fails with
-// CKR_GENERAL_ERROR. Cryptographic calls take no lock.
-type objectLock struct{ sync.RWMutex }
-
-// objectLock returns the lock of the token in slot id.
-func (m *module) objectLock(id uint) *objectLock {
-	l, _ := m.objects.LoadOrStore(id, &objectLock{})
-	return l.(*objectLock)
-}
-
-// hold takes the lock op needs and returns its release.
-func (l *objectLock) hold(op Op) func() {
-	switch op {
-	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
-		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
-		l.Lock()
-		return l.Unlock
-	case OpFindObjects, OpGetAttributes:
-		l.RLock()
-		return l.RUnlock
+// objectLock returns the object lock of token tok, nil when it needs
+// none. A token served by hsmserve is locked by the server, which sees
+// every client's calls.
+func (m *module) objectLock(tok TokenSummary) *tokenquirk.ObjectLock {
+	if remote.IsModulePath(m.path) {
+		return nil
 	}
-	return func() {}
+	return m.objects.For(tok.SlotID, tok.Manufacturer, tok.Model)
 }
 
 // registry holds the process's module contexts. It is package state because
@@ -109,7 +92,10 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 			return m, nil
 		}
 	}
-	restore := setEnv(env)
+	restore, err := withEnv(env)
+	if err != nil {
+		return nil, err
+	}
 	defer restore()
 
 	c, id, err := loadModule(path, serverUID)
@@ -213,7 +199,10 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 	if !(m.private && !m.foreign && m.refs == 1) {
 		return fmt.Errorf("%w: module context of %s is shared", ErrInvalidSpec, m.path)
 	}
-	restore := setEnv(m.env)
+	restore, err := withEnv(m.env)
+	if err != nil {
+		return err
+	}
 	defer restore()
 	if m.wedged {
 		c, id, err := loadModule(m.path, m.serverUID)
@@ -238,7 +227,7 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 		// Initialize.
 	}
 	c := m.ctx
-	err := callTimeout(ctx, timeout, func() error { return c.Initialize() })
+	err = callTimeout(ctx, timeout, func() error { return c.Initialize() })
 	switch {
 	case err == nil:
 		r.inits[m.path]++
@@ -256,19 +245,52 @@ func (r *registry) current(m *module) p11 {
 	return m.ctx
 }
 
-// setEnv sets env in the process environment (where C code such as
-// p11-kit-client.so reads it) and returns a function restoring what was
-// there. Callers hold the registry lock.
-func setEnv(env map[string]string) (restore func()) {
+// A module reads its module env (Spec.ModuleEnv) from the process
+// environment as it loads: p11-kit-client.so, for one, reads
+// P11_KIT_SERVER_ADDRESS with secure_getenv in C_GetFunctionList and has
+// no other way to be told (no init arguments, no configuration key).
+// Writing the environment of a process whose other threads may be reading
+// it races glibc's setenv against getenv, which can crash the process, so
+// hagroup never writes the environment of an application it is loaded
+// into (libhapkcs11.so): there each variable must already hold the
+// member's value, set by the operator before the application starts. Only
+// a hagroup program that owns its process (OwnEnvironment: haagent,
+// hactl, the test binaries) has it written, under the registry lock,
+// while the module loads, and restored after.
+var ownEnv atomic.Bool
+
+// OwnEnvironment declares that this process is a hagroup program that owns
+// its environment, not an application that loaded hagroup as a library:
+// members' module env is then written into the process environment while
+// their module loads (see registry.go). Call it at the start of main,
+// before any module is loaded.
+func OwnEnvironment() { ownEnv.Store(true) }
+
+// withEnv makes env the module's environment while it loads, and returns a
+// function restoring what was there. Without OwnEnvironment it only checks
+// that the process environment already holds env. Callers hold the
+// registry lock.
+func withEnv(env map[string]string) (restore func(), err error) {
 	if len(env) == 0 {
-		return func() {}
+		return func() {}, nil
+	}
+	keys := slices.Sorted(maps.Keys(env))
+	if !ownEnv.Load() {
+		for _, k := range keys {
+			if v, ok := os.LookupEnv(k); !ok || v != env[k] {
+				return nil, fmt.Errorf("%w: module_env %s is not set to the member's value in this process's environment, "+
+					"and hagroup does not write the environment of an application it is loaded into: set %s before the application starts, "+
+					"or serve the token with hsmserve (hagroup-remote:), which needs no environment", ErrInvalidSpec, k, k)
+			}
+		}
+		return func() {}, nil
 	}
 	type old struct {
 		v   string
 		had bool
 	}
 	saved := make(map[string]old, len(env))
-	for _, k := range slices.Sorted(maps.Keys(env)) {
+	for _, k := range keys {
 		v, had := os.LookupEnv(k)
 		saved[k] = old{v, had}
 		os.Setenv(k, env[k])
@@ -281,7 +303,7 @@ func setEnv(env map[string]string) (restore func()) {
 				os.Unsetenv(k)
 			}
 		}
-	}
+	}, nil
 }
 
 // callTimeout runs fn on a goroutine of its own and waits for it at most

@@ -161,3 +161,33 @@ func TestModuleEnvOnSharedLibraryShares(t *testing.T) {
 		t.Fatalf("after the last Close: finals +%d, want +1", finals-finals0)
 	}
 }
+
+// In an application hagroup is loaded into, a member's module_env is never
+// written into the process environment: Open says which variable the
+// operator must set, and works once the application's environment has it.
+// (Not parallel: it changes process state.)
+func TestModuleEnvNotWrittenInAGuest(t *testing.T) {
+	srv := testhsm.Serve(t, "guest")
+	spec := specOf(srv.Token())
+	if len(spec.ModuleEnv) != 1 || spec.ModuleEnv["P11_KIT_SERVER_ADDRESS"] == "" {
+		t.Fatalf("served token's module env = %v, want P11_KIT_SERVER_ADDRESS", spec.ModuleEnv)
+	}
+	was := slot.SetOwnEnvironment(false)
+	t.Cleanup(func() { slot.SetOwnEnvironment(was) })
+	t.Setenv("P11_KIT_SERVER_ADDRESS", "")
+	os.Unsetenv("P11_KIT_SERVER_ADDRESS")
+
+	_, err := slot.Open(ctxT(t), spec)
+	if err == nil || !strings.Contains(err.Error(), "member "+spec.Name) || !strings.Contains(err.Error(), "module_env P11_KIT_SERVER_ADDRESS") {
+		t.Fatalf("Open of a p11-kit member in a guest process without its address: %v; want an error naming the member and the variable", err)
+	}
+	if v, set := os.LookupEnv("P11_KIT_SERVER_ADDRESS"); set {
+		t.Fatalf("Open wrote P11_KIT_SERVER_ADDRESS=%q into the process environment", v)
+	}
+
+	t.Setenv("P11_KIT_SERVER_ADDRESS", spec.ModuleEnv["P11_KIT_SERVER_ADDRESS"]) // the operator's way
+	s := open(t, spec)
+	if _, err := s.GenerateRandom(ctxT(t), 4); err != nil {
+		t.Fatalf("GenerateRandom on the member once the environment holds its address: %v", err)
+	}
+}

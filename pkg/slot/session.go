@@ -10,8 +10,8 @@ import (
 
 // Session is a dedicated physical session: the same single-part operations
 // as Slot (same signatures: FindObjects … GenerateRandom) plus multi-part
-// ones. Not safe for concurrent use. A health error (or a call abandoned at
-// its deadline) marks it broken: later calls fail with ErrSessionLost and
+// ones. Not safe for concurrent use. A clear health error (or a call
+// abandoned at its deadline) marks it broken: later calls fail with ErrSessionLost and
 // Close discards it. After the Slot's Reinit it is lost as well.
 type Session struct {
 	s      *Slot
@@ -28,14 +28,10 @@ func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) 
 	if keygen {
 		t = ss.s.keyTimeout
 	}
-	return ss.callWith(ctx, op, t, fn, nil)
+	return ss.callWith(ctx, op, t, fn)
 }
 
-func (ss *Session) callLane(ctx context.Context, op Op, lj *laneJob, fn func(*sess) error) error {
-	return ss.callWith(ctx, op, ss.s.cmdTimeout, fn, lj)
-}
-
-func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, lj *laneJob) error {
+func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error) error {
 	s := ss.s
 	if ss.closed {
 		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
@@ -43,7 +39,7 @@ func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func
 	if ss.broken != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: broken by an earlier error: %v", ErrSessionLost, ss.broken)}
 	}
-	err := ss.run(ctx, op, t, fn, lj)
+	err := ss.run(ctx, op, t, fn)
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
 	}
@@ -52,7 +48,7 @@ func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func
 
 // run makes the call inside the slot's gate, so that Reinit and Close never
 // finalize or close under it.
-func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
+func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
 	s := ss.s
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
@@ -65,8 +61,10 @@ func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn fun
 		ss.broken = ErrSessionLost
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: the slot was re-initialised since the session was opened", ErrSessionLost)}
 	}
-	err := ss.x.runEither(ctx, op, timeout, fn, lj)
-	if ss.x.dead || ClassOf(err) == ClassHealth {
+	err := ss.x.run(ctx, op, timeout, fn)
+	// An ambiguous answer (CKR_GENERAL_ERROR to a request the token
+	// dislikes) leaves the session usable, as on a bare token.
+	if ss.x.dead || ClassOf(err) == ClassHealth && !Ambiguous(err) {
 		ss.broken = err
 	}
 	return err

@@ -3,7 +3,6 @@ package slot
 import (
 	"context"
 
-	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
 )
 
@@ -16,9 +15,6 @@ import (
 // the single-part operations, which are written once below.
 type runner interface {
 	call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error
-	// callLane is call for a call a session's lane can make (see
-	// lane.go): lj on the lane when the session has one, fn otherwise.
-	callLane(ctx context.Context, op Op, lj *laneJob, fn func(*sess) error) error
 	member() string
 }
 
@@ -27,11 +23,7 @@ func (s *Slot) call(ctx context.Context, op Op, keygen bool, fn func(*sess) erro
 	if keygen {
 		t = s.keyTimeout
 	}
-	return s.do(ctx, op, t, fn, nil)
-}
-
-func (s *Slot) callLane(ctx context.Context, op Op, lj *laneJob, fn func(*sess) error) error {
-	return s.do(ctx, op, s.cmdTimeout, fn, lj)
+	return s.do(ctx, op, t, fn)
 }
 
 func (s *Slot) member() string { return s.spec.Name }
@@ -214,20 +206,11 @@ func sign(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectH
 		return nil, err
 	}
 	var out []byte
-	fn := func(x *sess) error {
+	err := r.call(ctx, OpSign, false, func(x *sess) error {
 		v, err := x.sign(m, key, data)
 		out = v
 		return err
-	}
-	var err error
-	if lj := newLaneJob(p11raw.LaneSign, m, key, data, nil); lj != nil {
-		err = r.callLane(ctx, OpSign, lj, fn)
-		if lj.out != nil {
-			out = lj.out
-		}
-	} else {
-		err = r.call(ctx, OpSign, false, fn)
-	}
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -238,11 +221,7 @@ func verify(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.Objec
 	if err := checkMech(r.member(), OpVerify, m); err != nil {
 		return err
 	}
-	fn := func(x *sess) error { return x.verify(m, key, data, sig) }
-	if lj := newLaneJob(p11raw.LaneVerify, m, key, data, sig); lj != nil {
-		return r.callLane(ctx, OpVerify, lj, fn)
-	}
-	return r.call(ctx, OpVerify, false, fn)
+	return r.call(ctx, OpVerify, false, func(x *sess) error { return x.verify(m, key, data, sig) })
 }
 
 func encrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
 )
@@ -48,6 +49,7 @@ type Slot struct {
 	qmu         sync.Mutex
 	qchanged    chan struct{} // closed and replaced when a quarantined call ends
 	holds       atomic.Int64  // 1 until Close, plus one per quarantined call
+	stalls      atomic.Int64  // inline calls past their deadline (dispatch.go)
 	stats       counters
 }
 
@@ -62,9 +64,12 @@ type slotState struct {
 	ctx   p11
 	id    uint
 	token TokenSummary
-	gen   uint64
-	inc   uint64 // incarnation of the module context (see module.inc)
-	err   error  // the token could not be found again: every call fails with it
+	// objects is the token's object lock, nil when the token does not
+	// need one (internal/tokenquirk).
+	objects *tokenquirk.ObjectLock
+	gen     uint64
+	inc     uint64 // incarnation of the module context (see module.inc)
+	err     error  // the token could not be found again: every call fails with it
 }
 
 // counters are the pool's statistics.
@@ -75,8 +80,6 @@ type counters struct {
 	discarded        atomic.Uint64
 	quarantinedTotal atomic.Uint64
 	relogins         atomic.Uint64
-	laneCalls        atomic.Uint64 // calls made on a session's lane (lane.go)
-	laneYields       atomic.Uint64 // of which waited for pinned, by yielding the CPU
 }
 
 // Stats is a snapshot of a Slot's session pool.
@@ -111,6 +114,11 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	if spec.MaxSessions < 0 {
 		return nil, invalid(spec.Name, "", "MaxSessions %d is negative", spec.MaxSessions)
 	}
+	d, err := ParseDispatch(string(spec.Dispatch))
+	if err != nil {
+		return nil, invalid(spec.Name, "", "%v", err)
+	}
+	spec.Dispatch = d
 	pin := spec.PIN.Clone()
 	spec.PIN = secret.PIN{}
 
@@ -136,7 +144,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		modules.release(mod)
 		return nil, err
 	}
-	s.st.Store(&slotState{ctx: c, id: tok.SlotID, token: tok, gen: 1, inc: mod.inc.Load()})
+	s.st.Store(&slotState{ctx: c, id: tok.SlotID, token: tok, objects: mod.objectLock(tok), gen: 1, inc: mod.inc.Load()})
 
 	s.capacity = spec.MaxSessions
 	if s.capacity == 0 {
@@ -463,7 +471,7 @@ func (s *Slot) Reinit(ctx context.Context) error {
 		next.err = err
 		return err
 	}
-	next.id, next.token = tok.SlotID, tok
+	next.id, next.token, next.objects = tok.SlotID, tok, s.mod.objectLock(tok)
 	s.st.Store(next)
 	if _, err := s.anchorLocked(ctx); err != nil {
 		return err
@@ -476,7 +484,7 @@ func (s *Slot) Reinit(ctx context.Context) error {
 // about to be finalized). Callers hold s.mu and the gate.
 func (s *Slot) retireAllLocked(closeThem bool) {
 	var all []*sess
-	for x, ok := s.idle.take(nil); ok; x, ok = s.idle.take(nil) {
+	for x, ok := s.idle.take(); ok; x, ok = s.idle.take() {
 		all = append(all, x)
 		s.stats.open.Add(-1)
 	}
@@ -561,11 +569,10 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 	return ss, nil
 }
 
-// do runs fn (or lj on the session's lane, see lane.go) on a pooled
-// session: it borrows one (waiting, bounded by ctx, while all are lent
-// out), runs the call under timeout, and returns the session to the pool,
-// or discards it after a session-level error.
-func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
+// do runs fn on a pooled session: it borrows one (waiting, bounded by ctx,
+// while all are lent out), runs the call under timeout, and returns the
+// session to the pool, or discards it after a session-level error.
+func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
 	if q := s.quarantined.Load(); q >= int64(s.capacity) {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
 	}
@@ -580,7 +587,7 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 			return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 		}
 	}
-	err := s.doPermitted(ctx, op, timeout, fn, lj)
+	err := s.doPermitted(ctx, op, timeout, fn)
 	<-s.permits
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
@@ -588,7 +595,7 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 	return err
 }
 
-func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, lj *laneJob) error {
+func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
 	}
@@ -604,7 +611,7 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 	if err != nil {
 		return err
 	}
-	err = x.runEither(ctx, op, timeout, fn, lj)
+	err = x.run(ctx, op, timeout, fn)
 	switch {
 	case x.dead: // quarantined
 		s.stats.open.Add(-1)
@@ -617,10 +624,9 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 }
 
 // idlePool holds the pooled sessions not lent out, last returned on top: a
-// call takes the session used last, whose worker (and lane) is likely
-// still spinning for its next call. Taken in turn (a channel's FIFO),
-// calls would go round the pool and find every worker asleep, or spinning
-// on a CPU that another session's worker needs.
+// call takes the session used last, whose worker is likely still spinning
+// for its next call. Taken in turn (a channel's FIFO), calls would go round
+// the pool and find every worker asleep.
 type idlePool struct {
 	mu sync.Mutex
 	xs []*sess
@@ -632,46 +638,27 @@ func (p *idlePool) put(x *sess) {
 	p.mu.Unlock()
 }
 
-// take takes want when it is idle, else the top session.
-func (p *idlePool) take(want *sess) (*sess, bool) {
+// take takes the top session.
+func (p *idlePool) take() (*sess, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.xs)
 	if n == 0 {
 		return nil, false
 	}
-	i := n - 1
-	if want != nil {
-		for j := i; j >= 0; j-- {
-			if p.xs[j] == want {
-				i = j
-				break
-			}
-		}
-	}
-	x := p.xs[i]
-	copy(p.xs[i:], p.xs[i+1:])
+	x := p.xs[n-1]
 	p.xs[n-1] = nil
 	p.xs = p.xs[:n-1]
 	return x, true
 }
 
-// borrow takes an idle session of generation st — the one ctx's Affinity
-// used last when it is idle — or opens one. The caller holds a permit, so
-// when none is idle every open session is lent out and there is room for
-// one more.
+// borrow takes an idle session of generation st, or opens one. The caller
+// holds a permit, so when none is idle every open session is lent out and
+// there is room for one more.
 func (s *Slot) borrow(ctx context.Context, st *slotState) (*sess, error) {
-	var want *sess
-	aff := affinityOf(ctx)
-	if aff != nil {
-		want = aff.lastOn(s)
-	}
 	for {
-		if x, ok := s.idle.take(want); ok {
+		if x, ok := s.idle.take(); ok {
 			if x.gen == st.gen && !x.dead {
-				if aff != nil && x != want {
-					aff.remember(s, x)
-				}
 				return x, nil
 			}
 			s.discard(x)
@@ -690,9 +677,6 @@ func (s *Slot) borrow(ctx context.Context, st *slotState) (*sess, error) {
 			}
 		}
 		s.stats.opened.Add(1)
-		if aff != nil {
-			aff.remember(s, x)
-		}
 		return x, nil
 	}
 }
@@ -727,6 +711,10 @@ func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) 
 	if err := ctx.Err(); err != nil {
 		s.gate.leave()
 		return newError(s.spec.Name, op, err)
+	}
+	if err := s.stalled(op); err != nil {
+		s.gate.leave()
+		return err
 	}
 	done := make(chan error, 1)
 	go func() {

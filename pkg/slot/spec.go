@@ -113,13 +113,9 @@ type Spec struct {
 	MaxSessions    int           // pool cap; 0: min(token MaxRwSessionCount-1, 32), 32 when the token says "effectively infinite"
 	ServerUID      *uint32       // served token (hagroup-remote:): the uid its hsmserve must run as, besides root; nil: this process's
 	Interceptor    Interceptor   // fault injection for tests
-	// SpinHandoff hands each call to its session's worker by spinning
-	// briefly rather than through the Go scheduler (call.go), and, on an
-	// in-process module without an Interceptor, single-part signatures
-	// and verifications to a C thread of the session's that calls the
-	// module directly (lane.go): for callers that are threads of a C
-	// application, as in libhapkcs11.so.
-	SpinHandoff bool
+	// Dispatch is how calls reach the module (dispatch.go); "" is
+	// DispatchHandoff.
+	Dispatch Dispatch
 }
 
 // Attribute is one attribute read from an object. Status is CKR_OK,

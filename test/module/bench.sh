@@ -11,9 +11,12 @@
 # alike: the median of the rounds' ratios, with their quartiles. Separate runs of each module in a process of its
 # own, alternating (RUNS of them, SECONDS_PER seconds per figure), give
 # the load time, the memory and each module's rate on its own, with the
-# median of the runs' own ratios beside them. Plain C thread pairs
-# (test/module/c/pairs.c) measure in those runs what handing each
-# signature to another thread costs without Go or the engine.
+# median of the runs' own ratios beside them. Every throughput figure has
+# the CPU per signature beside it (getrusage: the whole process, the
+# module's worker threads included), and every figure is given for each
+# dispatch of the member (handoff, inline; see hagroup.toml(5)). The
+# load average before and after is printed with the figures: the ratios
+# are fair on a busy machine, the absolute numbers are not.
 #
 #   test/module/bench.sh            (make bench runs it)
 #   ROUNDS=60 RUNS=5 SECONDS_PER=3 test/module/bench.sh
@@ -38,7 +41,6 @@ if [[ ! -f $LIB ]]; then
 fi
 LIB=$(realpath "$LIB")
 gcc -O2 -Wall -I cmd/hapkcs11 -o "$work/bench" test/module/c/bench.c -ldl -lpthread
-gcc -O2 -Wall -I cmd/hapkcs11 -I internal/handoff -o "$work/pairs" test/module/c/pairs.c -ldl -lpthread
 gcc -O2 -Wall -I cmd/hapkcs11 -o "$work/interleave" test/module/c/interleave.c -ldl -lpthread
 
 # One throwaway token holding the two keys. The PIN never appears on a
@@ -60,9 +62,10 @@ for k in "EC:prime256v1 ec 01" "rsa:2048 rsa 02"; do
 done
 slot=$(pkcs11-tool --module "$SOFTHSM" -L | awk '/^Slot .*\(0x/ {id=$3} /token label *: bench$/ {gsub(/[():]/, "", id); print id; exit}')
 
-cat >"$work/hagroup.toml" <<EOF
+for d in handoff inline; do
+	cat >"$work/hagroup-$d.toml" <<EOF
 [agent]
-state_dir = "$work/state"
+state_dir = "$work/state-$d"
 
 [[group]]
 label = "bench"
@@ -72,35 +75,39 @@ serial = "1000001"
   name = "softhsm"
   module = "$SOFTHSM"
   token_label = "bench"
+  dispatch = "$d"
 EOF
-export HAGROUP_CONF=$work/hagroup.toml
+done
 
+echo "load before: $(uptime)"
 echo "bench: SoftHSM slot $slot vs virtual slot 0xf4241; interleaved: $ROUNDS rounds of 4 x ${SLICE_MS} ms per figure" >&2
-"$work/interleave" "$SOFTHSM" "$slot" "$LIB" 0xf4241 "$work/pin" ec rsa "$SLICE_MS" "$ROUNDS" >"$work/interleaved"
+for d in handoff inline; do
+	HAGROUP_CONF=$work/hagroup-$d.toml "$work/interleave" "$SOFTHSM" "$slot" "$LIB" 0xf4241 "$work/pin" ec rsa "$SLICE_MS" "$ROUNDS" |
+		sed "s/^/$d /" >>"$work/interleaved"
+done
 echo "bench: separate processes: $RUNS runs of ${SECONDS_PER}s per figure" >&2
 # Which module runs first alternates from run to run, so that neither
-# always follows the other (ABBA).
+# always follows the other.
 for ((i = 0; i < RUNS; i++)); do
-	order="softhsm2 hapkcs11"
-	((i % 2)) && order="hapkcs11 softhsm2"
+	order="softhsm2 handoff inline"
+	((i % 2)) && order="inline handoff softhsm2"
 	for m in $order; do
 		case $m in
 		softhsm2) "$work/bench" "$SOFTHSM" "$slot" "$work/pin" ec rsa "$SECONDS_PER" ;;
-		hapkcs11) "$work/bench" "$LIB" 0xf4241 "$work/pin" ec rsa "$SECONDS_PER" ;;
+		*) HAGROUP_CONF=$work/hagroup-$m.toml "$work/bench" "$LIB" 0xf4241 "$work/pin" ec rsa "$SECONDS_PER" ;;
 		esac | sed "s/^/$m /" >>"$work/results"
 	done
-	# The floor under libhapkcs11.so: plain C thread pairs handing each
-	# signature over as the lanes do (pairs.c).
-	for t in 1 2; do
-		"$work/pairs" "$SOFTHSM" "$slot" "$work/pin" ec lanes $t "$SECONDS_PER" | sed 's/^/pairs /' >>"$work/results"
-	done
 done
+echo "load after:  $(uptime)"
 
-echo "In one process, alternating slices (interleave.c): median of $ROUNDS rounds' ratios, quartiles"
+echo
+echo "In one process, alternating slices (interleave.c): median of $ROUNDS rounds' ratios, quartiles;"
+echo "CPU per signature of the whole process (getrusage), libhapkcs11.so over libsofthsm2.so"
 awk '{
-	for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-	if (NR == 1) printf "%-34s %12s %12s %8s  %s\n", "figure", "libsofthsm2", "libhapkcs11", "ratio", "q1-q3"
-	printf "%-34s %12.1f %12.1f %8.2f  %.2f-%.2f\n", $2 " " v["threads"] " thread sign/s", v["base_per_s"], v["module_per_s"], v["ratio"], v["q1"], v["q3"]
+	delete v
+	for (i = 3; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+	if (NR == 1) printf "%-8s %-26s %11s %11s %6s %-9s  %9s %9s %6s %s\n", "dispatch", "figure", "softhsm2/s", "hapkcs11/s", "ratio", "q1-q3", "us cpu sh", "us cpu ha", "cpu x", "q1-q3"
+	printf "%-8s %-26s %11.1f %11.1f %6.2f %.2f-%.2f  %9.1f %9.1f %6.2f %.2f-%.2f\n", $1, $3 " " v["threads"] " thread sign", v["base_per_s"], v["module_per_s"], v["ratio"], v["q1"], v["q3"], v["base_cpu_us"], v["module_cpu_us"], v["cpu_ratio"], v["cpu_q1"], v["cpu_q3"]
 }' "$work/interleaved"
 echo
 echo "Each module in a process of its own: medians of $RUNS runs, and of the runs' own ratios"
@@ -110,24 +117,29 @@ function median(key,   n, i, j, t, a) {
 	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
 	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
 }
-{
-	mod = $1
-	if ($2 == "sign") { split($4, th, "="); split($5, v, "="); key = $3 " " th[2] " thread sign/s" ; val = v[2] }
-	else if ($2 == "load_init_us") { key = "load + C_Initialize (ms)"; val = $3 / 1000 }
-	else if ($2 == "rss_added_kb") { key = "RSS added by load + init (MiB)"; val = $3 / 1024 }
-	else if ($2 == "rss_after_kb") { key = "RSS added after the run (MiB)"; val = $3 / 1024 }
-	else next
+function add(mod, key, val,   n) {
 	if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
 	vals[mod SUBSEP key] = vals[mod SUBSEP key] " " val
 	n = ++count[mod SUBSEP key]
 	run[mod SUBSEP key SUBSEP n] = val
 }
+{
+	mod = $1
+	if ($2 == "sign") {
+		split($4, th, "="); split($5, v, "="); split($6, c, "=")
+		add(mod, $3 " " th[2] " thread sign/s", v[2])
+		add(mod, $3 " " th[2] " thread us CPU/sign", c[2])
+	}
+	else if ($2 == "load_init_us") add(mod, "load + C_Initialize (ms)", $3 / 1000)
+	else if ($2 == "rss_added_kb") add(mod, "RSS added by load + init (MiB)", $3 / 1024)
+	else if ($2 == "rss_after_kb") add(mod, "RSS added after the run (MiB)", $3 / 1024)
+}
 END {
-	printf "%-34s %12s %12s %8s  %s\n", "figure (median)", "libsofthsm2", "libhapkcs11", "ratio", "range of run ratios"
-	row("hapkcs11")
-	printf "\nThe hand-off alone: C thread pairs (pairs.c), no Go, in the same runs\n"
-	printf "%-34s %12s %12s %8s  %s\n", "figure (median)", "libsofthsm2", "pairs", "ratio", "range of run ratios"
-	row("pairs")
+	for (m = 1; m <= 2; m++) {
+		mod = m == 1 ? "handoff" : "inline"
+		printf "%s%-34s %12s %12s %8s  %s\n", m == 1 ? "" : "\n", "median, dispatch " mod, "libsofthsm2", "libhapkcs11", "ratio", "range of run ratios"
+		row(mod)
+	}
 }
 function row(mod,   i, k, a, b, lo, hi, r, d, q) {
 	for (i = 1; i <= nk; i++) {

@@ -202,14 +202,18 @@ func TestSignBesideSoftHSM(t *testing.T) {
 	}
 	for i, line := range lines {
 		var threads, rounds int
-		var direct, group, ratio, q1, q3 float64
-		_, err := fmt.Sscanf(line, "sign ecdsa-p256 threads=%d base_per_s=%g module_per_s=%g ratio=%g q1=%g q3=%g rounds=%d",
-			&threads, &direct, &group, &ratio, &q1, &q3, &rounds)
+		var direct, group, ratio, q1, q3, directCPU, groupCPU, cpuRatio, cq1, cq3 float64
+		_, err := fmt.Sscanf(line, "sign ecdsa-p256 threads=%d base_per_s=%g module_per_s=%g ratio=%g q1=%g q3=%g "+
+			"base_cpu_us=%g module_cpu_us=%g cpu_ratio=%g cpu_q1=%g cpu_q3=%g rounds=%d",
+			&threads, &direct, &group, &ratio, &q1, &q3, &directCPU, &groupCPU, &cpuRatio, &cq1, &cq3, &rounds)
 		if err != nil || threads != i+1 || rounds != 3 {
 			t.Fatalf("interleave line %q: want ECDSA with %d thread(s) over 3 rounds (%v)", line, i+1, err)
 		}
 		if direct <= 0 || group <= 0 {
 			t.Errorf("%d thread(s): %.0f signatures/s through SoftHSM, %.0f through the group: want both above 0", threads, direct, group)
+		}
+		if directCPU <= 0 || groupCPU <= 0 {
+			t.Errorf("%d thread(s): %.1f µs of CPU per signature through SoftHSM, %.1f through the group: want both above 0", threads, directCPU, groupCPU)
 		}
 	}
 }

@@ -197,6 +197,11 @@ func newRig(t *testing.T, o rigOpts) *rig {
 		tok := r.served.Token()
 		tok.Name = "hsm-2"
 		r.members = append(r.members, tok)
+		// libhapkcs11.so never writes the application's environment: the
+		// operator sets the p11-kit member's address for the application.
+		for k, v := range tok.ModuleEnv {
+			r.env = append(r.env, k+"="+v)
+		}
 	}
 	if o.remote {
 		// hsmserve carries CKM_AES_KEY_WRAP_PAD and nested templates, so

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "hapkcs11.h"
@@ -112,6 +113,15 @@ static inline CK_RV sign32(CK_FUNCTION_LIST_PTR f, CK_SESSION_HANDLE s, CK_MECHA
 	memset(data, 7, sizeof data);
 	CK_RV rv = f->C_SignInit(s, &m, key);
 	return rv == CKR_OK ? f->C_Sign(s, data, sizeof data, sig, &n) : rv;
+}
+
+/* cpu_us is the CPU time (user + system) the whole process has used, in
+ * µs: every thread's, the module's own worker threads included. */
+static inline double cpu_us(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
 }
 
 static inline double now_seconds(void)

@@ -16,10 +16,15 @@
  * woke from sleep, its code was cold), which an application using one
  * module all along does not pay. A
  * round's ratio is the module's counted signatures over the base
- * module's. RSA_LABEL "-" leaves RSA
+ * module's. The process's CPU time (getrusage: every thread, the
+ * module's workers included) is read at the ends of each counted part, so
+ * each module is charged the CPU its slices used. RSA_LABEL "-" leaves RSA
  * out. Prints, per figure:
- *   sign MECH threads=T base_per_s=N module_per_s=N ratio=MEDIAN q1=Q1 q3=Q3 rounds=R
- * ratio is the median of the rounds' ratios, q1 and q3 their quartiles.
+ *   sign MECH threads=T base_per_s=N module_per_s=N ratio=MEDIAN q1=Q1 q3=Q3
+ *        base_cpu_us=C module_cpu_us=C cpu_ratio=MEDIAN cpu_q1=Q1 cpu_q3=Q3 rounds=R
+ * ratio is the median of the rounds' throughput ratios, q1 and q3 their
+ * quartiles; cpu_us is CPU per signature, cpu_ratio the median of the
+ * rounds' ratios of it (module over base).
  */
 #include <pthread.h>
 #include <unistd.h>
@@ -95,8 +100,10 @@ static double quantile(const double *v, int n, double q)
 static void measure(const char *name, CK_MECHANISM_TYPE mech, const char *label, int nthreads, int slice_ms, int rounds)
 {
 	struct worker w[MAX_THREADS];
-	static double ratio[MAX_ROUNDS];
+	static double ratio[MAX_ROUNDS], cratio[MAX_ROUNDS];
+	double *cpu = calloc(4 * rounds, sizeof *cpu); /* CPU µs of each slice's counted part */
 	unsigned long total[2] = {0, 0};
+	double cputotal[2] = {0, 0};
 	int nslices = 4 * rounds;
 
 	memset(w, 0, sizeof w);
@@ -113,8 +120,10 @@ static void measure(const char *name, CK_MECHANISM_TYPE mech, const char *label,
 	for (int k = 0; k < nslices && cur != STOP; k++) {
 		cur = 2 * (2 * k) + module_of(k);
 		usleep(slice_ms * 1000 / 5);
+		double c0 = cpu_us();
 		cur = 2 * (2 * k + 1) + module_of(k);
 		usleep(slice_ms * 1000 * 4 / 5);
+		cpu[k] = cpu_us() - c0;
 	}
 	cur = STOP;
 	for (int i = 0; i < nthreads; i++) {
@@ -126,20 +135,33 @@ static void measure(const char *name, CK_MECHANISM_TYPE mech, const char *label,
 	}
 	for (int r = 0; r < rounds; r++) {
 		unsigned long got[2] = {0, 0};
-		for (int k = 4 * r; k < 4 * r + 4; k++)
+		double used[2] = {0, 0};
+		for (int k = 4 * r; k < 4 * r + 4; k++) {
+			/* Signatures are counted as they start: one per thread in
+			 * flight at the slice's end is charged to it. */
 			for (int i = 0; i < nthreads; i++)
 				got[module_of(k)] += w[i].n[2 * k + 1];
+			used[module_of(k)] += cpu[k];
+		}
 		total[0] += got[0];
 		total[1] += got[1];
+		cputotal[0] += used[0];
+		cputotal[1] += used[1];
 		ratio[r] = got[0] ? (double)got[1] / got[0] : 0;
+		cratio[r] = got[0] && got[1] && used[0] > 0 ? (used[1] / got[1]) / (used[0] / got[0]) : 0;
 	}
 	for (int i = 0; i < nthreads; i++)
 		free(w[i].n);
+	free(cpu);
 	qsort(ratio, rounds, sizeof ratio[0], cmp_double);
+	qsort(cratio, rounds, sizeof cratio[0], cmp_double);
 	double secs = rounds * 2 * slice_ms * 0.8 / 1000.0; /* counted time per module */
-	printf("sign %s threads=%d base_per_s=%.0f module_per_s=%.0f ratio=%.3f q1=%.3f q3=%.3f rounds=%d\n",
+	printf("sign %s threads=%d base_per_s=%.0f module_per_s=%.0f ratio=%.3f q1=%.3f q3=%.3f "
+	       "base_cpu_us=%.1f module_cpu_us=%.1f cpu_ratio=%.3f cpu_q1=%.3f cpu_q3=%.3f rounds=%d\n",
 	       name, nthreads, total[0] / secs, total[1] / secs,
-	       quantile(ratio, rounds, 0.5), quantile(ratio, rounds, 0.25), quantile(ratio, rounds, 0.75), rounds);
+	       quantile(ratio, rounds, 0.5), quantile(ratio, rounds, 0.25), quantile(ratio, rounds, 0.75),
+	       total[0] ? cputotal[0] / total[0] : 0, total[1] ? cputotal[1] / total[1] : 0,
+	       quantile(cratio, rounds, 0.5), quantile(cratio, rounds, 0.25), quantile(cratio, rounds, 0.75), rounds);
 	fflush(stdout);
 }
 

@@ -40,6 +40,7 @@ func readPIN(path string) (secret.PIN, error) {
 }
 
 func run() error {
+	slot.OwnEnvironment() // a hagroup program: members' module_env may be written (pkg/slot)
 	cfgPath := flag.String("config", "", "hagroup.toml")
 	label := flag.String("group", "", "group label")
 	userFile := flag.String("user-pin-file", "", "file holding the members' user PIN")

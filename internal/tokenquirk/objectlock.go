@@ -1,0 +1,201 @@
+// Package tokenquirk holds the workarounds hagroup applies to particular
+// tokens, each keyed to the tokens that need it (by the manufacturer and
+// model C_GetTokenInfo reports), so that no other token pays for them.
+package tokenquirk
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+)
+
+// NeedsObjectLock reports whether a token keeps two threads of one process
+// apart on its object store by itself. SoftHSM 2 does not (its fcntl locks
+// work between processes only): a search or attribute read that refreshes
+// an object while another thread writes it can leave the object without
+// CKA_CLASS for good (CKR_ATTRIBUTE_VALUE_INVALID ever after), and the
+// write then fails with CKR_GENERAL_ERROR.
+func NeedsObjectLock(manufacturer, model string) bool {
+	manufacturer = strings.TrimRight(manufacturer, " \x00")
+	model = strings.TrimRight(model, " \x00")
+	return manufacturer == "SoftHSM project" || strings.HasPrefix(model, "SoftHSM")
+}
+
+// Access is what a call does to the token's objects.
+type Access int
+
+// The kinds of access.
+const (
+	None  Access = iota // cryptographic and session calls: no lock
+	Read                // searches and attribute reads
+	Write               // creations, changes, deletions, key generation
+)
+
+// ErrStuck is Acquire's error when the lock is held, against the access
+// asked for, by a call that outlived its deadline: the token is hung, and
+// waiting for it would only hide that.
+var ErrStuck = errors.New("the token's object lock is held by a call past its deadline")
+
+// ObjectLock keeps the calls of this process that write one token's
+// objects apart from those that read them. Unlike sync.RWMutex, a wait for
+// it ends with its ctx, so a caller queued behind a long key generation
+// decides how long it waits without that wait being charged to the token;
+// and once a holder's call has outlived its deadline (Hold.Stuck), waiters
+// fail with ErrStuck rather than wait for a hung token. A waiting writer
+// keeps new readers out, so writers are not starved. A nil *ObjectLock is
+// a token without the quirk: Acquire returns at once.
+type ObjectLock struct {
+	mu      sync.Mutex
+	readers int
+	writer  bool
+	wanting int           // writers waiting
+	stuck   int           // holders whose call outlived its deadline
+	changed chan struct{} // closed and replaced when the lock changes
+}
+
+// Hold is one call's hold on an ObjectLock; nil for a call that takes no
+// lock. Its methods may be called from any goroutine.
+type Hold struct {
+	l        *ObjectLock
+	a        Access
+	stuck    bool // guarded by l.mu
+	released bool // guarded by l.mu
+}
+
+// Acquire takes the lock a call with access a needs, waiting at most until
+// ctx ends (its error) or a conflicting holder is stuck (ErrStuck).
+func (l *ObjectLock) Acquire(ctx context.Context, a Access) (*Hold, error) {
+	if l == nil || a == None {
+		return nil, nil
+	}
+	waiting := false
+	for {
+		l.mu.Lock()
+		if l.grantLocked(a) {
+			if waiting {
+				l.wanting--
+			}
+			l.mu.Unlock()
+			return &Hold{l: l, a: a}, nil
+		}
+		if l.stuck > 0 {
+			l.giveUpLocked(waiting)
+			l.mu.Unlock()
+			return nil, ErrStuck
+		}
+		if a == Write && !waiting {
+			waiting = true
+			l.wanting++
+		}
+		if l.changed == nil {
+			l.changed = make(chan struct{})
+		}
+		ch := l.changed
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			l.mu.Lock()
+			l.giveUpLocked(waiting)
+			l.mu.Unlock()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// grantLocked takes the lock for a when it is free for a.
+func (l *ObjectLock) grantLocked(a Access) bool {
+	switch {
+	case a == Write && !l.writer && l.readers == 0:
+		l.writer = true
+		return true
+	case a == Read && !l.writer && l.wanting == 0:
+		l.readers++
+		return true
+	}
+	return false
+}
+
+// giveUpLocked ends a wait that was not granted.
+func (l *ObjectLock) giveUpLocked(waiting bool) {
+	if waiting {
+		l.wanting--
+		l.signalLocked() // readers held back by this writer may go now
+	}
+}
+
+// Writing reports whether a writer holds the lock (for tests and
+// diagnostics).
+func (l *ObjectLock) Writing() bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.writer
+}
+
+// Release lets the lock go. Releasing twice, or a nil Hold, is harmless.
+func (h *Hold) Release() {
+	if h == nil {
+		return
+	}
+	l := h.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h.released {
+		return
+	}
+	h.released = true
+	if h.stuck {
+		l.stuck--
+	}
+	if h.a == Write {
+		l.writer = false
+	} else {
+		l.readers--
+	}
+	l.signalLocked()
+}
+
+// Stuck records that the holder's call outlived its deadline: until it
+// releases, conflicting callers fail with ErrStuck. After Release it is
+// harmless.
+func (h *Hold) Stuck() {
+	if h == nil {
+		return
+	}
+	l := h.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h.released || h.stuck {
+		return
+	}
+	h.stuck = true
+	l.stuck++
+	l.signalLocked()
+}
+
+func (l *ObjectLock) signalLocked() {
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
+}
+
+// Locks holds the object locks of the tokens of one module, by slot ID.
+// The zero value is ready. Safe for concurrent use.
+type Locks struct {
+	m sync.Map // uint → *ObjectLock
+}
+
+// For returns the lock of the token in slot id, or nil when the token,
+// described by its manufacturer and model, does not need one.
+func (ls *Locks) For(id uint, manufacturer, model string) *ObjectLock {
+	if !NeedsObjectLock(manufacturer, model) {
+		return nil
+	}
+	l, _ := ls.m.LoadOrStore(id, &ObjectLock{})
+	return l.(*ObjectLock)
+}
