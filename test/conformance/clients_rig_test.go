@@ -187,14 +187,16 @@ func (c *clientWorld) run(argv ...string) outcome {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(c.t.Context(), clientDeadline)
 	defer cancel()
-	return c.wait(ctx, c.start(ctx, argv))
+	return c.wait(ctx, c.start(ctx, argv, ""))
 }
 
 // start starts argv; wait collects it. Apart, so that a member can be
-// killed while a command runs.
-func (c *clientWorld) start(ctx context.Context, argv []string) *clientProc {
+// killed while a command runs: p.seen is closed once stdout shows marker
+// (never for "").
+func (c *clientWorld) start(ctx context.Context, argv []string, marker string) *clientProc {
 	c.t.Helper()
 	p := &clientProc{cmd: exec.CommandContext(ctx, argv[0], argv[1:]...)}
+	p.stdout.marker, p.stdout.seen = marker, make(chan struct{})
 	p.cmd.Dir, p.cmd.Env = c.dir, c.env
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	if err := p.cmd.Start(); err != nil {
@@ -204,8 +206,25 @@ func (c *clientWorld) start(ctx context.Context, argv []string) *clientProc {
 }
 
 type clientProc struct {
-	cmd            *exec.Cmd
-	stdout, stderr syncBuffer
+	cmd    *exec.Cmd
+	stdout watchBuffer
+	stderr syncBuffer
+}
+
+// watchBuffer is a client's stdout, which says when it shows marker.
+type watchBuffer struct {
+	syncBuffer
+	marker string
+	seen   chan struct{}
+	once   sync.Once
+}
+
+func (b *watchBuffer) Write(p []byte) (int, error) {
+	n, err := b.syncBuffer.Write(p)
+	if b.marker != "" && strings.Contains(b.String(), b.marker) {
+		b.once.Do(func() { close(b.seen) })
+	}
+	return n, err
 }
 
 func (c *clientWorld) wait(ctx context.Context, p *clientProc) outcome {

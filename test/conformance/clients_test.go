@@ -1,11 +1,15 @@
 package conformance
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -100,37 +104,83 @@ func runClient(c *clientWorld, cmd clientCmd) string {
 	c.t.Helper()
 	var b strings.Builder
 	for _, argv := range cmd.steps(c) {
-		line := strings.ReplaceAll(strings.Join(argv, " "), c.module, "MODULE")
-		fmt.Fprintf(&b, "$ %s\n%s\n", strings.ReplaceAll(line, c.dir, "DIR"), c.run(argv...))
+		fmt.Fprintf(&b, "%s%s\n", stepLine(c, argv), c.run(argv...))
 	}
 	return b.String()
 }
 
+// stepLine is the command line runClient writes before a step's outcome
+// (module path and world directory elided).
+func stepLine(c *clientWorld, argv []string) string {
+	line := strings.ReplaceAll(strings.Join(argv, " "), c.module, "MODULE")
+	return "$ " + strings.ReplaceAll(line, c.dir, "DIR") + "\n"
+}
+
 // runClients runs every client on c in order, handing each output to
-// each; before runs before each command (the kill test's hook).
-func runClients(c *clientWorld, before func(i int), each func(cmd clientCmd, out string)) {
+// each; run, when not nil, runs a command instead of runClient (the kill
+// test's hook).
+func runClients(c *clientWorld, run func(i int, cmd clientCmd) string, each func(cmd clientCmd, out string)) {
 	c.t.Helper()
+	if run == nil {
+		run = func(_ int, cmd clientCmd) string { return runClient(c, cmd) }
+	}
 	for i, cmd := range clients {
 		if i == 1 {
 			c.importKeys("ec1")
 		}
-		if before != nil {
-			before(i)
-		}
-		each(cmd, runClient(c, cmd))
+		each(cmd, run(i, cmd))
 	}
+}
+
+// clientTools are the programs the clients need: a missing one fails the
+// test with what to install, rather than skipping a client.
+var clientTools = map[string]string{
+	"pkcs11-tool": "opensc", "p11tool": "gnutls-bin", "openssl": "openssl", "ssh-keygen": "openssh-client",
+	"java": "openjdk-17-jdk-headless", "javac": "openjdk-17-jdk-headless", "keytool": "openjdk-17-jdk-headless",
+	"certutil": "libnss3-tools", "modutil": "libnss3-tools", "stdbuf": "coreutils",
+}
+
+func requireClientTools(t *testing.T) {
+	t.Helper()
+	for tool, pkg := range clientTools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not found: install %s (scripts/deps.sh)", tool, pkg)
+		}
+	}
+}
+
+var bareClients struct {
+	sync.Mutex
+	out map[string]string
+}
+
+// bareOutputs runs every client once per test binary on a bare SoftHSM
+// token holding the keys and returns their outputs by client name.
+func bareOutputs(t *testing.T) map[string]string {
+	t.Helper()
+	bareClients.Lock()
+	defer bareClients.Unlock()
+	if bareClients.out != nil {
+		return bareClients.out
+	}
+	requireClientTools(t)
+	bare := newClientWorld(t, "bare token", 0, false)
+	out := map[string]string{}
+	runClients(bare, nil, func(cmd clientCmd, o string) {
+		out[cmd.name] = o
+		checkWant(t, bare.name, cmd, o)
+	})
+	if !t.Failed() {
+		bareClients.out = out
+	}
+	return out
 }
 
 // TestClients: each real client answers through the virtual slot, in
 // every configuration, what it answers on a bare SoftHSM token holding
 // the same keys, up to the normaliser (clientRules).
 func TestClients(t *testing.T) {
-	bare := newClientWorld(t, "bare token", 0, false)
-	want := map[string]string{}
-	runClients(bare, nil, func(cmd clientCmd, out string) {
-		want[cmd.name] = out
-		checkWant(t, bare.name, cmd, out)
-	})
+	want := bareOutputs(t)
 	for _, cf := range configs {
 		t.Run(cf.name, func(t *testing.T) {
 			c := newClientWorld(t, cf.name, cf.members, cf.served)
@@ -322,6 +372,98 @@ func TestClientsNormaliserDocumented(t *testing.T) {
 	for i, r := range clientRules {
 		if r.design != "" && !strings.Contains(sec, r.design) {
 			t.Errorf("normaliser rule %d: %q is not an entry of docs/DESIGN.md, \"Differences from the member token\"", i, r.design)
+		}
+	}
+}
+
+// TestClientsUnderKill runs the clients through three served members while
+// the primary's hsmserve is killed with SIGKILL: m-0 during pkcs11-tool's
+// self test (the client held stopped while it dies, so that the death
+// lands in the verify test), then m-1, the primary since, between two
+// client commands. Every client must answer as on the bare token.
+func TestClientsUnderKill(t *testing.T) {
+	want := bareOutputs(t)
+	c := newClientWorld(t, underKill, 3, true)
+	runClients(c, func(i int, cmd clientCmd) string {
+		switch cmd.name {
+		case "pkcs11-tool --test":
+			return killDuring(c, cmd, 0, "  testing key 0 (rsa1)\n")
+		case "openssl pkcs11 engine":
+			t.Logf("killing m-1 (SIGKILL), the primary, before %s", cmd.name)
+			c.served[1].Kill()
+		}
+		return runClient(c, cmd)
+	}, func(cmd clientCmd, out string) {
+		compareClient(t, c, cmd, want[cmd.name], out)
+	})
+}
+
+// killDuring runs cmd's one step and kills served member m once the
+// client's output shows marker; the client is stopped (SIGSTOP) from then
+// until m is dead, so that the death lands at that point of its run.
+func killDuring(c *clientWorld, cmd clientCmd, m int, marker string) string {
+	c.t.Helper()
+	steps := cmd.steps(c)
+	if len(steps) != 1 {
+		c.t.Fatalf("%s: killDuring runs one step, not %d", cmd.name, len(steps))
+	}
+	ctx, cancel := context.WithTimeout(c.t.Context(), clientDeadline)
+	defer cancel()
+	p := c.start(ctx, steps[0], marker)
+	select {
+	case <-p.stdout.seen:
+	case <-ctx.Done():
+		c.t.Fatalf("%s: output never showed %q: %v\n%s", cmd.name, marker, ctx.Err(), p.stdout.String())
+	}
+	pid := p.cmd.Process.Pid
+	// ESRCH: the client has already exited; the kill then lands after it.
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && err != syscall.ESRCH {
+		c.t.Fatal(err)
+	}
+	out := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
+	c.t.Logf("killing m-%d (SIGKILL), the primary, during %s, stopped after %q", m, cmd.name, out[len(out)-1])
+	c.served[m].Kill()
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil && err != syscall.ESRCH {
+		c.t.Fatal(err)
+	}
+	return stepLine(c, steps[0]) + c.wait(ctx, p).String() + "\n"
+}
+
+// TestClientsNormaliser: the normaliser makes what legitimately differs
+// equal, and leaves a real difference (an object missing, a different
+// error, a key's protection) standing. Outputs written out by hand.
+func TestClientsNormaliser(t *testing.T) {
+	bare := "$ pkcs11-tool -L -O\nexit 0\n" +
+		"Slot 0 (0x5d8c238d): SoftHSM slot ID 0x5d8c238d\n  serial num         : c95b8268dd8c238d\n" +
+		"Slot 1 (0x1): SoftHSM slot ID 0x1\n  token state:   uninitialized\n" +
+		"Public Key Object; EC  EC_POINT 256 bits\n  label:      ec1\n" +
+		"Private Key Object; EC\n  label:      ec1\n  Access:     sensitive\n" +
+		"$ p11tool --list-all\nexit 0\nObject 0:\n\tLabel: b\n\nObject 1:\n\tLabel: a\n\n" +
+		"$ modutil -list\nexit 0\n  Slot: SoftHSM slot ID 0x5d8c238d\n  Token Name: conform\n  User Pin: Initialized\n\n" +
+		"  Slot: SoftHSM slot ID 0x1\n  Token Name: \n  User Pin: NOT Initialized\n\n"
+	group := "$ pkcs11-tool -L -O\nexit 0\n" +
+		"Slot 0 (0x1): hagroup virtual slot conform\n  serial num         : 2000002\n" +
+		"Private Key Object; EC\n  label:      ec1\n  Access:     sensitive, always sensitive, never extractable\n" +
+		"Public Key Object; EC  EC_POINT 256 bits\n  label:      ec1\n" +
+		"$ p11tool --list-all\nexit 0\nObject 0:\n\tLabel: a\n\nObject 1:\n\tLabel: b\n" +
+		"$ modutil -list\nexit 0\n  Slot: hagroup virtual slot conform\n  Token Name: conform\n  User Pin: Initialized\n"
+	nb := normalise(clientRules, bare)
+	if ng := normalise(clientRules, group); ng != nb {
+		t.Errorf("legitimate differences left standing:\n%s", lineDiff(nb, ng))
+	}
+	for _, real := range []struct{ what, from, to string }{
+		{"a missing object", "Public Key Object; EC  EC_POINT 256 bits\n  label:      ec1\n", ""},
+		{"a key that lost its protection", "  Access:     sensitive, always sensitive, never extractable", "  Access:     none"},
+		{"another token", "  Token Name: conform", "  Token Name: other"},
+		{"a failed command", "$ p11tool --list-all\nexit 0", "$ p11tool --list-all\nexit 1"},
+		{"an object's label", "\tLabel: b", "\tLabel: c"},
+	} {
+		changed := strings.Replace(group, real.from, real.to, 1)
+		if changed == group {
+			t.Fatalf("%s: %q is not in the group's output", real.what, real.from)
+		}
+		if normalise(clientRules, changed) == nb {
+			t.Errorf("the normaliser hides %s", real.what)
 		}
 	}
 }
