@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -207,23 +208,21 @@ func checkWant(t *testing.T, world string, cmd clientCmd, out string) {
 }
 
 // compareClient requires got to be want up to the normaliser, and what a
-// user checks to hold; a listed known defect is logged instead.
+// user checks to hold; the known defects listed for the client and world
+// are applied to both and logged while they make a difference.
 func compareClient(t *testing.T, c *clientWorld, cmd clientCmd, want, got string) {
 	t.Helper()
 	checkWant(t, c.name, cmd, got)
 	nw, ng := normalise(clientRules, want), normalise(clientRules, got)
 	for _, k := range knownClientDefects {
-		if k.client != cmd.name {
+		if k.client != cmd.name || len(k.configs) > 0 && !slices.Contains(k.configs, c.name) {
 			continue
 		}
-		if nw == ng {
-			t.Logf("%s: %s answers as the bare token now (%s): remove its known defect", c.name, cmd.name, k.owner)
-			return
+		fw, fg := k.fix.apply(nw), k.fix.apply(ng)
+		if d := lineDiff(nw, ng); d != lineDiff(fw, fg) {
+			t.Logf("known difference, %s: %s (%s):\n%s", c.name, cmd.name, k.owner, d)
 		}
-		if fixed := k.fix.apply(ng); fixed == nw {
-			t.Logf("known difference, %s: %s (%s):\n%s", c.name, cmd.name, k.owner, lineDiff(nw, ng))
-			return
-		}
+		nw, ng = fw, fg
 	}
 	if nw != ng {
 		t.Errorf("%s: %s differs from the bare token\n--- bare token\n%s\n--- %s\n%s\n--- normalised diff (- bare, + group)\n%s\nHA log:\n%s",
@@ -305,13 +304,16 @@ var clientRules = []rewrite{
 }
 
 // knownClientDefect is a difference that is a defect, not a decision
-// (see knownDefect): fix rewrites the group's normalised output to the
-// bare token's; the test logs it while it occurs and says when it is gone.
+// (see knownDefect): fix, applied to both normalised outputs, makes the
+// group's the bare token's; the test logs it while it makes a difference.
 type knownClientDefect struct {
-	client string
-	fix    rewrite
-	owner  string
+	client  string
+	configs []string // none: every group
+	fix     rewrite
+	owner   string
 }
+
+const ownerMechInfo = "executor/create (pkg/group/info.go: MechanismInfo fails when a serving member dies in the call)"
 
 var knownClientDefects = []knownClientDefect{
 	// SoftHSM refuses pkcs11-tool's OAEP parameters (a label) at
@@ -319,6 +321,14 @@ var knownClientDefects = []knownClientDefect{
 	// C_Decrypt.
 	{client: "pkcs11-tool --test", owner: ownerInit,
 		fix: rewriteRule(`error: PKCS11 function C_Decrypt failed: rv = CKR_ARGUMENTS_BAD`, "error: PKCS11 function C_DecryptInit failed: rv = CKR_ARGUMENTS_BAD", "")},
+	// The primary dies during pkcs11-tool's self test: C_GetMechanismInfo
+	// fails for a mechanism while the dead member is still in rotation
+	// (Group.MechanismInfo counts a member whose call failed as one
+	// without the mechanism), so the decryption test's list of mechanisms
+	// (those with CKF_DECRYPT) misses one, at random, of those it skips.
+	// The fix counts the skipped ones as one.
+	{client: "pkcs11-tool --test", configs: []string{underKill}, owner: ownerMechInfo,
+		fix: rewriteRule(`(?m)(^ -- mechanism can't be used to decrypt, skipping\n)+`, " -- mechanisms that cannot decrypt, skipped\n", "")},
 }
 
 const javaClientProgram = `import java.nio.file.*;
