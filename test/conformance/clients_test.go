@@ -32,9 +32,9 @@ const (
 	ecKey  = "pkcs11:token=" + label + ";object=ec1;type=private"
 )
 
-func one(argv ...string) func(*clientWorld) [][]string {
-	return func(*clientWorld) [][]string { return [][]string{argv} }
-}
+// jvmFlags start a short-lived JVM in about half the time (no optimising
+// compiler, the serial collector).
+var jvmFlags = []string{"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"}
 
 // clients run in this order; pkcs11-tool --test runs first, while the
 // token holds one key pair: its output depends on the order the token
@@ -76,12 +76,17 @@ var clients = []clientCmd{
 		return [][]string{{"ssh-keygen", "-D", c.module}}
 	}, want: []string{"ecdsa-sha2-nistp256 ", "ssh-rsa "}},
 	{name: "keytool -list", steps: func(c *clientWorld) [][]string {
-		return [][]string{{"keytool", "-list", "-keystore", "NONE", "-storetype", "PKCS11",
+		argv := []string{"keytool"}
+		for _, f := range jvmFlags {
+			argv = append(argv, "-J"+f)
+		}
+		return [][]string{append(argv, "-list", "-keystore", "NONE", "-storetype", "PKCS11",
 			"-providerClass", "sun.security.pkcs11.SunPKCS11", "-providerArg", filepath.Base(c.javaCf),
-			"-storepass:file", filepath.Base(c.rawPIN)}}
+			"-storepass:file", filepath.Base(c.rawPIN))}
 	}, want: []string{"Your keystore contains 2 entries", "ec1, PrivateKeyEntry", "rsa1, PrivateKeyEntry"}},
 	{name: "java SunPKCS11 sign", steps: func(c *clientWorld) [][]string {
-		return [][]string{{"java", "-cp", javaClasses(c.t), "ClientSign", filepath.Base(c.javaCf), filepath.Base(c.rawPIN)}}
+		argv := append([]string{"java"}, jvmFlags...)
+		return [][]string{append(argv, "-cp", javaClasses(c.t), "ClientSign", filepath.Base(c.javaCf), filepath.Base(c.rawPIN))}
 	}, want: []string{"ec1 SHA256withECDSA verified true", "rsa1 SHA256withRSA verified true"}},
 	{name: "NSS modutil/certutil", steps: func(c *clientWorld) [][]string {
 		db, pw := "sql:"+c.nssDB, filepath.Base(c.nssPW)
