@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
 )
 
 // clientCmd is one real PKCS#11 client command, run the same way on the
@@ -193,6 +195,7 @@ func TestClients(t *testing.T) {
 			runClients(c, nil, func(cmd clientCmd, out string) {
 				compareClient(t, c, cmd, want[cmd.name], out)
 			})
+			c.checkHALog()
 		})
 	}
 }
@@ -202,6 +205,9 @@ var failedStep = regexp.MustCompile(`(?m)^exit [1-9]`)
 
 func checkWant(t *testing.T, world string, cmd clientCmd, out string) {
 	t.Helper()
+	if strings.Contains(out, testhsm.UserPIN) || strings.Contains(out, testhsm.SOPIN) {
+		t.Errorf("%s: %s prints a PIN", world, cmd.name)
+	}
 	for _, w := range cmd.want {
 		if !strings.Contains(out, w) {
 			t.Errorf("%s: %s: output lacks %q:\n%s", world, cmd.name, w, out)
@@ -210,6 +216,17 @@ func checkWant(t *testing.T, world string, cmd clientCmd, out string) {
 	if cmd.mayFail == "" && failedStep.MatchString(out) {
 		t.Errorf("%s: %s failed:\n%s", world, cmd.name, out)
 	}
+}
+
+// checkHALog returns the world's HA event log, failing the test if it
+// holds a PIN.
+func (c *clientWorld) checkHALog() string {
+	c.t.Helper()
+	log := c.haLog()
+	if strings.Contains(log, testhsm.UserPIN) || strings.Contains(log, testhsm.SOPIN) {
+		c.t.Errorf("%s: the HA log holds a PIN", c.name)
+	}
+	return log
 }
 
 // compareClient requires got to be want up to the normaliser, and what a
@@ -411,6 +428,14 @@ func TestClientsUnderKill(t *testing.T) {
 	}, func(cmd clientCmd, out string) {
 		compareClient(t, c, cmd, want[cmd.name], out)
 	})
+	// What an operator checks: the HA log says which members failed, and
+	// holds no PIN.
+	log := c.checkHALog()
+	for _, m := range []string{"m-0", "m-1"} {
+		if !strings.Contains(log, `"member":"`+m+`","event":"member_failed"`) {
+			t.Errorf("HA log does not record %s failing:\n%s", m, log)
+		}
+	}
 }
 
 // killDuring runs cmd's one step and kills served member m once the
