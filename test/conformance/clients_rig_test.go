@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -20,10 +21,12 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"golang.org/x/sys/unix"
 )
 
 // clientDeadline bounds one client command: a command that a member's
@@ -348,5 +351,91 @@ func dropBlocks(start, marker string) func(string) string {
 		}
 		end()
 		return strings.Join(out, "")
+	}
+}
+
+// setPolicy sets the group's load-balancing policy in the world's
+// configuration (each client process reads it when it starts).
+func (c *clientWorld) setPolicy(policy string) {
+	c.t.Helper()
+	p := filepath.Join(c.dir, "hagroup.toml")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	conf := strings.Replace(string(b), "[ha]\n", "[ha]\npolicy = \""+policy+"\"\n", 1)
+	if err := os.WriteFile(p, []byte(conf), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// rsaSignature is the signature the token's rsa1 key makes of data with
+// CKM_SHA256_RSA_PKCS (deterministic), made in software from the material.
+func rsaSignature(t *testing.T, data []byte) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(material(t), "rsa1.key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatal("rsa1.key.pem: no PEM block")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	sig, err := rsa.SignPKCS1v15(nil, k.(*rsa.PrivateKey), crypto.SHA256, sum[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sig
+}
+
+// openFIFO opens fifo for writing once its reader has opened it.
+func openFIFO(ctx context.Context, t *testing.T, fifo string) *os.File {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			return f
+		}
+		if !errors.Is(err, syscall.ENXIO) { // ENXIO: no reader yet
+			t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: no reader opened it: %v", fifo, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// waitBlockedReading waits until process pid has read everything written
+// to w and its main thread waits in read(2) for more.
+func waitBlockedReading(ctx context.Context, t *testing.T, pid int, w *os.File) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		wchan, err := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+		if err != nil {
+			t.Fatalf("process %d: %v", pid, err)
+		}
+		unread, err := unix.IoctlGetInt(int(w.Fd()), unix.TIOCINQ) // FIONREAD
+		if err != nil {
+			t.Fatal(err)
+		}
+		if unread == 0 && strings.Contains(string(wchan), "pipe_read") {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("process %d never waited for more input (%d bytes unread, in %q): %v", pid, unread, wchan, ctx.Err())
+		case <-tick.C:
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"golang.org/x/sys/unix"
 )
 
 // clientCmd is one real PKCS#11 client command, run the same way on the
@@ -293,6 +295,7 @@ const (
 	designSlotList  = "The slot list is the module's"
 	designSeed      = "**`C_SeedRandom`**"
 	designSensitive = "**Secret values stay on the members.**"
+	designMidOp     = "**A member's death mid-operation.**"
 )
 
 // clientRules is the normaliser, applied to the bare token's output and
@@ -398,9 +401,13 @@ func javaClasses(t *testing.T) string {
 }
 
 // TestClientsNormaliserDocumented: every rule of the normaliser that
-// allows a deliberate difference names an entry of docs/DESIGN.md's list.
+// allows a deliberate difference, and the mid-operation death that
+// TestClientsMidOperation allows, name an entry of docs/DESIGN.md's list.
 func TestClientsNormaliserDocumented(t *testing.T) {
 	sec := differencesSection(t)
+	if !strings.Contains(sec, designMidOp) {
+		t.Errorf("TestClientsMidOperation's %q is not an entry of docs/DESIGN.md, \"Differences from the member token\"", designMidOp)
+	}
 	for i, r := range clientRules {
 		if r.design != "" && !strings.Contains(sec, r.design) {
 			t.Errorf("normaliser rule %d: %q is not an entry of docs/DESIGN.md, \"Differences from the member token\"", i, r.design)
@@ -506,4 +513,69 @@ func TestClientsNormaliser(t *testing.T) {
 			t.Errorf("the normaliser hides %s", real.what)
 		}
 	}
+}
+
+// TestClientsMidOperation: the primary's hsmserve dies in the middle of a
+// multi-part signature. pkcs11-tool --sign reads its input from a FIFO,
+// 1025 bytes at a time, and signs with C_SignUpdate; with every operation
+// on the primary (primary-backup), m-0 is killed while pkcs11-tool waits
+// for its second piece of input. pkcs11-tool then signs as on the bare
+// token, or fails with the documented CKR_DEVICE_ERROR of a member's death
+// mid-operation; run again, it signs, and the signature is the key's.
+func TestClientsMidOperation(t *testing.T) {
+	requireClientTools(t)
+	data := []byte(strings.Repeat("signed in parts through hagroup; ", 120)) // ~4 KB: four reads
+	want := rsaSignature(t, data)
+	sign := func(c *clientWorld, in, out string) []string {
+		return []string{"pkcs11-tool", "--module", c.module, "--token-label", label, "--login", "--pin", "env:HA_PIN",
+			"--sign", "--mechanism", "SHA256-RSA-PKCS", "--id", "02", "--input-file", in, "--output-file", out}
+	}
+	checkSig := func(c *clientWorld, file string) {
+		t.Helper()
+		got, err := os.ReadFile(filepath.Join(c.dir, file))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: %s is not the signature rsa1 makes (%v):\n got %x\nwant %x", c.name, file, err, got, want)
+		}
+	}
+	bare := newClientWorld(t, "bare token", 0, false)
+	bare.write("data", string(data))
+	bare.mustRun(sign(bare, "data", "sig")...)
+	checkSig(bare, "sig")
+
+	c := newClientWorld(t, underKill, 3, true)
+	c.setPolicy("primary-backup")
+
+	fifo := filepath.Join(c.dir, "input")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), clientDeadline)
+	defer cancel()
+	p := c.start(ctx, sign(c, "input", "sig1"), "")
+	w := openFIFO(ctx, t, fifo)
+	if _, err := w.Write(data[:1025]); err != nil {
+		t.Fatal(err)
+	}
+	waitBlockedReading(ctx, t, p.cmd.Process.Pid, w)
+	t.Logf("killing m-0 (SIGKILL), the primary, between two C_SignUpdate")
+	c.served[0].Kill()
+	if _, err := w.Write(data[1025:]); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	switch o := c.wait(ctx, p); {
+	case o.exit == 0:
+		t.Logf("the signature failed over:\n%s", o.out)
+		checkSig(c, "sig1")
+	case regexp.MustCompile(`C_Sign(Update|Final) failed: rv = CKR_DEVICE_ERROR`).MatchString(o.out):
+		t.Logf("CKR_DEVICE_ERROR mid-operation (docs/DESIGN.md %s):\n%s", designMidOp, o.out)
+	default:
+		t.Errorf("pkcs11-tool --sign with the primary killed mid-operation: %s", o)
+	}
+
+	c.write("data", string(data))
+	if o := c.run(sign(c, "data", "sig2")...); o.exit != 0 {
+		t.Fatalf("pkcs11-tool --sign again: %s", o)
+	}
+	checkSig(c, "sig2")
 }
