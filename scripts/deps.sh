@@ -13,6 +13,7 @@ packages=(
 	libengine-pkcs11-openssl # OpenSSL's pkcs11 engine
 	openssl
 	openssh-client           # ssh-keygen -D
+	libnss3-tools            # certutil, modutil: the NSS client test
 	gcc libc6-dev            # cgo, and the C test harnesses
 	openjdk-17-jdk-headless  # SunPKCS11 client test
 	util-linux               # setpriv, for the permission tests

@@ -62,6 +62,8 @@ func newWorld(t *testing.T, name string, members int, served bool) *world {
 		w.initTokens(softConf, name)
 		ms = append(ms, testhsm.Token{Name: name, Label: name, Module: testhsm.SoftHSMModule})
 	}
+	// The module appends to the HA event log only if it exists.
+	w.write("ha.log", "")
 	conf := w.write("hagroup.toml", w.config(ms))
 	w.env = append(w.env, "HAGROUP_CONF="+conf)
 	w.write("user.pin", testhsm.UserPIN+"\n")
