@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -220,8 +221,10 @@ func (g *Group) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismI
 		return pkcs11.MechanismInfo{}, wrap(ErrNoMember, "MechanismInfo", "", nil)
 	}
 	for _, err := range errs {
-		if err != nil {
-			// A member without the mechanism: the group does not have it.
+		// A member without the mechanism: the group does not have it. A
+		// member that failed to answer (dying, not failed yet) says
+		// nothing about the mechanism: the others answer.
+		if err != nil && slot.ClassOf(err) != slot.ClassHealth {
 			return pkcs11.MechanismInfo{}, opErr("MechanismInfo", "", err)
 		}
 	}
