@@ -807,21 +807,37 @@ func capableFirst(members []replica.PlanMember, lacking map[string]bool) []repli
 }
 
 // splitUnreplicable takes out of p the copies of wrapped objects (private
-// and secret keys) to or from a member in lacking, and returns them.
+// and secret keys) to or from a member in lacking, with the public halves
+// of the private keys among them, and returns them.
 func splitUnreplicable(p *replica.Plan, lacking map[string]bool) []replica.Action {
 	if len(lacking) == 0 {
 		return nil
 	}
 	var keep, out []replica.Action
+	halfOut := map[string]bool{} // private halves left out: their public halves stay out too
 	for _, a := range p.Actions {
 		c := a.Identity.Class
 		wrapped := c == pkcs11.CKO_PRIVATE_KEY || c == pkcs11.CKO_SECRET_KEY
 		if a.Kind == replica.Copy && wrapped && (lacking[a.Member] || lacking[a.Source]) {
 			out = append(out, a)
+			if c == pkcs11.CKO_PRIVATE_KEY {
+				halfOut[a.PairKey()] = true
+			}
 			continue
 		}
 		keep = append(keep, a)
 	}
+	// A public half is never copied without its private half: a member
+	// that seems to hold the key would be sent work on it.
+	kept := keep[:0]
+	for _, a := range keep {
+		if a.Kind == replica.Copy && a.Identity.Class == pkcs11.CKO_PUBLIC_KEY && halfOut[a.PairKey()] {
+			out = append(out, a)
+			continue
+		}
+		kept = append(kept, a)
+	}
+	keep = kept
 	p.Actions = keep
 	return out
 }
@@ -996,14 +1012,17 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 			// again.
 			continue
 		}
-		if len(mine) == 0 || final || r.eng.WriteMark() == cu.mark {
-			// What it had to take is applied (or it only gave) and
-			// nothing changed through the group since the listing; under
-			// the barrier nothing can have.
+		if len(mine) == 0 || final {
+			// It only gave, or the barrier is held: nothing changed
+			// through this process's group since the listing.
 			cu.converged = true
 			r.noteOutOfSync(left)
 			return cu, nil
 		}
+		// What it had to take is applied; the next pass lists it again
+		// and is the proof: another host, whose writes move no mark here,
+		// may have caught it up at the same moment (duplicates, which the
+		// next plan removes) or made and destroyed objects meanwhile.
 	}
 	if final {
 		return cu, fmt.Errorf("catch up: objects were still changing after %d rounds", max)

@@ -38,7 +38,7 @@ var (
 		"Whether the member's token refused its PIN (1: no automatic login or recovery until an operator runs hactl hagroup recover, 0: not blocked).",
 		[]string{"group", "member"}, nil)
 	descOutOfSync = prometheus.NewDesc("hagroup_objects_out_of_sync",
-		"Objects that differ between this member and the rest of its group at the last synchronisation check (0: in sync).",
+		"Objects that differ between this member and the rest of its group, compared when scraped (0: in sync).",
 		[]string{"group", "member"}, nil)
 )
 
@@ -174,7 +174,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 				blocked = 1
 			}
 			ch <- prometheus.MustNewConstMetric(descPINBlocked, prometheus.GaugeValue, blocked, g.Label, ms.Name)
-			ch <- prometheus.MustNewConstMetric(descOutOfSync, prometheus.GaugeValue, float64(m.d.outOfSync(g.Label, ms.Name)), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descOutOfSync, prometheus.GaugeValue, float64(ms.OutOfSync), g.Label, ms.Name)
 		}
 	}
 }
