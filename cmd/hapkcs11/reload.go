@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 
 	"github.com/hagroup/hagroup/pkg/ha"
 )
@@ -30,9 +31,9 @@ func watchConfig(ctx context.Context, path string, virt []token, log *eventLog) 
 				log.event(group, "", "reload_refused", err.Error())
 				return
 			}
-			// The members' own events (member_added, ...) reach the HA log
-			// through the group's event sink; the lines are for debugging.
-			log.debug("configuration followed", "group", group, "changes", lines)
+			// One line for the change, in this process's name: each line
+			// reads "member: event (detail)" (ha.Group.Update).
+			log.event(group, "", "config_followed", strings.Join(lines, "; "))
 		},
 	})
 }
