@@ -129,7 +129,7 @@ type rig struct {
 	served   *testhsm.Served
 	// remotes are every member served by hsmserve, in member order.
 	remotes []*testhsm.Served
-	mode     string // recovery_mode written to the configuration
+	mode    string // recovery_mode written to the configuration
 }
 
 type rigOpts struct {
