@@ -177,7 +177,11 @@ func TestSoak(t *testing.T) {
 	// and data objects take their place.
 	keypairs := kind == load.HSMServe
 	w := newWorld(t, ctx, *nMembers, kind)
-	t.Logf("set up %d members, provisioned, haagent running in %.1f s", *nMembers, time.Since(setupStart).Seconds())
+	hb, err := w.startSecondHost(ctx)
+	if err != nil {
+		t.Fatalf("host B: %v", err)
+	}
+	t.Logf("set up %d members, provisioned, two hosts' haagents running in %.1f s", *nMembers, time.Since(setupStart).Seconds())
 
 	// The Go API's engine, with its own recovery, as a Go program wires it.
 	cfg, err := config.Load(w.conf)
@@ -225,6 +229,17 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Host B's load: the same members through its own configuration and
+	// state directory.
+	clB, err := load.StartLoad(ctx, w.reg, load.LoadOptions{
+		Prog: w.haload, Module: w.lib, Slot: slotID, PINFile: w.userFile, Key: signLabel, Threads: 2, Mixed: true,
+		AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("cb%d", seed%100000), Seed: seed + 1, Tick: 200 * time.Millisecond,
+		LockFile: lockFile,
+		Env:      load.Environ("HAGROUP_CONF="+hb.conf, "HAGROUP_STATS_FILE="+hb.stats), Dir: w.dir,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	for i := 0; i < 4; i++ {
 		wg.Add(1)
@@ -260,11 +275,17 @@ func TestSoak(t *testing.T) {
 	gl.stop.Store(true)
 	wg.Wait()
 	sctx, scancel := context.WithTimeout(ctx, time.Minute)
-	cres, err := cl.Stop(sctx)
-	scancel()
+	cresA, err := cl.Stop(sctx)
 	if err != nil {
+		scancel()
 		t.Fatalf("haload: %v", err)
 	}
+	cresB, err := clB.Stop(sctx)
+	scancel()
+	if err != nil {
+		t.Fatalf("host B's haload: %v", err)
+	}
+	cres := mergeResults(cresA, cresB)
 	loadsStopped := time.Since(endStart)
 	if err := waitFor(ctx, 90*time.Second, func() bool {
 		for _, m := range g.Members() {
@@ -279,7 +300,7 @@ func TestSoak(t *testing.T) {
 
 	// Final recovery as haagent sees it: every member in service and no
 	// member needing synchronisation.
-	agentOK := w.waitAgent(ctx, 90*time.Second, func(rep agent.GroupsReport) bool {
+	settled := func(rep agent.GroupsReport) bool {
 		if len(rep.Groups) != 1 || len(rep.Groups[0].NeedsSync) != 0 {
 			return false
 		}
@@ -289,15 +310,27 @@ func TestSoak(t *testing.T) {
 			}
 		}
 		return true
-	})
-	if agentOK != nil {
-		t.Errorf("haagent: %v", agentOK)
+	}
+	if err := w.waitAgent(ctx, 90*time.Second, settled); err != nil {
+		t.Errorf("haagent: %v", err)
+	}
+	if err := w.waitAgentAt(ctx, hb.sock, 90*time.Second, settled); err != nil {
+		t.Errorf("host B's haagent: %v", err)
 	}
 	t.Logf("after the faults: loads stopped in %.1f s, every member back in both engines %.1f s later",
 		loadsStopped.Seconds(), (time.Since(endStart) - loadsStopped).Seconds())
 	c := w.agentClient()
 	defer c.Close()
 	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+	cB := agent.NewClient(hb.sock)
+	defer cB.Close()
+	syncRepB, syncErrB := cB.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+	var lists []agent.GroupsReport
+	for _, cl := range []*agent.Client{c, cB} {
+		if l, err := cl.ListGroups(ctx, groupLabel); err == nil {
+			lists = append(lists, l)
+		}
+	}
 
 	// What every member holds, listed directly through its server, one
 	// label at a time: an object that cannot be read is counted, not fatal.
@@ -316,6 +349,19 @@ func TestSoak(t *testing.T) {
 
 	rep := buildReport(w, cres, gl, ev, syncRep, holdings, chaosTime, keypairs)
 	rep.listErrs = listErrs
+	// Host B's answer, and what both hosts' answers are worth.
+	rep.syncInSync = rep.syncInSync && syncErrB == nil && syncRepB.InSync
+	rep.syncDiffs += len(syncRepB.Differences)
+	if syncErrB != nil {
+		rep.syncErr = "host B: " + syncErrB.Error()
+	}
+	differ, how := holdingsDiffer(w.members, holdings)
+	rep.falseInSync, rep.truthDiff = falseInSync(differ, []agent.SyncReport{syncRep, syncRepB}, lists), how
+	want := 1
+	if keypairs {
+		want = 2
+	}
+	rep.duplicates = duplicates(w.members, holdings, append(append([]string{}, cres.Created...), gl.created...), want)
 	if lines, err := load.ReadStats(statsPath); err == nil {
 		rep.moduleOutage, rep.moduleOutages = outages(lines, cl.PID())
 	}
@@ -325,7 +371,11 @@ func TestSoak(t *testing.T) {
 	}
 	rep.schedule = ch.summary()
 	rep.agentHangs = ch.agentHangs
-	if b, err := os.ReadFile(w.logFile); err == nil {
+	for _, logFile := range []string{w.logFile, hb.logFile} {
+		b, err := os.ReadFile(logFile)
+		if err != nil {
+			continue
+		}
 		for _, line := range strings.Split(string(b), "\n") {
 			// A folded summary line stands for its repeats too.
 			var e struct {
@@ -416,6 +466,9 @@ type report struct {
 	keypairs                 bool
 	agentHangs               []string
 	recoveryRaced            int
+	falseInSync              int      // agents' "in sync" answers while the members differ (both hosts)
+	truthDiff                string   // how the members differ, when they do
+	duplicates               []string // objects a member holds twice
 }
 
 func buildReport(w *world, c *load.Result, gl *goLoad, ev *events, sr agent.SyncReport, holdings []map[string]int, chaosTime time.Duration, keypairs bool) *report {
@@ -519,12 +572,14 @@ func (r *report) String() string {
 	if r.keypairs {
 		objects = "EC key pairs (private halves replicated under the domain key)"
 	}
-	p("SOAK REPORT: %d members each behind its own %s process (last one standby), faults for %v", r.members, r.kind, r.chaosTime.Round(time.Second))
+	p("SOAK REPORT: %d members each behind its own %s process (last one standby), two hosts (state dirs, agents, C loads), faults for %v", r.members, r.kind, r.chaosTime.Round(time.Second))
 	p("  schedule                                             %s", r.schedule)
 	p("  single-part ops failed while >=1 member was up       %d  (C module %d of %d, Go API %d of %d)", r.cFailed+r.goFailed, r.cFailed, r.cOps, r.goFailed, r.goOps)
 	p("  signatures that do not verify / wrong answers        %d  (C %d, Go %d)", r.cBad+len(r.goBad), r.cBad, len(r.goBad))
 	p("  generated/created %s missing from a member after final recovery %d  (of %d made)", objects, len(r.missing), r.created)
 	p("  destroyed ones present on a member                   %d  (of %d destroyed)", len(r.resurrected), r.destroyed)
+	p("  objects held twice by a member                       %d", len(r.duplicates))
+	p("  false \"in sync\" (either agent, --check or listgroups) %d", r.falseInSync)
 	p("  conflicts                                            %d", r.conflicts)
 	p("  whole group out of service in the module's engine    %d times, %v in all", r.moduleOutages, r.moduleOutage.Round(time.Millisecond))
 	p("  longest stall                                        %v (%s) vs command_timeout %v", r.stall.Round(time.Millisecond), r.stallWhere, commandTimeout)
@@ -566,6 +621,12 @@ func (r *report) problems() []string {
 	}
 	if r.conflicts > 0 {
 		p = append(p, fmt.Sprintf("%d conflicts", r.conflicts))
+	}
+	if len(r.duplicates) > 0 {
+		p = append(p, fmt.Sprintf("%d objects held twice: %v", len(r.duplicates), first(r.duplicates, 10)))
+	}
+	if r.falseInSync > 0 {
+		p = append(p, fmt.Sprintf("%d \"in sync\" answers while the members differ: %s", r.falseInSync, r.truthDiff))
 	}
 	if r.syncErr != "" {
 		p = append(p, "synchronize --check failed after final recovery: "+r.syncErr)
