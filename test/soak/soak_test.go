@@ -5,8 +5,10 @@
 // (SIGKILL), stops (SIGSTOP/SIGCONT) and restarts members, never all at
 // once, and now and then kills and restarts haagent. At the end every
 // member is back and the test asserts and prints what a user would check.
+// With -soak.hosts 2 a second host shares the members (secondHost).
 //
 //	go test -race -run TestSoak ./test/soak -soak.duration 10m -v   # make soak DURATION=10m
+//	go test -race -run TestSoak ./test/soak -soak.hosts 2 -v        # make soak HOSTS=2
 //	go test -run TestSoak ./test/soak -soak.seed 1234 -v           # replay a schedule
 package soak
 
@@ -38,7 +40,12 @@ var (
 	duration = flag.Duration("soak.duration", 10*time.Second, "how long the faults go on (the make test run keeps the default)")
 	seedFlag = flag.Uint64("soak.seed", 0, "seed of the fault schedule and the load (0: from the clock; printed)")
 	nMembers = flag.Int("soak.members", 4, "members (3 to 5); the last is a standby")
-	server   = flag.String("soak.server", string(load.HSMServe), "what serves the members: hsmserve (every call carried: key generation under chaos) or p11-kit")
+	// hosts: 2 adds a second host (secondHost). Its agent and load keep
+	// their own tombstone journal, so a destroy through one host comes back
+	// through the other's recovery until tombstones live on the members
+	// (helper truth, issue 15); make test keeps one host until then.
+	hosts  = flag.Int("soak.hosts", 1, "hosts sharing the members (1 or 2: a second state dir, haagent and C load)")
+	server = flag.String("soak.server", string(load.HSMServe), "what serves the members: hsmserve (every call carried: key generation under chaos) or p11-kit")
 )
 
 func TestMain(m *testing.M) {
@@ -176,12 +183,18 @@ func TestSoak(t *testing.T) {
 	// receive replicated private keys; through p11-kit 0.24 they cannot,
 	// and data objects take their place.
 	keypairs := kind == load.HSMServe
-	w := newWorld(t, ctx, *nMembers, kind)
-	hb, err := w.startSecondHost(ctx)
-	if err != nil {
-		t.Fatalf("host B: %v", err)
+	if *hosts != 1 && *hosts != 2 {
+		t.Fatalf("-soak.hosts %d: want 1 or 2", *hosts)
 	}
-	t.Logf("set up %d members, provisioned, two hosts' haagents running in %.1f s", *nMembers, time.Since(setupStart).Seconds())
+	w := newWorld(t, ctx, *nMembers, kind)
+	var hb *secondHost
+	if *hosts == 2 {
+		var err error
+		if hb, err = w.startSecondHost(ctx); err != nil {
+			t.Fatalf("host B: %v", err)
+		}
+	}
+	t.Logf("set up %d members, provisioned, %d host(s)' haagent running in %.1f s", *nMembers, *hosts, time.Since(setupStart).Seconds())
 
 	// The Go API's engine, with its own recovery, as a Go program wires it.
 	cfg, err := config.Load(w.conf)
@@ -231,14 +244,17 @@ func TestSoak(t *testing.T) {
 	}
 	// Host B's load: the same members through its own configuration and
 	// state directory.
-	clB, err := load.StartLoad(ctx, w.reg, load.LoadOptions{
-		Prog: w.haload, Module: w.lib, Slot: slotID, PINFile: w.userFile, Key: signLabel, Threads: 2, Mixed: true,
-		AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("cb%d", seed%100000), Seed: seed + 1, Tick: 200 * time.Millisecond,
-		LockFile: lockFile,
-		Env:      load.Environ("HAGROUP_CONF="+hb.conf, "HAGROUP_STATS_FILE="+hb.stats), Dir: w.dir,
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
+	var clB *load.Load
+	if hb != nil {
+		clB, err = load.StartLoad(ctx, w.reg, load.LoadOptions{
+			Prog: w.haload, Module: w.lib, Slot: slotID, PINFile: w.userFile, Key: signLabel, Threads: 2, Mixed: true,
+			AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("cb%d", seed%100000), Seed: seed + 1, Tick: 200 * time.Millisecond,
+			LockFile: lockFile,
+			Env:      load.Environ("HAGROUP_CONF="+hb.conf, "HAGROUP_STATS_FILE="+hb.stats), Dir: w.dir,
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	var wg sync.WaitGroup
 	for i := 0; i < 4; i++ {
@@ -280,12 +296,16 @@ func TestSoak(t *testing.T) {
 		scancel()
 		t.Fatalf("haload: %v", err)
 	}
-	cresB, err := clB.Stop(sctx)
-	scancel()
-	if err != nil {
-		t.Fatalf("host B's haload: %v", err)
+	cres := cresA
+	if clB != nil {
+		cresB, err := clB.Stop(sctx)
+		if err != nil {
+			scancel()
+			t.Fatalf("host B's haload: %v", err)
+		}
+		cres = mergeResults(cresA, cresB)
 	}
-	cres := mergeResults(cresA, cresB)
+	scancel()
 	loadsStopped := time.Since(endStart)
 	if err := waitFor(ctx, 90*time.Second, func() bool {
 		for _, m := range g.Members() {
@@ -314,19 +334,27 @@ func TestSoak(t *testing.T) {
 	if err := w.waitAgent(ctx, 90*time.Second, settled); err != nil {
 		t.Errorf("haagent: %v", err)
 	}
-	if err := w.waitAgentAt(ctx, hb.sock, 90*time.Second, settled); err != nil {
-		t.Errorf("host B's haagent: %v", err)
+	if hb != nil {
+		if err := w.waitAgentAt(ctx, hb.sock, 90*time.Second, settled); err != nil {
+			t.Errorf("host B's haagent: %v", err)
+		}
 	}
 	t.Logf("after the faults: loads stopped in %.1f s, every member back in both engines %.1f s later",
 		loadsStopped.Seconds(), (time.Since(endStart) - loadsStopped).Seconds())
 	c := w.agentClient()
 	defer c.Close()
 	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
-	cB := agent.NewClient(hb.sock)
-	defer cB.Close()
-	syncRepB, syncErrB := cB.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+	checks, clients := []agent.SyncReport{syncRep}, []*agent.Client{c}
+	var syncErrB error
+	if hb != nil {
+		cB := agent.NewClient(hb.sock)
+		defer cB.Close()
+		var syncRepB agent.SyncReport
+		syncRepB, syncErrB = cB.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+		checks, clients = append(checks, syncRepB), append(clients, cB)
+	}
 	var lists []agent.GroupsReport
-	for _, cl := range []*agent.Client{c, cB} {
+	for _, cl := range clients {
 		if l, err := cl.ListGroups(ctx, groupLabel); err == nil {
 			lists = append(lists, l)
 		}
@@ -349,14 +377,17 @@ func TestSoak(t *testing.T) {
 
 	rep := buildReport(w, cres, gl, ev, syncRep, holdings, chaosTime, keypairs)
 	rep.listErrs = listErrs
-	// Host B's answer, and what both hosts' answers are worth.
-	rep.syncInSync = rep.syncInSync && syncErrB == nil && syncRepB.InSync
-	rep.syncDiffs += len(syncRepB.Differences)
+	// Host B's answer, and what every host's answers are worth.
+	rep.hosts = *hosts
+	for _, b := range checks[1:] {
+		rep.syncInSync = rep.syncInSync && b.InSync
+		rep.syncDiffs += len(b.Differences)
+	}
 	if syncErrB != nil {
 		rep.syncErr = "host B: " + syncErrB.Error()
 	}
 	differ, how := holdingsDiffer(w.members, holdings)
-	rep.falseInSync, rep.truthDiff = falseInSync(differ, []agent.SyncReport{syncRep, syncRepB}, lists), how
+	rep.falseInSync, rep.truthDiff = falseInSync(differ, checks, lists), how
 	want := 1
 	if keypairs {
 		want = 2
@@ -371,7 +402,11 @@ func TestSoak(t *testing.T) {
 	}
 	rep.schedule = ch.summary()
 	rep.agentHangs = ch.agentHangs
-	for _, logFile := range []string{w.logFile, hb.logFile} {
+	logFiles := []string{w.logFile}
+	if hb != nil {
+		logFiles = append(logFiles, hb.logFile)
+	}
+	for _, logFile := range logFiles {
 		b, err := os.ReadFile(logFile)
 		if err != nil {
 			continue
@@ -466,7 +501,8 @@ type report struct {
 	keypairs                 bool
 	agentHangs               []string
 	recoveryRaced            int
-	falseInSync              int      // agents' "in sync" answers while the members differ (both hosts)
+	hosts                    int
+	falseInSync              int      // agents' "in sync" answers while the members differ (every host)
 	truthDiff                string   // how the members differ, when they do
 	duplicates               []string // objects a member holds twice
 }
@@ -572,7 +608,7 @@ func (r *report) String() string {
 	if r.keypairs {
 		objects = "EC key pairs (private halves replicated under the domain key)"
 	}
-	p("SOAK REPORT: %d members each behind its own %s process (last one standby), two hosts (state dirs, agents, C loads), faults for %v", r.members, r.kind, r.chaosTime.Round(time.Second))
+	p("SOAK REPORT: %d members each behind its own %s process (last one standby), %d host(s) (state dir, agent, C load each), faults for %v", r.members, r.kind, r.hosts, r.chaosTime.Round(time.Second))
 	p("  schedule                                             %s", r.schedule)
 	p("  single-part ops failed while >=1 member was up       %d  (C module %d of %d, Go API %d of %d)", r.cFailed+r.goFailed, r.cFailed, r.cOps, r.goFailed, r.goOps)
 	p("  signatures that do not verify / wrong answers        %d  (C %d, Go %d)", r.cBad+len(r.goBad), r.cBad, len(r.goBad))

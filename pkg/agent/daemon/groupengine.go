@@ -316,7 +316,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 				Members: []string{name}, Action: "none: its recovery is catching it up", Detail: st})
 			continue
 		}
-		if req.Check {
+		if req.Check && !forStatus(ctx) {
 			if missing, err := ge.peek(ctx, name); err == nil {
 				for _, a := range missing {
 					rep.Differences = append(rep.Differences, agent.Difference{Object: a.Identity.String(), Kind: string(a.Reason),

@@ -23,7 +23,7 @@ func (d *Daemon) markSync(ctx context.Context, gr *groupRun, eng Engine, gs *age
 		err = fmt.Errorf("group %q is not open", gr.cfg.Label)
 	} else {
 		var rep agent.SyncReport
-		rep, err = eng.Synchronize(ctx, agent.SyncRequest{Group: gr.cfg.Label, Check: true})
+		rep, err = eng.Synchronize(withStatus(ctx), agent.SyncRequest{Group: gr.cfg.Label, Check: true})
 		if err == nil {
 			d.recordSync(gr, rep)
 			counts = rep.OutOfSync()
@@ -42,3 +42,15 @@ func (d *Daemon) markSync(ctx context.Context, gr *groupRun, eng Engine, gs *age
 		d.log.Debug("compare members for status", "group", gr.cfg.Label, "error", err)
 	}
 }
+
+type statusKey struct{}
+
+// withStatus marks a check made for a status answer: a member out of
+// service counts as out of sync without its token being opened to say by
+// what (synchronize --check does open it), so a listgroups or a scrape
+// never logs in to a failed member nor waits for a hung one. Which
+// members are out of sync is the same either way.
+func withStatus(ctx context.Context) context.Context { return context.WithValue(ctx, statusKey{}, true) }
+
+// forStatus reports whether ctx is a status answer's check (withStatus).
+func forStatus(ctx context.Context) bool { return ctx.Value(statusKey{}) != nil }
