@@ -50,7 +50,9 @@ type statusKey struct{}
 // what (synchronize --check does open it), so a listgroups or a scrape
 // never logs in to a failed member nor waits for a hung one. Which
 // members are out of sync is the same either way.
-func withStatus(ctx context.Context) context.Context { return context.WithValue(ctx, statusKey{}, true) }
+func withStatus(ctx context.Context) context.Context {
+	return context.WithValue(ctx, statusKey{}, true)
+}
 
 // forStatus reports whether ctx is a status answer's check (withStatus).
 func forStatus(ctx context.Context) bool { return ctx.Value(statusKey{}) != nil }
