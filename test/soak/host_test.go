@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -134,4 +135,41 @@ func falseInSync(differ bool, checks []agent.SyncReport, lists []agent.GroupsRep
 		}
 	}
 	return n
+}
+
+// holdings lists what every member holds, directly through its server,
+// one label at a time: an object that cannot be read is counted, not
+// fatal.
+func (w *world) holdings(ctx context.Context) ([]map[string]int, []string) {
+	holdings := make([]map[string]int, len(w.members))
+	var listErrs []string
+	for i := range w.members {
+		holdings[i] = map[string]int{}
+		labels, errs := listLabels(ctx, w.memberSpec(i))
+		for _, l := range labels {
+			holdings[i][l]++
+		}
+		for _, e := range errs {
+			listErrs = append(listErrs, fmt.Sprintf("member %s: %v", w.members[i], e))
+		}
+	}
+	return holdings, listErrs
+}
+
+// changedBetween reports whether a member's holdings changed from a to b,
+// and describes the first changes.
+func changedBetween(members []string, a, b []map[string]int) (bool, string) {
+	var diffs []string
+	for i := range members {
+		for _, m := range []map[string]int{a[i], b[i]} {
+			for l := range m {
+				if a[i][l] != b[i][l] {
+					diffs = append(diffs, fmt.Sprintf("%q on %s: %d then %d", l, members[i], a[i][l], b[i][l]))
+				}
+			}
+		}
+	}
+	sort.Strings(diffs)
+	diffs = slices.Compact(diffs)
+	return len(diffs) > 0, strings.Join(first(diffs, 5), "; ")
 }
