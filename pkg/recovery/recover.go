@@ -1012,22 +1012,54 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 			// again.
 			continue
 		}
-		if len(mine) == 0 || final {
-			// It only gave, or the barrier is held: nothing changed
-			// through this process's group since the listing.
+		if len(mine) == 0 {
+			cu.converged = true // it only gave
+			r.noteOutOfSync(left)
+			return cu, nil
+		}
+		// Another host catching it up at the same moment moves no mark
+		// here and may leave a second copy that both hosts' re-checks
+		// missed: the member itself is listed again (not its peers, which
+		// serve applications: on SoftHSM a read can spoil an object being
+		// written), and a copy held twice means one more pass.
+		twice, err := holdsTwice(ctx, self)
+		if err != nil {
+			return cu, fmt.Errorf("catch up: list objects again: %w", err)
+		}
+		if !twice && (final || r.eng.WriteMark() == cu.mark) {
+			// What it had to take is applied and nothing changed through
+			// the group since the listing; under the barrier nothing can
+			// have.
 			cu.converged = true
 			r.noteOutOfSync(left)
 			return cu, nil
 		}
-		// What it had to take is applied; the next pass lists it again
-		// and is the proof: another host, whose writes move no mark here,
-		// may have caught it up at the same moment (duplicates, which the
-		// next plan removes) or made and destroyed objects meanwhile.
 	}
 	if final {
 		return cu, fmt.Errorf("catch up: objects were still changing after %d rounds", max)
 	}
 	return cu, nil // not converged: the final pass under the barrier finishes it
+}
+
+// holdsTwice reports whether the member holds some object (identity and
+// fingerprint) more than once.
+func holdsTwice(ctx context.Context, m replica.PlanMember) (bool, error) {
+	l, err := replica.Scan(ctx, m.Slot)
+	if err != nil {
+		return false, err
+	}
+	seen := map[string]bool{}
+	for _, o := range l.Objects {
+		if !o.Token || o.Fingerprint == nil {
+			continue
+		}
+		k := o.Identity.Key() + "\x00" + string(o.Fingerprint)
+		if seen[k] {
+			return true, nil
+		}
+		seen[k] = true
+	}
+	return false, nil
 }
 
 // lockMember takes the host-wide lock of member name. Without wait it
