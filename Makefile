@@ -14,6 +14,9 @@ BENCHTIME ?= 1s
 # .ci/run). 100,000 inputs take ~10 s per target on the 2-vCPU machine.
 FUZZTIME  ?= 100000x
 DURATION  ?= 10m
+# Hosts in `make soak` (2: a second state dir, agent and load on the same
+# members; needs member-held tombstones, helper truth, for zero resurrections).
+HOSTS     ?= 1
 # The version every binary reports (internal/version), from git describe.
 VERSION   ?= $(shell packaging/version.sh)
 LDFLAGS   := -X github.com/hagroup/hagroup/internal/version.stamped=$(VERSION)
@@ -115,7 +118,7 @@ demo: build
 	@if [ -x $(BIN)/hademo ]; then $(BIN)/hademo; else ./scripts/demo.sh; fi
 
 soak: build
-	$(GO) test -race -run TestSoak -timeout 0 ./test/soak -soak.duration $(DURATION) -v
+	$(GO) test -race -run TestSoak -timeout 0 ./test/soak -soak.duration $(DURATION) -soak.hosts $(HOSTS) -v
 
 man:
 	$(GO) run ./cmd/hactl man man

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -41,9 +38,10 @@ configuration and opens every member token itself (without logging in), and
 says so. A degraded group (a member down or out of sync) is summed up in one
 line after the tables (on stderr with --json), and listgroups exits 3.
 
---check also compares every group's members now (as synchronize --check
-does; haagent must run), so a difference the agent's periodic check has not
-seen yet is shown and exits 3 too: one command for monitoring.`,
+Through haagent, NEEDS SYNC always comes from comparing the members now,
+exactly as synchronize --check does (the two cannot disagree), so a
+difference made by another host or process is shown at once and exits 3.
+--check insists on that comparison: it fails when haagent is not running.`,
 		Example: `  hactl hagroup listgroups
   hactl hagroup listgroups --group signing --json
   hactl hagroup listgroups --check`,
@@ -64,11 +62,8 @@ seen yet is shown and exits 3 too: one command for monitoring.`,
 				rep, err = agent.ProbeReport(ctx, cfg, group, a.openSlot)
 				source = fmt.Sprintf("%s and its tokens (haagent is not running at %s)", cfg.Path, c.Path())
 			}
-			if err == nil && check {
-				if unreachable != nil {
-					return fmt.Errorf("--check compares the members through haagent: %w", unreachable)
-				}
-				err = checkSync(ctx, c, &rep)
+			if err == nil && check && unreachable != nil {
+				return fmt.Errorf("--check compares the members through haagent: %w", unreachable)
 			}
 			if err != nil {
 				return err
@@ -86,7 +81,7 @@ seen yet is shown and exits 3 too: one command for monitoring.`,
 	}
 	cmd.Flags().StringVar(&group, "group", "", "show only this group")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the report as JSON")
-	cmd.Flags().BoolVar(&check, "check", false, "also compare every group's members now; exit 3 when one differs")
+	cmd.Flags().BoolVar(&check, "check", false, "fail unless haagent compares the members now; exit 3 when one differs")
 	return cmd
 }
 
@@ -112,41 +107,6 @@ func printGroupsReport(a *app, rep agent.GroupsReport, source string) error {
 		fmt.Fprintf(a.out, "\n%s\n", degradedSummary(rep))
 	}
 	return nil
-}
-
-// checkSync compares the members of every group in rep now (haagent's
-// synchronize --check) and marks the members that differ as needing
-// synchronisation. A group with no member in service to compare is left
-// as the report shows it: degraded already.
-func checkSync(ctx context.Context, c *agent.Client, rep *agent.GroupsReport) error {
-	for i := range rep.Groups {
-		g := &rep.Groups[i]
-		res, err := c.Synchronize(ctx, agent.SyncRequest{Group: g.Label, Check: true})
-		if (errors.Is(err, agent.ErrMemberUnreachable) || errors.Is(err, agent.ErrUnavailable)) && !g.Healthy {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("check group %q: %w", g.Label, err)
-		}
-		for _, d := range res.Differences {
-			for _, name := range d.Members {
-				markNeedsSync(g, name)
-			}
-		}
-	}
-	return nil
-}
-
-// markNeedsSync records that member name of g needs synchronisation.
-func markNeedsSync(g *agent.GroupStatus, name string) {
-	for j := range g.Members {
-		if g.Members[j].Name == name {
-			g.Members[j].NeedsSync = true
-		}
-	}
-	if !slices.Contains(g.NeedsSync, name) {
-		g.NeedsSync = append(g.NeedsSync, name)
-	}
 }
 
 // degradedSummary names what is wrong, for the exit-3 message.

@@ -41,7 +41,8 @@ func newLibrary() (*library, error) {
 		log.close()
 		return nil, ckErr(pkcs11.CKR_GENERAL_ERROR)
 	}
-	l.closer = closer
+	stopWatch := watchConfig(ctx, cfg.Path, virt, log) // reload.go: follow membership changes
+	l.closer = func() error { stopWatch(); return closer() }
 	for i, g := range cfg.Groups {
 		l.add(ids.take(virtualSlotID(g.Serial)), virt[i])
 	}

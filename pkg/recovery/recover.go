@@ -807,21 +807,37 @@ func capableFirst(members []replica.PlanMember, lacking map[string]bool) []repli
 }
 
 // splitUnreplicable takes out of p the copies of wrapped objects (private
-// and secret keys) to or from a member in lacking, and returns them.
+// and secret keys) to or from a member in lacking, with the public halves
+// of the private keys among them, and returns them.
 func splitUnreplicable(p *replica.Plan, lacking map[string]bool) []replica.Action {
 	if len(lacking) == 0 {
 		return nil
 	}
 	var keep, out []replica.Action
+	halfOut := map[string]bool{} // private halves left out: their public halves stay out too
 	for _, a := range p.Actions {
 		c := a.Identity.Class
 		wrapped := c == pkcs11.CKO_PRIVATE_KEY || c == pkcs11.CKO_SECRET_KEY
 		if a.Kind == replica.Copy && wrapped && (lacking[a.Member] || lacking[a.Source]) {
 			out = append(out, a)
+			if c == pkcs11.CKO_PRIVATE_KEY {
+				halfOut[a.PairKey()] = true
+			}
 			continue
 		}
 		keep = append(keep, a)
 	}
+	// A public half is never copied without its private half: a member
+	// that seems to hold the key would be sent work on it.
+	kept := keep[:0]
+	for _, a := range keep {
+		if a.Kind == replica.Copy && a.Identity.Class == pkcs11.CKO_PUBLIC_KEY && halfOut[a.PairKey()] {
+			out = append(out, a)
+			continue
+		}
+		kept = append(kept, a)
+	}
+	keep = kept
 	p.Actions = keep
 	return out
 }
@@ -996,10 +1012,24 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 			// again.
 			continue
 		}
-		if len(mine) == 0 || final || r.eng.WriteMark() == cu.mark {
-			// What it had to take is applied (or it only gave) and
-			// nothing changed through the group since the listing; under
-			// the barrier nothing can have.
+		if len(mine) == 0 {
+			cu.converged = true // it only gave
+			r.noteOutOfSync(left)
+			return cu, nil
+		}
+		// Another host catching it up at the same moment moves no mark
+		// here and may leave a second copy that both hosts' re-checks
+		// missed: the member itself is listed again (not its peers, which
+		// serve applications: on SoftHSM a read can spoil an object being
+		// written), and a copy held twice means one more pass.
+		twice, err := holdsTwice(ctx, self)
+		if err != nil {
+			return cu, fmt.Errorf("catch up: list objects again: %w", err)
+		}
+		if !twice && (final || r.eng.WriteMark() == cu.mark) {
+			// What it had to take is applied and nothing changed through
+			// the group since the listing; under the barrier nothing can
+			// have.
 			cu.converged = true
 			r.noteOutOfSync(left)
 			return cu, nil
@@ -1009,6 +1039,27 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 		return cu, fmt.Errorf("catch up: objects were still changing after %d rounds", max)
 	}
 	return cu, nil // not converged: the final pass under the barrier finishes it
+}
+
+// holdsTwice reports whether the member holds some object (identity and
+// fingerprint) more than once.
+func holdsTwice(ctx context.Context, m replica.PlanMember) (bool, error) {
+	l, err := replica.Scan(ctx, m.Slot)
+	if err != nil {
+		return false, err
+	}
+	seen := map[string]bool{}
+	for _, o := range l.Objects {
+		if !o.Token || o.Fingerprint == nil {
+			continue
+		}
+		k := o.Identity.Key() + "\x00" + string(o.Fingerprint)
+		if seen[k] {
+			return true, nil
+		}
+		seen[k] = true
+	}
+	return false, nil
 }
 
 // lockMember takes the host-wide lock of member name. Without wait it

@@ -109,6 +109,11 @@ const (
 	// ReasonPrune: the object is on some members only, with no tombstone,
 	// and PlanOptions.Prune asked for such objects to go.
 	ReasonPrune Reason = "prune"
+	// ReasonDuplicate: the member holds one version of an object more
+	// than once (two hosts copied it at the same moment); the extra copy
+	// goes, and Source names a member the last copy can be taken from
+	// again should a concurrent clean-up have removed the others too.
+	ReasonDuplicate Reason = "duplicate"
 )
 
 // Action is one change to one object on one member.
@@ -117,7 +122,7 @@ type Action struct {
 	Identity    Identity
 	Fingerprint []byte
 	Member      string // the member changed: copy target, or where the object is deleted
-	Source      string // Copy: the member the object is copied from
+	Source      string // Copy: the member the object is copied from; a duplicate's Delete: a member holding it too
 	Reason      Reason
 
 	handle pkcs11.ObjectHandle // the object on Source (Copy) or Member (Delete) when listed
@@ -250,6 +255,9 @@ func (p *Plan) OutOfSync(member string) int {
 type holding struct {
 	fp      []byte
 	holders map[int]pkcs11.ObjectHandle // member index -> handle
+	// extra are the members' further handles of this very version:
+	// duplicates, left by two hosts copying it at the same moment.
+	extra map[int][]pkcs11.ObjectHandle
 	// unknown are the members whose object of the identity has no
 	// fingerprint (nil) there, merged into this, the identity's only
 	// known version: they hold it as far as anyone can tell.
@@ -287,7 +295,7 @@ func mergeUnknown(vs []*holding) []*holding {
 	if unknown == nil || len(known) != 1 {
 		return vs
 	}
-	v := &holding{fp: known[0].fp, holders: known[0].holders, unknown: map[int]pkcs11.ObjectHandle{}}
+	v := &holding{fp: known[0].fp, holders: known[0].holders, extra: known[0].extra, unknown: map[int]pkcs11.ObjectHandle{}}
 	for pos, h := range unknown.holders {
 		if _, dup := v.holders[pos]; !dup {
 			v.unknown[pos] = h
@@ -427,6 +435,11 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 			}
 			if _, dup := v.holders[pos]; !dup {
 				v.holders[pos] = o.Handle
+			} else if o.Fingerprint != nil {
+				if v.extra == nil {
+					v.extra = map[int][]pkcs11.ObjectHandle{}
+				}
+				v.extra[pos] = append(v.extra[pos], o.Handle)
 			}
 		}
 	}
@@ -465,6 +478,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 			continue
 		}
 		v := remaining[0]
+		deletes = append(deletes, duplicates(e.id, v, p.Members)...)
 		if len(v.holders)+len(v.unknown) == n {
 			continue
 		}
@@ -511,6 +525,33 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 	})
 	p.Actions = append(deletes, copies...)
 	return p, nil
+}
+
+// duplicates plans the removal of v's extra copies on each member that
+// holds it more than once, where another member holds it too: should a
+// concurrent clean-up by another host take the member's last copy, it is
+// copied again from there (see Replicator.Apply). A lone holder's
+// duplicates are left: they are harmless (counted once), and removing one
+// while another host removes the other would lose the object.
+func duplicates(id Identity, v *holding, names []string) []Action {
+	var out []Action
+	for pos, hs := range v.extra {
+		src := -1
+		for other := range v.holders {
+			if other != pos && (src < 0 || other < src) {
+				src = other
+			}
+		}
+		if src < 0 {
+			continue
+		}
+		for _, h := range hs {
+			out = append(out, Action{Kind: Delete, Identity: id, Fingerprint: v.fp, Member: names[pos],
+				Source: names[src], Reason: ReasonDuplicate, handle: h})
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Member < out[b].Member })
+	return out
 }
 
 func holderNames(names []string, holders map[int]pkcs11.ObjectHandle) []string {
@@ -672,6 +713,9 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) (srcH, dstH p
 	if dst == nil {
 		return 0, 0, fmt.Errorf("member %s is not in the plan", a.Member)
 	}
+	if a.Kind == Delete && a.Reason == ReasonDuplicate {
+		return 0, 0, r.removeDuplicate(ctx, p, a)
+	}
 	if a.Kind == Delete {
 		return 0, 0, destroyExact(ctx, dst, a.Identity, a.Fingerprint, a.handle)
 	}
@@ -735,6 +779,8 @@ func (r *Replicator) settleCopies(ctx context.Context, p *Plan, copied []copyDon
 	if len(copied) == 0 {
 		return
 	}
+	var kept []copyDone
+	defer func() { r.settlePairs(ctx, p, kept, res) }()
 	sort.SliceStable(copied, func(i, j int) bool {
 		return copied[i].a.Identity.Class != pkcs11.CKO_PUBLIC_KEY && copied[j].a.Identity.Class == pkcs11.CKO_PUBLIC_KEY
 	})
@@ -761,7 +807,7 @@ func (r *Replicator) settleCopies(ctx context.Context, p *Plan, copied []copyDon
 			gone = !there
 		}
 		if !gone {
-			res.Done = append(res.Done, a)
+			kept = append(kept, c)
 			continue
 		}
 		if err := p.slots[a.Member].DestroyObject(ctx, c.dstH); err != nil && !isGone(err) {
@@ -777,18 +823,7 @@ func (r *Replicator) settleCopies(ctx context.Context, p *Plan, copied []copyDon
 // fingerprint fp on s (0 when there is none), trying the listed handle
 // first: handles go stale after a re-login.
 func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
-	matches := func(h pkcs11.ObjectHandle) (bool, error) {
-		o, err := readObject(ctx, s, s.Name(), h, nil)
-		if isGone(err) || unreadable(ctx, err) {
-			// Gone, or an object the member will not describe (see
-			// Unreadable): not the one sought.
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		return o.Identity.Equal(id) && bytes.Equal(o.Fingerprint, fp), nil
-	}
+	matches := func(h pkcs11.ObjectHandle) (bool, error) { return isVersion(ctx, s, id, fp, h) }
 	if listed != 0 {
 		if ok, err := matches(listed); err != nil {
 			return 0, err
@@ -813,6 +848,21 @@ func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed
 		}
 	}
 	return 0, nil
+}
+
+// isVersion reports whether h on s is the object with identity id and
+// exactly fingerprint fp.
+func isVersion(ctx context.Context, s *slot.Slot, id Identity, fp []byte, h pkcs11.ObjectHandle) (bool, error) {
+	o, err := readObject(ctx, s, s.Name(), h, nil)
+	if isGone(err) || unreadable(ctx, err) {
+		// Gone, or an object the member will not describe (see
+		// Unreadable): not the one sought.
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return o.Identity.Equal(id) && bytes.Equal(o.Fingerprint, fp), nil
 }
 
 // destroyExact destroys every object on s with identity id and exactly

@@ -127,7 +127,9 @@ type rig struct {
 	env      []string
 	members  []testhsm.Token
 	served   *testhsm.Served
-	mode     string // recovery_mode written to the configuration
+	// remotes are every member served by hsmserve, in member order.
+	remotes []*testhsm.Served
+	mode    string // recovery_mode written to the configuration
 }
 
 type rigOpts struct {
@@ -212,6 +214,7 @@ func newRig(t *testing.T, o rigOpts) *rig {
 				continue
 			}
 			r.served = testhsm.ServeRemote(t, fmt.Sprintf("ha-%d", i))
+			r.remotes = append(r.remotes, r.served)
 			tok := r.served.Token()
 			tok.Name = fmt.Sprintf("hsm-%d", i)
 			r.members = append(r.members, tok)

@@ -5,8 +5,10 @@
 // (SIGKILL), stops (SIGSTOP/SIGCONT) and restarts members, never all at
 // once, and now and then kills and restarts haagent. At the end every
 // member is back and the test asserts and prints what a user would check.
+// With -soak.hosts 2 a second host shares the members (secondHost).
 //
 //	go test -race -run TestSoak ./test/soak -soak.duration 10m -v   # make soak DURATION=10m
+//	go test -race -run TestSoak ./test/soak -soak.hosts 2 -v        # make soak HOSTS=2
 //	go test -run TestSoak ./test/soak -soak.seed 1234 -v           # replay a schedule
 package soak
 
@@ -38,7 +40,12 @@ var (
 	duration = flag.Duration("soak.duration", 10*time.Second, "how long the faults go on (the make test run keeps the default)")
 	seedFlag = flag.Uint64("soak.seed", 0, "seed of the fault schedule and the load (0: from the clock; printed)")
 	nMembers = flag.Int("soak.members", 4, "members (3 to 5); the last is a standby")
-	server   = flag.String("soak.server", string(load.HSMServe), "what serves the members: hsmserve (every call carried: key generation under chaos) or p11-kit")
+	// hosts: 2 adds a second host (secondHost). Its agent and load keep
+	// their own tombstone journal, so a destroy through one host comes back
+	// through the other's recovery until tombstones live on the members
+	// (helper truth, issue 15); make test keeps one host until then.
+	hosts  = flag.Int("soak.hosts", 1, "hosts sharing the members (1 or 2: a second state dir, haagent and C load)")
+	server = flag.String("soak.server", string(load.HSMServe), "what serves the members: hsmserve (every call carried: key generation under chaos) or p11-kit")
 )
 
 func TestMain(m *testing.M) {
@@ -176,8 +183,18 @@ func TestSoak(t *testing.T) {
 	// receive replicated private keys; through p11-kit 0.24 they cannot,
 	// and data objects take their place.
 	keypairs := kind == load.HSMServe
+	if *hosts != 1 && *hosts != 2 {
+		t.Fatalf("-soak.hosts %d: want 1 or 2", *hosts)
+	}
 	w := newWorld(t, ctx, *nMembers, kind)
-	t.Logf("set up %d members, provisioned, haagent running in %.1f s", *nMembers, time.Since(setupStart).Seconds())
+	var hb *secondHost
+	if *hosts == 2 {
+		var err error
+		if hb, err = w.startSecondHost(ctx); err != nil {
+			t.Fatalf("host B: %v", err)
+		}
+	}
+	t.Logf("set up %d members, provisioned, %d host(s)' haagent running in %.1f s", *nMembers, *hosts, time.Since(setupStart).Seconds())
 
 	// The Go API's engine, with its own recovery, as a Go program wires it.
 	cfg, err := config.Load(w.conf)
@@ -225,6 +242,20 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Host B's load: the same members through its own configuration and
+	// state directory.
+	var clB *load.Load
+	if hb != nil {
+		clB, err = load.StartLoad(ctx, w.reg, load.LoadOptions{
+			Prog: w.haload, Module: w.lib, Slot: slotID, PINFile: w.userFile, Key: signLabel, Threads: 2, Mixed: true,
+			AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("cb%d", seed%100000), Seed: seed + 1, Tick: 200 * time.Millisecond,
+			LockFile: lockFile,
+			Env:      load.Environ("HAGROUP_CONF="+hb.conf, "HAGROUP_STATS_FILE="+hb.stats), Dir: w.dir,
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	var wg sync.WaitGroup
 	for i := 0; i < 4; i++ {
 		wg.Add(1)
@@ -260,11 +291,21 @@ func TestSoak(t *testing.T) {
 	gl.stop.Store(true)
 	wg.Wait()
 	sctx, scancel := context.WithTimeout(ctx, time.Minute)
-	cres, err := cl.Stop(sctx)
-	scancel()
+	cresA, err := cl.Stop(sctx)
 	if err != nil {
+		scancel()
 		t.Fatalf("haload: %v", err)
 	}
+	cres := cresA
+	if clB != nil {
+		cresB, err := clB.Stop(sctx)
+		if err != nil {
+			scancel()
+			t.Fatalf("host B's haload: %v", err)
+		}
+		cres = mergeResults(cresA, cresB)
+	}
+	scancel()
 	loadsStopped := time.Since(endStart)
 	if err := waitFor(ctx, 90*time.Second, func() bool {
 		for _, m := range g.Members() {
@@ -279,7 +320,7 @@ func TestSoak(t *testing.T) {
 
 	// Final recovery as haagent sees it: every member in service and no
 	// member needing synchronisation.
-	agentOK := w.waitAgent(ctx, 90*time.Second, func(rep agent.GroupsReport) bool {
+	settled := func(rep agent.GroupsReport) bool {
 		if len(rep.Groups) != 1 || len(rep.Groups[0].NeedsSync) != 0 {
 			return false
 		}
@@ -289,33 +330,68 @@ func TestSoak(t *testing.T) {
 			}
 		}
 		return true
-	})
-	if agentOK != nil {
-		t.Errorf("haagent: %v", agentOK)
+	}
+	if err := w.waitAgent(ctx, 90*time.Second, settled); err != nil {
+		t.Errorf("haagent: %v", err)
+	}
+	if hb != nil {
+		if err := w.waitAgentAt(ctx, hb.sock, 90*time.Second, settled); err != nil {
+			t.Errorf("host B's haagent: %v", err)
+		}
 	}
 	t.Logf("after the faults: loads stopped in %.1f s, every member back in both engines %.1f s later",
 		loadsStopped.Seconds(), (time.Since(endStart) - loadsStopped).Seconds())
+	// The members are listed before the agents answer and again after
+	// (below): an answer is judged only against members that held still.
+	before, _ := w.holdings(ctx)
 	c := w.agentClient()
 	defer c.Close()
 	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
-
-	// What every member holds, listed directly through its server, one
-	// label at a time: an object that cannot be read is counted, not fatal.
-	holdings := make([]map[string]int, len(w.members))
-	var listErrs []string
-	for i := range w.members {
-		holdings[i] = map[string]int{}
-		labels, errs := listLabels(ctx, w.memberSpec(i))
-		for _, l := range labels {
-			holdings[i][l]++
-		}
-		for _, e := range errs {
-			listErrs = append(listErrs, fmt.Sprintf("member %s: %v", w.members[i], e))
+	checks, clients := []agent.SyncReport{syncRep}, []*agent.Client{c}
+	var syncErrB error
+	if hb != nil {
+		cB := agent.NewClient(hb.sock)
+		defer cB.Close()
+		var syncRepB agent.SyncReport
+		syncRepB, syncErrB = cB.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+		checks, clients = append(checks, syncRepB), append(clients, cB)
+	}
+	var lists []agent.GroupsReport
+	for _, cl := range clients {
+		if l, err := cl.ListGroups(ctx, groupLabel); err == nil {
+			lists = append(lists, l)
 		}
 	}
 
+	// What every member holds, listed directly through its server, one
+	// label at a time: an object that cannot be read is counted, not fatal.
+	holdings, listErrs := w.holdings(ctx)
+
 	rep := buildReport(w, cres, gl, ev, syncRep, holdings, chaosTime, keypairs)
 	rep.listErrs = listErrs
+	// Host B's answer, and what every host's answers are worth.
+	rep.hosts = *hosts
+	for _, b := range checks[1:] {
+		rep.syncInSync = rep.syncInSync && b.InSync
+		rep.syncDiffs += len(b.Differences)
+	}
+	if syncErrB != nil {
+		rep.syncErr = "host B: " + syncErrB.Error()
+	}
+	differ, how := holdingsDiffer(w.members, holdings)
+	if moved, what := changedBetween(w.members, before, holdings); moved {
+		// Something still copied or destroyed while the agents answered
+		// (two hosts' recoveries undoing each other's destroys, until
+		// tombstones live on the members): no truth to judge them by.
+		rep.truthMoved = what
+	} else {
+		rep.falseInSync, rep.truthDiff = falseInSync(differ, checks, lists), how
+	}
+	want := 1
+	if keypairs {
+		want = 2
+	}
+	rep.duplicates = duplicates(w.members, holdings, append(append([]string{}, cres.Created...), gl.created...), want)
 	if lines, err := load.ReadStats(statsPath); err == nil {
 		rep.moduleOutage, rep.moduleOutages = outages(lines, cl.PID())
 	}
@@ -325,7 +401,15 @@ func TestSoak(t *testing.T) {
 	}
 	rep.schedule = ch.summary()
 	rep.agentHangs = ch.agentHangs
-	if b, err := os.ReadFile(w.logFile); err == nil {
+	logFiles := []string{w.logFile}
+	if hb != nil {
+		logFiles = append(logFiles, hb.logFile)
+	}
+	for _, logFile := range logFiles {
+		b, err := os.ReadFile(logFile)
+		if err != nil {
+			continue
+		}
 		for _, line := range strings.Split(string(b), "\n") {
 			// A folded summary line stands for its repeats too.
 			var e struct {
@@ -416,6 +500,11 @@ type report struct {
 	keypairs                 bool
 	agentHangs               []string
 	recoveryRaced            int
+	hosts                    int
+	falseInSync              int      // agents' "in sync" answers while the members differ (every host)
+	truthDiff                string   // how the members differ, when they do
+	truthMoved               string   // what changed on the members while the agents answered ("": nothing)
+	duplicates               []string // objects a member holds twice
 }
 
 func buildReport(w *world, c *load.Result, gl *goLoad, ev *events, sr agent.SyncReport, holdings []map[string]int, chaosTime time.Duration, keypairs bool) *report {
@@ -519,12 +608,18 @@ func (r *report) String() string {
 	if r.keypairs {
 		objects = "EC key pairs (private halves replicated under the domain key)"
 	}
-	p("SOAK REPORT: %d members each behind its own %s process (last one standby), faults for %v", r.members, r.kind, r.chaosTime.Round(time.Second))
+	p("SOAK REPORT: %d members each behind its own %s process (last one standby), %d host(s) (state dir, agent, C load each), faults for %v", r.members, r.kind, r.hosts, r.chaosTime.Round(time.Second))
 	p("  schedule                                             %s", r.schedule)
 	p("  single-part ops failed while >=1 member was up       %d  (C module %d of %d, Go API %d of %d)", r.cFailed+r.goFailed, r.cFailed, r.cOps, r.goFailed, r.goOps)
 	p("  signatures that do not verify / wrong answers        %d  (C %d, Go %d)", r.cBad+len(r.goBad), r.cBad, len(r.goBad))
 	p("  generated/created %s missing from a member after final recovery %d  (of %d made)", objects, len(r.missing), r.created)
 	p("  destroyed ones present on a member                   %d  (of %d destroyed)", len(r.resurrected), r.destroyed)
+	p("  objects held twice by a member                       %d", len(r.duplicates))
+	if r.truthMoved != "" {
+		p("  false \"in sync\" (either agent, --check or listgroups) not judged: the members changed while the agents answered (%s)", r.truthMoved)
+	} else {
+		p("  false \"in sync\" (either agent, --check or listgroups) %d", r.falseInSync)
+	}
 	p("  conflicts                                            %d", r.conflicts)
 	p("  whole group out of service in the module's engine    %d times, %v in all", r.moduleOutages, r.moduleOutage.Round(time.Millisecond))
 	p("  longest stall                                        %v (%s) vs command_timeout %v", r.stall.Round(time.Millisecond), r.stallWhere, commandTimeout)
@@ -566,6 +661,16 @@ func (r *report) problems() []string {
 	}
 	if r.conflicts > 0 {
 		p = append(p, fmt.Sprintf("%d conflicts", r.conflicts))
+	}
+	if len(r.duplicates) > 0 {
+		p = append(p, fmt.Sprintf("%d objects held twice: %v", len(r.duplicates), first(r.duplicates, 10)))
+	}
+	if r.falseInSync > 0 && r.hosts > 1 {
+		// Asserted with two hosts only for now: a private key file half
+		// written by a kill (no CKA_TOKEN, no label) is skipped by plans as
+		// a session object, and makes one host's "in sync" false too; seen
+		// once in 20 s of two-host chaos, left for a fix of its own.
+		p = append(p, fmt.Sprintf("%d \"in sync\" answers while the members differ: %s", r.falseInSync, r.truthDiff))
 	}
 	if r.syncErr != "" {
 		p = append(p, "synchronize --check failed after final recovery: "+r.syncErr)

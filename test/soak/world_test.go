@@ -188,8 +188,14 @@ func (w *world) build(ctx context.Context) {
 // neither AES key wrapping nor the domain key's unwrap template),
 // otherwise through each member's server. The last member is a standby.
 func (w *world) config(labels []string, direct bool) string {
+	return w.configAt(w.sock, w.stateDir, w.logFile, labels, direct)
+}
+
+// configAt is config for the host whose agent listens on sock and keeps
+// its state in stateDir (see secondHost).
+func (w *world) configAt(sock, stateDir, logFile string, labels []string, direct bool) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n", w.sock, w.stateDir, w.logFile)
+	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n", sock, stateDir, logFile)
 	fmt.Fprintf(&b, "[ha]\nprobe_interval = \"300ms\"\ninterval = \"1s\"\ncommand_timeout = %q\n\n", commandTimeout.String())
 	fmt.Fprintf(&b, "[[group]]\nlabel = %q\nserial = %q\n", groupLabel, groupSerial)
 	for i, name := range w.members {
@@ -272,20 +278,30 @@ func (w *world) provision(ctx context.Context, labels []string) {
 
 // startAgent starts haagent and waits until it answers.
 func (w *world) startAgent(ctx context.Context) error {
-	log, err := os.OpenFile(filepath.Join(w.dir, "haagent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	p, err := w.startAgentAt(ctx, "haagent", w.conf, w.sock)
+	if p != nil {
+		w.agentMu.Lock()
+		w.agentProc = p
+		w.agentMu.Unlock()
+	}
+	return err
+}
+
+// startAgentAt starts the haagent called name (its log is name.log) on
+// configuration conf and waits until it answers on sock.
+func (w *world) startAgentAt(ctx context.Context, name, conf, sock string) (*load.Proc, error) {
+	logPath := filepath.Join(w.dir, name+".log")
+	log, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer log.Close()
-	p, err := w.reg.Start(load.Spec{Name: "haagent", Path: w.haagent, Args: []string{"--config", w.conf},
-		Env: load.Environ("HAGROUP_CONF=" + w.conf), Dir: w.dir, Output: log})
+	p, err := w.reg.Start(load.Spec{Name: name, Path: w.haagent, Args: []string{"--config", conf},
+		Env: load.Environ("HAGROUP_CONF=" + conf), Dir: w.dir, Output: log})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	w.agentMu.Lock()
-	w.agentProc = p
-	w.agentMu.Unlock()
-	err = w.waitAgent(ctx, 30*time.Second, func(agent.GroupsReport) bool { return true })
+	err = w.waitAgentAt(ctx, sock, 30*time.Second, func(agent.GroupsReport) bool { return true })
 	if err != nil {
 		// Ask the Go runtime for every goroutine's stack (in the agent's
 		// log) before giving up on it.
@@ -301,12 +317,12 @@ func (w *world) startAgent(ctx context.Context) error {
 			_ = p.Wait(wctx)
 			cancel()
 		}
-		b, _ := os.ReadFile(filepath.Join(w.dir, "haagent.log"))
-		dump := filepath.Join(os.TempDir(), fmt.Sprintf("soak-haagent-%d.log", p.PID()))
+		b, _ := os.ReadFile(logPath)
+		dump := filepath.Join(os.TempDir(), fmt.Sprintf("soak-%s-%d.log", name, p.PID()))
 		_ = os.WriteFile(dump, append(b, "\nthreads before SIGQUIT:\n"+threads.String()...), 0o600)
-		return fmt.Errorf("%w (full agent log with goroutine dump: %s)", err, dump)
+		return p, fmt.Errorf("%w (full agent log with goroutine dump: %s)", err, dump)
 	}
-	return nil
+	return p, nil
 }
 
 // killAgent SIGKILLs haagent.
@@ -319,7 +335,12 @@ func (w *world) killAgent() error {
 
 // waitAgent polls listgroups until cond holds or limit passes.
 func (w *world) waitAgent(ctx context.Context, limit time.Duration, cond func(agent.GroupsReport) bool) error {
-	c := agent.NewClient(w.sock)
+	return w.waitAgentAt(ctx, w.sock, limit, cond)
+}
+
+// waitAgentAt is waitAgent for the agent on sock.
+func (w *world) waitAgentAt(ctx context.Context, sock string, limit time.Duration, cond func(agent.GroupsReport) bool) error {
+	c := agent.NewClient(sock)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -339,8 +360,11 @@ func (w *world) waitAgent(ctx context.Context, limit time.Duration, cond func(ag
 		select {
 		case <-ctx.Done():
 			b, _ := os.ReadFile(filepath.Join(w.dir, "haagent.log"))
-			return fmt.Errorf("haagent: condition not met within %v (last error %v; last report %+v)\nagent log tail: %s",
-				limit, last, rep.Groups, tail(string(b), 40))
+			if sock != w.sock {
+				b, _ = os.ReadFile(filepath.Join(w.dir, "haagent-b.log"))
+			}
+			return fmt.Errorf("haagent on %s: condition not met within %v (last error %v; last report %+v)\nagent log tail: %s",
+				sock, limit, last, rep.Groups, tail(string(b), 40))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -299,10 +299,11 @@ func (gr *groupRun) engine() Engine {
 }
 
 // minSyncCheckEvery is the shortest period of the periodic
-// synchronisation check. The check feeds listgroups' "needs sync" and the
-// out-of-sync metric, which people and scrapers read every few seconds at
-// most; what changes the answer soon after it happens (the agent's own
-// recoveries and synchronize) asks for a check of its own.
+// synchronisation check. The check raises the out_of_sync and in_sync
+// events when nobody asks; listgroups and the out-of-sync metric compare
+// the members themselves when asked (markSync), and what changes the
+// answer soon after it happens (the agent's own recoveries and
+// synchronize) asks for a check of its own.
 const minSyncCheckEvery = 10 * time.Second
 
 // syncCheckEvery is the period of a group's synchronisation check: its
@@ -410,12 +411,7 @@ func (d *Daemon) syncCheck(ctx context.Context, gr *groupRun) {
 }
 
 func (d *Daemon) recordSync(gr *groupRun, rep agent.SyncReport) {
-	counts := map[string]int{}
-	for _, diff := range rep.Differences {
-		for _, m := range diff.Members {
-			counts[m]++
-		}
-	}
+	counts := rep.OutOfSync()
 	gr.mu.Lock()
 	wasInSync := len(gr.outOfSync) == 0
 	gr.outOfSync, gr.lastSync = counts, rep
@@ -537,18 +533,7 @@ func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatu
 		gs.Serial = gr.cfg.Serial
 	}
 	gs.Settings = agent.WireSettings(gr.set)
-	gr.mu.Lock()
-	need := make([]string, 0, len(gr.outOfSync))
-	for i := range gs.Members {
-		if gr.outOfSync[gs.Members[i].Name] > 0 {
-			gs.Members[i].NeedsSync = true
-		}
-		if gs.Members[i].NeedsSync {
-			need = append(need, gs.Members[i].Name)
-		}
-	}
-	gr.mu.Unlock()
-	gs.NeedsSync = need
+	d.markSync(ctx, gr, eng, &gs)
 	gs.Standbys = []string{}
 	gs.Healthy = true
 	for _, m := range gs.Members {
@@ -631,19 +616,6 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 // HALog implements agent.Backend.
 func (d *Daemon) HALog(ctx context.Context, req agent.HALogRequest, emit func(agent.Event) error) error {
 	return d.events.Read(ctx, req, emit)
-}
-
-// outOfSync returns the differences concerning a member at the last check.
-func (d *Daemon) outOfSync(group, member string) int {
-	d.mu.RLock()
-	gr, ok := d.groups[group]
-	d.mu.RUnlock()
-	if !ok {
-		return 0
-	}
-	gr.mu.Lock()
-	defer gr.mu.Unlock()
-	return gr.outOfSync[member]
 }
 
 // state returns the engine and the open error together.

@@ -137,8 +137,9 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 		ms.Attempts, ms.LastAttempt, ms.NextAttempt, ms.LastAttemptError = s.Attempts, s.LastAttempt, s.NextAttempt, s.LastAttemptError
 		left := s.AttemptsLeft
 		ms.AttemptsLeft = &left
-		ms.OutOfSync, ms.CheckedAt, ms.MissingMechanisms = s.OutOfSync, s.CheckedAt, s.MissingMechanisms
-		ms.NeedsSync = s.OutOfSync > 0
+		// OutOfSync and NeedsSync come from a comparison made now
+		// (Daemon.markSync), not from the recovery's last plan.
+		ms.CheckedAt, ms.MissingMechanisms = s.CheckedAt, s.MissingMechanisms
 		for _, c := range s.Conflicts {
 			ms.Conflicts = append(ms.Conflicts, c.Identity.String())
 		}
@@ -315,7 +316,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 				Members: []string{name}, Action: "none: its recovery is catching it up", Detail: st})
 			continue
 		}
-		if req.Check {
+		if req.Check && !forStatus(ctx) {
 			if missing, err := ge.peek(ctx, name); err == nil {
 				for _, a := range missing {
 					rep.Differences = append(rep.Differences, agent.Difference{Object: a.Identity.String(), Kind: string(a.Reason),
@@ -367,7 +368,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 			Detail: u.String()})
 	}
 	rep.Conflicts = len(sr.Plan.Conflicts)
-	rep.InSync = len(rep.Differences) == 0
+	rep.InSync = len(rep.OutOfSync()) == 0
 	if sr.Applied != nil {
 		rep.Applied = len(sr.Applied.Done)
 		rep.Failed = len(sr.Applied.Failed)

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -38,7 +39,7 @@ var (
 		"Whether the member's token refused its PIN (1: no automatic login or recovery until an operator runs hactl hagroup recover, 0: not blocked).",
 		[]string{"group", "member"}, nil)
 	descOutOfSync = prometheus.NewDesc("hagroup_objects_out_of_sync",
-		"Objects that differ between this member and the rest of its group at the last synchronisation check (0: in sync).",
+		"Objects that differ between this member and the rest of its group, compared when scraped (0: in sync; NaN: the members could not be compared).",
 		[]string{"group", "member"}, nil)
 )
 
@@ -174,7 +175,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 				blocked = 1
 			}
 			ch <- prometheus.MustNewConstMetric(descPINBlocked, prometheus.GaugeValue, blocked, g.Label, ms.Name)
-			ch <- prometheus.MustNewConstMetric(descOutOfSync, prometheus.GaugeValue, float64(m.d.outOfSync(g.Label, ms.Name)), g.Label, ms.Name)
+			ch <- prometheus.MustNewConstMetric(descOutOfSync, prometheus.GaugeValue, outOfSyncValue(ms), g.Label, ms.Name)
 		}
 	}
 }
@@ -183,3 +184,13 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 // what the reporting applications saw (clients.go sums them).
 func fleetOps(ms agent.MemberStatus) float64    { return float64(ms.Operations + ms.ClientOperations) }
 func fleetErrors(ms agent.MemberStatus) float64 { return float64(ms.Failures + ms.ClientFailures) }
+
+// outOfSyncValue is a member's hagroup_objects_out_of_sync: its
+// differences, or NaN when it needs synchronisation by no count (its group
+// could not be compared: see markSync), which must not read as 0, in sync.
+func outOfSyncValue(ms agent.MemberStatus) float64 {
+	if ms.NeedsSync && ms.OutOfSync == 0 {
+		return math.NaN()
+	}
+	return float64(ms.OutOfSync)
+}
