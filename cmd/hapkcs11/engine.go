@@ -19,6 +19,7 @@ import (
 // the login and the sessions, and what an outage does to them.
 type virtual struct {
 	g *group.Group
+	h *ha.Group // g with its recovery; it follows the configuration (reload.go)
 }
 
 // openGroups starts every configured group with ha.Open: the engine, the
@@ -56,7 +57,7 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			log.event(gc.Label, "", "tombstones_in_memory", terr.Error())
 		}
 		groups = append(groups, g)
-		out = append(out, &virtual{g: g.Engine()})
+		out = append(out, &virtual{g: g.Engine(), h: g})
 	}
 	// Per-member counters for the application, when it asks (stats.go).
 	sources := make([]statsSource, len(groups))

@@ -21,8 +21,8 @@ import (
 func watchConfig(ctx context.Context, path string, virt []token, log *eventLog) func() {
 	var groups []*ha.Group
 	for _, t := range virt {
-		if v, ok := t.(*virtual); ok && v.g != nil {
-			groups = append(groups, v.g)
+		if v, ok := t.(*virtual); ok && v.h != nil {
+			groups = append(groups, v.h)
 		}
 	}
 	return ha.FollowConfig(ctx, path, groups, ha.FollowOptions{

@@ -100,22 +100,22 @@ func applyConfig(ctx context.Context, path string, groups []*Group, report func(
 	cfg, err := config.Load(path)
 	if err != nil {
 		for _, h := range groups {
-			report(h.Label(), nil, fmt.Errorf("configuration not applied, the running one is kept: %w", err))
+			report(h.g.Label(), nil, fmt.Errorf("configuration not applied, the running one is kept: %w", err))
 		}
 		return
 	}
 	for _, h := range groups {
-		g, ok := cfg.Group(h.Label())
+		g, ok := cfg.Group(h.g.Label())
 		if !ok {
-			report(h.Label(), nil, fmt.Errorf("group %q is no longer in %s: it keeps running until the process restarts: %w", h.Label(), path, ErrReopen))
+			report(h.g.Label(), nil, fmt.Errorf("group %q is no longer in %s: it keeps running until the process restarts: %w", h.g.Label(), path, ErrReopen))
 			continue
 		}
 		lines, err := h.Update(ctx, *g, cfg.Settings(g))
 		if err != nil && !errors.Is(err, ErrReopen) {
-			err = fmt.Errorf("group %q: apply %s: %w", h.Label(), path, err)
+			err = fmt.Errorf("group %q: apply %s: %w", h.g.Label(), path, err)
 		}
 		if err != nil || len(lines) > 0 {
-			report(h.Label(), lines, err)
+			report(h.g.Label(), lines, err)
 		}
 	}
 }

@@ -280,14 +280,18 @@ func (r *rig) open() {
 		t.Fatal(err)
 	}
 	r.journal = j
+	// The tombstones on the members too, as ha.Open has them, so that two
+	// rigs with two state directories are two hosts sharing the members.
+	shared := tombstone.NewShared(j, r.cfg.Serial, tombstone.SharedOptions{})
 	r.gev = &groupEvents{changed: make(chan struct{}, 1)}
 	r.rev = newEvents()
-	gopts := group.Options{Events: r.gev, Tombstones: j, Interceptor: r.opts.interceptor}
+	gopts := group.Options{Events: r.gev, Tombstones: shared, Interceptor: r.opts.interceptor}
 	g, err := group.Open(rigCtx(t), r.cfg, r.set, gopts)
 	if err != nil {
 		t.Fatalf("open group: %v", err)
 	}
 	r.g = g
+	shared.SetMembers(g.StateSlots)
 	if err := g.Login(rigCtx(t), pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
 		t.Fatalf("login: %v", err)
 	}
@@ -296,7 +300,7 @@ func (r *rig) open() {
 		StateDir:   r.stateDir,
 		Interval:   r.opts.interval,
 		Retries:    r.opts.retries,
-		Tombstones: j,
+		Tombstones: shared,
 		Events:     r.rev.sink,
 		Clock:      r.opts.clock,
 	})
