@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
-	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/test/load"
 	"golang.org/x/term"
 )
@@ -48,7 +47,7 @@ type demo struct {
 	cwd string
 
 	softConf, userFile, soFile string
-	conf, provConf, sock       string
+	conf, sock                 string
 	sockDir                    string // a temporary directory for sockets when out's path is long
 	servers                    []*load.Server
 	agentProc                  *load.Proc
@@ -92,7 +91,6 @@ func (d *demo) show(s string) string {
 		"--socket " + d.o.out, "--socket $PWD/" + out,
 		d.o.bin + "/", relTo(d.cwd, d.o.bin) + "/",
 		d.o.out, out,
-		load.P11KitClient, "p11-kit-client.so",
 		load.SoftHSMModule, "libsofthsm2.so",
 	}
 	if d.sockDir != "" {
@@ -245,11 +243,9 @@ func (d *demo) makeTokens(ctx context.Context) error {
 
 // startServers serves each token with its own server process.
 func (d *demo) startServers(ctx context.Context) error {
-	d.title("2. Each HSM behind its own server process (%s), so that it can really die", d.o.server)
-	if d.o.server == load.HSMServe {
-		d.say("hsmserve is hagroup's token server: a member reaches it by the module path hagroup-remote:unix:SOCKET,")
-		d.say("which carries every PKCS#11 call, the key wrapping that replicates private keys included.")
-	}
+	d.title("2. Each HSM behind its own server process (hsmserve), so that it can really die")
+	d.say("hsmserve is hagroup's token server: a member reaches it by the module path hagroup-remote:unix:SOCKET,")
+	d.say("which carries every PKCS#11 call, the key wrapping that replicates private keys included.")
 	sockDir := d.o.out
 	if len(sockDir) > 80 {
 		dir, err := os.MkdirTemp("", "hademo-")
@@ -264,7 +260,7 @@ func (d *demo) startServers(ctx context.Context) error {
 		return err
 	}
 	for _, m := range plan() {
-		s, err := load.NewServer(d.reg, load.ServerSpec{Kind: d.o.server, Bin: filepath.Join(d.o.bin, "hsmserve"),
+		s, err := load.NewServer(d.reg, load.ServerSpec{Kind: load.HSMServe, Bin: filepath.Join(d.o.bin, "hsmserve"),
 			Member: m.name, Label: m.label, Sock: filepath.Join(sockDir, m.name+".sock"), SoftConf: d.softConf,
 			Log: filepath.Join(logs, m.name+"-server.log")})
 		if err != nil {
@@ -334,41 +330,10 @@ command_timeout = "5s"    # a call that hangs longer fails its member
 	return nil
 }
 
-// installDomain runs the domain-key ceremony. p11-kit 0.24's RPC cannot
-// carry CKM_AES_KEY_WRAP_PAD nor the domain key's CKA_UNWRAP_TEMPLATE, so
-// the ceremony (and the key generation after it, whose replication wraps
-// the private key) reach the same tokens straight through SoftHSM: an
-// operator provisioning HSMs on their own network would do the same.
+// installDomain runs the domain-key ceremony.
 func (d *demo) installDomain(ctx context.Context) error {
 	d.title("4. The group's domain key: the same AES-256 key on every member, to replicate private keys under")
-	if d.o.server == load.HSMServe {
-		d.provConf = d.conf
-		_, _, err := d.hactl(ctx, nil, "hagroup", "domain", "--group", groupLabel, "--install", "--so-pin-file", d.soFile)
-		return err
-	}
-	cfg, err := config.Load(d.conf)
-	if err != nil {
-		return err
-	}
-	for gi := range cfg.Groups {
-		for mi := range cfg.Groups[gi].Members {
-			m := &cfg.Groups[gi].Members[mi]
-			m.Module, m.ModuleEnv = load.SoftHSMModule, nil
-		}
-	}
-	b, err := config.Encode(cfg)
-	if err != nil {
-		return err
-	}
-	d.provConf = filepath.Join(d.o.out, "provision.toml")
-	if err := config.WriteFileAtomic(d.provConf, b, 0o600); err != nil {
-		return err
-	}
-	d.say("p11-kit 0.24's RPC carries neither AES key wrapping nor the domain key's unwrap template, so")
-	d.say("provisioning reaches the same tokens directly: %s is hagroup.toml with each member's", d.show(d.provConf))
-	d.say("module set to libsofthsm2.so. (Signing, failover and recovery below all go through the servers.)")
-	_, _, err = d.hactl(ctx, nil, "--config", d.provConf, "hagroup", "domain", "--group", groupLabel,
-		"--install", "--so-pin-file", d.soFile)
+	_, _, err := d.hactl(ctx, nil, "hagroup", "domain", "--group", groupLabel, "--install", "--so-pin-file", d.soFile)
 	return err
 }
 
@@ -389,9 +354,6 @@ func (d *demo) makeKey(ctx context.Context) error {
 		args: []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "--slot", fmt.Sprint(slotID),
 			"--login", "--pin", "env:HA_PIN", "--keypairgen", "--key-type", "EC:prime256v1",
 			"--label", keyLabel, "--id", keyID},
-	}
-	if d.provConf != d.conf {
-		keygen.env = []string{"HAGROUP_CONF=" + d.provConf}
 	}
 	d.env = append(d.env, pinEnv)
 	defer func() { d.env = d.env[:len(d.env)-1] }()
@@ -414,32 +376,24 @@ func (d *demo) makeKey(ctx context.Context) error {
 		}
 		return "", false
 	}
-	var memberSlots map[string]string
-	if d.o.server == load.HSMServe {
-		// libhapkcs11.so lists each member's own token too (only = false),
-		// reached through the member's module: here, its hsmserve.
-		out, _, err := d.exec(ctx, command{path: "pkcs11-tool", args: []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "-L"},
-			filter: func(l string) (string, bool) { return l, strings.HasPrefix(l, "Slot ") }})
-		if err != nil {
-			return err
-		}
-		memberSlots = parseMemberSlots(out)
+	// libhapkcs11.so lists each member's own token too (only = false),
+	// reached through the member's module: here, its hsmserve.
+	out, _, err := d.exec(ctx, command{path: "pkcs11-tool", args: []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "-L"},
+		filter: func(l string) (string, bool) { return l, strings.HasPrefix(l, "Slot ") }})
+	if err != nil {
+		return err
 	}
-	for i, m := range plan() {
+	memberSlots := parseMemberSlots(out)
+	for _, m := range plan() {
 		var point string
-		c := command{
-			env:    []string{"P11_KIT_SERVER_ADDRESS=" + d.servers[i].Address()},
-			path:   "pkcs11-tool",
-			args:   []string{"--module", load.P11KitClient, "--token-label", m.label, "--login", "--pin", "env:HA_PIN", "--list-objects"},
-			filter: listing,
+		id, ok := memberSlots[m.name]
+		if !ok {
+			return fmt.Errorf("libhapkcs11.so lists no slot for member %s", m.name)
 		}
-		if d.o.server == load.HSMServe {
-			id, ok := memberSlots[m.name]
-			if !ok {
-				return fmt.Errorf("libhapkcs11.so lists no slot for member %s", m.name)
-			}
-			c.env = nil
-			c.args = []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "--slot", id, "--login", "--pin", "env:HA_PIN", "--list-objects"}
+		c := command{
+			path:   "pkcs11-tool",
+			args:   []string{"--module", filepath.Join(d.o.bin, "libhapkcs11.so"), "--slot", id, "--login", "--pin", "env:HA_PIN", "--list-objects"},
+			filter: listing,
 		}
 		out, _, err := d.exec(ctx, c)
 		if err != nil {

@@ -1,7 +1,7 @@
 // Command hademo tells hagroup's story on one machine, with no input, in
 // under two minutes (`make demo`): three SoftHSM tokens, each served by its
-// own server process (hsmserve, hagroup's token server, or with -server
-// p11-kit `p11-kit server`) so that a member can really die; an HA group
+// own server process (hsmserve, hagroup's token server) so that a member
+// can really die; an HA group
 // of them (one a standby) configured with hactl; the group's domain key;
 // haagent; a signing key made through libhapkcs11.so and shown on every
 // member; a signing load through the module while the primary member's
@@ -20,7 +20,7 @@
 // runs in its own process group and dies with hademo). It cleans its output
 // directory first, so it can run again at once.
 //
-//	hademo [-out demo-out] [-bin DIR] [-src DIR] [-threads 4] [-rate 1500] [-phase 6s] [-server hsmserve|p11-kit]
+//	hademo [-out demo-out] [-bin DIR] [-src DIR] [-threads 4] [-rate 1500] [-phase 6s]
 //
 // Exit status: 0 when the story held (no failed operation, every signature
 // verified, the member back in rotation, the group in sync), 1 otherwise.
@@ -55,7 +55,6 @@ type options struct {
 	rate    int // signatures per second offered; 0: flat out
 	phase   time.Duration
 	quiet   bool
-	server  load.Kind
 }
 
 func run() int {
@@ -68,13 +67,7 @@ func run() int {
 	flag.IntVar(&o.rate, "rate", defaultRate, "signatures per second the load offers on a fixed schedule, below what one member serves alone (0: as fast as the members answer, which this machine's CPUs limit)")
 	flag.DurationVar(&o.phase, "phase", 6*time.Second, "load before the kill, while the member is down, and after it is back")
 	flag.BoolVar(&o.quiet, "quiet", false, "no progress line")
-	server := flag.String("server", string(load.HSMServe), "what serves each member token: hsmserve, or p11-kit (whose RPC cannot carry key replication: provisioning then reaches the tokens directly)")
 	flag.Parse()
-	o.server = load.Kind(*server)
-	if o.server != load.HSMServe && o.server != load.P11Kit {
-		fmt.Fprintf(os.Stderr, "hademo: -server %q: want hsmserve or p11-kit\n", *server)
-		return 2
-	}
 	if flag.NArg() != 0 {
 		fmt.Fprintln(os.Stderr, "hademo: no arguments expected")
 		return 2
@@ -121,10 +114,7 @@ func newDemo(o options) (*demo, error) {
 	if o.bin, err = filepath.Abs(o.bin); err != nil {
 		return nil, err
 	}
-	need := []string{"hactl", "haagent", "libhapkcs11.so"}
-	if o.server == load.HSMServe {
-		need = append(need, "hsmserve")
-	}
+	need := []string{"hactl", "haagent", "libhapkcs11.so", "hsmserve"}
 	for _, f := range need {
 		if _, err := os.Stat(filepath.Join(o.bin, f)); err != nil {
 			return nil, fmt.Errorf("%s not built (run make build): %w", f, err)
