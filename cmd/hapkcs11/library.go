@@ -438,7 +438,7 @@ func (e *slotEntry) forget() {
 	e.mu.Unlock()
 }
 
-// checkKey reports CKR_KEY_HANDLE_INVALID or CKR_KEY_FUNCTION_NOT_PERMITTED
+// checkKey reports a bad key handle or CKR_KEY_FUNCTION_NOT_PERMITTED
 // at *Init time, as a module does, rather than at the first data call.
 func (l *library) checkKey(s *appSession, key uint, kind opKind) error {
 	e := s.slot
@@ -449,10 +449,7 @@ func (l *library) checkKey(s *appSession, key uint, kind opKind) error {
 		attrs, err := s.be.GetAttributes(s.ctx, key, []uint{pkcs11.CKA_CLASS,
 			pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY})
 		if err != nil {
-			if codeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
-				return ckErr(pkcs11.CKR_KEY_HANDLE_INVALID)
-			}
-			return err
+			return err // a handle naming nothing: CKR_OBJECT_HANDLE_INVALID, as SoftHSM's C_*Init
 		}
 		for _, a := range attrs {
 			if a.Status != pkcs11.CKR_OK {

@@ -746,7 +746,7 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 // UnwrapKey unwraps blob under unwrapping on the primary and replicates the
 // new key.
 func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapping ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
-	uk, err := s.g.key("UnwrapKey", unwrapping)
+	uk, err := s.g.key("UnwrapKey", unwrapping, argUnwrapping)
 	if err != nil {
 		return 0, err
 	}
@@ -757,7 +757,7 @@ func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapp
 
 // DeriveKey derives a key from base on the primary and replicates it.
 func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base ObjectHandle, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
-	bk, err := s.g.key("DeriveKey", base)
+	bk, err := s.g.key("DeriveKey", base, argOpKey)
 	if err != nil {
 		return 0, err
 	}

@@ -515,7 +515,7 @@ func (s *Session) initOp(k opKind, mech *pkcs11.Mechanism, key ObjectHandle) err
 	var o *vobject
 	if k != opDigest {
 		var err error
-		if o, err = s.g.key(op, key); err != nil {
+		if o, err = s.g.key(op, key, argOpKey); err != nil {
 			return err
 		}
 		if err := usable(op, []*vobject{o}); err != nil {

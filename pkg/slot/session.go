@@ -10,8 +10,8 @@ import (
 
 // Session is a dedicated physical session: the same single-part operations
 // as Slot (same signatures: FindObjects … GenerateRandom) plus multi-part
-// ones. Not safe for concurrent use. A health error (or a call abandoned at
-// its deadline) marks it broken: later calls fail with ErrSessionLost and
+// ones. Not safe for concurrent use. A clear health error (or a call
+// abandoned at its deadline) marks it broken: later calls fail with ErrSessionLost and
 // Close discards it. After the Slot's Reinit it is lost as well.
 type Session struct {
 	s      *Slot
@@ -66,7 +66,10 @@ func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn fun
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: the slot was re-initialised since the session was opened", ErrSessionLost)}
 	}
 	err := ss.x.runEither(ctx, op, timeout, fn, lj)
-	if ss.x.dead || ClassOf(err) == ClassHealth {
+	// An ambiguous answer (CKR_GENERAL_ERROR, CKR_FUNCTION_FAILED) is also
+	// a token's refusal of a request it dislikes, after which its session
+	// works on (SoftHSM's to garbage to unwrap): the caller decides.
+	if ss.x.dead || (ClassOf(err) == ClassHealth && !Ambiguous(err)) {
 		ss.broken = err
 	}
 	return err

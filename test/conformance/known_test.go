@@ -20,8 +20,6 @@ type knownDefect struct {
 
 const (
 	ownerInit    = "issue 16 item 2 (session: errors at *Init as the token gives them)"
-	ownerHandles = "executor (handle resolution invents CKR_KEY_HANDLE_INVALID)"
-	ownerGeneral = "executor (CKR_GENERAL_ERROR charged to the member at once)"
 	ownerLogin   = "session (login state checks)"
 	ownerABI     = "session (C-ABI argument checks)"
 	ownerPrimary = "issue 16 item 6 (executor: key management fails over while the primary is down)"
@@ -43,11 +41,6 @@ var knownDefects = []knownDefect{
 	{step: "OAEP mismatched hash", got: "rv=0x0", owner: ownerInit},
 	{step: "OAEP without parameters", got: "rv=0x0", owner: ownerInit},
 	{step: "OAEP with SHA-256", got: "rv=0x0", owner: ownerInit},
-	{step: "encrypt with bad key handle", got: "rv=0x60", owner: ownerHandles},
-	{step: "wrap with bad wrapping key", got: "rv=0x60", owner: ownerHandles},
-	{step: "general: unwrap garbage", got: "rv=0x30", owner: ownerGeneral},
-	{step: "general: session after unwrap garbage", configs: []string{inProcess1}, got: "rv=0xb3", owner: ownerGeneral, endsRun: true},
-	{step: "general: ECDH derive bad point", got: "rv=0x30", owner: ownerGeneral},
 	{step: "logout before login", got: "rv=0x101", owner: ownerLogin},
 	{step: "logout twice", got: "rv=0x101", owner: ownerLogin},
 	{step: "login SO while user", got: "rv=0x104", owner: ownerLogin},
