@@ -37,8 +37,14 @@ func TestBadKeyHandleAsTheToken(t *testing.T) {
 	}{
 		{"EncryptInit key", func() error { return s.EncryptInit(ctx, cbc, bad) },
 			func() error { _, err := d.Encrypt(ctx, cbc, bad, make([]byte, 16)); return err }},
-		{"Sign key", func() error { _, err := f.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), bad, make([]byte, 32)); return err },
-			func() error { _, err := d.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), bad, make([]byte, 32)); return err }},
+		{"Sign key", func() error {
+			_, err := f.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), bad, make([]byte, 32))
+			return err
+		},
+			func() error {
+				_, err := d.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), bad, make([]byte, 32))
+				return err
+			}},
 		{"WrapKey wrapping key", func() error { _, err := f.g.WrapKey(ctx, kw, bad, key); return err },
 			func() error { _, err := d.WrapKey(ctx, kw, bad, phys); return err }},
 		{"WrapKey key", func() error { _, err := f.g.WrapKey(ctx, kw, key, bad); return err },
