@@ -333,7 +333,8 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 // after which the member may keep a key of its own making (it did not
 // answer, or a hung generation may still finish) is final (stop): made
 // again elsewhere under the same identity it would be a second, different
-// key. Other creations (an import, an unwrap, a derivation, a copy) make
+// key. A request that was never sent (slot.ErrNotSent: the member's server
+// was already gone) made nothing, and the generation fails over. Other creations (an import, an unwrap, a derivation, a copy) make
 // the same object wherever they run, so exec may try them on the next
 // member.
 func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left leftovers,
@@ -346,9 +347,11 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left 
 		if err == nil {
 			return out, nil
 		}
-		// A member that did not answer is not asked again: what it may
-		// hold stays unknown.
-		clean := !errors.Is(err, slot.ErrTimeout) && left.remove(context.WithoutCancel(ctx), sl, target)
+		// A request that never reached the member left nothing there. A
+		// member that did not answer is not asked again: what it may hold
+		// stays unknown.
+		clean := errors.Is(err, slot.ErrNotSent) ||
+			!errors.Is(err, slot.ErrTimeout) && left.remove(context.WithoutCancel(ctx), sl, target)
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
 			return nil, err

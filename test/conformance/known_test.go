@@ -47,14 +47,7 @@ var knownDefects = []knownDefect{
 	{step: "create NULL template", got: "rv=0xd0", owner: ownerABI},
 	// Under kill (TestConformanceUnderKill): the primary m-0 dies before
 	// "RSA sign" and is restarted before "wrap query".
-	{step: "generate AES key", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate AES key without length", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate AES key of 3 bytes", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate with inconsistent class", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate EC key pair", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
 	{step: "generated EC point length", configs: []string{underKill}, got: "rv=0x82 a181=0 a163=1:00", owner: ownerPrimary},
-	{step: "generated EC private value", configs: []string{underKill}, got: "rv=0x82 a11=0 a108=1:00 a165=1:00", owner: ownerPrimary},
-	{step: "generate EC key pair without parameters", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
 	{step: "generated key attributes", configs: []string{underKill}, got: "rv=0x82 a161=8:0000000000000000 a163=1:00 a166=8:0000000000000000 a0=8:0000000000000000 a11=0", owner: ownerPrimary},
 	{step: "wrap query", configs: []string{underKill}, got: "rv=0x6a", owner: ownerMadeAs},
 	{step: "wrap too small", configs: []string{underKill}, got: "rv=0x6a", owner: ownerMadeAs},
