@@ -293,6 +293,38 @@ func TestCreateMovesToTheNextPrimaryBeforeAnyMemberChanged(t *testing.T) {
 			}
 		}
 	})
+	t.Run("generation, served primary killed: made on the next", func(t *testing.T) {
+		// The primary's server is gone before the request is written
+		// (issue 16 item 6): the generation cannot have happened there
+		// and is made on the next member, with two members up. Session
+		// keys, as the conformance harness makes: the generation runs on
+		// the session's physical session on the primary, opened before
+		// the kill.
+		srv := testhsm.ServeRemote(t, "remote")
+		f := setup(t, setupOpts{policy: config.PolicyPrimaryBackup, toks: append([]testhsm.Token{srv.Token()}, takeTokens(t, 2)...)})
+		primary := srv.Token().Name
+		if f.g.Primary() != primary {
+			t.Fatalf("primary is %s, want the served member %s", f.g.Primary(), primary)
+		}
+		s := openSession(t, f.g)
+		gen := pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil)
+		sessionKey := []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+			attr(pkcs11.CKA_VALUE_LEN, 32), attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_ENCRYPT, true)}
+		if _, err := s.GenerateKey(testContext(t), gen, sessionKey); err != nil {
+			t.Fatalf("GenerateKey: %v", err)
+		}
+		srv.Kill()
+		h, err := s.GenerateKey(testContext(t), gen, sessionKey)
+		if err != nil {
+			t.Fatalf("GenerateKey with the primary's server killed: %v (0x%x)", err, CodeOf(err))
+		}
+		if st := memberState(f.g, primary); st != member.Failed {
+			t.Errorf("the killed primary %s is %v, want failed", primary, st)
+		}
+		if _, err := f.g.Encrypt(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_AES_ECB, nil), h, make([]byte, 16)); err != nil {
+			t.Errorf("encrypt with the key made after the kill: %v", err)
+		}
+	})
 }
 
 // Issue 16 item 8: SoftHSM keeps the key of a C_UnwrapKey it refuses with

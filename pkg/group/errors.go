@@ -81,6 +81,12 @@ var (
 	ErrObjectHandle = sentinel(pkcs11.CKR_OBJECT_HANDLE_INVALID, "invalid object handle")
 	// ErrKeyHandle: no such key, or no member holds it. CKR_KEY_HANDLE_INVALID.
 	ErrKeyHandle = sentinel(pkcs11.CKR_KEY_HANDLE_INVALID, "invalid key handle")
+	// ErrWrappingKeyHandle: no such wrapping key (C_WrapKey).
+	// CKR_WRAPPING_KEY_HANDLE_INVALID.
+	ErrWrappingKeyHandle = sentinel(pkcs11.CKR_WRAPPING_KEY_HANDLE_INVALID, "invalid wrapping key handle")
+	// ErrUnwrappingKeyHandle: no such unwrapping key (C_UnwrapKey).
+	// CKR_UNWRAPPING_KEY_HANDLE_INVALID.
+	ErrUnwrappingKeyHandle = sentinel(pkcs11.CKR_UNWRAPPING_KEY_HANDLE_INVALID, "invalid unwrapping key handle")
 	// ErrConflict: two different keys share the object's identity; the
 	// group refuses to guess which one is meant. CKR_GENERAL_ERROR.
 	ErrConflict = sentinel(pkcs11.CKR_GENERAL_ERROR, "duplicate identity with different key material")

@@ -341,7 +341,8 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 // after which the member may keep a key of its own making (it did not
 // answer, or a hung generation may still finish) is final (stop): made
 // again elsewhere under the same identity it would be a second, different
-// key. Other creations (an import, an unwrap, a derivation, a copy) make
+// key. A request that was never sent (slot.ErrNotSent: the member's server
+// was already gone) made nothing, and the generation fails over. Other creations (an import, an unwrap, a derivation, a copy) make
 // the same object wherever they run, so exec may try them on the next
 // member.
 func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left leftovers,
@@ -354,9 +355,11 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left 
 		if err == nil {
 			return out, nil
 		}
-		// A member that did not answer is not asked again: what it may
-		// hold stays unknown.
-		clean := !errors.Is(err, slot.ErrTimeout) && left.remove(context.WithoutCancel(ctx), sl, target)
+		// A request that never reached the member left nothing there. A
+		// member that did not answer is not asked again: what it may hold
+		// stays unknown.
+		clean := errors.Is(err, slot.ErrNotSent) ||
+			!errors.Is(err, slot.ErrTimeout) && left.remove(context.WithoutCancel(ctx), sl, target)
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
 			return nil, err
@@ -755,7 +758,7 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 // UnwrapKey unwraps blob under unwrapping on the primary and replicates the
 // new key.
 func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapping ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
-	uk, err := s.g.key("UnwrapKey", unwrapping)
+	uk, err := s.g.key("UnwrapKey", unwrapping, argUnwrapping)
 	if err != nil {
 		return 0, err
 	}
@@ -766,7 +769,7 @@ func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapp
 
 // DeriveKey derives a key from base on the primary and replicates it.
 func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base ObjectHandle, tmpl []*pkcs11.Attribute) (ObjectHandle, error) {
-	bk, err := s.g.key("DeriveKey", base)
+	bk, err := s.g.key("DeriveKey", base, argOpKey)
 	if err != nil {
 		return 0, err
 	}

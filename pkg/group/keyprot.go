@@ -72,23 +72,18 @@ func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent,
 // unextractable reports whether the application may not wrap o, a
 // private or secret key: it made or set it unextractable in this process,
 // or every serving member's copy carries CKA_WRAP_WITH_TRUSTED (see the
-// rule above). The members' answer is kept for the life of o.
+// rule above).
 func (g *Group) unextractable(ctx context.Context, o *vobject) bool {
-	if o.unextractable.Load() {
-		return true
-	}
-	if g.wrapWithTrustedEverywhere(ctx, o) {
-		o.unextractable.Store(true)
-		return true
-	}
-	return false
+	return o.unextractable.Load() || g.wrapWithTrustedEverywhere(ctx, o)
 }
 
 // wrapWithTrustedEverywhere reports whether no serving member holds a
 // copy of o without CKA_WRAP_WITH_TRUSTED. A copy without it is the key as
 // the application made it extractable (protect); replicas carry it
 // whatever the application asked. With no member answering, true: the
-// safe side.
+// safe side. "Everywhere" is kept for the life of o only when every
+// member of the group answered: a member away may hold the copy without
+// it, and the key is extractable again when that member returns.
 func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vobject) bool {
 	switch o.wwtOrigin.Load() {
 	case wwtSomewhereFalse:
@@ -108,7 +103,7 @@ func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vobject) bool 
 			return false
 		}
 	}
-	if answered > 0 {
+	if answered == len(g.view().members) {
 		o.wwtOrigin.Store(wwtEverywhere)
 	}
 	return true

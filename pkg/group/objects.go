@@ -296,13 +296,40 @@ func (g *Group) object(op string, h ObjectHandle) (*vobject, error) {
 	return o, nil
 }
 
-// key returns the live key object behind a virtual handle.
-func (g *Group) key(op string, h ObjectHandle) (*vobject, error) {
+// key returns the live key object behind a virtual handle given as
+// argument arg of op; bad is the error when none is.
+func (g *Group) key(op string, h ObjectHandle, arg keyArg) (*vobject, error) {
 	o, ok := g.objs.get(h)
 	if !ok || !o.isKey() {
-		return nil, wrap(ErrKeyHandle, op, "", nil)
+		return nil, wrap(arg.bad(), op, "", nil)
 	}
 	return o, nil
+}
+
+// keyArg is the argument a key handle is given as. A token answers a
+// handle that names no key with a code that depends on the argument
+// (SoftHSM: CKR_OBJECT_HANDLE_INVALID at C_*Init and C_DeriveKey, the
+// wrapping and unwrapping codes at C_WrapKey and C_UnwrapKey), and so does
+// the group, whether the handle is unknown or no serving member holds it.
+type keyArg int
+
+const (
+	argOpKey      keyArg = iota // C_{Sign,Verify,Encrypt,Decrypt}Init, C_DeriveKey
+	argKey                      // the key C_WrapKey wraps, C_DigestKey
+	argWrapping                 // C_WrapKey's wrapping key
+	argUnwrapping               // C_UnwrapKey's unwrapping key
+)
+
+func (a keyArg) bad() *Error {
+	switch a {
+	case argKey:
+		return ErrKeyHandle
+	case argWrapping:
+		return ErrWrappingKeyHandle
+	case argUnwrapping:
+		return ErrUnwrappingKeyHandle
+	}
+	return ErrObjectHandle
 }
 
 // identityTemplate finds exactly the token objects with identity id.

@@ -34,8 +34,8 @@ func TestDestroyRemovesEverywhere(t *testing.T) {
 			t.Errorf("%s still holds %d objects labelled doomed", tok.Name, n)
 		}
 	}
-	if _, err := f.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), priv, make([]byte, 32)); CodeOf(err) != pkcs11.CKR_KEY_HANDLE_INVALID {
-		t.Errorf("Sign with a destroyed key: %v, want CKR_KEY_HANDLE_INVALID", err)
+	if _, err := f.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), priv, make([]byte, 32)); CodeOf(err) != pkcs11.CKR_OBJECT_HANDLE_INVALID {
+		t.Errorf("Sign with a destroyed key: %v, want CKR_OBJECT_HANDLE_INVALID (the token's C_SignInit code)", err)
 	}
 	if err := f.g.DestroyObject(ctx, priv); CodeOf(err) != pkcs11.CKR_OBJECT_HANDLE_INVALID {
 		t.Errorf("second destroy: %v, want CKR_OBJECT_HANDLE_INVALID", err)
@@ -436,8 +436,8 @@ func TestSessionObjectsLiveInTheSession(t *testing.T) {
 	if n := len(findDirect(t, m.Slot(), "ephemeral")); n != 0 {
 		t.Errorf("session key still on %s after the session closed", f.toks[2].Name)
 	}
-	if _, err := f.g.Encrypt(ctx, mech, h, make([]byte, 16)); CodeOf(err) != pkcs11.CKR_KEY_HANDLE_INVALID {
-		t.Errorf("encrypt with a closed session's key: %v, want CKR_KEY_HANDLE_INVALID", err)
+	if _, err := f.g.Encrypt(ctx, mech, h, make([]byte, 16)); CodeOf(err) != pkcs11.CKR_OBJECT_HANDLE_INVALID {
+		t.Errorf("encrypt with a closed session's key: %v, want CKR_OBJECT_HANDLE_INVALID (the token's C_EncryptInit code)", err)
 	}
 }
 

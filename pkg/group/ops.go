@@ -25,7 +25,7 @@ func withKey[T any](ctx context.Context, g *Group, op string, o *vobject, fn fun
 
 // Sign signs data with key in one part.
 func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
-	o, err := g.key("Sign", key)
+	o, err := g.key("Sign", key, argOpKey)
 	if err != nil {
 		return nil, err
 	}
@@ -38,7 +38,7 @@ func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, da
 
 // Verify checks sig over data with key in one part.
 func (g *Group) Verify(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data, sig []byte) error {
-	o, err := g.key("Verify", key)
+	o, err := g.key("Verify", key, argOpKey)
 	if err != nil {
 		return err
 	}
@@ -53,7 +53,7 @@ func (g *Group) verify(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, 
 
 // Encrypt encrypts data with key in one part.
 func (g *Group) Encrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
-	o, err := g.key("Encrypt", key)
+	o, err := g.key("Encrypt", key, argOpKey)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +66,7 @@ func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject,
 
 // Decrypt decrypts data with key in one part.
 func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
-	o, err := g.key("Decrypt", key)
+	o, err := g.key("Decrypt", key, argOpKey)
 	if err != nil {
 		return nil, err
 	}
@@ -177,11 +177,11 @@ func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vobject, m *member.Mem
 // CKA_WRAP_WITH_TRUSTED (the copy it was made as; replicas carry it), and
 // on the others only when no such member serves.
 func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, key ObjectHandle) ([]byte, error) {
-	w, err := g.key("WrapKey", wrapping)
+	w, err := g.key("WrapKey", wrapping, argWrapping)
 	if err != nil {
 		return nil, err
 	}
-	k, err := g.key("WrapKey", key)
+	k, err := g.key("WrapKey", key, argKey)
 	if err != nil {
 		return nil, err
 	}

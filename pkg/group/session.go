@@ -496,7 +496,7 @@ func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, ke
 	op := &operation{mech: mech}
 	if k != OpDigest {
 		var err error
-		if op.key, err = s.g.key(opNames[k]+"Init", key); err != nil {
+		if op.key, err = s.g.key(opNames[k]+"Init", key, argOpKey); err != nil {
 			return err
 		}
 		if err := usable(opNames[k]+"Init", []*vobject{op.key}); err != nil {

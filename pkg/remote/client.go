@@ -65,6 +65,13 @@ var (
 	errNotInitialized = pkcs11.Error(pkcs11.CKR_CRYPTOKI_NOT_INITIALIZED)
 )
 
+// ErrNotSent is wrapped by the error of a call whose request never reached
+// the server: not connected, the connection already lost, or lost before a
+// byte of the request was written. Such a call cannot have done anything
+// on the token, so a caller may make it elsewhere; a call that was sent
+// and got no answer (CKR_DEVICE_ERROR without ErrNotSent) may have.
+var ErrNotSent = errors.New("request not sent to the token server")
+
 // Initialize connects to the server. Options are ignored (the server's
 // module is initialised by the server). A server that cannot be reached,
 // or runs as another user, gives an error wrapping CKR_DEVICE_ERROR.
@@ -76,7 +83,7 @@ func (c *Client) Initialize(...pkcs11.InitializeOption) error {
 	}
 	nc, err := net.DialTimeout("unix", c.sock, DialTimeout)
 	if err != nil {
-		return fmt.Errorf("connect to token server: %v: %w", err, errDevice)
+		return fmt.Errorf("connect to token server: %v: %w: %w", err, ErrNotSent, errDevice)
 	}
 	if err := c.checkServer(nc); err != nil {
 		nc.Close()
@@ -222,13 +229,21 @@ func (cn *conn) fail(err error) {
 	}
 }
 
+// lost is the error of a call refused because the connection is already
+// broken: not sent.
+func (cn *conn) lost() error {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	return fmt.Errorf("connection to the token server lost: %v: %w: %w", cn.broken, ErrNotSent, errDevice)
+}
+
 // call sends req and waits for its response. A request too big for a
 // frame fails with CKR_ARGUMENTS_BAD and is not sent.
 func (c *Client) call(req *request) (*response, error) {
 	defer clear(req.PIN)
 	cn := c.cur.Load()
 	if cn == nil {
-		return nil, errNotInitialized
+		return nil, fmt.Errorf("%w: %w", ErrNotSent, errNotInitialized)
 	}
 	if !encodable(req) {
 		return nil, fmt.Errorf("a nil attribute cannot be sent: %w", errArgumentsBad)
@@ -237,7 +252,7 @@ func (c *Client) call(req *request) (*response, error) {
 	cn.pmu.Lock()
 	if cn.broken != nil {
 		cn.pmu.Unlock()
-		return nil, errDevice
+		return nil, cn.lost()
 	}
 	cn.next++
 	req.ID = cn.next
@@ -252,17 +267,20 @@ func (c *Client) call(req *request) (*response, error) {
 	cn.pmu.Lock()
 	if cn.broken != nil {
 		cn.pmu.Unlock()
-		return nil, errDevice
+		return nil, cn.lost()
 	}
 	cn.pending[req.ID] = ch
 	cn.pmu.Unlock()
 
 	cn.wmu.Lock()
-	_, err = cn.nc.Write(frame)
+	n, err := cn.nc.Write(frame)
 	cn.wmu.Unlock()
 	clear(frame)
 	if err != nil {
 		cn.fail(err)
+		if n == 0 {
+			return nil, fmt.Errorf("token server at %s: %v: %w: %w", c.sock, err, ErrNotSent, errDevice)
+		}
 	}
 	r, ok := <-ch
 	if !ok {

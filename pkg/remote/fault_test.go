@@ -37,12 +37,20 @@ func TestKillRestartReinit(t *testing.T) {
 		if c := slot.ClassOf(err); c != slot.ClassHealth {
 			t.Fatalf("call %d after kill: class %v, want ClassHealth", i, c)
 		}
+		// The server is gone before the request is written: the call
+		// did nothing, and says so (a generation may be made elsewhere).
+		if !errors.Is(err, slot.ErrNotSent) {
+			t.Fatalf("call %d after kill: %v, want ErrNotSent", i, err)
+		}
 	}
 	// Still down: Reinit fails, as a health error.
 	if err := s.Reinit(ctxT(t)); err == nil {
 		t.Fatalf("Reinit with the server down succeeded")
 	} else if c := slot.ClassOf(err); c != slot.ClassHealth {
 		t.Fatalf("Reinit with the server down: class %v (%v), want ClassHealth", c, err)
+	}
+	if _, err := s.GenerateRandom(ctxT(t), 16); !errors.Is(err, slot.ErrNotSent) {
+		t.Fatalf("call with the server refusing connections: %v, want ErrNotSent", err)
 	}
 
 	srv.Restart(t)

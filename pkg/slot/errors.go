@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
 
@@ -55,6 +56,13 @@ var (
 	// ErrClosed: the Slot or Session has been closed. Class: health (a
 	// member being closed under a caller is unavailable to it).
 	ErrClosed = errors.New("closed")
+
+	// ErrNotSent is wrapped by the error of a call that never reached the
+	// module: a served member's connection was down or lost before the
+	// request was written (remote.ErrNotSent), or the dedicated session was
+	// already broken. Such a call did nothing on the token; its class is
+	// that of the error it wraps.
+	ErrNotSent = remote.ErrNotSent
 
 	// ErrInvalidSpec: a Spec or argument is unusable. Class: request.
 	ErrInvalidSpec = errors.New("invalid argument")

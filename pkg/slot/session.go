@@ -37,7 +37,7 @@ func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func
 		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 	}
 	if ss.broken != nil {
-		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: broken by an earlier error: %v", ErrSessionLost, ss.broken)}
+		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w (%w): broken by an earlier error: %v", ErrSessionLost, ErrNotSent, ss.broken)}
 	}
 	err := ss.run(ctx, op, t, fn)
 	if s.loginLost(err) {

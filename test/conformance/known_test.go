@@ -20,8 +20,6 @@ type knownDefect struct {
 
 const (
 	ownerInit    = "issue 16 item 2 (session: errors at *Init as the token gives them)"
-	ownerHandles = "executor (handle resolution invents CKR_KEY_HANDLE_INVALID)"
-	ownerGeneral = "executor (CKR_GENERAL_ERROR charged to the member at once)"
 	ownerLogin   = "session (login state checks)"
 	ownerABI     = "session (C-ABI argument checks)"
 	ownerPrimary = "issue 16 item 6 (executor: key management fails over while the primary is down)"
@@ -43,25 +41,13 @@ var knownDefects = []knownDefect{
 	{step: "OAEP mismatched hash", got: "rv=0x0", owner: ownerInit},
 	{step: "OAEP without parameters", got: "rv=0x0", owner: ownerInit},
 	{step: "OAEP with SHA-256", got: "rv=0x0", owner: ownerInit},
-	{step: "encrypt with bad key handle", got: "rv=0x60", owner: ownerHandles},
-	{step: "wrap with bad wrapping key", got: "rv=0x60", owner: ownerHandles},
-	{step: "general: unwrap garbage", got: "rv=0x30", owner: ownerGeneral},
-	{step: "general: session after unwrap garbage", configs: []string{inProcess1}, got: "rv=0xb3", owner: ownerGeneral, endsRun: true},
-	{step: "general: ECDH derive bad point", got: "rv=0x30", owner: ownerGeneral},
 	{step: "logout before login", got: "rv=0x101", owner: ownerLogin},
 	{step: "logout twice", got: "rv=0x101", owner: ownerLogin},
 	{step: "login SO while user", got: "rv=0x104", owner: ownerLogin},
 	{step: "create NULL template", got: "rv=0xd0", owner: ownerABI},
 	// Under kill (TestConformanceUnderKill): the primary m-0 dies before
 	// "RSA sign" and is restarted before "wrap query".
-	{step: "generate AES key", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate AES key without length", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate AES key of 3 bytes", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate with inconsistent class", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
-	{step: "generate EC key pair", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
 	{step: "generated EC point length", configs: []string{underKill}, got: "rv=0x82 a181=0 a163=1:00", owner: ownerPrimary},
-	{step: "generated EC private value", configs: []string{underKill}, got: "rv=0x82 a11=0 a108=1:00 a165=1:00", owner: ownerPrimary},
-	{step: "generate EC key pair without parameters", configs: []string{underKill}, got: "rv=0x30", owner: ownerPrimary},
 	{step: "generated key attributes", configs: []string{underKill}, got: "rv=0x82 a161=8:0000000000000000 a163=1:00 a166=8:0000000000000000 a0=8:0000000000000000 a11=0", owner: ownerPrimary},
 	{step: "wrap query", configs: []string{underKill}, got: "rv=0x6a", owner: ownerMadeAs},
 	{step: "wrap too small", configs: []string{underKill}, got: "rv=0x6a", owner: ownerMadeAs},
