@@ -147,17 +147,17 @@ func (g *Group) readMarks(ctx context.Context, recovering bool) []replica.Mark {
 }
 
 // admitMembers keeps out of rotation every serving member that another
-// member marks behind: it missed a change made through the group (by any
+// member marks behind, and returns their names: it missed a change made through the group (by any
 // process, on any host) and has not been caught up since. It is failed
 // with the reason, so recovery catches it up and returns it. When every
 // serving member is marked, none is failed (each holds what another
 // lacks: the hosts were partitioned from different members) and a
 // GroupStateFailed event says to synchronize. Called once the group is
 // logged in: marks are private objects.
-func (g *Group) admitMembers(ctx context.Context) {
+func (g *Group) admitMembers(ctx context.Context) []string {
 	ks := g.readMarks(ctx, false)
 	if len(ks) == 0 {
-		return
+		return nil
 	}
 	why := map[string]replica.Mark{}
 	for _, k := range ks {
@@ -175,17 +175,20 @@ func (g *Group) admitMembers(ctx context.Context) {
 		}
 	}
 	if len(behind) == 0 {
-		return
+		return nil
 	}
 	if current == 0 {
 		g.emit(Event{Kind: GroupStateFailed, Err: errors.New(
 			"every serving member is marked as having missed changes made through the group while it was away (hosts were partitioned from different members): all stay in service; run hactl hagroup synchronize to merge them")})
-		return
+		return nil
 	}
+	var names []string
 	for _, m := range behind {
 		k := why[m.Name()]
 		g.failMember(m, fmt.Errorf("behind: member %s holds a mark that %s missed a change made through the group while it was away; it serves again once it is caught up", k.On.Name(), m.Name()))
+		names = append(names, m.Name())
 	}
+	return names
 }
 
 // noteMarks reads the marks naming member m, before its catch-up lists

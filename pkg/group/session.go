@@ -233,7 +233,9 @@ func (s *Session) checkOpen(op string) error {
 // of pin when some member needs it to be logged in after a recovery;
 // Logout and Close zero it.
 func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error {
-	return g.login(ctx, userType, pin, true)
+	behind, err := g.login(ctx, userType, pin, true)
+	g.catchUp(ctx, behind)
+	return err
 }
 
 // LoginConfigured logs the members in as CKU_USER with their own PIN
@@ -241,21 +243,33 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 // of its own to prove (haagent). Members without a source stay logged
 // out. It succeeds when at least one member is logged in.
 func (g *Group) LoginConfigured(ctx context.Context) error {
-	return g.login(ctx, pkcs11.CKU_USER, secret.PIN{}, false)
+	behind, err := g.login(ctx, pkcs11.CKU_USER, secret.PIN{}, false)
+	g.catchUp(ctx, behind)
+	return err
 }
 
-func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove bool) error {
+// catchUp hands the members a login found behind to Options.CatchUp, once
+// the login's locks are let go (a catch-up logs the member in).
+func (g *Group) catchUp(ctx context.Context, names []string) {
+	if len(names) > 0 && g.opts.CatchUp != nil {
+		g.opts.CatchUp(ctx, names)
+	}
+}
+
+// login logs the group in (see Login) and returns the members it then
+// failed as behind.
+func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove bool) ([]string, error) {
 	if err := g.gate.enter(); err != nil {
-		return err
+		return nil, err
 	}
 	defer g.gate.leave()
 	g.loginMu.Lock()
 	defer g.loginMu.Unlock()
 	if ut := g.userType.Load(); ut >= 0 {
 		if uint(ut) == userType {
-			return wrap(ErrAlreadyLoggedIn, "Login", "", nil)
+			return nil, wrap(ErrAlreadyLoggedIn, "Login", "", nil)
 		}
-		return wrap(ErrAnotherLoggedIn, "Login", "", nil)
+		return nil, wrap(ErrAnotherLoggedIn, "Login", "", nil)
 	}
 	ms := g.serving()
 	if len(ms) == 0 {
@@ -267,7 +281,7 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	if prove {
 		checked, err := g.provePIN(ctx, ms, userType, pin)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		logged++
 		for _, m := range ms {
@@ -286,9 +300,9 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	logged += n
 	if logged == 0 {
 		if lastErr == nil {
-			return wrap(ErrNoMember, "Login", "", errors.New("no member to log in"))
+			return nil, wrap(ErrNoMember, "Login", "", errors.New("no member to log in"))
 		}
-		return wrap(ErrNoMember, "Login", "", lastErr)
+		return nil, wrap(ErrNoMember, "Login", "", lastErr)
 	}
 	g.appPIN.Zero()
 	g.appPIN = secret.PIN{}
@@ -302,8 +316,7 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	for _, m := range g.view().members {
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
-	g.admitMembers(ctx) // marks are private: readable from now on
-	return nil
+	return g.admitMembers(ctx), nil // marks are private: readable from now on
 }
 
 // provePIN logs one member of ms in with the application's pin and

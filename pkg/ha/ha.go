@@ -157,6 +157,13 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		return nil, fmt.Errorf("group %s: %w", g.Label, err)
 	}
 	gopts.PINGuard = blocks
+	// A member a login finds behind is caught up before the login returns,
+	// not an interval later: most processes (per-task tools) end sooner.
+	gopts.CatchUp = func(ctx context.Context, names []string) {
+		if r := snk.rec.Load(); r != nil {
+			catchUp(ctx, r, names)
+		}
+	}
 	gr, err := group.Open(ctx, g, s, gopts)
 	if err != nil {
 		h.closeJournal()
@@ -607,4 +614,15 @@ func (h *Group) closeJournal() error {
 		return nil
 	}
 	return h.journal.Close()
+}
+
+// catchUp recovers the named members at once, in parallel, each bounded
+// by the recovery's own attempt timeout; one that fails stays failed, and
+// automatic recovery goes on with it.
+func catchUp(ctx context.Context, r *recovery.Recoverer, names []string) {
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Go(func() { _, _ = r.Recover(ctx, name) })
+	}
+	wg.Wait()
 }

@@ -153,8 +153,15 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.InSync() || len(rep.Unreplicable) != 1 || rep.Unreplicable[0].Member != served {
-		t.Fatalf("check: in sync %v, unreplicable %v", rep.InSync(), rep.Unreplicable)
+	// The key pair's two halves, held back together: a public half is
+	// never copied without its private half.
+	if rep.InSync() || len(rep.Unreplicable) != 2 {
+		t.Fatalf("check: in sync %v, unreplicable %v; want the key pair's two halves", rep.InSync(), rep.Unreplicable)
+	}
+	for _, u := range rep.Unreplicable {
+		if u.Member != served {
+			t.Errorf("check: %v is unreplicable to %s, want %s", u, u.Member, served)
+		}
 	}
 	rep, err = r.g.Synchronize(ctx, recovery.SyncOptions{})
 	if err != nil {
@@ -163,8 +170,8 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 	if rep.Applied != nil && len(rep.Applied.Failed) != 0 {
 		t.Errorf("Synchronize tried what cannot work: %v", rep.Applied.Failed)
 	}
-	if ms := memberStatus(t, r.g.Status(), served); ms.OutOfSync != 1 {
-		t.Errorf("out of sync after Synchronize: %d, want 1", ms.OutOfSync)
+	if ms := memberStatus(t, r.g.Status(), served); ms.OutOfSync != 2 {
+		t.Errorf("out of sync after Synchronize: %d, want 2 (the key pair's halves)", ms.OutOfSync)
 	}
 	if st := r.state(served); st != member.Active {
 		t.Fatalf("the served member is %v after Synchronize", st)
@@ -177,10 +184,10 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 	if err != nil {
 		t.Fatalf("recovering the member that cannot take the key: %v", err)
 	}
-	if len(res.CatchUp.Unreplicable) != 1 {
-		t.Errorf("catch-up left out %v, want the private key", res.CatchUp.Unreplicable)
+	if len(res.CatchUp.Unreplicable) != 2 {
+		t.Errorf("catch-up left out %v, want the key pair (its public half goes with its private half)", res.CatchUp.Unreplicable)
 	}
-	if ms := memberStatus(t, r.g.Status(), served); ms.State != member.Active || ms.OutOfSync != 1 {
+	if ms := memberStatus(t, r.g.Status(), served); ms.State != member.Active || ms.OutOfSync != 2 {
 		t.Errorf("after recovery: %v, out of sync %d", ms.State, ms.OutOfSync)
 	}
 	if n := len(r.ev.groupEvents(group.MechanismMissing, served)); n != 1 {

@@ -19,7 +19,6 @@ type knownDefect struct {
 }
 
 const (
-	ownerInit    = "issue 16 item 2 (session: errors at *Init as the token gives them)"
 	ownerLogin   = "session (login state checks)"
 	ownerABI     = "session (C-ABI argument checks)"
 	ownerPrimary = "issue 16 item 6 (executor: key management fails over while the primary is down)"
@@ -31,16 +30,6 @@ const (
 )
 
 var knownDefects = []knownDefect{
-	{step: "CBC-PAD IV of 8 bytes", got: "rv=0x0", owner: ownerInit},
-	{step: "CBC-PAD without IV", got: "rv=0x0", owner: ownerInit},
-	{step: "encrypt with HMAC key", got: "rv=0x0", owner: ownerInit},
-	{step: "encrypt with sign-only mechanism", got: "rv=0x0", owner: ownerInit},
-	{step: "GCM bad tag length", got: "rv=0x0", owner: ownerInit},
-	{step: "HMAC with short key", got: "rv=0x0", owner: ownerInit},
-	{step: "RSA PSS bad parameters", got: "rv=0x0", owner: ownerInit},
-	{step: "OAEP mismatched hash", got: "rv=0x0", owner: ownerInit},
-	{step: "OAEP without parameters", got: "rv=0x0", owner: ownerInit},
-	{step: "OAEP with SHA-256", got: "rv=0x0", owner: ownerInit},
 	{step: "logout before login", got: "rv=0x101", owner: ownerLogin},
 	{step: "logout twice", got: "rv=0x101", owner: ownerLogin},
 	{step: "login SO while user", got: "rv=0x104", owner: ownerLogin},
