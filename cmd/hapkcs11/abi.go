@@ -503,6 +503,9 @@ func handleOut(ph C.CK_OBJECT_HANDLE_PTR, h uint) {
 //export hapCreateObject
 func hapCreateObject(h C.CK_SESSION_HANDLE, p C.CK_ATTRIBUTE_PTR, n C.CK_ULONG, ph C.CK_OBJECT_HANDLE_PTR) C.CK_RV {
 	return call("C_CreateObject", func(l *library) error {
+		if p == nil {
+			return errArgs // a template is required, even an empty one (as SoftHSM answers)
+		}
 		tmpl, err := attrsIn(p, n)
 		if err != nil {
 			return err

@@ -53,6 +53,9 @@ var allowances = []allowance{
 	{step: "ECDH derived value", got: "rv=0x11 a11=-1 a163=1:00", design: "**Secret values stay on the members.**"},
 	{step: "generated key attributes", fields: []string{"a163", "a166"}, design: "**`CKA_LOCAL` and `CKA_KEY_GEN_MECHANISM`**"},
 	{step: "generated EC point length", fields: []string{"a163"}, design: "**`CKA_LOCAL` and `CKA_KEY_GEN_MECHANISM`**"},
+	{step: "logout before login", got: "rv=0x101", design: "**Login state answers follow PKCS#11 v2.40.**"},
+	{step: "logout twice", got: "rv=0x101", design: "**Login state answers follow PKCS#11 v2.40.**"},
+	{step: "login SO while user", got: "rv=0x104", design: "**Login state answers follow PKCS#11 v2.40.**"},
 	// SoftHSM 2.6 cannot wrap EdDSA private keys, so a group of two or
 	// more such members does not offer their generation.
 	{step: "mechanism list query", rule: withoutEdDSAGeneration, configs: severalMembers, design: "**Key generation the group cannot replicate is not offered.**"},

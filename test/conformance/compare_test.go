@@ -5,6 +5,10 @@ import "testing"
 // TestCompare: the comparison itself, on answers written out by hand:
 // what it lets through and what it reports.
 func TestCompare(t *testing.T) {
+	// One hand-written known defect, whatever the real list holds now.
+	real := knownDefects
+	knownDefects = []knownDefect{{step: "create NULL template", got: "rv=0xd0", owner: "a hand-written defect"}}
+	t.Cleanup(func() { knownDefects = real })
 	s := func(name, call, op string) step { return step{name: name, call: call, op: op} }
 	q := s("final query", "encfin $o -", "cbc")
 	f := s("final", "encfin $o 64", "cbc")

@@ -19,8 +19,6 @@ type knownDefect struct {
 }
 
 const (
-	ownerLogin   = "session (login state checks)"
-	ownerABI     = "session (C-ABI argument checks)"
 	ownerPrimary = "issue 16 item 6 (executor: key management fails over while the primary is down)"
 	ownerRejoin  = "executor/truth (a restarted primary serves key management before it is back)"
 	ownerMadeAs  = "keyprot (extractability read from the copy it was made as, which is away)"
@@ -30,10 +28,6 @@ const (
 )
 
 var knownDefects = []knownDefect{
-	{step: "logout before login", got: "rv=0x101", owner: ownerLogin},
-	{step: "logout twice", got: "rv=0x101", owner: ownerLogin},
-	{step: "login SO while user", got: "rv=0x104", owner: ownerLogin},
-	{step: "create NULL template", got: "rv=0xd0", owner: ownerABI},
 	// Under kill (TestConformanceUnderKill): the primary m-0 dies before
 	// "RSA sign" and is restarted before "wrap query".
 	{step: "generated EC point length", configs: []string{underKill}, got: "rv=0x82 a181=0 a163=1:00", owner: ownerPrimary},
