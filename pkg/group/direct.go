@@ -70,13 +70,7 @@ func (d *DirectSession) Close() error {
 
 func (d *DirectSession) start(ctx context.Context, k OpKind, op *operation) error {
 	op.ps = d.ss
-	err := initOn(ctx, k, d.ss, op.mech, op.raw)
-	if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
-		// SoftHSM names a bad key handle as an object handle; PKCS#11
-		// (and the virtual slot) say CKR_KEY_HANDLE_INVALID.
-		return wrap(ErrKeyHandle, opNames[k]+"Init", "", err)
-	}
-	return err
+	return initOn(ctx, k, d.ss, op.mech, op.raw) // the token's own answer, a bad handle's code included
 }
 
 func (d *DirectSession) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *withObject) ([]byte, error) {

@@ -734,9 +734,6 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 		return 0, err
 	}
 	class := src.identity().Class
-	if src.isKey() && class != pkcs11.CKO_PUBLIC_KEY {
-		s.g.unextractable(ctx, src) // the copy's default (protect)
-	}
 	in, err := s.intent(ctx, "CopyObject", tmpl, class, nil, src)
 	if err != nil {
 		return 0, err

@@ -52,10 +52,11 @@ func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent,
 	ext, set := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
 	in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
 	if from != nil {
-		if set && ext && from.unextractable.Load() {
+		srcUnextractable := g.unextractable(ctx, from) // this process's word, or the members' copies
+		if set && ext && srcUnextractable {
 			return wrap(ErrReadOnly, "CopyObject", "", errors.New("a copy of an unextractable key cannot be extractable"))
 		}
-		in.unextractable = set && !ext || from.unextractable.Load()
+		in.unextractable = set && !ext || srcUnextractable
 		return nil
 	}
 	if !set {

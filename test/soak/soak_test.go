@@ -50,6 +50,7 @@ var (
 
 func TestMain(m *testing.M) {
 	load.InitTokensMain() // the re-executed child that initialises tokens
+	slot.OwnEnvironment() // a test binary: p11-kit members' module_env may be written (pkg/slot)
 	os.Exit(m.Run())
 }
 
