@@ -130,8 +130,8 @@ type Options struct {
 	// PINGuard keeps members whose token refused their PIN from being
 	// offered one again; nil: no guard beyond this process's own refusal.
 	PINGuard PINGuard
-	// CatchUp, when set, catches up the named members before a login
-	// returns: they were failed at the login because another member marks
+	// CatchUp, when set, catches up the named members before Login
+	// returns (not LoginConfigured): they were failed at the login because another member marks
 	// them behind (DESIGN.md, "Group state on the members"). A process that
 	// lives shorter than the recovery interval (a per-task tool) would
 	// otherwise keep them out for good and mark them again.

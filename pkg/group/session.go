@@ -242,9 +242,12 @@ func (g *Group) Login(ctx context.Context, userType uint, pin secret.PIN) error 
 // sources only, for a process that serves no application and has no PIN
 // of its own to prove (haagent). Members without a source stay logged
 // out. It succeeds when at least one member is logged in.
+//
+// Members found behind are left to automatic recovery (not caught up
+// before it returns, as Login does): the agent must answer its socket at
+// once, and its recovery loop lives long enough.
 func (g *Group) LoginConfigured(ctx context.Context) error {
-	behind, err := g.login(ctx, pkcs11.CKU_USER, secret.PIN{}, false)
-	g.catchUp(ctx, behind)
+	_, err := g.login(ctx, pkcs11.CKU_USER, secret.PIN{}, false)
 	return err
 }
 

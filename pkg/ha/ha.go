@@ -159,8 +159,12 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	gopts.PINGuard = blocks
 	// A member a login finds behind is caught up before the login returns,
 	// not an interval later: most processes (per-task tools) end sooner.
+	// The login waits one command_timeout at most; a catch-up not done by
+	// then goes on as automatic recovery.
 	gopts.CatchUp = func(ctx context.Context, names []string) {
 		if r := snk.rec.Load(); r != nil {
+			ctx, cancel := context.WithTimeout(ctx, s.CommandTimeout)
+			defer cancel()
 			catchUp(ctx, r, names)
 		}
 	}
