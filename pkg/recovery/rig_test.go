@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envHelper) == "recover" {
 		os.Exit(helperRecover())
 	}
-	os.Exit(testhsm.Main(m, 64)) // ~20 a run, so -count=3 fits
+	os.Exit(testhsm.Main(m, 200)) // up to ~60 a run, so -count=3 fits
 }
 
 var rigSerial atomic.Int64
