@@ -517,7 +517,7 @@ func hapCreateObject(h C.CK_SESSION_HANDLE, p C.CK_ATTRIBUTE_PTR, n C.CK_ULONG, 
 			if err := l.writable(s, tmpl); err != nil {
 				return err
 			}
-			o, err := s.be.CreateObject(s.ctx, tmpl)
+			o, err := s.be.CreateObject(l.ctx, tmpl)
 			if err != nil {
 				return err
 			}
@@ -541,7 +541,7 @@ func hapCopyObject(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_ATTRIBU
 			if err := l.writable(s, tmpl); err != nil {
 				return err
 			}
-			o, err := s.be.CopyObject(s.ctx, uint(obj), tmpl)
+			o, err := s.be.CopyObject(l.ctx, uint(obj), tmpl)
 			if err != nil {
 				return err
 			}
@@ -558,7 +558,7 @@ func hapDestroyObject(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE) C.CK_RV {
 			if err := l.writableObject(s, uint(obj)); err != nil {
 				return err
 			}
-			return s.be.DestroyObject(s.ctx, uint(obj))
+			return s.be.DestroyObject(l.ctx, uint(obj))
 		})
 	})
 }
@@ -572,7 +572,7 @@ func hapGetObjectSize(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, n C.CK_ULON
 		return l.withSession(uint(h), func(s *appSession) error {
 			// The handle must be valid; the size of an object spread over
 			// several tokens is not one number.
-			if _, err := s.be.GetAttributes(s.ctx, uint(obj), []uint{pkcs11.CKA_CLASS}); err != nil {
+			if _, err := s.be.GetAttributes(l.ctx, uint(obj), []uint{pkcs11.CKA_CLASS}); err != nil {
 				return err
 			}
 			*n = C.CK_UNAVAILABLE_INFORMATION
@@ -595,7 +595,7 @@ func hapGetAttributeValue(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_
 		var got []slot.Attribute
 		err := l.withSession(uint(h), func(s *appSession) error {
 			var err error
-			got, err = s.be.GetAttributes(s.ctx, uint(obj), types)
+			got, err = s.be.GetAttributes(l.ctx, uint(obj), types)
 			return err
 		})
 		if err != nil {
@@ -658,7 +658,7 @@ func hapSetAttributeValue(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_
 			if err := l.writableObject(s, uint(obj)); err != nil {
 				return err
 			}
-			return s.be.SetAttributes(s.ctx, uint(obj), attrs)
+			return s.be.SetAttributes(l.ctx, uint(obj), attrs)
 		})
 	})
 }
@@ -934,7 +934,7 @@ func hapGenerateKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, p C.CK_ATTRIBUT
 			if err := l.writable(s, tmpl); err != nil {
 				return err
 			}
-			k, err := s.be.GenerateKey(s.ctx, mech, tmpl)
+			k, err := s.be.GenerateKey(l.ctx, mech, tmpl)
 			if err != nil {
 				return err
 			}
@@ -969,7 +969,7 @@ func hapGenerateKeyPair(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, pubP C.CK_A
 			if err := l.writable(s, priv); err != nil {
 				return err
 			}
-			pk, sk, err := s.be.GenerateKeyPair(s.ctx, mech, pub, priv)
+			pk, sk, err := s.be.GenerateKeyPair(l.ctx, mech, pub, priv)
 			if err != nil {
 				return err
 			}
@@ -991,7 +991,7 @@ func hapWrapKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, wrapping, key C.CK_
 			return errArgs
 		}
 		return l.withSession(uint(h), func(s *appSession) error {
-			blob, err := s.be.WrapKey(s.ctx, mech, uint(wrapping), uint(key))
+			blob, err := s.be.WrapKey(l.ctx, mech, uint(wrapping), uint(key))
 			if err != nil {
 				return err
 			}
@@ -1022,7 +1022,7 @@ func hapUnwrapKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, unwrapping C.CK_O
 			if err := l.writable(s, tmpl); err != nil {
 				return err
 			}
-			k, err := s.be.UnwrapKey(s.ctx, mech, uint(unwrapping), blob, tmpl)
+			k, err := s.be.UnwrapKey(l.ctx, mech, uint(unwrapping), blob, tmpl)
 			if err != nil {
 				return err
 			}
@@ -1050,7 +1050,7 @@ func hapDeriveKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, base C.CK_OBJECT_
 			if err := l.writable(s, tmpl); err != nil {
 				return err
 			}
-			k, err := s.be.DeriveKey(s.ctx, mech, uint(base), tmpl)
+			k, err := s.be.DeriveKey(l.ctx, mech, uint(base), tmpl)
 			if err != nil {
 				return err
 			}
@@ -1082,7 +1082,7 @@ func hapGenerateRandom(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, n C.CK_ULONG) C
 			return errArgs
 		}
 		return l.withSession(uint(h), func(s *appSession) error {
-			b, err := s.be.GenerateRandom(s.ctx, int(n))
+			b, err := s.be.GenerateRandom(l.ctx, int(n))
 			if err != nil {
 				return err
 			}

@@ -46,8 +46,6 @@ type appSession struct {
 	slot   *slotEntry
 	rw     bool
 	be     session
-	// ctx is the library's context.
-	ctx context.Context
 
 	mu      sync.Mutex // one call at a time
 	closed  bool
@@ -140,8 +138,7 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	l.mu.Lock()
 	l.next++
 	h := l.next
-	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be,
-		ctx: l.ctx}
+	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be}
 	l.mu.Unlock()
 	return h, nil
 }
@@ -344,7 +341,7 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 	if _, ok := mechs[m.Mechanism]; !ok {
 		return ckErr(pkcs11.CKR_MECHANISM_INVALID)
 	}
-	return s.be.Init(s.ctx, kind, m, key)
+	return s.be.Init(l.ctx, kind, m, key)
 }
 
 // output is where a call's output goes: abi.go's C buffer. room says how
@@ -367,7 +364,7 @@ func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, d
 	if dst != nil {
 		room = dst.room()
 	}
-	out, err := s.be.Do(s.ctx, kind, st, in, sig, room)
+	out, err := s.be.Do(l.ctx, kind, st, in, sig, room)
 	if dst != nil && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
 		dst.put(out)
 	}
@@ -376,7 +373,7 @@ func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, d
 
 // digestKey runs C_DigestKey.
 func (l *library) digestKey(h, key uint) error {
-	return l.withSession(h, func(s *appSession) error { return s.be.DigestKey(s.ctx, key) })
+	return l.withSession(h, func(s *appSession) error { return s.be.DigestKey(l.ctx, key) })
 }
 
 // findInit, findNext and findFinal keep one search per session; the
@@ -390,7 +387,7 @@ func (l *library) findInit(h uint, tmpl []*pkcs11.Attribute) error {
 	if s.finding {
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
-	found, err := s.be.FindObjects(s.ctx, tmpl)
+	found, err := s.be.FindObjects(l.ctx, tmpl)
 	if err != nil {
 		return err
 	}
@@ -450,7 +447,7 @@ func (l *library) writableObject(s *appSession, h uint) error {
 	if s.rw {
 		return nil
 	}
-	attrs, err := s.be.GetAttributes(s.ctx, h, []uint{pkcs11.CKA_TOKEN})
+	attrs, err := s.be.GetAttributes(l.ctx, h, []uint{pkcs11.CKA_TOKEN})
 	if err != nil {
 		return err
 	}
