@@ -1,11 +1,7 @@
 package group
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
@@ -126,95 +122,9 @@ type Tombstones interface {
 // a version (identity and fingerprint) made again through the group, so
 // that a plan does not delete the new object on the old destroy's
 // account (a plan deletes a tombstoned version wherever it remains).
-// *tombstone.Journal and *MemoryTombstones implement it.
+// *tombstone.Journal and *tombstone.Memory implement it.
 type Reviver interface {
 	Revive(ctx context.Context, id replica.Identity, fingerprint []byte) (int, error)
-}
-
-// MemoryTombstones is the default Tombstones: kept in memory for the life
-// of the group, for tests and programs without a state directory. Safe for
-// concurrent use.
-type MemoryTombstones struct {
-	mu  sync.Mutex
-	all []tombstone.Tombstone
-}
-
-// Record keeps t (a tombstone or a revocation).
-func (m *MemoryTombstones) Record(_ context.Context, t tombstone.Tombstone) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.all = append(m.all, t)
-	return nil
-}
-
-// Revive revokes every tombstone of id + fingerprint not yet revoked
-// (see Reviver) and returns how many; a nil fingerprint revives nothing.
-func (m *MemoryTombstones) Revive(_ context.Context, id replica.Identity, fingerprint []byte) (int, error) {
-	if fingerprint == nil {
-		return 0, nil
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	revoked := m.revokedLocked()
-	n := 0
-	for _, t := range m.all {
-		if t.Revoked || revoked[revocationKey(t)] || !t.Identity.Equal(id) || !bytes.Equal(t.Fingerprint, fingerprint) {
-			continue
-		}
-		m.all = append(m.all, t.Revocation())
-		revoked[revocationKey(t)] = true
-		n++
-	}
-	return n, nil
-}
-
-// revokedLocked returns the revocation keys of the tombstones revoked so
-// far. m.mu must be held.
-func (m *MemoryTombstones) revokedLocked() map[string]bool {
-	revoked := map[string]bool{}
-	for _, t := range m.all {
-		if t.Revoked {
-			revoked[revocationKey(t)] = true
-		}
-	}
-	return revoked
-}
-
-// Snapshot returns the tombstones recorded so far and not revoked as a
-// set, for planning (pkg/recovery's TombstoneSource).
-func (m *MemoryTombstones) Snapshot(context.Context) (*tombstone.Set, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return tombstone.NewSet(m.all...), nil
-}
-
-// Records returns every record kept, tombstones and revocations, for
-// tombstone.Shared to spread to the members.
-func (m *MemoryTombstones) Records(context.Context) ([]tombstone.Tombstone, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Clone(m.all), nil
-}
-
-// All returns the tombstones recorded so far and not revoked, in the
-// order they were recorded; revocations are not listed.
-func (m *MemoryTombstones) All() []tombstone.Tombstone {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	revoked := m.revokedLocked()
-	out := make([]tombstone.Tombstone, 0, len(m.all))
-	for _, t := range m.all {
-		if !t.Revoked && !revoked[revocationKey(t)] {
-			out = append(out, t)
-		}
-	}
-	return out
-}
-
-// revocationKey names the tombstone a revocation cancels: identity,
-// fingerprint and time.
-func revocationKey(t tombstone.Tombstone) string {
-	return fmt.Sprintf("%s\x00%x\x00%d", t.Identity.Key(), t.Fingerprint, t.Time.UnixNano())
 }
 
 func (g *Group) emit(e Event) {

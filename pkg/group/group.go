@@ -110,6 +110,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -123,7 +124,7 @@ type Options struct {
 	// Interceptor is passed into every member's slot.Spec (fault injection
 	// in tests); nil in production.
 	Interceptor slot.Interceptor
-	// Tombstones records destroys; nil keeps them in a MemoryTombstones.
+	// Tombstones records destroys; nil keeps them in a tombstone.Memory.
 	Tombstones Tombstones
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
@@ -260,7 +261,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	gr.gate.init()
 	gr.objs.init(func() int { return int(gr.width.Load()) })
 	if gr.tombstones == nil {
-		gr.tombstones = &MemoryTombstones{}
+		gr.tombstones = &tombstone.Memory{}
 	}
 	seen := map[string]bool{}
 	specs := make([]slot.Spec, len(g.Members))

@@ -89,7 +89,7 @@ type fixture struct {
 	cfg    config.Group
 	set    config.Settings
 	events *eventLog
-	tombs  *MemoryTombstones
+	tombs  *tombstone.Memory
 	// journal is the group's tombstone store when setupOpts.journal is
 	// set (tombs is then unused).
 	journal *tombstone.Journal
@@ -153,7 +153,7 @@ func setup(t testing.TB, o setupOpts) *fixture {
 	if o.mode != "" {
 		set.RecoveryMode = o.mode
 	}
-	f := &fixture{toks: toks, cfg: cfg, set: set, events: newEventLog(), tombs: &MemoryTombstones{}}
+	f := &fixture{toks: toks, cfg: cfg, set: set, events: newEventLog(), tombs: &tombstone.Memory{}}
 	var tombs Tombstones = f.tombs
 	if o.journal {
 		j, err := tombstone.Open(t.TempDir(), serial, tombstone.Options{})

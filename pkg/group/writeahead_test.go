@@ -184,7 +184,7 @@ func TestDestroyFailedEverywhereRevokesItsTombstone(t *testing.T) {
 type failingTombstones struct {
 	mu   sync.Mutex
 	left int
-	mem  MemoryTombstones
+	mem  tombstone.Memory
 }
 
 func (s *failingTombstones) Record(ctx context.Context, t tombstone.Tombstone) error {

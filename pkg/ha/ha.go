@@ -137,7 +137,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	}
 	var local tombstone.Local = h.journal
 	if h.journal == nil {
-		local = &group.MemoryTombstones{}
+		local = &tombstone.Memory{}
 	}
 	// The tombstones live on the members too, for every process on every
 	// host (DESIGN.md, "Group state on the members").

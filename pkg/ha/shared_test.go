@@ -79,7 +79,7 @@ func openSession(t testing.TB, g *Group) *group.Session {
 func memberTombstones(t testing.TB, serial string, tok testhsm.Token) *tombstone.Set {
 	t.Helper()
 	s := direct(t, tok)
-	sh := tombstone.NewShared(&group.MemoryTombstones{}, serial, tombstone.SharedOptions{
+	sh := tombstone.NewShared(&tombstone.Memory{}, serial, tombstone.SharedOptions{
 		OnError: func(m string, err error) { t.Errorf("member %s: %v", m, err) },
 	})
 	sh.SetMembers(func(bool) []*slot.Slot { return []*slot.Slot{s} })
