@@ -11,6 +11,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
@@ -77,7 +78,7 @@ func Example() {
 	}
 	fmt.Println("replications:", g.Members()[1].Replications+g.Members()[2].Replications)
 
-	signer, err := g.Signer(ctx, group.KeySelector{Label: "example"})
+	signer, err := signer.New(ctx, g, signer.KeySelector{Label: "example"})
 	if err != nil {
 		fmt.Println(err)
 		return

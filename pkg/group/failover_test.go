@@ -1,9 +1,11 @@
 package group
 
 import (
-	"crypto"
+	"context"
 	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/sha256"
+	"encoding/asn1"
 	"errors"
 	"fmt"
 	"sync"
@@ -69,9 +71,9 @@ func checkStall(t *testing.T, res load, timeout time.Duration, faultAt time.Time
 // signLoad makes n signatures with signer from workers goroutines, checks
 // each against the public key, and calls at(done) after every completed
 // signature (the test injects its fault there, mid-load, with no sleep).
-func signLoad(t *testing.T, signer *Signer, n, workers int, at func(done int64)) load {
+func signLoad(t *testing.T, signer *ecKey, n, workers int, at func(done int64)) load {
 	t.Helper()
-	pub := signer.Public().(*ecdsa.PublicKey)
+	ctx := testContext(t)
 	var next, done atomic.Int64
 	var mu sync.Mutex
 	var res load
@@ -86,9 +88,9 @@ func signLoad(t *testing.T, signer *Signer, n, workers int, at func(done int64))
 				msg := fmt.Appendf(nil, "message %d from worker %d", i, w)
 				digest := sha256.Sum256(msg)
 				start := time.Now()
-				sig, err := signer.Sign(nil, digest[:], crypto.SHA256)
+				sig, err := signer.sign(ctx, digest[:])
 				stall := time.Since(start)
-				if err == nil && !ecdsa.VerifyASN1(pub, digest[:], sig) {
+				if err == nil && !verifyRaw(signer.pub, digest[:], sig) {
 					err = fmt.Errorf("signature %d does not verify", i)
 				}
 				mu.Lock()
@@ -110,15 +112,52 @@ func signLoad(t *testing.T, signer *Signer, n, workers int, at func(done int64))
 	return res
 }
 
-func ecSigner(t *testing.T, g *Group, label string) *Signer {
+// ecKey is a group EC key signed with through Group.Sign, the call the
+// module's C_Sign and pkg/group/signer make.
+type ecKey struct {
+	g   *Group
+	h   ObjectHandle
+	pub *ecdsa.PublicKey
+}
+
+func (k *ecKey) sign(ctx context.Context, digest []byte) ([]byte, error) {
+	return k.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), k.h, digest)
+}
+
+// ecSigner generates a P-256 key pair through g.
+func ecSigner(t *testing.T, g *Group, label string) *ecKey {
 	t.Helper()
-	s := openSession(t, g)
-	genEC(t, s, label)
-	signer, err := g.Signer(testContext(t), KeySelector{Label: label})
+	pub, priv := genEC(t, openSession(t, g), label)
+	return &ecKey{g: g, h: priv, pub: ecPublic(t, g, pub)}
+}
+
+// ecPublic reads the P-256 public key h through g.
+func ecPublic(t *testing.T, g *Group, h ObjectHandle) *ecdsa.PublicKey {
+	t.Helper()
+	attrs, err := g.GetAttributes(testContext(t), h, []uint{pkcs11.CKA_EC_POINT})
 	if err != nil {
-		t.Fatalf("Signer: %v", err)
+		t.Fatalf("read the EC point of %d: %v", h, err)
 	}
-	return signer
+	var point []byte
+	if _, err := asn1.Unmarshal(attrs[0].Value, &point); err != nil {
+		t.Fatalf("EC point of %d: %v", h, err)
+	}
+	pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), point)
+	if err != nil {
+		t.Fatalf("EC point of %d: %v", h, err)
+	}
+	return pub
+}
+
+// ecKeyOf is the group's handle on the private key pub's pair put on the
+// members as label (importEC).
+func ecKeyOf(t *testing.T, g *Group, label string, pub *ecdsa.PublicKey) *ecKey {
+	t.Helper()
+	hs, err := g.Find(testContext(t), []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_LABEL, label)})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("find private key %s: %d found, %v", label, len(hs), err)
+	}
+	return &ecKey{g: g, h: hs[0], pub: pub}
 }
 
 func reportErrs(t *testing.T, errs []error) {
@@ -225,11 +264,8 @@ func TestStoppedRemoteMemberBoundedStall(t *testing.T) {
 	// SIGCONT, after the load.
 	const timeout = 1500 * time.Millisecond
 	f, srv := servedGroup(t, 3, setupOpts{timeout: timeout})
-	importEC(t, f.toks, "stopped")
-	signer, err := f.g.Signer(testContext(t), KeySelector{Label: "stopped"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k := importEC(t, f.toks, "stopped")
+	signer := ecKeyOf(t, f.g, "stopped", &k.PublicKey)
 	t.Cleanup(srv.Cont)
 	var once sync.Once
 	var faultAt time.Time
@@ -438,7 +474,7 @@ func TestFailureThresholdAndRequestErrors(t *testing.T) {
 	// Request errors are returned as they are and never charged.
 	faults.Fail(a, slot.OpSign, pkcs11.Error(pkcs11.CKR_MECHANISM_INVALID))
 	for range 5 {
-		_, err := signer.SignContext(ctx, digest[:], crypto.SHA256)
+		_, err := signer.sign(ctx, digest[:])
 		if CodeOf(err) != pkcs11.CKR_MECHANISM_INVALID {
 			t.Fatalf("sign with a request error on the primary: %v, want CKR_MECHANISM_INVALID returned as is", err)
 		}
@@ -452,7 +488,7 @@ func TestFailureThresholdAndRequestErrors(t *testing.T) {
 	// Health errors: retried elsewhere; the member fails at the threshold.
 	faults.Fail(a, slot.OpSign, errDevice)
 	for i := 1; i <= 3; i++ {
-		if _, err := signer.SignContext(ctx, digest[:], crypto.SHA256); err != nil {
+		if _, err := signer.sign(ctx, digest[:]); err != nil {
 			t.Fatalf("sign %d with the primary failing: %v", i, err)
 		}
 		want := member.Active

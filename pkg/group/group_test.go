@@ -2,7 +2,6 @@ package group
 
 import (
 	"bytes"
-	"crypto/ecdsa"
 	"crypto/sha256"
 	"testing"
 
@@ -15,19 +14,15 @@ func TestKeyGenerationReplicatesToEveryMember(t *testing.T) {
 	f := setup(t, setupOpts{})
 	ctx := testContext(t)
 	s := openSession(t, f.g)
-	_, priv := genEC(t, s, "replicated")
+	pubH, priv := genEC(t, s, "replicated")
 
 	// Every member holds both halves, with equal fingerprints, and signs.
 	var fps [][]byte
 	digest := sha256.Sum256([]byte("hello"))
-	signer, err := f.g.Signer(ctx, KeySelector{Label: "replicated"})
-	if err != nil {
-		t.Fatal(err)
+	if k := ecKeyOf(t, f.g, "replicated", nil); k.h != priv {
+		t.Fatalf("Find found handle %d, GenerateKeyPair returned %d", k.h, priv)
 	}
-	if signer.Handle() != priv {
-		t.Fatalf("Signer found handle %d, GenerateKeyPair returned %d", signer.Handle(), priv)
-	}
-	pub := signer.Public().(*ecdsa.PublicKey)
+	pub := ecPublic(t, f.g, pubH)
 	for _, tok := range f.toks {
 		d := openDirect(t, tok)
 		hs, err := d.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "replicated"), attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY)})

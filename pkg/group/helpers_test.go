@@ -3,7 +3,6 @@ package group
 import (
 	"context"
 	"crypto/ecdsa"
-	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/asn1"
@@ -230,6 +229,8 @@ func attr(t uint, v any) *pkcs11.Attribute { return pkcs11.NewAttribute(t, v) }
 
 var p256 = []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
 
+var ed25519Params = []byte{0x06, 0x03, 0x2b, 0x65, 0x70} // the curve of Ed25519
+
 // genEC makes a P-256 token key pair through the group.
 func genEC(t testing.TB, s *Session, label string, extraPriv ...*pkcs11.Attribute) (pub, priv ObjectHandle) {
 	t.Helper()
@@ -325,35 +326,3 @@ func importSecret(t testing.TB, toks []testhsm.Token, label string) {
 }
 
 func takeTokens(t testing.TB, n int) []testhsm.Token { return testhsm.Take(t, n) }
-
-// importEd25519 puts one Ed25519 key pair, made here, on every token.
-func importEd25519(t testing.TB, toks []testhsm.Token, label string) ed25519.PublicKey {
-	t.Helper()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	point, _ := asn1.Marshal([]byte(pub))
-	params := []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
-	id := []byte("id-" + label)
-	for _, tok := range toks {
-		d := openDirect(t, tok)
-		ctx := testContext(t)
-		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
-			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), attr(pkcs11.CKA_KEY_TYPE, uint(0x40)),
-			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
-			attr(pkcs11.CKA_EC_PARAMS, params), attr(pkcs11.CKA_EC_POINT, point),
-		}); err != nil {
-			t.Fatalf("import Ed25519 public key on %s: %v", tok.Name, err)
-		}
-		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
-			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_KEY_TYPE, uint(0x40)),
-			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true),
-			attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
-			attr(pkcs11.CKA_EC_PARAMS, params), attr(pkcs11.CKA_VALUE, priv.Seed()),
-		}); err != nil {
-			t.Fatalf("import Ed25519 private key on %s: %v", tok.Name, err)
-		}
-	}
-	return pub
-}

@@ -2,7 +2,6 @@ package group
 
 import (
 	"context"
-	"crypto"
 	"crypto/sha256"
 	"errors"
 	"testing"
@@ -22,10 +21,10 @@ func dataTmpl(label string) []*pkcs11.Attribute {
 	}
 }
 
-func sign(t *testing.T, s *Signer) error {
+func sign(t *testing.T, s *ecKey) error {
 	t.Helper()
 	d := sha256.Sum256([]byte("x"))
-	_, err := s.SignContext(testContext(t), d[:], crypto.SHA256)
+	_, err := s.sign(testContext(t), d[:])
 	return err
 }
 

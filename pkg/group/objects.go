@@ -296,6 +296,16 @@ func (g *Group) object(op string, h ObjectHandle) (*vobject, error) {
 	return o, nil
 }
 
+// Identity returns what the group knows object h by: its class, key type,
+// CKA_ID and CKA_LABEL, without asking a member.
+func (g *Group) Identity(h ObjectHandle) (replica.Identity, error) {
+	o, err := g.object("Identity", h)
+	if err != nil {
+		return replica.Identity{}, err
+	}
+	return o.identity(), nil
+}
+
 // key returns the live key object behind a virtual handle given as
 // argument arg of op; bad is the error when none is.
 func (g *Group) key(op string, h ObjectHandle, arg keyArg) (*vobject, error) {

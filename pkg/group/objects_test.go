@@ -2,7 +2,6 @@ package group
 
 import (
 	"bytes"
-	"crypto"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -506,7 +505,7 @@ func TestCloseWaitsForInFlight(t *testing.T) {
 	digest := sha256.Sum256([]byte("x"))
 	signed := make(chan error, 1)
 	go func() {
-		_, err := signer.SignContext(ctx, digest[:], crypto.SHA256)
+		_, err := signer.sign(ctx, digest[:])
 		signed <- err
 	}()
 	if err := faults.WaitCalls(ctx, a, slot.OpSign, 1); err != nil {
@@ -527,7 +526,7 @@ func TestCloseWaitsForInFlight(t *testing.T) {
 	if err := <-signed; err != nil {
 		t.Errorf("in-flight sign during Close: %v", err)
 	}
-	if _, err := signer.SignContext(ctx, digest[:], crypto.SHA256); !errors.Is(err, ErrClosed) {
+	if _, err := signer.sign(ctx, digest[:]); !errors.Is(err, ErrClosed) {
 		t.Errorf("sign after Close: %v, want ErrClosed", err)
 	}
 }
@@ -556,7 +555,7 @@ func TestFailAndActivateMember(t *testing.T) {
 	}
 	before := faults.Calls(a, slot.OpSign)
 	digest := sha256.Sum256([]byte("back"))
-	if _, err := signer.SignContext(ctx, digest[:], crypto.SHA256); err != nil {
+	if _, err := signer.sign(ctx, digest[:]); err != nil {
 		t.Fatal(err)
 	}
 	if faults.Calls(a, slot.OpSign) != before+1 {

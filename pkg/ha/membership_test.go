@@ -13,6 +13,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
@@ -29,7 +30,7 @@ type signLoad struct {
 	errs []error
 }
 
-func startSigning(signer *group.Signer, workers int) *signLoad {
+func startSigning(signer *signer.Signer, workers int) *signLoad {
 	l := &signLoad{stop: make(chan struct{})}
 	pub := signer.Public().(*ecdsa.PublicKey)
 	for w := range workers {
@@ -126,7 +127,7 @@ func TestAddMemberCatchesUpBeforeWork(t *testing.T) {
 		t.Fatalf("the group holds %d objects, want %d", len(want), n)
 	}
 
-	signer, err := r.g.Engine().Signer(ctx, group.KeySelector{Label: "signing"})
+	signer, err := signer.New(ctx, r.g.Engine(), signer.KeySelector{Label: "signing"})
 	if err != nil {
 		t.Fatal(err)
 	}

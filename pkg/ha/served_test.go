@@ -9,6 +9,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recovery"
 	"github.com/hagroup/hagroup/pkg/secret"
@@ -131,7 +132,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 			t.Errorf("%s holds %d objects of the refused generation, want 0", tok.Name, n)
 		}
 	}
-	signer, err := r.g.Engine().Signer(ctx, group.KeySelector{Label: "wrapless"})
+	signer, err := signer.New(ctx, r.g.Engine(), signer.KeySelector{Label: "wrapless"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
@@ -46,7 +47,7 @@ func TestKilledMemberRejoinsUnderLoad(t *testing.T) {
 	if n := len(labels(inventory(t, r.direct(r.toks[1], "-check")))); n != 2 {
 		t.Fatalf("the remote member holds %d objects after key generation, want the replicated pair", n)
 	}
-	signer, err := r.g.Signer(rigCtx(t), group.KeySelector{Label: "load"})
+	signer, err := signer.New(rigCtx(t), r.g, signer.KeySelector{Label: "load"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -590,7 +591,7 @@ const benchKeys = 1000
 func BenchmarkRestartToFirstServedOp(b *testing.B) {
 	r := newRig(b, rigOpts{served: []int{0}, retries: 0, policy: config.PolicyPrimaryBackup, importEC: "bench"})
 	victim := r.name(0)
-	signer, err := r.g.Signer(rigCtx(b), group.KeySelector{Label: "bench"})
+	signer, err := signer.New(rigCtx(b), r.g, signer.KeySelector{Label: "bench"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
 )
@@ -28,7 +29,7 @@ type goLoad struct {
 	prefix string
 
 	keysMu sync.RWMutex // the keys, found again after a full outage
-	signer *group.Signer
+	signer *signer.Signer
 	pub    *ecdsa.PublicKey
 	hPub   group.ObjectHandle
 	hAES   group.ObjectHandle
@@ -76,7 +77,7 @@ func newGoLoad(ctx context.Context, g *group.Group, pin secret.PIN, prefix strin
 
 // findKeys (re)finds the signing and AES keys.
 func (l *goLoad) findKeys(ctx context.Context) error {
-	signer, err := l.g.Signer(ctx, group.KeySelector{Label: signLabel})
+	signer, err := signer.New(ctx, l.g, signer.KeySelector{Label: signLabel})
 	if err != nil {
 		return fmt.Errorf("signer: %w", err)
 	}
@@ -109,7 +110,7 @@ func (l *goLoad) findKeys(ctx context.Context) error {
 }
 
 // keys returns the current key handles.
-func (l *goLoad) keys() (*group.Signer, *ecdsa.PublicKey, group.ObjectHandle, group.ObjectHandle) {
+func (l *goLoad) keys() (*signer.Signer, *ecdsa.PublicKey, group.ObjectHandle, group.ObjectHandle) {
 	l.keysMu.RLock()
 	defer l.keysMu.RUnlock()
 	return l.signer, l.pub, l.hPub, l.hAES

@@ -27,7 +27,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/fleet"
-	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
@@ -73,7 +73,7 @@ func run() error {
 	if err := g.Engine().Login(ctx, pkcs11.CKU_USER, pin); err != nil {
 		return err
 	}
-	s, err := g.Engine().Signer(ctx, group.KeySelector{Label: *key})
+	s, err := signer.New(ctx, g.Engine(), signer.KeySelector{Label: *key})
 	if err != nil {
 		return err
 	}

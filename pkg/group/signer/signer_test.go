@@ -1,4 +1,4 @@
-package group
+package signer
 
 import (
 	"crypto"
@@ -13,11 +13,10 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
-
-var ed25519Params = []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
 
 // failOver fails every member but the last, one after another, calling
 // check before each failure and at the end: the signer must keep working
@@ -34,8 +33,15 @@ func failOver(t *testing.T, f *fixture, check func(stage string)) {
 }
 
 func TestSignerECDSAAcrossFailover(t *testing.T) {
-	f := setup(t, setupOpts{})
-	signer := ecSigner(t, f.g, "ec-signer")
+	f := setup(t)
+	_, priv := f.genEC(t, "ec-signer")
+	signer, err := New(testContext(t), f.g, KeySelector{Label: "ec-signer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if signer.Handle() != priv {
+		t.Fatalf("New found handle %d, GenerateKeyPair returned %d", signer.Handle(), priv)
+	}
 	pub := signer.Public().(*ecdsa.PublicKey)
 	failOver(t, f, func(stage string) {
 		for range 5 {
@@ -52,10 +58,9 @@ func TestSignerECDSAAcrossFailover(t *testing.T) {
 }
 
 func TestSignerRSAAcrossFailover(t *testing.T) {
-	f := setup(t, setupOpts{})
+	f := setup(t)
 	ctx := testContext(t)
-	s := openSession(t, f.g)
-	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+	_, _, err := f.s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_MODULUS_BITS, 2048), attr(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
 			attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_LABEL, "rsa-signer")},
 		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true),
@@ -63,7 +68,7 @@ func TestSignerRSAAcrossFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signer, err := f.g.Signer(ctx, KeySelector{Label: "rsa-signer"})
+	signer, err := New(ctx, f.g, KeySelector{Label: "rsa-signer"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,8 +120,7 @@ func TestSignerRSAAcrossFailover(t *testing.T) {
 }
 
 func TestSignerEd25519AcrossFailover(t *testing.T) {
-	toks := takeTokens(t, 3)
-	f := setup(t, setupOpts{toks: toks})
+	f := setup(t)
 	ctx := testContext(t)
 	mechs, err := f.g.Mechanisms(ctx)
 	if err != nil {
@@ -125,8 +129,8 @@ func TestSignerEd25519AcrossFailover(t *testing.T) {
 	if !slices.Contains(mechs, slot.CKMEdDSA) {
 		t.Skip("the members do not offer CKM_EDDSA")
 	}
-	importEd25519(t, toks, "ed")
-	signer, err := f.g.Signer(ctx, KeySelector{Label: "ed"})
+	f.importEd25519(t, "ed")
+	signer, err := New(ctx, f.g, KeySelector{Label: "ed"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,17 +151,16 @@ func TestSignerEd25519AcrossFailover(t *testing.T) {
 }
 
 func TestSignerSelector(t *testing.T) {
-	f := setup(t, setupOpts{})
+	f := setup(t)
 	ctx := testContext(t)
-	if _, err := f.g.Signer(ctx, KeySelector{}); err == nil {
+	if _, err := New(ctx, f.g, KeySelector{}); err == nil {
 		t.Error("empty selector accepted")
 	}
-	if _, err := f.g.Signer(ctx, KeySelector{Label: "absent"}); CodeOf(err) != pkcs11.CKR_KEY_HANDLE_INVALID {
+	if _, err := New(ctx, f.g, KeySelector{Label: "absent"}); group.CodeOf(err) != pkcs11.CKR_KEY_HANDLE_INVALID {
 		t.Errorf("absent key: %v", err)
 	}
-	s := openSession(t, f.g)
-	genEC(t, s, "by-id", attr(pkcs11.CKA_ID, []byte{0xca, 0xfe}))
-	sg, err := f.g.Signer(ctx, KeySelector{ID: []byte{0xca, 0xfe}})
+	f.genEC(t, "by-id", attr(pkcs11.CKA_ID, []byte{0xca, 0xfe}))
+	sg, err := New(ctx, f.g, KeySelector{ID: []byte{0xca, 0xfe}})
 	if err != nil {
 		t.Fatalf("select by ID: %v", err)
 	}

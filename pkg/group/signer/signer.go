@@ -1,4 +1,8 @@
-package group
+// Package signer is a crypto.Signer (and, for RSA keys, a
+// crypto.Decrypter) on a key of an HA group, built on pkg/group's public
+// API: each call is one single-part operation the group schedules on a
+// healthy member, with its failover.
+package signer
 
 import (
 	"context"
@@ -13,11 +17,12 @@ import (
 	"io"
 	"math/big"
 
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
-// KeySelector names a private key for Signer: by CKA_ID, by CKA_LABEL, or
+// KeySelector names a private key for New: by CKA_ID, by CKA_LABEL, or
 // both. The public half is found by the private key's CKA_ID (or by the
 // label when the key has no ID).
 type KeySelector struct {
@@ -31,17 +36,16 @@ type KeySelector struct {
 // while members fail and return. It needs the group to be logged in.
 // Safe for concurrent use.
 type Signer struct {
-	g       *Group
-	priv    ObjectHandle
-	keyType uint
-	pub     crypto.PublicKey
+	g    *group.Group
+	priv group.ObjectHandle
+	pub  crypto.PublicKey
 }
 
-// Signer returns a Signer for the private key sel names. The key must be
-// unique: two matches are an error.
-func (g *Group) Signer(ctx context.Context, sel KeySelector) (*Signer, error) {
+// New returns a Signer on g for the private key sel names. The key must
+// be unique: two matches are an error (CKR_KEY_HANDLE_INVALID, as none).
+func New(ctx context.Context, g *group.Group, sel KeySelector) (*Signer, error) {
 	if len(sel.ID) == 0 && sel.Label == "" {
-		return nil, errors.New("group: Signer: empty key selector")
+		return nil, errors.New("signer: empty key selector")
 	}
 	tmpl := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY)}
 	if len(sel.ID) > 0 {
@@ -52,18 +56,17 @@ func (g *Group) Signer(ctx context.Context, sel KeySelector) (*Signer, error) {
 	}
 	hs, err := g.Find(ctx, tmpl)
 	if err != nil {
-		return nil, fmt.Errorf("group %s: Signer: find private key: %w", g.label, err)
+		return nil, fmt.Errorf("group %s: Signer: find private key: %w", g.Label(), err)
 	}
-	switch len(hs) {
-	case 0:
-		return nil, wrap(ErrKeyHandle, "Signer", "", fmt.Errorf("no private key with id %x label %q", sel.ID, sel.Label))
-	case 1:
-	default:
-		return nil, wrap(ErrKeyHandle, "Signer", "", fmt.Errorf("%d private keys with id %x label %q", len(hs), sel.ID, sel.Label))
+	if len(hs) != 1 {
+		return nil, &group.Error{Code: pkcs11.CKR_KEY_HANDLE_INVALID, Op: "Signer", Err: fmt.Errorf(
+			"%w: %d private keys with id %x label %q, want 1", group.ErrKeyHandle, len(hs), sel.ID, sel.Label)}
 	}
-	o, _ := g.objs.get(hs[0])
-	id := o.identity()
-	s := &Signer{g: g, priv: hs[0], keyType: id.KeyType}
+	id, err := g.Identity(hs[0])
+	if err != nil {
+		return nil, err
+	}
+	s := &Signer{g: g, priv: hs[0]}
 	pubT := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType),
@@ -79,27 +82,27 @@ func (g *Group) Signer(ctx context.Context, sel KeySelector) (*Signer, error) {
 		pubs, err = g.Find(ctx, []*pkcs11.Attribute{pubT[0], pubT[1], pkcs11.NewAttribute(pkcs11.CKA_LABEL, id.Label)})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("group %s: Signer: find public key: %w", g.label, err)
+		return nil, fmt.Errorf("group %s: Signer: find public key: %w", g.Label(), err)
 	}
-	var src ObjectHandle
+	var src group.ObjectHandle
 	switch {
 	case len(pubs) == 1:
 		src = pubs[0]
 	case id.KeyType == pkcs11.CKK_RSA:
 		src = hs[0] // an RSA private key carries its modulus and exponent
 	default:
-		return nil, fmt.Errorf("group %s: Signer: %d public keys for %v, want 1", g.label, len(pubs), id)
+		return nil, fmt.Errorf("group %s: Signer: %d public keys for %v, want 1", g.Label(), len(pubs), id)
 	}
-	if s.pub, err = g.publicKey(ctx, src, id.KeyType); err != nil {
-		return nil, fmt.Errorf("group %s: Signer: %v: %w", g.label, id, err)
+	if s.pub, err = publicKey(ctx, g, src, id.KeyType); err != nil {
+		return nil, fmt.Errorf("group %s: Signer: %v: %w", g.Label(), id, err)
 	}
 	return s, nil
 }
 
-func (g *Group) publicKey(ctx context.Context, h ObjectHandle, keyType uint) (crypto.PublicKey, error) {
+func publicKey(ctx context.Context, g *group.Group, h group.ObjectHandle, keyType uint) (crypto.PublicKey, error) {
 	switch keyType {
 	case pkcs11.CKK_RSA:
-		a, err := g.attrMap(ctx, h, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT)
+		a, err := attrMap(ctx, g, h, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT)
 		if err != nil {
 			return nil, err
 		}
@@ -109,7 +112,7 @@ func (g *Group) publicKey(ctx context.Context, h ObjectHandle, keyType uint) (cr
 		}
 		return &rsa.PublicKey{N: new(big.Int).SetBytes(a[pkcs11.CKA_MODULUS]), E: int(e.Int64())}, nil
 	case pkcs11.CKK_EC:
-		a, err := g.attrMap(ctx, h, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT)
+		a, err := attrMap(ctx, g, h, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT)
 		if err != nil {
 			return nil, err
 		}
@@ -125,7 +128,7 @@ func (g *Group) publicKey(ctx context.Context, h ObjectHandle, keyType uint) (cr
 		}
 		return pk, nil
 	case slot.CKKECEdwards:
-		a, err := g.attrMap(ctx, h, pkcs11.CKA_EC_POINT)
+		a, err := attrMap(ctx, g, h, pkcs11.CKA_EC_POINT)
 		if err != nil {
 			return nil, err
 		}
@@ -138,7 +141,7 @@ func (g *Group) publicKey(ctx context.Context, h ObjectHandle, keyType uint) (cr
 	return nil, fmt.Errorf("key type 0x%x not supported by Signer", keyType)
 }
 
-func (g *Group) attrMap(ctx context.Context, h ObjectHandle, types ...uint) (map[uint][]byte, error) {
+func attrMap(ctx context.Context, g *group.Group, h group.ObjectHandle, types ...uint) (map[uint][]byte, error) {
 	attrs, err := g.GetAttributes(ctx, h, types)
 	if err != nil {
 		return nil, err
@@ -184,7 +187,7 @@ func curveOf(params []byte) (elliptic.Curve, error) {
 func (s *Signer) Public() crypto.PublicKey { return s.pub }
 
 // Handle returns the private key's virtual handle.
-func (s *Signer) Handle() ObjectHandle { return s.priv }
+func (s *Signer) Handle() group.ObjectHandle { return s.priv }
 
 // Sign signs digest like the crypto/ecdsa, crypto/rsa and crypto/ed25519
 // signers do: ECDSA signatures are ASN.1 DER; RSA uses PKCS #1 v1.5, or
@@ -208,7 +211,7 @@ func (s *Signer) SignContext(ctx context.Context, digest []byte, opts crypto.Sig
 		}
 		n := (pub.Curve.Params().BitSize + 7) / 8
 		if len(raw) != 2*n {
-			return nil, fmt.Errorf("group: ECDSA signature of %d bytes, want %d", len(raw), 2*n)
+			return nil, fmt.Errorf("signer: ECDSA signature of %d bytes, want %d", len(raw), 2*n)
 		}
 		return asn1.Marshal(struct{ R, S *big.Int }{new(big.Int).SetBytes(raw[:n]), new(big.Int).SetBytes(raw[n:])})
 	case *rsa.PublicKey:
@@ -218,29 +221,29 @@ func (s *Signer) SignContext(ctx context.Context, digest []byte, opts crypto.Sig
 		h := opts.HashFunc()
 		prefix, ok := digestInfoPrefix(h)
 		if !ok {
-			return nil, fmt.Errorf("group: RSA PKCS#1 v1.5 with hash %v not supported", h)
+			return nil, fmt.Errorf("signer: RSA PKCS#1 v1.5 with hash %v not supported", h)
 		}
 		if h != 0 && len(digest) != h.Size() {
-			return nil, fmt.Errorf("group: digest of %d bytes for %v", len(digest), h)
+			return nil, fmt.Errorf("signer: digest of %d bytes for %v", len(digest), h)
 		}
 		return s.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil), s.priv, append(append([]byte(nil), prefix...), digest...))
 	case ed25519.PublicKey:
 		if opts.HashFunc() != 0 {
-			return nil, errors.New("group: Ed25519 signs the message itself: opts.HashFunc() must be 0 (Ed25519ph is not supported)")
+			return nil, errors.New("signer: Ed25519 signs the message itself: opts.HashFunc() must be 0 (Ed25519ph is not supported)")
 		}
 		return s.g.Sign(ctx, pkcs11.NewMechanism(slot.CKMEdDSA, nil), s.priv, digest)
 	}
-	return nil, fmt.Errorf("group: unsupported public key %T", s.pub)
+	return nil, fmt.Errorf("signer: unsupported public key %T", s.pub)
 }
 
 func (s *Signer) signPSS(ctx context.Context, pub *rsa.PublicKey, digest []byte, opts *rsa.PSSOptions) ([]byte, error) {
 	h := opts.Hash
 	hmech, hmgf, ok := hashMechs(h)
 	if !ok {
-		return nil, fmt.Errorf("group: RSA-PSS with hash %v not supported", h)
+		return nil, fmt.Errorf("signer: RSA-PSS with hash %v not supported", h)
 	}
 	if len(digest) != h.Size() {
-		return nil, fmt.Errorf("group: digest of %d bytes for %v", len(digest), h)
+		return nil, fmt.Errorf("signer: digest of %d bytes for %v", len(digest), h)
 	}
 	salt := opts.SaltLength
 	switch salt {
@@ -250,7 +253,7 @@ func (s *Signer) signPSS(ctx context.Context, pub *rsa.PublicKey, digest []byte,
 		salt = h.Size()
 	}
 	if salt < 0 {
-		return nil, fmt.Errorf("group: RSA-PSS salt length %d", opts.SaltLength)
+		return nil, fmt.Errorf("signer: RSA-PSS salt length %d", opts.SaltLength)
 	}
 	params := pkcs11.NewPSSParams(hmech, hmgf, uint(salt))
 	return s.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_PSS, params), s.priv, digest)
@@ -265,7 +268,7 @@ func (s *Signer) Decrypt(_ io.Reader, msg []byte, opts crypto.DecrypterOpts) ([]
 // DecryptContext is Decrypt with a context.
 func (s *Signer) DecryptContext(ctx context.Context, msg []byte, opts crypto.DecrypterOpts) ([]byte, error) {
 	if _, ok := s.pub.(*rsa.PublicKey); !ok {
-		return nil, fmt.Errorf("group: Decrypt needs an RSA key, have %T", s.pub)
+		return nil, fmt.Errorf("signer: Decrypt needs an RSA key, have %T", s.pub)
 	}
 	switch o := opts.(type) {
 	case *rsa.OAEPOptions:
@@ -276,14 +279,14 @@ func (s *Signer) DecryptContext(ctx context.Context, msg []byte, opts crypto.Dec
 		hmech, _, ok := hashMechs(o.Hash)
 		_, mgf, ok2 := hashMechs(mgfHash)
 		if !ok || !ok2 {
-			return nil, fmt.Errorf("group: RSA-OAEP with hash %v / MGF %v not supported", o.Hash, mgfHash)
+			return nil, fmt.Errorf("signer: RSA-OAEP with hash %v / MGF %v not supported", o.Hash, mgfHash)
 		}
 		params := pkcs11.NewOAEPParams(hmech, mgf, pkcs11.CKZ_DATA_SPECIFIED, o.Label)
 		return s.g.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_OAEP, params), s.priv, msg)
 	case nil, *rsa.PKCS1v15DecryptOptions:
 		return s.g.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil), s.priv, msg)
 	}
-	return nil, fmt.Errorf("group: Decrypt options %T not supported", opts)
+	return nil, fmt.Errorf("signer: Decrypt options %T not supported", opts)
 }
 
 // digestInfoPrefix returns the DER DigestInfo header PKCS #1 v1.5 puts
