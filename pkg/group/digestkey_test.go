@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"testing"
 
+	"github.com/hagroup/hagroup/pkg/group/tokeninfo"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
@@ -69,31 +70,6 @@ func TestDigestKey(t *testing.T) {
 	}
 }
 
-// A group of members of different models reports hagroup's own identity:
-// no one token's quirks apply to it.
-func TestAgreedModel(t *testing.T) {
-	ctx := testContext(t)
-	soft, err := openDirect(t, takeTokens(t, 1)[0]).TokenInfo(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other := soft
-	other.Model = "Luna K7"
-	for _, c := range []struct {
-		name  string
-		infos []pkcs11.TokenInfo
-		want  [2]string
-	}{
-		{"one member", []pkcs11.TokenInfo{soft}, [2]string{soft.ManufacturerID, soft.Model}},
-		{"agreeing", []pkcs11.TokenInfo{soft, soft, soft}, [2]string{soft.ManufacturerID, soft.Model}},
-		{"another model", []pkcs11.TokenInfo{soft, other}, [2]string{MixedManufacturer, MixedModel}},
-	} {
-		if got := agreedModel(c.infos); got != c.want {
-			t.Errorf("%s: %q, want %q", c.name, got, c.want)
-		}
-	}
-}
-
 // While no member answers, the virtual token keeps the identity its
 // members last reported: it does not turn into another model mid-outage.
 func TestTokenModelDuringOutage(t *testing.T) {
@@ -104,7 +80,7 @@ func TestTokenModelDuringOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if before.ManufacturerID == MixedManufacturer {
+	if before.ManufacturerID == tokeninfo.MixedManufacturer {
 		t.Fatalf("manufacturer %q with every member answering, want the members'", before.ManufacturerID)
 	}
 	for _, tok := range f.toks {
@@ -117,7 +93,7 @@ func TestTokenModelDuringOutage(t *testing.T) {
 	if during.ManufacturerID != before.ManufacturerID || during.Model != before.Model {
 		t.Errorf("during the outage %q/%q, want %q/%q as before", during.ManufacturerID, during.Model, before.ManufacturerID, before.Model)
 	}
-	if during.FreePublicMemory != ckUnavailable {
+	if during.FreePublicMemory != tokeninfo.Unavailable {
 		t.Errorf("free memory %d during the outage: the members did answer", during.FreePublicMemory)
 	}
 }

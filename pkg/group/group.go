@@ -168,7 +168,7 @@ type Group struct {
 	epochs   atomic.Uint64             // epoch source shared by every member
 	width    atomic.Int64              // 1 + the highest member index in use
 	caps     sync.Map                  // member name → replica.WrapCapability (capability.go)
-	model    atomic.Pointer[[2]string] // token manufacturer and model last reported (tokenModel)
+	model    atomic.Pointer[[2]string] // token manufacturer and model last reported (TokenInfo)
 
 	events     EventSink
 	tombstones Tombstones
