@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -75,7 +76,7 @@ func (p *physical) OpenSession(ctx context.Context) (session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &physicalSession{ss: ss, d: group.NewDirectSession(ctx, ss)}, nil
+	return &physicalSession{ss: ss, d: opstate.NewDirect(ctx, ss)}, nil
 }
 
 func (p *physical) Close() error {
@@ -87,10 +88,10 @@ func (p *physical) Close() error {
 
 // physicalSession adapts a *slot.Session to the session interface: the only
 // work is converting handles. Its operations run through the same state
-// machine as a virtual slot's (group.DirectSession).
+// machine as a virtual slot's (opstate.Direct).
 type physicalSession struct {
 	ss *slot.Session
-	d  *group.DirectSession
+	d  *opstate.Direct
 }
 
 func oh(h uint) pkcs11.ObjectHandle { return pkcs11.ObjectHandle(h) }

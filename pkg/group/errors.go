@@ -90,12 +90,6 @@ var (
 	// ErrConflict: two different keys share the object's identity; the
 	// group refuses to guess which one is meant. CKR_GENERAL_ERROR.
 	ErrConflict = sentinel(pkcs11.CKR_GENERAL_ERROR, "duplicate identity with different key material")
-	// ErrOperationActive: an operation of that kind is already active in
-	// the session. CKR_OPERATION_ACTIVE.
-	ErrOperationActive = sentinel(pkcs11.CKR_OPERATION_ACTIVE, "operation active")
-	// ErrOperationNotInitialized: no operation of that kind is active.
-	// CKR_OPERATION_NOT_INITIALIZED.
-	ErrOperationNotInitialized = sentinel(pkcs11.CKR_OPERATION_NOT_INITIALIZED, "operation not initialized")
 	// ErrAlreadyLoggedIn: the virtual slot is already logged in as that
 	// user. CKR_USER_ALREADY_LOGGED_IN.
 	ErrAlreadyLoggedIn = sentinel(pkcs11.CKR_USER_ALREADY_LOGGED_IN, "already logged in")

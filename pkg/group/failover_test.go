@@ -15,6 +15,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
@@ -321,8 +322,8 @@ func TestMultiPartOnKilledMemberIsDeviceError(t *testing.T) {
 	if st := memberState(f.g, remote); st != member.Failed {
 		t.Errorf("killed member is %v, want failed", st)
 	}
-	if _, err := s.SignFinal(ctx); !errors.Is(err, ErrOperationNotInitialized) {
-		t.Errorf("SignFinal after the lost operation: %v, want ErrOperationNotInitialized", err)
+	if _, err := s.SignFinal(ctx); !errors.Is(err, opstate.ErrNotInitialized) {
+		t.Errorf("SignFinal after the lost operation: %v, want opstate.ErrNotInitialized", err)
 	}
 	// The application re-sends: the whole operation runs on a live member.
 	if err := s.SignInit(ctx, mech, key); err != nil {

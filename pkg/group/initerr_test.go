@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -22,11 +23,11 @@ type initSession interface {
 type bareSession struct{ ss *slot.Session }
 
 func (b bareSession) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return initOn(ctx, k, b.ss, mech, pkcs11.ObjectHandle(key))
+	return opstate.InitOn(ctx, k, b.ss, mech, pkcs11.ObjectHandle(key))
 }
 
 func (b bareSession) Do(ctx context.Context, k OpKind, st Step, in, sig []byte, _ Room) ([]byte, error) {
-	return stepOn(ctx, k, st, b.ss, in, sig, nil)
+	return opstate.StepOn(ctx, k, st, b.ss, in, sig, nil)
 }
 
 // initKeys are the keys of the sequence, as handles of the session's kind.

@@ -39,10 +39,10 @@ const maxProofs = 4096
 // label; miekg's *GCMParams …) that are the caller's only during its
 // Init, so such an Init is always sent when the application makes it.
 func proofKeyOf(k OpKind, op *operation) (proofKey, bool) {
-	if op.mech == nil || len(op.mech.Parameter) != 0 || hasGenerator(op.mech) {
+	if op.Mech == nil || len(op.Mech.Parameter) != 0 || hasGenerator(op.Mech) {
 		return proofKey{}, false
 	}
-	return proofKey{k: k, key: op.key, mech: op.mech.Mechanism}, true
+	return proofKey{k: k, key: op.At.key, mech: op.Mech.Mechanism}, true
 }
 
 // hasGenerator reports whether m's parameter is built from a Go value

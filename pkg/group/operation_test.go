@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
@@ -135,7 +136,7 @@ func TestBufferConvention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := NewDirectSession(ctx, ss)
+	d := opstate.NewDirect(ctx, ss)
 	defer d.Close()
 	hs, err := ss.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "mac")})
 	if err != nil || len(hs) != 1 {
@@ -160,15 +161,15 @@ func TestBufferConvention(t *testing.T) {
 			t.Fatalf("%s: length query: %d bytes, %v; want 32, nil", kind, len(q), err)
 		}
 		short, err := dos[kind](Room(31))
-		if !errors.Is(err, ErrBufferTooSmall) || len(short) != 32 {
-			t.Fatalf("%s: a 31-byte buffer: %d bytes, %v; want 32, ErrBufferTooSmall", kind, len(short), err)
+		if !errors.Is(err, opstate.ErrBufferTooSmall) || len(short) != 32 {
+			t.Fatalf("%s: a 31-byte buffer: %d bytes, %v; want 32, opstate.ErrBufferTooSmall", kind, len(short), err)
 		}
 		mac, err := dos[kind](Room(32))
 		if err != nil || !bytes.Equal(mac, q) {
 			t.Fatalf("%s: the delivery %x, %v; want the queried %x", kind, mac, err, q)
 		}
-		if _, err := dos[kind](RoomAny); !errors.Is(err, ErrOperationNotInitialized) {
-			t.Errorf("%s: Sign after the delivery: %v, want ErrOperationNotInitialized", kind, err)
+		if _, err := dos[kind](RoomAny); !errors.Is(err, opstate.ErrNotInitialized) {
+			t.Errorf("%s: Sign after the delivery: %v, want opstate.ErrNotInitialized", kind, err)
 		}
 		macs = append(macs, mac)
 	}
@@ -207,7 +208,7 @@ func TestBufferConvention(t *testing.T) {
 	if _, err := s.Do(ctx, OpDecrypt, StepFinal, nil, nil, Room(0)); err != nil {
 		t.Fatalf("DecryptFinal into no room: %v", err)
 	}
-	if _, err := s.DecryptFinal(ctx); !errors.Is(err, ErrOperationNotInitialized) {
-		t.Errorf("DecryptFinal after the delivery: %v, want ErrOperationNotInitialized", err)
+	if _, err := s.DecryptFinal(ctx); !errors.Is(err, opstate.ErrNotInitialized) {
+		t.Errorf("DecryptFinal after the delivery: %v, want opstate.ErrNotInitialized", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -35,7 +36,7 @@ type Session struct {
 	closed  bool
 	lost    bool          // closed because every member failed (activeBasic)
 	phys    []physSession // by member index; grows with the group
-	ops     opTable
+	ops     opstate.Table[placement, vobject]
 	objects map[ObjectHandle]*vobject // session objects made in this session
 }
 
@@ -134,7 +135,7 @@ func (s *Session) close() bool {
 		return false
 	}
 	s.closed = true
-	s.ops.endAll(s)
+	s.ops.EndAll((*opRunner)(s))
 	for _, o := range s.objects {
 		s.g.objs.remove(o)
 	}
@@ -499,7 +500,7 @@ func (g *Group) LoggedIn() (userType uint, ok bool) {
 	return uint(ut), true
 }
 
-// ---- operations: the virtual session's runner for opTable ----
+// ---- operations: the virtual session's runner for opstate.Table ----
 
 // Init starts operation k (C_SignInit …) with mech and key (0 for a
 // digest). The Init is sent to a member now, so that its answer
@@ -509,36 +510,36 @@ func (g *Group) LoggedIn() (userType uint, ok bool) {
 // initProofs): then the first data call sends it, on the member the
 // scheduler picks then.
 func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	op := &operation{mech: mech}
+	op := &operation{Mech: mech}
 	if k != OpDigest {
 		var err error
-		if op.key, err = s.g.key(opNames[k]+"Init", key, argOpKey); err != nil {
+		if op.At.key, err = s.g.key(k.String()+"Init", key, argOpKey); err != nil {
 			return err
 		}
-		if err := usable(opNames[k]+"Init", []*vobject{op.key}); err != nil {
+		if err := usable(k.String()+"Init", []*vobject{op.At.key}); err != nil {
 			return err
 		}
 	}
-	return s.withOps(opNames[k]+"Init", func() error { return s.ops.init(ctx, s, k, op) })
+	return s.withOps(k.String()+"Init", func() error { return s.ops.Init(ctx, (*opRunner)(s), k, op) })
 }
 
 // Cancel ends operation k without a result (C_SignInit with a NULL
 // mechanism …).
 func (s *Session) Cancel(k OpKind) error {
-	return s.withOps(opNames[k]+"Init", func() error { return s.ops.cancel(s, k) })
+	return s.withOps(k.String()+"Init", func() error { return s.ops.Cancel((*opRunner)(s), k) })
 }
 
 // Do runs step st of operation k with in (and sig, for a verification's
 // single part and Final) and returns its output, within room: a length
 // query (RoomQuery) or a short buffer keeps the output and the operation
 // for the next call of the same step with the same input (then the error
-// is nil, or ErrBufferTooSmall), as PKCS#11's buffer convention says. A
+// is nil, or opstate.ErrBufferTooSmall), as PKCS#11's buffer convention says. A
 // single-part step and a Final end the operation, and so does any error
-// but ErrBufferTooSmall.
+// but opstate.ErrBufferTooSmall.
 func (s *Session) Do(ctx context.Context, k OpKind, st Step, in, sig []byte, room Room) ([]byte, error) {
 	var out []byte
-	err := s.withOps(st.name(k), func() (err error) {
-		out, err = s.ops.do(ctx, s, k, st, in, sig, nil, room)
+	err := s.withOps(st.Name(k), func() (err error) {
+		out, err = s.ops.Do(ctx, (*opRunner)(s), k, st, in, sig, nil, room)
 		return err
 	})
 	return out, err
@@ -559,32 +560,48 @@ func (s *Session) withOps(op string, fn func() error) error {
 	return fn()
 }
 
-// start implements runner: the Init goes to a member now, unless proven.
+// opRunner is a Session as its opstate.Table's Runner (kept off the
+// Session API).
+type opRunner Session
+
+func (r *opRunner) Start(ctx context.Context, k OpKind, op *operation) error {
+	return (*Session)(r).start(ctx, k, op)
+}
+
+func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vobject) ([]byte, error) {
+	return (*Session)(r).run(ctx, k, op, st, in, sig, with)
+}
+
+func (r *opRunner) Stop(k OpKind, op *operation, live bool) { (*Session)(r).stop(k, op, live) }
+
+func (r *opRunner) Code(err error) uint { return CodeOf(err) }
+
+// start is the Runner's Start: the Init goes to a member now, unless proven.
 func (s *Session) start(ctx context.Context, k OpKind, op *operation) error {
 	if s.g.proven(k, op) {
 		return nil
 	}
 	changes := s.g.changes.Load()
-	_, err := s.place(ctx, k, op, opNames[k]+"Init", 0, nil, nil, nil)
+	_, err := s.place(ctx, k, op, k.String()+"Init", 0, nil, nil, nil)
 	if err == nil {
 		s.g.record(k, op, changes)
 	}
 	return err
 }
 
-// stop implements runner: the operation's member session is closed, which
+// stop is the Runner's Stop: the operation's member session is closed, which
 // ends whatever the member still holds of it.
 func (s *Session) stop(_ OpKind, op *operation, _ bool) {
-	if op.ps != nil {
-		op.ps.Close()
+	if op.At.ps != nil {
+		op.At.ps.Close()
 	}
-	if op.started {
-		op.m.Unpin()
+	if op.Started {
+		op.At.m.Unpin()
 	}
-	op.m, op.ps, op.started = nil, nil, false
+	op.At.m, op.At.ps, op.Started = nil, nil, false
 }
 
-// run implements runner. A placed operation runs on its member; before
+// run is the Runner's Run. A placed operation runs on its member; before
 // any Update was accepted there nothing is committed, so a member that
 // fails for a health reason (or left) passes the operation on: the Init
 // is sent again, with its kept parameters, on the next member, then this
@@ -593,18 +610,18 @@ func (s *Session) stop(_ OpKind, op *operation, _ bool) {
 // application must start again. A deferred operation (proven Init) is
 // placed now, or, for a single-part step, run in one call from the
 // members' session pools.
-func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *withObject) ([]byte, error) {
-	opName := st.name(k)
+func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vobject) ([]byte, error) {
+	opName := st.Name(k)
 	if with != nil {
 		opName = "DigestKey"
 	}
 	fn := func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error) {
-		return stepOn(ctx, k, st, ps, in, sig, wh)
+		return opstate.StepOn(ctx, k, st, ps, in, sig, wh)
 	}
 	var skip memberSet
 	var prior []suspect
-	if m := op.m; m != nil {
-		if m.State().Serving() && m.Epoch() == op.epoch {
+	if m := op.At.m; m != nil {
+		if m.State().Serving() && m.Epoch() == op.At.epoch {
 			out, class, fail, err := s.onMember(ctx, op, with, fn)
 			switch {
 			case err == nil:
@@ -612,11 +629,11 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 				return out, nil
 			case class != slot.ClassHealth || ctx.Err() != nil:
 				return nil, opErr(opName, m.Name(), err)
-			case op.started && slot.Ambiguous(err):
+			case op.Started && slot.Ambiguous(err):
 				// Pinned: no other member can serve the same request, so
 				// the rule makes it the token's answer, and m stays.
 				return nil, opErr(opName, m.Name(), err)
-			case op.started:
+			case op.Started:
 				s.g.failMember(m, err)
 				return nil, wrap(ErrMemberLost, opName, m.Name(), err)
 			case slot.Ambiguous(err):
@@ -626,13 +643,13 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 				s.g.failMember(m, err)
 			}
 			m.AddFailover()
-		} else if op.started {
+		} else if op.Started {
 			return nil, wrap(ErrMemberLost, opName, m.Name(), nil)
 		}
 		skip.add(m.Index())
 		s.stop(k, op, true)
 	} else if st == StepSingle {
-		return s.g.single(ctx, k, op.mech, op.key, in, sig)
+		return s.g.single(ctx, k, op.Mech, op.At.key, in, sig)
 	}
 	out, err := s.place(ctx, k, op, opName, skip, prior, with, fn)
 	if err == nil {
@@ -644,19 +661,19 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 // started records that an Update was accepted: the operation is pinned
 // to its member from now on.
 func (s *Session) started(op *operation, st Step) {
-	if st == StepUpdate && !op.started && op.m != nil {
-		op.started = true
-		op.m.Pin()
+	if st == StepUpdate && !op.Started && op.At.m != nil {
+		op.Started = true
+		op.At.m.Pin()
 	}
 }
 
 // onMember runs fn on the operation's member session, with resolved on
 // that member.
-func (s *Session) onMember(ctx context.Context, op *operation, with *withObject,
+func (s *Session) onMember(ctx context.Context, op *operation, with *vobject,
 	fn func(*slot.Session, *pkcs11.ObjectHandle) ([]byte, error)) ([]byte, slot.Class, bool, error) {
 	var wh *pkcs11.ObjectHandle
 	if with != nil {
-		h, err := s.g.resolveHeld(ctx, "DigestKey", with.o, op.m)
+		h, err := s.g.resolveHeld(ctx, "DigestKey", with, op.At.m)
 		switch {
 		case errors.Is(err, ErrKeyHandle), errors.Is(err, ErrObjectHandle):
 			// Nothing reached the member: its operation goes on, as a
@@ -668,8 +685,8 @@ func (s *Session) onMember(ctx context.Context, op *operation, with *withObject,
 		wh = &h
 	}
 	var out []byte
-	class, fail, err := s.g.measure(ctx, op.m, func() (err error) {
-		out, err = fn(op.ps, wh)
+	class, fail, err := s.g.measure(ctx, op.At.m, func() (err error) {
+		out, err = fn(op.At.ps, wh)
 		return err
 	})
 	return out, class, fail, err
@@ -683,13 +700,13 @@ type stepFn func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error)
 // the group's failover (exec): members in skip, and those that do not
 // hold the objects, are passed over. On success op runs on that member
 // from now on.
-func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *withObject, fn stepFn) ([]byte, error) {
+func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *vobject, fn stepFn) ([]byte, error) {
 	var objs []*vobject // the operation's key, then with's object
-	if op.key != nil {
-		objs = append(objs, op.key)
+	if op.At.key != nil {
+		objs = append(objs, op.At.key)
 	}
 	if with != nil {
-		objs = append(objs, with.o)
+		objs = append(objs, with)
 	}
 	next := func(tried memberSet) *member.Member { return s.g.pick(tried | skip) }
 	var out []byte
@@ -697,7 +714,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 	var ep uint64
 	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next, prior: prior}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		var kh pkcs11.ObjectHandle
-		if op.key != nil {
+		if op.At.key != nil {
 			kh = hs[0]
 		}
 		var wh *pkcs11.ObjectHandle
@@ -708,7 +725,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 		if ps, err = sl.OpenSession(ctx); err != nil {
 			return err
 		}
-		if err = initOn(ctx, k, ps, op.mech, kh); err == nil && fn != nil {
+		if err = opstate.InitOn(ctx, k, ps, op.Mech, kh); err == nil && fn != nil {
 			out, err = fn(ps, wh)
 		}
 		if err != nil {
@@ -720,16 +737,8 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 	if err != nil {
 		return nil, err
 	}
-	op.m, op.ps, op.epoch = m, ps, ep
+	op.At.m, op.At.ps, op.At.epoch = m, ps, ep
 	return out, nil
-}
-
-// object returns w's virtual object; nil for no w.
-func (w *withObject) object() *vobject {
-	if w == nil {
-		return nil
-	}
-	return w.o
 }
 
 // single runs a single-part operation whose Init was proven in one call
@@ -862,7 +871,7 @@ func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
 		return wrap(ErrKeyHandle, "DigestKey", "", nil)
 	}
 	return s.withOps("DigestKey", func() error {
-		_, err := s.ops.do(ctx, s, OpDigest, StepUpdate, nil, nil, &withObject{o: o}, RoomAny)
+		_, err := s.ops.Do(ctx, (*opRunner)(s), OpDigest, StepUpdate, nil, nil, o, RoomAny)
 		return err
 	})
 }
