@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
@@ -23,36 +21,6 @@ import (
 // whatever its token makes. What each member can hold is probed when it
 // joins or is re-opened (replica.ProbeWrap) and cached here.
 
-// keygenKinds is the kind of key each generation mechanism makes (the
-// private half, for a key pair).
-var keygenKinds = map[uint]replica.Kind{
-	pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN:  {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_RSA},
-	pkcs11.CKM_RSA_X9_31_KEY_PAIR_GEN: {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_RSA},
-	pkcs11.CKM_EC_KEY_PAIR_GEN:        {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC},
-	slot.CKMECEdwardsKeyPairGen:       {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: slot.CKKECEdwards},
-	slot.CKMECMontgomeryKeyPairGen:    {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: slot.CKKECMontgomery},
-	pkcs11.CKM_DSA_KEY_PAIR_GEN:       {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_DSA},
-	pkcs11.CKM_DH_PKCS_KEY_PAIR_GEN:   {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_DH},
-	pkcs11.CKM_GOSTR3410_KEY_PAIR_GEN: {Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_GOSTR3410},
-	pkcs11.CKM_AES_KEY_GEN:            {Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_AES},
-	pkcs11.CKM_GENERIC_SECRET_KEY_GEN: {Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_GENERIC_SECRET},
-	pkcs11.CKM_DES_KEY_GEN:            {Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_DES},
-	pkcs11.CKM_DES2_KEY_GEN:           {Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_DES2},
-	pkcs11.CKM_DES3_KEY_GEN:           {Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_DES3},
-	pkcs11.CKM_GOST28147_KEY_GEN:      {Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_GOST28147},
-}
-
-// Refusal is why one member cannot hold a kind of key.
-type Refusal struct {
-	Member string
-	Kind   replica.Kind
-	Err    error
-}
-
-func (r Refusal) Error() string {
-	return fmt.Sprintf("member %s cannot hold %ss made through the group: %v", r.Member, r.Kind, r.Err)
-}
-
 // probeCapability finds out which kinds of key m's token can wrap and
 // unwrap (mechs is its mechanism list) and caches the answer; a change is
 // reported once with a KeysUnholdable event naming the kinds. A member
@@ -66,30 +34,15 @@ func (g *Group) probeCapability(ctx context.Context, m *member.Member, mechs []u
 		return err
 	}
 	old, seen := g.caps.Swap(m.Name(), c)
-	if seen && sameCapability(old.(replica.WrapCapability), c) {
+	if seen && old.(replica.WrapCapability).Same(c) {
 		return nil
 	}
-	if names, why := refusedKinds(c); c.Mechanism && len(names) > 0 {
+	if names, why := c.Explain(); c.Mechanism && names != "" {
 		g.emit(Event{Kind: KeysUnholdable, Member: m.Name(), Err: fmt.Errorf(
 			"member %s cannot hold %s: %s; while it serves with another member the group makes no such key and does not offer the mechanisms that generate them",
-			m.Name(), strings.Join(names, ", "), why)})
+			m.Name(), names, why)})
 	}
 	return nil
-}
-
-func sameCapability(a, b replica.WrapCapability) bool {
-	return a.Mechanism == b.Mechanism && slices.Equal(a.Unholdable(), b.Unholdable())
-}
-
-// refusedKinds names the kinds c refused and why the first was.
-func refusedKinds(c replica.WrapCapability) (names []string, why string) {
-	for _, k := range c.Unholdable() {
-		names = append(names, k.String()+"s")
-		if why == "" {
-			why = c.Holds(k).Error()
-		}
-	}
-	return names, why
 }
 
 // capability is what m was last probed to hold; a member not probed yet is
@@ -106,15 +59,15 @@ func (g *Group) capability(m *member.Member) replica.WrapCapability {
 // Every member is asked to both send and receive the kind, whichever is
 // primary: the primary changes with every failover, and a key a member
 // could not send would not reach a member that comes back.
-func (g *Group) cannotHold(k replica.Kind) []Refusal {
+func (g *Group) cannotHold(k replica.Kind) []replica.Refusal {
 	ms := g.serving()
 	if len(ms) < 2 || !k.Wrapped() {
 		return nil
 	}
-	var out []Refusal
+	var out []replica.Refusal
 	for _, m := range ms {
 		if err := g.capability(m).Holds(k); err != nil {
-			out = append(out, Refusal{Member: m.Name(), Kind: k, Err: err})
+			out = append(out, replica.Refusal{Member: m.Name(), Kind: k, Err: err})
 		}
 	}
 	return out
@@ -123,7 +76,7 @@ func (g *Group) cannotHold(k replica.Kind) []Refusal {
 // offered reports whether the virtual slot offers mech: every mechanism
 // but one that generates keys some serving member cannot hold.
 func (g *Group) offered(mech uint) bool {
-	k, ok := keygenKinds[mech]
+	k, ok := replica.GeneratedKind(mech)
 	return !ok || len(g.cannotHold(k)) == 0
 }
 
@@ -142,7 +95,7 @@ func kindOf(in intent, inputs []*vobject) replica.Kind {
 	if !in.classKnown {
 		k.Class = replica.ClassUnknownKey
 	}
-	switch gk, gen := keygenKinds[in.genMech]; {
+	switch gk, gen := replica.GeneratedKind(in.genMech); {
 	case attrIndex(in.tmpl, pkcs11.CKA_KEY_TYPE) >= 0:
 		k.KeyType = ulong(in.tmpl[attrIndex(in.tmpl, pkcs11.CKA_KEY_TYPE)].Value)
 	case gen && in.genMech != 0:
@@ -160,7 +113,7 @@ func kindOf(in intent, inputs []*vobject) replica.Kind {
 // the mechanism), CKR_TEMPLATE_INCONSISTENT for the others (the kind the
 // template asks for cannot be made here). Neither is charged to a member.
 func (g *Group) checkHold(op string, ins []intent, inputs []*vobject) error {
-	var refused []Refusal
+	var refused []replica.Refusal
 	for _, in := range ins {
 		refused = append(refused, g.cannotHold(kindOf(in, inputs))...)
 	}
@@ -169,7 +122,7 @@ func (g *Group) checkHold(op string, ins []intent, inputs []*vobject) error {
 
 // refuse reports each refusal and returns the error of op, or nil when
 // there is none.
-func (g *Group) refuse(op string, refused []Refusal) error {
+func (g *Group) refuse(op string, refused []replica.Refusal) error {
 	if len(refused) == 0 {
 		return nil
 	}
@@ -180,24 +133,19 @@ func (g *Group) refuse(op string, refused []Refusal) error {
 	if op == "GenerateKey" || op == "GenerateKeyPair" {
 		code = pkcs11.CKR_MECHANISM_INVALID
 	}
-	return &Error{Code: code, Op: op, Member: refused[0].Member, Err: errors.Join(errs(refused)...),
+	return &Error{Code: code, Op: op, Member: refused[0].Member, Err: replica.Refusals(refused),
 		msg: "every serving member must hold an object made through the group"}
 }
 
-// Refusals is the error of a replication that a target could not take.
-type Refusals []Refusal
-
-func (rs Refusals) Error() string { return errors.Join(errs(rs)...).Error() }
-
 // targetsCannotHold returns the refusals of targets (or of the source p)
 // that cannot hold what ms holds, nil when every target can.
-func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms []made) Refusals {
-	var out Refusals
+func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms []made) replica.Refusals {
+	var out replica.Refusals
 	for _, m := range append([]*member.Member{p}, targets...) {
 		for _, o := range ms {
-			k := kindOfObject(o.obj)
+			k := o.obj.Kind()
 			if err := g.capability(m).Holds(k); err != nil {
-				out = append(out, Refusal{Member: m.Name(), Kind: k, Err: err})
+				out = append(out, replica.Refusal{Member: m.Name(), Kind: k, Err: err})
 			}
 		}
 	}
@@ -207,26 +155,14 @@ func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms
 // targetsRefused returns the refusals among the copies' errors: a target
 // answering its copy with a request error (not a health failure, not an
 // ambiguous answer) will not take the object at all.
-func targetsRefused(targets []*member.Member, errs []error, ms []made, failedAt []int) Refusals {
-	var out Refusals
+func targetsRefused(targets []*member.Member, errs []error, ms []made, failedAt []int) replica.Refusals {
+	var out replica.Refusals
 	for i, t := range targets {
 		var se *slot.Error
 		if err := errs[i]; err != nil && errors.As(err, &se) && se.Member == t.Name() &&
 			slot.ClassOf(err) == slot.ClassRequest && !slot.Ambiguous(err) {
-			out = append(out, Refusal{Member: t.Name(), Kind: kindOfObject(ms[failedAt[i]].obj), Err: err})
+			out = append(out, replica.Refusal{Member: t.Name(), Kind: ms[failedAt[i]].obj.Kind(), Err: err})
 		}
-	}
-	return out
-}
-
-func kindOfObject(o replica.Object) replica.Kind {
-	return replica.Kind{Class: o.Class, KeyType: o.KeyType}
-}
-
-func errs(rs []Refusal) []error {
-	out := make([]error, len(rs))
-	for i, r := range rs {
-		out[i] = r
 	}
 	return out
 }

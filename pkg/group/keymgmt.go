@@ -262,7 +262,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		vs[i] = o
 	}
 	if err := g.replicate(ctx, s, p, ms, vs); err != nil {
-		var rs Refusals
+		var rs replica.Refusals
 		if errors.As(err, &rs) {
 			err = g.refuse(op, rs)
 		}

@@ -479,7 +479,7 @@ func TestTokenInfoSynthesised(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := slices.DeleteFunc(slices.Clone(own), func(m uint) bool {
-		k, gen := keygenKinds[m]
+		k, gen := replica.GeneratedKind(m)
 		return gen && len(f.g.cannotHold(k)) > 0
 	})
 	if !slices.Equal(mechs, want) || slices.IsSorted(own) {
