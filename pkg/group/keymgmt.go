@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/group/leftover"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
@@ -24,7 +25,7 @@ import (
 // event says why; the call succeeds while the primary holds the object.
 // The primary is chosen, and failed over, by exec (attempt.go): a creation
 // that has changed no member moves to the next primary, and one that
-// failed leaves nothing on the member (makeOn, leftovers).
+// failed leaves nothing on the member (makeOn, pkg/group/leftover).
 //
 // Identity must be unique among token objects: an object made with the
 // CKA_CLASS, CKA_KEY_TYPE, CKA_ID and CKA_LABEL of an existing one is
@@ -335,7 +336,7 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 
 // makeOn runs do, a creation on member slot sl (target: sl or this
 // session's physical session there), and leaves nothing behind when it
-// fails (see leftovers). One ambiguous answer (CKR_GENERAL_ERROR:
+// fails (see pkg/group/leftover). One ambiguous answer (CKR_GENERAL_ERROR:
 // SoftHSM 2.6's now and then to a creation that overlaps another on the
 // token) is tried again once the member holds nothing of it. A failure
 // after which the member may keep a key of its own making (it did not
@@ -345,9 +346,9 @@ func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
 // was already gone) made nothing, and the generation fails over. Other creations (an import, an unwrap, a derivation, a copy) make
 // the same object wherever they run, so exec may try them on the next
 // member.
-func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left leftovers,
+func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left leftover.Searches,
 	do func() ([]pkcs11.ObjectHandle, error)) ([]pkcs11.ObjectHandle, error) {
-	if err := left.snapshot(ctx, sl); err != nil {
+	if err := left.Snapshot(ctx, sl); err != nil {
 		return nil, err
 	}
 	for again := false; ; again = true {
@@ -359,7 +360,7 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left 
 		// member that did not answer is not asked again: what it may hold
 		// stays unknown.
 		clean := errors.Is(err, slot.ErrNotSent) ||
-			!errors.Is(err, slot.ErrTimeout) && left.remove(context.WithoutCancel(ctx), sl, target)
+			!errors.Is(err, slot.ErrTimeout) && left.Remove(context.WithoutCancel(ctx), sl, target)
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
 			return nil, err
