@@ -108,6 +108,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
@@ -207,7 +208,7 @@ type Group struct {
 	changes atomic.Uint64                       // objects made, destroyed or changed
 
 	objs   objectTable
-	proofs initProofs // Inits the members accepted (initproof.go)
+	proofs opstate.Proofs[proofKey] // Inits the members accepted (initproof.go)
 
 	marks *marks // behind marks on the members (groupstate.go)
 

@@ -33,7 +33,7 @@ const (
 
 // placement is where a virtual session runs an operation: the key its
 // Init named, and the member and member session it went to (nil while
-// deferred: see initProofs).
+// deferred: see opstate.Proofs).
 type placement struct {
 	key   *vobject       // nil for a digest
 	m     *member.Member // the member its Init went to

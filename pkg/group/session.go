@@ -316,7 +316,7 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 		g.appPIN = pin.Clone()
 	}
 	g.userType.Store(int64(userType))
-	g.forgetProofs()
+	g.proofs.Forget()
 	for _, m := range g.view().members {
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
@@ -468,7 +468,7 @@ func (g *Group) Logout(ctx context.Context) error {
 		return wrap(ErrNotLoggedIn, "Logout", "", nil)
 	}
 	g.userType.Store(-1)
-	g.forgetProofs()
+	g.proofs.Forget()
 	g.appPIN.Zero()
 	g.appPIN = secret.PIN{}
 	var wg sync.WaitGroup
@@ -507,7 +507,7 @@ func (g *Group) LoggedIn() (userType uint, ok bool) {
 // (CKR_KEY_SIZE_RANGE, CKR_MECHANISM_PARAM_INVALID …) is the call's, as on
 // a bare token; a member that fails for a health reason passes it on to
 // the next. It is not sent when the same Init was accepted before (see
-// initProofs): then the first data call sends it, on the member the
+// opstate.Proofs): then the first data call sends it, on the member the
 // scheduler picks then.
 func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
 	op := &operation{Mech: mech}
@@ -578,13 +578,14 @@ func (r *opRunner) Code(err error) uint { return CodeOf(err) }
 
 // start is the Runner's Start: the Init goes to a member now, unless proven.
 func (s *Session) start(ctx context.Context, k OpKind, op *operation) error {
-	if s.g.proven(k, op) {
+	pk, provable := proofKeyOf(k, op)
+	changes := s.g.changes.Load()
+	if provable && s.g.proofs.Proven(pk, changes) {
 		return nil
 	}
-	changes := s.g.changes.Load()
 	_, err := s.place(ctx, k, op, k.String()+"Init", 0, nil, nil, nil)
-	if err == nil {
-		s.g.record(k, op, changes)
+	if err == nil && provable {
+		s.g.proofs.Record(pk, changes)
 	}
 	return err
 }
