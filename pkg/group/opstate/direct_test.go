@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
-	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -27,13 +26,7 @@ func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 4)) }
 func TestDirectOnAToken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	tok := testhsm.Take(t, 1)[0]
-	sl, err := slot.Open(ctx, slot.Spec{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label,
-		PIN: secret.PINFromString(tok.UserPIN), CommandTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sl.Close()
+	sl := testhsm.Take(t, 1)[0].Open(t)
 	ss, err := sl.OpenSession(ctx)
 	if err != nil {
 		t.Fatal(err)
