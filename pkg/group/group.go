@@ -12,8 +12,8 @@
 // The API has the shape of PKCS#11 so that a C module can sit on it:
 // virtual session and object handles are uints, stable for the life of the
 // process; templates are []*pkcs11.Attribute; every error carries a CKR
-// code (CodeOf). Go programs use the same engine, and Signer for a
-// crypto.Signer that survives failovers.
+// code (CodeOf). Go programs use the same engine, and pkg/group/signer
+// for a crypto.Signer that survives failovers.
 //
 // Rules the engine keeps, beyond the scheduling above:
 //

@@ -27,9 +27,6 @@ func NewDirect(ctx context.Context, ss *slot.Session) *Direct {
 	return &Direct{ctx: ctx, ss: ss}
 }
 
-// Slot returns the token session, for the calls that are no operation.
-func (d *Direct) Slot() *slot.Session { return d.ss }
-
 // Init sends operation k's Init to the token (C_SignInit …): its answer is
 // the call's.
 func (d *Direct) Init(ctx context.Context, k Kind, mech *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
