@@ -444,15 +444,7 @@ func (g *Group) Status() Status {
 func (g *Group) Close() error {
 	g.closeOnce.Do(func() {
 		g.gate.close()
-		g.sessMu.Lock()
-		sessions := make([]*Session, 0, len(g.sessions))
-		for _, s := range g.sessions {
-			sessions = append(sessions, s)
-		}
-		g.sessMu.Unlock()
-		for _, s := range sessions {
-			s.close()
-		}
+		g.CloseAllSessions()
 		g.loginMu.Lock()
 		g.appPIN.Zero()
 		g.appPIN = secret.PIN{}

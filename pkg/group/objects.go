@@ -472,11 +472,23 @@ func (g *Group) conflict(o *vobject, m *member.Member, a, b []byte) {
 	}
 }
 
-// isDomainLabel reports whether the object is the group's own (its domain
-// key or group state on the members), hidden from the application.
-func isDomainLabel(class uint, label string) bool { return replica.Hidden(class, label) }
-
 var identityAttrs = []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL, pkcs11.CKA_TOKEN}
+
+// identityOn reads the identity and storage flag of h on s. ok is false
+// for an object destroyed meanwhile and for the group's own (its domain
+// key or group state on the members: replica.Hidden), which the
+// application never sees.
+func identityOn(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (id replica.Identity, token, ok bool, err error) {
+	attrs, err := s.GetAttributes(ctx, h, identityAttrs)
+	if err != nil {
+		if slot.ClassOf(err) == slot.ClassRequest {
+			return id, false, false, nil // destroyed meanwhile
+		}
+		return id, false, false, err
+	}
+	id, token = identityFrom(attrs)
+	return id, token, !replica.Hidden(id.Class, id.Label), nil
+}
 
 func identityFrom(attrs []slot.Attribute) (id replica.Identity, token bool) {
 	id.KeyType = replica.NoKeyType
@@ -647,15 +659,11 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 	byKey := map[string]*found{}
 	var out []ObjectHandle
 	for _, h := range hs {
-		attrs, err := s.GetAttributes(ctx, h, identityAttrs)
+		id, token, ok, err := identityOn(ctx, s, h)
 		if err != nil {
-			if slot.ClassOf(err) == slot.ClassRequest {
-				continue // destroyed meanwhile
-			}
 			return nil, err
 		}
-		id, token := identityFrom(attrs)
-		if isDomainLabel(id.Class, id.Label) {
+		if !ok {
 			continue
 		}
 		if !token {
@@ -856,18 +864,13 @@ func listIdentities(ctx context.Context, s *slot.Slot) ([]replica.Object, error)
 	}
 	out := make([]replica.Object, 0, len(hs))
 	for _, h := range hs {
-		attrs, err := s.GetAttributes(ctx, h, identityAttrs)
+		id, token, ok, err := identityOn(ctx, s, h)
 		if err != nil {
-			if slot.ClassOf(err) == slot.ClassRequest {
-				continue // destroyed meanwhile
-			}
 			return nil, err
 		}
-		id, token := identityFrom(attrs)
-		if isDomainLabel(id.Class, id.Label) {
-			continue
+		if ok {
+			out = append(out, replica.Object{Identity: id, Handle: h, Token: token})
 		}
-		out = append(out, replica.Object{Identity: id, Handle: h, Token: token})
 	}
 	return out, nil
 }
