@@ -77,15 +77,20 @@ func (g *Group) Session(h SessionHandle) (*Session, error) {
 
 // CloseAllSessions closes every virtual session.
 func (g *Group) CloseAllSessions() {
+	for _, s := range g.allSessions() {
+		s.close()
+	}
+}
+
+// allSessions returns the open virtual sessions.
+func (g *Group) allSessions() []*Session {
 	g.sessMu.Lock()
+	defer g.sessMu.Unlock()
 	all := make([]*Session, 0, len(g.sessions))
 	for _, s := range g.sessions {
 		all = append(all, s)
 	}
-	g.sessMu.Unlock()
-	for _, s := range all {
-		s.close()
-	}
+	return all
 }
 
 // Handle returns the session's virtual handle.
@@ -182,14 +187,8 @@ func (s *Session) physSession(ctx context.Context, m *member.Member) (*slot.Sess
 // dropPhysicalSessions forgets every virtual session's physical sessions
 // on m (called when m is re-opened: they died with it).
 func (g *Group) dropPhysicalSessions(m *member.Member) {
-	g.sessMu.Lock()
-	all := make([]*Session, 0, len(g.sessions))
-	for _, s := range g.sessions {
-		all = append(all, s)
-	}
-	g.sessMu.Unlock()
 	i := m.Index()
-	for _, s := range all {
+	for _, s := range g.allSessions() {
 		s.mu.Lock()
 		if i < len(s.phys) && s.phys[i].s != nil {
 			s.phys[i].s.Close()
