@@ -220,7 +220,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		if obj.Token && ms[i].in.explicitID {
 			var dup []pkcs11.ObjectHandle
 			if _, err := g.call(ctx, p, func() (err error) {
-				dup, err = p.Slot().FindObjects(ctx, identityTemplate(obj.Identity))
+				dup, err = p.Slot().FindObjects(ctx, replica.TokenTemplate(obj.Identity))
 				return err
 			}); err != nil {
 				undo()
@@ -920,7 +920,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vobject, m *member.Member)
 	}
 	var hs []pkcs11.ObjectHandle
 	if _, err := g.call(ctx, m, func() (err error) {
-		hs, err = m.Slot().FindObjects(ctx, identityTemplate(id))
+		hs, err = m.Slot().FindObjects(ctx, replica.TokenTemplate(id))
 		return err
 	}); err != nil {
 		g.copiesLeft(ctx, m, id, err)

@@ -342,29 +342,6 @@ func (a keyArg) bad() *Error {
 	return ErrObjectHandle
 }
 
-// identityTemplate finds exactly the token objects with identity id.
-func identityTemplate(id replica.Identity) []*pkcs11.Attribute {
-	t := []*pkcs11.Attribute{
-		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
-		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
-	}
-	if id.Class != pkcs11.CKO_DATA { // data objects have no CKA_ID: it would match nothing
-		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
-	}
-	if id.KeyType != replica.NoKeyType {
-		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
-	}
-	return t
-}
-
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
-}
-
 // resolve returns o's physical handle on m, looking it up by identity when
 // it is not known for m's current epoch. It returns errAbsent when m does
 // not hold the object, ErrConflict when m holds a different key under the
@@ -391,7 +368,7 @@ func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs
 		// findOn: a member whose login ended under the group would
 		// answer [] for a private object, and it would be taken as
 		// absent there (skipped by a destroy, which then leaves it).
-		hs, err = g.findOn(ctx, m, s, identityTemplate(id))
+		hs, err = g.findOn(ctx, m, s, replica.TokenTemplate(id))
 		return err
 	}); err != nil {
 		return 0, err
@@ -470,49 +447,6 @@ func (g *Group) conflict(o *vobject, m *member.Member, a, b []byte) {
 		g.emit(Event{Kind: ConflictFound, Member: m.Name(), Object: o.identity(), Fingerprint: a, Other: b,
 			Err: errors.New("two different keys share one identity; not used until resolved")})
 	}
-}
-
-var identityAttrs = []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL, pkcs11.CKA_TOKEN}
-
-// identityOn reads the identity and storage flag of h on s. ok is false
-// for an object destroyed meanwhile and for the group's own (its domain
-// key or group state on the members: replica.Hidden), which the
-// application never sees.
-func identityOn(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (id replica.Identity, token, ok bool, err error) {
-	attrs, err := s.GetAttributes(ctx, h, identityAttrs)
-	if err != nil {
-		if slot.ClassOf(err) == slot.ClassRequest {
-			return id, false, false, nil // destroyed meanwhile
-		}
-		return id, false, false, err
-	}
-	id, token = identityFrom(attrs)
-	return id, token, !replica.Hidden(id.Class, id.Label), nil
-}
-
-func identityFrom(attrs []slot.Attribute) (id replica.Identity, token bool) {
-	id.KeyType = replica.NoKeyType
-	for _, a := range attrs {
-		if a.Status != pkcs11.CKR_OK {
-			continue
-		}
-		switch a.Type {
-		case pkcs11.CKA_CLASS:
-			id.Class = ulong(a.Value)
-		case pkcs11.CKA_KEY_TYPE:
-			id.KeyType = ulong(a.Value)
-		case pkcs11.CKA_ID:
-			id.ID = slices.Clone(a.Value)
-		case pkcs11.CKA_LABEL:
-			id.Label = string(a.Value)
-		case pkcs11.CKA_TOKEN:
-			token = len(a.Value) > 0 && a.Value[0] != 0
-		}
-	}
-	if len(id.ID) == 0 {
-		id.ID = nil
-	}
-	return id, token
 }
 
 func ulong(b []byte) uint {
@@ -659,7 +593,7 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 	byKey := map[string]*found{}
 	var out []ObjectHandle
 	for _, h := range hs {
-		id, token, ok, err := identityOn(ctx, s, h)
+		id, token, ok, err := replica.ReadIdentity(ctx, s, h)
 		if err != nil {
 			return nil, err
 		}
@@ -751,7 +685,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 				if i == 0 {
 					lists[i], err = replica.List(ctx, m.Slot())
 				} else {
-					lists[i], err = listIdentities(ctx, m.Slot())
+					lists[i], err = replica.ListIdentities(ctx, m.Slot())
 				}
 				return err
 			})
@@ -851,26 +785,5 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 	}
 	out = append(out, sessionObjs...)
 	slices.Sort(out)
-	return out, nil
-}
-
-// listIdentities lists the objects on s the current login can see with
-// their identity and storage flags only (no key material): one FindObjects
-// and one GetAttributes per object. Domain keys are left out.
-func listIdentities(ctx context.Context, s *slot.Slot) ([]replica.Object, error) {
-	hs, err := s.FindObjects(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]replica.Object, 0, len(hs))
-	for _, h := range hs {
-		id, token, ok, err := identityOn(ctx, s, h)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			out = append(out, replica.Object{Identity: id, Handle: h, Token: token})
-		}
-	}
 	return out, nil
 }
