@@ -23,8 +23,8 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// poolSize tokens are made for the package; the last three (from
-// exampleFirstToken) are left to Example, which names them by label.
+// poolSize tokens are made for the package; the last three (tok-297 …
+// tok-299) are left to Example, which names them by label.
 const poolSize = 300
 
 func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, poolSize)) }
