@@ -83,7 +83,8 @@ type Group struct {
 	journal *tombstone.Journal // nil: tombstones in memory
 	tombErr error              // why the journal could not be opened
 
-	unwatch func() // stops reporting the group (Options.Report)
+	unwatch  func() // stops reporting the group (Options.Report)
+	unfollow func() // stops following the behind marks (followMarks)
 
 	mu  sync.Mutex // serialises Update, AddMember, RemoveMember, SetStandby
 	cfg config.Group
@@ -195,6 +196,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	snk.rec.Store(rec)
 	rec.Resume()
 	h.unwatch = opts.Report.Watch(gr)
+	h.unfollow = h.followMarks(s.Interval, s.CommandTimeout)
 	return h, nil
 }
 
@@ -605,6 +607,9 @@ func sameToken(a, b config.Member) bool {
 // Close stops recovery, closes the group (waiting for the work in flight)
 // and the journal.
 func (h *Group) Close() error {
+	if h.unfollow != nil {
+		h.unfollow()
+	}
 	if h.unwatch != nil {
 		h.unwatch()
 	}
