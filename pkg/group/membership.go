@@ -118,7 +118,6 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 	}
 	// Stale entries of a member that had this index before: forget them.
 	g.objs.purge(index)
-	g.noteLeft(mc.Name) // out of rotation from now until it is caught up
 	nr := r.clone()
 	nr.add(m, mc, spec)
 	g.roster.Store(nr)
@@ -449,28 +448,6 @@ func (g *Group) Unreplicated(name string) []Unreplicated {
 	}
 	slices.SortFunc(out, func(a, b Unreplicated) int { return a.Time.Compare(b.Time) })
 	return out
-}
-
-// MissedChanges returns how many objects were made, destroyed or changed
-// through this group since member name last left rotation, while it is
-// out (0 while it serves): a lower bound of what its recovery will have
-// to catch up.
-func (g *Group) MissedChanges(name string) uint64 {
-	m, ok := g.Member(name)
-	if !ok || m.State().Serving() {
-		return 0
-	}
-	g.skipMu.Lock()
-	at := g.leftAt[name] // 0 for a member down since the group opened
-	g.skipMu.Unlock()
-	return g.changes.Load() - at
-}
-
-// noteLeft records the change count when a member leaves rotation.
-func (g *Group) noteLeft(name string) {
-	g.skipMu.Lock()
-	g.leftAt[name] = g.changes.Load()
-	g.skipMu.Unlock()
 }
 
 // WriteMark returns a number that changes whenever an object is created,

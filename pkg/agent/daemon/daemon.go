@@ -82,7 +82,6 @@ type groupRun struct {
 
 	mu        sync.Mutex
 	outOfSync map[string]int // member → differences concerning it (last check)
-	lastSync  agent.SyncReport
 
 	recheck chan struct{} // a check is wanted soon (see pokeCheck)
 }
@@ -401,24 +400,29 @@ func (gr *groupRun) pokeCheck() {
 func (d *Daemon) syncCheck(ctx context.Context, gr *groupRun) {
 	eng := gr.engine()
 	start := time.Now()
-	rep, err := eng.Synchronize(ctx, agent.SyncRequest{Group: gr.cfg.Label, Check: true})
+	counts, err := eng.OutOfSync(ctx)
 	d.metrics.observe(gr.cfg.Label, "", "sync_check", time.Since(start))
 	if err != nil {
 		d.log.Debug("sync check", "group", gr.cfg.Label, "error", err)
 		return
 	}
-	d.recordSync(gr, rep)
+	d.recordSync(gr, counts)
 }
 
-func (d *Daemon) recordSync(gr *groupRun, rep agent.SyncReport) {
-	counts := rep.OutOfSync()
+// recordSync keeps a comparison's counts (Engine.OutOfSync) and emits
+// out_of_sync / in_sync when the group moves out of or back into sync.
+func (d *Daemon) recordSync(gr *groupRun, counts map[string]int) {
 	gr.mu.Lock()
 	wasInSync := len(gr.outOfSync) == 0
-	gr.outOfSync, gr.lastSync = counts, rep
+	gr.outOfSync = counts
 	gr.mu.Unlock()
 	switch {
 	case wasInSync && len(counts) > 0:
-		d.emit(agent.Event{Group: gr.cfg.Label, Event: "out_of_sync", Detail: fmt.Sprintf("%d difference(s)", len(rep.Differences))})
+		n := 0
+		for _, c := range counts {
+			n += c
+		}
+		d.emit(agent.Event{Group: gr.cfg.Label, Event: "out_of_sync", Detail: fmt.Sprintf("%d difference(s)", n)})
 	case !wasInSync && len(counts) == 0:
 		d.emit(agent.Event{Group: gr.cfg.Label, Event: "in_sync"})
 	}
@@ -602,13 +606,10 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 		rep.Differences = []agent.Difference{}
 	}
 	rep.Group = req.Group
-	if req.Check {
-		d.recordSync(gr, rep)
-	} else {
-		// Re-plan so needs-sync reflects what is left.
-		if after, err := eng.Synchronize(ctx, agent.SyncRequest{Group: req.Group, Check: true}); err == nil {
-			d.recordSync(gr, after)
-		}
+	// Compare again (the rule's counts are not on the wire), so the
+	// in_sync / out_of_sync events reflect what is left.
+	if counts, err := eng.OutOfSync(ctx); err == nil {
+		d.recordSync(gr, counts)
 	}
 	return rep, nil
 }

@@ -115,7 +115,7 @@ func (ge *groupEngine) onRecoverEvent(e recovery.Event) {
 
 // Status implements Engine.
 func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
-	st := ge.h.Status()
+	st := ge.h.Snapshot()
 	ge.mu.Lock()
 	defer ge.mu.Unlock()
 	gs := agent.GroupStatus{Label: ge.label, Serial: ge.cfg.Serial}
@@ -316,7 +316,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 				Members: []string{name}, Action: "none: its recovery is catching it up", Detail: st})
 			continue
 		}
-		if req.Check && !forStatus(ctx) {
+		if req.Check {
 			if missing, err := ge.peek(ctx, name); err == nil {
 				for _, a := range missing {
 					rep.Differences = append(rep.Differences, agent.Difference{Object: a.Identity.String(), Kind: string(a.Reason),
@@ -368,7 +368,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 			Detail: u.String()})
 	}
 	rep.Conflicts = len(sr.Plan.Conflicts)
-	rep.InSync = len(rep.OutOfSync()) == 0
+	rep.InSync = sr.InSync()
 	if sr.Applied != nil {
 		rep.Applied = len(sr.Applied.Done)
 		rep.Failed = len(sr.Applied.Failed)
@@ -382,6 +382,11 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 		return rep, fmt.Errorf("group %q: %w", ge.label, err)
 	}
 	return rep, nil
+}
+
+// OutOfSync implements Engine (ha.Group.OutOfSync).
+func (ge *groupEngine) OutOfSync(ctx context.Context) (map[string]int, error) {
+	return ge.h.OutOfSync(ctx)
 }
 
 // bridgeProgress hands the progress the engine reports (pkg/replica's) to
