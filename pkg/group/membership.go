@@ -450,6 +450,24 @@ func (g *Group) Unreplicated(name string) []Unreplicated {
 	return out
 }
 
+// CannotHold names the kinds of key member name's token was last probed
+// unable to hold although it offers the wrap mechanism (e.g. "EdDSA
+// keys"): what its keys_unholdable event said, for status. Nil for a
+// member that holds every kind, lacks the mechanism (a missing
+// mechanism, reported as such) or is not in the group.
+func (g *Group) CannotHold(name string) []string {
+	m, ok := g.Member(name)
+	if !ok {
+		return nil
+	}
+	c := g.capability(m)
+	if !c.Mechanism {
+		return nil
+	}
+	names, _ := refusedKinds(c)
+	return names
+}
+
 // WriteMark returns a number that changes whenever an object is created,
 // destroyed or changed through the group. A caller that lists the members
 // (a catch-up) reads it first; if it has moved by the time the caller

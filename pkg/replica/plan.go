@@ -213,32 +213,25 @@ func (p *Plan) Empty() bool { return len(p.Actions) == 0 && len(p.Conflicts) == 
 
 // UnreadableOn returns the unreadable objects listed by member.
 func (p *Plan) UnreadableOn(member string) []Unreadable {
-	var out []Unreadable
-	for _, u := range p.Unreadable {
-		if u.Member == member {
-			out = append(out, u)
-		}
-	}
-	return out
+	return keep(p.Unreadable, func(u Unreadable) bool { return u.Member == member })
 }
 
 // For returns the actions that change member.
 func (p *Plan) For(member string) []Action {
-	var out []Action
-	for _, a := range p.Actions {
-		if a.Member == member {
-			out = append(out, a)
-		}
-	}
-	return out
+	return keep(p.Actions, func(a Action) bool { return a.Member == member })
 }
 
 // ConflictsOf returns the conflicts in which member holds a version.
 func (p *Plan) ConflictsOf(member string) []Conflict {
-	var out []Conflict
-	for _, c := range p.Conflicts {
-		if c.Involves(member) {
-			out = append(out, c)
+	return keep(p.Conflicts, func(c Conflict) bool { return c.Involves(member) })
+}
+
+// keep returns the elements of xs that ok accepts, in order (nil for none).
+func keep[T any](xs []T, ok func(T) bool) []T {
+	var out []T
+	for _, x := range xs {
+		if ok(x) {
+			out = append(out, x)
 		}
 	}
 	return out

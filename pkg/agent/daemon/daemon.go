@@ -17,6 +17,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/fleet"
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/recovery"
 )
 
@@ -55,6 +56,7 @@ type Daemon struct {
 	events  *agent.EventLog
 	fold    *fleet.Folder[agent.Event] // in front of events: repeats folded
 	clients *clientTable               // the processes that report (clients.go)
+	facts   facts                      // what the log already says (facts.go)
 	metrics *Metrics
 	server  *agent.Server
 	socket  string
@@ -441,6 +443,9 @@ func (d *Daemon) emit(e agent.Event) {
 		if gr != nil && gr.recheck != nil {
 			gr.pokeCheck()
 		}
+	}
+	if e.Event == string(group.KeysUnholdable) {
+		d.facts.noteUnholdable(e.Group, e.Member, e.Detail) // the agent's own is always news
 	}
 	d.metrics.countEvent(e)
 	d.log.Info("ha event", "group", e.Group, "member", e.Member, "event", e.Event, "detail", e.Detail)

@@ -40,6 +40,9 @@ type Engine interface {
 	// when the members cannot be compared. Members out of service count,
 	// without their tokens being opened.
 	OutOfSync(ctx context.Context) (map[string]int, error)
+	// Serving reports whether the engine holds member in service (false
+	// for a member it does not have). It does not block.
+	Serving(member string) bool
 	// Update applies a changed configuration of the same group (members
 	// added, removed, changed to or from standby) without disturbing
 	// unchanged members, returning one line per change. ErrReopen asks

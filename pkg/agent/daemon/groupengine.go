@@ -140,6 +140,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 		// OutOfSync and NeedsSync come from a comparison made now
 		// (Daemon.markSync), not from the recovery's last plan.
 		ms.CheckedAt, ms.MissingMechanisms = s.CheckedAt, s.MissingMechanisms
+		ms.CannotHold = ge.h.Engine().CannotHold(s.Name)
 		for _, c := range s.Conflicts {
 			ms.Conflicts = append(ms.Conflicts, c.Identity.String())
 		}
@@ -387,6 +388,12 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 // OutOfSync implements Engine (ha.Group.OutOfSync).
 func (ge *groupEngine) OutOfSync(ctx context.Context) (map[string]int, error) {
 	return ge.h.OutOfSync(ctx)
+}
+
+// Serving implements Engine.
+func (ge *groupEngine) Serving(name string) bool {
+	m, ok := ge.h.Engine().Member(name)
+	return ok && m.State().Serving()
 }
 
 // bridgeProgress hands the progress the engine reports (pkg/replica's) to
