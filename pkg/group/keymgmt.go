@@ -180,6 +180,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	left := newLeftovers(ins, inputs)
 	var target slotOps
 	var out []pkcs11.ObjectHandle
+	pending := g.intend(ctx, op, ins) // write-ahead (intent.go)
 	p, err := g.exec(ctx, plan{
 		op: op, objs: inputs,
 		next: func(skip memberSet) *member.Member { return g.creator(wrapped, skip) },
@@ -192,8 +193,10 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		},
 	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
+		pending.attempted(err)
 		return err
 	})
+	g.settle(ctx, pending, err)
 	if err != nil {
 		return nil, err
 	}

@@ -952,6 +952,9 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 		// tombstone, read before, would be missing too, so the object
 		// would be copied back from the member that was away.
 		LoadTombstones: r.loadTombstones,
+		// What a creation that died with it left there is destroyed,
+		// not spread (tombstone.Tombstone.Intent).
+		Returning: self.Name,
 	}
 	for cu.Passes < max {
 		cu.Passes++
