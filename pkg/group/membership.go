@@ -464,7 +464,10 @@ func (g *Group) CannotHold(name string) []string {
 	if !c.Mechanism {
 		return nil
 	}
-	names, _ := refusedKinds(c)
+	var names []string
+	for _, k := range c.Unholdable() {
+		names = append(names, k.String()+"s")
+	}
 	return names
 }
 
