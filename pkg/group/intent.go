@@ -28,12 +28,13 @@ type intender interface {
 	Publish(ctx context.Context)
 }
 
-// pendingCreation is one creation's intents and whether an attempt of it
-// went unanswered.
+// pendingCreation is one creation's intents, whether an attempt of it
+// went unanswered, and whether one made the objects.
 type pendingCreation struct {
 	w          intender
 	ts         []tombstone.Tombstone
 	unanswered atomic.Bool
+	made       atomic.Bool
 }
 
 // intend writes ahead the intents of the token objects ins are to make.
@@ -70,24 +71,31 @@ func (g *Group) intend(ctx context.Context, op string, ins []intent) *pendingCre
 	return &pendingCreation{w: w, ts: written}
 }
 
-// attempted notes one attempt's outcome: a health error other than "not
-// sent" means the member may have made the object without answering.
+// attempted notes one attempt's outcome: made, or a health error other
+// than "not sent", after which the member may hold the object without
+// having answered.
 func (c *pendingCreation) attempted(err error) {
-	if c != nil && err != nil && slot.ClassOf(err) == slot.ClassHealth && !errors.Is(err, slot.ErrNotSent) {
+	switch {
+	case c == nil:
+	case err == nil:
+		c.made.Store(true)
+	case slot.ClassOf(err) == slot.ClassHealth && !errors.Is(err, slot.ErrNotSent):
 		c.unanswered.Store(true)
 	}
 }
 
-// settle ends the creation's intents: revoked when it was answered (err
-// nil, or every attempt answered), published to the serving members when
-// it failed with an attempt unanswered.
+// settle ends the creation's intents once it returns err: revoked when it
+// succeeded, or failed with every attempt answered and nothing made (the
+// member refused); published to the serving members when it failed after
+// an attempt went unanswered or made the objects (an undo that did not
+// reach a member that then died leaves them there).
 func (g *Group) settle(ctx context.Context, c *pendingCreation, err error) {
 	if c == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
 	defer cancel()
-	if err != nil && c.unanswered.Load() {
+	if err != nil && (c.unanswered.Load() || c.made.Load()) {
 		c.w.Publish(ctx)
 		return
 	}

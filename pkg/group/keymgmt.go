@@ -145,7 +145,7 @@ type made struct {
 // is the primary's pooled slot for token objects or this session's
 // physical session for session objects.
 func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs []*vobject,
-	do func(ctx context.Context, target slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error)) ([]ObjectHandle, error) {
+	do func(ctx context.Context, target slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error)) (_ []ObjectHandle, err error) {
 	g := s.g
 	if err := g.gate.enter(); err != nil {
 		return nil, err
@@ -181,6 +181,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	var target slotOps
 	var out []pkcs11.ObjectHandle
 	pending := g.intend(ctx, op, ins) // write-ahead (intent.go)
+	defer func() { g.settle(ctx, pending, err) }()
 	p, err := g.exec(ctx, plan{
 		op: op, objs: inputs,
 		next: func(skip memberSet) *member.Member { return g.creator(wrapped, skip) },
@@ -196,7 +197,6 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		pending.attempted(err)
 		return err
 	})
-	g.settle(ctx, pending, err)
 	if err != nil {
 		return nil, err
 	}
