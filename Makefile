@@ -14,9 +14,9 @@ BENCHTIME ?= 1s
 # .ci/run). 100,000 inputs take ~10 s per target on the 2-vCPU machine.
 FUZZTIME  ?= 100000x
 DURATION  ?= 10m
-# Hosts in `make soak` (2: a second state dir, agent and load on the same
-# members; needs member-held tombstones, helper truth, for zero resurrections).
-HOSTS     ?= 1
+# Hosts in `make soak`: 2 (the default) adds a second state dir, agent and
+# load on the same members, as a fleet runs them; HOSTS=1 for one host.
+HOSTS     ?= 2
 # The version every binary reports (internal/version), from git describe.
 VERSION   ?= $(shell packaging/version.sh)
 LDFLAGS   := -X github.com/hagroup/hagroup/internal/version.stamped=$(VERSION)

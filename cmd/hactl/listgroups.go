@@ -34,14 +34,17 @@ programs on pkg/ha), CLIENTS is how many report the member now (hactl
 hagroup clients lists them).
 
 The states come from haagent when it runs; otherwise hactl reads the
-configuration and opens every member token itself (without logging in), and
-says so. A degraded group (a member down or out of sync) is summed up in one
-line after the tables (on stderr with --json), and listgroups exits 3.
+configuration and opens every member token itself, and says so. A degraded
+group (a member down or out of sync) is summed up in one line after the
+tables (on stderr with --json), and listgroups exits 3.
 
-Through haagent, NEEDS SYNC always comes from comparing the members now,
-exactly as synchronize --check does (the two cannot disagree), so a
-difference made by another host or process is shown at once and exits 3.
---check insists on that comparison: it fails when haagent is not running.`,
+NEEDS SYNC always comes from comparing the members now, exactly as
+synchronize --check does (the two cannot disagree), so a difference made by
+another host or process is shown at once and exits 3. Without haagent, hactl
+logs the members in with their own PIN sources to compare them (it recovers
+nothing); a group it cannot compare (no PIN source, no member up) needs
+synchronisation. --check insists on haagent's comparison: it fails when
+haagent is not running.`,
 		Example: `  hactl hagroup listgroups
   hactl hagroup listgroups --group signing --json
   hactl hagroup listgroups --check`,
@@ -60,6 +63,9 @@ difference made by another host or process is shown at once and exits 3.
 					return cerr
 				}
 				rep, err = agent.ProbeReport(ctx, cfg, group, a.openSlot)
+				if err == nil {
+					compareLocal(ctx, cfg, &rep)
+				}
 				source = fmt.Sprintf("%s and its tokens (haagent is not running at %s)", cfg.Path, c.Path())
 			}
 			if err == nil && check && unreachable != nil {

@@ -1,17 +1,20 @@
 package agent
 
-// OutOfSync returns, per member, how many of the report's differences
-// concern it. It is the one rule for "in sync": a member is in sync
-// exactly when it has no count here, and a group when no member has
-// (SyncReport.InSync). listgroups' NEEDS SYNC, synchronize --check and the
-// hagroup_objects_out_of_sync metric all come from it, applied to a check
-// of what the members hold now.
-func (r SyncReport) OutOfSync() map[string]int {
-	counts := map[string]int{}
-	for _, d := range r.Differences {
-		for _, m := range d.Members {
-			counts[m]++
+// SetSync sets every member's OutOfSync and NeedsSync, and the group's
+// NeedsSync, from a comparison of what the members hold now: counts per
+// member (recovery.SyncReport.OutOfSync, the one rule for "in sync", as
+// pkg/ha's Group.OutOfSync returns them), or err when the members could
+// not be compared, which leaves every member needing synchronisation (not
+// in sync is the safe answer). haagent's listgroups and hactl's without
+// haagent both set it so.
+func (gs *GroupStatus) SetSync(counts map[string]int, err error) {
+	gs.NeedsSync = make([]string, 0, len(counts))
+	for i := range gs.Members {
+		m := &gs.Members[i]
+		m.OutOfSync = counts[m.Name]
+		m.NeedsSync = err != nil || m.OutOfSync > 0
+		if m.NeedsSync {
+			gs.NeedsSync = append(gs.NeedsSync, m.Name)
 		}
 	}
-	return counts
 }

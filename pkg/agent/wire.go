@@ -135,6 +135,10 @@ type MemberStatus struct {
 	// MissingMechanisms the group needs and the member lacks (e.g.
 	// CKM_AES_KEY_WRAP_PAD behind p11-kit 0.24).
 	MissingMechanisms []string `json:"missingMechanisms,omitempty"`
+	// CannotHold names the kinds of key the member's token was probed
+	// unable to hold although it has the wrap mechanism (e.g. "EdDSA
+	// keys" on SoftHSM 2.6): the keys_unholdable event, logged once.
+	CannotHold []string `json:"cannotHold,omitempty"`
 }
 
 // UnreplicatedKey is a key a member could not receive.

@@ -142,8 +142,6 @@ func (g *Group) emit(e Event) {
 func (g *Group) onTransition(t member.Transition) {
 	if t.To.Serving() {
 		g.down.Store(false)
-	} else if t.From.Serving() {
-		g.noteLeft(t.Member)
 	}
 	var k EventKind
 	switch {

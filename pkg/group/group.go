@@ -204,7 +204,6 @@ type Group struct {
 
 	skipMu  sync.Mutex
 	skipped map[string]map[string]skippedObject // member → identity key → what it lacks
-	leftAt  map[string]uint64                   // member → changes when it left rotation
 	changes atomic.Uint64                       // objects made, destroyed or changed
 
 	objs   objectTable
@@ -250,7 +249,6 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		sessions:   make(map[SessionHandle]*Session),
 		recovering: make(map[string]bool),
 		skipped:    make(map[string]map[string]skippedObject),
-		leftAt:     make(map[string]uint64),
 		marks:      newMarks(),
 	}
 	gr.rep.OnWeakDomainKey = func(e *replica.WeakDomainKeyError) {

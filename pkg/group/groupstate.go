@@ -251,3 +251,17 @@ func (g *Group) ClearBehindMarks(ctx context.Context, ks []replica.Mark) {
 		}
 	}
 }
+
+// FollowMarks is the login's admission (admitMembers) for a process that
+// lives on after its login: a serving member that another member now marks
+// behind (another process, on any host, changed the group while the member
+// was away from it) is failed with the reason "behind", and its name is
+// returned for the caller to catch it up. Nothing is read before the group
+// is logged in (marks are private). One FindObjects per serving member,
+// and one GetAttributeValue per mark found.
+func (g *Group) FollowMarks(ctx context.Context) []string {
+	if _, ok := g.LoggedIn(); !ok {
+		return nil
+	}
+	return g.admitMembers(ctx)
+}

@@ -146,7 +146,7 @@ type made struct {
 // is the primary's pooled slot for token objects or this session's
 // physical session for session objects.
 func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs []*vobject,
-	do func(ctx context.Context, target slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error)) ([]ObjectHandle, error) {
+	do func(ctx context.Context, target slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error)) (_ []ObjectHandle, err error) {
 	g := s.g
 	if err := g.gate.enter(); err != nil {
 		return nil, err
@@ -181,6 +181,8 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	left := newLeftovers(ins, inputs)
 	var target slotOps
 	var out []pkcs11.ObjectHandle
+	pending := g.intend(ctx, op, ins) // write-ahead (intent.go)
+	defer func() { g.settle(ctx, pending, err) }()
 	p, err := g.exec(ctx, plan{
 		op: op, objs: inputs,
 		next: func(skip memberSet) *member.Member { return g.creator(wrapped, skip) },
@@ -193,6 +195,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		},
 	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
+		pending.attempted(err)
 		return err
 	})
 	if err != nil {

@@ -118,7 +118,6 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 	}
 	// Stale entries of a member that had this index before: forget them.
 	g.objs.purge(index)
-	g.noteLeft(mc.Name) // out of rotation from now until it is caught up
 	nr := r.clone()
 	nr.add(m, mc, spec)
 	g.roster.Store(nr)
@@ -451,26 +450,25 @@ func (g *Group) Unreplicated(name string) []Unreplicated {
 	return out
 }
 
-// MissedChanges returns how many objects were made, destroyed or changed
-// through this group since member name last left rotation, while it is
-// out (0 while it serves): a lower bound of what its recovery will have
-// to catch up.
-func (g *Group) MissedChanges(name string) uint64 {
+// CannotHold names the kinds of key member name's token was last probed
+// unable to hold although it offers the wrap mechanism (e.g. "EdDSA
+// keys"): what its keys_unholdable event said, for status. Nil for a
+// member that holds every kind, lacks the mechanism (a missing
+// mechanism, reported as such) or is not in the group.
+func (g *Group) CannotHold(name string) []string {
 	m, ok := g.Member(name)
-	if !ok || m.State().Serving() {
-		return 0
+	if !ok {
+		return nil
 	}
-	g.skipMu.Lock()
-	at := g.leftAt[name] // 0 for a member down since the group opened
-	g.skipMu.Unlock()
-	return g.changes.Load() - at
-}
-
-// noteLeft records the change count when a member leaves rotation.
-func (g *Group) noteLeft(name string) {
-	g.skipMu.Lock()
-	g.leftAt[name] = g.changes.Load()
-	g.skipMu.Unlock()
+	c := g.capability(m)
+	if !c.Mechanism {
+		return nil
+	}
+	var names []string
+	for _, k := range c.Unholdable() {
+		names = append(names, k.String()+"s")
+	}
+	return names
 }
 
 // WriteMark returns a number that changes whenever an object is created,

@@ -39,7 +39,7 @@ func Example() {
 		fmt.Printf("hsm-d caught up: %d objects copied\n", res.CatchUp.Copied)
 	}
 
-	for _, m := range g.Status().Members {
+	for _, m := range g.Status(ctx).Members {
 		fmt.Printf("%s %s out-of-sync=%d attempts-left=%d %s\n", m.Name, m.State, m.OutOfSync, m.AttemptsLeft, m.LastAttemptError)
 	}
 	rep, err := g.Synchronize(ctx, recovery.SyncOptions{Check: true})

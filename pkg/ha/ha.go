@@ -74,6 +74,12 @@ type Options struct {
 	// for haagent (pkg/fleet); one Reporter serves every group of a
 	// process. The agent itself leaves it nil.
 	Report *fleet.Reporter
+	// ReadOnly opens the group only to look at it (hactl listgroups
+	// without haagent): no member is recovered or caught up — not
+	// automatically, not at login, not by following the marks — so
+	// nothing is written to a member but the group's own state a plan
+	// spreads. Status and Synchronize with Check work as usual.
+	ReadOnly bool
 }
 
 // Group is an open HA group with its recovery. Safe for concurrent use.
@@ -83,7 +89,8 @@ type Group struct {
 	journal *tombstone.Journal // nil: tombstones in memory
 	tombErr error              // why the journal could not be opened
 
-	unwatch func() // stops reporting the group (Options.Report)
+	unwatch  func() // stops reporting the group (Options.Report)
+	unfollow func() // stops following the behind marks (followMarks)
 
 	mu  sync.Mutex // serialises Update, AddMember, RemoveMember, SetStandby
 	cfg config.Group
@@ -161,7 +168,13 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	// not an interval later: most processes (per-task tools) end sooner.
 	// The login waits one command_timeout at most; a catch-up not done by
 	// then goes on as automatic recovery.
+	if opts.ReadOnly {
+		s.Retries = 0 // recovery only when asked, and nobody asks
+	}
 	gopts.CatchUp = func(ctx context.Context, names []string) {
+		if opts.ReadOnly {
+			return
+		}
 		if r := snk.rec.Load(); r != nil {
 			ctx, cancel := context.WithTimeout(ctx, s.CommandTimeout)
 			defer cancel()
@@ -195,6 +208,9 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	snk.rec.Store(rec)
 	rec.Resume()
 	h.unwatch = opts.Report.Watch(gr)
+	if !opts.ReadOnly {
+		h.unfollow = h.followMarks(s.Interval, s.CommandTimeout)
+	}
 	return h, nil
 }
 
@@ -270,18 +286,21 @@ type Status struct {
 	Sessions int    `json:"sessions"`
 	// TombstonesInMemory reports that destroys are not journalled on disk
 	// (TombstoneError says why).
-	TombstonesInMemory bool           `json:"tombstones_in_memory"`
-	Members            []MemberStatus `json:"members"`
+	TombstonesInMemory bool `json:"tombstones_in_memory"`
+	// SyncError says why the members could not be compared now (no
+	// member in service, say): every member then needs synchronisation.
+	SyncError string         `json:"sync_error,omitempty"`
+	Members   []MemberStatus `json:"members"`
 }
 
 // Degraded reports whether some member is not serving.
 func (s Status) Degraded() bool { return s.Failed > 0 }
 
-// OutOfSync reports whether some member is known to differ from the
-// others.
+// OutOfSync reports whether some member needs synchronisation: it
+// differs from the others, or the members could not be compared.
 func (s Status) OutOfSync() bool {
 	for _, m := range s.Members {
-		if m.OutOfSync > 0 {
+		if m.NeedsSync {
 			return true
 		}
 	}
@@ -316,14 +335,16 @@ type MemberStatus struct {
 	// success).
 	LastAttemptError string    `json:"last_attempt_error,omitempty"`
 	LastRecovered    time.Time `json:"last_recovered,omitzero"`
-	// OutOfSync is how many objects the member lacks, holds in excess or
-	// holds in conflict: as the last plan that listed it found (at
-	// CheckedAt: a recovery or Synchronize), plus the keys made since
-	// that could not be replicated to it (Unreplicated), plus, while it
-	// is out of rotation, the objects made, destroyed or changed through
-	// this process since it left (other processes' changes are found by
-	// its recovery).
-	OutOfSync int       `json:"out_of_sync"`
+	// OutOfSync is how many objects the member lacks, holds in excess,
+	// holds in conflict or will not describe, by a comparison of what the
+	// members hold now (recovery.SyncReport.OutOfSync, the rule haagent's
+	// listgroups, synchronize --check and metric apply): never a cached
+	// plan, which other processes and hosts make stale. A member out of
+	// service counts 1: what it holds is unknown. NeedsSync is OutOfSync
+	// > 0, or the members could not be compared (Status.SyncError).
+	OutOfSync int  `json:"out_of_sync"`
+	NeedsSync bool `json:"needs_sync"`
+	// CheckedAt is when a plan (a recovery or Synchronize) last listed it.
 	CheckedAt time.Time `json:"checked_at,omitzero"`
 	// Conflicts involving the member found by its last recovery attempt.
 	Conflicts []replica.Conflict `json:"conflicts,omitempty"`
@@ -332,8 +353,50 @@ type MemberStatus struct {
 	Unreplicated []group.Unreplicated `json:"unreplicated,omitempty"`
 }
 
-// Status returns a snapshot of the group and its members' recovery.
-func (h *Group) Status() Status {
+// Status returns the group and its members' recovery, with how far each
+// member is out of sync by a comparison of what the members hold now
+// (OutOfSync): one listing of every serving member, so it costs what a
+// synchronize --check costs. Snapshot is the same without the comparison.
+func (h *Group) Status(ctx context.Context) Status {
+	st := h.Snapshot()
+	counts, err := h.OutOfSync(ctx)
+	if err != nil {
+		st.SyncError = err.Error()
+	}
+	for i := range st.Members {
+		ms := &st.Members[i]
+		ms.OutOfSync = counts[ms.Name]
+		ms.NeedsSync = err != nil || ms.OutOfSync > 0
+	}
+	return st
+}
+
+// OutOfSync compares the members now (a synchronize --check) and returns,
+// per member, how many differences concern it (recovery.SyncReport's
+// OutOfSync: the one rule for "in sync"); a member in sync has no entry.
+// It fails when the members cannot be compared: none is in service.
+func (h *Group) OutOfSync(ctx context.Context) (map[string]int, error) {
+	serving := false
+	for _, s := range h.g.Members() {
+		serving = serving || s.State.Serving()
+	}
+	if !serving {
+		return nil, fmt.Errorf("group %s: no member in service to compare", h.g.Label())
+	}
+	rep, err := h.rec.Synchronize(ctx, recovery.SyncOptions{Check: true})
+	if rep == nil || rep.Plan == nil {
+		if err == nil {
+			err = errors.New("no plan")
+		}
+		return nil, fmt.Errorf("group %s: compare the members: %w", h.g.Label(), err)
+	}
+	return rep.OutOfSync(), nil
+}
+
+// Snapshot returns the group and its members' recovery as this process
+// knows them, without comparing the members: OutOfSync and NeedsSync are
+// not set (Status sets them).
+func (h *Group) Snapshot() Status {
 	gs := h.g.Status()
 	st := Status{
 		Label: gs.Label, Serial: gs.Serial, Policy: gs.Policy, RecoveryMode: gs.RecoveryMode,
@@ -354,7 +417,6 @@ func (h *Group) Status() Status {
 			LastAttempt:   rs.LastAttempt,
 			NextAttempt:   rs.NextAttempt,
 			LastRecovered: rs.LastRecovered,
-			OutOfSync:     rs.OutOfSync,
 			CheckedAt:     rs.CheckedAt,
 			Conflicts:     rs.Conflicts,
 			Unreplicated:  h.g.Unreplicated(snap.Name),
@@ -365,12 +427,6 @@ func (h *Group) Status() Status {
 		if rs.PINBlocked {
 			ms.PINBlockedReason = rs.PINBlock.Reason
 		}
-		for _, u := range ms.Unreplicated {
-			if u.Time.After(rs.CheckedAt) {
-				ms.OutOfSync++
-			}
-		}
-		ms.OutOfSync += int(h.g.MissedChanges(snap.Name))
 		st.Members = append(st.Members, ms)
 	}
 	return st
@@ -605,6 +661,9 @@ func sameToken(a, b config.Member) bool {
 // Close stops recovery, closes the group (waiting for the work in flight)
 // and the journal.
 func (h *Group) Close() error {
+	if h.unfollow != nil {
+		h.unfollow()
+	}
 	if h.unwatch != nil {
 		h.unwatch()
 	}

@@ -146,7 +146,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 	if st := r.state(served); st != member.Active {
 		t.Fatalf("the served member is %v after a refused creation and signatures", st)
 	}
-	if ms := memberStatus(t, r.g.Status(), served); len(ms.MissingMechanisms) != 1 {
+	if ms := memberStatus(t, r.g.Status(testCtx(t)), served); len(ms.MissingMechanisms) != 1 {
 		t.Errorf("status of %s: missing %v, want [CKM_AES_KEY_WRAP_PAD]", served, ms.MissingMechanisms)
 	}
 
@@ -171,7 +171,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 	if rep.Applied != nil && len(rep.Applied.Failed) != 0 {
 		t.Errorf("Synchronize tried what cannot work: %v", rep.Applied.Failed)
 	}
-	if ms := memberStatus(t, r.g.Status(), served); ms.OutOfSync != 2 {
+	if ms := memberStatus(t, r.g.Status(testCtx(t)), served); ms.OutOfSync != 2 {
 		t.Errorf("out of sync after Synchronize: %d, want 2 (the key pair's halves)", ms.OutOfSync)
 	}
 	if st := r.state(served); st != member.Active {
@@ -188,7 +188,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 	if len(res.CatchUp.Unreplicable) != 2 {
 		t.Errorf("catch-up left out %v, want the key pair (its public half goes with its private half)", res.CatchUp.Unreplicable)
 	}
-	if ms := memberStatus(t, r.g.Status(), served); ms.State != member.Active || ms.OutOfSync != 2 {
+	if ms := memberStatus(t, r.g.Status(testCtx(t)), served); ms.State != member.Active || ms.OutOfSync != 2 {
 		t.Errorf("after recovery: %v, out of sync %d", ms.State, ms.OutOfSync)
 	}
 	if n := len(r.ev.groupEvents(group.MechanismMissing, served)); n != 1 {

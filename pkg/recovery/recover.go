@@ -36,7 +36,7 @@
 // CKM_AES_KEY_WRAP_PAD (one served by p11-kit 0.24, for one). Such copies
 // are left out of the catch-up (CatchUp.Unreplicable) instead of failing
 // it: the member returns to rotation and is reported out of sync by them
-// (Status.OutOfSync, Synchronize). Members that can wrap are preferred as
+// (SyncReport.OutOfSync of a check). Members that can wrap are preferred as
 // the source of a copy.
 //
 // Admit brings in a member just added to the group (group.AddMember
@@ -302,10 +302,9 @@ type Status struct {
 	NextAttempt time.Time
 	// Conflicts found by the last attempt that involve the member.
 	Conflicts []replica.Conflict
-	// OutOfSync is how many objects the member lacked, held in excess or
-	// held in conflict at CheckedAt, the last time a plan (a recovery
-	// attempt or Synchronize) listed it; 0 after it caught up.
-	OutOfSync int
+	// CheckedAt is the last time a plan (a recovery attempt or
+	// Synchronize) listed the member. How far it is out of sync is never
+	// cached: SyncReport.OutOfSync of a check made now says.
 	CheckedAt time.Time
 }
 
@@ -344,8 +343,7 @@ type memberRec struct {
 	lastOK       time.Time
 	next         time.Time
 	conflicts    []replica.Conflict
-	outOfSync    int       // from the last plan that listed the member
-	checked      time.Time // when that plan was made
+	checked      time.Time // when a plan last listed the member
 	flight       *flight
 	kick         chan struct{} // re-arms the loop's timer (interval changed)
 	blockSeen    bool          // PINBlocked was reported for the mark there is now
@@ -954,6 +952,9 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 		// tombstone, read before, would be missing too, so the object
 		// would be copied back from the member that was away.
 		LoadTombstones: r.loadTombstones,
+		// What a creation that died with it left there is destroyed,
+		// not spread (tombstone.Tombstone.Intent).
+		Returning: self.Name,
 	}
 	for cu.Passes < max {
 		cu.Passes++
@@ -971,7 +972,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 		cu.Skipped = plan.Skipped
 		cu.Unreadable = plan.Unreadable
 		if cu.Passes == 1 {
-			r.noteOutOfSync(plan)
+			r.noteChecked(plan)
 		}
 		if cs := plan.ConflictsOf(self.Name); len(cs) > 0 {
 			return cu, &ConflictError{Member: self.Name, Conflicts: cs}
@@ -982,7 +983,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 		mine := plan.For(self.Name)
 		if len(plan.Actions) == 0 || (cu.Passes > 1 && len(mine) == 0) {
 			cu.converged = true
-			r.noteOutOfSync(left)
+			r.noteChecked(left)
 			return cu, nil
 		}
 		res, _ := r.repl.Apply(ctx, plan)
@@ -1014,7 +1015,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 		}
 		if len(mine) == 0 {
 			cu.converged = true // it only gave
-			r.noteOutOfSync(left)
+			r.noteChecked(left)
 			return cu, nil
 		}
 		// Another host catching it up at the same moment moves no mark
@@ -1031,7 +1032,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 			// the group since the listing; under the barrier nothing can
 			// have.
 			cu.converged = true
-			r.noteOutOfSync(left)
+			r.noteChecked(left)
 			return cu, nil
 		}
 	}
@@ -1129,7 +1130,6 @@ func (r *Recoverer) Status(name string) Status {
 		PINBlock:      mk,
 		NextAttempt:   m.next,
 		Conflicts:     m.conflicts,
-		OutOfSync:     m.outOfSync,
 		CheckedAt:     m.checked,
 	}
 }

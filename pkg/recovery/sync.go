@@ -47,19 +47,11 @@ type SyncReport struct {
 	Unreplicable []replica.Action
 }
 
-// InSync reports whether the serving members were equal (before any
-// apply) and every member was compared. Unreplicable differences count,
-// and so do objects a member would not describe (Plan.Unreadable), since
-// what they hold is unknown.
-func (s *SyncReport) InSync() bool {
-	return s.Plan != nil && s.Plan.Empty() && len(s.Plan.Unreadable) == 0 && len(s.Plan.Skipped) == 0 && len(s.NotServing) == 0
-}
-
 // Synchronize compares the objects of the serving members (active and
 // standby) and, unless opts.Check, makes them equal: copies what some
 // lack, deletes what a tombstone says was destroyed, and leaves conflicts
-// alone (they are in the report). The report's Plan also feeds
-// Status.OutOfSync.
+// alone (they are in the report). A check's SyncReport.OutOfSync is the
+// group's "in sync".
 //
 // A check (opts.Check) only lists: it takes no member's recovery lock and
 // does not hold the group's write barrier, so it never keeps a member out
@@ -144,7 +136,7 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		return rep, fmt.Errorf("synchronize: %w", err)
 	}
 	rep.Plan = plan
-	r.noteOutOfSync(plan)
+	r.noteChecked(plan)
 	todo := *plan
 	todo.Actions = append([]replica.Action(nil), plan.Actions...)
 	rep.Unreplicable = splitUnreplicable(&todo, lacking)
@@ -161,7 +153,7 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 			after.Actions = append(after.Actions, f.Action)
 		}
 	}
-	r.noteOutOfSync(after)
+	r.noteChecked(after)
 	if err != nil {
 		return rep, fmt.Errorf("synchronize: %w", err)
 	}
@@ -220,15 +212,14 @@ func (r *Recoverer) lockMembers(ctx context.Context, names []string, wait time.D
 	}
 }
 
-// noteOutOfSync records, per member of p, how many objects it is out of
-// sync by, for Status.
-func (r *Recoverer) noteOutOfSync(p *replica.Plan) {
+// noteChecked records, per member of p, that a plan listed it now, for
+// Status.CheckedAt.
+func (r *Recoverer) noteChecked(p *replica.Plan) {
 	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, name := range p.Members {
 		m := r.rec(name)
-		m.outOfSync = p.OutOfSync(name)
 		m.checked = now
 	}
 }

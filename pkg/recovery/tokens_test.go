@@ -317,8 +317,11 @@ func TestConflictKeepsMemberOutOfRotation(t *testing.T) {
 	if len(ev.Conflicts) != 1 || ev.Member != victim || ev.Conflicts[0].Identity.Class != pkcs11.CKO_PUBLIC_KEY {
 		t.Fatalf("conflict event: %+v", ev)
 	}
-	if st := r.rec.Status(victim); len(st.Conflicts) != 1 || st.OutOfSync < 1 {
+	if st := r.rec.Status(victim); len(st.Conflicts) != 1 {
 		t.Fatalf("status: %+v", st)
+	}
+	if rep, err := r.rec.Synchronize(rigCtx(t), SyncOptions{Check: true}); err != nil || rep.OutOfSync()[victim] < 1 {
+		t.Fatalf("a check now: %v, out of sync %v; want %s counted", err, rep.OutOfSync(), victim)
 	}
 }
 
@@ -352,8 +355,8 @@ func TestSynchronize(t *testing.T) {
 	if len(got) != 2 || !strings.Contains(got[0], `label="side-door"`) || !strings.Contains(got[1], `label="side-door"`) || len(rep.Plan.Conflicts) != 0 {
 		t.Fatalf("check after a side-door object: %v", got)
 	}
-	if st := r.rec.Status(r.name(0)); st.OutOfSync != 1 {
-		t.Fatalf("status of %s: out of sync by %d, want 1", r.name(0), st.OutOfSync)
+	if n := rep.OutOfSync()[r.name(0)]; n != 1 {
+		t.Fatalf("check: %s out of sync by %d, want 1", r.name(0), n)
 	}
 	if rep.Applied != nil {
 		t.Fatal("check applied something")
@@ -372,8 +375,8 @@ func TestSynchronize(t *testing.T) {
 	if err != nil || !rep.InSync() || rep.Applied != nil {
 		t.Fatalf("second apply: %v, in sync %v", err, rep.InSync())
 	}
-	if st := r.rec.Status(r.name(0)); st.OutOfSync != 0 {
-		t.Fatalf("status after apply: out of sync by %d", st.OutOfSync)
+	if rep, err := r.rec.Synchronize(rigCtx(t), SyncOptions{Check: true}); err != nil || len(rep.OutOfSync()) != 0 {
+		t.Fatalf("check after apply: %v, out of sync %v", err, rep.OutOfSync())
 	}
 }
 

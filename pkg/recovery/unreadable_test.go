@@ -60,9 +60,6 @@ func TestRecoveryWithUnreadableObjects(t *testing.T) {
 	if recovered == nil || len(recovered.Unreadable) != 2 {
 		t.Errorf("recovered event %+v does not carry the 2 unreadable objects", recovered)
 	}
-	if st := r.rec.Status(victim); st.OutOfSync != 1 {
-		t.Errorf("victim out of sync by %d, want 1 (its unreadable object)", st.OutOfSync)
-	}
 	onVictim := inventory(t, r.direct(r.toks[2], "-check"))
 	onFirst := inventory(t, r.direct(r.toks[0], "-check"))
 	if dump(onVictim) != dump(onFirst) {
@@ -76,5 +73,8 @@ func TestRecoveryWithUnreadableObjects(t *testing.T) {
 	if rep.InSync() || len(rep.Plan.Unreadable) != 2 || len(rep.Plan.Actions) != 0 || len(rep.Plan.Conflicts) != 0 {
 		t.Errorf("check: in sync %v, unreadable %v, actions %v, conflicts %v; want out of sync by the 2 unreadable objects only",
 			rep.InSync(), rep.Plan.Unreadable, rep.Plan.Actions, rep.Plan.Conflicts)
+	}
+	if n := rep.OutOfSync()[victim]; n != 1 {
+		t.Errorf("victim out of sync by %d, want 1 (its unreadable object)", n)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -51,6 +52,18 @@ func tombstoned(tombs Tombstones, id Identity, fp []byte) bool {
 	return ok && fp == nil && it.ContainsIdentity(id)
 }
 
+// IntentTombstones is implemented by Tombstones that also know creations
+// sent to a member and never answered (*tombstone.Set: its Intent
+// records). See PlanOptions.Returning.
+type IntentTombstones interface {
+	Unanswered(id Identity) bool
+}
+
+func unanswered(tombs Tombstones, id Identity) bool {
+	it, ok := tombs.(IntentTombstones)
+	return ok && it.Unanswered(id)
+}
+
 // PlanOptions tune MakePlan.
 type PlanOptions struct {
 	// Prune deletes objects found on some members only, with no
@@ -70,6 +83,12 @@ type PlanOptions struct {
 	// read before the listing, would be missing, so the plan would copy
 	// the destroyed object back from a member that was away.
 	LoadTombstones func(ctx context.Context) (Tombstones, error)
+	// Returning names the member being caught up (a recovery's plan). A
+	// version of an identity whose creation was sent and never answered
+	// (IntentTombstones) that it alone holds is what that creation left
+	// on it when it died under the call: the group never made it, so it
+	// is deleted there (ReasonUnanswered), not copied to the others.
+	Returning string
 }
 
 // ActionKind says what an action does.
@@ -109,6 +128,10 @@ const (
 	// ReasonPrune: the object is on some members only, with no tombstone,
 	// and PlanOptions.Prune asked for such objects to go.
 	ReasonPrune Reason = "prune"
+	// ReasonUnanswered: the object is what a creation that was never
+	// answered left on the member being caught up, which alone holds it
+	// (PlanOptions.Returning).
+	ReasonUnanswered Reason = "unanswered"
 	// ReasonDuplicate: the member holds one version of an object more
 	// than once (two hosts copied it at the same moment); the extra copy
 	// goes, and Source names a member the last copy can be taken from
@@ -213,32 +236,25 @@ func (p *Plan) Empty() bool { return len(p.Actions) == 0 && len(p.Conflicts) == 
 
 // UnreadableOn returns the unreadable objects listed by member.
 func (p *Plan) UnreadableOn(member string) []Unreadable {
-	var out []Unreadable
-	for _, u := range p.Unreadable {
-		if u.Member == member {
-			out = append(out, u)
-		}
-	}
-	return out
+	return keep(p.Unreadable, func(u Unreadable) bool { return u.Member == member })
 }
 
 // For returns the actions that change member.
 func (p *Plan) For(member string) []Action {
-	var out []Action
-	for _, a := range p.Actions {
-		if a.Member == member {
-			out = append(out, a)
-		}
-	}
-	return out
+	return keep(p.Actions, func(a Action) bool { return a.Member == member })
 }
 
 // ConflictsOf returns the conflicts in which member holds a version.
 func (p *Plan) ConflictsOf(member string) []Conflict {
-	var out []Conflict
-	for _, c := range p.Conflicts {
-		if c.Involves(member) {
-			out = append(out, c)
+	return keep(p.Conflicts, func(c Conflict) bool { return c.Involves(member) })
+}
+
+// keep returns the elements of xs that ok accepts, in order (nil for none).
+func keep[T any](xs []T, ok func(T) bool) []T {
+	var out []T
+	for _, x := range xs {
+		if ok(x) {
+			out = append(out, x)
 		}
 	}
 	return out
@@ -446,11 +462,20 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 	sort.Strings(order)
 
 	n := len(live)
+	returning := slices.Index(p.Members, opts.Returning)
 	var deletes, copies []Action
 	for _, k := range order {
 		e := byID[k]
 		var remaining []*holding
+		leftover := returning >= 0 && unanswered(tombs, e.id)
 		for _, v := range e.versions {
+			if h, alone := v.holders[returning]; leftover && alone && len(v.holders) == 1 {
+				for _, h := range append([]pkcs11.ObjectHandle{h}, v.extra[returning]...) {
+					deletes = append(deletes, Action{Kind: Delete, Identity: e.id, Fingerprint: v.fp,
+						Member: opts.Returning, Reason: ReasonUnanswered, handle: h})
+				}
+				continue
+			}
 			if tombstoned(tombs, e.id, v.fp) {
 				for pos := 0; pos < n; pos++ {
 					if h, ok := v.holders[pos]; ok {

@@ -564,3 +564,59 @@ func TestApplyReportsProgress(t *testing.T) {
 		t.Errorf("reports per member %v, want 3 for m1 and m2", per)
 	}
 }
+
+// A creation that was never answered (an intent without its revocation)
+// left a key pair on m1, which died under it and is now caught up
+// (Returning): the pair m1 alone holds is deleted there, not copied. A
+// pair under a standing intent that a serving member alone holds (a
+// creation in flight there) and one two members hold are the group's
+// business as usual: copied.
+func TestPlanDestroysWhatAnUnansweredCreationLeft(t *testing.T) {
+	ms := planMembers(t, 3, nil)
+	a, b := ms[0].Slot, ms[1].Slot
+	planGenEC(t, a, "shared", planID(t))
+	planApply(t, planMake(t, []replica.PlanMember{ms[0], ms[1]}, nil, replica.PlanOptions{}))
+	planGenEC(t, b, "leftover", planID(t))
+	planGenEC(t, a, "in-flight", planID(t))
+	var intents []tombstone.Tombstone
+	for _, label := range []string{"leftover", "in-flight", "shared"} {
+		src := a
+		if label == "leftover" {
+			src = b
+		}
+		for _, o := range planFind(t, src, label) {
+			id := o.Identity
+			id.KeyType = replica.NoKeyType // a template need not name it
+			intents = append(intents, tombstone.Tombstone{Identity: id, Intent: true, Time: time.Now(), GroupSerial: planSerial})
+		}
+	}
+	p := planMake(t, ms, tombstone.NewSet(intents...), replica.PlanOptions{Returning: "m1"})
+	got := actionStrings(p.Actions)
+	want := []string{
+		"delete private key leftover m1<-", "delete public key leftover m1<-",
+		"copy public key in-flight m1<-m0", "copy public key in-flight m2<-m0", "copy public key shared m2<-m0",
+		"copy private key in-flight m1<-m0", "copy private key in-flight m2<-m0", "copy private key shared m2<-m0",
+	}
+	if strings.Join(planPhases(got), "\n") != strings.Join(planPhases(want), "\n") {
+		t.Fatalf("actions:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, act := range p.Actions {
+		if act.Kind == replica.Delete && act.Reason != replica.ReasonUnanswered {
+			t.Errorf("%v: reason %s, want %s", act, act.Reason, replica.ReasonUnanswered)
+		}
+	}
+	// Without Returning (a synchronize of serving members) nothing is
+	// deleted on an intent's account.
+	for _, act := range planMake(t, ms, tombstone.NewSet(intents...), replica.PlanOptions{}).Actions {
+		if act.Kind == replica.Delete {
+			t.Errorf("a plan without a returning member deletes %v", act)
+		}
+	}
+	planApply(t, p)
+	inv := planAllEqual(t, ms)
+	for k := range inv {
+		if strings.Contains(k, `"leftover`) {
+			t.Fatalf("the unanswered creation's leftover is on the members: %s", k)
+		}
+	}
+}

@@ -179,7 +179,7 @@ func loginState(g *ha.Group, name string) member.State {
 }
 
 func loginMemberStatus(g *ha.Group, name string) ha.MemberStatus {
-	for _, m := range g.Status().Members {
+	for _, m := range g.Snapshot().Members {
 		if m.Name == name {
 			return m
 		}
@@ -268,10 +268,10 @@ func TestLoginWrongAppPINGoAPI(t *testing.T) {
 				if n := loginCalls(faults, toks) - before; n != 1 {
 					t.Errorf("Login(%q) made %d C_Login calls on the members, want 1", pinShown(pin), n)
 				}
-				if g.Status().LoggedIn {
+				if g.Snapshot().LoggedIn {
 					t.Errorf("the group says it is logged in after Login(%q) failed", pinShown(pin))
 				}
-				for _, m := range g.Status().Members {
+				for _, m := range g.Snapshot().Members {
 					if m.State != member.Active || m.PINBlocked {
 						t.Errorf("after Login(%q): %s is %v (PIN blocked %v), want active: a wrong application PIN is not the member's fault", pinShown(pin), m.Name, m.State, m.PINBlocked)
 					}

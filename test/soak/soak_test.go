@@ -5,10 +5,10 @@
 // (SIGKILL), stops (SIGSTOP/SIGCONT) and restarts members, never all at
 // once, and now and then kills and restarts haagent. At the end every
 // member is back and the test asserts and prints what a user would check.
-// With -soak.hosts 2 a second host shares the members (secondHost).
+// A second host shares the members (secondHost) unless -soak.hosts 1.
 //
 //	go test -race -run TestSoak ./test/soak -soak.duration 10m -v   # make soak DURATION=10m
-//	go test -race -run TestSoak ./test/soak -soak.hosts 2 -v        # make soak HOSTS=2
+//	go test -race -run TestSoak ./test/soak -soak.hosts 1 -v        # make soak HOSTS=1
 //	go test -run TestSoak ./test/soak -soak.seed 1234 -v           # replay a schedule
 package soak
 
@@ -40,11 +40,10 @@ var (
 	duration = flag.Duration("soak.duration", 10*time.Second, "how long the faults go on (the make test run keeps the default)")
 	seedFlag = flag.Uint64("soak.seed", 0, "seed of the fault schedule and the load (0: from the clock; printed)")
 	nMembers = flag.Int("soak.members", 4, "members (3 to 5); the last is a standby")
-	// hosts: 2 adds a second host (secondHost). Its agent and load keep
-	// their own tombstone journal, so a destroy through one host comes back
-	// through the other's recovery until tombstones live on the members
-	// (helper truth, issue 15); make test keeps one host until then.
-	hosts  = flag.Int("soak.hosts", 1, "hosts sharing the members (1 or 2: a second state dir, haagent and C load)")
+	// hosts: 2, the default, adds a second host (secondHost) with its own
+	// state dir, agent and load: what one host destroys must stay gone
+	// through the other's recovery (tombstones on the members, issue 15).
+	hosts  = flag.Int("soak.hosts", 2, "hosts sharing the members (1 or 2: a second state dir, haagent and C load)")
 	server = flag.String("soak.server", string(load.HSMServe), "what serves the members: hsmserve (every call carried: key generation under chaos) or p11-kit")
 )
 

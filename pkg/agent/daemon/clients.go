@@ -287,6 +287,9 @@ func (d *Daemon) Report(ctx context.Context, peer agent.Peer, rep fleet.Report) 
 	}
 	uid := peer.UID
 	for _, e := range events {
+		if !d.newsOf(e) {
+			continue // the log holds it already (facts.go)
+		}
 		// The agent's clock orders the log; the report came within a
 		// fraction of a second of the event.
 		d.logEvent(agent.Event{Time: time.Now(), Group: e.Group, Member: e.Member, Event: e.Event, Detail: e.Detail,

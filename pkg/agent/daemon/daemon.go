@@ -17,6 +17,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/fleet"
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/recovery"
 )
 
@@ -55,6 +56,7 @@ type Daemon struct {
 	events  *agent.EventLog
 	fold    *fleet.Folder[agent.Event] // in front of events: repeats folded
 	clients *clientTable               // the processes that report (clients.go)
+	facts   facts                      // what the log already says (facts.go)
 	metrics *Metrics
 	server  *agent.Server
 	socket  string
@@ -82,7 +84,6 @@ type groupRun struct {
 
 	mu        sync.Mutex
 	outOfSync map[string]int // member → differences concerning it (last check)
-	lastSync  agent.SyncReport
 
 	recheck chan struct{} // a check is wanted soon (see pokeCheck)
 }
@@ -401,24 +402,29 @@ func (gr *groupRun) pokeCheck() {
 func (d *Daemon) syncCheck(ctx context.Context, gr *groupRun) {
 	eng := gr.engine()
 	start := time.Now()
-	rep, err := eng.Synchronize(ctx, agent.SyncRequest{Group: gr.cfg.Label, Check: true})
+	counts, err := eng.OutOfSync(ctx)
 	d.metrics.observe(gr.cfg.Label, "", "sync_check", time.Since(start))
 	if err != nil {
 		d.log.Debug("sync check", "group", gr.cfg.Label, "error", err)
 		return
 	}
-	d.recordSync(gr, rep)
+	d.recordSync(gr, counts)
 }
 
-func (d *Daemon) recordSync(gr *groupRun, rep agent.SyncReport) {
-	counts := rep.OutOfSync()
+// recordSync keeps a comparison's counts (Engine.OutOfSync) and emits
+// out_of_sync / in_sync when the group moves out of or back into sync.
+func (d *Daemon) recordSync(gr *groupRun, counts map[string]int) {
 	gr.mu.Lock()
 	wasInSync := len(gr.outOfSync) == 0
-	gr.outOfSync, gr.lastSync = counts, rep
+	gr.outOfSync = counts
 	gr.mu.Unlock()
 	switch {
 	case wasInSync && len(counts) > 0:
-		d.emit(agent.Event{Group: gr.cfg.Label, Event: "out_of_sync", Detail: fmt.Sprintf("%d difference(s)", len(rep.Differences))})
+		n := 0
+		for _, c := range counts {
+			n += c
+		}
+		d.emit(agent.Event{Group: gr.cfg.Label, Event: "out_of_sync", Detail: fmt.Sprintf("%d difference(s)", n)})
 	case !wasInSync && len(counts) == 0:
 		d.emit(agent.Event{Group: gr.cfg.Label, Event: "in_sync"})
 	}
@@ -437,6 +443,9 @@ func (d *Daemon) emit(e agent.Event) {
 		if gr != nil && gr.recheck != nil {
 			gr.pokeCheck()
 		}
+	}
+	if e.Event == string(group.KeysUnholdable) {
+		d.facts.noteUnholdable(e.Group, e.Member, e.Detail) // the agent's own is always news
 	}
 	d.metrics.countEvent(e)
 	d.log.Info("ha event", "group", e.Group, "member", e.Member, "event", e.Event, "detail", e.Detail)
@@ -602,13 +611,10 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 		rep.Differences = []agent.Difference{}
 	}
 	rep.Group = req.Group
-	if req.Check {
-		d.recordSync(gr, rep)
-	} else {
-		// Re-plan so needs-sync reflects what is left.
-		if after, err := eng.Synchronize(ctx, agent.SyncRequest{Group: req.Group, Check: true}); err == nil {
-			d.recordSync(gr, after)
-		}
+	// Compare again (the rule's counts are not on the wire), so the
+	// in_sync / out_of_sync events reflect what is left.
+	if counts, err := eng.OutOfSync(ctx); err == nil {
+		d.recordSync(gr, counts)
 	}
 	return rep, nil
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 22)) }
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 50)) }
 
 // deadline bounds every wait in these tests.
 const deadline = 20 * time.Second

@@ -34,6 +34,15 @@ type Engine interface {
 	Recover(ctx context.Context, member string) ([]agent.MemberResult, error)
 	// Synchronize plans (req.Check) or applies a synchronisation.
 	Synchronize(ctx context.Context, req agent.SyncRequest) (agent.SyncReport, error)
+	// OutOfSync compares the members now and returns, per member, how
+	// many differences concern it (recovery.SyncReport.OutOfSync, the
+	// one rule for "in sync"); a member in sync has no entry. It fails
+	// when the members cannot be compared. Members out of service count,
+	// without their tokens being opened.
+	OutOfSync(ctx context.Context) (map[string]int, error)
+	// Serving reports whether the engine holds member in service (false
+	// for a member it does not have). It does not block.
+	Serving(member string) bool
 	// Update applies a changed configuration of the same group (members
 	// added, removed, changed to or from standby) without disturbing
 	// unchanged members, returning one line per change. ErrReopen asks

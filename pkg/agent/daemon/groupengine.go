@@ -115,7 +115,7 @@ func (ge *groupEngine) onRecoverEvent(e recovery.Event) {
 
 // Status implements Engine.
 func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
-	st := ge.h.Status()
+	st := ge.h.Snapshot()
 	ge.mu.Lock()
 	defer ge.mu.Unlock()
 	gs := agent.GroupStatus{Label: ge.label, Serial: ge.cfg.Serial}
@@ -140,6 +140,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 		// OutOfSync and NeedsSync come from a comparison made now
 		// (Daemon.markSync), not from the recovery's last plan.
 		ms.CheckedAt, ms.MissingMechanisms = s.CheckedAt, s.MissingMechanisms
+		ms.CannotHold = ge.h.Engine().CannotHold(s.Name)
 		for _, c := range s.Conflicts {
 			ms.Conflicts = append(ms.Conflicts, c.Identity.String())
 		}
@@ -316,7 +317,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 				Members: []string{name}, Action: "none: its recovery is catching it up", Detail: st})
 			continue
 		}
-		if req.Check && !forStatus(ctx) {
+		if req.Check {
 			if missing, err := ge.peek(ctx, name); err == nil {
 				for _, a := range missing {
 					rep.Differences = append(rep.Differences, agent.Difference{Object: a.Identity.String(), Kind: string(a.Reason),
@@ -368,7 +369,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 			Detail: u.String()})
 	}
 	rep.Conflicts = len(sr.Plan.Conflicts)
-	rep.InSync = len(rep.OutOfSync()) == 0
+	rep.InSync = sr.InSync()
 	if sr.Applied != nil {
 		rep.Applied = len(sr.Applied.Done)
 		rep.Failed = len(sr.Applied.Failed)
@@ -382,6 +383,17 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 		return rep, fmt.Errorf("group %q: %w", ge.label, err)
 	}
 	return rep, nil
+}
+
+// OutOfSync implements Engine (ha.Group.OutOfSync).
+func (ge *groupEngine) OutOfSync(ctx context.Context) (map[string]int, error) {
+	return ge.h.OutOfSync(ctx)
+}
+
+// Serving implements Engine.
+func (ge *groupEngine) Serving(name string) bool {
+	m, ok := ge.h.Engine().Member(name)
+	return ok && m.State().Serving()
 }
 
 // bridgeProgress hands the progress the engine reports (pkg/replica's) to

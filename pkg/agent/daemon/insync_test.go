@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -9,17 +10,22 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
-// Issue 15: listgroups' NEEDS SYNC, synchronize --check and the
-// hagroup_objects_out_of_sync metric say the same, in both directions (a
-// member behind, a member ahead, a member holding an object twice), the
-// moment the members change behind the agent's back (its periodic check
-// is an hour away), and all three say "in sync" once it is synchronised.
+// Issue 15: listgroups' NEEDS SYNC (through haagent and without it),
+// synchronize --check, the hagroup_objects_out_of_sync metric and pkg/ha's
+// Status (the Go API of a process on another host) say the same, in both
+// directions (a member behind, a member ahead, a member holding an object
+// twice, a member holding an object another host destroyed while it was
+// away from that host), the moment the members change behind the agent's
+// back (its periodic check is an hour away), and all say "in sync" once it
+// is synchronised.
 func TestStatusCheckAndMetricAgree(t *testing.T) {
 	toks := testhsm.Take(t, 2)
 	pin := pinFile(t)
@@ -37,6 +43,21 @@ retries = 0
 label = "g"
 serial = "1000015"
 `+memberTOML("a", toks[0], pin, false)+memberTOML("b", toks[1], pin, false))
+	cfg, err := config.Load(ta.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcfg, _ := cfg.Group("g")
+	set := cfg.Settings(gcfg)
+	// Another host: its own state directory, the Go API, logged in.
+	other, err := ha.Open(t.Context(), *gcfg, set, ha.Options{StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	if err := other.Engine().Login(t.Context(), pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
+		t.Fatal(err)
+	}
 	direct := make([]*slot.Slot, 2)
 	for i, tok := range toks {
 		s, err := slot.Open(t.Context(), slot.Spec{Name: fmt.Sprint("direct-", i), Module: tok.Module, ModuleEnv: tok.ModuleEnv,
@@ -75,10 +96,30 @@ serial = "1000015"
 			t.Fatal(err)
 		}
 		var checked []string
-		for m := range check.OutOfSync() {
-			checked = append(checked, m)
+		for _, d := range check.Differences {
+			for _, m := range d.Members {
+				if !slices.Contains(checked, m) {
+					checked = append(checked, m)
+				}
+			}
 		}
 		slices.Sort(checked)
+		var goAPI []string
+		st := other.Status(ctx)
+		for _, m := range st.Members {
+			if m.NeedsSync {
+				goAPI = append(goAPI, m.Name)
+			}
+		}
+		// listgroups without haagent: what hactl runs (compareLocal).
+		local := agent.GroupStatus{Members: []agent.MemberStatus{{Name: "a"}, {Name: "b"}}}
+		local.SetSync(ha.CompareConfigured(ctx, *gcfg, set, ""))
+		var unagented []string
+		for _, m := range local.Members {
+			if m.NeedsSync {
+				unagented = append(unagented, m.Name)
+			}
+		}
 		body := scrape(t, ta.d.MetricsAddr())
 		var metric []string
 		for _, m := range []string{"a", "b"} {
@@ -89,9 +130,16 @@ serial = "1000015"
 			}
 		}
 		if !slices.Equal(listed, want) || !slices.Equal(rep.Groups[0].NeedsSync, nonNil(want)) || !slices.Equal(checked, want) ||
-			check.InSync != (len(want) == 0) || !slices.Equal(metric, want) {
-			t.Fatalf("%s: want %v out of sync; listgroups says %v (group: %v), synchronize --check %v (in sync %v: %v), the metric %v",
-				step, want, listed, rep.Groups[0].NeedsSync, checked, check.InSync, check.Differences, metric)
+			check.InSync != (len(want) == 0) || !slices.Equal(metric, want) || !slices.Equal(goAPI, want) ||
+			st.OutOfSync() != (len(want) > 0) || !slices.Equal(unagented, want) || !slices.Equal(local.NeedsSync, nonNil(want)) {
+			t.Fatalf("%s: want %v out of sync; listgroups says %v (group: %v), synchronize --check %v (in sync %v: %v), the metric %v, "+
+				"another host's Status %v (%s), listgroups without haagent %v",
+				step, want, listed, rep.Groups[0].NeedsSync, checked, check.InSync, check.Differences, metric, goAPI, st.SyncError, unagented)
+		}
+		for _, m := range st.Members {
+			if n := rep.Groups[0].Members[slices.IndexFunc(rep.Groups[0].Members, func(x agent.MemberStatus) bool { return x.Name == m.Name })].OutOfSync; n != m.OutOfSync {
+				t.Errorf("%s: %s is out of sync by %d through haagent, by %d in another host's Status", step, m.Name, n, m.OutOfSync)
+			}
 		}
 	}
 	synchronize := func() {
@@ -124,6 +172,33 @@ serial = "1000015"
 	agree("b holds an object twice", []string{"b"})
 	synchronize()
 	agree("duplicate removed", nil)
+
+	// The other host destroys an object while b is away from it only: b
+	// still holds it, a tombstone on a says it is gone.
+	if err := other.Engine().FailMember("b", errors.New("test: away from the other host")); err != nil {
+		t.Fatal(err)
+	}
+	sess, err := other.Engine().OpenSession(t.Context(), pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	found, err := sess.Find(t.Context(), []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, "behind")})
+	if err != nil || len(found) != 1 {
+		t.Fatalf("the other host finds behind: %v %v", found, err)
+	}
+	if err := sess.DestroyObject(t.Context(), found[0]); err != nil {
+		t.Fatal(err)
+	}
+	if hs, err := direct[1].FindObjects(t.Context(), []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, "behind")}); err != nil || len(hs) != 1 {
+		t.Fatalf("b holds %v (%v); the test needs the destroyed object there", hs, err)
+	}
+	agree("b holds an object another host destroyed", []string{"b"})
+	synchronize()
+	if _, err := other.Recover(t.Context(), "b"); err != nil {
+		t.Fatalf("the other host recovers b: %v", err)
+	}
+	agree("the destroy applied on b", nil)
 }
 
 func nonNil(ss []string) []string {

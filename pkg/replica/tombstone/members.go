@@ -184,6 +184,7 @@ func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *m
 	defer w.mu.Unlock()
 	epoch := m.Epoch()
 	if held == nil && w.records != nil && w.epoch == epoch {
+		add = add.settledAway(w.records)
 		union := newRecordSet()
 		union.addAll(w.records, s.cutoff())
 		if !union.addAll(add, s.cutoff()) {
@@ -198,6 +199,7 @@ func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *m
 		}
 		held = &h
 	}
+	add = add.settledAway(held.records)
 	union := held.records.clone()
 	if !union.addAll(add, s.cutoff()) && len(held.objects) == 1 {
 		return union, nil // nothing new, and nothing to fold together
@@ -315,7 +317,7 @@ func (s *Shared) report(member string, err error) {
 type recordSet map[string]Tombstone
 
 func recordKey(t Tombstone) string {
-	return fmt.Sprintf("%s\x00%d", key(t.Identity, t.Fingerprint), t.Time.UnixNano())
+	return fmt.Sprintf("%s\x00%d", keyOf(t), t.Time.UnixNano())
 }
 
 func newRecordSet(ts ...Tombstone) recordSet {
@@ -339,6 +341,25 @@ func (r recordSet) add(t Tombstone, cutoff time.Time) bool {
 	}
 	r[k] = t
 	return true
+}
+
+// settledAway returns r without the intents settled in r (the intent and
+// its revocation both there) that have does not hold: a creation answered
+// never needs its intent on a member, and leaving such pairs out keeps
+// the members' objects to the destroys and the unanswered creations. A
+// revocation of an intent have holds (one published, then settled by a
+// later creation of its identity) stays, so that it reaches the member.
+func (r recordSet) settledAway(have recordSet) recordSet {
+	out := recordSet{}
+	for k, t := range r {
+		if t.Intent && t.Revoked {
+			if _, held := have[k]; !held {
+				continue // the revocation replaced its intent in r (add)
+			}
+		}
+		out[k] = t
+	}
+	return out
 }
 
 // addAll merges every record of o and reports whether r changed.
@@ -390,6 +411,7 @@ const (
 	flagRevoked = 1 << iota
 	flagNoKeyType
 	flagNoFingerprint
+	flagIntent
 )
 
 func encodeRecords(ts []Tombstone) []byte {
@@ -405,6 +427,9 @@ func encodeRecords(ts []Tombstone) []byte {
 		}
 		if t.Fingerprint == nil {
 			f |= flagNoFingerprint
+		}
+		if t.Intent {
+			f |= flagIntent
 		}
 		b = append(b, f)
 		b = binary.AppendUvarint(b, uint64(t.Identity.Class))
@@ -437,7 +462,7 @@ func decodeRecords(b []byte, serial string) ([]Tombstone, error) {
 	var out []Tombstone
 	for len(d.b) > 0 && d.err == nil {
 		f := d.byte()
-		t := Tombstone{GroupSerial: serial, Revoked: f&flagRevoked != 0}
+		t := Tombstone{GroupSerial: serial, Revoked: f&flagRevoked != 0, Intent: f&flagIntent != 0}
 		t.Identity.Class = uint(d.uvarint())
 		t.Identity.KeyType = replica.NoKeyType
 		if f&flagNoKeyType == 0 {

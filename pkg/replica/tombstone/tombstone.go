@@ -113,6 +113,16 @@ type Tombstone struct {
 	// happen, and that tombstone no longer counts. A revocation needs
 	// the Time of the tombstone it revokes.
 	Revoked bool
+	// Intent marks the write-ahead record of a creation sent to a member
+	// (Fingerprint nil: the object does not exist yet). The group revokes
+	// it when the member answers; one left standing means a creation that
+	// was never answered, which may have left an object on that member
+	// that the group never made. It matches every version of its
+	// identity, but only where one member being caught up holds that
+	// version and no other member does (Set.Unanswered, pkg/replica's
+	// plan): such an object is destroyed there, not spread. It never
+	// counts as a destroy (Contains, ContainsIdentity).
+	Intent bool
 }
 
 // Revocation returns the record that revokes t.
@@ -135,6 +145,15 @@ func (t Tombstone) String() string {
 // key is the map key of a tombstone: identity and fingerprint.
 func key(id replica.Identity, fp []byte) string {
 	return id.Key() + "\x00" + string(fp)
+}
+
+// keyOf is the map key of record t: an intent has its own, so that it is
+// never taken for a destroy of its identity.
+func keyOf(t Tombstone) string {
+	if t.Intent {
+		return key(t.Identity, nil) + "\x00intent"
+	}
+	return key(t.Identity, t.Fingerprint)
 }
 
 // records holds the tombstones and revocations of one identity and
@@ -488,11 +507,10 @@ func (j *Journal) Snapshot(ctx context.Context) (*Set, error) {
 		return nil, err
 	}
 	cutoff := j.cutoff()
-	s := &Set{entries: make(map[string]Tombstone, len(j.entries)), ids: map[string]bool{}}
+	s := newSet(len(j.entries))
 	for k, r := range j.entries {
 		if t, ok := r.latest(cutoff); ok {
-			s.entries[k] = t
-			s.ids[t.Identity.Key()] = true
+			s.put(k, t)
 		}
 	}
 	return s, nil
@@ -581,7 +599,7 @@ func (j *Journal) loadCheckpointLocked() error {
 
 // addLocked merges t (a tombstone or a revocation).
 func (j *Journal) addLocked(t Tombstone) {
-	k := key(t.Identity, t.Fingerprint)
+	k := keyOf(t)
 	r := j.entries[k]
 	if r == nil {
 		r = records{}
@@ -787,7 +805,37 @@ func (j *Journal) Close() error {
 // planning takes.
 type Set struct {
 	entries map[string]Tombstone
-	ids     map[string]bool // Identity.Key of every entry
+	ids     map[string]bool // Identity.Key of every destroy
+	intents map[string]bool // Identity.Key of every unanswered creation
+}
+
+func newSet(n int) *Set {
+	return &Set{entries: make(map[string]Tombstone, n), ids: map[string]bool{}, intents: map[string]bool{}}
+}
+
+// put adds the live record t under its key k.
+func (s *Set) put(k string, t Tombstone) {
+	if t.Intent {
+		s.intents[intentKey(t.Identity)] = true
+		return
+	}
+	s.entries[k] = t
+	s.ids[t.Identity.Key()] = true
+}
+
+// Unanswered reports whether a creation of an object with this identity
+// was sent to a member and never answered (an Intent not revoked, within
+// the horizon): an object of that identity that one member being caught up
+// holds alone was never made by the group.
+func (s *Set) Unanswered(id replica.Identity) bool {
+	return s != nil && s.intents[intentKey(id)]
+}
+
+// intentKey is an identity's key without its key type, which a creation's
+// template need not give (the mechanism implies it).
+func intentKey(id replica.Identity) string {
+	id.KeyType = replica.NoKeyType
+	return id.Key()
 }
 
 // NewSet returns a Set of ts, for tombstones kept elsewhere (in memory,
@@ -796,7 +844,7 @@ type Set struct {
 func NewSet(ts ...Tombstone) *Set {
 	all := map[string]records{}
 	for _, t := range ts {
-		k := key(t.Identity, t.Fingerprint)
+		k := keyOf(t)
 		r := all[k]
 		if r == nil {
 			r = records{}
@@ -804,11 +852,10 @@ func NewSet(ts ...Tombstone) *Set {
 		}
 		r.add(t)
 	}
-	s := &Set{entries: make(map[string]Tombstone, len(all)), ids: map[string]bool{}}
+	s := newSet(len(all))
 	for k, r := range all {
 		if t, ok := r.latest(time.Time{}); ok {
-			s.entries[k] = t
-			s.ids[t.Identity.Key()] = true
+			s.put(k, t)
 		}
 	}
 	return s
@@ -862,7 +909,7 @@ func sortTombstones(ts []Tombstone) {
 		if !ts[a].Time.Equal(ts[b].Time) {
 			return ts[a].Time.Before(ts[b].Time)
 		}
-		return key(ts[a].Identity, ts[a].Fingerprint) < key(ts[b].Identity, ts[b].Fingerprint)
+		return keyOf(ts[a]) < keyOf(ts[b])
 	})
 }
 
@@ -881,6 +928,7 @@ type wireTombstone struct {
 	Time        time.Time    `json:"time"`
 	Group       string       `json:"group"`
 	Revoked     bool         `json:"revoked,omitempty"` // a revocation of the tombstone of this time
+	Intent      bool         `json:"intent,omitempty"`  // the write-ahead record of a creation
 }
 
 type wireCheckpoint struct {
@@ -902,6 +950,7 @@ func toWire(t Tombstone) wireTombstone {
 		Time:        t.Time.UTC(),
 		Group:       t.GroupSerial,
 		Revoked:     t.Revoked,
+		Intent:      t.Intent,
 	}
 	if t.Identity.KeyType != replica.NoKeyType {
 		kt := t.Identity.KeyType
@@ -931,6 +980,7 @@ func fromWire(w wireTombstone, serial string) (Tombstone, error) {
 		Time:        w.Time,
 		GroupSerial: w.Group,
 		Revoked:     w.Revoked,
+		Intent:      w.Intent,
 	}
 	if len(t.Identity.ID) == 0 {
 		t.Identity.ID = nil

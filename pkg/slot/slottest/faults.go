@@ -38,6 +38,7 @@ type token struct {
 	sem     chan struct{} // Capacity: one entry per call running; nil = unlimited
 	calls   map[slot.Op]int
 	hung    int // calls blocked in a Hang now
+	lose    map[slot.Op]bool
 }
 
 type failRule struct {
@@ -62,6 +63,7 @@ func (f *Faults) tok(name string) *token {
 			delay:   make(map[slot.Op]time.Duration),
 			release: make(chan struct{}),
 			calls:   make(map[slot.Op]int),
+			lose:    make(map[slot.Op]bool),
 		}
 		f.tokens[name] = t
 	}
@@ -86,6 +88,16 @@ func (f *Faults) FailN(token string, op slot.Op, err error, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tok(token).fail[op] = failRule{err: err, left: n}
+}
+
+// LoseAnswer makes the token's op calls go through and their answers get
+// lost: the module does the work (a key generated stays on the token) and
+// the caller gets slot.ErrTimeout, as from a member that died before it
+// answered. Until Heal.
+func (f *Faults) LoseAnswer(token string, op slot.Op) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tok(token).lose[op] = true
 }
 
 // Hang makes op (All: every op) on token block, as a hung module would,
@@ -137,6 +149,7 @@ func (f *Faults) Heal(token string) {
 	clear(t.fail)
 	clear(t.hang)
 	clear(t.delay)
+	clear(t.lose)
 	t.sem = nil
 	close(t.release)
 	t.release = make(chan struct{})
@@ -274,6 +287,10 @@ func (f *Faults) Wrap(ctx context.Context, name string, op slot.Op, call func() 
 		t.hung--
 		f.notify()
 	}
+	_, lost := rule(t.lose, op)
 	f.mu.Unlock()
-	return call()
+	if err := call(); err != nil || !lost {
+		return err
+	}
+	return slot.ErrTimeout
 }

@@ -1,0 +1,52 @@
+package ha
+
+import (
+	"context"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/recovery"
+)
+
+// followMarks makes a long-lived process (an agent, an application's
+// worker that runs for days) follow the behind marks the other processes
+// and hosts leave, not only read them at login: every interval it reads
+// the marks on the serving members (one FindObjects per member), takes a
+// member marked behind out of rotation and catches it up, as a login
+// does. Without it, a key another host destroyed while the member was
+// away from that host stays usable here on that member until the process
+// restarts. It runs until stop is called; stop waits for it.
+func (h *Group) followMarks(every, timeout time.Duration) (stop func()) {
+	if every < recovery.MinInterval {
+		every = recovery.MinInterval
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			h.admitMarked(ctx, timeout)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// admitMarked reads the marks once and catches up the members found
+// behind, within one command_timeout; a catch-up not done by then goes on
+// as automatic recovery.
+func (h *Group) admitMarked(ctx context.Context, timeout time.Duration) {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if names := h.g.FollowMarks(rctx); len(names) > 0 {
+		catchUp(rctx, h.rec, names)
+	}
+}
