@@ -14,9 +14,9 @@ type fault struct {
 
 // plans are the runs under kill: a non-primary dies during a multi-part
 // encryption, the primary during an RSA signature and the key management
-// after it; in a run of its own (the first ends early today, see
-// known_test.go) another non-primary dies while token objects are
-// destroyed. Each comes back later in its run.
+// after it (it is back for the wrap of an extractable key); in a run of
+// its own another non-primary dies while token objects are destroyed.
+// Each comes back later in its run.
 var plans = []struct {
 	name   string
 	faults []fault
