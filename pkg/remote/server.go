@@ -763,6 +763,9 @@ func (p *peer) run(q *request, r *response) error {
 		r.Data = v
 		return err
 	case opUnwrapKey:
+		if err := WrappedKeyMissing(q.Data); err != nil {
+			return err
+		}
 		h, err := c.UnwrapKey(sh, ms, obj, q.Data, q.Attrs)
 		r.Handle = uint(h)
 		return err
