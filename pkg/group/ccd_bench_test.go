@@ -17,9 +17,11 @@ import (
 
 // opTimer sums the time of every module call by member and op.
 type opTimer struct {
-	mu  sync.Mutex
-	sum map[string]time.Duration
-	n   map[string]int
+	mu    sync.Mutex
+	sum   map[string]time.Duration
+	n     map[string]int
+	seq   []string // the calls in order, while trace is set
+	trace bool
 }
 
 func (o *opTimer) Before(context.Context, string, slot.Op) error { return nil }
@@ -36,6 +38,9 @@ func (o *opTimer) Wrap(ctx context.Context, token string, op slot.Op, call func(
 	k := token + " " + string(op)
 	o.sum[k] += d
 	o.n[k]++
+	if o.trace {
+		o.seq = append(o.seq, k)
+	}
 	return err
 }
 
@@ -119,7 +124,11 @@ func BenchmarkCreateCopyDestroy(b *testing.B) {
 		}
 		lap(3, t0)
 	}
+	round(-2)
+	timer.trace = true
 	round(-1)
+	timer.trace = false
+	b.Logf("one round's calls:\n%s", strings.Join(timer.seq, "\n"))
 	timer.reset()
 	wall = [4]time.Duration{}
 	timed.record, timed.revive = 0, 0
