@@ -90,7 +90,7 @@ func (t *timedTombstones) Revive(ctx context.Context, id replica.Identity, fp []
 func BenchmarkCreateCopyDestroy(b *testing.B) {
 	timer := &opTimer{}
 	f := setup(b, setupOpts{interceptor: timer})
-	shared := tombstone.NewShared(&MemoryTombstones{}, f.g.serial, tombstone.SharedOptions{})
+	shared := tombstone.NewShared(&tombstone.Memory{}, f.g.serial, tombstone.SharedOptions{})
 	timed := &timedTombstones{Shared: shared}
 	f.g.tombstones = timed
 	shared.SetMembers(f.g.StateSlots)
