@@ -185,9 +185,9 @@ func TestKeyManagementIsReplicated(t *testing.T) {
 
 // TestWrapExtractableKeyOnAnyMember wraps a key the application made
 // extractable once per member in turn (round-robin): whichever member
-// answers, the application gets the blob. Replicas of the key carry
-// CKA_WRAP_WITH_TRUSTED (the trusted domain key's unwrap template forces
-// it), so a replica alone cannot wrap it under the application's key.
+// answers, the application gets the blob: the replicas lack
+// CKA_WRAP_WITH_TRUSTED as the key's own copy does (they travelled under
+// a transit key).
 func TestWrapExtractableKeyOnAnyMember(t *testing.T) {
 	f := setup(t, setupOpts{policy: config.PolicyRoundRobin})
 	ctx := testContext(t)

@@ -27,10 +27,13 @@ import (
 // The application's view is recorded by that combination, so that any
 // process reading any member answers alike: a private or secret key whose
 // every serving copy carries CKA_WRAP_WITH_TRUSTED=true is unextractable
-// to the application. Replicas always carry it (the trusted domain key's
-// unwrap template forces it), so a key the application made extractable
-// is recognised by the copy it was made as, which lacks it; once that copy
-// is gone the key reads unextractable — the safe side.
+// to the application. Replicas carry their source's flag (a key without
+// it travels under a transit key, since the trusted domain key's unwrap
+// template would force it: pkg/replica/transit.go), so every copy of a
+// key the application made extractable lets it out, as the bare token
+// does. A replica made before that carries the flag: such a key is
+// recognised by the copy it was made as, and reads unextractable once that
+// copy is gone — the safe side.
 
 // tokenDefaultExtractable is CKA_EXTRACTABLE when a template gives none:
 // SoftHSM 2.6's default (measured by TestKeyprot/BareDefaults in

@@ -134,10 +134,10 @@ func containsType(types []uint, want ...uint) bool {
 // wrapWithTrustedCopies returns the serving members whose copy of o
 // carries CKA_WRAP_WITH_TRUSTED=true. Such a copy can be wrapped only
 // under a CKA_TRUSTED key, which an application's wrapping key is not:
-// the token answers CKR_KEY_NOT_WRAPPABLE. Replicas carry the flag
-// whatever the application asked (the trusted domain key's unwrap
-// template forces it), so a key the application made extractable is
-// wrapped where it was made. A member that does not hold o or does not
+// the token answers CKR_KEY_NOT_WRAPPABLE. Replicas made before keys
+// travelled under transit keys (pkg/replica/transit.go) carry the flag
+// whatever the application asked, so such a key is wrapped where it was
+// made. A member that does not hold o or does not
 // answer is left out (run finds that out and fails over). Read on every
 // call, not kept: a member's copy changes when it is recovered or
 // re-added, and WrapKey is not on the hot path.
@@ -174,8 +174,8 @@ func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vobject, m *member.Mem
 // group keeps it physically extractable under trusted keys, so that it
 // can move it between members under the domain key. A key the application
 // made extractable is wrapped on a member whose copy lacks
-// CKA_WRAP_WITH_TRUSTED (the copy it was made as; replicas carry it), and
-// on the others only when no such member serves.
+// CKA_WRAP_WITH_TRUSTED (every copy, but for replicas made before transit
+// keys), and on the others only when no such member serves.
 func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, key ObjectHandle) ([]byte, error) {
 	w, err := g.key("WrapKey", wrapping, argWrapping)
 	if err != nil {

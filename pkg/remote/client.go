@@ -645,6 +645,12 @@ func (c *Client) DigestFinal(sh pkcs11.SessionHandle) ([]byte, error) {
 	return c.sdata(opDigestFinal, sh, nil)
 }
 
+// DigestKey feeds the value of key to the digest.
+func (c *Client) DigestKey(sh pkcs11.SessionHandle, key pkcs11.ObjectHandle) error {
+	_, err := c.call(&request{Op: opDigestKey, Session: uint(sh), Object: uint(key)})
+	return err
+}
+
 // protocolError is a response that does not fit its request: the
 // connection cannot be trusted; reported as CKR_DEVICE_ERROR.
 func protocolError(format string, args ...any) error {

@@ -76,6 +76,25 @@ func TestRoundTrips(t *testing.T) {
 		if err != nil || !bytes.Equal(d, want[:]) {
 			t.Fatalf("multi-part digest = %x, %v; want %x", d, err, want)
 		}
+		// C_DigestKey digests the key's value as if it were data.
+		value := []byte("0123456789abcdef0123456789abcdef")
+		k, err := s.CreateObject(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+			attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_GENERIC_SECRET), attr(pkcs11.CKA_TOKEN, false),
+			attr(pkcs11.CKA_SENSITIVE, false), attr(pkcs11.CKA_VALUE, value)})
+		if err != nil {
+			t.Fatalf("CreateObject of a secret key: %v", err)
+		}
+		mustDo(t, "DigestInit", ss.DigestInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil)))
+		mustDo(t, "DigestUpdate", ss.DigestUpdate(ctx, data))
+		mustDo(t, "DigestKey", ss.DigestKey(ctx, k))
+		d, err = ss.DigestFinal(ctx)
+		if want := sha256.Sum256(append(slices.Clone(data), value...)); err != nil || !bytes.Equal(d, want[:]) {
+			t.Fatalf("digest of data and key = %x, %v; want %x", d, err, want)
+		}
+		mustDo(t, "DigestInit", ss.DigestInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil)))
+		if err := ss.DigestKey(ctx, k+1000); !errors.Is(err, pkcs11.Error(pkcs11.CKR_KEY_HANDLE_INVALID)) {
+			t.Errorf("DigestKey of no key: %v, want CKR_KEY_HANDLE_INVALID", err)
+		}
 	})
 
 	t.Run("objects", func(t *testing.T) {

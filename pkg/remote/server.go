@@ -342,7 +342,7 @@ func objectAccess(o op) tokenquirk.Access {
 	case opCreateObject, opCreateObjectNested, opCopyObject, opDestroyObject, opSetAttributeValue,
 		opGenerateKey, opGenerateKeyPair, opUnwrapKey, opDeriveKey:
 		return tokenquirk.Write
-	case opFindObjectsInit, opFindObjects, opGetAttributeValue, opGetNestedAttribute:
+	case opFindObjectsInit, opFindObjects, opGetAttributeValue, opGetNestedAttribute, opDigestKey:
 		return tokenquirk.Read
 	}
 	return tokenquirk.None
@@ -763,6 +763,9 @@ func (p *peer) run(q *request, r *response) error {
 		r.Data = v
 		return err
 	case opUnwrapKey:
+		if err := WrappedKeyMissing(q.Data); err != nil {
+			return err
+		}
 		h, err := c.UnwrapKey(sh, ms, obj, q.Data, q.Attrs)
 		r.Handle = uint(h)
 		return err
@@ -837,6 +840,8 @@ func (p *peer) run(q *request, r *response) error {
 		v, err := c.DigestFinal(sh)
 		r.Data = v
 		return err
+	case opDigestKey:
+		return c.DigestKey(sh, obj)
 	}
 	return fmt.Errorf("operation %d is not served", q.Op)
 }

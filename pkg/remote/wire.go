@@ -20,8 +20,8 @@ import (
 // ProtocolVersion is the version of the request/response protocol. A server
 // refuses a client of another version with a welcome naming both.
 // Version 1 was encoding/gob, unbounded; version 2 did not tell an empty
-// byte string from none.
-const ProtocolVersion = 3
+// byte string from none; version 3 carried no C_DigestKey.
+const ProtocolVersion = 4
 
 // magic opens every connection.
 const magic = "hagroup-remote"
@@ -88,6 +88,7 @@ const (
 	opDigest
 	opDigestUpdate
 	opDigestFinal
+	opDigestKey
 	opCount
 )
 

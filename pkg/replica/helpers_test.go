@@ -14,7 +14,7 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 128)) }
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 320)) }
 
 var (
 	oidP256Params = []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}

@@ -177,7 +177,10 @@ func TestReplicateRemembersPerEpoch(t *testing.T) {
 // TestReplicateDerivesUnwrapTemplate: the template forced on copies is
 // known from the domain key's CKA_TRUSTED, not read back on every copy
 // (the audit reads it once per login epoch): every copy is sensitive, and
-// after a trusted install wrappable only by a trusted key.
+// after a trusted install a key marked CKA_WRAP_WITH_TRUSTED stays
+// wrappable only by a trusted key. A key without the mark keeps its
+// source's CKA_WRAP_WITH_TRUSTED=false (it travels under a transit key,
+// transit.go): the application made it extractable, as on its source.
 func TestReplicateDerivesUnwrapTemplate(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -206,9 +209,15 @@ func TestReplicateDerivesUnwrapTemplate(t *testing.T) {
 			if v, ok := getAttr(t, dst, h, pkcs11.CKA_VALUE); ok {
 				t.Errorf("the copy's value is readable: %x", v)
 			}
-			v, _ := getAttr(t, dst, h, pkcs11.CKA_WRAP_WITH_TRUSTED)
-			if got := len(v) == 1 && v[0] == 1; got != c.trusted {
-				t.Errorf("copy CKA_WRAP_WITH_TRUSTED %v, want %v", got, c.trusted)
+			if v, _ := getAttr(t, dst, h, pkcs11.CKA_WRAP_WITH_TRUSTED); len(v) != 1 || v[0] != 0 {
+				t.Errorf("copy of a key without CKA_WRAP_WITH_TRUSTED: %x, want false as its source", v)
+			}
+			if !c.trusted {
+				return
+			}
+			marked := genAES(t, src, "marked", randomID(t), attr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+			if v, _ := getAttr(t, dst, replicateWith(t, r, src, marked, Target{Slot: dst}), pkcs11.CKA_WRAP_WITH_TRUSTED); len(v) != 1 || v[0] != 1 {
+				t.Errorf("copy of a key marked CKA_WRAP_WITH_TRUSTED: %x, want true", v)
 			}
 		})
 	}

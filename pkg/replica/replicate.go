@@ -408,11 +408,15 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 	}
 	var h pkcs11.ObjectHandle
 	err = j.r.withDomainKey(ctx, j.dst.Slot, func(dk pkcs11.ObjectHandle, trusted bool) error {
+		var err error
+		if needsTransit(a, trusted) {
+			h, err = j.unwrapInTransit(ctx, dk, tmpl)
+			return err
+		}
 		// SoftHSM wants every attribute of the domain key's unwrap
 		// template in the call's template, with the same value (else
 		// CKR_TEMPLATE_INCONSISTENT); the copy follows it where the
 		// source differs.
-		var err error
 		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, override(tmpl, unwrapTemplate(trusted)))
 		return err
 	})

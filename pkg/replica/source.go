@@ -30,6 +30,9 @@ type source struct {
 	unwrapA attrs // keys: the attributes of the unwrap template
 	blob    []byte
 	blobErr error
+	// inTransit: the source under a transit key (transit.go).
+	inTransit  *transitBlobs
+	transitErr error
 }
 
 func newSource(r *Replicator, s *slot.Slot, so readResult) *source {
@@ -42,6 +45,8 @@ func (sc *source) close() {
 	defer sc.mu.Unlock()
 	clear(sc.blob)
 	sc.blob = nil
+	sc.inTransit.clear()
+	sc.inTransit = nil
 }
 
 func (sc *source) name() string { return sc.slot.Name() }

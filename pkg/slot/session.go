@@ -318,7 +318,7 @@ func (ss *Session) DigestUpdate(ctx context.Context, data []byte) error {
 }
 
 // keyDigester is a module that can digest a key's value (miekg's context
-// can; the hsmserve protocol carries no C_DigestKey).
+// and pkg/remote's client can).
 type keyDigester interface {
 	DigestKey(sh pkcs11.SessionHandle, key pkcs11.ObjectHandle) error
 }

@@ -3,6 +3,7 @@ package slot
 import (
 	"context"
 
+	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
 
@@ -171,6 +172,9 @@ func wrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, wrapping, key p
 
 func unwrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
 	if err := checkMech(r.member(), OpUnwrapKey, m); err != nil {
+		return 0, err
+	}
+	if err := remote.WrappedKeyMissing(blob); err != nil {
 		return 0, err
 	}
 	var h pkcs11.ObjectHandle

@@ -45,8 +45,6 @@ var allowances = []allowance{
 	{step: "init token wrong SO PIN", got: "rv=0x54", design: "**PINs and token initialisation.**"},
 	// The wrong SO PIN never reached a member, so no member counts it.
 	{step: "token info at end", fields: []string{"flags"}, design: "**PINs and token initialisation.**"},
-	{step: "digest key", configs: []string{served, underKill}, got: "rv=0x54", endsOp: true, design: "**`C_DigestKey` through hsmserve**"},
-	{step: "digest sensitive key", configs: []string{served, underKill}, got: "rv=0x54", endsOp: true, design: "**`C_DigestKey` through hsmserve**"},
 	{step: "sensitive value", fields: []string{"a165", "a164"}, design: "**Secret values stay on the members.**"},
 	{step: "AES key attributes", got: "rv=0x11 a11=-1 a161=8:1000000000000000 a100=8:1f00000000000000 a163=1:00 a90=3:189956", design: "**Secret values stay on the members.**"},
 	{step: "unwrapped value", got: "rv=0x11 a11=-1 a163=1:00 a164=1:00", design: "**Secret values stay on the members.**"},

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -232,22 +231,11 @@ func (c *clientWorld) checkHALog() string {
 }
 
 // compareClient requires got to be want up to the normaliser, and what a
-// user checks to hold; the known defects listed for the client and world
-// are applied to both and logged while they make a difference.
+// user checks to hold.
 func compareClient(t *testing.T, c *clientWorld, cmd clientCmd, want, got string) {
 	t.Helper()
 	checkWant(t, c.name, cmd, got)
 	nw, ng := normalise(clientRules, want), normalise(clientRules, got)
-	for _, k := range knownClientDefects {
-		if k.client != cmd.name || len(k.configs) > 0 && !slices.Contains(k.configs, c.name) {
-			continue
-		}
-		fw, fg := k.fix.apply(nw), k.fix.apply(ng)
-		if d := lineDiff(nw, ng); d != lineDiff(fw, fg) {
-			t.Logf("known difference, %s: %s (%s):\n%s", c.name, cmd.name, k.owner, d)
-		}
-		nw, ng = fw, fg
-	}
 	if nw != ng {
 		t.Errorf("%s: %s differs from the bare token\n--- bare token\n%s\n--- %s\n%s\n--- normalised diff (- bare, + group)\n%s\nHA log:\n%s",
 			c.name, cmd.name, want, c.name, got, lineDiff(nw, ng), c.haLog())
@@ -332,20 +320,6 @@ var clientRules = []rewrite{
 	rewriteRule(`(?m)^< *\d+> `, "<> ", ""),
 	{fn: sortBlocks(`^(Private Key|Public Key|Certificate|Secret Key|Data) Object|^Object:$|^<> |^(ssh-rsa|ecdsa-sha2-nistp256) |^\S+, PrivateKeyEntry|^` + label + `:`)},
 }
-
-// knownClientDefect is a difference that is a defect, not a decision
-// (see knownDefect): fix, applied to both normalised outputs, makes the
-// group's the bare token's; the test logs it while it makes a difference.
-type knownClientDefect struct {
-	client  string
-	configs []string // none: every group
-	fix     rewrite
-	owner   string
-}
-
-// knownClientDefects lists the client differences that are defects, each
-// with the owner of its fix; none is open.
-var knownClientDefects []knownClientDefect
 
 const javaClientProgram = `import java.nio.file.*;
 import java.security.*;

@@ -14,9 +14,10 @@ type fault struct {
 
 // plans are the runs under kill: a non-primary dies during a multi-part
 // encryption, the primary during an RSA signature and the key management
-// after it; in a run of its own (the first ends early today, see
-// known_test.go) another non-primary dies while token objects are
-// destroyed. Each comes back later in its run.
+// after it (it is back for the wrap of an extractable key); in a run of
+// its own another non-primary dies while token objects are destroyed; in
+// a third the primary dies just before the key generations. Each comes
+// back later in its run.
 var plans = []struct {
 	name   string
 	faults []fault
@@ -30,6 +31,13 @@ var plans = []struct {
 	{"non-primary during destroys", []fault{
 		{before: "destroy data object", member: 2},
 		{before: "no objects left", member: 2, restart: true},
+	}},
+	// The key generations are the first calls to meet the dead primary
+	// (its connection is gone, the request never sent): they move to the
+	// next member, and the generated keys read back as on the bare token.
+	{"primary before key generation", []fault{
+		{before: "generate AES key", member: 0},
+		{before: "wrap query", member: 0, restart: true},
 	}},
 }
 

@@ -102,15 +102,12 @@ func (d difference) String() string {
 
 // report is what compare found.
 type report struct {
-	diffs []difference // undocumented, unknown: the test fails
-	known []string     // known defects (known_test.go), logged
-	fixed []string     // known defects that no longer occur, logged
+	diffs []difference // undocumented: the test fails
 }
 
 // compare compares got with want, the bare token's answers to the same
-// steps. A difference is allowed where allowances document it, known where
-// the known defects list it; after either, when it ends the operation, the
-// operation's later steps are not compared.
+// steps. A difference is allowed where allowances document it; after one
+// that ends the operation, the operation's later steps are not compared.
 func compare(config string, want, got []answer, allow []allowance) report {
 	var r report
 	ended := ""
@@ -120,20 +117,6 @@ func compare(config string, want, got []answer, allow []allowance) report {
 			continue
 		}
 		ended = ""
-		if k, ok := known(config, w, g); ok {
-			r.known = append(r.known, fmt.Sprintf("%s: %s", k.owner, difference{step: w.step.name, call: w.step.call, got: g.norm(), want: w.norm()}))
-			if k.endsOp {
-				ended = w.step.op
-			}
-			if k.endsRun {
-				r.known = append(r.known, fmt.Sprintf("%d later steps not compared", len(want)-i-1))
-				return r
-			}
-			continue
-		}
-		if ks := knownAt(config, w.step.name); len(ks) > 0 && w.norm() == g.norm() {
-			r.fixed = append(r.fixed, fmt.Sprintf("step %q (%s) answers as the bare token now: remove its entry", w.step.name, ks[0].owner))
-		}
 		if w.norm() == g.norm() {
 			continue
 		}
@@ -146,17 +129,4 @@ func compare(config string, want, got []answer, allow []allowance) report {
 		r.diffs = append(r.diffs, difference{step: w.step.name, call: w.step.call, got: g.norm(), want: w.norm()})
 	}
 	return r
-}
-
-// known returns the known defect that g's difference from w is.
-func known(config string, w, g answer) (knownDefect, bool) {
-	if w.norm() == g.norm() {
-		return knownDefect{}, false
-	}
-	for _, k := range knownAt(config, w.step.name) {
-		if g.norm() == k.got {
-			return k, true
-		}
-	}
-	return knownDefect{}, false
 }

@@ -493,6 +493,13 @@ func generalErrors(t testing.TB) []step {
 			tb(p.CKA_DERIVE, true), tx(p.CKA_EC_PARAMS, p256), tx(p.CKA_VALUE, k.ec.D.FillBytes(make([]byte, 32))))).saving("ec=h"),
 		st("general: unwrap garbage", "unwrap $s %s $aes %s %s", mech(p.CKM_AES_KEY_WRAP), hex.EncodeToString(seq(40, 3)), sessionSecret),
 		st("general: session after unwrap garbage", "sessinfo $s"),
+		// An empty blob (what the run under kill sent when the wrap before
+		// it failed) crashed the member's server: CKR_DEVICE_ERROR, and the
+		// group went down.
+		st("general: unwrap an empty blob", "unwrap $s %s $aes . %s", mech(p.CKM_AES_KEY_WRAP), sessionSecret),
+		st("general: unwrap no blob", "unwrap $s %s $aes - %s", mech(p.CKM_AES_KEY_WRAP), sessionSecret),
+		st("general: unwrap a one-byte blob", "unwrap $s %s $aes 00 %s", mech(p.CKM_AES_KEY_WRAP), sessionSecret),
+		st("general: session after short blobs", "sessinfo $s"),
 		st("general: ECDH derive bad point", "derive $s %s $ec %s", mech(p.CKM_ECDH1_DERIVE, "ecdh", "1", "0102"),
 			tpl(tu(p.CKA_CLASS, p.CKO_SECRET_KEY), tu(p.CKA_KEY_TYPE, p.CKK_GENERIC_SECRET), tu(p.CKA_VALUE_LEN, 32), tb(p.CKA_TOKEN, false))),
 		st("general: session after bad point", "sessinfo $s"),
