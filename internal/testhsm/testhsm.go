@@ -19,7 +19,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/hagroup/hagroup/pkg/slot"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +27,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
 )
 
 // Paths of the PKCS#11 modules the harness uses.
@@ -55,12 +57,18 @@ type Token struct {
 
 // pool is the process's in-process token pool. It is package state because
 // the token directory it describes is process state too: SOFTHSM2_CONF is
-// read once per process by SoftHSM.
+// read once per process by SoftHSM, which never adds a token made by
+// another process to its slots, so the pool cannot grow once tests run.
+// Instead a token a finished test released is initialised afresh (recycle)
+// when the unused ones run out, as with go test -count=N.
 var pool struct {
-	mu     sync.Mutex
-	ready  bool
-	tokens []Token
-	next   int
+	mu       sync.Mutex
+	ready    bool
+	tokens   []Token // made by Main, or recycled; tokens[next:] are unused
+	next     int
+	released []Token // given back by finished tests, not yet recycled
+	held     int     // taken and not yet released
+	made     int     // tokens ever made: numbers the next one
 }
 
 // Main creates a temporary SoftHSM token directory holding ntokens
@@ -110,6 +118,9 @@ func Main(m *testing.M, ntokens int) int {
 		})
 	}
 	pool.next = 0
+	pool.released = nil
+	pool.held = 0
+	pool.made = ntokens
 	pool.ready = true
 	pool.mu.Unlock()
 
@@ -122,8 +133,12 @@ func Main(m *testing.M, ntokens int) int {
 	return code
 }
 
-// Take returns n tokens from the pool that no other test has taken. It
-// fails the test when Main was not called or the pool is exhausted.
+// Take returns n tokens from the pool that no other running test holds,
+// each fresh: no objects, the harness's PINs, a label and member name no
+// earlier test saw (a recycled token keeps its serial number: SoftHSM
+// keeps it through C_InitToken). They go back to the pool when the test (or subtest) t
+// ends, after the cleanups registered after Take. It fails the test when
+// Main was not called or no token can be had.
 func Take(t testing.TB, n int) []Token {
 	t.Helper()
 	pool.mu.Lock()
@@ -131,14 +146,63 @@ func Take(t testing.TB, n int) []Token {
 	if !pool.ready {
 		t.Fatalf("testhsm.Take: no token pool; call testhsm.Main from TestMain")
 	}
+	var inUse []Token // released tokens that could not be recycled now
+	for len(pool.tokens)-pool.next < n && len(pool.released) > 0 {
+		tok := pool.released[0]
+		pool.released = pool.released[1:]
+		fresh, err := recycle(tok, pool.made)
+		if err != nil {
+			// Still open somewhere (a test that leaked a session):
+			// left as it is, to be tried again by a later Take.
+			inUse = append(inUse, tok)
+			t.Logf("testhsm.Take: token %s not recycled: %v", tok.Label, err)
+			continue
+		}
+		pool.made++
+		pool.tokens = append(pool.tokens, fresh)
+	}
+	pool.released = append(pool.released, inUse...)
 	if pool.next+n > len(pool.tokens) {
-		t.Fatalf("testhsm.Take(%d): only %d of %d tokens left; raise the count given to testhsm.Main (tokens are not reused, so -count=N needs N times as many)",
-			n, len(pool.tokens)-pool.next, len(pool.tokens))
+		t.Fatalf("testhsm.Take(%d): only %d tokens free (%d held by running tests, %d released but still in use); raise the count given to testhsm.Main",
+			n, len(pool.tokens)-pool.next, pool.held, len(inUse))
 	}
 	out := make([]Token, n)
 	copy(out, pool.tokens[pool.next:pool.next+n])
 	pool.next += n
+	pool.held += n
+	t.Cleanup(func() { release(out) })
 	return out
+}
+
+// release gives tokens back to the pool.
+func release(toks []Token) {
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	if pool.ready {
+		pool.held -= len(toks)
+		pool.released = append(pool.released, toks...)
+	}
+}
+
+// recycle initialises the pool token tok afresh as the pool's token number
+// i: C_InitToken in this process (the module's state must follow; another
+// process's pkcs11-tool would leave it stale), which SoftHSM refuses while
+// a session of this process is open on the token.
+func recycle(tok Token, i int) (Token, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(1))
+	defer cancel()
+	label := fmt.Sprintf("tok-%02d", i)
+	serial, err := slot.InitToken(ctx, SoftHSMModule, tok.Serial, label,
+		secret.PINFromString(SOPIN), secret.PINFromString(UserPIN))
+	if err != nil {
+		return Token{}, err
+	}
+	tok.Name = fmt.Sprintf("hsm-%02d", i)
+	tok.Label = label
+	tok.Serial = serial
+	tok.UserPIN = UserPIN
+	tok.SOPIN = SOPIN
+	return tok, nil
 }
 
 // initDeadline bounds the initialisation of n tokens: pkcs11-tool takes

@@ -58,12 +58,14 @@ func TestMainMakesTokens(t *testing.T) {
 	if conf == "" || !strings.HasPrefix(conf, os.TempDir()) {
 		t.Fatalf("SOFTHSM2_CONF = %q, want a temporary file", conf)
 	}
+	toks := testhsm.Take(t, 2)
+	more := testhsm.Take(t, 1)
+	// Listed after Take: a Take of a later run (-count) recycles tokens
+	// under new labels.
 	got := listLabels(t, testhsm.SoftHSMModule, nil)
 	if len(got) != 3 {
 		t.Fatalf("token directory holds %v, want 3 tokens", got)
 	}
-	toks := testhsm.Take(t, 2)
-	more := testhsm.Take(t, 1)
 	seen := map[string]bool{}
 	for _, tok := range append(toks, more...) {
 		if seen[tok.Label] {
@@ -99,6 +101,150 @@ func TestMainMakesTokens(t *testing.T) {
 		}
 		c.Logout(h)
 		c.CloseSession(h)
+	}
+}
+
+// initialize loads SoftHSM in a context of the test's own, finalized when
+// the test ends: C_Initialize reads the token directory as another
+// process would.
+func initialize(t *testing.T) *pkcs11.Ctx {
+	t.Helper()
+	c := pkcs11.New(testhsm.SoftHSMModule)
+	if c == nil {
+		t.Fatalf("load %s", testhsm.SoftHSMModule)
+	}
+	if err := c.Initialize(); err != nil {
+		t.Fatalf("Initialize: %v", err)
+	}
+	t.Cleanup(func() { c.Finalize(); c.Destroy() })
+	return c
+}
+
+// userSession opens a read-write session on tok with the user logged in.
+func userSession(t *testing.T, c *pkcs11.Ctx, tok testhsm.Token) pkcs11.SessionHandle {
+	t.Helper()
+	ids, err := c.GetSlotList(true)
+	if err != nil {
+		t.Fatalf("GetSlotList: %v", err)
+	}
+	for _, id := range ids {
+		ti, err := c.GetTokenInfo(id)
+		if err != nil || ti.SerialNumber != tok.Serial {
+			continue
+		}
+		if ti.Label != tok.Label {
+			t.Fatalf("token %s is labelled %q, Take said %q", tok.Serial, ti.Label, tok.Label)
+		}
+		sh, err := c.OpenSession(id, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+		if err != nil {
+			t.Fatalf("OpenSession on %s: %v", tok.Label, err)
+		}
+		if err := c.Login(sh, pkcs11.CKU_USER, tok.UserPIN); err != nil {
+			t.Fatalf("Login on %s with the harness's user PIN: %v", tok.Label, err)
+		}
+		return sh
+	}
+	t.Fatalf("no slot holds token %s (serial %s)", tok.Label, tok.Serial)
+	return 0
+}
+
+// objectLabels lists the labels of every object the session sees.
+func objectLabels(t *testing.T, c *pkcs11.Ctx, sh pkcs11.SessionHandle) []string {
+	t.Helper()
+	if err := c.FindObjectsInit(sh, nil); err != nil {
+		t.Fatal(err)
+	}
+	hs, _, err := c.FindObjects(sh, 100)
+	c.FindObjectsFinal(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, h := range hs {
+		a, err := c.GetAttributeValue(sh, h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, string(a[0].Value))
+	}
+	return out
+}
+
+// createObject leaves a private data object labelled label on the token.
+func createObject(t *testing.T, c *pkcs11.Ctx, sh pkcs11.SessionHandle, label string) {
+	t.Helper()
+	if _, err := c.CreateObject(sh, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA),
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		pkcs11.NewAttribute(pkcs11.CKA_VALUE, []byte("x")),
+	}); err != nil {
+		t.Fatalf("CreateObject: %v", err)
+	}
+}
+
+// Five rounds of three tokens from a pool of three (as go test -count=5
+// of a test taking three): each round's tokens come fresh, with none of
+// the objects the previous round left, under a label and member name no
+// earlier round saw (SoftHSM keeps a token's serial number through
+// C_InitToken).
+// Not parallel: it uses the process's SoftHSM context alone.
+func TestTakeRecyclesReleasedTokens(t *testing.T) {
+	seen := map[string]int{}
+	for round := range 5 {
+		t.Run(fmt.Sprint("round", round), func(t *testing.T) {
+			toks := testhsm.Take(t, 3)
+			c := initialize(t)
+			for _, tok := range toks {
+				for _, id := range []string{"label " + tok.Label, "name " + tok.Name} {
+					if r, ok := seen[id]; ok {
+						t.Fatalf("Take handed out %s in round %d and again in round %d", id, r, round)
+					}
+					seen[id] = round
+				}
+				sh := userSession(t, c, tok)
+				if objs := objectLabels(t, c, sh); len(objs) != 0 {
+					t.Fatalf("token %s comes with objects %q", tok.Label, objs)
+				}
+				createObject(t, c, sh, fmt.Sprintf("left by round %d", round))
+				c.CloseSession(sh)
+			}
+		})
+	}
+	if got := listLabels(t, testhsm.SoftHSMModule, nil); len(got) != 3 {
+		t.Fatalf("token directory holds %v, want the pool's 3 tokens (recycled in place)", got)
+	}
+}
+
+// A token whose test left a session open on it is not recycled under
+// that session: its objects stay, and it comes back once the session is
+// closed.
+func TestTakeLeavesATokenInUse(t *testing.T) {
+	c := initialize(t)
+	var leaked testhsm.Token
+	var sh pkcs11.SessionHandle
+	t.Run("leak", func(t *testing.T) {
+		toks := testhsm.Take(t, 3)
+		leaked = toks[0]
+		sh = userSession(t, c, leaked)
+		createObject(t, c, sh, "still in use")
+	})
+	testhsm.Take(t, 2) // the other two
+	if objs := objectLabels(t, c, sh); len(objs) != 1 || objs[0] != "still in use" {
+		t.Fatalf("the token in use holds %q after Take, want its object \"still in use\"", objs)
+	}
+	if err := c.CloseSession(sh); err != nil {
+		t.Fatal(err)
+	}
+	tok := testhsm.Take(t, 1)[0]
+	if tok.Serial != leaked.Serial || tok.Label == leaked.Label {
+		t.Fatalf("Take handed out %s (serial %s), want the token that was in use (serial %s) initialised afresh under a new label", tok.Label, tok.Serial, leaked.Serial)
+	}
+	sh = userSession(t, c, tok)
+	defer c.CloseSession(sh)
+	if objs := objectLabels(t, c, sh); len(objs) != 0 {
+		t.Fatalf("recycled token %s comes with objects %q", tok.Label, objs)
 	}
 }
 

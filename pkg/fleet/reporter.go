@@ -203,6 +203,16 @@ func (r *Reporter) Close() {
 	<-r.stopped
 }
 
+// closing reports whether Close was called.
+func (r *Reporter) closing() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (r *Reporter) poke() {
 	select {
 	case r.kick <- struct{}{}:
@@ -218,11 +228,16 @@ func (r *Reporter) run() {
 	for {
 		select {
 		case <-r.done:
+		case <-t.C:
+		case <-r.kick:
+		}
+		// Checked apart: select picks at random among ready cases, and
+		// send pokes kick while events wait, so a closing reporter could
+		// otherwise make several more sends before its final one.
+		if r.closing() {
 			r.send(true)
 			r.fold.FlushAll()
 			return
-		case <-t.C:
-		case <-r.kick:
 		}
 		r.send(false)
 		r.fold.Flush()
