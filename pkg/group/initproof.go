@@ -1,10 +1,9 @@
 package group
 
 import (
-	"reflect"
 	"sync"
 
-	"github.com/miekg/pkcs11"
+	"github.com/hagroup/hagroup/internal/p11raw"
 )
 
 // initProofs remembers which Inits the members accepted, so that the same
@@ -39,17 +38,10 @@ const maxProofs = 4096
 // label; miekg's *GCMParams …) that are the caller's only during its
 // Init, so such an Init is always sent when the application makes it.
 func proofKeyOf(k OpKind, op *operation) (proofKey, bool) {
-	if op.mech == nil || len(op.mech.Parameter) != 0 || hasGenerator(op.mech) {
+	if op.mech == nil || len(op.mech.Parameter) != 0 || !p11raw.PlainMechanism(op.mech) {
 		return proofKey{}, false
 	}
 	return proofKey{k: k, key: op.key, mech: op.mech.Mechanism}, true
-}
-
-// hasGenerator reports whether m's parameter is built from a Go value
-// (miekg keeps it unexported until the call).
-func hasGenerator(m *pkcs11.Mechanism) bool {
-	g := reflect.ValueOf(m).Elem().FieldByName("generator")
-	return g.IsValid() && !g.IsNil()
 }
 
 // proven reports whether op's Init was accepted since the last change.

@@ -34,6 +34,16 @@ const (
 
 var opNames = [nKinds]string{"Sign", "Verify", "Encrypt", "Decrypt", "Digest"}
 
+// The calls' names, built once: they name the errors of every call.
+var initNames, updateNames, finalNames = callNames("Init"), callNames("Update"), callNames("Final")
+
+func callNames(step string) (names [nKinds]string) {
+	for k := range names {
+		names[k] = opNames[k] + step
+	}
+	return names
+}
+
 // Step is which call of an operation runs: the single-part one (C_Sign),
 // an Update or the Final.
 type Step int
@@ -49,9 +59,9 @@ const (
 func (st Step) name(k OpKind) string {
 	switch st {
 	case StepUpdate:
-		return opNames[k] + "Update"
+		return updateNames[k]
 	case StepFinal:
-		return opNames[k] + "Final"
+		return finalNames[k]
 	}
 	return opNames[k]
 }
@@ -122,7 +132,7 @@ type opTable struct {
 // init makes op the active operation of kind k once r started it.
 func (t *opTable) init(ctx context.Context, r runner, k OpKind, op *operation) error {
 	if t.ops[k] != nil {
-		return wrap(ErrOperationActive, opNames[k]+"Init", "", nil)
+		return wrap(ErrOperationActive, initNames[k], "", nil)
 	}
 	if err := r.start(ctx, k, op); err != nil {
 		return err
@@ -136,7 +146,7 @@ func (t *opTable) init(ctx context.Context, r runner, k OpKind, op *operation) e
 func (t *opTable) cancel(r runner, k OpKind) error {
 	op := t.ops[k]
 	if op == nil {
-		return wrap(ErrOperationNotInitialized, opNames[k]+"Init", "", nil)
+		return wrap(ErrOperationNotInitialized, initNames[k], "", nil)
 	}
 	t.end(r, k, true)
 	return nil

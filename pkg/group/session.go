@@ -512,20 +512,20 @@ func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, ke
 	op := &operation{mech: mech}
 	if k != OpDigest {
 		var err error
-		if op.key, err = s.g.key(opNames[k]+"Init", key, argOpKey); err != nil {
+		if op.key, err = s.g.key(initNames[k], key, argOpKey); err != nil {
 			return err
 		}
-		if err := usable(opNames[k]+"Init", []*vobject{op.key}); err != nil {
+		if err := usable(initNames[k], []*vobject{op.key}); err != nil {
 			return err
 		}
 	}
-	return s.withOps(opNames[k]+"Init", func() error { return s.ops.init(ctx, s, k, op) })
+	return s.withOps(initNames[k], func() error { return s.ops.init(ctx, s, k, op) })
 }
 
 // Cancel ends operation k without a result (C_SignInit with a NULL
 // mechanism …).
 func (s *Session) Cancel(k OpKind) error {
-	return s.withOps(opNames[k]+"Init", func() error { return s.ops.cancel(s, k) })
+	return s.withOps(initNames[k], func() error { return s.ops.cancel(s, k) })
 }
 
 // Do runs step st of operation k with in (and sig, for a verification's
@@ -565,7 +565,7 @@ func (s *Session) start(ctx context.Context, k OpKind, op *operation) error {
 		return nil
 	}
 	changes := s.g.changes.Load()
-	_, err := s.place(ctx, k, op, opNames[k]+"Init", 0, nil, nil, nil)
+	_, err := s.place(ctx, k, op, initNames[k], 0, nil, nil, nil)
 	if err == nil {
 		s.g.record(k, op, changes)
 	}

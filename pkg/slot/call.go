@@ -46,15 +46,18 @@ type sess struct {
 	fn   func(*sess) error
 	err  error // the worker's result
 
+	outHint int // the length of the session's last output (oneShot's first buffer)
+
 	// The call's hold on the token's object lock (nil for none), and how
 	// long the call has waited for it: lockWait ns in all, plus the wait
-	// going on since lockSince (unix ns; 0 when none). Written by the
+	// going on since lockSince (monoNow; 0 when none). Written by the
 	// goroutine making the call, read by its caller.
 	hold      atomic.Pointer[tokenquirk.Hold]
 	lockWait  atomic.Int64
 	lockSince atomic.Int64
 
-	worker   bool // the session has a worker (handoff)
+	worker   bool       // the session has a worker (handoff)
+	inline   inlineCall // the call in flight under inline, for the slot's watchdog
 	cell     handoff.Cell
 	posted   atomic.Uint32
 	answered atomic.Uint32
@@ -76,6 +79,8 @@ func newSess(owner *Slot, st *slotState) *sess {
 	}
 	if x.worker {
 		go x.work()
+	} else {
+		owner.dog.add(x)
 	}
 	return x
 }
@@ -120,10 +125,10 @@ func (x *sess) exec() error {
 // current one: a session of an older generation fails in the module).
 func (x *sess) call() error {
 	if a := objectAccess(x.op); a != tokenquirk.None {
-		x.lockSince.Store(time.Now().UnixNano())
-		start := time.Now()
+		start := monoNow()
+		x.lockSince.Store(start)
 		hold, err := x.owner.st.Load().objects.Acquire(x.cctx, a)
-		x.lockWait.Add(int64(time.Since(start)))
+		x.lockWait.Add(monoNow() - start)
 		x.lockSince.Store(0)
 		if err != nil {
 			if errors.Is(err, tokenquirk.ErrStuck) {
@@ -146,7 +151,7 @@ func (x *sess) call() error {
 func (x *sess) lockWaited() time.Duration {
 	d := x.lockWait.Load()
 	if since := x.lockSince.Load(); since != 0 {
-		d += time.Now().UnixNano() - since
+		d += monoNow() - since
 	}
 	return time.Duration(d)
 }
@@ -291,6 +296,8 @@ func (x *sess) retire(timeout time.Duration) {
 	if x.worker {
 		x.quit.Store(true)
 		x.cell.Post()
+	} else {
+		x.owner.dog.remove(x)
 	}
 }
 
