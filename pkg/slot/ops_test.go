@@ -2,6 +2,7 @@ package slot_test
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdh"
 	"crypto/rand"
@@ -79,26 +80,7 @@ func testMechanismParameters(t *testing.T, d slot.Dispatch) {
 	spec.Dispatch = d
 	s := open(t, spec)
 	ctx := ctxT(t)
-	pub, priv, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
-		[]*pkcs11.Attribute{
-			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
-			pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
-			pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048),
-			pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
-		},
-		[]*pkcs11.Attribute{
-			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
-			pkcs11.NewAttribute(pkcs11.CKA_SIGN, true),
-			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
-		})
-	if err != nil {
-		t.Fatalf("GenerateKeyPair: %v", err)
-	}
-	attrs, err := s.GetAttributes(ctx, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
-	if err != nil {
-		t.Fatalf("read the public key: %v", err)
-	}
-	rsaPub := &rsa.PublicKey{N: new(big.Int).SetBytes(attrs[0].Value), E: int(new(big.Int).SetBytes(attrs[1].Value).Int64())}
+	pub, priv, rsaPub := newRSAKey(t, s)
 
 	msg := []byte("salted")
 	h := sha256.Sum256(msg)
@@ -490,26 +472,7 @@ func TestOutputsOfAnyLength(t *testing.T) {
 		}
 		checkSig(t, ecPublic(t, s, ecPub), msg, ecSig)
 
-		pub, priv, err := ss.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
-			[]*pkcs11.Attribute{
-				pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
-				pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
-				pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048),
-				pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
-			},
-			[]*pkcs11.Attribute{
-				pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
-				pkcs11.NewAttribute(pkcs11.CKA_SIGN, true),
-				pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
-			})
-		if err != nil {
-			t.Fatalf("GenerateKeyPair: %v", err)
-		}
-		attrs, err := ss.GetAttributes(ctx, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
-		if err != nil {
-			t.Fatalf("read the public key: %v", err)
-		}
-		rsaPub := &rsa.PublicKey{N: new(big.Int).SetBytes(attrs[0].Value), E: int(new(big.Int).SetBytes(attrs[1].Value).Int64())}
+		_, priv, rsaPub := newRSAKey(t, ss)
 		info := append([]byte{0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20}, h[:]...)
 		rsaSig, err := ss.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil), priv, info)
 		if err != nil {
@@ -547,4 +510,34 @@ func TestOutputsOfAnyLength(t *testing.T) {
 			t.Fatalf("digest: %x, %v; want %x", sum, err, h)
 		}
 	})
+}
+
+// newRSAKey makes an RSA-2048 session key pair through k and reads back
+// its public key.
+func newRSAKey(t *testing.T, k interface {
+	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error)
+	GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]slot.Attribute, error)
+}) (pub, priv pkcs11.ObjectHandle, rsaPub *rsa.PublicKey) {
+	t.Helper()
+	ctx := ctxT(t)
+	pub, priv, err := k.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
+			pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
+			pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048),
+			pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
+		},
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
+			pkcs11.NewAttribute(pkcs11.CKA_SIGN, true),
+			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		})
+	if err != nil {
+		t.Fatalf("GenerateKeyPair: %v", err)
+	}
+	attrs, err := k.GetAttributes(ctx, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
+	if err != nil {
+		t.Fatalf("read the public key: %v", err)
+	}
+	return pub, priv, &rsa.PublicKey{N: new(big.Int).SetBytes(attrs[0].Value), E: int(new(big.Int).SetBytes(attrs[1].Value).Int64())}
 }
