@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,15 @@ type sess struct {
 
 	outHint int // the length of the session's last output (oneShot's first buffer)
 
+	answer spinEstimate // how long the worker takes to answer (the caller's own)
+
+	// The caller's context whose cancellation cancels the call in flight,
+	// and how to stop that (watch; caller side).
+	watched   context.Context
+	stopWatch func() bool
+	wmu       sync.Mutex // orders a late cancellation with the next watch
+	watchGen  uint64     // of the registration that may cancel
+
 	// The call's hold on the token's object lock (nil for none), and how
 	// long the call has waited for it: lockWait ns in all, plus the wait
 	// going on since lockSince (monoNow; 0 when none). Written by the
@@ -88,8 +98,11 @@ func newSess(owner *Slot, st *slotState) *sess {
 // work runs calls until the session is retired or abandoned.
 func (x *sess) work() {
 	var seq uint32
+	var gap spinEstimate // how soon the next call comes
 	for {
-		seq = x.cell.Next(seq, workerSpin)
+		since := monoNow()
+		seq = x.cell.Next(seq, gap.spin(workerSpin))
+		gap.observe(monoNow()-since, workerSpin)
 		if x.quit.Load() {
 			x.cell.Drop()
 			return
@@ -213,13 +226,17 @@ func objectAccess(op Op) tokenquirk.Access {
 // deadline or ctx. The caller spins for as long as a wake-up costs
 // (callerSpin) and then sleeps.
 func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
+	x.watch(ctx)
 	seq := x.posted.Add(1) // the cell numbers calls the same way
 	x.cell.Post()
-	var stop func() bool
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, func() { x.cell.Cancel(seq) })
+	if ctx.Err() != nil {
+		x.cell.Cancel(seq) // cancelled before the post: watch's cancel came too early
 	}
-	outcome := x.cell.Wait(seq, callerSpin, timeout)
+	since := monoNow()
+	outcome := x.cell.Wait(seq, x.answer.spin(callerSpin), timeout)
+	if outcome == handoff.Answered {
+		x.answer.observe(monoNow()-since, callerSpin)
+	}
 	// The wait for the token's object lock is not the member's: wait as
 	// much longer.
 	for credited := time.Duration(0); outcome == handoff.TimedOut; {
@@ -229,9 +246,6 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		}
 		outcome = x.cell.Wait(seq, 0, waited-credited)
 		credited = waited
-	}
-	if stop != nil {
-		stop()
 	}
 	var cause error
 	switch outcome {
@@ -248,6 +262,43 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		return x.result(op)
 	}
 	return cause
+}
+
+// watch makes ctx's cancellation cancel the call in flight. The
+// registration stays for the session's next calls with the same ctx (an
+// application's calls through libhapkcs11.so all have the library's):
+// registering one per call would cost an allocation and two locks of the
+// context's. A cancel that comes between calls names the last, answered
+// call, and the cell ignores it.
+func (x *sess) watch(ctx context.Context) {
+	if ctx == x.watched || ctx.Done() == nil {
+		return
+	}
+	x.unwatch()
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	x.watched = ctx
+	gen := x.watchGen
+	x.stopWatch = context.AfterFunc(ctx, func() {
+		x.wmu.Lock()
+		defer x.wmu.Unlock()
+		if x.watchGen == gen { // (not a context the session has stopped watching)
+			x.cell.Cancel(x.posted.Load())
+		}
+	})
+}
+
+// unwatch drops watch's registration; once it returns, the registration
+// cancels nothing.
+func (x *sess) unwatch() {
+	if x.stopWatch == nil {
+		return
+	}
+	x.stopWatch()
+	x.wmu.Lock()
+	x.watchGen++
+	x.watched, x.stopWatch = nil, nil
+	x.wmu.Unlock()
 }
 
 // result takes the answered call's result.
@@ -273,6 +324,7 @@ func (x *sess) abandon() bool {
 	}
 	x.hold.Load().Stuck() // the worker checks stAbandoned after it stores a hold
 	x.dead = true
+	x.unwatch()
 	s.stats.quarantinedTotal.Add(1)
 	return true
 }
@@ -293,6 +345,7 @@ func (x *sess) retire(timeout time.Duration) {
 		return // the close hung; the worker cleans up
 	}
 	x.dead = true
+	x.unwatch()
 	if x.worker {
 		x.quit.Store(true)
 		x.cell.Post()
