@@ -51,9 +51,9 @@ type sess struct {
 
 	answer spinEstimate // how long the worker takes to answer (the caller's own)
 
-	// The caller's context whose cancellation cancels the call in flight,
-	// and how to stop that (watch; caller side).
-	watched   context.Context
+	// The Done channel of the caller's context whose cancellation cancels
+	// the call in flight, and how to stop that (watch; caller side).
+	watched   <-chan struct{}
 	stopWatch func() bool
 	wmu       sync.Mutex // orders a late cancellation with the next watch
 	watchGen  uint64     // of the registration that may cancel
@@ -265,19 +265,24 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 }
 
 // watch makes ctx's cancellation cancel the call in flight. The
-// registration stays for the session's next calls with the same ctx (an
-// application's calls through libhapkcs11.so all have the library's):
+// registration stays for the session's next calls whose context is done
+// with the same channel (an application's calls through libhapkcs11.so all
+// have the library's):
 // registering one per call would cost an allocation and two locks of the
 // context's. A cancel that comes between calls names the last, answered
 // call, and the cell ignores it.
 func (x *sess) watch(ctx context.Context) {
-	if ctx == x.watched || ctx.Done() == nil {
+	done := ctx.Done() // (contexts themselves may not be comparable)
+	if done == x.watched {
 		return
 	}
 	x.unwatch()
+	if done == nil {
+		return
+	}
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
-	x.watched = ctx
+	x.watched = done
 	gen := x.watchGen
 	x.stopWatch = context.AfterFunc(ctx, func() {
 		x.wmu.Lock()
