@@ -7,4 +7,6 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 )
 
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 1)) }
+// BenchmarkModuleSign takes a token per run: room for make bench's
+// -count (6 by default).
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 8)) }
