@@ -47,36 +47,44 @@ type slotInfo struct {
 	Hardware     bool
 }
 
-// session is one application session on a token. The library calls it from
-// one goroutine at a time (it serialises calls per session, as PKCS#11
-// sessions are single-threaded).
+// session is one application session on a token, with the handles the
+// application sees. The library calls it from one goroutine at a time (it
+// serialises calls per session, as PKCS#11 sessions are single-threaded).
 type session interface {
 	FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]uint, error)
-	GetAttributes(ctx context.Context, h uint, types []uint) ([]slot.Attribute, error)
-	SetAttributes(ctx context.Context, h uint, attrs []*pkcs11.Attribute) error
-	CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (uint, error)
-	CopyObject(ctx context.Context, h uint, tmpl []*pkcs11.Attribute) (uint, error)
-	DestroyObject(ctx context.Context, h uint) error
-	GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (uint, error)
-	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (uint, uint, error)
-	WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key uint) ([]byte, error)
-	UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping uint, blob []byte, tmpl []*pkcs11.Attribute) (uint, error)
-	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base uint, tmpl []*pkcs11.Attribute) (uint, error)
-
-	GenerateRandom(ctx context.Context, n int) ([]byte, error)
-
-	// The cryptographic operations (C_SignInit … C_SignFinal) run through
-	// pkg/group's one operation state machine, for both kinds of slot: it
-	// keeps the active operations, what ends them and output held for the
-	// buffer convention (see group.Session.Do).
-	Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error
-	Cancel(k group.OpKind) error
-	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
-	DigestKey(ctx context.Context, key uint) error
+	objectCalls[uint]
+	opCalls[uint]
 
 	// Check returns an error when the backend lost the session (a group's
 	// session when every member failed in activeBasic).
 	Check() error
+}
+
+// objectCalls is what a session does to objects, with handles H: the
+// application's (uint) or an engine's session's (see handleSession).
+type objectCalls[H ~uint] interface {
+	GetAttributes(ctx context.Context, h H, types []uint) ([]slot.Attribute, error)
+	SetAttributes(ctx context.Context, h H, attrs []*pkcs11.Attribute) error
+	CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (H, error)
+	CopyObject(ctx context.Context, h H, tmpl []*pkcs11.Attribute) (H, error)
+	DestroyObject(ctx context.Context, h H) error
+	GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (H, error)
+	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (H, H, error)
+	WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key H) ([]byte, error)
+	UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping H, blob []byte, tmpl []*pkcs11.Attribute) (H, error)
+	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base H, tmpl []*pkcs11.Attribute) (H, error)
+	GenerateRandom(ctx context.Context, n int) ([]byte, error)
+}
+
+// opCalls are the cryptographic operations (C_SignInit … C_SignFinal),
+// which run through pkg/group's one operation state machine for both kinds
+// of slot: it keeps the active operations, what ends them and output held
+// for the buffer convention (see group.Session.Do).
+type opCalls[H ~uint] interface {
+	Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key H) error
+	Cancel(k group.OpKind) error
+	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
+	DigestKey(ctx context.Context, key H) error
 	// Close ends the session (and its session objects).
 	Close() error
 }

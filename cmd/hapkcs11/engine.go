@@ -10,7 +10,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -107,99 +106,11 @@ func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &virtualSession{s: s}, nil
+	// Every call goes to the engine's session, which alone knows whether
+	// it is still valid (in activeBasic a session opened before every
+	// member failed answers CKR_SESSION_HANDLE_INVALID) and what
+	// operations it has active.
+	return &handleSession[group.ObjectHandle]{objs: s, ops: s, find: s.Find, check: s.Check}, nil
 }
 
 func (v *virtual) Close() error { return nil } // the groups close in openGroups' closer
-
-// virtualSession is one application session on a group: every call goes
-// to the engine's session (group.Session), which alone knows whether the
-// session is still valid (in activeBasic a session opened before every
-// member failed answers CKR_SESSION_HANDLE_INVALID) and what operations it
-// has active. Only handles are converted here.
-type virtualSession struct {
-	s *group.Session
-}
-
-type vh = group.ObjectHandle
-
-func handles(hs []group.ObjectHandle) []uint {
-	out := make([]uint, len(hs))
-	for i, h := range hs {
-		out[i] = uint(h)
-	}
-	return out
-}
-
-func (v *virtualSession) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]uint, error) {
-	hs, err := v.s.Find(ctx, tmpl)
-	return handles(hs), err
-}
-
-func (v *virtualSession) GetAttributes(ctx context.Context, h uint, types []uint) ([]slot.Attribute, error) {
-	return v.s.GetAttributes(ctx, vh(h), types)
-}
-
-func (v *virtualSession) SetAttributes(ctx context.Context, h uint, attrs []*pkcs11.Attribute) error {
-	return v.s.SetAttributes(ctx, vh(h), attrs)
-}
-
-func (v *virtualSession) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := v.s.CreateObject(ctx, tmpl)
-	return uint(h), err
-}
-
-func (v *virtualSession) CopyObject(ctx context.Context, h uint, tmpl []*pkcs11.Attribute) (uint, error) {
-	n, err := v.s.CopyObject(ctx, vh(h), tmpl)
-	return uint(n), err
-}
-
-func (v *virtualSession) DestroyObject(ctx context.Context, h uint) error {
-	return v.s.DestroyObject(ctx, vh(h))
-}
-
-func (v *virtualSession) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := v.s.GenerateKey(ctx, m, tmpl)
-	return uint(h), err
-}
-
-func (v *virtualSession) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (uint, uint, error) {
-	pk, sk, err := v.s.GenerateKeyPair(ctx, m, pub, priv)
-	return uint(pk), uint(sk), err
-}
-
-func (v *virtualSession) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key uint) ([]byte, error) {
-	return v.s.WrapKey(ctx, m, vh(wrapping), vh(key))
-}
-
-func (v *virtualSession) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping uint, blob []byte, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := v.s.UnwrapKey(ctx, m, vh(unwrapping), blob, tmpl)
-	return uint(h), err
-}
-
-func (v *virtualSession) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base uint, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := v.s.DeriveKey(ctx, m, vh(base), tmpl)
-	return uint(h), err
-}
-
-func (v *virtualSession) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	return v.s.GenerateRandom(ctx, n)
-}
-
-func (v *virtualSession) Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error {
-	return v.s.Init(ctx, k, m, vh(key))
-}
-
-func (v *virtualSession) Cancel(k group.OpKind) error { return v.s.Cancel(k) }
-
-func (v *virtualSession) Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
-	return v.s.Do(ctx, k, st, in, sig, room)
-}
-
-func (v *virtualSession) DigestKey(ctx context.Context, key uint) error {
-	return v.s.DigestKey(ctx, vh(key))
-}
-
-func (v *virtualSession) Check() error { return v.s.Check() }
-
-func (v *virtualSession) Close() error { return v.s.Close() }

@@ -48,7 +48,7 @@ int hap_forked(void)
  * (see procs.go), on CLOCK_MONOTONIC in ns. */
 static __thread long long yield_at;
 
-#define YIELD_EVERY_NS 5000000LL
+#define YIELD_EVERY_NS 8000000LL
 
 int hap_yield_due(void)
 {

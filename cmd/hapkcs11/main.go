@@ -30,7 +30,7 @@
 // off the application's thread; with "inline" the calls run on the
 // application's thread (hagroup.toml(5)). The library pins no thread,
 // leaves GOMAXPROCS and the environment as the application has them, and
-// an application thread yields to the Go scheduler once every 5 ms of
+// an application thread yields to the Go scheduler once every 8 ms of
 // calls (procs.go says why).
 //
 // Recovery: each group is opened with pkg/ha, so failed members are

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -76,7 +75,9 @@ func (p *physical) OpenSession(ctx context.Context) (session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &physicalSession{ss: ss, d: opstate.NewDirect(ctx, ss)}, nil
+	// Its operations run through the same state machine as a virtual
+	// slot's (opstate.Direct); it is lost only with its token.
+	return &handleSession[pkcs11.ObjectHandle]{objs: ss, ops: opstate.NewDirect(ctx, ss), find: ss.FindObjects, check: noCheck}, nil
 }
 
 func (p *physical) Close() error {
@@ -86,92 +87,4 @@ func (p *physical) Close() error {
 	return p.s.Close()
 }
 
-// physicalSession adapts a *slot.Session to the session interface: the only
-// work is converting handles. Its operations run through the same state
-// machine as a virtual slot's (opstate.Direct).
-type physicalSession struct {
-	ss *slot.Session
-	d  *opstate.Direct
-}
-
-func oh(h uint) pkcs11.ObjectHandle { return pkcs11.ObjectHandle(h) }
-
-func (p *physicalSession) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]uint, error) {
-	hs, err := p.ss.FindObjects(ctx, tmpl)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]uint, len(hs))
-	for i, h := range hs {
-		out[i] = uint(h)
-	}
-	return out, nil
-}
-
-func (p *physicalSession) GetAttributes(ctx context.Context, h uint, types []uint) ([]slot.Attribute, error) {
-	return p.ss.GetAttributes(ctx, oh(h), types)
-}
-
-func (p *physicalSession) SetAttributes(ctx context.Context, h uint, attrs []*pkcs11.Attribute) error {
-	return p.ss.SetAttributes(ctx, oh(h), attrs)
-}
-
-func (p *physicalSession) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := p.ss.CreateObject(ctx, tmpl)
-	return uint(h), err
-}
-
-func (p *physicalSession) CopyObject(ctx context.Context, h uint, tmpl []*pkcs11.Attribute) (uint, error) {
-	n, err := p.ss.CopyObject(ctx, oh(h), tmpl)
-	return uint(n), err
-}
-
-func (p *physicalSession) DestroyObject(ctx context.Context, h uint) error {
-	return p.ss.DestroyObject(ctx, oh(h))
-}
-
-func (p *physicalSession) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := p.ss.GenerateKey(ctx, m, tmpl)
-	return uint(h), err
-}
-
-func (p *physicalSession) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (uint, uint, error) {
-	pk, sk, err := p.ss.GenerateKeyPair(ctx, m, pub, priv)
-	return uint(pk), uint(sk), err
-}
-
-func (p *physicalSession) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key uint) ([]byte, error) {
-	return p.ss.WrapKey(ctx, m, oh(wrapping), oh(key))
-}
-
-func (p *physicalSession) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping uint, blob []byte, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := p.ss.UnwrapKey(ctx, m, oh(unwrapping), blob, tmpl)
-	return uint(h), err
-}
-
-func (p *physicalSession) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base uint, tmpl []*pkcs11.Attribute) (uint, error) {
-	h, err := p.ss.DeriveKey(ctx, m, oh(base), tmpl)
-	return uint(h), err
-}
-
-func (p *physicalSession) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	return p.ss.GenerateRandom(ctx, n)
-}
-
-func (p *physicalSession) Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error {
-	return p.d.Init(ctx, k, m, oh(key))
-}
-
-func (p *physicalSession) Cancel(k group.OpKind) error { return p.d.Cancel(k) }
-
-func (p *physicalSession) Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
-	return p.d.Do(ctx, k, st, in, sig, room)
-}
-
-func (p *physicalSession) DigestKey(ctx context.Context, key uint) error {
-	return p.d.DigestKey(ctx, oh(key))
-}
-
-func (p *physicalSession) Check() error { return nil } // a member's own session is lost only with its token
-
-func (p *physicalSession) Close() error { return p.d.Close() }
+func noCheck() error { return nil }

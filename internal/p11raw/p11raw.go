@@ -2,8 +2,9 @@
 // CK_FUNCTION_LIST (read from a miekg context) rather than through
 // miekg/pkcs11: attributes whose value is itself an attribute array
 // (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE), which
-// miekg cannot express. It is shared by pkg/slot (in-process members) and
-// pkg/remote (the token server).
+// miekg cannot express; and an operation's Init with its single-part call
+// in one crossing of cgo (OneShot), the hot path of every signature. It is
+// shared by pkg/slot (in-process members) and pkg/remote (the token server).
 //
 // Only the parts of the PKCS#11 ABI used here are declared, so the build
 // needs no PKCS#11 development headers: CK_ATTRIBUTE, CK_MECHANISM, and the
@@ -34,7 +35,12 @@ enum {
 	HG_FN_GET_FUNCTION_LIST = 3,
 	HG_FN_CREATE_OBJECT = 20,
 	HG_FN_GET_ATTRIBUTE_VALUE = 24,
-	HG_FN_COUNT = 25
+	HG_FN_ENCRYPT_INIT = 29, // each Init is followed by its single-part call
+	HG_FN_DECRYPT_INIT = 33,
+	HG_FN_DIGEST_INIT = 37,
+	HG_FN_SIGN_INIT = 42,
+	HG_FN_VERIFY_INIT = 48,
+	HG_FN_COUNT = 50
 };
 
 typedef struct {
@@ -93,6 +99,47 @@ static void *hg_fn(void *fl, int i) {
 static hg_ulong hg_create(void *fl, hg_ulong session, hg_attr *tmpl, hg_ulong n, hg_ulong *obj) {
 	hg_create_object f = (hg_create_object)((hg_function_list *)fl)->fn[HG_FN_CREATE_OBJECT];
 	return f(session, tmpl, n, obj);
+}
+
+typedef struct {
+	hg_ulong mechanism;
+	void *pParameter;
+	hg_ulong ulParameterLen;
+} hg_mech;
+
+typedef hg_ulong (*hg_init_fn)(hg_ulong, hg_mech *, hg_ulong);
+typedef hg_ulong (*hg_digest_init_fn)(hg_ulong, hg_mech *);
+typedef hg_ulong (*hg_single_fn)(hg_ulong, void *, hg_ulong, void *, hg_ulong *);
+typedef hg_ulong (*hg_verify_fn)(hg_ulong, void *, hg_ulong, void *, hg_ulong);
+
+// hg_single makes the single-part call of the operation whose Init is
+// fn[init] (C_Sign … C_Verify): in, then out (*outlen bytes; C_Verify's
+// signature).
+static hg_ulong hg_single(void *fl, int init, hg_ulong session, void *in, hg_ulong inlen, void *out, hg_ulong *outlen) {
+	void *f = ((hg_function_list *)fl)->fn[init + 1];
+	if (f == NULL) {
+		return 0x54; // CKR_FUNCTION_NOT_SUPPORTED
+	}
+	if (init == HG_FN_VERIFY_INIT) {
+		return ((hg_verify_fn)f)(session, in, inlen, out, *outlen);
+	}
+	return ((hg_single_fn)f)(session, in, inlen, out, outlen);
+}
+
+// hg_one_shot calls fn[init] (C_SignInit …) and then, when it succeeds,
+// the single-part call: one crossing into C for the two.
+static hg_ulong hg_one_shot(void *fl, int init, hg_ulong session, hg_ulong mech, void *param, hg_ulong plen,
+                            hg_ulong key, void *in, hg_ulong inlen, void *out, hg_ulong *outlen) {
+	void *f = ((hg_function_list *)fl)->fn[init];
+	if (f == NULL) {
+		return 0x54;
+	}
+	hg_mech m = { mech, param, plen };
+	hg_ulong rv = init == HG_FN_DIGEST_INIT ? ((hg_digest_init_fn)f)(session, &m) : ((hg_init_fn)f)(session, &m, key);
+	if (rv != 0) {
+		return rv;
+	}
+	return hg_single(fl, init, session, in, inlen, out, outlen);
 }
 
 static hg_ulong hg_get(void *fl, hg_ulong session, hg_ulong obj, hg_attr *tmpl, hg_ulong n) {
@@ -201,6 +248,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"unsafe"
 
@@ -426,4 +474,112 @@ func ECDH1FromRaw(raw []byte) (*pkcs11.ECDH1DeriveParams, bool) {
 		return nil, false
 	}
 	return &pkcs11.ECDH1DeriveParams{KDF: uint(e.kdf), SharedData: shared, PublicKeyData: pub}, true
+}
+
+// Kind is an operation made of an Init and a single-part call, for OneShot.
+type Kind int
+
+// The kinds (their Init's place in the function list).
+const (
+	Encrypt Kind = C.HG_FN_ENCRYPT_INIT
+	Decrypt Kind = C.HG_FN_DECRYPT_INIT
+	Digest  Kind = C.HG_FN_DIGEST_INIT
+	Sign    Kind = C.HG_FN_SIGN_INIT
+	Verify  Kind = C.HG_FN_VERIFY_INIT
+)
+
+// generatorField is the index of pkcs11.Mechanism's unexported generator
+// (a parameter miekg builds from a Go value at the call), -1 if none.
+var generatorField = func() int {
+	f, ok := reflect.TypeFor[pkcs11.Mechanism]().FieldByName("generator")
+	if !ok {
+		return -1
+	}
+	return f.Index[0]
+}()
+
+// PlainMechanism reports whether m's parameter is its Parameter bytes as
+// they are (no Go value miekg turns into a structure at the call).
+func PlainMechanism(m *pkcs11.Mechanism) bool {
+	return generatorField < 0 || reflect.ValueOf(m).Elem().Field(generatorField).IsNil()
+}
+
+// OneShot runs k's Init (mechanism m, which must be plain, and key; no key
+// for Digest) and then its single-part call on in, in one call into the
+// module through fl, as an application calling C_SignInit then C_Sign
+// with a buffer would: a pass-through pays one crossing of cgo and one
+// module call per step, where miekg makes a length query first and copies
+// the mechanism and the output through C memory. The output is written to
+// a new slice of hint bytes when it fits, else of the length the module
+// asks for (the operation stays active after CKR_BUFFER_TOO_SMALL). For
+// Verify, sig is the signature and the output nil.
+func OneShot(fl unsafe.Pointer, k Kind, sh pkcs11.SessionHandle, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte, hint int) ([]byte, error) {
+	var out []byte
+	var outp unsafe.Pointer
+	var n C.hg_ulong
+	if k == Verify {
+		outp, n = message(sig), C.hg_ulong(len(sig))
+	} else {
+		if hint <= 0 {
+			hint = 512 // an RSA-4096 signature
+		}
+		out = make([]byte, hint)
+		outp, n = unsafe.Pointer(&out[0]), C.hg_ulong(len(out))
+	}
+	rv := C.hg_one_shot(fl, C.int(k), C.hg_ulong(sh), C.hg_ulong(m.Mechanism), pointer(m.Parameter), C.hg_ulong(len(m.Parameter)),
+		C.hg_ulong(key), message(in), C.hg_ulong(len(in)), outp, &n)
+	if rv == pkcs11.CKR_BUFFER_TOO_SMALL && k != Verify {
+		return again(fl, k, sh, in, n, len(out))
+	}
+	if rv != pkcs11.CKR_OK {
+		return nil, pkcs11.Error(rv)
+	}
+	if k == Verify {
+		return nil, nil
+	}
+	return fitted(out, n)
+}
+
+// fitted is out cut to the n bytes the module wrote.
+func fitted(out []byte, n C.hg_ulong) ([]byte, error) {
+	if n > C.hg_ulong(len(out)) {
+		return nil, fmt.Errorf("%w: the module wrote %d bytes into %d", pkcs11.Error(pkcs11.CKR_GENERAL_ERROR), n, len(out))
+	}
+	return out[:n:n], nil
+}
+
+// again is the single-part call after CKR_BUFFER_TOO_SMALL: n is the
+// length the module asked for, asked again when it is not more than tried.
+func again(fl unsafe.Pointer, k Kind, sh pkcs11.SessionHandle, in []byte, n C.hg_ulong, tried int) ([]byte, error) {
+	if n <= C.hg_ulong(tried) {
+		if rv := C.hg_single(fl, C.int(k), C.hg_ulong(sh), message(in), C.hg_ulong(len(in)), nil, &n); rv != pkcs11.CKR_OK {
+			return nil, pkcs11.Error(rv)
+		}
+	}
+	out := make([]byte, max(n, 1))
+	n = C.hg_ulong(len(out))
+	if rv := C.hg_single(fl, C.int(k), C.hg_ulong(sh), message(in), C.hg_ulong(len(in)), unsafe.Pointer(&out[0]), &n); rv != pkcs11.CKR_OK {
+		return nil, pkcs11.Error(rv)
+	}
+	return fitted(out, n)
+}
+
+// pointer is b's first byte, nil for an empty b.
+func pointer(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&b[0])
+}
+
+// noBytes is where an empty message points: modules refuse a NULL one
+// (SoftHSM answers CKR_ARGUMENTS_BAD), as miekg knows.
+var noBytes [1]byte
+
+// message is b's first byte, or noBytes for an empty b.
+func message(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return unsafe.Pointer(&noBytes[0])
+	}
+	return unsafe.Pointer(&b[0])
 }

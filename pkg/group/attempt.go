@@ -185,8 +185,8 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 			return m, opErr(p.op, m.Name(), err)
 		}
 		class, fail, err := g.measure(ctx, m, func() error { return fn(ctx, m, s, hs) })
-		var final *stop
-		if errors.As(err, &final) {
+		final := finalErr(err)
+		if final != nil {
 			err = final.err
 		}
 		switch {
@@ -253,10 +253,25 @@ func (g *Group) writeAll(ctx context.Context, op string, o *vobject, fn attempt,
 // usable returns the error for the first of objs that cannot be used.
 func usable(op string, objs []*vobject) error {
 	for _, o := range objs {
-		var e *Error
-		if err := o.usable(); errors.As(err, &e) {
+		err := o.usable()
+		if err == nil {
+			continue // (errors.As would cost an allocation per call)
+		}
+		if e := (*Error)(nil); errors.As(err, &e) {
 			return wrap(e, op, "", nil)
 		}
+	}
+	return nil
+}
+
+// finalErr is err's stop, nil when it has none.
+func finalErr(err error) *stop {
+	if err == nil {
+		return nil // (errors.As would cost an allocation per call)
+	}
+	var final *stop
+	if errors.As(err, &final) {
+		return final
 	}
 	return nil
 }

@@ -87,8 +87,9 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 		// Least busy: the fewest calls in flight, weighted by the recent
 		// latency, so a slow or far member gets proportionally less. The
 		// scan starts at a rotating offset so that ties rotate.
+		// A lone candidate is not scored (no clock read on the hot path).
 		start := int(g.rr.Add(1) % uint64(n))
-		now := time.Now().UnixNano()
+		var now int64
 		var best *member.Member
 		bestScore := math.MaxFloat64
 		for i := range n {
@@ -100,15 +101,28 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 			if skip.has(m.Index()) {
 				continue
 			}
-			lat := float64(m.DecayedLatency(now))
-			if lat < minLatency {
-				lat = minLatency
+			if best == nil {
+				best = m
+				continue
 			}
-			score := float64(m.InFlight()+1) * lat
-			if score < bestScore {
+			if now == 0 {
+				now = time.Now().UnixNano()
+				bestScore = busyScore(best, now)
+			}
+			if score := busyScore(m, now); score < bestScore {
 				best, bestScore = m, score
 			}
 		}
 		return best, anyActive
 	}
+}
+
+// busyScore is a member's calls in flight (plus this one) weighted by its
+// recent latency: lower is better.
+func busyScore(m *member.Member, now int64) float64 {
+	lat := float64(m.DecayedLatency(now))
+	if lat < minLatency {
+		lat = minLatency
+	}
+	return float64(m.InFlight()+1) * lat
 }

@@ -512,20 +512,20 @@ func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, ke
 	op := &operation{Mech: mech}
 	if k != OpDigest {
 		var err error
-		if op.At.key, err = s.g.key(k.String()+"Init", key, argOpKey); err != nil {
+		if op.At.key, err = s.g.key(k.InitName(), key, argOpKey); err != nil {
 			return err
 		}
-		if err := usable(k.String()+"Init", []*vobject{op.At.key}); err != nil {
+		if err := usable(k.InitName(), []*vobject{op.At.key}); err != nil {
 			return err
 		}
 	}
-	return s.withOps(k.String()+"Init", func() error { return s.ops.Init(ctx, (*opRunner)(s), k, op) })
+	return s.withOps(k.InitName(), func() error { return s.ops.Init(ctx, (*opRunner)(s), k, op) })
 }
 
 // Cancel ends operation k without a result (C_SignInit with a NULL
 // mechanism …).
 func (s *Session) Cancel(k OpKind) error {
-	return s.withOps(k.String()+"Init", func() error { return s.ops.Cancel((*opRunner)(s), k) })
+	return s.withOps(k.InitName(), func() error { return s.ops.Cancel((*opRunner)(s), k) })
 }
 
 // Do runs step st of operation k with in (and sig, for a verification's
@@ -582,7 +582,7 @@ func (s *Session) start(ctx context.Context, k OpKind, op *operation) error {
 	if provable && s.g.proofs.Proven(pk, changes) {
 		return nil
 	}
-	_, err := s.place(ctx, k, op, k.String()+"Init", 0, nil, nil, nil)
+	_, err := s.place(ctx, k, op, k.InitName(), 0, nil, nil, nil)
 	if err == nil && provable {
 		s.g.proofs.Record(pk, changes)
 	}

@@ -342,13 +342,13 @@ func (m *Member) End(start time.Time, err error) Outcome {
 	case slot.ClassNone:
 		m.ops.Add(1)
 		m.consec.Store(0)
-		m.observe(time.Since(start))
+		m.observeSince(start)
 		return Outcome{Class: class}
 	case slot.ClassRequest, slot.ClassLogin:
 		m.ops.Add(1)
 		m.requestErrors.Add(1)
 		m.consec.Store(0)
-		m.observe(time.Since(start))
+		m.observeSince(start)
 		return Outcome{Class: class}
 	default:
 		return Outcome{Class: slot.ClassHealth, Fail: m.ChargeHealth(err)}
@@ -364,7 +364,18 @@ func (m *Member) ChargeHealth(err error) bool {
 	return errors.Is(err, slot.ErrTimeout) || int(n) >= m.cfg.FailureThreshold
 }
 
-func (m *Member) observe(d time.Duration) {
+// observe counts a latency sample d taken now.
+func (m *Member) observe(d time.Duration) { m.observeAt(d, time.Now()) }
+
+// observeSince counts a call that started at start and ended now: one
+// clock read for the sample and its time (the hot path).
+func (m *Member) observeSince(start time.Time) {
+	now := time.Now()
+	m.observeAt(now.Sub(start), now)
+}
+
+// observeAt counts a latency sample d taken at now.
+func (m *Member) observeAt(d time.Duration, now time.Time) {
 	if d <= 0 {
 		d = 1
 	}
@@ -379,7 +390,7 @@ func (m *Member) observe(d time.Duration) {
 			}
 		}
 		if m.latency.CompareAndSwap(old, next) {
-			m.sampled.Store(time.Now().UnixNano())
+			m.sampled.Store(now.UnixNano())
 			return
 		}
 	}

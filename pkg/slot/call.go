@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,15 +47,27 @@ type sess struct {
 	fn   func(*sess) error
 	err  error // the worker's result
 
+	outHint int // the length of the session's last output (oneShot's first buffer)
+
+	answer spinEstimate // how long the worker takes to answer (the caller's own)
+
+	// The Done channel of the caller's context whose cancellation cancels
+	// the call in flight, and how to stop that (watch; caller side).
+	watched   <-chan struct{}
+	stopWatch func() bool
+	wmu       sync.Mutex // orders a late cancellation with the next watch
+	watchGen  uint64     // of the registration that may cancel
+
 	// The call's hold on the token's object lock (nil for none), and how
 	// long the call has waited for it: lockWait ns in all, plus the wait
-	// going on since lockSince (unix ns; 0 when none). Written by the
+	// going on since lockSince (monoNow; 0 when none). Written by the
 	// goroutine making the call, read by its caller.
 	hold      atomic.Pointer[tokenquirk.Hold]
 	lockWait  atomic.Int64
 	lockSince atomic.Int64
 
-	worker   bool // the session has a worker (handoff)
+	worker   bool       // the session has a worker (handoff)
+	inline   inlineCall // the call in flight under inline, for the slot's watchdog
 	cell     handoff.Cell
 	posted   atomic.Uint32
 	answered atomic.Uint32
@@ -76,6 +89,8 @@ func newSess(owner *Slot, st *slotState) *sess {
 	}
 	if x.worker {
 		go x.work()
+	} else {
+		owner.dog.add(x)
 	}
 	return x
 }
@@ -83,8 +98,11 @@ func newSess(owner *Slot, st *slotState) *sess {
 // work runs calls until the session is retired or abandoned.
 func (x *sess) work() {
 	var seq uint32
+	var gap spinEstimate // how soon the next call comes
 	for {
-		seq = x.cell.Next(seq, workerSpin)
+		since := monoNow()
+		seq = x.cell.Next(seq, gap.spin(workerSpin))
+		gap.observe(monoNow()-since, workerSpin)
 		if x.quit.Load() {
 			x.cell.Drop()
 			return
@@ -120,10 +138,10 @@ func (x *sess) exec() error {
 // current one: a session of an older generation fails in the module).
 func (x *sess) call() error {
 	if a := objectAccess(x.op); a != tokenquirk.None {
-		x.lockSince.Store(time.Now().UnixNano())
-		start := time.Now()
+		start := monoNow()
+		x.lockSince.Store(start)
 		hold, err := x.owner.st.Load().objects.Acquire(x.cctx, a)
-		x.lockWait.Add(int64(time.Since(start)))
+		x.lockWait.Add(monoNow() - start)
 		x.lockSince.Store(0)
 		if err != nil {
 			if errors.Is(err, tokenquirk.ErrStuck) {
@@ -146,7 +164,7 @@ func (x *sess) call() error {
 func (x *sess) lockWaited() time.Duration {
 	d := x.lockWait.Load()
 	if since := x.lockSince.Load(); since != 0 {
-		d += time.Now().UnixNano() - since
+		d += monoNow() - since
 	}
 	return time.Duration(d)
 }
@@ -208,13 +226,17 @@ func objectAccess(op Op) tokenquirk.Access {
 // deadline or ctx. The caller spins for as long as a wake-up costs
 // (callerSpin) and then sleeps.
 func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
+	x.watch(ctx)
 	seq := x.posted.Add(1) // the cell numbers calls the same way
 	x.cell.Post()
-	var stop func() bool
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, func() { x.cell.Cancel(seq) })
+	if ctx.Err() != nil {
+		x.cell.Cancel(seq) // cancelled before the post: watch's cancel came too early
 	}
-	outcome := x.cell.Wait(seq, callerSpin, timeout)
+	since := monoNow()
+	outcome := x.cell.Wait(seq, x.answer.spin(callerSpin), timeout)
+	if outcome == handoff.Answered {
+		x.answer.observe(monoNow()-since, callerSpin)
+	}
 	// The wait for the token's object lock is not the member's: wait as
 	// much longer.
 	for credited := time.Duration(0); outcome == handoff.TimedOut; {
@@ -224,9 +246,6 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		}
 		outcome = x.cell.Wait(seq, 0, waited-credited)
 		credited = waited
-	}
-	if stop != nil {
-		stop()
 	}
 	var cause error
 	switch outcome {
@@ -243,6 +262,48 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		return x.result(op)
 	}
 	return cause
+}
+
+// watch makes ctx's cancellation cancel the call in flight. The
+// registration stays for the session's next calls whose context is done
+// with the same channel (an application's calls through libhapkcs11.so all
+// have the library's):
+// registering one per call would cost an allocation and two locks of the
+// context's. A cancel that comes between calls names the last, answered
+// call, and the cell ignores it.
+func (x *sess) watch(ctx context.Context) {
+	done := ctx.Done() // (contexts themselves may not be comparable)
+	if done == x.watched {
+		return
+	}
+	x.unwatch()
+	if done == nil {
+		return
+	}
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	x.watched = done
+	gen := x.watchGen
+	x.stopWatch = context.AfterFunc(ctx, func() {
+		x.wmu.Lock()
+		defer x.wmu.Unlock()
+		if x.watchGen == gen { // (not a context the session has stopped watching)
+			x.cell.Cancel(x.posted.Load())
+		}
+	})
+}
+
+// unwatch drops watch's registration; once it returns, the registration
+// cancels nothing.
+func (x *sess) unwatch() {
+	if x.stopWatch == nil {
+		return
+	}
+	x.stopWatch()
+	x.wmu.Lock()
+	x.watchGen++
+	x.watched, x.stopWatch = nil, nil
+	x.wmu.Unlock()
 }
 
 // result takes the answered call's result.
@@ -268,6 +329,7 @@ func (x *sess) abandon() bool {
 	}
 	x.hold.Load().Stuck() // the worker checks stAbandoned after it stores a hold
 	x.dead = true
+	x.unwatch()
 	s.stats.quarantinedTotal.Add(1)
 	return true
 }
@@ -288,9 +350,12 @@ func (x *sess) retire(timeout time.Duration) {
 		return // the close hung; the worker cleans up
 	}
 	x.dead = true
+	x.unwatch()
 	if x.worker {
 		x.quit.Store(true)
 		x.cell.Post()
+	} else {
+		x.owner.dog.remove(x)
 	}
 }
 

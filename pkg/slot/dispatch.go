@@ -2,6 +2,7 @@ package slot
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -54,41 +55,147 @@ const (
 	workerSpin = 30 * time.Microsecond
 )
 
-// watch is the inline watchdog of one call.
-type watch struct {
-	state    atomic.Int32 // watchRunning, watchDone or watchFired
-	x        *sess
-	t        atomic.Pointer[time.Timer]
-	credited time.Duration // of x's wait for the object lock; fire's only
+// spinEstimate is how long one side of a hand-off has been waiting lately
+// (a moving average, each wait counted as at most twice the spin): a side
+// whose waits outlast its spin sleeps at once, since it would spin for
+// nothing and pay the wake-up all the same. A caller of a 60 µs signature
+// sleeps at once; a worker whose caller comes back within its spin spins.
+type spinEstimate struct{ ns int64 }
+
+// spin is how long to spin before sleeping, for a side allowed max.
+func (e *spinEstimate) spin(max time.Duration) time.Duration {
+	if e.ns > int64(max) {
+		return 0
+	}
+	return max
+}
+
+// observe counts a wait of ns.
+func (e *spinEstimate) observe(ns int64, max time.Duration) {
+	ns = min(ns, 2*int64(max))
+	e.ns += (ns - e.ns) / 4
+}
+
+// The inline watchdog. A call records its deadline in its session
+// (inlineCall) and the slot's one timer (watchdog) fires at the earliest
+// deadline it knows of: a steady signer arms no timer per call, only when
+// its deadline comes before the one armed (or none is). When the timer
+// fires it marks every call past its deadline (plus the time the call has
+// waited for the token's object lock) stalled, and sets itself for the
+// next deadline of a call in flight, or for none.
+
+// monoBase makes monoNow a monotonic clock in ns.
+var monoBase = time.Now()
+
+func monoNow() int64 { return int64(time.Since(monoBase)) + 1 } // never 0
+
+// inlineCall is the watchdog's view of a session's call in flight.
+type inlineCall struct {
+	state    atomic.Int32 // callIdle, callRunning or callStalled
+	deadline atomic.Int64 // of the call running (monoNow)
 }
 
 const (
-	watchRunning int32 = iota
-	watchDone
-	watchFired
+	callIdle int32 = iota
+	callRunning
+	callStalled
 )
 
-// fire marks the member stalled, unless the call spent part of its time
-// waiting for the token's object lock: then it looks again as much later.
-func (w *watch) fire() {
-	if waited := w.x.lockWaited(); waited > w.credited && w.t.Load() != nil {
-		w.t.Load().Reset(waited - w.credited)
-		w.credited = waited
+// watchdog is a slot's timer over its inline sessions' calls.
+type watchdog struct {
+	// armed is when the timer fires (monoNow), 0 when it is not set, and
+	// firing while fire looks at the calls.
+	armed atomic.Int64
+
+	mu    sync.Mutex // guards the fields below and the timer's setting
+	t     *time.Timer
+	calls map[*sess]struct{} // the slot's inline sessions
+}
+
+const firing = -1
+
+// add and remove keep the sessions the watchdog looks at.
+func (d *watchdog) add(x *sess) {
+	d.mu.Lock()
+	if d.calls == nil {
+		d.calls = map[*sess]struct{}{}
+	}
+	d.calls[x] = struct{}{}
+	d.mu.Unlock()
+}
+
+func (d *watchdog) remove(x *sess) {
+	d.mu.Lock()
+	delete(d.calls, x)
+	d.mu.Unlock()
+}
+
+// watch makes sure the timer fires by deadline. The caller has stored its
+// call's deadline and state first: a fire that has already looked at the
+// calls shows as firing (see fire).
+func (d *watchdog) watch(deadline int64) {
+	if a := d.armed.Load(); a > 0 && a <= deadline {
 		return
 	}
-	if w.state.CompareAndSwap(watchRunning, watchFired) {
-		w.x.owner.stalls.Add(1)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a := d.armed.Load(); a > 0 && a <= deadline {
+		return
 	}
+	d.set(deadline)
+}
+
+// set arms the timer for at (monoNow); d.mu is held.
+func (d *watchdog) set(at int64) {
+	d.armed.Store(at)
+	wait := time.Duration(at - monoNow())
+	if d.t == nil {
+		d.t = time.AfterFunc(wait, d.fire)
+		return
+	}
+	d.t.Reset(wait)
+}
+
+// fire marks the calls past their deadline stalled and arms the timer for
+// the next deadline.
+func (d *watchdog) fire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.armed.Store(firing) // a call starting from now on arms the timer itself
+	now := monoNow()
+	next := int64(0)
+	for x := range d.calls {
+		c := &x.inline
+		if c.state.Load() != callRunning {
+			continue
+		}
+		deadline := c.deadline.Load() + int64(x.lockWaited())
+		if deadline > now {
+			if next == 0 || deadline < next {
+				next = deadline
+			}
+			continue
+		}
+		if c.state.CompareAndSwap(callRunning, callStalled) {
+			x.owner.stalls.Add(1)
+		}
+	}
+	if next == 0 {
+		d.armed.Store(0)
+		return
+	}
+	d.set(next)
 }
 
 // runInline makes the call on the caller's goroutine, under the watchdog.
 func (x *sess) runInline(op Op, timeout time.Duration) error {
-	w := &watch{x: x}
-	t := time.AfterFunc(timeout, w.fire)
-	w.t.Store(t)
+	c := &x.inline
+	deadline := monoNow() + int64(timeout)
+	c.deadline.Store(deadline)
+	c.state.Store(callRunning)
+	x.owner.dog.watch(deadline)
 	err := x.exec()
-	t.Stop()
-	if !w.state.CompareAndSwap(watchRunning, watchDone) {
+	if c.state.Swap(callIdle) == callStalled {
 		x.owner.stalls.Add(-1) // the member answers again
 	}
 	x.state.Store(stIdle)

@@ -23,7 +23,7 @@ func ModuleCounts(path string) (refs, inits, finals int) {
 func WaitQuarantine(ctx context.Context, s *Slot) error { return s.waitQuarantine(ctx) }
 
 // CheckFunctionList checks that the function list the slot reaches for
-// nested templates is the module's: its entries must be the module's
+// nested templates and one-shot operations is the module's: its entries must be the module's
 // exported C_ functions (true of SoftHSM, which exports them).
 func CheckFunctionList(s *Slot) error {
 	mm, ok := s.st.Load().ctx.(*miekgModule)
@@ -33,7 +33,9 @@ func CheckFunctionList(s *Slot) error {
 	if mm.fl == nil {
 		return fmt.Errorf("no function list: %v", mm.flErr)
 	}
-	for i, name := range map[int]string{3: "C_GetFunctionList", 20: "C_CreateObject", 24: "C_GetAttributeValue"} {
+	for i, name := range map[int]string{3: "C_GetFunctionList", 20: "C_CreateObject", 24: "C_GetAttributeValue",
+		29: "C_EncryptInit", 30: "C_Encrypt", 33: "C_DecryptInit", 34: "C_Decrypt", 37: "C_DigestInit", 38: "C_Digest",
+		42: "C_SignInit", 43: "C_Sign", 48: "C_VerifyInit", 49: "C_Verify"} {
 		want := p11raw.ExportedSymbol(s.spec.Module, name)
 		if want == nil {
 			return fmt.Errorf("%s does not export %s", s.spec.Module, name)

@@ -3,6 +3,7 @@ package slot
 import (
 	"errors"
 
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
 )
 
@@ -80,7 +81,26 @@ func perAttribute(err error) bool {
 	return errors.As(err, &pe) && (pe == pkcs11.CKR_ATTRIBUTE_SENSITIVE || pe == pkcs11.CKR_ATTRIBUTE_TYPE_INVALID)
 }
 
+// oneShot runs Init and the single-part call of k in one call into an
+// in-process module (internal/p11raw), for a mechanism whose parameter is
+// plain bytes; ok is false when it cannot (a served token, a parameter
+// miekg builds), and then the caller makes the two calls through miekg.
+func (x *sess) oneShot(k p11raw.Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) (out []byte, ok bool, err error) {
+	mm, ok := x.ctx.(*miekgModule)
+	if !ok || mm.fl == nil || !p11raw.PlainMechanism(m) {
+		return nil, false, nil
+	}
+	out, err = p11raw.OneShot(mm.fl, k, x.h, m, key, in, sig, x.outHint)
+	if len(out) > 0 {
+		x.outHint = len(out) // the next output of the session is likely as long
+	}
+	return out, true, err
+}
+
 func (x *sess) sign(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	if out, ok, err := x.oneShot(p11raw.Sign, m, key, data, nil); ok {
+		return out, err
+	}
 	if err := x.ctx.SignInit(x.h, mechs(m), key); err != nil {
 		return nil, err
 	}
@@ -88,6 +108,9 @@ func (x *sess) sign(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) (
 }
 
 func (x *sess) verify(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
+	if _, ok, err := x.oneShot(p11raw.Verify, m, key, data, sig); ok {
+		return err
+	}
 	if err := x.ctx.VerifyInit(x.h, mechs(m), key); err != nil {
 		return err
 	}
@@ -95,6 +118,9 @@ func (x *sess) verify(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []
 }
 
 func (x *sess) encrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	if out, ok, err := x.oneShot(p11raw.Encrypt, m, key, data, nil); ok {
+		return out, err
+	}
 	if err := x.ctx.EncryptInit(x.h, mechs(m), key); err != nil {
 		return nil, err
 	}
@@ -102,6 +128,9 @@ func (x *sess) encrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte
 }
 
 func (x *sess) decrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	if out, ok, err := x.oneShot(p11raw.Decrypt, m, key, data, nil); ok {
+		return out, err
+	}
 	if err := x.ctx.DecryptInit(x.h, mechs(m), key); err != nil {
 		return nil, err
 	}
@@ -109,6 +138,9 @@ func (x *sess) decrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte
 }
 
 func (x *sess) digest(m *pkcs11.Mechanism, data []byte) ([]byte, error) {
+	if out, ok, err := x.oneShot(p11raw.Digest, m, 0, data, nil); ok {
+		return out, err
+	}
 	if err := x.ctx.DigestInit(x.h, mechs(m)); err != nil {
 		return nil, err
 	}

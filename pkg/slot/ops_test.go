@@ -2,6 +2,7 @@ package slot_test
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdh"
 	"crypto/rand"
@@ -79,26 +80,7 @@ func testMechanismParameters(t *testing.T, d slot.Dispatch) {
 	spec.Dispatch = d
 	s := open(t, spec)
 	ctx := ctxT(t)
-	pub, priv, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
-		[]*pkcs11.Attribute{
-			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
-			pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
-			pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048),
-			pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
-		},
-		[]*pkcs11.Attribute{
-			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
-			pkcs11.NewAttribute(pkcs11.CKA_SIGN, true),
-			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
-		})
-	if err != nil {
-		t.Fatalf("GenerateKeyPair: %v", err)
-	}
-	attrs, err := s.GetAttributes(ctx, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
-	if err != nil {
-		t.Fatalf("read the public key: %v", err)
-	}
-	rsaPub := &rsa.PublicKey{N: new(big.Int).SetBytes(attrs[0].Value), E: int(new(big.Int).SetBytes(attrs[1].Value).Int64())}
+	pub, priv, rsaPub := newRSAKey(t, s)
 
 	msg := []byte("salted")
 	h := sha256.Sum256(msg)
@@ -462,4 +444,100 @@ func TestCreatesAndReadsDoNotCorrupt(t *testing.T) {
 	tok := testhsm.Take(t, 1)[0]
 	s := open(t, specOf(tok))
 	objrace.Run(t, ctxT(t), s, 3*time.Second)
+}
+
+// A session's single-part calls give outputs of every length whole, the
+// first of each length too: a signature longer than the session's last
+// one, and a ciphertext far longer than any signature, come back in full
+// (the module answers CKR_BUFFER_TOO_SMALL to the first buffer tried and
+// the call is made again), and an empty output stays empty.
+func TestOutputsOfAnyLength(t *testing.T) {
+	t.Parallel()
+	eachDispatch(t, func(t *testing.T, d slot.Dispatch) {
+		spec := specOf(testhsm.Take(t, 1)[0])
+		spec.Dispatch = d
+		s := open(t, spec)
+		ctx := ctxT(t)
+		ecPub, ecPriv := newECKey(t, s, "short")
+		ss, err := s.OpenSession(ctx)
+		if err != nil {
+			t.Fatalf("OpenSession: %v", err)
+		}
+		defer ss.Close()
+		msg := []byte("every length")
+		h := sha256.Sum256(msg)
+		ecSig, err := ss.Sign(ctx, ecdsaMech, ecPriv, h[:])
+		if err != nil {
+			t.Fatalf("ECDSA sign: %v", err)
+		}
+		checkSig(t, ecPublic(t, s, ecPub), msg, ecSig)
+
+		_, priv, rsaPub := newRSAKey(t, ss)
+		info := append([]byte{0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20}, h[:]...)
+		rsaSig, err := ss.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil), priv, info)
+		if err != nil {
+			t.Fatalf("RSA sign after an ECDSA one: %v", err)
+		}
+		if err := rsa.VerifyPKCS1v15(rsaPub, crypto.SHA256, h[:], rsaSig); err != nil {
+			t.Fatalf("RSA signature of %d bytes after a %d-byte one does not verify: %v", len(rsaSig), len(ecSig), err)
+		}
+
+		key, err := ss.CreateObject(ctx, []*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
+			pkcs11.NewAttribute(pkcs11.CKA_ENCRYPT, true),
+			pkcs11.NewAttribute(pkcs11.CKA_DECRYPT, true),
+			pkcs11.NewAttribute(pkcs11.CKA_VALUE, bytes.Repeat([]byte{7}, 32)),
+		})
+		if err != nil {
+			t.Fatalf("create an AES key: %v", err)
+		}
+		cbc := pkcs11.NewMechanism(pkcs11.CKM_AES_CBC_PAD, make([]byte, 16))
+		for _, n := range []int{5000, 0} {
+			plain := bytes.Repeat([]byte{'p'}, n)
+			ct, err := ss.Encrypt(ctx, cbc, key, plain)
+			if err != nil || len(ct) != n+16-n%16 {
+				t.Fatalf("encrypt %d bytes: %d bytes, %v; want %d", n, len(ct), err, n+16-n%16)
+			}
+			got, err := ss.Decrypt(ctx, cbc, key, ct)
+			if err != nil || !bytes.Equal(got, plain) || got == nil {
+				t.Fatalf("decrypt %d bytes: %d bytes (nil %v), %v; want the %d bytes encrypted", len(ct), len(got), got == nil, err, n)
+			}
+		}
+		sum, err := ss.Digest(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), msg)
+		if err != nil || !bytes.Equal(sum, h[:]) {
+			t.Fatalf("digest: %x, %v; want %x", sum, err, h)
+		}
+	})
+}
+
+// newRSAKey makes an RSA-2048 session key pair through k and reads back
+// its public key.
+func newRSAKey(t *testing.T, k interface {
+	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error)
+	GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]slot.Attribute, error)
+}) (pub, priv pkcs11.ObjectHandle, rsaPub *rsa.PublicKey) {
+	t.Helper()
+	ctx := ctxT(t)
+	pub, priv, err := k.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
+			pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
+			pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048),
+			pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
+		},
+		[]*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false),
+			pkcs11.NewAttribute(pkcs11.CKA_SIGN, true),
+			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		})
+	if err != nil {
+		t.Fatalf("GenerateKeyPair: %v", err)
+	}
+	attrs, err := k.GetAttributes(ctx, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
+	if err != nil {
+		t.Fatalf("read the public key: %v", err)
+	}
+	return pub, priv, &rsa.PublicKey{N: new(big.Int).SetBytes(attrs[0].Value), E: int(new(big.Int).SetBytes(attrs[1].Value).Int64())}
 }

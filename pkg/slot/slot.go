@@ -50,6 +50,7 @@ type Slot struct {
 	qchanged    chan struct{} // closed and replaced when a quarantined call ends
 	holds       atomic.Int64  // 1 until Close, plus one per quarantined call
 	stalls      atomic.Int64  // inline calls past their deadline (dispatch.go)
+	dog         watchdog      // over the inline calls (dispatch.go)
 	stats       counters
 }
 

@@ -32,8 +32,21 @@ const (
 
 var names = [nKinds]string{"Sign", "Verify", "Encrypt", "Decrypt", "Digest"}
 
+// The calls' names, built once: they name the errors of every call.
+var initNames, updateNames, finalNames = callNames("Init"), callNames("Update"), callNames("Final")
+
+func callNames(step string) (out [nKinds]string) {
+	for k := range out {
+		out[k] = names[k] + step
+	}
+	return out
+}
+
 // String returns the PKCS#11 name of the family ("Sign").
 func (k Kind) String() string { return names[k] }
+
+// InitName returns the name of k's Init ("SignInit").
+func (k Kind) InitName() string { return initNames[k] }
 
 // Step is which call of an operation runs: the single-part one (C_Sign),
 // an Update or the Final.
@@ -50,9 +63,9 @@ const (
 func (st Step) Name(k Kind) string {
 	switch st {
 	case Update:
-		return names[k] + "Update"
+		return updateNames[k]
 	case Final:
-		return names[k] + "Final"
+		return finalNames[k]
 	}
 	return names[k]
 }
@@ -148,7 +161,7 @@ type Table[A, W any] struct {
 // Init makes op the active operation of kind k once r started it.
 func (t *Table[A, W]) Init(ctx context.Context, r Runner[A, W], k Kind, op *Op[A]) error {
 	if t.ops[k] != nil {
-		return refuse(ErrActive, names[k]+"Init")
+		return refuse(ErrActive, initNames[k])
 	}
 	if err := r.Start(ctx, k, op); err != nil {
 		return err
@@ -161,7 +174,7 @@ func (t *Table[A, W]) Init(ctx context.Context, r Runner[A, W], k Kind, op *Op[A
 // mechanism).
 func (t *Table[A, W]) Cancel(r Runner[A, W], k Kind) error {
 	if t.ops[k] == nil {
-		return refuse(ErrNotInitialized, names[k]+"Init")
+		return refuse(ErrNotInitialized, initNames[k])
 	}
 	t.end(r, k, true)
 	return nil

@@ -1,9 +1,9 @@
 package opstate
 
 import (
-	"reflect"
 	"sync"
 
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
 )
 
@@ -33,14 +33,7 @@ const maxProofs = 4096
 // an OAEP label; miekg's *GCMParams …) that are the caller's only during
 // its Init, so such an Init is always sent when the application makes it.
 func Provable(mech *pkcs11.Mechanism) bool {
-	return mech != nil && len(mech.Parameter) == 0 && !hasGenerator(mech)
-}
-
-// hasGenerator reports whether m's parameter is built from a Go value
-// (miekg keeps it unexported until the call).
-func hasGenerator(m *pkcs11.Mechanism) bool {
-	g := reflect.ValueOf(m).Elem().FieldByName("generator")
-	return g.IsValid() && !g.IsNil()
+	return mech != nil && len(mech.Parameter) == 0 && p11raw.PlainMechanism(mech)
 }
 
 // Proven reports whether Init k was accepted since the last change;
