@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,10 +73,12 @@ var pool struct {
 }
 
 // Main creates a temporary SoftHSM token directory holding ntokens
-// initialised tokens (labels tok-00, tok-01, …; PINs UserPIN and SOPIN),
-// points SOFTHSM2_CONF at it, runs the tests, removes the directory and
-// returns the exit code for os.Exit.
-func Main(m *testing.M, ntokens int) int {
+// initialised tokens for Take (labels tok-00, tok-01, …; PINs UserPIN and
+// SOPIN) and one more per reserved label, which Take never hands out (an
+// Example has no *testing.T and names its tokens by label), points
+// SOFTHSM2_CONF at it, runs the tests, removes the directory and returns
+// the exit code for os.Exit.
+func Main(m *testing.M, ntokens int, reserved ...string) int {
 	slot.OwnEnvironment() // a test binary: members' module_env may be written (pkg/slot)
 	dir, err := os.MkdirTemp("", "testhsm-")
 	if err != nil {
@@ -93,8 +96,9 @@ func Main(m *testing.M, ntokens int) int {
 	for i := range labels {
 		labels[i] = fmt.Sprintf("tok-%02d", i)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(ntokens))
-	serials, err := initTokens(ctx, conf, labels)
+	all := append(slices.Clone(labels), reserved...)
+	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(len(all)))
+	serials, err := initTokens(ctx, conf, all)
 	cancel()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testhsm: %v\n", err)

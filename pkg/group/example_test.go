@@ -27,7 +27,7 @@ func Example() {
 		cfg.Members = append(cfg.Members, config.Member{
 			Name:       fmt.Sprintf("hsm-%c", 'a'+i),
 			Module:     testhsm.SoftHSMModule,
-			TokenLabel: fmt.Sprintf("tok-%02d", 297+i), // the harness's last three tokens, left to this example
+			TokenLabel: fmt.Sprintf("example-%c", 'a'+i), // made for this example by TestMain
 		})
 	}
 	g, err := group.Open(ctx, cfg, config.Defaults(), group.Options{})
