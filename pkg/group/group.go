@@ -109,6 +109,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group/opstate"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
@@ -207,7 +208,7 @@ type Group struct {
 	leftAt  map[string]uint64                   // member → changes when it left rotation
 	changes atomic.Uint64                       // objects made, destroyed or changed
 
-	objs   objectTable
+	objs   *vtable.Table
 	proofs opstate.Proofs[proofKey] // Inits the members accepted (initproof.go)
 
 	marks *marks // behind marks on the members (groupstate.go)
@@ -260,7 +261,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	gr.enhanced.Store(enhanced)
 	gr.userType.Store(-1)
 	gr.gate.init()
-	gr.objs.init(func() int { return int(gr.width.Load()) })
+	gr.objs = vtable.New(func() int { return int(gr.width.Load()) })
 	if gr.tombstones == nil {
 		gr.tombstones = &tombstone.Memory{}
 	}

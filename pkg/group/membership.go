@@ -117,7 +117,7 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 		return fmt.Errorf("group %s: %w", g.label, err)
 	}
 	// Stale entries of a member that had this index before: forget them.
-	g.objs.purge(index)
+	g.objs.Purge(index)
 	g.noteLeft(mc.Name) // out of rotation from now until it is caught up
 	nr := r.clone()
 	nr.add(m, mc, spec)
@@ -196,7 +196,7 @@ func (g *Group) RemoveMember(ctx context.Context, name string) error {
 		s.Close()
 	}
 	g.dropPhysicalSessions(m)
-	g.objs.purge(m.Index())
+	g.objs.Purge(m.Index())
 	g.skipMu.Lock()
 	delete(g.skipped, name)
 	g.skipMu.Unlock()

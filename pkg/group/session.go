@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/group/opstate"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -36,8 +37,8 @@ type Session struct {
 	closed  bool
 	lost    bool          // closed because every member failed (activeBasic)
 	phys    []physSession // by member index; grows with the group
-	ops     opstate.Table[placement, vobject]
-	objects map[ObjectHandle]*vobject // session objects made in this session
+	ops     opstate.Table[placement, vtable.Object]
+	objects map[ObjectHandle]*vtable.Object // session objects made in this session
 }
 
 // OpenSession opens a virtual session. flags are the PKCS#11 session flags
@@ -56,7 +57,7 @@ func (g *Group) OpenSession(ctx context.Context, flags uint) (*Session, error) {
 		h:       SessionHandle(g.nextSess.Add(1)),
 		flags:   flags,
 		gen:     g.sessGen.Load(),
-		objects: make(map[ObjectHandle]*vobject),
+		objects: make(map[ObjectHandle]*vtable.Object),
 	}
 	g.sessMu.Lock()
 	g.sessions[s.h] = s
@@ -142,7 +143,7 @@ func (s *Session) close() bool {
 	s.closed = true
 	s.ops.EndAll((*opRunner)(s))
 	for _, o := range s.objects {
-		s.g.objs.remove(o)
+		s.g.objs.Remove(o)
 	}
 	s.objects = nil
 	for i := range s.phys {
@@ -515,7 +516,7 @@ func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, ke
 		if op.At.key, err = s.g.key(k.String()+"Init", key, argOpKey); err != nil {
 			return err
 		}
-		if err := usable(k.String()+"Init", []*vobject{op.At.key}); err != nil {
+		if err := usable(k.String()+"Init", []*vtable.Object{op.At.key}); err != nil {
 			return err
 		}
 	}
@@ -567,7 +568,7 @@ func (r *opRunner) Start(ctx context.Context, k OpKind, op *operation) error {
 	return (*Session)(r).start(ctx, k, op)
 }
 
-func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vobject) ([]byte, error) {
+func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
 	return (*Session)(r).run(ctx, k, op, st, in, sig, with)
 }
 
@@ -610,7 +611,7 @@ func (s *Session) stop(_ OpKind, op *operation, _ bool) {
 // application must start again. A deferred operation (proven Init) is
 // placed now, or, for a single-part step, run in one call from the
 // members' session pools.
-func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vobject) ([]byte, error) {
+func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
 	opName := st.Name(k)
 	if with != nil {
 		opName = "DigestKey"
@@ -669,7 +670,7 @@ func (s *Session) started(op *operation, st Step) {
 
 // onMember runs fn on the operation's member session, with resolved on
 // that member.
-func (s *Session) onMember(ctx context.Context, op *operation, with *vobject,
+func (s *Session) onMember(ctx context.Context, op *operation, with *vtable.Object,
 	fn func(*slot.Session, *pkcs11.ObjectHandle) ([]byte, error)) ([]byte, slot.Class, bool, error) {
 	var wh *pkcs11.ObjectHandle
 	if with != nil {
@@ -700,8 +701,8 @@ type stepFn func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error)
 // the group's failover (exec): members in skip, and those that do not
 // hold the objects, are passed over. On success op runs on that member
 // from now on.
-func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *vobject, fn stepFn) ([]byte, error) {
-	var objs []*vobject // the operation's key, then with's object
+func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *vtable.Object, fn stepFn) ([]byte, error) {
+	var objs []*vtable.Object // the operation's key, then with's object
 	if op.At.key != nil {
 		objs = append(objs, op.At.key)
 	}
@@ -743,7 +744,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 
 // single runs a single-part operation whose Init was proven in one call
 // from the members' session pools, with the group's failover.
-func (g *Group) single(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key *vobject, in, sig []byte) ([]byte, error) {
+func (g *Group) single(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key *vtable.Object, in, sig []byte) ([]byte, error) {
 	switch k {
 	case OpSign:
 		return g.sign(ctx, mech, key, in)
@@ -866,7 +867,7 @@ func (s *Session) DigestUpdate(ctx context.Context, data []byte) error {
 func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
 	// Any object the group holds goes to the member, which decides what
 	// it digests (SoftHSM digests a data object's value too).
-	o, ok := s.g.objs.get(key)
+	o, ok := s.g.objs.Get(key)
 	if !ok {
 		return wrap(ErrKeyHandle, "DigestKey", "", nil)
 	}
