@@ -437,19 +437,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 		})
 	}
 	wg.Wait()
-	type entry struct {
-		id       replica.Identity
-		fp       []byte
-		conflict [2][]byte
-		bad      bool
-		m        *member.Member
-		hs       []pkcs11.ObjectHandle // per listed member index into ms; 0 = not there
-	}
-	var order []string
-	entries := map[string]*entry{}
-	var sessionObjs []ObjectHandle
-	seenSession := map[ObjectHandle]bool{}
-	listed := 0
+	var listed []vtable.Listing
 	var lastErr error
 	for i, m := range ms {
 		if errs[i] != nil {
@@ -459,76 +447,14 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 			}
 			continue
 		}
-		listed++
-		for _, obj := range lists[i] {
-			if !obj.Token {
-				if o := g.objs.SessionObjectAt(m, obj.Handle); o != nil && !seenSession[o.Handle] {
-					seenSession[o.Handle] = true
-					sessionObjs = append(sessionObjs, o.Handle)
-				}
-				continue
-			}
-			k := obj.Identity.Key()
-			e := entries[k]
-			if e == nil {
-				e = &entry{id: obj.Identity, fp: obj.Fingerprint, hs: make([]pkcs11.ObjectHandle, len(ms))}
-				entries[k] = e
-				order = append(order, k)
-			}
-			switch {
-			case e.hs[i] != 0:
-				// A second object with this identity on the same member.
-				if obj.Fingerprint != nil && e.fp != nil && !bytes.Equal(obj.Fingerprint, e.fp) && !e.bad {
-					e.bad, e.conflict, e.m = true, [2][]byte{e.fp, obj.Fingerprint}, m
-				}
-			default:
-				e.hs[i] = obj.Handle
-				if e.fp == nil {
-					e.fp = obj.Fingerprint
-				} else if obj.Fingerprint != nil && !bytes.Equal(obj.Fingerprint, e.fp) && !e.bad {
-					e.bad, e.conflict, e.m = true, [2][]byte{e.fp, obj.Fingerprint}, m
-				}
-			}
-		}
+		listed = append(listed, vtable.Listing{Member: m, Epoch: epochs[i], Objects: lists[i], Verified: i == 0})
 	}
-	if listed == 0 {
+	if len(listed) == 0 {
 		return nil, wrap(ErrNoMember, "FindObjects", "", lastErr)
 	}
-	out := make([]ObjectHandle, 0, len(order)+len(sessionObjs))
-	for _, k := range order {
-		e := entries[k]
-		o, _ := g.objs.Intern(e.id)
-		if unusable(o) != nil {
-			continue
-		}
-		if e.bad {
-			g.conflict(o, e.m, e.conflict[0], e.conflict[1])
-			continue
-		}
-		if want := o.Fingerprint(); want != nil && e.fp != nil && !bytes.Equal(want, e.fp) {
-			g.conflict(o, ms[0], want, e.fp)
-			continue
-		}
-		o.SetFingerprint(e.fp)
-		for i, m := range ms {
-			if errs[i] != nil {
-				continue
-			}
-			switch {
-			case e.hs[i] != 0 && i == 0:
-				o.Set(m.Index(), epochs[i], e.hs[i])
-			case e.hs[i] != 0:
-				if ph, ok := o.Cached(m); ok && ph == e.hs[i] {
-					continue // already known (and verified) for this epoch
-				}
-				o.SetUnverified(m.Index(), epochs[i], e.hs[i])
-			default:
-				o.SetAbsent(m.Index(), epochs[i])
-			}
-		}
-		out = append(out, o.Handle)
+	out, conflicts := g.objs.Join(listed)
+	for _, c := range conflicts {
+		g.conflict(c.Object, c.Member, c.A, c.B)
 	}
-	out = append(out, sessionObjs...)
-	slices.Sort(out)
 	return out, nil
 }
