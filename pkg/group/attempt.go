@@ -361,7 +361,8 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 // lostLogin reports whether err says a member is not logged in while the
 // group is.
 func (g *Group) lostLogin(err error) bool {
-	return g.userType.Load() >= 0 && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
+	_, in := g.LoggedIn()
+	return in && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
 }
 
 func isHandleError(err error) bool {

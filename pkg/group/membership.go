@@ -12,7 +12,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -135,10 +134,10 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 		m.Fail(err)
 		return opErr(op, mc.Name, err)
 	}
-	g.loginMu.Lock()
-	defer g.loginMu.Unlock()
-	if ut := g.userType.Load(); ut >= 0 {
-		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
+	g.logins.Lock()
+	defer g.logins.Unlock()
+	if ut, in := g.logins.LoggedIn(); in {
+		if err := g.relogin(ctx, m, ut); err != nil {
 			m.Fail(fmt.Errorf("log in: %w", err))
 			return opErr(op, mc.Name, err)
 		}
@@ -328,7 +327,7 @@ func (g *Group) checkOutage() {
 		return
 	}
 	g.sessGen.Add(1)
-	g.userType.Store(-1)
+	g.logins.Lost()
 	g.emit(Event{Kind: GroupDown, Err: errors.New("every member failed (activeBasic): every session and the login are lost; open new sessions and log in again once a member recovers")})
 	g.background(g.dropLostSessions)
 }
@@ -351,12 +350,11 @@ func (g *Group) background(fn func()) {
 // dropLostSessions closes the sessions lost in an activeBasic outage and
 // zeroes the PIN unless the application has logged in again since.
 func (g *Group) dropLostSessions() {
-	g.loginMu.Lock()
-	if g.userType.Load() < 0 {
-		g.appPIN.Zero()
-		g.appPIN = secret.PIN{}
+	g.logins.Lock()
+	if _, in := g.logins.LoggedIn(); !in {
+		g.logins.ForgetPIN()
 	}
-	g.loginMu.Unlock()
+	g.logins.Unlock()
 	gen := g.sessGen.Load()
 	g.sessMu.Lock()
 	var lost []*Session

@@ -255,7 +255,7 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 // made once more.
 func (g *Group) findOn(ctx context.Context, m *member.Member, s *slot.Slot, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
 	hs, err := s.FindObjects(ctx, tmpl)
-	if err != nil || len(hs) > 0 || g.userType.Load() != int64(pkcs11.CKU_USER) {
+	if ut, in := g.LoggedIn(); err != nil || len(hs) > 0 || !in || ut != pkcs11.CKU_USER {
 		return hs, err
 	}
 	if !g.reassertLogin(ctx, m) {
@@ -268,13 +268,10 @@ func (g *Group) findOn(ctx context.Context, m *member.Member, s *slot.Slot, tmpl
 // and reports whether it is logged in now. A member that refuses is
 // charged as a login would charge it.
 func (g *Group) reassertLogin(ctx context.Context, m *member.Member) bool {
-	g.loginMu.Lock()
-	defer g.loginMu.Unlock()
-	ut := g.userType.Load()
-	if ut < 0 {
-		return false
-	}
-	return g.loginMember(ctx, m, uint(ut), g.appPIN) == nil
+	g.logins.Lock()
+	defer g.logins.Unlock()
+	ut, in := g.logins.LoggedIn()
+	return in && g.relogin(ctx, m, ut) == nil
 }
 
 // findEvery searches every member of ms for tmpl and joins the results,
