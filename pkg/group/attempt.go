@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -43,7 +44,7 @@ type attempt func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs
 // plan says where exec may run an operation.
 type plan struct {
 	op   string
-	objs []*vobject // resolved on each member tried
+	objs []*vtable.Object // resolved on each member tried
 	// next returns the member to try next, not one in skip; nil: the
 	// scheduler (pick).
 	next func(skip memberSet) *member.Member
@@ -122,7 +123,7 @@ func (v *verdict) unserved(op string) error {
 // run executes a single-part operation with failover on members the
 // scheduler picks. The caller sees success while one member that holds
 // the objects lives.
-func (g *Group) run(ctx context.Context, op string, objs []*vobject, fn attempt) error {
+func (g *Group) run(ctx context.Context, op string, objs []*vtable.Object, fn attempt) error {
 	_, err := g.exec(ctx, plan{op: op, objs: objs}, fn)
 	return err
 }
@@ -161,7 +162,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 				// again once, in case another process replicated it since.
 				retriedAbsent = true
 				for _, o := range p.objs {
-					o.forgetAbsent()
+					o.ForgetAbsent()
 				}
 				skip, absent = 0, false
 				continue
@@ -206,7 +207,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 			// replaced): find it again once.
 			stale.add(m.Index())
 			for _, o := range p.objs {
-				o.forget(m.Index())
+				o.Forget(m.Index())
 			}
 			continue
 		}
@@ -223,8 +224,8 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 // is touched), then on the others in parallel. A member where the change
 // fails is failed (it no longer holds what the group holds; recovery
 // catches it up); done is called for each member changed.
-func (g *Group) writeAll(ctx context.Context, op string, o *vobject, fn attempt, done func(*member.Member)) error {
-	first, err := g.exec(ctx, plan{op: op, objs: []*vobject{o}, next: g.inOrder, absent: ErrObjectHandle}, fn)
+func (g *Group) writeAll(ctx context.Context, op string, o *vtable.Object, fn attempt, done func(*member.Member)) error {
+	first, err := g.exec(ctx, plan{op: op, objs: []*vtable.Object{o}, next: g.inOrder, absent: ErrObjectHandle}, fn)
 	if err != nil {
 		return err
 	}
@@ -235,14 +236,14 @@ func (g *Group) writeAll(ctx context.Context, op string, o *vobject, fn attempt,
 			continue
 		}
 		wg.Go(func() {
-			_, err := g.exec(ctx, plan{op: op, objs: []*vobject{o}, next: only(m), absent: ErrObjectHandle}, fn)
+			_, err := g.exec(ctx, plan{op: op, objs: []*vtable.Object{o}, next: only(m), absent: ErrObjectHandle}, fn)
 			switch {
 			case err == nil:
 				done(m)
 			case !errors.Is(err, ErrObjectHandle) && !isHandleError(err):
 				// (Not held there, or destroyed under the change by
 				// someone else: nothing to change.)
-				g.replicationFailed(m, o.identity(), fmt.Errorf("%s: %w", op, err))
+				g.replicationFailed(m, o.Identity(), fmt.Errorf("%s: %w", op, err))
 			}
 		})
 	}
@@ -251,9 +252,9 @@ func (g *Group) writeAll(ctx context.Context, op string, o *vobject, fn attempt,
 }
 
 // usable returns the error for the first of objs that cannot be used.
-func usable(op string, objs []*vobject) error {
+func usable(op string, objs []*vtable.Object) error {
 	for _, o := range objs {
-		err := o.usable()
+		err := unusable(o)
 		if err == nil {
 			continue // (errors.As would cost an allocation per call)
 		}
@@ -281,7 +282,7 @@ func (p plan) notHeld() error {
 	e := p.absent
 	if e == nil {
 		e = ErrObjectHandle
-		if p.objs[0].isKey() {
+		if p.objs[0].IsKey() {
 			e = ErrKeyHandle
 		}
 	}
@@ -305,12 +306,12 @@ func (g *Group) prepareOn(ctx context.Context, p plan, m *member.Member, hs []pk
 
 // resolveHeld is resolve for a call bound to m: an object m does not hold
 // is CKR_KEY_HANDLE_INVALID (a key) or CKR_OBJECT_HANDLE_INVALID, naming m.
-func (g *Group) resolveHeld(ctx context.Context, op string, o *vobject, m *member.Member) (pkcs11.ObjectHandle, error) {
+func (g *Group) resolveHeld(ctx context.Context, op string, o *vtable.Object, m *member.Member) (pkcs11.ObjectHandle, error) {
 	h, err := g.resolve(ctx, o, m)
 	switch {
 	case err == nil:
 		return h, nil
-	case errors.Is(err, errAbsent) && o.isKey():
+	case errors.Is(err, errAbsent) && o.IsKey():
 		return 0, wrap(ErrKeyHandle, op, m.Name(), err)
 	case errors.Is(err, errAbsent):
 		return 0, wrap(ErrObjectHandle, op, m.Name(), err)
@@ -375,7 +376,8 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 // lostLogin reports whether err says a member is not logged in while the
 // group is.
 func (g *Group) lostLogin(err error) bool {
-	return g.userType.Load() >= 0 && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
+	_, in := g.LoggedIn()
+	return in && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
 }
 
 func isHandleError(err error) bool {

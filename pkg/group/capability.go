@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -90,7 +91,7 @@ func mechType(m *pkcs11.Mechanism) uint {
 // kindOf is the kind of key in makes: its class (a key of unknown class
 // when neither the operation nor the template says), and its key type from
 // the template, the generation mechanism, or the source of a copy.
-func kindOf(in intent, inputs []*vobject) replica.Kind {
+func kindOf(in intent, inputs []*vtable.Object) replica.Kind {
 	k := replica.Kind{Class: in.class, KeyType: replica.KeyTypeUnknown}
 	if !in.classKnown {
 		k.Class = replica.ClassUnknownKey
@@ -101,7 +102,7 @@ func kindOf(in intent, inputs []*vobject) replica.Kind {
 	case gen && in.genMech != 0:
 		k.KeyType = gk.KeyType
 	case in.copied && len(inputs) == 1:
-		k.KeyType = inputs[0].identity().KeyType
+		k.KeyType = inputs[0].Identity().KeyType
 	}
 	return k
 }
@@ -112,7 +113,7 @@ func kindOf(in intent, inputs []*vobject) replica.Kind {
 // CKR_MECHANISM_INVALID for a generation (the virtual slot does not offer
 // the mechanism), CKR_TEMPLATE_INCONSISTENT for the others (the kind the
 // template asks for cannot be made here). Neither is charged to a member.
-func (g *Group) checkHold(op string, ins []intent, inputs []*vobject) error {
+func (g *Group) checkHold(op string, ins []intent, inputs []*vtable.Object) error {
 	var refused []replica.Refusal
 	for _, in := range ins {
 		refused = append(refused, g.cannotHold(kindOf(in, inputs))...)

@@ -108,11 +108,12 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group/login"
 	"github.com/hagroup/hagroup/pkg/group/opstate"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
-	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -183,9 +184,7 @@ type Group struct {
 	writes    barrier
 	writeMark atomic.Uint64
 
-	loginMu  sync.Mutex
-	userType atomic.Int64 // -1: logged out; otherwise CKU_USER / CKU_SO
-	appPIN   secret.PIN   // guarded by loginMu; zeroed on logout and close
+	logins *login.State // who is logged in, the kept PIN, the members' login rules
 
 	recoverMu  sync.Mutex
 	recovering map[string]bool // guarded by recoverMu
@@ -206,7 +205,7 @@ type Group struct {
 	skipped map[string]map[string]skippedObject // member → identity key → what it lacks
 	changes atomic.Uint64                       // objects made, destroyed or changed
 
-	objs   objectTable
+	objs   *vtable.Table
 	proofs opstate.Proofs[proofKey] // Inits the members accepted (initproof.go)
 
 	marks *marks // behind marks on the members (groupstate.go)
@@ -256,9 +255,9 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	}
 	gr.policy.Store(int32(pol))
 	gr.enhanced.Store(enhanced)
-	gr.userType.Store(-1)
+	gr.logins = login.New(opts.PINGuard, login.Members{OwnPIN: gr.ownPIN, Login: gr.loginAs, Fail: gr.failMember})
 	gr.gate.init()
-	gr.objs.init(func() int { return int(gr.width.Load()) })
+	gr.objs = vtable.New(func() int { return int(gr.width.Load()) })
 	if gr.tombstones == nil {
 		gr.tombstones = &tombstone.Memory{}
 	}
@@ -414,7 +413,8 @@ func (s Status) Down() bool { return s.Active == 0 && s.Standby == 0 }
 
 // Status returns a snapshot of the group.
 func (g *Group) Status() Status {
-	st := Status{Label: g.label, Serial: g.serial, Policy: g.policyName(), RecoveryMode: g.RecoveryMode(), LoggedIn: g.userType.Load() >= 0}
+	st := Status{Label: g.label, Serial: g.serial, Policy: g.policyName(), RecoveryMode: g.RecoveryMode()}
+	_, st.LoggedIn = g.LoggedIn()
 	st.Members = g.Members()
 	for _, m := range st.Members {
 		switch m.State {
@@ -443,11 +443,9 @@ func (g *Group) Close() error {
 	g.closeOnce.Do(func() {
 		g.gate.close()
 		g.CloseAllSessions()
-		g.loginMu.Lock()
-		g.appPIN.Zero()
-		g.appPIN = secret.PIN{}
-		g.userType.Store(-1)
-		g.loginMu.Unlock()
+		g.logins.Lock()
+		g.logins.Clear()
+		g.logins.Unlock()
 		g.bgMu.Lock()
 		g.bgClosed = true
 		g.bgMu.Unlock()
@@ -645,10 +643,10 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 	if err := g.checkMechanisms(ctx, m); err != nil {
 		return nil, err
 	}
-	g.loginMu.Lock()
-	defer g.loginMu.Unlock()
-	ut := g.userType.Load()
-	if ut < 0 && s.LoggedIn() {
+	g.logins.Lock()
+	defer g.logins.Unlock()
+	ut, in := g.logins.LoggedIn()
+	if !in && s.LoggedIn() {
 		// The token came back logged in with the PIN its slot kept, but the
 		// group is logged out (the application logged out, or sessions and
 		// login were lost when every member failed in activeBasic).
@@ -657,16 +655,15 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 		}
 		m.BumpEpoch()
 	}
-	if ut >= 0 && !(uint(ut) == pkcs11.CKU_USER && s.LoggedIn()) {
+	if in && !(ut == pkcs11.CKU_USER && s.LoggedIn()) {
 		// (A slot that logged in again by itself with its kept PIN on
 		// Reinit needs no second C_Login.)
-		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
-			if slot.ClassOf(err) == slot.ClassLogin && !g.ownPIN(m, uint(ut)) {
+		if err := g.relogin(ctx, m, ut); err != nil {
+			if slot.ClassOf(err) == slot.ClassLogin && !g.logins.OwnPIN(m, ut) {
 				// The kept PIN is refused here: stop offering it, so that
 				// recovery retries cannot lock the member out. The member
 				// comes back after the application logs in again.
-				g.appPIN.Zero()
-				g.appPIN = secret.PIN{}
+				g.logins.ForgetPIN()
 			}
 			return nil, err
 		}
@@ -707,15 +704,15 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 	if m.State() != member.Recovering {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member is " + m.State().String()}
 	}
-	// Under loginMu, so that a Login running now either saw the member
+	// Under the logins' lock, so that a Login running now either saw the member
 	// serving (and logged it in) or is over (and the member is logged in
 	// here): the application may have logged in again while the member
 	// was re-opened logged out (after an outage in activeBasic), and a
 	// member back in rotation without the login finds no private object.
-	g.loginMu.Lock()
-	if ut := g.userType.Load(); ut >= 0 && !m.Slot().LoggedIn() {
-		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
-			g.loginMu.Unlock()
+	g.logins.Lock()
+	if ut, in := g.logins.LoggedIn(); in && !m.Slot().LoggedIn() {
+		if err := g.relogin(ctx, m, ut); err != nil {
+			g.logins.Unlock()
 			m.CompareAndTransition(member.Recovering, member.Failed, err)
 			return opErr("ActivateMember", name, fmt.Errorf("log in: %w", err))
 		}
@@ -726,7 +723,7 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 		to = member.Standby
 	}
 	moved := m.CompareAndTransition(member.Recovering, to, nil)
-	g.loginMu.Unlock()
+	g.logins.Unlock()
 	if !moved {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member changed state during recovery (now " + m.State().String() + ")"}
 	}

@@ -1,12 +1,15 @@
 package group
 
-import "github.com/hagroup/hagroup/pkg/group/opstate"
+import (
+	"github.com/hagroup/hagroup/pkg/group/opstate"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
+)
 
 // proofKey names an Init for the group's opstate.Proofs: a member's answer
 // to it depends on nothing else while no object changed in the group.
 type proofKey struct {
 	k    OpKind
-	key  *vobject // nil for a digest
+	key  *vtable.Object // nil for a digest
 	mech uint
 }
 

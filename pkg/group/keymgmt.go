@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/group/leftover"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
@@ -96,7 +97,7 @@ func randomID() ([]byte, error) {
 // CKA_ID to give an object that has neither CKA_ID nor CKA_LABEL. from is
 // the source of a copy (nil otherwise). A private or secret key gets the
 // group's protection (protect).
-func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkcs11.Attribute, class uint, id []byte, from *vobject) (intent, error) {
+func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkcs11.Attribute, class uint, id []byte, from *vtable.Object) (intent, error) {
 	in := intent{tmpl: append([]*pkcs11.Attribute(nil), tmpl...), class: class, classKnown: class != 0}
 	if i := attrIndex(tmpl, pkcs11.CKA_CLASS); i >= 0 && class == 0 {
 		in.class, in.classKnown = ulong(tmpl[i].Value), true
@@ -145,7 +146,7 @@ type made struct {
 // it made. do runs on the primary with the inputs resolved there; target
 // is the primary's pooled slot for token objects or this session's
 // physical session for session objects.
-func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs []*vobject,
+func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs []*vtable.Object,
 	do func(ctx context.Context, target slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error)) (_ []ObjectHandle, err error) {
 	g := s.g
 	if err := g.gate.enter(); err != nil {
@@ -241,27 +242,27 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 
 	// The virtual entries, before replication so that the physical handles
 	// can be recorded as they come.
-	vs := make([]*vobject, len(ms))
+	vs := make([]*vtable.Object, len(ms))
 	for i, m := range ms {
-		var o *vobject
+		var o *vtable.Object
 		if m.obj.Token {
 			var created bool
-			o, created = g.objs.intern(m.obj.Identity)
+			o, created = g.objs.Intern(m.obj.Identity)
 			if !created {
 				// A stale entry (the object was destroyed behind our back
 				// and is now made again): start it afresh.
-				g.objs.remove(o)
-				o, _ = g.objs.intern(m.obj.Identity)
+				g.objs.Remove(o)
+				o, _ = g.objs.Intern(m.obj.Identity)
 			}
-			o.set(p.Index(), p.Epoch(), m.h)
+			o.Set(p.Index(), p.Epoch(), m.h)
 		} else {
-			o = g.objs.addSessionObject(m.obj.Identity, s.h)
-			g.objs.setSessionPhys(o, p, m.h)
-			s.objects[o.h] = o
+			o = g.objs.AddSessionObject(m.obj.Identity)
+			g.objs.SetSessionPhys(o, p, m.h)
+			s.objects[o.Handle] = o
 		}
-		o.setFingerprint(m.obj.Fingerprint)
+		o.SetFingerprint(m.obj.Fingerprint)
 		if m.in.unextractable {
-			o.unextractable.Store(true)
+			o.Unextractable.Store(true)
 		}
 		vs[i] = o
 	}
@@ -274,9 +275,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		// token will not wrap): the object cannot be highly available, so
 		// it is not made at all.
 		for _, o := range vs {
-			g.objs.remove(o)
-			if !o.token {
-				delete(s.objects, o.h)
+			g.objs.Remove(o)
+			if !o.Token {
+				delete(s.objects, o.Handle)
 			}
 		}
 		undo()
@@ -285,7 +286,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	}
 	res := make([]ObjectHandle, len(vs))
 	for i, o := range vs {
-		res[i] = o.h
+		res[i] = o.Handle
 	}
 	g.changes.Add(uint64(len(vs)))
 	return res, nil
@@ -396,7 +397,7 @@ type slotOps interface {
 // A target that cannot hold an object (capability.go; one that joined
 // after createOn's check) or refuses its copy as a request makes nothing
 // stay anywhere: every copy is taken back and a Refusals error returned.
-func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vobject) error {
+func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms []made, vs []*vtable.Object) error {
 	var targets []*member.Member
 	for _, m := range g.serving() {
 		if m != p {
@@ -532,9 +533,9 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		}
 		for j, m := range ms {
 			if m.obj.Token {
-				vs[j].set(t.Index(), t.Epoch(), copies[i][j])
+				vs[j].Set(t.Index(), t.Epoch(), copies[i][j])
 			} else {
-				g.objs.setSessionPhys(vs[j], t, copies[i][j])
+				g.objs.SetSessionPhys(vs[j], t, copies[i][j])
 			}
 			t.AddReplication()
 			g.emit(Event{Kind: ObjectReplicated, Member: t.Name(), Object: m.obj.Identity, Fingerprint: m.obj.Fingerprint})
@@ -630,7 +631,7 @@ func (g *Group) replicationFailed(m *member.Member, id replica.Identity, err err
 }
 
 // intent adapts tmpl for the group (Group.prepare) on the primary.
-func (s *Session) intent(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, id []byte, from *vobject) (intent, error) {
+func (s *Session) intent(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, id []byte, from *vtable.Object) (intent, error) {
 	p := s.g.primary()
 	if p == nil {
 		return intent{}, wrap(ErrNoMember, op, "", nil)
@@ -640,7 +641,7 @@ func (s *Session) intent(ctx context.Context, op string, tmpl []*pkcs11.Attribut
 
 // createOne makes one object by do (see createOn) from tmpl, of class
 // (0: the template's), an unnamed one under a random CKA_ID.
-func (s *Session) createOne(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, inputs []*vobject,
+func (s *Session) createOne(ctx context.Context, op string, tmpl []*pkcs11.Attribute, class uint, inputs []*vtable.Object,
 	do func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error)) (ObjectHandle, error) {
 	id, err := randomID()
 	if err != nil {
@@ -653,7 +654,7 @@ func (s *Session) createOne(ctx context.Context, op string, tmpl []*pkcs11.Attri
 	return s.createIntent(ctx, op, in, inputs, do)
 }
 
-func (s *Session) createIntent(ctx context.Context, op string, in intent, inputs []*vobject,
+func (s *Session) createIntent(ctx context.Context, op string, in intent, inputs []*vtable.Object,
 	do func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error)) (ObjectHandle, error) {
 	hs, err := s.createOn(ctx, op, []intent{in}, inputs, func(ctx context.Context, t slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		h, err := do(ctx, t, in, hs)
@@ -737,13 +738,13 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 	if err != nil {
 		return 0, err
 	}
-	class := src.identity().Class
+	class := src.Identity().Class
 	in, err := s.intent(ctx, "CopyObject", tmpl, class, nil, src)
 	if err != nil {
 		return 0, err
 	}
 	if _, set := attrBool(tmpl, pkcs11.CKA_TOKEN); !set {
-		in.token = src.token
+		in.token = src.Token
 	}
 	if !in.classKnown {
 		// The copy has its source's class (CKO_DATA is 0).
@@ -751,7 +752,7 @@ func (s *Session) CopyObject(ctx context.Context, h ObjectHandle, tmpl []*pkcs11
 	}
 	in.explicitID = true // the copy keeps the source's identity unless tmpl changes it
 	in.copied = true
-	return s.createIntent(ctx, "CopyObject", in, []*vobject{src}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+	return s.createIntent(ctx, "CopyObject", in, []*vtable.Object{src}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 		return t.CopyObject(ctx, hs[0], in.tmpl)
 	})
 }
@@ -763,7 +764,7 @@ func (s *Session) UnwrapKey(ctx context.Context, mech *pkcs11.Mechanism, unwrapp
 	if err != nil {
 		return 0, err
 	}
-	return s.createOne(ctx, "UnwrapKey", tmpl, 0, []*vobject{uk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+	return s.createOne(ctx, "UnwrapKey", tmpl, 0, []*vtable.Object{uk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 		return t.UnwrapKey(ctx, mech, hs[0], blob, in.tmpl)
 	})
 }
@@ -774,20 +775,20 @@ func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base Ob
 	if err != nil {
 		return 0, err
 	}
-	return s.createOne(ctx, "DeriveKey", tmpl, pkcs11.CKO_SECRET_KEY, []*vobject{bk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+	return s.createOne(ctx, "DeriveKey", tmpl, pkcs11.CKO_SECRET_KEY, []*vtable.Object{bk}, func(ctx context.Context, t slotOps, in intent, hs []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 		return t.DeriveKey(ctx, mech, hs[0], in.tmpl)
 	})
 }
 
 // writeObject enters the group, finds the usable object h and takes the
 // write barrier, for a change of h on every member; done releases both.
-func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vobject, func(), error) {
+func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vtable.Object, func(), error) {
 	if err := g.gate.enter(); err != nil {
 		return nil, nil, err
 	}
 	o, err := g.object(op, h)
 	if err == nil {
-		err = usable(op, []*vobject{o})
+		err = usable(op, []*vtable.Object{o})
 	}
 	if err != nil {
 		g.gate.leave()
@@ -830,8 +831,8 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 	defer done()
 	var ahead tombstone.Tombstone
 	recorded, destroyed := false, false
-	if o.token {
-		ahead = tombstone.Tombstone{Identity: o.identity(), Fingerprint: o.fingerprint(), Time: time.Now(), GroupSerial: g.serial}
+	if o.Token {
+		ahead = tombstone.Tombstone{Identity: o.Identity(), Fingerprint: o.Fingerprint(), Time: time.Now(), GroupSerial: g.serial}
 		// Should this fail, the destroy goes on and the record is tried
 		// again once it is done.
 		recorded = g.tombstones.Record(context.WithoutCancel(ctx), ahead) == nil
@@ -842,7 +843,7 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		}()
 	}
 	destroyedOn := func(m *member.Member) {
-		g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.identity(), Fingerprint: o.fingerprint()})
+		g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.Identity(), Fingerprint: o.Fingerprint()})
 	}
 	err = g.writeAll(ctx, op, o, g.destroyAttempt(o), destroyedOn)
 	if errors.Is(err, ErrObjectHandle) {
@@ -853,17 +854,17 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		// would bring it back from a member that was away and still
 		// holds a copy.
 		destroyed = true
-		g.objs.remove(o)
+		g.objs.Remove(o)
 		return err
 	}
 	if err != nil {
 		return err
 	}
 	destroyed = true
-	g.objs.remove(o)
+	g.objs.Remove(o)
 	g.changes.Add(1)
-	if o.token {
-		g.forgetSkipped(o.identity())
+	if o.Token {
+		g.forgetSkipped(o.Identity())
 		if !recorded {
 			t := ahead
 			t.Time = time.Now()
@@ -892,7 +893,7 @@ func (g *Group) revokeTombstone(ctx context.Context, t tombstone.Tombstone) {
 // process's destroy or a recovery applying a tombstone, or a stale cached
 // handle) is looked up again by exec; a member that no longer holds the
 // object is skipped.
-func (g *Group) destroyAttempt(o *vobject) attempt {
+func (g *Group) destroyAttempt(o *vtable.Object) attempt {
 	return func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
 		if err := s.DestroyObject(ctx, hs[0]); err != nil {
 			return err
@@ -913,9 +914,9 @@ func (g *Group) destroyAttempt(o *vobject) attempt {
 // with other key material (a conflict) are left alone. It is best effort:
 // o is destroyed on m already; a member that fails here is failed, and
 // its recovery deletes what remains under the tombstone.
-func (g *Group) destroyCopies(ctx context.Context, o *vobject, m *member.Member) {
-	id, want := o.identity(), o.fingerprint()
-	if !o.token || want == nil {
+func (g *Group) destroyCopies(ctx context.Context, o *vtable.Object, m *member.Member) {
+	id, want := o.Identity(), o.Fingerprint()
+	if !o.Token || want == nil {
 		// Without o's fingerprint a second object of the identity could
 		// be another key (a conflict): left to the plan, which deletes
 		// the tombstoned version.
@@ -994,7 +995,7 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 	defer done()
 	attrs = append([]*pkcs11.Attribute(nil), attrs...)
 	makeUnextractable := false
-	if i := attrIndex(attrs, pkcs11.CKA_EXTRACTABLE); i >= 0 && o.isKey() && o.identity().Class != pkcs11.CKO_PUBLIC_KEY {
+	if i := attrIndex(attrs, pkcs11.CKA_EXTRACTABLE); i >= 0 && o.IsKey() && o.Identity().Class != pkcs11.CKO_PUBLIC_KEY {
 		v, _ := attrBool(attrs, pkcs11.CKA_EXTRACTABLE)
 		if v && g.unextractable(ctx, o) {
 			return wrap(ErrReadOnly, op, "", errors.New("CKA_EXTRACTABLE cannot go back to true"))
@@ -1004,7 +1005,7 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 			attrs = append(attrs[:i], attrs[i+1:]...)
 		}
 	}
-	newID := o.identity()
+	newID := o.Identity()
 	if i := attrIndex(attrs, pkcs11.CKA_ID); i >= 0 {
 		newID.ID = bytes.Clone(attrs[i].Value)
 		if len(newID.ID) == 0 {
@@ -1037,17 +1038,17 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		return err
 	}
 	replicated := func(m *member.Member) {
-		g.emit(Event{Kind: ObjectReplicated, Member: m.Name(), Object: newID, Fingerprint: o.fingerprint()})
+		g.emit(Event{Kind: ObjectReplicated, Member: m.Name(), Object: newID, Fingerprint: o.Fingerprint()})
 	}
 	if err := g.writeAll(ctx, op, o, set, replicated); err != nil {
 		return err
 	}
 	g.changes.Add(1)
 	if makeUnextractable {
-		o.unextractable.Store(true)
+		o.Unextractable.Store(true)
 	}
-	if !newID.Equal(o.identity()) {
-		g.objs.rekey(o, newID)
+	if !newID.Equal(o.Identity()) {
+		g.objs.Rekey(o, newID)
 	}
 	return nil
 }

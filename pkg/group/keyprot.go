@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -51,7 +52,7 @@ const tokenDefaultExtractable = false
 // it asks for is kept by this process only (the copy cannot be given
 // CKA_WRAP_WITH_TRUSTED). A copy of an unextractable key cannot be made
 // extractable (CKR_ATTRIBUTE_READ_ONLY, as a token answers).
-func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent, tmpl []*pkcs11.Attribute, from *vobject) error {
+func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent, tmpl []*pkcs11.Attribute, from *vtable.Object) error {
 	ext, set := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
 	in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
 	if from != nil {
@@ -77,8 +78,8 @@ func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent,
 // private or secret key: it made or set it unextractable in this process,
 // or every serving member's copy carries CKA_WRAP_WITH_TRUSTED (see the
 // rule above).
-func (g *Group) unextractable(ctx context.Context, o *vobject) bool {
-	return o.unextractable.Load() || g.wrapWithTrustedEverywhere(ctx, o)
+func (g *Group) unextractable(ctx context.Context, o *vtable.Object) bool {
+	return o.Unextractable.Load() || g.wrapWithTrustedEverywhere(ctx, o)
 }
 
 // wrapWithTrustedEverywhere reports whether no serving member holds a
@@ -88,11 +89,11 @@ func (g *Group) unextractable(ctx context.Context, o *vobject) bool {
 // safe side. "Everywhere" is kept for the life of o only when every
 // member of the group answered: a member away may hold the copy without
 // it, and the key is extractable again when that member returns.
-func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vobject) bool {
-	switch o.wwtOrigin.Load() {
-	case wwtSomewhereFalse:
+func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vtable.Object) bool {
+	switch o.WWTOrigin.Load() {
+	case vtable.WWTSomewhereFalse:
 		return false
-	case wwtEverywhere:
+	case vtable.WWTEverywhere:
 		return true
 	}
 	answered := 0
@@ -103,12 +104,12 @@ func (g *Group) wrapWithTrustedEverywhere(ctx context.Context, o *vobject) bool 
 		}
 		answered++
 		if !wwt {
-			o.wwtOrigin.Store(wwtSomewhereFalse)
+			o.WWTOrigin.Store(vtable.WWTSomewhereFalse)
 			return false
 		}
 	}
 	if answered == len(g.view().members) {
-		o.wwtOrigin.Store(wwtEverywhere)
+		o.WWTOrigin.Store(vtable.WWTEverywhere)
 	}
 	return true
 }
@@ -146,8 +147,8 @@ var viewTypes = []uint{
 //     which copy was generated changes with every recovery;
 //   - a secret key's CKA_VALUE_LEN is the one copy that knows it tells
 //     (SoftHSM gives unwrapped keys 0; see valueLen).
-func (g *Group) present(ctx context.Context, o *vobject, attrs []slot.Attribute) {
-	class := o.identity().Class
+func (g *Group) present(ctx context.Context, o *vtable.Object, attrs []slot.Attribute) {
+	class := o.Identity().Class
 	private := class == pkcs11.CKO_PRIVATE_KEY || class == pkcs11.CKO_SECRET_KEY
 	for i := range attrs {
 		a := &attrs[i]
@@ -189,8 +190,8 @@ func ulongBytes(v uint) []byte { return binary.NativeEndian.AppendUint64(nil, ui
 // its wrapped blob's less the 8 bytes of RFC 5649's integrity block
 // (AES keys are multiples of 8 bytes long, so the padding adds nothing).
 // 0 when neither tells. A length found is kept for the life of o.
-func (g *Group) valueLen(ctx context.Context, o *vobject) uint {
-	if n := o.valueLen.Load(); n > 0 {
+func (g *Group) valueLen(ctx context.Context, o *vtable.Object) uint {
+	if n := o.ValueLen.Load(); n > 0 {
 		return uint(n)
 	}
 	var n uint
@@ -200,14 +201,14 @@ func (g *Group) valueLen(ctx context.Context, o *vobject) uint {
 		}
 	}
 	if n > 0 {
-		o.valueLen.Store(uint64(n))
+		o.ValueLen.Store(uint64(n))
 	}
 	return n
 }
 
 // valueLenOn reads m's CKA_VALUE_LEN of o, or, when m says 0 and o is an
 // AES key, measures it under m's domain key; 0 when m cannot tell.
-func (g *Group) valueLenOn(ctx context.Context, o *vobject, m *member.Member) uint {
+func (g *Group) valueLenOn(ctx context.Context, o *vtable.Object, m *member.Member) uint {
 	h, err := g.resolve(ctx, o, m)
 	if err != nil {
 		return 0
@@ -219,7 +220,7 @@ func (g *Group) valueLenOn(ctx context.Context, o *vobject, m *member.Member) ui
 			n = ulong(attrs[0].Value)
 		}
 		return err
-	}); err != nil || n > 0 || o.identity().KeyType != pkcs11.CKK_AES {
+	}); err != nil || n > 0 || o.Identity().KeyType != pkcs11.CKK_AES {
 		return n
 	}
 	var blob []byte

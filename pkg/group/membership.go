@@ -12,7 +12,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -117,7 +116,7 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 		return fmt.Errorf("group %s: %w", g.label, err)
 	}
 	// Stale entries of a member that had this index before: forget them.
-	g.objs.purge(index)
+	g.objs.Purge(index)
 	nr := r.clone()
 	nr.add(m, mc, spec)
 	g.roster.Store(nr)
@@ -134,10 +133,10 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 		m.Fail(err)
 		return opErr(op, mc.Name, err)
 	}
-	g.loginMu.Lock()
-	defer g.loginMu.Unlock()
-	if ut := g.userType.Load(); ut >= 0 {
-		if err := g.loginMember(ctx, m, uint(ut), g.appPIN); err != nil {
+	g.logins.Lock()
+	defer g.logins.Unlock()
+	if ut, in := g.logins.LoggedIn(); in {
+		if err := g.relogin(ctx, m, ut); err != nil {
 			m.Fail(fmt.Errorf("log in: %w", err))
 			return opErr(op, mc.Name, err)
 		}
@@ -195,7 +194,7 @@ func (g *Group) RemoveMember(ctx context.Context, name string) error {
 		s.Close()
 	}
 	g.dropPhysicalSessions(m)
-	g.objs.purge(m.Index())
+	g.objs.Purge(m.Index())
 	g.skipMu.Lock()
 	delete(g.skipped, name)
 	g.skipMu.Unlock()
@@ -327,7 +326,7 @@ func (g *Group) checkOutage() {
 		return
 	}
 	g.sessGen.Add(1)
-	g.userType.Store(-1)
+	g.logins.Lost()
 	g.emit(Event{Kind: GroupDown, Err: errors.New("every member failed (activeBasic): every session and the login are lost; open new sessions and log in again once a member recovers")})
 	g.background(g.dropLostSessions)
 }
@@ -350,12 +349,11 @@ func (g *Group) background(fn func()) {
 // dropLostSessions closes the sessions lost in an activeBasic outage and
 // zeroes the PIN unless the application has logged in again since.
 func (g *Group) dropLostSessions() {
-	g.loginMu.Lock()
-	if g.userType.Load() < 0 {
-		g.appPIN.Zero()
-		g.appPIN = secret.PIN{}
+	g.logins.Lock()
+	if _, in := g.logins.LoggedIn(); !in {
+		g.logins.ForgetPIN()
 	}
-	g.loginMu.Unlock()
+	g.logins.Unlock()
 	gen := g.sessGen.Load()
 	g.sessMu.Lock()
 	var lost []*Session

@@ -7,8 +7,8 @@ import (
 	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
 
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -16,280 +16,25 @@ import (
 )
 
 // ObjectHandle is a virtual object handle: stable for the life of the
-// process, never reused, never 0 (CK_INVALID_HANDLE).
-type ObjectHandle uint
+// process, never reused, never 0 (CK_INVALID_HANDLE). The table behind it
+// is pkg/group/vtable.
+type ObjectHandle = vtable.Handle
 
-// physRef is what the group knows about one object on one member, valid
-// while the member's epoch is unchanged.
-type physRef struct {
-	epoch  uint64
-	h      pkcs11.ObjectHandle
-	absent bool // the member was looked at and does not hold the object
-	// unverified: found by identity in a listing that read no key
-	// material; the fingerprint is checked on first use (resolve).
-	unverified bool
-}
-
-// vobject is one entry of the virtual object table: an identity, the key
-// material's fingerprint, and a lazily filled physical handle per member.
-type vobject struct {
-	h     ObjectHandle
-	token bool
-	owner SessionHandle // session objects: the virtual session they live in
-
-	id atomic.Pointer[replica.Identity]
-	fp atomic.Pointer[[]byte]
-
-	// unextractable: the application made or set the key with
-	// CKA_EXTRACTABLE=false, or the members say so (see unextractable).
-	unextractable atomic.Bool
-	// valueLen: a secret key's CKA_VALUE_LEN once a member told it (see
-	// valueLen); 0 until then.
-	valueLen atomic.Uint64
-	// wwtOrigin: what the members' copies say of CKA_WRAP_WITH_TRUSTED
-	// (see wrapWithTrustedEverywhere); 0 until asked.
-	wwtOrigin atomic.Int32
-	conflict  atomic.Bool
-	gone      atomic.Bool
-
-	// phys holds one reference per member index. It grows when a member
-	// with a higher index joins; a cache entry stored into the old array
-	// while it is copied may be lost, which costs one look-up.
-	phys atomic.Pointer[[]atomic.Pointer[physRef]]
-}
-
-// wwtOrigin values.
-const (
-	wwtSomewhereFalse = 1 // some member's copy lacks CKA_WRAP_WITH_TRUSTED
-	wwtEverywhere     = 2 // every member that answered has it
-)
-
-// ref returns what is known of o on member index i.
-func (o *vobject) ref(i int) *physRef {
-	if p := *o.phys.Load(); i < len(p) {
-		return p[i].Load()
-	}
-	return nil
-}
-
-// cell returns the reference cell of member index i, growing the array.
-func (o *vobject) cell(i int) *atomic.Pointer[physRef] {
-	for {
-		p := o.phys.Load()
-		if i < len(*p) {
-			return &(*p)[i]
-		}
-		n := make([]atomic.Pointer[physRef], max(i+1, len(*p)))
-		for j := range *p {
-			n[j].Store((*p)[j].Load())
-		}
-		if o.phys.CompareAndSwap(p, &n) {
-			return &n[i]
-		}
-	}
-}
-
-func (o *vobject) identity() replica.Identity { return *o.id.Load() }
-
-func (o *vobject) fingerprint() []byte {
-	if p := o.fp.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
-func (o *vobject) setFingerprint(fp []byte) {
-	if fp != nil {
-		o.fp.CompareAndSwap(nil, &fp)
-	}
-}
-
-func (o *vobject) usable() error {
+// unusable reports why o may not be used: it was destroyed, or two
+// different keys share its identity.
+func unusable(o *vtable.Object) error {
 	switch {
-	case o.gone.Load():
+	case o.Gone.Load():
 		return ErrObjectHandle
-	case o.conflict.Load():
+	case o.Conflict.Load():
 		return ErrConflict
 	}
 	return nil
 }
 
-func (o *vobject) isKey() bool {
-	switch o.identity().Class {
-	case pkcs11.CKO_PUBLIC_KEY, pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_SECRET_KEY:
-		return true
-	}
-	return false
-}
-
-func (o *vobject) set(i int, epoch uint64, h pkcs11.ObjectHandle) {
-	o.cell(i).Store(&physRef{epoch: epoch, h: h})
-}
-
-func (o *vobject) setUnverified(i int, epoch uint64, h pkcs11.ObjectHandle) {
-	o.cell(i).Store(&physRef{epoch: epoch, h: h, unverified: true})
-}
-
-func (o *vobject) setAbsent(i int, epoch uint64) {
-	o.cell(i).Store(&physRef{epoch: epoch, absent: true})
-}
-
-func (o *vobject) forget(i int) {
-	if p := *o.phys.Load(); i < len(p) {
-		p[i].Store(nil)
-	}
-}
-
-func (o *vobject) forgetAbsent() {
-	p := *o.phys.Load()
-	for i := range p {
-		if r := p[i].Load(); r != nil && r.absent {
-			p[i].CompareAndSwap(r, nil)
-		}
-	}
-}
-
-// cached returns the physical handle of o on member i if it is known for
-// the member's current epoch.
-func (o *vobject) cached(m *member.Member) (pkcs11.ObjectHandle, bool) {
-	if r := o.ref(m.Index()); r != nil && r.epoch == m.Epoch() && !r.absent {
-		return r.h, true
-	}
-	return 0, false
-}
-
-// objectTable is the virtual object table. Reads on the hot path (handle
-// → object) take no lock.
-type objectTable struct {
-	width    func() int // 1 + the highest member index in use
-	byHandle sync.Map   // ObjectHandle → *vobject
-	next     atomic.Uint64
-
-	mu       sync.Mutex
-	byKey    map[string]*vobject                          // token objects by identity
-	sessPhys [MaxMembers]map[pkcs11.ObjectHandle]*vobject // per member index: session objects by physical handle
-}
-
-func (t *objectTable) init(width func() int) {
-	t.width = width
-	t.byKey = make(map[string]*vobject)
-}
-
-func (t *objectTable) newObject(id replica.Identity, token bool, owner SessionHandle) *vobject {
-	o := &vobject{h: ObjectHandle(t.next.Add(1)), token: token, owner: owner}
-	refs := make([]atomic.Pointer[physRef], t.width())
-	o.phys.Store(&refs)
-	o.id.Store(&id)
-	return o
-}
-
-// purge forgets everything known about member index i (the member left,
-// or a new one takes its index).
-func (t *objectTable) purge(i int) {
-	t.byHandle.Range(func(_, v any) bool {
-		v.(*vobject).forget(i)
-		return true
-	})
-	t.mu.Lock()
-	t.sessPhys[i] = nil
-	t.mu.Unlock()
-}
-
-// intern returns the token object with identity id, creating its entry on
-// first sight. created reports whether it is new.
-func (t *objectTable) intern(id replica.Identity) (o *vobject, created bool) {
-	k := id.Key()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if o := t.byKey[k]; o != nil {
-		return o, false
-	}
-	o = t.newObject(id, true, 0)
-	t.byKey[k] = o
-	t.byHandle.Store(o.h, o)
-	return o, true
-}
-
-// addSessionObject enters a new session object owned by the virtual
-// session owner.
-func (t *objectTable) addSessionObject(id replica.Identity, owner SessionHandle) *vobject {
-	o := t.newObject(id, false, owner)
-	t.byHandle.Store(o.h, o)
-	return o
-}
-
-// setSessionPhys records where a session object lives on member i.
-func (t *objectTable) setSessionPhys(o *vobject, m *member.Member, h pkcs11.ObjectHandle) {
-	o.set(m.Index(), m.Epoch(), h)
-	t.mu.Lock()
-	if t.sessPhys[m.Index()] == nil {
-		t.sessPhys[m.Index()] = make(map[pkcs11.ObjectHandle]*vobject)
-	}
-	t.sessPhys[m.Index()][h] = o
-	t.mu.Unlock()
-}
-
-// sessionObjectAt returns the session object at physical handle h on m.
-func (t *objectTable) sessionObjectAt(m *member.Member, h pkcs11.ObjectHandle) *vobject {
-	t.mu.Lock()
-	o := t.sessPhys[m.Index()][h]
-	t.mu.Unlock()
-	if o == nil || o.gone.Load() {
-		return nil
-	}
-	if ph, ok := o.cached(m); !ok || ph != h {
-		return nil
-	}
-	return o
-}
-
-// remove drops o from the table; its handle becomes invalid for good.
-func (t *objectTable) remove(o *vobject) {
-	o.gone.Store(true)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if o.token {
-		k := o.identity().Key()
-		if t.byKey[k] == o {
-			delete(t.byKey, k)
-		}
-	} else {
-		for i := range t.sessPhys {
-			if r := o.ref(i); r != nil && !r.absent && t.sessPhys[i][r.h] == o {
-				delete(t.sessPhys[i], r.h)
-			}
-		}
-	}
-	t.byHandle.Delete(o.h)
-}
-
-// rekey moves a token object to a new identity (after CKA_ID or CKA_LABEL
-// changed).
-func (t *objectTable) rekey(o *vobject, id replica.Identity) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if o.token {
-		old := o.identity().Key()
-		if t.byKey[old] == o {
-			delete(t.byKey, old)
-		}
-		t.byKey[id.Key()] = o
-	}
-	o.id.Store(&id)
-}
-
-func (t *objectTable) get(h ObjectHandle) (*vobject, bool) {
-	v, ok := t.byHandle.Load(h)
-	if !ok {
-		return nil, false
-	}
-	o := v.(*vobject)
-	return o, !o.gone.Load()
-}
-
 // object returns the live object behind a virtual handle.
-func (g *Group) object(op string, h ObjectHandle) (*vobject, error) {
-	o, ok := g.objs.get(h)
+func (g *Group) object(op string, h ObjectHandle) (*vtable.Object, error) {
+	o, ok := g.objs.Get(h)
 	if !ok {
 		return nil, wrap(ErrObjectHandle, op, "", nil)
 	}
@@ -303,14 +48,14 @@ func (g *Group) Identity(h ObjectHandle) (replica.Identity, error) {
 	if err != nil {
 		return replica.Identity{}, err
 	}
-	return o.identity(), nil
+	return o.Identity(), nil
 }
 
 // key returns the live key object behind a virtual handle given as
 // argument arg of op; bad is the error when none is.
-func (g *Group) key(op string, h ObjectHandle, arg keyArg) (*vobject, error) {
-	o, ok := g.objs.get(h)
-	if !ok || !o.isKey() {
+func (g *Group) key(op string, h ObjectHandle, arg keyArg) (*vtable.Object, error) {
+	o, ok := g.objs.Get(h)
+	if !ok || !o.IsKey() {
 		return nil, wrap(arg.bad(), op, "", nil)
 	}
 	return o, nil
@@ -346,23 +91,23 @@ func (a keyArg) bad() *Error {
 // it is not known for m's current epoch. It returns errAbsent when m does
 // not hold the object, ErrConflict when m holds a different key under the
 // same identity, or the member's error (already charged to it).
-func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs11.ObjectHandle, error) {
+func (g *Group) resolve(ctx context.Context, o *vtable.Object, m *member.Member) (pkcs11.ObjectHandle, error) {
 	i, ep := m.Index(), m.Epoch()
-	if r := o.ref(i); r != nil && r.epoch == ep {
+	if r := o.Ref(i); r != nil && r.Epoch == ep {
 		switch {
-		case r.absent:
+		case r.Absent:
 			return 0, errAbsent
-		case r.unverified:
+		case r.Unverified:
 			return g.verifyRef(ctx, o, m, r)
 		}
-		return r.h, nil
+		return r.Handle, nil
 	}
-	if !o.token {
+	if !o.Token {
 		// Session objects live only where the group put them.
 		return 0, errAbsent
 	}
 	s := m.Slot()
-	id := o.identity()
+	id := o.Identity()
 	var hs []pkcs11.ObjectHandle
 	if _, err := g.call(ctx, m, func() (err error) {
 		// findOn: a member whose login ended under the group would
@@ -374,10 +119,10 @@ func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs
 		return 0, err
 	}
 	if len(hs) == 0 {
-		o.setAbsent(i, ep)
+		o.SetAbsent(i, ep)
 		return 0, errAbsent
 	}
-	want := o.fingerprint()
+	want := o.Fingerprint()
 	var chosen pkcs11.ObjectHandle
 	var chosenFP []byte
 	found := false
@@ -403,25 +148,25 @@ func (g *Group) resolve(ctx context.Context, o *vobject, m *member.Member) (pkcs
 		g.conflict(o, m, want, chosenFP)
 		return 0, ErrConflict
 	}
-	o.setFingerprint(chosenFP)
-	o.set(i, ep, chosen)
+	o.SetFingerprint(chosenFP)
+	o.Set(i, ep, chosen)
 	return chosen, nil
 }
 
 // verifyRef checks the key material behind an unverified handle against o's
 // fingerprint (or gives o its fingerprint) before the handle is used.
-func (g *Group) verifyRef(ctx context.Context, o *vobject, m *member.Member, r *physRef) (pkcs11.ObjectHandle, error) {
-	fp, err := g.fingerprint(ctx, m, r.h)
+func (g *Group) verifyRef(ctx context.Context, o *vtable.Object, m *member.Member, r *vtable.Ref) (pkcs11.ObjectHandle, error) {
+	fp, err := g.fingerprint(ctx, m, r.Handle)
 	if err != nil {
 		return 0, err
 	}
-	if want := o.fingerprint(); want != nil && fp != nil && !bytes.Equal(want, fp) {
+	if want := o.Fingerprint(); want != nil && fp != nil && !bytes.Equal(want, fp) {
 		g.conflict(o, m, want, fp)
 		return 0, ErrConflict
 	}
-	o.setFingerprint(fp)
-	o.cell(m.Index()).CompareAndSwap(r, &physRef{epoch: r.epoch, h: r.h})
-	return r.h, nil
+	o.SetFingerprint(fp)
+	o.Verified(m.Index(), r)
+	return r.Handle, nil
 }
 
 // fingerprint returns the fingerprint of h on m, nil when the member
@@ -442,9 +187,9 @@ func (g *Group) fingerprint(ctx context.Context, m *member.Member, h pkcs11.Obje
 }
 
 // conflict marks o unusable and reports it once.
-func (g *Group) conflict(o *vobject, m *member.Member, a, b []byte) {
-	if o.conflict.CompareAndSwap(false, true) {
-		g.emit(Event{Kind: ConflictFound, Member: m.Name(), Object: o.identity(), Fingerprint: a, Other: b,
+func (g *Group) conflict(o *vtable.Object, m *member.Member, a, b []byte) {
+	if o.Conflict.CompareAndSwap(false, true) {
+		g.emit(Event{Kind: ConflictFound, Member: m.Name(), Object: o.Identity(), Fingerprint: a, Other: b,
 			Err: errors.New("two different keys share one identity; not used until resolved")})
 	}
 }
@@ -510,7 +255,7 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 // made once more.
 func (g *Group) findOn(ctx context.Context, m *member.Member, s *slot.Slot, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
 	hs, err := s.FindObjects(ctx, tmpl)
-	if err != nil || len(hs) > 0 || g.userType.Load() != int64(pkcs11.CKU_USER) {
+	if ut, in := g.LoggedIn(); err != nil || len(hs) > 0 || !in || ut != pkcs11.CKU_USER {
 		return hs, err
 	}
 	if !g.reassertLogin(ctx, m) {
@@ -523,13 +268,10 @@ func (g *Group) findOn(ctx context.Context, m *member.Member, s *slot.Slot, tmpl
 // and reports whether it is logged in now. A member that refuses is
 // charged as a login would charge it.
 func (g *Group) reassertLogin(ctx context.Context, m *member.Member) bool {
-	g.loginMu.Lock()
-	defer g.loginMu.Unlock()
-	ut := g.userType.Load()
-	if ut < 0 {
-		return false
-	}
-	return g.loginMember(ctx, m, uint(ut), g.appPIN) == nil
+	g.logins.Lock()
+	defer g.logins.Unlock()
+	ut, in := g.logins.LoggedIn()
+	return in && g.relogin(ctx, m, ut) == nil
 }
 
 // findEvery searches every member of ms for tmpl and joins the results,
@@ -601,8 +343,8 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 			continue
 		}
 		if !token {
-			if o := g.objs.sessionObjectAt(m, h); o != nil {
-				out = append(out, o.h)
+			if o := g.objs.SessionObjectAt(m, h); o != nil {
+				out = append(out, o.Handle)
 			}
 			continue
 		}
@@ -617,13 +359,13 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 	}
 	for _, k := range order {
 		f := byKey[k]
-		o, _ := g.objs.intern(f.id)
-		if o.usable() != nil {
+		o, _ := g.objs.Intern(f.id)
+		if unusable(o) != nil {
 			continue
 		}
 		if len(f.hs) == 1 {
-			if ph, ok := o.cached(m); ok && ph == f.hs[0] {
-				out = append(out, o.h)
+			if ph, ok := o.Cached(m); ok && ph == f.hs[0] {
+				out = append(out, o.Handle)
 				continue
 			}
 		}
@@ -648,13 +390,13 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 		if conflict {
 			continue
 		}
-		if want := o.fingerprint(); want != nil && first != nil && !bytes.Equal(want, first) {
+		if want := o.Fingerprint(); want != nil && first != nil && !bytes.Equal(want, first) {
 			g.conflict(o, m, want, first)
 			continue
 		}
-		o.setFingerprint(first)
-		o.set(m.Index(), ep, f.hs[0])
-		out = append(out, o.h)
+		o.SetFingerprint(first)
+		o.Set(m.Index(), ep, f.hs[0])
+		out = append(out, o.Handle)
 	}
 	return out, nil
 }
@@ -692,19 +434,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 		})
 	}
 	wg.Wait()
-	type entry struct {
-		id       replica.Identity
-		fp       []byte
-		conflict [2][]byte
-		bad      bool
-		m        *member.Member
-		hs       []pkcs11.ObjectHandle // per listed member index into ms; 0 = not there
-	}
-	var order []string
-	entries := map[string]*entry{}
-	var sessionObjs []ObjectHandle
-	seenSession := map[ObjectHandle]bool{}
-	listed := 0
+	var listed []vtable.Listing
 	var lastErr error
 	for i, m := range ms {
 		if errs[i] != nil {
@@ -714,76 +444,14 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 			}
 			continue
 		}
-		listed++
-		for _, obj := range lists[i] {
-			if !obj.Token {
-				if o := g.objs.sessionObjectAt(m, obj.Handle); o != nil && !seenSession[o.h] {
-					seenSession[o.h] = true
-					sessionObjs = append(sessionObjs, o.h)
-				}
-				continue
-			}
-			k := obj.Identity.Key()
-			e := entries[k]
-			if e == nil {
-				e = &entry{id: obj.Identity, fp: obj.Fingerprint, hs: make([]pkcs11.ObjectHandle, len(ms))}
-				entries[k] = e
-				order = append(order, k)
-			}
-			switch {
-			case e.hs[i] != 0:
-				// A second object with this identity on the same member.
-				if obj.Fingerprint != nil && e.fp != nil && !bytes.Equal(obj.Fingerprint, e.fp) && !e.bad {
-					e.bad, e.conflict, e.m = true, [2][]byte{e.fp, obj.Fingerprint}, m
-				}
-			default:
-				e.hs[i] = obj.Handle
-				if e.fp == nil {
-					e.fp = obj.Fingerprint
-				} else if obj.Fingerprint != nil && !bytes.Equal(obj.Fingerprint, e.fp) && !e.bad {
-					e.bad, e.conflict, e.m = true, [2][]byte{e.fp, obj.Fingerprint}, m
-				}
-			}
-		}
+		listed = append(listed, vtable.Listing{Member: m, Epoch: epochs[i], Objects: lists[i], Verified: i == 0})
 	}
-	if listed == 0 {
+	if len(listed) == 0 {
 		return nil, wrap(ErrNoMember, "FindObjects", "", lastErr)
 	}
-	out := make([]ObjectHandle, 0, len(order)+len(sessionObjs))
-	for _, k := range order {
-		e := entries[k]
-		o, _ := g.objs.intern(e.id)
-		if o.usable() != nil {
-			continue
-		}
-		if e.bad {
-			g.conflict(o, e.m, e.conflict[0], e.conflict[1])
-			continue
-		}
-		if want := o.fingerprint(); want != nil && e.fp != nil && !bytes.Equal(want, e.fp) {
-			g.conflict(o, ms[0], want, e.fp)
-			continue
-		}
-		o.setFingerprint(e.fp)
-		for i, m := range ms {
-			if errs[i] != nil {
-				continue
-			}
-			switch {
-			case e.hs[i] != 0 && i == 0:
-				o.set(m.Index(), epochs[i], e.hs[i])
-			case e.hs[i] != 0:
-				if ph, ok := o.cached(m); ok && ph == e.hs[i] {
-					continue // already known (and verified) for this epoch
-				}
-				o.setUnverified(m.Index(), epochs[i], e.hs[i])
-			default:
-				o.setAbsent(m.Index(), epochs[i])
-			}
-		}
-		out = append(out, o.h)
+	out, conflicts := g.objs.Join(listed)
+	for _, c := range conflicts {
+		g.conflict(c.Object, c.Member, c.A, c.B)
 	}
-	out = append(out, sessionObjs...)
-	slices.Sort(out)
 	return out, nil
 }

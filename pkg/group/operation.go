@@ -2,6 +2,7 @@ package group
 
 import (
 	"github.com/hagroup/hagroup/pkg/group/opstate"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 )
@@ -35,7 +36,7 @@ const (
 // Init named, and the member and member session it went to (nil while
 // deferred: see opstate.Proofs).
 type placement struct {
-	key   *vobject       // nil for a digest
+	key   *vtable.Object // nil for a digest
 	m     *member.Member // the member its Init went to
 	ps    *slot.Session  // the member session it runs on
 	epoch uint64         // m's epoch when placed

@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -14,9 +15,9 @@ import (
 // errors (bad mechanism, wrong signature, …) are returned as they are.
 
 // withKey runs one single-part call with key o (see run).
-func withKey[T any](ctx context.Context, g *Group, op string, o *vobject, fn func(s *slot.Slot, h pkcs11.ObjectHandle) (T, error)) (T, error) {
+func withKey[T any](ctx context.Context, g *Group, op string, o *vtable.Object, fn func(s *slot.Slot, h pkcs11.ObjectHandle) (T, error)) (T, error) {
 	var out T
-	err := g.run(ctx, op, []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	err := g.run(ctx, op, []*vtable.Object{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = fn(s, hs[0])
 		return err
 	})
@@ -32,7 +33,7 @@ func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHand
 	return g.sign(ctx, mech, o, data)
 }
 
-func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) ([]byte, error) {
+func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
 	return withKey(ctx, g, "Sign", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Sign(ctx, mech, h, data) })
 }
 
@@ -45,8 +46,8 @@ func (g *Group) Verify(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHa
 	return g.verify(ctx, mech, o, data, sig)
 }
 
-func (g *Group) verify(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data, sig []byte) error {
-	return g.run(ctx, "Verify", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+func (g *Group) verify(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data, sig []byte) error {
+	return g.run(ctx, "Verify", []*vtable.Object{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
 		return s.Verify(ctx, mech, hs[0], data, sig)
 	})
 }
@@ -60,7 +61,7 @@ func (g *Group) Encrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 	return g.encrypt(ctx, mech, o, data)
 }
 
-func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) ([]byte, error) {
+func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
 	return withKey(ctx, g, "Encrypt", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Encrypt(ctx, mech, h, data) })
 }
 
@@ -73,7 +74,7 @@ func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 	return g.decrypt(ctx, mech, o, data)
 }
 
-func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vobject, data []byte) ([]byte, error) {
+func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
 	return withKey(ctx, g, "Decrypt", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Decrypt(ctx, mech, h, data) })
 }
 
@@ -107,14 +108,14 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 		return nil, err
 	}
 	var attrs []slot.Attribute
-	err = g.run(ctx, "GetAttributes", []*vobject{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	err = g.run(ctx, "GetAttributes", []*vtable.Object{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		attrs, err = s.GetAttributes(ctx, hs[0], types)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if o.isKey() && containsType(types, viewTypes...) {
+	if o.IsKey() && containsType(types, viewTypes...) {
 		g.present(ctx, o, attrs)
 	}
 	return attrs, nil
@@ -141,7 +142,7 @@ func containsType(types []uint, want ...uint) bool {
 // answer is left out (run finds that out and fails over). Read on every
 // call, not kept: a member's copy changes when it is recovered or
 // re-added, and WrapKey is not on the hot path.
-func (g *Group) wrapWithTrustedCopies(ctx context.Context, o *vobject) memberSet {
+func (g *Group) wrapWithTrustedCopies(ctx context.Context, o *vtable.Object) memberSet {
 	var set memberSet
 	for _, m := range g.serving() {
 		if wwt, ok := g.wrapWithTrustedOn(ctx, o, m); ok && wwt {
@@ -153,7 +154,7 @@ func (g *Group) wrapWithTrustedCopies(ctx context.Context, o *vobject) memberSet
 
 // wrapWithTrustedOn reads CKA_WRAP_WITH_TRUSTED of m's copy of o; ok is
 // false when m does not hold o or does not answer.
-func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vobject, m *member.Member) (wwt, ok bool) {
+func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vtable.Object, m *member.Member) (wwt, ok bool) {
 	h, err := g.resolve(ctx, o, m)
 	if err != nil {
 		return false, false
@@ -185,15 +186,15 @@ func (g *Group) WrapKey(ctx context.Context, mech *pkcs11.Mechanism, wrapping, k
 	if err != nil {
 		return nil, err
 	}
-	if k.identity().Class != pkcs11.CKO_PUBLIC_KEY && g.unextractable(ctx, k) {
+	if k.Identity().Class != pkcs11.CKO_PUBLIC_KEY && g.unextractable(ctx, k) {
 		return nil, wrap(ErrKeyUnextractable, "WrapKey", "", nil)
 	}
 	var avoid memberSet
-	if k.identity().Class != pkcs11.CKO_PUBLIC_KEY {
+	if k.Identity().Class != pkcs11.CKO_PUBLIC_KEY {
 		avoid = g.wrapWithTrustedCopies(ctx, k)
 	}
 	var out []byte
-	_, err = g.exec(ctx, plan{op: "WrapKey", objs: []*vobject{w, k}, avoid: avoid}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	_, err = g.exec(ctx, plan{op: "WrapKey", objs: []*vtable.Object{w, k}, avoid: avoid}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = s.WrapKey(ctx, mech, hs[0], hs[1])
 		return err
 	})

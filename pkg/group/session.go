@@ -5,7 +5,9 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/hagroup/hagroup/pkg/group/login"
 	"github.com/hagroup/hagroup/pkg/group/opstate"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -36,8 +38,8 @@ type Session struct {
 	closed  bool
 	lost    bool          // closed because every member failed (activeBasic)
 	phys    []physSession // by member index; grows with the group
-	ops     opstate.Table[placement, vobject]
-	objects map[ObjectHandle]*vobject // session objects made in this session
+	ops     opstate.Table[placement, vtable.Object]
+	objects map[ObjectHandle]*vtable.Object // session objects made in this session
 }
 
 // OpenSession opens a virtual session. flags are the PKCS#11 session flags
@@ -56,7 +58,7 @@ func (g *Group) OpenSession(ctx context.Context, flags uint) (*Session, error) {
 		h:       SessionHandle(g.nextSess.Add(1)),
 		flags:   flags,
 		gen:     g.sessGen.Load(),
-		objects: make(map[ObjectHandle]*vobject),
+		objects: make(map[ObjectHandle]*vtable.Object),
 	}
 	g.sessMu.Lock()
 	g.sessions[s.h] = s
@@ -103,12 +105,13 @@ func (s *Session) Flags() uint { return s.flags }
 // the session's flags and the group's login.
 func (s *Session) State() uint {
 	rw := s.flags&pkcs11.CKF_RW_SESSION != 0
-	switch ut := s.g.userType.Load(); {
-	case ut == int64(pkcs11.CKU_SO):
+	ut, in := s.g.LoggedIn()
+	switch {
+	case in && ut == pkcs11.CKU_SO:
 		return pkcs11.CKS_RW_SO_FUNCTIONS
-	case ut >= 0 && rw:
+	case in && rw:
 		return pkcs11.CKS_RW_USER_FUNCTIONS
-	case ut >= 0:
+	case in:
 		return pkcs11.CKS_RO_USER_FUNCTIONS
 	case rw:
 		return pkcs11.CKS_RW_PUBLIC_SESSION
@@ -142,7 +145,7 @@ func (s *Session) close() bool {
 	s.closed = true
 	s.ops.EndAll((*opRunner)(s))
 	for _, o := range s.objects {
-		s.g.objs.remove(o)
+		s.g.objs.Remove(o)
 	}
 	s.objects = nil
 	for i := range s.phys {
@@ -266,10 +269,10 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 		return nil, err
 	}
 	defer g.gate.leave()
-	g.loginMu.Lock()
-	defer g.loginMu.Unlock()
-	if ut := g.userType.Load(); ut >= 0 {
-		if uint(ut) == userType {
+	g.logins.Lock()
+	defer g.logins.Unlock()
+	if ut, ok := g.logins.LoggedIn(); ok {
+		if ut == userType {
 			return nil, wrap(ErrAlreadyLoggedIn, "Login", "", nil)
 		}
 		return nil, wrap(ErrAnotherLoggedIn, "Login", "", nil)
@@ -282,9 +285,13 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	var rest []*member.Member
 	logged := 0
 	if prove {
-		checked, err := g.provePIN(ctx, ms, userType, pin)
-		if err != nil {
-			return nil, err
+		checked, err := g.logins.Prove(ctx, ms, userType, pin)
+		var refused *login.RefusedError
+		switch {
+		case errors.As(err, &refused):
+			return nil, opErr("Login", refused.Member, refused.Err) // final: no other member sees the PIN
+		case err != nil:
+			return nil, wrap(ErrNoMember, "Login", "", err)
 		}
 		logged++
 		for _, m := range ms {
@@ -294,12 +301,12 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 		}
 	} else {
 		for _, m := range ms {
-			if g.ownPIN(m, userType) {
+			if g.logins.OwnPIN(m, userType) {
 				rest = append(rest, m)
 			}
 		}
 	}
-	n, lastErr := g.loginAll(ctx, rest, userType, pin)
+	n, lastErr := g.logins.LoginAll(ctx, rest, userType, pin)
 	logged += n
 	if logged == 0 {
 		if lastErr == nil {
@@ -307,14 +314,9 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 		}
 		return nil, wrap(ErrNoMember, "Login", "", lastErr)
 	}
-	g.appPIN.Zero()
-	g.appPIN = secret.PIN{}
-	if prove && g.needsAppPIN(userType) {
-		// Kept only because a member that is (or will be) recovered must
-		// be logged in with it.
-		g.appPIN = pin.Clone()
-	}
-	g.userType.Store(int64(userType))
+	// The PIN is kept only because a member that is (or will be)
+	// recovered must be logged in with it.
+	g.logins.Set(userType, pin, prove, g.view().members)
 	g.proofs.Forget()
 	for _, m := range g.view().members {
 		m.BumpEpoch() // handles found before the login may not show private objects
@@ -322,117 +324,23 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	return g.admitMembers(ctx), nil // marks are private: readable from now on
 }
 
-// provePIN logs one member of ms in with the application's pin and
-// returns it. Members without a PIN source of their own are asked first:
-// they are the ones that need the application's PIN, and where members
-// hold different PINs the application knows theirs. A member the guard
-// blocks is passed over (nothing is sent to it); a member that fails for a
-// health reason is failed and the next one asked; any other answer is
-// final.
-func (g *Group) provePIN(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (*member.Member, error) {
-	order := make([]*member.Member, 0, len(ms))
-	for _, own := range []bool{false, true} {
-		for _, m := range ms {
-			if g.ownPIN(m, userType) == own {
-				order = append(order, m)
-			}
-		}
-	}
-	var lastErr error
-	for _, m := range order {
-		if err := g.blocked(m); err != nil {
-			lastErr = err
-			g.failMember(m, err)
-			continue
-		}
-		err := g.loginAs(ctx, m, userType, pin)
-		if err == nil {
-			return m, nil
-		}
-		if slot.ClassOf(err) != slot.ClassHealth || ctx.Err() != nil {
-			return nil, opErr("Login", m.Name(), err)
-		}
-		lastErr = err
-		g.failMember(m, err)
-	}
-	if lastErr == nil {
-		return nil, wrap(ErrNoMember, "Login", "", errors.New("no member to check the PIN on"))
-	}
-	return nil, wrap(ErrNoMember, "Login", "", lastErr)
-}
-
-// loginAll logs ms in (see loginMember) at once, fails those that do not
-// log in, and returns how many did and the last error.
-func (g *Group) loginAll(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (int, error) {
-	errs := make([]error, len(ms))
-	var wg sync.WaitGroup
-	for i, m := range ms {
-		wg.Go(func() { errs[i] = g.loginMember(ctx, m, userType, pin) })
-	}
-	wg.Wait()
-	logged := 0
-	var lastErr error
-	for i, err := range errs {
-		if err != nil {
-			lastErr = err
-			g.failMember(ms[i], err)
-			continue
-		}
-		logged++
-	}
-	return logged, lastErr
-}
-
-// needsAppPIN reports whether some member logs in as userType with the
-// application's PIN rather than its own.
-func (g *Group) needsAppPIN(userType uint) bool {
-	for _, m := range g.view().members {
-		if !g.ownPIN(m, userType) {
-			return true
-		}
-	}
-	return false
-}
-
-// ownPIN reports whether m logs in as userType with its configured PIN.
-func (g *Group) ownPIN(m *member.Member, userType uint) bool {
-	cm, ok := g.view().cfg[m.Index()]
-	return ok && userType == pkcs11.CKU_USER && cm.HasPIN()
-}
-
-// loginMember logs m in by itself, as the engine does after the PIN was
-// proved, on a recovery and on a lost login: with its own PIN source, or
-// else pin (the application's, kept). A member the guard blocks is not
-// asked; a token that refuses the PIN is reported to the guard, so that
-// no process offers it again until an operator recovers the member.
-// loginMu held.
-func (g *Group) loginMember(ctx context.Context, m *member.Member, userType uint, pin secret.PIN) error {
-	if err := g.blocked(m); err != nil {
-		return err
-	}
-	if g.ownPIN(m, userType) {
-		own, err := g.view().cfg[m.Index()].ReadPIN()
-		if err != nil {
-			return err
-		}
-		defer own.Zero()
-		pin = own
-	} else if pin.Empty() {
-		return wrap(ErrNotLoggedIn, "Login", m.Name(), errors.New("no PIN for this member: it has no pin source and the application's PIN is not known"))
-	}
-	err := g.loginAs(ctx, m, userType, pin)
-	if slot.PINRefused(err) && g.opts.PINGuard != nil {
-		g.opts.PINGuard.Refused(m.Name(), err)
+// relogin logs m in again as the group is logged in (login.State.Relogin),
+// the logins' lock held.
+func (g *Group) relogin(ctx context.Context, m *member.Member, userType uint) error {
+	err := g.logins.Relogin(ctx, m, userType)
+	if errors.Is(err, login.ErrNoPIN) {
+		return wrap(ErrNotLoggedIn, "Login", m.Name(), err)
 	}
 	return err
 }
 
-// blocked returns why the guard keeps m from being logged in, or nil.
-func (g *Group) blocked(m *member.Member) error {
-	if g.opts.PINGuard == nil {
-		return nil
+// ownPIN is the logins' source of a member's own PIN: its pin_file or
+// pin_env.
+func (g *Group) ownPIN(m *member.Member) func() (secret.PIN, error) {
+	if cm, ok := g.view().cfg[m.Index()]; ok && cm.HasPIN() {
+		return cm.ReadPIN
 	}
-	return g.opts.PINGuard.Blocked(m.Name())
+	return nil
 }
 
 // loginAs makes the one C_Login of a login of m with pin, charging m's
@@ -461,15 +369,13 @@ func (g *Group) Logout(ctx context.Context) error {
 		return err
 	}
 	defer g.gate.leave()
-	g.loginMu.Lock()
-	defer g.loginMu.Unlock()
-	if g.userType.Load() < 0 {
+	g.logins.Lock()
+	defer g.logins.Unlock()
+	if _, ok := g.logins.LoggedIn(); !ok {
 		return wrap(ErrNotLoggedIn, "Logout", "", nil)
 	}
-	g.userType.Store(-1)
+	g.logins.Clear()
 	g.proofs.Forget()
-	g.appPIN.Zero()
-	g.appPIN = secret.PIN{}
 	var wg sync.WaitGroup
 	for _, m := range g.serving() {
 		wg.Go(func() {
@@ -491,13 +397,7 @@ func (g *Group) Logout(ctx context.Context) error {
 }
 
 // LoggedIn reports whether the virtual slot is logged in, and as whom.
-func (g *Group) LoggedIn() (userType uint, ok bool) {
-	ut := g.userType.Load()
-	if ut < 0 {
-		return 0, false
-	}
-	return uint(ut), true
-}
+func (g *Group) LoggedIn() (userType uint, ok bool) { return g.logins.LoggedIn() }
 
 // ---- operations: the virtual session's runner for opstate.Table ----
 
@@ -515,7 +415,7 @@ func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, ke
 		if op.At.key, err = s.g.key(k.InitName(), key, argOpKey); err != nil {
 			return err
 		}
-		if err := usable(k.InitName(), []*vobject{op.At.key}); err != nil {
+		if err := usable(k.InitName(), []*vtable.Object{op.At.key}); err != nil {
 			return err
 		}
 	}
@@ -567,7 +467,7 @@ func (r *opRunner) Start(ctx context.Context, k OpKind, op *operation) error {
 	return (*Session)(r).start(ctx, k, op)
 }
 
-func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vobject) ([]byte, error) {
+func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
 	return (*Session)(r).run(ctx, k, op, st, in, sig, with)
 }
 
@@ -610,7 +510,7 @@ func (s *Session) stop(_ OpKind, op *operation, _ bool) {
 // application must start again. A deferred operation (proven Init) is
 // placed now, or, for a single-part step, run in one call from the
 // members' session pools.
-func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vobject) ([]byte, error) {
+func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
 	opName := st.Name(k)
 	if with != nil {
 		opName = "DigestKey"
@@ -669,7 +569,7 @@ func (s *Session) started(op *operation, st Step) {
 
 // onMember runs fn on the operation's member session, with resolved on
 // that member.
-func (s *Session) onMember(ctx context.Context, op *operation, with *vobject,
+func (s *Session) onMember(ctx context.Context, op *operation, with *vtable.Object,
 	fn func(*slot.Session, *pkcs11.ObjectHandle) ([]byte, error)) ([]byte, slot.Class, bool, error) {
 	var wh *pkcs11.ObjectHandle
 	if with != nil {
@@ -700,8 +600,8 @@ type stepFn func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error)
 // the group's failover (exec): members in skip, and those that do not
 // hold the objects, are passed over. On success op runs on that member
 // from now on.
-func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *vobject, fn stepFn) ([]byte, error) {
-	var objs []*vobject // the operation's key, then with's object
+func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *vtable.Object, fn stepFn) ([]byte, error) {
+	var objs []*vtable.Object // the operation's key, then with's object
 	if op.At.key != nil {
 		objs = append(objs, op.At.key)
 	}
@@ -743,7 +643,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 
 // single runs a single-part operation whose Init was proven in one call
 // from the members' session pools, with the group's failover.
-func (g *Group) single(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key *vobject, in, sig []byte) ([]byte, error) {
+func (g *Group) single(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key *vtable.Object, in, sig []byte) ([]byte, error) {
 	switch k {
 	case OpSign:
 		return g.sign(ctx, mech, key, in)
@@ -866,7 +766,7 @@ func (s *Session) DigestUpdate(ctx context.Context, data []byte) error {
 func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
 	// Any object the group holds goes to the member, which decides what
 	// it digests (SoftHSM digests a data object's value too).
-	o, ok := s.g.objs.get(key)
+	o, ok := s.g.objs.Get(key)
 	if !ok {
 		return wrap(ErrKeyHandle, "DigestKey", "", nil)
 	}

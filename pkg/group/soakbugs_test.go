@@ -130,7 +130,7 @@ func TestDestroyOfObjectAlreadyGoneFromAMember(t *testing.T) {
 	if _, err := f.g.GetAttributes(ctx, pub, []uint{pkcs11.CKA_LABEL}); err != nil {
 		t.Fatal(err)
 	}
-	o, _ := f.g.objs.get(pub)
+	o, _ := f.g.objs.Get(pub)
 	for _, m := range f.g.view().members {
 		if _, err := f.g.resolve(ctx, o, m); err != nil {
 			t.Fatalf("resolve on %s: %v", m.Name(), err)
@@ -376,9 +376,9 @@ func TestDestroyReachesAMemberOnceFoundWithout(t *testing.T) {
 	if err := dst.DestroyObject(ctx, dh[0]); err != nil {
 		t.Fatal(err)
 	}
-	o, _ := f.g.objs.get(pub)
+	o, _ := f.g.objs.Get(pub)
 	m2, _ := f.g.Member(f.toks[2].Name)
-	o.forget(m2.Index())
+	o.Forget(m2.Index())
 	if _, err := f.g.resolve(ctx, o, m2); !errors.Is(err, errAbsent) {
 		t.Fatalf("resolve on %s after the key was taken away: %v, want errAbsent", m2.Name(), err)
 	}
@@ -402,14 +402,14 @@ func TestResolveAfterLoginLostUnderTheGroup(t *testing.T) {
 	s := openSession(t, f.g)
 	_, priv := genEC(t, s, "lost-login-resolve")
 	ctx := testContext(t)
-	o, _ := f.g.objs.get(priv)
+	o, _ := f.g.objs.Get(priv)
 	for _, tok := range f.toks {
 		if err := openDirect(t, tok).Logout(ctx); err != nil {
 			t.Fatalf("log out %s directly: %v", tok.Name, err)
 		}
 	}
 	for _, m := range f.g.view().members {
-		o.forget(m.Index())
+		o.Forget(m.Index())
 		if _, err := f.g.resolve(ctx, o, m); err != nil {
 			t.Errorf("resolve of the private key on %s after its login ended under the group: %v", m.Name(), err)
 		}

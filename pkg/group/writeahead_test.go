@@ -38,11 +38,11 @@ func otherProcess(t *testing.T, f *fixture) *tombstone.Set {
 // objectOf returns the identity and fingerprint the group knows h by.
 func objectOf(t *testing.T, g *Group, h ObjectHandle) (replica.Identity, []byte) {
 	t.Helper()
-	o, ok := g.objs.get(h)
+	o, ok := g.objs.Get(h)
 	if !ok {
 		t.Fatalf("object %d unknown to the group", h)
 	}
-	return o.identity(), o.fingerprint()
+	return o.Identity(), o.Fingerprint()
 }
 
 // While the first member's destroy is under way, another process that
