@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -146,19 +148,78 @@ func identityCounts(ctx context.Context, s *slot.Slot, cs []copyDone) (map[strin
 // dropSecondCopy takes back copy c where its target holds another object
 // with the same identity and material, and makes sure one stays.
 func (r *Replicator) dropSecondCopy(ctx context.Context, p *Plan, c copyDone) error {
-	dst := p.slots[c.a.Member]
-	other, err := otherCopy(ctx, dst, c.a.Identity, c.a.Fingerprint, c.dstH)
-	if err != nil {
-		return fmt.Errorf("copied, but the second copy on %s could not be checked: %w", c.a.Member, err)
+	if err := r.settleOne(ctx, p, c.a, c.dstH, c.srcH); err != nil {
+		return fmt.Errorf("member %s: %s copied twice (by another host too): %w", c.a.Member, c.a.Identity, err)
 	}
-	if other == 0 {
-		return nil // another version under the identity: MakePlan reports the conflict
+	return nil
+}
+
+// Two hosts that each made a copy of one version on one member, or each
+// clean up the same duplicates, see the same copies at the same moment; a
+// rule both carry out at once (take mine back, copy again when none is
+// left) leaves none, then two again. What breaks the tie is time: each
+// host looks again after a random pause and acts on what it sees then, so
+// the one that looks first settles it and the other finds it settled. Each
+// round's pause is up to twice the last; a tie that outlives them all is
+// a duplicate the next plan removes (ReasonDuplicate), never a member
+// left without the object.
+const (
+	settleRounds = 5
+	settlePause  = 20 * time.Millisecond
+)
+
+// settleOne leaves a.Member holding a's version once, where mine (0: none)
+// is the copy this host made or was told to remove and other hosts may be
+// doing the same: mine goes while another copy stays, and the version is
+// copied again from a.Source (srcH when known) when none is left.
+func (r *Replicator) settleOne(ctx context.Context, p *Plan, a Action, mine, srcH pkcs11.ObjectHandle) error {
+	dst := p.slots[a.Member]
+	look := func() (bool, error) { // another copy than mine is there
+		other, err := otherCopy(ctx, dst, a.Identity, a.Fingerprint, mine)
+		return other != 0, err
 	}
-	if err := dst.DestroyObject(ctx, c.dstH); err != nil && !isGone(err) {
-		return fmt.Errorf("member %s: %s copied twice (by another host too), and the second copy (handle %d) could not be destroyed: %w",
-			c.a.Member, c.a.Identity, c.dstH, err)
+	for round := range settleRounds {
+		other, err := look()
+		if err != nil || (mine != 0) != other {
+			return err // exactly one copy: settled
+		}
+		if err := pause(ctx, settlePause<<round); err != nil {
+			return err
+		}
+		if other, err = look(); err != nil || (mine != 0) != other {
+			return err
+		}
+		if mine != 0 {
+			if err := dst.DestroyObject(ctx, mine); err != nil && !isGone(err) {
+				return fmt.Errorf("destroy the second copy (handle %d): %w", mine, err)
+			}
+			mine = 0
+			continue
+		}
+		if mine, err = r.copyAgain(ctx, p, a, srcH); err != nil {
+			return err
+		}
 	}
-	return r.keepOne(ctx, p, c.a, c.srcH)
+	if mine != 0 {
+		return nil // a duplicate at worst: the next plan removes it
+	}
+	if other, err := look(); err != nil || other {
+		return err
+	}
+	_, err := r.copyAgain(ctx, p, a, srcH)
+	return err
+}
+
+// pause waits a random time below max, or until ctx ends.
+func pause(ctx context.Context, max time.Duration) error {
+	t := time.NewTimer(rand.N(max))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // otherCopy returns an object on s other than mine with identity id and
@@ -179,30 +240,27 @@ func otherCopy(ctx context.Context, s *slot.Slot, id Identity, fp []byte, mine p
 	return 0, nil
 }
 
-// keepOne makes sure a.Member still holds a's version after a duplicate
-// of it was destroyed there: another host cleaning up the same duplicates
-// at the same moment may have destroyed the other copy. Then it is copied
-// again from src (srcH when known), which searches the member first.
-func (r *Replicator) keepOne(ctx context.Context, p *Plan, a Action, srcH pkcs11.ObjectHandle) error {
-	dst := p.slots[a.Member]
-	if h, err := findExact(ctx, dst, a.Identity, a.Fingerprint, 0); err != nil || h != 0 {
-		return err
-	}
+// copyAgain copies a's version to a.Member once more from a.Source (srcH
+// when known), after a concurrent clean-up left the member without it;
+// Replicate searches the member first, so a copy another host made
+// meanwhile is kept instead.
+func (r *Replicator) copyAgain(ctx context.Context, p *Plan, a Action, srcH pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 	src := p.slots[a.Source]
 	if src == nil {
-		return fmt.Errorf("member %s: its last copy of %s was destroyed by a concurrent clean-up and no member is named to copy it from", a.Member, a.Identity)
+		return 0, fmt.Errorf("member %s: its last copy of %s was destroyed by a concurrent clean-up and no member is named to copy it from", a.Member, a.Identity)
 	}
 	h, err := findExact(ctx, src, a.Identity, a.Fingerprint, srcH)
 	if err != nil {
-		return fmt.Errorf("find the source on %s: %w", a.Source, err)
+		return 0, fmt.Errorf("find the source on %s: %w", a.Source, err)
 	}
 	if h == 0 {
-		return fmt.Errorf("member %s no longer holds it: %w", a.Source, errVanished)
+		return 0, fmt.Errorf("member %s no longer holds it: %w", a.Source, errVanished)
 	}
-	if _, err := r.Replicate(ctx, src, h, Target{Slot: dst}); err != nil {
-		return fmt.Errorf("copy again after a concurrent clean-up: %w", err)
+	dstH, err := r.Replicate(ctx, src, h, Target{Slot: p.slots[a.Member]})
+	if err != nil {
+		return 0, fmt.Errorf("copy again after a concurrent clean-up: %w", err)
 	}
-	return nil
+	return dstH, nil
 }
 
 // removeDuplicate carries out a ReasonDuplicate delete: the listed extra
@@ -213,11 +271,8 @@ func (r *Replicator) removeDuplicate(ctx context.Context, p *Plan, a Action) err
 	if ok, err := isVersion(ctx, dst, a.Identity, a.Fingerprint, h); err != nil || !ok {
 		return err // gone already (or the handle went stale): nothing to remove by it
 	}
-	if other, err := otherCopy(ctx, dst, a.Identity, a.Fingerprint, h); err != nil || other == 0 {
-		return err // the other copies went meanwhile: this one stays
+	if err := r.settleOne(ctx, p, a, h, 0); err != nil {
+		return fmt.Errorf("member %s: remove a duplicate of %s (handle %d): %w", a.Member, a.Identity, h, err)
 	}
-	if err := dst.DestroyObject(ctx, h); err != nil && !isGone(err) {
-		return fmt.Errorf("member %s: destroy a duplicate of %s (handle %d): %w", a.Member, a.Identity, h, err)
-	}
-	return r.keepOne(ctx, p, a, 0)
+	return nil
 }
