@@ -131,10 +131,10 @@ func (g *Group) run(ctx context.Context, op string, objs []*vtable.Object, fn at
 // exec runs fn by p (see the rule above) and returns the member that
 // served it, or that gave the error returned.
 func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	if err := usable(p.op, p.objs); err != nil {
 		return nil, err
 	}

@@ -107,6 +107,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/gate"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group/login"
 	"github.com/hagroup/hagroup/pkg/group/opstate"
@@ -177,11 +178,11 @@ type Group struct {
 	rep        *replica.Replicator
 
 	rr   atomic.Uint64 // rotation for round-robin and least-busy ties
-	gate gate
+	gate *gate.Gate
 
 	// writes is the write barrier: object creation, destruction and
 	// attribute changes pass it; HoldWrites closes it.
-	writes    barrier
+	writes    gate.Barrier
 	writeMark atomic.Uint64
 
 	logins *login.State // who is logged in, the kept PIN, the members' login rules
@@ -256,7 +257,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	gr.policy.Store(int32(pol))
 	gr.enhanced.Store(enhanced)
 	gr.logins = login.New(opts.PINGuard, login.Members{OwnPIN: gr.ownPIN, Login: gr.loginAs, Fail: gr.failMember})
-	gr.gate.init()
+	gr.gate = gate.New(ErrClosed)
 	gr.objs = vtable.New(func() int { return int(gr.width.Load()) })
 	if gr.tombstones == nil {
 		gr.tombstones = &tombstone.Memory{}
@@ -441,7 +442,7 @@ func (g *Group) Status() Status {
 // ErrClosed. Close is idempotent.
 func (g *Group) Close() error {
 	g.closeOnce.Do(func() {
-		g.gate.close()
+		g.gate.Close()
 		g.CloseAllSessions()
 		g.logins.Lock()
 		g.logins.Clear()
@@ -464,40 +465,6 @@ func (g *Group) closeSlots() {
 			s.Close()
 		}
 	}
-}
-
-// gate lets Close wait for the operations in flight without a lock on the
-// hot path.
-type gate struct {
-	n      atomic.Int64
-	closed atomic.Bool
-	once   sync.Once
-	idle   chan struct{}
-}
-
-func (g *gate) init() { g.idle = make(chan struct{}) }
-
-func (g *gate) enter() error {
-	g.n.Add(1)
-	if g.closed.Load() {
-		g.leave()
-		return ErrClosed
-	}
-	return nil
-}
-
-func (g *gate) leave() {
-	if g.n.Add(-1) == 0 && g.closed.Load() {
-		g.once.Do(func() { close(g.idle) })
-	}
-}
-
-func (g *gate) close() {
-	g.closed.Store(true)
-	if g.n.Load() == 0 {
-		return
-	}
-	<-g.idle
 }
 
 // FailMember drops the named member from rotation (for the agent's health
@@ -561,10 +528,10 @@ func (g *Group) demoteStandbys() {
 // rotation. On error the member is failed again. Two recoveries of one
 // member never run at once: a second concurrent call gets an error.
 func (g *Group) Reconnect(ctx context.Context, name string) (*slot.Slot, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	m, ok := g.Member(name)
 	if !ok {
 		return nil, wrap(ErrUnknownMember, "Reconnect", name, nil)
@@ -684,10 +651,10 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 // caught up again if WriteMark moved since its last listing (pkg/recovery
 // does so).
 func (g *Group) ActivateMember(ctx context.Context, name string) error {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	m, ok := g.Member(name)
 	if !ok {
 		return wrap(ErrUnknownMember, "ActivateMember", name, nil)

@@ -46,10 +46,10 @@ func ask[T any](ctx context.Context, g *Group, fn func(m *member.Member) (T, err
 // last agreed on, so that the token does not change identity during an
 // outage.
 func (g *Group) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return pkcs11.TokenInfo{}, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	_, infos, _ := ask(ctx, g, func(m *member.Member) (pkcs11.TokenInfo, error) {
 		return m.Slot().TokenInfo(ctx)
 	})
@@ -71,10 +71,10 @@ func (g *Group) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 // that does X" as they would on the member token. A mechanism that
 // generates keys some serving member cannot hold is left out (offered).
 func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	answered, lists, _ := ask(ctx, g, func(m *member.Member) ([]uint, error) {
 		return m.Slot().Mechanisms(ctx)
 	})
@@ -90,10 +90,10 @@ func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
 // flags all of them have and the key size range all of them accept. A
 // mechanism Mechanisms leaves out answers CKR_MECHANISM_INVALID.
 func (g *Group) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return pkcs11.MechanismInfo{}, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	if !g.offered(mech) {
 		return pkcs11.MechanismInfo{}, &Error{Code: pkcs11.CKR_MECHANISM_INVALID, Op: "MechanismInfo",
 			msg: fmt.Sprintf("mechanism 0x%x generates keys a serving member cannot hold", mech)}

@@ -149,10 +149,10 @@ type made struct {
 func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs []*vtable.Object,
 	do func(ctx context.Context, target slotOps, hs []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error)) (_ []ObjectHandle, err error) {
 	g := s.g
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	if err := usable(op, inputs); err != nil {
 		return nil, err
 	}
@@ -196,7 +196,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		},
 	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
-		pending.attempted(err)
+		pending.Attempted(err)
 		return err
 	})
 	if err != nil {
@@ -783,7 +783,7 @@ func (s *Session) DeriveKey(ctx context.Context, mech *pkcs11.Mechanism, base Ob
 // writeObject enters the group, finds the usable object h and takes the
 // write barrier, for a change of h on every member; done releases both.
 func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vtable.Object, func(), error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, nil, err
 	}
 	o, err := g.object(op, h)
@@ -791,15 +791,15 @@ func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vt
 		err = usable(op, []*vtable.Object{o})
 	}
 	if err != nil {
-		g.gate.leave()
+		g.gate.Leave()
 		return nil, nil, err
 	}
 	release, err := g.beginWrite(ctx, op)
 	if err != nil {
-		g.gate.leave()
+		g.gate.Leave()
 		return nil, nil, err
 	}
-	return o, func() { release(); g.gate.leave() }, nil
+	return o, func() { release(); g.gate.Leave() }, nil
 }
 
 // DestroyObject destroys an object on every serving member that holds it:

@@ -78,10 +78,10 @@ func (g *Group) view() *roster { return g.roster.Load() }
 // and then returns it to rotation.
 func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 	const op = "AddMember"
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	if err := checkMemberConfig(mc); err != nil {
 		return fmt.Errorf("group %s: %w", g.label, err)
 	}
@@ -154,10 +154,10 @@ func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
 // end with CKR_DEVICE_ERROR — and then its token is closed and it emits
 // MemberRemoved. The last member cannot be removed.
 func (g *Group) RemoveMember(ctx context.Context, name string) error {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	g.memberMu.Lock()
 	r := g.view()
 	m, ok := r.byName[name]
@@ -222,10 +222,10 @@ func (g *Group) drainLimit() time.Duration {
 // is promoted at once and any promoted standby goes back to standby. A
 // failed or recovering member returns in its new role.
 func (g *Group) SetStandby(name string, standby bool) error {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	g.memberMu.Lock()
 	r := g.view()
 	m, ok := r.byName[name]
@@ -335,7 +335,7 @@ func (g *Group) checkOutage() {
 // group is closing). The outage handling runs there: it is reached from
 // calls that hold the locks it takes.
 func (g *Group) background(fn func()) {
-	if g.gate.closed.Load() {
+	if g.gate.Closed() {
 		return
 	}
 	g.bgMu.Lock()
@@ -484,17 +484,17 @@ func (g *Group) WriteMark() uint64 { return g.writeMark.Load() }
 // that nothing made through the group between the last listing and the
 // member's return to rotation is missed.
 func (g *Group) HoldWrites(ctx context.Context) (release func(), err error) {
-	if err := g.writes.hold(ctx); err != nil {
+	if err := g.writes.Hold(ctx); err != nil {
 		return nil, fmt.Errorf("group %s: hold writes: %w", g.label, err)
 	}
 	var once sync.Once
-	return func() { once.Do(g.writes.release) }, nil
+	return func() { once.Do(g.writes.Release) }, nil
 }
 
 // beginWrite passes the write barrier for one object change; the returned
 // func ends it and moves WriteMark.
 func (g *Group) beginWrite(ctx context.Context, op string) (func(), error) {
-	if err := g.writes.enter(ctx); err != nil {
+	if err := g.writes.Enter(ctx); err != nil {
 		return nil, opErr(op, "", err)
 	}
 	return func() {
@@ -502,87 +502,8 @@ func (g *Group) beginWrite(ctx context.Context, op string) (func(), error) {
 		// Before leaving: a catch-up under the barrier then finds the
 		// marks of every change made before it.
 		g.markMissed(ctx)
-		g.writes.leave()
+		g.writes.Leave()
 	}, nil
-}
-
-// barrier lets many writers through at once, or one holder alone. A
-// holder waiting for the writers in progress keeps new writers out, so
-// key creation under load cannot starve it.
-type barrier struct {
-	mu      sync.Mutex
-	writers int
-	held    bool
-	open    chan struct{} // closed when the holder releases
-	idle    chan struct{} // closed when the last writer leaves while held
-}
-
-func (b *barrier) enter(ctx context.Context) error {
-	b.mu.Lock()
-	for b.held {
-		ch := b.open
-		b.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-		b.mu.Lock()
-	}
-	b.writers++
-	b.mu.Unlock()
-	return nil
-}
-
-func (b *barrier) leave() {
-	b.mu.Lock()
-	b.writers--
-	if b.writers == 0 && b.idle != nil {
-		close(b.idle)
-		b.idle = nil
-	}
-	b.mu.Unlock()
-}
-
-func (b *barrier) hold(ctx context.Context) error {
-	b.mu.Lock()
-	for b.held {
-		ch := b.open
-		b.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-		b.mu.Lock()
-	}
-	b.held = true
-	b.open = make(chan struct{})
-	if b.writers == 0 {
-		b.mu.Unlock()
-		return nil
-	}
-	idle := make(chan struct{})
-	b.idle = idle
-	b.mu.Unlock()
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		b.release()
-		return context.Cause(ctx)
-	}
-}
-
-func (b *barrier) release() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.held {
-		return
-	}
-	b.held = false
-	b.idle = nil
-	close(b.open)
 }
 
 // SetOrder changes the configured order of the members to names (every

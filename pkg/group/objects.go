@@ -279,10 +279,10 @@ func (g *Group) reassertLogin(ctx context.Context, m *member.Member) bool {
 // charged); a request error is returned as it is.
 func (g *Group) findEvery(ctx context.Context, ms []*member.Member, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
 	const op = "FindObjects"
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	var out []ObjectHandle
 	seen := map[ObjectHandle]bool{}
 	answered := 0
@@ -403,10 +403,10 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 
 // findAll lists every serving member once and joins the listings.
 func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	ms := g.serving()
 	if len(ms) == 0 {
 		g.ensureActive()

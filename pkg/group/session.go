@@ -46,10 +46,10 @@ type Session struct {
 // (CKF_SERIAL_SESSION, CKF_RW_SESSION); they are kept for SessionState and
 // checked by the PKCS#11 module.
 func (g *Group) OpenSession(ctx context.Context, flags uint) (*Session, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -265,10 +265,10 @@ func (g *Group) catchUp(ctx context.Context, names []string) {
 // login logs the group in (see Login) and returns the members it then
 // failed as behind.
 func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove bool) ([]string, error) {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	g.logins.Lock()
 	defer g.logins.Unlock()
 	if ut, ok := g.logins.LoggedIn(); ok {
@@ -365,10 +365,10 @@ func (g *Group) loginAs(ctx context.Context, m *member.Member, userType uint, pi
 // Logout logs every member out, zeroes the kept PIN and forgets the
 // physical handles of private objects.
 func (g *Group) Logout(ctx context.Context) error {
-	if err := g.gate.enter(); err != nil {
+	if err := g.gate.Enter(); err != nil {
 		return err
 	}
-	defer g.gate.leave()
+	defer g.gate.Leave()
 	g.logins.Lock()
 	defer g.logins.Unlock()
 	if _, ok := g.logins.LoggedIn(); !ok {
@@ -447,10 +447,10 @@ func (s *Session) Do(ctx context.Context, k OpKind, st Step, in, sig []byte, roo
 // withOps runs fn with the session locked and open, inside the group's
 // gate.
 func (s *Session) withOps(op string, fn func() error) error {
-	if err := s.g.gate.enter(); err != nil {
+	if err := s.g.gate.Enter(); err != nil {
 		return err
 	}
-	defer s.g.gate.leave()
+	defer s.g.gate.Leave()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkOpen(op); err != nil {
