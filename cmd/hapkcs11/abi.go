@@ -82,6 +82,7 @@ func hapInitialize(flags C.CK_FLAGS) (rv C.CK_RV) {
 	if err != nil {
 		return C.CK_RV(codeOf(err))
 	}
+	spareP()
 	module.lib = l
 	return C.CKR_OK
 }

@@ -29,7 +29,8 @@
 // (the default) has a worker goroutine per session that makes its calls
 // off the application's thread; with "inline" the calls run on the
 // application's thread (hagroup.toml(5)). The library pins no thread,
-// leaves GOMAXPROCS and the environment as the application has them, and
+// leaves the environment as the application has it, gives the runtime one
+// P more than it chose unless the application set GOMAXPROCS (spareP), and
 // an application thread yields to the Go scheduler once every 8 ms of
 // calls (procs.go says why).
 //

@@ -2,7 +2,11 @@ package main
 
 import "C"
 
-import "runtime"
+import (
+	"os"
+	"runtime"
+	"sync"
+)
 
 // hapYield runs the Go scheduler on the calling application thread; the C
 // entry points call it when the thread has not yielded for 8 ms
@@ -21,3 +25,26 @@ import "runtime"
 //
 //export hapYield
 func hapYield() { runtime.Gosched() }
+
+// spareP gives the runtime one P more than it chose (once per process),
+// unless the application set GOMAXPROCS itself.
+//
+// An application thread inside a member's module (a cgo call) keeps its P
+// in the runtime's syscall state. sysmon leaves such a P alone while
+// another P is idle, but when every P is held by a thread inside the
+// module (2 signing threads on 2 CPUs) it takes the P back after 20 µs,
+// wakes a spinning M to find work for it (there is none) and keeps
+// polling every 20 µs (runtime.retake, handoffp); the thread returning
+// from the module then takes the slow path to get a P back. A spare P
+// keeps one idle and spares all of that (docs/BENCHMARKS.md, "Call
+// dispatch"). The price: the runtime no longer follows a changed CPU
+// limit by itself (runtime.GOMAXPROCS turns that off).
+func spareP() {
+	spareOnce.Do(func() {
+		if os.Getenv("GOMAXPROCS") == "" {
+			runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1)
+		}
+	})
+}
+
+var spareOnce sync.Once

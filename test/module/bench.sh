@@ -20,6 +20,10 @@
 #
 #   test/module/bench.sh            (make bench runs it)
 #   ROUNDS=60 RUNS=5 SECONDS_PER=3 test/module/bench.sh
+#   AB_LIB=other.so AB_REPS=3 ROUNDS=12 test/module/bench.sh
+#
+# With AB_LIB, an A/B of two builds: the interleaved figures of LIB (a)
+# and AB_LIB (b) in turn, AB_REPS times each, and no separate runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=$PATH:/usr/local/go/bin
@@ -81,11 +85,19 @@ done
 
 echo "load before: $(uptime)"
 echo "bench: SoftHSM slot $slot vs virtual slot 0xf4241; interleaved: $ROUNDS rounds of 4 x ${SLICE_MS} ms per figure" >&2
-for d in handoff inline; do
-	HAGROUP_CONF=$work/hagroup-$d.toml "$work/interleave" "$SOFTHSM" "$slot" "$LIB" 0xf4241 "$work/pin" ec rsa "$SLICE_MS" "$ROUNDS" |
-		sed "s/^/$d /" >>"$work/interleaved"
+libs=("$LIB")
+[[ -n ${AB_LIB:-} ]] && libs+=("$(realpath "$AB_LIB")") && RUNS=0
+for ((r = 0; r < ${AB_REPS:-1}; r++)); do
+	for d in handoff inline; do
+		for i in "${!libs[@]}"; do
+			tag=$d
+			((${#libs[@]} > 1)) && tag=$d/$(((i)) && echo b || echo a)
+			HAGROUP_CONF=$work/hagroup-$d.toml "$work/interleave" "$SOFTHSM" "$slot" "${libs[i]}" 0xf4241 "$work/pin" ec rsa "$SLICE_MS" "$ROUNDS" |
+				sed "s|^|$tag |" >>"$work/interleaved"
+		done
+	done
 done
-echo "bench: separate processes: $RUNS runs of ${SECONDS_PER}s per figure" >&2
+((RUNS)) && echo "bench: separate processes: $RUNS runs of ${SECONDS_PER}s per figure" >&2
 # Which module runs first alternates from run to run, so that neither
 # always follows the other.
 for ((i = 0; i < RUNS; i++)); do
@@ -109,6 +121,7 @@ awk '{
 	if (NR == 1) printf "%-8s %-26s %11s %11s %6s %-9s  %9s %9s %6s %s\n", "dispatch", "figure", "softhsm2/s", "hapkcs11/s", "ratio", "q1-q3", "us cpu sh", "us cpu ha", "cpu x", "q1-q3"
 	printf "%-8s %-26s %11.1f %11.1f %6.2f %.2f-%.2f  %9.1f %9.1f %6.2f %.2f-%.2f\n", $1, $3 " " v["threads"] " thread sign", v["base_per_s"], v["module_per_s"], v["ratio"], v["q1"], v["q3"], v["base_cpu_us"], v["module_cpu_us"], v["cpu_ratio"], v["cpu_q1"], v["cpu_q3"]
 }' "$work/interleaved"
+((RUNS)) || exit 0
 echo
 echo "Each module in a process of its own: medians of $RUNS runs, and of the runs' own ratios"
 awk '
