@@ -2,6 +2,7 @@ package group
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -496,11 +497,17 @@ func TestTokenInfoSynthesised(t *testing.T) {
 
 func TestCloseWaitsForInFlight(t *testing.T) {
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup, timeout: 300 * time.Millisecond})
+	// The set-up (log-in, key generation) runs under the normal command
+	// timeout: a SoftHSM C_Login under -race on a loaded machine can take
+	// longer than any short timeout. The hung signature's end is the
+	// test's own: released after Close has begun, it answers as a member
+	// that died before it answered (slot.ErrTimeout), as at command_timeout.
+	f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup})
 	ctx := testContext(t)
 	signer := ecSigner(t, f.g, "closing")
 	a := f.toks[0].Name
 	faults.Hang(a, slot.OpSign)
+	faults.LoseAnswer(a, slot.OpSign)
 	t.Cleanup(func() { faults.Heal(a) })
 	digest := sha256.Sum256([]byte("x"))
 	signed := make(chan error, 1)
@@ -508,18 +515,34 @@ func TestCloseWaitsForInFlight(t *testing.T) {
 		_, err := signer.sign(ctx, digest[:])
 		signed <- err
 	}()
-	if err := faults.WaitCalls(ctx, a, slot.OpSign, 1); err != nil {
+	if err := faults.WaitHung(ctx, a, 1); err != nil {
 		t.Fatal(err)
 	}
 	b := f.toks[1].Name
 	closed := make(chan struct{})
 	go func() { f.g.Close(); close(closed) }()
-	<-closed
+	if err := waitClosing(ctx, f.g); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+		t.Fatalf("Close returned while a signature was hung on %s", a)
+	default:
+	}
+	if n := faults.Calls(b, slot.OpSign); n != 0 {
+		t.Fatalf("%s took %d signatures before the hung call on %s ended", b, n, a)
+	}
+	faults.Release(a)
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatalf("Close did not return after the in-flight signature ended: %v", ctx.Err())
+	}
 	// Close returns only once the in-flight signature is over, and that
-	// signature ends only after its retry on the next member (the hung
-	// call is abandoned at command_timeout). So by now the retry was made.
-	// (Which of "signed" and "closed" a select sees first is a coin toss:
-	// the signature's result is sent after the engine has let Close go.)
+	// signature ends only after its retry on the next member. So by now
+	// the retry was made. (Which of "signed" and "closed" a select sees
+	// first is a coin toss: the signature's result is sent after the
+	// engine has let Close go.)
 	if n := faults.Calls(b, slot.OpSign); n < 1 {
 		t.Fatalf("Close returned before the in-flight signature was retried on %s (%d calls there)", b, n)
 	}
@@ -529,6 +552,21 @@ func TestCloseWaitsForInFlight(t *testing.T) {
 	if _, err := signer.sign(ctx, digest[:]); !errors.Is(err, ErrClosed) {
 		t.Errorf("sign after Close: %v, want ErrClosed", err)
 	}
+}
+
+// waitClosing waits until Close has shut g's gate to new operations (and
+// so is waiting for those in flight), or ctx ends.
+func waitClosing(ctx context.Context, g *Group) error {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !g.gate.closed.Load() {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("Close never shut the gate: %w", ctx.Err())
+		}
+	}
+	return nil
 }
 
 func TestFailAndActivateMember(t *testing.T) {

@@ -404,8 +404,14 @@ const LatencyHalfLife = 50 * time.Millisecond
 
 // DecayedLatency returns Latency faded by the time since the last sample
 // (see LatencyHalfLife), as the scheduler weighs it. now is UnixNano.
+// It does not fade while a call is in flight: that call is the new
+// measurement, and a member slower than LatencyHalfLife would otherwise
+// look faster the longer its calls take, and draw more of them.
 func (m *Member) DecayedLatency(now int64) time.Duration {
 	lat := m.latency.Load()
+	if m.inFlight.Load() > 0 {
+		return time.Duration(lat)
+	}
 	if age := now - m.sampled.Load(); age > int64(LatencyHalfLife) {
 		lat >>= min(age/int64(LatencyHalfLife), 62)
 	}

@@ -238,6 +238,20 @@ func TestDecayedLatencyFades(t *testing.T) {
 	}
 }
 
+func TestDecayedLatencyHoldsWhileACallIsInFlight(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	m.observe(80 * time.Millisecond)
+	later := time.Now().UnixNano() + int64(3*LatencyHalfLife) + 1
+	start := m.Begin()
+	if got := m.DecayedLatency(later); got != 80*time.Millisecond {
+		t.Fatalf("three half-lives into a call still in flight: %v, want the 80ms of the last sample", got)
+	}
+	m.End(start, nil)
+	if got := m.DecayedLatency(time.Now().UnixNano() + int64(3*LatencyHalfLife) + 1); got >= m.Latency() {
+		t.Fatalf("idle for three half-lives after the call: %v, want less than %v", got, m.Latency())
+	}
+}
+
 func TestDrainWaitsForCallsAndPinnedOperations(t *testing.T) {
 	m := newFailed(t, 1, nil)
 	start := m.Begin()
