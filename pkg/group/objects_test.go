@@ -559,7 +559,7 @@ func TestCloseWaitsForInFlight(t *testing.T) {
 func waitClosing(ctx context.Context, g *Group) error {
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
-	for !g.gate.closed.Load() {
+	for !g.gate.Closed() {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
