@@ -107,3 +107,19 @@ func halfMadeActions(p *Plan, member string, objs []Object, returning string) {
 			Reason: ReasonHalfMade, handle: o.Handle})
 	}
 }
+
+// GroupObject reports whether the object h on s is one the group's
+// comparison counts: a token object, or a half-made one (ErrHalfMade),
+// which counts as a difference. A complete session object is the
+// application's own, on one member only, and is not. For an independent
+// listing (the soak's truth) that must agree with every plan.
+func GroupObject(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (bool, error) {
+	r, err := readIdentity(ctx, s, s.Name(), h)
+	if err != nil {
+		return false, err
+	}
+	if r.Token {
+		return true, nil
+	}
+	return halfMade(ctx, s, r)
+}

@@ -12,24 +12,32 @@ import (
 )
 
 // unlabelled counts the objects on s without a label, as a bare token
-// lists them (the soak's truth: every object, by CKA_LABEL).
-func unlabelled(t *testing.T, ctx context.Context, s *slot.Slot) int {
+// lists them, and those of them replica.GroupObject counts (the soak's
+// truth).
+func unlabelled(t *testing.T, ctx context.Context, s *slot.Slot) (all, group int) {
 	t.Helper()
 	hs, err := s.FindObjects(ctx, nil)
 	if err != nil {
 		t.Fatalf("list %s: %v", s.Name(), err)
 	}
-	n := 0
 	for _, h := range hs {
 		a, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL})
 		if err != nil || len(a) != 1 {
 			t.Fatalf("label of object %d on %s: %v", h, s.Name(), err)
 		}
-		if len(a[0].Value) == 0 {
-			n++
+		if len(a[0].Value) > 0 {
+			continue
+		}
+		all++
+		ok, err := replica.GroupObject(ctx, s, h)
+		if err != nil {
+			t.Fatalf("object %d on %s: %v", h, s.Name(), err)
+		}
+		if ok {
+			group++
 		}
 	}
-	return n
+	return all, group
 }
 
 // The object a member killed in the middle of a key creation keeps (the
@@ -47,8 +55,8 @@ func TestPlanHalfMadeObject(t *testing.T) {
 		t.Fatalf("apply: %v", err)
 	}
 	testhsm.PlantHalfMadeObject(t, toks[1])
-	if n := unlabelled(t, ctx, ms[1].Slot); n != 1 {
-		t.Fatalf("m1 lists %d unlabelled objects, want the planted one", n)
+	if all, group := unlabelled(t, ctx, ms[1].Slot); all != 1 || group != 1 {
+		t.Fatalf("m1 lists %d unlabelled objects, %d of them group objects; want the planted one, counted", all, group)
 	}
 
 	p, err := replica.MakePlan(ctx, ms, nil, replica.PlanOptions{})
@@ -82,8 +90,8 @@ func TestPlanHalfMadeObject(t *testing.T) {
 	if _, err := r.Apply(ctx, p); err != nil {
 		t.Fatalf("apply the catch-up: %v", err)
 	}
-	if n := unlabelled(t, ctx, ms[1].Slot); n != 0 {
-		t.Errorf("m1 still lists %d unlabelled objects after its catch-up", n)
+	if all, _ := unlabelled(t, ctx, ms[1].Slot); all != 0 {
+		t.Errorf("m1 still lists %d unlabelled objects after its catch-up", all)
 	}
 	again, err := replica.MakePlan(ctx, ms, nil, replica.PlanOptions{})
 	if err != nil {
@@ -107,8 +115,8 @@ func TestPlanKeepsUnlabelledSessionKey(t *testing.T) {
 	if err != nil {
 		t.Fatalf("generate a session pair: %v", err)
 	}
-	if n := unlabelled(t, ctx, ms[1].Slot); n != 2 {
-		t.Fatalf("m1 lists %d unlabelled objects, want the session pair", n)
+	if all, group := unlabelled(t, ctx, ms[1].Slot); all != 2 || group != 0 {
+		t.Fatalf("m1 lists %d unlabelled objects, %d of them group objects; want the session pair, not counted", all, group)
 	}
 	p, err := replica.MakePlan(ctx, ms, nil, replica.PlanOptions{Returning: "m1"})
 	if err != nil {
@@ -121,7 +129,7 @@ func TestPlanKeepsUnlabelledSessionKey(t *testing.T) {
 	if _, err := (&replica.Replicator{GroupSerial: planSerial}).Apply(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	if n := unlabelled(t, ctx, ms[1].Slot); n != 2 {
-		t.Errorf("m1 lists %d unlabelled objects after the plan, want the session pair kept", n)
+	if all, _ := unlabelled(t, ctx, ms[1].Slot); all != 2 {
+		t.Errorf("m1 lists %d unlabelled objects after the plan, want the session pair kept", all)
 	}
 }
