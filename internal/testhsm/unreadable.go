@@ -56,14 +56,27 @@ func unreadableObject() []byte {
 // so that SoftHSM, in this process, lists the object on its next search.
 func PlantUnreadableObject(t testing.TB, tok Token) {
 	t.Helper()
+	plantObject(t, tok, unreadableObject(), false)
+}
+
+// plantObject writes body as a new object file into tok's directory
+// (with the empty lock file SoftHSM keeps beside each object it made,
+// when lock) and moves the token's generation.
+func plantObject(t testing.TB, tok Token, body []byte, lock bool) {
+	t.Helper()
 	dir := tokenDir(t, tok)
 	uuid := make([]byte, 16)
 	if _, err := rand.Read(uuid); err != nil {
 		t.Fatal(err)
 	}
 	name := fmt.Sprintf("%x-%x-%x-%x-%x.object", uuid[:4], uuid[4:6], uuid[6:8], uuid[8:10], uuid[10:])
-	if err := os.WriteFile(filepath.Join(dir, name), unreadableObject(), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, name), body, 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if lock {
+		if err := os.WriteFile(filepath.Join(dir, strings.TrimSuffix(name, ".object")+".lock"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	genPath := filepath.Join(dir, "generation")
 	gen, err := os.ReadFile(genPath)

@@ -46,6 +46,9 @@ type Listing struct {
 	// Unreadable are the objects the member listed but would not
 	// describe: left out of Objects.
 	Unreadable []Unreadable
+	// HalfMade are the objects an interrupted creation left on the
+	// member (ErrHalfMade): left out of Objects.
+	HalfMade []Object
 }
 
 // Unreadable is an object a member lists but answers a request error for
@@ -129,6 +132,15 @@ func list(ctx context.Context, s store, member string) (Listing, error) {
 		}
 		id, a := r.Identity, r.a
 		if Hidden(id.Class, id.Label) {
+			continue
+		}
+		if half, err := halfMade(ctx, s, r); err != nil {
+			if isGone(err) {
+				continue
+			}
+			return out, fmt.Errorf("member %s: read attributes of %s: %w", member, id, err)
+		} else if half {
+			out.HalfMade = append(out.HalfMade, r.Object)
 			continue
 		}
 		if id.Class == pkcs11.CKO_PRIVATE_KEY {

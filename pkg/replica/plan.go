@@ -137,6 +137,9 @@ const (
 	// goes, and Source names a member the last copy can be taken from
 	// again should a concurrent clean-up have removed the others too.
 	ReasonDuplicate Reason = "duplicate"
+	// ReasonHalfMade: the object is what an interrupted creation left on
+	// the member being caught up (ErrHalfMade, PlanOptions.Returning).
+	ReasonHalfMade Reason = "half-made"
 )
 
 // Action is one change to one object on one member.
@@ -398,6 +401,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		p.Members = append(p.Members, m.Name)
 		p.slots[m.Name] = m.Slot
 		p.Unreadable = append(p.Unreadable, listings[i].Unreadable...)
+		halfMadeActions(p, m.Name, listings[i].HalfMade, opts.Returning)
 		if m.Slot.LoggedIn() {
 			in = append(in, m.Name)
 		} else {
@@ -548,7 +552,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 	sort.SliceStable(copies, func(a, b int) bool {
 		return copies[a].Identity.Class == pkcs11.CKO_PUBLIC_KEY && copies[b].Identity.Class != pkcs11.CKO_PUBLIC_KEY
 	})
-	p.Actions = append(deletes, copies...)
+	p.Actions = append(append(p.Actions, deletes...), copies...) // half-made deletes first
 	return p, nil
 }
 
@@ -740,6 +744,9 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) (srcH, dstH p
 	}
 	if a.Kind == Delete && a.Reason == ReasonDuplicate {
 		return 0, 0, r.removeDuplicate(ctx, p, a)
+	}
+	if a.Kind == Delete && a.Reason == ReasonHalfMade {
+		return 0, 0, destroyHalfMade(ctx, dst, a.handle)
 	}
 	if a.Kind == Delete {
 		return 0, 0, destroyExact(ctx, dst, a.Identity, a.Fingerprint, a.handle)
