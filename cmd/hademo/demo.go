@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -482,12 +481,6 @@ func memberState(rep agent.GroupsReport, name string) string {
 		}
 	}
 	return ""
-}
-
-// jsonLine is for debugging output of unexpected reports.
-func jsonLine(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
 }
 
 // parseMemberSlots maps member names to slot IDs in `pkcs11-tool -L` output
