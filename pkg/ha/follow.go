@@ -46,31 +46,15 @@ func FollowConfig(ctx context.Context, path string, groups []*Group, opts Follow
 	if every <= 0 {
 		every = DefaultFollowEvery
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
 	seen, _ := stamp(path)
-	go func() {
-		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			now, err := stamp(path)
-			if err != nil || now == seen {
-				continue // a file being replaced is looked at again next time
-			}
-			seen = now
-			applyConfig(ctx, path, groups, opts.Applied)
+	return periodically(ctx, every, func(ctx context.Context) {
+		now, err := stamp(path)
+		if err != nil || now == seen {
+			return // a file being replaced is looked at again next time
 		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+		seen = now
+		applyConfig(ctx, path, groups, opts.Applied)
+	})
 }
 
 // fileStamp is what tells FollowConfig that the file changed.

@@ -19,25 +19,7 @@ func (h *Group) followMarks(every, timeout time.Duration) (stop func()) {
 	if every < recovery.MinInterval {
 		every = recovery.MinInterval
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			h.admitMarked(ctx, timeout)
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+	return periodically(context.Background(), every, func(ctx context.Context) { h.admitMarked(ctx, timeout) })
 }
 
 // admitMarked reads the marks once and catches up the members found
