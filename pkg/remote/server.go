@@ -55,12 +55,6 @@ type Server struct {
 	MaxConns int
 }
 
-// Serve serves module on l until ctx ends (then it returns nil) or l fails,
-// in this process (no Child).
-func Serve(ctx context.Context, l net.Listener, module string) error {
-	return (&Server{Module: module}).Serve(ctx, l)
-}
-
 // Listen listens on a Unix socket at path, mode 0600. It refuses a
 // directory that another user could write (a socket path there could be
 // replaced under the server). A socket file left by a server that died is

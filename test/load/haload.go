@@ -196,13 +196,6 @@ func (l *Load) Progress() (ok, failed int) {
 	return l.total, l.failed
 }
 
-// Ticks returns the ticks so far.
-func (l *Load) Ticks() []Tick {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]Tick(nil), l.ticks...)
-}
-
 // Other returns the output lines that are not ticks or object events.
 func (l *Load) Other() []string {
 	l.mu.Lock()

@@ -80,9 +80,6 @@ func NewServer(reg *Registry, spec ServerSpec) (*Server, error) {
 	return &Server{Member: spec.Member, Label: spec.Label, Sock: spec.Sock, spec: spec, reg: reg}, nil
 }
 
-// Kind is the server program.
-func (s *Server) Kind() Kind { return s.spec.Kind }
-
 // Module is the member's module in the configuration.
 func (s *Server) Module() string {
 	if s.spec.Kind == HSMServe {
@@ -110,20 +107,6 @@ func (s *Server) Command() string {
 
 // Address is the member's P11_KIT_SERVER_ADDRESS.
 func (s *Server) Address() string { return "unix:path=" + s.Sock }
-
-// Running reports whether a server process runs (stopped or not).
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.proc != nil
-}
-
-// Stopped reports whether the server is stopped (SIGSTOP).
-func (s *Server) Stopped() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stopped
-}
 
 // PID returns the running server's process ID, 0 when none runs.
 func (s *Server) PID() int {
@@ -218,14 +201,6 @@ func (s *Server) Cont() error {
 	}
 	s.stopped = false
 	return nil
-}
-
-// Restart kills a running server and starts a new one on the same socket.
-func (s *Server) Restart(ctx context.Context) error {
-	if err := s.Kill(); err != nil {
-		return err
-	}
-	return s.Start(ctx)
 }
 
 // waitSocket polls a Unix socket until it accepts a connection, p exits,

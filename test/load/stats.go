@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"crypto/ecdsa"
 	"crypto/elliptic"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -123,20 +122,6 @@ func Rates(lines []StatsLine, group string, w time.Duration) map[string][]Point 
 	return out
 }
 
-// FirstAfter returns the time of the first line of group at or after t in
-// which cond holds for member name.
-func FirstAfter(lines []StatsLine, group, name string, t time.Time, cond func(StatsMember) bool) (time.Time, bool) {
-	for _, l := range lines {
-		if l.Group != group || l.Time.Before(t) {
-			continue
-		}
-		if m, ok := l.Member(name); ok && cond(m) {
-			return l.Time, true
-		}
-	}
-	return time.Time{}, false
-}
-
 // VerifySignatures checks every record of a haload signature file (32
 // data bytes, 64 signature bytes) against the P-256 public key whose
 // CKA_EC_POINT is ecPoint, with Go's crypto/ecdsa: no HSM involved. haload
@@ -186,10 +171,4 @@ func ECPublicKey(ecPoint []byte) (*ecdsa.PublicKey, error) {
 		return nil, fmt.Errorf("CKA_EC_POINT %x is not an OCTET STRING of a 65-byte P-256 point", ecPoint)
 	}
 	return ecdsa.ParseUncompressedPublicKey(elliptic.P256(), ecPoint[2:])
-}
-
-// Fingerprint is a short hex fingerprint of an EC point, for display.
-func Fingerprint(ecPoint []byte) string {
-	s := sha256.Sum256(ecPoint)
-	return fmt.Sprintf("%x", s[:8])
 }

@@ -402,15 +402,6 @@ func memberArgs(m testhsm.Token) []string {
 	return []string{"--module", m.Module, "--token-label", m.Label}
 }
 
-// memberEnv is a member's module environment as KEY=VALUE.
-func memberEnv(m testhsm.Token) []string {
-	var env []string
-	for k, v := range m.ModuleEnv {
-		env = append(env, k+"="+v)
-	}
-	return env
-}
-
 // haLog returns the HA event log.
 func (r *rig) haLog() string {
 	b, _ := os.ReadFile(r.logFile)
