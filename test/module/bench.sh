@@ -29,14 +29,14 @@
 # aa-inline: libhapkcs11.so against itself), whose ratios should be 1.
 #
 # Why the interleaved ratios are the ones to believe (docs/BENCHMARKS.md,
-# "Is the harness biased?"): A/A runs give 0.95-1.05 on both sides, so a
+# "Third round"): A/A runs give CPU ratios of 0.94-1.06 (ECDSA) on both sides, so a
 # slice's side and order cost nothing; giving libhapkcs11.so a SoftHSM of
 # its own (a copy of libsofthsm2.so, so no session table, mutex or
 # C_Initialize shared with the base module) moves its CPU ratio by less
 # than the rounds' quartiles; the Go runtime's own threads take under 1 %
 # of the samples, so what they do during the bare slices is noise. The
 # separate runs' ratios are the noisier: one module's CPU per signature
-# varies by a quarter from one process to the next.
+# varies by up to a quarter from one process to the next.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=$PATH:/usr/local/go/bin
