@@ -24,6 +24,19 @@
 #
 # With AB_LIB, an A/B of two builds: the interleaved figures of LIB (a)
 # and AB_LIB (b) in turn, AB_REPS times each, and no separate runs.
+# With AA=1, each repetition first runs the harness A/A, the same module
+# on both sides (aa-softhsm2: libsofthsm2.so against itself; aa-handoff,
+# aa-inline: libhapkcs11.so against itself), whose ratios should be 1.
+#
+# Why the interleaved ratios are the ones to believe (docs/BENCHMARKS.md,
+# "Third round"): A/A runs give CPU ratios of 0.94-1.06 (ECDSA) on both sides, so a
+# slice's side and order cost nothing; giving libhapkcs11.so a SoftHSM of
+# its own (a copy of libsofthsm2.so, so no session table, mutex or
+# C_Initialize shared with the base module) moves its CPU ratio by less
+# than the rounds' quartiles; the Go runtime's own threads take under 1 %
+# of the samples, so what they do during the bare slices is noise. The
+# separate runs' ratios are the noisier: one module's CPU per signature
+# varies by up to a quarter from one process to the next.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=$PATH:/usr/local/go/bin
@@ -87,13 +100,23 @@ echo "load before: $(uptime)"
 echo "bench: SoftHSM slot $slot vs virtual slot 0xf4241; interleaved: $ROUNDS rounds of 4 x ${SLICE_MS} ms per figure" >&2
 libs=("$LIB")
 [[ -n ${AB_LIB:-} ]] && libs+=("$(realpath "$AB_LIB")") && RUNS=0
+# interleave TAG DISPATCH BASE BASE_SLOT MODULE SLOT: one interleaved run.
+interleave() {
+	HAGROUP_CONF=$work/hagroup-$2.toml "$work/interleave" "$3" "$4" "$5" "$6" "$work/pin" ec rsa "$SLICE_MS" "$ROUNDS" |
+		sed "s|^|$1 |" >>"$work/interleaved"
+}
 for ((r = 0; r < ${AB_REPS:-1}; r++)); do
+	if [[ -n ${AA:-} ]]; then
+		interleave aa-softhsm2 inline "$SOFTHSM" "$slot" "$SOFTHSM" "$slot"
+		for d in handoff inline; do
+			interleave "aa-$d" "$d" "$LIB" 0xf4241 "$LIB" 0xf4241
+		done
+	fi
 	for d in handoff inline; do
 		for i in "${!libs[@]}"; do
 			tag=$d
 			((${#libs[@]} > 1)) && tag=$d/$(((i)) && echo b || echo a)
-			HAGROUP_CONF=$work/hagroup-$d.toml "$work/interleave" "$SOFTHSM" "$slot" "${libs[i]}" 0xf4241 "$work/pin" ec rsa "$SLICE_MS" "$ROUNDS" |
-				sed "s|^|$tag |" >>"$work/interleaved"
+			interleave "$tag" "$d" "$SOFTHSM" "$slot" "${libs[i]}" 0xf4241
 		done
 	done
 done

@@ -182,7 +182,8 @@ func TestCoexist(t *testing.T) {
 // TestSignBesideSoftHSM: one process logged in to a member's token through
 // SoftHSM directly and to the group through the library signs through
 // both in turn, from one thread and from two (interleave.c, which make
-// bench measures with), and every signature succeeds.
+// bench measures with), and every signature succeeds; so does the same
+// harness run A/A, the library against itself (bench.sh AA=1).
 func TestSignBesideSoftHSM(t *testing.T) {
 	r := newRig(t, rigOpts{ecKey: "beside,0d"})
 	m := r.members[0]
@@ -195,10 +196,17 @@ func TestSignBesideSoftHSM(t *testing.T) {
 	if base == "" {
 		t.Fatalf("SoftHSM lists no slot with token %s", m.Label)
 	}
-	out := r.mustRun(2*time.Minute, cprog(t, "interleave"), m.Module, base, r.lib, virtualSlot, r.pinFile, "beside", "-", "20", "3")
+	checkInterleaved(t, "SoftHSM against the group", r.mustRun(2*time.Minute, cprog(t, "interleave"), m.Module, base, r.lib, virtualSlot, r.pinFile, "beside", "-", "20", "3"))
+	checkInterleaved(t, "the group against itself", r.mustRun(2*time.Minute, cprog(t, "interleave"), r.lib, virtualSlot, r.lib, virtualSlot, r.pinFile, "beside", "-", "20", "3"))
+}
+
+// checkInterleaved checks interleave's output for ECDSA with 1 and 2
+// threads over 3 rounds: signatures and CPU counted on both sides.
+func checkInterleaved(t *testing.T, what, out string) {
+	t.Helper()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 {
-		t.Fatalf("interleave printed %d lines, want ECDSA with 1 and 2 threads:\n%s", len(lines), out)
+		t.Fatalf("%s: interleave printed %d lines, want ECDSA with 1 and 2 threads:\n%s", what, len(lines), out)
 	}
 	for i, line := range lines {
 		var threads, rounds int
@@ -207,13 +215,13 @@ func TestSignBesideSoftHSM(t *testing.T) {
 			"base_cpu_us=%g module_cpu_us=%g cpu_ratio=%g cpu_q1=%g cpu_q3=%g rounds=%d",
 			&threads, &direct, &group, &ratio, &q1, &q3, &directCPU, &groupCPU, &cpuRatio, &cq1, &cq3, &rounds)
 		if err != nil || threads != i+1 || rounds != 3 {
-			t.Fatalf("interleave line %q: want ECDSA with %d thread(s) over 3 rounds (%v)", line, i+1, err)
+			t.Fatalf("%s: interleave line %q: want ECDSA with %d thread(s) over 3 rounds (%v)", what, line, i+1, err)
 		}
 		if direct <= 0 || group <= 0 {
-			t.Errorf("%d thread(s): %.0f signatures/s through SoftHSM, %.0f through the group: want both above 0", threads, direct, group)
+			t.Errorf("%s, %d thread(s): %.0f signatures/s on the base side, %.0f on the other: want both above 0", what, threads, direct, group)
 		}
 		if directCPU <= 0 || groupCPU <= 0 {
-			t.Errorf("%d thread(s): %.1f µs of CPU per signature through SoftHSM, %.1f through the group: want both above 0", threads, directCPU, groupCPU)
+			t.Errorf("%s, %d thread(s): %.1f µs of CPU per signature on the base side, %.1f on the other: want both above 0", what, threads, directCPU, groupCPU)
 		}
 	}
 }

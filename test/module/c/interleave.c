@@ -19,7 +19,8 @@
  * module's. The process's CPU time (getrusage: every thread, the
  * module's workers included) is read at the ends of each counted part, so
  * each module is charged the CPU its slices used. RSA_LABEL "-" leaves RSA
- * out. Prints, per figure:
+ * out. BASE_MODULE and MODULE may be the same module and slot (an A/A
+ * run). Prints, per figure:
  *   sign MECH threads=T base_per_s=N module_per_s=N ratio=MEDIAN q1=Q1 q3=Q3
  *        base_cpu_us=C module_cpu_us=C cpu_ratio=MEDIAN cpu_q1=Q1 cpu_q3=Q3 rounds=R
  * ratio is the median of the rounds' throughput ratios, q1 and q3 their
@@ -183,14 +184,19 @@ int main(int argc, char **argv)
 	for (int p = 0; p < 2; p++) {
 		mod[p] = load_module(argv[1 + 2 * p], NULL);
 		slot[p] = strtoul(argv[2 + 2 * p], NULL, 0);
-		login[p] = init_login(mod[p], slot[p], pin, pinlen);
 	}
+	/* The same module and slot on both sides is an A/A run: it measures
+	 * the harness itself (which side a slice is on, its order), with one
+	 * C_Initialize and one login. */
+	int aa = mod[0] == mod[1] && slot[0] == slot[1];
+	for (int p = 0; p < 2 - aa; p++)
+		login[p] = init_login(mod[p], slot[p], pin, pinlen);
 	for (int threads = 1; threads <= 2; threads++)
 		measure("ecdsa-p256", CKM_ECDSA, argv[6], threads, slice_ms, rounds);
 	for (int threads = 1; threads <= 2 && strcmp(argv[7], "-") != 0; threads++)
 		measure("rsa-2048", CKM_RSA_PKCS, argv[7], threads, slice_ms, rounds);
 	/* libhapkcs11.so first: it must leave the SoftHSM it shares alone. */
-	for (int p = 1; p >= 0; p--) {
+	for (int p = 1 - aa; p >= 0; p--) {
 		CHECK(mod[p]->C_CloseSession(login[p]));
 		CHECK(mod[p]->C_Finalize(NULL));
 	}
