@@ -119,10 +119,15 @@ func (s *Shared) slots(recovering bool) []*slot.Slot {
 	return nil
 }
 
-// Record writes t ahead to the local record and then to every member
-// reached. It fails only when the local record fails: a member that
-// cannot be written is reported (SharedOptions.OnError) and gets the
-// record with a later write or the next plan's repair.
+// Record writes t ahead to the local record and to every member reached,
+// at once: each is written before the destroy, and neither needs the
+// other first, so a destroy waits for the slower of the journal's fsync
+// and the members' writes rather than for both in turn. It fails only
+// when the local record fails; then t is revoked on the members again
+// (the caller takes it as not recorded and so never revokes it should the
+// destroy not happen). A member that cannot be written is reported
+// (SharedOptions.OnError) and gets the record with a later write or the
+// next plan's repair.
 func (s *Shared) Record(ctx context.Context, t Tombstone) error {
 	if t.GroupSerial == "" {
 		t.GroupSerial = s.serial
@@ -130,10 +135,27 @@ func (s *Shared) Record(ctx context.Context, t Tombstone) error {
 	if t.Time.IsZero() && !t.Revoked {
 		t.Time = s.opts.Now()
 	}
-	if err := s.local.Record(ctx, t); err != nil {
-		return err
+	ms := s.slots(false)
+	if len(ms) == 0 {
+		return s.local.Record(ctx, t)
 	}
-	s.spread(ctx, t)
+	// Read before the append, which holds the journal's lock meanwhile.
+	add := s.localRecords(ctx)
+	var localErr error
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		localErr = s.local.Record(ctx, t)
+	}()
+	add.add(t, time.Time{})
+	s.spreadTo(ctx, ms, add)
+	<-wrote
+	if localErr != nil {
+		if !t.Revoked {
+			s.spreadTo(ctx, ms, newRecordSet(t.Revocation()))
+		}
+		return localErr
+	}
 	return nil
 }
 
@@ -148,19 +170,28 @@ func (s *Shared) Revive(ctx context.Context, id replica.Identity, fingerprint []
 	return n, nil
 }
 
-// spread merges the local records and extra into the tombstone object of
-// every serving member, in parallel. A member being caught up gets them
-// from its catch-up's plan (Snapshot).
-func (s *Shared) spread(ctx context.Context, extra ...Tombstone) {
-	ms := s.slots(false)
-	if len(ms) == 0 {
-		return
+// spread merges the local records into the tombstone object of every
+// serving member.
+func (s *Shared) spread(ctx context.Context) {
+	if ms := s.slots(false); len(ms) > 0 {
+		s.spreadTo(ctx, ms, s.localRecords(ctx))
 	}
+}
+
+// localRecords returns the local record as a recordSet; one that cannot
+// be read is reported and taken as empty.
+func (s *Shared) localRecords(ctx context.Context) recordSet {
 	local, err := s.local.Records(ctx)
 	if err != nil {
 		s.report("", fmt.Errorf("read the local tombstones to copy them to the members: %w", err))
 	}
-	add := newRecordSet(append(local, extra...)...)
+	return newRecordSet(local...)
+}
+
+// spreadTo merges add into the tombstone object of each of ms, in
+// parallel. A member being caught up gets the records from its catch-up's
+// plan (Snapshot).
+func (s *Shared) spreadTo(ctx context.Context, ms []*slot.Slot, add recordSet) {
 	var wg sync.WaitGroup
 	for _, m := range ms {
 		wg.Go(func() {
