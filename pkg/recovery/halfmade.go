@@ -117,19 +117,21 @@ func (r *Recoverer) RemoveHalfMade(ctx context.Context) (int, error) {
 	r.mu.Lock()
 	due := r.halfMade.due(r.clock.Now())
 	type work struct {
-		name string
-		s    *slot.Slot
-		hs   []pkcs11.ObjectHandle
+		name  string
+		s     *slot.Slot
+		epoch uint64
+		hs    []pkcs11.ObjectHandle
 	}
 	var todo []work
 	for name, hs := range due {
-		todo = append(todo, work{name, r.halfMade[name].slot, hs})
+		m := r.halfMade[name]
+		todo = append(todo, work{name, m.slot, m.epoch, hs})
 	}
 	r.mu.Unlock()
 	removed := 0
 	var errs []error
 	for _, w := range todo {
-		n, done, err := r.removeOn(ctx, w.name, w.s, w.hs)
+		n, done, err := r.removeOn(ctx, w.name, w.s, w.epoch, w.hs)
 		removed += n
 		if err != nil {
 			errs = append(errs, err)
@@ -143,12 +145,13 @@ func (r *Recoverer) RemoveHalfMade(ctx context.Context) (int, error) {
 }
 
 // removeOn deletes the half-made objects hs on member name, if it still
-// serves on slot s, and returns how many it deleted and which handles are
-// settled (deleted, gone or complete now).
-func (r *Recoverer) removeOn(ctx context.Context, name string, s *slot.Slot, hs []pkcs11.ObjectHandle) (int, []pkcs11.ObjectHandle, error) {
+// serves on slot s in login epoch epoch (the handles name what was seen),
+// and returns how many it deleted and which handles are settled (deleted,
+// gone, complete now, or no longer valid).
+func (r *Recoverer) removeOn(ctx context.Context, name string, s *slot.Slot, epoch uint64, hs []pkcs11.ObjectHandle) (int, []pkcs11.ObjectHandle, error) {
 	m, ok := r.eng.Member(name)
-	if !ok || !m.State().Serving() || m.Slot() != s {
-		return 0, hs, nil // out of service: its catch-up deletes them
+	if !ok || !m.State().Serving() || m.Slot() != s || s.Epoch() != epoch {
+		return 0, hs, nil // out of service (its catch-up deletes them), or the handles are stale
 	}
 	n := 0
 	var done []pkcs11.ObjectHandle
