@@ -78,6 +78,13 @@ func plantObject(t testing.TB, tok Token, body []byte, lock bool) {
 			t.Fatal(err)
 		}
 	}
+	bumpGeneration(t, tok, dir)
+}
+
+// bumpGeneration moves the generation of tok (in dir), so that SoftHSM
+// looks at the token's files again on its next search.
+func bumpGeneration(t testing.TB, tok Token, dir string) {
+	t.Helper()
 	genPath := filepath.Join(dir, "generation")
 	gen, err := os.ReadFile(genPath)
 	if err != nil || len(gen) != 8 {

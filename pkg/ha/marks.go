@@ -24,11 +24,16 @@ func (h *Group) followMarks(every, timeout time.Duration) (stop func()) {
 
 // admitMarked reads the marks once and catches up the members found
 // behind, within one command_timeout; a catch-up not done by then goes on
-// as automatic recovery.
+// as automatic recovery. Then it removes what failed creations left on
+// serving members that this process's checks have seen for long enough
+// (recovery.Recoverer.RemoveHalfMade; free when they saw none): no
+// catch-up comes for a member that never fails. A failed removal is
+// tried again next interval.
 func (h *Group) admitMarked(ctx context.Context, timeout time.Duration) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if names := h.g.FollowMarks(rctx); len(names) > 0 {
 		catchUp(rctx, h.rec, names)
 	}
+	_, _ = h.rec.RemoveHalfMade(rctx)
 }

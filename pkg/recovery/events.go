@@ -21,6 +21,7 @@ type EventKind string
 // PIN mark (made by any process): no automatic attempt is made until a
 // manual one. A synchronisation that finds a member's lock held by a
 // recovery emits LockWaiting (Err names the holder) before it waits for it.
+// HalfMadeRemoved (halfmade.go) says what Recoverer.RemoveHalfMade deleted.
 const (
 	AttemptStarted EventKind = "recovery_attempt"
 	Recovered      EventKind = "recovery_succeeded"
@@ -66,8 +67,11 @@ func (e Event) Detail() string {
 	} else if e.Attempt > 0 {
 		parts = append(parts, fmt.Sprintf("attempt %d", e.Attempt))
 	}
-	if e.Kind == Recovered {
+	switch e.Kind {
+	case Recovered:
 		parts = append(parts, fmt.Sprintf("copied %d, deleted %d", e.Copied, e.Deleted))
+	case HalfMadeRemoved:
+		parts = append(parts, fmt.Sprintf("deleted %d object(s) %v", e.Deleted, replica.ErrHalfMade))
 	}
 	for _, c := range e.Conflicts {
 		parts = append(parts, c.String())

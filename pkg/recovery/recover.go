@@ -326,6 +326,7 @@ type Recoverer struct {
 	interval time.Duration
 	retries  int
 	members  map[string]*memberRec
+	halfMade leftovers
 	closed   bool
 }
 
@@ -401,6 +402,7 @@ func New(opts Options) (*Recoverer, error) {
 		interval: opts.Interval,
 		retries:  opts.Retries,
 		members:  map[string]*memberRec{},
+		halfMade: leftovers{},
 	}
 	if r.clock == nil {
 		r.clock = RealClock{}
@@ -971,6 +973,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self replica.PlanMember, pee
 		}
 		cu.Skipped = plan.Skipped
 		cu.Unreadable = plan.Unreadable
+		r.observeHalfMade(plan, members)
 		if cu.Passes == 1 {
 			r.noteChecked(plan)
 		}

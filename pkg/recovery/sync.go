@@ -45,6 +45,11 @@ type SyncReport struct {
 	// wrapped under the domain key): differences that remain, and count
 	// as out of sync. They are in Plan.Actions too.
 	Unreplicable []replica.Action
+	// HalfMadeRemoved counts the half-made objects (replica.ErrHalfMade)
+	// the synchronisation deleted from serving members: left by creations
+	// that failed there, and seen so for replica.HalfMadeSettle. A check
+	// deletes none.
+	HalfMadeRemoved int
 }
 
 // Synchronize compares the objects of the serving members (active and
@@ -68,12 +73,33 @@ type SyncReport struct {
 // one member's lock while it waits for another's, and it waits for a lock
 // held by a recovery at most opts.LockWait (DefaultSyncLockWait), then
 // fails with an error wrapping ErrInProgress that names the holder.
+//
+// A synchronisation that applies then deletes the half-made objects its
+// listing found on serving members (what a failed creation leaves on
+// SoftHSM), once they have been seen so for replica.HalfMadeSettle: it
+// waits for that, after it has let go of the locks and the barrier
+// (see RemoveHalfMade). A check only notes them.
 func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncReport, error) {
+	rep, members, err := r.synchronize(ctx, opts)
+	if err != nil || opts.Check || len(members) == 0 {
+		return rep, err
+	}
+	n, err := r.settleHalfMade(ctx, members)
+	rep.HalfMadeRemoved = n
+	if err != nil {
+		return rep, fmt.Errorf("synchronize: %w", err)
+	}
+	return rep, nil
+}
+
+// synchronize is Synchronize up to its removal of half-made objects; it
+// returns the members it compared.
+func (r *Recoverer) synchronize(ctx context.Context, opts SyncOptions) (*SyncReport, []replica.PlanMember, error) {
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("synchronize: %w", ErrClosed)
+		return nil, nil, fmt.Errorf("synchronize: %w", ErrClosed)
 	}
 	rep := &SyncReport{}
 	var names []string
@@ -85,7 +111,7 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		}
 	}
 	if len(names) == 0 {
-		return rep, errors.New("synchronize: no member in service")
+		return rep, nil, errors.New("synchronize: no member in service")
 	}
 	if !opts.Check {
 		wait := opts.LockWait
@@ -94,7 +120,7 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		}
 		unlock, err := r.lockMembers(ctx, names, wait)
 		if err != nil {
-			return rep, fmt.Errorf("synchronize: %w", err)
+			return rep, nil, fmt.Errorf("synchronize: %w", err)
 		}
 		defer unlock()
 	}
@@ -111,7 +137,7 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		members = append(members, replica.PlanMember{Name: name, Slot: m.Slot()})
 	}
 	if len(members) == 0 {
-		return rep, errors.New("synchronize: no member in service")
+		return rep, nil, errors.New("synchronize: no member in service")
 	}
 	lacking := r.lacking()
 	members = capableFirst(members, lacking)
@@ -123,7 +149,7 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 		// key back. A check changes nothing, so it holds nothing back.
 		release, err := r.eng.HoldWrites(ctx)
 		if err != nil {
-			return rep, fmt.Errorf("synchronize: %w", err)
+			return rep, nil, fmt.Errorf("synchronize: %w", err)
 		}
 		defer release()
 	}
@@ -133,15 +159,16 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	plan, err := replica.MakePlan(ctx, members, nil, replica.PlanOptions{Prune: opts.Prune, SkipUnreachable: true,
 		LoadTombstones: r.loadTombstones})
 	if err != nil {
-		return rep, fmt.Errorf("synchronize: %w", err)
+		return rep, nil, fmt.Errorf("synchronize: %w", err)
 	}
 	rep.Plan = plan
 	r.noteChecked(plan)
+	r.observeHalfMade(plan, members)
 	todo := *plan
 	todo.Actions = append([]replica.Action(nil), plan.Actions...)
 	rep.Unreplicable = splitUnreplicable(&todo, lacking)
 	if opts.Check || len(todo.Actions) == 0 {
-		return rep, nil
+		return rep, members, nil
 	}
 	res, err := r.repl.Apply(ctx, &todo)
 	rep.Applied = res
@@ -155,9 +182,9 @@ func (r *Recoverer) Synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	}
 	r.noteChecked(after)
 	if err != nil {
-		return rep, fmt.Errorf("synchronize: %w", err)
+		return rep, members, fmt.Errorf("synchronize: %w", err)
 	}
-	return rep, nil
+	return rep, members, nil
 }
 
 // lockMembers takes the host-wide recovery locks of the members names for

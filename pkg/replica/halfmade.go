@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -68,27 +69,50 @@ func halfMadeUnreadable(member string, o Object) Unreadable {
 	return Unreadable{Member: member, Handle: o.Handle, Identity: &id, Err: ErrHalfMade}
 }
 
-// destroyHalfMade destroys the object at h on s if it still is a
-// half-made one: the handle may have been reused since the listing.
-func destroyHalfMade(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) error {
+// HalfMadeSettle is how long an object must have stayed half-made, seen
+// so by one process under one handle, before anything but a catch-up
+// deletes it. SoftHSM 2.6.1 shows every creation so between its first
+// write and its commit, a few file writes inside one call (milliseconds,
+// key generation included: the key is computed before the first write).
+// A creation still under way after this long is one whose process is
+// stopped inside the call; deleting its object makes that call fail
+// (SoftHSM then finds no file to commit to) rather than lose a key
+// anybody was told of. The soak's leftovers came from creations that
+// failed on a member that stayed in service (DESIGN.md, "Facts").
+const HalfMadeSettle = 10 * time.Second
+
+// DestroyHalfMade destroys the object at h on s if it still is a
+// half-made one, and reports whether it did. The handle is read again
+// first: the creation may have finished since the listing, or the handle
+// may now name another object; those are left alone. An object gone
+// already is no error.
+func DestroyHalfMade(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (bool, error) {
 	r, err := readIdentity(ctx, s, s.Name(), h)
 	if isGone(err) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	still, err := halfMade(ctx, s, r)
 	if isGone(err) || (err == nil && !still) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("member %s: object %d: %w", s.Name(), h, err)
+		return false, fmt.Errorf("member %s: object %d: %w", s.Name(), h, err)
 	}
-	if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
-		return fmt.Errorf("member %s: destroy object %d %v: %w", s.Name(), h, ErrHalfMade, err)
+	if err := s.DestroyObject(ctx, h); err != nil {
+		if isGone(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("member %s: destroy object %d %v: %w", s.Name(), h, ErrHalfMade, err)
 	}
-	return nil
+	return true, nil
+}
+
+func destroyHalfMade(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) error {
+	_, err := DestroyHalfMade(ctx, s, h)
+	return err
 }
 
 // halfMadeActions plans the deletion of the half-made objects member
@@ -96,7 +120,9 @@ func destroyHalfMade(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) e
 // of the group's service then and under its recovery lock, so no creation
 // through the group or another recovery's copy is under way there, whose
 // object, still at its defaults, would look half-made. Elsewhere they are
-// reported as unreadable, which makes the member out of sync.
+// reported as unreadable, which makes the member out of sync, until a
+// process that has seen one for HalfMadeSettle deletes it
+// (recovery.Recoverer.RemoveHalfMade).
 func halfMadeActions(p *Plan, member string, objs []Object, returning string) {
 	for _, o := range objs {
 		if member != returning {

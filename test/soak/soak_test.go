@@ -418,7 +418,19 @@ func TestSoak(t *testing.T) {
 				Detail  string `json:"detail"`
 				Repeats int    `json:"repeats"`
 			}
-			if json.Unmarshal([]byte(line), &e) == nil && e.Event == "recovery_failed" {
+			if json.Unmarshal([]byte(line), &e) != nil {
+				continue
+			}
+			switch e.Event {
+			case "half_made_removed":
+				// "deleted N object(s) …", or folded "×k more … (last: deleted N …)".
+				var n int
+				if i := strings.Index(e.Detail, "deleted "); i >= 0 {
+					if _, err := fmt.Sscanf(e.Detail[i:], "deleted %d", &n); err == nil {
+						rep.halfMadeRemoved += n * max(e.Repeats, 1)
+					}
+				}
+			case "recovery_failed":
 				n := max(e.Repeats, 1)
 				rep.recoveryFailed += n
 				if strings.Contains(e.Detail, "no longer holds it") {
@@ -501,6 +513,7 @@ type report struct {
 	keypairs                 bool
 	agentHangs               []string
 	recoveryRaced            int
+	halfMadeRemoved          int // left by failed creations on serving members, removed (half_made_removed)
 	hosts                    int
 	falseInSync              int      // agents' "in sync" answers while the members differ (every host)
 	truthDiff                string   // how the members differ, when they do
@@ -635,6 +648,7 @@ func (r *report) String() string {
 	p("  member failures seen by the Go engine                %d", r.failoverEvents)
 	p("  sessions reopened / logins redone after losing them  C %d, Go %d", r.cReopens, r.goRelogs)
 	p("  recovery attempts that failed (all processes)        %d, of which aborted because an object being copied was destroyed meanwhile: %d", r.recoveryFailed, r.recoveryRaced)
+	p("  half-made objects removed from serving members        %d", r.halfMadeRemoved)
 	p("  per operation (ok/total)                             %s", strings.Join(r.perOp, ", "))
 	if !r.keypairs {
 		p("  scope: key GENERATION under chaos is not exercised with p11-kit-served members: p11-kit 0.24's RPC carries")
