@@ -21,7 +21,12 @@ typedef struct {
 	uint32_t res;    // sequence number of the last call answered
 	uint32_t cancel; // sequence number of the last call cancelled
 	uint32_t wsleep; // the worker sleeps (or is about to) on req
-	uint32_t csleep; // the caller sleeps (or is about to) on res
+	uint32_t csleep; // the caller sleeps (or is about to) on cwake
+	// cwake changes at every answer and every cancel: the caller sleeps on
+	// it, so that a cancel coming between its last look and its futex wait
+	// makes the wait return at once (sleeping on res, whose value a cancel
+	// leaves alone, lost that wake-up until the deadline).
+	uint32_t cwake;
 } hg_cell;
 
 #define LD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
@@ -125,17 +130,22 @@ static inline uint32_t hg_next(hg_cell *c, uint32_t last, int64_t spin_ns) {
 	return r;
 }
 
+// hg_wake_caller follows any change the caller waits for.
+static inline void hg_wake_caller(hg_cell *c) {
+	__atomic_add_fetch(&c->cwake, 1, __ATOMIC_SEQ_CST);
+	if (LD(&c->csleep))
+		hg_futex_wake(&c->cwake);
+}
+
 static inline void hg_done(hg_cell *c, uint32_t seq) {
 	hg_leave();
 	ST(&c->res, seq);
-	if (LD(&c->csleep))
-		hg_futex_wake(&c->res);
+	hg_wake_caller(c);
 }
 
 static inline void hg_cancel(hg_cell *c, uint32_t seq) {
 	ST(&c->cancel, seq);
-	if (LD(&c->csleep))
-		hg_futex_wake(&c->res);
+	hg_wake_caller(c);
 }
 
 // hg_wait: 0 answered, 1 deadline passed, 2 cancelled (never when
@@ -150,6 +160,7 @@ static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t tim
 	if (spin_ns > 0)
 		hg_spin_free(&c->res, r, cancel, seq, start + spin_ns);
 	for (;;) {
+		uint32_t w = LD(&c->cwake); // before the looks it guards
 		if (LD(&c->res) == seq)
 			return 0;
 		if (cancel && LD(cancel) == seq)
@@ -158,8 +169,8 @@ static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t tim
 		if (!forever && left <= 0)
 			return 1;
 		ST(&c->csleep, 1);
-		if (LD(&c->res) == r && !(cancel && LD(cancel) == seq))
-			hg_futex_wait(&c->res, r, left);
+		if (LD(&c->cwake) == w)
+			hg_futex_wait(&c->cwake, w, left);
 		ST(&c->csleep, 0);
 	}
 }

@@ -162,8 +162,8 @@ func (s *Served) Kill() {
 }
 
 // Stop sends SIGSTOP to the server's process group and waits (with a
-// deadline) until the server has stopped: calls to the token then hang
-// until Cont.
+// deadline) until every thread of the group has stopped, the children
+// serving connections too: calls to the token then hang until Cont.
 func (s *Served) Stop() { s.signal(syscall.SIGSTOP, unix.WSTOPPED) }
 
 // Cont sends SIGCONT to the server's process group and waits (with a
@@ -223,6 +223,11 @@ func (s *Served) signal(sig syscall.Signal, state int) {
 		}
 	case <-time.After(exitDeadline):
 		s.t.Errorf("testhsm: server %s did not change state within %v of %v", s.name, exitDeadline, sig)
+	}
+	if sig == syscall.SIGSTOP {
+		if err := waitGroupStopped(pid, exitDeadline); err != nil {
+			s.t.Errorf("testhsm: server %s after %v: %v", s.name, sig, err)
+		}
 	}
 }
 

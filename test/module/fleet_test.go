@@ -150,8 +150,8 @@ func hactlOut(t *testing.T, r *rig, hactl string, args ...string) (string, error
 // appear in hactl hagroup clients with their operations; the member
 // killed under them shows in listgroups' APP FAILURES and in the HA log
 // as one line saying who saw it, not one per process; a pkcs11-tool run
-// adds no line; and with the agent stopped both keep signing at the same
-// pace.
+// adds no line; and with the agent hung, then stopped, both keep signing
+// and no signature fails.
 func TestFleetSeenByTheAgent(t *testing.T) {
 	r := newRig(t, rigOpts{remote: true})
 	r.keypair("load1", "0c")
@@ -188,6 +188,7 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 	agentDone := make(chan error, 1)
 	go func() { agentDone <- ag.Wait() }()
 	defer func() {
+		ag.Process.Signal(syscall.SIGCONT) // if the test stopped here with the agent hung
 		ag.Process.Signal(syscall.SIGTERM)
 		<-agentDone
 	}()
@@ -333,9 +334,29 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 		t.Logf("hactl hagroup %s:\n%s", cmd[0], out)
 	}
 
-	// With the agent stopped both keep signing, at the same pace.
-	g.waitFor("three rates with the agent up", time.Minute, func() bool { return len(g.rates) >= 4 })
-	up := g.rates[len(g.rates)-3:]
+	// With the agent hung (stopped by SIGSTOP: its socket takes a
+	// connection and never answers), then gone, both keep signing and no
+	// signature fails: an application never waits on the agent. How fast
+	// they sign is logged, not compared: two windows of seconds on a
+	// loaded machine measure the machine (see the pkg/fleet tests for
+	// the reporter's bound on a hung agent).
+	keepSigning := func(what string) {
+		t.Helper()
+		at, gat, rates := c.progress, g.progress, len(g.rates)
+		c.waitFor("1000 signatures with the agent "+what, time.Minute, func() bool { return c.progress >= at+1000 })
+		// Three rate lines too, for the log.
+		g.waitFor("1000 signatures with the agent "+what, time.Minute, func() bool {
+			return g.progress >= gat+1000 && len(g.rates) >= rates+3
+		})
+	}
+	keepSigning("up")
+	n := len(g.rates)
+	if err := ag.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	keepSigning("hung")
+	hung := len(g.rates)
+	ag.Process.Signal(syscall.SIGCONT)
 	ag.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-agentDone:
@@ -343,16 +364,8 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 		t.Fatal("haagent did not stop within a minute")
 	}
 	agentDone <- nil // for the deferred stop
-	at := c.progress
-	n := len(g.rates)
-	c.waitFor("signing with the agent stopped", time.Minute, func() bool { return c.progress >= at+1000 })
-	g.waitFor("three rates with the agent stopped", time.Minute, func() bool { return len(g.rates) >= n+4 })
-	down := g.rates[n+1 : n+4]
-	sum := func(v []int) int { return v[0] + v[1] + v[2] }
-	t.Logf("fleetsign signatures/s with the agent up %v, stopped %v", up, down)
-	if sum(down)*2 < sum(up) {
-		t.Errorf("with the agent stopped fleetsign signs %v/s, with it up %v/s: reporting must not slow the application", down, up)
-	}
+	keepSigning("stopped")
+	t.Logf("fleetsign signatures/s with the agent up %v, hung %v, stopped %v", g.rates[n-3:n], g.rates[n:hung], g.rates[hung:])
 	for _, s := range []*signer{c, g} {
 		total := s.finish()
 		if !strings.Contains(total, "sign_failed=0") {
