@@ -123,7 +123,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	pin := spec.PIN.Clone()
 	spec.PIN = secret.PIN{}
 
-	mod, err := modules.acquire(ctx, spec.Module, spec.ModuleEnv, spec.ServerUID, spec.CommandTimeout)
+	mod, err := modules.acquire(ctx, spec.Module, spec.ModuleEnv, spec.ServerUID, initializeTimeout(spec.CommandTimeout))
 	if err != nil {
 		pin.Zero()
 		return nil, newError(spec.Name, "", err)
@@ -459,7 +459,7 @@ func (s *Slot) Reinit(ctx context.Context) error {
 		s.epoch.Add(1)
 	}()
 	if owned {
-		if err := modules.reinit(ctx, s.mod, s.cmdTimeout); err != nil {
+		if err := modules.reinit(ctx, s.mod, initializeTimeout(s.cmdTimeout)); err != nil {
 			next.ctx, next.inc = old.ctx, s.mod.inc.Load()
 			next.err = newError(s.spec.Name, "", err)
 			return next.err

@@ -69,6 +69,19 @@ const (
 	DefaultKeygenTimeout  = 120 * time.Second
 )
 
+// MinInitializeTimeout is the least a member module's C_Initialize is
+// given, whatever the command timeout. C_Initialize is not a command: a
+// network HSM's client connects and authenticates in it, which takes
+// seconds, and a command_timeout set small to abandon hung calls fast
+// must not make such a member impossible to open.
+const MinInitializeTimeout = 5 * time.Second
+
+// initializeTimeout bounds a module's C_Initialize for a member whose
+// calls are bounded by cmd.
+func initializeTimeout(cmd time.Duration) time.Duration {
+	return max(cmd, MinInitializeTimeout)
+}
+
 // maxPool caps the session pool when neither the Spec nor the token sets a
 // smaller number.
 const maxPool = 32
