@@ -816,10 +816,11 @@ func (g *Group) writeObject(ctx context.Context, op string, h ObjectHandle) (*vt
 // then does not happen (the first member refuses it, the object is in
 // conflict, every member fails), the tombstone is revoked: this destroy
 // removed nothing, and a later catch-up must not delete the object on its
-// account. When no serving member holds the object (CKR_OBJECT_HANDLE_INVALID
-// is returned) the tombstone stands: the object is gone, perhaps deleted
-// by a catch-up that honoured this very tombstone, and copies on members
-// that were away must not come back. (A revocation
+// account. When no serving member holds the object the tombstone stands:
+// the object is gone, perhaps deleted by a catch-up that honoured this
+// very tombstone, and copies on members that were away must not come
+// back; the destroy then succeeds when its tombstone was recorded, and
+// returns CKR_OBJECT_HANDLE_INVALID when it was not. (A revocation
 // cancels this tombstone only, never another process's tombstone of the
 // same object.)
 func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
@@ -846,13 +847,19 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		g.emit(Event{Kind: ObjectDestroyed, Member: m.Name(), Object: o.Identity(), Fingerprint: o.Fingerprint()})
 	}
 	err = g.writeAll(ctx, op, o, g.destroyAttempt(o), destroyedOn)
+	if errors.Is(err, ErrObjectHandle) && recorded {
+		// No serving member holds it, and this destroy's tombstone
+		// stands: what was asked is done. It may be gone on that very
+		// tombstone's account (a catch-up that read it deleted the object
+		// before this destroy reached a member), which a bare token never
+		// shows, so the answer is the bare token's CKR_OK (DESIGN.md,
+		// "Differences from the member token").
+		err = nil
+	}
 	if errors.Is(err, ErrObjectHandle) {
-		// No serving member holds it: it is gone, and its tombstone
-		// stands. It may be gone on the tombstone's own account: a
-		// catch-up in another process that read the tombstone, recorded
-		// ahead, deleted it before this destroy reached it. Revoking then
-		// would bring it back from a member that was away and still
-		// holds a copy.
+		// No serving member holds it, and no tombstone of this destroy
+		// was recorded: the object is gone and stays gone (revoking
+		// nothing brings it back from a member that was away).
 		destroyed = true
 		g.objs.Remove(o)
 		return err
