@@ -374,16 +374,22 @@ func (m *Member) observeSince(start time.Time) {
 	m.observeAt(now.Sub(start), now)
 }
 
-// observeAt counts a latency sample d taken at now.
+// observeAt counts a latency sample d taken at now. A sample of a call
+// that began more than LatencyHalfLife after the last sample replaces the
+// average instead of moving it by an eighth: the scheduler has been
+// weighing the member by the faded average since, and one bad sample
+// (an early call under load, a slow moment) would otherwise be
+// reinstated at every pick and starve a fast member for good.
 func (m *Member) observeAt(d time.Duration, now time.Time) {
 	if d <= 0 {
 		d = 1
 	}
 	sample := int64(d)
+	began := now.UnixNano() - sample
 	for {
 		old := m.latency.Load()
 		next := sample
-		if old != 0 {
+		if old != 0 && began-m.sampled.Load() <= int64(LatencyHalfLife) {
 			next = old + (sample-old)>>latencyShift
 			if next <= 0 {
 				next = 1

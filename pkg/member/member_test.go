@@ -344,3 +344,21 @@ func TestMissingMechanismsAndStandbyFlag(t *testing.T) {
 		t.Fatal("SetConfiguredStandby(true) not seen")
 	}
 }
+
+// TestLatencyAfterIdleIsTheNewSample: a call that begins after the
+// average has been fading for more than LatencyHalfLife sets the average
+// to its own latency; calls close together still move it by an eighth.
+func TestLatencyAfterIdleIsTheNewSample(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	t0 := time.Now()
+	m.observeAt(800*time.Millisecond, t0) // one bad sample
+	m.observeAt(time.Millisecond, t0.Add(10*time.Millisecond))
+	if got, want := m.Latency(), 800*time.Millisecond+(time.Millisecond-800*time.Millisecond)/8; got != want {
+		t.Fatalf("a sample right after another: latency %v, want %v (an eighth of the way)", got, want)
+	}
+	idle := t0.Add(10*time.Millisecond + LatencyHalfLife + 2*time.Millisecond)
+	m.observeAt(time.Millisecond, idle)
+	if got := m.Latency(); got != time.Millisecond {
+		t.Fatalf("a sample of a call begun %v after the last: latency %v, want the sample's 1ms", LatencyHalfLife+time.Millisecond, got)
+	}
+}
