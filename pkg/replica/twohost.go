@@ -82,6 +82,18 @@ func (a Action) PairKey() string {
 // moment (none left), the object is copied once more. Every copy ends
 // Done unless that fails.
 func (r *Replicator) recheckTargets(ctx context.Context, p *Plan, done []copyDone, res *ApplyResult) {
+	// Another host's copy made at the same moment may not show yet in a
+	// listing taken at once (its server process still writing it): both
+	// hosts then count one and keep theirs. A random pause first lets the
+	// later copy land, as in settleOne.
+	if len(done) > 0 {
+		if err := pause(ctx, settlePause); err != nil {
+			for _, c := range done {
+				res.Failed = append(res.Failed, ActionError{Action: c.a, Err: fmt.Errorf("copied, but not re-checked for a second copy: %w", err)})
+			}
+			return
+		}
+	}
 	byMember := map[string][]copyDone{}
 	for _, c := range done {
 		byMember[c.a.Member] = append(byMember[c.a.Member], c)
