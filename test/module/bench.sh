@@ -43,9 +43,10 @@ set -euo pipefail
 # nice value counts only against the processes of its own session: a
 # `nice -n 19` job of another session still takes a CPU of two from a
 # `nice -n -15` benchmark. So the benchmark runs in a session of its own
-# whose autogroup gets the benchmark's nice value.
+# whose autogroup gets the benchmark's nice value (being a session of its
+# own, it does not see a terminal's Ctrl-C: stop it by its process id).
 if [[ -z ${BENCH_AUTOGROUP:-} && -w /proc/self/autogroup ]]; then
-	BENCH_AUTOGROUP=1 exec setsid -w "$0" "$@"
+	BENCH_AUTOGROUP=1 exec setsid -w bash "$0" "$@"
 fi
 [[ -w /proc/self/autogroup ]] && echo "$(nice)" >/proc/self/autogroup 2>/dev/null || true
 cd "$(dirname "$0")/../.."
