@@ -118,8 +118,14 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 }
 
 // busyScore is a member's calls in flight (plus this one) weighted by its
-// recent latency: lower is better.
+// recent latency: lower is better. A member never measured yet (new, or
+// added since) takes one call at a time until its first call ends: its
+// floor latency would otherwise make it the best score whatever its load,
+// and a slow new member would draw every concurrent call at once.
 func busyScore(m *member.Member, now int64) float64 {
+	if !m.Measured() && m.InFlight() > 0 {
+		return math.Inf(1)
+	}
 	lat := float64(m.DecayedLatency(now))
 	if lat < minLatency {
 		lat = minLatency

@@ -424,6 +424,10 @@ func (m *Member) DecayedLatency(now int64) time.Duration {
 	return time.Duration(lat)
 }
 
+// Measured reports whether a call of the member has ended yet, so that its
+// latency is a measurement.
+func (m *Member) Measured() bool { return m.latency.Load() != 0 }
+
 // InFlight returns the number of calls in flight on the member.
 func (m *Member) InFlight() int64 { return m.inFlight.Load() }
 
