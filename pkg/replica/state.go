@@ -126,6 +126,12 @@ func WriteState(ctx context.Context, s *slot.Slot, label, app string, value []by
 	return StateObject{Handle: h, Value: value}, nil
 }
 
+// DestroyStateIfSame destroys o on s unless its handle no longer names
+// the state object labelled label holding o's value.
+func DestroyStateIfSame(ctx context.Context, s *slot.Slot, label string, o StateObject) error {
+	return destroyIfSame(ctx, s, label, o)
+}
+
 // destroyIfSame destroys o on s if its handle still names a state object
 // labelled label holding o's value: a handle kept from an earlier read
 // may name another object by now (handles can change with a re-login),
