@@ -18,11 +18,12 @@ import (
 
 // Tombstones on the members (DESIGN.md, "Group state on the members").
 // Every process on every host meets the others only on the members, so a
-// destroy is recorded there too: the records go into a private data
-// object labelled replica.StateLabel(serial, StateKind) on every member
-// that can be reached, merged by union with what the member holds (see
-// replica.WriteState), and a plan reads the union over every member it
-// reaches. A process on another host, with another state directory, thus
+// destroy is recorded there too: the records go into this writer's
+// register on every member that can be reached (register.go; or, on a
+// member refusing records in a label, a private data object labelled
+// replica.StateLabel(serial, StateKind) merged by union with what the
+// member holds, see replica.WriteState), and a plan reads the union over
+// every member it reaches. A process on another host, with another state directory, thus
 // honours a destroy as long as it reaches one member that saw it. The
 // local record (the journal, or memory) stays the write-ahead record: it
 // is written first, and what it holds is spread to the members at every

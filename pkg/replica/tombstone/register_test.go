@@ -32,7 +32,6 @@ func faultyTokens(tb testing.TB, n int, f *slottest.Faults) []*slot.Slot {
 	return out
 }
 
-
 // openAs opens tok once more as member name (another process's view of
 // the same token), with f at its slot boundary.
 func openAs(tb testing.TB, tok testhsm.Token, name string, f *slottest.Faults) *slot.Slot {
