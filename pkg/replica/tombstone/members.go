@@ -69,7 +69,8 @@ type Shared struct {
 	opts    SharedOptions
 	members atomic.Pointer[func(recovering bool) []*slot.Slot]
 
-	id string // the register id when local is no Writer
+	id       string                 // the register id when local is no Writer
+	sharedID atomic.Pointer[string] // the Writer's id, once read
 
 	mu      sync.Mutex
 	written map[*slot.Slot]*written // guarded by mu
@@ -374,8 +375,12 @@ func (s *Shared) see(m *slot.Slot, rs []register) {
 	if s.seen == nil {
 		s.seen = map[seenKey]seenLabel{}
 	}
+	there := map[pkcs11.ObjectHandle]bool{}
+	for _, r := range rs {
+		there[r.handle] = true
+	}
 	for k := range s.seen {
-		if k.m == m && k.epoch != epoch {
+		if k.m == m && (k.epoch != epoch || !there[k.handle]) {
 			delete(s.seen, k)
 		}
 	}

@@ -244,16 +244,30 @@ func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *m
 	return s.mergeObjects(ctx, m, add, held)
 }
 
-// writerID returns the id of this writer's registers and the release of
-// the lock serialising their updates.
-func (s *Shared) writerID(ctx context.Context, m *slot.Slot) (string, func(), error) {
+// writerID returns the id of this writer's registers: the local
+// record's when it is shared (Writer), else this process's.
+func (s *Shared) writerID(ctx context.Context) (string, error) {
+	if id := s.sharedID.Load(); id != nil {
+		return *id, nil
+	}
 	wr, ok := s.local.(Writer)
 	if !ok {
-		return s.id, func() {}, nil
+		return s.id, nil
 	}
 	id, err := wr.WriterID(ctx)
 	if err != nil {
-		return "", nil, fmt.Errorf("tombstones of group %s: %w", s.serial, err)
+		return "", fmt.Errorf("tombstones of group %s: %w", s.serial, err)
+	}
+	s.sharedID.Store(&id)
+	return id, nil
+}
+
+// lockRegister serialises the updates of this writer's register on m
+// with the other processes sharing the local record.
+func (s *Shared) lockRegister(ctx context.Context, m *slot.Slot) (func(), error) {
+	wr, ok := s.local.(Writer)
+	if !ok {
+		return func() {}, nil // w.mu serialises this process's writes
 	}
 	name := m.Token().Serial
 	if name == "" {
@@ -261,9 +275,9 @@ func (s *Shared) writerID(ctx context.Context, m *slot.Slot) (string, func(), er
 	}
 	unlock, err := wr.LockRegister(ctx, name)
 	if err != nil {
-		return "", nil, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), err)
+		return nil, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), err)
 	}
-	return id, unlock, nil
+	return unlock, nil
 }
 
 // folds reports whether a write on m would fold something: another
@@ -276,11 +290,10 @@ func (s *Shared) folds(ctx context.Context, m *slot.Slot, h *memberRecords) bool
 	if len(h.expired) > 0 {
 		return true
 	}
-	writer, unlock, err := s.writerID(ctx, m)
+	writer, err := s.writerID(ctx)
 	if err != nil {
 		return false
 	}
-	unlock()
 	for _, r := range h.registers {
 		if s.foldable(m, r, writer) {
 			return true
@@ -294,7 +307,11 @@ func (s *Shared) folds(ctx context.Context, m *slot.Slot, h *memberRecords) bool
 // also folds what may be folded; otherwise it re-reads only its own
 // register (another process of the host may have changed it).
 func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, add recordSet, held *memberRecords) (recordSet, error) {
-	writer, unlock, err := s.writerID(ctx, m)
+	writer, err := s.writerID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := s.lockRegister(ctx, m)
 	if err != nil {
 		return nil, err
 	}
