@@ -272,3 +272,53 @@ func TestJournalWritersShareOneRegister(t *testing.T) {
 		t.Errorf("the member holds %d tombstones in %d registers, want %d in 1", len(tombs), len(writers), procs*each)
 	}
 }
+
+// A register removed under its owner (a fold by a writer whose sighting
+// was wrong, or an operator) is made again at the owner's next write,
+// with every record of its local record: the update's check finds it
+// gone.
+func TestOwnerRecreatesItsRemovedRegister(t *testing.T) {
+	ctx := ctxT(t)
+	slots := openTokens(t, 1)
+	sh := shared(t, "75", slots)
+	if err := sh.Record(ctx, tomb("a", []byte{1})); err != nil {
+		t.Fatal(err)
+	}
+	held, err := sh.read(ctx, slots[0])
+	if err != nil || len(held.registers) != 1 {
+		t.Fatalf("want one register, got %v (%v)", held.registers, err)
+	}
+	if err := slots[0].DestroyObject(ctx, held.registers[0].handle); err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Record(ctx, tomb("b", []byte{2})); err != nil {
+		t.Fatal(err)
+	}
+	if tombs, writers := onMember(t, "75", slots[0]); fmt.Sprint(tombs) != "[a b]" || len(writers) != 1 {
+		t.Errorf("the member holds %v in %d registers, want [a b] in 1", tombs, len(writers))
+	}
+}
+
+// A public object shaped as a register — anyone can make one without the
+// PIN — is no tombstone either.
+func TestPublicRegisterIsNoTombstone(t *testing.T) {
+	ctx := ctxT(t)
+	slots := openTokens(t, 1)
+	forged := tomb("victim", []byte{1})
+	forged.Time, forged.GroupSerial = time.Now(), "76"
+	label := encodeRegister(replica.StateLabel("76", StateKind), "0badc0de", time.Now(), []Tombstone{forged})
+	if _, err := slots[0].CreateObject(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, Application),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	set, err := shared(t, "76", slots).Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Len() != 0 {
+		t.Errorf("a public register counted as tombstones: %v", set.All())
+	}
+}
