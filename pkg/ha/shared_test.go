@@ -228,7 +228,7 @@ func TestGroupStateIsHiddenFromTheApplication(t *testing.T) {
 	}
 	label := replica.StateLabel(h.cfg.Serial, tombstone.StateKind)
 	for _, tok := range h.toks {
-		objs, err := replica.ReadState(ctx, direct(t, tok), label)
+		objs, err := direct(t, tok).FindObjects(ctx, []*pkcs11.Attribute{a(pkcs11.CKA_APPLICATION, tombstone.Application)})
 		if err != nil || len(objs) == 0 {
 			t.Fatalf("%s holds no tombstone object (%v); the test needs one", tok.Name, err)
 		}

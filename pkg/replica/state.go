@@ -19,7 +19,9 @@ import (
 // virtual slot's searches and the plan leave them out (Hidden), and they
 // are merged by their own rule instead of being copied as objects.
 //
-// Tokens have no transactions, so an object is never changed: a writer
+// Tokens have no transactions, so an object written here is never
+// changed (the tombstone registers of pkg/replica/tombstone, written in
+// place by their one owner, are the exception, with their own rule): a writer
 // creates a new object holding what it read merged with what it adds, and
 // only then destroys the objects it read. A reader takes the union of
 // every object under the label. A concurrent writer's object, created
@@ -124,6 +126,12 @@ func WriteState(ctx context.Context, s *slot.Slot, label, app string, value []by
 		}
 	}
 	return StateObject{Handle: h, Value: value}, nil
+}
+
+// DestroyStateIfSame destroys o on s unless its handle no longer names
+// the state object labelled label holding o's value.
+func DestroyStateIfSame(ctx context.Context, s *slot.Slot, label string, o StateObject) error {
+	return destroyIfSame(ctx, s, label, o)
 }
 
 // destroyIfSame destroys o on s if its handle still names a state object

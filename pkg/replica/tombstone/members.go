@@ -13,15 +13,17 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
 )
 
 // Tombstones on the members (DESIGN.md, "Group state on the members").
 // Every process on every host meets the others only on the members, so a
-// destroy is recorded there too: the records go into a private data
-// object labelled replica.StateLabel(serial, StateKind) on every member
-// that can be reached, merged by union with what the member holds (see
-// replica.WriteState), and a plan reads the union over every member it
-// reaches. A process on another host, with another state directory, thus
+// destroy is recorded there too: the records go into this writer's
+// register on every member that can be reached (register.go; or, on a
+// member refusing records in a label, a private data object labelled
+// replica.StateLabel(serial, StateKind) merged by union with what the
+// member holds, see replica.WriteState), and a plan reads the union over
+// every member it reaches. A process on another host, with another state directory, thus
 // honours a destroy as long as it reaches one member that saw it. The
 // local record (the journal, or memory) stays the write-ahead record: it
 // is written first, and what it holds is spread to the members at every
@@ -52,6 +54,9 @@ type SharedOptions struct {
 	OnError func(member string, err error)
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
+	// FoldAfter is how long another writer's register must stay unchanged
+	// before this one folds it (register.go); 0 means DefaultFoldAfter.
+	FoldAfter time.Duration
 }
 
 // Shared is a group's tombstones, kept locally and on the members. It
@@ -64,8 +69,25 @@ type Shared struct {
 	opts    SharedOptions
 	members atomic.Pointer[func(recovering bool) []*slot.Slot]
 
+	id       string                 // the register id when local is no Writer
+	sharedID atomic.Pointer[string] // the Writer's id, once read
+
 	mu      sync.Mutex
 	written map[*slot.Slot]*written // guarded by mu
+	seen    map[seenKey]seenLabel   // guarded by mu: when each register was first seen as it is
+}
+
+// seenKey names a register on a member under one login (handles may
+// change with a re-login).
+type seenKey struct {
+	m      *slot.Slot
+	epoch  uint64
+	handle pkcs11.ObjectHandle
+}
+
+type seenLabel struct {
+	label string
+	since time.Time
 }
 
 // written is the tombstone object this process last wrote on a member.
@@ -73,8 +95,14 @@ type Shared struct {
 // member (a search costs a scan of every object on SoftHSM); other
 // writers' objects are left to the reads, which take every object.
 type written struct {
-	mu      sync.Mutex // serialises this process's writes on the member
-	epoch   uint64     // the slot's Epoch when obj was written
+	mu    sync.Mutex // serialises this process's writes on the member
+	epoch uint64     // the slot's Epoch when obj or reg was written
+	// reg is this writer's register there (register.go); 0 handle: not
+	// known yet.
+	reg register
+	// quirk: the member refused records in a label; it is written with
+	// created objects (obj, records) instead.
+	quirk   atomic.Bool
 	obj     replica.StateObject
 	records recordSet // what obj holds; nil: nothing written yet
 }
@@ -103,7 +131,10 @@ func NewShared(local Local, groupSerial string, opts SharedOptions) *Shared {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Shared{local: local, serial: groupSerial, label: replica.StateLabel(groupSerial, StateKind), opts: opts}
+	if opts.FoldAfter <= 0 {
+		opts.FoldAfter = DefaultFoldAfter
+	}
+	return &Shared{local: local, serial: groupSerial, label: replica.StateLabel(groupSerial, StateKind), opts: opts, id: newWriterID()}
 }
 
 // SetMembers gives the members to keep the tombstones on: members returns
@@ -203,13 +234,13 @@ func (s *Shared) spreadTo(ctx context.Context, ms []*slot.Slot, add recordSet) {
 	wg.Wait()
 }
 
-// merge writes on m an object holding add with what m holds: with held
+// mergeObjects writes on m an object holding add with what m holds: with held
 // (what was read from m just before) or on a member this process has not
 // written to since its last re-login, the union of every object read,
 // which it then removes; otherwise the union of this process's own last
 // object there, which it replaces (see written). Nothing is written when
 // the objects already hold every record of add.
-func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *memberRecords) (recordSet, error) {
+func (s *Shared) mergeObjects(ctx context.Context, m *slot.Slot, add recordSet, held *memberRecords) (recordSet, error) {
 	w := s.writtenOn(m)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -238,6 +269,8 @@ func (s *Shared) merge(ctx context.Context, m *slot.Slot, add recordSet, held *m
 	if len(union) == 0 {
 		return union, nil
 	}
+	// A member whose label refuses records may hold registers of other
+	// writers: they stay, read by every reader; objects are folded.
 	return union, s.write(ctx, m, w, epoch, union, held.objects)
 }
 
@@ -256,34 +289,119 @@ func (s *Shared) write(ctx context.Context, m *slot.Slot, w *written, epoch uint
 
 // memberRecords is what one member holds.
 type memberRecords struct {
-	objects []replica.StateObject
-	records recordSet
+	objects   []replica.StateObject // tombstone objects of the created form
+	expired   []replica.StateObject // of those, the ones holding no record within the horizon
+	registers []register
+	records   recordSet
 }
 
-// read returns the tombstone records m holds (within the horizon). An
-// object that does not decode (one caught while another process writes
-// it) is reported and left out of objects, so that no write destroys
-// content it never read.
+// read returns the tombstone records m holds (within the horizon), in
+// objects of both forms: registers and created objects (written by a
+// member refusing registers, or by an older build). An object that does
+// not decode (one caught while another process writes it) is reported
+// and left out, so that no write destroys content it never read.
 func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) {
-	objs, err := replica.ReadState(ctx, m, s.label)
+	if !m.LoggedIn() {
+		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), replica.ErrNotLoggedIn)
+	}
+	hs, err := m.FindObjects(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true), pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(Application)),
+	})
 	if err != nil {
-		return memberRecords{}, fmt.Errorf("tombstones of group %s: %w", s.serial, err)
+		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: find: %w", s.serial, m.Name(), err)
 	}
 	out := memberRecords{records: recordSet{}}
 	cutoff := s.cutoff()
-	for _, o := range objs {
-		ts, err := decodeRecords(o.Value, s.serial)
+	for _, h := range hs {
+		attrs, err := m.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
 		if err != nil {
-			// Never destroyed on our account: its content is unknown.
-			s.report(m.Name(), fmt.Errorf("tombstones of group %s: object %d: %w", s.serial, o.Handle, err))
+			if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
+				continue
+			}
+			return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: read object %d: %w", s.serial, m.Name(), h, err)
+		}
+		if len(attrs) != 2 || attrs[0].Status != pkcs11.CKR_OK {
+			continue // being written by another process (SoftHSM shows it half made)
+		}
+		label := string(attrs[0].Value)
+		if label == s.label {
+			s.readObject(m, replica.StateObject{Handle: h, Value: attrs[1].Value}, &out, cutoff)
 			continue
 		}
-		out.objects = append(out.objects, o)
+		r, ts, ok, err := decodeRegister(s.label, label, s.serial)
+		if !ok {
+			continue // another group's
+		}
+		if err != nil {
+			s.report(m.Name(), fmt.Errorf("tombstones of group %s: register %d: %w", s.serial, h, err))
+			continue
+		}
+		r.handle, r.records = h, recordSet{}
 		for _, t := range ts {
-			out.records.add(t, cutoff)
+			r.records.add(t, cutoff)
+		}
+		out.records.addAll(r.records, time.Time{})
+		out.registers = append(out.registers, r)
+	}
+	s.see(m, out.registers)
+	return out, nil
+}
+
+// readObject adds a tombstone object of the created form to out.
+func (s *Shared) readObject(m *slot.Slot, o replica.StateObject, out *memberRecords, cutoff time.Time) {
+	ts, err := decodeRecords(o.Value, s.serial)
+	if err != nil {
+		// Never destroyed on our account: its content is unknown.
+		s.report(m.Name(), fmt.Errorf("tombstones of group %s: object %d: %w", s.serial, o.Handle, err))
+		return
+	}
+	out.objects = append(out.objects, o)
+	live := false
+	for _, t := range ts {
+		live = live || !t.Time.Before(cutoff)
+		out.records.add(t, cutoff)
+	}
+	if !live {
+		out.expired = append(out.expired, o)
+	}
+}
+
+// see notes when each register of m was first seen as it is now.
+func (s *Shared) see(m *slot.Slot, rs []register) {
+	now, epoch := s.opts.Now(), m.Epoch()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen == nil {
+		s.seen = map[seenKey]seenLabel{}
+	}
+	there := map[pkcs11.ObjectHandle]bool{}
+	for _, r := range rs {
+		there[r.handle] = true
+	}
+	for k := range s.seen {
+		if k.m == m && (k.epoch != epoch || !there[k.handle]) {
+			delete(s.seen, k)
 		}
 	}
-	return out, nil
+	for _, r := range rs {
+		k := seenKey{m, epoch, r.handle}
+		if old, ok := s.seen[k]; !ok || old.label != r.label {
+			s.seen[k] = seenLabel{label: r.label, since: now}
+		}
+	}
+}
+
+// foldable reports whether this process has seen another writer's
+// register r unchanged on m for FoldAfter.
+func (s *Shared) foldable(m *slot.Slot, r register, writer string) bool {
+	if r.writer == writer {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen, ok := s.seen[seenKey{m, m.Epoch(), r.handle}]
+	return ok && seen.label == r.label && s.opts.Now().Sub(seen.since) >= s.opts.FoldAfter
 }
 
 // Snapshot returns the tombstones within the horizon and not revoked: the
@@ -320,7 +438,7 @@ func (s *Shared) Snapshot(ctx context.Context) (*Set, error) {
 		}
 	}
 	for i, m := range ms {
-		if h := held[i]; h != nil && !h.records.holds(union) {
+		if h := held[i]; h != nil && (!h.records.holds(union) || s.folds(ctx, m, h)) {
 			wg.Go(func() {
 				if _, err := s.merge(ctx, m, union, h); err != nil {
 					s.report(m.Name(), err)
@@ -446,8 +564,12 @@ const (
 )
 
 func encodeRecords(ts []Tombstone) []byte {
-	var b []byte
-	b = append(b, recordsMagic...)
+	b := appendRecords([]byte(recordsMagic), ts)
+	return binary.BigEndian.AppendUint32(b, crc32.ChecksumIEEE(b))
+}
+
+// appendRecords appends the records to b, each as the comment above says.
+func appendRecords(b []byte, ts []Tombstone) []byte {
 	for _, t := range ts {
 		var f byte
 		if t.Revoked {
@@ -472,7 +594,7 @@ func encodeRecords(ts []Tombstone) []byte {
 		b = appendBytes(b, t.Fingerprint)
 		b = binary.AppendVarint(b, t.Time.UnixNano())
 	}
-	return binary.BigEndian.AppendUint32(b, crc32.ChecksumIEEE(b))
+	return b
 }
 
 func appendBytes(b, v []byte) []byte {
@@ -490,6 +612,11 @@ func decodeRecords(b []byte, serial string) ([]Tombstone, error) {
 		return nil, errTorn
 	}
 	d := decoder{b: body[len(recordsMagic):]}
+	return d.records(serial)
+}
+
+// records decodes the records up to the end of d.
+func (d *decoder) records(serial string) ([]Tombstone, error) {
 	var out []Tombstone
 	for len(d.b) > 0 && d.err == nil {
 		f := d.byte()

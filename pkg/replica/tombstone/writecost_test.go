@@ -11,9 +11,10 @@ import (
 
 // BenchmarkStateObjectWrite is what the token charges for the ways a
 // tombstone object could be rewritten (docs/BENCHMARKS.md, "Write cost of
-// a replicated create-copy-destroy"): a create and a destroy (what
-// Shared does) by value size, and changing the only attribute of a data
-// object SoftHSM lets change, CKA_LABEL. It logs the token's answer to a
+// a replicated create-copy-destroy"): a create and a destroy (Shared's
+// fallback, and what it did before registers) by value size, and changing
+// the only attribute of a data object SoftHSM lets change, CKA_LABEL
+// (a register's update). It logs the token's answer to a
 // change of CKA_VALUE and CKA_APPLICATION in place.
 func BenchmarkStateObjectWrite(b *testing.B) {
 	ctx := context.Background()
