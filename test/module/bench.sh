@@ -21,6 +21,7 @@
 #   test/module/bench.sh            (make bench runs it)
 #   ROUNDS=60 RUNS=5 SECONDS_PER=3 test/module/bench.sh
 #   AB_LIB=other.so AB_REPS=3 ROUNDS=12 test/module/bench.sh
+#   DISPATCHES=inline AB_LIB=other.so test/module/bench.sh   (one dispatch)
 #
 # With AB_LIB, an A/B of two builds: the interleaved figures of LIB (a)
 # and AB_LIB (b) in turn, AB_REPS times each, and no separate runs.
@@ -112,7 +113,7 @@ for ((r = 0; r < ${AB_REPS:-1}; r++)); do
 			interleave "aa-$d" "$d" "$LIB" 0xf4241 "$LIB" 0xf4241
 		done
 	fi
-	for d in handoff inline; do
+	for d in ${DISPATCHES:-handoff inline}; do
 		for i in "${!libs[@]}"; do
 			tag=$d
 			((${#libs[@]} > 1)) && tag=$d/$(((i)) && echo b || echo a)
