@@ -193,6 +193,7 @@ func (t *Table[A, W]) end(r Runner[A, W], k Kind, live bool) {
 	if op := t.ops[k]; op != nil {
 		r.Stop(k, op, live)
 		t.ops[k] = nil
+		t.store[k] = Op[A]{} // let go of its key, input and output
 	}
 }
 
