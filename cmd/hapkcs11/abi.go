@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/hagroup/hagroup/pkg/group"
@@ -153,10 +154,14 @@ func attrsIn(p C.CK_ATTRIBUTE_PTR, n C.CK_ULONG) ([]*pkcs11.Attribute, error) {
 }
 
 // mechIn converts a mechanism; its parameter is copied as bytes (pointers
-// inside it, as in CK_GCM_PARAMS, stay valid for the call).
+// inside it, as in CK_GCM_PARAMS, stay valid for the call). A mechanism
+// without a parameter is a shared value (plainMech).
 func mechIn(p C.CK_MECHANISM_PTR) (*pkcs11.Mechanism, error) {
 	if p == nil {
 		return nil, nil
+	}
+	if p.pParameter == nil && p.ulParameterLen == 0 {
+		return plainMech(uint(p.mechanism)), nil
 	}
 	param, err := goBytes(C.CK_BYTE_PTR(p.pParameter), p.ulParameterLen)
 	if err != nil {
@@ -167,6 +172,27 @@ func mechIn(p C.CK_MECHANISM_PTR) (*pkcs11.Mechanism, error) {
 		m.Parameter = param
 	}
 	return m, nil
+}
+
+// plainMechs holds one shared mechanism, without a parameter, per type
+// below len(plainMechs) (every standard signing mechanism), so that a
+// signer's C_SignInit allocates none. Nothing changes a mechanism once
+// made: the group keeps it as it is, for the operation and its proofs.
+var plainMechs [0x1200]atomic.Pointer[pkcs11.Mechanism]
+
+// plainMech is the mechanism of type t without a parameter.
+func plainMech(t uint) *pkcs11.Mechanism {
+	if t >= uint(len(plainMechs)) {
+		return &pkcs11.Mechanism{Mechanism: t}
+	}
+	if m := plainMechs[t].Load(); m != nil {
+		return m
+	}
+	m := &pkcs11.Mechanism{Mechanism: t}
+	if plainMechs[t].CompareAndSwap(nil, m) {
+		return m
+	}
+	return plainMechs[t].Load()
 }
 
 // cOut is an output buffer with the spec's convention: a NULL buffer asks
@@ -720,14 +746,19 @@ func step(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, st group.Step, 
 		if err != nil {
 			return err
 		}
-		var dst output
+		room := group.RoomAny
+		dst := cOut{out, outLen}
 		if withOut {
 			if outLen == nil {
 				return errArgs
 			}
-			dst = cOut{out, outLen}
+			room = dst.room()
 		}
-		return l.op(uint(h), kind, st, data, nil, dst)
+		b, err := l.op(uint(h), kind, st, data, nil, room)
+		if withOut && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
+			dst.put(b)
+		}
+		return err
 	})
 }
 
@@ -755,7 +786,8 @@ func verify(name string, h C.CK_SESSION_HANDLE, st group.Step, in C.CK_BYTE_PTR,
 		if err != nil {
 			return err
 		}
-		return l.op(uint(h), group.OpVerify, st, data, s, nil)
+		_, err = l.op(uint(h), group.OpVerify, st, data, s, group.RoomAny)
+		return err
 	})
 }
 

@@ -55,9 +55,11 @@ func BenchmarkModuleSign(b *testing.B) {
 					b.Fatal(err)
 				}
 				out.n = len(out.buf)
-				if err := l.op(h, group.OpSign, group.StepSingle, digest, nil, &out); err != nil {
+				sig, err := l.op(h, group.OpSign, group.StepSingle, digest, nil, out.room())
+				if err != nil {
 					b.Fatal(err)
 				}
+				out.put(sig)
 			}
 		})
 	}
@@ -89,7 +91,7 @@ func (o *benchOut) room() group.Room { return group.Room(o.n) }
 func (o *benchOut) put(b []byte)     { o.n = copy(o.buf[:], b) }
 
 // benchKey logs in on tok through p and makes the P-256 key "bench".
-func benchKey(b *testing.B, p *pkcs11.Ctx, tok testhsm.Token) (pkcs11.SessionHandle, pkcs11.ObjectHandle) {
+func benchKey(b testing.TB, p *pkcs11.Ctx, tok testhsm.Token) (pkcs11.SessionHandle, pkcs11.ObjectHandle) {
 	slots, err := p.GetSlotList(true)
 	if err != nil {
 		b.Fatal(err)
@@ -131,7 +133,7 @@ func benchKey(b *testing.B, p *pkcs11.Ctx, tok testhsm.Token) (pkcs11.SessionHan
 
 // benchLibrary starts the library on a group of tok alone, dispatch d,
 // logs in and returns a session and the virtual handle of key "bench".
-func benchLibrary(b *testing.B, tok testhsm.Token, d string) (*library, uint, uint) {
+func benchLibrary(b testing.TB, tok testhsm.Token, d string) (*library, uint, uint) {
 	dir := b.TempDir()
 	conf := filepath.Join(dir, "hagroup.toml")
 	text := fmt.Sprintf(`[agent]

@@ -344,31 +344,19 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 	return s.be.Init(l.ctx, kind, m, key)
 }
 
-// output is where a call's output goes: abi.go's C buffer. room says how
-// much it takes (group.RoomQuery for a NULL buffer); put sets the length
-// the application reads and copies b when it fits.
-type output interface {
-	room() group.Room
-	put(b []byte)
-}
-
 // op runs step st of an operation: in is the data, sig the signature
-// (C_Verify, C_VerifyFinal), dst nil for a step without output.
-func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, dst output) error {
+// (C_Verify, C_VerifyFinal), room what the caller's buffer takes
+// (group.RoomAny for a step without output). The output comes back with
+// CKR_BUFFER_TOO_SMALL too: its length is the application's answer. (The
+// caller hands it out, so that the C buffer is no interface value to
+// allocate per call.)
+func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
 	s, err := l.session(h)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer s.mu.Unlock()
-	room := group.RoomAny
-	if dst != nil {
-		room = dst.room()
-	}
-	out, err := s.be.Do(l.ctx, kind, st, in, sig, room)
-	if dst != nil && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
-		dst.put(out)
-	}
-	return err
+	return s.be.Do(l.ctx, kind, st, in, sig, room)
 }
 
 // digestKey runs C_DigestKey.

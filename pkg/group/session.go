@@ -409,7 +409,7 @@ func (g *Group) LoggedIn() (userType uint, ok bool) { return g.logins.LoggedIn()
 // opstate.Proofs): then the first data call sends it, on the member the
 // scheduler picks then.
 func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	op := &operation{Mech: mech}
+	op := &operation{Mech: mech} // copied by the Table: stays on the stack
 	if k != OpDigest {
 		var err error
 		if op.At.key, err = s.g.key(k.InitName(), key, argOpKey); err != nil {

@@ -155,18 +155,26 @@ func keep(code uint, with bool) bool {
 
 // Table is a session's active operations. Its owner serialises calls.
 type Table[A, W any] struct {
-	ops [nKinds]*Op[A]
+	ops [nKinds]*Op[A] // the active ones, each in store or nil
+	// store holds each kind's operation, so that a signer's C_SignInit
+	// allocates nothing: an operation ended is not used again (the
+	// Runner's Stop lets go of its placement), and the next Init of its
+	// kind overwrites it.
+	store [nKinds]Op[A]
 }
 
-// Init makes op the active operation of kind k once r started it.
+// Init makes a copy of op the active operation of kind k once r started
+// it (r sees the copy).
 func (t *Table[A, W]) Init(ctx context.Context, r Runner[A, W], k Kind, op *Op[A]) error {
 	if t.ops[k] != nil {
 		return refuse(ErrActive, initNames[k])
 	}
-	if err := r.Start(ctx, k, op); err != nil {
+	t.store[k] = *op
+	if err := r.Start(ctx, k, &t.store[k]); err != nil {
+		t.store[k] = Op[A]{}
 		return err
 	}
-	t.ops[k] = op
+	t.ops[k] = &t.store[k]
 	return nil
 }
 
@@ -185,6 +193,7 @@ func (t *Table[A, W]) end(r Runner[A, W], k Kind, live bool) {
 	if op := t.ops[k]; op != nil {
 		r.Stop(k, op, live)
 		t.ops[k] = nil
+		t.store[k] = Op[A]{} // let go of its key, input and output
 	}
 }
 
