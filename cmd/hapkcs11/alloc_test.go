@@ -40,8 +40,16 @@ func TestInlineSignAllocations(t *testing.T) {
 		}
 		out.put(sig)
 	}
-	if n := testing.AllocsPerRun(200, sign); n > signAllocs {
-		t.Errorf("a signature through an inline member allocates %v times, want at most %d", n, signAllocs)
+	// AllocsPerRun counts the whole process's allocations: a goroutine of
+	// the group, the runtime or the race detector allocating meanwhile
+	// adds to one batch (seen: 6 in one run of five under -race). The
+	// path's own allocations are in every batch, so the fewest counts.
+	fewest := testing.AllocsPerRun(100, sign)
+	for range 4 {
+		fewest = min(fewest, testing.AllocsPerRun(100, sign))
+	}
+	if fewest > signAllocs {
+		t.Errorf("a signature through an inline member allocates %v times (the fewest of five batches), want at most %d", fewest, signAllocs)
 	}
 
 	pub := findPublic(t, p, sh)

@@ -105,6 +105,9 @@ func benchKey(b testing.TB, p *pkcs11.Ctx, tok testhsm.Token) (pkcs11.SessionHan
 		if err != nil {
 			b.Fatal(err)
 		}
+		// An open session keeps the token from being recycled for the
+		// next test (C_InitToken: CKR_SESSION_EXISTS).
+		b.Cleanup(func() { _ = p.CloseSession(sh) })
 		if err := p.Login(sh, pkcs11.CKU_USER, tok.UserPIN); err != nil && err != pkcs11.Error(pkcs11.CKR_USER_ALREADY_LOGGED_IN) {
 			b.Fatal(err)
 		}
