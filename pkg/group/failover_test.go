@@ -57,26 +57,26 @@ func (l load) noiseBefore(t time.Time) time.Duration {
 // delays like any other call, once for the retry on the next member.
 //
 // The machine's delay is the larger of two measures: the longest operation
-// before the fault at faultAt, and the longest module call on another
+// before the fault at faultAt, and the longest signature on another
 // member while the slowest operation ran. Only the token's own code runs
-// inside a module call (no lock or permit of ours is held around a
-// signature), so a healthy member's call stretched to hundreds of
-// milliseconds is the machine not scheduling the process; a benchmark at
-// nice -15 beside a race loop at nice 19 did exactly that to the slowest
-// operation and to the healthy calls beside it alike (stalltrace_test.go
-// logs both). Either measure at half of timeout means the bound cannot
+// inside a signature's module call (no lock or permit of ours is held
+// around it), so a healthy member's call stretched to hundreds of
+// milliseconds is the machine not scheduling the process. CPU hogs at
+// nice -15 beside the test at nice 19 (a benchmark beside the race loop)
+// did exactly that to the slowest operation and to the healthy calls
+// beside it alike (stalltrace_test.go logs both). Either measure at half of timeout means the bound cannot
 // tell an abandoned call from a starved one: that fails too.
 func checkStall(t *testing.T, f *fixture, res load, timeout time.Duration, faultAt time.Time, victim, what string) {
 	t.Helper()
 	noise := res.noiseBefore(faultAt)
 	slow := res.slowest()
 	starved := res.starvation(victim, slow.start, slow.end)
-	t.Logf("%s: max stall %v with command_timeout %v (longest healthy call before the fault: %v; longest module call on another member while the slowest operation ran: %v)", what, res.maxStall, timeout, noise, starved)
+	t.Logf("%s: max stall %v with command_timeout %v (longest healthy call before the fault: %v; longest signature on another member while the slowest operation ran: %v)", what, res.maxStall, timeout, noise, starved)
 	if noise >= timeout/2 {
 		t.Errorf("a healthy call took %v before the fault, half of command_timeout %v: the bound below would not tell an abandoned call from a slow one", noise, timeout)
 	}
 	if starved >= timeout/2 {
-		t.Errorf("a module call on a healthy member took %v while the slowest operation ran, half of command_timeout %v: the machine starved the test, and the bound below would not tell an abandoned call from a starved one", starved, timeout)
+		t.Errorf("a signature on a healthy member took %v while the slowest operation ran, half of command_timeout %v: the machine starved the test, and the bound below would not tell an abandoned call from a starved one", starved, timeout)
 	}
 	if res.maxStall < timeout {
 		t.Errorf("no operation waited command_timeout %v (longest %v): no call reached the %s", timeout, res.maxStall, what)

@@ -118,9 +118,10 @@ func (l load) slowest() opTime {
 	return s
 }
 
-// starvation returns the longest module call that returned, on a member
-// other than victim, and overlapped from–to: how long the machine alone
-// held up a call then.
+// starvation returns the longest signature that returned from a member
+// other than victim and overlapped from–to: how long the machine alone
+// held up a call then. (Only signatures: a call that reads or writes
+// objects waits for the token's object lock inside the interceptor.)
 func (l load) starvation(victim string, from, to time.Time) time.Duration {
 	var d time.Duration
 	for _, o := range l.ops {
@@ -129,7 +130,7 @@ func (l load) starvation(victim string, from, to time.Time) time.Duration {
 		}
 		o.trace.mu.Lock()
 		for _, c := range o.trace.calls {
-			if c.member != victim && !c.end.IsZero() && c.start.Before(to) && c.end.After(from) {
+			if c.op == slot.OpSign && c.member != victim && !c.end.IsZero() && c.start.Before(to) && c.end.After(from) {
 				d = max(d, c.end.Sub(c.start))
 			}
 		}
