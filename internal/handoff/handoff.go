@@ -77,9 +77,10 @@ const (
 // for up to spin first, while its waits have lately been that short), makes
 // the shots with job in C, answering them, and returns the first call that
 // is not a shot, which the worker makes and answers with Done (or ends
-// with Drop); the worker counts as busy (see hg_busy) until then. When a shot's caller has given up on it (state no longer Busy at
-// the answer), Serve returns its number with abandoned set, and the
-// worker's part in the call is over. state must not move while Serve runs.
+// with Drop); the worker counts as busy (see hg_busy) until then. When a
+// shot's caller has given up on it (state no longer Busy at the answer),
+// Serve returns its number with abandoned set, and the worker's part in
+// the call is over. state must not move while Serve runs.
 func (c *Cell) Serve(last uint32, state *int32, job Job, spin time.Duration) (seq uint32, abandoned bool) {
 	var ab C.int
 	seq = uint32(C.hg_serve(&c.c, C.uint32_t(last), (*C.int32_t)(unsafe.Pointer(state)),

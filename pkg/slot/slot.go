@@ -572,7 +572,8 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 
 // do runs fn on a pooled session: it borrows one (waiting, bounded by ctx,
 // while all are lent out), runs the call under timeout, and returns the
-// session to the pool, or discards it after a session-level error.
+// session to the pool, or discards it after a session-level error. A
+// non-nil a is the call as a one-shot the worker may make in C (shot.go).
 func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	if q := s.quarantined.Load(); q >= int64(s.capacity) {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
