@@ -27,6 +27,13 @@ typedef struct {
 	// makes the wait return at once (sleeping on res, whose value a cancel
 	// leaves alone, lost that wake-up until the deadline).
 	uint32_t cwake;
+	// shot is set when the call posted last is one the worker makes in C
+	// (hg_serve) without returning to Go.
+	uint32_t shot;
+	// How long each side has been waiting lately (hg_spin_for): the
+	// worker for the next post, the caller for its answer. Each side's
+	// own.
+	int64_t wwait, cwait;
 } hg_cell;
 
 #define LD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
@@ -109,7 +116,23 @@ static inline void hg_spin_free(uint32_t *word, uint32_t unlike, uint32_t *cance
 	}
 }
 
-static inline uint32_t hg_post(hg_cell *c) {
+// hg_spin_for is how long a side whose waits have lately been est ns
+// long (a moving average, hg_observe) spins before it sleeps, when it may
+// spin for up to max: a side whose waits outlast its spin sleeps at once,
+// since it would spin for nothing and pay the wake-up all the same. A
+// caller of a 60 us signature sleeps at once; a worker whose caller comes
+// back within its spin spins.
+static inline int64_t hg_spin_for(int64_t est, int64_t max) { return est > max ? 0 : max; }
+
+// hg_observe counts a wait of ns in *est, as at most twice max.
+static inline void hg_observe(int64_t *est, int64_t ns, int64_t max) {
+	if (ns > 2 * max)
+		ns = 2 * max;
+	*est += (ns - *est) / 4;
+}
+
+static inline uint32_t hg_post(hg_cell *c, uint32_t shot) {
+	ST(&c->shot, shot);
 	uint32_t seq = __atomic_add_fetch(&c->req, 1, __ATOMIC_SEQ_CST);
 	if (LD(&c->wsleep))
 		hg_futex_wake(&c->req);
@@ -149,10 +172,13 @@ static inline void hg_cancel(hg_cell *c, uint32_t seq) {
 }
 
 // hg_wait: 0 answered, 1 deadline passed, 2 cancelled (never when
-// timeout_ns < 0: then it waits for the answer alone, however long).
+// timeout_ns < 0: then it waits for the answer alone, however long). It
+// spins for up to spin_ns first (hg_spin_for), and counts the wait for an
+// answer when spin_ns > 0.
 static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t timeout_ns) {
 	int forever = timeout_ns < 0;
-	int64_t start = hg_now(), deadline = start + timeout_ns;
+	int64_t start = hg_now(), deadline = start + timeout_ns, max = spin_ns;
+	spin_ns = hg_spin_for(c->cwait, max);
 	uint32_t r = seq - 1; // the answer before seq's: calls are one at a time
 	uint32_t *cancel = forever ? NULL : &c->cancel;
 	if (!forever && spin_ns > timeout_ns)
@@ -161,8 +187,11 @@ static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t tim
 		hg_spin_free(&c->res, r, cancel, seq, start + spin_ns);
 	for (;;) {
 		uint32_t w = LD(&c->cwake); // before the looks it guards
-		if (LD(&c->res) == seq)
+		if (LD(&c->res) == seq) {
+			if (max > 0)
+				hg_observe(&c->cwait, hg_now() - start, max);
 			return 0;
+		}
 		if (cancel && LD(cancel) == seq)
 			return 2;
 		int64_t left = forever ? -1 : deadline - hg_now();
@@ -172,6 +201,38 @@ static inline int hg_wait(hg_cell *c, uint32_t seq, int64_t spin_ns, int64_t tim
 		if (LD(&c->cwake) == w)
 			hg_futex_wait(&c->cwake, w, left);
 		ST(&c->csleep, 0);
+	}
+}
+
+// The states of the call in flight (pkg/slot's stIdle, stBusy,
+// stAbandoned): the worker's answer and the caller's giving up race on it.
+enum { HG_IDLE = 0, HG_BUSY = 1, HG_ABANDONED = 2 };
+
+// hg_serve is the worker's loop: it waits for each call (spinning for up
+// to spin_ns first, hg_spin_for), makes
+// the calls posted as shots with run(job) in C, and returns the sequence
+// number of the first call Go must make (*abandoned = 0), or of a shot
+// whose caller gave up on it (*abandoned = 1; the worker's part in it is
+// over). state is the call's state word.
+static inline uint32_t hg_serve(hg_cell *c, uint32_t last, int32_t *state, void (*run)(void *), void *job,
+                                int64_t spin_ns, int *abandoned) {
+	*abandoned = 0;
+	for (;;) {
+		int64_t since = hg_now();
+		uint32_t seq = hg_next(c, last, hg_spin_for(c->wwait, spin_ns));
+		hg_observe(&c->wwait, hg_now() - since, spin_ns);
+		if (!LD(&c->shot))
+			return seq;
+		if (LD(state) != HG_ABANDONED)
+			run(job);
+		int32_t busy = HG_BUSY;
+		if (!__atomic_compare_exchange_n(state, &busy, HG_IDLE, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+			hg_leave();
+			*abandoned = 1;
+			return seq;
+		}
+		hg_done(c, seq);
+		last = seq;
 	}
 }
 

@@ -24,7 +24,10 @@ package handoff
 */
 import "C"
 
-import "time"
+import (
+	"time"
+	"unsafe"
+)
 
 // Cell is one caller-worker pair's meeting point. Its zero value is ready;
 // it must not be copied after first use. At most one call is in flight.
@@ -43,13 +46,46 @@ const (
 )
 
 // Post announces a call to the worker and returns its sequence number.
-func (c *Cell) Post() uint32 { return uint32(C.hg_post(&c.c)) }
+// A shot is a call the worker makes in C, with its Job (see Serve).
+func (c *Cell) Post(shot bool) uint32 {
+	s := C.uint32_t(0)
+	if shot {
+		s = 1
+	}
+	return uint32(C.hg_post(&c.c, s))
+}
 
-// Next blocks the worker until a call after last is posted, spinning for
-// up to spin first, and returns its sequence number. The worker counts as
-// busy (see hg_busy) until it calls Done or Drop.
-func (c *Cell) Next(last uint32, spin time.Duration) uint32 {
-	return uint32(C.hg_next(&c.c, C.uint32_t(last), C.int64_t(spin)))
+// Job is a call the worker can make in C: Run(Arg), where Run is a C
+// function void (*)(void *) and Arg C memory that holds the call's
+// arguments and results (never Go memory: the worker may still make the
+// call after its caller gave up).
+type Job struct {
+	Run, Arg unsafe.Pointer
+}
+
+// The states of a call in flight, for the race between the worker's answer
+// and its caller giving up: the caller sets Busy before the post and moves
+// it to Abandoned when it gives up; the worker moves it to Idle when it
+// answers.
+const (
+	Idle int32 = iota
+	Busy
+	Abandoned
+)
+
+// Serve is the worker's loop: it waits for each call after last (spinning
+// for up to spin first, while its waits have lately been that short), makes
+// the shots with job in C, answering them, and returns the first call that
+// is not a shot, which the worker makes and answers with Done (or ends
+// with Drop); the worker counts as busy (see hg_busy) until then. When a
+// shot's caller has given up on it (state no longer Busy at the answer),
+// Serve returns its number with abandoned set, and the worker's part in
+// the call is over. state must not move while Serve runs.
+func (c *Cell) Serve(last uint32, state *int32, job Job, spin time.Duration) (seq uint32, abandoned bool) {
+	var ab C.int
+	seq = uint32(C.hg_serve(&c.c, C.uint32_t(last), (*C.int32_t)(unsafe.Pointer(state)),
+		(*[0]byte)(job.Run), job.Arg, C.int64_t(spin), &ab))
+	return seq, ab != 0
 }
 
 // Done tells the caller that call seq is answered.
@@ -65,7 +101,8 @@ func (c *Cell) Drop() { C.hg_leave() }
 func (c *Cell) Cancel(seq uint32) { C.hg_cancel(&c.c, C.uint32_t(seq)) }
 
 // Wait blocks the caller until call seq is answered, cancelled or timeout
-// passes, spinning for up to spin first. Calls must be waited for in order.
+// passes, spinning for up to spin first (while its waits for an answer have
+// lately been that short). Calls must be waited for in order.
 func (c *Cell) Wait(seq uint32, spin, timeout time.Duration) Outcome {
 	return Outcome(C.hg_wait(&c.c, C.uint32_t(seq), C.int64_t(spin), C.int64_t(max(timeout, 0))))
 }

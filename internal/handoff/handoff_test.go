@@ -12,8 +12,9 @@ import (
 func worker(c *Cell, in, out *atomic.Int64, quit *atomic.Bool, spin time.Duration, done *sync.WaitGroup) {
 	defer done.Done()
 	var seq uint32
+	var state int32
 	for {
-		seq = c.Next(seq, spin)
+		seq, _ = c.Serve(seq, &state, Job{}, spin)
 		if quit.Load() {
 			c.Drop()
 			return
@@ -34,7 +35,7 @@ func TestRoundTrips(t *testing.T) {
 			go worker(&c, &in, &out, &quit, spin, &wg)
 			for i := int64(1); i <= 2000; i++ {
 				in.Store(i)
-				seq := c.Post()
+				seq := c.Post(false)
 				if got := c.Wait(seq, spin, 10*time.Second); got != Answered {
 					t.Fatalf("call %d: outcome %v, want Answered", i, got)
 				}
@@ -43,7 +44,7 @@ func TestRoundTrips(t *testing.T) {
 				}
 			}
 			quit.Store(true)
-			c.Post()
+			c.Post(false)
 			wg.Wait()
 			if b := busy(); b != 0 {
 				t.Fatalf("busy = %d after the worker ended, want 0", b)
@@ -67,13 +68,13 @@ func TestManyPairs(t *testing.T) {
 			go worker(&c, &in, &out, &quit, 50*time.Microsecond, &w)
 			for i := int64(1); i <= 300; i++ {
 				in.Store(i)
-				if got := c.Wait(c.Post(), 200*time.Microsecond, 10*time.Second); got != Answered || out.Load() != 2*i {
+				if got := c.Wait(c.Post(false), 200*time.Microsecond, 10*time.Second); got != Answered || out.Load() != 2*i {
 					t.Errorf("call %d: outcome %v, answer %d", i, got, out.Load())
 					break
 				}
 			}
 			quit.Store(true)
-			c.Post()
+			c.Post(false)
 			w.Wait()
 		}()
 	}
@@ -85,7 +86,7 @@ func TestManyPairs(t *testing.T) {
 
 func TestTimeout(t *testing.T) {
 	var c Cell
-	seq := c.Post() // no worker: never answered
+	seq := c.Post(false) // no worker: never answered
 	start := time.Now()
 	got := c.Wait(seq, 100*time.Microsecond, 50*time.Millisecond)
 	elapsed := time.Since(start)
@@ -102,14 +103,14 @@ func TestTimeout(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	var c Cell
-	first := c.Post()
+	first := c.Post(false)
 	c.Cancel(first - 1) // a late cancel of an older call: ignored
 	if got := c.Wait(first, 0, 20*time.Millisecond); got != TimedOut {
 		t.Fatalf("after a cancel of an older call: %v, want TimedOut", got)
 	}
 
 	var d Cell
-	seq := d.Post()
+	seq := d.Post(false)
 	go d.Cancel(seq) // before or while the caller sleeps: either way
 	start := time.Now()
 	if got := d.Wait(seq, 0, time.Minute); got != Cancelled {
@@ -125,9 +126,10 @@ func TestCancel(t *testing.T) {
 		defer close(answered)
 		d.WaitAnswer(seq)
 	}()
-	s := d.Next(0, 0)
+	var state int32
+	s, _ := d.Serve(0, &state, Job{}, 0)
 	if s != seq {
-		t.Fatalf("Next = %d, want %d", s, seq)
+		t.Fatalf("Serve = %d, want %d", s, seq)
 	}
 	d.Done(s)
 	<-answered
@@ -149,12 +151,12 @@ func BenchmarkWakeUp(b *testing.B) {
 			go worker(&c, &in, &out, &quit, spin, &wg)
 			for i := 0; b.Loop(); i++ {
 				in.Store(int64(i))
-				if got := c.Wait(c.Post(), spin, 10*time.Second); got != Answered {
+				if got := c.Wait(c.Post(false), spin, 10*time.Second); got != Answered {
 					b.Fatalf("outcome %v", got)
 				}
 			}
 			quit.Store(true)
-			c.Post()
+			c.Post(false)
 			wg.Wait()
 		})
 	}

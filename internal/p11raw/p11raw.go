@@ -152,6 +152,53 @@ static hg_rv_len hg_one_shot(void *fl, int init, hg_ulong session, hg_ulong mech
 	return r;
 }
 
+// hg_shot is a one-shot call in C memory, made by hg_shot_run on a worker
+// that may still make it after its caller gave up (so nothing in it is Go
+// memory). buf holds the mechanism parameter, the input and the output (or
+// Verify's signature) one after another; big is the output the module asked
+// for after CKR_BUFFER_TOO_SMALL.
+typedef struct {
+	void *fl;
+	int kind;
+	hg_ulong session, mech, plen, key, inlen, outcap;
+	hg_ulong rv, outlen;
+	unsigned char *buf, *big;
+	hg_ulong cap, bigcap;
+} hg_shot;
+
+static void hg_shot_run(void *p) {
+	hg_shot *s = p;
+	unsigned char *param = s->buf, *in = param + s->plen, *out = in + s->inlen;
+	hg_rv_len r = hg_one_shot(s->fl, s->kind, s->session, s->mech, s->plen ? param : NULL, s->plen,
+	                          s->key, in, s->inlen, out, s->outcap);
+	s->rv = r.rv;
+	s->outlen = r.len;
+	s->bigcap = 0;
+	if (r.rv != 0x150 || s->kind == HG_FN_VERIFY_INIT) { // CKR_BUFFER_TOO_SMALL
+		return;
+	}
+	hg_ulong n = r.len;
+	if (n <= s->outcap && (s->rv = hg_single(s->fl, s->kind, s->session, in, s->inlen, NULL, &n)) != 0) {
+		return;
+	}
+	free(s->big);
+	if ((s->big = malloc(n ? n : 1)) == NULL) {
+		s->rv = 0x02; // CKR_HOST_MEMORY
+		return;
+	}
+	s->bigcap = n ? n : 1;
+	s->outlen = s->bigcap;
+	s->rv = hg_single(s->fl, s->kind, s->session, in, s->inlen, s->big, &s->outlen);
+}
+
+static void *hg_shot_runner(void) { return (void *)hg_shot_run; }
+
+static void hg_shot_free(hg_shot *s) {
+	free(s->buf);
+	free(s->big);
+	free(s);
+}
+
 static hg_ulong hg_get(void *fl, hg_ulong session, hg_ulong obj, hg_attr *tmpl, hg_ulong n) {
 	hg_get_attribute_value f = (hg_get_attribute_value)((hg_function_list *)fl)->fn[HG_FN_GET_ATTRIBUTE_VALUE];
 	return f(session, obj, tmpl, n);
@@ -256,6 +303,7 @@ typedef struct {
 import "C"
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"reflect"
@@ -593,4 +641,77 @@ func message(b []byte) unsafe.Pointer {
 		return unsafe.Pointer(&noBytes[0])
 	}
 	return unsafe.Pointer(&b[0])
+}
+
+// Shot is a OneShot call kept in C memory, for a worker that makes it in C
+// (pkg/slot's handoff worker, through internal/handoff): Set on the
+// caller's side before the post, Run on the worker, Result on the caller's
+// side after the answer. A worker whose caller gave up may still be making
+// the call: then the Shot is the worker's, to Free when the call is over.
+type Shot struct{ p *C.hg_shot }
+
+// NewShot allocates a Shot; Free it once no call is in flight.
+func NewShot() *Shot {
+	p := (*C.hg_shot)(C.calloc(1, C.sizeof_hg_shot))
+	if p == nil {
+		panic("p11raw: out of C memory")
+	}
+	return &Shot{p}
+}
+
+// Free releases the Shot's C memory.
+func (s *Shot) Free() { C.hg_shot_free(s.p) }
+
+// Run is the C function that makes the call (void (*)(void *)), and Arg
+// its argument.
+func (s *Shot) Run() unsafe.Pointer { return C.hg_shot_runner() }
+
+// Arg is Run's argument.
+func (s *Shot) Arg() unsafe.Pointer { return unsafe.Pointer(s.p) }
+
+// Set copies the call's arguments into the Shot, as OneShot takes them.
+func (s *Shot) Set(fl unsafe.Pointer, k Kind, sh pkcs11.SessionHandle, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte, hint int) {
+	p := s.p
+	outcap := len(sig)
+	if k != Verify {
+		if hint <= 0 {
+			hint = 512 // an RSA-4096 signature
+		}
+		outcap = hint
+	}
+	need := len(m.Parameter) + len(in) + outcap + 1
+	if C.hg_ulong(need) > p.cap {
+		C.free(unsafe.Pointer(p.buf))
+		p.buf = (*C.uchar)(C.malloc(C.size_t(need)))
+		if p.buf == nil {
+			panic("p11raw: out of C memory")
+		}
+		p.cap = C.hg_ulong(need)
+	}
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(p.buf)), need)
+	n := copy(buf, m.Parameter)
+	n += copy(buf[n:], in)
+	copy(buf[n:], sig)
+	p.fl, p.kind, p.session, p.mech, p.key = fl, C.int(k), C.hg_ulong(sh), C.hg_ulong(m.Mechanism), C.hg_ulong(key)
+	p.plen, p.inlen, p.outcap = C.hg_ulong(len(m.Parameter)), C.hg_ulong(len(in)), C.hg_ulong(outcap)
+}
+
+// Result is the answered call's output (nil for Verify) or error.
+func (s *Shot) Result() ([]byte, error) {
+	p := s.p
+	if p.rv != pkcs11.CKR_OK {
+		return nil, pkcs11.Error(p.rv)
+	}
+	if Kind(p.kind) == Verify {
+		return nil, nil
+	}
+	out, capacity := unsafe.Pointer(uintptr(unsafe.Pointer(p.buf))+uintptr(p.plen+p.inlen)), p.outcap
+	if p.bigcap != 0 {
+		out, capacity = unsafe.Pointer(p.big), p.bigcap
+	}
+	written, err := fitted(unsafe.Slice((*byte)(out), int(capacity)), p.outlen)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Clone(written), nil // out of the C memory the next call writes
 }

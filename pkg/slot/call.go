@@ -7,8 +7,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/hagroup/hagroup/internal/handoff"
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/miekg/pkcs11"
 )
@@ -25,9 +27,9 @@ import (
 // Session states, for the race between a worker finishing and its caller
 // giving up.
 const (
-	stIdle int32 = iota
-	stBusy
-	stAbandoned
+	stIdle      = handoff.Idle
+	stBusy      = handoff.Busy
+	stAbandoned = handoff.Abandoned
 )
 
 // sess is one physical session and, under handoff, its worker.
@@ -48,8 +50,6 @@ type sess struct {
 	err  error // the worker's result
 
 	outHint int // the length of the session's last output (oneShot's first buffer)
-
-	answer spinEstimate // how long the worker takes to answer (the caller's own)
 
 	// The Done channel of the caller's context whose cancellation cancels
 	// the call in flight, and how to stop that (watch; caller side).
@@ -72,6 +72,11 @@ type sess struct {
 	posted   atomic.Uint32
 	answered atomic.Uint32
 	quit     atomic.Bool // set before the last post: the worker ends
+	// The one-shot calls the worker makes in C (shot.go): the C memory
+	// that holds them, the worker's; and the call in flight if it is one
+	// (caller side).
+	shot    *p11raw.Shot
+	shotArg *shotArgs
 
 	state atomic.Int32
 	dead  bool // caller side: abandoned or closed, never to be used again
@@ -88,6 +93,7 @@ func newSess(owner *Slot, st *slotState) *sess {
 		worker: owner.spec.Dispatch != DispatchInline,
 	}
 	if x.worker {
+		x.shot = p11raw.NewShot()
 		go x.work()
 	} else {
 		owner.dog.add(x)
@@ -95,14 +101,20 @@ func newSess(owner *Slot, st *slotState) *sess {
 	return x
 }
 
-// work runs calls until the session is retired or abandoned.
+// work runs calls until the session is retired or abandoned: the one-shots
+// in C (Serve), the others here.
 func (x *sess) work() {
+	defer x.shot.Free()
+	job := handoff.Job{Run: x.shot.Run(), Arg: x.shot.Arg()}
+	state := (*int32)(unsafe.Pointer(&x.state))
 	var seq uint32
-	var gap spinEstimate // how soon the next call comes
 	for {
-		since := monoNow()
-		seq = x.cell.Next(seq, gap.spin(workerSpin))
-		gap.observe(monoNow()-since, workerSpin)
+		var abandoned bool
+		seq, abandoned = x.cell.Serve(seq, state, job, workerSpin)
+		if abandoned {
+			x.afterAbandon()
+			return
+		}
 		if x.quit.Load() {
 			x.cell.Drop()
 			return
@@ -189,6 +201,12 @@ func (x *sess) afterAbandon() {
 // beyond ctx. On timeout the error wraps ErrTimeout; on ctx the error wraps
 // ctx.Err(); in both cases the session is quarantined and dead.
 func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+	return x.runWith(ctx, op, timeout, fn, nil)
+}
+
+// runWith is run for a call that may be one-shot a, which the worker then
+// makes in C (fn is how it is made otherwise).
+func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := x.owner
 	if x.dead {
 		return &Error{Member: s.spec.Name, Op: op, Err: ErrSessionLost}
@@ -206,6 +224,10 @@ func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*s
 	x.state.Store(stBusy)
 	if !x.worker {
 		return x.runInline(op, timeout)
+	}
+	x.shotArg = nil
+	if a != nil && x.setShot(a) {
+		x.shotArg = a
 	}
 	return x.runHandoff(ctx, op, timeout)
 }
@@ -228,15 +250,11 @@ func objectAccess(op Op) tokenquirk.Access {
 func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
 	x.watch(ctx)
 	seq := x.posted.Add(1) // the cell numbers calls the same way
-	x.cell.Post()
+	x.cell.Post(x.shotArg != nil)
 	if ctx.Err() != nil {
 		x.cell.Cancel(seq) // cancelled before the post: watch's cancel came too early
 	}
-	since := monoNow()
-	outcome := x.cell.Wait(seq, x.answer.spin(callerSpin), timeout)
-	if outcome == handoff.Answered {
-		x.answer.observe(monoNow()-since, callerSpin)
-	}
+	outcome := x.cell.Wait(seq, callerSpin, timeout)
 	// The wait for the token's object lock is not the member's: wait as
 	// much longer.
 	for credited := time.Duration(0); outcome == handoff.TimedOut; {
@@ -310,7 +328,10 @@ func (x *sess) unwatch() {
 func (x *sess) result(op Op) error {
 	x.answered.Load() // the result is visible from here on
 	err := x.err
-	x.cctx, x.fn, x.err = nil, nil, nil
+	if a := x.shotArg; a != nil {
+		a.out, err = x.shotResult()
+	}
+	x.cctx, x.fn, x.err, x.shotArg = nil, nil, nil, nil
 	return newError(x.owner.spec.Name, op, err)
 }
 
@@ -353,7 +374,7 @@ func (x *sess) retire(timeout time.Duration) {
 	x.unwatch()
 	if x.worker {
 		x.quit.Store(true)
-		x.cell.Post()
+		x.cell.Post(false)
 	} else {
 		x.owner.dog.remove(x)
 	}

@@ -55,27 +55,6 @@ const (
 	workerSpin = 30 * time.Microsecond
 )
 
-// spinEstimate is how long one side of a hand-off has been waiting lately
-// (a moving average, each wait counted as at most twice the spin): a side
-// whose waits outlast its spin sleeps at once, since it would spin for
-// nothing and pay the wake-up all the same. A caller of a 60 µs signature
-// sleeps at once; a worker whose caller comes back within its spin spins.
-type spinEstimate struct{ ns int64 }
-
-// spin is how long to spin before sleeping, for a side allowed max.
-func (e *spinEstimate) spin(max time.Duration) time.Duration {
-	if e.ns > int64(max) {
-		return 0
-	}
-	return max
-}
-
-// observe counts a wait of ns.
-func (e *spinEstimate) observe(ns int64, max time.Duration) {
-	ns = min(ns, 2*int64(max))
-	e.ns += (ns - e.ns) / 4
-}
-
 // The inline watchdog. A call records its deadline in its session
 // (inlineCall) and the slot's one timer (watchdog) fires at the earliest
 // deadline it knows of: a steady signer arms no timer per call, only when

@@ -28,10 +28,14 @@ func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) 
 	if keygen {
 		t = ss.s.keyTimeout
 	}
-	return ss.callWith(ctx, op, t, fn)
+	return ss.callWith(ctx, op, t, fn, nil)
 }
 
-func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error) error {
+func (ss *Session) shot(ctx context.Context, op Op, a *shotArgs, fn func(*sess) error) error {
+	return ss.callWith(ctx, op, ss.s.cmdTimeout, fn, a)
+}
+
+func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := ss.s
 	if ss.closed {
 		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
@@ -39,7 +43,7 @@ func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func
 	if ss.broken != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w (%w): broken by an earlier error: %v", ErrSessionLost, ErrNotSent, ss.broken)}
 	}
-	err := ss.run(ctx, op, t, fn)
+	err := ss.run(ctx, op, t, fn, a)
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
 	}
@@ -48,7 +52,7 @@ func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func
 
 // run makes the call inside the slot's gate, so that Reinit and Close never
 // finalize or close under it.
-func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := ss.s
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
@@ -61,7 +65,7 @@ func (ss *Session) run(ctx context.Context, op Op, timeout time.Duration, fn fun
 		ss.broken = ErrSessionLost
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: the slot was re-initialised since the session was opened", ErrSessionLost)}
 	}
-	err := ss.x.run(ctx, op, timeout, fn)
+	err := ss.x.runWith(ctx, op, timeout, fn, a)
 	// An ambiguous answer (CKR_GENERAL_ERROR to a request the token
 	// dislikes) leaves the session usable, as on a bare token.
 	if ss.x.dead || ClassOf(err) == ClassHealth && !Ambiguous(err) {

@@ -3,6 +3,7 @@ package slot
 import (
 	"context"
 
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
@@ -16,6 +17,9 @@ import (
 // the single-part operations, which are written once below.
 type runner interface {
 	call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error
+	// shot is call for one-shot a, which a worker makes in C (fn is how
+	// it is made otherwise).
+	shot(ctx context.Context, op Op, a *shotArgs, fn func(*sess) error) error
 	member() string
 }
 
@@ -24,7 +28,11 @@ func (s *Slot) call(ctx context.Context, op Op, keygen bool, fn func(*sess) erro
 	if keygen {
 		t = s.keyTimeout
 	}
-	return s.do(ctx, op, t, fn)
+	return s.do(ctx, op, t, fn, nil)
+}
+
+func (s *Slot) shot(ctx context.Context, op Op, a *shotArgs, fn func(*sess) error) error {
+	return s.do(ctx, op, s.cmdTimeout, fn, a)
 }
 
 func (s *Slot) member() string { return s.spec.Name }
@@ -206,74 +214,26 @@ func deriveKey(ctx context.Context, r runner, m *pkcs11.Mechanism, base pkcs11.O
 }
 
 func sign(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	if err := checkMech(r.member(), OpSign, m); err != nil {
-		return nil, err
-	}
-	var out []byte
-	err := r.call(ctx, OpSign, false, func(x *sess) error {
-		v, err := x.sign(m, key, data)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return singlePart(ctx, r, OpSign, &shotArgs{k: p11raw.Sign, m: m, key: key, in: data}, (*sess).sign)
 }
 
 func verify(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	if err := checkMech(r.member(), OpVerify, m); err != nil {
-		return err
-	}
-	return r.call(ctx, OpVerify, false, func(x *sess) error { return x.verify(m, key, data, sig) })
+	_, err := singlePart(ctx, r, OpVerify, &shotArgs{k: p11raw.Verify, m: m, key: key, in: data, sig: sig}, nil)
+	return err
 }
 
 func encrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	if err := checkMech(r.member(), OpEncrypt, m); err != nil {
-		return nil, err
-	}
-	var out []byte
-	err := r.call(ctx, OpEncrypt, false, func(x *sess) error {
-		v, err := x.encrypt(m, key, data)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return singlePart(ctx, r, OpEncrypt, &shotArgs{k: p11raw.Encrypt, m: m, key: key, in: data}, (*sess).encrypt)
 }
 
 func decrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	if err := checkMech(r.member(), OpDecrypt, m); err != nil {
-		return nil, err
-	}
-	var out []byte
-	err := r.call(ctx, OpDecrypt, false, func(x *sess) error {
-		v, err := x.decrypt(m, key, data)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return singlePart(ctx, r, OpDecrypt, &shotArgs{k: p11raw.Decrypt, m: m, key: key, in: data}, (*sess).decrypt)
 }
 
 func digest(ctx context.Context, r runner, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	if err := checkMech(r.member(), OpDigest, m); err != nil {
-		return nil, err
-	}
-	var out []byte
-	err := r.call(ctx, OpDigest, false, func(x *sess) error {
-		v, err := x.digest(m, data)
-		out = v
-		return err
+	return singlePart(ctx, r, OpDigest, &shotArgs{k: p11raw.Digest, m: m, in: data}, func(x *sess, m *pkcs11.Mechanism, _ pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+		return x.digest(m, data)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func generateRandom(ctx context.Context, r runner, n int) ([]byte, error) {

@@ -572,8 +572,9 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 
 // do runs fn on a pooled session: it borrows one (waiting, bounded by ctx,
 // while all are lent out), runs the call under timeout, and returns the
-// session to the pool, or discards it after a session-level error.
-func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+// session to the pool, or discards it after a session-level error. A
+// non-nil a is the call as a one-shot the worker may make in C (shot.go).
+func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	if q := s.quarantined.Load(); q >= int64(s.capacity) {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
 	}
@@ -588,7 +589,7 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 			return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 		}
 	}
-	err := s.doPermitted(ctx, op, timeout, fn)
+	err := s.doPermitted(ctx, op, timeout, fn, a)
 	<-s.permits
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
@@ -596,7 +597,7 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 	return err
 }
 
-func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
+func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	if err := s.gate.enter(ctx); err != nil {
 		return &Error{Member: s.spec.Name, Op: op, Err: err}
 	}
@@ -612,7 +613,7 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 	if err != nil {
 		return err
 	}
-	err = x.run(ctx, op, timeout, fn)
+	err = x.runWith(ctx, op, timeout, fn, a)
 	switch {
 	case x.dead: // quarantined
 		s.stats.open.Add(-1)
