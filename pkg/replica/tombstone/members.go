@@ -254,12 +254,9 @@ func (s *Shared) mergeObjects(ctx context.Context, m *slot.Slot, add recordSet, 
 		}
 		return union, s.write(ctx, m, w, epoch, union, []replica.StateObject{w.obj})
 	}
-	if held == nil {
-		h, err := s.read(ctx, m)
-		if err != nil {
-			return nil, err
-		}
-		held = &h
+	held, err := s.heldOn(ctx, m, held)
+	if err != nil {
+		return nil, err
 	}
 	add = add.settledAway(held.records)
 	union := held.records.clone()
@@ -692,4 +689,16 @@ func (d *decoder) bytes() []byte {
 	copy(v, d.b[:n])
 	d.b = d.b[n:]
 	return v
+}
+
+// heldOn returns held, or what m holds read now when held is nil.
+func (s *Shared) heldOn(ctx context.Context, m *slot.Slot, held *memberRecords) (*memberRecords, error) {
+	if held != nil {
+		return held, nil
+	}
+	h, err := s.read(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	return &h, nil
 }

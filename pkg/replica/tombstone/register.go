@@ -330,12 +330,8 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 			return nil, err
 		}
 	} else {
-		if held == nil {
-			h, err := s.read(ctx, m)
-			if err != nil {
-				return nil, err
-			}
-			held = &h
+		if held, err = s.heldOn(ctx, m, held); err != nil {
+			return nil, err
 		}
 		add = add.settledAway(held.records)
 		for k := range add {
