@@ -172,9 +172,13 @@ func (r *Replicator) domainKey(ctx context.Context, s *slot.Slot) (h pkcs11.Obje
 	if err != nil {
 		return 0, false, false, err
 	}
-	flaws, err := auditDomainKey(ctx, s, dk.h)
+	trial := trialKey(s, dk.kcv)
+	flaws, refused, err := auditDomainKey(ctx, s, dk.h, r.copiesRefused(trial))
 	if err != nil {
 		return 0, false, false, fmt.Errorf("member %s: audit domain key %q: %w", s.Name(), DomainLabel(r.GroupSerial), err)
+	}
+	if refused {
+		r.noteCopiesRefused(trial)
 	}
 	if werr := r.noteAudit(s, flaws); werr != nil {
 		// Not remembered: the next call audits again, and finds a
@@ -183,6 +187,40 @@ func (r *Replicator) domainKey(ctx context.Context, s *slot.Slot) (h pkcs11.Obje
 	}
 	r.remember(s, epoch, func(m *memo) { m.dk, m.trusted = dk.h, dk.trusted })
 	return dk.h, dk.trusted, false, nil
+}
+
+// trialKey names the domain key of check value kcv on s's token for the
+// trial copies (see copyFlaw), "" when it cannot be named. The trials are
+// a property of the token and the key, whose attributes cannot change (it
+// is not modifiable): a process tries them once per key, not in every
+// login epoch, since each is a write on the token that a member killed at
+// that moment can leave behind as a second domain key.
+func trialKey(s *slot.Slot, kcv []byte) string {
+	t := s.Token()
+	if len(kcv) == 0 || t.Serial == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s\x00%s\x00%s\x00%s\x00%x", s.Name(), t.Manufacturer, t.Model, t.Serial, kcv)
+}
+
+// copiesRefused reports whether this process saw the token refuse the
+// trial copies of the key named k.
+func (r *Replicator) copiesRefused(k string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return k != "" && r.refused[k]
+}
+
+func (r *Replicator) noteCopiesRefused(k string) {
+	if k == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.refused == nil {
+		r.refused = map[string]bool{}
+	}
+	r.refused[k] = true
 }
 
 // Audit looks up and audits s's domain key now, as the first wrap or

@@ -108,17 +108,18 @@ var _ copier = (*slot.Slot)(nil)
 // the token leaves CKA_COPYABLE=true (SoftHSM 2.6.1 cannot clear it on the
 // private copy of a trusted ceremony) passes only if it is not modifiable
 // and the token refuses the copies of copyTrials, each tried as an
-// attacker would.
-func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle) ([]string, error) {
+// attacker would — unless refused says this process saw the token refuse
+// them for this very key already (see Replicator.domainKey). tried
+// reports that the copies were tried, or skipped so, and refused.
+func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle, refused bool) (flaws []string, tried bool, err error) {
 	types := make([]uint, 0, len(domainRules)+1)
 	for _, r := range domainRules {
 		types = append(types, r.typ)
 	}
 	a, err := readAttrs(ctx, s, h, append(types, pkcs11.CKA_ALLOWED_MECHANISMS, pkcs11.CKA_TRUSTED))
 	if err != nil {
-		return nil, fmt.Errorf("read the domain key's attributes: %w", err)
+		return nil, false, fmt.Errorf("read the domain key's attributes: %w", err)
 	}
-	var flaws []string
 	copyable := false
 	for _, r := range domainRules {
 		switch {
@@ -136,19 +137,26 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle) ([]str
 	}
 	uf, err := unwrapFlaws(ctx, s, h, a.boolean(pkcs11.CKA_TRUSTED))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	flaws = append(flaws, uf...)
-	if copyable {
-		f, err := copyFlaw(ctx, s, h, a.boolean(pkcs11.CKA_MODIFIABLE))
-		if err != nil {
-			return nil, err
+	if !copyable || a.boolean(pkcs11.CKA_MODIFIABLE) {
+		if copyable {
+			flaws = append(flaws, "CKA_COPYABLE=true")
 		}
-		if f != "" {
-			flaws = append(flaws, f)
-		}
+		return flaws, false, nil
 	}
-	return flaws, nil
+	if refused {
+		return flaws, true, nil
+	}
+	f, err := copyFlaw(ctx, s, h)
+	if err != nil {
+		return nil, false, err
+	}
+	if f != "" {
+		return append(flaws, f), false, nil
+	}
+	return flaws, true, nil
 }
 
 // unwrapFlaws checks the domain key's CKA_UNWRAP_TEMPLATE: without
@@ -194,15 +202,15 @@ var copyTrials = []struct {
 	{"CKA_ALLOWED_MECHANISMS=CKM_AES_ECB", pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, allowedMechanismsValue([]uint{pkcs11.CKM_AES_ECB}))},
 }
 
-// copyFlaw says what is wrong with a copyable domain key: nothing when the
-// key is not modifiable and the token refuses every trial copy (SoftHSM
-// answers CKR_ATTRIBUTE_READ_ONLY to any attribute in the copy of a
-// non-modifiable object), so that a copy can only be the same key. A trial
-// copy the token makes is destroyed at once.
-func copyFlaw(ctx context.Context, s copier, h pkcs11.ObjectHandle, modifiable bool) (string, error) {
-	if modifiable {
-		return "CKA_COPYABLE=true", nil
-	}
+// copyFlaw says what is wrong with a copyable, non-modifiable domain key:
+// nothing when the token refuses every trial copy (SoftHSM answers
+// CKR_ATTRIBUTE_READ_ONLY to any attribute in the copy of a non-modifiable
+// object), so that a copy can only be the same key. A trial copy the token
+// makes is destroyed at once. Each trial writes on the token even when it
+// is refused: SoftHSM commits the whole copy before it applies the
+// template, and destroys it then; a member killed in between keeps a
+// second, identical domain key.
+func copyFlaw(ctx context.Context, s copier, h pkcs11.ObjectHandle) (string, error) {
 	for _, tr := range copyTrials {
 		c, err := s.CopyObject(ctx, h, []*pkcs11.Attribute{tr.a})
 		if err == nil {
@@ -259,7 +267,7 @@ func AuditDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) (Doma
 		return d, err
 	}
 	d.Found, d.CheckValue, d.Trusted = true, dk.kcv, dk.trusted
-	flaws, err := auditDomainKey(ctx, s, dk.h)
+	flaws, _, err := auditDomainKey(ctx, s, dk.h, false)
 	if err != nil {
 		return d, fmt.Errorf("member %s: audit domain key %q: %w", s.Name(), d.Label, err)
 	}

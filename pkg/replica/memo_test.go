@@ -390,3 +390,46 @@ func TestReplicateOneCreateAtATime(t *testing.T) {
 		}
 	}
 }
+
+// TestTrialCopiesOncePerKey: the trial copies of a copyable trusted
+// domain key (each one a file SoftHSM writes and destroys again, and a
+// second domain key should the member be killed in between) are made once
+// per key in a process: a re-login audits the key's attributes again but
+// copies nothing; a key installed anew (another check value) is tried
+// again.
+func TestTrialCopiesOncePerKey(t *testing.T) {
+	src, dst, log, toks := countedPair(t, true, 0)
+	ctx := testContext(t)
+	r := &Replicator{GroupSerial: testSerial}
+	audit := func(what string, copies int) {
+		t.Helper()
+		log.reset()
+		if err := r.Audit(ctx, dst); err != nil {
+			t.Fatalf("%s: audit: %v", what, err)
+		}
+		if n := log.count(dst.Name(), slot.OpCopyObject); n != copies {
+			t.Errorf("%s: %d trial copies, want %d\n%s", what, n, copies, log)
+		}
+		if n := log.count(dst.Name(), slot.OpGetAttributes); n == 0 {
+			t.Errorf("%s: the key's attributes were not read\n%s", what, log)
+		}
+		if n := len(findByLabel(t, dst, DomainLabel(testSerial))); n != 1 {
+			t.Errorf("%s: %d domain keys on %s, want 1", what, n, dst.Name())
+		}
+	}
+	audit("first audit", len(copyTrials))
+	if err := dst.Logout(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(toks[1].UserPIN)); err != nil {
+		t.Fatal(err)
+	}
+	audit("after a re-login", 0)
+	for _, s := range []*slot.Slot{src, dst} {
+		if err := RemoveDomainKey(ctx, s, testSerial); err != nil {
+			t.Fatal(err)
+		}
+	}
+	installDomain(t, testSerial, true, []*slot.Slot{src, dst}, toks)
+	audit("a key installed anew", len(copyTrials))
+}

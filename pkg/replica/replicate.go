@@ -91,6 +91,7 @@ type Replicator struct {
 
 	mu      sync.Mutex
 	members map[weak.Pointer[slot.Slot]]*memberState
+	refused map[string]bool // trialKey: domain keys whose trial copies the token refused
 }
 
 // cleanupTimeout bounds the removal of a half-made object after a
