@@ -182,8 +182,30 @@ func (p *Proc) groupSignal(sig syscall.Signal, state int) error {
 	case <-p.done:
 		return fmt.Errorf("%s exited while waiting for %v to take effect", p.Name, sig)
 	case <-time.After(exitDeadline):
-		return fmt.Errorf("%s did not change state within %v of %v", p.Name, exitDeadline, sig)
+		return fmt.Errorf("%s did not change state within %v of %v; its threads: %s", p.Name, exitDeadline, sig, threadStates(pid))
 	}
+}
+
+// threadStates describes each thread of pid as the kernel sees it: its
+// state letter and the kernel function it waits in, so that a stop that
+// never completes names the thread that held it up.
+func threadStates(pid int) string {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tids, err := os.ReadDir(dir)
+	if err != nil {
+		return err.Error()
+	}
+	var b bytes.Buffer
+	for _, t := range tids {
+		stat, _ := os.ReadFile(dir + "/" + t.Name() + "/stat")
+		wchan, _ := os.ReadFile(dir + "/" + t.Name() + "/wchan")
+		state := "?"
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+			state = string(stat[i+2])
+		}
+		fmt.Fprintf(&b, "%s:%s:%s ", t.Name(), state, wchan)
+	}
+	return string(bytes.TrimSpace(b.Bytes()))
 }
 
 // Wait waits for the process to exit, or ctx.

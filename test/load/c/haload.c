@@ -394,13 +394,25 @@ static void do_destroy(struct worker *w)
 	}
 	CK_RV rv = CKR_OK;
 	CK_ULONG found = 0;
+	int halves = 0; /* classes found */
 	for (int c = 0; c < nclasses && rv == CKR_OK; c++) {
 		CK_OBJECT_HANDLE h[4];
 		CK_ULONG n = 0;
 		rv = find_label(w->s, classes[c], label, h, &n);
 		found += n;
+		halves += n > 0;
 		for (CK_ULONG k = 0; rv == CKR_OK && k < n; k++)
 			rv = f->C_DestroyObject(w->s, h[k]);
+	}
+	/* A pair this thread made and never touched since has both halves:
+	 * one missing is a wrong answer (a destroy without its tombstone, or a
+	 * search that missed an object), never a destroy to count. */
+	if (rv == CKR_OK && found > 0 && halves != nclasses && !w->retrying) {
+		pthread_mutex_lock(&out_lock);
+		bad++;
+		printf("bad find saw one half of the key pair %s, created by this thread\n", label);
+		fflush(stdout);
+		pthread_mutex_unlock(&out_lock);
 	}
 	/* An object this thread made and never destroyed must be found; after
 	 * a failed destroy it may be gone already. */
