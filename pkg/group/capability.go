@@ -20,7 +20,9 @@ import (
 // offering the mechanisms that generate it, for as long as it serves with
 // another member. One member alone needs no replication and holds
 // whatever its token makes. What each member can hold is probed when it
-// joins or is re-opened (replica.ProbeWrap) and cached here.
+// joins or is re-opened (replica.ProbeWrap) and cached here; with
+// Options.Facts a process answers from what an earlier one on the host
+// probed of the same token.
 
 // probeCapability finds out which kinds of key m's token can wrap and
 // unwrap (mechs is its mechanism list) and caches the answer; a change is
@@ -29,7 +31,7 @@ import (
 func (g *Group) probeCapability(ctx context.Context, m *member.Member, mechs []uint) error {
 	var c replica.WrapCapability
 	if _, err := g.call(ctx, m, func() (err error) {
-		c, err = replica.ProbeWrap(ctx, m.Slot(), mechs)
+		c, err = replica.ProbeWrapKnown(ctx, m.Slot(), mechs, g.opts.Facts)
 		return err
 	}); err != nil {
 		return err

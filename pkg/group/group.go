@@ -140,6 +140,10 @@ type Options struct {
 	// lives shorter than the recovery interval (a per-task tool) would
 	// otherwise keep them out for good and mark them again.
 	CatchUp func(ctx context.Context, names []string)
+	// Facts keeps what members' tokens were found to do (what they can
+	// wrap, that they refuse the domain key's trial copies) for the next
+	// process on the host (pkg/tokenfacts); nil: each process tries them.
+	Facts replica.Facts
 }
 
 // PINGuard remembers the members whose token refused the PIN the engine
@@ -245,7 +249,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		opts:       opts,
 		events:     opts.Events,
 		tombstones: opts.Tombstones,
-		rep:        &replica.Replicator{GroupSerial: g.Serial},
+		rep:        &replica.Replicator{GroupSerial: g.Serial, Facts: opts.Facts},
 		sessions:   make(map[SessionHandle]*Session),
 		recovering: make(map[string]bool),
 		skipped:    make(map[string]map[string]skippedObject),

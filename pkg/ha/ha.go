@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -45,6 +46,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/tokenfacts"
 )
 
 // Options are what a Group needs besides its configuration.
@@ -155,6 +157,11 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		},
 	})
 	gopts.Tombstones, tombs = shared, shared
+	if stateDir != "" {
+		// What the members' tokens were tried for, for every process on
+		// the host (a per-task tool would try them at every start).
+		gopts.Facts = tokenfacts.Open(filepath.Join(stateDir, g.Serial), 0)
+	}
 	// One set of PIN marks for the engine (which consults it before every
 	// login it makes by itself) and the recoverer (before every automatic
 	// attempt), in the state directory every process on the host shares.
@@ -198,6 +205,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		Events:         reportRecovery(opts.Report, g.Label, opts.RecoveryEvents),
 		Clock:          opts.Clock,
 		PINBlocks:      blocks,
+		Facts:          gopts.Facts,
 	})
 	if err != nil {
 		gr.Close()

@@ -249,6 +249,9 @@ type Options struct {
 	// the group the same one as its group.PINGuard. Nil: the Recoverer
 	// makes its own, in StateDir (in memory without one).
 	PINBlocks *PINBlocks
+	// Facts is the engine's group.Options.Facts: the recoverer's own
+	// replication audits the members' domain keys too.
+	Facts replica.Facts
 }
 
 // Result is the outcome of one attempt.
@@ -396,7 +399,7 @@ func New(opts Options) (*Recoverer, error) {
 		eng:      opts.Engine,
 		blocks:   opts.PINBlocks,
 		clock:    opts.Clock,
-		repl:     &replica.Replicator{GroupSerial: serial},
+		repl:     &replica.Replicator{GroupSerial: serial, Facts: opts.Facts},
 		opts:     opts,
 		catchUp:  opts.CatchUp,
 		interval: opts.Interval,

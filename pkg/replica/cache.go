@@ -192,29 +192,48 @@ func (r *Replicator) domainKey(ctx context.Context, s *slot.Slot) (h pkcs11.Obje
 // trialKey names the domain key of check value kcv on s's token for the
 // trial copies (see copyFlaw), "" when it cannot be named. The trials are
 // a property of the token and the key, whose attributes cannot change (it
-// is not modifiable): a process tries them once per key, not in every
-// login epoch, since each is a write on the token that a member killed at
-// that moment can leave behind as a second domain key.
+// is not modifiable): they are tried once per key, not in every login
+// epoch, since each is a write on the token that a member killed at that
+// moment can leave behind as a second domain key. With Facts, once for
+// every process on the host.
 func trialKey(s *slot.Slot, kcv []byte) string {
-	t := s.Token()
-	if len(kcv) == 0 || t.Serial == "" {
+	tk := tokenKey(s)
+	if len(kcv) == 0 || tk == "" {
 		return ""
 	}
-	return fmt.Sprintf("%s\x00%s\x00%s\x00%s\x00%x", s.Name(), t.Manufacturer, t.Model, t.Serial, kcv)
+	return fmt.Sprintf("copies refused\x00%s\x00%x", tk, kcv)
 }
 
-// copiesRefused reports whether this process saw the token refuse the
-// trial copies of the key named k.
+// copiesRefused reports whether the token was seen to refuse the trial
+// copies of the key named k, by this process or one that kept the fact.
 func (r *Replicator) copiesRefused(k string) bool {
+	if k == "" {
+		return false
+	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return k != "" && r.refused[k]
+	known := r.refused[k]
+	r.mu.Unlock()
+	if known || r.Facts == nil {
+		return known
+	}
+	_, known = r.Facts.Load(k)
+	if known {
+		r.rememberRefused(k)
+	}
+	return known
 }
 
 func (r *Replicator) noteCopiesRefused(k string) {
 	if k == "" {
 		return
 	}
+	r.rememberRefused(k)
+	if r.Facts != nil {
+		_ = r.Facts.Store(k, []byte("true")) // one not kept is tried again by the next process
+	}
+}
+
+func (r *Replicator) rememberRefused(k string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.refused == nil {

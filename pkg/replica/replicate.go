@@ -88,6 +88,9 @@ type Replicator struct {
 	// the same *WeakDomainKeyError). It is called on the replicating
 	// goroutine and must not block.
 	OnWeakDomainKey func(*WeakDomainKeyError)
+	// Facts, when set, keeps beyond this process that a token refused the
+	// trial copies of a domain key (see trialKey).
+	Facts Facts
 
 	mu      sync.Mutex
 	members map[weak.Pointer[slot.Slot]]*memberState

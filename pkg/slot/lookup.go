@@ -193,6 +193,8 @@ func listTokens(c p11, withSlotInfo bool) ([]found, error) {
 			Serial:       ti.SerialNumber,
 			Manufacturer: ti.ManufacturerID,
 			Model:        ti.Model,
+			Firmware:     fmt.Sprintf("%d.%d", ti.FirmwareVersion.Major, ti.FirmwareVersion.Minor),
+			Hardware:     fmt.Sprintf("%d.%d", ti.HardwareVersion.Major, ti.HardwareVersion.Minor),
 			Flags:        ti.Flags,
 			Initialized:  ti.Flags&pkcs11.CKF_TOKEN_INITIALIZED != 0,
 		}}

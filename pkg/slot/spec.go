@@ -147,6 +147,8 @@ type TokenSummary struct {
 	Serial       string
 	Manufacturer string
 	Model        string
+	Firmware     string // CK_TOKEN_INFO's firmwareVersion, "major.minor"
+	Hardware     string // its hardwareVersion
 	Flags        uint
 	Initialized  bool
 }
