@@ -1,7 +1,6 @@
 package ha
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 
@@ -21,12 +20,7 @@ import (
 func TestNextProcessTriesNothing(t *testing.T) {
 	ctx := testCtx(t)
 	toks := testhsm.Take(t, 2)
-	serial := fmt.Sprintf("%d", 4200000+serials.Add(1))
-	installDomain(t, serial, toks, false)
-	cfg := config.Group{Label: "ha-" + serial, Serial: serial}
-	for _, tok := range toks {
-		cfg.Members = append(cfg.Members, memberOf(tok))
-	}
+	cfg := groupOn(t, toks)
 	set := config.Defaults()
 	shared := t.TempDir()
 	run := func(what, stateDir string, trials bool) {

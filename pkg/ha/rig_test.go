@@ -188,6 +188,19 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	return &rig{t: t, g: g, cfg: cfg, set: set, ev: ev}
 }
 
+// groupOn installs a domain key on toks for a new group serial and
+// returns the group of toks.
+func groupOn(t testing.TB, toks []testhsm.Token) config.Group {
+	t.Helper()
+	serial := fmt.Sprintf("%d", 4000000+serials.Add(1))
+	installDomain(t, serial, toks, false)
+	cfg := config.Group{Label: "ha-" + serial, Serial: serial}
+	for _, tok := range toks {
+		cfg.Members = append(cfg.Members, memberOf(tok))
+	}
+	return cfg
+}
+
 // installDomain gives the tokens one domain key for the group serial.
 func installDomain(t testing.TB, serial string, toks []testhsm.Token, plain bool) {
 	t.Helper()

@@ -36,12 +36,7 @@ type hosts struct {
 
 func newHosts(t *testing.T, n int) *hosts {
 	toks := testhsm.Take(t, n)
-	serial := fmt.Sprintf("%d", 4000000+serials.Add(1))
-	installDomain(t, serial, toks, false)
-	cfg := config.Group{Label: "ha-" + serial, Serial: serial}
-	for _, tok := range toks {
-		cfg.Members = append(cfg.Members, memberOf(tok))
-	}
+	cfg := groupOn(t, toks)
 	set := config.Defaults()
 	set.CommandTimeout = 10 * time.Second
 	set.Interval = time.Second

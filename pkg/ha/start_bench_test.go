@@ -20,12 +20,7 @@ import (
 func BenchmarkStartToFirstSignature(b *testing.B) {
 	ctx := context.Background()
 	toks := testhsm.Take(b, 3)
-	serial := fmt.Sprintf("%d", 4000000+serials.Add(1))
-	installDomain(b, serial, toks, false)
-	cfg := config.Group{Label: "ha-" + serial, Serial: serial}
-	for _, tok := range toks {
-		cfg.Members = append(cfg.Members, memberOf(tok))
-	}
+	cfg := groupOn(b, toks)
 	set := config.Defaults()
 	set.Retries = 0
 	importEC(b, toks, "first")
