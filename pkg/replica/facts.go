@@ -77,9 +77,10 @@ func ProbeWrapKnown(ctx context.Context, s *slot.Slot, mechs []uint, facts Facts
 		}
 	}
 	c, err := ProbeWrap(ctx, s, mechs)
-	if err == nil && key != "" {
-		// Kept for the next process; one that cannot be kept is probed
-		// again then.
+	// Kept for the next process (one that cannot be kept is probed again
+	// then), unless the token offered the mechanism and nothing was tried:
+	// a trial wrapping key it would not make this time says nothing lasting.
+	if err == nil && key != "" && (!c.Mechanism || len(c.Probed) > 0) {
 		if b, err := encodeCapability(c); err == nil {
 			_ = facts.Store(key, b)
 		}

@@ -61,6 +61,13 @@ func TestProbeWrapKnownAsksOnce(t *testing.T) {
 	}
 	probe("another token", toks[1], nil, true)
 	probe("other mechanisms", toks[0], []uint{pkcs11.CKM_AES_KEY_WRAP_PAD, pkcs11.CKM_AES_KEY_GEN}, true)
+	// A probe that tried no kind (no generation mechanism listed) is not
+	// kept: the next one tries again.
+	onlyWrap := []uint{pkcs11.CKM_AES_KEY_WRAP_PAD}
+	if c := probe("nothing to try", toks[0], onlyWrap, true); len(c.Probed) != 0 {
+		t.Fatalf("probed %v with no generation mechanism listed", c.Probed)
+	}
+	probe("nothing to try, again", toks[0], onlyWrap, true)
 }
 
 // TestTrialCopiesOncePerHost: a Replicator of another process (the same
