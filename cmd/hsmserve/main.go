@@ -12,10 +12,12 @@
 // SO_PEERCRED). PINs pass through, never logged.
 //
 // Each connection is served by a process of its own, this executable run
-// again with the hidden flag --serve-fd: it receives the connection as
-// file descriptor 3, loads and initialises the module for that client
-// alone, and exits when the connection closes. So one client's login,
-// logout and sessions never touch another's, as with `p11-kit server`.
+// again with the hidden flag --serve-fd: it loads and initialises the
+// module for one client alone, receives the connection over file
+// descriptor 3, and exits when the connection closes. So one client's
+// login, logout and sessions never touch another's, as with `p11-kit
+// server`. One such process is started ahead of its connection, so that
+// a client does not wait for a process start.
 package main
 
 import (
@@ -42,7 +44,7 @@ func run(args []string) int {
 	module := fs.String("module", "", "absolute path of the PKCS#11 module to serve (required)")
 	sock := fs.String("socket", "", "absolute path of the Unix socket to listen on (required)")
 	label := fs.String("token-label", "", "serve only the slot whose token has this label")
-	serveFD := fs.Bool("serve-fd", false, "internal: serve the one connection on file descriptor 3")
+	serveFD := fs.Bool("serve-fd", false, "internal: serve the one connection handed over file descriptor 3")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL]\n       hsmserve --version\n")
@@ -109,17 +111,19 @@ func run(args []string) int {
 	return 0
 }
 
-// connFD is the descriptor a connection's process receives it on
-// (exec.Cmd.ExtraFiles[0]).
-const connFD = 3
+// controlFD is the descriptor a connection's process is handed its
+// connection on (exec.Cmd.ExtraFiles[0]).
+const controlFD = 3
 
-// serveOne serves the connection on connFD until it closes or SIGTERM.
+// serveOne loads the module, then serves the connection handed over
+// controlFD until it closes or SIGTERM.
 func serveOne(module, label string) int {
-	f := os.NewFile(connFD, "connection")
-	nc, err := net.FileConn(f)
+	f := os.NewFile(controlFD, "control")
+	fc, err := net.FileConn(f)
 	f.Close()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "hsmserve: --serve-fd: descriptor %d: %v\n", connFD, err)
+	ctl, ok := fc.(*net.UnixConn)
+	if err != nil || !ok {
+		fmt.Fprintf(os.Stderr, "hsmserve: --serve-fd: descriptor %d is no Unix socket: %v\n", controlFD, err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -129,7 +133,7 @@ func serveOne(module, label string) int {
 		TokenLabel: label,
 		Refused:    func(err error) { fmt.Fprintf(os.Stderr, "hsmserve[%d]: %v\n", os.Getpid(), err) },
 	}
-	if err := srv.ServeConn(ctx, nc); err != nil {
+	if err := srv.ServeHanded(ctx, ctl); err != nil {
 		fmt.Fprintf(os.Stderr, "hsmserve[%d]: %v\n", os.Getpid(), err)
 		return 1
 	}

@@ -44,9 +44,11 @@
 // # Processes
 //
 // hsmserve serves each connection in a process of its own (Server.Child,
-// ServeConn) with its own module context: the client's login, logout and
+// ServeHanded) with its own module context: the client's login, logout and
 // sessions are its own, as with one application per process on a bare
-// token. The sessions of a connection end with it.
+// token. The sessions of a connection end with it. The process is started
+// ahead, its module initialised, and handed the next connection over a
+// control socket.
 //
 // # Failures
 //

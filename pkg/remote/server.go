@@ -181,6 +181,11 @@ func (s *Server) accept(ctx context.Context, l net.Listener, handle func(net.Con
 }
 
 // serveChildren serves each connection in a child process of its own.
+// One child is started ahead, its module loaded and initialised, and the
+// next connection is handed to it over its control socket: a client's
+// connection does not wait for a process start and a module's
+// initialisation (about 10 ms each with SoftHSM here), which a tool that
+// initialises the PKCS#11 module per task would pay at every start.
 func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
 	// Linux sends a child its parent-death signal when the thread that
 	// started it ends, not the process: start every child from this one
@@ -190,36 +195,67 @@ func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
 	var (
 		mu       sync.Mutex
 		children = make(map[*exec.Cmd]chan struct{})
+		spare    *child // started ahead; nil when it could not be
 	)
 	limit := s.MaxConns
 	if limit <= 0 {
 		limit = DefaultMaxConns
 	}
+	startSpare := func() {
+		c, err := s.startChild()
+		if err != nil {
+			s.refuse(err)
+			spare = nil
+			return
+		}
+		done := make(chan struct{})
+		mu.Lock()
+		children[c.cmd] = done
+		mu.Unlock()
+		go func() {
+			_ = c.cmd.Wait()
+			mu.Lock()
+			delete(children, c.cmd)
+			mu.Unlock()
+			close(done)
+		}()
+		spare = c
+	}
+	// hand gives nc to the spare, or to a new one should the spare have
+	// died meanwhile, and starts the next spare.
+	hand := func(nc net.Conn) error {
+		defer startSpare()
+		var err error
+		for range 2 {
+			if spare == nil {
+				if startSpare(); spare == nil {
+					return err
+				}
+			}
+			c := spare
+			spare = nil
+			if err = c.hand(nc); err == nil {
+				return nil
+			}
+		}
+		return err
+	}
+	startSpare()
 	err := s.accept(ctx, l, func(nc net.Conn) {
 		defer nc.Close() // the child has its own descriptor
 		mu.Lock()
 		n := len(children)
 		mu.Unlock()
+		if spare != nil {
+			n-- // the spare serves nobody yet
+		}
 		if n >= limit {
 			s.refuse(fmt.Errorf("refused a connection: %d connections are served already", n))
 			return
 		}
-		cmd, err := s.startChild(nc)
-		if err != nil {
+		if err := hand(nc); err != nil {
 			s.refuse(err)
-			return
 		}
-		done := make(chan struct{})
-		mu.Lock()
-		children[cmd] = done
-		mu.Unlock()
-		go func() {
-			_ = cmd.Wait()
-			mu.Lock()
-			delete(children, cmd)
-			mu.Unlock()
-			close(done)
-		}()
 	})
 	mu.Lock()
 	left := maps.Clone(children)
@@ -228,19 +264,29 @@ func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
 	return err
 }
 
-// startChild starts the process that serves nc.
-func (s *Server) startChild(nc net.Conn) (*exec.Cmd, error) {
-	uc, ok := nc.(*net.UnixConn)
-	if !ok {
-		return nil, fmt.Errorf("connection from %s is not a Unix socket connection", nc.RemoteAddr())
-	}
-	f, err := uc.File()
+// child is a connection's process, started before its connection: it
+// receives it on ctl.
+type child struct {
+	cmd *exec.Cmd
+	ctl *net.UnixConn
+}
+
+// startChild starts a process that will serve the connection it is
+// handed over its control socket (Child's file descriptor 3).
+func (s *Server) startChild() (*child, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("pass a connection to its server process: %w", err)
+		return nil, fmt.Errorf("control socket for a connection's server process: %w", err)
 	}
-	defer f.Close()
+	mine, theirs := os.NewFile(uintptr(fds[0]), "control"), os.NewFile(uintptr(fds[1]), "control")
+	defer theirs.Close()
+	fc, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return nil, fmt.Errorf("control socket for a connection's server process: %w", err)
+	}
 	cmd := s.Child()
-	cmd.ExtraFiles = []*os.File{f}
+	cmd.ExtraFiles = []*os.File{theirs}
 	if cmd.Stderr == nil {
 		cmd.Stderr = os.Stderr
 	}
@@ -251,9 +297,29 @@ func (s *Server) startChild(nc net.Conn) (*exec.Cmd, error) {
 	// killed server drops every connection, as one process would.
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
+		fc.Close()
 		return nil, fmt.Errorf("start the server process of a connection: %w", err)
 	}
-	return cmd, nil
+	return &child{cmd: cmd, ctl: fc.(*net.UnixConn)}, nil
+}
+
+// hand passes nc's descriptor to the child; an error means the child is
+// gone (it failed to load the module, or was killed).
+func (c *child) hand(nc net.Conn) error {
+	defer c.ctl.Close()
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("connection from %s is not a Unix socket connection", nc.RemoteAddr())
+	}
+	f, err := uc.File()
+	if err != nil {
+		return fmt.Errorf("pass a connection to its server process: %w", err)
+	}
+	defer f.Close()
+	if _, _, err := c.ctl.WriteMsgUnix([]byte{1}, unix.UnixRights(int(f.Fd())), nil); err != nil {
+		return fmt.Errorf("pass a connection to its server process (pid %d): %w", c.cmd.Process.Pid, err)
+	}
+	return nil
 }
 
 // stopChildren sends each child SIGTERM and waits closeWait for it, then
@@ -275,19 +341,56 @@ func stopChildren(children map[*exec.Cmd]chan struct{}) {
 	}
 }
 
-// ServeConn serves the one connection nc with a module context of its
-// own: it loads and initialises the module, serves nc until the client
-// closes it or ctx ends, then finalizes the module. It is the body of a
-// Child; the peer was checked by the Server that accepted nc.
-func (s *Server) ServeConn(ctx context.Context, nc net.Conn) error {
+// ServeHanded is the body of a Child: with a module context of its own, it
+// loads and initialises the module, then waits for the one connection its
+// Server hands it over ctl, serves it until the client closes it or ctx
+// ends, and finalizes the module. The peer was checked by the Server that
+// accepted it. A Server that stops before handing it one closes ctl:
+// ServeHanded then returns nil.
+func (s *Server) ServeHanded(ctx context.Context, ctl *net.UnixConn) error {
 	m, release, err := s.load()
 	if err != nil {
-		nc.Close()
+		ctl.Close()
+		return err
+	}
+	defer release()
+	nc, err := receiveConn(ctx, ctl)
+	if err != nil || nc == nil {
 		return err
 	}
 	m.serveConn(ctx, nc)
-	release()
 	return nil
+}
+
+// receiveConn reads the connection handed over ctl; nil when ctl closed
+// (or ctx ended) first.
+func receiveConn(ctx context.Context, ctl *net.UnixConn) (net.Conn, error) {
+	stop := context.AfterFunc(ctx, func() { ctl.Close() })
+	defer stop()
+	defer ctl.Close()
+	b, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := ctl.ReadMsgUnix(b, oob)
+	if n == 0 || ctx.Err() != nil {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("receive the connection: %w", err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, fmt.Errorf("receive the connection: no descriptor came (%v)", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		return nil, fmt.Errorf("receive the connection: %d descriptors (%v)", len(fds), err)
+	}
+	f := os.NewFile(uintptr(fds[0]), "connection")
+	defer f.Close()
+	nc, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("receive the connection: %w", err)
+	}
+	return nc, nil
 }
 
 // load loads and initialises the module; release finalizes it (unless
