@@ -57,9 +57,10 @@ func BenchmarkSign(b *testing.B) {
 }
 
 // BenchmarkConnect is the cost of one connection to hsmserve: dial, the
-// server's check of the peer, the start of the connection's own server
-// process (which loads and initialises the module), the handshake and a
-// first call.
+// server's check of the peer, the hand-over to the connection's own server
+// process (started ahead; connections that follow each other closer than
+// a process start and a module's initialisation wait for the rest of it),
+// the handshake and a first call.
 //
 //	go test -run '^$' -bench Connect -benchtime 50x ./pkg/remote
 func BenchmarkConnect(b *testing.B) {
