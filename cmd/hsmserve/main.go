@@ -12,9 +12,9 @@
 // SO_PEERCRED). PINs pass through, never logged.
 //
 // Each connection is served by a process of its own, this executable run
-// again with the hidden flag --serve-fd: it loads and initialises the
-// module for one client alone, receives the connection over file
-// descriptor 3, and exits when the connection closes. So one client's
+// again with the hidden flag --serve-fd: it loads the module, receives
+// its connection over file descriptor 3, initialises the module for that
+// client alone, and exits when the connection closes. So one client's
 // login, logout and sessions never touch another's, as with `p11-kit
 // server`. One such process is started ahead of its connection, so that
 // a client does not wait for a process start.
@@ -115,8 +115,8 @@ func run(args []string) int {
 // connection on (exec.Cmd.ExtraFiles[0]).
 const controlFD = 3
 
-// serveOne loads the module, then serves the connection handed over
-// controlFD until it closes or SIGTERM.
+// serveOne serves the connection handed over controlFD until it closes
+// or SIGTERM.
 func serveOne(module, label string) int {
 	f := os.NewFile(controlFD, "control")
 	fc, err := net.FileConn(f)

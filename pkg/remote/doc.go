@@ -47,8 +47,8 @@
 // ServeHanded) with its own module context: the client's login, logout and
 // sessions are its own, as with one application per process on a bare
 // token. The sessions of a connection end with it. The process is started
-// ahead, its module initialised, and handed the next connection over a
-// control socket.
+// ahead, its module loaded, and handed the next connection over a control
+// socket; it initialises the module then.
 //
 // # Failures
 //

@@ -181,10 +181,9 @@ func (s *Server) accept(ctx context.Context, l net.Listener, handle func(net.Con
 }
 
 // serveChildren serves each connection in a child process of its own.
-// One child is started ahead, its module loaded and initialised, and the
-// next connection is handed to it over its control socket: a client's
-// connection does not wait for a process start and a module's
-// initialisation (about 10 ms each with SoftHSM here), which a tool that
+// One child is started ahead, its module loaded (see ServeHanded), and
+// the next connection is handed to it over its control socket: a client's
+// connection does not wait for a process start, which a tool that
 // initialises the PKCS#11 module per task would pay at every start.
 func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
 	// Linux sends a child its parent-death signal when the thread that
@@ -341,23 +340,34 @@ func stopChildren(children map[*exec.Cmd]chan struct{}) {
 	}
 }
 
-// ServeHanded is the body of a Child: with a module context of its own, it
-// loads and initialises the module, then waits for the one connection its
-// Server hands it over ctl, serves it until the client closes it or ctx
-// ends, and finalizes the module. The peer was checked by the Server that
-// accepted it. A Server that stops before handing it one closes ctl:
-// ServeHanded then returns nil.
+// ServeHanded is the body of a Child: it loads the module, waits for the
+// one connection its Server hands it over ctl, and then, with a module
+// context of its own, initialises the module, serves the connection until
+// the client closes it or ctx ends, and finalizes the module. The peer was
+// checked by the Server that accepted it. The module is initialised only
+// once the connection came: SoftHSM reads the token's state (its PINs
+// among it) at C_Initialize and keeps it, and another process's login
+// rewrites that file, so a view read ahead could be a torn one for the
+// process's whole life (seen: CKR_USER_PIN_NOT_INITIALIZED at C_Login). A
+// Server that stops before handing a connection closes ctl: ServeHanded
+// then returns nil.
 func (s *Server) ServeHanded(ctx context.Context, ctl *net.UnixConn) error {
-	m, release, err := s.load()
+	mc, err := s.open()
 	if err != nil {
 		ctl.Close()
 		return err
 	}
-	defer release()
 	nc, err := receiveConn(ctx, ctl)
 	if err != nil || nc == nil {
+		mc.Destroy()
 		return err
 	}
+	m, release, err := s.initialize(mc) // destroys mc should it fail
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	defer release()
 	m.serveConn(ctx, nc)
 	return nil
 }
@@ -396,13 +406,29 @@ func receiveConn(ctx context.Context, ctl *net.UnixConn) (net.Conn, error) {
 // load loads and initialises the module; release finalizes it (unless
 // this process had initialised it already: then it is served as it is).
 func (s *Server) load() (m *served, release func(), err error) {
+	mc, err := s.open()
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.initialize(mc)
+}
+
+// open loads the module without initialising it.
+func (s *Server) open() (*pkcs11.Ctx, error) {
 	mc := pkcs11.New(s.Module)
 	if mc == nil {
 		if _, err := os.Stat(s.Module); err != nil {
-			return nil, nil, fmt.Errorf("load PKCS#11 module: %w", err)
+			return nil, fmt.Errorf("load PKCS#11 module: %w", err)
 		}
-		return nil, nil, fmt.Errorf("load PKCS#11 module %s: dlopen failed or no C_GetFunctionList", s.Module)
+		return nil, fmt.Errorf("load PKCS#11 module %s: dlopen failed or no C_GetFunctionList", s.Module)
 	}
+	return mc, nil
+}
+
+// initialize initialises the loaded module mc; release finalizes it
+// (unless this process had initialised it already: then it is served as it
+// is).
+func (s *Server) initialize(mc *pkcs11.Ctx) (m *served, release func(), err error) {
 	foreign := false
 	if err := mc.Initialize(); err != nil {
 		if !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
