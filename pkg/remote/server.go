@@ -224,7 +224,7 @@ func (s *Server) serveChildren(ctx context.Context, l net.Listener) error {
 	// died meanwhile, and starts the next spare.
 	hand := func(nc net.Conn) error {
 		defer startSpare()
-		var err error
+		err := errors.New("refused a connection: no process to serve it could be started")
 		for range 2 {
 			if spare == nil {
 				if startSpare(); spare == nil {
