@@ -45,7 +45,8 @@ type Server struct {
 	// Never given a PIN.
 	Refused func(err error)
 	// Child, when set, returns the command that serves one connection,
-	// given to it as file descriptor 3 (ServeConn serves it there). The
+	// started before the connection comes and handed it over file
+	// descriptor 3, a control socket (ServeHanded serves it there). The
 	// server starts it with that descriptor, its own stderr unless the
 	// command has one, and SIGKILL as its parent-death signal, and at
 	// shutdown sends it SIGTERM, then SIGKILL after a grace period.
