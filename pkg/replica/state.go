@@ -60,17 +60,21 @@ type StateObject struct {
 	Value  []byte
 }
 
-// stateTemplate finds the private token data objects labelled label.
-// Private: an object anyone could plant without the user PIN (a public
-// one) must never count as group state — a forged tombstone would delete
-// a live key on every member.
-func stateTemplate(label string) []*pkcs11.Attribute {
+// PrivateState is what every group state object is, made or searched
+// for: a private token data object. Private: an object anyone could plant
+// without the user PIN (a public one) must never count as group state — a
+// forged tombstone would delete a live key on every member.
+func PrivateState() []*pkcs11.Attribute {
 	return []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA),
 		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
 		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
-		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)),
 	}
+}
+
+// stateTemplate finds the group state objects labelled label.
+func stateTemplate(label string) []*pkcs11.Attribute {
+	return append(PrivateState(), pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)))
 }
 
 // ReadState returns the group state objects labelled label on s, which

@@ -15,12 +15,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/hagroup/hagroup/pkg/config"
 )
 
 // Dir keeps facts as small files in one directory, each named after a
 // hash of its key and holding the key itself, so that two keys never
 // share a fact. Safe for concurrent use by several processes: a fact is
-// written whole to a temporary file and renamed into place.
+// written whole (config.WriteFileAtomic).
 type Dir struct {
 	path string
 	perm os.FileMode
@@ -68,23 +70,7 @@ func (d *Dir) Store(key string, value []byte) error {
 	if err := os.MkdirAll(d.path, 0o770); err != nil {
 		return fmt.Errorf("token facts: %w", err)
 	}
-	tmp, err := os.CreateTemp(d.path, ".fact-*")
-	if err != nil {
-		return fmt.Errorf("token facts: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("token facts: write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Chmod(d.perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("token facts: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("token facts: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), d.name(key)); err != nil {
+	if err := config.WriteFileAtomic(d.name(key), b, d.perm); err != nil {
 		return fmt.Errorf("token facts: %w", err)
 	}
 	return nil

@@ -3,6 +3,7 @@ package tokenfacts
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -41,8 +42,13 @@ func TestStoreAndLoad(t *testing.T) {
 	if _, ok := d.Load("a"); ok {
 		t.Fatal("a torn file loaded as a fact")
 	}
-	left, _ := filepath.Glob(filepath.Join(d.path, ".fact-*"))
-	if len(left) != 0 {
-		t.Errorf("temporary files left: %v", left)
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "fact-") || !strings.HasSuffix(e.Name(), ".json") {
+			t.Errorf("a file that is no fact left in the directory: %s", e.Name())
+		}
 	}
 }

@@ -301,10 +301,7 @@ func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) 
 	if !m.LoggedIn() {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), replica.ErrNotLoggedIn)
 	}
-	hs, err := m.FindObjects(ctx, []*pkcs11.Attribute{
-		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true), pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(Application)),
-	})
+	hs, err := m.FindObjects(ctx, append(replica.PrivateState(), pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(Application))))
 	if err != nil {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: find: %w", s.serial, m.Name(), err)
 	}

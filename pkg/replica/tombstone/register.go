@@ -126,14 +126,10 @@ func decodeRegister(prefix, label, serial string) (r register, ts []Tombstone, o
 }
 
 func registerTemplate(label string) []*pkcs11.Attribute {
-	return []*pkcs11.Attribute{
-		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA),
-		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+	return append(replica.PrivateState(),
 		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(Application)),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)),
-		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, true),
-	}
+		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, true))
 }
 
 // errRegisterGone is returned by readRegister for a handle that no longer
