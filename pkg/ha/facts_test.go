@@ -1,11 +1,15 @@
 package ha
 
 import (
+	"crypto/rand"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
@@ -57,4 +61,58 @@ func TestNextProcessTriesNothing(t *testing.T) {
 	run("the first process", shared, true)
 	run("the next process", shared, false)
 	run("a process with a state directory of its own", t.TempDir(), true)
+}
+
+// TestFactsHideNoReplacedDomainKey: what one process kept of a member's
+// domain key (its trial copies refused) does not vouch for another key.
+// An attacker with the user PIN replaces the key on the member token
+// itself, between two processes sharing the state directory, by one a
+// user could change at will: the second process reports it weak, and
+// trusts the fact only for the unchanged key on the other member.
+func TestFactsHideNoReplacedDomainKey(t *testing.T) {
+	ctx := testCtx(t)
+	toks := testhsm.Take(t, 2)
+	cfg := groupOn(t, toks)
+	set := config.Defaults()
+	stateDir := t.TempDir()
+	login := func(what string) (*recorder, *slottest.Faults) {
+		t.Helper()
+		ev, faults := newRecorder(), slottest.NewFaults()
+		g, err := Open(ctx, cfg, set, Options{StateDir: stateDir, Interceptor: faults, Events: ev})
+		if err != nil {
+			t.Fatalf("%s: open: %v", what, err)
+		}
+		defer g.Close()
+		if err := g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
+			t.Fatalf("%s: login: %v", what, err)
+		}
+		return ev, faults
+	}
+	if ev, _ := login("the first process"); len(ev.groupEvents(group.DomainKeyWeak, "")) != 0 {
+		t.Fatalf("the ceremony's key reported weak: %v", ev.groupEvents(group.DomainKeyWeak, ""))
+	}
+	victim := toks[1]
+	s := direct(t, victim)
+	if err := replica.RemoveDomainKey(ctx, s, cfg.Serial); err != nil {
+		t.Fatal(err)
+	}
+	value := make([]byte, 32)
+	rand.Read(value)
+	if _, err := s.CreateObject(ctx, []*pkcs11.Attribute{
+		a(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), a(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+		a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, replica.DomainLabel(cfg.Serial)),
+		a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_PRIVATE, true), a(pkcs11.CKA_SENSITIVE, true),
+		a(pkcs11.CKA_EXTRACTABLE, false), a(pkcs11.CKA_WRAP, true), a(pkcs11.CKA_UNWRAP, true),
+		a(pkcs11.CKA_MODIFIABLE, true),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ev, faults := login("the next process")
+	weak := ev.groupEvents(group.DomainKeyWeak, victim.Name)
+	if len(weak) != 1 || !strings.Contains(weak[0].Err.Error(), "CKA_MODIFIABLE=true") {
+		t.Errorf("the planted key on %s: %d domain_key_weak events (%v), want 1 naming CKA_MODIFIABLE=true", victim.Name, len(weak), weak)
+	}
+	if n := faults.Calls(toks[0].Name, slot.OpCopyObject); n != 0 {
+		t.Errorf("%d trial copies of the unchanged key on %s, want none", n, toks[0].Name)
+	}
 }
