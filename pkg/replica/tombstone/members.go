@@ -457,14 +457,31 @@ func (s *Shared) report(member string, err error) {
 
 // recordSet holds tombstones and revocations by identity, fingerprint and
 // time; a revocation replaces its tombstone (records.add's rule).
-type recordSet map[string]Tombstone
+type recordSet map[recordID]Tombstone
 
-func recordKey(t Tombstone) string {
-	return fmt.Sprintf("%s\x00%d", keyOf(t), t.Time.UnixNano())
+// recordID is a record's key in a recordSet: what keyOf names, and the
+// time. A struct of the raw fields, not a formatted string: every write
+// of a destroy rebuilds sets of every record within the horizon, and the
+// strings were most of its CPU (docs/BENCHMARKS.md, "Write cost with
+// history").
+type recordID struct {
+	class, keyType         uint
+	id, label, fingerprint string
+	intent                 bool
+	at                     int64
+}
+
+func recordKey(t Tombstone) recordID {
+	k := recordID{class: t.Identity.Class, keyType: t.Identity.KeyType, id: string(t.Identity.ID),
+		label: t.Identity.Label, intent: t.Intent, at: t.Time.UnixNano()}
+	if !t.Intent {
+		k.fingerprint = string(t.Fingerprint)
+	}
+	return k
 }
 
 func newRecordSet(ts ...Tombstone) recordSet {
-	r := recordSet{}
+	r := make(recordSet, len(ts))
 	for _, t := range ts {
 		r.add(t, time.Time{})
 	}

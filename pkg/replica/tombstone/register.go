@@ -136,8 +136,11 @@ func registerTemplate(label string) []*pkcs11.Attribute {
 // names this writer's register.
 var errRegisterGone = errors.New("register gone")
 
-// readRegister re-reads the register at h.
-func (s *Shared) readRegister(ctx context.Context, m *slot.Slot, h pkcs11.ObjectHandle, writer string) (register, error) {
+// readRegister re-reads the register known was read or written as; one
+// still labelled as known is known, not decoded again (thousands of
+// records within the horizon make a decode dearer than the token's read).
+func (s *Shared) readRegister(ctx context.Context, m *slot.Slot, known register) (register, error) {
+	h, writer := known.handle, known.writer
 	attrs, err := m.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL})
 	if err != nil {
 		if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID || slot.ClassOf(err) == slot.ClassRequest {
@@ -147,6 +150,9 @@ func (s *Shared) readRegister(ctx context.Context, m *slot.Slot, h pkcs11.Object
 	}
 	if len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
 		return register{}, errRegisterGone
+	}
+	if known.records != nil && string(attrs[0].Value) == known.label {
+		return known, nil
 	}
 	r, ts, ok, err := decodeRegister(s.label, string(attrs[0].Value), s.serial)
 	if !ok || (err == nil && r.writer != writer) {
@@ -188,9 +194,10 @@ func (s *Shared) updateRegister(ctx context.Context, m *slot.Slot, r register, u
 		return n, s.destroyRegister(ctx, m, r)
 	}
 	label := encodeRegister(s.label, r.writer, now, union.sorted())
+	updated := register{handle: r.handle, writer: r.writer, label: label, at: now, records: union}
 	err := m.SetAttributes(ctx, r.handle, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label))})
 	if err == nil {
-		_, err = s.readRegister(ctx, m, r.handle, r.writer)
+		_, err = s.readRegister(ctx, m, updated)
 	} else if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
 		err = errRegisterGone
 	}
@@ -200,7 +207,7 @@ func (s *Shared) updateRegister(ctx context.Context, m *slot.Slot, r register, u
 	case err != nil:
 		return register{}, fmt.Errorf("member %s: update the tombstone register (object %d, %d bytes): %w", m.Name(), r.handle, len(label), err)
 	}
-	return register{handle: r.handle, writer: r.writer, label: label, at: now, records: union}, nil
+	return updated, nil
 }
 
 // destroyRegister destroys r if it still holds what was read of it
@@ -318,7 +325,7 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 	var own, fold []register
 	var expired []replica.StateObject
 	if held == nil && w.reg.handle != 0 && w.epoch == epoch {
-		r, err := s.readRegister(ctx, m, w.reg.handle, writer)
+		r, err := s.readRegister(ctx, m, w.reg)
 		switch {
 		case err == nil:
 			own = []register{r}

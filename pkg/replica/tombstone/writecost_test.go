@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -59,4 +62,54 @@ func BenchmarkStateObjectWrite(b *testing.B) {
 		"CKA_APPLICATION": pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, "a")} {
 		b.Logf("%s changed in place: %v", name, s.SetAttributes(ctx, h, []*pkcs11.Attribute{a}))
 	}
+}
+
+// BenchmarkRecordWithHistory is the cost of recording one destroy when
+// the group already holds n tombstones within the horizon (a fleet that
+// destroys token objects daily keeps thousands for 90 days): the local
+// record (memory, the Go API's default) and every member's register hold
+// them, as after any earlier destroy. cpu-ns/op is the whole process's
+// CPU per destroy, SoftHSM's included.
+func BenchmarkRecordWithHistory(b *testing.B) {
+	ctx := context.Background()
+	for _, members := range []int{1, 3} {
+		slots := openTokens(b, members)
+		for _, n := range []int{0, 1000, 5000} {
+			b.Run(fmt.Sprintf("members=%d/existing=%d", members, n), func(b *testing.B) {
+				serial := fmt.Sprintf("%d%d", 70+members, n)
+				local := &Memory{}
+				start := time.Now().Add(-DefaultHorizon / 2)
+				for i := range n {
+					t := tomb(fmt.Sprintf("seed-%d", i), make([]byte, 32))
+					t.Identity.ID, t.Time, t.GroupSerial = make([]byte, 16), start.Add(time.Duration(i)*time.Second), serial
+					local.Record(ctx, t)
+				}
+				sh := NewShared(local, serial, SharedOptions{OnError: func(m string, err error) { b.Error(m, err) }})
+				sh.SetMembers(func(bool) []*slot.Slot { return slots })
+				record := func(i int) {
+					t := tomb(fmt.Sprintf("new-%d", i), make([]byte, 32))
+					t.Identity.ID = make([]byte, 16)
+					if err := sh.Record(ctx, t); err != nil {
+						b.Fatal(err)
+					}
+				}
+				record(0) // spreads the history to the members
+				cpu := processCPU(b)
+				i := 0
+				for b.Loop() {
+					i++
+					record(i)
+				}
+				b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+			})
+		}
+	}
+}
+
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
