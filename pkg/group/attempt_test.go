@@ -8,6 +8,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
@@ -77,6 +78,14 @@ var paths = []path{
 	{name: "create", op: slot.OpCreateObject, held: 0, run: func(ctx context.Context, _ *fixture, s *Session, _ ObjectHandle, label string) error {
 		_, err := s.CreateObject(ctx, dataTemplate(label))
 		return err
+	}},
+	{name: "login", op: slot.OpLogin, held: -1, run: func(ctx context.Context, f *fixture, _ *Session, _ ObjectHandle, _ string) error {
+		// The application logs in again: the PIN's proof on the first
+		// member, then the others' logins.
+		if err := f.g.Logout(ctx); err != nil && CodeOf(err) != pkcs11.CKR_USER_NOT_LOGGED_IN {
+			return err
+		}
+		return f.g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(f.toks[0].UserPIN))
 	}},
 	{name: "replicate", op: slot.OpUnwrapKey, held: 0, run: func(ctx context.Context, _ *fixture, s *Session, _ ObjectHandle, label string) error {
 		// A secret key travels to the other members wrapped: the

@@ -306,7 +306,7 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 			}
 		}
 	}
-	n, lastErr := g.logins.LoginAll(ctx, rest, userType, pin)
+	n, lastErr := g.logins.LoginAll(ctx, rest, userType, pin, prove)
 	logged += n
 	if logged == 0 {
 		if lastErr == nil {
@@ -344,17 +344,18 @@ func (g *Group) ownPIN(m *member.Member) func() (secret.PIN, error) {
 }
 
 // loginAs makes the one C_Login of a login of m with pin, charging m's
-// health as any call would. CKR_USER_ALREADY_LOGGED_IN is success.
+// health as call does (never failing m for an ambiguous answer: the
+// login's rules decide, once they know whether another member took the
+// same login). CKR_USER_ALREADY_LOGGED_IN is success.
 func (g *Group) loginAs(ctx context.Context, m *member.Member, userType uint, pin secret.PIN) error {
 	s := m.Slot()
-	start := m.Begin()
-	err := s.Login(ctx, userType, pin)
-	if slot.CodeOf(err) == pkcs11.CKR_USER_ALREADY_LOGGED_IN {
-		err = nil
-	}
-	if out := m.End(start, err); out.Fail {
-		g.failMember(m, err)
-	}
+	_, err := g.call(ctx, m, func() error {
+		err := s.Login(ctx, userType, pin)
+		if slot.CodeOf(err) == pkcs11.CKR_USER_ALREADY_LOGGED_IN {
+			return nil
+		}
+		return err
+	})
 	if err == nil {
 		// The domain key is private: now it can be seen, audit it.
 		_ = g.rep.Audit(ctx, s) // a weak key is reported; the first copy meets any error again

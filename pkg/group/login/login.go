@@ -137,9 +137,13 @@ func (s *State) needsAppPIN(ms []*member.Member, userType uint) bool {
 // it. Members without a PIN source of their own are asked first: they are
 // the ones that need the application's PIN, and where members hold
 // different PINs the application knows theirs. A member the guard blocks
-// is passed over (nothing is sent to it); a member that fails for a health
-// reason is failed and the next one asked; any other answer is final (a
-// *RefusedError).
+// is passed over (nothing is sent to it); a member that fails for a clear
+// health reason is failed and the next one asked; any other answer is
+// final (a *RefusedError). An ambiguous answer (slot.Ambiguous) passes the
+// proof on too, but fails the member only once another member proves the
+// PIN (pkg/group's rule, attempt.go): when every member that answered
+// answered so, it is the token's answer to the request, returned as a
+// *RefusedError, and no member is failed.
 func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (*member.Member, error) {
 	order := make([]*member.Member, 0, len(ms))
 	for _, own := range []bool{false, true} {
@@ -150,6 +154,12 @@ func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, p
 		}
 	}
 	var lastErr error
+	type suspect struct {
+		m   *member.Member
+		err error
+	}
+	var suspects []suspect // ambiguous answers, failed only once another member proves the PIN
+	clear := 0
 	for _, m := range order {
 		if err := s.blocked(m); err != nil {
 			lastErr = err
@@ -157,24 +167,38 @@ func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, p
 			continue
 		}
 		err := s.ms.Login(ctx, m, userType, pin)
-		if err == nil {
+		switch {
+		case err == nil:
+			for _, sus := range suspects {
+				s.ms.Fail(sus.m, sus.err)
+			}
 			return m, nil
-		}
-		if slot.ClassOf(err) != slot.ClassHealth || ctx.Err() != nil {
+		case slot.ClassOf(err) != slot.ClassHealth || ctx.Err() != nil:
 			return nil, &RefusedError{Member: m.Name(), Err: err}
+		case slot.Ambiguous(err):
+			suspects = append(suspects, suspect{m, err})
+		default:
+			clear++
+			s.ms.Fail(m, err)
 		}
 		lastErr = err
-		s.ms.Fail(m, err)
 	}
-	if lastErr == nil {
+	switch {
+	case len(suspects) > 0 && clear == 0:
+		last := suspects[len(suspects)-1]
+		return nil, &RefusedError{Member: last.m.Name(), Err: last.err}
+	case lastErr == nil:
 		return nil, ErrNoMember
 	}
 	return nil, lastErr
 }
 
 // LoginAll logs ms in (see Member) at once, fails those that do not log
-// in, and returns how many did and the last error.
-func (s *State) LoginAll(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (int, error) {
+// in, and returns how many did and the last error. served says another
+// member already took the same login (the PIN's proof): without it, and
+// with none of ms logged in, an ambiguous answer (slot.Ambiguous) fails
+// no member, by the rule of Prove.
+func (s *State) LoginAll(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN, served bool) (int, error) {
 	errs := make([]error, len(ms))
 	var wg sync.WaitGroup
 	for i, m := range ms {
@@ -182,14 +206,21 @@ func (s *State) LoginAll(ctx context.Context, ms []*member.Member, userType uint
 	}
 	wg.Wait()
 	logged := 0
+	for _, err := range errs {
+		if err == nil {
+			logged++
+		}
+	}
 	var lastErr error
 	for i, err := range errs {
-		if err != nil {
-			lastErr = err
-			s.ms.Fail(ms[i], err)
+		if err == nil {
 			continue
 		}
-		logged++
+		lastErr = err
+		if slot.Ambiguous(err) && !served && logged == 0 {
+			continue
+		}
+		s.ms.Fail(ms[i], err)
 	}
 	return logged, lastErr
 }

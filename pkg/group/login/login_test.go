@@ -15,8 +15,8 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// Three tests of two tokens each, for -count=3.
-func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 18)) }
+// Four tests of two tokens each, for -count=3.
+func TestMain(m *testing.M) { os.Exit(testhsm.Main(m, 24)) }
 
 // rig is two real members, logged out: m0 without a PIN source of its
 // own, m1 with one holding the tokens' PIN. It counts each member's
@@ -25,14 +25,17 @@ type rig struct {
 	ms     []*member.Member
 	mu     sync.Mutex
 	logins map[string]int
-	st     *State
+	// general holds the members whose C_Login answers CKR_GENERAL_ERROR
+	// without reaching the token.
+	general map[*member.Member]bool
+	st      *State
 }
 
 func newRig(t *testing.T, guard Guard) *rig {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := &rig{logins: map[string]int{}}
+	r := &rig{logins: map[string]int{}, general: map[*member.Member]bool{}}
 	for i, tok := range testhsm.Take(t, 2) {
 		s, err := slot.Open(ctx, slot.Spec{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label, CommandTimeout: 20 * time.Second})
 		if err != nil {
@@ -55,7 +58,11 @@ func newRig(t *testing.T, guard Guard) *rig {
 		Login: func(ctx context.Context, m *member.Member, userType uint, pin secret.PIN) error {
 			r.mu.Lock()
 			r.logins[m.Name()]++
+			general := r.general[m]
 			r.mu.Unlock()
+			if general {
+				return pkcs11.Error(pkcs11.CKR_GENERAL_ERROR)
+			}
 			err := m.Slot().Login(ctx, userType, pin)
 			if slot.CodeOf(err) == pkcs11.CKR_USER_ALREADY_LOGGED_IN {
 				return nil
@@ -92,7 +99,7 @@ func TestWrongPINReachesOneMember(t *testing.T) {
 	if err != nil || checked != r.ms[0] {
 		t.Fatalf("Prove with the PIN: %v, %v; want %s", checked, err, r.ms[0].Name())
 	}
-	if n, err := r.st.LoginAll(ctx, r.ms[1:], pkcs11.CKU_USER, secret.PIN{}); n != 1 || err != nil {
+	if n, err := r.st.LoginAll(ctx, r.ms[1:], pkcs11.CKU_USER, secret.PIN{}, true); n != 1 || err != nil {
 		t.Fatalf("LoginAll of the member with its own PIN source: %d, %v", n, err)
 	}
 	if !r.ms[1].Slot().LoggedIn() {
@@ -171,4 +178,52 @@ func TestRefusedPINNotOfferedAgain(t *testing.T) {
 	if n := r.count(m); n != 1 {
 		t.Fatalf("%d C_Logins, want 1: a blocked member is not asked", n)
 	}
+}
+
+// An ambiguous answer to a login (CKR_GENERAL_ERROR) fails a member only
+// once another member took the same login: the PIN's proof passes on to
+// the next member and fails the first when the next takes it; when every
+// member answers so, no member is failed and the token's answer is final.
+// The same for the members' own logins with nothing proved before.
+func TestAmbiguousLoginFailsAMemberOnlyWhenAnotherServes(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, nil)
+	r.st.Lock()
+	defer r.st.Unlock()
+	pin := secret.PINFromString(testhsm.UserPIN)
+	serving := func(when string, want ...bool) {
+		t.Helper()
+		for i, m := range r.ms {
+			if got := m.State().Serving(); got != want[i] {
+				t.Fatalf("%s: member %s serving %v, want %v", when, m.Name(), got, want[i])
+			}
+		}
+	}
+	r.general[r.ms[0]], r.general[r.ms[1]] = true, true
+	_, err := r.st.Prove(ctx, r.ms, pkcs11.CKU_USER, pin)
+	var refused *RefusedError
+	if !errors.As(err, &refused) || slot.CodeOf(err) != pkcs11.CKR_GENERAL_ERROR {
+		t.Fatalf("Prove answered CKR_GENERAL_ERROR by every member: %v, want the token's answer", err)
+	}
+	if n0, n1 := r.count(r.ms[0]), r.count(r.ms[1]); n0 != 1 || n1 != 1 {
+		t.Fatalf("C_Logins: %d and %d, want the proof passed on once", n0, n1)
+	}
+	serving("after every member answered CKR_GENERAL_ERROR to the proof", true, true)
+	if n, err := r.st.LoginAll(ctx, r.ms[1:], pkcs11.CKU_USER, secret.PIN{}, false); n != 0 || slot.CodeOf(err) != pkcs11.CKR_GENERAL_ERROR {
+		t.Fatalf("LoginAll answered CKR_GENERAL_ERROR, nothing proved: %d, %v", n, err)
+	}
+	serving("after the own-PIN login every member answered CKR_GENERAL_ERROR", true, true)
+
+	r.general[r.ms[1]] = false
+	checked, err := r.st.Prove(ctx, r.ms, pkcs11.CKU_USER, pin)
+	if err != nil || checked != r.ms[1] {
+		t.Fatalf("Prove with %s answering CKR_GENERAL_ERROR: %v, %v; want %s to prove it", r.ms[0].Name(), checked, err, r.ms[1].Name())
+	}
+	serving("after another member proved the PIN", false, true)
+
+	r.general[r.ms[1]] = true
+	if n, err := r.st.LoginAll(ctx, r.ms[1:], pkcs11.CKU_USER, secret.PIN{}, true); n != 0 || err == nil {
+		t.Fatalf("LoginAll answered CKR_GENERAL_ERROR after the proof: %d, %v", n, err)
+	}
+	serving("after a CKR_GENERAL_ERROR to a login another member took", false, false)
 }
