@@ -370,6 +370,13 @@ func (g *Group) Label() string { return g.label }
 // Serial returns the virtual token's serial number.
 func (g *Group) Serial() string { return g.serial }
 
+// Replicator returns the replicator the group copies objects with, for
+// pkg/recovery to copy with the same one: it admits one copy at a time
+// into each member token (SoftHSM refuses some made from two threads at
+// once), audits each member's domain key once per login epoch and
+// reports a weak one as DomainKeyWeak.
+func (g *Group) Replicator() *replica.Replicator { return g.rep }
+
 // Settings returns the group's effective settings.
 func (g *Group) Settings() config.Settings {
 	s := g.settings

@@ -9,6 +9,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/recovery"
 	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -114,5 +115,60 @@ func TestFactsHideNoReplacedDomainKey(t *testing.T) {
 	}
 	if n := faults.Calls(toks[0].Name, slot.OpCopyObject); n != 0 {
 		t.Errorf("%d trial copies of the unchanged key on %s, want none", n, toks[0].Name)
+	}
+}
+
+// TestSynchronizeAuditsNoDomainKeyAgain: the recoverer copies with the
+// engine's replicator, so a synchronize right after the login makes no
+// trial copy of the domain keys the login audited (a process without a
+// state directory, which keeps nothing on disk), and the key it copies
+// back travels wrapped under them.
+func TestSynchronizeAuditsNoDomainKeyAgain(t *testing.T) {
+	ctx := testCtx(t)
+	toks := testhsm.Take(t, 2)
+	cfg := groupOn(t, toks)
+	faults := slottest.NewFaults()
+	g, err := Open(ctx, cfg, config.Defaults(), Options{Interceptor: faults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
+		t.Fatal(err)
+	}
+	trials := map[string]int{}
+	for _, tok := range toks {
+		if trials[tok.Name] = faults.Calls(tok.Name, slot.OpCopyObject); trials[tok.Name] == 0 {
+			t.Fatalf("the login made no trial copy of the domain key on %s", tok.Name)
+		}
+	}
+	s, err := g.Engine().OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	genEC(t, s, "synced-back")
+	victim := direct(t, toks[1])
+	hs, err := victim.FindObjects(ctx, []*pkcs11.Attribute{a(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), a(pkcs11.CKA_LABEL, "synced-back")})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("the private key on %s: %v, %v", toks[1].Name, hs, err)
+	}
+	if err := victim.DestroyObject(ctx, hs[0]); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := g.Synchronize(ctx, recovery.SyncOptions{})
+	if err != nil {
+		t.Fatalf("synchronize: %v", err)
+	}
+	if rep.Applied == nil || len(rep.Applied.Done) != 1 || len(rep.Applied.Failed) != 0 {
+		t.Fatalf("synchronize applied %+v, want the private key copied back", rep.Applied)
+	}
+	if faults.Calls(toks[1].Name, slot.OpUnwrapKey) == 0 {
+		t.Fatalf("the key reached %s without an unwrap", toks[1].Name)
+	}
+	for _, tok := range toks {
+		if n := faults.Calls(tok.Name, slot.OpCopyObject); n != trials[tok.Name] {
+			t.Errorf("%d trial copies on %s during synchronize, want none (the login audited the key)", n-trials[tok.Name], tok.Name)
+		}
 	}
 }

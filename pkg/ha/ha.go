@@ -205,7 +205,6 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		Events:         reportRecovery(opts.Report, g.Label, opts.RecoveryEvents),
 		Clock:          opts.Clock,
 		PINBlocks:      blocks,
-		Facts:          gopts.Facts,
 	})
 	if err != nil {
 		gr.Close()

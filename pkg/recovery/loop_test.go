@@ -199,6 +199,8 @@ func (e *fakeEngine) ActivateMember(_ context.Context, name string) error {
 // every activation happened with the barrier held.
 func (e *fakeEngine) WriteMark() uint64 { return 0 }
 
+func (e *fakeEngine) Replicator() *replica.Replicator { return &replica.Replicator{} }
+
 func (e *fakeEngine) HoldWrites(context.Context) (func(), error) {
 	e.mu.Lock()
 	e.held++

@@ -138,6 +138,10 @@ type Engine interface {
 	// changes through the group (waiting, bounded by ctx, for those in
 	// progress) until release is called.
 	HoldWrites(ctx context.Context) (release func(), err error)
+	// Replicator returns the engine's replicator, which the Recoverer
+	// copies with too: one copy at a time into each member token, one
+	// audit of each member's domain key, a weak key reported once.
+	Replicator() *replica.Replicator
 }
 
 // wrapMechanism is the name a member's snapshot lists in
@@ -249,9 +253,6 @@ type Options struct {
 	// the group the same one as its group.PINGuard. Nil: the Recoverer
 	// makes its own, in StateDir (in memory without one).
 	PINBlocks *PINBlocks
-	// Facts is the engine's group.Options.Facts: the recoverer's own
-	// replication audits the members' domain keys too.
-	Facts replica.Facts
 }
 
 // Result is the outcome of one attempt.
@@ -399,7 +400,7 @@ func New(opts Options) (*Recoverer, error) {
 		eng:      opts.Engine,
 		blocks:   opts.PINBlocks,
 		clock:    opts.Clock,
-		repl:     &replica.Replicator{GroupSerial: serial, Facts: opts.Facts},
+		repl:     opts.Engine.Replicator(),
 		opts:     opts,
 		catchUp:  opts.CatchUp,
 		interval: opts.Interval,
