@@ -353,6 +353,41 @@ func (g *Group) call(ctx context.Context, m *member.Member, fn func() error) (sl
 	return class, err
 }
 
+// Probe asks member name's token for its token information, as a health
+// probe, and charges the answer by the rule for a call with no other
+// member to compare, confirmed by the probe itself: a clear health error
+// fails the member at once; an ambiguous one only when the member's
+// previous probe answered one too (SoftHSM answers a C_GetTokenInfo with
+// CKR_GENERAL_ERROR while another process logs in). A probe the caller's
+// context cut short charges nothing.
+func (g *Group) Probe(ctx context.Context, name string) (pkcs11.TokenInfo, error) {
+	m, ok := g.Member(name)
+	if !ok {
+		return pkcs11.TokenInfo{}, wrap(ErrUnknownMember, "Probe", name, nil)
+	}
+	s := m.Slot()
+	if s == nil {
+		return pkcs11.TokenInfo{}, wrap(ErrNoMember, "Probe", name, errors.New("member not open"))
+	}
+	info, err := s.TokenInfo(ctx)
+	g.probeMu.Lock()
+	defer g.probeMu.Unlock()
+	switch {
+	case err == nil:
+		delete(g.doubted, m)
+	case ctx.Err() != nil || slot.ClassOf(err) != slot.ClassHealth:
+	case slot.Ambiguous(err) && !g.doubted[m]:
+		if g.doubted == nil {
+			g.doubted = map[*member.Member]bool{}
+		}
+		g.doubted[m] = true
+	default:
+		delete(g.doubted, m)
+		g.failMember(m, fmt.Errorf("health probe: %w", err))
+	}
+	return info, err
+}
+
 // measure is call without the failing: it reports whether the call should
 // fail m, for exec's verdict.
 func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) (slot.Class, bool, error) {

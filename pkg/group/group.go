@@ -194,6 +194,9 @@ type Group struct {
 	recoverMu  sync.Mutex
 	recovering map[string]bool // guarded by recoverMu
 
+	probeMu sync.Mutex
+	doubted map[*member.Member]bool // last probe answered ambiguously (Probe); guarded by probeMu
+
 	sessMu   sync.Mutex
 	sessions map[SessionHandle]*Session
 	nextSess atomic.Uint64

@@ -30,9 +30,6 @@ type groupEngine struct {
 	cfg    config.Group         // as last applied; guarded by mu
 	set    config.Settings      // guarded by mu
 	tokens map[string]tokenSeen // member → what its last successful probe saw
-	// doubted holds the members whose last probe answered an ambiguous
-	// error (slot.Ambiguous): the next such answer fails them.
-	doubted map[string]bool
 }
 
 type tokenSeen struct {
@@ -54,7 +51,7 @@ func engineSettings(s config.Settings) config.Settings {
 // member down at start-up starts failed and is recovered later), logs in
 // the members that have a PIN source, and starts recovery.
 func OpenGroup(ctx context.Context, g config.Group, s config.Settings, env Env, emit func(agent.Event)) (Engine, error) {
-	ge := &groupEngine{label: g.Label, cfg: g, set: s, emit: emit, tokens: map[string]tokenSeen{}, doubted: map[string]bool{}}
+	ge := &groupEngine{label: g.Label, cfg: g, set: s, emit: emit, tokens: map[string]tokenSeen{}}
 	h, err := ha.Open(ctx, g, engineSettings(s), ha.Options{
 		StateDir:       env.StateDir,
 		Interceptor:    env.Interceptor,
@@ -164,8 +161,9 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 	return gs
 }
 
-// Probe implements Engine: a TokenInfo call on every serving member; a
-// health failure fails the member (and starts its recovery).
+// Probe implements Engine: a TokenInfo call on every serving member,
+// charged by the engine's rule (group.Probe); a member it fails is then
+// recovered.
 func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 	snaps := ge.h.Engine().Members()
 	res := make([]ProbeResult, len(snaps))
@@ -173,14 +171,6 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 	for i, s := range snaps {
 		res[i].Member = s.Name
 		if !s.State.Serving() {
-			continue
-		}
-		m, ok := ge.h.Engine().Member(s.Name)
-		if !ok {
-			continue
-		}
-		sl := m.Slot()
-		if sl == nil {
 			continue
 		}
 		ge.mu.Lock()
@@ -193,41 +183,17 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 			pctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			start := time.Now()
-			info, err := sl.TokenInfo(pctx)
+			info, err := ge.h.Engine().Probe(pctx, s.Name)
 			res[i].Duration, res[i].Err = time.Since(start), err
-			switch {
-			case err == nil:
+			if err == nil {
 				ge.mu.Lock()
 				ge.tokens[s.Name] = tokenSeen{strings.TrimRight(info.Label, " "), strings.TrimRight(info.SerialNumber, " ")}
-				delete(ge.doubted, s.Name)
 				ge.mu.Unlock()
-			case ctx.Err() == nil && slot.ClassOf(err) == slot.ClassHealth:
-				if ge.confirmed(s.Name, err) {
-					ge.h.Engine().FailMember(s.Name, fmt.Errorf("health probe: %w", err))
-				}
 			}
 		})
 	}
 	wg.Wait()
 	return res
-}
-
-// confirmed reports whether a probe's health error on member name fails
-// it: at once, unless the error is ambiguous; an ambiguous one only when
-// the member's previous probe answered one too (SoftHSM answers a
-// C_GetTokenInfo with CKR_GENERAL_ERROR while another process logs in).
-func (ge *groupEngine) confirmed(name string, err error) bool {
-	if !slot.Ambiguous(err) {
-		return true
-	}
-	ge.mu.Lock()
-	defer ge.mu.Unlock()
-	if ge.doubted[name] {
-		delete(ge.doubted, name)
-		return true
-	}
-	ge.doubted[name] = true
-	return false
 }
 
 // Recover implements Engine.
