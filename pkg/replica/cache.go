@@ -65,9 +65,9 @@ func mechanismName(m uint) string {
 // one login epoch of its slot (slot.Slot.Epoch): the handle of the domain
 // key and whether it is trusted, and what the member says of the wrapping
 // mechanism. Finding the domain key costs a FindObjects, which SoftHSM
-// answers by visiting every object on the token (about 22 ms with 1,000
-// objects on this machine); with the memo, a Replicate makes no search
-// but the look-up of an existing copy on the target.
+// answers by visiting every object on the token (docs/BENCHMARKS.md,
+// "SoftHSM costs the code is shaped by"); with the memo, a Replicate makes
+// no search but the look-up of an existing copy on the target.
 type memo struct {
 	epoch uint64
 

@@ -66,10 +66,10 @@
 //     derived generic secret truncated by CKA_VALUE_LEN the stored value
 //     covers the untruncated secret and the copy refuses it; no member
 //     can compute the right one (no encryption with a generic secret).
-//   - C_FindObjects visits every object: 0.06 ms on an empty token, about
-//     10 ms with 500 objects and 22 ms with 1,000 on the test machine.
-//     Creating a token object (C_CreateObject, C_UnwrapKey) costs about
-//     6 ms whatever the token's size.
+//   - C_FindObjects visits every object, so its cost grows with the
+//     token; creating a token object (C_CreateObject, C_UnwrapKey) costs
+//     the same whatever the token's size (figures: docs/BENCHMARKS.md,
+//     "SoftHSM costs the code is shaped by").
 //
 // # p11-kit 0.24, measured
 //

@@ -55,8 +55,8 @@ type Target struct {
 	// changed there, and nothing else writes to the member meanwhile).
 	// Replicate then skips its look-up for an existing copy: a
 	// FindObjects, which SoftHSM answers by visiting every object on the
-	// token (about 22 ms per 1,000 objects on the test machine), so that
-	// the cost of a copy no longer grows with the token. A broken promise
+	// token (docs/BENCHMARKS.md, "SoftHSM costs the code is shaped by"),
+	// so that the cost of a copy no longer grows with the token. A broken promise
 	// leaves the member with a second object under the identity: the same
 	// material (which MakePlan counts once), or a conflict it reports.
 	Absent bool

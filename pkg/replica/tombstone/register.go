@@ -19,9 +19,10 @@ import (
 )
 
 // Registers: the member-side record written in place (DESIGN.md,
-// "Tombstones on the members"). A create plus a destroy of a token object
-// costs ~3.3 ms on SoftHSM; changing a data object's CKA_LABEL in place
-// costs 0.2–0.5 ms. So each writer — one local record: a host's journal
+// "Tombstones on the members"). On SoftHSM a create plus a destroy of a
+// token object costs about ten times a change of a data object's
+// CKA_LABEL in place (docs/BENCHMARKS.md, "SoftHSM costs the code is
+// shaped by"). So each writer — one local record: a host's journal
 // (shared under its flock by every process of the host) or one process's
 // memory — owns one private token data object per member, whose CKA_LABEL
 // names the writer and carries the records:
