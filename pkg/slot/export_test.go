@@ -64,3 +64,17 @@ func SetOwnEnvironment(own bool) (was bool) { return ownEnv.Swap(own) }
 // ObjectLockWriting reports whether a call of s holds its token's object
 // lock for writing.
 func ObjectLockWriting(s *Slot) bool { return s.st.Load().objects.Writing() }
+
+// ModuleCallsInside returns how many calls callOn (or Slot.direct) is
+// running on the contexts of module path.
+func ModuleCallsInside(path string) int {
+	modules.mu.Lock()
+	defer modules.mu.Unlock()
+	n := 0
+	for _, m := range modules.mods {
+		if m.path == path {
+			n += m.inside
+		}
+	}
+	return n
+}

@@ -43,7 +43,7 @@ func InitToken(ctx context.Context, path, serial, label string, soPIN, userPIN s
 		return "", fmt.Errorf("%w: module %s cannot initialise tokens in this process", ErrInvalidSpec, path)
 	}
 	var fresh string
-	err = callTimeout(ctx, initTokenTimeout, func() error {
+	err = callOn(ctx, m, initTokenTimeout, func() error {
 		id, err := slotOfSerial(c, serial)
 		if err != nil {
 			return err

@@ -292,14 +292,17 @@ func (e *notFoundError) Error() string {
 
 func (e *notFoundError) Unwrap() error { return ErrTokenNotFound }
 
-// findToken finds the one token matching q on c. It never trusts a slot ID
-// remembered from before: it lists the slots every time.
-func findToken(ctx context.Context, spec *Spec, q tokenQuery, c p11, timeout time.Duration) (TokenSummary, error) {
+// findToken finds the one token matching q on c, module m's context. It
+// never trusts a slot ID remembered from before: it lists the slots every
+// time. The listing is a call per slot the module offers, not one
+// command, so it is bounded as C_Initialize is (initializeTimeout of the
+// command timeout given).
+func findToken(ctx context.Context, spec *Spec, q tokenQuery, m *module, c p11, timeout time.Duration) (TokenSummary, error) {
 	var (
 		toks []found
 		info pkcs11.Info
 	)
-	err := callTimeout(ctx, timeout, func() error {
+	err := callOn(ctx, m, initializeTimeout(timeout), func() error {
 		return spec.intercepted(ctx, OpTokenInfo, func() error {
 			var err error
 			if q.needsLibInfo() {
@@ -344,7 +347,7 @@ func ListTokens(ctx context.Context, module string, env map[string]string) ([]To
 	defer modules.release(m)
 	c := modules.current(m)
 	var toks []found
-	err = callTimeout(ctx, DefaultCommandTimeout, func() error {
+	err = callOn(ctx, m, DefaultCommandTimeout, func() error {
 		var err error
 		toks, err = listTokens(c, false)
 		return err

@@ -33,6 +33,12 @@ type module struct {
 
 	refs    int  // slots using the context
 	foreign bool // CKR_CRYPTOKI_ALREADY_INITIALIZED: someone else's; never finalized by us
+	// inside counts the calls running on ctx on a goroutine of their own,
+	// which their caller may have given up on (callOn); pending says the
+	// last reference went while some were, so the context is finalized
+	// when the last of them returns. Both guarded by the registry's lock.
+	inside  int
+	pending bool
 	private bool // loaded for one spec's module env, or a remote token: not shared by key
 	wedged  bool // a Finalize/Initialize outlived its deadline: never touch ctx again
 
@@ -89,6 +95,7 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 	if !private {
 		if m, ok := r.mods[path]; ok {
 			m.refs++
+			m.pending = false
 			return m, nil
 		}
 	}
@@ -109,6 +116,7 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 				// path, or a module that ignores its env): share it.
 				c.Destroy()
 				m.refs++
+				m.pending = false
 				return m, nil
 			}
 		}
@@ -150,12 +158,17 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 }
 
 // release drops one reference; the last one finalizes the context (unless
-// it is someone else's). The context is never destroyed (miekg's Destroy
-// frees it and dlcloses the module): a call abandoned at its deadline, or
-// one racing a shutdown, may still run on it, and must meet a finalized
-// module (CKR_CRYPTOKI_NOT_INITIALIZED), not freed memory — haagent once
-// died with SIGSEGV in GetTokenInfo that way. The cost is one small
-// allocation and a dlopen reference per module load.
+// it is someone else's), or, while calls given up on still run on it
+// (callOn), the last of those does: C_Finalize while another thread is
+// inside the module is undefined (PKCS#11 v2.40, 5.4), and SoftHSM frees
+// the token state the call reads (a SIGSEGV in C_GetTokenInfo under a
+// lookup abandoned at its deadline). Meanwhile the context stays in the
+// registry, and a new user takes it up again. The context is never
+// destroyed (miekg's Destroy frees it and dlcloses the module): a call
+// racing a shutdown may still run on it, and must meet a finalized module
+// (CKR_CRYPTOKI_NOT_INITIALIZED), not freed memory — haagent once died
+// with SIGSEGV in GetTokenInfo that way. The cost is one small allocation
+// and a dlopen reference per module load.
 func (r *registry) release(m *module) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -163,22 +176,62 @@ func (r *registry) release(m *module) {
 	if m.refs > 0 {
 		return
 	}
+	if m.inside > 0 {
+		m.pending = true
+		return
+	}
+	r.finalizeLocked(m)
+}
+
+// finalizeLocked takes m, which nobody uses, out of the registry and
+// finalizes its context. Callers hold r.mu.
+func (r *registry) finalizeLocked(m *module) {
+	m.pending = false
 	if r.mods[m.key] == m {
 		delete(r.mods, m.key)
 	}
-	if m.wedged {
+	if m.wedged || m.foreign {
 		return
 	}
-	if !m.foreign {
-		c := m.ctx
-		err := callTimeout(context.Background(), finalizeTimeout, func() error { return c.Finalize() })
-		if errors.Is(err, ErrTimeout) {
-			m.wedged = true
-			return
-		}
-		if err == nil {
-			r.finals[m.path]++
-		}
+	c := m.ctx
+	err := callTimeout(context.Background(), finalizeTimeout, func() error { return c.Finalize() })
+	if errors.Is(err, ErrTimeout) {
+		m.wedged = true
+		return
+	}
+	if err == nil {
+		r.finals[m.path]++
+	}
+}
+
+// callOn is callTimeout for a call on m's context: m stays initialised
+// until fn returns, however long after its caller gave up (see release).
+func callOn(ctx context.Context, m *module, timeout time.Duration, fn func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	modules.enter(m)
+	return wait(ctx, timeout, func() error {
+		defer modules.left(m)
+		return fn()
+	})
+}
+
+// enter notes a call about to run on m's context on a goroutine of its
+// own; left, once it returned.
+func (r *registry) enter(m *module) {
+	r.mu.Lock()
+	m.inside++
+	r.mu.Unlock()
+}
+
+// left notes that a call entered on m returned.
+func (r *registry) left(m *module) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.inside--
+	if m.inside == 0 && m.pending {
+		r.finalizeLocked(m)
 	}
 }
 
@@ -314,6 +367,12 @@ func callTimeout(ctx context.Context, timeout time.Duration, fn func() error) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	return wait(ctx, timeout, fn)
+}
+
+// wait runs fn on a goroutine of its own and waits for it at most timeout,
+// and not beyond ctx (callTimeout without the first look at ctx).
+func wait(ctx context.Context, timeout time.Duration, fn func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- fn() }()
 	t := time.NewTimer(timeout)

@@ -139,7 +139,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	}
 	s.holds.Store(1)
 	c := modules.current(mod)
-	tok, err := findToken(ctx, &s.spec, q, c, s.cmdTimeout)
+	tok, err := findToken(ctx, &s.spec, q, mod, c, s.cmdTimeout)
 	if err != nil {
 		pin.Zero()
 		modules.release(mod)
@@ -151,7 +151,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	if s.capacity == 0 {
 		s.capacity = maxPool
 		var ti pkcs11.TokenInfo
-		err := callTimeout(ctx, s.cmdTimeout, func() error {
+		err := callOn(ctx, mod, s.cmdTimeout, func() error {
 			v, err := c.GetTokenInfo(tok.SlotID)
 			ti = v
 			return err
@@ -467,7 +467,7 @@ func (s *Slot) Reinit(ctx context.Context) error {
 	}
 	next.ctx = modules.current(s.mod)
 	next.inc = s.mod.inc.Load()
-	tok, err := findToken(ctx, &s.spec, s.query, next.ctx, s.cmdTimeout)
+	tok, err := findToken(ctx, &s.spec, s.query, s.mod, next.ctx, s.cmdTimeout)
 	if err != nil {
 		next.err = err
 		return err
@@ -718,20 +718,11 @@ func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) 
 		s.gate.leave()
 		return err
 	}
-	done := make(chan error, 1)
-	go func() {
+	modules.enter(s.mod) // a call given up on keeps the module initialised (registry.release)
+	err := wait(ctx, s.cmdTimeout, func() error {
 		defer s.gate.leave()
-		done <- s.spec.intercepted(ctx, op, func() error { return fn(st) })
-	}()
-	t := time.NewTimer(s.cmdTimeout)
-	defer t.Stop()
-	var err error
-	select {
-	case err = <-done:
-	case <-t.C:
-		err = fmt.Errorf("%w (%v)", ErrTimeout, s.cmdTimeout)
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
+		defer modules.left(s.mod)
+		return s.spec.intercepted(ctx, op, func() error { return fn(st) })
+	})
 	return newError(s.spec.Name, op, err)
 }
