@@ -155,8 +155,14 @@ func (d *watchdog) fire() {
 			}
 			continue
 		}
+		// A stalled call keeps the module initialised until it returns
+		// (registry.release), as an abandoned one does: held first, so
+		// that its return cannot let go of a hold not yet taken.
+		x.owner.hold()
 		if c.state.CompareAndSwap(callRunning, callStalled) {
 			x.owner.stalls.Add(1)
+		} else {
+			x.owner.unhold()
 		}
 	}
 	if next == 0 {
@@ -174,11 +180,15 @@ func (x *sess) runInline(op Op, timeout time.Duration) error {
 	c.state.Store(callRunning)
 	x.owner.dog.watch(deadline)
 	err := x.exec()
-	if c.state.Swap(callIdle) == callStalled {
+	stalled := c.state.Swap(callIdle) == callStalled
+	if stalled {
 		x.owner.stalls.Add(-1) // the member answers again
 	}
 	x.state.Store(stIdle)
 	x.cctx, x.fn = nil, nil
+	if stalled {
+		x.owner.unhold() // the watchdog's (fire)
+	}
 	return newError(x.owner.spec.Name, op, err)
 }
 
