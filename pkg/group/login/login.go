@@ -159,7 +159,7 @@ func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, p
 		err error
 	}
 	var suspects []suspect // ambiguous answers, failed only once another member proves the PIN
-	clear := 0
+	failed := 0            // clear health failures
 	for _, m := range order {
 		if err := s.blocked(m); err != nil {
 			lastErr = err
@@ -178,13 +178,13 @@ func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, p
 		case slot.Ambiguous(err):
 			suspects = append(suspects, suspect{m, err})
 		default:
-			clear++
+			failed++
 			s.ms.Fail(m, err)
 		}
 		lastErr = err
 	}
 	switch {
-	case len(suspects) > 0 && clear == 0:
+	case len(suspects) > 0 && failed == 0:
 		last := suspects[len(suspects)-1]
 		return nil, &RefusedError{Member: last.m.Name(), Err: last.err}
 	case lastErr == nil:
