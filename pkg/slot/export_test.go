@@ -73,7 +73,7 @@ func ModuleCallsInside(path string) int {
 	n := 0
 	for _, m := range modules.mods {
 		if m.path == path {
-			n += m.inside
+			n += int(m.inside.Load())
 		}
 	}
 	return n

@@ -36,9 +36,11 @@ type module struct {
 	// inside counts the calls running on ctx on a goroutine of their own,
 	// which their caller may have given up on (callOn); pending says the
 	// last reference went while some were, so the context is finalized
-	// when the last of them returns. Both guarded by the registry's lock.
-	inside  int
-	pending bool
+	// when the last of them returns. Atomic, so that a call neither enters
+	// nor leaves through the registry's lock (held through a Finalize);
+	// pending is written under it.
+	inside  atomic.Int64
+	pending atomic.Bool
 	private bool // loaded for one spec's module env, or a remote token: not shared by key
 	wedged  bool // a Finalize/Initialize outlived its deadline: never touch ctx again
 
@@ -95,7 +97,7 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 	if !private {
 		if m, ok := r.mods[path]; ok {
 			m.refs++
-			m.pending = false
+			m.pending.Store(false)
 			return m, nil
 		}
 	}
@@ -116,7 +118,7 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 				// path, or a module that ignores its env): share it.
 				c.Destroy()
 				m.refs++
-				m.pending = false
+				m.pending.Store(false)
 				return m, nil
 			}
 		}
@@ -176,8 +178,10 @@ func (r *registry) release(m *module) {
 	if m.refs > 0 {
 		return
 	}
-	if m.inside > 0 {
-		m.pending = true
+	// pending before inside, and left the other way round: one of the
+	// two sees the other (see left).
+	m.pending.Store(true)
+	if m.inside.Load() > 0 {
 		return
 	}
 	r.finalizeLocked(m)
@@ -186,7 +190,7 @@ func (r *registry) release(m *module) {
 // finalizeLocked takes m, which nobody uses, out of the registry and
 // finalizes its context. Callers hold r.mu.
 func (r *registry) finalizeLocked(m *module) {
-	m.pending = false
+	m.pending.Store(false)
 	if r.mods[m.key] == m {
 		delete(r.mods, m.key)
 	}
@@ -219,18 +223,20 @@ func callOn(ctx context.Context, m *module, timeout time.Duration, fn func() err
 
 // enter notes a call about to run on m's context on a goroutine of its
 // own; left, once it returned.
-func (r *registry) enter(m *module) {
-	r.mu.Lock()
-	m.inside++
-	r.mu.Unlock()
-}
+func (r *registry) enter(m *module) { m.inside.Add(1) }
 
-// left notes that a call entered on m returned.
+// left notes that a call entered on m returned, and finalizes m if it
+// was the last call inside once nobody used m (release). The count goes
+// down before pending is read, and release sets pending before it reads
+// the count: so either release sees no call inside and finalizes, or the
+// last call out sees pending and does.
 func (r *registry) left(m *module) {
+	if m.inside.Add(-1) > 0 || !m.pending.Load() {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.inside--
-	if m.inside == 0 && m.pending {
+	if m.pending.Load() && m.inside.Load() == 0 && m.refs == 0 {
 		r.finalizeLocked(m)
 	}
 }
