@@ -370,6 +370,14 @@ func (g *Group) Probe(ctx context.Context, name string) (pkcs11.TokenInfo, error
 		return pkcs11.TokenInfo{}, wrap(ErrNoMember, "Probe", name, errors.New("member not open"))
 	}
 	info, err := s.TokenInfo(ctx)
+	if g.probeFails(ctx, m, err) {
+		g.failMember(m, fmt.Errorf("health probe: %w", err)) // outside probeMu: failing emits events
+	}
+	return info, err
+}
+
+// probeFails keeps Probe's doubts and reports whether err fails m.
+func (g *Group) probeFails(ctx context.Context, m *member.Member, err error) bool {
 	g.probeMu.Lock()
 	defer g.probeMu.Unlock()
 	switch {
@@ -383,9 +391,9 @@ func (g *Group) Probe(ctx context.Context, name string) (pkcs11.TokenInfo, error
 		g.doubted[m] = true
 	default:
 		delete(g.doubted, m)
-		g.failMember(m, fmt.Errorf("health probe: %w", err))
+		return true
 	}
-	return info, err
+	return false
 }
 
 // measure is call without the failing: it reports whether the call should
