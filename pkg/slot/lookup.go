@@ -292,12 +292,13 @@ func (e *notFoundError) Error() string {
 
 func (e *notFoundError) Unwrap() error { return ErrTokenNotFound }
 
-// findToken finds the one token matching q on c, module m's context. It
-// never trusts a slot ID remembered from before: it lists the slots every
-// time. The listing is a call per slot the module offers, not one
-// command, so it is bounded as C_Initialize is (initializeTimeout of the
-// command timeout given).
-func findToken(ctx context.Context, spec *Spec, q tokenQuery, m *module, c p11, timeout time.Duration) (TokenSummary, error) {
+// findToken finds the one token matching q on module m's current
+// context. It never trusts a slot ID remembered from before: it lists the
+// slots every time. The listing is a call per slot the module offers, not
+// one command, so it is bounded as C_Initialize is (initializeTimeout of
+// the command timeout given).
+func findToken(ctx context.Context, spec *Spec, q tokenQuery, m *module, timeout time.Duration) (TokenSummary, error) {
+	c := modules.current(m)
 	var (
 		toks []found
 		info pkcs11.Info

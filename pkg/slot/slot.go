@@ -139,7 +139,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	}
 	s.holds.Store(1)
 	c := modules.current(mod)
-	tok, err := findToken(ctx, &s.spec, q, mod, c, s.cmdTimeout)
+	tok, err := findToken(ctx, &s.spec, q, mod, s.cmdTimeout)
 	if err != nil {
 		pin.Zero()
 		modules.release(mod)
@@ -467,7 +467,7 @@ func (s *Slot) Reinit(ctx context.Context) error {
 	}
 	next.ctx = modules.current(s.mod)
 	next.inc = s.mod.inc.Load()
-	tok, err := findToken(ctx, &s.spec, s.query, s.mod, next.ctx, s.cmdTimeout)
+	tok, err := findToken(ctx, &s.spec, s.query, s.mod, s.cmdTimeout)
 	if err != nil {
 		next.err = err
 		return err
