@@ -7,8 +7,8 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync"
 )
 
 // holdLine is one kind of key a member could not hold in a group of two or
@@ -27,7 +27,7 @@ func cannotHold(ctx context.Context, name string, s *slot.Slot) ([]holdLine, err
 	if err != nil {
 		return nil, agent.NameMember(name, fmt.Errorf("read mechanisms: %w", err))
 	}
-	c, err := replica.ProbeWrap(ctx, s, mechs)
+	c, err := sync.ProbeWrap(ctx, s, mechs)
 	if err != nil {
 		return nil, agent.NameMember(name, err)
 	}

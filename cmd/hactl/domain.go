@@ -11,8 +11,8 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/spf13/cobra"
 )
 
@@ -260,7 +260,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 			return err
 		}
 	}
-	var targets []replica.DomainTarget
+	var targets []hasync.DomainTarget
 	var names []string
 	defer func() {
 		for _, t := range targets {
@@ -279,7 +279,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 			pin.Zero()
 			return agent.NameMember(m.Name, err)
 		}
-		t := replica.DomainTarget{Slot: s, UserPIN: pin}
+		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
 		if !f.untrusted {
 			if src, ok := sources[m.Name]; ok {
 				so, err := src.read()
@@ -308,9 +308,9 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		targets = append(targets, t)
 		names = append(names, m.Name)
 	}
-	ceremony := replica.InstallDomainKey
+	ceremony := hasync.InstallDomainKey
 	if f.replace {
-		ceremony = replica.ReplaceDomainKey
+		ceremony = hasync.ReplaceDomainKey
 	}
 	if err := ceremony(ctx, targets, g.Serial); err != nil {
 		return fmt.Errorf("group %q: %w%s", f.group, err, p11kitHint(g.Members, err))
@@ -378,7 +378,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 // auditMember opens member m logged in with its PIN source and audits its
 // domain key, within the group's command timeout.
 func auditMember(ctx context.Context, a *app, m config.Member, set config.Settings, serial string) domainCheckLine {
-	l := domainCheckLine{Member: m.Name, Label: replica.DomainLabel(serial)}
+	l := domainCheckLine{Member: m.Name, Label: hasync.DomainLabel(serial)}
 	fail := func(err error) domainCheckLine {
 		l.Status, l.Error = domainError, agent.NameMember(m.Name, err).Error()
 		return l
@@ -403,7 +403,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		return fail(err)
 	}
 	defer s.Close()
-	d, err := replica.AuditDomainKey(ctx, s, serial)
+	d, err := hasync.AuditDomainKey(ctx, s, serial)
 	if err != nil {
 		return fail(err)
 	}
@@ -423,7 +423,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		l.Status = domainOK
 	}
 	if d.Found {
-		l.CheckValue = replica.FormatFingerprint(d.CheckValue)
+		l.CheckValue = hasync.FormatFingerprint(d.CheckValue)
 	}
 	return l
 }
@@ -433,7 +433,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 // RPC (0.24) carries neither CKM_AES_KEY_WRAP_PAD nor nested attributes
 // such as the domain key's CKA_UNWRAP_TEMPLATE.
 func p11kitHint(members []config.Member, err error) string {
-	if !errors.Is(err, replica.ErrMechanismUnavailable) {
+	if !errors.Is(err, hasync.ErrMechanismUnavailable) {
 		return ""
 	}
 	var names []string

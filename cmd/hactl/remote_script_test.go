@@ -13,9 +13,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/remote"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 	"github.com/rogpeppe/go-internal/testscript"
 )
@@ -133,7 +133,7 @@ func lsobj(args []string) error {
 		return err
 	}
 	defer s.Close()
-	objs, err := replica.List(ctx, s)
+	objs, err := sync.List(ctx, s)
 	if err != nil {
 		return err
 	}

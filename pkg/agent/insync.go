@@ -2,7 +2,7 @@ package agent
 
 // SetSync sets every member's OutOfSync and NeedsSync, and the group's
 // NeedsSync, from a comparison of what the members hold now: counts per
-// member (recovery.SyncReport.OutOfSync, the one rule for "in sync", as
+// member (recover.SyncReport.OutOfSync, the one rule for "in sync", as
 // pkg/ha's Group.OutOfSync returns them), or err when the members could
 // not be compared, which leaves every member needing synchronisation (not
 // in sync is the safe answer). haagent's listgroups and hactl's without

@@ -17,7 +17,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/recover"
 )
 
 // Source is what the reporter reads of a group; *group.Group (and so
@@ -178,7 +178,7 @@ func (r *Reporter) GroupEvent(e group.Event) {
 }
 
 // RecoveryEvent reports a recoverer's event of group label.
-func (r *Reporter) RecoveryEvent(label string, e recovery.Event) {
+func (r *Reporter) RecoveryEvent(label string, e recover.Event) {
 	if r == nil {
 		return
 	}

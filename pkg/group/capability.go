@@ -7,8 +7,8 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -20,7 +20,7 @@ import (
 // offering the mechanisms that generate it, for as long as it serves with
 // another member. One member alone needs no replication and holds
 // whatever its token makes. What each member can hold is probed when it
-// joins or is re-opened (replica.ProbeWrap) and cached here; with
+// joins or is re-opened (sync.ProbeWrap) and cached here; with
 // Options.Facts a process answers from what an earlier one on the host
 // probed of the same token.
 
@@ -29,15 +29,15 @@ import (
 // reported once with a KeysUnholdable event naming the kinds. A member
 // failing under the probe is charged and the error returned.
 func (g *Group) probeCapability(ctx context.Context, m *member.Member, mechs []uint) error {
-	var c replica.WrapCapability
+	var c sync.WrapCapability
 	if _, err := g.call(ctx, m, func() (err error) {
-		c, err = replica.ProbeWrapKnown(ctx, m.Slot(), mechs, g.opts.Facts)
+		c, err = sync.ProbeWrapKnown(ctx, m.Slot(), mechs, g.opts.Facts)
 		return err
 	}); err != nil {
 		return err
 	}
 	old, seen := g.caps.Swap(m.Name(), c)
-	if seen && old.(replica.WrapCapability).Same(c) {
+	if seen && old.(sync.WrapCapability).Same(c) {
 		return nil
 	}
 	if names, why := c.Explain(); c.Mechanism && names != "" {
@@ -50,11 +50,11 @@ func (g *Group) probeCapability(ctx context.Context, m *member.Member, mechs []u
 
 // capability is what m was last probed to hold; a member not probed yet is
 // judged by the mechanism alone.
-func (g *Group) capability(m *member.Member) replica.WrapCapability {
+func (g *Group) capability(m *member.Member) sync.WrapCapability {
 	if c, ok := g.caps.Load(m.Name()); ok {
-		return c.(replica.WrapCapability)
+		return c.(sync.WrapCapability)
 	}
-	return replica.WrapCapability{Mechanism: !m.Lacks(MechWrapPad)}
+	return sync.WrapCapability{Mechanism: !m.Lacks(MechWrapPad)}
 }
 
 // cannotHold returns, for each serving member that cannot hold a key of
@@ -62,15 +62,15 @@ func (g *Group) capability(m *member.Member) replica.WrapCapability {
 // Every member is asked to both send and receive the kind, whichever is
 // primary: the primary changes with every failover, and a key a member
 // could not send would not reach a member that comes back.
-func (g *Group) cannotHold(k replica.Kind) []replica.Refusal {
+func (g *Group) cannotHold(k sync.Kind) []sync.Refusal {
 	ms := g.serving()
 	if len(ms) < 2 || !k.Wrapped() {
 		return nil
 	}
-	var out []replica.Refusal
+	var out []sync.Refusal
 	for _, m := range ms {
 		if err := g.capability(m).Holds(k); err != nil {
-			out = append(out, replica.Refusal{Member: m.Name(), Kind: k, Err: err})
+			out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: err})
 		}
 	}
 	return out
@@ -79,7 +79,7 @@ func (g *Group) cannotHold(k replica.Kind) []replica.Refusal {
 // offered reports whether the virtual slot offers mech: every mechanism
 // but one that generates keys some serving member cannot hold.
 func (g *Group) offered(mech uint) bool {
-	k, ok := replica.GeneratedKind(mech)
+	k, ok := sync.GeneratedKind(mech)
 	return !ok || len(g.cannotHold(k)) == 0
 }
 
@@ -93,12 +93,12 @@ func mechType(m *pkcs11.Mechanism) uint {
 // kindOf is the kind of key in makes: its class (a key of unknown class
 // when neither the operation nor the template says), and its key type from
 // the template, the generation mechanism, or the source of a copy.
-func kindOf(in intent, inputs []*vtable.Object) replica.Kind {
-	k := replica.Kind{Class: in.class, KeyType: replica.KeyTypeUnknown}
+func kindOf(in intent, inputs []*vtable.Object) sync.Kind {
+	k := sync.Kind{Class: in.class, KeyType: sync.KeyTypeUnknown}
 	if !in.classKnown {
-		k.Class = replica.ClassUnknownKey
+		k.Class = sync.ClassUnknownKey
 	}
-	switch gk, gen := replica.GeneratedKind(in.genMech); {
+	switch gk, gen := sync.GeneratedKind(in.genMech); {
 	case attrIndex(in.tmpl, pkcs11.CKA_KEY_TYPE) >= 0:
 		k.KeyType = ulong(in.tmpl[attrIndex(in.tmpl, pkcs11.CKA_KEY_TYPE)].Value)
 	case gen && in.genMech != 0:
@@ -116,7 +116,7 @@ func kindOf(in intent, inputs []*vtable.Object) replica.Kind {
 // the mechanism), CKR_TEMPLATE_INCONSISTENT for the others (the kind the
 // template asks for cannot be made here). Neither is charged to a member.
 func (g *Group) checkHold(op string, ins []intent, inputs []*vtable.Object) error {
-	var refused []replica.Refusal
+	var refused []sync.Refusal
 	for _, in := range ins {
 		refused = append(refused, g.cannotHold(kindOf(in, inputs))...)
 	}
@@ -125,7 +125,7 @@ func (g *Group) checkHold(op string, ins []intent, inputs []*vtable.Object) erro
 
 // refuse reports each refusal and returns the error of op, or nil when
 // there is none.
-func (g *Group) refuse(op string, refused []replica.Refusal) error {
+func (g *Group) refuse(op string, refused []sync.Refusal) error {
 	if len(refused) == 0 {
 		return nil
 	}
@@ -136,19 +136,19 @@ func (g *Group) refuse(op string, refused []replica.Refusal) error {
 	if op == "GenerateKey" || op == "GenerateKeyPair" {
 		code = pkcs11.CKR_MECHANISM_INVALID
 	}
-	return &Error{Code: code, Op: op, Member: refused[0].Member, Err: replica.Refusals(refused),
+	return &Error{Code: code, Op: op, Member: refused[0].Member, Err: sync.Refusals(refused),
 		msg: "every serving member must hold an object made through the group"}
 }
 
 // targetsCannotHold returns the refusals of targets (or of the source p)
 // that cannot hold what ms holds, nil when every target can.
-func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms []made) replica.Refusals {
-	var out replica.Refusals
+func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms []made) sync.Refusals {
+	var out sync.Refusals
 	for _, m := range append([]*member.Member{p}, targets...) {
 		for _, o := range ms {
 			k := o.obj.Kind()
 			if err := g.capability(m).Holds(k); err != nil {
-				out = append(out, replica.Refusal{Member: m.Name(), Kind: k, Err: err})
+				out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: err})
 			}
 		}
 	}
@@ -158,13 +158,13 @@ func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms
 // targetsRefused returns the refusals among the copies' errors: a target
 // answering its copy with a request error (not a health failure, not an
 // ambiguous answer) will not take the object at all.
-func targetsRefused(targets []*member.Member, errs []error, ms []made, failedAt []int) replica.Refusals {
-	var out replica.Refusals
+func targetsRefused(targets []*member.Member, errs []error, ms []made, failedAt []int) sync.Refusals {
+	var out sync.Refusals
 	for i, t := range targets {
 		var se *slot.Error
 		if err := errs[i]; err != nil && errors.As(err, &se) && se.Member == t.Name() &&
 			slot.ClassOf(err) == slot.ClassRequest && !slot.Ambiguous(err) {
-			out = append(out, replica.Refusal{Member: t.Name(), Kind: ms[failedAt[i]].obj.Kind(), Err: err})
+			out = append(out, sync.Refusal{Member: t.Name(), Kind: ms[failedAt[i]].obj.Kind(), Err: err})
 		}
 	}
 	return out

@@ -7,13 +7,13 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
-var edKind = replica.Kind{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: slot.CKKECEdwards}
+var edKind = sync.Kind{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: slot.CKKECEdwards}
 
 func genEd25519(t testing.TB, s *Session, label string) error {
 	t.Helper()
@@ -36,7 +36,7 @@ func bareRefusesEd25519(t testing.TB, tok testhsm.Token) bool {
 	if !slices.Contains(mechs, slot.CKMECEdwardsKeyPairGen) {
 		t.Fatalf("token %s does not generate Ed25519 keys; the test needs one that does", tok.Name)
 	}
-	c, err := replica.ProbeWrap(ctx, d, mechs)
+	c, err := sync.ProbeWrap(ctx, d, mechs)
 	if err != nil {
 		t.Fatal(err)
 	}

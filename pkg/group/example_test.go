@@ -12,8 +12,8 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/group/signer"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -43,12 +43,12 @@ func Example() {
 
 	// Once per group: a domain key on every member, under which keys are
 	// replicated (`hactl hagroup domain` does this, trusted with the SO PIN).
-	var targets []replica.DomainTarget
+	var targets []sync.DomainTarget
 	for _, m := range g.Members() {
 		mm, _ := g.Member(m.Name)
-		targets = append(targets, replica.DomainTarget{Slot: mm.Slot()})
+		targets = append(targets, sync.DomainTarget{Slot: mm.Slot()})
 	}
-	if err := replica.InstallDomainKey(ctx, targets, g.Serial()); err != nil {
+	if err := sync.InstallDomainKey(ctx, targets, g.Serial()); err != nil {
 		fmt.Println(err)
 		return
 	}

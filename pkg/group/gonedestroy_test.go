@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 

@@ -58,13 +58,13 @@
 // SetStandby, SetOrder): the membership is replaced whole, so the hot path
 // reads it with one atomic load and never waits for a change. A member
 // added joins as recovering — no work, no replicated objects — until the
-// caller has caught it up and activates it (pkg/recovery's Admit; pkg/ha
+// caller has caught it up and activates it (pkg/recover's Admit; pkg/ha
 // does both); a member removed takes no new work at once and is closed
 // once the calls in flight on it and the multi-part operations pinned to
 // it have ended.
 //
 // What every process on every host must agree on is kept on the members
-// (groupstate.go, pkg/replica's state.go and marker.go): a change made
+// (groupstate.go, pkg/sync's state.go and marker.go): a change made
 // while a member is out of rotation leaves, on every serving member, a
 // mark that the member missed it, and a process that logs in keeps every
 // member so marked out of rotation until it is caught up.
@@ -113,9 +113,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -143,11 +143,11 @@ type Options struct {
 	// Facts keeps what members' tokens were found to do (what they can
 	// wrap, that they refuse the domain key's trial copies) for the next
 	// process on the host (pkg/tokenfacts); nil: each process tries them.
-	Facts replica.Facts
+	Facts hasync.Facts
 }
 
 // PINGuard remembers the members whose token refused the PIN the engine
-// logged them in with (pkg/recovery's PINBlocks keeps it in the state
+// logged them in with (pkg/recover's PINBlocks keeps it in the state
 // directory, for every process on the host). Its methods must be safe for
 // concurrent use and must not block for long.
 type PINGuard interface {
@@ -174,12 +174,12 @@ type Group struct {
 	retiring memberSet                 // indexes of removed members still draining; guarded by memberMu
 	epochs   atomic.Uint64             // epoch source shared by every member
 	width    atomic.Int64              // 1 + the highest member index in use
-	caps     sync.Map                  // member name → replica.WrapCapability (capability.go)
+	caps     sync.Map                  // member name → hasync.WrapCapability (capability.go)
 	model    atomic.Pointer[[2]string] // token manufacturer and model last reported (TokenInfo)
 
 	events     EventSink
 	tombstones Tombstones
-	rep        *replica.Replicator
+	rep        *hasync.Replicator
 
 	rr   atomic.Uint64 // rotation for round-robin and least-busy ties
 	gate *gate.Gate
@@ -252,13 +252,13 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		opts:       opts,
 		events:     opts.Events,
 		tombstones: opts.Tombstones,
-		rep:        &replica.Replicator{GroupSerial: g.Serial, Facts: opts.Facts},
+		rep:        &hasync.Replicator{GroupSerial: g.Serial, Facts: opts.Facts},
 		sessions:   make(map[SessionHandle]*Session),
 		recovering: make(map[string]bool),
 		skipped:    make(map[string]map[string]skippedObject),
 		marks:      newMarks(),
 	}
-	gr.rep.OnWeakDomainKey = func(e *replica.WeakDomainKeyError) {
+	gr.rep.OnWeakDomainKey = func(e *hasync.WeakDomainKeyError) {
 		gr.emit(Event{Kind: DomainKeyWeak, Member: e.Member, Err: e})
 	}
 	gr.policy.Store(int32(pol))
@@ -374,11 +374,11 @@ func (g *Group) Label() string { return g.label }
 func (g *Group) Serial() string { return g.serial }
 
 // Replicator returns the replicator the group copies objects with, for
-// pkg/recovery to copy with the same one: it admits one copy at a time
+// pkg/recover to copy with the same one: it admits one copy at a time
 // into each member token (SoftHSM refuses some made from two threads at
 // once), audits each member's domain key once per login epoch and
 // reports a weak one as DomainKeyWeak.
-func (g *Group) Replicator() *replica.Replicator { return g.rep }
+func (g *Group) Replicator() *hasync.Replicator { return g.rep }
 
 // Settings returns the group's effective settings.
 func (g *Group) Settings() config.Settings {
@@ -662,7 +662,7 @@ func (g *Group) reopen(ctx context.Context, m *member.Member) (*slot.Slot, error
 // ActivateMember does not catch the member up: the caller does, and to
 // miss nothing made or destroyed through the group meanwhile, it calls
 // ActivateMember while it holds the write barrier (HoldWrites) and has
-// caught up again if WriteMark moved since its last listing (pkg/recovery
+// caught up again if WriteMark moved since its last listing (pkg/recover
 // does so).
 func (g *Group) ActivateMember(ctx context.Context, name string) error {
 	if err := g.gate.Enter(); err != nil {

@@ -9,17 +9,17 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 )
 
 // Group state on the members (DESIGN.md, "Group state on the members"):
 // the behind marks that keep a member that missed changes out of every
-// process's rotation until it is caught up. See pkg/replica's marker.go
+// process's rotation until it is caught up. See pkg/sync's marker.go
 // for the rule.
 
 // StateSlots returns the slots of the members whose group state (see
-// pkg/replica's StateLabel) can be read and written now: serving (and,
+// pkg/sync's StateLabel) can be read and written now: serving (and,
 // with recovering, being recovered), open, and logged in. A plan reads a
 // recovering member's too: it may hold a destroy no other member saw, and
 // its catch-up gives it what the others hold. Writes made outside a plan
@@ -49,20 +49,20 @@ type marks struct {
 	mine map[string]map[*slot.Slot]ownMark
 	// read: member under recovery → the marks naming it read before its
 	// catch-up's first listing, which its activation clears.
-	read map[string][]replica.Mark
+	read map[string][]hasync.Mark
 }
 
 // ownMark is a mark this process left, with the slot's Epoch then: while
 // it has not changed, the handle still names the mark.
 type ownMark struct {
-	replica.Mark
+	hasync.Mark
 	epoch uint64
 }
 
 func newMarks() *marks {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
-	return &marks{writer: hex.EncodeToString(b), mine: map[string]map[*slot.Slot]ownMark{}, read: map[string][]replica.Mark{}}
+	return &marks{writer: hex.EncodeToString(b), mine: map[string]map[*slot.Slot]ownMark{}, read: map[string][]hasync.Mark{}}
 }
 
 // markMissed runs after every object change through the group (see
@@ -97,7 +97,7 @@ func (g *Group) markMissed(ctx context.Context) {
 		wg.Go(func() {
 			for _, name := range missed {
 				epoch := s.Epoch()
-				h, err := replica.WriteMark(ctx, s, g.serial, name, g.marks.writer)
+				h, err := hasync.WriteMark(ctx, s, g.serial, name, g.marks.writer)
 				if err != nil {
 					g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: fmt.Errorf("member %s missed a change, and %s could not be told: %w", name, s.Name(), err)})
 					continue
@@ -105,7 +105,7 @@ func (g *Group) markMissed(ctx context.Context) {
 				mine := g.marks.mine[name]
 				mu.Lock()
 				old, had := mine[s]
-				mine[s] = ownMark{Mark: replica.Mark{Member: name, Writer: g.marks.writer, On: s, Handle: h}, epoch: epoch}
+				mine[s] = ownMark{Mark: hasync.Mark{Member: name, Writer: g.marks.writer, On: s, Handle: h}, epoch: epoch}
 				mu.Unlock()
 				if !had {
 					continue
@@ -114,7 +114,7 @@ func (g *Group) markMissed(ctx context.Context) {
 				if old.epoch == epoch {
 					_ = s.DestroyObject(ctx, old.Handle)
 				} else {
-					_ = replica.ClearMark(ctx, g.serial, old.Mark)
+					_ = hasync.ClearMark(ctx, g.serial, old.Mark)
 				}
 			}
 		})
@@ -124,13 +124,13 @@ func (g *Group) markMissed(ctx context.Context) {
 
 // readMarks reads the behind marks on every serving member, in parallel.
 // A member that cannot be read is reported and left out.
-func (g *Group) readMarks(ctx context.Context, recovering bool) []replica.Mark {
+func (g *Group) readMarks(ctx context.Context, recovering bool) []hasync.Mark {
 	slots := g.StateSlots(recovering)
-	found := make([][]replica.Mark, len(slots))
+	found := make([][]hasync.Mark, len(slots))
 	var wg sync.WaitGroup
 	for i, s := range slots {
 		wg.Go(func() {
-			ks, err := replica.ReadMarks(ctx, s, g.serial)
+			ks, err := hasync.ReadMarks(ctx, s, g.serial)
 			if err != nil {
 				g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: err})
 				return
@@ -139,7 +139,7 @@ func (g *Group) readMarks(ctx context.Context, recovering bool) []replica.Mark {
 		})
 	}
 	wg.Wait()
-	var out []replica.Mark
+	var out []hasync.Mark
 	for _, ks := range found {
 		out = append(out, ks...)
 	}
@@ -159,7 +159,7 @@ func (g *Group) admitMembers(ctx context.Context) []string {
 	if len(ks) == 0 {
 		return nil
 	}
-	why := map[string]replica.Mark{}
+	why := map[string]hasync.Mark{}
 	for _, k := range ks {
 		if k.On.Name() != k.Member {
 			why[k.Member] = k
@@ -194,7 +194,7 @@ func (g *Group) admitMembers(ctx context.Context) []string {
 // noteMarks reads the marks naming member m, before its catch-up lists
 // anything, for its activation to clear.
 func (g *Group) noteMarks(ctx context.Context, m *member.Member) {
-	var mine []replica.Mark
+	var mine []hasync.Mark
 	for _, k := range g.readMarks(ctx, true) {
 		if k.Member == m.Name() {
 			mine = append(mine, k)
@@ -222,7 +222,7 @@ func (g *Group) clearMarks(ctx context.Context, name string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
 	defer cancel()
 	for _, k := range ks {
-		if err := replica.ClearMark(ctx, g.serial, k); err != nil {
+		if err := hasync.ClearMark(ctx, g.serial, k); err != nil {
 			g.emit(Event{Kind: GroupStateFailed, Member: k.On.Name(), Err: err})
 		}
 	}
@@ -231,7 +231,7 @@ func (g *Group) clearMarks(ctx context.Context, name string) {
 // BehindMarks returns the behind marks on the serving members, for a
 // caller that is about to make them equal (a synchronize) and may then
 // clear the marks it read before (ClearBehindMarks).
-func (g *Group) BehindMarks(ctx context.Context) []replica.Mark {
+func (g *Group) BehindMarks(ctx context.Context) []hasync.Mark {
 	return g.readMarks(ctx, false)
 }
 
@@ -239,14 +239,14 @@ func (g *Group) BehindMarks(ctx context.Context) []replica.Mark {
 // synchronisation that made every serving member equal: the changes they
 // tell of were in its listing. Only marks naming a serving member go; a
 // member out of rotation was not synchronised.
-func (g *Group) ClearBehindMarks(ctx context.Context, ks []replica.Mark) {
+func (g *Group) ClearBehindMarks(ctx context.Context, ks []hasync.Mark) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
 	defer cancel()
 	for _, k := range ks {
 		if m, ok := g.Member(k.Member); !ok || !m.State().Serving() {
 			continue
 		}
-		if err := replica.ClearMark(ctx, g.serial, k); err != nil {
+		if err := hasync.ClearMark(ctx, g.serial, k); err != nil {
 			g.emit(Event{Kind: GroupStateFailed, Member: k.On.Name(), Err: err})
 		}
 	}

@@ -16,10 +16,10 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -200,7 +200,7 @@ func openDirect(t testing.TB, tok testhsm.Token) *slot.Slot {
 // trusted (made by the SO) or not.
 func installDomain(t testing.TB, serial string, toks []testhsm.Token, trusted bool) {
 	t.Helper()
-	var targets []replica.DomainTarget
+	var targets []hasync.DomainTarget
 	var slots []*slot.Slot
 	for _, tok := range toks {
 		s, err := slot.Open(testContext(t), slot.Spec{
@@ -211,14 +211,14 @@ func installDomain(t testing.TB, serial string, toks []testhsm.Token, trusted bo
 			t.Fatalf("open %s for the domain key: %v", tok.Name, err)
 		}
 		slots = append(slots, s)
-		dt := replica.DomainTarget{Slot: s}
+		dt := hasync.DomainTarget{Slot: s}
 		if trusted {
 			dt.SOPIN = secret.PINFromString(tok.SOPIN)
 			dt.UserPIN = secret.PINFromString(tok.UserPIN)
 		}
 		targets = append(targets, dt)
 	}
-	err := replica.InstallDomainKey(testContext(t), targets, serial)
+	err := hasync.InstallDomainKey(testContext(t), targets, serial)
 	for _, s := range slots {
 		s.Close()
 	}

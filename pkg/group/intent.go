@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
+	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -15,7 +15,7 @@ import (
 // returns, its catch-up would spread it as the group's. The intent is
 // recorded before the call, settled on the answer, and published to the
 // members when no answer came, so that every catch-up, on any host,
-// destroys such a leftover instead (pkg/replica, PlanOptions.Returning).
+// destroys such a leftover instead (pkg/sync, PlanOptions.Returning).
 
 // intend writes ahead the intents of the token objects ins are to make.
 // One that cannot be written does not stop the creation (it is then not
@@ -31,7 +31,7 @@ func (g *Group) intend(ctx context.Context, op string, ins []intent) *tombstone.
 		if !in.token || !in.classKnown {
 			continue // a session object dies with its session; an unknown class names nothing
 		}
-		id := replica.Identity{Class: in.class, KeyType: replica.NoKeyType}
+		id := sync.Identity{Class: in.class, KeyType: sync.NoKeyType}
 		if i := attrIndex(in.tmpl, pkcs11.CKA_ID); i >= 0 && len(in.tmpl[i].Value) > 0 {
 			id.ID = in.tmpl[i].Value
 		}

@@ -13,9 +13,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/group/leftover"
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -124,7 +124,7 @@ func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkc
 // so that keys made with CKA_WRAP_WITH_TRUSTED can still be replicated.
 func (g *Group) domainTrusted(ctx context.Context, m *member.Member) bool {
 	s := m.Slot()
-	h, err := replica.FindDomainKey(ctx, s, g.serial)
+	h, err := hasync.FindDomainKey(ctx, s, g.serial)
 	if err != nil {
 		return false
 	}
@@ -139,7 +139,7 @@ func (g *Group) domainTrusted(ctx context.Context, m *member.Member) bool {
 type made struct {
 	in  intent
 	h   pkcs11.ObjectHandle
-	obj replica.Object
+	obj hasync.Object
 }
 
 // createOn runs a key-management call on the primary and replicates what
@@ -212,9 +212,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		}
 	}
 	for i := range ms {
-		var obj replica.Object
+		var obj hasync.Object
 		if _, err := g.call(ctx, p, func() (err error) {
-			obj, err = replica.ReadObject(ctx, p.Slot(), ms[i].h)
+			obj, err = hasync.ReadObject(ctx, p.Slot(), ms[i].h)
 			return err
 		}); err != nil {
 			undo()
@@ -224,7 +224,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		if obj.Token && ms[i].in.explicitID {
 			var dup []pkcs11.ObjectHandle
 			if _, err := g.call(ctx, p, func() (err error) {
-				dup, err = p.Slot().FindObjects(ctx, replica.TokenTemplate(obj.Identity))
+				dup, err = p.Slot().FindObjects(ctx, hasync.TokenTemplate(obj.Identity))
 				return err
 			}); err != nil {
 				undo()
@@ -267,7 +267,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		vs[i] = o
 	}
 	if err := g.replicate(ctx, s, p, ms, vs); err != nil {
-		var rs replica.Refusals
+		var rs hasync.Refusals
 		if errors.As(err, &rs) {
 			err = g.refuse(op, rs)
 		}
@@ -303,12 +303,12 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 // a catch-up may delete the object. It returns the objects whose
 // tombstones it revoked: should the creation be undone, they are
 // destroyed again and get a tombstone again.
-func (g *Group) revive(ctx context.Context, ms []made) []replica.Object {
+func (g *Group) revive(ctx context.Context, ms []made) []hasync.Object {
 	r, ok := g.tombstones.(Reviver)
 	if !ok {
 		return nil
 	}
-	var out []replica.Object
+	var out []hasync.Object
 	for _, m := range ms {
 		if !m.obj.Token || m.obj.Fingerprint == nil {
 			continue
@@ -329,7 +329,7 @@ func (g *Group) revive(ctx context.Context, ms []made) []replica.Object {
 // revive revoked for a creation that was then undone: the object is
 // destroyed again, and copies of it on a member that was away must not
 // come back.
-func (g *Group) rebury(ctx context.Context, objs []replica.Object) {
+func (g *Group) rebury(ctx context.Context, objs []hasync.Object) {
 	for _, o := range objs {
 		t := tombstone.Tombstone{Identity: o.Identity, Fingerprint: o.Fingerprint, Time: time.Now(), GroupSerial: g.serial}
 		if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
@@ -412,10 +412,10 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	}
 	// Physical sessions for session objects are opened here, under s.mu,
 	// before the goroutines start.
-	dsts := make([]replica.Target, len(targets))
+	dsts := make([]hasync.Target, len(targets))
 	errs := make([]error, len(targets))
 	for i, t := range targets {
-		dsts[i] = replica.Target{Slot: t.Slot()}
+		dsts[i] = hasync.Target{Slot: t.Slot()}
 		if !ms[0].obj.Token {
 			ps, err := s.physSession(ctx, t)
 			if err != nil {
@@ -547,7 +547,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 // copyTo copies the objects at hs on src to target t (dst), into copies,
 // but none copied already. One target's objects go one
 // after the other (one physical session takes one call at a time, and
-// pkg/replica makes one copy into a token at a time anyway), in the order
+// pkg/sync makes one copy into a token at a time anyway), in the order
 // made — the public half of a key pair first — and none after a failure:
 // a target that dies under the copies keeps at most a public key, whose
 // fingerprint its recovery can read, never a private key without its
@@ -557,7 +557,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 // overlaps another on the token) gets one more try; a failed copy leaves
 // nothing behind, and a second try finds a copy the first one made after
 // all. It returns the index of the object that failed and its error.
-func (g *Group) copyTo(ctx context.Context, t *member.Member, dst replica.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle) (int, error) {
+func (g *Group) copyTo(ctx context.Context, t *member.Member, dst hasync.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle) (int, error) {
 	for j, h := range hs {
 		for again := false; copies[j] == 0; again = true {
 			start := t.Begin()
@@ -604,7 +604,7 @@ func sourceUnwell(err error, p *member.Member) bool {
 // to the primary's health, or the primary's domain key failing its audit.
 func sourceRefused(err error, p *member.Member) bool {
 	var se *slot.Error
-	var we *replica.WeakDomainKeyError
+	var we *hasync.WeakDomainKeyError
 	if errors.As(err, &we) {
 		// The primary's domain key is weak: nothing leaves it.
 		return we.Member == p.Name()
@@ -614,7 +614,7 @@ func sourceRefused(err error, p *member.Member) bool {
 
 // destroyIn takes back a copy made on dst (errors ignored: the copy is
 // made again or removed by the member's next catch-up).
-func (g *Group) destroyIn(ctx context.Context, dst replica.Target, h pkcs11.ObjectHandle) {
+func (g *Group) destroyIn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) {
 	if dst.Session != nil {
 		dst.Session.DestroyObject(ctx, h)
 		return
@@ -625,7 +625,7 @@ func (g *Group) destroyIn(ctx context.Context, dst replica.Target, h pkcs11.Obje
 // replicationFailed reports the failure and fails the member: it no longer
 // holds what the group holds, so it must not serve until recovery has
 // brought it up to date.
-func (g *Group) replicationFailed(m *member.Member, id replica.Identity, err error) {
+func (g *Group) replicationFailed(m *member.Member, id hasync.Identity, err error) {
 	g.emit(Event{Kind: ReplicationFailed, Member: m.Name(), Object: id, Err: err})
 	g.failMember(m, fmt.Errorf("replication of %v: %w", id, err))
 }
@@ -931,7 +931,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vtable.Object, m *member.M
 	}
 	var hs []pkcs11.ObjectHandle
 	if _, err := g.call(ctx, m, func() (err error) {
-		hs, err = m.Slot().FindObjects(ctx, replica.TokenTemplate(id))
+		hs, err = m.Slot().FindObjects(ctx, hasync.TokenTemplate(id))
 		return err
 	}); err != nil {
 		g.copiesLeft(ctx, m, id, err)
@@ -955,7 +955,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vtable.Object, m *member.M
 
 // copiesLeft reports that m may still hold a copy of the destroyed id:
 // a member that failed for it is failed, so that its recovery removes it.
-func (g *Group) copiesLeft(ctx context.Context, m *member.Member, id replica.Identity, err error) {
+func (g *Group) copiesLeft(ctx context.Context, m *member.Member, id hasync.Identity, err error) {
 	if ctx.Err() != nil || slot.ClassOf(err) != slot.ClassHealth {
 		return
 	}

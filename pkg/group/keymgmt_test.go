@@ -120,10 +120,10 @@ func TestKeyManagementIsReplicated(t *testing.T) {
 		}
 		for _, e := range f.events.all() {
 			if e.Kind == ReplicationFailed && strings.Contains(e.Err.Error(), "copy differs") {
-				// Known defect below the group: pkg/replica's Replicate refuses
+				// Known defect below the group: pkg/sync's Replicate refuses
 				// ECDH-derived AES keys on SoftHSM (reproduced with
 				// Replicate alone); the group fails the members as it must.
-				t.Skipf("pkg/replica cannot replicate an ECDH-derived key yet: %v", e.Err)
+				t.Skipf("pkg/sync cannot replicate an ECDH-derived key yet: %v", e.Err)
 			}
 		}
 		onEveryMember(t, f, "derived")

@@ -7,8 +7,8 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -30,7 +30,7 @@ import (
 // every serving copy carries CKA_WRAP_WITH_TRUSTED=true is unextractable
 // to the application. Replicas carry their source's flag (a key without
 // it travels under a transit key, since the trusted domain key's unwrap
-// template would force it: pkg/replica/transit.go), so every copy of a
+// template would force it: pkg/sync/transit.go), so every copy of a
 // key the application made extractable lets it out, as the bare token
 // does. A replica made before that carries the flag: such a key is
 // recognised by the copy it was made as, and reads unextractable once that
@@ -225,7 +225,7 @@ func (g *Group) valueLenOn(ctx context.Context, o *vtable.Object, m *member.Memb
 	}
 	var blob []byte
 	if _, err := g.call(ctx, m, func() error {
-		dk, err := replica.FindDomainKey(ctx, m.Slot(), g.serial)
+		dk, err := sync.FindDomainKey(ctx, m.Slot(), g.serial)
 		if err != nil {
 			return err
 		}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -23,7 +23,7 @@ import (
 const MaxMembers = 64
 
 // MechWrapPad names CKM_AES_KEY_WRAP_PAD, the mechanism private and secret
-// keys travel under between members (see pkg/replica). A member whose token
+// keys travel under between members (see pkg/sync). A member whose token
 // does not offer it (one served by p11-kit 0.24, whose RPC cannot carry
 // it, for one) stays in service for everything else; while it serves with
 // another member, no private or secret key is made through the group
@@ -73,7 +73,7 @@ func (g *Group) view() *roster { return g.roster.Load() }
 // error says why, a MemberFailed event is emitted and the recovery loop
 // retries it like any failed member. It goes last in the configured order.
 //
-// AddMember does not catch the member up: pkg/recovery's Admit (or
+// AddMember does not catch the member up: pkg/recover's Admit (or
 // ha.Group.AddMember, which does both) copies the group's objects to it
 // and then returns it to rotation.
 func (g *Group) AddMember(ctx context.Context, mc config.Member) error {
@@ -410,14 +410,14 @@ func wrappedClass(class uint) bool {
 // member did not receive because a mechanism it lacks made replication to
 // it impossible.
 type Unreplicated struct {
-	Object replica.Identity
+	Object hasync.Identity
 	Time   time.Time
 }
 
 type skippedObject = Unreplicated
 
 // forgetSkipped drops id from every member's list (it was destroyed).
-func (g *Group) forgetSkipped(id replica.Identity) {
+func (g *Group) forgetSkipped(id hasync.Identity) {
 	k := id.Key()
 	g.skipMu.Lock()
 	defer g.skipMu.Unlock()

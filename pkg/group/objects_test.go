@@ -13,9 +13,9 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -480,7 +480,7 @@ func TestTokenInfoSynthesised(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := slices.DeleteFunc(slices.Clone(own), func(m uint) bool {
-		k, gen := replica.GeneratedKind(m)
+		k, gen := sync.GeneratedKind(m)
 		return gen && len(f.g.cannotHold(k)) > 0
 	})
 	if !slices.Equal(mechs, want) || slices.IsSorted(own) {
@@ -602,7 +602,7 @@ func TestFailAndActivateMember(t *testing.T) {
 	if err := f.g.ActivateMember(ctx, "nobody"); !errors.Is(err, ErrUnknownMember) {
 		t.Errorf("ActivateMember(unknown): %v", err)
 	}
-	_ = replica.NoKeyType
+	_ = sync.NoKeyType
 }
 
 func TestOpenWithAMemberDown(t *testing.T) {

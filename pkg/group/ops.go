@@ -136,7 +136,7 @@ func containsType(types []uint, want ...uint) bool {
 // carries CKA_WRAP_WITH_TRUSTED=true. Such a copy can be wrapped only
 // under a CKA_TRUSTED key, which an application's wrapping key is not:
 // the token answers CKR_KEY_NOT_WRAPPABLE. Replicas made before keys
-// travelled under transit keys (pkg/replica/transit.go) carry the flag
+// travelled under transit keys (pkg/sync/transit.go) carry the flag
 // whatever the application asked, so such a key is wrapped where it was
 // made. A member that does not hold o or does not
 // answer is left out (run finds that out and fails over). Read on every

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
@@ -249,7 +249,7 @@ func TestMemberFailingAsItReturnsIsRecoveredAgain(t *testing.T) {
 	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
 	signer := ecSigner(t, f.g, "fails-as-it-returns")
 	back := f.toks[0].Name // the primary: primary-backup gives it every signature
-	rec, err := recovery.New(recovery.Options{Engine: f.g, Interval: recovery.MinInterval, Retries: -1, Tombstones: f.tombs})
+	rec, err := recover.New(recover.Options{Engine: f.g, Interval: recover.MinInterval, Retries: -1, Tombstones: f.tombs})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/ha"
-	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/recover"
 )
 
 // Opening a configured group with its recovery, adding a member while it
@@ -42,7 +42,7 @@ func Example() {
 	for _, m := range g.Status(ctx).Members {
 		fmt.Printf("%s %s out-of-sync=%d attempts-left=%d %s\n", m.Name, m.State, m.OutOfSync, m.AttemptsLeft, m.LastAttemptError)
 	}
-	rep, err := g.Synchronize(ctx, recovery.SyncOptions{Check: true})
+	rep, err := g.Synchronize(ctx, recover.SyncOptions{Check: true})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -9,11 +9,11 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/recovery"
-	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -94,14 +94,14 @@ func TestFactsHideNoReplacedDomainKey(t *testing.T) {
 	}
 	victim := toks[1]
 	s := direct(t, victim)
-	if err := replica.RemoveDomainKey(ctx, s, cfg.Serial); err != nil {
+	if err := sync.RemoveDomainKey(ctx, s, cfg.Serial); err != nil {
 		t.Fatal(err)
 	}
 	value := make([]byte, 32)
 	rand.Read(value)
 	if _, err := s.CreateObject(ctx, []*pkcs11.Attribute{
 		a(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), a(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-		a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, replica.DomainLabel(cfg.Serial)),
+		a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, sync.DomainLabel(cfg.Serial)),
 		a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_PRIVATE, true), a(pkcs11.CKA_SENSITIVE, true),
 		a(pkcs11.CKA_EXTRACTABLE, false), a(pkcs11.CKA_WRAP, true), a(pkcs11.CKA_UNWRAP, true),
 		a(pkcs11.CKA_MODIFIABLE, true),
@@ -156,7 +156,7 @@ func TestSynchronizeAuditsNoDomainKeyAgain(t *testing.T) {
 	if err := victim.DestroyObject(ctx, hs[0]); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := g.Synchronize(ctx, recovery.SyncOptions{})
+	rep, err := g.Synchronize(ctx, recover.SyncOptions{})
 	if err != nil {
 		t.Fatalf("synchronize: %v", err)
 	}

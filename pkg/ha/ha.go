@@ -1,15 +1,15 @@
 // Package ha is an HA group as haagent and the PKCS#11 module run it: the
 // engine (pkg/group), the automatic and manual recovery of its members
-// (pkg/recovery) and its tombstone journal (pkg/replica/tombstone), wired
+// (pkg/recover) and its tombstone journal (pkg/sync/tombstone), wired
 // together once, with the group-level operations an operator asks for —
 // Recover, Synchronize, Status — and hot membership changes — AddMember,
 // RemoveMember, SetStandby, Update — that never drop the work of the
 // members they do not touch.
 //
-// Why a package of its own: pkg/recovery drives an engine through its small
+// Why a package of its own: pkg/recover drives an engine through its small
 // Engine interface (which *group.Group satisfies) and does not import
 // pkg/group; pkg/group knows nothing of recovery loops, retry budgets or
-// lock files. Each is tested alone (pkg/recovery against a scripted engine
+// lock files. Each is tested alone (pkg/recover against a scripted engine
 // and against real groups). Composing them inside either would make one
 // import the other, and the arrow from recover to group (recovery drives
 // the engine) and the one from group to recover (the group offers
@@ -42,10 +42,10 @@ import (
 	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
-	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/hagroup/hagroup/pkg/tokenfacts"
 )
 
@@ -62,14 +62,14 @@ type Options struct {
 	// as group.EventSink says (synchronously, must not block).
 	Events group.EventSink
 	// RecoveryEvents receives the recoverer's events; nil drops them.
-	RecoveryEvents func(recovery.Event)
+	RecoveryEvents func(recover.Event)
 	// Interceptor is passed to every member's slot (fault injection in
 	// tests); nil in production.
 	Interceptor slot.Interceptor
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
 	// Clock drives the retry timers; nil: the real clock.
-	Clock recovery.Clock
+	Clock recover.Clock
 	// AttemptTimeout bounds one recovery attempt; 0: recover's default.
 	AttemptTimeout time.Duration
 	// Report, when set, receives the group's member figures and events
@@ -87,7 +87,7 @@ type Options struct {
 // Group is an open HA group with its recovery. Safe for concurrent use.
 type Group struct {
 	g       *group.Group
-	rec     *recovery.Recoverer
+	rec     *recover.Recoverer
 	journal *tombstone.Journal // nil: tombstones in memory
 	tombErr error              // why the journal could not be opened
 
@@ -105,7 +105,7 @@ type Group struct {
 type sink struct {
 	next   group.EventSink
 	report *fleet.Reporter
-	rec    atomic.Pointer[recovery.Recoverer]
+	rec    atomic.Pointer[recover.Recoverer]
 }
 
 func (s *sink) Event(e group.Event) {
@@ -126,7 +126,7 @@ func (s *sink) Event(e group.Event) {
 // logged in: call Login with the application's PIN, or LoginConfigured
 // (the members' own PIN sources, for the agent). The engine and the
 // recoverer share one set of PIN marks in the state directory (see
-// recovery.PINBlocks). Open fails on an unusable configuration or when
+// recover.PINBlocks). Open fails on an unusable configuration or when
 // ctx ends; a journal that cannot be opened is not fatal (see
 // TombstoneError).
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
@@ -134,7 +134,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	snk := &sink{next: opts.Events, report: opts.Report}
 	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions}
 	stateDir := opts.StateDir
-	var tombs recovery.TombstoneSource
+	var tombs recover.TombstoneSource
 	if stateDir != "" {
 		j, err := tombstone.Open(stateDir, g.Serial, tombstone.Options{Horizon: s.TombstoneHorizon})
 		if err != nil {
@@ -165,7 +165,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	// One set of PIN marks for the engine (which consults it before every
 	// login it makes by itself) and the recoverer (before every automatic
 	// attempt), in the state directory every process on the host shares.
-	blocks, err := recovery.NewPINBlocks(stateDir, g.Serial, 0)
+	blocks, err := recover.NewPINBlocks(stateDir, g.Serial, 0)
 	if err != nil {
 		h.closeJournal()
 		return nil, fmt.Errorf("group %s: %w", g.Label, err)
@@ -195,7 +195,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	}
 	h.g = gr
 	shared.SetMembers(gr.StateSlots)
-	rec, err := recovery.New(recovery.Options{
+	rec, err := recover.New(recover.Options{
 		Engine:         gr,
 		StateDir:       stateDir,
 		Interval:       s.Interval,
@@ -239,24 +239,24 @@ func (h *Group) Engine() *group.Group { return h.g }
 func (h *Group) TombstoneError() error { return h.tombErr }
 
 // Recoverer returns the group's recoverer.
-func (h *Group) Recoverer() *recovery.Recoverer { return h.rec }
+func (h *Group) Recoverer() *recover.Recoverer { return h.rec }
 
 // Recover recovers member name now: a failed member, including one whose
-// automatic attempts ran out (see recovery.Recoverer.Recover).
-func (h *Group) Recover(ctx context.Context, name string) (recovery.Result, error) {
+// automatic attempts ran out (see recover.Recoverer.Recover).
+func (h *Group) Recover(ctx context.Context, name string) (recover.Result, error) {
 	if _, ok := h.g.Member(name); !ok {
-		return recovery.Result{Member: name, Manual: true}, fmt.Errorf("group %s: recover member %q: %w", h.g.Label(), name, group.ErrUnknownMember)
+		return recover.Result{Member: name, Manual: true}, fmt.Errorf("group %s: recover member %q: %w", h.g.Label(), name, group.ErrUnknownMember)
 	}
 	return h.rec.Recover(ctx, name)
 }
 
 // Synchronize compares the serving members and, unless opts.Check, makes
-// them equal (see recovery.Recoverer.Synchronize). opts.Prune is
+// them equal (see recover.Recoverer.Synchronize). opts.Prune is
 // destructive. A synchronisation that made every serving member equal
 // clears the behind marks naming them that it read before it listed them
 // (DESIGN.md, "Group state on the members").
-func (h *Group) Synchronize(ctx context.Context, opts recovery.SyncOptions) (*recovery.SyncReport, error) {
-	var marks []replica.Mark
+func (h *Group) Synchronize(ctx context.Context, opts recover.SyncOptions) (*recover.SyncReport, error) {
+	var marks []hasync.Mark
 	if !opts.Check {
 		marks = h.g.BehindMarks(ctx)
 	}
@@ -270,7 +270,7 @@ func (h *Group) Synchronize(ctx context.Context, opts recovery.SyncOptions) (*re
 // madeEqual reports whether a synchronisation left every serving member
 // holding the same objects: every member listed, nothing unreadable,
 // unreplicable, in conflict or failed.
-func madeEqual(rep *recovery.SyncReport) bool {
+func madeEqual(rep *recover.SyncReport) bool {
 	p := rep.Plan
 	return p != nil && len(p.Skipped) == 0 && len(p.Unreadable) == 0 && len(p.Conflicts) == 0 &&
 		len(rep.Unreplicable) == 0 && (rep.Applied == nil || len(rep.Applied.Failed) == 0)
@@ -344,7 +344,7 @@ type MemberStatus struct {
 	LastRecovered    time.Time `json:"last_recovered,omitzero"`
 	// OutOfSync is how many objects the member lacks, holds in excess,
 	// holds in conflict or will not describe, by a comparison of what the
-	// members hold now (recovery.SyncReport.OutOfSync, the rule haagent's
+	// members hold now (recover.SyncReport.OutOfSync, the rule haagent's
 	// listgroups, synchronize --check and metric apply): never a cached
 	// plan, which other processes and hosts make stale. A member out of
 	// service counts 1: what it holds is unknown. NeedsSync is OutOfSync
@@ -354,7 +354,7 @@ type MemberStatus struct {
 	// CheckedAt is when a plan (a recovery or Synchronize) last listed it.
 	CheckedAt time.Time `json:"checked_at,omitzero"`
 	// Conflicts involving the member found by its last recovery attempt.
-	Conflicts []replica.Conflict `json:"conflicts,omitempty"`
+	Conflicts []hasync.Conflict `json:"conflicts,omitempty"`
 	// Unreplicated are keys made since the member was last caught up
 	// that it could not receive (it lacks CKM_AES_KEY_WRAP_PAD).
 	Unreplicated []group.Unreplicated `json:"unreplicated,omitempty"`
@@ -379,7 +379,7 @@ func (h *Group) Status(ctx context.Context) Status {
 }
 
 // OutOfSync compares the members now (a synchronize --check) and returns,
-// per member, how many differences concern it (recovery.SyncReport's
+// per member, how many differences concern it (recover.SyncReport's
 // OutOfSync: the one rule for "in sync"); a member in sync has no entry.
 // It fails when the members cannot be compared: none is in service.
 func (h *Group) OutOfSync(ctx context.Context) (map[string]int, error) {
@@ -390,7 +390,7 @@ func (h *Group) OutOfSync(ctx context.Context) (map[string]int, error) {
 	if !serving {
 		return nil, fmt.Errorf("group %s: no member in service to compare", h.g.Label())
 	}
-	rep, err := h.rec.Synchronize(ctx, recovery.SyncOptions{Check: true})
+	rep, err := h.rec.Synchronize(ctx, recover.SyncOptions{Check: true})
 	if rep == nil || rep.Plan == nil {
 		if err == nil {
 			err = errors.New("no plan")
@@ -447,18 +447,18 @@ func (h *Group) Snapshot() Status {
 // working throughout. If the member cannot be brought in now, it stays in
 // the group as failed, automatic recovery takes it from there, and the
 // error says why.
-func (h *Group) AddMember(ctx context.Context, mc config.Member) (recovery.Result, error) {
+func (h *Group) AddMember(ctx context.Context, mc config.Member) (recover.Result, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.addMember(ctx, mc)
 }
 
-func (h *Group) addMember(ctx context.Context, mc config.Member) (recovery.Result, error) {
+func (h *Group) addMember(ctx context.Context, mc config.Member) (recover.Result, error) {
 	if err := h.g.AddMember(ctx, mc); err != nil {
 		if _, in := h.g.Member(mc.Name); in {
 			h.noteMember(mc)
 		}
-		return recovery.Result{Member: mc.Name, Manual: true, Admitted: true}, err
+		return recover.Result{Member: mc.Name, Manual: true, Admitted: true}, err
 	}
 	h.noteMember(mc)
 	res, err := h.rec.Admit(ctx, mc.Name)
@@ -689,7 +689,7 @@ func (h *Group) closeJournal() error {
 // catchUp recovers the named members at once, in parallel, each bounded
 // by the recovery's own attempt timeout; one that fails stays failed, and
 // automatic recovery goes on with it.
-func catchUp(ctx context.Context, r *recovery.Recoverer, names []string) {
+func catchUp(ctx context.Context, r *recover.Recoverer, names []string) {
 	var wg sync.WaitGroup
 	for _, name := range names {
 		wg.Go(func() { _, _ = r.Recover(ctx, name) })

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/recover"
 )
 
 // followMarks makes a long-lived process (an agent, an application's
@@ -16,8 +16,8 @@ import (
 // away from that host stays usable here on that member until the process
 // restarts. It runs until stop is called; stop waits for it.
 func (h *Group) followMarks(every, timeout time.Duration) (stop func()) {
-	if every < recovery.MinInterval {
-		every = recovery.MinInterval
+	if every < recover.MinInterval {
+		every = recover.MinInterval
 	}
 	return periodically(context.Background(), every, func(ctx context.Context) { h.admitMarked(ctx, timeout) })
 }
@@ -26,7 +26,7 @@ func (h *Group) followMarks(every, timeout time.Duration) (stop func()) {
 // behind, within one command_timeout; a catch-up not done by then goes on
 // as automatic recovery. Then it removes what failed creations left on
 // serving members that this process's checks have seen for long enough
-// (recovery.Recoverer.RemoveHalfMade; free when they saw none): no
+// (recover.Recoverer.RemoveHalfMade; free when they saw none): no
 // catch-up comes for a member that never fails. A failed removal is
 // tried again next interval.
 func (h *Group) admitMarked(ctx context.Context, timeout time.Duration) {

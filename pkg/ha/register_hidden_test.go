@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -59,7 +59,7 @@ func TestTombstoneRegistersOutOfTheApplicationsReach(t *testing.T) {
 		}
 		for _, l := range findLabelled(t, direct(t, tok), "") {
 			if strings.HasPrefix(l, "hagroup-state") {
-				t.Errorf("%s: replica.List shows the state object %q as an application object", tok.Name, l)
+				t.Errorf("%s: sync.List shows the state object %q as an application object", tok.Name, l)
 			}
 		}
 	}

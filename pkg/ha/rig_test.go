@@ -19,11 +19,11 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
-	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -45,7 +45,7 @@ func testCtx(t testing.TB) context.Context {
 type recorder struct {
 	mu      sync.Mutex
 	group   []group.Event
-	rec     []recovery.Event
+	rec     []recover.Event
 	changed chan struct{}
 	// onEvent, when set, runs on every group event (before it is kept).
 	onEvent func(group.Event)
@@ -63,7 +63,7 @@ func (r *recorder) Event(e group.Event) {
 	r.poke()
 }
 
-func (r *recorder) recovery(e recovery.Event) {
+func (r *recorder) recovery(e recover.Event) {
 	r.mu.Lock()
 	r.rec = append(r.rec, e)
 	r.mu.Unlock()
@@ -211,7 +211,7 @@ func installDomain(t testing.TB, serial string, toks []testhsm.Token, plain bool
 			s := direct(t, tok)
 			tmpl := []*pkcs11.Attribute{
 				a(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), a(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-				a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, replica.DomainLabel(serial)),
+				a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, hasync.DomainLabel(serial)),
 				a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_PRIVATE, true), a(pkcs11.CKA_SENSITIVE, true),
 				a(pkcs11.CKA_EXTRACTABLE, false), a(pkcs11.CKA_WRAP, true), a(pkcs11.CKA_UNWRAP, true),
 				// The protection the engine's audit asks of a domain key.
@@ -235,12 +235,12 @@ func installDomain(t testing.TB, serial string, toks []testhsm.Token, plain bool
 		}
 		return
 	}
-	var targets []replica.DomainTarget
+	var targets []hasync.DomainTarget
 	for _, tok := range toks {
-		targets = append(targets, replica.DomainTarget{Slot: direct(t, tok),
+		targets = append(targets, hasync.DomainTarget{Slot: direct(t, tok),
 			SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN)})
 	}
-	if err := replica.InstallDomainKey(testCtx(t), targets, serial); err != nil {
+	if err := hasync.InstallDomainKey(testCtx(t), targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }
@@ -303,7 +303,7 @@ func dataObject(ctx context.Context, s *group.Session, label string) error {
 // inventory lists a token directly: identity + fingerprint → count.
 func inventory(t testing.TB, s *slot.Slot) map[string]int {
 	t.Helper()
-	objs, err := replica.List(testCtx(t), s)
+	objs, err := hasync.List(testCtx(t), s)
 	if err != nil {
 		t.Fatalf("list %s: %v", s.Name(), err)
 	}
@@ -410,7 +410,7 @@ func importEC(t testing.TB, toks []testhsm.Token, label string) {
 // starts with prefix.
 func findLabelled(t testing.TB, s *slot.Slot, prefix string) []string {
 	t.Helper()
-	objs, err := replica.List(testCtx(t), s)
+	objs, err := hasync.List(testCtx(t), s)
 	if err != nil {
 		t.Fatalf("list %s: %v", s.Name(), err)
 	}

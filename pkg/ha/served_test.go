@@ -11,7 +11,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/miekg/pkcs11"
 )
@@ -150,7 +150,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 		t.Errorf("status of %s: missing %v, want [CKM_AES_KEY_WRAP_PAD]", served, ms.MissingMechanisms)
 	}
 
-	rep, err := r.g.Synchronize(ctx, recovery.SyncOptions{Check: true})
+	rep, err := r.g.Synchronize(ctx, recover.SyncOptions{Check: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestMemberWithoutWrapMechanism(t *testing.T) {
 			t.Errorf("check: %v is unreplicable to %s, want %s", u, u.Member, served)
 		}
 	}
-	rep, err = r.g.Synchronize(ctx, recovery.SyncOptions{})
+	rep, err = r.g.Synchronize(ctx, recover.SyncOptions{})
 	if err != nil {
 		t.Fatalf("Synchronize with an unreplicable difference: %v", err)
 	}

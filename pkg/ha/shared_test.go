@@ -13,12 +13,12 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
-	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
 
@@ -116,7 +116,7 @@ func TestDestroyOnOneHostStaysGoneWhenAnotherSynchronizes(t *testing.T) {
 	if m, _ := hostB.Engine().Member(away); m.State() != member.Active {
 		t.Fatalf("%s is %v after host B's login, want caught up and active", away, m.State())
 	}
-	rep, err := hostB.Synchronize(ctx, recovery.SyncOptions{})
+	rep, err := hostB.Synchronize(ctx, recover.SyncOptions{})
 	if err != nil {
 		t.Fatalf("host B synchronizes: %v", err)
 	}
@@ -130,7 +130,7 @@ func TestDestroyOnOneHostStaysGoneWhenAnotherSynchronizes(t *testing.T) {
 			t.Errorf("%s holds %v after host B's recovery and synchronize (plan %v), want only the kept pair", tok.Name, got, rep.Plan.Actions)
 		}
 	}
-	check, err := hostA.Synchronize(ctx, recovery.SyncOptions{Check: true})
+	check, err := hostA.Synchronize(ctx, recover.SyncOptions{Check: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestGroupStateIsHiddenFromTheApplication(t *testing.T) {
 	if err := s.DestroyObject(ctx, o); err != nil {
 		t.Fatal(err)
 	}
-	label := replica.StateLabel(h.cfg.Serial, tombstone.StateKind)
+	label := hasync.StateLabel(h.cfg.Serial, tombstone.StateKind)
 	for _, tok := range h.toks {
 		objs, err := direct(t, tok).FindObjects(ctx, []*pkcs11.Attribute{a(pkcs11.CKA_APPLICATION, tombstone.Application)})
 		if err != nil || len(objs) == 0 {
@@ -248,7 +248,7 @@ func TestGroupStateIsHiddenFromTheApplication(t *testing.T) {
 			t.Errorf("search %v finds %d objects, want none", tmpl, len(hs))
 		}
 	}
-	rep, err := hostA.Synchronize(ctx, recovery.SyncOptions{Check: true})
+	rep, err := hostA.Synchronize(ctx, recover.SyncOptions{Check: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestFreshHostKeepsABehindMemberOutOfRotation(t *testing.T) {
 		t.Fatalf("%s holds %d of the %d missed objects after its recovery", away, len(got), 2*missed)
 	}
 	for _, tok := range h.toks[:2] {
-		ks, err := replica.ReadMarks(ctx, direct(t, tok), h.cfg.Serial)
+		ks, err := hasync.ReadMarks(ctx, direct(t, tok), h.cfg.Serial)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -376,7 +376,7 @@ func TestPartitionedHostsMarkEachOther(t *testing.T) {
 	if evs := ev.groupEvents(group.GroupStateFailed, ""); len(evs) != 1 || !strings.Contains(evs[0].Err.Error(), "synchronize") {
 		t.Errorf("group_state_failed events %v, want one saying to synchronize", evs)
 	}
-	rep, err := hostC.Synchronize(ctx, recovery.SyncOptions{})
+	rep, err := hostC.Synchronize(ctx, recover.SyncOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +386,7 @@ func TestPartitionedHostsMarkEachOther(t *testing.T) {
 		if fmt.Sprint(got) != "[side-a side-b]" {
 			t.Errorf("%s holds %v after the synchronize (plan %v), want both sides", tok.Name, got, rep.Plan.Actions)
 		}
-		if ks, err := replica.ReadMarks(ctx, direct(t, tok), h.cfg.Serial); err != nil || len(ks) != 0 {
+		if ks, err := hasync.ReadMarks(ctx, direct(t, tok), h.cfg.Serial); err != nil || len(ks) != 0 {
 			t.Errorf("%s holds behind marks %v after the members were made equal (%v)", tok.Name, ks, err)
 		}
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/recover"
 )
 
 // Status carries each member's state, last error, last attempt, attempts
@@ -42,7 +42,7 @@ func TestStatusFollowsRecovery(t *testing.T) {
 		t.Fatalf("after the attempts ran out: %+v", ms)
 	}
 	// Out of service, so not compared now: what it holds is unknown, and
-	// it counts as one difference (recovery.SyncReport.OutOfSync), as in
+	// it counts as one difference (recover.SyncReport.OutOfSync), as in
 	// haagent's listgroups and synchronize --check.
 	if ms.OutOfSync != 1 || !ms.NeedsSync {
 		t.Errorf("the failed member is out of sync by %d (needs sync %v), want 1 and needs sync: it was not compared", ms.OutOfSync, ms.NeedsSync)
@@ -66,7 +66,7 @@ func TestStatusFollowsRecovery(t *testing.T) {
 	if ms.State != member.Active || ms.GaveUp || ms.LastAttemptError != "" || ms.LastRecovered.IsZero() || ms.OutOfSync != 0 || ms.NeedsSync || ms.CheckedAt.IsZero() {
 		t.Fatalf("after the manual recovery: %+v", ms)
 	}
-	rep, err := r.g.Synchronize(ctx, recovery.SyncOptions{Check: true})
+	rep, err := r.g.Synchronize(ctx, recover.SyncOptions{Check: true})
 	if err != nil || !rep.InSync() {
 		t.Fatalf("check after recovery: in sync %v, %v", rep != nil && rep.InSync(), err)
 	}

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -21,35 +21,35 @@ func TestReplicateToRemoteMember(t *testing.T) {
 	rtok := srv.Token()
 	local, rem := open(t, ltok, 20*time.Second), open(t, rtok, 20*time.Second)
 	const serial = "4242"
-	err := replica.InstallDomainKey(ctxT(t), []replica.DomainTarget{
+	err := sync.InstallDomainKey(ctxT(t), []sync.DomainTarget{
 		{Slot: local, SOPIN: secret.PINFromString(ltok.SOPIN), UserPIN: secret.PINFromString(ltok.UserPIN)},
 		{Slot: rem, SOPIN: secret.PINFromString(rtok.SOPIN), UserPIN: secret.PINFromString(rtok.UserPIN)},
 	}, serial)
 	if err != nil {
 		t.Fatalf("InstallDomainKey on a local and a served member: %v", err)
 	}
-	if _, err := replica.FindDomainKey(ctxT(t), rem, serial); err != nil {
+	if _, err := sync.FindDomainKey(ctxT(t), rem, serial); err != nil {
 		t.Fatalf("served member: domain key: %v", err)
 	}
 
-	r := &replica.Replicator{GroupSerial: serial}
+	r := &sync.Replicator{GroupSerial: serial}
 	pub, priv := genEC(t, local, "replicated")
-	rpriv, err := r.Replicate(ctxT(t), local, priv, replica.Target{Slot: rem})
+	rpriv, err := r.Replicate(ctxT(t), local, priv, sync.Target{Slot: rem})
 	if err != nil {
 		t.Fatalf("replicate the EC private key to the served member: %v", err)
 	}
-	rpub, err := r.Replicate(ctxT(t), local, pub, replica.Target{Slot: rem})
+	rpub, err := r.Replicate(ctxT(t), local, pub, sync.Target{Slot: rem})
 	if err != nil {
 		t.Fatalf("replicate the EC public key to the served member: %v", err)
 	}
 	signVerify(t, rem, rpriv, local, pub)
 	signVerify(t, local, priv, rem, rpub)
 	for _, h := range [][2]pkcs11.ObjectHandle{{priv, rpriv}, {pub, rpub}} {
-		a, err := replica.Fingerprint(ctxT(t), local, h[0])
+		a, err := sync.Fingerprint(ctxT(t), local, h[0])
 		if err != nil {
 			t.Fatalf("local fingerprint: %v", err)
 		}
-		b, err := replica.Fingerprint(ctxT(t), rem, h[1])
+		b, err := sync.Fingerprint(ctxT(t), rem, h[1])
 		if err != nil {
 			t.Fatalf("served fingerprint: %v", err)
 		}

@@ -12,10 +12,10 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -122,17 +122,17 @@ func BenchmarkScaling(b *testing.B) {
 // directly, then closed) and returns the group's configuration.
 func provisionedGroup(ctx context.Context, b testing.TB, label, serial string, toks []testhsm.Token, pin secret.PIN) config.Group {
 	b.Helper()
-	var targets []replica.DomainTarget
+	var targets []sync.DomainTarget
 	gc := config.Group{Label: label, Serial: serial}
 	for _, t := range toks {
 		s, err := slot.Open(ctx, slot.Spec{Name: t.Name, Module: t.Module, TokenLabel: t.Label, PIN: pin.Clone()})
 		if err != nil {
 			b.Fatal(err)
 		}
-		targets = append(targets, replica.DomainTarget{Slot: s})
+		targets = append(targets, sync.DomainTarget{Slot: s})
 		gc.Members = append(gc.Members, config.Member{Name: t.Name, Module: t.Module, TokenLabel: t.Label})
 	}
-	err := replica.InstallDomainKey(ctx, targets, serial)
+	err := sync.InstallDomainKey(ctx, targets, serial)
 	for _, t := range targets {
 		t.Slot.Close()
 	}

@@ -16,10 +16,10 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -53,12 +53,12 @@ func keyprotSetup(t testing.TB) *keyprotRig {
 	t.Helper()
 	toks := testhsm.Take(t, 3)
 	serial := fmt.Sprintf("%d", 7300000+keyprotSerials.Add(1))
-	var targets []replica.DomainTarget
+	var targets []sync.DomainTarget
 	for _, tok := range toks {
-		targets = append(targets, replica.DomainTarget{Slot: keyprotDirect(t, tok),
+		targets = append(targets, sync.DomainTarget{Slot: keyprotDirect(t, tok),
 			SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN)})
 	}
-	if err := replica.InstallDomainKey(keyprotCtx(t), targets, serial); err != nil {
+	if err := sync.InstallDomainKey(keyprotCtx(t), targets, serial); err != nil {
 		t.Fatalf("install the domain key: %v", err)
 	}
 	cfg := config.Group{Label: "ha-" + serial, Serial: serial}

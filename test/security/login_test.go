@@ -18,11 +18,11 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
-	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -46,13 +46,13 @@ func loginCtx(t *testing.T) context.Context {
 // loginEvents keeps a group's and its recoverer's events.
 type loginEvents struct {
 	mu      sync.Mutex
-	rec     []recovery.Event
+	rec     []recover.Event
 	changed chan struct{}
 }
 
 func newLoginEvents() *loginEvents { return &loginEvents{changed: make(chan struct{}, 1)} }
 
-func (e *loginEvents) recovery(ev recovery.Event) {
+func (e *loginEvents) recovery(ev recover.Event) {
 	e.mu.Lock()
 	e.rec = append(e.rec, ev)
 	e.mu.Unlock()
@@ -62,7 +62,7 @@ func (e *loginEvents) recovery(ev recovery.Event) {
 	}
 }
 
-func (e *loginEvents) count(kind recovery.EventKind, name string) int {
+func (e *loginEvents) count(kind recover.EventKind, name string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0
@@ -108,14 +108,14 @@ func loginDirect(t *testing.T, tok testhsm.Token, pin string) *slot.Slot {
 // CKR_USER_ALREADY_LOGGED_IN.
 func loginInstallDomain(t *testing.T, serial string, toks []testhsm.Token) {
 	t.Helper()
-	var targets []replica.DomainTarget
+	var targets []hasync.DomainTarget
 	for _, tok := range toks {
 		s := loginDirect(t, tok, tok.UserPIN)
 		defer s.Close()
-		targets = append(targets, replica.DomainTarget{Slot: s,
+		targets = append(targets, hasync.DomainTarget{Slot: s,
 			SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN)})
 	}
-	if err := replica.InstallDomainKey(loginCtx(t), targets, serial); err != nil {
+	if err := hasync.InstallDomainKey(loginCtx(t), targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }
@@ -368,14 +368,14 @@ func TestLoginWrongMemberPINLibrary(t *testing.T) {
 	if err := g.Engine().Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
 		t.Fatalf("Login with the right application PIN: %v", err)
 	}
-	ev.wait(t, "the member's recovery reports the PIN block", func() bool { return ev.count(recovery.PINBlocked, bad) > 0 })
+	ev.wait(t, "the member's recovery reports the PIN block", func() bool { return ev.count(recover.PINBlocked, bad) > 0 })
 	// The behaviour under test is that nothing happens: let five more
 	// recovery intervals pass, then count.
 	time.Sleep(5*time.Second + 500*time.Millisecond)
 	if n := faults.Calls(bad, slot.OpLogin); n != 1 {
 		t.Errorf("the member with the wrong pin_file saw %d C_Login calls over more than 5 intervals, want 1", n)
 	}
-	if n := ev.count(recovery.AttemptStarted, bad); n != 0 {
+	if n := ev.count(recover.AttemptStarted, bad); n != 0 {
 		t.Errorf("%d automatic recovery attempts were made on the PIN-blocked member, want 0", n)
 	}
 	ms := loginMemberStatus(g, bad)
@@ -394,7 +394,7 @@ func TestLoginWrongMemberPINLibrary(t *testing.T) {
 	if err := g2.Engine().Login(loginCtx(t), pkcs11.CKU_USER, secret.PINFromString(toks[0].UserPIN)); err != nil {
 		t.Fatalf("second group: Login: %v", err)
 	}
-	ev2.wait(t, "the second group's recovery sees the mark", func() bool { return ev2.count(recovery.PINBlocked, bad) > 0 })
+	ev2.wait(t, "the second group's recovery sees the mark", func() bool { return ev2.count(recover.PINBlocked, bad) > 0 })
 	time.Sleep(5*time.Second + 500*time.Millisecond)
 	if n := faults2.Calls(bad, slot.OpLogin); n != 0 {
 		t.Errorf("the second group offered the PIN-blocked member %d C_Login calls, want 0", n)

@@ -29,10 +29,10 @@ import (
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/recovery"
-	"github.com/hagroup/hagroup/pkg/replica"
-	"github.com/hagroup/hagroup/pkg/replica/tombstone"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/hagroup/hagroup/test/load"
 	"github.com/miekg/pkcs11"
 )
@@ -57,7 +57,7 @@ func TestMain(m *testing.M) {
 // events counts the Go engine's events and forwards member failures to
 // its recoverer.
 type events struct {
-	rec       atomic.Pointer[recovery.Recoverer]
+	rec       atomic.Pointer[recover.Recoverer]
 	mu        sync.Mutex
 	conflicts []string
 	failed    int
@@ -134,7 +134,7 @@ func (e *events) trailText() string {
 }
 
 // recoveryEvent records a recoverer's event in the trail.
-func (e *events) recoveryEvent(ev recovery.Event) {
+func (e *events) recoveryEvent(ev recover.Event) {
 	e.note(ev.Time, "recover %s %s attempt %d: %v", ev.Member, ev.Kind, ev.Attempt, ev.Err)
 }
 
@@ -215,7 +215,7 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	rec, err := recovery.New(recovery.Options{Engine: g, StateDir: w.stateDir, Interval: set.Interval, Retries: set.Retries, Tombstones: journal,
+	rec, err := recover.New(recover.Options{Engine: g, StateDir: w.stateDir, Interval: set.Interval, Retries: set.Retries, Tombstones: journal,
 		Events: ev.recoveryEvent})
 	if err != nil {
 		t.Fatal(err)
@@ -682,8 +682,8 @@ func (r *report) problems() []string {
 	}
 	if r.falseInSync > 0 && r.hosts > 1 {
 		// Asserted with two hosts only for now. A key file half written
-		// by a kill is a difference for every plan (replica.ErrHalfMade)
-		// and for the truth alike (listLabels: replica.GroupObject).
+		// by a kill is a difference for every plan (hasync.ErrHalfMade)
+		// and for the truth alike (listLabels: hasync.GroupObject).
 		p = append(p, fmt.Sprintf("%d \"in sync\" answers while the members differ: %s", r.falseInSync, r.truthDiff))
 	}
 	if r.syncErr != "" {
@@ -713,7 +713,7 @@ func first(s []string, n int) []string {
 // listLabels opens a member's token and returns the label of every object
 // on it that the group's comparison counts (domain keys included; a
 // session object that the token server holds for a live client is no
-// group object, a half-made key is: replica.GroupObject), with an error
+// group object, a half-made key is: hasync.GroupObject), with an error
 // for each object or step that failed.
 func listLabels(ctx context.Context, spec slot.Spec) ([]string, []error) {
 	s, err := slot.Open(ctx, spec)
@@ -733,7 +733,7 @@ func listLabels(ctx context.Context, spec slot.Spec) ([]string, []error) {
 			errs = append(errs, fmt.Errorf("object %d: label: %v", h, err))
 			continue
 		}
-		if group, err := replica.GroupObject(ctx, s, h); err != nil {
+		if group, err := hasync.GroupObject(ctx, s, h); err != nil {
 			errs = append(errs, fmt.Errorf("object %d (label %q): token or session object: %v", h, attrs[0].Value, err))
 			continue
 		} else if !group {

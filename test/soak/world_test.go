@@ -19,9 +19,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/test/load"
 	"github.com/miekg/pkcs11"
 )
@@ -226,15 +226,15 @@ func (w *world) provision(ctx context.Context, labels []string) {
 		t.Fatal(err)
 	}
 	gc := cfg.Groups[0]
-	var targets []replica.DomainTarget
+	var targets []hasync.DomainTarget
 	for _, m := range gc.Members {
 		s, err := slot.Open(ctx, slot.Spec{Name: m.Name, Module: m.Module, TokenLabel: m.TokenLabel, PIN: w.userPIN.Clone()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		targets = append(targets, replica.DomainTarget{Slot: s, SOPIN: w.soPIN.Clone(), UserPIN: w.userPIN.Clone()})
+		targets = append(targets, hasync.DomainTarget{Slot: s, SOPIN: w.soPIN.Clone(), UserPIN: w.userPIN.Clone()})
 	}
-	err = replica.InstallDomainKey(ctx, targets, gc.Serial)
+	err = hasync.InstallDomainKey(ctx, targets, gc.Serial)
 	for _, tg := range targets {
 		tg.Slot.Close()
 	}

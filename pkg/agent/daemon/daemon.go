@@ -18,7 +18,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/recovery"
+	"github.com/hagroup/hagroup/pkg/recover"
 )
 
 // Options configure a Daemon.
@@ -397,7 +397,7 @@ func (gr *groupRun) pokeCheck() {
 // syncCheck plans a synchronisation and records how far each member is
 // out of sync, emitting an event when a group goes out of (or back into)
 // sync. It only lists: it takes no member's recovery lock (see
-// recovery.Recoverer.Synchronize), so it never keeps a member's recovery,
+// recover.Recoverer.Synchronize), so it never keeps a member's recovery,
 // in this process or another, waiting.
 func (d *Daemon) syncCheck(ctx context.Context, gr *groupRun) {
 	eng := gr.engine()
@@ -435,7 +435,7 @@ func (d *Daemon) emit(e agent.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	if e.Event == string(recovery.Recovered) {
+	if e.Event == string(recover.Recovered) {
 		// What the last check said of the member is stale now.
 		d.mu.RLock()
 		gr := d.groups[e.Group]

@@ -16,7 +16,7 @@ import (
 )
 
 // Engine is one running group as the daemon drives it. The real one wraps
-// pkg/group (and pkg/recovery for recovery and pkg/replica for plans); the
+// pkg/group (and pkg/recover for recovery and pkg/sync for plans); the
 // seam keeps the daemon independent of the engine's internals. Methods
 // are called concurrently.
 type Engine interface {
@@ -35,7 +35,7 @@ type Engine interface {
 	// Synchronize plans (req.Check) or applies a synchronisation.
 	Synchronize(ctx context.Context, req agent.SyncRequest) (agent.SyncReport, error)
 	// OutOfSync compares the members now and returns, per member, how
-	// many differences concern it (recovery.SyncReport.OutOfSync, the
+	// many differences concern it (recover.SyncReport.OutOfSync, the
 	// one rule for "in sync"); a member in sync has no entry. It fails
 	// when the members cannot be compared. Members out of service count,
 	// without their tokens being opened.

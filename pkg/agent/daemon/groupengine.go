@@ -13,9 +13,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/recovery"
-	"github.com/hagroup/hagroup/pkg/replica"
+	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 )
 
 // groupEngine is the real Engine: an ha.Group (pkg/group with its
@@ -106,7 +106,7 @@ func (ge *groupEngine) onGroupEvent(e group.Event) {
 	ge.emit(ae)
 }
 
-func (ge *groupEngine) onRecoverEvent(e recovery.Event) {
+func (ge *groupEngine) onRecoverEvent(e recover.Event) {
 	ge.emit(agent.Event{Time: e.Time, Group: ge.label, Member: e.Member, Event: string(e.Kind), Detail: e.Detail()})
 }
 
@@ -219,9 +219,9 @@ func (ge *groupEngine) Recover(ctx context.Context, name string) ([]agent.Member
 		switch {
 		case errors.Is(err, group.ErrUnknownMember):
 			return out, agent.Errorf(agent.CodeNotFound, "group %q has no member %q", ge.label, n)
-		case errors.Is(err, recovery.ErrNotFailed) && name != "" && (mr.State == "active" || mr.State == "standby"):
+		case errors.Is(err, recover.ErrNotFailed) && name != "" && (mr.State == "active" || mr.State == "standby"):
 			mr.OK, mr.Detail = true, "in service already: nothing to recover"
-		case errors.Is(err, recovery.ErrInProgress):
+		case errors.Is(err, recover.ErrInProgress):
 			mr.Detail = "another recovery of this member is running: " + err.Error()
 		case err != nil:
 			mr.Detail = err.Error()
@@ -257,7 +257,7 @@ func (ge *groupEngine) Synchronize(ctx context.Context, req agent.SyncRequest) (
 	if serving == 0 {
 		return rep, agent.Errorf(agent.CodeMemberUnreachable, "group %q: no member in service to synchronise", ge.label)
 	}
-	sr, err := ge.h.Synchronize(ctx, recovery.SyncOptions{Check: req.Check, Prune: req.Prune})
+	sr, err := ge.h.Synchronize(ctx, recover.SyncOptions{Check: req.Check, Prune: req.Prune})
 	if sr == nil || sr.Plan == nil {
 		if err == nil {
 			err = errors.New("no plan")
@@ -362,24 +362,24 @@ func (ge *groupEngine) Serving(name string) bool {
 	return ok && m.State().Serving()
 }
 
-// bridgeProgress hands the progress the engine reports (pkg/replica's) to
+// bridgeProgress hands the progress the engine reports (pkg/sync's) to
 // the socket's caller, when it asked for progress.
 func bridgeProgress(ctx context.Context) context.Context {
 	fn := agent.ProgressFrom(ctx)
 	if fn == nil {
 		return ctx
 	}
-	return replica.WithProgress(ctx, func(p replica.Progress) {
+	return hasync.WithProgress(ctx, func(p hasync.Progress) {
 		fn(agent.Progress{Done: p.Done, Total: p.Total, Member: p.Member})
 	})
 }
 
-func actionKey(a replica.Action) string {
+func actionKey(a hasync.Action) string {
 	return a.Identity.Key() + "\x00" + a.Member + "\x00" + a.Kind.String()
 }
 
 // lackingOf names the member of a that lacks the wrap mechanism.
-func lackingOf(h *ha.Group, a replica.Action) string {
+func lackingOf(h *ha.Group, a hasync.Action) string {
 	for _, name := range []string{a.Member, a.Source} {
 		if m, ok := h.Engine().Member(name); ok && m.Lacks(group.MechWrapPad) {
 			return name
@@ -419,7 +419,7 @@ func (ge *groupEngine) Close() error { return ge.h.Close() }
 // would receive are returned. Nothing is changed on any member. An error
 // means the token does not answer (or the member has no configuration);
 // the caller then reports the member as unreachable.
-func (ge *groupEngine) peek(ctx context.Context, name string) ([]replica.Action, error) {
+func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, error) {
 	ge.mu.Lock()
 	cm, ok := ge.cfg.Member(name)
 	var mc config.Member
@@ -437,7 +437,7 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]replica.Action,
 	}
 	if st := ge.h.Recoverer().Status(name); st.PINBlocked {
 		// Its token refused the PIN: a check offers it no PIN again.
-		return nil, fmt.Errorf("member %s: not opened: %w (%s)", name, recovery.ErrPINBlocked, st.PINBlock.Reason)
+		return nil, fmt.Errorf("member %s: not opened: %w (%s)", name, recover.ErrPINBlocked, st.PINBlock.Reason)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -451,28 +451,28 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]replica.Action,
 		return nil, agent.NameMember(name, err)
 	}
 	defer s.Close()
-	members := []replica.PlanMember{{Name: name, Slot: s}}
+	members := []hasync.PlanMember{{Name: name, Slot: s}}
 	for _, sn := range ge.h.Engine().Members() {
 		if !sn.State.Serving() || sn.Name == name {
 			continue
 		}
 		if m, ok := ge.h.Engine().Member(sn.Name); ok {
 			if sl := m.Slot(); sl != nil {
-				members = append(members, replica.PlanMember{Name: sn.Name, Slot: sl})
+				members = append(members, hasync.PlanMember{Name: sn.Name, Slot: sl})
 			}
 		}
 	}
-	plan, err := replica.MakePlan(ctx, members, nil, replica.PlanOptions{SkipUnreachable: true})
+	plan, err := hasync.MakePlan(ctx, members, nil, hasync.PlanOptions{SkipUnreachable: true})
 	if err != nil {
 		return nil, agent.NameMember(name, err)
 	}
 	if err, ok := plan.Skipped[name]; ok {
 		return nil, agent.NameMember(name, err)
 	}
-	var out []replica.Action
+	var out []hasync.Action
 	for _, a := range plan.Actions {
 		// Without the tombstones, only what the member lacks is certain.
-		if a.Member == name && a.Kind == replica.Copy && a.Reason == replica.ReasonMissing {
+		if a.Member == name && a.Kind == hasync.Copy && a.Reason == hasync.ReasonMissing {
 			out = append(out, a)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 
 // markSync sets every member's NeedsSync and OutOfSync in gs, and the
 // group's NeedsSync, from a comparison of what the members hold now
-// (Engine.OutOfSync: recovery.SyncReport.OutOfSync, the rule synchronize
+// (Engine.OutOfSync: recover.SyncReport.OutOfSync, the rule synchronize
 // --check and pkg/ha's Status apply too): never from a plan cached by a
 // recovery or an earlier check, which another host's copies, destroys and
 // duplicates make stale without this process seeing it. So listgroups,

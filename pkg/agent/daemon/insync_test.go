@@ -12,9 +12,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/ha"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -166,7 +166,7 @@ serial = "1000015"
 	if err != nil || len(hs) != 1 {
 		t.Fatalf("find ahead on a: %v %v", hs, err)
 	}
-	if _, err := (&replica.Replicator{}).Replicate(t.Context(), direct[0], hs[0], replica.Target{Slot: direct[1], Absent: true}); err != nil {
+	if _, err := (&sync.Replicator{}).Replicate(t.Context(), direct[0], hs[0], sync.Target{Slot: direct[1], Absent: true}); err != nil {
 		t.Fatal(err)
 	}
 	agree("b holds an object twice", []string{"b"})

@@ -16,8 +16,8 @@ import (
 	"context"
 	"slices"
 
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -46,7 +46,7 @@ type search struct {
 // New returns the searches for what calls leave. A call that names no
 // identity of its own takes source's (a copy keeps its source's); source
 // may be nil.
-func New(calls []Call, source *replica.Identity) Searches {
+func New(calls []Call, source *sync.Identity) Searches {
 	var out Searches
 	for _, c := range calls {
 		base := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, c.Token)}

@@ -139,7 +139,7 @@ func TestPINKeptOnlyWhenNeeded(t *testing.T) {
 	}
 }
 
-// guard is an in-memory PIN guard, as pkg/recovery's PINBlocks is on disk.
+// guard is an in-memory PIN guard, as pkg/recover's PINBlocks is on disk.
 type guard struct {
 	mu      sync.Mutex
 	refused map[string]error

@@ -14,8 +14,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -49,12 +49,12 @@ func setup(t *testing.T) *fixture {
 	if err := g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
 		t.Fatalf("Login: %v", err)
 	}
-	var targets []replica.DomainTarget
+	var targets []sync.DomainTarget
 	for _, tok := range f.toks {
 		m, _ := g.Member(tok.Name)
-		targets = append(targets, replica.DomainTarget{Slot: m.Slot()})
+		targets = append(targets, sync.DomainTarget{Slot: m.Slot()})
 	}
-	if err := replica.InstallDomainKey(ctx, targets, serial); err != nil {
+	if err := sync.InstallDomainKey(ctx, targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 	if f.s, err = g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION); err != nil {

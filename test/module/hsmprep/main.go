@@ -18,9 +18,9 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/replica"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -68,7 +68,7 @@ func run() error {
 			return err
 		}
 	}
-	var targets []replica.DomainTarget
+	var targets []sync.DomainTarget
 	for _, m := range g.Members {
 		s, err := slot.Open(ctx, slot.Spec{
 			Name: m.Name, Module: m.Module, ModuleEnv: m.ModuleEnv,
@@ -79,9 +79,9 @@ func run() error {
 			return err
 		}
 		defer s.Close()
-		targets = append(targets, replica.DomainTarget{Slot: s, SOPIN: so, UserPIN: user})
+		targets = append(targets, sync.DomainTarget{Slot: s, SOPIN: so, UserPIN: user})
 	}
-	if err := replica.InstallDomainKey(ctx, targets, g.Serial); err != nil {
+	if err := sync.InstallDomainKey(ctx, targets, g.Serial); err != nil {
 		return err
 	}
 	if *ecKey == "" {

@@ -1,5 +1,0 @@
-package recovery
-
-import "github.com/hagroup/hagroup/pkg/group"
-
-var _ Engine = (*group.Group)(nil)

@@ -1,0 +1,284 @@
+package sync
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// ErrWeakDomainKey is wrapped by errors saying a member's domain key could
+// be turned into more than a key that wraps and unwraps: a user with the
+// user PIN could make it decrypt the blobs it wraps, and so read every key
+// the group replicates. Nothing is replicated to or from such a member
+// until an operator replaces the key (ReplaceDomainKey). Use errors.As
+// with *WeakDomainKeyError for the member and the attributes at fault.
+var ErrWeakDomainKey = errors.New("weak domain key")
+
+// WeakDomainKeyError says which attributes of Member's domain key Label
+// are not what the ceremony makes.
+type WeakDomainKeyError struct {
+	Member string
+	Label  string
+	// Flaws name each attribute at fault, e.g. "CKA_MODIFIABLE=true".
+	Flaws []string
+}
+
+func (e *WeakDomainKeyError) Error() string {
+	return fmt.Sprintf("member %s: %v %q (%s): a user with the user PIN could make it decrypt what it wraps; nothing is replicated to or from this member until the key is replaced (hactl hagroup domain --replace)",
+		e.Member, ErrWeakDomainKey, e.Label, strings.Join(e.Flaws, ", "))
+}
+
+// Unwrap makes errors.Is(err, ErrWeakDomainKey) true and gives the error
+// a CKR code (CKR_KEY_FUNCTION_NOT_PERMITTED: the key may not serve), so
+// that slot.ClassOf takes it for a request error, never a health failure.
+func (e *WeakDomainKeyError) Unwrap() []error {
+	return []error{ErrWeakDomainKey, pkcs11.Error(pkcs11.CKR_KEY_FUNCTION_NOT_PERMITTED)}
+}
+
+// domainRule is one boolean attribute of the domain key and the value the
+// ceremony gives it.
+type domainRule struct {
+	typ  uint
+	name string
+	want bool
+}
+
+// domainRules is the domain key's protection: it wraps and unwraps and
+// does nothing else, and can be neither changed, copied nor extracted.
+// The ceremony writes these values and reads them back; the audit
+// refuses a key that differs from any of them.
+var domainRules = []domainRule{
+	{pkcs11.CKA_WRAP, "CKA_WRAP", true},
+	{pkcs11.CKA_UNWRAP, "CKA_UNWRAP", true},
+	{pkcs11.CKA_ENCRYPT, "CKA_ENCRYPT", false},
+	{pkcs11.CKA_DECRYPT, "CKA_DECRYPT", false},
+	{pkcs11.CKA_SIGN, "CKA_SIGN", false},
+	{pkcs11.CKA_VERIFY, "CKA_VERIFY", false},
+	{pkcs11.CKA_DERIVE, "CKA_DERIVE", false},
+	{pkcs11.CKA_SENSITIVE, "CKA_SENSITIVE", true},
+	{pkcs11.CKA_EXTRACTABLE, "CKA_EXTRACTABLE", false},
+	{pkcs11.CKA_MODIFIABLE, "CKA_MODIFIABLE", false},
+	{pkcs11.CKA_COPYABLE, "CKA_COPYABLE", false},
+}
+
+// domainMechanisms is the domain key's CKA_ALLOWED_MECHANISMS: the one
+// mechanism replication uses. It is read-only on SoftHSM, so even a copy
+// given CKA_DECRYPT could not decrypt (CKR_MECHANISM_INVALID); that closes
+// the moment of a trusted ceremony when the key is still a public,
+// modifiable object.
+var domainMechanisms = []uint{wrapMechanism}
+
+// allowedMechanismsValue encodes ms as a CK_MECHANISM_TYPE array.
+func allowedMechanismsValue(ms []uint) []byte {
+	out := make([]byte, 0, 8*len(ms))
+	for _, m := range ms {
+		out = binary.NativeEndian.AppendUint64(out, uint64(m))
+	}
+	return out
+}
+
+// domainProtection is the attributes the ceremony gives the domain key,
+// from domainRules and domainMechanisms.
+func domainProtection() []*pkcs11.Attribute {
+	t := make([]*pkcs11.Attribute, 0, len(domainRules)+1)
+	for _, r := range domainRules {
+		t = append(t, boolAttr(r.typ, r.want))
+	}
+	return append(t, pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, allowedMechanismsValue(domainMechanisms)))
+}
+
+// copier is what the audit needs of a member: reading a key and trying to
+// copy it.
+type copier interface {
+	store
+	CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error)
+}
+
+var _ copier = (*slot.Slot)(nil)
+
+// auditDomainKey returns what is wrong with the domain key h on s (nil
+// when nothing is): every attribute of domainRules read back,
+// CKA_ALLOWED_MECHANISMS, and the unwrap template (see unwrapFlaws). A key
+// the token leaves CKA_COPYABLE=true (SoftHSM 2.6.1 cannot clear it on the
+// private copy of a trusted ceremony) passes only if it is not modifiable
+// and the token refuses the copies of copyTrials, each tried as an
+// attacker would — unless refused says this process saw the token refuse
+// them for this very key already (see Replicator.domainKey). tried
+// reports that the copies were tried, or skipped so, and refused.
+func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle, refused bool) (flaws []string, tried bool, err error) {
+	types := make([]uint, 0, len(domainRules)+1)
+	for _, r := range domainRules {
+		types = append(types, r.typ)
+	}
+	a, err := readAttrs(ctx, s, h, append(types, pkcs11.CKA_ALLOWED_MECHANISMS, pkcs11.CKA_TRUSTED))
+	if err != nil {
+		return nil, false, fmt.Errorf("read the domain key's attributes: %w", err)
+	}
+	copyable := false
+	for _, r := range domainRules {
+		switch {
+		case !a.nonEmpty(r.typ):
+			flaws = append(flaws, r.name+" not answered by the token")
+		case a.boolean(r.typ) == r.want:
+		case r.typ == pkcs11.CKA_COPYABLE:
+			copyable = true
+		default:
+			flaws = append(flaws, fmt.Sprintf("%s=%v", r.name, !r.want))
+		}
+	}
+	if !sameMechanisms(a[pkcs11.CKA_ALLOWED_MECHANISMS], domainMechanisms) {
+		flaws = append(flaws, "CKA_ALLOWED_MECHANISMS not only "+mechanismName(wrapMechanism))
+	}
+	uf, err := unwrapFlaws(ctx, s, h, a.boolean(pkcs11.CKA_TRUSTED))
+	if err != nil {
+		return nil, false, err
+	}
+	flaws = append(flaws, uf...)
+	if !copyable || a.boolean(pkcs11.CKA_MODIFIABLE) {
+		if copyable {
+			flaws = append(flaws, "CKA_COPYABLE=true")
+		}
+		return flaws, false, nil
+	}
+	if refused {
+		return flaws, true, nil
+	}
+	f, err := copyFlaw(ctx, s, h)
+	if err != nil {
+		return nil, false, err
+	}
+	if f != "" {
+		return append(flaws, f), false, nil
+	}
+	return flaws, true, nil
+}
+
+// unwrapFlaws checks the domain key's CKA_UNWRAP_TEMPLATE: without
+// CKA_SENSITIVE=true in it a user unwraps a blob (wrapped under the same
+// value on any member) into a key whose value it reads; under a trusted
+// key, without CKA_WRAP_WITH_TRUSTED=true an unwrapped key could be
+// wrapped again under a key of the user's own.
+func unwrapFlaws(ctx context.Context, s copier, h pkcs11.ObjectHandle, trusted bool) ([]string, error) {
+	tmpl, err := s.GetNestedAttribute(ctx, h, pkcs11.CKA_UNWRAP_TEMPLATE)
+	if err != nil {
+		if slot.ClassOf(err) == slot.ClassRequest {
+			return []string{"CKA_UNWRAP_TEMPLATE not answered by the token"}, nil
+		}
+		return nil, fmt.Errorf("read the domain key's CKA_UNWRAP_TEMPLATE: %w", err)
+	}
+	forced := map[uint]bool{}
+	for _, a := range tmpl {
+		forced[a.Type] = len(a.Value) == 1 && a.Value[0] != 0
+	}
+	var flaws []string
+	if !forced[pkcs11.CKA_SENSITIVE] {
+		flaws = append(flaws, "CKA_UNWRAP_TEMPLATE does not force CKA_SENSITIVE=true")
+	}
+	if trusted && !forced[pkcs11.CKA_WRAP_WITH_TRUSTED] {
+		flaws = append(flaws, "CKA_UNWRAP_TEMPLATE does not force CKA_WRAP_WITH_TRUSTED=true")
+	}
+	return flaws, nil
+}
+
+// copyTrials are the copies a copyable domain key is tried with: each one
+// that a token made would give up the key's secret (a copy that decrypts,
+// one that can be extracted or read, one that can be changed at will, one
+// allowed CKM_AES_ECB). Other usages (encrypt, sign, derive) would not
+// reveal what the key wraps, and each trial is a call on the member.
+var copyTrials = []struct {
+	name string
+	a    *pkcs11.Attribute
+}{
+	{"CKA_DECRYPT=true", boolAttr(pkcs11.CKA_DECRYPT, true)},
+	{"CKA_EXTRACTABLE=true", boolAttr(pkcs11.CKA_EXTRACTABLE, true)},
+	{"CKA_SENSITIVE=false", boolAttr(pkcs11.CKA_SENSITIVE, false)},
+	{"CKA_MODIFIABLE=true", boolAttr(pkcs11.CKA_MODIFIABLE, true)},
+	{"CKA_ALLOWED_MECHANISMS=CKM_AES_ECB", pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, allowedMechanismsValue([]uint{pkcs11.CKM_AES_ECB}))},
+}
+
+// copyFlaw says what is wrong with a copyable, non-modifiable domain key:
+// nothing when the token refuses every trial copy (SoftHSM answers
+// CKR_ATTRIBUTE_READ_ONLY to any attribute in the copy of a non-modifiable
+// object), so that a copy can only be the same key. A trial copy the token
+// makes is destroyed at once. Each trial writes on the token even when it
+// is refused: SoftHSM commits the whole copy before it applies the
+// template, and destroys it then; a member killed in between keeps a
+// second, identical domain key.
+func copyFlaw(ctx context.Context, s copier, h pkcs11.ObjectHandle) (string, error) {
+	for _, tr := range copyTrials {
+		c, err := s.CopyObject(ctx, h, []*pkcs11.Attribute{tr.a})
+		if err == nil {
+			clean := cleanupContext(ctx)
+			derr := s.DestroyObject(clean.ctx, c)
+			clean.cancel()
+			if derr != nil {
+				return "", fmt.Errorf("a trial copy of the domain key with %s was made and could not be destroyed (handle %d): %w", tr.name, c, derr)
+			}
+			return fmt.Sprintf("CKA_COPYABLE=true (a copy may set %s)", tr.name), nil
+		}
+		if slot.ClassOf(err) != slot.ClassRequest {
+			return "", fmt.Errorf("try to copy the domain key with %s: %w", tr.name, err)
+		}
+	}
+	return "", nil
+}
+
+// sameMechanisms reports whether v, a CK_MECHANISM_TYPE array, lists
+// exactly want.
+func sameMechanisms(v []byte, want []uint) bool {
+	return len(v) > 0 && string(v) == string(allowedMechanismsValue(want))
+}
+
+// DomainAudit is what AuditDomainKey found on one member.
+type DomainAudit struct {
+	Member string
+	Label  string
+	// Found: the member holds the domain key (AES-256, private, wrap and
+	// unwrap).
+	Found bool
+	// CheckValue is the key's CKA_CHECK_VALUE (when Found).
+	CheckValue []byte
+	// Trusted: the key carries CKA_TRUSTED.
+	Trusted bool
+	// Flaws name the attributes at fault; empty when the key is sound.
+	Flaws []string
+}
+
+// Weak reports whether a domain key was found and has flaws.
+func (d DomainAudit) Weak() bool { return d.Found && len(d.Flaws) > 0 }
+
+// AuditDomainKey finds the group's domain key on s and audits it (see
+// WeakDomainKeyError for what makes it weak). A member without one gives
+// Found=false and no error; an error is the member failing to answer, or
+// two domain keys that differ (ErrConflict).
+func AuditDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) (DomainAudit, error) {
+	d := DomainAudit{Member: s.Name(), Label: DomainLabel(groupSerial)}
+	dk, err := findDomainKey(ctx, s, s.Name(), groupSerial)
+	switch {
+	case errors.Is(err, ErrNoDomainKey):
+		return d, nil
+	case err != nil:
+		return d, err
+	}
+	d.Found, d.CheckValue, d.Trusted = true, dk.kcv, dk.trusted
+	flaws, _, err := auditDomainKey(ctx, s, dk.h, false)
+	if err != nil {
+		return d, fmt.Errorf("member %s: audit domain key %q: %w", s.Name(), d.Label, err)
+	}
+	d.Flaws = flaws
+	return d, nil
+}
+
+// weakError is the error of a weak audit, nil for a sound one.
+func (d DomainAudit) weakError() error {
+	if !d.Weak() {
+		return nil
+	}
+	return &WeakDomainKeyError{Member: d.Member, Label: d.Label, Flaws: d.Flaws}
+}

@@ -1,0 +1,118 @@
+package sync
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// Behind marks (DESIGN.md, "Group state on the members"): how far each
+// member has caught up, told by the members that did catch up. A process
+// that changes an object through the group while a member is out of its
+// rotation leaves, on every member that took the change, a mark naming
+// the member that missed it — after the change, so that a catch-up that
+// read the mark has the change in its listing. A process that opens the
+// group reads the marks (one search per member, none found in a healthy
+// group) and keeps a marked member out of rotation until it is caught
+// up; the catch-up removes the marks it read before its listing. A mark
+// left after that is a change the catch-up may have missed: the member is
+// caught up again. The marks need no clock and no counter; a member is
+// current when no member it can reach holds a mark naming it.
+
+// MarkApplication is the CKA_APPLICATION of behind marks.
+const MarkApplication = "hagroup/behind"
+
+const markKind = "behind:"
+
+// MarkLabel is the CKA_LABEL of a mark saying member missed a change of
+// the group with the given serial.
+func MarkLabel(groupSerial, member string) string {
+	return StateLabel(groupSerial, markKind+member)
+}
+
+// Mark is one behind mark read from a member.
+type Mark struct {
+	// Member is the member that missed a change.
+	Member string
+	// Writer names the process that made the change (a random id).
+	Writer string
+	// On is the member the mark was read from; Handle its handle there.
+	On     *slot.Slot
+	Handle pkcs11.ObjectHandle
+}
+
+// ReadMarks returns the behind marks of the group with serial
+// groupSerial on s, which must be logged in (ErrNotLoggedIn otherwise).
+// Cost: one FindObjects, and one GetAttributes per mark found.
+func ReadMarks(ctx context.Context, s *slot.Slot, groupSerial string) ([]Mark, error) {
+	if !s.LoggedIn() {
+		return nil, fmt.Errorf("member %s: read behind marks: %w", s.Name(), ErrNotLoggedIn)
+	}
+	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA),
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(MarkApplication)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("member %s: find behind marks: %w", s.Name(), err)
+	}
+	prefix := MarkLabel(groupSerial, "")
+	var out []Mark
+	for _, h := range hs {
+		attrs, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
+		if err != nil {
+			if isGone(err) {
+				continue // cleared meanwhile
+			}
+			return nil, fmt.Errorf("member %s: read behind mark (object %d): %w", s.Name(), h, err)
+		}
+		if len(attrs) != 2 || attrs[0].Status != pkcs11.CKR_OK {
+			continue // being written
+		}
+		label := string(attrs[0].Value)
+		if !strings.HasPrefix(label, prefix) || len(label) == len(prefix) {
+			continue // another group's
+		}
+		out = append(out, Mark{Member: label[len(prefix):], Writer: string(attrs[1].Value), On: s, Handle: h})
+	}
+	return out, nil
+}
+
+// WriteMark leaves on s a mark saying member missed a change that writer
+// made, and returns its handle.
+func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer string) (pkcs11.ObjectHandle, error) {
+	if !s.LoggedIn() {
+		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, ErrNotLoggedIn)
+	}
+	h, err := s.CreateObject(ctx, append(stateTemplate(MarkLabel(groupSerial, member)),
+		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(MarkApplication)),
+		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, false),
+		pkcs11.NewAttribute(pkcs11.CKA_VALUE, []byte(writer))))
+	if err != nil {
+		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, err)
+	}
+	return h, nil
+}
+
+// ClearMark removes mark k from the member it was read from; one already
+// gone is no error. The handle is checked to be that mark still (label
+// and writer) before it is destroyed: a handle kept across a re-login may
+// name another object by then.
+func ClearMark(ctx context.Context, groupSerial string, k Mark) error {
+	attrs, err := k.On.GetAttributes(ctx, k.Handle, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE, pkcs11.CKA_APPLICATION})
+	if err != nil || len(attrs) != 3 || string(attrs[0].Value) != MarkLabel(groupSerial, k.Member) ||
+		string(attrs[1].Value) != k.Writer || string(attrs[2].Value) != MarkApplication {
+		if err != nil && !isGone(err) && slot.ClassOf(err) != slot.ClassRequest {
+			return fmt.Errorf("member %s: read the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
+		}
+		return nil // gone, or no longer the mark
+	}
+	if err := k.On.DestroyObject(ctx, k.Handle); err != nil && !isGone(err) {
+		return fmt.Errorf("member %s: clear the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
+	}
+	return nil
+}
