@@ -15,8 +15,10 @@ BENCHTIME ?= 1s
 FUZZTIME  ?= 100000x
 DURATION  ?= 10m
 # Hosts in `make soak`: 2 (the default) adds a second state dir, agent and
-# load on the same members, as a fleet runs them; HOSTS=1 for one host.
+# load on the same members, as a fleet runs them; HOSTS=3 for three,
+# HOSTS=1 for one host. SEED replays a fault schedule (0: from the clock).
 HOSTS     ?= 2
+SEED      ?= 0
 # The version every binary reports (internal/version), from git describe.
 VERSION   ?= $(shell packaging/version.sh)
 LDFLAGS   := -X github.com/hagroup/hagroup/internal/version.stamped=$(VERSION)
@@ -84,7 +86,9 @@ fmt-check:
 
 # The whole suite, with the race detector, then each fuzz target briefly.
 # It includes the chaos soak's short run (test/soak's defaults: 10 s of
-# faults, ~20 s in all); `make soak DURATION=10m` is the long one.
+# faults, ~20 s in all, its history checked) and the history checker's
+# planted violations (test/soak/history); `make soak DURATION=10m` is the
+# long one.
 test: deps fmt-check vet
 	$(GO) test -race -timeout 20m $(PKGS)
 	@$(MAKE) --no-print-directory fuzz-short
@@ -118,7 +122,7 @@ demo: build
 	@if [ -x $(BIN)/hademo ]; then $(BIN)/hademo; else ./scripts/demo.sh; fi
 
 soak: build
-	$(GO) test -race -run TestSoak -timeout 0 ./test/soak -soak.duration $(DURATION) -soak.hosts $(HOSTS) -v
+	$(GO) test -race -run TestSoak -timeout 0 ./test/soak -soak.duration $(DURATION) -soak.hosts $(HOSTS) -soak.seed $(SEED) -v
 
 man:
 	$(GO) run ./cmd/hactl man man

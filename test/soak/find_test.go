@@ -43,7 +43,7 @@ func dataObjectLifeCycle(t *testing.T, kind load.Kind) {
 	if err := g.Login(ctx, pkcs11.CKU_USER, w.userPIN.Clone()); err != nil {
 		t.Fatal(err)
 	}
-	gl, err := newGoLoad(ctx, g, w.userPIN.Clone(), "life", false, "")
+	gl, err := newGoLoad(ctx, g, w.userPIN.Clone(), "life", false, "", nil, "A")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/test/soak/history"
 	"github.com/miekg/pkcs11"
 )
 
@@ -37,6 +38,10 @@ type goLoad struct {
 	// keypairs: create and destroy EC key pairs (private halves replicated
 	// under the domain key), otherwise data objects.
 	keypairs bool
+	// hist records every object life-cycle call and probe, for the
+	// history checker; host names this process's host in it.
+	hist *history.Log
+	host string
 	// lock serialises object creation and destruction with haload (see
 	// lifecycle).
 	lock   *os.File
@@ -61,8 +66,12 @@ type goLoad struct {
 type opStat struct{ ok, failed int }
 
 // newGoLoad finds the keys on the group.
-func newGoLoad(ctx context.Context, g *group.Group, pin secret.PIN, prefix string, keypairs bool, lockFile string) (*goLoad, error) {
-	l := &goLoad{g: g, pin: pin, prefix: prefix, keypairs: keypairs, ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
+func newGoLoad(ctx context.Context, g *group.Group, pin secret.PIN, prefix string, keypairs bool, lockFile string, hist *history.Log, host string) (*goLoad, error) {
+	if hist == nil {
+		hist = &history.Log{}
+	}
+	l := &goLoad{g: g, pin: pin, prefix: prefix, keypairs: keypairs, hist: hist, host: host,
+		ops: map[string]*opStat{}, createErr: map[string]string{}, destErr: map[string]string{}}
 	var err error
 	if lockFile != "" {
 		if l.lock, err = os.OpenFile(lockFile, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
@@ -259,16 +268,22 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 			if err == nil && (len(hs) != 1 || hs[0] != hAES) {
 				l.wrong(fmt.Sprintf("find returned %v, want the AES key %v", hs, hAES))
 			}
-		case p < 984: // random
+		case p < 940: // random
 			start := time.Now()
 			_, err := l.g.GenerateRandom(ctx, 32)
 			l.done("random", start, err)
+		case p < 984: // probe an object any process made or destroyed
+			l.probe(ctx, worker, rng)
 		case p < 992 || len(mine) == 0: // create a token data object
 			label := fmt.Sprintf("%s-%d-%d", l.prefix, worker, made)
 			made++
-			if err := l.lifecycle(func() error {
+			var invoked time.Time
+			err := l.lifecycle(func() error {
+				invoked = time.Now()
 				return l.create(ctx, label, binary.BigEndian.AppendUint64(nil, rng.Uint64()))
-			}); err != nil {
+			})
+			l.record(worker, history.Create, label, invoked, err, 0)
+			if err != nil {
 				l.mu.Lock()
 				l.createErr[label] = err.Error()
 				l.mu.Unlock()
@@ -281,10 +296,13 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 		default: // destroy the oldest of ours
 			label := mine[0]
 			var found int
+			var invoked time.Time
 			err := l.lifecycle(func() (err error) {
+				invoked = time.Now()
 				found, err = l.destroy(ctx, label)
 				return err
 			})
+			l.record(worker, history.Destroy, label, invoked, err, found)
 			l.mu.Lock()
 			_, retrying := l.destErr[label]
 			l.mu.Unlock()
@@ -310,6 +328,48 @@ func (l *goLoad) run(ctx context.Context, worker int, seed uint64) {
 			mine = mine[1:]
 		}
 	}
+}
+
+// record adds one call of worker, invoked at invoked and returning now
+// with err, to the history.
+func (l *goLoad) record(worker int, kind history.Kind, label string, invoked time.Time, err error, found int) {
+	op := history.Op{Host: l.host, Process: fmt.Sprintf("go/w%d", worker), Kind: kind, Label: label,
+		Invoke: invoked, Return: time.Now(), OK: err == nil, Found: found}
+	if err != nil {
+		op.Result = err.Error()
+	}
+	l.hist.Add(op)
+}
+
+// probe searches for an object that some process, on any host, made or
+// destroyed (as the history has it so far), and signs with it when it is
+// a key pair that was found: the history checker judges what it saw
+// (history.Check). A probe's failure is no finding by itself (the object
+// may be destroyed meanwhile); it is not counted with the single-part
+// operations.
+func (l *goLoad) probe(ctx context.Context, worker int, rng *rand.Rand) {
+	labels := l.hist.Destroyed()
+	if rng.IntN(2) == 0 {
+		labels = l.hist.Live()
+	}
+	if len(labels) == 0 {
+		return
+	}
+	label := labels[rng.IntN(len(labels))]
+	class := uint(pkcs11.CKO_DATA)
+	if l.keypairs {
+		class = pkcs11.CKO_PRIVATE_KEY
+	}
+	invoked := time.Now()
+	hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, class), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
+	l.record(worker, history.Find, label, invoked, err, len(hs))
+	if err != nil || len(hs) != 1 || !l.keypairs {
+		return
+	}
+	d := sha256.Sum256([]byte(label))
+	invoked = time.Now()
+	_, err = l.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), hs[0], d[:])
+	l.record(worker, history.Sign, label, invoked, err, 0)
 }
 
 // lifecycle runs fn holding the object life-cycle lock: within this

@@ -15,27 +15,35 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// secondHost is the soak's second host (issue 15): a configuration with
+// otherHost is a host besides the first (issue 15): a configuration with
 // the same members and its own state directory, socket and HA log, its
 // own haagent (recovering the members the chaos kills, at the same time
 // as the first host's), and its own load process through libhapkcs11.so.
-// The two hosts meet only on the members. Its load shares the first
-// host's life-cycle lock file: that lock works around SoftHSM's refusal
-// of concurrent creations on one token (see goLoad.lifecycle), which a
-// real HSM does not need, not anything a second host would share.
-type secondHost struct {
+// The hosts meet only on the members. Its load shares the first host's
+// life-cycle lock file: that lock works around SoftHSM's refusal of
+// concurrent creations on one token (see goLoad.lifecycle), which a real
+// HSM does not need, not anything another host would share.
+type otherHost struct {
+	name                                 string // "B", "C"
 	conf, sock, stateDir, logFile, stats string
 	agent                                *load.Proc
+	load                                 *load.Load
 }
 
-// startSecondHost writes host B's configuration and starts its agent.
-func (w *world) startSecondHost(ctx context.Context) (*secondHost, error) {
-	h := &secondHost{
-		conf:     filepath.Join(w.dir, "hagroup-b.toml"),
-		sock:     filepath.Join(w.dir, "agent-b.sock"),
-		stateDir: filepath.Join(w.dir, "state-b"),
-		logFile:  filepath.Join(w.dir, "ha-b.log"),
-		stats:    filepath.Join(w.dir, "stats-b.jsonl"),
+// hostName names the i-th host: "A" (the first, with the Go engine), "B",
+// "C".
+func hostName(i int) string { return string(rune('A' + i)) }
+
+// startOtherHost writes host name's configuration and starts its agent.
+func (w *world) startOtherHost(ctx context.Context, name string) (*otherHost, error) {
+	n := strings.ToLower(name)
+	h := &otherHost{
+		name:     name,
+		conf:     filepath.Join(w.dir, "hagroup-"+n+".toml"),
+		sock:     filepath.Join(w.dir, "agent-"+n+".sock"),
+		stateDir: filepath.Join(w.dir, "state-"+n),
+		logFile:  filepath.Join(w.dir, "ha-"+n+".log"),
+		stats:    filepath.Join(w.dir, "stats-"+n+".jsonl"),
 	}
 	var labels []string
 	for i := range w.members {
@@ -47,12 +55,12 @@ func (w *world) startSecondHost(ctx context.Context) (*secondHost, error) {
 	if err := os.WriteFile(h.conf, []byte(w.configAt(h.sock, h.stateDir, h.logFile, labels, false)), 0o600); err != nil {
 		return nil, err
 	}
-	p, err := w.startAgentAt(ctx, "haagent-b", h.conf, h.sock)
+	p, err := w.startAgentAt(ctx, "haagent-"+n, h.conf, h.sock)
 	h.agent = p
 	return h, err
 }
 
-// mergeResults adds host B's load to host A's, for the report.
+// mergeResults adds another host's load b to a, for the report.
 func mergeResults(a, b *load.Result) *load.Result {
 	m := *a
 	m.Ops, m.Failed, m.Bad, m.Reopens = a.Ops+b.Ops, a.Failed+b.Failed, a.Bad+b.Bad, a.Reopens+b.Reopens

@@ -5,7 +5,9 @@
 // (SIGKILL), stops (SIGSTOP/SIGCONT) and restarts members, never all at
 // once, and now and then kills and restarts haagent. At the end every
 // member is back and the test asserts and prints what a user would check.
-// A second host shares the members (secondHost) unless -soak.hosts 1.
+// Other hosts share the members (otherHost): one by default, two with
+// -soak.hosts 3, none with -soak.hosts 1. Every object life-cycle call
+// and probe is recorded and the history checked (test/soak/history).
 //
 //	go test -race -run TestSoak ./test/soak -soak.duration 10m -v   # make soak DURATION=10m
 //	go test -race -run TestSoak ./test/soak -soak.hosts 1 -v        # make soak HOSTS=1
@@ -22,18 +24,18 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
-	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/hagroup/hagroup/test/load"
+	"github.com/hagroup/hagroup/test/soak/history"
 	"github.com/miekg/pkcs11"
 )
 
@@ -41,10 +43,10 @@ var (
 	duration = flag.Duration("soak.duration", 10*time.Second, "how long the faults go on (the make test run keeps the default)")
 	seedFlag = flag.Uint64("soak.seed", 0, "seed of the fault schedule and the load (0: from the clock; printed)")
 	nMembers = flag.Int("soak.members", 4, "members (3 to 5); the last is a standby")
-	// hosts: 2, the default, adds a second host (secondHost) with its own
+	// hosts: 2, the default, adds a second host (otherHost) with its own
 	// state dir, agent and load: what one host destroys must stay gone
 	// through the other's recovery (tombstones on the members, issue 15).
-	hosts  = flag.Int("soak.hosts", 2, "hosts sharing the members (1 or 2: a second state dir, haagent and C load)")
+	hosts  = flag.Int("soak.hosts", 2, "hosts sharing the members (1 to 3: each other host has its own state dir, haagent and C load)")
 	server = flag.String("soak.server", string(load.HSMServe), "what serves the members: hsmserve (every call carried: key generation under chaos) or p11-kit")
 )
 
@@ -54,10 +56,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// events counts the Go engine's events and forwards member failures to
-// its recoverer.
+// events counts the Go engine's events.
 type events struct {
-	rec       atomic.Pointer[recover.Recoverer]
 	mu        sync.Mutex
 	conflicts []string
 	failed    int
@@ -153,9 +153,6 @@ func (e *events) Event(ev group.Event) {
 		e.mu.Lock()
 		e.failed++
 		e.mu.Unlock()
-		if r := e.rec.Load(); r != nil {
-			r.MemberFailed(ev.Member)
-		}
 	case group.ConflictFound:
 		e.mu.Lock()
 		e.conflicts = append(e.conflicts, ev.Object.String())
@@ -184,50 +181,45 @@ func TestSoak(t *testing.T) {
 	// receive replicated private keys; through p11-kit 0.24 they cannot,
 	// and data objects take their place.
 	keypairs := kind == load.HSMServe
-	if *hosts != 1 && *hosts != 2 {
-		t.Fatalf("-soak.hosts %d: want 1 or 2", *hosts)
+	if *hosts < 1 || *hosts > 3 {
+		t.Fatalf("-soak.hosts %d: want 1 to 3", *hosts)
 	}
 	w := newWorld(t, ctx, *nMembers, kind)
-	var hb *secondHost
-	if *hosts == 2 {
-		var err error
-		if hb, err = w.startSecondHost(ctx); err != nil {
-			t.Fatalf("host B: %v", err)
+	var others []*otherHost
+	for i := 1; i < *hosts; i++ {
+		h, err := w.startOtherHost(ctx, hostName(i))
+		if err != nil {
+			t.Fatalf("host %s: %v", hostName(i), err)
 		}
+		others = append(others, h)
 	}
 	t.Logf("set up %d members, provisioned, %d host(s)' haagent running in %.1f s", *nMembers, *hosts, time.Since(setupStart).Seconds())
 
-	// The Go API's engine, with its own recovery, as a Go program wires it.
+	// The Go API's engine, with its own recovery, as a Go program wires
+	// it (pkg/ha: the state directory's journal, the group's state on the
+	// members, creation intents, recovery).
 	cfg, err := config.Load(w.conf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	gc := cfg.Groups[0]
-	set := cfg.Settings(&gc)
-	journal, err := tombstone.Open(w.stateDir, gc.Serial, tombstone.Options{Horizon: set.TombstoneHorizon})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer journal.Close()
 	ev := &events{}
-	g, err := group.Open(ctx, gc, set, group.Options{Events: ev, Tombstones: journal})
+	hg, err := ha.Open(ctx, gc, cfg.Settings(&gc), ha.Options{StateDir: w.stateDir, Events: ev, RecoveryEvents: ev.recoveryEvent})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.Close()
-	rec, err := recover.New(recover.Options{Engine: g, StateDir: w.stateDir, Interval: set.Interval, Retries: set.Retries, Tombstones: journal,
-		Events: ev.recoveryEvent})
-	if err != nil {
+	defer hg.Close()
+	if err := hg.TombstoneError(); err != nil {
 		t.Fatal(err)
 	}
-	defer rec.Close()
-	ev.rec.Store(rec)
-	rec.Resume()
+	g := hg.Engine()
 	if err := g.Login(ctx, pkcs11.CKU_USER, w.userPIN.Clone()); err != nil {
 		t.Fatal(err)
 	}
 	lockFile := filepath.Join(w.dir, "lifecycle.lock")
-	gl, err := newGoLoad(ctx, g, w.userPIN.Clone(), fmt.Sprintf("go%d", seed%100000), keypairs, lockFile)
+	hist := &history.Log{}
+	histErrs := &histErrors{}
+	gl, err := newGoLoad(ctx, g, w.userPIN.Clone(), fmt.Sprintf("go%d", seed%100000), keypairs, lockFile, hist, "A")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,20 +231,19 @@ func TestSoak(t *testing.T) {
 		AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("c%d", seed%100000), Seed: seed, Tick: 200 * time.Millisecond,
 		LockFile: lockFile,
 		Env:      load.Environ("HAGROUP_CONF="+w.conf, "HAGROUP_STATS_FILE="+statsPath), Dir: w.dir,
-	}, nil)
+	}, histErrs.recorder(hist, "A", "haload"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Host B's load: the same members through its own configuration and
-	// state directory.
-	var clB *load.Load
-	if hb != nil {
-		clB, err = load.StartLoad(ctx, w.reg, load.LoadOptions{
+	// The other hosts' loads: the same members through their own
+	// configurations and state directories.
+	for i, h := range others {
+		h.load, err = load.StartLoad(ctx, w.reg, load.LoadOptions{
 			Prog: w.haload, Module: w.lib, Slot: slotID, PINFile: w.userFile, Key: signLabel, Threads: 2, Mixed: true,
-			AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("cb%d", seed%100000), Seed: seed + 1, Tick: 200 * time.Millisecond,
-			LockFile: lockFile,
-			Env:      load.Environ("HAGROUP_CONF="+hb.conf, "HAGROUP_STATS_FILE="+hb.stats), Dir: w.dir,
-		}, nil)
+			AESKey: aesLabel, Keypair: keypairs, Prefix: fmt.Sprintf("c%s%d", strings.ToLower(h.name), seed%100000), Seed: seed + uint64(i) + 1,
+			Tick: 200 * time.Millisecond, LockFile: lockFile,
+			Env: load.Environ("HAGROUP_CONF="+h.conf, "HAGROUP_STATS_FILE="+h.stats), Dir: w.dir,
+		}, histErrs.recorder(hist, h.name, "haload"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,13 +289,13 @@ func TestSoak(t *testing.T) {
 		t.Fatalf("haload: %v", err)
 	}
 	cres := cresA
-	if clB != nil {
-		cresB, err := clB.Stop(sctx)
+	for _, h := range others {
+		r, err := h.load.Stop(sctx)
 		if err != nil {
 			scancel()
-			t.Fatalf("host B's haload: %v", err)
+			t.Fatalf("host %s's haload: %v", h.name, err)
 		}
-		cres = mergeResults(cresA, cresB)
+		cres = mergeResults(cres, r)
 	}
 	scancel()
 	loadsStopped := time.Since(endStart)
@@ -335,9 +326,9 @@ func TestSoak(t *testing.T) {
 	if err := w.waitAgent(ctx, 90*time.Second, settled); err != nil {
 		t.Errorf("haagent: %v", err)
 	}
-	if hb != nil {
-		if err := w.waitAgentAt(ctx, hb.sock, 90*time.Second, settled); err != nil {
-			t.Errorf("host B's haagent: %v", err)
+	for _, h := range others {
+		if err := w.waitAgentAt(ctx, h.sock, 90*time.Second, settled); err != nil {
+			t.Errorf("host %s's haagent: %v", h.name, err)
 		}
 	}
 	t.Logf("after the faults: loads stopped in %.1f s, every member back in both engines %.1f s later",
@@ -349,13 +340,15 @@ func TestSoak(t *testing.T) {
 	defer c.Close()
 	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
 	checks, clients := []agent.SyncReport{syncRep}, []*agent.Client{c}
-	var syncErrB error
-	if hb != nil {
-		cB := agent.NewClient(hb.sock)
-		defer cB.Close()
-		var syncRepB agent.SyncReport
-		syncRepB, syncErrB = cB.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
-		checks, clients = append(checks, syncRepB), append(clients, cB)
+	var syncErrs []string
+	for _, h := range others {
+		ch := agent.NewClient(h.sock)
+		defer ch.Close()
+		r, err := ch.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+		if err != nil {
+			syncErrs = append(syncErrs, fmt.Sprintf("host %s: %v", h.name, err))
+		}
+		checks, clients = append(checks, r), append(clients, ch)
 	}
 	var lists []agent.GroupsReport
 	for _, cl := range clients {
@@ -368,16 +361,17 @@ func TestSoak(t *testing.T) {
 	// label at a time: an object that cannot be read is counted, not fatal.
 	holdings, listErrs := w.holdings(ctx)
 
-	rep := buildReport(w, cres, gl, ev, syncRep, holdings, chaosTime, keypairs)
+	rep := buildReport(w, cres, gl, ev, syncRep, hist, holdings, chaosTime, keypairs)
+	rep.histErrs = histErrs.list()
 	rep.listErrs = listErrs
-	// Host B's answer, and what every host's answers are worth.
+	// The other hosts' answers, and what every host's answers are worth.
 	rep.hosts = *hosts
 	for _, b := range checks[1:] {
 		rep.syncInSync = rep.syncInSync && b.InSync
 		rep.syncDiffs += len(b.Differences)
 	}
-	if syncErrB != nil {
-		rep.syncErr = "host B: " + syncErrB.Error()
+	if len(syncErrs) > 0 {
+		rep.syncErr = strings.Join(syncErrs, "; ")
 	}
 	differ, how := holdingsDiffer(w.members, holdings)
 	if moved, what := changedBetween(w.members, before, holdings); moved {
@@ -403,8 +397,8 @@ func TestSoak(t *testing.T) {
 	rep.schedule = ch.summary()
 	rep.agentHangs = ch.agentHangs
 	logFiles := []string{w.logFile}
-	if hb != nil {
-		logFiles = append(logFiles, hb.logFile)
+	for _, h := range others {
+		logFiles = append(logFiles, h.logFile)
 	}
 	for _, logFile := range logFiles {
 		b, err := os.ReadFile(logFile)
@@ -447,9 +441,8 @@ func TestSoak(t *testing.T) {
 		t.Logf("fault history:\n%s", ch.history())
 		t.Logf("Go engine's member events:\n%s", ev.trailText())
 		seen := map[string]bool{}
-		for _, x := range append(append([]string{}, rep.resurrected...), rep.missing...) {
-			l, _, _ := strings.Cut(x, " ")
-			l = strings.TrimSuffix(l, ":")
+		for _, v := range rep.violations {
+			l := v.Label
 			if h := ev.objectHistory(l); h != "" && !seen[l] {
 				seen[l] = true
 				t.Logf("the Go engine's events for %s:\n    %s", l, h)
@@ -468,6 +461,34 @@ func TestSoak(t *testing.T) {
 			t.Logf("keeping the soak's directory: %v", err)
 		}
 	}
+}
+
+// histErrors keeps the haload history lines that did not parse.
+type histErrors struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+// recorder returns an haload line handler that adds host's process proc's
+// history lines to hist.
+func (h *histErrors) recorder(hist *history.Log, host, proc string) func(string) {
+	return func(line string) {
+		op, ok, err := history.ParseHaload(host, proc, line)
+		switch {
+		case err != nil:
+			h.mu.Lock()
+			h.errs = append(h.errs, err.Error())
+			h.mu.Unlock()
+		case ok:
+			hist.Add(op)
+		}
+	}
+}
+
+func (h *histErrors) list() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.errs...)
 }
 
 func waitFor(ctx context.Context, limit time.Duration, cond func() bool) error {
@@ -493,9 +514,11 @@ type report struct {
 	perOp                    []string
 	failures                 []string
 	created, destroyed       int
-	missing, resurrected     []string
 	createFailed, destFailed int
-	leftovers                int
+	histOps, histProcs       int                 // calls recorded, by how many processes and threads
+	probes                   int                 // searches and signatures of others' objects
+	violations               []history.Violation // what the history checker found
+	histErrs                 []string            // history lines that did not parse
 	conflicts                int
 	syncInSync               bool
 	syncDiffs                int
@@ -521,7 +544,7 @@ type report struct {
 	duplicates               []string // objects a member holds twice
 }
 
-func buildReport(w *world, c *load.Result, gl *goLoad, ev *events, sr agent.SyncReport, holdings []map[string]int, chaosTime time.Duration, keypairs bool) *report {
+func buildReport(w *world, c *load.Result, gl *goLoad, ev *events, sr agent.SyncReport, hist *history.Log, holdings []map[string]int, chaosTime time.Duration, keypairs bool) *report {
 	r := &report{chaosTime: chaosTime, members: len(w.members), cOps: c.Ops, cFailed: c.Failed, cBad: c.Bad,
 		syncInSync: sr.InSync, syncDiffs: len(sr.Differences), conflicts: sr.Conflicts, kind: w.kind, keypairs: keypairs}
 	// A key pair is two objects under one label; a data object one.
@@ -559,59 +582,35 @@ func buildReport(w *world, c *load.Result, gl *goLoad, ev *events, sr agent.Sync
 		r.stall, r.stallWhere = gl.maxLat, "Go API"
 	}
 
-	// Objects: what was made and not destroyed must be everywhere; what
-	// was destroyed must be nowhere. Objects whose destroy failed are in
-	// neither list.
-	destroyed := map[string]bool{}
-	for _, l := range append(append([]string{}, c.Destroyed...), gl.destroyed...) {
-		destroyed[l] = true
-	}
-	pendingDestroy := map[string]bool{}
-	for l := range c.DestroyFailed {
-		pendingDestroy[l] = true
-	}
-	for l := range gl.destErr {
-		pendingDestroy[l] = true
-	}
-	created := append(append([]string{}, c.Created...), gl.created...)
-	r.created, r.destroyed = len(created), len(destroyed)
-	r.createFailed = len(c.CreateFailed) + len(gl.createErr)
-	r.destFailed = len(pendingDestroy)
-	for _, l := range created {
-		if destroyed[l] || pendingDestroy[l] {
-			continue
-		}
-		for i, h := range holdings {
-			if h[l] < want {
-				r.missing = append(r.missing, fmt.Sprintf("%s: %d of %d objects on %s", l, h[l], want, w.members[i]))
-			}
+	// Objects: the history of every life-cycle call and probe, by every
+	// process on every host, against the specification, with what the
+	// members hold at the end (history.Check).
+	ops := hist.Ops()
+	r.histOps = len(ops)
+	procs := map[string]bool{}
+	destroyed, destroyFailed := map[string]bool{}, map[string]bool{}
+	for _, o := range ops {
+		procs[o.Host+"/"+o.Process] = true
+		switch {
+		case o.Kind == history.Create && o.OK:
+			r.created++
+		case o.Kind == history.Create:
+			r.createFailed++
+		case o.Kind == history.Destroy && o.OK:
+			destroyed[o.Label] = true
+		case o.Kind == history.Destroy:
+			destroyFailed[o.Label] = true
+		case o.Kind == history.Find || o.Kind == history.Sign:
+			r.probes++
 		}
 	}
-	for l := range destroyed {
-		for i, h := range holdings {
-			if h[l] > 0 {
-				r.resurrected = append(r.resurrected, fmt.Sprintf("%s present on %s", l, w.members[i]))
-			}
+	for l := range destroyFailed {
+		if !destroyed[l] {
+			r.destFailed++
 		}
 	}
-	// Creations that failed may have left an object (made on the primary,
-	// lost on the way back): reported, not asserted.
-	for l := range c.CreateFailed {
-		for _, h := range holdings {
-			if h[l] > 0 {
-				r.leftovers++
-				break
-			}
-		}
-	}
-	for l := range gl.createErr {
-		for _, h := range holdings {
-			if h[l] > 0 {
-				r.leftovers++
-				break
-			}
-		}
-	}
+	r.destroyed, r.histProcs = len(destroyed), len(procs)
+	r.violations = history.Check(ops, history.Final{Members: w.members, Holdings: holdings, Want: want})
 	return r
 }
 
@@ -626,8 +625,13 @@ func (r *report) String() string {
 	p("  schedule                                             %s", r.schedule)
 	p("  single-part ops failed while >=1 member was up       %d  (C module %d of %d, Go API %d of %d)", r.cFailed+r.goFailed, r.cFailed, r.cOps, r.goFailed, r.goOps)
 	p("  signatures that do not verify / wrong answers        %d  (C %d, Go %d)", r.cBad+len(r.goBad), r.cBad, len(r.goBad))
-	p("  generated/created %s missing from a member after final recovery %d  (of %d made)", objects, len(r.missing), r.created)
-	p("  destroyed ones present on a member                   %d  (of %d destroyed)", len(r.resurrected), r.destroyed)
+	vc := history.Counts(r.violations)
+	p("  history: %d calls by %d processes and threads (%d %s made, %d destroyed, %d probes of others' objects)", r.histOps, r.histProcs, r.created, objects, r.destroyed, r.probes)
+	p("  history checker: found after its destroy returned     %d", vc[history.FoundAfterDestroy])
+	p("  history checker: signatures by a destroyed key        %d", vc[history.SignedAfterDestroy])
+	p("  history checker: missing after its creation returned  %d", vc[history.Missing])
+	p("  history checker: left by a failed creation            %d", vc[history.LeftByFailedCreate])
+	p("  history checker: malformed                            %d (and %d lines that did not parse)", vc[history.Malformed], len(r.histErrs))
 	p("  objects held twice by a member                       %d", len(r.duplicates))
 	if r.truthMoved != "" {
 		p("  false \"in sync\" (either agent, --check or listgroups) not judged: the members changed while the agents answered (%s)", r.truthMoved)
@@ -644,7 +648,7 @@ func (r *report) String() string {
 		p("  haagent synchronize --check after final recovery     in sync: %v, %d differences", r.syncInSync, r.syncDiffs)
 	}
 	p("  objects that could not be read on a member           %d", len(r.listErrs))
-	p("  object life cycle calls that failed (not single-part) %d creates, %d destroys; objects left by failed creates: %d", r.createFailed, r.destFailed, r.leftovers)
+	p("  object life cycle calls that failed (not single-part) %d creates, %d destroys (the checker judges what they left)", r.createFailed, r.destFailed)
 	p("  member failures seen by the Go engine                %d", r.failoverEvents)
 	p("  sessions reopened / logins redone after losing them  C %d, Go %d", r.cReopens, r.goRelogs)
 	p("  recovery attempts that failed (all processes)        %d, of which aborted because an object being copied was destroyed meanwhile: %d", r.recoveryFailed, r.recoveryRaced)
@@ -668,11 +672,18 @@ func (r *report) problems() []string {
 	if r.cBad > 0 || len(r.goBad) > 0 {
 		p = append(p, fmt.Sprintf("wrong answers: C %d, Go %v; %s", r.cBad, first(r.goBad, 5), strings.Join(first(r.failures, 5), "; ")))
 	}
-	if len(r.missing) > 0 {
-		p = append(p, fmt.Sprintf("%d created objects missing after final recovery: %v", len(r.missing), first(r.missing, 10)))
+	for i, v := range r.violations {
+		if i == 10 {
+			p = append(p, fmt.Sprintf("… and %d more history violations", len(r.violations)-i))
+			break
+		}
+		p = append(p, "history violation: "+v.String())
 	}
-	if len(r.resurrected) > 0 {
-		p = append(p, fmt.Sprintf("%d destroyed objects present: %v", len(r.resurrected), first(r.resurrected, 10)))
+	if len(r.histErrs) > 0 {
+		p = append(p, fmt.Sprintf("%d history lines did not parse: %v", len(r.histErrs), first(r.histErrs, 5)))
+	}
+	if r.created == 0 || r.destroyed == 0 {
+		p = append(p, fmt.Sprintf("the history holds %d creations and %d destroys: nothing to judge", r.created, r.destroyed))
 	}
 	if r.conflicts > 0 {
 		p = append(p, fmt.Sprintf("%d conflicts", r.conflicts))

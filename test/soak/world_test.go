@@ -192,7 +192,7 @@ func (w *world) config(labels []string, direct bool) string {
 }
 
 // configAt is config for the host whose agent listens on sock and keeps
-// its state in stateDir (see secondHost).
+// its state in stateDir (see otherHost).
 func (w *world) configAt(sock, stateDir, logFile string, labels []string, direct bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[agent]\nsocket = %q\nstate_dir = %q\nlog_file = %q\n\n", sock, stateDir, logFile)
@@ -359,10 +359,12 @@ func (w *world) waitAgentAt(ctx context.Context, sock string, limit time.Duratio
 		last = err
 		select {
 		case <-ctx.Done():
-			b, _ := os.ReadFile(filepath.Join(w.dir, "haagent.log"))
+			log := "haagent.log"
 			if sock != w.sock {
-				b, _ = os.ReadFile(filepath.Join(w.dir, "haagent-b.log"))
+				// agent-b.sock is haagent-b's (startOtherHost).
+				log = "haagent-" + strings.TrimSuffix(strings.TrimPrefix(filepath.Base(sock), "agent-"), ".sock") + ".log"
 			}
+			b, _ := os.ReadFile(filepath.Join(w.dir, log))
 			return fmt.Errorf("haagent on %s: condition not met within %v (last error %v; last report %+v)\nagent log tail: %s",
 				sock, limit, last, rep.Groups, tail(string(b), 40))
 		case <-time.After(100 * time.Millisecond):

@@ -155,6 +155,16 @@ static unsigned long long next_rand(struct worker *w)
 	return w->rng * 2685821657736338717ULL;
 }
 
+/* history writes one object life-cycle call's invoke and return (wall
+ * clock, ms) and its outcome, for the soak's history checker
+ * (test/soak/history); the caller holds out_lock. */
+static void history(const char *kind, const char *label, int thread, double invoked, double returned, CK_RV rv,
+		    CK_ULONG found)
+{
+	printf("hist %s %s %d %.3f %.3f 0x%lx %lu\n", kind, label, thread, invoked, returned, (unsigned long)rv,
+	       (unsigned long)found);
+}
+
 /* done records one finished call: its outcome and how long it took. */
 static void done(enum op op, CK_RV rv, double start_ms)
 {
@@ -326,6 +336,7 @@ static void do_create(struct worker *w)
 	memcpy(id, &r, sizeof id);
 	snprintf(label, sizeof label, "%s-%d-%lu", prefix, w->index, w->made++);
 	CK_RV rv;
+	double invoked = wall_ms();
 	if (keypairs) {
 		static CK_BYTE p256[] = {0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07};
 		CK_MECHANISM m = {CKM_EC_KEY_PAIR_GEN, NULL, 0};
@@ -356,10 +367,12 @@ static void do_create(struct worker *w)
 		CK_OBJECT_HANDLE h;
 		rv = f->C_CreateObject(w->s, tmpl, 6, &h);
 	}
+	double returned = wall_ms();
 	/* Object life-cycle calls are not single-part operations: a failure
 	 * (the engine makes an object everywhere or nowhere) is counted apart
 	 * and reported with its label. */
 	pthread_mutex_lock(&out_lock);
+	history("create", label, w->index, invoked, returned, rv, 0);
 	if (rv == CKR_OK) {
 		ok_by_op[OP_CREATE]++;
 		printf("created %s\n", label);
@@ -395,6 +408,7 @@ static void do_destroy(struct worker *w)
 	CK_RV rv = CKR_OK;
 	CK_ULONG found = 0;
 	int halves = 0; /* classes found */
+	double invoked = wall_ms();
 	for (int c = 0; c < nclasses && rv == CKR_OK; c++) {
 		CK_OBJECT_HANDLE h[4];
 		CK_ULONG n = 0;
@@ -404,6 +418,10 @@ static void do_destroy(struct worker *w)
 		for (CK_ULONG k = 0; rv == CKR_OK && k < n; k++)
 			rv = f->C_DestroyObject(w->s, h[k]);
 	}
+	double returned = wall_ms();
+	pthread_mutex_lock(&out_lock);
+	history("destroy", label, w->index, invoked, returned, rv, found);
+	pthread_mutex_unlock(&out_lock);
 	/* A pair this thread made and never touched since has both halves:
 	 * one missing is a wrong answer (a destroy without its tombstone, or a
 	 * search that missed an object), never a destroy to count. */
