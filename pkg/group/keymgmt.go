@@ -195,8 +195,12 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 			return err
 		},
 	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		out, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
+		var clean bool
+		out, clean, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
 		pending.Attempted(err)
+		if !clean && !session {
+			g.keptLeftover(m, op, err)
+		}
 		return err
 	})
 	if err != nil {
@@ -208,7 +212,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	}
 	undo := func() {
 		for _, m := range ms {
-			target.DestroyObject(context.WithoutCancel(ctx), m.h)
+			if err := target.DestroyObject(context.WithoutCancel(ctx), m.h); err != nil && m.in.token && !gone(err) {
+				g.keptLeftover(p, op, err)
+			}
 		}
 	}
 	for i := range ms {
@@ -349,16 +355,17 @@ func (g *Group) rebury(ctx context.Context, objs []hasync.Object) {
 // key. A request that was never sent (slot.ErrNotSent: the member's server
 // was already gone) made nothing, and the generation fails over. Other creations (an import, an unwrap, a derivation, a copy) make
 // the same object wherever they run, so exec may try them on the next
-// member.
+// member. clean reports whether the member is known to hold nothing of a
+// failed call.
 func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left leftover.Searches,
-	do func() ([]pkcs11.ObjectHandle, error)) ([]pkcs11.ObjectHandle, error) {
+	do func() ([]pkcs11.ObjectHandle, error)) (_ []pkcs11.ObjectHandle, clean bool, _ error) {
 	if err := left.Snapshot(ctx, sl); err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	for again := false; ; again = true {
 		out, err := do()
 		if err == nil {
-			return out, nil
+			return out, true, nil
 		}
 		// A request that never reached the member left nothing there. A
 		// member that did not answer is not asked again: what it may hold
@@ -367,13 +374,13 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left 
 			!errors.Is(err, slot.ErrTimeout) && left.Remove(context.WithoutCancel(ctx), sl, target)
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
-			return nil, err
+			return nil, clean, err
 		case slot.Ambiguous(err) && clean && !again && ctx.Err() == nil:
 			continue
 		case !clean && (op == "GenerateKey" || op == "GenerateKeyPair"):
-			return nil, &stop{err}
+			return nil, clean, &stop{err}
 		}
-		return nil, err
+		return nil, clean, err
 	}
 }
 
@@ -444,8 +451,11 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	wg.Wait()
 	takeBack := func(i int) {
 		for _, h := range copies[i] {
-			if h != 0 {
-				g.destroyIn(context.WithoutCancel(ctx), dsts[i], h)
+			if h == 0 {
+				continue
+			}
+			if err := g.destroyIn(context.WithoutCancel(ctx), dsts[i], h); err != nil && dsts[i].Session == nil && !gone(err) {
+				g.keptLeftover(targets[i], "replication", err)
 			}
 		}
 		copies[i] = nil
@@ -614,12 +624,30 @@ func sourceRefused(err error, p *member.Member) bool {
 
 // destroyIn takes back a copy made on dst (errors ignored: the copy is
 // made again or removed by the member's next catch-up).
-func (g *Group) destroyIn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) {
+func (g *Group) destroyIn(ctx context.Context, dst hasync.Target, h pkcs11.ObjectHandle) error {
 	if dst.Session != nil {
-		dst.Session.DestroyObject(ctx, h)
-		return
+		return dst.Session.DestroyObject(ctx, h)
 	}
-	dst.Slot.DestroyObject(ctx, h)
+	return dst.Slot.DestroyObject(ctx, h)
+}
+
+// keptLeftover fails m, which may still hold a token object that a
+// creation failing with err made there and could not take back: in
+// rotation it would serve an object the group never made, and a catch-up
+// of another member would spread it. Out of rotation, its recovery
+// deletes what the creation left (the creation's intents are published:
+// tombstone.Pending.End), before it serves again.
+func (g *Group) keptLeftover(m *member.Member, op string, err error) {
+	g.failMember(m, fmt.Errorf("%s failed and what it made could not be taken back: %w", op, err))
+}
+
+// gone reports whether err says the object is not there to destroy.
+func gone(err error) bool {
+	switch CodeOf(err) {
+	case pkcs11.CKR_OBJECT_HANDLE_INVALID, pkcs11.CKR_KEY_HANDLE_INVALID:
+		return true
+	}
+	return false
 }
 
 // replicationFailed reports the failure and fails the member: it no longer
