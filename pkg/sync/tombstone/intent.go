@@ -10,8 +10,9 @@ import (
 // set here when zero) and returns them as written, for Settle. Nothing
 // reaches the members yet: a creation answered, the common case, costs
 // two local writes and none on the members. A process that dies before
-// the answer leaves its intents in the local record, which the next write
-// to the members (any destroy, Publish) spreads.
+// the answer leaves its intents in the local record, which the next
+// process's first write on each member, a Publish, and every plan's repair
+// spread.
 func (s *Shared) Intend(ctx context.Context, ts []Tombstone) ([]Tombstone, error) {
 	out := make([]Tombstone, len(ts))
 	for i, t := range ts {
@@ -34,8 +35,9 @@ func (s *Shared) Intend(ctx context.Context, ts []Tombstone) ([]Tombstone, error
 // and every other intent still standing for the same identities: what the
 // group holds under them now is what it made (a creation that succeeds
 // after one that was never answered makes the old leftover a conflict to
-// report, never a key to destroy). Revocations reach the members with the
-// next write there.
+// report, never a key to destroy). The revocation of an intent this
+// process published reaches the members with its next destroy (spreadAll);
+// others with the next plan's repair.
 func (s *Shared) Settle(ctx context.Context, ts []Tombstone) error {
 	ids := map[string]bool{}
 	for _, t := range ts {
@@ -53,6 +55,9 @@ func (s *Shared) Settle(ctx context.Context, ts []Tombstone) error {
 		if err := s.local.Record(ctx, t.Revocation()); err != nil {
 			return fmt.Errorf("settle the intent to make %s: %w", t.Identity, err)
 		}
+		if s.published.Load() {
+			s.spreadAll.Store(true) // the intent may be on the members
+		}
 	}
 	return nil
 }
@@ -60,4 +65,7 @@ func (s *Shared) Settle(ctx context.Context, ts []Tombstone) error {
 // Publish writes the local record to every serving member now: after a
 // creation that was never answered, so that every process on every host
 // sees its intents before the member that may hold the object returns.
-func (s *Shared) Publish(ctx context.Context) { s.spread(ctx) }
+func (s *Shared) Publish(ctx context.Context) {
+	s.published.Store(true)
+	s.spread(ctx)
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,8 +27,10 @@ import (
 // every member it reaches. A process on another host, with another state directory, thus
 // honours a destroy as long as it reaches one member that saw it. The
 // local record (the journal, or memory) stays the write-ahead record: it
-// is written first, and what it holds is spread to the members at every
-// write, so a record whose first spreading failed reaches them later.
+// is written first; a destroy spreads its own record, and the whole local
+// record goes to a member at this process's first write there (after a
+// login), after a write that missed a member, and with every plan's
+// repair, so a record whose first spreading failed reaches them later.
 
 // StateKind names the tombstone objects on the members.
 const StateKind = "tombstones"
@@ -57,6 +60,12 @@ type SharedOptions struct {
 	// FoldAfter is how long another writer's register must stay unchanged
 	// before this one folds it (register.go); 0 means DefaultFoldAfter.
 	FoldAfter time.Duration
+	// ChunkRecords is how many records a register holds before they are
+	// frozen into a chunk (register.go); 0 means DefaultChunkRecords.
+	ChunkRecords int
+	// MaxChunks is how many chunks a member holds before a plan's read
+	// merges them into one; 0 means DefaultMaxChunks.
+	MaxChunks int
 }
 
 // Shared is a group's tombstones, kept locally and on the members. It
@@ -71,6 +80,11 @@ type Shared struct {
 
 	id       string                 // the register id when local is no Writer
 	sharedID atomic.Pointer[string] // the Writer's id, once read
+	// spreadAll: the next Record spreads the whole local record, not its
+	// own record alone (a member missed a write, or an intent published
+	// to the members was settled since).
+	spreadAll atomic.Bool
+	published atomic.Bool // an intent was published (Publish)
 
 	mu      sync.Mutex
 	written map[*slot.Slot]*written // guarded by mu
@@ -105,6 +119,11 @@ type written struct {
 	quirk   atomic.Bool
 	obj     hasync.StateObject
 	records recordSet // what obj holds; nil: nothing written yet
+	// held is what the member is known to hold besides this writer's
+	// register (read at its last full read, and the chunks this process
+	// froze since): a write there leaves it out, so that a spread of the
+	// whole local record costs what is new, not the history.
+	held recordSet
 }
 
 func (s *Shared) writtenOn(m *slot.Slot) *written {
@@ -133,6 +152,12 @@ func NewShared(local Local, groupSerial string, opts SharedOptions) *Shared {
 	}
 	if opts.FoldAfter <= 0 {
 		opts.FoldAfter = DefaultFoldAfter
+	}
+	if opts.ChunkRecords <= 0 {
+		opts.ChunkRecords = DefaultChunkRecords
+	}
+	if opts.MaxChunks <= 0 {
+		opts.MaxChunks = DefaultMaxChunks
 	}
 	return &Shared{local: local, serial: groupSerial, label: hasync.StateLabel(groupSerial, StateKind), opts: opts, id: newWriterID()}
 }
@@ -170,8 +195,15 @@ func (s *Shared) Record(ctx context.Context, t Tombstone) error {
 	if len(ms) == 0 {
 		return s.local.Record(ctx, t)
 	}
-	// Read before the append, which holds the journal's lock meanwhile.
-	add := s.localRecords(ctx)
+	// The new record alone, unless an earlier write missed a member or a
+	// published intent was settled since: then the whole local record
+	// (read before the append, which holds the journal's lock meanwhile).
+	// A process's first write on a member reads what the member holds
+	// and spreads the rest of the local record there (mergeRegister).
+	add := newRecordSet()
+	if s.spreadAll.Swap(false) {
+		add = s.localRecords(ctx)
+	}
 	var localErr error
 	wrote := make(chan struct{})
 	go func() {
@@ -227,6 +259,7 @@ func (s *Shared) spreadTo(ctx context.Context, ms []*slot.Slot, add recordSet) {
 	for _, m := range ms {
 		wg.Go(func() {
 			if _, err := s.merge(ctx, m, add, nil); err != nil {
+				s.spreadAll.Store(true)
 				s.report(m.Name(), err)
 			}
 		})
@@ -253,6 +286,11 @@ func (s *Shared) mergeObjects(ctx context.Context, m *slot.Slot, add recordSet, 
 			return union, nil
 		}
 		return union, s.write(ctx, m, w, epoch, union, []hasync.StateObject{w.obj})
+	}
+	if held == nil { // as mergeRegister: the member gets what it lacks of the local record
+		all := s.localRecords(ctx)
+		all.addAll(add, time.Time{})
+		add = all
 	}
 	held, err := s.heldOn(ctx, m, held)
 	if err != nil {
@@ -286,10 +324,11 @@ func (s *Shared) write(ctx context.Context, m *slot.Slot, w *written, epoch uint
 
 // memberRecords is what one member holds.
 type memberRecords struct {
-	objects   []hasync.StateObject // tombstone objects of the created form
+	objects   []hasync.StateObject // tombstone objects of the created form (chunks)
 	expired   []hasync.StateObject // of those, the ones holding no record within the horizon
 	registers []register
 	records   recordSet
+	chunked   recordSet // the records of objects
 }
 
 // read returns the tombstone records m holds (within the horizon), in
@@ -305,7 +344,7 @@ func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) 
 	if err != nil {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: find: %w", s.serial, m.Name(), err)
 	}
-	out := memberRecords{records: recordSet{}}
+	out := memberRecords{records: recordSet{}, chunked: recordSet{}}
 	cutoff := s.cutoff()
 	for _, h := range hs {
 		attrs, err := m.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
@@ -355,6 +394,7 @@ func (s *Shared) readObject(m *slot.Slot, o hasync.StateObject, out *memberRecor
 	for _, t := range ts {
 		live = live || !t.Time.Before(cutoff)
 		out.records.add(t, cutoff)
+		out.chunked.add(t, cutoff)
 	}
 	if !live {
 		out.expired = append(out.expired, o)
@@ -509,15 +549,25 @@ func (r recordSet) add(t Tombstone, cutoff time.Time) bool {
 // the members' objects to the destroys and the unanswered creations. A
 // revocation of an intent have holds (one published, then settled by a
 // later creation of its identity) stays, so that it reaches the member.
-func (r recordSet) settledAway(have recordSet) recordSet {
+func (r recordSet) settledAway(have ...recordSet) recordSet {
 	out := recordSet{}
 	for k, t := range r {
-		if t.Intent && t.Revoked {
-			if _, held := have[k]; !held {
-				continue // the revocation replaced its intent in r (add)
-			}
+		if t.Intent && t.Revoked && !slices.ContainsFunc(have, func(h recordSet) bool { _, ok := h[k]; return ok }) {
+			continue // the revocation replaced its intent in r (add)
 		}
 		out[k] = t
+	}
+	return out
+}
+
+// missingFrom returns the records of r that adding to have would change:
+// those no set of have holds, or holds unrevoked when r revokes them.
+func (r recordSet) missingFrom(have ...recordSet) recordSet {
+	out := recordSet{}
+	for k, t := range r {
+		if !slices.ContainsFunc(have, func(h recordSet) bool { old, ok := h[k]; return ok && (old.Revoked || !t.Revoked) }) {
+			out[k] = t
+		}
 	}
 	return out
 }

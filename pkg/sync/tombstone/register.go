@@ -38,9 +38,21 @@ import (
 // register unchanged for FoldAfter; the owner, for its part, never
 // updates in place a register it last wrote FoldAfter/2 ago or more, but
 // replaces it. So a fold and an in-place update of the same register
-// cannot meet unless one writer stalls for FoldAfter/2 in mid-write.
+// cannot meet unless the owner stalls for FoldAfter/2 in mid-write; it
+// measures that after the write and, if it did, writes its records again
+// into a new register (ErrStalled, reported): a stall costs a create,
+// never a record.
 
 const registerMagic = "HGR1"
+
+// DefaultChunkRecords is how many records a register holds before they
+// are frozen into a chunk: an object of the created form, never changed,
+// removed once every record in it is past the horizon (or merged).
+const DefaultChunkRecords = 128
+
+// DefaultMaxChunks is how many chunks a member holds before a full read
+// of it merges them into one.
+const DefaultMaxChunks = 16
 
 // DefaultFoldAfter is how long a register must stay unchanged before
 // another writer folds it.
@@ -208,8 +220,27 @@ func (s *Shared) updateRegister(ctx context.Context, m *slot.Slot, r register, u
 	case err != nil:
 		return register{}, fmt.Errorf("member %s: update the tombstone register (object %d, %d bytes): %w", m.Name(), r.handle, len(label), err)
 	}
+	if stalled := s.opts.Now().Sub(r.at); stalled < 0 || stalled >= s.opts.FoldAfter/2 {
+		// This writer stalled (a paused VM, a suspended host) between
+		// deciding to write in place and its check: a fold may have read
+		// the register before the update and destroy it after the check,
+		// losing the new records. A new register, which no fold has read,
+		// holds them whatever the fold does.
+		s.report(m.Name(), fmt.Errorf("%w: %v since the register's last write, %v allowed; its records were written again into a new register",
+			ErrStalled, stalled.Round(time.Second), s.opts.FoldAfter/2))
+		n, err := s.createRegister(ctx, m, r.writer, union)
+		if err != nil {
+			return register{}, err
+		}
+		return n, s.destroyRegister(ctx, m, updated)
+	}
 	return updated, nil
 }
+
+// ErrStalled says a writer stalled in mid-write for longer than the fold
+// protocol's margin (FoldAfter/2): detected after the write, and repaired
+// by writing the records again into a new register.
+var ErrStalled = errors.New("tombstone register writer stalled in mid-write")
 
 // destroyRegister destroys r if it still holds what was read of it
 // (check-then-destroy).
@@ -226,6 +257,24 @@ func (s *Shared) destroyRegister(ctx context.Context, m *slot.Slot, r register) 
 	}
 	if err := m.DestroyObject(ctx, r.handle); err != nil && slot.CodeOf(err) != pkcs11.CKR_OBJECT_HANDLE_INVALID {
 		return fmt.Errorf("member %s: remove tombstone register %d: %w", m.Name(), r.handle, err)
+	}
+	return nil
+}
+
+// tooManyChunks reports whether h holds more chunks with records within
+// the horizon than MaxChunks.
+func (s *Shared) tooManyChunks(h *memberRecords) bool {
+	return len(h.objects)-len(h.expired) > s.opts.MaxChunks
+}
+
+// mergeChunks writes the records of every chunk held on m into one new
+// chunk, then destroys each chunk it read if unchanged: chunks are never
+// changed in place, so two writers merging at once lose nothing (each
+// new chunk holds everything read). It keeps the number of objects on a
+// member to a few per writer and horizon.
+func (s *Shared) mergeChunks(ctx context.Context, m *slot.Slot, held *memberRecords) error {
+	if _, err := sync.WriteState(ctx, m, s.label, Application, encodeRecords(held.chunked.sorted()), held.objects); err != nil {
+		return fmt.Errorf("tombstones of group %s: merge %d chunks: %w", s.serial, len(held.objects), err)
 	}
 	return nil
 }
@@ -291,7 +340,7 @@ func (s *Shared) folds(ctx context.Context, m *slot.Slot, h *memberRecords) bool
 	if s.writtenOn(m).quirk.Load() {
 		return len(h.objects) > 1
 	}
-	if len(h.expired) > 0 {
+	if len(h.expired) > 0 || s.tooManyChunks(h) {
 		return true
 	}
 	writer, err := s.writerID(ctx)
@@ -325,22 +374,45 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 	epoch := m.Epoch()
 	var own, fold []register
 	var expired []sync.StateObject
-	if held == nil && w.reg.handle != 0 && w.epoch == epoch {
+	full := held != nil || w.reg.handle == 0 || w.epoch != epoch
+	if !full {
 		r, err := s.readRegister(ctx, m, w.reg)
 		switch {
 		case err == nil:
 			own = []register{r}
-		case !errors.Is(err, errRegisterGone):
+			add = add.settledAway(w.held).missingFrom(w.held) // the rest of the member
+		case errors.Is(err, errRegisterGone):
+			// Removed under its owner: what it held may be gone from the
+			// member; the full read below writes it again.
+			add = add.clone()
+			add.addAll(w.reg.records, time.Time{})
+			full = true
+		default:
 			return nil, err
 		}
-	} else {
+	}
+	if full {
+		if held == nil {
+			// A first write here, or after a re-login or a removed
+			// register: the member gets what it lacks of the whole local
+			// record (say, the intents of a process that died mid-call).
+			all := s.localRecords(ctx)
+			all.addAll(add, time.Time{})
+			add = all
+		}
 		if held, err = s.heldOn(ctx, m, held); err != nil {
 			return nil, err
 		}
+		w.held = held.records.clone()
 		add = add.settledAway(held.records)
 		for k := range add {
 			if _, ok := held.records[k]; ok && !add[k].Revoked {
 				delete(add, k) // another object there holds it
+			}
+		}
+		if s.tooManyChunks(held) {
+			if err := s.mergeChunks(ctx, m, held); err != nil {
+				return nil, err
 			}
 		}
 		for _, r := range held.registers {
@@ -358,7 +430,7 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 		union.addAll(r.records, s.cutoff())
 	}
 	if len(own) > 0 {
-		add = add.settledAway(own[0].records)
+		add = add.settledAway(own[0].records, w.held)
 	}
 	changed := union.addAll(add, s.cutoff())
 	for _, r := range fold {
@@ -369,6 +441,19 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 	if len(own) > 0 && !changed && len(own) == 1 && len(fold) == 0 && len(expired) == 0 {
 		w.epoch, w.reg = epoch, own[0]
 		return union, nil
+	}
+	if len(union) > s.opts.ChunkRecords {
+		// Frozen into a chunk, the records leave the register, which a
+		// destroy rewrites whole: its size, and so a destroy's cost,
+		// stays within ChunkRecords whatever the history.
+		if _, err := sync.WriteState(ctx, m, s.label, Application, encodeRecords(union.sorted()), nil); err != nil {
+			return nil, fmt.Errorf("tombstones of group %s: freeze %d records into a chunk: %w", s.serial, len(union), err)
+		}
+		if w.held == nil {
+			w.held = recordSet{}
+		}
+		w.held.addAll(union, time.Time{})
+		union = recordSet{}
 	}
 	if len(union) > 0 || len(own) > 0 {
 		var r register

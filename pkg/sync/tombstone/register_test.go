@@ -2,6 +2,7 @@ package tombstone
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -149,6 +150,68 @@ func TestFoldRacingTheOwnerLosesNothing(t *testing.T) {
 	tombs, _ := onMember(t, "71", ownerSlot)
 	if fmt.Sprint(tombs) != "[first second]" {
 		t.Errorf("after the race the member holds %v, want [first second]", tombs)
+	}
+}
+
+// An owner that stalls in mid-write (a paused VM: it decided to update its
+// register in place, then stood still for FoldAfter) while another writer
+// folds the register — reading it before the update, destroying it after
+// the owner's check — loses no record: the owner sees after its write how
+// long it took, reports the stall and writes its records again into a new
+// register.
+func TestFoldRacingAStalledOwnerLosesNothing(t *testing.T) {
+	ctx := ctxT(t)
+	tok := testhsm.Take(t, 1)[0]
+	f := slottest.NewFaults()
+	ownerSlot, folderSlot := openAs(t, tok, tok.Name+"-owner", f), openAs(t, tok, tok.Name+"-folder", f)
+	clk := &clock{now: time.Now()}
+	var stalls []error
+	var mu sync.Mutex
+	owner := NewShared(&Memory{}, "73", SharedOptions{Now: clk.Now, OnError: func(m string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		stalls = append(stalls, err)
+	}})
+	owner.SetMembers(func(bool) []*slot.Slot { return []*slot.Slot{ownerSlot} })
+	folder := sharedAt(t, "73", clk, &Memory{}, folderSlot)
+	if err := owner.Record(ctx, tomb("first", []byte{1})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := folder.Snapshot(ctx); err != nil { // first sight of the owner's register
+		t.Fatal(err)
+	}
+	clk.Add(time.Hour) // young enough to be updated in place
+	f.Hang(ownerSlot.Name(), slot.OpSetAttributes)
+	recorded := make(chan error, 1)
+	go func() { recorded <- owner.Record(ctx, tomb("second", []byte{2})) }()
+	if err := f.WaitHung(ctx, ownerSlot.Name(), 1); err != nil {
+		t.Fatalf("the owner never came to update its register: %v", err)
+	}
+	clk.Add(DefaultFoldAfter) // the owner stands still; the folder sees the register unchanged
+	f.Hang(folderSlot.Name(), slot.OpDestroyObject)
+	folded := make(chan error, 1)
+	go func() {
+		_, err := folder.Snapshot(ctx)
+		folded <- err
+	}()
+	if err := f.WaitHung(ctx, folderSlot.Name(), 1); err != nil {
+		t.Fatalf("the folder never came to destroy the owner's register: %v", err)
+	}
+	f.Release(ownerSlot.Name()) // the owner wakes, updates in place, checks
+	if err := <-recorded; err != nil {
+		t.Fatal(err)
+	}
+	f.Release(folderSlot.Name())
+	if err := <-folded; err != nil {
+		t.Fatal(err)
+	}
+	if tombs, _ := onMember(t, "73", ownerSlot); fmt.Sprint(tombs) != "[first second]" {
+		t.Errorf("after the stalled owner met the fold the member holds %v, want [first second]", tombs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(stalls) != 1 || !errors.Is(stalls[0], ErrStalled) {
+		t.Errorf("the owner reported %v, want one ErrStalled", stalls)
 	}
 }
 

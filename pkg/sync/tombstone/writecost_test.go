@@ -67,14 +67,14 @@ func BenchmarkStateObjectWrite(b *testing.B) {
 // BenchmarkRecordWithHistory is the cost of recording one destroy when
 // the group already holds n tombstones within the horizon (a fleet that
 // destroys token objects daily keeps thousands for 90 days): the local
-// record (memory, the Go API's default) and every member's register hold
-// them, as after any earlier destroy. cpu-ns/op is the whole process's
+// record (memory, the Go API's default) and every member hold them, as
+// after any catch-up, and this process has written there before. cpu-ns/op is the whole process's
 // CPU per destroy, SoftHSM's included.
 func BenchmarkRecordWithHistory(b *testing.B) {
 	ctx := context.Background()
 	for _, members := range []int{1, 3} {
 		slots := openTokens(b, members)
-		for _, n := range []int{0, 1000, 5000} {
+		for _, n := range []int{0, 1000, 5000, 10000} {
 			b.Run(fmt.Sprintf("members=%d/existing=%d", members, n), func(b *testing.B) {
 				serial := fmt.Sprintf("%d%d", 70+members, n)
 				local := &Memory{}
@@ -93,7 +93,18 @@ func BenchmarkRecordWithHistory(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				record(0) // spreads the history to the members
+				// A plan's read spreads the history to the members, as
+				// any catch-up does; then a first destroy.
+				if _, err := sh.Snapshot(ctx); err != nil {
+					b.Fatal(err)
+				}
+				record(0)
+				for _, m := range slots {
+					held, err := sh.read(ctx, m)
+					if err != nil || len(held.records) < n {
+						b.Fatalf("member %s holds %d records (%v), want at least %d", m.Name(), len(held.records), err, n)
+					}
+				}
 				cpu := processCPU(b)
 				i := 0
 				for b.Loop() {

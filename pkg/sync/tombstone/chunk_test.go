@@ -1,0 +1,99 @@
+package tombstone
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+)
+
+// chunked is a Shared on slots with small chunks, for the tests.
+func chunked(t *testing.T, serial string, records, maxChunks int, slots ...*slot.Slot) *Shared {
+	sh := NewShared(&Memory{}, serial, SharedOptions{ChunkRecords: records, MaxChunks: maxChunks,
+		OnError: func(m string, err error) { t.Errorf("member %s: %v", m, err) }})
+	sh.SetMembers(func(bool) []*slot.Slot { return slots })
+	return sh
+}
+
+// A writer's register never holds more than ChunkRecords records: past
+// that, its records are frozen into a chunk, which every reader reads, so
+// a destroy rewrites a register of bounded size whatever the history, and
+// nothing is lost.
+func TestRegisterIsBoundedByChunks(t *testing.T) {
+	ctx := ctxT(t)
+	slots := openTokens(t, 1)
+	sh := chunked(t, "81", 8, 100, slots...)
+	var want []string
+	for i := range 30 {
+		l := fmt.Sprintf("t%02d", i)
+		want = append(want, l)
+		if err := sh.Record(ctx, tomb(l, []byte{byte(i)})); err != nil {
+			t.Fatal(err)
+		}
+		held, err := sh.read(ctx, slots[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(held.registers) != 1 || len(held.registers[0].records) > 8 {
+			t.Fatalf("after %d destroys: %d registers, the first with %d records; want one with at most 8",
+				i+1, len(held.registers), len(held.registers[0].records))
+		}
+	}
+	held, err := sh.read(ctx, slots[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(held.objects) != 3 {
+		t.Errorf("%d chunks for 30 records frozen 9 at a time, want 3", len(held.objects))
+	}
+	if tombs, _ := onMember(t, "81", slots[0]); fmt.Sprint(tombs) != fmt.Sprint(want) {
+		t.Errorf("a fresh reader finds %v, want %v", tombs, want)
+	}
+	// A revocation of a frozen record is written and read.
+	local, err := sh.local.Records(ctx)
+	if err != nil || local[0].Identity.Label != "t00" {
+		t.Fatalf("local records %v, %v; want t00 first", local, err)
+	}
+	if err := sh.Record(ctx, local[0].Revocation()); err != nil {
+		t.Fatal(err)
+	}
+	if tombs, _ := onMember(t, "81", slots[0]); fmt.Sprint(tombs) != fmt.Sprint(want[1:]) {
+		t.Errorf("after revoking t00 a fresh reader finds %v, want %v", tombs, want[1:])
+	}
+}
+
+// Past MaxChunks, a plan's read merges the chunks into one; every record
+// stays, and two writers merging at once lose nothing.
+func TestChunksAreMerged(t *testing.T) {
+	ctx := ctxT(t)
+	slots := openTokens(t, 1)
+	a := chunked(t, "82", 2, 2, slots...)
+	var want []string
+	for i := range 12 {
+		l := fmt.Sprintf("t%02d", i)
+		want = append(want, l)
+		if err := a.Record(ctx, tomb(l, []byte{byte(i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := a.read(ctx, slots[0])
+	if err != nil || len(held.objects) <= 2 {
+		t.Fatalf("before the merge: %d chunks (%v), want more than 2", len(held.objects), err)
+	}
+	b := chunked(t, "82", 2, 2, slots...)
+	for _, sh := range []*Shared{a, b} {
+		if _, err := sh.Snapshot(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err = a.read(ctx, slots[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(held.objects) > 2 {
+		t.Errorf("after the merge: %d chunks, want at most 2", len(held.objects))
+	}
+	if tombs, _ := onMember(t, "82", slots[0]); fmt.Sprint(tombs) != fmt.Sprint(want) {
+		t.Errorf("after the merge a fresh reader finds %v, want %v", tombs, want)
+	}
+}
