@@ -97,3 +97,39 @@ func TestChunksAreMerged(t *testing.T) {
 		t.Errorf("after the merge a fresh reader finds %v, want %v", tombs, want)
 	}
 }
+
+// An intent published to the members and then settled (a later creation
+// of its identity succeeded) is revoked on the members by the process's
+// next destroy, whose record alone would not carry the revocation: a
+// standing intent would let a recovery delete that identity's object.
+func TestSettledPublishedIntentIsRevokedOnMembers(t *testing.T) {
+	ctx := ctxT(t)
+	slots := openTokens(t, 1)
+	sh := chunked(t, "83", 8, 16, slots...)
+	if err := sh.Record(ctx, tomb("first", []byte{1})); err != nil { // the register exists
+		t.Fatal(err)
+	}
+	id := ident("made-later")
+	ts, err := sh.Intend(ctx, []Tombstone{{Identity: id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.Publish(ctx) // the creation went unanswered
+	reader := chunked(t, "83", 8, 16, slots...)
+	if set, err := reader.Snapshot(ctx); err != nil || !set.Unanswered(id) {
+		t.Fatalf("after Publish a reader's Unanswered = %v (%v), want true", set.Unanswered(id), err)
+	}
+	if err := sh.Settle(ctx, ts); err != nil { // a later creation succeeded
+		t.Fatal(err)
+	}
+	if err := sh.Record(ctx, tomb("second", []byte{2})); err != nil {
+		t.Fatal(err)
+	}
+	held, err := reader.read(ctx, slots[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if NewSet(held.records.sorted()...).Unanswered(id) {
+		t.Error("the member still holds the settled intent as standing after the next destroy")
+	}
+}

@@ -380,7 +380,7 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 		switch {
 		case err == nil:
 			own = []register{r}
-			add = add.settledAway(w.held).missingFrom(w.held) // the rest of the member
+			add = add.missingFrom(w.held) // what the rest of the member holds
 		case errors.Is(err, errRegisterGone):
 			// Removed under its owner: what it held may be gone from the
 			// member; the full read below writes it again.
