@@ -178,6 +178,9 @@ func (l *Load) read(r *os.File) {
 			l.createErr[f[1]] = f[2]
 		case len(f) == 3 && f[0] == "destroyfail":
 			l.destErr[f[1]] = f[2]
+		case len(f) > 0 && f[0] == "hist":
+			// A life-cycle call's history line: for onLine (the soak's
+			// history checker) only.
 		default:
 			l.other = append(l.other, line)
 		}
