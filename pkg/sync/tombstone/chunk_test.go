@@ -133,3 +133,33 @@ func TestSettledPublishedIntentIsRevokedOnMembers(t *testing.T) {
 		t.Error("the member still holds the settled intent as standing after the next destroy")
 	}
 }
+
+// A process's first destroy on a member reads only the registers there,
+// and brings the intents another process of the host left standing in
+// the journal when it died mid-creation: a member that may hold what
+// that creation made is then caught up under them by any host.
+func TestFirstDestroySpreadsStandingIntents(t *testing.T) {
+	ctx := ctxT(t)
+	slots := openTokens(t, 1)
+	dir := t.TempDir()
+	dead := NewShared(openT(t, dir, Options{}), "1000001", SharedOptions{})
+	dead.SetMembers(func(bool) []*slot.Slot { return slots })
+	id := ident("never-answered")
+	if _, err := dead.Intend(ctx, []Tombstone{{Identity: id}}); err != nil {
+		t.Fatal(err)
+	}
+	// The process dies: nothing published.
+	next := NewShared(openT(t, dir, Options{}), "1000001", SharedOptions{OnError: func(m string, err error) { t.Errorf("member %s: %v", m, err) }})
+	next.SetMembers(func(bool) []*slot.Slot { return slots })
+	if err := next.Record(ctx, tomb("destroyed", []byte{1})); err != nil {
+		t.Fatal(err)
+	}
+	held, err := chunked(t, "1000001", 8, 16, slots...).read(ctx, slots[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := NewSet(held.records.sorted()...)
+	if !set.Unanswered(id) || !set.ContainsIdentity(ident("destroyed")) {
+		t.Errorf("the member holds %v; want the standing intent and the destroy", held.records.sorted())
+	}
+}

@@ -251,6 +251,26 @@ func (s *Shared) localRecords(ctx context.Context) recordSet {
 	return newRecordSet(local...)
 }
 
+// intentLister is a Local that lists its standing intents without the
+// rest of its records (the Journal).
+type intentLister interface {
+	StandingIntents(ctx context.Context) ([]Tombstone, error)
+}
+
+// standingIntents returns the local record's intents not revoked; a
+// record that cannot be read is reported and taken as empty.
+func (s *Shared) standingIntents(ctx context.Context) recordSet {
+	il, ok := s.local.(intentLister)
+	if !ok {
+		return s.localRecords(ctx).standingIntents()
+	}
+	ts, err := il.StandingIntents(ctx)
+	if err != nil {
+		s.report("", fmt.Errorf("read the local intents to copy them to the members: %w", err))
+	}
+	return newRecordSet(ts...)
+}
+
 // spreadTo merges add into the tombstone object of each of ms, in
 // parallel. A member being caught up gets the records from its catch-up's
 // plan (Snapshot).
@@ -292,7 +312,7 @@ func (s *Shared) mergeObjects(ctx context.Context, m *slot.Slot, add recordSet, 
 		all.addAll(add, time.Time{})
 		add = all
 	}
-	held, err := s.heldOn(ctx, m, held)
+	held, err := s.heldOn(ctx, m, held, false)
 	if err != nil {
 		return nil, err
 	}
@@ -329,6 +349,9 @@ type memberRecords struct {
 	registers []register
 	records   recordSet
 	chunked   recordSet // the records of objects
+	// light: only the registers were read (readRegisters); the chunks'
+	// records are not in records.
+	light bool
 }
 
 // read returns the tombstone records m holds (within the horizon), in
@@ -337,6 +360,17 @@ type memberRecords struct {
 // not decode (one caught while another process writes it) is reported
 // and left out, so that no write destroys content it never read.
 func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) {
+	return s.readAs(ctx, m, false)
+}
+
+// readRegisters is read without the chunks' content: what a destroy's
+// first write on a member needs, at a cost bounded by the writers and the
+// chunks' number rather than by the history.
+func (s *Shared) readRegisters(ctx context.Context, m *slot.Slot) (memberRecords, error) {
+	return s.readAs(ctx, m, true)
+}
+
+func (s *Shared) readAs(ctx context.Context, m *slot.Slot, light bool) (memberRecords, error) {
 	if !m.LoggedIn() {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), hasync.ErrNotLoggedIn)
 	}
@@ -344,22 +378,28 @@ func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) 
 	if err != nil {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: find: %w", s.serial, m.Name(), err)
 	}
-	out := memberRecords{records: recordSet{}, chunked: recordSet{}}
+	out := memberRecords{records: recordSet{}, chunked: recordSet{}, light: light}
 	cutoff := s.cutoff()
+	want := []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE}
+	if light {
+		want = want[:1]
+	}
 	for _, h := range hs {
-		attrs, err := m.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
+		attrs, err := m.GetAttributes(ctx, h, want)
 		if err != nil {
 			if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
 				continue
 			}
 			return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: read object %d: %w", s.serial, m.Name(), h, err)
 		}
-		if len(attrs) != 2 || attrs[0].Status != pkcs11.CKR_OK {
+		if len(attrs) != len(want) || attrs[0].Status != pkcs11.CKR_OK {
 			continue // being written by another process (SoftHSM shows it half made)
 		}
 		label := string(attrs[0].Value)
 		if label == s.label {
-			s.readObject(m, hasync.StateObject{Handle: h, Value: attrs[1].Value}, &out, cutoff)
+			if !light {
+				s.readObject(m, hasync.StateObject{Handle: h, Value: attrs[1].Value}, &out, cutoff)
+			}
 			continue
 		}
 		r, ts, ok, err := decodeRegister(s.label, label, s.serial)
@@ -560,6 +600,18 @@ func (r recordSet) settledAway(have ...recordSet) recordSet {
 	return out
 }
 
+// standingIntents returns the intents of r not revoked: creations never
+// answered, which every member must know of.
+func (r recordSet) standingIntents() recordSet {
+	out := recordSet{}
+	for k, t := range r {
+		if t.Intent && !t.Revoked {
+			out[k] = t
+		}
+	}
+	return out
+}
+
 // missingFrom returns the records of r that adding to have would change:
 // those no set of have holds, or holds unrevoked when r revokes them.
 func (r recordSet) missingFrom(have ...recordSet) recordSet {
@@ -755,12 +807,13 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
-// heldOn returns held, or what m holds read now when held is nil.
-func (s *Shared) heldOn(ctx context.Context, m *slot.Slot, held *memberRecords) (*memberRecords, error) {
+// heldOn returns held, or what m holds read now when held is nil (its
+// registers only with light: see readRegisters).
+func (s *Shared) heldOn(ctx context.Context, m *slot.Slot, held *memberRecords, light bool) (*memberRecords, error) {
 	if held != nil {
 		return held, nil
 	}
-	h, err := s.read(ctx, m)
+	h, err := s.readAs(ctx, m, light)
 	if err != nil {
 		return nil, err
 	}

@@ -374,7 +374,9 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 	epoch := m.Epoch()
 	var own, fold []register
 	var expired []sync.StateObject
-	full := held != nil || w.reg.handle == 0 || w.epoch != epoch
+	// w.held nil: not known (no full read yet); a spread of more than
+	// a destroy's records then reads the member whole.
+	full := held != nil || w.reg.handle == 0 || w.epoch != epoch || (w.held == nil && len(add) > s.opts.ChunkRecords)
 	if !full {
 		r, err := s.readRegister(ctx, m, w.reg)
 		switch {
@@ -392,18 +394,28 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 		}
 	}
 	if full {
-		if held == nil {
-			// A first write here, or after a re-login or a removed
-			// register: the member gets what it lacks of the whole local
-			// record (say, the intents of a process that died mid-call).
+		// A destroy's first write here (or after a re-login or a removed
+		// register) reads the registers only, and adds the intents still
+		// standing in the local record (a process of the host may have
+		// died mid-call); a spread reads the member whole and writes what
+		// it lacks of the whole local record.
+		light := held == nil && len(add) <= s.opts.ChunkRecords
+		switch {
+		case light:
+			add = add.clone()
+			add.addAll(s.standingIntents(ctx), time.Time{})
+		case held == nil:
 			all := s.localRecords(ctx)
 			all.addAll(add, time.Time{})
 			add = all
 		}
-		if held, err = s.heldOn(ctx, m, held); err != nil {
+		if held, err = s.heldOn(ctx, m, held, light); err != nil {
 			return nil, err
 		}
-		w.held = held.records.clone()
+		w.held = nil
+		if !held.light {
+			w.held = held.records.clone()
+		}
 		add = add.settledAway(held.records)
 		for k := range add {
 			if _, ok := held.records[k]; ok && !add[k].Revoked {

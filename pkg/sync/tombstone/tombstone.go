@@ -1059,6 +1059,27 @@ func readCheckpoint(r io.Reader, serial string) ([]Tombstone, error) {
 	return out, nil
 }
 
+// StandingIntents returns the intents within the horizon not revoked:
+// Records' intents, without building the rest (a destroy's first write
+// on a member spreads them: Shared).
+func (j *Journal) StandingIntents(ctx context.Context) ([]Tombstone, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.readLocked(ctx); err != nil {
+		return nil, err
+	}
+	cutoff := j.cutoff()
+	var out []Tombstone
+	for _, r := range j.entries {
+		for _, t := range r {
+			if t.Intent && !t.Revoked && !t.Time.Before(cutoff) {
+				out = append(out, t)
+			}
+		}
+	}
+	return out, nil
+}
+
 // Records returns every record within the horizon as it stands now,
 // tombstones and revocations alike, oldest first: what Shared spreads to
 // the members (a revocation must travel with its tombstone, or a copy of

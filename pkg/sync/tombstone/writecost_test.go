@@ -117,6 +117,51 @@ func BenchmarkRecordWithHistory(b *testing.B) {
 	}
 }
 
+// BenchmarkFirstRecordWithHistory is BenchmarkRecordWithHistory for a
+// process's first destroy (a per-task tool: one destroy per process, the
+// host's journal shared): a fresh writer reads the members' registers
+// before it writes.
+func BenchmarkFirstRecordWithHistory(b *testing.B) {
+	ctx := context.Background()
+	slots := openTokens(b, 3)
+	for _, n := range []int{0, 1000, 10000} {
+		b.Run(fmt.Sprintf("members=3/existing=%d", n), func(b *testing.B) {
+			serial := fmt.Sprintf("9%d", n)
+			local, err := Open(b.TempDir(), serial, Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer local.Close()
+			start := time.Now().Add(-DefaultHorizon / 2)
+			for i := range n {
+				t := tomb(fmt.Sprintf("seed-%d", i), make([]byte, 32))
+				t.Identity.ID, t.Time, t.GroupSerial = make([]byte, 16), start.Add(time.Duration(i)*time.Second), serial
+				if err := local.Record(ctx, t); err != nil {
+					b.Fatal(err)
+				}
+			}
+			seed := NewShared(local, serial, SharedOptions{OnError: func(m string, err error) { b.Error(m, err) }})
+			seed.SetMembers(func(bool) []*slot.Slot { return slots })
+			if _, err := seed.Snapshot(ctx); err != nil {
+				b.Fatal(err)
+			}
+			cpu := processCPU(b)
+			i := 0
+			for b.Loop() {
+				i++
+				sh := NewShared(local, serial, SharedOptions{OnError: func(m string, err error) { b.Error(m, err) }})
+				sh.SetMembers(func(bool) []*slot.Slot { return slots })
+				t := tomb(fmt.Sprintf("new-%d", i), make([]byte, 32))
+				t.Identity.ID = make([]byte, 16)
+				if err := sh.Record(ctx, t); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
 func processCPU(b *testing.B) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
