@@ -461,10 +461,9 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 		if _, err := sync.WriteState(ctx, m, s.label, Application, encodeRecords(union.sorted()), nil); err != nil {
 			return nil, fmt.Errorf("tombstones of group %s: freeze %d records into a chunk: %w", s.serial, len(union), err)
 		}
-		if w.held == nil {
-			w.held = recordSet{}
+		if w.held != nil { // nil stays "not known": the other chunks were not read
+			w.held.addAll(union, time.Time{})
 		}
-		w.held.addAll(union, time.Time{})
 		union = recordSet{}
 	}
 	if len(union) > 0 || len(own) > 0 {
