@@ -67,7 +67,7 @@ func codeOf(err error) uint {
 var errArgs = ckErr(pkcs11.CKR_ARGUMENTS_BAD)
 
 //export hapInitialize
-func hapInitialize(flags C.CK_FLAGS) (rv C.CK_RV) {
+func hapInitialize(flags C.CK_FLAGS, serving C.int) (rv C.CK_RV) {
 	defer func() {
 		if r := recover(); r != nil {
 			logPanic("C_Initialize", r, debug.Stack())

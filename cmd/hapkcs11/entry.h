@@ -3,8 +3,9 @@
  *
  * Fork: the Go runtime does not survive fork() without exec (its threads
  * are gone in the child), so any call into Go from a forked child would
- * hang. hap_forked() compares getpid() with the pid that loaded the
- * library and every entry point then fails fast, in C, before Go runs.
+ * hang. hap_forked() is set by a pthread_atfork child handler; until the
+ * child's own C_Initialize every entry point fails fast, in C, before Go
+ * runs, and after it every call goes to the child's helper (rpc.c).
  *
  * Exit: once the process is exiting every entry point answers
  * CKR_CRYPTOKI_NOT_INITIALIZED the same way (see entry.c).
@@ -25,12 +26,20 @@ int hap_yield_due(void);
 CK_RV hap_app_lock(void);
 void hap_app_unlock(void);
 
+/* Returned by hapInitialize when the configuration asks for a helper. */
+#define HAP_RV_USE_HELPER (CKR_VENDOR_DEFINED | 0x48415048UL)
+
+extern int hap_serving;
+int hap_remote(void);
+
 #define HAP_ENTER()                                   \
 	do {                                          \
-		if (hap_forked())                     \
-			return CKR_CRYPTOKI_NOT_INITIALIZED; \
-		if (hap_yield_due())                  \
-			hapYield();                   \
+		if (!hap_remote()) {                  \
+			if (hap_forked())             \
+				return CKR_CRYPTOKI_NOT_INITIALIZED; \
+			if (hap_yield_due())          \
+				hapYield();           \
+		}                                     \
 		CK_RV lrv_ = hap_app_lock();          \
 		if (lrv_ != CKR_OK)                   \
 			return lrv_;                  \

@@ -26,11 +26,12 @@ func newLibrary() (*library, error) {
 	log := newEventLog(agent.LogFile, agent.Socket)
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &library{
-		ctx:      ctx,
-		cancel:   cancel,
-		log:      log,
-		byID:     map[uint]*slotEntry{},
-		sessions: map[uint]*appSession{},
+		ctx:       ctx,
+		cancel:    cancel,
+		log:       log,
+		byID:      map[uint]*slotEntry{},
+		sessions:  map[uint]*appSession{},
+		callBound: callBound(cfg),
 	}
 	ids := slotIDs{used: map[uint]bool{}}
 

@@ -82,8 +82,13 @@ func command(timeout time.Duration, dir string, name string, args ...string) err
 	return nil
 }
 
-// library builds bin/libhapkcs11.so as the Makefile does.
+// library builds bin/libhapkcs11.so and, beside it, the helper that
+// serves its forked children (bin/hapkcs11-helper), as the Makefile does.
 func library(t testing.TB) string {
+	buildOnce(t, "hapkcs11-helper", func(out string) error {
+		return command(2*time.Minute, repoDir, "gcc", "-O2", "-Wall", "-Werror",
+			"-o", out, filepath.Join(repoDir, "cmd", "hapkcs11", "helper", "hapkcs11-helper.c"), "-ldl")
+	})
 	return buildOnce(t, "libhapkcs11.so", func(out string) error {
 		return command(5*time.Minute, repoDir, "go", "build", "-trimpath", "-buildmode=c-shared",
 			"-ldflags=-s -w", "-o", out, "./cmd/hapkcs11")

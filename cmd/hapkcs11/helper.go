@@ -1,0 +1,40 @@
+package main
+
+/*
+#include "hapkcs11.h"
+*/
+import "C"
+
+import (
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/config"
+)
+
+// The Go side of the helper (rpc.c): what a helper tells its client at
+// start.
+
+// callBound is how long the client in a forked child waits for the helper
+// to answer one call before it counts the helper as hung: the longest a
+// call may take in the engine, a key generation on one member and a
+// command on each of the others as it fails over.
+func callBound(cfg *config.Config) time.Duration {
+	var bound time.Duration
+	for i := range cfg.Groups {
+		g := &cfg.Groups[i]
+		set := cfg.Settings(g)
+		b := set.KeygenTimeout + time.Duration(len(g.Members))*set.CommandTimeout
+		bound = max(bound, b)
+	}
+	return max(bound, config.DefaultCommandTimeout)
+}
+
+//export hapCallBoundMillis
+func hapCallBoundMillis() C.ulong {
+	module.RLock()
+	defer module.RUnlock()
+	if module.lib == nil {
+		return 0
+	}
+	return C.ulong(module.lib.callBound.Milliseconds())
+}
