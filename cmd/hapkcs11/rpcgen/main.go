@@ -35,18 +35,18 @@ type kind struct {
 }
 
 var (
-	kUlong     = kind{"ulong", 1, false}      // a value: handle, slot, flags, type, count
-	kIn        = kind{"in", 2, false}         // bytes in: pointer, length
-	kOut       = kind{"out", 2, true}         // bytes out: pointer, pointer to length (the PKCS#11 length convention)
-	kLabel     = kind{"label", 1, false}      // C_InitToken's 32 blank-padded bytes
-	kList      = kind{"list", 2, true}        // CK_ULONGs out: pointer, pointer to count (same convention)
-	kListMax   = kind{"listmax", 3, true}     // C_FindObjects: pointer, capacity, pointer to count
-	kUlongOut  = kind{"ulongout", 1, true}    // one CK_ULONG out: a new handle, a size, a slot
-	kStructOut = kind{"structout", 1, true}   // a CK_*_INFO out: flat structures, copied as bytes
-	kMech      = kind{"mech", 1, false}       // CK_MECHANISM in
-	kTmpl      = kind{"tmpl", 2, false}       // attributes in: pointer, count
-	kTmplOut   = kind{"tmplout", 2, true}     // C_GetAttributeValue's attributes: types and room in, lengths and values out
-	kNone      = kind{"none", 1, false}       // application data, callbacks, reserved: never sent, NULL in the helper
+	kUlong     = kind{"ulong", 1, false}    // a value: handle, slot, flags, type, count
+	kIn        = kind{"in", 2, false}       // bytes in: pointer, length
+	kOut       = kind{"out", 2, true}       // bytes out: pointer, pointer to length (the PKCS#11 length convention)
+	kLabel     = kind{"label", 1, false}    // C_InitToken's 32 blank-padded bytes
+	kList      = kind{"list", 2, true}      // CK_ULONGs out: pointer, pointer to count (same convention)
+	kListMax   = kind{"listmax", 3, true}   // C_FindObjects: pointer, capacity, pointer to count
+	kUlongOut  = kind{"ulongout", 1, true}  // one CK_ULONG out: a new handle, a size, a slot
+	kStructOut = kind{"structout", 1, true} // a CK_*_INFO out: flat structures, copied as bytes
+	kMech      = kind{"mech", 1, false}     // CK_MECHANISM in
+	kTmpl      = kind{"tmpl", 2, false}     // attributes in: pointer, count
+	kTmplOut   = kind{"tmplout", 2, true}   // C_GetAttributeValue's attributes: types and room in, lengths and values out
+	kNone      = kind{"none", 1, false}     // application data, callbacks, reserved: never sent, NULL in the helper
 )
 
 // local are the functions entry.c writes by hand: they start and end the
