@@ -15,14 +15,14 @@
  * when the library is loaded: a flag rather than a getpid() per call, which
  * is a system call (measurable on a 60 us signature made of two calls).
  * The child has no Go runtime: its C_Initialize starts a helper (rpc.c). */
-static volatile int in_child;
+static volatile int in_child_flag;
 
 /* Serialises C_Initialize and C_Finalize with each other. */
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void hap_in_child(void)
 {
-	in_child = 1;
+	in_child_flag = 1;
 	/* The child is one thread: whatever another thread of the parent
 	 * held is held by no one here. */
 	init_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
@@ -52,9 +52,14 @@ static void hap_at_exit(void)
 	exiting = 1;
 }
 
+int hap_is_child(void)
+{
+	return in_child_flag;
+}
+
 int hap_forked(void)
 {
-	return exiting || in_child;
+	return exiting || in_child_flag;
 }
 
 /* The next time the calling thread is due to yield to the Go scheduler
@@ -101,13 +106,15 @@ static CK_RV start(CK_FLAGS flags)
 {
 	CK_RV rv;
 
-	if (hap_remote() || in_child)
+	if (hap_remote() || in_child_flag)
 		return hap_remote_initialize();
 	rv = hapInitialize(flags, hap_serving);
 	if (rv == HAP_RV_USE_HELPER)
 		return hap_remote_initialize();
-	if (rv == CKR_OK)
+	if (rv == CKR_OK) {
 		atexit(hap_at_exit);
+		hap_save_env();
+	}
 	return rv;
 }
 

@@ -22,6 +22,9 @@
 #define HAPKCS11_ENTRY_H
 
 int hap_forked(void);
+/* in_child reports whether this process forked from the one that loaded
+ * the library. */
+int hap_is_child(void);
 int hap_yield_due(void);
 CK_RV hap_app_lock(void);
 void hap_app_unlock(void);

@@ -218,6 +218,36 @@ __attribute__((constructor)) static void hap_find_self(void)
 	if (dladdr((void *)hap_find_self, &info) && info.dli_fname != NULL &&
 	    realpath(info.dli_fname, module_path) == NULL)
 		snprintf(module_path, sizeof module_path, "%s", info.dli_fname);
+	hap_save_env();
+}
+
+/* The environment the helper starts with: the one the library was loaded
+ * in, taken again at every C_Initialize that runs the engine in this
+ * process. A forking server may clear its children's environment (nginx
+ * keeps only TZ for its workers); the child's helper then still finds the
+ * configuration and the members' modules the parent's engine found. */
+static char **saved_env;
+
+void hap_save_env(void)
+{
+	size_t n = 0;
+	while (environ != NULL && environ[n] != NULL)
+		n++;
+	char **env = calloc(n + 1, sizeof *env);
+	if (env == NULL)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if ((env[i] = strdup(environ[i])) == NULL) {
+			while (i > 0)
+				free(env[--i]);
+			free(env);
+			return;
+		}
+	char **old = saved_env;
+	saved_env = env;
+	for (size_t i = 0; old != NULL && old[i] != NULL; i++)
+		free(old[i]);
+	free(old);
 }
 
 /* check_helper says what is wrong with the helper at path, or NULL. */
@@ -302,7 +332,7 @@ static CK_RV start_helper(struct hap_conn *c)
 	posix_spawnattr_setsigmask(&attr, &none);
 	posix_spawnattr_setsigdefault(&attr, &all);
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-	err = posix_spawn(&c->pid, helper, &fa, &attr, argv, environ);
+	err = posix_spawn(&c->pid, helper, &fa, &attr, argv, hap_is_child() && saved_env != NULL ? saved_env : environ);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&attr);
 	close(sv[1]);

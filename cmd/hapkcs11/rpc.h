@@ -46,6 +46,8 @@ struct hap_req {
 int hap_remote(void);
 CK_RV hap_remote_initialize(void);
 CK_RV hap_remote_finalize(void);
+/* hap_save_env keeps the environment for a forked child's helper. */
+void hap_save_env(void);
 /* In a fork child: drop the parent's connection without a word to its
  * helper (async-signal-safe). */
 void hap_remote_forget(void);
