@@ -62,19 +62,26 @@ deps:
 build: deps
 	@$(MAKE) --no-print-directory build-product CMDS="hactl haagent hsmserve hademo haload"
 
-# What is installed and packaged: the three commands and the module.
+# What is installed and packaged: the three commands, the module and its
+# helper.
 build-product: CMDS ?= hactl haagent hsmserve
 build-product:
 	@mkdir -p $(BIN)
 	@for c in $(CMDS); do \
 		if [ -d cmd/$$c ]; then $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$c ./cmd/$$c || exit 1; fi; \
 	done
-	@$(MAKE) --no-print-directory $(BIN)/libhapkcs11.so
+	@$(MAKE) --no-print-directory $(BIN)/libhapkcs11.so $(BIN)/hapkcs11-helper
 
 $(BIN)/libhapkcs11.so: $(shell find cmd/hapkcs11 pkg -type f 2>/dev/null) go.mod go.sum
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -buildmode=c-shared -ldflags='-s -w $(LDFLAGS)' -o $@ ./cmd/hapkcs11
 	@rm -f $(BIN)/libhapkcs11.h
+
+# The process libhapkcs11.so starts to serve a forked child (rpc.c); it
+# lives beside the module.
+$(BIN)/hapkcs11-helper: cmd/hapkcs11/helper/hapkcs11-helper.c
+	@mkdir -p $(BIN)
+	$(CC) -O2 -Wall -Werror -o $@ $< -ldl
 
 vet:
 	$(GO) vet $(PKGS)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,4 +69,29 @@ func runEnv(t *testing.T, timeout time.Duration, env []string, dir, name string,
 		err = fmt.Errorf("%s: no answer within %v: %w", name, timeout, ctx.Err())
 	}
 	return string(out), err
+}
+
+// TestForkPythonPool: a Python multiprocessing pool of 8 processes forked
+// from a parent that initialised the module signs 400 times through
+// python3-pykcs11; the parent verifies every signature.
+func TestForkPythonPool(t *testing.T) {
+	// Members behind hsmserve: eight helpers starting at once over the
+	// same local SoftHSM token directory trip SoftHSM's own assertion
+	// (SlotManager::insertToken), as eight applications would.
+	r := newRig(t, rigOpts{remote: true, allRemote: true})
+	r.keypair("pykey", "0f03")
+	out, err := runEnv(t, 3*time.Minute, withoutPIN(r.env), r.dir, "/usr/bin/python3",
+		filepath.Join(repoDir, "test", "module", "py", "pool_sign.py"), r.lib, groupLabel, "pykey", r.pinFile, "400")
+	if err != nil {
+		t.Fatalf("pool_sign.py: %v\n%s", err, out)
+	}
+	t.Log(strings.TrimSpace(out))
+	if !strings.Contains(out, "signed 400 verified 400 by ") || strings.Contains(out, "by 1 processes") {
+		t.Errorf("not every signature of the pool verified, or one process made them all:\n%s", out)
+	}
+	// A worker that failed is replaced by the pool: its traceback is the
+	// only trace.
+	if strings.Contains(out, "Traceback") {
+		t.Errorf("a pool worker failed:\n%s", out)
+	}
 }
