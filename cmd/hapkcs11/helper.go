@@ -26,7 +26,10 @@ func callBound(cfg *config.Config) time.Duration {
 		b := set.KeygenTimeout + time.Duration(len(g.Members))*set.CommandTimeout
 		bound = max(bound, b)
 	}
-	return max(bound, config.DefaultCommandTimeout)
+	if bound == 0 { // no group: no call waits on a member
+		return config.DefaultCommandTimeout
+	}
+	return bound
 }
 
 //export hapCallBoundMillis

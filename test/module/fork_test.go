@@ -3,6 +3,7 @@ package module
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -93,5 +94,93 @@ func TestForkPythonPool(t *testing.T) {
 	// only trace.
 	if strings.Contains(out, "Traceback") {
 		t.Errorf("a pool worker failed:\n%s", out)
+	}
+}
+
+// TestHelperCannotStart: a forked child whose helper is missing, not
+// executable, writable by others or another user's gets a CKR code from
+// C_Initialize at once, and a message naming the helper and what is wrong
+// with it; nothing is left half-started.
+func TestHelperCannotStart(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	prog := cprog(t, "helperfault")
+	helper := filepath.Join(filepath.Dir(r.lib), "hapkcs11-helper")
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, helperCopy string)
+		want  string
+	}{
+		{"missing", func(t *testing.T, h string) { os.Remove(h) }, "no such file or directory"},
+		{"not executable", func(t *testing.T, h string) { os.Chmod(h, 0o644) }, "not executable"},
+		{"writable by others", func(t *testing.T, h string) { os.Chmod(h, 0o757) }, "writable by group or others"},
+		{"another user's", func(t *testing.T, h string) { os.Chown(h, 4242, 4242) }, "owned by another user"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			lib := filepath.Join(dir, "libhapkcs11.so")
+			copyFile(t, r.lib, lib, 0o755)
+			h := filepath.Join(dir, "hapkcs11-helper")
+			copyFile(t, helper, h, 0o755)
+			tc.setup(t, h)
+			out, err := runEnv(t, time.Minute, withoutPIN(r.env), r.dir, prog, "missing", lib)
+			if err != nil {
+				t.Fatalf("helperfault: %v\n%s", err, out)
+			}
+			if !strings.Contains(out, "rv=0x5 ") {
+				t.Errorf("the child's C_Initialize did not fail with CKR_GENERAL_ERROR:\n%s", out)
+			}
+			if want := "libhapkcs11: cannot start the helper " + h + ": "; !strings.Contains(strings.ToLower(out), strings.ToLower(want+tc.want)) {
+				t.Errorf("no message naming the helper and %q:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
+// TestHelperDies: a child's helper SIGKILLed makes the next call answer
+// CKR_DEVICE_ERROR, and the next C_Initialize starts another helper (with
+// or without C_Finalize); a helper SIGSTOPped makes a call answer
+// CKR_DEVICE_ERROR within the bound the helper announced (here 1 s of
+// key generation and 1 s per member), and C_Finalize ends it.
+func TestHelperDies(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.keypair("diekey", "0f04")
+	conf, err := os.ReadFile(r.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := strings.Replace(string(conf), "command_timeout = \"10s\"\n", "command_timeout = \"1s\"\nkeygen_timeout = \"1s\"\n", 1)
+	if short == string(conf) {
+		t.Fatal("the rig's configuration has no command_timeout to shorten")
+	}
+	if err := os.WriteFile(r.conf, []byte(short), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prog := cprog(t, "helperfault")
+	out, err := runEnv(t, time.Minute, withoutPIN(r.env), r.dir, prog, "kill", r.lib, virtualSlot, r.pinFile, "diekey")
+	if err != nil || !strings.Contains(out, "ok kill") {
+		t.Errorf("helperfault kill: %v\n%s", err, out)
+	}
+	out, err = runEnv(t, time.Minute, withoutPIN(r.env), r.dir, prog, "stop", r.lib, virtualSlot, r.pinFile, "diekey")
+	if err != nil {
+		t.Fatalf("helperfault stop: %v\n%s", err, out)
+	}
+	var ms int
+	i := strings.Index(out, "stopped_ms=")
+	if i < 0 {
+		t.Fatalf("helperfault stop printed no time:\n%s", out)
+	}
+	if _, err := fmt.Sscanf(out[i:], "stopped_ms=%d", &ms); err != nil || ms > 8000 {
+		t.Errorf("a call to a stopped helper did not fail within its 4 s bound (1 s + 3 × 1 s):\n%s", out)
+	}
+}
+
+func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, mode); err != nil {
+		t.Fatal(err)
 	}
 }
