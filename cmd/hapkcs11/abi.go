@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -79,7 +80,10 @@ func hapInitialize(flags C.CK_FLAGS, serving C.int) (rv C.CK_RV) {
 	if module.lib != nil {
 		return C.CKR_CRYPTOKI_ALREADY_INITIALIZED
 	}
-	l, err := newLibrary()
+	l, err := newLibrary(serving != 0)
+	if errors.Is(err, errUseHelper) {
+		return C.HAP_RV_USE_HELPER
+	}
 	if err != nil {
 		return C.CK_RV(codeOf(err))
 	}

@@ -29,9 +29,6 @@ int hap_yield_due(void);
 CK_RV hap_app_lock(void);
 void hap_app_unlock(void);
 
-/* Returned by hapInitialize when the configuration asks for a helper. */
-#define HAP_RV_USE_HELPER (CKR_VENDOR_DEFINED | 0x48415048UL)
-
 extern int hap_serving;
 int hap_remote(void);
 

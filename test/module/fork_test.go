@@ -184,3 +184,25 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// TestHelperOptIn: with library.process = "helper" an unforked
+// application's C_Initialize starts a helper, its signature verifies, and
+// C_Finalize ends the helper.
+func TestHelperOptIn(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.keypair("optin", "0f05")
+	conf, err := os.ReadFile(r.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(r.conf, append([]byte("[library]\nprocess = \"helper\"\n\n"), conf...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runEnv(t, time.Minute, withoutPIN(r.env), r.dir, cprog(t, "inhelper"), r.lib, virtualSlot, r.pinFile, "optin")
+	if err != nil {
+		t.Fatalf("inhelper: %v\n%s", err, out)
+	}
+	if out != "helpers=1\nok\nhelpers=0\n" {
+		t.Errorf("want one helper while initialised and none after C_Finalize, and a verified signature; got:\n%s", out)
+	}
+}
