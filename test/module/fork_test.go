@@ -25,10 +25,12 @@ func TestForkPkcs11ToolTestFork(t *testing.T) {
 // TestForkAtEveryPoint runs forkchild: a child forked after C_Initialize,
 // after C_Login, mid multi-part operation and while another thread signs
 // is a new application that works, its inherited handles answer
-// CKR_CRYPTOKI_NOT_INITIALIZED, its helper holds no PIN in argv or
-// environment, and the parent keeps working.
+// CKR_CRYPTOKI_NOT_INITIALIZED, its handle for the key is the parent's,
+// its helper holds no PIN in argv or environment, and the parent keeps
+// working.
 func TestForkAtEveryPoint(t *testing.T) {
 	r := newRig(t, rigOpts{})
+	r.keypair("fork-other", "0f12") // the key is not the token's only object
 	r.keypair("forkkey", "0f02")
 	// The PIN only in the file: the helper inherits the environment.
 	env := withoutPIN(r.env)

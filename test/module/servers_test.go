@@ -29,8 +29,15 @@ import (
 // tlsKey makes the rig's TLS key (EC P-256, on every member) and a
 // certificate for it, and returns the certificate's PEM file and the
 // key's pkcs11: URI as libp11 takes it (PIN from a file).
+//
+// Other keys come first, so that the handle the master got for the key
+// (libp11 lists every key) is not the one a worker's helper, which has
+// seen no other, would give it first: a worker works only if libp11 finds
+// its key again after its C_Initialize, or if the handles agree.
 func (r *rig) tlsKey() (cert, uri string) {
 	r.t.Helper()
+	r.keypair("other-1", "0d01")
+	r.keypair("other-2", "0d02")
 	r.keypair("tls", "0e01")
 	cert = r.selfSigned("tls")
 	uri = "pkcs11:token=" + groupLabel + ";object=tls;type=private?pin-source=" + filepath.Join(r.dir, "user.pin.raw")

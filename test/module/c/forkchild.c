@@ -125,6 +125,11 @@ static int child(const char *stage)
 		return fail(stage, "C_OpenSession", rv);
 	if ((rv = f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen)) != CKR_OK)
 		return fail(stage, "C_Login", rv);
+	/* libp11 (nginx, Apache) re-initialises in the child and may go on
+	 * with the handle the parent had: the child's helper numbers the
+	 * token's objects as the parent's engine did. */
+	if (parent_key != CK_INVALID_HANDLE && find_one(f, s, CKO_PRIVATE_KEY, label) != parent_key)
+		return fail(stage, "the child's handle for the key is not the parent's", 0);
 	if (helper_leaks(&helpers))
 		return fail(stage, "the helper's argv or environment holds the PIN", 0);
 	if (helpers != 1)
