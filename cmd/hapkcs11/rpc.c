@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -133,60 +134,90 @@ static int io_wait(int fd, short ev, long long deadline)
 	}
 }
 
+/* The socket is blocking: the client's has SO_RCVTIMEO and SO_SNDTIMEO
+ * set to the bound of a call (set_bound), the helper's none. One recv
+ * per reply in the common case: every poll or partial read is a system
+ * call on every PKCS#11 call. */
+
+/* set_bound makes every send and recv on fd give up after ms. */
+static void set_bound(int fd, long long ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 /* send_frame writes the frame in m (its first 4 bytes are the length). */
-static int send_frame(int fd, struct hap_msg *m, long long deadline)
+static int send_frame(int fd, struct hap_msg *m)
 {
 	uint32_t n = (uint32_t)(m->len - 4);
 	memcpy(m->b, &n, 4);
 	size_t off = 0;
 	while (off < m->len) {
-		ssize_t w = send(fd, m->b + off, m->len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (w > 0) {
+		ssize_t w = send(fd, m->b + off, m->len - off, MSG_NOSIGNAL);
+		if (w > 0)
 			off += (size_t)w;
+		else if (w < 0 && errno == EINTR)
 			continue;
-		}
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && io_wait(fd, POLLOUT, deadline) == 1)
-			continue;
-		return -1;
+		else
+			return -1; /* the peer is gone, or the bound passed */
 	}
 	return 0;
 }
 
-static int read_full(int fd, void *p, size_t n, long long deadline)
+/* recv_some reads what is there, at least one byte; -1 on EOF, error or
+ * the bound. */
+static ssize_t recv_some(int fd, void *p, size_t n)
 {
-	size_t off = 0;
-	while (off < n) {
-		ssize_t r = recv(fd, (char *)p + off, n - off, MSG_DONTWAIT);
-		if (r > 0) {
-			off += (size_t)r;
-			continue;
-		}
-		if (r == 0)
-			return -1; /* EOF: the peer is gone */
-		if (errno == EINTR)
-			continue;
-		if ((errno == EAGAIN || errno == EWOULDBLOCK) && io_wait(fd, POLLIN, deadline) == 1)
+	for (;;) {
+		ssize_t r = recv(fd, p, n, 0);
+		if (r > 0)
+			return r;
+		if (r < 0 && errno == EINTR)
 			continue;
 		return -1;
 	}
-	return 0;
 }
 
-/* recv_frame reads one frame into m (m->b holds the body, m->pos 0). */
-static int recv_frame(int fd, struct hap_msg *m, long long deadline)
+#define HAP_READ_AHEAD 65536
+
+/* recv_frame reads one frame into m: its body is at m->b + m->pos (4),
+ * up to m->len. A reply never follows another unasked, so reading ahead
+ * takes nothing that belongs to the next frame; more is a broken peer. */
+static int recv_frame(int fd, struct hap_msg *m)
 {
-	uint32_t n;
-	if (read_full(fd, &n, 4, deadline) != 0 || n > HAP_MAX_FRAME)
-		return -1;
+	size_t cap = HAP_READ_AHEAD, got = 0;
+	uint32_t n = 0;
 	free(m->b);
-	m->b = malloc(n ? n : 1);
+	m->b = malloc(cap);
 	if (m->b == NULL)
 		return -1;
-	m->cap = m->len = n;
-	m->pos = 0;
-	return read_full(fd, m->b, n, deadline);
+	m->cap = cap;
+	while (got < 4) {
+		ssize_t r = recv_some(fd, m->b + got, cap - got);
+		if (r < 0)
+			return -1;
+		got += (size_t)r;
+	}
+	memcpy(&n, m->b, 4);
+	if (n > HAP_MAX_FRAME || got > (size_t)n + 4)
+		return -1;
+	if ((size_t)n + 4 > cap) {
+		unsigned char *b = realloc(m->b, (size_t)n + 4);
+		if (b == NULL)
+			return -1;
+		m->b = b;
+		m->cap = (size_t)n + 4;
+	}
+	while (got < (size_t)n + 4) {
+		ssize_t r = recv_some(fd, m->b + got, (size_t)n + 4 - got);
+		if (r < 0)
+			return -1;
+		got += (size_t)r;
+	}
+	m->len = (size_t)n + 4;
+	m->pos = 4;
+	return 0;
 }
 
 /* ---- the client's connection ---- */
@@ -343,9 +374,10 @@ static CK_RV start_helper(struct hap_conn *c)
 		return CKR_GENERAL_ERROR;
 	}
 	c->fd = sv[0];
+	set_bound(c->fd, HAP_START_BOUND_MS);
 
 	struct hap_msg w = {0};
-	if (recv_frame(c->fd, &w, now_ms() + HAP_START_BOUND_MS) != 0) {
+	if (recv_frame(c->fd, &w) != 0) {
 		free(w.b);
 		fprintf(stderr, "libhapkcs11: the helper %s (pid %d) ended or did not answer within %d s\n",
 			helper, (int)c->pid, HAP_START_BOUND_MS / 1000);
@@ -365,6 +397,7 @@ static CK_RV start_helper(struct hap_conn *c)
 		return (CK_RV)rv;
 	}
 	c->bound_ms = (long long)bound;
+	set_bound(c->fd, c->bound_ms);
 	return CKR_OK;
 }
 
@@ -433,8 +466,7 @@ CK_RV hap_call(struct hap_msg *m)
 		pthread_mutex_unlock(&c->mu);
 		return CKR_DEVICE_ERROR;
 	}
-	long long deadline = now_ms() + c->bound_ms;
-	if (send_frame(c->fd, m, deadline) != 0 || recv_frame(c->fd, m, deadline) != 0) {
+	if (send_frame(c->fd, m) != 0 || recv_frame(c->fd, m) != 0) {
 		/* Dead, or stopped answering: either way the stream is lost. */
 		c->dead = 1;
 		if (c->pid > 0)
@@ -966,23 +998,23 @@ int hap_helper_serve(int fd)
 	put64(&w, HAP_VERSION);
 	put64(&w, rv);
 	put64(&w, rv == CKR_OK ? hapCallBoundMillis() : 0);
-	int sent = w.local == CKR_OK && send_frame(fd, &w, 0) == 0;
+	int sent = w.local == CKR_OK && send_frame(fd, &w) == 0;
 	free(w.b);
 	if (rv != CKR_OK || !sent)
 		return 1;
 
 	struct hap_msg in = {0};
-	while (recv_frame(fd, &in, 0) == 0) {
+	while (recv_frame(fd, &in) == 0) {
 		struct hap_req r = {0};
-		r.in = in.b;
-		r.inlen = in.len;
+		r.in = in.b + in.pos;
+		r.inlen = in.len - in.pos;
 		r.op = take64(&r);
 		r.out.len = 4;
 		hap_dispatch(&r);
 		for (size_t i = 0; i < r.nallocs; i++)
 			free(r.allocs[i]);
 		free(r.allocs);
-		int ok = r.out.local == CKR_OK && send_frame(fd, &r.out, 0) == 0;
+		int ok = r.out.local == CKR_OK && send_frame(fd, &r.out) == 0;
 		free(r.out.b);
 		if (!ok)
 			break;

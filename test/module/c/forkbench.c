@@ -10,6 +10,7 @@
  * all, CPU µs per signature (the processes' and their helpers'), and the
  * helpers' mean RSS in KiB (0 in process).
  */
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -66,12 +67,13 @@ static double proc_cpu_us(pid_t pid, long *rss_kb)
 }
 
 static void worker(CK_FUNCTION_LIST_PTR f, CK_SLOT_ID slot, char *pin, CK_ULONG pinlen, const char *label,
-		   CK_MECHANISM_TYPE mech, double seconds, volatile int *go, struct result *r)
+		   CK_MECHANISM_TYPE mech, double seconds, volatile int *go, int *ready, struct result *r)
 {
 	CK_SESSION_HANDLE s = init_login(f, slot, pin, pinlen);
 	CK_OBJECT_HANDLE key = find_one(f, s, CKO_PRIVATE_KEY, label);
 	pid_t helper = only_child();
 	CHECK(sign32(f, s, mech, key)); /* warm */
+	__atomic_fetch_add(ready, 1, __ATOMIC_SEQ_CST);
 	while (!*go)
 		sched_yield();
 	double cpu0 = cpu_us(), t0 = now_seconds(), h0 = helper ? proc_cpu_us(helper, &r->helper_rss_kb) : 0;
@@ -102,7 +104,9 @@ int main(int argc, char **argv)
 	int procs = atoi(argv[7]);
 	double seconds = atof(argv[8]);
 	struct result *res = mmap(NULL, sizeof *res * procs, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	volatile int *go = mmap(NULL, sizeof *go, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	int *shared = mmap(NULL, 2 * sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	volatile int *go = &shared[0];
+	int *ready = &shared[1];
 	CK_FUNCTION_LIST_PTR f = NULL;
 	if (helper) {
 		CK_C_INITIALIZE_ARGS a = {0};
@@ -115,12 +119,14 @@ int main(int argc, char **argv)
 	for (int i = 0; i < procs; i++) {
 		if (fork() == 0) {
 			CK_FUNCTION_LIST_PTR g = helper ? f : load_module(argv[2], NULL);
-			worker(g, slot, pin, pinlen, argv[5], mech, seconds, go, &res[i]);
+			worker(g, slot, pin, pinlen, argv[5], mech, seconds, go, ready, &res[i]);
 			_exit(0);
 		}
 	}
-	/* Let every process log in first. */
-	sleep(procs > 1 ? 3 : 2);
+	/* Every process logged in and signed once before the clock starts. */
+	double t0 = now_seconds();
+	while (__atomic_load_n(ready, __ATOMIC_SEQ_CST) < procs && now_seconds() - t0 < 60)
+		usleep(1000);
 	*go = 1;
 	int bad = 0, st;
 	while (wait(&st) > 0)
