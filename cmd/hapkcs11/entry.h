@@ -29,7 +29,6 @@ int hap_yield_due(void);
 CK_RV hap_app_lock(void);
 void hap_app_unlock(void);
 
-extern int hap_serving;
 int hap_remote(void);
 
 #define HAP_ENTER()                                   \

@@ -22,6 +22,9 @@
  * asks for a helper (library.process = "helper"). */
 #define HAP_RV_USE_HELPER (CKR_VENDOR_DEFINED | 0x48415048UL)
 
+/* Set in a helper process (rpc.c): the engine there serves its parent. */
+extern int hap_serving;
+
 /* The static function list (entry.c), for tests of C_GetFunctionList. */
 extern CK_FUNCTION_LIST hap_function_list;
 

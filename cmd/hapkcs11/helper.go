@@ -6,6 +6,10 @@ package main
 import "C"
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
@@ -30,6 +34,23 @@ func callBound(cfg *config.Config) time.Duration {
 		return config.DefaultCommandTimeout
 	}
 	return bound
+}
+
+// programName is how this process is named in events and in the fleet
+// view: its program, or in a helper the program it serves (its parent,
+// which started it), so that `hactl hagroup clients` shows the nginx
+// worker, not an anonymous helper. The pid stays the helper's own: the
+// agent checks it against the socket's peer.
+func programName() string {
+	if C.hap_serving == 0 {
+		return filepath.Base(os.Args[0])
+	}
+	ppid := os.Getppid()
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", ppid))
+	if err != nil {
+		return filepath.Base(os.Args[0])
+	}
+	return fmt.Sprintf("%s (pid %d, through %s)", strings.TrimSpace(string(comm)), ppid, filepath.Base(os.Args[0]))
 }
 
 //export hapCallBoundMillis
