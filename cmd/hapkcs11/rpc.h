@@ -1,13 +1,15 @@
 /*
- * rpc.h — the helper process and its protocol (rpc.c), shared by the C
- * client in an application's process and the helper's server loop.
+ * rpc.h — the helper's protocol: the marshalling (rpc.c) and the
+ * connections (conn.c), shared by the C client in an application's
+ * process and the helper.
  *
  * Frames on one socketpair: a 4-byte length (native order: both ends are
  * the same build of this library on the same host) and at most
  * HAP_MAX_FRAME bytes of 8-byte fields. The helper opens with a welcome
- * (its C_Initialize's CKR code and how long a call may take); each request
- * is an op (rpc_gen.h) and its arguments, each reply the CKR code and the
- * outputs, in the kinds rpcgen assigns (rpcgen/main.go).
+ * on its control connection (its C_Initialize's CKR code and how long a
+ * call may take); on each call connection a request is an op (rpc_gen.h)
+ * and its arguments, a reply the CKR code and the outputs, in the kinds
+ * rpcgen assigns (rpcgen/main.go).
  */
 #ifndef HAPKCS11_RPC_H
 #define HAPKCS11_RPC_H
@@ -42,7 +44,16 @@ struct hap_req {
 	size_t nallocs, capallocs;
 };
 
-/* Client side: is this process served by a helper. */
+/* Message buffers (rpc.c). */
+void hap_put64(struct hap_msg *m, uint64_t v);
+void hap_putbytes(struct hap_msg *m, const void *p, size_t n);
+uint64_t hap_get64(struct hap_msg *m);
+const unsigned char *hap_getbytes(struct hap_msg *m, size_t n);
+uint64_t hap_take_op(struct hap_req *r);
+/* hap_req_free releases what a request's arguments took. */
+void hap_req_free(struct hap_req *r);
+
+/* Client side (conn.c): is this process served by a helper. */
 int hap_remote(void);
 CK_RV hap_remote_initialize(void);
 CK_RV hap_remote_finalize(void);

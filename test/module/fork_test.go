@@ -38,7 +38,8 @@ func TestForkAtEveryPoint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("forkchild: %v\n%s", err, out)
 	}
-	for _, stage := range []string{"after C_Initialize", "after C_Login", "mid multi-part operation", "the parent after the forks"} {
+	for _, stage := range []string{"after C_Initialize", "after C_Login", "a child whose 4 threads sign at once",
+		"mid multi-part operation", "the parent after the forks"} {
 		if !strings.Contains(out, "ok "+stage+"\n") {
 			t.Errorf("no child or parent succeeded %s:\n%s", stage, out)
 		}

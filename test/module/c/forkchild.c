@@ -5,7 +5,8 @@
  *
  *   forkchild MODULE SLOT PINFILE LABEL
  *
- * Forks after C_Initialize, after C_Login, in the middle of a multi-part
+ * Forks after C_Initialize, after C_Login (twice: one child then signs on
+ * 4 threads at once), in the middle of a multi-part
  * digest (which the parent then finishes), and three times while another
  * thread signs. Each child first uses what it inherited without
  * C_Initialize (a session, a key), which must fail with
@@ -99,6 +100,43 @@ static int helper_leaks(int *seen)
 	return 0;
 }
 
+#define THREADED "a child whose 4 threads sign at once"
+
+struct signer_arg {
+	const char *stage;
+	int failed;
+};
+
+/* thread_signs signs and verifies on a session of its own. */
+static void *thread_signs(void *p)
+{
+	struct signer_arg *a = p;
+	CK_SESSION_HANDLE s;
+	if (f->C_OpenSession(slot, CKF_SERIAL_SESSION, NULL, NULL, &s) != CKR_OK) {
+		a->failed = fail(a->stage, "C_OpenSession in a thread", 0);
+		return NULL;
+	}
+	a->failed = sign_verify(a->stage, s, 20);
+	f->C_CloseSession(s);
+	return NULL;
+}
+
+static int threads_sign(const char *stage)
+{
+	pthread_t th[4];
+	struct signer_arg args[4];
+	int bad = 0;
+	for (int i = 0; i < 4; i++) {
+		args[i] = (struct signer_arg){stage, 0};
+		pthread_create(&th[i], NULL, thread_signs, &args[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		bad |= args[i].failed;
+	}
+	return bad;
+}
+
 static int child(const char *stage)
 {
 	CK_SESSION_INFO info;
@@ -135,6 +173,8 @@ static int child(const char *stage)
 	if (helpers != 1)
 		return fail(stage, "the child has not exactly one helper process", (CK_RV)helpers);
 	if (sign_verify(stage, s, 3))
+		return 1;
+	if (strcmp(stage, THREADED) == 0 && threads_sign(stage))
 		return 1;
 	if ((rv = f->C_Logout(s)) != CKR_OK)
 		return fail(stage, "C_Logout", rv);
@@ -218,6 +258,7 @@ int main(int argc, char **argv)
 	CHECK(f->C_Login(parent_session, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
 	parent_key = find_one(f, parent_session, CKO_PRIVATE_KEY, label);
 	bad |= fork_child("after C_Login");
+	bad |= fork_child(THREADED);
 
 	memset(part, 0x5a, sizeof part);
 	memcpy(whole, part, sizeof part);
