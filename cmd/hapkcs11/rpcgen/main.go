@@ -6,13 +6,16 @@
 // below, inferred from each argument's type and the argument after it; a
 // function whose arguments match no kind stops the generator.
 //
-// Run by `go generate ./cmd/hapkcs11`.
+// Run by `go generate ./cmd/hapkcs11` (-o DIR writes elsewhere: the test
+// that the committed files are current).
 package main
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 )
@@ -292,6 +295,8 @@ func main() {
 }
 
 func run() error {
+	out := flag.String("o", ".", "the directory to write the generated files in")
+	flag.Parse()
 	src, err := os.ReadFile("pkcs11f.h")
 	if err != nil {
 		return err
@@ -305,7 +310,7 @@ func run() error {
 		return err
 	}
 	for name, body := range map[string][]byte{"forward.c": forward(fns), "rpc_gen.c": code, "rpc_gen.h": declarations(fns)} {
-		if err := os.WriteFile(name, body, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(*out, name), body, 0o644); err != nil {
 			return err
 		}
 	}
