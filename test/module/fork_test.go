@@ -2,11 +2,14 @@ package module
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -208,4 +211,127 @@ func TestHelperOptIn(t *testing.T) {
 	if out != "helpers=1\nok\nhelpers=0\n" {
 		t.Errorf("want one helper while initialised and none after C_Finalize, and a verified signature; got:\n%s", out)
 	}
+}
+
+// TestHelperBounds speaks to a helper as a broken or hostile client would:
+// an unknown function, arguments cut short, an attribute count far over
+// the bound, and a frame header over the frame bound each get an answer
+// (or, for the header, the end of that connection) and never make the
+// helper allocate what they claim; the helper goes on serving.
+func TestHelperBounds(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	ctl := startHelper(t, r)
+	welcome := readFrame(t, ctl)
+	if len(welcome) != 32 || le64(welcome[16:]) != 0 {
+		t.Fatalf("welcome %x: want magic, version, CKR_OK, bound", welcome)
+	}
+	call := passConn(t, ctl)
+	for _, tc := range []struct {
+		name string
+		body []byte
+		want uint64
+	}{
+		{"an unknown function", words(9999), 0x54},       // CKR_FUNCTION_NOT_SUPPORTED
+		{"C_Sign without its arguments", words(41), 0x7}, // CKR_ARGUMENTS_BAD
+		{"C_FindObjectsInit with 2^40 attributes", words(24, 1, 1, 1<<40), 0x7},
+		{"C_GetInfo", words(1, 1), 0x0},
+	} {
+		writeFrame(t, call, tc.body)
+		reply := readFrame(t, call)
+		if len(reply) < 8 || le64(reply) != tc.want {
+			t.Errorf("%s: reply %x, want CKR 0x%x first", tc.name, reply[:min(len(reply), 16)], tc.want)
+		}
+	}
+	// A header over the bound ends that connection, and only that one.
+	if _, err := call.Write([]byte{0xff, 0xff, 0xff, 0xff}); err != nil {
+		t.Fatal(err)
+	}
+	call.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if n, err := call.Read(make([]byte, 1)); err == nil {
+		t.Errorf("the helper answered %d bytes to a 4 GiB frame header, want the connection closed", n)
+	}
+	other := passConn(t, ctl)
+	writeFrame(t, other, words(1, 1))
+	if reply := readFrame(t, other); le64(reply) != 0 {
+		t.Errorf("C_GetInfo on a new connection after the oversized frame: %x", reply)
+	}
+}
+
+// startHelper runs hapkcs11-helper on the rig's library with a socketpair
+// as its fd 3, and returns the other end.
+func startHelper(t *testing.T, r *rig) *os.File {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "ctl"), os.NewFile(uintptr(fds[1]), "helper-ctl")
+	cmd := exec.Command(filepath.Join(filepath.Dir(r.lib), "hapkcs11-helper"), r.lib)
+	cmd.Env = withoutPIN(r.env)
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	theirs.Close()
+	t.Cleanup(func() {
+		mine.Close() // EOF: the helper finalizes and exits
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			t.Error("the helper did not exit within 30 s of its control connection's EOF")
+			<-done
+		}
+	})
+	return mine
+}
+
+// passConn opens a call connection and passes its end over ctl.
+func passConn(t *testing.T, ctl *os.File) *os.File {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Sendmsg(int(ctl.Fd()), []byte{0}, syscall.UnixRights(fds[1]), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Close(fds[1])
+	f := os.NewFile(uintptr(fds[0]), "call")
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func words(vs ...uint64) []byte {
+	b := make([]byte, 0, 8*len(vs))
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
+	return b
+}
+
+func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
+
+func writeFrame(t *testing.T, f *os.File, body []byte) {
+	t.Helper()
+	if _, err := f.Write(append(binary.LittleEndian.AppendUint32(nil, uint32(len(body))), body...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFrame(t *testing.T, f *os.File) []byte {
+	t.Helper()
+	f.SetReadDeadline(time.Now().Add(time.Minute))
+	var h [4]byte
+	if _, err := io.ReadFull(f, h[:]); err != nil {
+		t.Fatalf("read a frame header: %v", err)
+	}
+	b := make([]byte, binary.LittleEndian.Uint32(h[:]))
+	if _, err := io.ReadFull(f, b); err != nil {
+		t.Fatalf("read a frame: %v", err)
+	}
+	return b
 }
