@@ -14,7 +14,7 @@
 /* Set in the child of a fork() by the handler pthread_atfork registers
  * when the library is loaded: a flag rather than a getpid() per call, which
  * is a system call (measurable on a 60 us signature made of two calls).
- * The child has no Go runtime: its C_Initialize starts a helper (rpc.c). */
+ * The child has no Go runtime: its C_Initialize starts a helper (conn.c). */
 static volatile int in_child_flag;
 
 /* Serialises C_Initialize and C_Finalize with each other. */

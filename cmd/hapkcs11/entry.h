@@ -5,7 +5,7 @@
  * are gone in the child), so any call into Go from a forked child would
  * hang. hap_forked() is set by a pthread_atfork child handler; until the
  * child's own C_Initialize every entry point fails fast, in C, before Go
- * runs, and after it every call goes to the child's helper (rpc.c).
+ * runs, and after it every call goes to the child's helper (conn.c).
  *
  * Exit: once the process is exiting every entry point answers
  * CKR_CRYPTOKI_NOT_INITIALIZED the same way (see entry.c).

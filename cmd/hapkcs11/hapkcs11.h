@@ -22,7 +22,7 @@
  * asks for a helper (library.process = "helper"). */
 #define HAP_RV_USE_HELPER (CKR_VENDOR_DEFINED | 0x48415048UL)
 
-/* Set in a helper process (rpc.c): the engine there serves its parent. */
+/* Set in a helper process (conn.c): the engine there serves its parent. */
 extern int hap_serving;
 
 /* The static function list (entry.c), for tests of C_GetFunctionList. */

@@ -15,7 +15,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 )
 
-// The Go side of the helper (rpc.c): what a helper tells its client at
+// The Go side of the helper (conn.c): what a helper tells its client at
 // start.
 
 // callBound is how long the client in a forked child waits for the helper

@@ -21,8 +21,8 @@
 // call returns CKR_CRYPTOKI_NOT_INITIALIZED at once; that C_Initialize
 // starts a helper (hapkcs11-helper, beside the library: a fresh process
 // that loads the library and runs the engine for this child alone), and
-// every later call goes to it over a socketpair (rpc.c; the per-function
-// code is generated from pkcs11f.h by rpcgen).
+// every later call goes to it over a socketpair (conn.c and rpc.c; the
+// per-function code is generated from pkcs11f.h by rpcgen).
 //
 // Locking: C_Initialize accepts CKF_OS_LOCKING_OK, and mutex callbacks; when
 // it gets callbacks without CKF_OS_LOCKING_OK, every call holds the

@@ -34,7 +34,7 @@ func TestExports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"hap_helper_serve"} // the helper's entry (rpc.c)
+	want := []string{"hap_helper_serve"} // the helper's entry (conn.c)
 	for _, m := range regexp.MustCompile(`CK_PKCS11_FUNCTION_INFO\((C_\w+)\)`).FindAllStringSubmatch(string(hdr), -1) {
 		want = append(want, m[1])
 	}
