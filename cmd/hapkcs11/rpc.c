@@ -143,7 +143,8 @@ void hap_put_structout(struct hap_msg *m, void *p, size_t size)
 }
 
 /* Mechanisms whose parameter structure holds pointers: they mean
- * something only in this process, so they are refused rather than sent. */
+ * something only in this process, so they cross as the values they point
+ * at (param_form) or are refused. */
 static int pointer_param(CK_MECHANISM_TYPE t)
 {
 	switch (t) {
@@ -160,15 +161,64 @@ static int pointer_param(CK_MECHANISM_TYPE t)
 	return 0;
 }
 
+/* How a mechanism's parameter crosses: its bytes, or for the structures
+ * with pointers that applications use most, the values they point at. */
+enum { PARAM_FLAT, PARAM_OAEP, PARAM_GCM, PARAM_ECDH1 };
+
+static int param_form(CK_MECHANISM_PTR p)
+{
+	if (p->pParameter == NULL || p->ulParameterLen == 0 || !pointer_param(p->mechanism))
+		return PARAM_FLAT;
+	switch (p->mechanism) {
+	case CKM_RSA_PKCS_OAEP:
+		return p->ulParameterLen == sizeof(CK_RSA_PKCS_OAEP_PARAMS) ? PARAM_OAEP : -1;
+	case CKM_AES_GCM:
+		return p->ulParameterLen == sizeof(CK_GCM_PARAMS) ? PARAM_GCM : -1;
+	case CKM_ECDH1_DERIVE:
+	case CKM_ECDH1_COFACTOR_DERIVE:
+		return p->ulParameterLen == sizeof(CK_ECDH1_DERIVE_PARAMS) ? PARAM_ECDH1 : -1;
+	}
+	return -1;
+}
+
 void hap_put_mech(struct hap_msg *m, CK_MECHANISM_PTR p)
 {
 	hap_put64(m, p != NULL);
 	if (p == NULL)
 		return;
-	if (p->pParameter != NULL && p->ulParameterLen > 0 && pointer_param(p->mechanism))
-		m->local = CKR_MECHANISM_PARAM_INVALID;
+	int form = param_form(p);
 	hap_put64(m, p->mechanism);
-	hap_put_in(m, p->pParameter, p->ulParameterLen);
+	hap_put64(m, (uint64_t)form);
+	switch (form) {
+	case PARAM_FLAT:
+		hap_put_in(m, p->pParameter, p->ulParameterLen);
+		break;
+	case PARAM_OAEP: {
+		CK_RSA_PKCS_OAEP_PARAMS *o = p->pParameter;
+		hap_put64(m, o->hashAlg);
+		hap_put64(m, o->mgf);
+		hap_put64(m, o->source);
+		hap_put_in(m, o->pSourceData, o->ulSourceDataLen);
+		break;
+	}
+	case PARAM_GCM: {
+		CK_GCM_PARAMS *g = p->pParameter;
+		hap_put_in(m, g->pIv, g->ulIvLen);
+		hap_put64(m, g->ulIvBits);
+		hap_put_in(m, g->pAAD, g->ulAADLen);
+		hap_put64(m, g->ulTagBits);
+		break;
+	}
+	case PARAM_ECDH1: {
+		CK_ECDH1_DERIVE_PARAMS *e = p->pParameter;
+		hap_put64(m, e->kdf);
+		hap_put_in(m, e->pSharedData, e->ulSharedDataLen);
+		hap_put_in(m, e->pPublicData, e->ulPublicDataLen);
+		break;
+	}
+	default:
+		m->local = CKR_MECHANISM_PARAM_INVALID;
+	}
 }
 
 static void put_attrs(struct hap_msg *m, CK_ATTRIBUTE_PTR p, CK_ULONG n, int depth)
@@ -447,9 +497,51 @@ void hap_take_mech(struct hap_req *r, CK_MECHANISM_PTR *p)
 	if (mech == NULL)
 		return;
 	mech->mechanism = (CK_MECHANISM_TYPE)take64(r);
-	hap_take_in(r, &mech->pParameter, &mech->ulParameterLen);
-	if (mech->pParameter != NULL && mech->ulParameterLen > 0 && pointer_param(mech->mechanism))
+	switch (take64(r)) {
+	case PARAM_FLAT:
+		hap_take_in(r, &mech->pParameter, &mech->ulParameterLen);
+		/* Raw bytes of a structure with pointers point nowhere here. */
+		if (mech->pParameter != NULL && mech->ulParameterLen > 0 && pointer_param(mech->mechanism))
+			r->bad = 1;
+		break;
+	case PARAM_OAEP: {
+		CK_RSA_PKCS_OAEP_PARAMS *o = alloc(r, sizeof *o);
+		if (o == NULL)
+			return;
+		o->hashAlg = (CK_MECHANISM_TYPE)take64(r);
+		o->mgf = (CK_RSA_PKCS_MGF_TYPE)take64(r);
+		o->source = (CK_RSA_PKCS_OAEP_SOURCE_TYPE)take64(r);
+		hap_take_in(r, &o->pSourceData, &o->ulSourceDataLen);
+		mech->pParameter = o;
+		mech->ulParameterLen = sizeof *o;
+		break;
+	}
+	case PARAM_GCM: {
+		CK_GCM_PARAMS *g = alloc(r, sizeof *g);
+		if (g == NULL)
+			return;
+		hap_take_in(r, &g->pIv, &g->ulIvLen);
+		g->ulIvBits = (CK_ULONG)take64(r);
+		hap_take_in(r, &g->pAAD, &g->ulAADLen);
+		g->ulTagBits = (CK_ULONG)take64(r);
+		mech->pParameter = g;
+		mech->ulParameterLen = sizeof *g;
+		break;
+	}
+	case PARAM_ECDH1: {
+		CK_ECDH1_DERIVE_PARAMS *e = alloc(r, sizeof *e);
+		if (e == NULL)
+			return;
+		e->kdf = (CK_EC_KDF_TYPE)take64(r);
+		hap_take_in(r, &e->pSharedData, &e->ulSharedDataLen);
+		hap_take_in(r, &e->pPublicData, &e->ulPublicDataLen);
+		mech->pParameter = e;
+		mech->ulParameterLen = sizeof *e;
+		break;
+	}
+	default:
 		r->bad = 1;
+	}
 	*p = mech;
 }
 
