@@ -2,10 +2,9 @@
 // PKCS#11 clients (pkcs11-tool, p11tool, OpenSSL's pkcs11 engine,
 // ssh-keygen, Java's SunPKCS11, nginx and Apache httpd with forked
 // workers, a Python multiprocessing pool, and C programs) load the built
-// library and
-// work on a virtual slot whose members are real SoftHSM tokens, one of them
-// served by hagroup's hsmserve or by a real `p11-kit server`, which the
-// failover and outage tests kill and restart. Every test has its own token
+// library and work on a virtual slot whose members are real SoftHSM
+// tokens, one of them served by hagroup's hsmserve or by a real `p11-kit
+// server`, which the failover and outage tests kill and restart. Every test has its own token
 // directory (SOFTHSM2_CONF) and configuration.
 package module
 
