@@ -30,25 +30,37 @@ func TestForkPkcs11ToolTestFork(t *testing.T) {
 // is a new application that works, its inherited handles answer
 // CKR_CRYPTOKI_NOT_INITIALIZED, its handle for the key is the parent's,
 // its helper holds no PIN in argv or environment, and the parent keeps
-// working.
+// working; with the parent's engine in process, and with the parent
+// served by a helper itself (library.process = "helper").
 func TestForkAtEveryPoint(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	r.keypair("fork-other", "0f12") // the key is not the token's only object
 	r.keypair("forkkey", "0f02")
-	// The PIN only in the file: the helper inherits the environment.
-	env := withoutPIN(r.env)
-	out, err := runEnv(t, 2*time.Minute, env, r.dir, cprog(t, "forkchild"), r.lib, virtualSlot, r.pinFile, "forkkey")
+	conf, err := os.ReadFile(r.conf)
 	if err != nil {
-		t.Fatalf("forkchild: %v\n%s", err, out)
+		t.Fatal(err)
 	}
-	for _, stage := range []string{"after C_Initialize", "after C_Login", "a child whose 4 threads sign at once",
-		"mid multi-part operation", "the parent after the forks"} {
-		if !strings.Contains(out, "ok "+stage+"\n") {
-			t.Errorf("no child or parent succeeded %s:\n%s", stage, out)
-		}
-	}
-	if got := strings.Count(out, "ok while another thread signs\n"); got != 3 {
-		t.Errorf("%d of 3 children forked while another thread signed succeeded:\n%s", got, out)
+	helperConf := r.write("helper.toml", "[library]\nprocess = \"helper\"\n\n"+string(conf))
+	// The parent runs the engine itself, or is served by a helper of its
+	// own (whose connections its children must let go of).
+	for _, parent := range []struct{ name, conf string }{{"in process", r.conf}, {"helper", helperConf}} {
+		t.Run(parent.name, func(t *testing.T) {
+			// The PIN only in the file: the helper inherits the environment.
+			env := append(withoutPIN(r.env), "HAGROUP_CONF="+parent.conf)
+			out, err := runEnv(t, 2*time.Minute, env, r.dir, cprog(t, "forkchild"), r.lib, virtualSlot, r.pinFile, "forkkey")
+			if err != nil {
+				t.Fatalf("forkchild: %v\n%s", err, out)
+			}
+			for _, stage := range []string{"after C_Initialize", "after C_Login", "a child whose 4 threads sign at once",
+				"mid multi-part operation", "the parent after the forks"} {
+				if !strings.Contains(out, "ok "+stage+"\n") {
+					t.Errorf("no child or parent succeeded %s:\n%s", stage, out)
+				}
+			}
+			if got := strings.Count(out, "ok while another thread signs\n"); got != 3 {
+				t.Errorf("%d of 3 children forked while another thread signed succeeded:\n%s", got, out)
+			}
+		})
 	}
 }
 
