@@ -60,8 +60,14 @@ func freePort(t *testing.T) int {
 // stops it, and every worker, when the test ends.
 func (r *rig) startServer(name string, args ...string) *exec.Cmd {
 	r.t.Helper()
+	return r.startServerModule(r.lib, name, args...)
+}
+
+// startServerModule is startServer with the engine pointed at module.
+func (r *rig) startServerModule(module, name string, args ...string) *exec.Cmd {
+	r.t.Helper()
 	cmd := exec.Command(name, args...)
-	cmd.Env = append(withoutPIN(r.env), "PKCS11_MODULE_PATH="+r.lib)
+	cmd.Env = append(withoutPIN(r.env), "PKCS11_MODULE_PATH="+module)
 	cmd.Dir = r.dir
 	log, err := os.Create(filepath.Join(r.dir, filepath.Base(name)+".out"))
 	if err != nil {
