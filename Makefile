@@ -109,7 +109,8 @@ fuzz:
 # Every benchmark of the product, -count $(COUNT), summarised with benchstat;
 # the 1,000-key catch-up once (it takes about a minute per run); the C
 # module harness; what a C_Initialize costs (TestInitCost); the scaling
-# picture of docs/BENCHMARKS.md.
+# picture of docs/BENCHMARKS.md; forked children through the helper and
+# nginx (TestForkBench, TestNginxBench).
 bench: deps build
 	@mkdir -p bench-out
 	@uptime | tee bench-out/load.txt
@@ -118,6 +119,7 @@ bench: deps build
 	$(GO) run golang.org/x/perf/cmd/benchstat@latest bench-out/go.txt | tee bench-out/benchstat.txt
 	@if [ -x test/module/bench.sh ]; then test/module/bench.sh | tee bench-out/module.txt; fi
 	$(GO) test -count=1 -v -run '^TestInitCost$$' ./test/module -initcost=30 | grep -E '^initcost|^(ok|FAIL)' | tee bench-out/initcost.txt
+	$(GO) test -count=1 -v -run '^Test(ForkBench|NginxBench)$$' ./test/module -forkbench=5 | grep -E '^(forkbench|nginxbench)|^(ok|FAIL)' | tee bench-out/fork.txt
 	$(GO) run ./test/load/benchreport -in bench-out/go.txt -svg docs/scaling.svg | tee bench-out/scaling.txt
 	@uptime | tee -a bench-out/load.txt
 
