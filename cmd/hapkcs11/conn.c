@@ -229,10 +229,15 @@ void hap_save_env(void)
 	free(old);
 }
 
-/* check_helper says what is wrong with the helper at path, or NULL. */
-static const char *check_helper(const char *path, char *why, size_t n)
+/* check_helper says what is wrong with the helper at path (in dir), or
+ * NULL: it must be a file only root or this user could have put there. */
+static const char *check_helper(const char *dir, const char *path, char *why, size_t n)
 {
 	struct stat st;
+	if (stat(dir, &st) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+		snprintf(why, n, "its directory %s is writable by group or others", dir);
+		return why;
+	}
 	if (stat(path, &st) != 0) {
 		snprintf(why, n, "%s", strerror(errno));
 		return why;
@@ -309,8 +314,9 @@ static CK_RV start_helper(struct hap_conn *c)
 		return CKR_GENERAL_ERROR;
 	}
 	snprintf(dir, sizeof dir, "%s", module_path);
-	snprintf(helper, sizeof helper, "%s/hapkcs11-helper", dirname(dir));
-	if ((bad = check_helper(helper, why, sizeof why)) != NULL) {
+	char *libdir = dirname(dir);
+	snprintf(helper, sizeof helper, "%s/hapkcs11-helper", libdir);
+	if ((bad = check_helper(libdir, helper, why, sizeof why)) != NULL) {
 		fprintf(stderr, "libhapkcs11: cannot start the helper %s: %s\n", helper, bad);
 		return CKR_GENERAL_ERROR;
 	}

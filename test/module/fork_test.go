@@ -116,7 +116,8 @@ func TestForkPythonPool(t *testing.T) {
 }
 
 // TestHelperCannotStart: a forked child whose helper is missing, not
-// executable, writable by others or another user's gets a CKR code from
+// executable, writable by others, another user's or in a directory others
+// may write gets a CKR code from
 // C_Initialize at once, and a message naming the helper and what is wrong
 // with it; nothing is left half-started.
 func TestHelperCannotStart(t *testing.T) {
@@ -132,6 +133,7 @@ func TestHelperCannotStart(t *testing.T) {
 		{"not executable", func(t *testing.T, h string) { os.Chmod(h, 0o644) }, "not executable"},
 		{"writable by others", func(t *testing.T, h string) { os.Chmod(h, 0o757) }, "writable by group or others"},
 		{"another user's", func(t *testing.T, h string) { os.Chown(h, 4242, 4242) }, "owned by another user"},
+		{"in a directory others may write", func(t *testing.T, h string) { os.Chmod(filepath.Dir(h), 0o777) }, "its directory DIR is writable by group or others"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -147,8 +149,9 @@ func TestHelperCannotStart(t *testing.T) {
 			if !strings.Contains(out, "rv=0x5 ") {
 				t.Errorf("the child's C_Initialize did not fail with CKR_GENERAL_ERROR:\n%s", out)
 			}
-			if want := "libhapkcs11: cannot start the helper " + h + ": "; !strings.Contains(strings.ToLower(out), strings.ToLower(want+tc.want)) {
-				t.Errorf("no message naming the helper and %q:\n%s", tc.want, out)
+			want := "libhapkcs11: cannot start the helper " + h + ": " + strings.Replace(tc.want, "DIR", dir, 1)
+			if !strings.Contains(strings.ToLower(out), strings.ToLower(want)) {
+				t.Errorf("no message %q:\n%s", want, out)
 			}
 		})
 	}
