@@ -64,19 +64,26 @@ deps:
 build: deps
 	@$(MAKE) --no-print-directory build-product CMDS="hactl haagent hsmserve hademo haload"
 
-# What is installed and packaged: the three commands and the module.
+# What is installed and packaged: the three commands, the module and its
+# helper.
 build-product: CMDS ?= hactl haagent hsmserve
 build-product:
 	@mkdir -p $(BIN)
 	@for c in $(CMDS); do \
 		if [ -d cmd/$$c ]; then $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$c ./cmd/$$c || exit 1; fi; \
 	done
-	@$(MAKE) --no-print-directory $(BIN)/libhapkcs11.so
+	@$(MAKE) --no-print-directory $(BIN)/libhapkcs11.so $(BIN)/hapkcs11-helper
 
 $(BIN)/libhapkcs11.so: $(shell find cmd/hapkcs11 pkg -type f 2>/dev/null) go.mod go.sum
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -buildmode=c-shared -ldflags='-s -w $(LDFLAGS)' -o $@ ./cmd/hapkcs11
 	@rm -f $(BIN)/libhapkcs11.h
+
+# The process libhapkcs11.so starts to serve a forked child (rpc.c); it
+# lives beside the module.
+$(BIN)/hapkcs11-helper: cmd/hapkcs11/helper/hapkcs11-helper.c
+	@mkdir -p $(BIN)
+	$(CC) -O2 -Wall -Werror -o $@ $< -ldl
 
 vet:
 	$(GO) vet $(PKGS)
@@ -106,7 +113,8 @@ fuzz:
 # Every benchmark of the product, -count $(COUNT), summarised with benchstat;
 # the 1,000-key catch-up once (it takes about a minute per run); the C
 # module harness; what a C_Initialize costs (TestInitCost); the scaling
-# picture of docs/BENCHMARKS.md.
+# picture of docs/BENCHMARKS.md; forked children through the helper and
+# nginx (TestForkBench, TestNginxBench).
 bench: deps build
 	@mkdir -p bench-out
 	@uptime | tee bench-out/load.txt
@@ -115,6 +123,7 @@ bench: deps build
 	$(GO) run golang.org/x/perf/cmd/benchstat@latest bench-out/go.txt | tee bench-out/benchstat.txt
 	@if [ -x test/module/bench.sh ]; then test/module/bench.sh | tee bench-out/module.txt; fi
 	$(GO) test -count=1 -v -run '^TestInitCost$$' ./test/module -initcost=30 | grep -E '^initcost|^(ok|FAIL)' | tee bench-out/initcost.txt
+	$(GO) test -count=1 -v -run '^Test(ForkBench|NginxBench)$$' ./test/module -forkbench=5 | grep -E '^(forkbench|nginxbench)|^(ok|FAIL)' | tee bench-out/fork.txt
 	$(GO) run ./test/load/benchreport -in bench-out/go.txt -svg docs/scaling.svg | tee bench-out/scaling.txt
 	@uptime | tee -a bench-out/load.txt
 

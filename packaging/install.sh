@@ -34,7 +34,7 @@ gen() {
 }
 
 do_install() {
-	for b in hactl haagent hsmserve libhapkcs11.so; do
+	for b in hactl haagent hsmserve libhapkcs11.so hapkcs11-helper; do
 		[ -f "$BIN/$b" ] || { echo "install: $BIN/$b is missing: run make build first" >&2; exit 1; }
 	done
 	mkdir -p "$DESTDIR$DOCDIR"
@@ -43,6 +43,8 @@ do_install() {
 		put 0755 "$BIN/$b" "$BINDIR/$b"
 	done
 	put 0644 "$BIN/libhapkcs11.so" "$PKCS11DIR/libhapkcs11.so"
+	# Beside the module, where it looks for its helper (forked children).
+	put 0755 "$BIN/hapkcs11-helper" "$PKCS11DIR/hapkcs11-helper"
 	for page in man/*.[1358]; do
 		sec=${page##*.}
 		gen 0644 "$MANDIR/man$sec/$(basename "$page").gz" gzip -9nc "$page"

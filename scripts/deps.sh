@@ -11,6 +11,9 @@ packages=(
 	p11-kit-modules          # p11-kit-client.so
 	gnutls-bin               # p11tool
 	libengine-pkcs11-openssl # OpenSSL's pkcs11 engine
+	nginx                    # forking servers: nginx's workers sign through the module's helper
+	apache2                  # and Apache httpd's prefork children
+	python3-pykcs11          # a Python multiprocessing pool signing through the module
 	openssl
 	openssh-client           # ssh-keygen -D
 	libnss3-tools            # certutil, modutil: the NSS client test

@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -67,7 +68,7 @@ func codeOf(err error) uint {
 var errArgs = ckErr(pkcs11.CKR_ARGUMENTS_BAD)
 
 //export hapInitialize
-func hapInitialize(flags C.CK_FLAGS) (rv C.CK_RV) {
+func hapInitialize(flags C.CK_FLAGS, serving C.int) (rv C.CK_RV) {
 	defer func() {
 		if r := recover(); r != nil {
 			logPanic("C_Initialize", r, debug.Stack())
@@ -79,7 +80,10 @@ func hapInitialize(flags C.CK_FLAGS) (rv C.CK_RV) {
 	if module.lib != nil {
 		return C.CKR_CRYPTOKI_ALREADY_INITIALIZED
 	}
-	l, err := newLibrary()
+	l, err := newLibrary(serving != 0)
+	if errors.Is(err, errUseHelper) {
+		return C.HAP_RV_USE_HELPER
+	}
 	if err != nil {
 		return C.CK_RV(codeOf(err))
 	}

@@ -157,7 +157,7 @@ only = true
 		b.Fatal(err)
 	}
 	b.Setenv("HAGROUP_CONF", conf)
-	l, err := newLibrary()
+	l, err := newLibrary(false)
 	if err != nil {
 		b.Fatalf("newLibrary: %v", err)
 	}

@@ -8,17 +8,30 @@
 
 #include "hapkcs11.h"
 #include "entry.h"
+#include "rpc.h"
 #include "_cgo_export.h"
 
 /* Set in the child of a fork() by the handler pthread_atfork registers
  * when the library is loaded: a flag rather than a getpid() per call, which
- * is a system call (measurable on a 60 us signature made of two calls). */
-static volatile int in_child;
+ * is a system call (measurable on a 60 us signature made of two calls).
+ * The child has no Go runtime: its C_Initialize starts a helper (conn.c). */
+static volatile int in_child_flag;
+
+/* Serialises C_Initialize and C_Finalize with each other. */
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void hap_in_child(void)
 {
-	in_child = 1;
+	in_child_flag = 1;
+	/* The child is one thread: whatever another thread of the parent
+	 * held is held by no one here. */
+	init_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+	hap_remote_forget();
 }
+
+/* Set in a helper (hap_helper_serve): its C_Initialize runs the engine
+ * here, whatever the configuration says. */
+int hap_serving;
 
 /* Runs when the library is loaded, in the loading process. */
 __attribute__((constructor)) static void hap_watch_fork(void)
@@ -39,9 +52,14 @@ static void hap_at_exit(void)
 	exiting = 1;
 }
 
+int hap_is_child(void)
+{
+	return in_child_flag;
+}
+
 int hap_forked(void)
 {
-	return exiting || in_child;
+	return exiting || in_child_flag;
 }
 
 /* The next time the calling thread is due to yield to the Go scheduler
@@ -60,9 +78,6 @@ int hap_yield_due(void)
 	yield_at = now + YIELD_EVERY_NS;
 	return 1;
 }
-
-/* Serialises C_Initialize and C_Finalize with each other. */
-static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The application's mutex, when it asked for its own locking. Written only
  * under init_lock while no other call may run (the spec forbids calls
@@ -85,6 +100,24 @@ void hap_app_unlock(void)
 		app_fns.UnlockMutex(app_mutex);
 }
 
+/* start runs the engine: in this process, or in a helper when this is a
+ * forked child (no Go runtime) or the configuration asks for one. */
+static CK_RV start(CK_FLAGS flags)
+{
+	CK_RV rv;
+
+	if (hap_remote() || in_child_flag)
+		return hap_remote_initialize();
+	rv = hapInitialize(flags, hap_serving);
+	if (rv == HAP_RV_USE_HELPER)
+		return hap_remote_initialize();
+	if (rv == CKR_OK) {
+		atexit(hap_at_exit);
+		hap_save_env();
+	}
+	return rv;
+}
+
 CK_RV C_Initialize(CK_VOID_PTR pInitArgs)
 {
 	CK_C_INITIALIZE_ARGS *args = pInitArgs;
@@ -93,7 +126,7 @@ CK_RV C_Initialize(CK_VOID_PTR pInitArgs)
 	CK_VOID_PTR mutex = NULL;
 	CK_RV rv;
 
-	if (hap_forked())
+	if (exiting)
 		return CKR_CRYPTOKI_NOT_INITIALIZED;
 	if (args != NULL) {
 		int n = (args->CreateMutex != NULL) + (args->DestroyMutex != NULL) +
@@ -114,9 +147,7 @@ CK_RV C_Initialize(CK_VOID_PTR pInitArgs)
 			return rv;
 		}
 	}
-	rv = hapInitialize(flags);
-	if (rv == CKR_OK)
-		atexit(hap_at_exit);
+	rv = start(flags);
 	if (rv == CKR_OK && use_app_mutex) {
 		app_fns = *args;
 		app_mutex = mutex;
@@ -131,17 +162,17 @@ CK_RV C_Finalize(CK_VOID_PTR pReserved)
 {
 	CK_RV rv;
 
-	if (hap_forked())
-		return CKR_CRYPTOKI_NOT_INITIALIZED;
 	if (pReserved != NULL)
 		return CKR_ARGUMENTS_BAD;
+	if (!hap_remote() && hap_forked())
+		return CKR_CRYPTOKI_NOT_INITIALIZED;
 	pthread_mutex_lock(&init_lock);
 	rv = hap_app_lock();
 	if (rv != CKR_OK) {
 		pthread_mutex_unlock(&init_lock);
 		return rv;
 	}
-	rv = hapFinalize();
+	rv = hap_remote() ? hap_remote_finalize() : hapFinalize();
 	if (app_mutex != NULL) {
 		CK_VOID_PTR m = app_mutex;
 		app_fns.UnlockMutex(m);

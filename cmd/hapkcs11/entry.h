@@ -3,8 +3,9 @@
  *
  * Fork: the Go runtime does not survive fork() without exec (its threads
  * are gone in the child), so any call into Go from a forked child would
- * hang. hap_forked() compares getpid() with the pid that loaded the
- * library and every entry point then fails fast, in C, before Go runs.
+ * hang. hap_forked() is set by a pthread_atfork child handler; until the
+ * child's own C_Initialize every entry point fails fast, in C, before Go
+ * runs, and after it every call goes to the child's helper (conn.c).
  *
  * Exit: once the process is exiting every entry point answers
  * CKR_CRYPTOKI_NOT_INITIALIZED the same way (see entry.c).
@@ -21,16 +22,23 @@
 #define HAPKCS11_ENTRY_H
 
 int hap_forked(void);
+/* in_child reports whether this process forked from the one that loaded
+ * the library. */
+int hap_is_child(void);
 int hap_yield_due(void);
 CK_RV hap_app_lock(void);
 void hap_app_unlock(void);
 
+int hap_remote(void);
+
 #define HAP_ENTER()                                   \
 	do {                                          \
-		if (hap_forked())                     \
-			return CKR_CRYPTOKI_NOT_INITIALIZED; \
-		if (hap_yield_due())                  \
-			hapYield();                   \
+		if (!hap_remote()) {                  \
+			if (hap_forked())             \
+				return CKR_CRYPTOKI_NOT_INITIALIZED; \
+			if (hap_yield_due())          \
+				hapYield();           \
+		}                                     \
 		CK_RV lrv_ = hap_app_lock();          \
 		if (lrv_ != CKR_OK)                   \
 			return lrv_;                  \

@@ -18,6 +18,13 @@
 #include <string.h>
 #include "pkcs11.h"
 
+/* Returned by hapInitialize (abi.go) to entry.c when the configuration
+ * asks for a helper (library.process = "helper"). */
+#define HAP_RV_USE_HELPER (CKR_VENDOR_DEFINED | 0x48415048UL)
+
+/* Set in a helper process (conn.c): the engine there serves its parent. */
+extern int hap_serving;
+
 /* The static function list (entry.c), for tests of C_GetFunctionList. */
 extern CK_FUNCTION_LIST hap_function_list;
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
@@ -21,6 +22,9 @@ type library struct {
 	slots  []*slotEntry // in C_GetSlotList order
 	byID   map[uint]*slotEntry
 	closer func() error // releases the backends after the tokens are closed
+	// callBound is how long a forked child's client waits for a call
+	// (helper.go).
+	callBound time.Duration
 
 	mu       sync.RWMutex
 	sessions map[uint]*appSession

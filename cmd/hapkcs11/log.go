@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -54,7 +53,7 @@ type haEvent struct {
 // this process may not write is skipped silently (stderr, when debugging,
 // says so).
 func newEventLog(path, socket string) *eventLog {
-	l := &eventLog{pid: os.Getpid(), prog: filepath.Base(os.Args[0])}
+	l := &eventLog{pid: os.Getpid(), prog: programName()}
 	l.host, _ = os.Hostname()
 	if os.Getenv(debugEnv) != "" {
 		l.dbg = newDebugLogger(os.Stderr, l.pid)

@@ -16,9 +16,13 @@
 // The library exports C_GetFunctionList and every C_* function and nothing
 // else (see exports.map.tbd).
 //
-// Fork: the Go runtime does not survive fork() without exec. In a child
-// every call, C_Initialize included, returns CKR_CRYPTOKI_NOT_INITIALIZED
-// at once; a child must exec (or load nothing before forking).
+// Fork: the Go runtime does not survive fork() without exec, and no Go
+// code runs in a forked child. Until the child's own C_Initialize every
+// call returns CKR_CRYPTOKI_NOT_INITIALIZED at once; that C_Initialize
+// starts a helper (hapkcs11-helper, beside the library: a fresh process
+// that loads the library and runs the engine for this child alone), and
+// every later call goes to it over a socketpair (conn.c and rpc.c; the
+// per-function code is generated from pkcs11f.h by rpcgen).
 //
 // Locking: C_Initialize accepts CKF_OS_LOCKING_OK, and mutex callbacks; when
 // it gets callbacks without CKF_OS_LOCKING_OK, every call holds the
@@ -52,6 +56,8 @@ package main
 #include "hapkcs11.h"
 */
 import "C"
+
+//go:generate go run ./rpcgen
 
 // Library identity, reported by C_GetInfo and C_GetSlotInfo; the virtual
 // token reports its members' manufacturer and model (group.TokenInfo).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -11,10 +12,15 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
+// errUseHelper: the configuration asks for the engine in a helper
+// (library.process = "helper"), and this process is not one.
+var errUseHelper = errors.New("library.process is helper")
+
 // newLibrary reads the configuration and builds the slot list: every group
 // as a virtual slot, then (unless the group says only = true) every
-// member's own token, opened when it is first used (lazyPhysical).
-func newLibrary() (*library, error) {
+// member's own token, opened when it is first used (lazyPhysical). In a
+// helper (serving) it runs the engine whatever library.process says.
+func newLibrary(serving bool) (*library, error) {
 	path := config.ResolvePath("")
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -22,15 +28,19 @@ func newLibrary() (*library, error) {
 		log.debug("cannot load the configuration", "path", path, "err", err)
 		return nil, ckErr(pkcs11.CKR_GENERAL_ERROR)
 	}
+	if cfg.Library.Process == config.ProcessHelper && !serving {
+		return nil, errUseHelper
+	}
 	agent := cfg.Agent.WithDefaults()
 	log := newEventLog(agent.LogFile, agent.Socket)
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &library{
-		ctx:      ctx,
-		cancel:   cancel,
-		log:      log,
-		byID:     map[uint]*slotEntry{},
-		sessions: map[uint]*appSession{},
+		ctx:       ctx,
+		cancel:    cancel,
+		log:       log,
+		byID:      map[uint]*slotEntry{},
+		sessions:  map[uint]*appSession{},
+		callBound: callBound(cfg),
 	}
 	ids := slotIDs{used: map[uint]bool{}}
 

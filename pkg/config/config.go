@@ -73,6 +73,9 @@ const (
 type Config struct {
 	// Agent is the [agent] table: settings of haagent only.
 	Agent Agent `toml:"agent"`
+	// Library is the [library] table: how libhapkcs11.so runs in the
+	// application's process.
+	Library Library `toml:"library"`
 	// HA is the [ha] table: defaults for every group.
 	HA HA `toml:"ha"`
 	// Groups are the [[group]] tables, in file order.
@@ -130,6 +133,23 @@ func (a Agent) WithDefaults() Agent {
 	}
 	a.AllowedUIDs = slices.Clone(a.AllowedUIDs)
 	return a
+}
+
+// The values of library.process.
+const (
+	// ProcessInProcess runs the HA engine in the application's process
+	// (the default); a process forked from it gets a helper.
+	ProcessInProcess = "in-process"
+	// ProcessHelper runs the engine in a helper process for every
+	// application, forked or not.
+	ProcessHelper = "helper"
+)
+
+// Library is the [library] table.
+type Library struct {
+	// Process is ProcessInProcess or ProcessHelper; empty means
+	// ProcessInProcess.
+	Process string `toml:"process"`
 }
 
 // HA holds the high-availability keys, used both for the [ha] table

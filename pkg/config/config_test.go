@@ -55,7 +55,7 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 		}
 		have[p] = true
 	}
-	for _, table := range []string{"agent", "ha", "group", "group.member"} {
+	for _, table := range []string{"agent", "library", "ha", "group", "group.member"} {
 		for _, k := range knownKeys(table) {
 			if k == "member" {
 				continue
@@ -100,7 +100,7 @@ func TestKnownKeysMatchStructTags(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	for table, v := range map[string]any{"": Config{}, "agent": Agent{}, "ha": HA{}, "group": Group{}, "group.member": Member{}} {
+	for table, v := range map[string]any{"": Config{}, "agent": Agent{}, "library": Library{}, "ha": HA{}, "group": Group{}, "group.member": Member{}} {
 		want := slices.Sorted(slices.Values(knownKeys(table)))
 		if got := tags(v); !slices.Equal(got, want) {
 			t.Errorf("table %q: struct tags %v, knownKeys %v", table, got, want)
@@ -115,6 +115,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Exercise what the example leaves out: odd strings, several groups.
+	c.Library.Process = ProcessHelper
 	c.Groups = append(c.Groups, Group{
 		Label: `q"uote\ü`,
 		HA:    HA{Only: new(true), Retries: new(0), FailureThreshold: new(3), TombstoneHorizon: Duration(1500 * time.Millisecond)},

@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 )
 
-// Encode writes c as TOML in a fixed, readable layout: [agent], [ha], then
+// Encode writes c as TOML in a fixed, readable layout: [agent], [library], [ha], then
 // each [[group]] with its keys and its indented [[group.member]] tables, in
 // the order of c. Unset fields are left out, so a file holds what its
 // author set and nothing else. Encode does not validate c; it fails only on
@@ -44,6 +44,10 @@ func encode(c *Config, n notes) ([]byte, error) {
 		}
 		w.str("allowed_group", a.AllowedGroup)
 		w.boolp("others_read_only", a.OthersReadOnly)
+	}
+	if c.Library != (Library{}) {
+		w.table("[library]", "", "library")
+		w.str("process", c.Library.Process)
 	}
 	if c.HA != (HA{}) {
 		w.table("[ha]", "", "ha")

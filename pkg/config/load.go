@@ -188,7 +188,9 @@ func knownKeys(table string) []string {
 		"policy", "failure_threshold", "probe_interval", "tombstone_horizon"}
 	switch table {
 	case "":
-		return []string{"agent", "ha", "group"}
+		return []string{"agent", "library", "ha", "group"}
+	case "library":
+		return []string{"process"}
 	case "agent":
 		return []string{"socket", "state_dir", "log_file", "log_max_bytes", "metrics", "allowed_uids",
 			"allowed_group", "others_read_only"}
@@ -220,6 +222,9 @@ func checkKeys(p *problems, raw map[string]any) {
 	p.checkTable(raw, "", -1, -1)
 	if m, ok := raw["agent"].(map[string]any); ok {
 		p.checkTable(m, "agent", -1, -1)
+	}
+	if m, ok := raw["library"].(map[string]any); ok {
+		p.checkTable(m, "library", -1, -1)
 	}
 	if m, ok := raw["ha"].(map[string]any); ok {
 		p.checkTable(m, "ha", -1, -1)

@@ -47,6 +47,9 @@ const (
 func (c *Config) Validate() error {
 	p := &problems{c: c}
 	c.validateAgent(p)
+	if v := c.Library.Process; v != "" && v != ProcessInProcess && v != ProcessHelper {
+		p.at(-1, -1, "library.process", fmt.Sprintf("%q is not a process model: want %q or %q", v, ProcessInProcess, ProcessHelper))
+	}
 	validateHA(p, -1, "ha.", c.HA)
 	labels := map[string]int{}
 	serials := map[string]int{}

@@ -279,6 +279,11 @@ func TestValidateErrors(t *testing.T) {
 			want: []string{`t.toml:{t}: group "x": member "b": token_label: selects the same token as member "a"`},
 		},
 		{
+			name: "unknown process model",
+			doc:  "[library]\nprocess = \"forked\" #p\n",
+			want: []string{`t.toml:{p}: library.process: "forked" is not a process model: want "in-process" or "helper"`},
+		},
+		{
 			name: "unknown policy",
 			doc:  "[ha]\npolicy = \"fastest\" #p\n",
 			want: []string{`t.toml:{p}: ha.policy: "fastest" is not a policy: want "least-busy", "round-robin" or "primary-backup"`},

@@ -33,6 +33,7 @@ var installed = []string{
 	"/usr/bin/haagent",
 	"/usr/bin/hsmserve",
 	"/usr/lib/x86_64-linux-gnu/pkcs11/libhapkcs11.so",
+	"/usr/lib/x86_64-linux-gnu/pkcs11/hapkcs11-helper",
 	"/usr/share/man/man1/hactl.1.gz",
 	"/usr/share/man/man1/hactl-hagroup-synchronize.1.gz",
 	"/usr/share/man/man3/libhapkcs11.3.gz",

@@ -29,6 +29,7 @@ func TestMakeInstallUninstall(t *testing.T) {
 		"/usr/local/bin/hsmserve",
 		"/usr/local/lib/sysusers.d/hagroup.conf",
 		"/usr/local/lib/systemd/system/haagent.service",
+		"/usr/local/lib/x86_64-linux-gnu/pkcs11/hapkcs11-helper",
 		"/usr/local/lib/x86_64-linux-gnu/pkcs11/libhapkcs11.so",
 		"/usr/local/share/bash-completion/completions/hactl",
 		"/usr/local/share/doc/hagroup/MANIFEST",

@@ -1,6 +1,7 @@
 package module
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +85,27 @@ func TestConformInitErrors(t *testing.T) {
 	}
 }
 
+// TestConformThroughHelper: the same sequences through a helper
+// (library.process = "helper") answer as the bare token, line for line:
+// every call crosses the helper's generated client and dispatch, with the
+// OAEP parameters (a structure with a pointer) carried as their values.
+func TestConformThroughHelper(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	bare := r.bareToken()
+	parts := []string{"info", "mechs", "cbc", "digestkey", "initerr"}
+	want := r.conform(testhsm.SoftHSMModule, bare, parts...)
+	if !strings.Contains(want, "oaep decrypt len=6 736563726574\n") {
+		t.Fatalf("the bare token did not run the OAEP round trip:\n%s", want)
+	}
+	conf, err := os.ReadFile(r.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	helper := []string{"HAGROUP_CONF=" + r.write("helper.toml", "[library]\nprocess = \"helper\"\n\n"+string(conf))}
+	sameAnswers(t, "virtual slot through the helper", withoutEdDSAGeneration(want), r.conformEnv(helper, r.lib, groupLabel, parts...))
+	sameAnswers(t, "member hsm-1's own slot through the helper", want, r.conformEnv(helper, r.lib, r.members[1].Label, parts...))
+}
+
 // withoutEdDSAGeneration is a bare SoftHSM 2.6 token's answers less
 // CKM_EC_EDWARDS_KEY_PAIR_GEN, which a group of such members does not offer:
 // their tokens cannot wrap EdDSA private keys to replicate them
@@ -104,8 +126,14 @@ func (r *rig) bareToken() string {
 // conform runs c/conform.c on module's token labelled label.
 func (r *rig) conform(module, label string, parts ...string) string {
 	r.t.Helper()
+	return r.conformEnv(nil, module, label, parts...)
+}
+
+// conformEnv is conform with env added to the rig's environment.
+func (r *rig) conformEnv(env []string, module, label string, parts ...string) string {
+	r.t.Helper()
 	args := append([]string{module, label, r.pinFile}, parts...)
-	out, err := r.run(3*time.Minute, nil, cprog(r.t, "conform"), args...)
+	out, err := r.run(3*time.Minute, env, cprog(r.t, "conform"), args...)
 	if err != nil {
 		r.t.Fatalf("conform on %s token %s: %v\n%s", module, label, err, out)
 	}

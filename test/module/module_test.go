@@ -34,13 +34,13 @@ func TestExports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want []string
+	want := []string{"hap_helper_serve"} // the helper's entry (conn.c)
 	for _, m := range regexp.MustCompile(`CK_PKCS11_FUNCTION_INFO\((C_\w+)\)`).FindAllStringSubmatch(string(hdr), -1) {
 		want = append(want, m[1])
 	}
 	sort.Strings(got)
 	sort.Strings(want)
-	if len(want) != 68 {
+	if len(want) != 69 {
 		t.Fatalf("pkcs11f.h declares %d functions, want the 68 of v2.40", len(want))
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
@@ -51,21 +51,30 @@ func TestExports(t *testing.T) {
 // TestABI runs the C conformance checks (initialisation arguments and
 // locking, buffer conventions, C_GetAttributeValue with sensitive, missing
 // and short attributes, operation state, searches, fork, finalize) on the
-// virtual slot and on a member's own slot.
+// virtual slot and on a member's own slot, with the engine in process and
+// through a helper (library.process = "helper": every call crosses the
+// helper's generated client and dispatch).
 func TestABI(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	r.keypair("ec1", "01")
 	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--keypairgen",
 		"--key-type", "rsa:2048", "--label", "rsa1", "--id", "02")
 	prog := cprog(t, "abicheck")
-	for _, slot := range []string{virtualSlot, r.memberSlot("hsm-1")} {
-		out, err := r.run(2*time.Minute, nil, prog, r.lib, slot, r.pinFile, "ec1", "rsa1")
-		if err != nil {
-			t.Errorf("abicheck on slot %s: %v", slot, err)
-		}
-		for _, line := range strings.Split(out, "\n") {
-			if !strings.HasPrefix(line, "ok ") && line != "" {
-				t.Logf("slot %s: %s", slot, line)
+	conf, err := os.ReadFile(r.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	helperConf := r.write("helper.toml", "[library]\nprocess = \"helper\"\n\n"+string(conf))
+	for _, mode := range []struct{ name, conf string }{{"in process", r.conf}, {"helper", helperConf}} {
+		for _, slot := range []string{virtualSlot, r.memberSlot("hsm-1")} {
+			out, err := r.run(2*time.Minute, []string{"HAGROUP_CONF=" + mode.conf}, prog, r.lib, slot, r.pinFile, "ec1", "rsa1")
+			if err != nil {
+				t.Errorf("abicheck %s on slot %s: %v", mode.name, slot, err)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				if !strings.HasPrefix(line, "ok ") && line != "" {
+					t.Logf("%s, slot %s: %s", mode.name, slot, line)
+				}
 			}
 		}
 	}

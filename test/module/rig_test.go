@@ -1,9 +1,10 @@
 // Package module tests libhapkcs11.so the way applications use it: real
 // PKCS#11 clients (pkcs11-tool, p11tool, OpenSSL's pkcs11 engine,
-// ssh-keygen, Java's SunPKCS11, and C programs) load the built library and
-// work on a virtual slot whose members are real SoftHSM tokens, one of them
-// served by hagroup's hsmserve or by a real `p11-kit server`, which the
-// failover and outage tests kill and restart. Every test has its own token
+// ssh-keygen, Java's SunPKCS11, nginx and Apache httpd with forked
+// workers, a Python multiprocessing pool, and C programs) load the built
+// library and work on a virtual slot whose members are real SoftHSM
+// tokens, one of them served by hagroup's hsmserve or by a real `p11-kit
+// server`, which the failover and outage tests kill and restart. Every test has its own token
 // directory (SOFTHSM2_CONF) and configuration.
 package module
 
@@ -82,8 +83,13 @@ func command(timeout time.Duration, dir string, name string, args ...string) err
 	return nil
 }
 
-// library builds bin/libhapkcs11.so as the Makefile does.
+// library builds bin/libhapkcs11.so and, beside it, the helper that
+// serves its forked children (bin/hapkcs11-helper), as the Makefile does.
 func library(t testing.TB) string {
+	buildOnce(t, "hapkcs11-helper", func(out string) error {
+		return command(2*time.Minute, repoDir, "gcc", "-O2", "-Wall", "-Werror",
+			"-o", out, filepath.Join(repoDir, "cmd", "hapkcs11", "helper", "hapkcs11-helper.c"), "-ldl")
+	})
 	return buildOnce(t, "libhapkcs11.so", func(out string) error {
 		return command(5*time.Minute, repoDir, "go", "build", "-trimpath", "-buildmode=c-shared",
 			"-ldflags=-s -w", "-o", out, "./cmd/hapkcs11")

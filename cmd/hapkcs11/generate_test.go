@@ -1,0 +1,32 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// TestGeneratedCodeIsCurrent: forward.c, rpc_gen.c and rpc_gen.h are what
+// rpcgen makes of pkcs11f.h now (run `go generate ./cmd/hapkcs11` after
+// changing either).
+func TestGeneratedCodeIsCurrent(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), "go", "run", "./rpcgen", "-o", dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go run ./rpcgen: %v\n%s", err, out)
+	}
+	for _, name := range []string{"forward.c", "rpc_gen.c", "rpc_gen.h"} {
+		want, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s is not what rpcgen makes of pkcs11f.h: run go generate ./cmd/hapkcs11", name)
+		}
+	}
+}

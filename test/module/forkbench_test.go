@@ -1,0 +1,81 @@
+package module
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+)
+
+var forkBenchSeconds = flag.Int("forkbench", 0, "run TestForkBench, each figure for this many seconds (make bench: 5)")
+
+// TestForkBench measures signing in processes forked from one that
+// initialised the module (through their helpers) against processes that
+// run the engine themselves, ECDSA P-256 and RSA-2048, 1 and 4 processes,
+// on three in-process SoftHSM members; it prints the figures for
+// docs/BENCHMARKS.md and fails only when a signature fails.
+func TestForkBench(t *testing.T) {
+	if *forkBenchSeconds <= 0 {
+		t.Skip("a benchmark: go test -run TestForkBench -forkbench 5 ./test/module")
+	}
+	r := newRig(t, rigOpts{})
+	r.keypair("bench-ec", "0b01")
+	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--keypairgen",
+		"--key-type", "rsa:2048", "--label", "bench-rsa", "--id", "0b02")
+	prog := cprog(t, "forkbench")
+	for _, mech := range []string{"ecdsa", "rsa"} {
+		for _, procs := range []int{1, 4} {
+			for _, mode := range []string{"inprocess", "helper"} {
+				label := map[string]string{"ecdsa": "bench-ec", "rsa": "bench-rsa"}[mech]
+				out, err := runEnv(t, 2*time.Minute, withoutPIN(r.env), r.dir, prog, mode, r.lib, virtualSlot, r.pinFile,
+					label, mech, fmt.Sprint(procs), fmt.Sprint(*forkBenchSeconds))
+				if err != nil {
+					t.Fatalf("forkbench %s %s %d: %v\n%s", mode, mech, procs, err, out)
+				}
+				fmt.Print("forkbench ", strings.TrimSpace(out), "\n")
+			}
+		}
+	}
+}
+
+// TestNginxBench (with -forkbench) measures nginx's fresh TLS handshakes
+// per second with the key through the group — 4 workers forked from the
+// master (each through its helper), and nginx in one process
+// (master_process off: the engine in process) — and with the key straight
+// on a member's SoftHSM token in one process, where SoftHSM works (its
+// forked workers do not: docs/BENCHMARKS.md).
+func TestNginxBench(t *testing.T) {
+	if *forkBenchSeconds <= 0 {
+		t.Skip("a benchmark: go test -run TestNginxBench ./test/module -forkbench=5")
+	}
+	r := newRig(t, rigOpts{})
+	cert, uri := r.tlsKey()
+	member := strings.Replace(uri, "token="+groupLabel, "token="+r.members[0].Label, 1)
+	for _, c := range []struct {
+		name, module, uri, processes string
+	}{
+		{"group, 4 forked workers", r.lib, uri, "master_process on;\nworker_processes 4;"},
+		{"group, one process", r.lib, uri, "master_process off;"},
+		{"softhsm, one process", testhsm.SoftHSMModule, member, "master_process off;"},
+	} {
+		port := freePort(t)
+		conf := strings.Replace(fmt.Sprintf(nginxConf, r.dir, port, cert, c.uri), "master_process on;\nworker_processes 4;", c.processes, 1)
+		path := r.write("nginx-bench.conf", conf)
+		cmd := r.startServerModule(c.module, "/usr/sbin/nginx", "-p", r.dir, "-e", filepath.Join(r.dir, "nginx-error.log"), "-c", path)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		waitListening(t, addr, cmd, filepath.Join(r.dir, "nginx-error.log"))
+		n := 400 * *forkBenchSeconds
+		start := time.Now()
+		failed, errs := handshakes(t, addr, cert, n, 8, nil)
+		took := time.Since(start)
+		if failed != 0 {
+			t.Fatalf("%s: %d of %d handshakes failed: %v", c.name, failed, n, errs)
+		}
+		fmt.Printf("nginxbench %s: %d handshakes in %v, %.0f/s\n", c.name, n, took.Round(time.Millisecond), float64(n)/took.Seconds())
+		stopGroup(cmd)
+	}
+}
