@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/secret"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
@@ -272,12 +273,12 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	for _, m := range g.Members {
 		pin, err := m.ReadPIN()
 		if err != nil {
-			return agent.NameMember(m.Name, err)
+			return report.NameMember(m.Name, err)
 		}
-		s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
+		s, err := a.openSlot(ctx, report.MemberSpec(m, set, pin))
 		if err != nil {
 			pin.Zero()
-			return agent.NameMember(m.Name, err)
+			return report.NameMember(m.Name, err)
 		}
 		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
 		if !f.untrusted {
@@ -286,11 +287,11 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 				if err != nil {
 					s.Close()
 					pin.Zero()
-					return agent.NameMember(m.Name, err)
+					return report.NameMember(m.Name, err)
 				}
 				t.SOPIN = so
 			} else {
-				so, err := p.Password(fmt.Sprintf("SO PIN of member %q (token %s)", m.Name, agent.TokenSelector(m)))
+				so, err := p.Password(fmt.Sprintf("SO PIN of member %q (token %s)", m.Name, report.TokenSelector(m)))
 				if errors.Is(err, errNoTerminal) {
 					s.Close()
 					pin.Zero()
@@ -380,7 +381,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 func auditMember(ctx context.Context, a *app, m config.Member, set config.Settings, serial string) domainCheckLine {
 	l := domainCheckLine{Member: m.Name, Label: hasync.DomainLabel(serial)}
 	fail := func(err error) domainCheckLine {
-		l.Status, l.Error = domainError, agent.NameMember(m.Name, err).Error()
+		l.Status, l.Error = domainError, report.NameMember(m.Name, err).Error()
 		return l
 	}
 	timeout := set.CommandTimeout
@@ -398,7 +399,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		// The domain key is a private object: unseen without a login.
 		return fail(errors.New("no pin_file or pin_env: the domain key is private and cannot be audited without logging in"))
 	}
-	s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
+	s, err := a.openSlot(ctx, report.MemberSpec(m, set, pin))
 	if err != nil {
 		return fail(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/spf13/cobra"
 )
@@ -108,7 +108,7 @@ into when a PIN source is given) to check it before anything is written.`,
 			}
 			ctx := cmd.Context()
 			if !mf.noCheck {
-				if err := agent.CheckToken(ctx, m, config.Defaults(), a.openSlot, a.listTokens); err != nil {
+				if err := report.CheckToken(ctx, m, config.Defaults(), a.openSlot, a.listTokens); err != nil {
 					return err
 				}
 			}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/spf13/cobra"
 )
 
@@ -62,7 +63,7 @@ haagent is not running.`,
 				if cerr != nil {
 					return cerr
 				}
-				rep, err = agent.ProbeReport(ctx, cfg, group, a.openSlot)
+				rep, err = report.ProbeReport(ctx, cfg, group, a.openSlot)
 				if err == nil {
 					compareLocal(ctx, cfg, &rep)
 				}

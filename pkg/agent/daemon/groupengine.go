@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/ha"
@@ -145,7 +146,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 			ms.Unreplicated = append(ms.Unreplicated, agent.UnreplicatedKey{Object: u.Object.String(), Time: u.Time})
 		}
 		if cm != nil {
-			ms.Module, ms.Token, ms.TokenLabel, ms.TokenSerial = cm.Module, agent.TokenSelector(*cm), cm.TokenLabel, cm.TokenSerial
+			ms.Module, ms.Token, ms.TokenLabel, ms.TokenSerial = cm.Module, report.TokenSelector(*cm), cm.TokenLabel, cm.TokenSerial
 		}
 		if seen, ok := ge.tokens[s.Name]; ok {
 			ms.TokenLabel, ms.TokenSerial = seen.label, seen.serial
@@ -443,12 +444,12 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	defer cancel()
 	pin, err := mc.ReadPIN()
 	if err != nil {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
-	s, err := slot.Open(ctx, agent.MemberSpec(mc, set, pin))
+	s, err := slot.Open(ctx, report.MemberSpec(mc, set, pin))
 	pin.Zero()
 	if err != nil {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
 	defer s.Close()
 	members := []hasync.PlanMember{{Name: name, Slot: s}}
@@ -464,10 +465,10 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	}
 	plan, err := hasync.MakePlan(ctx, members, nil, hasync.PlanOptions{SkipUnreachable: true})
 	if err != nil {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
 	if err, ok := plan.Skipped[name]; ok {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
 	var out []hasync.Action
 	for _, a := range plan.Actions {
