@@ -201,14 +201,6 @@ func (r *Reporter) RecoveryEvent(label string, e recover.Event) {
 	r.Event(agent.FleetEvent{Group: label, Member: e.Member, Event: string(e.Kind), Detail: e.Detail()})
 }
 
-// Delivered returns how many reports the agent has accepted.
-func (r *Reporter) Delivered() uint64 {
-	if r == nil {
-		return 0
-	}
-	return r.delivered.Load()
-}
-
 // Close sends a last report (bounded by the send timeout), writes the
 // pending fallback summaries and stops the goroutine; it waits for it.
 func (r *Reporter) Close() {

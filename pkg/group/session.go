@@ -226,7 +226,7 @@ func (s *Session) checkOpen(op string) error {
 
 // Login logs the virtual slot in as userType (CKU_USER or CKU_SO) with the
 // application's pin, which must prove itself first: it is tried on one
-// member only (see proveOn for which), and that member's answer is final —
+// member only (login.State.Prove says which), and that member's answer is final —
 // CKR_PIN_INCORRECT, CKR_PIN_LOCKED, CKR_PIN_EXPIRED or any other refusal
 // is returned and reaches no other member, so a wrong PIN costs one try on
 // one token, as on a bare token. Only a member that fails for a health

@@ -66,14 +66,6 @@ type Daemon struct {
 	metricsAddr string          // where /metrics is served, once listening
 }
 
-// MetricsAddr returns the address the metrics endpoint listens on ("" when
-// off or not yet listening).
-func (d *Daemon) MetricsAddr() string {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.metricsAddr
-}
-
 // groupRun is one group's engine and its background loops.
 type groupRun struct {
 	cfg     config.Group

@@ -16,6 +16,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 )
 
@@ -179,7 +180,7 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 		ge.mu.Unlock()
 		wg.Go(func() {
 			if timeout <= 0 {
-				timeout = config.DefaultCommandTimeout
+				timeout = dispatch.DefaultCommandTimeout
 			}
 			pctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
@@ -434,7 +435,7 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	}
 	timeout := set.CommandTimeout
 	if timeout <= 0 {
-		timeout = config.DefaultCommandTimeout
+		timeout = dispatch.DefaultCommandTimeout
 	}
 	if st := ge.h.Recoverer().Status(name); st.PINBlocked {
 		// Its token refused the PIN: a check offers it no PIN again.

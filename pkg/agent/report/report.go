@@ -18,6 +18,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // WireSettings converts effective config settings to their wire form.
@@ -140,7 +141,7 @@ func ProbeReport(ctx context.Context, c *config.Config, group string, open OpenF
 
 func probeMember(ctx context.Context, open OpenFunc, spec slot.Spec, timeout time.Duration, ms *agent.MemberStatus) {
 	if timeout <= 0 {
-		timeout = config.DefaultCommandTimeout
+		timeout = dispatch.DefaultCommandTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -201,7 +202,7 @@ func CheckToken(ctx context.Context, m config.Member, s config.Settings, open Op
 	defer pin.Zero()
 	timeout := s.CommandTimeout
 	if timeout <= 0 {
-		timeout = config.DefaultCommandTimeout
+		timeout = dispatch.DefaultCommandTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
