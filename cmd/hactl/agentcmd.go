@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,7 +25,6 @@ func newAgentCmd(a *app) *cobra.Command {
 }
 
 func newAgentStatusCmd(a *app) *cobra.Command {
-	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show haagent's version, uptime, groups, socket and config",
@@ -42,18 +42,14 @@ write). Exits 4 when no agent answers.`,
 			if err != nil {
 				return err
 			}
-			if jsonOut {
-				return a.printJSON(st)
-			}
-			return renderTable(a.out, table(makeStatusTable(st, version)))
+			return a.print(st, tableOf(makeStatusTable(st, version)))
 		}),
 	}
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the status as JSON")
+	cmd.Flags().Bool("json", false, "print the status as JSON")
 	return cmd
 }
 
 func newAgentReloadCmd(a *app) *cobra.Command {
-	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "reload",
 		Short: "Tell haagent to re-read its configuration file",
@@ -69,20 +65,19 @@ changed. A file that does not load or validate is refused with the reason
 			if err != nil {
 				return err
 			}
-			if jsonOut {
-				return a.printJSON(res)
-			}
-			fmt.Fprintf(a.out, "haagent reloaded %s\n", res.ConfigPath)
-			for _, ch := range res.Changes {
-				fmt.Fprintln(a.out, "  "+ch)
-			}
-			if len(res.Changes) == 0 {
-				fmt.Fprintln(a.out, "  no changes")
-			}
-			return nil
+			return a.print(res, func(w io.Writer) error {
+				fmt.Fprintf(w, "haagent reloaded %s\n", res.ConfigPath)
+				for _, ch := range res.Changes {
+					fmt.Fprintln(w, "  "+ch)
+				}
+				if len(res.Changes) == 0 {
+					fmt.Fprintln(w, "  no changes")
+				}
+				return nil
+			})
 		}),
 	}
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	return cmd
 }
 
@@ -175,7 +170,7 @@ var agentKeys = []agentKey{
 
 func newAgentSetCmd(a *app) *cobra.Command {
 	values := make([]string, len(agentKeys))
-	var show, jsonOut bool
+	var show bool
 	cmd := &cobra.Command{
 		Use:   "set",
 		Short: "Show or set haagent's own settings (the [agent] table)",
@@ -193,7 +188,7 @@ settings in effect, defaults filled in.`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if show {
-				return a.showAgentSettings(jsonOut)
+				return a.showAgentSettings()
 			}
 			var given []int
 			for i, k := range agentKeys {
@@ -204,7 +199,7 @@ settings in effect, defaults filled in.`,
 			if len(given) == 0 {
 				return &usageError{"agent set: give at least one setting, or --show"}
 			}
-			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+			return a.edit(cmd.Context(), func(c *config.Config) (string, error) {
 				var done []string
 				for _, i := range given {
 					k := agentKeys[i]
@@ -225,7 +220,7 @@ settings in effect, defaults filled in.`,
 		cmd.Flags().StringVar(&values[i], k.flag, "", k.usage)
 	}
 	cmd.Flags().BoolVar(&show, "show", false, "print the settings in effect")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	for _, k := range agentKeys {
 		cmd.MarkFlagsMutuallyExclusive("show", k.flag)
 	}
@@ -233,7 +228,7 @@ settings in effect, defaults filled in.`,
 }
 
 // showAgentSettings prints the [agent] settings in effect.
-func (a *app) showAgentSettings(jsonOut bool) error {
+func (a *app) showAgentSettings() error {
 	c, err := a.loadConfig()
 	if err != nil {
 		return err
@@ -256,8 +251,5 @@ func (a *app) showAgentSettings(jsonOut bool) error {
 		}
 		rows = append(rows, []string{k.key, dash(v), from})
 	}
-	if jsonOut {
-		return a.printJSON(res)
-	}
-	return renderTable(a.out, table([]string{"AGENT SETTING", "VALUE", "FROM"}, rows))
+	return a.print(res, tableOf([]string{"AGENT SETTING", "VALUE", "FROM"}, rows))
 }

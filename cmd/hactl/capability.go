@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/sync"
@@ -25,11 +25,11 @@ type holdLine struct {
 func cannotHold(ctx context.Context, name string, s *slot.Slot) ([]holdLine, error) {
 	mechs, err := s.Mechanisms(ctx)
 	if err != nil {
-		return nil, agent.NameMember(name, fmt.Errorf("read mechanisms: %w", err))
+		return nil, report.NameMember(name, fmt.Errorf("read mechanisms: %w", err))
 	}
 	c, err := sync.ProbeWrap(ctx, s, mechs)
 	if err != nil {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
 	var out []holdLine
 	for _, k := range c.Unholdable() {
@@ -43,12 +43,12 @@ func cannotHold(ctx context.Context, name string, s *slot.Slot) ([]holdLine, err
 func memberCannotHold(ctx context.Context, a *app, m config.Member, set config.Settings) ([]holdLine, error) {
 	pin, err := m.ReadPIN()
 	if err != nil {
-		return nil, agent.NameMember(m.Name, err)
+		return nil, report.NameMember(m.Name, err)
 	}
 	defer pin.Zero()
-	s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
+	s, err := a.openSlot(ctx, report.MemberSpec(m, set, pin))
 	if err != nil {
-		return nil, agent.NameMember(m.Name, err)
+		return nil, report.NameMember(m.Name, err)
 	}
 	defer s.Close()
 	return cannotHold(ctx, m.Name, s)

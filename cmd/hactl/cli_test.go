@@ -15,7 +15,6 @@ import (
 	"unicode"
 
 	"github.com/hagroup/hagroup/pkg/agent"
-	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/spf13/cobra"
 )
@@ -216,7 +215,7 @@ func TestPrinters(t *testing.T) {
 		t.Errorf("follow line %q: an empty column must keep its width", l)
 	}
 	ch, crows := makeClientsTable(agent.ClientsReport{Clients: []agent.ClientStatus{{PID: 42, UID: 1000, Program: "signload", Host: "h1",
-		LastSeen: ts, Groups: []fleet.GroupReport{{Group: "signing", Members: []fleet.MemberReport{
+		LastSeen: ts, Groups: []agent.FleetGroup{{Group: "signing", Members: []agent.FleetMember{
 			{Name: "a", State: "active", Operations: 10, Errors: 0, Failovers: 0},
 			{Name: "b", State: "failed", Operations: 5, Errors: 2, Failovers: 1}}}}}}}, ts.Add(3*time.Second))
 	if len(ch) != len(crows[0]) || !slices.Equal(crows[0], []string{"42", "signload", "h1", "1000", "signing", "a=active,b=failed", "15", "1", "2", "3s ago"}) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -9,7 +10,6 @@ import (
 )
 
 func newClientsCmd(a *app) *cobra.Command {
-	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "clients",
 		Short: "List the processes that run a group and report to haagent",
@@ -33,17 +33,16 @@ Needs a running haagent.`,
 			if err != nil {
 				return err
 			}
-			if jsonOut {
-				return a.printJSON(rep)
-			}
-			if len(rep.Clients) == 0 {
-				fmt.Fprintf(a.out, "no process reports to haagent at %s\n", c.Path())
-				return nil
-			}
-			return renderTable(a.out, table(makeClientsTable(rep, time.Now())))
+			return a.print(rep, func(w io.Writer) error {
+				if len(rep.Clients) == 0 {
+					_, err := fmt.Fprintf(w, "no process reports to haagent at %s\n", c.Path())
+					return err
+				}
+				return renderTable(w, table(makeClientsTable(rep, time.Now())))
+			})
 		}),
 	}
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the list as JSON")
+	cmd.Flags().Bool("json", false, "print the list as JSON")
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"slices"
 
@@ -54,7 +55,6 @@ type validateResult struct {
 }
 
 func newConfigValidateCmd(a *app) *cobra.Command {
-	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "validate [FILE]",
 		Short: "Check a configuration file and list every problem with its line",
@@ -93,26 +93,25 @@ file is valid, 1 otherwise.`,
 					Member: e.Member, Key: e.Key, Message: e.Msg})
 			}
 			summary := fmt.Sprintf("%s: %d problem(s)", path, len(res.Problems))
-			if jsonOut {
-				if err := a.printJSON(res); err != nil {
-					return err
-				}
-			} else {
+			if perr := a.print(res, func(w io.Writer) error {
 				for _, e := range fieldErrors(err) {
-					fmt.Fprintln(a.out, e.Error())
+					fmt.Fprintln(w, e.Error())
 				}
 				if res.Valid {
 					summary = fmt.Sprintf("%s: valid: %d group(s), %d member(s)", path, res.Groups, res.Members)
 				}
-				fmt.Fprintln(a.out, summary)
+				_, err := fmt.Fprintln(w, summary)
+				return err
+			}); perr != nil {
+				return perr
 			}
 			if !res.Valid {
-				return &reportedError{msg: summary, shown: !jsonOut}
+				return &reportedError{msg: summary, shown: !a.jsonOut()}
 			}
 			return nil
 		}),
 	}
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the report as JSON")
+	cmd.Flags().Bool("json", false, "print the report as JSON")
 	return cmd
 }
 

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/spf13/cobra"
 )
@@ -87,7 +90,7 @@ type domainFlags struct {
 	group                              string
 	soPINEnv, soPINFile                []string
 	install, check, replace, untrusted bool
-	yes, jsonOut                       bool
+	yes                                bool
 }
 
 func newDomainCmd(a *app) *cobra.Command {
@@ -166,7 +169,7 @@ it (SoftHSM 2.6 cannot wrap EdDSA private keys).`,
 	cmd.Flags().StringArrayVar(&f.soPINFile, "so-pin-file", nil, "file holding the SO PIN: FILE for every member, or MEMBER=FILE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.soPINEnv, "so-pin-env", nil, "environment variable holding the SO PIN: VAR for every member, or MEMBER=VAR (repeatable)")
 	cmd.Flags().BoolVar(&f.yes, "yes", false, "do not ask for confirmation (--replace)")
-	cmd.Flags().BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-file")
 	cmd.MarkFlagsMutuallyExclusive("untrusted", "so-pin-env")
@@ -254,7 +257,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	if err != nil {
 		return err
 	}
-	p := a.prompter(f.yes, f.jsonOut)
+	p := a.prompter(f.yes)
 	if f.replace {
 		if err := a.confirm(p, fmt.Sprintf("destroy the domain key of group %q on every member and install a new one", f.group)); err != nil {
 			return err
@@ -272,12 +275,12 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	for _, m := range g.Members {
 		pin, err := m.ReadPIN()
 		if err != nil {
-			return agent.NameMember(m.Name, err)
+			return report.NameMember(m.Name, err)
 		}
-		s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
+		s, err := a.openSlot(ctx, report.MemberSpec(m, set, pin))
 		if err != nil {
 			pin.Zero()
-			return agent.NameMember(m.Name, err)
+			return report.NameMember(m.Name, err)
 		}
 		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
 		if !f.untrusted {
@@ -286,11 +289,11 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 				if err != nil {
 					s.Close()
 					pin.Zero()
-					return agent.NameMember(m.Name, err)
+					return report.NameMember(m.Name, err)
 				}
 				t.SOPIN = so
 			} else {
-				so, err := p.Password(fmt.Sprintf("SO PIN of member %q (token %s)", m.Name, agent.TokenSelector(m)))
+				so, err := p.Password(fmt.Sprintf("SO PIN of member %q (token %s)", m.Name, report.TokenSelector(m)))
 				if errors.Is(err, errNoTerminal) {
 					s.Close()
 					pin.Zero()
@@ -323,25 +326,25 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		}
 		res.CannotHold = append(res.CannotHold, holds...)
 	}
-	if f.jsonOut {
-		return a.printJSON(res)
-	}
-	kind := "trusted"
-	if f.untrusted {
-		kind = "untrusted"
-	}
-	done := "installed"
-	if f.replace {
-		done = "replaced"
-	}
-	if _, err := fmt.Fprintf(a.out, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", ")); err != nil {
-		return err
-	}
-	printCannotHold(a.errOut, res.CannotHold)
-	if f.untrusted {
-		_, err = fmt.Fprintf(a.errOut, "hactl: warning: an untrusted domain key cannot mark group keys CKA_WRAP_WITH_TRUSTED: a user on a member can wrap them under a key of its own; domain --check reports it (exit 3) until it is replaced with a trusted one\n")
-	}
-	return err
+	return a.print(res, func(w io.Writer) error {
+		kind := "trusted"
+		if f.untrusted {
+			kind = "untrusted"
+		}
+		done := "installed"
+		if f.replace {
+			done = "replaced"
+		}
+		if _, err := fmt.Fprintf(w, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", ")); err != nil {
+			return err
+		}
+		printCannotHold(a.errOut, res.CannotHold)
+		if f.untrusted {
+			_, err := fmt.Fprintf(a.errOut, "hactl: warning: an untrusted domain key cannot mark group keys CKA_WRAP_WITH_TRUSTED: a user on a member can wrap them under a key of its own; domain --check reports it (exit 3) until it is replaced with a trusted one\n")
+			return err
+		}
+		return nil
+	})
 }
 
 // runDomainCheck audits every member's domain key at once, one command
@@ -362,11 +365,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 		wg.Go(func() { res.Members[i] = auditMember(ctx, a, m, set, g.Serial) })
 	}
 	wg.Wait()
-	if f.jsonOut {
-		if err := a.printJSON(res); err != nil {
-			return err
-		}
-	} else if err := renderTable(a.out, makeDomainCheckTable(res)); err != nil {
+	if err := a.print(res, func(w io.Writer) error { return renderTable(w, makeDomainCheckTable(res)) }); err != nil {
 		return err
 	}
 	if n := res.problems(); n > 0 {
@@ -380,12 +379,12 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 func auditMember(ctx context.Context, a *app, m config.Member, set config.Settings, serial string) domainCheckLine {
 	l := domainCheckLine{Member: m.Name, Label: hasync.DomainLabel(serial)}
 	fail := func(err error) domainCheckLine {
-		l.Status, l.Error = domainError, agent.NameMember(m.Name, err).Error()
+		l.Status, l.Error = domainError, report.NameMember(m.Name, err).Error()
 		return l
 	}
 	timeout := set.CommandTimeout
 	if timeout <= 0 {
-		timeout = config.DefaultCommandTimeout
+		timeout = dispatch.DefaultCommandTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -398,7 +397,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		// The domain key is a private object: unseen without a login.
 		return fail(errors.New("no pin_file or pin_env: the domain key is private and cannot be audited without logging in"))
 	}
-	s, err := a.openSlot(ctx, agent.MemberSpec(m, set, pin))
+	s, err := a.openSlot(ctx, report.MemberSpec(m, set, pin))
 	if err != nil {
 		return fail(err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
@@ -24,13 +25,13 @@ type editResult struct {
 // edit changes the config under its lock (atomically; nothing is written
 // when fn or validation fails), then tells a running agent to reload.
 // fn returns a one-line description of the change.
-func (a *app) edit(ctx context.Context, jsonOut bool, fn func(c *config.Config) (string, error)) error {
-	return a.editNoting(ctx, jsonOut, nil, fn)
+func (a *app) edit(ctx context.Context, fn func(c *config.Config) (string, error)) error {
+	return a.editNoting(ctx, nil, fn)
 }
 
 // editNoting is edit, reporting also the kinds of key a member could not
 // hold (warnings, or cannotHold in JSON).
-func (a *app) editNoting(ctx context.Context, jsonOut bool, holds []holdLine, fn func(c *config.Config) (string, error)) error {
+func (a *app) editNoting(ctx context.Context, holds []holdLine, fn func(c *config.Config) (string, error)) error {
 	path := a.configPath()
 	// The agent to tell is the one running now, at the socket the file
 	// names before the edit (which may change it).
@@ -46,23 +47,22 @@ func (a *app) editNoting(ctx context.Context, jsonOut bool, holds []holdLine, fn
 	}
 	res := editResult{SchemaVersion: agent.SchemaVersion, Config: path, Change: change, CannotHold: holds}
 	a.tellAgent(ctx, sock, &res)
-	if jsonOut {
-		return a.printJSON(res)
-	}
-	fmt.Fprintln(a.out, change)
-	printCannotHold(a.errOut, holds)
-	switch res.Agent {
-	case "reloaded":
-		fmt.Fprintln(a.out, "haagent reloaded")
-		for _, c := range res.AgentChanges {
-			fmt.Fprintln(a.out, "  "+c)
+	return a.print(res, func(w io.Writer) error {
+		fmt.Fprintln(w, change)
+		printCannotHold(a.errOut, holds)
+		switch res.Agent {
+		case "reloaded":
+			fmt.Fprintln(w, "haagent reloaded")
+			for _, c := range res.AgentChanges {
+				fmt.Fprintln(w, "  "+c)
+			}
+		case "not running":
+			fmt.Fprintln(w, "haagent is not running: the change applies when it starts")
+		default:
+			fmt.Fprintf(a.errOut, "warning: haagent %s\n", res.Agent)
 		}
-	case "not running":
-		fmt.Fprintln(a.out, "haagent is not running: the change applies when it starts")
-	default:
-		fmt.Fprintf(a.errOut, "warning: haagent %s\n", res.Agent)
-	}
-	return nil
+		return nil
+	})
 }
 
 func (a *app) tellAgent(ctx context.Context, sock string, res *editResult) {

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/spf13/cobra"
 )
@@ -87,7 +87,6 @@ func defaultMemberName(f *memberFlags) string {
 func newCreateGroupCmd(a *app) *cobra.Command {
 	var mf memberFlags
 	var label, serial string
-	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "creategroup",
 		Short: "Create an HA group with its first (primary) member",
@@ -108,11 +107,11 @@ into when a PIN source is given) to check it before anything is written.`,
 			}
 			ctx := cmd.Context()
 			if !mf.noCheck {
-				if err := agent.CheckToken(ctx, m, config.Defaults(), a.openSlot, a.listTokens); err != nil {
+				if err := report.CheckToken(ctx, m, config.Defaults(), a.openSlot, a.listTokens); err != nil {
 					return err
 				}
 			}
-			return a.edit(ctx, jsonOut, func(c *config.Config) (string, error) {
+			return a.edit(ctx, func(c *config.Config) (string, error) {
 				if _, ok := c.Group(label); ok {
 					return "", fmt.Errorf("group %q already exists in %s", label, a.configPath())
 				}
@@ -128,7 +127,7 @@ into when a PIN source is given) to check it before anything is written.`,
 	cmd.Flags().StringVar(&label, "label", "", "the group's label (its virtual token label)")
 	cmd.Flags().StringVar(&mf.name, "name", "", "the first member's name (default: the token label)")
 	cmd.Flags().StringVar(&serial, "serial", "", "the virtual slot serial (default: the next free one)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("label")
 	mf.register(cmd)
 	return cmd
@@ -136,7 +135,7 @@ into when a PIN source is given) to check it before anything is written.`,
 
 func newDeleteGroupCmd(a *app) *cobra.Command {
 	var label string
-	var yes, jsonOut bool
+	var yes bool
 	cmd := &cobra.Command{
 		Use:     "deletegroup",
 		Short:   "Remove an HA group from the configuration (objects stay on the tokens)",
@@ -150,10 +149,10 @@ func newDeleteGroupCmd(a *app) *cobra.Command {
 			if _, ok := c.Group(label); !ok {
 				return fmt.Errorf("group %q is not in %s", label, a.configPath())
 			}
-			if err := a.confirm(a.prompter(yes, jsonOut), fmt.Sprintf("delete group %q from %s", label, a.configPath())); err != nil {
+			if err := a.confirm(a.prompter(yes), fmt.Sprintf("delete group %q from %s", label, a.configPath())); err != nil {
 				return err
 			}
-			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+			return a.edit(cmd.Context(), func(c *config.Config) (string, error) {
 				if !c.RemoveGroup(label) {
 					return "", fmt.Errorf("group %q is not in %s", label, a.configPath())
 				}
@@ -163,7 +162,7 @@ func newDeleteGroupCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&label, "label", "", "the group to delete")
 	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("label")
 	return cmd
 }

@@ -18,7 +18,7 @@ type eventLine struct {
 }
 
 func newHALogCmd(a *app) *cobra.Command {
-	var follow, jsonOut bool
+	var follow bool
 	var since time.Duration
 	var group string
 	cmd := &cobra.Command{
@@ -42,7 +42,7 @@ only). --json prints one JSON object per line.`,
 			enc := json.NewEncoder(a.out)
 			emit := func(e agent.Event) error {
 				switch {
-				case jsonOut:
+				case a.jsonOut():
 					return enc.Encode(eventLine{agent.SchemaVersion, e})
 				case follow:
 					_, err := fmt.Fprintln(a.out, followLine(e))
@@ -51,7 +51,7 @@ only). --json prints one JSON object per line.`,
 				events = append(events, e)
 				return nil
 			}
-			if follow && !jsonOut {
+			if follow && !a.jsonOut() {
 				h := eventHeader
 				fmt.Fprintf(a.out, "%-20s  %-32s  %-12s  %-10s  %-22s  %s\n", h[0], h[1], h[2], h[3], h[4], h[5])
 			}
@@ -71,7 +71,7 @@ only). --json prints one JSON object per line.`,
 			if err != nil {
 				return err
 			}
-			if !jsonOut && !follow {
+			if !a.jsonOut() && !follow {
 				if len(events) == 0 {
 					fmt.Fprintln(a.out, "no events")
 					return nil
@@ -87,6 +87,6 @@ only). --json prints one JSON object per line.`,
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events until interrupted")
 	cmd.Flags().DurationVar(&since, "since", 0, "only events newer than this (e.g. 90m)")
 	cmd.Flags().StringVar(&group, "group", "", "only this group's events")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON lines")
+	cmd.Flags().Bool("json", false, "print JSON lines")
 	return cmd
 }

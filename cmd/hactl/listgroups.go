@@ -2,15 +2,17 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/spf13/cobra"
 )
 
 func newListGroupsCmd(a *app) *cobra.Command {
 	var group string
-	var jsonOut, check bool
+	var check bool
 	cmd := &cobra.Command{
 		Use:   "listgroups",
 		Short: "Show the HA groups, their members and their health",
@@ -62,7 +64,7 @@ haagent is not running.`,
 				if cerr != nil {
 					return cerr
 				}
-				rep, err = agent.ProbeReport(ctx, cfg, group, a.openSlot)
+				rep, err = report.ProbeReport(ctx, cfg, group, a.openSlot)
 				if err == nil {
 					compareLocal(ctx, cfg, &rep)
 				}
@@ -74,43 +76,38 @@ haagent is not running.`,
 			if err != nil {
 				return err
 			}
-			if jsonOut {
-				err = a.printJSON(rep)
-			} else {
-				err = printGroupsReport(a, rep, source)
-			}
-			if err != nil || !rep.Degraded() {
+			if err := a.print(rep, func(w io.Writer) error { return printGroupsReport(w, rep, source) }); err != nil || !rep.Degraded() {
 				return err
 			}
-			return &problemError{msg: degradedSummary(rep), shown: !jsonOut}
+			return &problemError{msg: degradedSummary(rep), shown: !a.jsonOut()}
 		}),
 	}
 	cmd.Flags().StringVar(&group, "group", "", "show only this group")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the report as JSON")
+	cmd.Flags().Bool("json", false, "print the report as JSON")
 	cmd.Flags().BoolVar(&check, "check", false, "fail unless haagent compares the members now; exit 3 when one differs")
 	return cmd
 }
 
-func printGroupsReport(a *app, rep agent.GroupsReport, source string) error {
-	fmt.Fprintf(a.out, "Source: %s\n\n", source)
-	if err := renderTable(a.out, table(makeSettingsTable(rep.Global))); err != nil {
+func printGroupsReport(w io.Writer, rep agent.GroupsReport, source string) error {
+	fmt.Fprintf(w, "Source: %s\n\n", source)
+	if err := renderTable(w, table(makeSettingsTable(rep.Global))); err != nil {
 		return err
 	}
 	if len(rep.Groups) == 0 {
-		fmt.Fprintln(a.out, "\nNo groups configured.")
+		fmt.Fprintln(w, "\nNo groups configured.")
 	}
 	for _, g := range rep.Groups {
-		fmt.Fprintln(a.out)
-		if err := renderTable(a.out, table(makeGroupTable(g))); err != nil {
+		fmt.Fprintln(w)
+		if err := renderTable(w, table(makeGroupTable(g))); err != nil {
 			return err
 		}
-		fmt.Fprintln(a.out)
-		if err := renderTable(a.out, table(makeMembersTable(g))); err != nil {
+		fmt.Fprintln(w)
+		if err := renderTable(w, table(makeMembersTable(g))); err != nil {
 			return err
 		}
 	}
 	if rep.Degraded() {
-		fmt.Fprintf(a.out, "\n%s\n", degradedSummary(rep))
+		fmt.Fprintf(w, "\n%s\n", degradedSummary(rep))
 	}
 	return nil
 }

@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/spf13/cobra"
 )
@@ -37,7 +37,7 @@ func memberOf(g *config.Group, name string) (*config.Member, error) {
 func newAddMemberCmd(a *app) *cobra.Command {
 	var mf memberFlags
 	var group string
-	var standby, jsonOut bool
+	var standby bool
 	cmd := &cobra.Command{
 		Use:   "addmember",
 		Short: "Add a member token to an HA group",
@@ -80,14 +80,14 @@ or secret key; SoftHSM 2.6 holds no EdDSA private key.`,
 				if err := samePIN(m, g); err != nil {
 					return err
 				}
-				if err := agent.CheckToken(ctx, m, c.Settings(g), a.openSlot, a.listTokens); err != nil {
+				if err := report.CheckToken(ctx, m, c.Settings(g), a.openSlot, a.listTokens); err != nil {
 					return err
 				}
 				if holds, err = memberCannotHold(ctx, a, m, c.Settings(g)); err != nil {
 					return err
 				}
 			}
-			return a.editNoting(ctx, jsonOut, holds, func(c *config.Config) (string, error) {
+			return a.editNoting(ctx, holds, func(c *config.Config) (string, error) {
 				g, err := groupOf(c, group, a.configPath())
 				if err != nil {
 					return "", err
@@ -107,7 +107,7 @@ or secret key; SoftHSM 2.6 holds no EdDSA private key.`,
 	cmd.Flags().StringVar(&group, "group", "", "the group to add to")
 	cmd.Flags().StringVar(&mf.name, "name", "", "the member's name, used in logs and metrics")
 	cmd.Flags().BoolVar(&standby, "standby", false, "add it as a standby member")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagRequired("name")
 	mf.register(cmd)
@@ -116,7 +116,7 @@ or secret key; SoftHSM 2.6 holds no EdDSA private key.`,
 
 func newRemoveMemberCmd(a *app) *cobra.Command {
 	var group, name string
-	var yes, jsonOut bool
+	var yes bool
 	cmd := &cobra.Command{
 		Use:   "removemember",
 		Short: "Remove a member from an HA group",
@@ -137,10 +137,10 @@ token.`,
 			if _, err := memberOf(g, name); err != nil {
 				return err
 			}
-			if err := a.confirm(a.prompter(yes, jsonOut), fmt.Sprintf("remove member %q from group %q", name, group)); err != nil {
+			if err := a.confirm(a.prompter(yes), fmt.Sprintf("remove member %q from group %q", name, group)); err != nil {
 				return err
 			}
-			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+			return a.edit(cmd.Context(), func(c *config.Config) (string, error) {
 				g, err := groupOf(c, group, a.configPath())
 				if err != nil {
 					return "", err
@@ -155,7 +155,7 @@ token.`,
 	cmd.Flags().StringVar(&group, "group", "", "the member's group")
 	cmd.Flags().StringVar(&name, "member", "", "the member to remove")
 	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagRequired("member")
 	return cmd
@@ -164,7 +164,6 @@ token.`,
 // newStandbyCmd builds addstandby (on) or removestandby (off).
 func newStandbyCmd(a *app, on bool) *cobra.Command {
 	var group, name string
-	var jsonOut bool
 	use, short, example := "addstandby", "Designate a member as standby (it takes work only when no active member is left)",
 		`  hactl hagroup addstandby --group signing --member hsm-c`
 	if !on {
@@ -177,7 +176,7 @@ func newStandbyCmd(a *app, on bool) *cobra.Command {
 		Example: example,
 		Args:    noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+			return a.edit(cmd.Context(), func(c *config.Config) (string, error) {
 				g, err := groupOf(c, group, a.configPath())
 				if err != nil {
 					return "", err
@@ -202,7 +201,7 @@ func newStandbyCmd(a *app, on bool) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&group, "group", "", "the member's group")
 	cmd.Flags().StringVar(&name, "member", "", "the member")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagRequired("member")
 	return cmd

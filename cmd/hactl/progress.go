@@ -18,9 +18,10 @@ type progressBar struct {
 }
 
 // progress returns the progress callback for a command and the func that
-// ends the bar; the callback is nil when no bar is to be drawn.
-func (a *app) progress(jsonOut bool) (func(agent.Progress), func()) {
-	if jsonOut || !a.stderrIsTerminal() {
+// ends the bar; the callback is nil when no bar is to be drawn (quiet, the
+// output is for programs, or stderr is no terminal).
+func (a *app) progress(quiet bool) (func(agent.Progress), func()) {
+	if quiet || a.jsonOut() || !a.stderrIsTerminal() {
 		return nil, func() {}
 	}
 	pb := &progressBar{}

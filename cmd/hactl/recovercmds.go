@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/spf13/cobra"
@@ -10,7 +11,6 @@ import (
 
 func newRecoverCmd(a *app) *cobra.Command {
 	var group, member string
-	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "recover",
 		Short: "Recover a group's failed members now (manual recovery)",
@@ -36,7 +36,7 @@ recover it: this clears the mark and makes one attempt, with one C_Login.`,
 			req := agent.RecoverRequest{Group: group, Member: member}
 			var res agent.RecoverResult
 			var err error
-			if show, end := a.progress(jsonOut); show != nil {
+			if show, end := a.progress(false); show != nil {
 				res, err = c.RecoverWithProgress(cmd.Context(), req, show)
 				end()
 			} else {
@@ -45,14 +45,13 @@ recover it: this clears the mark and makes one attempt, with one C_Login.`,
 			if err != nil {
 				return err
 			}
-			if jsonOut {
-				err = a.printJSON(res)
-			} else if len(res.Members) == 0 {
-				_, err = fmt.Fprintf(a.out, "group %q has no failed member to recover\n", group)
-			} else {
-				err = renderTable(a.out, table(makeRecoverTable(res)))
-			}
-			if err != nil {
+			if err := a.print(res, func(w io.Writer) error {
+				if len(res.Members) == 0 {
+					_, err := fmt.Fprintf(w, "group %q has no failed member to recover\n", group)
+					return err
+				}
+				return renderTable(w, table(makeRecoverTable(res)))
+			}); err != nil {
 				return err
 			}
 			if res.Failed() {
@@ -63,14 +62,14 @@ recover it: this clears the mark and makes one attempt, with one C_Login.`,
 	}
 	cmd.Flags().StringVar(&group, "group", "", "the group")
 	cmd.Flags().StringVar(&member, "member", "", "only this member (default: every failed member)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagRequired("group")
 	return cmd
 }
 
 func newSynchronizeCmd(a *app) *cobra.Command {
 	var group string
-	var check, prune, yes, jsonOut bool
+	var check, prune, yes bool
 	cmd := &cobra.Command{
 		Use:   "synchronize",
 		Short: "Make every member of a group hold the same objects",
@@ -94,7 +93,7 @@ far, of the plan's total, and the member they go to.`,
 		Annotations: map[string]string{annotUsesAgent: "true"},
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			if prune {
-				if err := a.confirm(a.prompter(yes, jsonOut), fmt.Sprintf("destroy the objects that only some members of %q hold", group)); err != nil {
+				if err := a.confirm(a.prompter(yes), fmt.Sprintf("destroy the objects that only some members of %q hold", group)); err != nil {
 					return err
 				}
 			}
@@ -103,7 +102,7 @@ far, of the plan's total, and the member they go to.`,
 			req := agent.SyncRequest{Group: group, Check: check, Prune: prune}
 			var res agent.SyncReport
 			var err error
-			if show, end := a.progress(jsonOut || check); show != nil {
+			if show, end := a.progress(check); show != nil {
 				res, err = c.SynchronizeWithProgress(cmd.Context(), req, show)
 				end()
 			} else {
@@ -112,34 +111,29 @@ far, of the plan's total, and the member they go to.`,
 			if err != nil {
 				return err
 			}
-			if jsonOut {
-				err = a.printJSON(res)
-			} else {
-				err = printSyncReport(a, res)
-			}
-			if err != nil {
+			if err := a.print(res, func(w io.Writer) error { return printSyncReport(w, res) }); err != nil {
 				return err
 			}
-			return syncOutcome(res, !jsonOut)
+			return syncOutcome(res, !a.jsonOut())
 		}),
 	}
 	cmd.Flags().StringVar(&group, "group", "", "the group")
 	cmd.Flags().BoolVar(&check, "check", false, "only print the differences; exit 3 when there are any")
 	cmd.Flags().BoolVar(&prune, "prune", false, "destroy objects found on some members only instead of replicating them")
 	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the report as JSON")
+	cmd.Flags().Bool("json", false, "print the report as JSON")
 	cmd.MarkFlagRequired("group")
 	cmd.MarkFlagsMutuallyExclusive("check", "prune")
 	return cmd
 }
 
-func printSyncReport(a *app, r agent.SyncReport) error {
+func printSyncReport(w io.Writer, r agent.SyncReport) error {
 	if len(r.Differences) > 0 {
-		if err := renderTable(a.out, table(makeDiffTable(r))); err != nil {
+		if err := renderTable(w, table(makeDiffTable(r))); err != nil {
 			return err
 		}
 	}
-	_, err := fmt.Fprintln(a.out, syncSummary(r))
+	_, err := fmt.Fprintln(w, syncSummary(r))
 	return err
 }
 

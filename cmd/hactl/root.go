@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -38,13 +37,16 @@ type app struct {
 	listTokens func(ctx context.Context, module string, env map[string]string) ([]slot.TokenSummary, error)
 	openSlot   func(ctx context.Context, spec slot.Spec) (*slot.Slot, error)
 
+	// printer renders results: chosen once per run (choosePrinter).
+	printer printer
+
 	// quietUsage suppresses the "Run --help" hint (set by commands whose
 	// usage errors are self-explanatory, such as a refused prompt).
 	quietUsage bool
 }
 
 func newApp(in io.Reader, out, errOut io.Writer) *app {
-	a := &app{in: in, out: out, errOut: errOut, listTokens: slot.ListTokens, openSlot: slot.Open}
+	a := &app{in: in, out: out, errOut: errOut, listTokens: slot.ListTokens, openSlot: slot.Open, printer: textPrinter{}}
 	a.isTerminal = func() bool {
 		fi, ok := in.(*os.File)
 		fo, ok2 := out.(*os.File)
@@ -84,7 +86,10 @@ interrupted (Ctrl-C).`,
 	pf.StringVar(&a.configFlag, "config", "", "configuration file (default $HAGROUP_CONF, else "+config.DefaultPath+")")
 	pf.StringVar(&a.socketFlag, "socket", "", "haagent's socket (default: the config's agent.socket, else "+config.DefaultSocket+")")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err.Error()} })
-	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return a.checkConfigFlag(cmd) }
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		a.choosePrinter(cmd)
+		return a.checkConfigFlag(cmd)
+	}
 
 	root.AddCommand(
 		newHagroupCmd(a),
@@ -183,17 +188,10 @@ func (a *app) socketPath() string {
 
 func (a *app) client() *agent.Client { return agent.NewClient(a.socketPath()) }
 
-// printJSON writes v as indented JSON.
-func (a *app) printJSON(v any) error {
-	enc := json.NewEncoder(a.out)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 // prompter returns the prompter for a command: the interactive one only
 // on a terminal and when neither --yes nor --json was given.
-func (a *app) prompter(yes, jsonOut bool) Prompter {
-	if yes || jsonOut || !a.isTerminal() {
+func (a *app) prompter(yes bool) Prompter {
+	if yes || a.jsonOut() || !a.isTerminal() {
 		return noPrompter{yes: yes}
 	}
 	return a.newPrompter()

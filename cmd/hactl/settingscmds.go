@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -29,7 +30,7 @@ func (a *app) haTarget(c *config.Config, group string) (*config.HA, string, erro
 func (a *app) settingCmd(use, short, example string, addFlags func(*cobra.Command), set func(h *config.HA) (string, error),
 	flag string, show func(s config.Settings, scope string) (string, any)) *cobra.Command {
 	var group string
-	var jsonOut, showIt bool
+	var showIt bool
 	cmd := &cobra.Command{
 		Use:     use,
 		Short:   short,
@@ -42,13 +43,12 @@ func (a *app) settingCmd(use, short, example string, addFlags func(*cobra.Comman
 					return err
 				}
 				line, v := show(s, scope)
-				if jsonOut {
-					return a.printJSON(v)
-				}
-				_, err = fmt.Fprintln(a.out, line)
-				return err
+				return a.print(v, func(w io.Writer) error {
+					_, err := fmt.Fprintln(w, line)
+					return err
+				})
 			}
-			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+			return a.edit(cmd.Context(), func(c *config.Config) (string, error) {
 				h, where, err := a.haTarget(c, group)
 				if err != nil {
 					return "", err
@@ -62,7 +62,7 @@ func (a *app) settingCmd(use, short, example string, addFlags func(*cobra.Comman
 		}),
 	}
 	cmd.Flags().StringVar(&group, "group", "", "set it for this group only (default: the global [ha] setting)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	addFlags(cmd)
 	if show == nil {
 		cmd.MarkFlagRequired(flag)
@@ -188,7 +188,7 @@ type haOnlyResult struct {
 }
 
 func newHAOnlyCmd(a *app) *cobra.Command {
-	var enable, disable, show, jsonOut bool
+	var enable, disable, show bool
 	var group string
 	cmd := &cobra.Command{
 		Use:   "haonly",
@@ -211,17 +211,16 @@ func newHAOnlyCmd(a *app) *cobra.Command {
 					scope = fmt.Sprintf("group %q", group)
 				}
 				on := c.Settings(g).Only
-				if jsonOut {
-					return a.printJSON(haOnlyResult{SchemaVersion: agent.SchemaVersion, Scope: scope, HAOnly: on})
-				}
-				state := "disabled"
-				if on {
-					state = "enabled"
-				}
-				fmt.Fprintf(a.out, "%s: HA only %s\n", scope, state)
-				return nil
+				return a.print(haOnlyResult{SchemaVersion: agent.SchemaVersion, Scope: scope, HAOnly: on}, func(w io.Writer) error {
+					state := "disabled"
+					if on {
+						state = "enabled"
+					}
+					_, err := fmt.Fprintf(w, "%s: HA only %s\n", scope, state)
+					return err
+				})
 			}
-			return a.edit(cmd.Context(), jsonOut, func(c *config.Config) (string, error) {
+			return a.edit(cmd.Context(), func(c *config.Config) (string, error) {
 				h, where, err := a.haTarget(c, group)
 				if err != nil {
 					return "", err
@@ -239,7 +238,7 @@ func newHAOnlyCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVar(&disable, "disable", false, "list member slots as well")
 	cmd.Flags().BoolVar(&show, "show", false, "print the current setting")
 	cmd.Flags().StringVar(&group, "group", "", "this group only (default: the global [ha] setting)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the result as JSON")
+	cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.MarkFlagsOneRequired("enable", "disable", "show")
 	cmd.MarkFlagsMutuallyExclusive("enable", "disable", "show")
 	return cmd

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -40,7 +41,6 @@ type tokenJSON struct {
 
 func newSlotListCmd(a *app) *cobra.Command {
 	var mf memberFlags
-	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List the tokens a PKCS#11 module offers (to build groups from)",
@@ -60,23 +60,22 @@ func newSlotListCmd(a *app) *cobra.Command {
 			if ts == nil {
 				ts = []slot.TokenSummary{}
 			}
-			if jsonOut {
-				res := tokensResult{SchemaVersion: agent.SchemaVersion, Module: m.Module, Tokens: []tokenJSON{}}
-				for _, t := range ts {
-					res.Tokens = append(res.Tokens, tokenJSON{t.SlotID, t.Label, t.Serial, t.Manufacturer, t.Model, t.Flags, t.Initialized})
+			res := tokensResult{SchemaVersion: agent.SchemaVersion, Module: m.Module, Tokens: []tokenJSON{}}
+			for _, t := range ts {
+				res.Tokens = append(res.Tokens, tokenJSON{t.SlotID, t.Label, t.Serial, t.Manufacturer, t.Model, t.Flags, t.Initialized})
+			}
+			return a.print(res, func(w io.Writer) error {
+				if len(ts) == 0 {
+					_, err := fmt.Fprintf(w, "%s offers no tokens\n", m.Module)
+					return err
 				}
-				return a.printJSON(res)
-			}
-			if len(ts) == 0 {
-				_, err := fmt.Fprintf(a.out, "%s offers no tokens\n", m.Module)
-				return err
-			}
-			return renderTable(a.out, table(makeTokensTable(ts)))
+				return renderTable(w, table(makeTokensTable(ts)))
+			})
 		}),
 	}
 	cmd.Flags().StringVar(&mf.module, "module", "", "path of the PKCS#11 module")
 	cmd.Flags().StringArrayVar(&mf.env, "module-env", nil, "KEY=VALUE set while loading the module (repeatable)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the tokens as JSON")
+	cmd.Flags().Bool("json", false, "print the tokens as JSON")
 	cmd.MarkFlagRequired("module")
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // The Go side of the helper (conn.c): what a helper tells its client at
@@ -31,7 +32,7 @@ func callBound(cfg *config.Config) time.Duration {
 		bound = max(bound, b)
 	}
 	if bound == 0 { // no group: no call waits on a member
-		return config.DefaultCommandTimeout
+		return dispatch.DefaultCommandTimeout
 	}
 	return bound
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/fleet"
 )
 
@@ -83,7 +84,7 @@ func (l *eventLog) event(group, member, name, detail string) {
 	if l == nil {
 		return
 	}
-	e := fleet.Event{Time: time.Now(), Group: group, Member: member, Event: name, Detail: detail}
+	e := agent.FleetEvent{Time: time.Now(), Group: group, Member: member, Event: name, Detail: detail}
 	if l.rep != nil {
 		l.rep.Event(e)
 		return
@@ -93,7 +94,7 @@ func (l *eventLog) event(group, member, name, detail string) {
 
 // write appends e to the HA event log (the reporter's fallback: called
 // from its goroutine, already folded), or to stderr when debugging.
-func (l *eventLog) write(e fleet.Event) {
+func (l *eventLog) write(e agent.FleetEvent) {
 	group, member, name, detail := e.Group, e.Member, e.Event, e.Detail
 	l.mu.Lock()
 	f := l.f

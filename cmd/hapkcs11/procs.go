@@ -19,9 +19,9 @@ import (
 // thread in C (as if a goroutine hogged it) and then polls every 20 µs. A
 // yield keeps the tick fresh. It is dear: the goroutine is locked to the
 // application's thread, so the scheduler hands the P to another thread and
-// back, two wake-ups, ~40 µs of CPU on the 2-vCPU VM of
-// docs/BENCHMARKS.md; so it comes as seldom as the 10 ms allow with room
-// for a call in progress when it falls due.
+// back, two wake-ups (their cost: docs/BENCHMARKS.md, "Call dispatch");
+// so it comes as seldom as the 10 ms allow with room for a call in
+// progress when it falls due.
 //
 //export hapYield
 func hapYield() { runtime.Gosched() }

@@ -54,14 +54,6 @@ func NewClient(path string) *Client {
 // Path returns the socket path the client dials.
 func (c *Client) Path() string { return c.path }
 
-// ServerVersion returns the agent's build version from the last answer
-// ("" before the first).
-func (c *Client) ServerVersion() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.serverVersion
-}
-
 // Close releases idle connections.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/http"
 	"time"
-
-	"github.com/hagroup/hagroup/pkg/fleet"
 )
 
 // FleetBackend is the part of the Backend that hears the processes
@@ -13,7 +11,7 @@ import (
 type FleetBackend interface {
 	// Report records a report from peer (whose uid and pid come from
 	// SO_PEERCRED, not from the report). An *Error refuses it.
-	Report(ctx context.Context, peer Peer, rep fleet.Report) error
+	Report(ctx context.Context, peer Peer, rep FleetReport) error
 	// Clients lists the processes that reported recently.
 	Clients(ctx context.Context) (ClientsReport, error)
 }
@@ -37,20 +35,20 @@ type ClientsReport struct {
 // ClientStatus is one reporting process. UID and PID are the kernel's
 // (SO_PEERCRED); Program and Host are what the process says.
 type ClientStatus struct {
-	PID      int                 `json:"pid"`
-	UID      int                 `json:"uid"`
-	Program  string              `json:"program"`
-	Host     string              `json:"host"`
-	Started  time.Time           `json:"started"`
-	LastSeen time.Time           `json:"lastSeen"`
-	Groups   []fleet.GroupReport `json:"groups"`
+	PID      int          `json:"pid"`
+	UID      int          `json:"uid"`
+	Program  string       `json:"program"`
+	Host     string       `json:"host"`
+	Started  time.Time    `json:"started"`
+	LastSeen time.Time    `json:"lastSeen"`
+	Groups   []FleetGroup `json:"groups"`
 	// DroppedEvents the process could not queue, and the agent refused
 	// to log (past the per-client budget).
 	DroppedEvents uint64 `json:"droppedEvents,omitempty"`
 }
 
 func (s *Server) serveReport(w http.ResponseWriter, r *http.Request) (any, error) {
-	rep, err := decodeBodyLimit[fleet.Report](r.Body, maxReportBody)
+	rep, err := decodeBodyLimit[FleetReport](r.Body, maxReportBody)
 	if err != nil {
 		return nil, err
 	}

@@ -6,11 +6,9 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/hagroup/hagroup/pkg/fleet"
 )
 
-func (b *testBackend) Report(ctx context.Context, peer Peer, rep fleet.Report) error {
+func (b *testBackend) Report(ctx context.Context, peer Peer, rep FleetReport) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.reports = append(b.reports, peerReport{peer, rep})
@@ -23,7 +21,7 @@ func (b *testBackend) Clients(ctx context.Context) (ClientsReport, error) {
 
 type peerReport struct {
 	peer Peer
-	rep  fleet.Report
+	rep  FleetReport
 }
 
 // Lines of the HA log never go back in time: an event stamped before the

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hagroup/hagroup/pkg/fleet"
 )
 
 // Backend is what the server serves: the running engine of every group.
@@ -54,7 +52,7 @@ var routes = []route{
 	{http.MethodPost, "/v1/synchronize", LevelWrite, (*Server).serveSynchronize},
 	{http.MethodPost, "/v1/reload", LevelWrite, (*Server).serveReload},
 	{http.MethodGet, "/v1/halog", LevelRead, (*Server).serveHALog},
-	{http.MethodPost, fleet.Path, LevelReport, (*Server).serveReport},
+	{http.MethodPost, ReportPath, LevelReport, (*Server).serveReport},
 	{http.MethodGet, "/v1/clients", LevelRead, (*Server).serveClients},
 }
 

@@ -18,6 +18,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // Paths and environment.
@@ -57,8 +59,6 @@ const (
 	DefaultRecoveryMode     = RecoveryActiveBasic
 	DefaultRetries          = -1 // unlimited
 	DefaultInterval         = 60 * time.Second
-	DefaultCommandTimeout   = 20 * time.Second
-	DefaultKeygenTimeout    = 120 * time.Second
 	DefaultPolicy           = PolicyLeastBusy
 	DefaultFailureThreshold = 1
 	DefaultProbeInterval    = 5 * time.Second
@@ -219,25 +219,15 @@ type Member struct {
 	PINEnv  string `toml:"pin_env"`
 	// Standby members take no work until every active member is down.
 	Standby bool `toml:"standby"`
-	// Dispatch is how calls reach the member's module: DispatchHandoff
-	// (the default, also when empty) or DispatchInline; pkg/slot's
-	// Dispatch says what each means.
+	// Dispatch is how calls reach the member's module: "handoff" (the
+	// default, also when empty) or "inline"; pkg/slot/dispatch says what
+	// each means.
 	Dispatch string `toml:"dispatch"`
 	// ServerUID, for a token served by hsmserve (module hagroup-remote:),
 	// is the uid hsmserve must run as; root is accepted too. Unset: the
 	// uid of the process using the group. See [Member.ExpectedServerUID].
 	ServerUID *int64 `toml:"server_uid"`
 }
-
-// The values of Member.Dispatch.
-const (
-	// DispatchHandoff runs each call off the caller's thread and abandons
-	// it at command_timeout.
-	DispatchHandoff = "handoff"
-	// DispatchInline runs each call on the caller's thread, for in-process
-	// software tokens that cannot hang; a hung call is not abandoned.
-	DispatchInline = "inline"
-)
 
 // ExpectedServerUID is the uid a served member's hsmserve must run as,
 // as pkg/remote takes it (nil: the caller's own uid). Validate has checked
@@ -272,8 +262,8 @@ func Defaults() Settings {
 		RecoveryMode:     DefaultRecoveryMode,
 		Retries:          DefaultRetries,
 		Interval:         DefaultInterval,
-		CommandTimeout:   DefaultCommandTimeout,
-		KeygenTimeout:    DefaultKeygenTimeout,
+		CommandTimeout:   dispatch.DefaultCommandTimeout,
+		KeygenTimeout:    dispatch.DefaultKeygenTimeout,
 		ProbeInterval:    DefaultProbeInterval,
 		TombstoneHorizon: DefaultTombstoneHorizon,
 		Policy:           DefaultPolicy,

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // remoteScheme starts the module path of a token served by hsmserve
@@ -260,14 +262,10 @@ func (c *Config) validateMembers(p *problems, gi int) {
 			}
 		}
 		validateSelector(p, gi, mi, m)
-		switch m.Dispatch {
-		case "", DispatchHandoff:
-		case DispatchInline:
-			if strings.HasPrefix(m.Module, remoteScheme) {
-				p.at(gi, mi, "dispatch", fmt.Sprintf("%q is for in-process software tokens that cannot hang; a token served by hsmserve can: use %q", DispatchInline, DispatchHandoff))
-			}
-		default:
-			p.at(gi, mi, "dispatch", fmt.Sprintf("%q is not a dispatch: use %q (the default) or %q", m.Dispatch, DispatchHandoff, DispatchInline))
+		if d, err := dispatch.Parse(m.Dispatch); err != nil {
+			p.at(gi, mi, "dispatch", err.Error())
+		} else if d == dispatch.Inline && strings.HasPrefix(m.Module, remoteScheme) {
+			p.at(gi, mi, "dispatch", fmt.Sprintf("%q is for in-process software tokens that cannot hang; a token served by hsmserve can: use %q", dispatch.Inline, dispatch.Handoff))
 		}
 		if uid := m.ServerUID; uid != nil {
 			switch {

@@ -7,23 +7,25 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hagroup/hagroup/pkg/agent"
 )
 
 func TestFolderFoldsRepeatsWithinTheWindow(t *testing.T) {
 	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	type line struct {
-		e       Event
+		e       agent.FleetEvent
 		repeats int
 	}
 	var lines []line
-	f := NewFolder(time.Minute, func(e Event, n int, _ time.Duration) { lines = append(lines, line{e, n}) })
+	f := NewFolder(time.Minute, func(e agent.FleetEvent, n int, _ time.Duration) { lines = append(lines, line{e, n}) })
 	f.Now = func() time.Time { return now }
-	fail := Event{Group: "signing", Member: "hsm-b", Event: "member_failed"}
+	fail := agent.FleetEvent{Group: "signing", Member: "hsm-b", Event: "member_failed"}
 	for i := 0; i < 12; i++ {
 		f.Add("signing/hsm-b/member_failed", fail)
 		now = now.Add(time.Second)
 	}
-	f.Add("signing/hsm-a/member_failed", Event{Group: "signing", Member: "hsm-a", Event: "member_failed"})
+	f.Add("signing/hsm-a/member_failed", agent.FleetEvent{Group: "signing", Member: "hsm-a", Event: "member_failed"})
 	if len(lines) != 2 || lines[0].repeats != 0 || lines[0].e.Member != "hsm-b" || lines[1].e.Member != "hsm-a" {
 		t.Fatalf("before the window ends: %+v, want the first hsm-b line and the first hsm-a line", lines)
 	}
@@ -83,15 +85,15 @@ func hungAgent(t *testing.T) string {
 // each, the excess is dropped and counted, and Close is bounded.
 func TestReporterNeverBlocksOnAHungAgent(t *testing.T) {
 	var mu sync.Mutex
-	var fell []Event
+	var fell []agent.FleetEvent
 	r := Start(Options{Socket: hungAgent(t), Timeout: 300 * time.Millisecond, Interval: time.Hour,
-		Fallback: func(e Event) { mu.Lock(); fell = append(fell, e); mu.Unlock() }})
+		Fallback: func(e agent.FleetEvent) { mu.Lock(); fell = append(fell, e); mu.Unlock() }})
 	const n = 100000
 	start := time.Now()
 	var worst time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
-		r.Event(Event{Group: "signing", Member: "hsm-b", Event: "member_failed", Detail: "CKR_DEVICE_ERROR"})
+		r.Event(agent.FleetEvent{Group: "signing", Member: "hsm-b", Event: "member_failed", Detail: "CKR_DEVICE_ERROR"})
 		worst = max(worst, time.Since(t0))
 	}
 	spent := time.Since(start)
@@ -124,27 +126,27 @@ func TestReporterNeverBlocksOnAHungAgent(t *testing.T) {
 
 // No agent: nothing happens per call, and the events fall back folded.
 func TestReporterWithoutAgentFallsBackFolded(t *testing.T) {
-	fell := make(chan Event, 16)
+	fell := make(chan agent.FleetEvent, 16)
 	r := Start(Options{Socket: filepath.Join(t.TempDir(), "absent.sock"), Interval: time.Hour,
-		Fallback: func(e Event) { fell <- e }})
-	next := func() Event {
+		Fallback: func(e agent.FleetEvent) { fell <- e }})
+	next := func() agent.FleetEvent {
 		t.Helper()
 		select {
 		case e := <-fell:
 			return e
 		case <-time.After(10 * time.Second):
 			t.Fatal("no fallback line within 10s")
-			return Event{}
+			return agent.FleetEvent{}
 		}
 	}
-	r.Event(Event{Group: "signing", Member: "hsm-b", Event: "member_failed"})
+	r.Event(agent.FleetEvent{Group: "signing", Member: "hsm-b", Event: "member_failed"})
 	if e := next(); e.Event != "member_failed" || e.Detail != "" {
 		t.Fatalf("first fallback line %+v, want the event itself", e)
 	}
 	for i := 0; i < 5; i++ {
-		r.Event(Event{Group: "signing", Member: "hsm-b", Event: "member_failed"})
+		r.Event(agent.FleetEvent{Group: "signing", Member: "hsm-b", Event: "member_failed"})
 	}
-	r.Event(Event{Group: "signing", Member: "hsm-b", Event: "member_recovered"})
+	r.Event(agent.FleetEvent{Group: "signing", Member: "hsm-b", Event: "member_recovered"})
 	if e := next(); e.Event != "member_recovered" {
 		t.Fatalf("second fallback line %+v, want member_recovered at once (a new event is never held back)", e)
 	}

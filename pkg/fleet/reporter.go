@@ -1,3 +1,18 @@
+// Package fleet is how every process that runs a group's engine — an
+// application through libhapkcs11.so, a Go program through pkg/ha — tells
+// haagent what it sees: its identity, each member's state and counters,
+// and the HA events that happened in it. The agent sums the fleet's
+// counters beside its own (listgroups, metrics), lists the processes
+// (hactl hagroup clients) and writes their events to the HA event log, in
+// order and folded.
+//
+// Reporting is best effort and never blocks the application: events go
+// into a bounded queue (dropped, and counted, when it is full), a
+// background goroutine sends a snapshot every few seconds and at once
+// after an event, each send has a short timeout, and without an agent
+// nothing happens per call (the events go to the Fallback, folded).
+//
+// The wire types are pkg/agent's (FleetReport …), beside the typed client.
 package fleet
 
 import (
@@ -15,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recover"
@@ -34,8 +50,8 @@ type Options struct {
 	Socket string
 	// Program names the process; "" : the base name of os.Args[0].
 	Program string
-	// Interval between snapshots; 0: DefaultInterval; at most
-	// MaxInterval.
+	// Interval between snapshots; 0: agent.DefaultReportInterval; at most
+	// agent.MaxReportInterval.
 	Interval time.Duration
 	// Timeout bounds one send; 0: one second.
 	Timeout time.Duration
@@ -43,7 +59,7 @@ type Options struct {
 	// could not be delivered (no agent), already folded: a first
 	// occurrence at once, repeats as one summary per FoldWindow. nil
 	// drops them.
-	Fallback func(e Event)
+	Fallback func(e agent.FleetEvent)
 }
 
 // queueSize bounds the events waiting to be sent; minGap is the least
@@ -64,14 +80,14 @@ type Reporter struct {
 	pid     int
 	host    string
 
-	queue   chan Event
+	queue   chan agent.FleetEvent
 	kick    chan struct{}
 	dropped atomic.Uint64
 
 	mu      sync.Mutex
 	sources []Source
 
-	fold      *Folder[Event]
+	fold      *Folder[agent.FleetEvent]
 	done      chan struct{}
 	stopped   chan struct{}
 	closeOnce sync.Once
@@ -85,20 +101,20 @@ func Start(opts Options) *Reporter {
 		opts.Program = filepath.Base(os.Args[0])
 	}
 	if opts.Interval <= 0 {
-		opts.Interval = DefaultInterval
+		opts.Interval = agent.DefaultReportInterval
 	}
 	// The agent forgets a process silent for 6 default intervals.
-	opts.Interval = min(opts.Interval, MaxInterval)
+	opts.Interval = min(opts.Interval, agent.MaxReportInterval)
 	if opts.Timeout <= 0 {
 		opts.Timeout = time.Second
 	}
 	host, _ := os.Hostname()
 	r := &Reporter{
 		opts: opts, started: time.Now().UTC(), pid: os.Getpid(), host: host,
-		queue: make(chan Event, queueSize), kick: make(chan struct{}, 1),
+		queue: make(chan agent.FleetEvent, queueSize), kick: make(chan struct{}, 1),
 		done: make(chan struct{}), stopped: make(chan struct{}),
 	}
-	r.fold = NewFolder(FoldWindow, func(e Event, n int, w time.Duration) {
+	r.fold = NewFolder(FoldWindow, func(e agent.FleetEvent, n int, w time.Duration) {
 		if n > 0 {
 			e.Detail = FoldedDetail(e.Detail, n, w)
 		}
@@ -144,7 +160,7 @@ func (r *Reporter) Watch(s Source) (unwatch func()) {
 }
 
 // Event queues e and asks for a report at once; a full queue drops it.
-func (r *Reporter) Event(e Event) {
+func (r *Reporter) Event(e agent.FleetEvent) {
 	if r == nil {
 		return
 	}
@@ -160,7 +176,7 @@ func (r *Reporter) Event(e Event) {
 	r.poke()
 }
 
-// GroupEvent reports an engine event (a group.EventSink's Event).
+// GroupEvent reports an engine event (a group.EventSink's agent.FleetEvent).
 func (r *Reporter) GroupEvent(e group.Event) {
 	if r == nil {
 		return
@@ -174,7 +190,7 @@ func (r *Reporter) GroupEvent(e group.Event) {
 	case e.From != e.To:
 		detail = fmt.Sprintf("%s -> %s", e.From, e.To)
 	}
-	r.Event(Event{Time: e.Time, Group: e.Group, Member: e.Member, Event: string(e.Kind), Detail: detail})
+	r.Event(agent.FleetEvent{Time: e.Time, Group: e.Group, Member: e.Member, Event: string(e.Kind), Detail: detail})
 }
 
 // RecoveryEvent reports a recoverer's event of group label.
@@ -182,15 +198,7 @@ func (r *Reporter) RecoveryEvent(label string, e recover.Event) {
 	if r == nil {
 		return
 	}
-	r.Event(Event{Group: label, Member: e.Member, Event: string(e.Kind), Detail: e.Detail()})
-}
-
-// Delivered returns how many reports the agent has accepted.
-func (r *Reporter) Delivered() uint64 {
-	if r == nil {
-		return 0
-	}
-	return r.delivered.Load()
+	r.Event(agent.FleetEvent{Group: label, Member: e.Member, Event: string(e.Kind), Detail: e.Detail()})
 }
 
 // Close sends a last report (bounded by the send timeout), writes the
@@ -249,7 +257,7 @@ func (r *Reporter) run() {
 	}
 }
 
-// send sends one report with the queued events (at most MaxEvents; the
+// send sends one report with the queued events (at most agent.MaxEvents; the
 // rest go in the next, which is asked for at once).
 func (r *Reporter) send(final bool) {
 	rep := r.snapshot(final)
@@ -268,36 +276,36 @@ func (r *Reporter) send(final bool) {
 	r.delivered.Add(1)
 }
 
-func (r *Reporter) fallback(es []Event) {
+func (r *Reporter) fallback(es []agent.FleetEvent) {
 	for _, e := range es {
 		r.fold.Add(e.Group+"\x00"+e.Member+"\x00"+e.Event, e)
 	}
 }
 
-func (r *Reporter) snapshot(final bool) Report {
-	rep := Report{Program: trim(r.opts.Program, MaxProgramLen), PID: r.pid, Host: trim(r.host, MaxHostLen),
-		Started: r.started, Dropped: r.dropped.Load(), Final: final, Groups: []GroupReport{}}
+func (r *Reporter) snapshot(final bool) agent.FleetReport {
+	rep := agent.FleetReport{Program: trim(r.opts.Program, agent.MaxProgramLen), PID: r.pid, Host: trim(r.host, agent.MaxHostLen),
+		Started: r.started, Dropped: r.dropped.Load(), Final: final, Groups: []agent.FleetGroup{}}
 	r.mu.Lock()
 	srcs := append([]Source(nil), r.sources...)
 	r.mu.Unlock()
 	for _, s := range srcs {
-		if len(rep.Groups) == MaxGroups {
+		if len(rep.Groups) == agent.MaxGroups {
 			break
 		}
-		g := GroupReport{Group: s.Label(), Members: []MemberReport{}}
+		g := agent.FleetGroup{Group: s.Label(), Members: []agent.FleetMember{}}
 		for _, m := range s.Members() {
-			if len(g.Members) == MaxMembers {
+			if len(g.Members) == agent.MaxMembers {
 				break
 			}
-			g.Members = append(g.Members, MemberReport{Name: m.Name, State: m.State.String(),
+			g.Members = append(g.Members, agent.FleetMember{Name: m.Name, State: m.State.String(),
 				Operations: m.Ops, Errors: m.Errors, Failovers: m.Failovers, InFlight: m.InFlight})
 		}
 		rep.Groups = append(rep.Groups, g)
 	}
-	for len(rep.Events) < MaxEvents {
+	for len(rep.Events) < agent.MaxEvents {
 		select {
 		case e := <-r.queue:
-			e.Detail = trim(e.Detail, MaxDetailLen)
+			e.Detail = trim(e.Detail, agent.MaxDetailLen)
 			rep.Events = append(rep.Events, e)
 			continue
 		default:
@@ -310,7 +318,7 @@ func (r *Reporter) snapshot(final bool) Report {
 // errRefused is an answer other than 2xx from the agent.
 var errRefused = errors.New("agent refused the report")
 
-func (r *Reporter) post(rep Report) error {
+func (r *Reporter) post(rep agent.FleetReport) error {
 	b, err := json.Marshal(rep)
 	if err != nil {
 		return err
@@ -321,7 +329,7 @@ func (r *Reporter) post(rep Report) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+Host+Path, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+agent.Host+agent.ReportPath, bytes.NewReader(b))
 	if err != nil {
 		return err
 	}

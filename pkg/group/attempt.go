@@ -16,22 +16,13 @@ import (
 // member goes through exec: it chooses the member (the scheduler's pick,
 // or configured order for key management), resolves the virtual handles
 // on it, runs, classifies the error, charges the member's health by the
-// one rule below, and fails over or stops. A change every member must
-// take (a destroy, an attribute change) goes to the first through exec
-// and then to the others (writeAll).
-//
-// The rule. A request error (bad mechanism, wrong signature, …) or a
-// login error goes to the caller as the token gave it. A clear health
-// error (a device error, a timeout) is charged to the member at once and
-// the operation moves on. An ambiguous error (slot.Ambiguous:
-// CKR_GENERAL_ERROR, CKR_FUNCTION_FAILED — a token's answer to a request
-// it dislikes as well as to trouble of its own) fails a member only once
-// another member served the same request; when no member serves it, it
-// is the request's fault, nobody is failed and the caller gets the
-// token's error. A call made on one member with no other to compare
-// (call) therefore never fails a member for an ambiguous error. A member
-// that does not hold an object is skipped without charge, and "no such
-// key" is answered only when no serving member holds it.
+// one rule (member.Charged, gathered in a member.Verdict), and fails over
+// or stops. A change every member must take (a destroy, an attribute
+// change) goes to the first through exec and then to the others
+// (writeAll). A call made on one member with no other to compare (call)
+// never fails a member for an ambiguous error. A member that does not
+// hold an object is skipped without charge, and "no such key" is
+// answered only when no serving member holds it.
 
 // errAbsent says a member does not hold the object (not its fault). It
 // never leaves this file and resolve.
@@ -53,9 +44,9 @@ type plan struct {
 	// ready, when set, gets a member ready for fn after the look-ups (a
 	// lone call, charged by itself); its errors count as a look-up's.
 	ready func(ctx context.Context, m *member.Member) error
-	// prior: ambiguous failures of this request before exec (a placed
-	// operation's first step on its member), charged as exec's own.
-	prior []suspect
+	// verdict, when set, holds this request's answers before exec (a
+	// placed operation's first step on its member), charged as exec's own.
+	verdict *member.Verdict
 	// absent is the error when no serving member holds objs; nil:
 	// ErrKeyHandle for a key, ErrObjectHandle otherwise.
 	absent *Error
@@ -68,56 +59,13 @@ type stop struct{ err error }
 func (e *stop) Error() string { return e.err.Error() }
 func (e *stop) Unwrap() error { return e.err }
 
-// verdict gathers the health errors of one request's attempts and
-// charges them by the rule.
-type verdict struct {
-	suspects []suspect // ambiguous errors, charged only if another member serves
-	clear    int       // clear health errors (already charged)
-	last     error     // the last health error
-}
-
-type suspect struct {
-	m    *member.Member
-	err  error
-	fail bool
-}
-
-func (v *verdict) health(g *Group, m *member.Member, err error, fail bool) {
-	v.last = err
-	if slot.Ambiguous(err) {
-		v.suspects = append(v.suspects, suspect{m, err, fail})
-		return
+// unserved is the error when no member served v's request: the token's
+// own answer when every member that answered held it back (member.Charged).
+func unserved(v *member.Verdict, op string) error {
+	if _, err := v.Unserved(); err != nil {
+		return opErr(op, "", err)
 	}
-	v.clear++
-	if fail {
-		g.failMember(m, err)
-	}
-}
-
-// lookup notes a health error of a handle look-up, which call charged.
-func (v *verdict) lookup(err error) {
-	v.last = err
-	if !slot.Ambiguous(err) {
-		v.clear++
-	}
-}
-
-// served charges the suspects: another member served their request.
-func (v *verdict) served(g *Group) {
-	for _, s := range v.suspects {
-		if s.fail {
-			g.failMember(s.m, s.err)
-		}
-	}
-}
-
-// unserved is the error when no member served: the token's own answer
-// when every member that answered refused it the same ambiguous way.
-func (v *verdict) unserved(op string) error {
-	if len(v.suspects) > 0 && v.clear == 0 {
-		return opErr(op, "", v.suspects[len(v.suspects)-1].err)
-	}
-	return wrap(ErrNoMember, op, "", v.last)
+	return wrap(ErrNoMember, op, "", v.Last())
 }
 
 // run executes a single-part operation with failover on members the
@@ -142,7 +90,10 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	if next == nil {
 		next = g.pick
 	}
-	v := verdict{suspects: p.prior}
+	var v member.Verdict
+	if p.verdict != nil {
+		v = *p.verdict
+	}
 	var skip, stale memberSet
 	avoid := p.avoid
 	absent, retriedAbsent := false, false
@@ -157,7 +108,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 			continue
 		}
 		if m == nil {
-			if absent && v.last == nil && !retriedAbsent {
+			if absent && v.Last() == nil && !retriedAbsent {
 				// Every live member said "not here" from its cache: look
 				// again once, in case another process replicated it since.
 				retriedAbsent = true
@@ -179,7 +130,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 			case errors.Is(err, ErrConflict):
 				return m, wrap(ErrConflict, p.op, m.Name(), err)
 			case slot.ClassOf(err) == slot.ClassHealth && ctx.Err() == nil:
-				v.lookup(err)
+				v.Noted(err)
 				m.AddFailover()
 				continue
 			}
@@ -192,17 +143,19 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 		}
 		switch {
 		case class == slot.ClassNone:
-			v.served(g)
+			v.Served(g.failMember)
 			return m, nil
 		case class == slot.ClassHealth:
-			v.health(g, m, err, fail)
+			if v.Health(m, err, fail) {
+				g.failMember(m, err)
+			}
 			m.AddFailover()
 			skip.add(m.Index())
 			if final != nil {
 				return m, opErr(p.op, m.Name(), err)
 			}
 			continue
-		case len(p.objs) > 0 && isHandleError(err) && !stale.has(m.Index()):
+		case len(p.objs) > 0 && slot.StaleHandle(err) && !stale.has(m.Index()):
 			// The cached physical handle went stale (re-login, object
 			// replaced): find it again once.
 			stale.add(m.Index())
@@ -213,10 +166,10 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 		}
 		return m, opErr(p.op, m.Name(), err)
 	}
-	if v.last == nil && absent {
+	if v.Last() == nil && absent {
 		return nil, p.notHeld()
 	}
-	return nil, v.unserved(p.op)
+	return nil, unserved(&v, p.op)
 }
 
 // writeAll changes o on every serving member: first on one, in
@@ -240,7 +193,7 @@ func (g *Group) writeAll(ctx context.Context, op string, o *vtable.Object, fn at
 			switch {
 			case err == nil:
 				done(m)
-			case !errors.Is(err, ErrObjectHandle) && !isHandleError(err):
+			case !errors.Is(err, ErrObjectHandle) && !slot.StaleHandle(err):
 				// (Not held there, or destroyed under the change by
 				// someone else: nothing to change.)
 				g.replicationFailed(m, o.Identity(), fmt.Errorf("%s: %w", op, err))
@@ -347,19 +300,19 @@ func only(m *member.Member) func(memberSet) *member.Member {
 // short is not charged.
 func (g *Group) call(ctx context.Context, m *member.Member, fn func() error) (slot.Class, error) {
 	class, fail, err := g.measure(ctx, m, fn)
-	if fail && !slot.Ambiguous(err) {
+	if fail && member.Charged(err, false) {
 		g.failMember(m, err)
 	}
 	return class, err
 }
 
 // Probe asks member name's token for its token information, as a health
-// probe, and charges the answer by the rule for a call with no other
-// member to compare, confirmed by the probe itself: a clear health error
-// fails the member at once; an ambiguous one only when the member's
-// previous probe answered one too (SoftHSM answers a C_GetTokenInfo with
-// CKR_GENERAL_ERROR while another process logs in). A probe the caller's
-// context cut short charges nothing.
+// probe, and charges the answer by the rule (member.Charged), the
+// member's previous probe standing for the other member that served the
+// request: a clear health error fails the member at once; an ambiguous
+// one only when its previous probe answered so too (SoftHSM answers a
+// C_GetTokenInfo with CKR_GENERAL_ERROR while another process logs in). A
+// probe the caller's context cut short charges nothing.
 func (g *Group) Probe(ctx context.Context, name string) (pkcs11.TokenInfo, error) {
 	m, ok := g.Member(name)
 	if !ok {
@@ -383,15 +336,15 @@ func (g *Group) probeFails(ctx context.Context, m *member.Member, err error) boo
 	switch {
 	case err == nil:
 		delete(g.doubted, m)
-	case ctx.Err() != nil || slot.ClassOf(err) != slot.ClassHealth:
-	case slot.Ambiguous(err) && !g.doubted[m]:
+	case ctx.Err() != nil:
+	case member.Charged(err, g.doubted[m]):
+		delete(g.doubted, m)
+		return true
+	case member.HeldBack(err):
 		if g.doubted == nil {
 			g.doubted = map[*member.Member]bool{}
 		}
 		g.doubted[m] = true
-	default:
-		delete(g.doubted, m)
-		return true
 	}
 	return false
 }
@@ -421,13 +374,4 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 func (g *Group) lostLogin(err error) bool {
 	_, in := g.LoggedIn()
 	return in && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
-}
-
-func isHandleError(err error) bool {
-	switch slot.CodeOf(err) {
-	case pkcs11.CKR_OBJECT_HANDLE_INVALID, pkcs11.CKR_KEY_HANDLE_INVALID,
-		pkcs11.CKR_WRAPPING_KEY_HANDLE_INVALID, pkcs11.CKR_UNWRAPPING_KEY_HANDLE_INVALID:
-		return true
-	}
-	return false
 }

@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -48,6 +49,20 @@ type path struct {
 	// held is how many objects labelled label each member should hold
 	// after run failed (and nothing changed), -1: not checked.
 	held int
+	// victim is the index of the member a fault on one member hits (0:
+	// the primary, first in every order).
+	victim int
+	// ownPINs: the members log in with their own PIN sources.
+	ownPINs bool
+	// alone: one member serves the request (the replication's source, a
+	// probe): a fault on it is the answer of every member that can, and
+	// the request fails with it.
+	alone bool
+	// again: the path's own next run on the member serves as the other
+	// member (a probe confirms the last probe's ambiguous answer).
+	again bool
+	// quiet: the application gets CKR_OK whatever the members answer.
+	quiet bool
 }
 
 var paths = []path{
@@ -79,7 +94,7 @@ var paths = []path{
 		_, err := s.CreateObject(ctx, dataTemplate(label))
 		return err
 	}},
-	{name: "login", op: slot.OpLogin, held: -1, run: func(ctx context.Context, f *fixture, _ *Session, _ ObjectHandle, _ string) error {
+	{name: "login proof", op: slot.OpLogin, held: -1, run: func(ctx context.Context, f *fixture, _ *Session, _ ObjectHandle, _ string) error {
 		// The application logs in again: the PIN's proof on the first
 		// member, then the others' logins.
 		if err := f.g.Logout(ctx); err != nil && CodeOf(err) != pkcs11.CKR_USER_NOT_LOGGED_IN {
@@ -87,12 +102,39 @@ var paths = []path{
 		}
 		return f.g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(f.toks[0].UserPIN))
 	}},
-	{name: "replicate", op: slot.OpUnwrapKey, held: 0, run: func(ctx context.Context, _ *fixture, s *Session, _ ObjectHandle, label string) error {
-		// A secret key travels to the other members wrapped: the
-		// targets' unwrap is the request every one of them refuses.
-		_, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), aesTemplate(label))
-		return err
+	{name: "login of the others", op: slot.OpLogin, held: -1, victim: 2, ownPINs: true, run: func(ctx context.Context, f *fixture, _ *Session, _ ObjectHandle, _ string) error {
+		// Every member logs in with its own PIN source at once (the
+		// agent's login): no proof served the request before.
+		if err := f.g.Logout(ctx); err != nil && CodeOf(err) != pkcs11.CKR_USER_NOT_LOGGED_IN {
+			return err
+		}
+		return f.g.LoginConfigured(ctx)
 	}},
+	{name: "replicate target", op: slot.OpUnwrapKey, held: 0, victim: 2, run: generateAES},
+	{name: "replicate source", op: slot.OpWrapKey, held: 0, alone: true, run: generateAES},
+	{name: "logout", op: slot.OpLogout, held: -1, quiet: true, run: func(ctx context.Context, f *fixture, _ *Session, _ ObjectHandle, _ string) error {
+		if err := f.g.Logout(ctx); err != nil {
+			return err
+		}
+		return f.g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(f.toks[0].UserPIN))
+	}},
+	{name: "probe", op: slot.OpTokenInfo, held: -1, alone: true, again: true, run: func(ctx context.Context, f *fixture, _ *Session, _ ObjectHandle, _ string) error {
+		// The agent's health probe of every member.
+		var errs []error
+		for _, tok := range f.toks {
+			_, err := f.g.Probe(ctx, tok.Name)
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}},
+}
+
+// generateAES makes a token AES key labelled label: a secret key travels
+// to the other members wrapped by the primary (the source) and unwrapped
+// by each target.
+func generateAES(ctx context.Context, _ *fixture, s *Session, _ ObjectHandle, label string) error {
+	_, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), aesTemplate(label))
+	return err
 }
 
 // faultOn makes op fail with err on the named tokens.
@@ -118,13 +160,16 @@ func TestAmbiguousErrorOnEveryMemberFailsNoMember(t *testing.T) {
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
 			faults := slottest.NewFaults()
-			f := setup(t, setupOpts{interceptor: faults, threshold: 1, policy: config.PolicyPrimaryBackup})
+			f := setup(t, setupOpts{interceptor: faults, threshold: 1, policy: config.PolicyPrimaryBackup, ownPINs: p.ownPINs})
 			s := openSession(t, f.g)
 			ctx := testContext(t)
 			key := macKey(t, s, "k")
 			faultOn(faults, names(f.toks), p.op, errGeneral)
 			err := p.run(ctx, f, s, key, "ambiguous")
-			if CodeOf(err) != pkcs11.CKR_GENERAL_ERROR {
+			switch {
+			case p.quiet && err != nil:
+				t.Fatalf("%s refused by every member: %v, want CKR_OK", p.name, err)
+			case !p.quiet && CodeOf(err) != pkcs11.CKR_GENERAL_ERROR:
 				t.Fatalf("%s refused by every member: %v (0x%x), want CKR_GENERAL_ERROR", p.name, err, CodeOf(err))
 			}
 			wantServing(t, f, "after a CKR_GENERAL_ERROR from every member")
@@ -137,7 +182,10 @@ func TestAmbiguousErrorOnEveryMemberFailsNoMember(t *testing.T) {
 					reached++
 				}
 			}
-			if reached < 2 {
+			switch {
+			case p.alone && reached < 1:
+				t.Errorf("the request reached no member")
+			case !p.alone && reached < 2:
 				t.Errorf("the request reached %d members, want it tried on more than one", reached)
 			}
 			if p.held >= 0 {
@@ -160,7 +208,10 @@ func TestAmbiguousErrorOnEveryMemberFailsNoMember(t *testing.T) {
 // An error on the member an operation goes to first, while another member
 // serves it: a device error, and an ambiguous error too (another member
 // served the same request), fail that member (failure_threshold = 1) and
-// the operation succeeds elsewhere.
+// the operation succeeds elsewhere. Where one member alone serves the
+// request, the application gets its answer, and an ambiguous one fails it
+// only once confirmed (the probe's next run) or never (the replication's
+// source: the request's fault).
 func TestErrorOnOneMemberFailsItOver(t *testing.T) {
 	for _, fault := range []struct {
 		name string
@@ -169,20 +220,32 @@ func TestErrorOnOneMemberFailsItOver(t *testing.T) {
 		for _, p := range paths {
 			t.Run(fault.name+"/"+p.name, func(t *testing.T) {
 				faults := slottest.NewFaults()
-				f := setup(t, setupOpts{interceptor: faults, threshold: 1, policy: config.PolicyPrimaryBackup})
+				f := setup(t, setupOpts{interceptor: faults, threshold: 1, policy: config.PolicyPrimaryBackup, ownPINs: p.ownPINs})
 				s := openSession(t, f.g)
 				ctx := testContext(t)
 				key := macKey(t, s, "k")
-				victim := f.toks[0].Name // the primary: first in every order
-				if p.name == "replicate" {
-					victim = f.toks[2].Name // a target
-				}
+				victim := f.toks[p.victim].Name
 				faults.Fail(victim, p.op, fault.err)
-				if err := p.run(ctx, f, s, key, "served"); err != nil {
+				err := p.run(ctx, f, s, key, "served")
+				switch {
+				case p.alone && CodeOf(err) != slot.CodeOf(fault.err):
+					t.Fatalf("%s with member %s alone refusing: %v (0x%x), want its answer", p.name, victim, err, CodeOf(err))
+				case !p.alone && err != nil:
 					t.Fatalf("%s with member %s refusing: %v", p.name, victim, err)
 				}
 				if faults.Calls(victim, p.op) == 0 {
 					t.Fatalf("the fault on %s was not exercised", victim)
+				}
+				if p.alone && fault.err == errGeneral {
+					if st := memberState(f.g, victim); !st.Serving() {
+						t.Fatalf("member %s is %v after an ambiguous answer nothing confirmed, want serving", victim, st)
+					}
+					if !p.again {
+						return
+					}
+					if err := p.run(ctx, f, s, key, "again"); CodeOf(err) != pkcs11.CKR_GENERAL_ERROR {
+						t.Fatalf("%s again: %v, want CKR_GENERAL_ERROR", p.name, err)
+					}
 				}
 				if st := memberState(f.g, victim); st != member.Failed {
 					t.Errorf("member %s is %v after a %s another member did not give, want failed", victim, st, fault.name)

@@ -114,6 +114,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
@@ -405,30 +406,36 @@ func (g *Group) Member(name string) (*member.Member, bool) {
 
 // Status is a snapshot of the whole group.
 type Status struct {
+	Summary
+	Members []member.Snapshot `json:"members"`
+}
+
+// Summary is the group as a whole, without its members: the part of its
+// status pkg/ha's Status shares.
+type Summary struct {
 	Label  string `json:"label"`
 	Serial string `json:"serial"`
 	Policy string `json:"policy"`
 	// RecoveryMode is activeBasic or activeEnhanced.
-	RecoveryMode string            `json:"recovery_mode"`
-	LoggedIn     bool              `json:"logged_in"`
-	Primary      string            `json:"primary,omitempty"` // empty when no member is active
-	Active       int               `json:"active"`
-	Standby      int               `json:"standby"`
-	Failed       int               `json:"failed"` // failed or recovering
-	Sessions     int               `json:"sessions"`
-	Members      []member.Snapshot `json:"members"`
+	RecoveryMode string `json:"recovery_mode"`
+	LoggedIn     bool   `json:"logged_in"`
+	Primary      string `json:"primary,omitempty"` // empty when no member is active
+	Active       int    `json:"active"`
+	Standby      int    `json:"standby"`
+	Failed       int    `json:"failed"` // failed or recovering
+	Sessions     int    `json:"sessions"`
 }
 
 // Degraded reports whether some member is not serving (failed, recovering
 // or removed).
-func (s Status) Degraded() bool { return s.Failed > 0 }
+func (s Summary) Degraded() bool { return s.Failed > 0 }
 
-// Down reports whether no member can take work.
-func (s Status) Down() bool { return s.Active == 0 && s.Standby == 0 }
+// down reports whether no member can take work.
+func (s Summary) down() bool { return s.Active == 0 && s.Standby == 0 }
 
 // Status returns a snapshot of the group.
 func (g *Group) Status() Status {
-	st := Status{Label: g.label, Serial: g.serial, Policy: g.policyName(), RecoveryMode: g.RecoveryMode()}
+	st := Status{Summary: Summary{Label: g.label, Serial: g.serial, Policy: g.policyName(), RecoveryMode: g.RecoveryMode()}}
 	_, st.LoggedIn = g.LoggedIn()
 	st.Members = g.Members()
 	for _, m := range st.Members {
@@ -788,5 +795,5 @@ func (g *Group) commandDeadline() time.Duration {
 	if g.settings.CommandTimeout > 0 {
 		return g.settings.CommandTimeout
 	}
-	return config.DefaultCommandTimeout
+	return dispatch.DefaultCommandTimeout
 }

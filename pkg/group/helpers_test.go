@@ -110,6 +110,7 @@ type setupOpts struct {
 	toks        []testhsm.Token // use these instead of fresh pool tokens
 	mode        string          // recovery mode (default activeBasic)
 	journal     bool            // tombstones in a journal in a temp state dir, as haagent keeps them
+	ownPINs     bool            // every member reads its PIN from $HAGROUP_TEST_PIN
 }
 
 func memberCfg(tok testhsm.Token) config.Member {
@@ -134,6 +135,10 @@ func setup(t testing.TB, o setupOpts) *fixture {
 		mc := memberCfg(tok)
 		for _, s := range o.standby {
 			mc.Standby = mc.Standby || s == i
+		}
+		if o.ownPINs {
+			t.Setenv("HAGROUP_TEST_PIN", toks[0].UserPIN)
+			mc.PINEnv = "HAGROUP_TEST_PIN"
 		}
 		cfg.Members = append(cfg.Members, mc)
 	}

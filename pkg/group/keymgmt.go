@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -375,8 +376,8 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left 
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
 			return nil, clean, err
-		case slot.Ambiguous(err) && clean && !again && ctx.Err() == nil:
-			continue
+		case member.HeldBack(err) && clean && !again && ctx.Err() == nil:
+			continue // not charged yet (member.Charged): asked again first
 		case !clean && (op == "GenerateKey" || op == "GenerateKeyPair"):
 			return nil, clean, &stop{err}
 		}
@@ -512,12 +513,16 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 		return fmt.Errorf("the primary failed before another member held a copy: %w", sourceErr)
 	}
-	if err := unservedCopy(targets, errs); err != nil {
-		// The rule (attempt.go): an ambiguous answer fails a target only
-		// once another member served the same copy. None did: the
-		// request's fault; nobody is failed and nothing is made.
-		for k := range targets {
+	if err := unservedCopy(errs); err != nil {
+		// The rule (member.Charged): an ambiguous answer charges a target
+		// only once another target served the same copy. None did: the
+		// request's fault; nothing is made, and only a target that
+		// answered clearly unwell is failed.
+		for k, t := range targets {
 			takeBack(k)
+			if errs[k] != nil && !member.HeldBack(errs[k]) && !sourceUnwell(errs[k], p) {
+				g.replicationFailed(t, ms[failedAt[k]].obj.Identity, errs[k])
+			}
 		}
 		return err
 	}
@@ -573,7 +578,7 @@ func (g *Group) copyTo(ctx context.Context, t *member.Member, dst hasync.Target,
 			start := t.Begin()
 			c, err := g.rep.Replicate(ctx, src, h, dst)
 			t.End(start, err)
-			if err != nil && (again || !slot.Ambiguous(err) || ctx.Err() != nil) {
+			if err != nil && (again || !member.HeldBack(err) || ctx.Err() != nil) {
 				return j, err
 			}
 			copies[j] = c
@@ -582,21 +587,18 @@ func (g *Group) copyTo(ctx context.Context, t *member.Member, dst hasync.Target,
 	return 0, nil
 }
 
-// unservedCopy returns a target's ambiguous error when no target took the
-// copy and every target that failed answered ambiguously.
-func unservedCopy(targets []*member.Member, errs []error) error {
-	var amb error
-	for i := range targets {
-		switch {
-		case errs[i] == nil:
-			return nil // served
-		case errs[i] != nil && !slot.Ambiguous(errs[i]):
-			return nil
-		case errs[i] != nil:
-			amb = errs[i]
+// unservedCopy returns a target's answer that the rule holds back
+// (member.HeldBack) when no target took the copy, nil otherwise.
+func unservedCopy(errs []error) error {
+	if slices.Contains(errs, nil) {
+		return nil // served
+	}
+	for _, err := range errs {
+		if member.HeldBack(err) {
+			return err
 		}
 	}
-	return amb
+	return nil
 }
 
 // sourceUnwell reports whether a replication error is the primary p
@@ -604,14 +606,13 @@ func unservedCopy(targets []*member.Member, errs []error) error {
 // the fault is the source's, not the target's.
 func sourceUnwell(err error, p *member.Member) bool {
 	var se *slot.Error
-	return errors.As(err, &se) && se.Member == p.Name() && slot.ClassOf(err) == slot.ClassHealth && !slot.Ambiguous(err)
+	return errors.As(err, &se) && se.Member == p.Name() && member.Charged(err, false)
 }
 
 // sourceRefused reports whether a replication error is the primary p
-// refusing the request (not a target failing, not p being unwell): a
-// request error, or an ambiguous one (CKR_GENERAL_ERROR,
-// CKR_FUNCTION_FAILED) that a second try got too, which is never charged
-// to the primary's health, or the primary's domain key failing its audit.
+// refusing the request (not a target failing, not p being unwell): an
+// answer the rule does not charge to p (member.Charged: no other member
+// served the same read), or the primary's domain key failing its audit.
 func sourceRefused(err error, p *member.Member) bool {
 	var se *slot.Error
 	var we *hasync.WeakDomainKeyError
@@ -619,7 +620,7 @@ func sourceRefused(err error, p *member.Member) bool {
 		// The primary's domain key is weak: nothing leaves it.
 		return we.Member == p.Name()
 	}
-	return errors.As(err, &se) && se.Member == p.Name() && (slot.ClassOf(err) == slot.ClassRequest || slot.Ambiguous(err))
+	return errors.As(err, &se) && se.Member == p.Name() && !member.Charged(err, false)
 }
 
 // destroyIn takes back a copy made on dst (errors ignored: the copy is
@@ -974,7 +975,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vtable.Object, m *member.M
 		if fp != nil && !bytes.Equal(fp, want) {
 			continue
 		}
-		if _, err := g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, h) }); err != nil && !isHandleError(err) {
+		if _, err := g.call(ctx, m, func() error { return m.Slot().DestroyObject(ctx, h) }); err != nil && !slot.StaleHandle(err) {
 			g.copiesLeft(ctx, m, id, err)
 			return
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
@@ -209,7 +210,7 @@ func (g *Group) RemoveMember(ctx context.Context, name string) error {
 func (g *Group) drainLimit() time.Duration {
 	d := g.settings.KeygenTimeout
 	if d <= 0 {
-		d = config.DefaultKeygenTimeout
+		d = dispatch.DefaultKeygenTimeout
 	}
 	return max(d, g.commandDeadline())
 }

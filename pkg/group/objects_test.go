@@ -620,7 +620,7 @@ func TestOpenWithAMemberDown(t *testing.T) {
 	}
 	defer g.Close()
 	st := g.Status()
-	if st.Active != 2 || st.Failed != 1 || !st.Degraded() || st.Down() {
+	if st.Active != 2 || st.Failed != 1 || !st.Degraded() || st.down() {
 		t.Errorf("status %+v", st)
 	}
 	if events.count(MemberFailed, "ghost") != 1 {

@@ -31,7 +31,7 @@ func outage(t *testing.T, f *fixture, faults *slottest.Faults, s *Session, key O
 	if CodeOf(err) != pkcs11.CKR_DEVICE_ERROR {
 		t.Fatalf("%s with every member down: %v (0x%x), want CKR_DEVICE_ERROR", what, err, CodeOf(err))
 	}
-	if st := f.g.Status(); !st.Down() {
+	if st := f.g.Status(); !st.down() {
 		t.Fatalf("status after the outage: %+v", st)
 	}
 	if f.events.count(GroupDown, "") != 1 {

@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/group/login"
@@ -225,7 +226,7 @@ func (s *Session) checkOpen(op string) error {
 
 // Login logs the virtual slot in as userType (CKU_USER or CKU_SO) with the
 // application's pin, which must prove itself first: it is tried on one
-// member only (see proveOn for which), and that member's answer is final —
+// member only (login.State.Prove says which), and that member's answer is final —
 // CKR_PIN_INCORRECT, CKR_PIN_LOCKED, CKR_PIN_EXPIRED or any other refusal
 // is returned and reaches no other member, so a wrong PIN costs one try on
 // one token, as on a bare token. Only a member that fails for a health
@@ -308,6 +309,9 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	}
 	n, lastErr := g.logins.LoginAll(ctx, rest, userType, pin, prove)
 	logged += n
+	if refused := (*login.RefusedError)(nil); logged == 0 && errors.As(lastErr, &refused) {
+		return nil, opErr("Login", refused.Member, refused.Err) // the token's answer: nobody took it
+	}
 	if logged == 0 {
 		if lastErr == nil {
 			return nil, wrap(ErrNoMember, "Login", "", errors.New("no member to log in"))
@@ -377,20 +381,32 @@ func (g *Group) Logout(ctx context.Context) error {
 	}
 	g.logins.Clear()
 	g.proofs.Forget()
+	ms := g.serving()
+	errs := make([]error, len(ms))
+	fails := make([]bool, len(ms))
 	var wg sync.WaitGroup
-	for _, m := range g.serving() {
+	for i, m := range ms {
 		wg.Go(func() {
-			start := m.Begin()
-			err := m.Slot().Logout(ctx)
-			if slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN {
-				err = nil
-			}
-			if out := m.End(start, err); out.Fail {
-				g.failMember(m, err)
-			}
+			_, fails[i], errs[i] = g.measure(ctx, m, func() error {
+				err := m.Slot().Logout(ctx)
+				if slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN {
+					return nil
+				}
+				return err
+			})
 		})
 	}
 	wg.Wait()
+	// Every member got the same request: one that logged out serves it.
+	var v member.Verdict
+	for i, err := range errs {
+		if fails[i] && v.Health(ms[i], err, true) {
+			g.failMember(ms[i], err)
+		}
+	}
+	if slices.Contains(errs, nil) {
+		v.Served(g.failMember)
+	}
 	for _, m := range g.view().members {
 		m.BumpEpoch()
 	}
@@ -520,7 +536,7 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 		return opstate.StepOn(ctx, k, st, ps, in, sig, wh)
 	}
 	var skip memberSet
-	var prior []suspect
+	var v *member.Verdict
 	if m := op.At.m; m != nil {
 		if m.State().Serving() && m.Epoch() == op.At.epoch {
 			out, class, fail, err := s.onMember(ctx, op, with, fn)
@@ -530,17 +546,16 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 				return out, nil
 			case class != slot.ClassHealth || ctx.Err() != nil:
 				return nil, opErr(opName, m.Name(), err)
-			case op.Started && slot.Ambiguous(err):
+			case op.Started && !member.Charged(err, false):
 				// Pinned: no other member can serve the same request, so
 				// the rule makes it the token's answer, and m stays.
 				return nil, opErr(opName, m.Name(), err)
 			case op.Started:
 				s.g.failMember(m, err)
 				return nil, wrap(ErrMemberLost, opName, m.Name(), err)
-			case slot.Ambiguous(err):
-				// Charged by exec only if another member serves it.
-				prior = append(prior, suspect{m, err, fail})
-			case fail:
+			}
+			v = new(member.Verdict) // the operation moves on: charged as exec's own
+			if v.Health(m, err, fail) {
 				s.g.failMember(m, err)
 			}
 			m.AddFailover()
@@ -552,7 +567,7 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 	} else if st == StepSingle {
 		return s.g.single(ctx, k, op.Mech, op.At.key, in, sig)
 	}
-	out, err := s.place(ctx, k, op, opName, skip, prior, with, fn)
+	out, err := s.place(ctx, k, op, opName, skip, v, with, fn)
 	if err == nil {
 		s.started(op, st)
 	}
@@ -601,7 +616,7 @@ type stepFn func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error)
 // the group's failover (exec): members in skip, and those that do not
 // hold the objects, are passed over. On success op runs on that member
 // from now on.
-func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, prior []suspect, with *vtable.Object, fn stepFn) ([]byte, error) {
+func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, v *member.Verdict, with *vtable.Object, fn stepFn) ([]byte, error) {
 	var objs []*vtable.Object // the operation's key, then with's object
 	if op.At.key != nil {
 		objs = append(objs, op.At.key)
@@ -613,7 +628,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 	var out []byte
 	var ps *slot.Session
 	var ep uint64
-	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next, prior: prior}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next, verdict: v}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		var kh pkcs11.ObjectHandle
 		if op.At.key != nil {
 			kh = hs[0]

@@ -279,18 +279,7 @@ func madeEqual(rep *recover.SyncReport) bool {
 // Status is a snapshot of the group with the recovery state of each
 // member.
 type Status struct {
-	Label        string `json:"label"`
-	Serial       string `json:"serial"`
-	Policy       string `json:"policy"`
-	RecoveryMode string `json:"recovery_mode"`
-	LoggedIn     bool   `json:"logged_in"`
-	// Primary is the member key management runs on ("" when none is
-	// active).
-	Primary  string `json:"primary,omitempty"`
-	Active   int    `json:"active"`
-	Standby  int    `json:"standby"`
-	Failed   int    `json:"failed"` // failed or recovering
-	Sessions int    `json:"sessions"`
+	group.Summary
 	// TombstonesInMemory reports that destroys are not journalled on disk
 	// (TombstoneError says why).
 	TombstonesInMemory bool `json:"tombstones_in_memory"`
@@ -299,9 +288,6 @@ type Status struct {
 	SyncError string         `json:"sync_error,omitempty"`
 	Members   []MemberStatus `json:"members"`
 }
-
-// Degraded reports whether some member is not serving.
-func (s Status) Degraded() bool { return s.Failed > 0 }
 
 // OutOfSync reports whether some member needs synchronisation: it
 // differs from the others, or the members could not be compared.
@@ -405,11 +391,7 @@ func (h *Group) OutOfSync(ctx context.Context) (map[string]int, error) {
 // not set (Status sets them).
 func (h *Group) Snapshot() Status {
 	gs := h.g.Status()
-	st := Status{
-		Label: gs.Label, Serial: gs.Serial, Policy: gs.Policy, RecoveryMode: gs.RecoveryMode,
-		LoggedIn: gs.LoggedIn, Primary: gs.Primary, Active: gs.Active, Standby: gs.Standby,
-		Failed: gs.Failed, Sessions: gs.Sessions, TombstonesInMemory: h.journal == nil,
-	}
+	st := Status{Summary: gs.Summary, TombstonesInMemory: h.journal == nil}
 	for _, snap := range gs.Members {
 		rs := h.rec.Status(snap.Name)
 		ms := MemberStatus{

@@ -3,6 +3,7 @@ package member
 import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // SlotSpec is how member m's token is opened under settings s: the one
@@ -26,6 +27,6 @@ func SlotSpec(m config.Member, s config.Settings) slot.Spec {
 		ServerUID:      m.ExpectedServerUID(),
 		CommandTimeout: s.CommandTimeout,
 		KeygenTimeout:  s.KeygenTimeout,
-		Dispatch:       slot.Dispatch(m.Dispatch),
+		Dispatch:       dispatch.Dispatch(m.Dispatch),
 	}
 }

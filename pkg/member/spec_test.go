@@ -7,6 +7,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // notInSpec are the config.Member fields that do not describe how the
@@ -98,7 +99,7 @@ func TestSlotSpecValues(t *testing.T) {
 	got := SlotSpec(m, set)
 	want := slot.Spec{
 		Name: "hsm-a", Module: m.Module, ModuleEnv: m.ModuleEnv, TokenLabel: "a", TokenSerial: "s", URI: "pkcs11:token=a",
-		CommandTimeout: 3 * time.Second, KeygenTimeout: 7 * time.Second, Dispatch: slot.DispatchInline,
+		CommandTimeout: 3 * time.Second, KeygenTimeout: 7 * time.Second, Dispatch: dispatch.Inline,
 	}
 	if got.ServerUID == nil || *got.ServerUID != 1001 {
 		t.Fatalf("ServerUID = %v, want 1001", got.ServerUID)

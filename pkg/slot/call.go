@@ -12,6 +12,7 @@ import (
 	"github.com/hagroup/hagroup/internal/handoff"
 	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/miekg/pkcs11"
 )
 
@@ -90,7 +91,7 @@ func newSess(owner *Slot, st *slotState) *sess {
 		ctx:    st.ctx,
 		gen:    st.gen,
 		inc:    st.inc,
-		worker: owner.spec.Dispatch != DispatchInline,
+		worker: owner.spec.Dispatch != dispatch.Inline,
 	}
 	if x.worker {
 		x.shot = p11raw.NewShot()

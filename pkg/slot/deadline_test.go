@@ -13,6 +13,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/miekg/pkcs11"
 )
 
@@ -34,8 +35,8 @@ func checkTimeout(t *testing.T, what string, err error, elapsed, d time.Duration
 }
 
 // eachDispatch runs fn with each dispatch, in parallel.
-func eachDispatch(t *testing.T, fn func(t *testing.T, d slot.Dispatch)) {
-	for _, d := range slot.Dispatches {
+func eachDispatch(t *testing.T, fn func(t *testing.T, d dispatch.Dispatch)) {
+	for _, d := range dispatch.All {
 		t.Run(string(d), func(t *testing.T) {
 			t.Parallel()
 			fn(t, d)

@@ -5,43 +5,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
-
-// Dispatch is how a member's calls reach its module (Spec.Dispatch).
-type Dispatch string
-
-// The dispatches.
-const (
-	// DispatchHandoff (the default) runs each call on the session's worker
-	// while the caller waits for the answer, for the deadline or for its
-	// ctx, whichever comes first. A module call cannot be cancelled: a call
-	// given up is abandoned, its session quarantined and closed if the
-	// call ever returns. The price is a hand-off per call.
-	DispatchHandoff Dispatch = "handoff"
-	// DispatchInline runs each call on the caller's goroutine (the
-	// application's thread, in libhapkcs11.so): no hand-off, for
-	// in-process software tokens that cannot hang (SoftHSM). Neither the
-	// deadline nor ctx can interrupt a call: a hung call hangs its caller.
-	// A watchdog marks the member stalled once a call outlives its
-	// deadline; from then on every other call fails at once with
-	// ErrTimeout (class health), so the group fails the member over, until
-	// the hung call returns.
-	DispatchInline Dispatch = "inline"
-)
-
-// Dispatches lists the valid values of Spec.Dispatch, default first.
-var Dispatches = []Dispatch{DispatchHandoff, DispatchInline}
-
-// ParseDispatch returns the dispatch named s ("" is the default).
-func ParseDispatch(s string) (Dispatch, error) {
-	switch d := Dispatch(s); d {
-	case "":
-		return DispatchHandoff, nil
-	case DispatchHandoff, DispatchInline:
-		return d, nil
-	}
-	return "", fmt.Errorf("unknown dispatch %q (want %q or %q)", s, DispatchHandoff, DispatchInline)
-}
 
 // How long each side of a hand-off spins before it sleeps on a futex
 // (internal/handoff). Sleeping costs a wake-up, and on a VM whose idle
@@ -198,5 +164,5 @@ func (s *Slot) stalled(op Op) error {
 	if s.stalls.Load() <= 0 {
 		return nil
 	}
-	return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: a call has been inside the module past its deadline (dispatch %s does not abandon it)", ErrTimeout, DispatchInline)}
+	return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: a call has been inside the module past its deadline (dispatch %s does not abandon it)", ErrTimeout, dispatch.Inline)}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/miekg/pkcs11"
 )
 
@@ -29,7 +30,7 @@ func (o threadOf) Before(_ context.Context, _ string, op slot.Op) error {
 // Interceptor sees the call where the module does, under either dispatch.
 func TestDispatchThread(t *testing.T) {
 	t.Parallel()
-	eachDispatch(t, func(t *testing.T, d slot.Dispatch) {
+	eachDispatch(t, func(t *testing.T, d dispatch.Dispatch) {
 		spec := specOf(testhsm.Take(t, 1)[0])
 		spec.Dispatch = d
 		rec := threadOf{tid: make(chan int, 1)}
@@ -43,7 +44,7 @@ func TestDispatchThread(t *testing.T) {
 			t.Fatalf("Digest: %v", err)
 		}
 		module := <-rec.tid
-		if inline := d == slot.DispatchInline; inline != (module == caller) {
+		if inline := d == dispatch.Inline; inline != (module == caller) {
 			t.Fatalf("dispatch %s: the module call ran on thread %d, the caller is thread %d", d, module, caller)
 		}
 	})
@@ -57,7 +58,7 @@ func TestInlineWatchdog(t *testing.T) {
 	t.Parallel()
 	tok := testhsm.Take(t, 1)[0]
 	spec := specOf(tok)
-	spec.Dispatch = slot.DispatchInline
+	spec.Dispatch = dispatch.Inline
 	spec.CommandTimeout = 300 * time.Millisecond
 	s, f := openFaulty(t, tok, spec)
 	pub, priv := newECKey(t, s, "inline")

@@ -14,13 +14,13 @@
 // # Deadlines and dispatch
 //
 // A call into a module cannot be cancelled. Under Spec.Dispatch
-// DispatchHandoff (the default) every call therefore runs on the worker of
+// dispatch.Handoff (the default) every call therefore runs on the worker of
 // its session while the caller waits for the result, for
 // Spec.CommandTimeout (Spec.KeygenTimeout for key generation), or for its
 // ctx, whichever comes first. A caller that stops waiting gets an error
 // wrapping ErrTimeout (or its ctx's error) and the session is quarantined:
 // it is never used again, and it is closed if the call ever returns. Under
-// DispatchInline the call runs on the caller's goroutine and is never
+// dispatch.Inline the call runs on the caller's goroutine and is never
 // abandoned; once one is past its deadline every other call fails with
 // ErrTimeout until it returns.
 //

@@ -425,3 +425,14 @@ func Ambiguous(err error) bool {
 	}
 	return false
 }
+
+// StaleHandle reports whether err says a handle named in the call is not
+// (or no longer) valid on the member: looked up again, never charged.
+func StaleHandle(err error) bool {
+	switch CodeOf(err) {
+	case pkcs11.CKR_OBJECT_HANDLE_INVALID, pkcs11.CKR_KEY_HANDLE_INVALID,
+		pkcs11.CKR_WRAPPING_KEY_HANDLE_INVALID, pkcs11.CKR_UNWRAPPING_KEY_HANDLE_INVALID:
+		return true
+	}
+	return false
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 )
 
@@ -134,7 +135,7 @@ func TestModuleOutlivesACallGivenUpOn(t *testing.T) {
 func TestModuleOutlivesAStalledInlineCall(t *testing.T) {
 	t.Parallel()
 	lib, spec := ownModule(t)
-	spec.Dispatch = slot.DispatchInline
+	spec.Dispatch = dispatch.Inline
 	spec.CommandTimeout = 200 * time.Millisecond
 	spec.KeygenTimeout = 300 * time.Millisecond // bounds Close's wait for calls in flight
 	faults := slottest.NewFaults()

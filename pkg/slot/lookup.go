@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/miekg/pkcs11"
 )
 
@@ -341,14 +342,14 @@ func findToken(ctx context.Context, spec *Spec, q tokenQuery, m *module, timeout
 // ListTokens lists the tokens a module offers, the uninitialised ones
 // included. env is set while the module loads, as for Spec.ModuleEnv.
 func ListTokens(ctx context.Context, module string, env map[string]string) ([]TokenSummary, error) {
-	m, err := modules.acquire(ctx, module, env, nil, DefaultCommandTimeout)
+	m, err := modules.acquire(ctx, module, env, nil, dispatch.DefaultCommandTimeout)
 	if err != nil {
 		return nil, err
 	}
 	defer modules.release(m)
 	c := modules.current(m)
 	var toks []found
-	err = callOn(ctx, m, DefaultCommandTimeout, func() error {
+	err = callOn(ctx, m, dispatch.DefaultCommandTimeout, func() error {
 		var err error
 		toks, err = listTokens(c, false)
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
@@ -57,7 +58,7 @@ func openFaulty(t testing.TB, tok testhsm.Token, spec slot.Spec) (*slot.Slot, *s
 // the test is about.
 func open(t testing.TB, spec slot.Spec) *slot.Slot {
 	t.Helper()
-	if spec.CommandTimeout > 0 && spec.CommandTimeout < slot.DefaultCommandTimeout && spec.Module == testhsm.SoftHSMModule {
+	if spec.CommandTimeout > 0 && spec.CommandTimeout < dispatch.DefaultCommandTimeout && spec.Module == testhsm.SoftHSMModule {
 		warm := spec
 		warm.CommandTimeout, warm.Interceptor = 0, nil
 		open(t, warm)

@@ -16,12 +16,13 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/internal/testhsm/objrace"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/miekg/pkcs11"
 )
 
 func TestSignAndVerify(t *testing.T) {
 	t.Parallel()
-	eachDispatch(t, func(t *testing.T, d slot.Dispatch) {
+	eachDispatch(t, func(t *testing.T, d dispatch.Dispatch) {
 		spec := specOf(testhsm.Take(t, 1)[0])
 		spec.Dispatch = d
 		testSignAndVerify(t, open(t, spec))
@@ -75,7 +76,7 @@ func TestMechanismParameters(t *testing.T) {
 	eachDispatch(t, testMechanismParameters)
 }
 
-func testMechanismParameters(t *testing.T, d slot.Dispatch) {
+func testMechanismParameters(t *testing.T, d dispatch.Dispatch) {
 	spec := specOf(testhsm.Take(t, 1)[0])
 	spec.Dispatch = d
 	s := open(t, spec)
@@ -453,7 +454,7 @@ func TestCreatesAndReadsDoNotCorrupt(t *testing.T) {
 // the call is made again), and an empty output stays empty.
 func TestOutputsOfAnyLength(t *testing.T) {
 	t.Parallel()
-	eachDispatch(t, func(t *testing.T, d slot.Dispatch) {
+	eachDispatch(t, func(t *testing.T, d dispatch.Dispatch) {
 		spec := specOf(testhsm.Take(t, 1)[0])
 		spec.Dispatch = d
 		s := open(t, spec)

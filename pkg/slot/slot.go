@@ -9,6 +9,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/miekg/pkcs11"
 )
 
@@ -107,15 +108,15 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		return nil, &Error{Member: spec.Name, Err: err}
 	}
 	if spec.CommandTimeout <= 0 {
-		spec.CommandTimeout = DefaultCommandTimeout
+		spec.CommandTimeout = dispatch.DefaultCommandTimeout
 	}
 	if spec.KeygenTimeout <= 0 {
-		spec.KeygenTimeout = DefaultKeygenTimeout
+		spec.KeygenTimeout = dispatch.DefaultKeygenTimeout
 	}
 	if spec.MaxSessions < 0 {
 		return nil, invalid(spec.Name, "", "MaxSessions %d is negative", spec.MaxSessions)
 	}
-	d, err := ParseDispatch(string(spec.Dispatch))
+	d, err := dispatch.Parse(string(spec.Dispatch))
 	if err != nil {
 		return nil, invalid(spec.Name, "", "%v", err)
 	}

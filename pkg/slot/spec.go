@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // Op names a PKCS#11 operation, for errors and for interceptors.
@@ -62,12 +63,6 @@ const (
 type Interceptor interface {
 	Before(ctx context.Context, token string, op Op) error
 }
-
-// Default deadlines, used when a Spec leaves them zero.
-const (
-	DefaultCommandTimeout = 20 * time.Second
-	DefaultKeygenTimeout  = 120 * time.Second
-)
 
 // MinInitializeTimeout is the least a member module's C_Initialize is
 // given, whatever the command timeout. C_Initialize is not a command: a
@@ -127,8 +122,8 @@ type Spec struct {
 	ServerUID      *uint32       // served token (hagroup-remote:): the uid its hsmserve must run as, besides root; nil: this process's
 	Interceptor    Interceptor   // fault injection for tests
 	// Dispatch is how calls reach the module (dispatch.go); "" is
-	// DispatchHandoff.
-	Dispatch Dispatch
+	// dispatch.Handoff.
+	Dispatch dispatch.Dispatch
 }
 
 // Attribute is one attribute read from an object. Status is CKR_OK,

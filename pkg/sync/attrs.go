@@ -110,8 +110,8 @@ var unwrapTypes = map[uint][]uint{
 // set it. Nested templates (CKA_WRAP_TEMPLATE…) are not copied. A public
 // key's list names only the material its key type has: an attribute the
 // object lacks makes the token refuse the whole read, and pkg/slot then
-// asks once per attribute (measured: 17 module calls instead of one for
-// an EC public key).
+// asks once per attribute (docs/BENCHMARKS.md, "SoftHSM costs the code is
+// shaped by").
 func copyTypes(class, keyType uint) ([]uint, error) {
 	switch class {
 	case pkcs11.CKO_PUBLIC_KEY:

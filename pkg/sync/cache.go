@@ -284,7 +284,7 @@ func (r *Replicator) withDomainKey(ctx context.Context, s *slot.Slot, fn func(dk
 		return err
 	}
 	err = fn(dk, trusted)
-	if err == nil || !staleHandle(err) {
+	if err == nil || !slot.StaleHandle(err) {
 		return err
 	}
 	r.forgetDomainKey(s)
@@ -296,17 +296,6 @@ func (r *Replicator) withDomainKey(ctx context.Context, s *slot.Slot, fn func(dk
 		return errors.Join(err, ferr)
 	}
 	return fn(dk, trusted)
-}
-
-// staleHandle reports whether err says a handle named in the call is not
-// (or no longer) valid.
-func staleHandle(err error) bool {
-	switch slot.CodeOf(err) {
-	case pkcs11.CKR_OBJECT_HANDLE_INVALID, pkcs11.CKR_KEY_HANDLE_INVALID,
-		pkcs11.CKR_WRAPPING_KEY_HANDLE_INVALID, pkcs11.CKR_UNWRAPPING_KEY_HANDLE_INVALID:
-		return true
-	}
-	return false
 }
 
 // wrapMechanism is the mechanism private and secret keys travel under.

@@ -77,36 +77,6 @@ func stateTemplate(label string) []*pkcs11.Attribute {
 	return append(PrivateState(), pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)))
 }
 
-// ReadState returns the group state objects labelled label on s, which
-// must be logged in as the user (ErrNotLoggedIn otherwise: a member not
-// logged in shows no private object, and an empty answer would read as
-// "no state"). An object destroyed between the search and the read is
-// left out.
-func ReadState(ctx context.Context, s *slot.Slot, label string) ([]StateObject, error) {
-	if !s.LoggedIn() {
-		return nil, fmt.Errorf("member %s: read %s: %w", s.Name(), label, ErrNotLoggedIn)
-	}
-	hs, err := s.FindObjects(ctx, stateTemplate(label))
-	if err != nil {
-		return nil, fmt.Errorf("member %s: find %s: %w", s.Name(), label, err)
-	}
-	out := make([]StateObject, 0, len(hs))
-	for _, h := range hs {
-		attrs, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_VALUE})
-		if err != nil {
-			if isGone(err) {
-				continue
-			}
-			return nil, fmt.Errorf("member %s: read %s (object %d): %w", s.Name(), label, h, err)
-		}
-		if len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
-			continue // being written by another process (SoftHSM shows it half made)
-		}
-		out = append(out, StateObject{Handle: h, Value: attrs[0].Value})
-	}
-	return out, nil
-}
-
 // WriteState stores value on s as a new group state object labelled
 // label, with CKA_APPLICATION app, and then destroys the objects in
 // merged, whose content value must hold. An object of merged whose value

@@ -20,7 +20,7 @@ import (
 const (
 	maxClients     = 1024
 	maxPerUID      = 64
-	clientExpiry   = 6 * fleet.DefaultInterval
+	clientExpiry   = 6 * agent.DefaultReportInterval
 	eventBudget    = 120 // lines a process may add to the HA log per eventWindow
 	eventWindow    = time.Minute
 	agentProgram   = "haagent"
@@ -66,25 +66,25 @@ func newClientTable() *clientTable {
 }
 
 // validReport checks a report against fleet's bounds, naming what is over.
-func validReport(rep fleet.Report) error {
+func validReport(rep agent.FleetReport) error {
 	bad := func(format string, a ...any) error {
 		return agent.Errorf(agent.CodeBadRequest, "report: "+format, a...)
 	}
 	switch {
-	case len(rep.Groups) > fleet.MaxGroups:
-		return bad("%d groups, at most %d", len(rep.Groups), fleet.MaxGroups)
-	case len(rep.Events) > fleet.MaxEvents:
-		return bad("%d events, at most %d", len(rep.Events), fleet.MaxEvents)
-	case len(rep.Program) > fleet.MaxProgramLen || len(rep.Host) > fleet.MaxHostLen:
+	case len(rep.Groups) > agent.MaxGroups:
+		return bad("%d groups, at most %d", len(rep.Groups), agent.MaxGroups)
+	case len(rep.Events) > agent.MaxEvents:
+		return bad("%d events, at most %d", len(rep.Events), agent.MaxEvents)
+	case len(rep.Program) > agent.MaxProgramLen || len(rep.Host) > agent.MaxHostLen:
 		return bad("program or host name too long")
 	}
 	for _, g := range rep.Groups {
-		if len(g.Members) > fleet.MaxMembers {
-			return bad("group %.64q: %d members, at most %d", g.Group, len(g.Members), fleet.MaxMembers)
+		if len(g.Members) > agent.MaxMembers {
+			return bad("group %.64q: %d members, at most %d", g.Group, len(g.Members), agent.MaxMembers)
 		}
 	}
 	for _, e := range rep.Events {
-		if len(e.Event) > fleet.MaxNameLen || len(e.Group) > fleet.MaxNameLen || len(e.Member) > fleet.MaxNameLen || len(e.Detail) > fleet.MaxDetailLen {
+		if len(e.Event) > agent.MaxNameLen || len(e.Group) > agent.MaxNameLen || len(e.Member) > agent.MaxNameLen || len(e.Detail) > agent.MaxDetailLen {
 			return bad("an event's name, group, member or detail is too long")
 		}
 	}
@@ -94,7 +94,7 @@ func validReport(rep fleet.Report) error {
 // record stores rep from peer and returns the events to log (those of
 // groups and members the agent runs, within the process's budget).
 // known says whether the agent runs a group ("" member) or a member of it.
-func (t *clientTable) record(peer agent.Peer, rep fleet.Report, known func(group, member string) bool) ([]fleet.Event, error) {
+func (t *clientTable) record(peer agent.Peer, rep agent.FleetReport, known func(group, member string) bool) ([]agent.FleetEvent, error) {
 	if err := validReport(rep); err != nil {
 		return nil, err
 	}
@@ -122,7 +122,7 @@ func (t *clientTable) record(peer agent.Peer, rep fleet.Report, known func(group
 		if !known(g.Group, "") {
 			continue
 		}
-		kept := fleet.GroupReport{Group: g.Group, Members: []fleet.MemberReport{}}
+		kept := agent.FleetGroup{Group: g.Group, Members: []agent.FleetMember{}}
 		for _, m := range g.Members {
 			if !known(g.Group, m.Name) {
 				continue
@@ -163,11 +163,11 @@ func (t *clientTable) roomLocked(uid int) error {
 	return nil
 }
 
-func (t *clientTable) budgetLocked(c *clientEntry, es []fleet.Event, now time.Time, known func(string, string) bool) []fleet.Event {
+func (t *clientTable) budgetLocked(c *clientEntry, es []agent.FleetEvent, now time.Time, known func(string, string) bool) []agent.FleetEvent {
 	if now.Sub(c.budgetStart) >= eventWindow {
 		c.budget, c.budgetStart = 0, now
 	}
-	var out []fleet.Event
+	var out []agent.FleetEvent
 	for _, e := range es {
 		// Process-level events (no group) are kept; group events only for
 		// groups and members the agent runs.
@@ -280,7 +280,7 @@ func (v fleetView) addFleet(gs *agent.GroupStatus) {
 }
 
 // Report implements agent.FleetBackend.
-func (d *Daemon) Report(ctx context.Context, peer agent.Peer, rep fleet.Report) error {
+func (d *Daemon) Report(ctx context.Context, peer agent.Peer, rep agent.FleetReport) error {
 	events, err := d.clients.record(peer, rep, d.knows)
 	if err != nil {
 		return err

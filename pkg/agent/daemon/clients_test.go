@@ -216,12 +216,12 @@ func TestReportFromAnotherUser(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(ta.sock), 0o711); err != nil {
 		t.Fatal(err)
 	}
-	lie := fleet.Report{Program: "liar", PID: 1, Host: "h", Started: time.Now().UTC(), Groups: []fleet.GroupReport{
-		{Group: "g", Members: []fleet.MemberReport{{Name: "b", State: "failed", Operations: 7, Errors: 3}, {Name: "zz", State: "active", Operations: 1}}},
-		{Group: "evil", Members: []fleet.MemberReport{{Name: "x", State: "active", Operations: 1}}},
-	}, Events: []fleet.Event{{Group: "g", Member: "b", Event: "member_failed", Detail: "from nobody"}, {Group: "evil", Event: "member_failed"}}}
+	lie := agent.FleetReport{Program: "liar", PID: 1, Host: "h", Started: time.Now().UTC(), Groups: []agent.FleetGroup{
+		{Group: "g", Members: []agent.FleetMember{{Name: "b", State: "failed", Operations: 7, Errors: 3}, {Name: "zz", State: "active", Operations: 1}}},
+		{Group: "evil", Members: []agent.FleetMember{{Name: "x", State: "active", Operations: 1}}},
+	}, Events: []agent.FleetEvent{{Group: "g", Member: "b", Event: "member_failed", Detail: "from nobody"}, {Group: "evil", Event: "member_failed"}}}
 	b, _ := json.Marshal(lie)
-	if code, out := curlAs(t, ta.sock, "POST", fleet.Path, string(b)); code != 200 {
+	if code, out := curlAs(t, ta.sock, "POST", agent.ReportPath, string(b)); code != 200 {
 		t.Fatalf("report as nobody: %d %s, want 200", code, out)
 	}
 	cl, err := ta.client.Clients(context.Background())
@@ -260,16 +260,16 @@ func TestReportFromAnotherUser(t *testing.T) {
 		}
 	}
 
-	big := fleet.Report{Program: "p", Started: time.Now().UTC()}
-	for i := 0; i <= fleet.MaxGroups; i++ {
-		big.Groups = append(big.Groups, fleet.GroupReport{Group: fmt.Sprint("g", i)})
+	big := agent.FleetReport{Program: "p", Started: time.Now().UTC()}
+	for i := 0; i <= agent.MaxGroups; i++ {
+		big.Groups = append(big.Groups, agent.FleetGroup{Group: fmt.Sprint("g", i)})
 	}
 	b, _ = json.Marshal(big)
-	if code, out := curlAs(t, ta.sock, "POST", fleet.Path, string(b)); code != 400 || !strings.Contains(out, "at most 64") {
+	if code, out := curlAs(t, ta.sock, "POST", agent.ReportPath, string(b)); code != 400 || !strings.Contains(out, "at most 64") {
 		t.Errorf("a report of %d groups: %d %s, want 400 naming the bound", len(big.Groups), code, out)
 	}
 	huge := strings.Repeat("x", 600<<10)
-	if code, out := curlAs(t, ta.sock, "POST", fleet.Path, `{"program":"`+huge+`"}`); code != 400 {
+	if code, out := curlAs(t, ta.sock, "POST", agent.ReportPath, `{"program":"`+huge+`"}`); code != 400 {
 		t.Errorf("a %d KiB report: %d %s, want 400", len(huge)>>10, code, out)
 	}
 }
@@ -280,8 +280,8 @@ func TestClientTableBounds(t *testing.T) {
 	ct.now = func() time.Time { return now }
 	known := func(g, m string) bool { return g == "g" && (m == "" || m == "a") }
 	started := now
-	report := func(ops uint64) fleet.Report {
-		return fleet.Report{Program: "p", Started: started, Groups: []fleet.GroupReport{{Group: "g", Members: []fleet.MemberReport{{Name: "a", Operations: ops}}}}}
+	report := func(ops uint64) agent.FleetReport {
+		return agent.FleetReport{Program: "p", Started: started, Groups: []agent.FleetGroup{{Group: "g", Members: []agent.FleetMember{{Name: "a", Operations: ops}}}}}
 	}
 	for pid := 1; pid <= maxPerUID; pid++ {
 		if _, err := ct.record(agent.Peer{UID: 1000, PID: pid, Known: true}, report(10), known); err != nil {
@@ -321,15 +321,15 @@ func TestClientTableBounds(t *testing.T) {
 	}
 	// The event budget.
 	c := ct.clients[clientKey{1001, 1}]
-	es := make([]fleet.Event, fleet.MaxEvents)
+	es := make([]agent.FleetEvent, agent.MaxEvents)
 	for i := range es {
-		es[i] = fleet.Event{Group: "g", Member: "a", Event: "member_failed"}
+		es[i] = agent.FleetEvent{Group: "g", Member: "a", Event: "member_failed"}
 	}
 	logged := 0
 	for i := 0; i < 3; i++ {
 		logged += len(ct.budgetLocked(c, es, now, known))
 	}
-	if logged != eventBudget || c.refused != uint64(3*fleet.MaxEvents-eventBudget) {
-		t.Errorf("logged %d of %d events in a minute (refused %d), want %d", logged, 3*fleet.MaxEvents, c.refused, eventBudget)
+	if logged != eventBudget || c.refused != uint64(3*agent.MaxEvents-eventBudget) {
+		t.Errorf("logged %d of %d events in a minute (refused %d), want %d", logged, 3*agent.MaxEvents, c.refused, eventBudget)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/group"
@@ -63,14 +64,6 @@ type Daemon struct {
 
 	runCtx      context.Context // the context groups run under
 	metricsAddr string          // where /metrics is served, once listening
-}
-
-// MetricsAddr returns the address the metrics endpoint listens on ("" when
-// off or not yet listening).
-func (d *Daemon) MetricsAddr() string {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.metricsAddr
 }
 
 // groupRun is one group's engine and its background loops.
@@ -507,7 +500,7 @@ func (d *Daemon) Groups(ctx context.Context, label string) (agent.GroupsReport, 
 		return agent.GroupsReport{}, err
 	}
 	rep := agent.GroupsReport{SchemaVersion: agent.SchemaVersion, Source: agent.SourceAgent, ConfigPath: cfg.Path,
-		Global: agent.WireSettings(cfg.Settings(nil)), Groups: make([]agent.GroupStatus, 0, len(runs))}
+		Global: report.WireSettings(cfg.Settings(nil)), Groups: make([]agent.GroupStatus, 0, len(runs))}
 	for _, gr := range runs {
 		rep.Groups = append(rep.Groups, d.groupStatus(ctx, gr))
 	}
@@ -521,7 +514,7 @@ func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatu
 	if eng == nil {
 		// Not open: list the configured members as down with the reason.
 		cfg := &config.Config{Groups: []config.Group{gr.cfg}}
-		r, _ := agent.ConfigReport(cfg, gr.cfg.Label)
+		r, _ := report.ConfigReport(cfg, gr.cfg.Label)
 		gs = r.Groups[0]
 		gr.mu.Lock()
 		reason := "group not open"
@@ -541,7 +534,7 @@ func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatu
 	if gs.Serial == "" {
 		gs.Serial = gr.cfg.Serial
 	}
-	gs.Settings = agent.WireSettings(gr.set)
+	gs.Settings = report.WireSettings(gr.set)
 	d.markSync(ctx, gr, eng, &gs)
 	gs.Standbys = []string{}
 	gs.Healthy = true

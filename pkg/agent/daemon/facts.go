@@ -3,7 +3,7 @@ package daemon
 import (
 	"sync"
 
-	"github.com/hagroup/hagroup/pkg/fleet"
+	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/group"
 )
 
@@ -23,7 +23,7 @@ type facts struct {
 // is known (the agent logged its failure when it saw it); one the agent
 // still holds in service is news (only that process saw it fail). A
 // keys_unholdable is known when the log holds the same one for the member.
-func (d *Daemon) newsOf(e fleet.Event) bool {
+func (d *Daemon) newsOf(e agent.FleetEvent) bool {
 	switch e.Event {
 	case string(group.MemberFailed):
 		d.mu.RLock()

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
-	"github.com/hagroup/hagroup/pkg/fleet"
 )
 
 // Issue 15 (log noise): a fact every process sees is logged once, where
@@ -30,7 +29,7 @@ func TestProcessesDoNotRepeatKnownFacts(t *testing.T) {
 	unholdable := "member a cannot hold EdDSA keys: test"
 	report := func(pid int, prog string) {
 		t.Helper()
-		rep := fleet.Report{Program: prog, Host: "h", Started: time.Now().UTC(), Events: []fleet.Event{
+		rep := agent.FleetReport{Program: prog, Host: "h", Started: time.Now().UTC(), Events: []agent.FleetEvent{
 			{Time: time.Now(), Group: "g", Member: "b", Event: "member_failed", Detail: "b is dead: CKR_DEVICE_ERROR"},
 			{Time: time.Now(), Group: "g", Member: "a", Event: "keys_unholdable", Detail: unholdable},
 		}}
@@ -41,8 +40,8 @@ func TestProcessesDoNotRepeatKnownFacts(t *testing.T) {
 	report(4101, "first")
 	report(4102, "second")
 	// a still serves in the agent: a process that saw it fail says something new.
-	if err := ta.d.Report(ctx, agent.Peer{PID: 4103, UID: os.Getuid(), Known: true}, fleet.Report{Program: "third", Host: "h",
-		Started: time.Now().UTC(), Events: []fleet.Event{{Time: time.Now(), Group: "g", Member: "a", Event: "member_failed", Detail: "a timed out here"}}}); err != nil {
+	if err := ta.d.Report(ctx, agent.Peer{PID: 4103, UID: os.Getuid(), Known: true}, agent.FleetReport{Program: "third", Host: "h",
+		Started: time.Now().UTC(), Events: []agent.FleetEvent{{Time: time.Now(), Group: "g", Member: "a", Event: "member_failed", Detail: "a timed out here"}}}); err != nil {
 		t.Fatal(err)
 	}
 	ta.cancel() // the agent stops: every folded summary is written

@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/ha"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 )
 
@@ -145,7 +147,7 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 			ms.Unreplicated = append(ms.Unreplicated, agent.UnreplicatedKey{Object: u.Object.String(), Time: u.Time})
 		}
 		if cm != nil {
-			ms.Module, ms.Token, ms.TokenLabel, ms.TokenSerial = cm.Module, agent.TokenSelector(*cm), cm.TokenLabel, cm.TokenSerial
+			ms.Module, ms.Token, ms.TokenLabel, ms.TokenSerial = cm.Module, report.TokenSelector(*cm), cm.TokenLabel, cm.TokenSerial
 		}
 		if seen, ok := ge.tokens[s.Name]; ok {
 			ms.TokenLabel, ms.TokenSerial = seen.label, seen.serial
@@ -178,7 +180,7 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 		ge.mu.Unlock()
 		wg.Go(func() {
 			if timeout <= 0 {
-				timeout = config.DefaultCommandTimeout
+				timeout = dispatch.DefaultCommandTimeout
 			}
 			pctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
@@ -433,7 +435,7 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	}
 	timeout := set.CommandTimeout
 	if timeout <= 0 {
-		timeout = config.DefaultCommandTimeout
+		timeout = dispatch.DefaultCommandTimeout
 	}
 	if st := ge.h.Recoverer().Status(name); st.PINBlocked {
 		// Its token refused the PIN: a check offers it no PIN again.
@@ -443,12 +445,12 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	defer cancel()
 	pin, err := mc.ReadPIN()
 	if err != nil {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
-	s, err := slot.Open(ctx, agent.MemberSpec(mc, set, pin))
+	s, err := slot.Open(ctx, report.MemberSpec(mc, set, pin))
 	pin.Zero()
 	if err != nil {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
 	defer s.Close()
 	members := []hasync.PlanMember{{Name: name, Slot: s}}
@@ -464,10 +466,10 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	}
 	plan, err := hasync.MakePlan(ctx, members, nil, hasync.PlanOptions{SkipUnreachable: true})
 	if err != nil {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
 	if err, ok := plan.Skipped[name]; ok {
-		return nil, agent.NameMember(name, err)
+		return nil, report.NameMember(name, err)
 	}
 	var out []hasync.Action
 	for _, a := range plan.Actions {

@@ -7,6 +7,7 @@ import (
 	"reflect"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 )
 
@@ -149,13 +150,13 @@ func memberChanges(old, nw config.Group) []memberChange {
 		om, ok := old.Member(m.Name)
 		switch {
 		case !ok:
-			out = append(out, memberChange{m.Name, "member_added", agent.TokenSelector(m)})
+			out = append(out, memberChange{m.Name, "member_added", report.TokenSelector(m)})
 		case om.Standby != m.Standby && m.Standby:
 			out = append(out, memberChange{m.Name, "member_standby", "designated standby"})
 		case om.Standby != m.Standby:
 			out = append(out, memberChange{m.Name, "member_active", "returned from standby"})
 		case !reflect.DeepEqual(*om, m):
-			out = append(out, memberChange{m.Name, "member_changed", agent.TokenSelector(m)})
+			out = append(out, memberChange{m.Name, "member_changed", report.TokenSelector(m)})
 		}
 	}
 	for _, m := range old.Members {

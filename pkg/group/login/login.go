@@ -139,11 +139,11 @@ func (s *State) needsAppPIN(ms []*member.Member, userType uint) bool {
 // different PINs the application knows theirs. A member the guard blocks
 // is passed over (nothing is sent to it); a member that fails for a clear
 // health reason is failed and the next one asked; any other answer is
-// final (a *RefusedError). An ambiguous answer (slot.Ambiguous) passes the
-// proof on too, but fails the member only once another member proves the
-// PIN (pkg/group's rule, attempt.go): when every member that answered
-// answered so, it is the token's answer to the request, returned as a
-// *RefusedError, and no member is failed.
+// final (a *RefusedError). An ambiguous answer passes the proof on too, but
+// fails the member only once another member proves the PIN (the rule,
+// member.Charged): when every member that answered answered so, it is the
+// token's answer to the request, returned as a *RefusedError, and no
+// member is failed.
 func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN) (*member.Member, error) {
 	order := make([]*member.Member, 0, len(ms))
 	for _, own := range []bool{false, true} {
@@ -154,12 +154,7 @@ func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, p
 		}
 	}
 	var lastErr error
-	type suspect struct {
-		m   *member.Member
-		err error
-	}
-	var suspects []suspect // ambiguous answers, failed only once another member proves the PIN
-	failed := 0            // clear health failures
+	var v member.Verdict
 	for _, m := range order {
 		if err := s.blocked(m); err != nil {
 			lastErr = err
@@ -169,25 +164,20 @@ func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, p
 		err := s.ms.Login(ctx, m, userType, pin)
 		switch {
 		case err == nil:
-			for _, sus := range suspects {
-				s.ms.Fail(sus.m, sus.err)
-			}
+			v.Served(s.ms.Fail)
 			return m, nil
 		case slot.ClassOf(err) != slot.ClassHealth || ctx.Err() != nil:
 			return nil, &RefusedError{Member: m.Name(), Err: err}
-		case slot.Ambiguous(err):
-			suspects = append(suspects, suspect{m, err})
-		default:
-			failed++
+		}
+		if v.Health(m, err, true) {
 			s.ms.Fail(m, err)
 		}
 		lastErr = err
 	}
-	switch {
-	case len(suspects) > 0 && failed == 0:
-		last := suspects[len(suspects)-1]
-		return nil, &RefusedError{Member: last.m.Name(), Err: last.err}
-	case lastErr == nil:
+	if m, err := v.Unserved(); err != nil {
+		return nil, &RefusedError{Member: m.Name(), Err: err}
+	}
+	if lastErr == nil {
 		return nil, ErrNoMember
 	}
 	return nil, lastErr
@@ -195,9 +185,10 @@ func (s *State) Prove(ctx context.Context, ms []*member.Member, userType uint, p
 
 // LoginAll logs ms in (see Member) at once, fails those that do not log
 // in, and returns how many did and the last error. served says another
-// member already took the same login (the PIN's proof): without it, and
-// with none of ms logged in, an ambiguous answer (slot.Ambiguous) fails
-// no member, by the rule of Prove.
+// member already took the same login (the PIN's proof). An ambiguous
+// answer fails a member by the rule (member.Charged) only when served or
+// another of ms logged in; when none did and every answer was so, it is
+// the token's answer, returned as a *RefusedError, and nobody is failed.
 func (s *State) LoginAll(ctx context.Context, ms []*member.Member, userType uint, pin secret.PIN, served bool) (int, error) {
 	errs := make([]error, len(ms))
 	var wg sync.WaitGroup
@@ -206,21 +197,26 @@ func (s *State) LoginAll(ctx context.Context, ms []*member.Member, userType uint
 	}
 	wg.Wait()
 	logged := 0
-	for _, err := range errs {
-		if err == nil {
-			logged++
-		}
-	}
 	var lastErr error
+	var v member.Verdict
 	for i, err := range errs {
-		if err == nil {
+		switch {
+		case err == nil:
+			logged++
 			continue
+		case slot.ClassOf(err) == slot.ClassHealth:
+			if v.Health(ms[i], err, true) {
+				s.ms.Fail(ms[i], err)
+			}
+		default:
+			s.ms.Fail(ms[i], err) // a member that cannot log in cannot serve
 		}
 		lastErr = err
-		if slot.Ambiguous(err) && !served && logged == 0 {
-			continue
-		}
-		s.ms.Fail(ms[i], err)
+	}
+	if served || logged > 0 {
+		v.Served(s.ms.Fail)
+	} else if m, err := v.Unserved(); err != nil {
+		return 0, &RefusedError{Member: m.Name(), Err: err}
 	}
 	return logged, lastErr
 }

@@ -20,7 +20,7 @@ import (
 
 // Registers: the member-side record written in place (DESIGN.md,
 // "Tombstones on the members"). On SoftHSM a create plus a destroy of a
-// token object costs about ten times a change of a data object's
+// token object costs far more than a change of a data object's
 // CKA_LABEL in place (docs/BENCHMARKS.md, "SoftHSM costs the code is
 // shaped by"). So each writer — one local record: a host's journal
 // (shared under its flock by every process of the host) or one process's

@@ -303,7 +303,10 @@ func TestObjectsOfTheCreatedFormAreRead(t *testing.T) {
 	if _, err := sh.Snapshot(ctx); err != nil {
 		t.Fatal(err)
 	}
-	objs, err := hasync.ReadState(ctx, slots[0], hasync.StateLabel("74", StateKind))
+	if !slots[0].LoggedIn() {
+		t.Fatal("the member is not logged in: its private state objects would not show")
+	}
+	objs, err := slots[0].FindObjects(ctx, append(hasync.PrivateState(), pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(hasync.StateLabel("74", StateKind)))))
 	if err != nil || len(objs) != 0 {
 		t.Errorf("the object past the horizon is still there (%d objects, %v)", len(objs), err)
 	}

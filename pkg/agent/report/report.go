@@ -1,4 +1,8 @@
-package agent
+// Package report builds the agent's wire reports (pkg/agent) from a
+// configuration and the members' tokens: for haagent, and for hactl when
+// no agent runs. It is kept out of pkg/agent so that the typed client and
+// its wire types need nothing of the engine.
+package report
 
 import (
 	"context"
@@ -9,15 +13,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
 // WireSettings converts effective config settings to their wire form.
-func WireSettings(s config.Settings) Settings {
-	return Settings{
+func WireSettings(s config.Settings) agent.Settings {
+	return agent.Settings{
 		Only:             s.Only,
 		RecoveryMode:     s.RecoveryMode,
 		Retries:          s.Retries,
@@ -52,20 +58,20 @@ func MemberSpec(m config.Member, s config.Settings, pin secret.PIN) slot.Spec {
 
 // ConfigReport lists the configured groups (or one, when group is set)
 // with every member's state unknown.
-func ConfigReport(c *config.Config, group string) (GroupsReport, error) {
-	r := GroupsReport{SchemaVersion: SchemaVersion, Source: SourceConfig, ConfigPath: c.Path,
-		Global: WireSettings(c.Settings(nil)), Groups: []GroupStatus{}}
+func ConfigReport(c *config.Config, group string) (agent.GroupsReport, error) {
+	r := agent.GroupsReport{SchemaVersion: agent.SchemaVersion, Source: agent.SourceConfig, ConfigPath: c.Path,
+		Global: WireSettings(c.Settings(nil)), Groups: []agent.GroupStatus{}}
 	for i := range c.Groups {
 		g := &c.Groups[i]
 		if group != "" && g.Label != group {
 			continue
 		}
-		gs := GroupStatus{Label: g.Label, Serial: g.Serial, Settings: WireSettings(c.Settings(g)),
+		gs := agent.GroupStatus{Label: g.Label, Serial: g.Serial, Settings: WireSettings(c.Settings(g)),
 			NeedsSync: []string{}, Standbys: []string{}}
 		primary := true
 		for _, m := range g.Members {
-			ms := MemberStatus{Name: m.Name, Module: m.Module, Token: TokenSelector(m), TokenLabel: m.TokenLabel,
-				TokenSerial: m.TokenSerial, Standby: m.Standby, State: StateUnknown}
+			ms := agent.MemberStatus{Name: m.Name, Module: m.Module, Token: TokenSelector(m), TokenLabel: m.TokenLabel,
+				TokenSerial: m.TokenSerial, Standby: m.Standby, State: agent.StateUnknown}
 			if !m.Standby && primary {
 				ms.Primary, primary = true, false
 			}
@@ -77,7 +83,7 @@ func ConfigReport(c *config.Config, group string) (GroupsReport, error) {
 		r.Groups = append(r.Groups, gs)
 	}
 	if group != "" && len(r.Groups) == 0 {
-		return r, Errorf(CodeNotFound, "group %q is not in %s (groups there: %s)", group, c.Path, groupLabels(c))
+		return r, agent.Errorf(agent.CodeNotFound, "group %q is not in %s (groups there: %s)", group, c.Path, groupLabels(c))
 	}
 	return r, nil
 }
@@ -100,7 +106,7 @@ type OpenFunc func(ctx context.Context, spec slot.Spec) (*slot.Slot, error)
 // (without logging in) concurrently, each within its group's
 // command_timeout, and its state set to up or down with the error. It is
 // what listgroups shows when no agent runs.
-func ProbeReport(ctx context.Context, c *config.Config, group string, open OpenFunc) (GroupsReport, error) {
+func ProbeReport(ctx context.Context, c *config.Config, group string, open OpenFunc) (agent.GroupsReport, error) {
 	r, err := ConfigReport(c, group)
 	if err != nil {
 		return r, err
@@ -125,7 +131,7 @@ func ProbeReport(ctx context.Context, c *config.Config, group string, open OpenF
 		gs := &r.Groups[gi]
 		gs.Healthy = true
 		for _, m := range gs.Members {
-			if !m.Standby && m.State != StateUp {
+			if !m.Standby && m.State != agent.StateUp {
 				gs.Healthy = false
 			}
 		}
@@ -133,28 +139,28 @@ func ProbeReport(ctx context.Context, c *config.Config, group string, open OpenF
 	return r, nil
 }
 
-func probeMember(ctx context.Context, open OpenFunc, spec slot.Spec, timeout time.Duration, ms *MemberStatus) {
+func probeMember(ctx context.Context, open OpenFunc, spec slot.Spec, timeout time.Duration, ms *agent.MemberStatus) {
 	if timeout <= 0 {
-		timeout = config.DefaultCommandTimeout
+		timeout = dispatch.DefaultCommandTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s, err := open(ctx, spec)
 	if err != nil {
-		ms.State, ms.LastError = StateDown, err.Error()
+		ms.State, ms.LastError = agent.StateDown, err.Error()
 		return
 	}
 	defer s.Close()
 	info, err := s.TokenInfo(ctx)
 	if err != nil {
-		ms.State, ms.LastError = StateDown, err.Error()
+		ms.State, ms.LastError = agent.StateDown, err.Error()
 		return
 	}
 	id := s.SlotID()
 	ms.SlotID = &id
 	ms.TokenLabel = strings.TrimRight(info.Label, " ")
 	ms.TokenSerial = strings.TrimRight(info.SerialNumber, " ")
-	ms.State = StateUp
+	ms.State = agent.StateUp
 }
 
 // TokenNotFound explains a token that a module does not offer, naming the
@@ -196,7 +202,7 @@ func CheckToken(ctx context.Context, m config.Member, s config.Settings, open Op
 	defer pin.Zero()
 	timeout := s.CommandTimeout
 	if timeout <= 0 {
-		timeout = config.DefaultCommandTimeout
+		timeout = dispatch.DefaultCommandTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
