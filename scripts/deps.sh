@@ -13,7 +13,8 @@ packages=(
 	libengine-pkcs11-openssl # OpenSSL's pkcs11 engine
 	openssl
 	openssh-client           # ssh-keygen -D
-	libnss3-tools            # certutil, modutil: the NSS client test
+	libnss3-tools            # certutil, modutil: the NSS client test, NSS member databases
+	libnss3                  # libsoftokn3.so: NSS softokn, a second make of member token
 	gcc libc6-dev            # cgo, and the C test harnesses
 	openjdk-17-jdk-headless  # SunPKCS11 client test
 	util-linux               # setpriv, for the permission tests

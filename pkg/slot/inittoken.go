@@ -32,7 +32,7 @@ type tokenIniter interface {
 // module refuses (CKR_SESSION_EXISTS) while any session of this process is
 // open on the token.
 func InitToken(ctx context.Context, path, serial, label string, soPIN, userPIN secret.PIN) (string, error) {
-	m, err := modules.acquire(ctx, path, nil, nil, initTokenTimeout)
+	m, err := modules.acquire(ctx, ModuleRef{Path: path}, initTokenTimeout)
 	if err != nil {
 		return "", err
 	}
