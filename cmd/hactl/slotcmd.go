@@ -16,7 +16,7 @@ func newSlotCmd(a *app) *cobra.Command {
 		Args:    noArgs,
 		RunE:    needSubcommand,
 	}
-	cmd.AddCommand(newSlotListCmd(a))
+	cmd.AddCommand(newSlotListCmd(a), newSlotCheckCmd(a))
 	return cmd
 }
 

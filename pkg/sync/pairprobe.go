@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -81,6 +82,15 @@ type PairWays struct {
 	Target string            `json:"target"`
 	Ways   map[string][]Way  `json:"ways"` // by class name: "secret key", "private key"
 	Failed map[string]string `json:"failed,omitempty"`
+	// Untried names the classes nothing was tried for: no candidate way
+	// both offer, or the source would not make the trial key (a curve it
+	// lacks). They are judged by each member's own capability.
+	Untried []string `json:"untried,omitempty"`
+}
+
+// Tried reports whether a way was tried for class.
+func (p PairWays) Tried(class uint) bool {
+	return !slices.Contains(p.Untried, ClassName(class))
 }
 
 // Proven reports whether way carried keys of class (CKO_SECRET_KEY or
@@ -168,18 +178,19 @@ func readValue(ctx context.Context, ss *slot.Session, h pkcs11.ObjectHandle) ([]
 
 // ProvePair tries every way a key of each class could travel from src to
 // dst (transitCandidates the source offers for wrapping and the target
-// for unwrapping, under a throwaway session key-encryption key made on
+// for unwrapping; only those in only when it is not empty), under a throwaway session key-encryption key made on
 // both from one random value), and returns the ways that carried the
 // trial key intact. Every trial object is a public session object in a
 // session of the probe's own: nothing stays on either token, and no login
 // is needed. The error is a member failing (a health error); the result
 // then holds what was proven before it.
-func ProvePair(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []uint) (PairWays, error) {
+func ProvePair(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []uint, only ...Way) (PairWays, error) {
 	p := PairWays{Source: src.Name(), Target: dst.Name(), Ways: map[string][]Way{}, Failed: map[string]string{}}
 	var ways []Way
 	for _, w := range transitCandidates {
 		for _, u := range transitCandidates {
-			if slices.Contains(srcMechs, w) && slices.Contains(dstMechs, u) && sameFamily(w, u) {
+			if slices.Contains(srcMechs, w) && slices.Contains(dstMechs, u) && sameFamily(w, u) &&
+				(len(only) == 0 || slices.Contains(only, Way{w, u})) {
 				ways = append(ways, Way{w, u})
 			}
 		}
@@ -196,6 +207,9 @@ func ProvePair(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []ui
 		return 1
 	})
 	if len(ways) == 0 {
+		for _, t := range pairTrials {
+			p.Untried = append(p.Untried, ClassName(t.class))
+		}
 		return p, nil
 	}
 	ss, err := src.OpenSession(ctx)
@@ -251,6 +265,7 @@ func (t pairTrial) prove(ctx context.Context, p *PairWays, ss, ds *slot.Session,
 	cleanup := context.WithoutCancel(ctx)
 	key, pub, err := t.make(ctx, ss)
 	if err != nil {
+		p.Untried = append(p.Untried, ClassName(t.class))
 		p.Failed[ClassName(t.class)] = fmt.Sprintf("the source made no trial key: %v", err)
 		return healthOnly(err)
 	}
@@ -305,4 +320,39 @@ func (t pairTrial) try(ctx context.Context, ss, ds *slot.Session, skek, dkek, ke
 		return false, "the target's copy is another key (the two read the mechanism differently)", nil
 	}
 	return true, "", nil
+}
+
+// ReplicationWay is the way replication moves keys today: CKM_AES_KEY_WRAP_PAD
+// on both sides, the one mechanism the domain key is made for
+// (domainaudit.go). A pair that did not prove it carries no key of that
+// class, whatever else it proved (DESIGN.md, "How a key travels").
+var ReplicationWay = Way{wrapMechanism, wrapMechanism}
+
+// ProvePairKnown is ProvePair, answered from facts when a process proved
+// the same pair of tokens (tokenKey) offering the same mechanisms, for the
+// same ways, before; a proof made is kept there. facts may be nil.
+func ProvePairKnown(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []uint, facts Facts, only ...Way) (PairWays, error) {
+	key := ""
+	if sk, dk := tokenKey(src), tokenKey(dst); sk != "" && dk != "" && facts != nil {
+		key = fmt.Sprintf("pair\x00%s\x00%x\x00%s\x00%x\x00%v", sk, sortedMechs(srcMechs), dk, sortedMechs(dstMechs), only)
+		if b, ok := facts.Load(key); ok {
+			var p PairWays
+			if json.Unmarshal(b, &p) == nil && p.Source == src.Name() && p.Target == dst.Name() && p.Ways != nil {
+				return p, nil
+			}
+		}
+	}
+	p, err := ProvePair(ctx, src, dst, srcMechs, dstMechs, only...)
+	if err == nil && key != "" {
+		if b, err := json.Marshal(p); err == nil {
+			_ = facts.Store(key, b)
+		}
+	}
+	return p, err
+}
+
+func sortedMechs(ms []uint) []uint {
+	s := slices.Clone(ms)
+	slices.Sort(s)
+	return s
 }

@@ -1,0 +1,62 @@
+package group
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/miekg/pkcs11"
+)
+
+// A group of a SoftHSM and an NSS member: both offer
+// CKM_AES_KEY_WRAP_PAD, and they mean two things by it (SoftHSM RFC 5649,
+// NSS PKCS#7 padding then RFC 3394). Trusted by name, replication would
+// wrap on one and unwrap garbage or nothing on the other. The round trip
+// proves the pair carries no key that way, so the group names the pair in
+// events, offers no generation of secret or private keys, and refuses one
+// before anything is written, blaming no member; it still signs with keys
+// the members hold and makes what travels by attributes.
+func TestPairWithoutACommonWay(t *testing.T) {
+	soft := testhsm.Take(t, 1)[0]
+	nss := testhsm.NSS(t, "nss-pairs")
+	f := setup(t, setupOpts{toks: []testhsm.Token{soft, nss}, noDomain: true})
+	ctx := testContext(t)
+
+	for _, pair := range [][2]string{{soft.Name, nss.Name}, {nss.Name, soft.Name}} {
+		found := false
+		for _, e := range f.events.byKind(KeysUnholdable, pair[1]) {
+			msg := e.Err.Error()
+			if strings.Contains(msg, "from member "+pair[0]+" to member "+pair[1]) && strings.Contains(msg, "CKM_AES_KEY_WRAP_PAD does not carry them") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no keys_unholdable event names the pair %s -> %s: %v", pair[0], pair[1], f.events.byKind(KeysUnholdable, pair[1]))
+		}
+	}
+	mechs, err := f.g.Mechanisms(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []uint{pkcs11.CKM_AES_KEY_GEN, pkcs11.CKM_EC_KEY_PAIR_GEN} {
+		for _, have := range mechs {
+			if have == m {
+				t.Errorf("the virtual slot offers mechanism 0x%x, whose keys no proven way carries between the members", m)
+			}
+		}
+	}
+	s := openSession(t, f.g)
+	_, err = s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VALUE_LEN, 16), attr(pkcs11.CKA_LABEL, "aes-pair")})
+	if code := CodeOf(err); code != pkcs11.CKR_MECHANISM_INVALID {
+		t.Fatalf("AES generation through a SoftHSM+NSS group: %v (0x%x), want CKR_MECHANISM_INVALID", err, code)
+	}
+	if !strings.Contains(err.Error(), "no proven way carries secret keys") {
+		t.Errorf("the refusal does not say why: %v", err)
+	}
+	for _, tok := range []testhsm.Token{soft, nss} {
+		if n := len(findDirect(t, openDirect(t, tok), "aes-pair")); n != 0 {
+			t.Errorf("%s holds %d aes-pair objects after the refusal, want 0", tok.Name, n)
+		}
+	}
+}
