@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -58,5 +61,37 @@ func TestPairWithoutACommonWay(t *testing.T) {
 		if n := len(findDirect(t, openDirect(t, tok), "aes-pair")); n != 0 {
 			t.Errorf("%s holds %d aes-pair objects after the refusal, want 0", tok.Name, n)
 		}
+	}
+}
+
+// A group of two makes serves the keys both members hold (provisioned out
+// of band, as an operator does for keys that cannot travel between them):
+// work is spread over both, every signature verifies, and when the
+// SoftHSM member fails under load the NSS member takes the rest, with no
+// failed signature.
+func TestTwoMakesSignWithAKeyBothHold(t *testing.T) {
+	soft := testhsm.Take(t, 1)[0]
+	nss := testhsm.NSS(t, "nss-signs")
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{toks: []testhsm.Token{soft, nss}, noDomain: true, policy: config.PolicyRoundRobin, interceptor: faults})
+	k := importEC(t, f.toks, "both-makes")
+	signer := ecKeyOf(t, f.g, "both-makes", &k.PublicKey)
+	res := signLoad(t, signer, 400, 4, func(done int64) {
+		if done == 200 {
+			faults.FailAll(soft.Name, errDevice)
+		}
+	})
+	reportErrs(t, res.errs)
+	if res.sigs != 400 {
+		t.Errorf("%d good signatures, want 400", res.sigs)
+	}
+	for _, name := range []string{soft.Name, nss.Name} {
+		m, _ := f.g.Member(name)
+		if m.Snapshot().Ops == 0 {
+			t.Errorf("member %s took no work", name)
+		}
+	}
+	if st := memberState(f.g, soft.Name); st != member.Failed {
+		t.Errorf("the failed SoftHSM member is %v, want failed", st)
 	}
 }
