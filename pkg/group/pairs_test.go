@@ -1,6 +1,7 @@
 package group
 
 import (
+	"crypto/sha256"
 	"strings"
 	"testing"
 
@@ -94,4 +95,58 @@ func TestTwoMakesSignWithAKeyBothHold(t *testing.T) {
 	if st := memberState(f.g, soft.Name); st != member.Failed {
 		t.Errorf("the failed SoftHSM member is %v, want failed", st)
 	}
+}
+
+// BenchmarkSignTwoMakes compares ECDSA P-256 signing on a bare SoftHSM
+// token, on a bare NSS token, and through a group of the two (round-robin,
+// a key provisioned on both out of band).
+func BenchmarkSignTwoMakes(b *testing.B) {
+	soft := testhsm.Take(b, 1)[0]
+	nss := testhsm.NSS(b, "nss-bench")
+	f := setup(b, setupOpts{toks: []testhsm.Token{soft, nss}, noDomain: true, policy: config.PolicyRoundRobin})
+	importEC(b, f.toks, "bench-two")
+	hs, err := f.g.Find(testContext(b), []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_LABEL, "bench-two")})
+	if err != nil || len(hs) != 1 {
+		b.Fatalf("find the key through the group: %v, %d found", err, len(hs))
+	}
+	digest := sha256.Sum256([]byte("bench"))
+	ctx := testContext(b)
+	for _, tok := range []testhsm.Token{soft, nss} {
+		d := openDirect(b, tok)
+		ks := findDirect(b, d, "bench-two")
+		var key pkcs11.ObjectHandle
+		for _, h := range ks {
+			a, err := d.GetAttributes(ctx, h, []uint{pkcs11.CKA_CLASS})
+			if err == nil && len(a) == 1 && a[0].Value != nil && a[0].Value[0] == pkcs11.CKO_PRIVATE_KEY {
+				key = h
+			}
+		}
+		if key == 0 {
+			b.Fatalf("no private key bench-two on %s", tok.Name)
+		}
+		kind := "softhsm"
+		if tok.Module == testhsm.NSSModule {
+			kind = "nss"
+		}
+		b.Run("mode=bare-"+kind, func(b *testing.B) {
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := d.Sign(ctx, ecdsaMech, key, digest[:]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+	b.Run("mode=group-softhsm+nss", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := f.g.Sign(ctx, ecdsaMech, hs[0], digest[:]); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
 }
