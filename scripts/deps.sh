@@ -15,6 +15,11 @@ packages=(
 	openssh-client           # ssh-keygen -D
 	libnss3-tools            # certutil, modutil: the NSS client test, NSS member databases
 	libnss3                  # libsoftokn3.so: NSS softokn, a second make of member token
+	swtpm swtpm-tools        # a software TPM per test, for tpm2-pkcs11 tokens
+	libtpm2-pkcs11-1         # libtpm2_pkcs11.so: a third make of token (sign-only)
+	libtpm2-pkcs11-tools     # tpm2_ptool, to make its store
+	libtss2-tcti-swtpm0      # the TSS's swtpm transport
+	tpm2-tools               # tpm2_flushcontext
 	gcc libc6-dev            # cgo, and the C test harnesses
 	openjdk-17-jdk-headless  # SunPKCS11 client test
 	util-linux               # setpriv, for the permission tests
