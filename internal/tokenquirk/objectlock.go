@@ -31,7 +31,9 @@ func SerialCreations(manufacturer, model string) bool { return isSoftHSM(manufac
 // CKR_GENERAL_ERROR, as SoftHSM 2.6.1 does (so that answer from it says
 // the members' domain keys differ). NSS softokn answers
 // CKR_WRAPPED_KEY_INVALID instead, which says so by its name.
-func GeneralErrorMeansOtherKey(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+func GeneralErrorMeansOtherKey(manufacturer, model string) bool {
+	return isSoftHSM(manufacturer, model)
+}
 
 // isSoftHSM reports whether a token is SoftHSM 2's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
