@@ -29,8 +29,9 @@ func SerialCreations(manufacturer, model string) bool { return isSoftHSM(manufac
 // GeneralErrorMeansOtherKey reports whether a token answers an unwrap
 // under a key other than the one that wrapped the blob with
 // CKR_GENERAL_ERROR, as SoftHSM 2.6.1 does (so that answer from it says
-// the members' domain keys differ). NSS softokn answers
-// CKR_WRAPPED_KEY_INVALID instead, which says so by its name.
+// the members' domain keys differ). NSS softokn answered
+// CKR_WRAPPED_KEY_INVALID to every blob it could not unwrap in the pair
+// trials (pkg/sync.ProvePair), which says so by its name.
 func GeneralErrorMeansOtherKey(manufacturer, model string) bool {
 	return isSoftHSM(manufacturer, model)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/miekg/pkcs11"
 )
@@ -149,4 +150,29 @@ func BenchmarkSignTwoMakes(b *testing.B) {
 			}
 		})
 	})
+}
+
+// A sign-only member (tpm2-pkcs11 on a software TPM: no wrap at all)
+// beside a SoftHSM member: a key only the SoftHSM member holds is signed
+// with every time, and the TPM member is never sent a signature with it
+// (any signing call reaching it fails as a device error, which would fail
+// the member).
+func TestSignOnlyMemberNeverGetsAKeyItLacks(t *testing.T) {
+	soft := testhsm.Take(t, 1)[0]
+	tpm := testhsm.TPM(t, "tpm-member")
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{toks: []testhsm.Token{soft, tpm}, noDomain: true, policy: config.PolicyRoundRobin, interceptor: faults})
+	k := importEC(t, []testhsm.Token{soft}, "soft-only")
+	signer := ecKeyOf(t, f.g, "soft-only", &k.PublicKey)
+	for _, op := range []slot.Op{slot.OpSign, slot.OpSignInit} {
+		faults.Fail(tpm.Name, op, errDevice)
+	}
+	res := signLoad(t, signer, 100, 2, nil)
+	reportErrs(t, res.errs)
+	if res.sigs != 100 {
+		t.Errorf("%d good signatures, want 100", res.sigs)
+	}
+	if st := memberState(f.g, tpm.Name); st != member.Active {
+		t.Errorf("the TPM member is %v: it was sent a signature with a key it lacks", st)
+	}
 }
