@@ -20,6 +20,7 @@ packages=(
 	libtpm2-pkcs11-tools     # tpm2_ptool, to make its store
 	libtss2-tcti-swtpm0      # the TSS's swtpm transport
 	tpm2-tools               # tpm2_flushcontext
+	opencryptoki             # pkcsslotd and its soft token (IBM SoftTok), a fourth make
 	gcc libc6-dev            # cgo, and the C test harnesses
 	openjdk-17-jdk-headless  # SunPKCS11 client test
 	util-linux               # setpriv, for the permission tests

@@ -41,6 +41,9 @@ type Served struct {
 	// or NSS softokn on its own database (ServeNSS).
 	module   string
 	initArgs string
+	// command, when set, runs the server instead (ServeOCK: hsmserve
+	// inside a mount namespace of its own, after pkcsslotd).
+	command func() *exec.Cmd
 
 	mu   sync.Mutex
 	proc *serverProc // nil when no server runs
@@ -252,6 +255,9 @@ func (s *Served) start() error {
 	if s.remote {
 		what = "hsmserve"
 		cmd = exec.Command(s.bin, "--module", s.module, "--socket", s.sock, "--token-label", s.label, "--init-args", s.initArgs)
+	}
+	if s.command != nil {
+		cmd = s.command()
 	}
 	cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", s.conf)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
