@@ -205,7 +205,14 @@ func pairKey(src, dst string) string { return src + "\x00" + dst }
 // is m, and the other's next call will if it is the other.
 func (g *Group) provePairs(ctx context.Context, m *member.Member, mechs []uint) {
 	for _, o := range g.serving() {
-		if o == m || o.Name() == m.Name() || o.Slot() == nil || m.Slot() == nil || sameMake(o.Slot().Token(), m.Slot().Token()) {
+		if o == m || o.Name() == m.Name() || o.Slot() == nil || m.Slot() == nil {
+			continue
+		}
+		if sameMake(o.Slot().Token(), m.Slot().Token()) {
+			// A proof kept from before (a member re-opened on another
+			// token) no longer holds.
+			g.pairs.Delete(pairKey(m.Name(), o.Name()))
+			g.pairs.Delete(pairKey(o.Name(), m.Name()))
 			continue
 		}
 		v, ok := g.mechs.Load(o.Name())
