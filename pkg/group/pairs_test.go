@@ -39,6 +39,10 @@ func TestPairWithoutACommonWay(t *testing.T) {
 			t.Errorf("no keys_unholdable event names the pair %s -> %s: %v", pair[0], pair[1], f.events.byKind(KeysUnholdable, pair[1]))
 		}
 	}
+	// listgroups' cannotHold names the pair on the receiving member.
+	if got := strings.Join(f.g.CannotHold(nss.Name), "; "); !strings.Contains(got, "secret keys from "+soft.Name+" (no proven way)") {
+		t.Errorf("CannotHold(%s) = %q, want it to name secret keys from %s", nss.Name, got, soft.Name)
+	}
 	mechs, err := f.g.Mechanisms(ctx)
 	if err != nil {
 		t.Fatal(err)
