@@ -16,7 +16,14 @@ packages=(
 	python3-pykcs11          # a Python multiprocessing pool signing through the module
 	openssl
 	openssh-client           # ssh-keygen -D
-	libnss3-tools            # certutil, modutil: the NSS client test
+	libnss3-tools            # certutil, modutil: the NSS client test, NSS member databases
+	libnss3                  # libsoftokn3.so: NSS softokn, a second make of member token
+	swtpm swtpm-tools        # a software TPM per test, for tpm2-pkcs11 tokens
+	libtpm2-pkcs11-1         # libtpm2_pkcs11.so: a third make of token (sign-only)
+	libtpm2-pkcs11-tools     # tpm2_ptool, to make its store
+	libtss2-tcti-swtpm0      # the TSS's swtpm transport
+	tpm2-tools               # tpm2_flushcontext
+	opencryptoki             # pkcsslotd and its soft token (IBM SoftTok), a fourth make
 	gcc libc6-dev            # cgo, and the C test harnesses
 	openjdk-17-jdk-headless  # SunPKCS11 client test
 	util-linux               # setpriv, for the permission tests

@@ -22,6 +22,7 @@ type memberFlags struct {
 	uri         string
 	module      string
 	env         []string
+	initArgs    string
 	pinFile     string
 	pinEnv      string
 	serverUser  string
@@ -35,6 +36,7 @@ func (f *memberFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.uri, "uri", "", "the member token as an RFC 7512 pkcs11: URI")
 	fl.StringVar(&f.module, "module", "", "path of the PKCS#11 module that offers the token")
 	fl.StringArrayVar(&f.env, "module-env", nil, "KEY=VALUE set while loading the module (repeatable; gives the member its own module context)")
+	fl.StringVar(&f.initArgs, "init-args", "", "the pReserved string of the module's C_Initialize, which NSS softokn needs (configdir='sql:DIR' …); never a PIN")
 	fl.StringVar(&f.pinFile, "pin-file", "", "file holding the user PIN (never a PIN on the command line)")
 	fl.StringVar(&f.pinEnv, "pin-env", "", "environment variable holding the user PIN")
 	fl.StringVar(&f.serverUser, "server-uid", "", "for a module hagroup-remote:unix:PATH: the user (name or uid) hsmserve must run as (default: the user of each process using the group)")
@@ -48,7 +50,7 @@ func (f *memberFlags) register(cmd *cobra.Command) {
 // member builds the config member the flags describe.
 func (f *memberFlags) member() (config.Member, error) {
 	m := config.Member{Name: f.name, Module: f.module, TokenLabel: f.tokenLabel, TokenSerial: f.tokenSerial,
-		URI: f.uri, PINFile: f.pinFile, PINEnv: f.pinEnv}
+		URI: f.uri, PINFile: f.pinFile, PINEnv: f.pinEnv, InitArgs: f.initArgs}
 	if f.serverUser != "" {
 		uid, err := lookupUID(f.serverUser)
 		if err != nil {
@@ -107,7 +109,7 @@ into when a PIN source is given) to check it before anything is written.`,
 			}
 			ctx := cmd.Context()
 			if !mf.noCheck {
-				if err := report.CheckToken(ctx, m, config.Defaults(), a.openSlot, a.listTokens); err != nil {
+				if err := report.CheckToken(ctx, m, config.Defaults(), a.openSlot, a.tokenLister(m)); err != nil {
 					return err
 				}
 			}

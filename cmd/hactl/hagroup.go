@@ -30,6 +30,7 @@ func newHagroupCmd(a *app) *cobra.Command {
 		newHALogCmd(a),
 		newClientsCmd(a),
 		newDomainCmd(a),
+		newObjectsCmd(a),
 	)
 	return cmd
 }

@@ -80,7 +80,7 @@ or secret key; SoftHSM 2.6 holds no EdDSA private key.`,
 				if err := samePIN(m, g); err != nil {
 					return err
 				}
-				if err := report.CheckToken(ctx, m, c.Settings(g), a.openSlot, a.listTokens); err != nil {
+				if err := report.CheckToken(ctx, m, c.Settings(g), a.openSlot, a.tokenLister(m)); err != nil {
 					return err
 				}
 				if holds, err = memberCannotHold(ctx, a, m, c.Settings(g)); err != nil {

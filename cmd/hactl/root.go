@@ -34,7 +34,7 @@ type app struct {
 	// newPrompter makes the interactive prompter; used only on a terminal.
 	newPrompter func() Prompter
 	// listTokens and openSlot reach real tokens.
-	listTokens func(ctx context.Context, module string, env map[string]string) ([]slot.TokenSummary, error)
+	listTokens func(ctx context.Context, ref slot.ModuleRef) ([]slot.TokenSummary, error)
 	openSlot   func(ctx context.Context, spec slot.Spec) (*slot.Slot, error)
 
 	// printer renders results: chosen once per run (choosePrinter).
@@ -46,7 +46,7 @@ type app struct {
 }
 
 func newApp(in io.Reader, out, errOut io.Writer) *app {
-	a := &app{in: in, out: out, errOut: errOut, listTokens: slot.ListTokens, openSlot: slot.Open, printer: textPrinter{}}
+	a := &app{in: in, out: out, errOut: errOut, listTokens: slot.ListModuleTokens, openSlot: slot.Open, printer: textPrinter{}}
 	a.isTerminal = func() bool {
 		fi, ok := in.(*os.File)
 		fo, ok2 := out.(*os.File)
@@ -211,4 +211,12 @@ func (a *app) confirm(p Prompter, what string) error {
 		return errDeclined
 	}
 	return nil
+}
+
+// tokenLister lists the tokens of m's module as agent.CheckToken wants it,
+// with m's init arguments.
+func (a *app) tokenLister(m config.Member) func(ctx context.Context, module string, env map[string]string) ([]slot.TokenSummary, error) {
+	return func(ctx context.Context, module string, env map[string]string) ([]slot.TokenSummary, error) {
+		return a.listTokens(ctx, slot.ModuleRef{Path: module, Env: env, InitArgs: m.InitArgs})
+	}
 }

@@ -17,7 +17,7 @@ func newSlotCmd(a *app) *cobra.Command {
 		Args:    noArgs,
 		RunE:    needSubcommand,
 	}
-	cmd.AddCommand(newSlotListCmd(a))
+	cmd.AddCommand(newSlotListCmd(a), newSlotCheckCmd(a))
 	return cmd
 }
 
@@ -46,14 +46,16 @@ func newSlotListCmd(a *app) *cobra.Command {
 		Short: "List the tokens a PKCS#11 module offers (to build groups from)",
 		Example: `  hactl slot list --module /usr/lib/softhsm/libsofthsm2.so
   hactl slot list --module /usr/lib/x86_64-linux-gnu/pkcs11/p11-kit-client.so \
-      --module-env P11_KIT_SERVER_ADDRESS=unix:path=/run/hsm-b.sock --json`,
+      --module-env P11_KIT_SERVER_ADDRESS=unix:path=/run/hsm-b.sock --json
+  hactl slot list --module /usr/lib/x86_64-linux-gnu/libsoftokn3.so \
+      --init-args "configdir='sql:/var/lib/hagroup/nss-a' certPrefix='' keyPrefix='' secmod='secmod.db'"`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			m, err := mf.member()
 			if err != nil {
 				return err
 			}
-			ts, err := a.listTokens(cmd.Context(), m.Module, m.ModuleEnv)
+			ts, err := a.listTokens(cmd.Context(), slot.ModuleRef{Path: m.Module, Env: m.ModuleEnv, InitArgs: m.InitArgs})
 			if err != nil {
 				return fmt.Errorf("listing tokens of %s: %w", m.Module, err)
 			}
@@ -75,6 +77,7 @@ func newSlotListCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&mf.module, "module", "", "path of the PKCS#11 module")
 	cmd.Flags().StringArrayVar(&mf.env, "module-env", nil, "KEY=VALUE set while loading the module (repeatable)")
+	cmd.Flags().StringVar(&mf.initArgs, "init-args", "", "the pReserved string of the module's C_Initialize, which NSS softokn needs (configdir='sql:DIR' …); never a PIN")
 	cmd.Flags().Bool("json", false, "print the tokens as JSON")
 	cmd.MarkFlagRequired("module")
 	return cmd

@@ -5,6 +5,12 @@
 // path hagroup-remote:unix:<socket>.
 //
 //	hsmserve --module /usr/lib/softhsm/libsofthsm2.so --socket /run/hsm-a.sock [--token-label ha-a]
+//	hsmserve --module /usr/lib/x86_64-linux-gnu/libsoftokn3.so --socket /run/nss-a.sock \
+//	    --init-args "configdir='sql:/var/lib/nss-a' certPrefix='' keyPrefix='' secmod='secmod.db'"
+//
+// --init-args is the pReserved string of the module's C_Initialize
+// (p11-kit's x-init-reserved), which NSS softokn needs; it is on the
+// command line, so it never holds a PIN (internal/initargs refuses one).
 //
 // It runs in the foreground; SIGTERM or SIGINT stop it (exit 0). The
 // socket is created with mode 0600 in a directory only its owner may
@@ -22,6 +28,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -31,8 +38,11 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/hagroup/hagroup/internal/initargs"
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/internal/version"
 	"github.com/hagroup/hagroup/pkg/remote"
+	"github.com/miekg/pkcs11"
 )
 
 func main() {
@@ -44,10 +54,11 @@ func run(args []string) int {
 	module := fs.String("module", "", "absolute path of the PKCS#11 module to serve (required)")
 	sock := fs.String("socket", "", "absolute path of the Unix socket to listen on (required)")
 	label := fs.String("token-label", "", "serve only the slot whose token has this label")
+	initArgs := fs.String("init-args", "", "the pReserved string of the module's C_Initialize (NSS softokn: configdir='sql:DIR' …); never a PIN")
 	serveFD := fs.Bool("serve-fd", false, "internal: serve the one connection handed over file descriptor 3")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL]\n       hsmserve --version\n")
+		fmt.Fprintf(fs.Output(), "usage: hsmserve --module PATH --socket PATH [--token-label LABEL] [--init-args ARGS]\n       hsmserve --version\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			if f.Name != "serve-fd" {
 				fmt.Fprintf(fs.Output(), "  --%s\n    \t%s\n", f.Name, f.Usage)
@@ -67,8 +78,11 @@ func run(args []string) int {
 	case *module == "" || !filepath.IsAbs(*module):
 		fmt.Fprintln(os.Stderr, "hsmserve: --module must be the absolute path of a PKCS#11 module")
 		return 2
+	case initargs.Check(*initArgs) != nil:
+		fmt.Fprintf(os.Stderr, "hsmserve: --init-args: %v\n", initargs.Check(*initArgs))
+		return 2
 	case *serveFD:
-		return serveOne(*module, *label)
+		return serveOne(*module, *label, *initArgs)
 	case *sock == "" || !filepath.IsAbs(*sock):
 		fmt.Fprintln(os.Stderr, "hsmserve: --socket must be an absolute path")
 		return 2
@@ -78,6 +92,10 @@ func run(args []string) int {
 		return 2
 	}
 
+	if err := preflight(*module, *initArgs); err != nil {
+		fmt.Fprintf(os.Stderr, "hsmserve: %v\n", err)
+		return 1
+	}
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hsmserve: find this executable to serve connections: %v\n", err)
@@ -93,10 +111,11 @@ func run(args []string) int {
 	defer os.Remove(*sock)
 	srv := &remote.Server{
 		Module:     *module,
+		InitArgs:   *initArgs,
 		TokenLabel: *label,
 		Refused:    func(err error) { fmt.Fprintf(os.Stderr, "hsmserve: %v\n", err) },
 		Child: func() *exec.Cmd {
-			return exec.Command(self, "--serve-fd", "--module", *module, "--token-label", *label)
+			return exec.Command(self, "--serve-fd", "--module", *module, "--token-label", *label, "--init-args", *initArgs)
 		},
 	}
 	what := "every token"
@@ -117,7 +136,7 @@ const controlFD = 3
 
 // serveOne serves the connection handed over controlFD until it closes
 // or SIGTERM.
-func serveOne(module, label string) int {
+func serveOne(module, label, initArgs string) int {
 	f := os.NewFile(controlFD, "control")
 	fc, err := net.FileConn(f)
 	f.Close()
@@ -130,6 +149,7 @@ func serveOne(module, label string) int {
 	defer stop()
 	srv := &remote.Server{
 		Module:     module,
+		InitArgs:   initArgs,
 		TokenLabel: label,
 		Refused:    func(err error) { fmt.Fprintf(os.Stderr, "hsmserve[%d]: %v\n", os.Getpid(), err) },
 	}
@@ -138,4 +158,25 @@ func serveOne(module, label string) int {
 		return 1
 	}
 	return 0
+}
+
+// preflight initialises the module once and finalizes it, so that a module
+// that cannot start (a wrong path, missing or wrong init arguments) is
+// reported when hsmserve starts, not to each client as a closed
+// connection.
+func preflight(module, initArgs string) error {
+	mc := pkcs11.New(module)
+	if mc == nil {
+		return fmt.Errorf("load PKCS#11 module %s: no such file, dlopen failed or no C_GetFunctionList", module)
+	}
+	defer mc.Destroy()
+	err := p11raw.Initialize(mc, initArgs)
+	switch {
+	case err == nil:
+		return mc.Finalize()
+	case initArgs == "" && errors.Is(err, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)):
+		return fmt.Errorf("initialise PKCS#11 module %s: %w: init arguments may be missing: this module may need --init-args "+
+			"(NSS softokn needs configdir='sql:DIR' certPrefix='' keyPrefix='' secmod='secmod.db')", module, err)
+	}
+	return fmt.Errorf("initialise PKCS#11 module %s: %w", module, err)
 }

@@ -345,6 +345,20 @@ func FunctionList(c *pkcs11.Ctx, path string) (unsafe.Pointer, error) {
 	}
 }
 
+// Initialize calls C_Initialize on c, with CKF_OS_LOCKING_OK as miekg does
+// and, when args is not empty, args as the NUL-terminated string in
+// pReserved (p11-kit's x-init-reserved): how NSS softokn is told its
+// database. The string is C memory, freed once the call returns (a module
+// parses it during C_Initialize).
+func Initialize(c *pkcs11.Ctx, args string) error {
+	if args == "" {
+		return c.Initialize()
+	}
+	p := C.CString(args)
+	defer C.free(unsafe.Pointer(p))
+	return c.Initialize(pkcs11.InitializeWithReserved(unsafe.Pointer(p)))
+}
+
 // ExportedSymbol returns the address of an exported symbol of a loaded
 // module, nil when absent. Used by tests to check the function list layout.
 func ExportedSymbol(path, name string) unsafe.Pointer {

@@ -15,7 +15,7 @@ func (tok Token) Open(t testing.TB) *slot.Slot {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := slot.Open(ctx, slot.Spec{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label,
+	s, err := slot.Open(ctx, slot.Spec{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, InitArgs: tok.InitArgs, TokenLabel: tok.Label,
 		PIN: secret.PINFromString(tok.UserPIN), CommandTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatalf("open %s: %v", tok.Name, err)

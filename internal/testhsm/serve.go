@@ -37,6 +37,13 @@ type Served struct {
 	conf   string
 	sock   string
 	bin    string // hsmserve (remote)
+	// module and initArgs are what hsmserve serves (remote): SoftHSM,
+	// or NSS softokn on its own database (ServeNSS).
+	module   string
+	initArgs string
+	// command, when set, runs the server instead (ServeOCK: hsmserve
+	// inside a mount namespace of its own, after pkcsslotd).
+	command func() *exec.Cmd
 
 	mu   sync.Mutex
 	proc *serverProc // nil when no server runs
@@ -110,6 +117,7 @@ func serve(t testing.TB, name string, remote bool) *Served {
 		serial: serials[name],
 		conf:   conf,
 		sock:   filepath.Join(dir, "p11.sock"),
+		module: SoftHSMModule,
 	}
 	if len(s.sock) >= 100 {
 		t.Fatalf("%s(%s): socket path %s too long for a Unix socket; set a shorter TMPDIR", fn, name, s.sock)
@@ -131,13 +139,17 @@ func (s *Served) Socket() string { return s.sock }
 // (Serve) or the hagroup remote client (ServeRemote).
 func (s *Served) Token() Token {
 	if s.remote {
+		so := SOPIN
+		if s.module == NSSModule {
+			so = "" // an NSS database has no SO PIN
+		}
 		return Token{
 			Name:    s.name,
 			Label:   s.label,
 			Serial:  s.serial,
 			Module:  remote.ModulePath(s.sock),
 			UserPIN: UserPIN,
-			SOPIN:   SOPIN,
+			SOPIN:   so,
 		}
 	}
 	return Token{
@@ -242,7 +254,10 @@ func (s *Served) start() error {
 		"--provider", SoftHSMModule, "pkcs11:token="+s.label)
 	if s.remote {
 		what = "hsmserve"
-		cmd = exec.Command(s.bin, "--module", SoftHSMModule, "--socket", s.sock, "--token-label", s.label)
+		cmd = exec.Command(s.bin, "--module", s.module, "--socket", s.sock, "--token-label", s.label, "--init-args", s.initArgs)
+	}
+	if s.command != nil {
+		cmd = s.command()
 	}
 	cmd.Env = withEnv(os.Environ(), "SOFTHSM2_CONF", s.conf)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

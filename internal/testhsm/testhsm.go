@@ -52,6 +52,7 @@ type Token struct {
 	Serial    string            // token serial number
 	Module    string            // PKCS#11 module that offers the token
 	ModuleEnv map[string]string // environment the module needs (served tokens)
+	InitArgs  string            // C_Initialize's pReserved the module needs (NSS softokn in process)
 	UserPIN   string
 	SOPIN     string
 }

@@ -16,7 +16,29 @@ import (
 // an object while another thread writes it can leave the object without
 // CKA_CLASS for good (CKR_ATTRIBUTE_VALUE_INVALID ever after), and the
 // write then fails with CKR_GENERAL_ERROR.
-func NeedsObjectLock(manufacturer, model string) bool {
+func NeedsObjectLock(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
+// SerialCreations reports whether a token must be given the objects
+// copied into it one at a time. SoftHSM 2.6.1 now and then answers
+// CKR_GENERAL_ERROR (or CKR_TEMPLATE_INCONSISTENT) to objects created on
+// one token from several threads at once, and gains nothing from them (it
+// writes one file per object). Not measured on another make: NSS softokn
+// (sqlite, its own locking) takes them at once.
+func SerialCreations(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
+// GeneralErrorMeansOtherKey reports whether a token answers an unwrap
+// under a key other than the one that wrapped the blob with
+// CKR_GENERAL_ERROR, as SoftHSM 2.6.1 does (so that answer from it says
+// the members' domain keys differ). NSS softokn answered
+// CKR_WRAPPED_KEY_INVALID to every blob it could not unwrap in the pair
+// trials (pkg/sync.ProvePair), which says so by its name.
+func GeneralErrorMeansOtherKey(manufacturer, model string) bool {
+	return isSoftHSM(manufacturer, model)
+}
+
+// isSoftHSM reports whether a token is SoftHSM 2's, by the manufacturer
+// and model C_GetTokenInfo reports (blank-padded).
+func isSoftHSM(manufacturer, model string) bool {
 	manufacturer = strings.TrimRight(manufacturer, " \x00")
 	model = strings.TrimRight(model, " \x00")
 	return manufacturer == "SoftHSM project" || strings.HasPrefix(model, "SoftHSM")

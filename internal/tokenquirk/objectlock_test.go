@@ -15,11 +15,17 @@ func TestNeedsObjectLock(t *testing.T) {
 		{"SoftHSM project                 ", "SoftHSM v2      ", true}, // as C_GetTokenInfo pads them
 		{"SoftHSM project", "", true},
 		{"Thales", "Luna K7", false},
+		{"Mozilla Foundation              ", "NSS 3           ", false},
 		{"Example HSMs Inc.", "X1", false},
 		{"", "", false},
 	} {
-		if got := NeedsObjectLock(c.manufacturer, c.model); got != c.want {
-			t.Errorf("NeedsObjectLock(%q, %q) = %v, want %v", c.manufacturer, c.model, got, c.want)
+		// Every SoftHSM rule is SoftHSM's alone.
+		for name, quirk := range map[string]func(string, string) bool{
+			"NeedsObjectLock": NeedsObjectLock, "SerialCreations": SerialCreations, "GeneralErrorMeansOtherKey": GeneralErrorMeansOtherKey,
+		} {
+			if got := quirk(c.manufacturer, c.model); got != c.want {
+				t.Errorf("%s(%q, %q) = %v, want %v", name, c.manufacturer, c.model, got, c.want)
+			}
 		}
 	}
 	var ls Locks

@@ -209,6 +209,12 @@ type Member struct {
 	// P11_KIT_SERVER_ADDRESS); a member with one gets its own module
 	// context.
 	ModuleEnv map[string]string `toml:"module_env"`
+	// InitArgs is the pReserved string of the module's C_Initialize
+	// (p11-kit's x-init-reserved), which NSS softokn needs: such as
+	// "configdir='sql:/var/lib/nss' certPrefix='' keyPrefix='' secmod='secmod.db'".
+	// Never a PIN. A token served by hsmserve takes them on hsmserve's
+	// command line instead.
+	InitArgs string `toml:"init_args"`
 	// TokenLabel, TokenSerial and URI select the token; exactly one is set.
 	TokenLabel  string `toml:"token_label"`
 	TokenSerial string `toml:"token_serial"`

@@ -120,7 +120,8 @@ func TestRoundTrip(t *testing.T) {
 		Label: `q"uote\ü`,
 		HA:    HA{Only: new(true), Retries: new(0), FailureThreshold: new(3), TombstoneHorizon: Duration(1500 * time.Millisecond)},
 		Members: []Member{{Name: "x", Module: "/a b/m.so", TokenSerial: "0001",
-			ModuleEnv: map[string]string{"Z": "1", "A": "line\nbreak\t\x7f", "B_2": ""}}},
+			ModuleEnv: map[string]string{"Z": "1", "A": "line\nbreak\t\x7f", "B_2": ""},
+			InitArgs:  `configdir='sql:/a "b"\c' certPrefix=''`}},
 	})
 	data, err := Encode(c)
 	if err != nil {

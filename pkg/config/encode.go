@@ -76,6 +76,7 @@ func encode(c *Config, n notes) ([]byte, error) {
 				}
 				w.kv("module_env", string(append(b, " }"...)))
 			}
+			w.str("init_args", m.InitArgs)
 			w.str("token_label", m.TokenLabel)
 			w.str("token_serial", m.TokenSerial)
 			w.str("uri", m.URI)

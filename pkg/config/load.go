@@ -199,7 +199,7 @@ func knownKeys(table string) []string {
 	case "group":
 		return append([]string{"label", "serial", "member"}, ha...)
 	case "group.member":
-		return []string{"name", "module", "module_env", "token_label", "token_serial", "uri", "pin_file",
+		return []string{"name", "module", "module_env", "init_args", "token_label", "token_serial", "uri", "pin_file",
 			"pin_env", "standby", "server_uid", "dispatch"}
 	}
 	return nil

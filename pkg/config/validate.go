@@ -14,6 +14,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/hagroup/hagroup/internal/initargs"
 	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
@@ -261,6 +262,13 @@ func (c *Config) validateMembers(p *problems, gi int) {
 				p.at(gi, mi, "module_env", fmt.Sprintf("the value of %s contains a NUL byte", k))
 			}
 		}
+		if m.InitArgs != "" {
+			if strings.HasPrefix(m.Module, remoteScheme) {
+				p.at(gi, mi, "init_args", "a served token's module is initialised by its hsmserve: give the init arguments to hsmserve (--init-args)")
+			} else if err := initargs.Check(m.InitArgs); err != nil {
+				p.at(gi, mi, "init_args", err.Error())
+			}
+		}
 		validateSelector(p, gi, mi, m)
 		if d, err := dispatch.Parse(m.Dispatch); err != nil {
 			p.at(gi, mi, "dispatch", err.Error())
@@ -326,6 +334,9 @@ func (m *Member) tokenIdentity() string {
 	for _, k := range slices.Sorted(maps.Keys(m.ModuleEnv)) {
 		fmt.Fprintf(&b, " %q=%q", k, m.ModuleEnv[k])
 	}
+	// Init arguments choose the token too: one NSS module path serves a
+	// database per configdir, each with the same label and serial.
+	fmt.Fprintf(&b, " init=%q", m.InitArgs)
 	return b.String()
 }
 

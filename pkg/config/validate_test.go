@@ -254,6 +254,21 @@ func TestValidateErrors(t *testing.T) {
 			want: []string{`t.toml:{d}: group "x": member "a": dispatch: "inline" is for in-process software tokens that cannot hang; a token served by hsmserve can: use "handoff"`},
 		},
 		{
+			name: "init_args naming a password",
+			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  init_args = \"configdir='sql:/a' password='p'\" #i\n",
+			want: []string{`t.toml:{i}: group "x": member "a": init_args: init arguments name a PIN or password parameter: a PIN never goes in init arguments (they are shown by hactl and on command lines); give it with pin_file or pin_env`},
+		},
+		{
+			name: "init_args with a newline",
+			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  init_args = \"configdir='sql:/a'\\nflags=x\" #i\n",
+			want: []string{`t.toml:{i}: group "x": member "a": init_args: init arguments contain a control character (a NUL, newline or tab)`},
+		},
+		{
+			name: "init_args on a served token",
+			doc:  "[[group]]\nlabel = \"x\"\n  [[group.member]]\n  name = \"a\"\n  module = \"hagroup-remote:unix:/run/a.sock\"\n  token_label = \"t\"\n  init_args = \"configdir='sql:/a'\" #i\n",
+			want: []string{`t.toml:{i}: group "x": member "a": init_args: a served token's module is initialised by its hsmserve: give the init arguments to hsmserve (--init-args)`},
+		},
+		{
 			name: "module_env bad name",
 			doc:  "[[group]]\nlabel = \"x\"\n" + okMember + "  module_env = { \"A=B\" = \"c\" } #e\n",
 			want: []string{`t.toml:{e}: group "x": member "a": module_env: "A=B" is not an environment variable name`},

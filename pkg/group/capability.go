@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -36,6 +37,8 @@ func (g *Group) probeCapability(ctx context.Context, m *member.Member, mechs []u
 	}); err != nil {
 		return err
 	}
+	g.mechs.Store(m.Name(), mechs)
+	g.provePairs(ctx, m, mechs)
 	old, seen := g.caps.Swap(m.Name(), c)
 	if seen && old.(sync.WrapCapability).Same(c) {
 		return nil
@@ -71,6 +74,13 @@ func (g *Group) cannotHold(k sync.Kind) []sync.Refusal {
 	for _, m := range ms {
 		if err := g.capability(m).Holds(k); err != nil {
 			out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: err})
+		}
+	}
+	for _, a := range ms {
+		for _, b := range ms {
+			if r := g.pairRefusal(a, b, k); r != nil {
+				out = append(out, *r)
+			}
 		}
 	}
 	return out
@@ -150,6 +160,9 @@ func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms
 			if err := g.capability(m).Holds(k); err != nil {
 				out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: err})
 			}
+			if r := g.pairRefusal(p, m, k); r != nil {
+				out = append(out, *r)
+			}
 		}
 	}
 	return out
@@ -168,4 +181,115 @@ func targetsRefused(targets []*member.Member, errs []error, ms []made, failedAt 
 		}
 	}
 	return out
+}
+
+// A key travels between two members only by a way the pair proved by a
+// round trip (sync.ProvePair), never by a mechanism's name: SoftHSM's and
+// NSS's CKM_AES_KEY_WRAP_PAD are two wraps. Two tokens of one make, model
+// and firmware run one implementation, whose wrap each member's own probe
+// has already checked against its unwrap (sync.ProbeWrap): their pair
+// needs no proof of its own. When a member is probed, every ordered pair
+// it forms with a serving member of another make that was probed is proven
+// (kept in Options.Facts for the next process); a pair that did not prove
+// the way replication uses (sync.ReplicationWay) for a class of key is
+// named in a KeysUnholdable event, and while both serve the group makes no
+// key of that class. A pair not proven yet (the other member was not
+// probed, or a member failed under the proof) is judged by the members'
+// own capabilities, and proven at the next probe.
+
+func pairKey(src, dst string) string { return src + "\x00" + dst }
+
+// provePairs proves the pairs m forms with the other serving members
+// whose mechanisms are known, both ways. A member failing under a proof
+// leaves the pair unproven; the member's own probe has charged it if it
+// is m, and the other's next call will if it is the other.
+func (g *Group) provePairs(ctx context.Context, m *member.Member, mechs []uint) {
+	for _, o := range g.serving() {
+		if o == m || o.Name() == m.Name() || o.Slot() == nil || m.Slot() == nil {
+			continue
+		}
+		if sameMake(o.Slot().Token(), m.Slot().Token()) {
+			// A proof kept from before (a member re-opened on another
+			// token) no longer holds.
+			g.pairs.Delete(pairKey(m.Name(), o.Name()))
+			g.pairs.Delete(pairKey(o.Name(), m.Name()))
+			continue
+		}
+		v, ok := g.mechs.Load(o.Name())
+		if !ok {
+			continue
+		}
+		om := v.([]uint)
+		g.provePair(ctx, m, o, mechs, om)
+		g.provePair(ctx, o, m, om, mechs)
+	}
+}
+
+func (g *Group) provePair(ctx context.Context, src, dst *member.Member, srcMechs, dstMechs []uint) {
+	ss, ds := src.Slot(), dst.Slot()
+	if ss == nil || ds == nil {
+		return
+	}
+	// Only the way replication uses is tried: the others are for the
+	// capability report (hactl slot check), not yet for replication.
+	p, err := sync.ProvePairKnown(ctx, ss, ds, srcMechs, dstMechs, g.opts.Facts, sync.ReplicationWay)
+	if err != nil {
+		return
+	}
+	old, seen := g.pairs.Swap(pairKey(src.Name(), dst.Name()), p)
+	lacks := pairLacks(p)
+	if seen && slices.Equal(pairLacks(old.(sync.PairWays)), lacks) || len(lacks) == 0 {
+		return
+	}
+	for _, class := range lacks {
+		g.emit(Event{Kind: KeysUnholdable, Member: dst.Name(), Err: fmt.Errorf(
+			"no proven way carries %ss from member %s to member %s (%s): while both serve the group makes no such key and does not offer the mechanisms that generate them",
+			sync.ClassName(class), src.Name(), dst.Name(), pairWhy(p, class))})
+	}
+}
+
+// pairLacks lists the classes of key p did not prove replication's way for.
+func pairLacks(p sync.PairWays) []uint {
+	var out []uint
+	for _, class := range []uint{pkcs11.CKO_SECRET_KEY, pkcs11.CKO_PRIVATE_KEY} {
+		if p.Tried(class) && !p.Proven(class, sync.ReplicationWay) {
+			out = append(out, class)
+		}
+	}
+	return out
+}
+
+// pairWhy says why p did not prove replication's way for class.
+func pairWhy(p sync.PairWays, class uint) string {
+	why := p.Failed[sync.ClassName(class)+" by "+sync.ReplicationWay.String()]
+	if why == "" {
+		why = "one of the two does not offer it"
+	}
+	return fmt.Sprintf("%s does not carry them between the two: %s", sync.ReplicationWay, why)
+}
+
+// pairRefusal is why keys of kind k cannot travel from a to b, nil when
+// they can or the pair is not proven yet.
+func (g *Group) pairRefusal(a, b *member.Member, k sync.Kind) *sync.Refusal {
+	if a == b || !k.Wrapped() {
+		return nil
+	}
+	v, ok := g.pairs.Load(pairKey(a.Name(), b.Name()))
+	if !ok {
+		return nil
+	}
+	p := v.(sync.PairWays)
+	for _, class := range pairLacks(p) {
+		if k.Class == class || k.Class == sync.ClassUnknownKey {
+			return &sync.Refusal{Member: b.Name(), Kind: k, Err: fmt.Errorf("no proven way carries %ss from member %s to it (%s)",
+				sync.ClassName(class), a.Name(), pairWhy(p, class))}
+		}
+	}
+	return nil
+}
+
+// sameMake reports whether two tokens run one implementation: the same
+// manufacturer, model and firmware.
+func sameMake(a, b slot.TokenSummary) bool {
+	return a.Manufacturer == b.Manufacturer && a.Model == b.Model && a.Firmware == b.Firmware
 }

@@ -176,6 +176,8 @@ type Group struct {
 	epochs   atomic.Uint64             // epoch source shared by every member
 	width    atomic.Int64              // 1 + the highest member index in use
 	caps     sync.Map                  // member name → hasync.WrapCapability (capability.go)
+	mechs    sync.Map                  // member name → []uint, its token's mechanisms (capability.go)
+	pairs    sync.Map                  // pairKey(source, target) → hasync.PairWays (capability.go)
 	model    atomic.Pointer[[2]string] // token manufacturer and model last reported (TokenInfo)
 
 	events     EventSink

@@ -114,7 +114,7 @@ type setupOpts struct {
 }
 
 func memberCfg(tok testhsm.Token) config.Member {
-	return config.Member{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label}
+	return config.Member{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, InitArgs: tok.InitArgs, TokenLabel: tok.Label}
 }
 
 func setup(t testing.TB, o setupOpts) *fixture {
@@ -190,6 +190,7 @@ func openDirect(t testing.TB, tok testhsm.Token) *slot.Slot {
 		Name:           tok.Name + "-direct",
 		Module:         tok.Module,
 		ModuleEnv:      tok.ModuleEnv,
+		InitArgs:       tok.InitArgs,
 		TokenLabel:     tok.Label,
 		PIN:            secret.PINFromString(tok.UserPIN),
 		CommandTimeout: 20 * time.Second,

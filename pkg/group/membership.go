@@ -467,6 +467,17 @@ func (g *Group) CannotHold(name string) []string {
 	for _, k := range c.Unholdable() {
 		names = append(names, k.String()+"s")
 	}
+	// What no proven way carries to it from a member of another make
+	// (capability.go).
+	for _, o := range g.view().members {
+		v, ok := g.pairs.Load(pairKey(o.Name(), name))
+		if !ok || o.Name() == name {
+			continue
+		}
+		for _, class := range pairLacks(v.(hasync.PairWays)) {
+			names = append(names, fmt.Sprintf("%ss from %s (no proven way)", hasync.ClassName(class), o.Name()))
+		}
+	}
 	return names
 }
 

@@ -21,6 +21,7 @@ func SlotSpec(m config.Member, s config.Settings) slot.Spec {
 		Name:           m.Name,
 		Module:         m.Module,
 		ModuleEnv:      m.ModuleEnv,
+		InitArgs:       m.InitArgs,
 		TokenLabel:     m.TokenLabel,
 		TokenSerial:    m.TokenSerial,
 		URI:            m.URI,

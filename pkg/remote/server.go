@@ -34,6 +34,10 @@ import (
 type Server struct {
 	// Module is the path of the PKCS#11 module to serve.
 	Module string
+	// InitArgs, when set, is the pReserved string of the module's
+	// C_Initialize (p11-kit's x-init-reserved), such as NSS softokn's
+	// configdir='sql:DIR' …; checked by internal/initargs.
+	InitArgs string
 	// TokenLabel, when set, serves only the slot whose token has this
 	// label; other slots do not exist for clients.
 	TokenLabel string
@@ -431,7 +435,7 @@ func (s *Server) open() (*pkcs11.Ctx, error) {
 // is).
 func (s *Server) initialize(mc *pkcs11.Ctx) (m *served, release func(), err error) {
 	foreign := false
-	if err := mc.Initialize(); err != nil {
+	if err := p11raw.Initialize(mc, s.InitArgs); err != nil {
 		if !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
 			mc.Destroy()
 			return nil, nil, fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)

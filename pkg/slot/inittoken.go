@@ -32,7 +32,14 @@ type tokenIniter interface {
 // module refuses (CKR_SESSION_EXISTS) while any session of this process is
 // open on the token.
 func InitToken(ctx context.Context, path, serial, label string, soPIN, userPIN secret.PIN) (string, error) {
-	m, err := modules.acquire(ctx, path, nil, nil, initTokenTimeout)
+	return InitModuleToken(ctx, ModuleRef{Path: path}, serial, label, soPIN, userPIN)
+}
+
+// InitModuleToken is InitToken on the module of ref, loaded with its
+// environment and init arguments (a test rig's tpm2-pkcs11 store, say).
+func InitModuleToken(ctx context.Context, ref ModuleRef, serial, label string, soPIN, userPIN secret.PIN) (string, error) {
+	path := ref.Path
+	m, err := modules.acquire(ctx, ref, initTokenTimeout)
 	if err != nil {
 		return "", err
 	}

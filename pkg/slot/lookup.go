@@ -342,7 +342,14 @@ func findToken(ctx context.Context, spec *Spec, q tokenQuery, m *module, timeout
 // ListTokens lists the tokens a module offers, the uninitialised ones
 // included. env is set while the module loads, as for Spec.ModuleEnv.
 func ListTokens(ctx context.Context, module string, env map[string]string) ([]TokenSummary, error) {
-	m, err := modules.acquire(ctx, module, env, nil, dispatch.DefaultCommandTimeout)
+	return ListModuleTokens(ctx, ModuleRef{Path: module, Env: env})
+}
+
+// ListModuleTokens lists the tokens the module of ref offers, the
+// uninitialised ones included.
+func ListModuleTokens(ctx context.Context, ref ModuleRef) ([]TokenSummary, error) {
+	module := ref.Path
+	m, err := modules.acquire(ctx, ref, dispatch.DefaultCommandTimeout)
 	if err != nil {
 		return nil, err
 	}

@@ -19,9 +19,10 @@ import (
 
 // module is one loaded and initialised PKCS#11 module context.
 type module struct {
-	key  string
-	path string
-	env  map[string]string
+	key      string
+	path     string
+	env      map[string]string
+	initArgs string // C_Initialize's pReserved (ModuleRef.InitArgs)
 	// serverUID is the uid a remote token's server must run as (nil:
 	// ours); see remote.NewClient.
 	serverUID *uint32
@@ -81,21 +82,52 @@ var modules = &registry{mods: make(map[string]*module), inits: make(map[string]i
 // finalizeTimeout bounds C_Finalize when the last user lets go.
 const finalizeTimeout = 10 * time.Second
 
-// acquire returns a referenced context for path. With an empty env the
-// context is shared by every user of path; a non-empty env gets a context
-// of its own (set while the module is loaded and initialised), unless the
-// module turns out to hand the same function list to every loader, in
-// which case the existing context is shared. A remote token's path
+// ModuleRef says which module to load and how: its path, the environment
+// it reads as it loads, the init arguments of its C_Initialize, and for a
+// served token the uid its server must run as.
+type ModuleRef struct {
+	Path string
+	Env  map[string]string
+	// InitArgs is the pReserved string of C_Initialize (p11-kit's
+	// x-init-reserved), such as NSS softokn's configdir='sql:DIR' …;
+	// checked by internal/initargs. A module initialised with init
+	// arguments is shared only by users giving the same ones.
+	InitArgs  string
+	ServerUID *uint32
+}
+
+// sharedKey is the registry key of ref's shared context: the module path,
+// and its init arguments when it has some.
+func (ref ModuleRef) sharedKey() string {
+	if ref.InitArgs == "" {
+		return ref.Path
+	}
+	return ref.Path + "\x00init\x00" + ref.InitArgs
+}
+
+// acquire returns a referenced context for ref. With an empty env the
+// context is shared by every user of the same path and init arguments; a
+// non-empty env gets a context of its own (set while the module is loaded
+// and initialised), unless the module turns out to hand the same function
+// list to every loader, in which case the existing context is shared. A
+// module instance already initialised with other init arguments is an
+// error: one process can initialise a module once (NSS softokn answers
+// CKR_CRYPTOKI_ALREADY_INITIALIZED), and sharing that context would serve
+// another token than the member names. A remote token's path
 // (remote.Scheme) always gets a context, and a connection, of its own.
-func (r *registry) acquire(ctx context.Context, path string, env map[string]string, serverUID *uint32, timeout time.Duration) (*module, error) {
+func (r *registry) acquire(ctx context.Context, ref ModuleRef, timeout time.Duration) (*module, error) {
+	path, env := ref.Path, ref.Env
 	if path == "" {
 		return nil, fmt.Errorf("%w: no module path", ErrInvalidSpec)
+	}
+	if err := checkInitArgs(ref); err != nil {
+		return nil, err
 	}
 	private := len(env) > 0 || remote.IsModulePath(path)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !private {
-		if m, ok := r.mods[path]; ok {
+		if m, ok := r.mods[ref.sharedKey()]; ok {
 			m.refs++
 			m.pending.Store(false)
 			return m, nil
@@ -107,13 +139,18 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 	}
 	defer restore()
 
-	c, id, err := loadModule(path, serverUID)
+	c, id, err := loadModule(path, ref.ServerUID)
 	if err != nil {
 		return nil, err
 	}
 	if id != nil {
 		for _, m := range r.mods {
 			if m.id == id && !m.wedged {
+				if m.initArgs != ref.InitArgs {
+					return nil, fmt.Errorf("%w: module %s is already initialised in this process with other init arguments, "+
+						"and a module is initialised once per process: serve each such member with hsmserve --init-args (module hagroup-remote:)",
+						ErrInvalidSpec, path)
+				}
 				// Same module instance under another key (a symlinked
 				// path, or a module that ignores its env): share it.
 				c.Destroy()
@@ -124,10 +161,15 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 		}
 	}
 	foreign := false
-	err = callTimeout(ctx, timeout, func() error { return c.Initialize() })
+	err = callTimeout(ctx, timeout, func() error { return initialize(c, ref.InitArgs) })
 	switch {
 	case err == nil:
 	case errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)):
+		if ref.InitArgs != "" {
+			// Initialised by someone else, with arguments we cannot know.
+			return nil, fmt.Errorf("%w: module %s was initialised in this process by someone else, so not with this member's init arguments",
+				ErrInvalidSpec, path)
+		}
 		foreign = true
 	case errors.Is(err, ErrTimeout):
 		// Initialize is still running: the context can never be used or
@@ -135,25 +177,26 @@ func (r *registry) acquire(ctx context.Context, path string, env map[string]stri
 		return nil, fmt.Errorf("initialise PKCS#11 module %s: %w", path, err)
 	default:
 		c.Destroy()
-		return nil, fmt.Errorf("initialise PKCS#11 module %s: %w", path, err)
+		return nil, initializeError(path, ref.InitArgs, err)
 	}
 	m := &module{
-		key:     path,
-		path:    path,
-		env:     maps.Clone(env),
-		ctx:     c,
-		id:      id,
-		refs:    1,
-		foreign: foreign,
-		private: private,
+		key:      ref.sharedKey(),
+		path:     path,
+		env:      maps.Clone(env),
+		initArgs: ref.InitArgs,
+		ctx:      c,
+		id:       id,
+		refs:     1,
+		foreign:  foreign,
+		private:  private,
 	}
-	m.serverUID = serverUID
+	m.serverUID = ref.ServerUID
 	if !foreign {
 		r.inits[path]++
 	}
 	if m.private {
 		r.serial++
-		m.key = fmt.Sprintf("%s\x00%d", path, r.serial)
+		m.key = fmt.Sprintf("%s\x00%d", m.key, r.serial)
 	}
 	r.mods[m.key] = m
 	return m, nil
@@ -286,7 +329,7 @@ func (r *registry) reinit(ctx context.Context, m *module, timeout time.Duration)
 		// Initialize.
 	}
 	c := m.ctx
-	err = callTimeout(ctx, timeout, func() error { return c.Initialize() })
+	err = callTimeout(ctx, timeout, func() error { return initialize(c, m.initArgs) })
 	switch {
 	case err == nil:
 		r.inits[m.path]++

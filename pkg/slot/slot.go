@@ -3,6 +3,7 @@ package slot
 import (
 	"context"
 	"fmt"
+	"github.com/hagroup/hagroup/internal/initargs"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,7 +125,11 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	pin := spec.PIN.Clone()
 	spec.PIN = secret.PIN{}
 
-	mod, err := modules.acquire(ctx, spec.Module, spec.ModuleEnv, spec.ServerUID, initializeTimeout(spec.CommandTimeout))
+	if initargs.HoldsPIN(spec.InitArgs, pin.Bytes()) {
+		pin.Zero()
+		return nil, invalid(spec.Name, "", "its init arguments contain its PIN: a PIN never goes in init arguments (they are shown and passed on command lines)")
+	}
+	mod, err := modules.acquire(ctx, spec.moduleRef(), initializeTimeout(spec.CommandTimeout))
 	if err != nil {
 		pin.Zero()
 		return nil, newError(spec.Name, "", err)

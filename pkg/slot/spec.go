@@ -112,6 +112,7 @@ type Spec struct {
 	Name           string            // member name, used in every error
 	Module         string            // path of the PKCS#11 module
 	ModuleEnv      map[string]string // set while loading; a non-empty env gives the spec its own context
+	InitArgs       string            // pReserved of C_Initialize (ModuleRef.InitArgs); never a PIN
 	TokenLabel     string            // exactly one of TokenLabel, TokenSerial, URI
 	TokenSerial    string
 	URI            string        // RFC 7512 pkcs11: URI
@@ -146,4 +147,9 @@ type TokenSummary struct {
 	Hardware     string // its hardwareVersion
 	Flags        uint
 	Initialized  bool
+}
+
+// moduleRef is the module of the spec and how it is loaded.
+func (sp *Spec) moduleRef() ModuleRef {
+	return ModuleRef{Path: sp.Module, Env: sp.ModuleEnv, InitArgs: sp.InitArgs, ServerUID: sp.ServerUID}
 }

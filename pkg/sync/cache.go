@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"strings"
 	"weak"
 
@@ -81,11 +82,8 @@ type memo struct {
 
 // memberState is what a Replicator keeps per member slot.
 type memberState struct {
-	// turn admits one copy into the member at a time: SoftHSM 2.6.1
-	// now and then answers CKR_GENERAL_ERROR (or
-	// CKR_TEMPLATE_INCONSISTENT) to objects created on one token from
-	// several threads at once, and gains nothing from them (it writes
-	// one file per object).
+	// turn admits one copy into the member at a time, on a token that
+	// needs it (tokenquirk.SerialCreations).
 	turn chan struct{}
 	memo memo
 	// weak is the flaws last reported of the member's domain key ("" when
@@ -146,8 +144,12 @@ func (r *Replicator) forgetDomainKey(s *slot.Slot) {
 }
 
 // takeTurn waits, bounded by ctx, until no other copy of this Replicator
-// is being made into s, and returns the function that ends the turn.
+// is being made into s, and returns the function that ends the turn. Only
+// a token that needs it (tokenquirk.SerialCreations) waits.
 func (r *Replicator) takeTurn(ctx context.Context, s *slot.Slot) (func(), error) {
+	if t := s.Token(); !tokenquirk.SerialCreations(t.Manufacturer, t.Model) {
+		return func() {}, nil
+	}
 	r.mu.Lock()
 	turn := r.stateLocked(s).turn
 	r.mu.Unlock()

@@ -34,6 +34,7 @@ func openSlot(t *testing.T, tok testhsm.Token, ic slot.Interceptor) *slot.Slot {
 		Name:           tok.Name,
 		Module:         tok.Module,
 		ModuleEnv:      tok.ModuleEnv,
+		InitArgs:       tok.InitArgs,
 		TokenLabel:     tok.Label,
 		PIN:            secret.PINFromString(tok.UserPIN),
 		CommandTimeout: 10 * time.Second,

@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"math/big"
 	"sync"
 	"time"
@@ -74,11 +75,10 @@ func (t Target) store() store {
 // login epoch (slot.Slot.Epoch), the handle of the domain key and what the
 // member says of the wrapping mechanism, so that a Replicate searches the
 // tokens at most once (for an existing copy; not at all with
-// Target.Absent). Copies into one member slot are made one at a time,
-// whatever the calls they come from: SoftHSM 2.6.1 now and then fails
-// objects created on one token from several threads at once
-// (CKR_GENERAL_ERROR, CKR_TEMPLATE_INCONSISTENT). A Replicator must not
-// be copied after first use.
+// Target.Absent). Copies into one member slot of a token that needs it
+// (tokenquirk.SerialCreations: SoftHSM) are made one at a time, whatever
+// the calls they come from. A Replicator must not be copied after first
+// use.
 type Replicator struct {
 	// GroupSerial selects the domain key: DomainLabel(GroupSerial).
 	GroupSerial string
@@ -425,10 +425,16 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		return err
 	})
 	if err != nil {
-		switch slot.CodeOf(err) {
+		switch t := j.dst.Slot.Token(); slot.CodeOf(err) {
 		case pkcs11.CKR_GENERAL_ERROR:
+			if !tokenquirk.GeneralErrorMeansOtherKey(t.Manufacturer, t.Model) {
+				break
+			}
 			j.dkFailed = true
 			return 0, fmt.Errorf("unwrap under the domain key: %w (SoftHSM's answer when the domain keys of %s and %s differ)", err, j.src.name(), j.dname)
+		case pkcs11.CKR_WRAPPED_KEY_INVALID:
+			j.dkFailed = true
+			return 0, fmt.Errorf("unwrap under the domain key: %w (the domain keys of %s and %s differ, or the two wrap differently)", err, j.src.name(), j.dname)
 		case pkcs11.CKR_MECHANISM_INVALID:
 			return 0, &MechanismError{Member: j.dname, Mechanism: wrapMechanism, Use: "unwrap", Err: err}
 		}

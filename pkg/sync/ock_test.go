@@ -1,0 +1,73 @@
+package sync
+
+import (
+	"crypto/sha256"
+	"strings"
+	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// openOCK opens a served opencryptoki soft token with its own PIN.
+func openOCK(t *testing.T, name string) *slot.Slot {
+	t.Helper()
+	tok := testhsm.ServeOCK(t, name).Token()
+	s, err := slot.Open(testContext(t), slot.Spec{Name: tok.Name, Module: tok.Module, TokenLabel: tok.Label,
+		PIN: secret.PINFromString(testhsm.OCKUserPIN)})
+	if err != nil {
+		t.Fatalf("open %s: %v", name, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// The opencryptoki soft token signs with RSA and offers no
+// CKM_AES_KEY_WRAP*: the probe finds it can hold no wrapped key through
+// replication as it is, and no way carries a key between it and SoftHSM.
+// Between two of them, CKM_AES_CBC_PAD carries secret keys (proven by the
+// round trip).
+func TestOCKSoftTok(t *testing.T) {
+	a, b := openOCK(t, "ock-a"), openOCK(t, "ock-b")
+	ctx := testContext(t)
+	if tk := a.Token(); !strings.HasPrefix(tk.Manufacturer, "IBM") || !strings.Contains(tk.Model, "SoftTok") {
+		t.Fatalf("token %+v, want IBM's SoftTok", tk)
+	}
+	mechs := mechsOf(t, a)
+	c, err := ProbeWrap(ctx, a, mechs)
+	if err != nil {
+		t.Fatalf("ProbeWrap: %v", err)
+	}
+	if c.Mechanism || len(c.Unholdable()) != 2 {
+		t.Fatalf("capability %+v: want no %s, private and secret keys unholdable", c, mechanismName(wrapMechanism))
+	}
+	pub, priv, err := a.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048), pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
+			pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1})},
+		[]*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_SIGN, true), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false)})
+	if err != nil {
+		t.Fatalf("RSA key pair on the soft token: %v", err)
+	}
+	msg := sha256.Sum256([]byte("signed by opencryptoki"))
+	m := pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil) // SoftTok 3.8 has no CKM_SHA256_RSA_PKCS
+	sig, err := a.Sign(ctx, m, priv, msg[:])
+	if err != nil {
+		t.Fatalf("Sign: %v", err)
+	}
+	if err := a.Verify(ctx, m, pub, msg[:], sig); err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+
+	soft := openSlot(t, testhsm.Take(t, 1)[0], nil)
+	for _, p := range []PairWays{prove(t, soft, a), prove(t, a, soft)} {
+		if w, ok := p.Best(pkcs11.CKO_SECRET_KEY); ok {
+			t.Errorf("%s -> %s: secret keys proven by %v; SoftHSM and the soft token share no wrap", p.Source, p.Target, w)
+		}
+	}
+	cbc := Way{pkcs11.CKM_AES_CBC_PAD, pkcs11.CKM_AES_CBC_PAD}
+	if p := prove(t, a, b); !p.Proven(pkcs11.CKO_SECRET_KEY, cbc) {
+		t.Errorf("soft token -> soft token: secret keys by %v not proven: %v", cbc, p.Failed)
+	}
+}
