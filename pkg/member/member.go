@@ -87,9 +87,11 @@ type Member struct {
 	inFlight atomic.Int64
 	pinned   atomic.Int64
 	draining atomic.Bool
-	drained  chan struct{} // signalled (never closed) when the last call ends while draining
-	latency  atomic.Int64  // EWMA of successful call latency, nanoseconds
-	sampled  atomic.Int64  // unix nanoseconds of the last latency sample
+	drained  chan struct{}               // signalled (never closed) when the last call ends while draining
+	latency  atomic.Int64                // EWMA of successful call latency, nanoseconds
+	sampled  atomic.Int64                // unix nanoseconds of the last latency sample
+	recent   [recentSamples]atomic.Int64 // the last answered calls' latencies, nanoseconds (P95)
+	answered atomic.Uint64               // samples ever put in recent
 	consec   atomic.Int32
 
 	ops           atomic.Uint64
@@ -385,6 +387,7 @@ func (m *Member) observeAt(d time.Duration, now time.Time) {
 		d = 1
 	}
 	sample := int64(d)
+	m.recent[(m.answered.Add(1)-1)%recentSamples].Store(sample)
 	began := now.UnixNano() - sample
 	for {
 		old := m.latency.Load()
@@ -422,6 +425,38 @@ func (m *Member) DecayedLatency(now int64) time.Duration {
 		lat >>= min(age/int64(LatencyHalfLife), 62)
 	}
 	return time.Duration(lat)
+}
+
+// recentSamples is how many answered calls P95 looks at: a few seconds of
+// a member's traffic, so that it follows a member that slows down.
+const recentSamples = 32
+
+// minP95Samples is how many answers P95 wants before it says anything.
+const minP95Samples = 16
+
+// P95 returns the 95th percentile latency of the member's last answered
+// calls (up to recentSamples), 0 before minP95Samples of them.
+func (m *Member) P95() time.Duration {
+	n := min(m.answered.Load(), recentSamples)
+	if n < minP95Samples {
+		return 0
+	}
+	// The p95 of n <= 32 samples is the largest (n < 20) or the second
+	// largest: a scan, not a sort, on the hot path.
+	var first, second int64
+	for i := range n {
+		v := m.recent[i].Load()
+		switch {
+		case v > first:
+			first, second = v, first
+		case v > second:
+			second = v
+		}
+	}
+	if n < 20 {
+		return time.Duration(first)
+	}
+	return time.Duration(second)
 }
 
 // Measured reports whether a call of the member has ended yet, so that its
