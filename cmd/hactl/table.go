@@ -89,6 +89,7 @@ func makeSettingsTable(s agent.Settings) ([]string, [][]string) {
 		{"command timeout", s.CommandTimeout},
 		{"keygen timeout", s.KeygenTimeout},
 		{"probe interval", s.ProbeInterval},
+		{"hedge", yesNo(s.Hedge)},
 	}
 }
 
@@ -109,6 +110,8 @@ func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
 		{"policy", g.Settings.Policy},
 		{"recovery mode", g.Settings.RecoveryMode},
 		{"HA only", yesNo(g.Settings.Only)},
+		{"hedge", yesNo(g.Settings.Hedge)},
+		{"hedged requests", strconv.FormatUint(g.Hedges, 10)},
 		{"members", orNone(names)},
 		{"needs sync", orNone(g.NeedsSync)},
 		{"standby members", orNone(g.Standbys)},

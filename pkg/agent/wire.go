@@ -66,6 +66,7 @@ type Settings struct {
 	ProbeInterval    string `json:"probeInterval"`
 	Policy           string `json:"policy"`
 	FailureThreshold int    `json:"failureThreshold"`
+	Hedge            bool   `json:"hedge"`
 }
 
 // MemberStatus is one member's state in a GroupStatus.
@@ -90,6 +91,11 @@ type MemberStatus struct {
 	ClientFailures   uint64 `json:"clientFailures,omitempty"`
 	ClientFailovers  uint64 `json:"clientFailovers,omitempty"`
 	Clients          int    `json:"clients,omitempty"`
+	// Hedges counts the member's requests also sent to another member
+	// because it was slow to answer, by the agent's engine and
+	// (ClientHedges) by the reporting processes.
+	Hedges       uint64 `json:"hedges,omitempty"`
+	ClientHedges uint64 `json:"clientHedges,omitempty"`
 	// NeedsSync reports whether the member lacks objects the group holds
 	// (or holds objects the group deleted).
 	NeedsSync bool `json:"needsSync"`
@@ -159,6 +165,10 @@ type GroupStatus struct {
 	Standbys []string `json:"standbys"`
 	// Healthy reports whether every non-standby member is in service.
 	Healthy bool `json:"healthy"`
+	// Hedges is how many of the group's requests were hedged (sent to a
+	// second member, docs/DESIGN.md "Hedged requests"): the members'
+	// Hedges and ClientHedges summed.
+	Hedges uint64 `json:"hedges"`
 }
 
 // GroupsReport is the answer to listgroups.

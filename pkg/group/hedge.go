@@ -102,7 +102,7 @@ func (r *race) start(ctx context.Context, m *member.Member, another func(*member
 		return outcome{}, ctx.Err()
 	case <-t.C:
 	}
-	if h := another(m); h != nil && r.g.spendHedge() {
+	if h := another(m); h != nil && r.g.spendHedge(m) {
 		r.launch(ctx, h)
 	}
 	return r.wait(ctx)
@@ -171,8 +171,8 @@ func (g *Group) earnHedge() {
 }
 
 // spendHedge takes one hedge from the budget, reporting whether there was
-// one, and counts it.
-func (g *Group) spendHedge() bool {
+// one, and counts it, against slow (nil: the group's count alone).
+func (g *Group) spendHedge(slow *member.Member) bool {
 	for {
 		b := g.hedgeBudget.Load()
 		if b < hedgeCost {
@@ -180,6 +180,9 @@ func (g *Group) spendHedge() bool {
 		}
 		if g.hedgeBudget.CompareAndSwap(b, b-hedgeCost) {
 			g.hedges.Add(1)
+			if slow != nil {
+				slow.AddHedge()
+			}
 			return true
 		}
 	}

@@ -99,6 +99,7 @@ type Member struct {
 	requestErrors atomic.Uint64
 	failovers     atomic.Uint64
 	replications  atomic.Uint64
+	hedged        atomic.Uint64
 
 	lastErr atomic.Pointer[errRecord]
 }
@@ -476,6 +477,10 @@ func (m *Member) ConsecutiveFailures() int { return int(m.consec.Load()) }
 // AddFailover counts one operation moved away from this member.
 func (m *Member) AddFailover() { m.failovers.Add(1) }
 
+// AddHedge counts one request of this member's that was also sent to
+// another member because this one was slow to answer (a hedge).
+func (m *Member) AddHedge() { m.hedged.Add(1) }
+
 // AddReplication counts one object replicated to this member.
 func (m *Member) AddReplication() { m.replications.Add(1) }
 
@@ -505,9 +510,12 @@ type Snapshot struct {
 	RequestErrors       uint64        `json:"request_errors"`
 	Failovers           uint64        `json:"failovers"`
 	Replications        uint64        `json:"replications"`
-	LastError           string        `json:"last_error,omitempty"`
-	LastErrorTime       time.Time     `json:"last_error_time,omitzero"`
-	Epoch               uint64        `json:"epoch"`
+	// Hedges counts this member's requests also sent to another member
+	// because it was slow to answer.
+	Hedges        uint64    `json:"hedges,omitempty"`
+	LastError     string    `json:"last_error,omitempty"`
+	LastErrorTime time.Time `json:"last_error_time,omitzero"`
+	Epoch         uint64    `json:"epoch"`
 	// MissingMechanisms the group needs and the member lacks (see
 	// SetMissingMechanisms).
 	MissingMechanisms []string `json:"missing_mechanisms,omitempty"`
@@ -531,6 +539,7 @@ func (m *Member) Snapshot() Snapshot {
 		RequestErrors:       m.requestErrors.Load(),
 		Failovers:           m.failovers.Load(),
 		Replications:        m.replications.Load(),
+		Hedges:              m.hedged.Load(),
 		Epoch:               m.Epoch(),
 		MissingMechanisms:   m.MissingMechanisms(),
 	}
