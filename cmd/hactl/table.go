@@ -115,6 +115,7 @@ func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
 		{"members", orNone(names)},
 		{"needs sync", orNone(g.NeedsSync)},
 		{"standby members", orNone(g.Standbys)},
+		{"tombstone stall", stallCell(g.TombstoneStall)},
 	}
 }
 
@@ -311,3 +312,12 @@ type tableData struct {
 }
 
 func table(header []string, rows [][]string) tableData { return tableData{header, rows} }
+
+// stallCell is a group's unresolved tombstone stall in its table: when and
+// on which member, or none.
+func stallCell(s *agent.TombstoneStall) string {
+	if s == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s on %s (unresolved: run synchronize)", s.Time.Format(time.RFC3339), dash(s.Member))
+}

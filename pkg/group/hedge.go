@@ -102,7 +102,7 @@ func (r *race) start(ctx context.Context, m *member.Member, another func(*member
 		return outcome{}, ctx.Err()
 	case <-t.C:
 	}
-	if h := another(m); h != nil && r.g.spendHedge(m) {
+	if h := another(m); h != nil && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
 		r.launch(ctx, h)
 	}
 	return r.wait(ctx)
@@ -170,12 +170,26 @@ func (g *Group) earnHedge() {
 	}
 }
 
-// spendHedge takes one hedge from the budget, reporting whether there was
-// one, and counts it, against slow (nil: the group's count alone).
-func (g *Group) spendHedge(slow *member.Member) bool {
+// hedgeFloor is the budget a hedge of m's request must leave: none when m
+// is known slow (its own p95 past twice the group's healthy one, delay),
+// one hedge otherwise. A call of a healthy member past the healthy p95 is
+// the tail's noise, about 5 % of the calls by definition, which would
+// otherwise spend the whole budget and leave nothing for a member that
+// became slow: the reserve is for it.
+func hedgeFloor(m *member.Member, delay time.Duration) int64 {
+	if m.P95() > 2*delay {
+		return 0
+	}
+	return hedgeCost
+}
+
+// spendHedge takes one hedge from the budget, when that leaves at least
+// floor in it, reporting whether it did, and counts it against slow (nil:
+// the group's count alone).
+func (g *Group) spendHedge(slow *member.Member, floor int64) bool {
 	for {
 		b := g.hedgeBudget.Load()
-		if b < hedgeCost {
+		if b < hedgeCost+floor {
 			return false
 		}
 		if g.hedgeBudget.CompareAndSwap(b, b-hedgeCost) {

@@ -35,8 +35,9 @@ func TestHedgedSignAnswersFromTheFastMember(t *testing.T) {
 	warmUp(t, signer)
 	slow, fast := f.toks[0].Name, f.toks[1].Name
 	// A warm-up call slower than the p95 may have been hedged and spent the
-	// budget: give the request below its hedge.
-	f.g.hedgeBudget.Store(hedgeCost)
+	// budget: give the request below its hedge (and the reserve a member
+	// not yet known slow leaves, hedgeFloor).
+	f.g.hedgeBudget.Store(2 * hedgeCost)
 	hedgesBefore, fastBefore := f.g.Hedges(), faults.Calls(fast, slot.OpSign)
 	slowM, _ := f.g.Member(slow)
 	slowBefore := slowM.Snapshot().Hedges
@@ -110,14 +111,24 @@ func TestHedgeOff(t *testing.T) {
 	}
 }
 
-// Hedges stay within 5 % of the hedgeable calls, plus the burst saved up.
+// Hedges stay within 5 % of the hedgeable calls, plus the burst saved up;
+// a healthy member's hedges leave one in reserve for a slow member's.
 func TestHedgeBudget(t *testing.T) {
+	var r Group
+	r.hedgeBudget.Store(hedgeCost)
+	if r.spendHedge(nil, hedgeCost) {
+		t.Error("a healthy member's hedge spent the reserve")
+	}
+	if !r.spendHedge(nil, 0) {
+		t.Error("a slow member's hedge found no budget in the reserve")
+	}
+
 	var g Group
 	const calls = 10000
 	spent := 0
 	for range calls {
 		g.earnHedge()
-		if g.spendHedge(nil) {
+		if g.spendHedge(nil, 0) {
 			spent++
 		}
 	}

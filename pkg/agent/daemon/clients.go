@@ -296,8 +296,10 @@ func (d *Daemon) Report(ctx context.Context, peer agent.Peer, rep agent.FleetRep
 		}
 		// The agent's clock orders the log; the report came within a
 		// fraction of a second of the event.
-		d.logEvent(agent.Event{Time: time.Now(), Group: e.Group, Member: e.Member, Event: e.Event, Detail: e.Detail,
-			Program: rep.Program, PID: peer.PID, UID: &uid, Host: rep.Host})
+		ae := agent.Event{Time: time.Now(), Group: e.Group, Member: e.Member, Event: e.Event, Detail: e.Detail,
+			Program: rep.Program, PID: peer.PID, UID: &uid, Host: rep.Host}
+		d.noteStall(ae)
+		d.logEvent(ae)
 	}
 	return nil
 }
