@@ -148,13 +148,22 @@ func (r *race) abandon(served bool) {
 // hedgeDelay is how long an attempt may go unanswered before it is
 // hedged: the lowest p95 of the serving members, the group's healthy p95
 // (a member's own p95 would let a member that became slow set its own
-// deadline). 0: no member has answered enough calls to say.
+// deadline). 0: no member has answered enough calls to say, or there is
+// no second member to hedge to.
 func (g *Group) hedgeDelay() time.Duration {
 	var d time.Duration
-	for _, m := range g.serving() {
+	n := 0
+	for _, m := range g.view().members { // (not serving(): no allocation per call)
+		if !m.State().Serving() || m.Slot() == nil {
+			continue
+		}
+		n++
 		if p := m.P95(); p > 0 && (d == 0 || p < d) {
 			d = p
 		}
+	}
+	if n < 2 {
+		return 0
 	}
 	return d
 }
