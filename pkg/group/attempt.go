@@ -22,7 +22,9 @@ import (
 // (writeAll). A call made on one member with no other to compare (call)
 // never fails a member for an ambiguous error. A member that does not
 // hold an object is skipped without charge, and "no such key" is
-// answered only when no serving member holds it.
+// answered only when no serving member holds it. A hedgeable plan's
+// attempt may have a second one beside it on another member (hedge.go):
+// their answers still come back here, one at a time, and are charged here.
 
 // errAbsent says a member does not hold the object (not its fault). It
 // never leaves this file and resolve.
