@@ -24,7 +24,9 @@ import (
 // hold an object is skipped without charge, and "no such key" is
 // answered only when no serving member holds it. A hedgeable plan's
 // attempt may have a second one beside it on another member (hedge.go):
-// their answers still come back here, one at a time, and are charged here.
+// their answers come back here one at a time and are charged here, but
+// for the one exec no longer waits for, which race.abandon charges by
+// the same rule (a member.Verdict).
 
 // errAbsent says a member does not hold the object (not its fault). It
 // never leaves this file and resolve.
