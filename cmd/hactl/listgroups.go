@@ -37,8 +37,14 @@ hagroup clients lists them).
 
 The states come from haagent when it runs; otherwise hactl reads the
 configuration and opens every member token itself, and says so. A degraded
-group (a member down or out of sync) is summed up in one line after the
-tables (on stderr with --json), and listgroups exits 3.
+group (a member down or out of sync, or a tombstone stall not yet resolved)
+is summed up in one line after the tables (on stderr with --json), and
+listgroups exits 3.
+
+TOMBSTONE STALL is a writer of the members' tombstone registers that stalled
+in mid-write past the fold protocol's margin (a paused VM, a suspended host):
+its records were written again, and "hactl hagroup synchronize" (not
+--check) re-applies every tombstone on every member and clears it.
 
 NEEDS SYNC always comes from comparing the members now, exactly as
 synchronize --check does (the two cannot disagree), so a difference made by
@@ -129,6 +135,9 @@ func degradedSummary(rep agent.GroupsReport) string {
 			parts = append(parts, fmt.Sprintf("group %q needs synchronisation: %s", g.Label, strings.Join(g.NeedsSync, ", ")))
 		case !g.Healthy:
 			parts = append(parts, fmt.Sprintf("group %q is degraded", g.Label))
+		}
+		if g.TombstoneStall != nil {
+			parts = append(parts, fmt.Sprintf("group %q: %s", g.Label, stallLine(*g.TombstoneStall, g.Label)))
 		}
 	}
 	return strings.Join(parts, "; ")

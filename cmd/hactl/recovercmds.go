@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/spf13/cobra"
@@ -77,8 +78,9 @@ func newSynchronizeCmd(a *app) *cobra.Command {
 honouring deletions recorded while a member was away. Two different keys
 under one identity are reported as conflicts and never resolved by guessing.
 
---check only prints the differences and exits 3 when there are any: made for
-cron. --prune destroys objects found on some members only instead of
+--check only prints the differences and exits 3 when there are any, or
+while a tombstone stall (see listgroups) is unresolved: made for cron. A
+synchronisation that ends with no failure and no conflict resolves the stall. --prune destroys objects found on some members only instead of
 replicating them (asks first; --yes for scripts).
 
 The last line sums it up: changes applied, failed and conflicts (the JSON has
@@ -133,8 +135,30 @@ func printSyncReport(w io.Writer, r agent.SyncReport) error {
 			return err
 		}
 	}
+	if r.TombstoneStall != nil {
+		if _, err := fmt.Fprintln(w, stallLine(*r.TombstoneStall, r.Group)); err != nil {
+			return err
+		}
+	}
 	_, err := fmt.Fprintln(w, syncSummary(r))
 	return err
+}
+
+// stallLine says what an unresolved tombstone stall is and what resolves
+// it.
+func stallLine(s agent.TombstoneStall, group string) string {
+	who := s.Program
+	if s.PID != 0 {
+		who = fmt.Sprintf("%s[%d]", who, s.PID)
+	}
+	if s.Host != "" {
+		who += " on " + s.Host
+	}
+	if who == "" {
+		who = "haagent"
+	}
+	return fmt.Sprintf("tombstone register stall at %s (member %s, %s): %s; unresolved until hactl hagroup synchronize --group %s",
+		s.Time.Format(time.RFC3339), dash(s.Member), who, dash(s.Detail), group)
 }
 
 // syncSummary is the one line that sums a synchronisation up.
@@ -157,6 +181,8 @@ func syncOutcome(r agent.SyncReport, shown bool) error {
 		return &failedError{msg: syncSummary(r), shown: shown}
 	case r.Checked && !r.InSync:
 		return &problemError{msg: syncSummary(r), shown: shown}
+	case r.Checked && r.TombstoneStall != nil:
+		return &problemError{msg: stallLine(*r.TombstoneStall, r.Group), shown: shown}
 	case r.Conflicts > 0:
 		return &problemError{msg: syncSummary(r), shown: shown}
 	}

@@ -17,8 +17,11 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/fleet"
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 	"github.com/rogpeppe/go-internal/testscript"
 )
@@ -92,6 +95,7 @@ func TestScripts(t *testing.T) {
 			"scrub":     cmdScrub,
 			"envsubst":  cmdEnvsubst,
 			"jsondoc":   cmdJSONDoc,
+			"stalled":   cmdStalled,
 		},
 	})
 }
@@ -426,6 +430,21 @@ var scrubbers = []struct {
 	{regexp.MustCompile(`"(started|time)": "[^"]+"`), `"$1": "TIME"`},
 	{regexp.MustCompile(`"uptime": "[^"]+"`), `"uptime": "UPTIME"`},
 	{regexp.MustCompile(`"pid": \d+`), `"pid": 0`},
+}
+
+// stalled GROUP MEMBER: report to the agent on $SOCK, as an application's
+// engine does (pkg/fleet), that its tombstone register writer stalled in
+// mid-write on MEMBER (the tombstone_stalled event pkg/ha emits for
+// tombstone.ErrStalled). A real stall takes half a day of a paused host;
+// pkg/sync/tombstone's TestFoldRacingAStalledOwnerLosesNothing makes one.
+func cmdStalled(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: stalled GROUP MEMBER")
+	}
+	r := fleet.Start(fleet.Options{Socket: ts.Getenv("SOCK"), Program: "stalled-app"})
+	r.GroupEvent(group.Event{Kind: group.TombstoneStalled, Group: args[0], Member: args[1],
+		Err: fmt.Errorf("member %s: %w: 13h0m0s since the register's last write, 12h0m0s allowed", args[1], tombstone.ErrStalled)})
+	r.Close() // sends the last report, with the event, and waits for it
 }
 
 // scrub FILE: replace what differs between runs (slot IDs, token serials,

@@ -89,6 +89,7 @@ func makeSettingsTable(s agent.Settings) ([]string, [][]string) {
 		{"command timeout", s.CommandTimeout},
 		{"keygen timeout", s.KeygenTimeout},
 		{"probe interval", s.ProbeInterval},
+		{"hedge", yesNo(s.Hedge)},
 	}
 }
 
@@ -109,9 +110,12 @@ func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
 		{"policy", g.Settings.Policy},
 		{"recovery mode", g.Settings.RecoveryMode},
 		{"HA only", yesNo(g.Settings.Only)},
+		{"hedge", yesNo(g.Settings.Hedge)},
+		{"hedged requests", strconv.FormatUint(g.Hedges, 10)},
 		{"members", orNone(names)},
 		{"needs sync", orNone(g.NeedsSync)},
 		{"standby members", orNone(g.Standbys)},
+		{"tombstone stall", stallCell(g.TombstoneStall)},
 	}
 }
 
@@ -308,3 +312,12 @@ type tableData struct {
 }
 
 func table(header []string, rows [][]string) tableData { return tableData{header, rows} }
+
+// stallCell is a group's unresolved tombstone stall in its table: when and
+// on which member, or none.
+func stallCell(s *agent.TombstoneStall) string {
+	if s == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s on %s (unresolved: run synchronize)", s.Time.Format(time.RFC3339), dash(s.Member))
+}

@@ -60,6 +60,7 @@ type FleetMember struct {
 	Errors     uint64 `json:"errors"`
 	Failovers  uint64 `json:"failovers"`
 	InFlight   int64  `json:"inFlight"`
+	Hedges     uint64 `json:"hedges,omitempty"`
 }
 
 // FleetEvent is one HA event that happened in a reporting process.

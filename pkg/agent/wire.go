@@ -66,6 +66,7 @@ type Settings struct {
 	ProbeInterval    string `json:"probeInterval"`
 	Policy           string `json:"policy"`
 	FailureThreshold int    `json:"failureThreshold"`
+	Hedge            bool   `json:"hedge"`
 }
 
 // MemberStatus is one member's state in a GroupStatus.
@@ -90,6 +91,11 @@ type MemberStatus struct {
 	ClientFailures   uint64 `json:"clientFailures,omitempty"`
 	ClientFailovers  uint64 `json:"clientFailovers,omitempty"`
 	Clients          int    `json:"clients,omitempty"`
+	// Hedges counts the member's requests also sent to another member
+	// because it was slow to answer, by the agent's engine and
+	// (ClientHedges) by the reporting processes.
+	Hedges       uint64 `json:"hedges,omitempty"`
+	ClientHedges uint64 `json:"clientHedges,omitempty"`
 	// NeedsSync reports whether the member lacks objects the group holds
 	// (or holds objects the group deleted).
 	NeedsSync bool `json:"needsSync"`
@@ -159,6 +165,27 @@ type GroupStatus struct {
 	Standbys []string `json:"standbys"`
 	// Healthy reports whether every non-standby member is in service.
 	Healthy bool `json:"healthy"`
+	// Hedges is how many of the group's requests were hedged (sent to a
+	// second member, docs/DESIGN.md "Hedged requests"): the members'
+	// Hedges and ClientHedges summed.
+	Hedges uint64 `json:"hedges"`
+	// TombstoneStall is the last stall of a tombstone register writer
+	// not yet resolved by a synchronisation (nil: none).
+	TombstoneStall *TombstoneStall `json:"tombstoneStall,omitempty"`
+}
+
+// TombstoneStall is a tombstone_stalled event the agent saw (its own
+// engine's or a reporting process's): a writer of the members' tombstone
+// registers stalled in mid-write past the fold protocol's margin. It stays
+// until a synchronisation of the group (not a check) ends with no failure
+// and no conflict.
+type TombstoneStall struct {
+	Time    time.Time `json:"time"`
+	Member  string    `json:"member,omitempty"`
+	Detail  string    `json:"detail,omitempty"`
+	Program string    `json:"program,omitempty"`
+	PID     int       `json:"pid,omitempty"`
+	Host    string    `json:"host,omitempty"`
 }
 
 // GroupsReport is the answer to listgroups.
@@ -173,7 +200,7 @@ type GroupsReport struct {
 // Degraded reports whether any group in the report is not fully healthy.
 func (r GroupsReport) Degraded() bool {
 	for _, g := range r.Groups {
-		if !g.Healthy || len(g.NeedsSync) > 0 {
+		if !g.Healthy || len(g.NeedsSync) > 0 || g.TombstoneStall != nil {
 			return true
 		}
 	}
@@ -267,6 +294,9 @@ type SyncReport struct {
 	// "failed").
 	Failed    int `json:"failed"`
 	Conflicts int `json:"conflicts"`
+	// TombstoneStall, in a check, is the group's unresolved tombstone
+	// stall (see GroupStatus): a check then fails (exit 3) in sync or not.
+	TombstoneStall *TombstoneStall `json:"tombstoneStall,omitempty"`
 }
 
 // ReloadResult is the answer to a reload.

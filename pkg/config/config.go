@@ -63,6 +63,7 @@ const (
 	DefaultFailureThreshold = 1
 	DefaultProbeInterval    = 5 * time.Second
 	DefaultTombstoneHorizon = 90 * 24 * time.Hour
+	DefaultHedge            = true
 
 	DefaultSocket      = "/run/hagroup/haagent.sock"
 	DefaultStateDir    = "/var/lib/hagroup"
@@ -182,6 +183,10 @@ type HA struct {
 	// TombstoneHorizon is how long a deletion is remembered for members
 	// that are away.
 	TombstoneHorizon Duration `toml:"tombstone_horizon"`
+	// Hedge sends a single-part request a member is slow to answer to
+	// another member too, the first answer winning (docs/DESIGN.md,
+	// "Hedged requests").
+	Hedge *bool `toml:"hedge"`
 }
 
 // Group is one [[group]] table: one virtual slot.
@@ -259,6 +264,7 @@ type Settings struct {
 	TombstoneHorizon time.Duration
 	Policy           string
 	FailureThreshold int
+	Hedge            bool
 }
 
 // Defaults returns the built-in settings.
@@ -274,6 +280,7 @@ func Defaults() Settings {
 		TombstoneHorizon: DefaultTombstoneHorizon,
 		Policy:           DefaultPolicy,
 		FailureThreshold: DefaultFailureThreshold,
+		Hedge:            DefaultHedge,
 	}
 }
 
@@ -307,6 +314,9 @@ func (s *Settings) override(h HA) {
 	}
 	if h.FailureThreshold != nil {
 		s.FailureThreshold = *h.FailureThreshold
+	}
+	if h.Hedge != nil {
+		s.Hedge = *h.Hedge
 	}
 }
 

@@ -164,6 +164,7 @@ policy = "round-robin"
 label = "override"
 retries = 0
 only = true
+hedge = false
 command_timeout = "3s"
   [[group.member]]
   name = "a"
@@ -203,6 +204,7 @@ label = "inherit"
 		{"override", c.Settings(o), func() Settings {
 			s := def
 			s.Retries, s.Interval, s.Policy, s.Only, s.CommandTimeout = 0, 2*time.Minute, PolicyRoundRobin, true, 3*time.Second
+			s.Hedge = false
 			return s
 		}()},
 	}
@@ -213,7 +215,7 @@ label = "inherit"
 	}
 	want := Settings{Only: false, RecoveryMode: "activeBasic", Retries: -1, Interval: 60 * time.Second,
 		CommandTimeout: 20 * time.Second, KeygenTimeout: 120 * time.Second, ProbeInterval: 5 * time.Second,
-		TombstoneHorizon: 2160 * time.Hour, Policy: "least-busy", FailureThreshold: 1}
+		TombstoneHorizon: 2160 * time.Hour, Policy: "least-busy", FailureThreshold: 1, Hedge: true}
 	if def != want {
 		t.Errorf("Defaults() = %+v, want %+v", def, want)
 	}

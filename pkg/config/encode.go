@@ -185,6 +185,7 @@ func (w *tomlWriter) ha(h HA) {
 	w.intp("failure_threshold", h.FailureThreshold)
 	w.dur("probe_interval", h.ProbeInterval)
 	w.dur("tombstone_horizon", h.TombstoneHorizon)
+	w.boolp("hedge", h.Hedge)
 }
 
 // key writes k bare when TOML allows, else quoted.

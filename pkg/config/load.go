@@ -185,7 +185,7 @@ func str(v any) string {
 // Key names of each table, as written in the file.
 func knownKeys(table string) []string {
 	ha := []string{"only", "recovery_mode", "retries", "interval", "command_timeout", "keygen_timeout",
-		"policy", "failure_threshold", "probe_interval", "tombstone_horizon"}
+		"policy", "failure_threshold", "probe_interval", "tombstone_horizon", "hedge"}
 	switch table {
 	case "":
 		return []string{"agent", "library", "ha", "group"}

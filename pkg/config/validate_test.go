@@ -118,6 +118,11 @@ func TestValidateErrors(t *testing.T) {
 			want: []string{`t.toml:{l}: group "a\tb": label: contains a control character`},
 		},
 		{
+			name: "hedge not a boolean",
+			doc:  "[[group]]\nlabel = \"x\"\nhedge = \"yes\" #h\n" + okMember,
+			want: []string{`t.toml:{h}: group "x": hedge: incompatible types: TOML value has type string; destination has type boolean`},
+		},
+		{
 			name: "serial not digits",
 			doc:  "[[group]]\nlabel = \"x\"\nserial = \"12a\" #s\n" + okMember,
 			want: []string{`t.toml:{s}: group "x": serial: "12a" is not a number: a serial is digits only`},

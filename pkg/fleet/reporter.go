@@ -298,7 +298,7 @@ func (r *Reporter) snapshot(final bool) agent.FleetReport {
 				break
 			}
 			g.Members = append(g.Members, agent.FleetMember{Name: m.Name, State: m.State.String(),
-				Operations: m.Ops, Errors: m.Errors, Failovers: m.Failovers, InFlight: m.InFlight})
+				Operations: m.Ops, Errors: m.Errors, Failovers: m.Failovers, InFlight: m.InFlight, Hedges: m.Hedges})
 		}
 		rep.Groups = append(rep.Groups, g)
 	}

@@ -22,7 +22,11 @@ import (
 // (writeAll). A call made on one member with no other to compare (call)
 // never fails a member for an ambiguous error. A member that does not
 // hold an object is skipped without charge, and "no such key" is
-// answered only when no serving member holds it.
+// answered only when no serving member holds it. A hedgeable plan's
+// attempt may have a second one beside it on another member (hedge.go):
+// their answers come back here one at a time and are charged here, but
+// for the one exec no longer waits for, which race.abandon charges by
+// the same rule (a member.Verdict).
 
 // errAbsent says a member does not hold the object (not its fault). It
 // never leaves this file and resolve.
@@ -50,6 +54,10 @@ type plan struct {
 	// absent is the error when no serving member holds objs; nil:
 	// ErrKeyHandle for a key, ErrObjectHandle otherwise.
 	absent *Error
+	// hedge: the request may run on two members at once (hedge.go): a
+	// single-part call that leaves no state on a member and changes no
+	// object. fn must then keep each member's answer apart.
+	hedge bool
 }
 
 // stop marks an attempt's error as final: exec charges it by the rule
@@ -98,30 +106,57 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	avoid := p.avoid
 	absent, retriedAbsent := false, false
 	hs := make([]pkcs11.ObjectHandle, len(p.objs))
+	r := g.racer(p, fn)
+	served := false
+	if r != nil {
+		defer func() { r.abandon(served) }()
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, opErr(p.op, "", err)
 		}
-		m := next(skip | avoid)
-		if m == nil && avoid != 0 {
-			avoid = 0
-			continue
-		}
-		if m == nil {
-			if absent && v.Last() == nil && !retriedAbsent {
-				// Every live member said "not here" from its cache: look
-				// again once, in case another process replicated it since.
-				retriedAbsent = true
-				for _, o := range p.objs {
-					o.ForgetAbsent()
-				}
-				skip, absent = 0, false
+		var o outcome
+		if r.pending() {
+			// A hedge's other attempt is still out: its answer comes next.
+			var err error
+			if o, err = r.wait(ctx); err != nil {
+				return nil, opErr(p.op, "", err)
+			}
+		} else {
+			m := next(skip | avoid)
+			if m == nil && avoid != 0 {
+				avoid = 0
 				continue
 			}
-			break
+			if m == nil {
+				if absent && v.Last() == nil && !retriedAbsent {
+					// Every live member said "not here" from its cache: look
+					// again once, in case another process replicated it since.
+					retriedAbsent = true
+					for _, o := range p.objs {
+						o.ForgetAbsent()
+					}
+					skip, absent = 0, false
+					continue
+				}
+				break
+			}
+			if r == nil {
+				o = g.try(ctx, p, m, hs, fn)
+			} else {
+				var err error
+				o, err = r.start(ctx, m, func(m *member.Member) *member.Member {
+					s := skip | avoid
+					s.add(m.Index())
+					return next(s)
+				})
+				if err != nil {
+					return nil, opErr(p.op, "", err)
+				}
+			}
 		}
-		s := m.Slot()
-		if err := g.prepareOn(ctx, p, m, hs); err != nil {
+		m, class, fail, err := o.m, o.class, o.fail, o.err
+		if err := o.prep; err != nil {
 			skip.add(m.Index())
 			switch {
 			case errors.Is(err, errAbsent):
@@ -136,13 +171,13 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 			}
 			return m, opErr(p.op, m.Name(), err)
 		}
-		class, fail, err := g.measure(ctx, m, func() error { return fn(ctx, m, s, hs) })
 		final := finalErr(err)
 		if final != nil {
 			err = final.err
 		}
 		switch {
 		case class == slot.ClassNone:
+			served = true
 			v.Served(g.failMember)
 			return m, nil
 		case class == slot.ClassHealth:

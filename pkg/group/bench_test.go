@@ -3,6 +3,7 @@ package group
 import (
 	"crypto/sha256"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,4 +190,51 @@ func fill(b *testing.B, toks []testhsm.Token, n int) {
 	}
 	wg.Wait()
 	b.Logf("made %d objects on each of %d tokens in %v", n, len(toks), time.Since(start))
+}
+
+// BenchmarkHedgedSlowMember measures what a member 10 times slower than
+// the others costs the group's callers, with and without hedging: three
+// model members (every signature held for a service time), one of them
+// held ten times as long, signed one at a time; p50 and p99 are reported
+// beside the healthy group's. docs/BENCHMARKS.md ("Hedged requests") has
+// the figures.
+//
+//	go test -run '^$' -bench HedgedSlowMember -benchtime 3000x ./pkg/group
+func BenchmarkHedgedSlowMember(b *testing.B) {
+	const service = 2 * time.Millisecond
+	for _, c := range []struct {
+		name  string
+		slow  bool
+		hedge bool
+	}{{"members=healthy", false, true}, {"slow=10x/hedge=off", true, false}, {"slow=10x/hedge=on", true, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			faults := slottest.NewFaults()
+			f := setup(b, setupOpts{interceptor: faults, noHedge: !c.hedge})
+			ctx := testContext(b)
+			_, priv := genEC(b, openSession(b, f.g), "hedge-bench")
+			for i, tok := range f.toks {
+				d := service
+				if c.slow && i == 0 {
+					d = 10 * service
+				}
+				faults.Delay(tok.Name, slot.OpSign, d)
+			}
+			digest := sha256.Sum256([]byte("bench"))
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				start := time.Now()
+				if _, err := f.g.Sign(ctx, ecdsaMech, priv, digest[:]); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))]) / 1e6 }
+			b.ReportMetric(q(0.50), "p50-ms")
+			b.ReportMetric(q(0.99), "p99-ms")
+			b.ReportMetric(float64(f.g.Hedges())/float64(b.N)*100, "hedged-%")
+		})
+	}
 }

@@ -40,6 +40,12 @@ const (
 	// away may bring the object back. Also: a tombstone recorded ahead of
 	// a destroy that did not happen could not be revoked (Err says so).
 	TombstoneFailed EventKind = "tombstone_failed"
+	// TombstoneStalled: a writer of the members' tombstone registers
+	// stalled in mid-write past the fold protocol's margin
+	// (tombstone.ErrStalled): its records were written again, and the
+	// group stays flagged until a synchronisation re-applies every
+	// tombstone (docs/DESIGN.md, "Group state on the members").
+	TombstoneStalled EventKind = "tombstone_stalled"
 	// ConflictFound: two different keys share one identity; the group
 	// refuses to use either until an operator resolves it.
 	ConflictFound EventKind = "conflict_found"

@@ -374,7 +374,8 @@ func TestMultiPartOnKilledMemberIsDeviceError(t *testing.T) {
 
 func TestStandbyIdleUntilAllActivesDown(t *testing.T) {
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{interceptor: faults, standby: []int{2}})
+	// Counts the scheduler's placements: no hedges (hedge_test.go) among them.
+	f := setup(t, setupOpts{interceptor: faults, standby: []int{2}, noHedge: true})
 	a, b, sb := f.toks[0].Name, f.toks[1].Name, f.toks[2].Name
 	signer := ecSigner(t, f.g, "standby")
 	if memberState(f.g, sb) != member.Standby {
@@ -468,10 +469,11 @@ func TestLeastBusyFavoursFasterMember(t *testing.T) {
 	}
 }
 
+// Both count the scheduler's placements: no hedges (hedge_test.go) among them.
 func TestRoundRobinAndPrimaryBackup(t *testing.T) {
 	t.Run("round-robin", func(t *testing.T) {
 		faults := slottest.NewFaults()
-		f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyRoundRobin})
+		f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyRoundRobin, noHedge: true})
 		signer := ecSigner(t, f.g, "rr")
 		res := signLoad(t, signer, 300, 1, nil)
 		reportErrs(t, res.errs)
@@ -483,7 +485,7 @@ func TestRoundRobinAndPrimaryBackup(t *testing.T) {
 	})
 	t.Run("primary-backup", func(t *testing.T) {
 		faults := slottest.NewFaults()
-		f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup})
+		f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup, noHedge: true})
 		signer := ecSigner(t, f.g, "pb")
 		res := signLoad(t, signer, 200, 4, nil)
 		reportErrs(t, res.errs)

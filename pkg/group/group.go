@@ -221,6 +221,8 @@ type Group struct {
 
 	marks *marks // behind marks on the members (groupstate.go)
 
+	hedgeCounters // hedge.go
+
 	closeOnce sync.Once
 }
 

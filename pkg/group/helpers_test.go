@@ -111,6 +111,7 @@ type setupOpts struct {
 	mode        string          // recovery mode (default activeBasic)
 	journal     bool            // tombstones in a journal in a temp state dir, as haagent keeps them
 	ownPINs     bool            // every member reads its PIN from $HAGROUP_TEST_PIN
+	noHedge     bool            // hedge = false
 }
 
 func memberCfg(tok testhsm.Token) config.Member {
@@ -159,6 +160,7 @@ func setup(t testing.TB, o setupOpts) *fixture {
 	if o.mode != "" {
 		set.RecoveryMode = o.mode
 	}
+	set.Hedge = !o.noHedge
 	f := &fixture{toks: toks, cfg: cfg, set: set, events: newEventLog(), tombs: &tombstone.Memory{}}
 	var tombs Tombstones = f.tombs
 	if o.journal {

@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"sync"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -14,14 +15,48 @@ import (
 // caller sees success while one member that holds the key lives. Request
 // errors (bad mechanism, wrong signature, …) are returned as they are.
 
-// withKey runs one single-part call with key o (see run).
-func withKey[T any](ctx context.Context, g *Group, op string, o *vtable.Object, fn func(s *slot.Slot, h pkcs11.ObjectHandle) (T, error)) (T, error) {
-	var out T
-	err := g.run(ctx, op, []*vtable.Object{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		out, err = fn(s, hs[0])
+// withKey runs one single-part call with key o (see hedged).
+func withKey[T any](ctx context.Context, g *Group, op string, o *vtable.Object, fn func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (T, error)) (T, error) {
+	return hedged(ctx, g, op, []*vtable.Object{o}, func(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (T, error) { return fn(ctx, s, hs[0]) })
+}
+
+// hedged runs a single-part call that leaves no state on a member and
+// changes no object, with failover, and hedged when the group hedges
+// (hedge.go): each member's answer is kept apart, and the one of the
+// member that served is returned. fn uses the ctx it is given: an
+// attempt's, which the caller's end does not cut short.
+func hedged[T any](ctx context.Context, g *Group, op string, objs []*vtable.Object, fn func(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (T, error)) (T, error) {
+	var (
+		mu   sync.Mutex
+		outs []memberAnswer[T]
+	)
+	m, err := g.exec(ctx, plan{op: op, objs: objs, hedge: true}, func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		out, err := fn(ctx, s, hs)
+		if err == nil {
+			mu.Lock()
+			outs = append(outs, memberAnswer[T]{m, out})
+			mu.Unlock()
+		}
 		return err
 	})
-	return out, err
+	var zero T
+	if err != nil {
+		return zero, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, a := range outs {
+		if a.m == m {
+			return a.out, nil
+		}
+	}
+	return zero, nil // (unreachable: m served, so its answer is here)
+}
+
+// memberAnswer is one member's answer to a hedged call.
+type memberAnswer[T any] struct {
+	m   *member.Member
+	out T
 }
 
 // Sign signs data with key in one part.
@@ -34,7 +69,9 @@ func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHand
 }
 
 func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return withKey(ctx, g, "Sign", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Sign(ctx, mech, h, data) })
+	return withKey(ctx, g, "Sign", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) {
+		return s.Sign(ctx, mech, h, data)
+	})
 }
 
 // Verify checks sig over data with key in one part.
@@ -47,9 +84,10 @@ func (g *Group) Verify(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHa
 }
 
 func (g *Group) verify(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data, sig []byte) error {
-	return g.run(ctx, "Verify", []*vtable.Object{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
-		return s.Verify(ctx, mech, hs[0], data, sig)
+	_, err := withKey(ctx, g, "Verify", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (struct{}, error) {
+		return struct{}{}, s.Verify(ctx, mech, h, data, sig)
 	})
+	return err
 }
 
 // Encrypt encrypts data with key in one part.
@@ -62,7 +100,9 @@ func (g *Group) Encrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 }
 
 func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return withKey(ctx, g, "Encrypt", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Encrypt(ctx, mech, h, data) })
+	return withKey(ctx, g, "Encrypt", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) {
+		return s.Encrypt(ctx, mech, h, data)
+	})
 }
 
 // Decrypt decrypts data with key in one part.
@@ -75,25 +115,23 @@ func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 }
 
 func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return withKey(ctx, g, "Decrypt", o, func(s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) { return s.Decrypt(ctx, mech, h, data) })
+	return withKey(ctx, g, "Decrypt", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) {
+		return s.Decrypt(ctx, mech, h, data)
+	})
 }
 
 // Digest digests data in one part.
-func (g *Group) Digest(ctx context.Context, mech *pkcs11.Mechanism, data []byte) (out []byte, err error) {
-	err = g.run(ctx, "Digest", nil, func(ctx context.Context, _ *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) (err error) {
-		out, err = s.Digest(ctx, mech, data)
-		return err
+func (g *Group) Digest(ctx context.Context, mech *pkcs11.Mechanism, data []byte) ([]byte, error) {
+	return hedged(ctx, g, "Digest", nil, func(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
+		return s.Digest(ctx, mech, data)
 	})
-	return out, err
 }
 
 // GenerateRandom returns n random bytes from a member's generator.
-func (g *Group) GenerateRandom(ctx context.Context, n int) (out []byte, err error) {
-	err = g.run(ctx, "GenerateRandom", nil, func(ctx context.Context, _ *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) (err error) {
-		out, err = s.GenerateRandom(ctx, n)
-		return err
+func (g *Group) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
+	return hedged(ctx, g, "GenerateRandom", nil, func(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
+		return s.GenerateRandom(ctx, n)
 	})
-	return out, err
 }
 
 // GetAttributes reads attributes of an object from one member (with

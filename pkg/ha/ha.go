@@ -153,7 +153,11 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	shared := tombstone.NewShared(local, g.Serial, tombstone.SharedOptions{
 		Horizon: s.TombstoneHorizon,
 		OnError: func(m string, err error) {
-			snk.Event(group.Event{Kind: group.TombstoneFailed, Time: time.Now(), Member: m, Err: err})
+			kind := group.TombstoneFailed
+			if errors.Is(err, tombstone.ErrStalled) {
+				kind = group.TombstoneStalled
+			}
+			snk.Event(group.Event{Kind: kind, Time: time.Now(), Member: m, Err: err})
 		},
 	})
 	gopts.Tombstones, tombs = shared, shared

@@ -87,9 +87,11 @@ type Member struct {
 	inFlight atomic.Int64
 	pinned   atomic.Int64
 	draining atomic.Bool
-	drained  chan struct{} // signalled (never closed) when the last call ends while draining
-	latency  atomic.Int64  // EWMA of successful call latency, nanoseconds
-	sampled  atomic.Int64  // unix nanoseconds of the last latency sample
+	drained  chan struct{}               // signalled (never closed) when the last call ends while draining
+	latency  atomic.Int64                // EWMA of successful call latency, nanoseconds
+	sampled  atomic.Int64                // unix nanoseconds of the last latency sample
+	recent   [recentSamples]atomic.Int64 // the last answered calls' latencies, nanoseconds (P95)
+	answered atomic.Uint64               // samples ever put in recent
 	consec   atomic.Int32
 
 	ops           atomic.Uint64
@@ -97,6 +99,7 @@ type Member struct {
 	requestErrors atomic.Uint64
 	failovers     atomic.Uint64
 	replications  atomic.Uint64
+	hedged        atomic.Uint64
 
 	lastErr atomic.Pointer[errRecord]
 }
@@ -385,6 +388,7 @@ func (m *Member) observeAt(d time.Duration, now time.Time) {
 		d = 1
 	}
 	sample := int64(d)
+	m.recent[(m.answered.Add(1)-1)%recentSamples].Store(sample)
 	began := now.UnixNano() - sample
 	for {
 		old := m.latency.Load()
@@ -424,6 +428,38 @@ func (m *Member) DecayedLatency(now int64) time.Duration {
 	return time.Duration(lat)
 }
 
+// recentSamples is how many answered calls P95 looks at: a few seconds of
+// a member's traffic, so that it follows a member that slows down.
+const recentSamples = 32
+
+// minP95Samples is how many answers P95 wants before it says anything.
+const minP95Samples = 16
+
+// P95 returns the 95th percentile latency of the member's last answered
+// calls (up to recentSamples), 0 before minP95Samples of them.
+func (m *Member) P95() time.Duration {
+	n := min(m.answered.Load(), recentSamples)
+	if n < minP95Samples {
+		return 0
+	}
+	// The p95 of n <= 32 samples is the largest (n < 20) or the second
+	// largest: a scan, not a sort, on the hot path.
+	var first, second int64
+	for i := range n {
+		v := m.recent[i].Load()
+		switch {
+		case v > first:
+			first, second = v, first
+		case v > second:
+			second = v
+		}
+	}
+	if n < 20 {
+		return time.Duration(first)
+	}
+	return time.Duration(second)
+}
+
 // Measured reports whether a call of the member has ended yet, so that its
 // latency is a measurement.
 func (m *Member) Measured() bool { return m.latency.Load() != 0 }
@@ -440,6 +476,10 @@ func (m *Member) ConsecutiveFailures() int { return int(m.consec.Load()) }
 
 // AddFailover counts one operation moved away from this member.
 func (m *Member) AddFailover() { m.failovers.Add(1) }
+
+// AddHedge counts one request of this member's that was also sent to
+// another member because this one was slow to answer (a hedge).
+func (m *Member) AddHedge() { m.hedged.Add(1) }
 
 // AddReplication counts one object replicated to this member.
 func (m *Member) AddReplication() { m.replications.Add(1) }
@@ -470,9 +510,12 @@ type Snapshot struct {
 	RequestErrors       uint64        `json:"request_errors"`
 	Failovers           uint64        `json:"failovers"`
 	Replications        uint64        `json:"replications"`
-	LastError           string        `json:"last_error,omitempty"`
-	LastErrorTime       time.Time     `json:"last_error_time,omitzero"`
-	Epoch               uint64        `json:"epoch"`
+	// Hedges counts this member's requests also sent to another member
+	// because it was slow to answer.
+	Hedges        uint64    `json:"hedges,omitempty"`
+	LastError     string    `json:"last_error,omitempty"`
+	LastErrorTime time.Time `json:"last_error_time,omitzero"`
+	Epoch         uint64    `json:"epoch"`
 	// MissingMechanisms the group needs and the member lacks (see
 	// SetMissingMechanisms).
 	MissingMechanisms []string `json:"missing_mechanisms,omitempty"`
@@ -496,6 +539,7 @@ func (m *Member) Snapshot() Snapshot {
 		RequestErrors:       m.requestErrors.Load(),
 		Failovers:           m.failovers.Load(),
 		Replications:        m.replications.Load(),
+		Hedges:              m.hedged.Load(),
 		Epoch:               m.Epoch(),
 		MissingMechanisms:   m.MissingMechanisms(),
 	}

@@ -362,3 +362,27 @@ func TestLatencyAfterIdleIsTheNewSample(t *testing.T) {
 		t.Fatalf("a sample of a call begun %v after the last: latency %v, want the sample's 1ms", LatencyHalfLife+time.Millisecond, got)
 	}
 }
+
+func TestP95(t *testing.T) {
+	m := newFailed(t, 1, nil)
+	for range 15 {
+		m.observe(time.Millisecond)
+	}
+	if got := m.P95(); got != 0 {
+		t.Fatalf("P95 after 15 answers = %v, want 0 (too few to say)", got)
+	}
+	m.observe(9 * time.Millisecond)
+	if got := m.P95(); got != 9*time.Millisecond {
+		t.Fatalf("P95 of 16 answers, one of 9ms = %v, want the largest", got)
+	}
+	for range recentSamples {
+		m.observe(2 * time.Millisecond)
+	}
+	if got := m.P95(); got != 2*time.Millisecond {
+		t.Fatalf("P95 of the last 32 answers, all 2ms (the 9ms one rolled out) = %v", got)
+	}
+	m.observe(50 * time.Millisecond)
+	if got := m.P95(); got != 2*time.Millisecond {
+		t.Fatalf("P95 with one outlier in 32 = %v, want 2ms (the second largest)", got)
+	}
+}

@@ -30,15 +30,15 @@ const (
 type clientKey struct{ uid, pid int }
 
 // counts are one member's cumulative counters in one process.
-type counts struct{ ops, errs, failovers uint64 }
+type counts struct{ ops, errs, failovers, hedges uint64 }
 
 func (c counts) add(o counts) counts {
-	return counts{c.ops + o.ops, c.errs + o.errs, c.failovers + o.failovers}
+	return counts{c.ops + o.ops, c.errs + o.errs, c.failovers + o.failovers, c.hedges + o.hedges}
 }
 
 // maxed keeps counters monotonic whatever a process reports.
 func (c counts) maxed(o counts) counts {
-	return counts{max(c.ops, o.ops), max(c.errs, o.errs), max(c.failovers, o.failovers)}
+	return counts{max(c.ops, o.ops), max(c.errs, o.errs), max(c.failovers, o.failovers), max(c.hedges, o.hedges)}
 }
 
 type clientEntry struct {
@@ -128,9 +128,9 @@ func (t *clientTable) record(peer agent.Peer, rep agent.FleetReport, known func(
 				continue
 			}
 			mk := memberKey{g.Group, m.Name}
-			c.counts[mk] = c.counts[mk].maxed(counts{m.Operations, m.Errors, m.Failovers})
+			c.counts[mk] = c.counts[mk].maxed(counts{m.Operations, m.Errors, m.Failovers, m.Hedges})
 			cur := c.counts[mk]
-			m.Operations, m.Errors, m.Failovers = cur.ops, cur.errs, cur.failovers
+			m.Operations, m.Errors, m.Failovers, m.Hedges = cur.ops, cur.errs, cur.failovers, cur.hedges
 			kept.Members = append(kept.Members, m)
 		}
 		c.st.Groups = append(c.st.Groups, kept)
@@ -274,8 +274,12 @@ func (v fleetView) addFleet(gs *agent.GroupStatus) {
 		m := &gs.Members[i]
 		mk := memberKey{gs.Label, m.Name}
 		n := v.totals[mk]
-		m.ClientOperations, m.ClientFailures, m.ClientFailovers = n.ops, n.errs, n.failovers
+		m.ClientOperations, m.ClientFailures, m.ClientFailovers, m.ClientHedges = n.ops, n.errs, n.failovers, n.hedges
 		m.Clients = v.clients[mk]
+	}
+	gs.Hedges = 0
+	for _, m := range gs.Members {
+		gs.Hedges += m.Hedges + m.ClientHedges
 	}
 }
 
@@ -292,8 +296,10 @@ func (d *Daemon) Report(ctx context.Context, peer agent.Peer, rep agent.FleetRep
 		}
 		// The agent's clock orders the log; the report came within a
 		// fraction of a second of the event.
-		d.logEvent(agent.Event{Time: time.Now(), Group: e.Group, Member: e.Member, Event: e.Event, Detail: e.Detail,
-			Program: rep.Program, PID: peer.PID, UID: &uid, Host: rep.Host})
+		ae := agent.Event{Time: time.Now(), Group: e.Group, Member: e.Member, Event: e.Event, Detail: e.Detail,
+			Program: rep.Program, PID: peer.PID, UID: &uid, Host: rep.Host}
+		d.noteStall(ae)
+		d.logEvent(ae)
 	}
 	return nil
 }

@@ -79,6 +79,8 @@ type groupRun struct {
 	outOfSync map[string]int // member → differences concerning it (last check)
 
 	recheck chan struct{} // a check is wanted soon (see pokeCheck)
+
+	stall *agent.TombstoneStall // unresolved tombstone stall; guarded by mu
 }
 
 // New loads the configuration and prepares the daemon; nothing is opened
@@ -440,6 +442,7 @@ func (d *Daemon) emit(e agent.Event) {
 	if e.Event == string(group.KeysUnholdable) {
 		d.facts.noteUnholdable(e.Group, e.Member, e.Detail) // the agent's own is always news
 	}
+	d.noteStall(e)
 	d.metrics.countEvent(e)
 	d.log.Info("ha event", "group", e.Group, "member", e.Member, "event", e.Event, "detail", e.Detail)
 	d.logEvent(e)
@@ -550,7 +553,31 @@ func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatu
 		gs.Members = []agent.MemberStatus{}
 	}
 	d.clients.view().addFleet(&gs)
+	gr.mu.Lock()
+	if gr.stall != nil {
+		st := *gr.stall
+		gs.TombstoneStall = &st
+	}
+	gr.mu.Unlock()
 	return gs
+}
+
+// noteStall keeps a tombstone_stalled event as its group's unresolved
+// stall, shown by listgroups and failing synchronize --check until a
+// synchronisation resolves it.
+func (d *Daemon) noteStall(e agent.Event) {
+	if e.Event != string(group.TombstoneStalled) {
+		return
+	}
+	d.mu.RLock()
+	gr := d.groups[e.Group]
+	d.mu.RUnlock()
+	if gr == nil {
+		return
+	}
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	gr.stall = &agent.TombstoneStall{Time: e.Time, Member: e.Member, Detail: e.Detail, Program: e.Program, PID: e.PID, Host: e.Host}
 }
 
 // Recover implements agent.Backend.
@@ -604,6 +631,17 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 		rep.Differences = []agent.Difference{}
 	}
 	rep.Group = req.Group
+	gr.mu.Lock()
+	switch {
+	case req.Check && gr.stall != nil:
+		st := *gr.stall
+		rep.TombstoneStall = &st
+	case !req.Check && rep.Failed == 0 && rep.Conflicts == 0:
+		// Every member now holds the union of the tombstones and no longer
+		// holds what they name: a stall's lost write, if any, is repaired.
+		gr.stall = nil
+	}
+	gr.mu.Unlock()
 	// Compare again (the rule's counts are not on the wire), so the
 	// in_sync / out_of_sync events reflect what is left.
 	if counts, err := eng.OutOfSync(ctx); err == nil {

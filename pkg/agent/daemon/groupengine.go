@@ -121,7 +121,8 @@ func (ge *groupEngine) Status(ctx context.Context) agent.GroupStatus {
 	for _, s := range st.Members {
 		cm, _ := ge.cfg.Member(s.Name)
 		ms := agent.MemberStatus{Name: s.Name, Standby: s.ConfiguredStandby, Primary: s.Primary,
-			State: s.State.String(), LastError: s.LastError, InFlight: s.InFlight, Operations: s.Ops, Failures: s.Errors}
+			State: s.State.String(), LastError: s.LastError, InFlight: s.InFlight, Operations: s.Ops, Failures: s.Errors,
+			Hedges: s.Hedges}
 		switch {
 		case !s.State.Serving() && s.LastAttemptError != "":
 			// Why it is still out, rather than why it first failed.

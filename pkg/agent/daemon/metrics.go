@@ -38,6 +38,9 @@ var (
 	descPINBlocked = prometheus.NewDesc("hagroup_member_pin_blocked",
 		"Whether the member's token refused its PIN (1: no automatic login or recovery until an operator runs hactl hagroup recover, 0: not blocked).",
 		[]string{"group", "member"}, nil)
+	descHedges = prometheus.NewDesc("hagroup_hedges_total",
+		"Single-part requests of the group sent to a second member because the first was slow to answer (hedged), in this agent and in every application that reports to it.",
+		[]string{"group"}, nil)
 	descOutOfSync = prometheus.NewDesc("hagroup_objects_out_of_sync",
 		"Objects that differ between this member and the rest of its group, compared when scraped (0: in sync; NaN: the members could not be compared).",
 		[]string{"group", "member"}, nil)
@@ -142,7 +145,7 @@ func (m *Metrics) forgetGroup(group string) {
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMemberUp, descInflight, descOperations, descErrors, descFailovers, descRecoveries, descOutOfSync, descPINBlocked} {
+	for _, d := range []*prometheus.Desc{descMemberUp, descInflight, descOperations, descErrors, descFailovers, descRecoveries, descOutOfSync, descPINBlocked, descHedges} {
 		ch <- d
 	}
 }
@@ -158,6 +161,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, g := range rep.Groups {
+		ch <- prometheus.MustNewConstMetric(descHedges, prometheus.CounterValue, float64(g.Hedges), g.Label)
 		for _, ms := range g.Members {
 			up := 0.0
 			if ms.State == agent.StateActive || ms.State == agent.StateStandby {

@@ -33,6 +33,7 @@ func WireSettings(s config.Settings) agent.Settings {
 		ProbeInterval:    s.ProbeInterval.String(),
 		Policy:           s.Policy,
 		FailureThreshold: s.FailureThreshold,
+		Hedge:            s.Hedge,
 	}
 }
 

@@ -1,0 +1,222 @@
+package group
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// Hedged requests (docs/DESIGN.md, "Hedged requests"). exec runs an
+// attempt of a hedgeable plan (a single-part call with no state left on the
+// member: sign, verify, encrypt, decrypt, digest, random) off the caller's
+// goroutine; when its member has not answered within the group's healthy
+// p95, the same request goes to another member too, and exec takes the
+// answers as they come. The one that exec does not need (the loser) runs
+// to its end, so that its session goes back to the pool with no operation
+// active, and its answer is charged by the rule like any other.
+
+// Hedge budget, in thousandths of a hedge: each hedgeable call earns
+// hedgeEarn, a hedge spends hedgeCost, and at most hedgeBurst is saved up.
+// Hedges are then at most 5 % of the calls over any long enough stretch
+// of traffic, plus the burst.
+const (
+	hedgeCost  = 1000
+	hedgeEarn  = hedgeCost * 5 / 100
+	hedgeBurst = 3 * hedgeCost
+)
+
+// outcome is one attempt's answer on one member.
+type outcome struct {
+	m     *member.Member
+	prep  error // prepareOn's error: fn did not run
+	class slot.Class
+	fail  bool
+	err   error
+}
+
+// try resolves p.objs on m into hs and runs fn there, measured.
+func (g *Group) try(ctx context.Context, p plan, m *member.Member, hs []pkcs11.ObjectHandle, fn attempt) outcome {
+	s := m.Slot()
+	if err := g.prepareOn(ctx, p, m, hs); err != nil {
+		return outcome{m: m, prep: err}
+	}
+	class, fail, err := g.measure(ctx, m, func() error { return fn(ctx, m, s, hs) })
+	return outcome{m: m, class: class, fail: fail, err: err}
+}
+
+// race runs one hedgeable request's attempts for exec: at most two in
+// flight, each on its own member with its own handles.
+type race struct {
+	g       *Group
+	p       plan
+	fn      attempt
+	delay   time.Duration // hedgeDelay, taken once per request
+	answers chan outcome
+	running int
+}
+
+// racer returns a race for p, or nil when p runs inline: not hedgeable,
+// hedging off, or no member measured well enough to say what is slow.
+func (g *Group) racer(p plan, fn attempt) *race {
+	if !p.hedge || !g.settings.Hedge {
+		return nil
+	}
+	g.earnHedge()
+	d := g.hedgeDelay()
+	if d == 0 {
+		return nil
+	}
+	return &race{g: g, p: p, fn: fn, delay: d, answers: make(chan outcome, 2)}
+}
+
+// pending reports whether an attempt started earlier has not been taken.
+func (r *race) pending() bool { return r != nil && r.running > 0 }
+
+// launch starts fn on m. The attempt runs to its end whatever the caller
+// does (command_timeout bounds it): a PKCS#11 operation cut short would
+// leave its session's operation state active.
+func (r *race) launch(ctx context.Context, m *member.Member) {
+	r.running++
+	hs := make([]pkcs11.ObjectHandle, len(r.p.objs))
+	ctx = context.WithoutCancel(ctx)
+	go func() { r.answers <- r.g.try(ctx, r.p, m, hs, r.fn) }()
+}
+
+// start runs the request on m and, when m has not answered within the
+// hedge delay and the budget allows, on another(m) too. It returns the
+// first answer; wait takes the other.
+func (r *race) start(ctx context.Context, m *member.Member, another func(*member.Member) *member.Member) (outcome, error) {
+	r.launch(ctx, m)
+	t := time.NewTimer(r.delay)
+	select {
+	case o := <-r.answers:
+		t.Stop()
+		r.running--
+		return o, nil
+	case <-ctx.Done():
+		t.Stop()
+		return outcome{}, ctx.Err()
+	case <-t.C:
+	}
+	if h := another(m); h != nil && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
+		r.launch(ctx, h)
+	}
+	return r.wait(ctx)
+}
+
+// wait returns the next answer.
+func (r *race) wait(ctx context.Context) (outcome, error) {
+	select {
+	case o := <-r.answers:
+		r.running--
+		return o, nil
+	case <-ctx.Done():
+		return outcome{}, ctx.Err()
+	}
+}
+
+// abandon leaves the attempts exec did not take to finish in the
+// background, and charges their answers by the rule: served says whether
+// another member served the request.
+func (r *race) abandon(served bool) {
+	if !r.pending() {
+		return
+	}
+	n := r.running
+	r.running = 0
+	r.g.background(func() {
+		for range n {
+			o := <-r.answers
+			if o.prep != nil || o.class != slot.ClassHealth {
+				continue // (a look-up's error was charged by its own call)
+			}
+			var v member.Verdict
+			if v.Health(o.m, o.err, o.fail) {
+				r.g.failMember(o.m, o.err)
+			}
+			if served {
+				v.Served(r.g.failMember)
+			}
+		}
+	})
+}
+
+// hedgeDelay is how long an attempt may go unanswered before it is
+// hedged: the lowest p95 of the serving members, the group's healthy p95
+// (a member's own p95 would let a member that became slow set its own
+// deadline). 0: no member has answered enough calls to say, or there is
+// no second member to hedge to.
+func (g *Group) hedgeDelay() time.Duration {
+	var d time.Duration
+	n := 0
+	for _, m := range g.view().members { // (not serving(): no allocation per call)
+		if !m.State().Serving() || m.Slot() == nil {
+			continue
+		}
+		n++
+		if p := m.P95(); p > 0 && (d == 0 || p < d) {
+			d = p
+		}
+	}
+	if n < 2 {
+		return 0
+	}
+	return d
+}
+
+// earnHedge adds one hedgeable call's share to the budget, up to
+// hedgeBurst.
+func (g *Group) earnHedge() {
+	for {
+		b := g.hedgeBudget.Load()
+		if b >= hedgeBurst || g.hedgeBudget.CompareAndSwap(b, min(b+hedgeEarn, hedgeBurst)) {
+			return
+		}
+	}
+}
+
+// hedgeFloor is the budget a hedge of m's request must leave: none when m
+// is known slow (its own p95 past twice the group's healthy one, delay),
+// one hedge otherwise. A call of a healthy member past the healthy p95 is
+// the tail's noise, about 5 % of the calls by definition, which would
+// otherwise spend the whole budget and leave nothing for a member that
+// became slow: the reserve is for it.
+func hedgeFloor(m *member.Member, delay time.Duration) int64 {
+	if m.P95() > 2*delay {
+		return 0
+	}
+	return hedgeCost
+}
+
+// spendHedge takes one hedge from the budget, when that leaves at least
+// floor in it, reporting whether it did, and counts it against slow (nil:
+// the group's count alone).
+func (g *Group) spendHedge(slow *member.Member, floor int64) bool {
+	for {
+		b := g.hedgeBudget.Load()
+		if b < hedgeCost+floor {
+			return false
+		}
+		if g.hedgeBudget.CompareAndSwap(b, b-hedgeCost) {
+			g.hedges.Add(1)
+			if slow != nil {
+				slow.AddHedge()
+			}
+			return true
+		}
+	}
+}
+
+// Hedges returns how many requests were hedged (sent to a second member)
+// since the group opened.
+func (g *Group) Hedges() uint64 { return g.hedges.Load() }
+
+// hedgeCounters are the group's hedging figures (fields of Group).
+type hedgeCounters struct {
+	hedgeBudget atomic.Int64  // thousandths of a hedge (see hedgeCost)
+	hedges      atomic.Uint64 // requests hedged
+}

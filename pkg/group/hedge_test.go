@@ -1,0 +1,160 @@
+package group
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/member"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
+)
+
+// warmUp signs enough to give the members a p95 and the group a hedge in
+// its budget (hedgeCost/hedgeEarn hedgeable calls).
+func warmUp(t *testing.T, signer *ecKey) {
+	t.Helper()
+	for i := range hedgeCost / hedgeEarn * 2 {
+		d := sha256.Sum256(fmt.Appendf(nil, "warm-up %d", i))
+		if _, err := signer.sign(testContext(t), d[:]); err != nil {
+			t.Fatalf("warm-up signature %d: %v", i, err)
+		}
+	}
+}
+
+// A member that does not answer a signature in the group's p95 gets it
+// hedged: the other member answers, the caller has a valid signature
+// before the slow member answers at all, and the slow member's late answer
+// is discarded with its session left fit for the next call.
+func TestHedgedSignAnswersFromTheFastMember(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{n: 2, policy: config.PolicyPrimaryBackup, interceptor: faults})
+	signer := ecSigner(t, f.g, "hedged")
+	warmUp(t, signer)
+	slow, fast := f.toks[0].Name, f.toks[1].Name
+	// A warm-up call slower than the p95 may have been hedged and spent the
+	// budget: give the request below its hedge (and the reserve a member
+	// not yet known slow leaves, hedgeFloor).
+	f.g.hedgeBudget.Store(2 * hedgeCost)
+	hedgesBefore, fastBefore := f.g.Hedges(), faults.Calls(fast, slot.OpSign)
+	slowM, _ := f.g.Member(slow)
+	slowBefore := slowM.Snapshot().Hedges
+	faults.Hang(slow, slot.OpSign) // the primary: every signature goes to it first
+
+	d := sha256.Sum256([]byte("hedged signature"))
+	sig, err := signer.sign(testContext(t), d[:])
+	if err != nil {
+		t.Fatalf("sign with the primary not answering: %v", err)
+	}
+	if !verifyRaw(signer.pub, d[:], sig) {
+		t.Fatal("the hedged signature does not verify")
+	}
+	if n := f.g.Hedges() - hedgesBefore; n != 1 {
+		t.Errorf("%d hedges, want 1", n)
+	}
+	if n := slowM.Snapshot().Hedges - slowBefore; n != 1 {
+		t.Errorf("the slow member counts %d hedges, want 1", n)
+	}
+	if n := faults.Calls(fast, slot.OpSign) - fastBefore; n != 1 {
+		t.Errorf("the fast member took %d signatures, want the 1 hedge", n)
+	}
+	if n := faults.Hung(slow); n != 1 {
+		t.Errorf("%d signatures hung on the slow member, want the 1 the hedge overtook", n)
+	}
+
+	// The slow member answers late: discarded, and its session is clean
+	// (a session left with an active operation would refuse the next
+	// SignInit with CKR_OPERATION_ACTIVE).
+	faults.Release(slow)
+	waitIdle(t, f.g, slow)
+	if st := memberState(f.g, slow); st != member.Active {
+		t.Fatalf("the slow member is %v after its late answer, want active", st)
+	}
+	for i := range 20 {
+		d := sha256.Sum256(fmt.Appendf(nil, "after %d", i))
+		sig, err := signer.sign(testContext(t), d[:])
+		if err != nil || !verifyRaw(signer.pub, d[:], sig) {
+			t.Fatalf("signature %d after the late answer: %v (verifies: %v)", i, err, err == nil && verifyRaw(signer.pub, d[:], sig))
+		}
+	}
+}
+
+// With hedge = false a slow member's signature waits for it.
+func TestHedgeOff(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{n: 2, policy: config.PolicyPrimaryBackup, interceptor: faults, noHedge: true})
+	signer := ecSigner(t, f.g, "unhedged")
+	warmUp(t, signer)
+	slow, fast := f.toks[0].Name, f.toks[1].Name
+	fastBefore := faults.Calls(fast, slot.OpSign)
+	faults.Hang(slow, slot.OpSign)
+	done := make(chan error, 1)
+	go func() {
+		d := sha256.Sum256([]byte("unhedged"))
+		_, err := signer.sign(testContext(t), d[:])
+		done <- err
+	}()
+	if err := faults.WaitHung(testContext(t), slow, 1); err != nil {
+		t.Fatalf("the signature never reached the slow member: %v", err)
+	}
+	faults.Release(slow)
+	if err := <-done; err != nil {
+		t.Fatalf("sign: %v", err)
+	}
+	if n := f.g.Hedges(); n != 0 {
+		t.Errorf("Hedges() = %d with hedge = false", n)
+	}
+	if n := faults.Calls(fast, slot.OpSign) - fastBefore; n != 0 {
+		t.Errorf("the other member took %d signatures with hedge = false", n)
+	}
+}
+
+// Hedges stay within 5 % of the hedgeable calls, plus the burst saved up;
+// a healthy member's hedges leave one in reserve for a slow member's.
+func TestHedgeBudget(t *testing.T) {
+	var r Group
+	r.hedgeBudget.Store(hedgeCost)
+	if r.spendHedge(nil, hedgeCost) {
+		t.Error("a healthy member's hedge spent the reserve")
+	}
+	if !r.spendHedge(nil, 0) {
+		t.Error("a slow member's hedge found no budget in the reserve")
+	}
+
+	var g Group
+	const calls = 10000
+	spent := 0
+	for range calls {
+		g.earnHedge()
+		if g.spendHedge(nil, 0) {
+			spent++
+		}
+	}
+	if limit := calls*hedgeEarn/hedgeCost + hedgeBurst/hedgeCost; spent > limit || spent < calls*hedgeEarn/hedgeCost-1 {
+		t.Errorf("%d hedges in %d calls, want about 5%% (at most %d)", spent, calls, limit)
+	}
+	if g.Hedges() != uint64(spent) {
+		t.Errorf("Hedges() = %d, %d spent", g.Hedges(), spent)
+	}
+}
+
+// waitIdle waits until no call is in flight on member name.
+func waitIdle(t *testing.T, g *Group, name string) {
+	t.Helper()
+	m, ok := g.Member(name)
+	if !ok {
+		t.Fatalf("no member %s", name)
+	}
+	ctx := testContext(t)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for m.InFlight() != 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("member %s still has %d calls in flight", name, m.InFlight())
+		case <-tick.C:
+		}
+	}
+}
