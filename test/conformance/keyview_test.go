@@ -1,0 +1,148 @@
+package conformance
+
+import (
+	"encoding/hex"
+	"fmt"
+	"testing"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+	p "github.com/miekg/pkcs11"
+)
+
+// asked is the protection a template asks for: "" leaves the attribute
+// out (the token's default).
+type asked struct{ sensitive, extractable string }
+
+func (a asked) String() string {
+	return fmt.Sprintf("sensitive=%s extractable=%s", or(a.sensitive, "-"), or(a.extractable, "-"))
+}
+
+func (a asked) items() []string {
+	var out []string
+	if a.sensitive != "" {
+		out = append(out, tb(p.CKA_SENSITIVE, a.sensitive == "t"))
+	}
+	if a.extractable != "" {
+		out = append(out, tb(p.CKA_EXTRACTABLE, a.extractable == "t"))
+	}
+	return out
+}
+
+func or(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// protections are every combination a template can ask for.
+func protections() []asked {
+	var out []asked
+	for _, s := range []string{"", "f", "t"} {
+		for _, e := range []string{"", "f", "t"} {
+			out = append(out, asked{s, e})
+		}
+	}
+	return out
+}
+
+// protectionAttrs reads what the application sees of a key's protection;
+// value asks CKA_VALUE with a buffer (a value made outside the token) or
+// its length only (one the token chose).
+func protectionAttrs(value bool) string {
+	v := gq(p.CKA_VALUE)
+	if value {
+		v = gb(p.CKA_VALUE, 128)
+	}
+	return tpl(v, gb(p.CKA_SENSITIVE, 1), gb(p.CKA_ALWAYS_SENSITIVE, 1), gb(p.CKA_EXTRACTABLE, 1), gb(p.CKA_NEVER_EXTRACTABLE, 1))
+}
+
+// keyViews makes keys every way (create, generate, generate pair, unwrap,
+// derive, copy) with every protection a template can ask, reads what the
+// application sees of them, moves the latching attributes both ways, tries
+// every read-only attribute, and wraps what is left extractable.
+func keyViews(t testing.TB) []step {
+	k := testKeys(t)
+	steps := sweepPreamble("keys", k)
+	add := func(s ...step) { steps = append(steps, s...) }
+	secret := func(extra ...string) string {
+		return tpl(append([]string{tu(p.CKA_CLASS, p.CKO_SECRET_KEY), tb(p.CKA_TOKEN, false), tb(p.CKA_SIGN, true), tb(p.CKA_VERIFY, true)}, extra...)...)
+	}
+	// A blob of a readable generic secret under $aes (deterministic: the
+	// value and the wrapping key are fixed).
+	add(
+		st("keys: readable key to wrap", "create $s %s", secret(tu(p.CKA_KEY_TYPE, p.CKK_GENERIC_SECRET), tb(p.CKA_SENSITIVE, false), tb(p.CKA_EXTRACTABLE, true),
+			tx(p.CKA_VALUE, k.hmac))).saving("plain=h"),
+		st("keys: wrap it", "wrap $s %s $aes $plain 128", mech(p.CKM_AES_KEY_WRAP)).saving("blob=out"),
+	)
+	peer := hex.EncodeToString(point(&k.ecPeer.PublicKey))
+	for _, a := range protections() {
+		makers := []struct {
+			how, call string
+			value     bool
+		}{
+			{"create", fmt.Sprintf("create $s %s", secret(append([]string{tu(p.CKA_KEY_TYPE, p.CKK_AES), tx(p.CKA_VALUE, k.aes)}, a.items()...)...)), true},
+			{"generate", fmt.Sprintf("genkey $s %s %s", mech(p.CKM_AES_KEY_GEN), secret(append([]string{tu(p.CKA_VALUE_LEN, 32)}, a.items()...)...)), false},
+			{"generate generic secret", fmt.Sprintf("genkey $s %s %s", mech(p.CKM_GENERIC_SECRET_KEY_GEN), secret(append([]string{tu(p.CKA_VALUE_LEN, 32)}, a.items()...)...)), false},
+			{"unwrap", fmt.Sprintf("unwrap $s %s $aes $blob %s", mech(p.CKM_AES_KEY_WRAP), secret(append([]string{tu(p.CKA_KEY_TYPE, p.CKK_GENERIC_SECRET)}, a.items()...)...)), true},
+			{"derive", fmt.Sprintf("derive $s %s $ec %s", mech(p.CKM_ECDH1_DERIVE, "ecdh", "1", peer),
+				secret(append([]string{tu(p.CKA_KEY_TYPE, p.CKK_GENERIC_SECRET), tu(p.CKA_VALUE_LEN, 32)}, a.items()...)...)), true},
+			{"copy", fmt.Sprintf("copy $s $plain %s", tpl(a.items()...)), true},
+		}
+		for _, m := range makers {
+			name := fmt.Sprintf("keys: %s %s", m.how, a)
+			add(
+				st(name, "%s", m.call).saving("k=h"),
+				st(name+": protection", "getattr $s $k %s", protectionAttrs(m.value)),
+				st(name+": wrap", "wrap $s %s $aes $k -", mech(p.CKM_AES_KEY_WRAP)),
+			)
+		}
+		for _, kp := range []struct{ how, call string }{
+			{"EC pair", fmt.Sprintf("genkp $s %s %s %s", mech(p.CKM_EC_KEY_PAIR_GEN), tpl(tx(p.CKA_EC_PARAMS, p256), tb(p.CKA_TOKEN, false)),
+				tpl(append([]string{tb(p.CKA_TOKEN, false), tb(p.CKA_SIGN, true)}, a.items()...)...))},
+			{"EC import", fmt.Sprintf("create $s %s", tpl(append([]string{tu(p.CKA_CLASS, p.CKO_PRIVATE_KEY), tu(p.CKA_KEY_TYPE, p.CKK_EC), tb(p.CKA_TOKEN, false),
+				tb(p.CKA_SIGN, true), tx(p.CKA_EC_PARAMS, p256), tx(p.CKA_VALUE, k.ec.D.FillBytes(make([]byte, 32)))}, a.items()...)...))},
+		} {
+			name := fmt.Sprintf("keys: %s %s", kp.how, a)
+			add(
+				st(name, "%s", kp.call).saving("k=h", "kp=h2"),
+				st(name+": protection", "getattr $s $kp %s", protectionAttrs(false)),
+			)
+		}
+	}
+	// Imported in a read-only session.
+	add(
+		st("keys: open read-only", "open 0x%x", ro).saving("ro=h"),
+		st("keys: import in read-only session", "create $ro %s", secret(tu(p.CKA_KEY_TYPE, p.CKK_AES), tx(p.CKA_VALUE, k.aes), tb(p.CKA_SENSITIVE, true))).saving("rok=h"),
+		st("keys: read-only import protection", "getattr $ro $rok %s", protectionAttrs(true)),
+		st("keys: close read-only", "close $ro"),
+	)
+	// HMAC keys generated on the token (issue 30, item 5).
+	add(
+		st("HMAC: generate generic secret", "genkey $s %s %s", mech(p.CKM_GENERIC_SECRET_KEY_GEN), secret(tu(p.CKA_VALUE_LEN, 32))).saving("hk=h"),
+		st("HMAC: generic secret length", "getattr $s $hk %s", tpl(gb(p.CKA_VALUE_LEN, 8), gb(p.CKA_KEY_TYPE, 8))),
+	)
+	for _, hm := range []uint{p.CKM_SHA256_HMAC, p.CKM_SHA_1_HMAC, p.CKM_SHA512_HMAC} {
+		name := fmt.Sprintf("HMAC 0x%x", hm)
+		add(
+			st(name+": sign init", "signinit $s %s $hk", mech(hm)).in(name+" sign"),
+			st(name+": sign", "sign $s %s 128", hex.EncodeToString(seq(40, 1))).in(name+" sign").saving("mac=out").skipping("out"),
+			st(name+": verify init", "verinit $s %s $hk", mech(hm)).in(name+" verify"),
+			st(name+": verify", "ver $s %s $mac", hex.EncodeToString(seq(40, 1))).in(name+" verify"),
+		)
+	}
+	// EdDSA key pairs (issue 30, item 6).
+	ed25519 := []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
+	add(
+		st("EdDSA: mechanism info", "mechinfo 0x%x", slot.CKMECEdwardsKeyPairGen),
+		st("EdDSA: generate pair", "genkp $s %s %s %s", mech(slot.CKMECEdwardsKeyPairGen), tpl(tx(p.CKA_EC_PARAMS, ed25519), tb(p.CKA_TOKEN, true), ts(p.CKA_LABEL, "cf-ed")),
+			tpl(tb(p.CKA_TOKEN, true), tb(p.CKA_SIGN, true), ts(p.CKA_LABEL, "cf-ed"))).saving("edpub=h", "edpriv=h2"),
+		st("EdDSA: find", "findinit $s %s", tpl(ts(p.CKA_LABEL, "cf-ed"))),
+		st("EdDSA: found", "find $s 10"),
+		st("EdDSA: find final", "findfin $s"),
+		st("EdDSA: destroy public", "destroy $s $edpub"),
+		st("EdDSA: destroy private", "destroy $s $edpriv"),
+	)
+	add(sweepEnd("keys")...)
+	return withOpSessions(steps)
+}
