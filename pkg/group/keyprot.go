@@ -141,6 +141,64 @@ func (g *Group) anyCopySays(ctx context.Context, o *vtable.Object, t uint) bool 
 	return false
 }
 
+// latching is what a C_SetAttributeValue changes of the application's
+// view of a key beyond what its members' copies show.
+type latching struct {
+	unextractable bool // CKA_EXTRACTABLE goes false (kept by this process: see SetAttributes)
+	insensitive   bool // the view stays non-sensitive while the copies become sensitive
+	sensitive     bool // the view becomes sensitive where the copies were already
+}
+
+// latch applies the latching attributes of attrs, set on the private or
+// secret key o, as the bare token does (measured by test/conformance's
+// latch steps): CKA_SENSITIVE goes from false to true only, and
+// CKA_EXTRACTABLE from true to false only, any other change of either
+// being CKR_ATTRIBUTE_READ_ONLY. It returns the attributes to send to the
+// members: a key made unextractable becomes sensitive on them (a copy that
+// lets itself be wrapped must not show its value) while it keeps
+// CKA_EXTRACTABLE=true there for the domain key; a change the copies
+// already hold is not sent, since the token would refuse it.
+func (g *Group) latch(ctx context.Context, op string, o *vtable.Object, attrs []*pkcs11.Attribute) ([]*pkcs11.Attribute, latching, error) {
+	var l latching
+	unextractable := g.unextractable(ctx, o)
+	if v, ok := attrBool(attrs, pkcs11.CKA_EXTRACTABLE); ok {
+		if unextractable {
+			return nil, l, wrap(ErrReadOnly, op, "", errors.New("CKA_EXTRACTABLE cannot change once false"))
+		}
+		if !v {
+			l.unextractable = true
+			attrs = slices.DeleteFunc(attrs, func(a *pkcs11.Attribute) bool { return a.Type == pkcs11.CKA_EXTRACTABLE })
+		}
+	}
+	v, sensSet := attrBool(attrs, pkcs11.CKA_SENSITIVE)
+	if o.AppInsensitive.Load() && sensSet {
+		// The copies are sensitive already: only the view moves.
+		attrs = slices.DeleteFunc(attrs, func(a *pkcs11.Attribute) bool { return a.Type == pkcs11.CKA_SENSITIVE })
+		l.sensitive = v
+		l.insensitive = !v
+		return attrs, l, nil
+	}
+	if l.unextractable && !(sensSet && v) && !g.sensitiveOnMembers(ctx, o) {
+		attrs = setAttr(attrs, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
+		l.insensitive = !sensSet || !v
+	}
+	return attrs, l, nil
+}
+
+// apply records l on o once the members took the change.
+func (l latching) apply(o *vtable.Object) {
+	if l.unextractable {
+		o.Unextractable.Store(true)
+	}
+	if l.insensitive {
+		o.AppInsensitive.Store(true)
+		o.WasInsensitive.Store(true)
+	}
+	if l.sensitive {
+		o.AppInsensitive.Store(false)
+	}
+}
+
 // unextractable reports whether the application may not wrap o, a
 // private or secret key: it made or set it unextractable in this process,
 // or every serving member's copy carries CKA_WRAP_WITH_TRUSTED (see the

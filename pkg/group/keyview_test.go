@@ -50,9 +50,11 @@ func memberValues(t *testing.T, f *fixture, label string) [][]byte {
 
 // TestKeyViewOnEveryMember: a key the application made readable reads its
 // value through the group and on every member alike; one it made
-// sensitive or unextractable shows its value on no member, and a key made
-// from outside material is neither always sensitive nor never extractable
-// (issue 30, items 2 and 3).
+// sensitive or unextractable shows its value on no member; and when the
+// application latches a readable key unextractable, every member's copy
+// becomes sensitive in the same call, while the application's view moves
+// as on a bare token; a key made from outside material is neither always
+// sensitive nor never extractable (issue 30, items 2, 3 and 4).
 func TestKeyViewOnEveryMember(t *testing.T) {
 	f := setup(t, setupOpts{})
 	ctx := testContext(t)
@@ -106,6 +108,46 @@ func TestKeyViewOnEveryMember(t *testing.T) {
 		}
 		if never, _ := view(h, pkcs11.CKA_NEVER_EXTRACTABLE); never {
 			t.Errorf("%s: CKA_NEVER_EXTRACTABLE true for a key made from outside material", c.label)
+		}
+	}
+
+	// Latch the readable key unextractable: no member copy may show it.
+	if err := f.g.SetAttributes(ctx, readable, []*pkcs11.Attribute{attr(pkcs11.CKA_EXTRACTABLE, false)}); err != nil {
+		t.Fatalf("CKA_EXTRACTABLE true->false: %v", err)
+	}
+	for i, v := range memberValues(t, f, "kv-readable") {
+		if v != nil {
+			t.Errorf("member %s shows the value of a key the application made unextractable: %x", f.toks[i].Name, v)
+		}
+	}
+	if _, v := view(readable, pkcs11.CKA_VALUE); v != nil {
+		t.Errorf("the group shows the value of a key made unextractable: %x", v)
+	}
+	if sens, _ := view(readable, pkcs11.CKA_SENSITIVE); sens {
+		t.Error("CKA_SENSITIVE reads true after CKA_EXTRACTABLE went false; the bare token keeps it false")
+	}
+	if err := f.g.SetAttributes(ctx, readable, []*pkcs11.Attribute{attr(pkcs11.CKA_EXTRACTABLE, true)}); CodeOf(err) != pkcs11.CKR_ATTRIBUTE_READ_ONLY {
+		t.Errorf("CKA_EXTRACTABLE false->true: %v, want CKR_ATTRIBUTE_READ_ONLY", err)
+	}
+	if _, err := f.g.WrapKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_WRAP_PAD, nil), readable, readable); CodeOf(err) != pkcs11.CKR_KEY_UNEXTRACTABLE {
+		t.Errorf("wrap of a key made unextractable: %v, want CKR_KEY_UNEXTRACTABLE", err)
+	}
+	// Then sensitive: the view moves, the copies were already.
+	if err := f.g.SetAttributes(ctx, readable, []*pkcs11.Attribute{attr(pkcs11.CKA_SENSITIVE, true)}); err != nil {
+		t.Fatalf("CKA_SENSITIVE false->true: %v", err)
+	}
+	if sens, _ := view(readable, pkcs11.CKA_SENSITIVE); !sens {
+		t.Error("CKA_SENSITIVE reads false after it was set true")
+	}
+	if always, _ := view(readable, pkcs11.CKA_ALWAYS_SENSITIVE); always {
+		t.Error("CKA_ALWAYS_SENSITIVE true for a key that was readable")
+	}
+	if err := f.g.SetAttributes(ctx, readable, []*pkcs11.Attribute{attr(pkcs11.CKA_SENSITIVE, false)}); CodeOf(err) != pkcs11.CKR_ATTRIBUTE_READ_ONLY {
+		t.Errorf("CKA_SENSITIVE true->false: %v, want CKR_ATTRIBUTE_READ_ONLY", err)
+	}
+	for i, sens := range memberBools(t, f, "kv-readable", pkcs11.CKA_SENSITIVE) {
+		if !sens {
+			t.Errorf("member %s: the latched key is not sensitive", f.toks[i].Name)
 		}
 	}
 }

@@ -117,6 +117,79 @@ func keyViews(t testing.TB) []step {
 		st("keys: read-only import protection", "getattr $ro $rok %s", protectionAttrs(true)),
 		st("keys: close read-only", "close $ro"),
 	)
+	// Latching: each starting point, each way, read back after each.
+	for _, a := range []asked{{"f", "t"}, {"t", "t"}, {"f", "f"}, {"t", "f"}} {
+		for _, how := range []string{"create", "generate"} {
+			name := fmt.Sprintf("latch: %s %s", how, a)
+			call := fmt.Sprintf("create $s %s", secret(append([]string{tu(p.CKA_KEY_TYPE, p.CKK_GENERIC_SECRET), tx(p.CKA_VALUE, k.hmac)}, a.items()...)...))
+			if how == "generate" {
+				call = fmt.Sprintf("genkey $s %s %s", mech(p.CKM_GENERIC_SECRET_KEY_GEN), secret(append([]string{tu(p.CKA_VALUE_LEN, 32)}, a.items()...)...))
+			}
+			v := how == "create"
+			add(
+				st(name, "%s", call).saving("k=h"),
+				st(name+": sensitive on", "setattr $s $k %s", tpl(tb(p.CKA_SENSITIVE, true))),
+				st(name+": after sensitive on", "getattr $s $k %s", protectionAttrs(v)),
+				st(name+": sensitive off", "setattr $s $k %s", tpl(tb(p.CKA_SENSITIVE, false))),
+				st(name+": after sensitive off", "getattr $s $k %s", protectionAttrs(v)),
+				st(name+": extractable off", "setattr $s $k %s", tpl(tb(p.CKA_EXTRACTABLE, false))),
+				st(name+": after extractable off", "getattr $s $k %s", protectionAttrs(v)),
+				st(name+": extractable on", "setattr $s $k %s", tpl(tb(p.CKA_EXTRACTABLE, true))),
+				st(name+": after extractable on", "getattr $s $k %s", protectionAttrs(v)),
+				st(name+": wrap", "wrap $s %s $aes $k -", mech(p.CKM_AES_KEY_WRAP)),
+				st(name+": copy made sensitive", "copy $s $k %s", tpl(tb(p.CKA_SENSITIVE, true))).saving("kc=h"),
+				st(name+": copy's protection", "getattr $s $kc %s", protectionAttrs(v)),
+				st(name+": copy made extractable", "copy $s $k %s", tpl(tb(p.CKA_EXTRACTABLE, true))),
+				st(name+": copy made readable", "copy $s $k %s", tpl(tb(p.CKA_SENSITIVE, false))),
+			)
+		}
+	}
+	// Every read-only attribute, and the attributes that only move one
+	// way, on a token secret key and an imported RSA key.
+	add(st("read-only: token key", "create $s %s", tpl(tu(p.CKA_CLASS, p.CKO_SECRET_KEY), tu(p.CKA_KEY_TYPE, p.CKK_GENERIC_SECRET), tb(p.CKA_TOKEN, true),
+		tb(p.CKA_PRIVATE, true), ts(p.CKA_LABEL, "cf-latch"), tb(p.CKA_SIGN, true), tb(p.CKA_SENSITIVE, false), tb(p.CKA_EXTRACTABLE, true),
+		tx(p.CKA_VALUE, k.hmac))).saving("tk=h"))
+	for _, a := range []struct {
+		name string
+		item string
+	}{
+		{"class", tu(p.CKA_CLASS, p.CKO_DATA)},
+		{"key type", tu(p.CKA_KEY_TYPE, p.CKK_AES)},
+		{"token", tb(p.CKA_TOKEN, false)},
+		{"private", tb(p.CKA_PRIVATE, false)},
+		{"local", tb(p.CKA_LOCAL, true)},
+		{"always sensitive", tb(p.CKA_ALWAYS_SENSITIVE, true)},
+		{"never extractable", tb(p.CKA_NEVER_EXTRACTABLE, true)},
+		{"key gen mechanism", tu(p.CKA_KEY_GEN_MECHANISM, p.CKM_AES_KEY_GEN)},
+		{"value", tx(p.CKA_VALUE, seq(32, 1))},
+		{"value length", tu(p.CKA_VALUE_LEN, 16)},
+		{"check value", tx(p.CKA_CHECK_VALUE, seq(3, 1))},
+		{"trusted", tb(p.CKA_TRUSTED, true)},
+		{"wrap with trusted on", tb(p.CKA_WRAP_WITH_TRUSTED, true)},
+		{"wrap with trusted off", tb(p.CKA_WRAP_WITH_TRUSTED, false)},
+		{"copyable on", tb(p.CKA_COPYABLE, true)},
+		{"destroyable", tb(p.CKA_DESTROYABLE, false)},
+		{"label", ts(p.CKA_LABEL, "cf-latch")},
+		{"sign off", tb(p.CKA_SIGN, false)},
+		{"sensitive on", tb(p.CKA_SENSITIVE, true)},
+		{"sensitive off", tb(p.CKA_SENSITIVE, false)},
+		{"extractable off", tb(p.CKA_EXTRACTABLE, false)},
+		{"extractable on", tb(p.CKA_EXTRACTABLE, true)},
+		{"copyable off", tb(p.CKA_COPYABLE, false)},
+		{"copyable on again", tb(p.CKA_COPYABLE, true)},
+		{"modifiable off", tb(p.CKA_MODIFIABLE, false)},
+		{"label when not modifiable", ts(p.CKA_LABEL, "cf-latch2")},
+	} {
+		add(st("read-only: set "+a.name, "setattr $s $tk %s", tpl(a.item)))
+	}
+	add(
+		st("read-only: token key at end", "getattr $s $tk %s", tpl(gq(p.CKA_VALUE), gb(p.CKA_SENSITIVE, 1), gb(p.CKA_ALWAYS_SENSITIVE, 1),
+			gb(p.CKA_EXTRACTABLE, 1), gb(p.CKA_NEVER_EXTRACTABLE, 1), gb(p.CKA_COPYABLE, 1), gb(p.CKA_MODIFIABLE, 1), gb(p.CKA_SIGN, 1), gb(p.CKA_LABEL, 32))),
+		st("read-only: destroy token key", "destroy $s $tk"),
+		st("read-only: set modulus", "setattr $s $rsa %s", tpl(tx(p.CKA_MODULUS, seq(8, 1)))),
+		st("read-only: set public exponent", "setattr $s $rsapub %s", tpl(tx(p.CKA_PUBLIC_EXPONENT, []byte{3}))),
+		st("read-only: set EC params", "setattr $s $ec %s", tpl(tx(p.CKA_EC_PARAMS, p256))),
+	)
 	// HMAC keys generated on the token (issue 30, item 5).
 	add(
 		st("HMAC: generate generic secret", "genkey $s %s %s", mech(p.CKM_GENERIC_SECRET_KEY_GEN), secret(tu(p.CKA_VALUE_LEN, 32))).saving("hk=h"),
