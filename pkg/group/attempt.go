@@ -417,10 +417,12 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 }
 
 // lostLogin reports whether err says a member is not logged in while the
-// group is.
+// group is logged in as the user. Logged in as the SO, the answer is the
+// request's: the SO may not touch private objects (PKCS#11 v2.40 5.6),
+// which a token answers CKR_USER_NOT_LOGGED_IN.
 func (g *Group) lostLogin(err error) bool {
-	_, in := g.LoggedIn()
-	return in && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
+	who, in := g.LoggedIn()
+	return in && who == pkcs11.CKU_USER && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
 }
 
 func isHandleError(err error) bool {

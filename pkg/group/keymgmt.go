@@ -179,6 +179,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	if err := g.checkHold(op, ins, inputs); err != nil {
 		return nil, err
 	}
+	if err := g.checkReplicable(op, wrapped); err != nil {
+		return nil, err
+	}
 	session := false
 	for _, in := range ins {
 		session = session || !in.token

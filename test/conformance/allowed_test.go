@@ -60,6 +60,7 @@ var allowances = []allowance{
 	{step: "EdDSA: found", got: "rv=0x0 n=0", configs: severalMembers, design: "**Key generation the group cannot replicate is not offered.**"},
 	{step: "EdDSA: destroy public", got: "rv=0x82", configs: severalMembers, design: "**Key generation the group cannot replicate is not offered.**"},
 	{step: "EdDSA: destroy private", got: "rv=0x82", configs: severalMembers, design: "**Key generation the group cannot replicate is not offered.**"},
+	{rule: keyBeforeUserLogin, configs: severalMembers, design: "**A key made before the user's login, on several members.**"},
 	{rule: derivePointersNotServed, configs: []string{served, underKill}, design: "**Derive parameters that hold pointers, through `hsmserve`.**"},
 }
 
@@ -75,6 +76,23 @@ func derivePointersNotServed(want []answer, i int, got answer) bool {
 		return got.rv() == "0x71"
 	}
 	return i > 0 && notServed(want[i-1]) && strings.HasPrefix(want[i].step.call, "getattr ") && got.rv() == "0x82"
+}
+
+// keyBeforeUserLogin accepts CKR_USER_NOT_LOGGED_IN for the secret key
+// the public and SO sessions of sessionStates import, and the answers of
+// the steps that then use or destroy it (handle 0: no such object, no
+// operation).
+func keyBeforeUserLogin(want []answer, i int, got answer) bool {
+	name := want[i].step.name
+	if !strings.HasPrefix(name, "states: public ") && !strings.HasPrefix(name, "states: SO ") {
+		return false
+	}
+	for suffix, rv := range map[string]string{": public session key": "0x101", ": encrypt init": "0x82", ": encrypt": "0x91", ": destroy o5": "0x82"} {
+		if strings.HasSuffix(name, suffix) {
+			return got.norm() == "rv="+rv
+		}
+	}
+	return false
 }
 
 // severalMembers are the configurations whose keys must reach more than

@@ -219,3 +219,59 @@ func keyViews(t testing.TB) []step {
 	add(sweepEnd("keys")...)
 	return withOpSessions(steps)
 }
+
+// sessionStates runs the same calls in a session of every state:
+// read-only and read-write, public, user and SO.
+func sessionStates(t testing.TB) []step {
+	k := testKeys(t)
+	var steps []step
+	add := func(s ...step) { steps = append(steps, s...) }
+	add(
+		st("states: init", "init"),
+		st("states: select slot", "slot %s", label),
+		st("states: open RO", "open 0x%x", ro).saving("ro=h"),
+		st("states: open RW", "open 0x%x", rw).saving("rw=h"),
+	)
+	calls := func(state string, sessions ...string) {
+		for _, s := range sessions {
+			name := fmt.Sprintf("states: %s %s", state, s)
+			add(
+				st(name+": info", "sessinfo $%s", s),
+				st(name+": public session object", "create $%s %s", s, tpl(tu(p.CKA_CLASS, p.CKO_DATA), tb(p.CKA_TOKEN, false), tb(p.CKA_PRIVATE, false), ts(p.CKA_LABEL, "st-pub"))).saving("o1=h"),
+				st(name+": private session object", "create $%s %s", s, tpl(tu(p.CKA_CLASS, p.CKO_DATA), tb(p.CKA_TOKEN, false), tb(p.CKA_PRIVATE, true), ts(p.CKA_LABEL, "st-priv"))).saving("o2=h"),
+				st(name+": public token object", "create $%s %s", s, tpl(tu(p.CKA_CLASS, p.CKO_DATA), tb(p.CKA_TOKEN, true), tb(p.CKA_PRIVATE, false), ts(p.CKA_LABEL, "st-tok"))).saving("o3=h"),
+				st(name+": private token object", "create $%s %s", s, tpl(tu(p.CKA_CLASS, p.CKO_DATA), tb(p.CKA_TOKEN, true), tb(p.CKA_PRIVATE, true), ts(p.CKA_LABEL, "st-tokp"))).saving("o4=h"),
+				st(name+": public session key", "create $%s %s", s, tpl(tu(p.CKA_CLASS, p.CKO_SECRET_KEY), tu(p.CKA_KEY_TYPE, p.CKK_AES), tb(p.CKA_TOKEN, false),
+					tb(p.CKA_PRIVATE, false), tb(p.CKA_ENCRYPT, true), tx(p.CKA_VALUE, k.aes))).saving("o5=h"),
+				st(name+": generate session key", "genkey $%s %s %s", s, mech(p.CKM_AES_KEY_GEN), tpl(tu(p.CKA_VALUE_LEN, 16), tb(p.CKA_TOKEN, false))).saving("o6=h"),
+				st(name+": find", "findinit $%s %s", s, tpl(tu(p.CKA_CLASS, p.CKO_DATA))),
+				st(name+": found", "find $%s 20", s),
+				st(name+": find final", "findfin $%s", s),
+				st(name+": encrypt init", "encinit $%s %s $o5", s, mech(p.CKM_AES_ECB)),
+				st(name+": encrypt", "enc $%s %s 64", s, hex.EncodeToString(seq(16, 1))),
+				st(name+": random", "random $%s 8", s).skipping("out"),
+				st(name+": label", "setattr $%s $o1 %s", s, tpl(ts(p.CKA_LABEL, "st-pub2"))),
+			)
+			for _, o := range []string{"o1", "o2", "o3", "o4", "o5", "o6"} {
+				add(st(name+": destroy "+o, "destroy $%s $%s", s, o))
+			}
+		}
+	}
+	calls("public", "ro", "rw")
+	add(st("states: login user", "login $rw 1 user"))
+	calls("user", "ro", "rw")
+	add(
+		st("states: logout user", "logout $rw"),
+		st("states: SO with RO open", "login $rw 0 so"),
+		st("states: close RO", "close $ro"),
+		st("states: login SO", "login $rw 0 so"),
+		st("states: open RO while SO", "open 0x%x", ro),
+		st("states: user while SO", "login $rw 1 user"),
+	)
+	calls("SO", "rw")
+	add(
+		st("states: logout SO", "logout $rw"),
+		st("states: finalize", "fin"),
+	)
+	return steps
+}
