@@ -72,7 +72,6 @@ func (e *stop) Unwrap() error { return e.err }
 // charges them by the rule.
 type verdict struct {
 	suspects []suspect // ambiguous errors, charged only if another member serves
-	clear    int       // clear health errors (already charged)
 	last     error     // the last health error
 }
 
@@ -88,19 +87,13 @@ func (v *verdict) health(g *Group, m *member.Member, err error, fail bool) {
 		v.suspects = append(v.suspects, suspect{m, err, fail})
 		return
 	}
-	v.clear++
 	if fail {
 		g.failMember(m, err)
 	}
 }
 
 // lookup notes a health error of a handle look-up, which call charged.
-func (v *verdict) lookup(err error) {
-	v.last = err
-	if !slot.Ambiguous(err) {
-		v.clear++
-	}
-}
+func (v *verdict) lookup(err error) { v.last = err }
 
 // served charges the suspects: another member served their request.
 func (v *verdict) served(g *Group) {
@@ -112,9 +105,14 @@ func (v *verdict) served(g *Group) {
 }
 
 // unserved is the error when no member served: the token's own answer
-// when every member that answered refused it the same ambiguous way.
+// when every member that answered refused it the same ambiguous way, even
+// where others were down (a clear health error): the request is at fault
+// wherever a token answered, as on the bare token (the conformance
+// harness's sweeps under a primary kill: a PSS salt the token refuses
+// with CKR_GENERAL_ERROR read CKR_DEVICE_ERROR while the primary was
+// dead).
 func (v *verdict) unserved(op string) error {
-	if len(v.suspects) > 0 && v.clear == 0 {
+	if len(v.suspects) > 0 {
 		return opErr(op, "", v.suspects[len(v.suspects)-1].err)
 	}
 	return wrap(ErrNoMember, op, "", v.last)

@@ -427,6 +427,10 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	for i, t := range targets {
 		dsts[i] = hasync.Target{Slot: t.Slot()}
 		if !ms[0].obj.Token {
+			// A new session object is new on every member, even where its
+			// identity is another's (a copy keeps its source's): looking
+			// for an existing one would take the source for it.
+			dsts[i].Absent = true
 			ps, err := s.physSession(ctx, t)
 			if err != nil {
 				errs[i] = err

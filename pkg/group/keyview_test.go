@@ -151,3 +151,34 @@ func TestKeyViewOnEveryMember(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionCopyIsItsOwnObject: a copy of a session key shares its
+// source's identity (class, key type, CKA_ID, CKA_LABEL), and each member
+// must hold it as a new object with the protection the copy asked for:
+// the replicas took the source for the copy and answered its attributes
+// (a copy made sensitive read readable on them).
+func TestSessionCopyIsItsOwnObject(t *testing.T) {
+	f := setup(t, setupOpts{})
+	ctx := testContext(t)
+	s := openSession(t, f.g)
+	src, err := s.CreateObject(ctx, []*pkcs11.Attribute{
+		attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_GENERIC_SECRET),
+		attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_LABEL, "session-copy"), attr(pkcs11.CKA_SIGN, true),
+		attr(pkcs11.CKA_SENSITIVE, false), attr(pkcs11.CKA_EXTRACTABLE, true), attr(pkcs11.CKA_VALUE, bytes.Repeat([]byte{7}, 32))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := s.CopyObject(ctx, src, []*pkcs11.Attribute{attr(pkcs11.CKA_SENSITIVE, true)})
+	if err != nil {
+		t.Fatalf("copy made sensitive: %v", err)
+	}
+	o, err := f.g.object("test", cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range f.g.view().members {
+		if sens, ok := f.g.boolOn(ctx, o, m, pkcs11.CKA_SENSITIVE); !ok || !sens {
+			t.Errorf("member %s: the sensitive copy reads CKA_SENSITIVE %t (answered %t), want true", m.Name(), sens, ok)
+		}
+	}
+}
