@@ -50,7 +50,7 @@ func TestConformance(t *testing.T) {
 // a token answers CKR_GENERAL_ERROR, and the sweeps (sweep_test.go,
 // keyview_test.go).
 func sequences(t testing.TB) [][]step {
-	return [][]step{sequence(t), generalErrors(t), parameterSweep(t), keyViews(t), sessionStates(t)}
+	return [][]step{sequence(t), generalErrors(t), parameterSweep(t), keyViews(t), sessionStates(t), operationStates(t)}
 }
 
 // check fails the test for each undocumented difference.

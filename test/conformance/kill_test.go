@@ -44,8 +44,10 @@ var plans = []struct {
 
 // sweepPlans are the runs under kill of the sweeps, played one after the
 // other in one driver: the primary dies in the OAEP sweep and is back for
-// the latching attributes, dies again among the key views made every way,
-// and is back for the sessions in every state.
+// the GCM sweep, dies among the keys made every way and is back for the
+// latching attributes, dies before the user's read-only session and is
+// back before the SO's logout, and dies among the operations mixed in one
+// session.
 var sweepPlans = []struct {
 	name   string
 	faults []fault
@@ -57,6 +59,8 @@ var sweepPlans = []struct {
 		{before: "latch: create sensitive=f extractable=t", member: 0, restart: true},
 		{before: "states: user ro: info", member: 0},
 		{before: "states: logout SO", member: 0, restart: true},
+		{before: "ops: sign active: init", member: 0},
+		{before: "ops: logout", member: 0, restart: true},
 	}},
 }
 
