@@ -49,13 +49,9 @@ type intent struct {
 	classKnown    bool // class was given or read from the template (CKO_DATA is 0)
 	token         bool
 	unextractable bool
-	// insensitive: the application's view is CKA_SENSITIVE=false while
-	// the members' copies are sensitive; wasInsensitive, wasExtractable:
-	// the application saw the key so (vtable.Object, keyprot.go).
-	insensitive, wasInsensitive, wasExtractable bool
-	explicitID                                  bool // the application named the object (CKA_ID or CKA_LABEL)
-	genMech                                     uint // the generation mechanism, for GenerateKey and GenerateKeyPair (kindOf)
-	copied                                      bool // a copy of the one input (kindOf)
+	explicitID    bool // the application named the object (CKA_ID or CKA_LABEL)
+	genMech       uint // the generation mechanism, for GenerateKey and GenerateKeyPair (kindOf)
+	copied        bool // a copy of the one input (kindOf)
 }
 
 func attrIndex(tmpl []*pkcs11.Attribute, t uint) int {
@@ -271,9 +267,6 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		if m.in.unextractable {
 			o.Unextractable.Store(true)
 		}
-		o.AppInsensitive.Store(m.in.insensitive)
-		o.WasInsensitive.Store(m.in.wasInsensitive)
-		o.WasExtractable.Store(m.in.wasExtractable)
 		vs[i] = o
 	}
 	if err := g.replicate(ctx, s, p, ms, vs); err != nil {

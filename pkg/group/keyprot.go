@@ -78,9 +78,6 @@ func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent,
 		sens = tokenDefaultSensitive
 	}
 	in.unextractable = !ext
-	in.insensitive = !sens && !ext
-	in.wasInsensitive = in.insensitive
-	in.wasExtractable = ext
 	if sens || !ext {
 		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
 	}
@@ -98,21 +95,10 @@ func (g *Group) protectCopy(ctx context.Context, in *intent, from *vtable.Object
 		return wrap(ErrReadOnly, "CopyObject", "", errors.New("a copy of an unextractable key cannot be extractable"))
 	}
 	in.unextractable = extSet && !ext || srcUnextractable
-	srcReadable := !srcUnextractable && !g.sensitiveOnMembers(ctx, from)
-	switch {
-	case from.AppInsensitive.Load():
-		// The source's copies are sensitive, its view is not: the token
-		// would take CKA_SENSITIVE either way, and the members' copies
-		// hold it already.
-		in.tmpl = slices.DeleteFunc(in.tmpl, func(a *pkcs11.Attribute) bool { return a.Type == pkcs11.CKA_SENSITIVE })
-		in.insensitive = !sensSet || !sens
-	case srcReadable && in.unextractable && !(sensSet && sens):
+	if in.unextractable && !(sensSet && sens) && !srcUnextractable && !g.sensitiveOnMembers(ctx, from) {
 		// Unextractable to the application, so not readable on the members.
 		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
-		in.insensitive = true
 	}
-	in.wasInsensitive = in.insensitive || from.WasInsensitive.Load()
-	in.wasExtractable = !srcUnextractable || from.WasExtractable.Load()
 	return nil
 }
 
@@ -129,24 +115,10 @@ func (g *Group) sensitiveOnMembers(ctx context.Context, o *vtable.Object) bool {
 	return true
 }
 
-// anyCopySays reports whether some serving member's copy of o holds
-// attribute t true (CKA_ALWAYS_SENSITIVE and CKA_LOCAL hold on the copy
-// the application's call made, replicas were unwrapped).
-func (g *Group) anyCopySays(ctx context.Context, o *vtable.Object, t uint) bool {
-	for _, m := range g.serving() {
-		if v, ok := g.boolOn(ctx, o, m, t); ok && v {
-			return true
-		}
-	}
-	return false
-}
-
 // latching is what a C_SetAttributeValue changes of the application's
 // view of a key beyond what its members' copies show.
 type latching struct {
 	unextractable bool // CKA_EXTRACTABLE goes false (kept by this process: see SetAttributes)
-	insensitive   bool // the view stays non-sensitive while the copies become sensitive
-	sensitive     bool // the view becomes sensitive where the copies were already
 }
 
 // latch applies the latching attributes of attrs, set on the private or
@@ -171,16 +143,8 @@ func (g *Group) latch(ctx context.Context, op string, o *vtable.Object, attrs []
 		}
 	}
 	v, sensSet := attrBool(attrs, pkcs11.CKA_SENSITIVE)
-	if o.AppInsensitive.Load() && sensSet {
-		// The copies are sensitive already: only the view moves.
-		attrs = slices.DeleteFunc(attrs, func(a *pkcs11.Attribute) bool { return a.Type == pkcs11.CKA_SENSITIVE })
-		l.sensitive = v
-		l.insensitive = !v
-		return attrs, l, nil
-	}
 	if l.unextractable && !(sensSet && v) && !g.sensitiveOnMembers(ctx, o) {
 		attrs = setAttr(attrs, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
-		l.insensitive = !sensSet || !v
 	}
 	return attrs, l, nil
 }
@@ -189,13 +153,6 @@ func (g *Group) latch(ctx context.Context, op string, o *vtable.Object, attrs []
 func (l latching) apply(o *vtable.Object) {
 	if l.unextractable {
 		o.Unextractable.Store(true)
-	}
-	if l.insensitive {
-		o.AppInsensitive.Store(true)
-		o.WasInsensitive.Store(true)
-	}
-	if l.sensitive {
-		o.AppInsensitive.Store(false)
 	}
 }
 
@@ -261,15 +218,15 @@ var viewTypes = []uint{
 }
 
 // present rewrites attrs, read from one member's copy of the key o, into
-// the answer every member gives through the virtual slot, the bare
-// token's:
-//   - CKA_SENSITIVE is the member copy's, but false where this process
-//     knows the application made it so (AppInsensitive);
-//   - CKA_EXTRACTABLE, CKA_NEVER_EXTRACTABLE and CKA_WRAP_WITH_TRUSTED say
-//     what unextractable says; CKA_NEVER_EXTRACTABLE and
-//     CKA_ALWAYS_SENSITIVE hold only where the copy the application's call
-//     made says so (the others were unwrapped), and never once the
-//     application saw the key extractable or non-sensitive;
+// the answer every member gives through the virtual slot, in every
+// process:
+//   - CKA_SENSITIVE is the member copy's: the application's, but true for
+//     a key it made unextractable (its copies must be sensitive);
+//   - CKA_EXTRACTABLE and CKA_WRAP_WITH_TRUSTED say what unextractable
+//     says; CKA_ALWAYS_SENSITIVE and CKA_NEVER_EXTRACTABLE are false for
+//     every key: only the copy the application's call made could tell
+//     (replicas were unwrapped, which the token marks as neither), and
+//     false never claims a protection the group cannot show on every copy;
 //   - key material is CKR_ATTRIBUTE_SENSITIVE for a key unextractable to
 //     the application, else the member copy's answer;
 //   - CKA_LOCAL is false and CKA_KEY_GEN_MECHANISM unavailable for every
@@ -288,14 +245,10 @@ func (g *Group) present(ctx context.Context, o *vtable.Object, attrs []slot.Attr
 		case a.Type == pkcs11.CKA_KEY_GEN_MECHANISM:
 			*a = slot.Attribute{Type: a.Type, Value: ulongBytes(pkcs11.CK_UNAVAILABLE_INFORMATION), Status: pkcs11.CKR_OK}
 		case !private:
-		case a.Type == pkcs11.CKA_SENSITIVE && a.Status == pkcs11.CKR_OK:
-			*a = boolAnswer(a.Type, len(a.Value) > 0 && a.Value[0] != 0 && !o.AppInsensitive.Load())
-		case a.Type == pkcs11.CKA_ALWAYS_SENSITIVE:
-			*a = boolAnswer(a.Type, !o.AppInsensitive.Load() && !o.WasInsensitive.Load() && g.anyCopySays(ctx, o, pkcs11.CKA_ALWAYS_SENSITIVE))
+		case a.Type == pkcs11.CKA_ALWAYS_SENSITIVE, a.Type == pkcs11.CKA_NEVER_EXTRACTABLE:
+			*a = boolAnswer(a.Type, false)
 		case a.Type == pkcs11.CKA_EXTRACTABLE:
 			*a = boolAnswer(a.Type, !g.unextractable(ctx, o))
-		case a.Type == pkcs11.CKA_NEVER_EXTRACTABLE:
-			*a = boolAnswer(a.Type, !o.WasExtractable.Load() && g.unextractable(ctx, o) && g.anyCopySays(ctx, o, pkcs11.CKA_LOCAL))
 		case a.Type == pkcs11.CKA_WRAP_WITH_TRUSTED:
 			*a = boolAnswer(a.Type, g.wrapWithTrustedEverywhere(ctx, o))
 		case sensitiveTypes[a.Type] && a.Status == pkcs11.CKR_OK && g.unextractable(ctx, o):

@@ -100,8 +100,10 @@ func TestKeyViewOnEveryMember(t *testing.T) {
 				t.Errorf("member %s shows the value of %s (sensitive=%t extractable=%t): %x", f.toks[i].Name, c.label, c.sens, c.ext, v)
 			}
 		}
-		if sens, _ := view(h, pkcs11.CKA_SENSITIVE); sens != c.sens {
-			t.Errorf("%s: CKA_SENSITIVE reads %t through the group, want %t as made", c.label, sens, c.sens)
+		// An unextractable key reads sensitive, as its copies are (docs/DESIGN.md,
+		// "A key's protection is what every copy shows").
+		if sens, _ := view(h, pkcs11.CKA_SENSITIVE); sens != (c.sens || !c.ext) {
+			t.Errorf("%s: CKA_SENSITIVE reads %t through the group, want %t", c.label, sens, c.sens || !c.ext)
 		}
 		if always, _ := view(h, pkcs11.CKA_ALWAYS_SENSITIVE); always {
 			t.Errorf("%s: CKA_ALWAYS_SENSITIVE true for a key made from outside material", c.label)
@@ -123,8 +125,8 @@ func TestKeyViewOnEveryMember(t *testing.T) {
 	if _, v := view(readable, pkcs11.CKA_VALUE); v != nil {
 		t.Errorf("the group shows the value of a key made unextractable: %x", v)
 	}
-	if sens, _ := view(readable, pkcs11.CKA_SENSITIVE); sens {
-		t.Error("CKA_SENSITIVE reads true after CKA_EXTRACTABLE went false; the bare token keeps it false")
+	if sens, _ := view(readable, pkcs11.CKA_SENSITIVE); !sens {
+		t.Error("CKA_SENSITIVE reads false after CKA_EXTRACTABLE went false, while every copy is sensitive")
 	}
 	if err := f.g.SetAttributes(ctx, readable, []*pkcs11.Attribute{attr(pkcs11.CKA_EXTRACTABLE, true)}); CodeOf(err) != pkcs11.CKR_ATTRIBUTE_READ_ONLY {
 		t.Errorf("CKA_EXTRACTABLE false->true: %v, want CKR_ATTRIBUTE_READ_ONLY", err)
@@ -132,18 +134,24 @@ func TestKeyViewOnEveryMember(t *testing.T) {
 	if _, err := f.g.WrapKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_WRAP_PAD, nil), readable, readable); CodeOf(err) != pkcs11.CKR_KEY_UNEXTRACTABLE {
 		t.Errorf("wrap of a key made unextractable: %v, want CKR_KEY_UNEXTRACTABLE", err)
 	}
-	// Then sensitive: the view moves, the copies were already.
-	if err := f.g.SetAttributes(ctx, readable, []*pkcs11.Attribute{attr(pkcs11.CKA_SENSITIVE, true)}); err != nil {
-		t.Fatalf("CKA_SENSITIVE false->true: %v", err)
-	}
-	if sens, _ := view(readable, pkcs11.CKA_SENSITIVE); !sens {
-		t.Error("CKA_SENSITIVE reads false after it was set true")
-	}
-	if always, _ := view(readable, pkcs11.CKA_ALWAYS_SENSITIVE); always {
-		t.Error("CKA_ALWAYS_SENSITIVE true for a key that was readable")
-	}
 	if err := f.g.SetAttributes(ctx, readable, []*pkcs11.Attribute{attr(pkcs11.CKA_SENSITIVE, false)}); CodeOf(err) != pkcs11.CKR_ATTRIBUTE_READ_ONLY {
 		t.Errorf("CKA_SENSITIVE true->false: %v, want CKR_ATTRIBUTE_READ_ONLY", err)
+	}
+	// A readable key made sensitive: the view moves, and every copy.
+	other := secret("kv-readable2", false, true)
+	if err := f.g.SetAttributes(ctx, other, []*pkcs11.Attribute{attr(pkcs11.CKA_SENSITIVE, true)}); err != nil {
+		t.Fatalf("CKA_SENSITIVE false->true: %v", err)
+	}
+	if sens, _ := view(other, pkcs11.CKA_SENSITIVE); !sens {
+		t.Error("CKA_SENSITIVE reads false after it was set true")
+	}
+	if always, _ := view(other, pkcs11.CKA_ALWAYS_SENSITIVE); always {
+		t.Error("CKA_ALWAYS_SENSITIVE true for a key that was readable")
+	}
+	for i, v := range memberValues(t, f, "kv-readable2") {
+		if v != nil {
+			t.Errorf("member %s shows the value of a key made sensitive: %x", f.toks[i].Name, v)
+		}
 	}
 	for i, sens := range memberBools(t, f, "kv-readable", pkcs11.CKA_SENSITIVE) {
 		if !sens {

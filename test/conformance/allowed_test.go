@@ -60,6 +60,7 @@ var allowances = []allowance{
 	{step: "EdDSA: found", got: "rv=0x0 n=0", configs: severalMembers, design: "**Key generation the group cannot replicate is not offered.**"},
 	{step: "EdDSA: destroy public", got: "rv=0x82", configs: severalMembers, design: "**Key generation the group cannot replicate is not offered.**"},
 	{step: "EdDSA: destroy private", got: "rv=0x82", configs: severalMembers, design: "**Key generation the group cannot replicate is not offered.**"},
+	{rule: protectionOnEveryCopy, design: "**A key's protection is what every copy shows.**"},
 	{rule: keyBeforeUserLogin, configs: severalMembers, design: "**A key made before the user's login, on several members.**"},
 	{rule: derivePointersNotServed, configs: []string{served, underKill}, design: "**Derive parameters that hold pointers, through `hsmserve`.**"},
 }
@@ -76,6 +77,48 @@ func derivePointersNotServed(want []answer, i int, got answer) bool {
 		return got.rv() == "0x71"
 	}
 	return i > 0 && notServed(want[i-1]) && strings.HasPrefix(want[i].step.call, "getattr ") && got.rv() == "0x82"
+}
+
+// protectionOnEveryCopy accepts a key's CKA_ALWAYS_SENSITIVE and
+// CKA_NEVER_EXTRACTABLE false where the bare token says true, and
+// CKA_SENSITIVE true for a key unextractable to the application, where the
+// bare token says false; all else as the bare token. And, for such a key,
+// CKA_SENSITIVE=true refused as on a sensitive key (CKR_ATTRIBUTE_READ_ONLY).
+func protectionOnEveryCopy(want []answer, i int, got answer) bool {
+	w := want[i]
+	if strings.HasSuffix(w.step.name, ": sensitive on") {
+		return w.rv() == "0x0" && got.norm() == "rv=0x10" && i > 0 && unextractableBefore(want, i)
+	}
+	if w.norm("a103", "a164", "a165") != got.norm("a103", "a164", "a165") {
+		return false
+	}
+	for _, f := range []string{"a164", "a165"} {
+		if wv, _ := w.get(f); wv != "" {
+			if gv, _ := got.get(f); gv != wv && gv != "1:00" {
+				return false
+			}
+		}
+	}
+	wv, _ := w.get("a103")
+	gv, _ := got.get("a103")
+	ext, _ := w.get("a162")
+	return wv == gv || gv == "1:01" && ext == "1:00"
+}
+
+// unextractableBefore reports whether the key a latch step names read
+// unextractable on the bare token in the last read before step i.
+func unextractableBefore(want []answer, i int) bool {
+	prefix, _, _ := strings.Cut(want[i].step.name, ": sensitive on")
+	for j := i - 1; j >= 0; j-- {
+		if !strings.HasPrefix(want[j].step.name, prefix) {
+			break
+		}
+		if v, ok := want[j].get("a162"); ok {
+			return v == "1:00"
+		}
+	}
+	// No read yet: the key as made.
+	return strings.Contains(prefix, "extractable=f") || strings.Contains(prefix, "extractable=-")
 }
 
 // keyBeforeUserLogin accepts CKR_USER_NOT_LOGGED_IN for the secret key

@@ -42,12 +42,6 @@ type Object struct {
 	// Unextractable: the application made or set the key with
 	// CKA_EXTRACTABLE=false, or the members say so.
 	Unextractable atomic.Bool
-	// AppInsensitive: the application sees the key CKA_SENSITIVE=false
-	// while the members' copies are sensitive, because it made the key
-	// unextractable. WasInsensitive, WasExtractable: the application saw
-	// the key non-sensitive or extractable once, so CKA_ALWAYS_SENSITIVE
-	// or CKA_NEVER_EXTRACTABLE is false for good. This process's word.
-	AppInsensitive, WasInsensitive, WasExtractable atomic.Bool
 	// ValueLen: a secret key's CKA_VALUE_LEN once a member told it; 0
 	// until then.
 	ValueLen atomic.Uint64
