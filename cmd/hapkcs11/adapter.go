@@ -86,6 +86,7 @@ func (a *handleSession[H]) Init(ctx context.Context, k group.OpKind, m *pkcs11.M
 }
 
 func (a *handleSession[H]) Cancel(k group.OpKind) error { return a.ops.Cancel(k) }
+func (a *handleSession[H]) Active() bool                { return a.ops.Active() }
 
 func (a *handleSession[H]) Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
 	return a.ops.Do(ctx, k, st, in, sig, room)

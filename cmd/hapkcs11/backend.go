@@ -83,6 +83,9 @@ type objectCalls[H ~uint] interface {
 type opCalls[H ~uint] interface {
 	Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key H) error
 	Cancel(k group.OpKind) error
+	// Active reports whether an operation is active (one per session, as
+	// on the member token; a search is the library's).
+	Active() bool
 	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
 	DigestKey(ctx context.Context, key H) error
 	// Close ends the session (and its session objects).

@@ -345,6 +345,9 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 	if _, ok := mechs[m.Mechanism]; !ok {
 		return ckErr(pkcs11.CKR_MECHANISM_INVALID)
 	}
+	if s.finding {
+		return ckErr(pkcs11.CKR_OPERATION_ACTIVE) // one operation per session, a search included
+	}
 	return s.be.Init(l.ctx, kind, m, key)
 }
 
@@ -376,7 +379,7 @@ func (l *library) findInit(h uint, tmpl []*pkcs11.Attribute) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	if s.finding {
+	if s.finding || s.be.Active() {
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE)
 	}
 	found, err := s.be.FindObjects(l.ctx, tmpl)

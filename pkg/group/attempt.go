@@ -68,7 +68,11 @@ func (e *stop) Error() string { return e.err.Error() }
 func (e *stop) Unwrap() error { return e.err }
 
 // unserved is the error when no member served v's request: the token's
-// own answer when every member that answered held it back (member.Charged).
+// own answer wherever a token answered and held it back (member.Charged),
+// even where others were down: the request is at fault, as on the bare
+// token (the conformance harness's sweeps under a primary kill: a PSS salt
+// the token refuses with CKR_GENERAL_ERROR read CKR_DEVICE_ERROR while the
+// primary was dead).
 func unserved(v *member.Verdict, op string) error {
 	if _, err := v.Unserved(); err != nil {
 		return opErr(op, "", err)
@@ -405,8 +409,10 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 }
 
 // lostLogin reports whether err says a member is not logged in while the
-// group is.
+// group is logged in as the user. Logged in as the SO, the answer is the
+// request's: the SO may not touch private objects (PKCS#11 v2.40 5.6),
+// which a token answers CKR_USER_NOT_LOGGED_IN.
 func (g *Group) lostLogin(err error) bool {
-	_, in := g.LoggedIn()
-	return in && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
+	who, in := g.LoggedIn()
+	return in && who == pkcs11.CKU_USER && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
 }

@@ -470,3 +470,23 @@ func TestFailedUnwrapLeavesNothingOnAnyMember(t *testing.T) {
 	}
 	wantServing(t, f, "after a refused unwrap")
 }
+
+// TestUnservedIsTheTokensAnswer: when no member served a request, the
+// members that answered it the same ambiguous way (CKR_GENERAL_ERROR) give
+// the application the token's answer even though another member was down
+// (a clear health error): the request is at fault wherever a token
+// answered, as on a bare token. Only when no token answered is it
+// CKR_DEVICE_ERROR.
+func TestUnservedIsTheTokensAnswer(t *testing.T) {
+	var v member.Verdict
+	v.Health(nil, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR), false)
+	v.Health(nil, pkcs11.Error(pkcs11.CKR_GENERAL_ERROR), false)
+	if code := CodeOf(unserved(&v, "Sign")); code != pkcs11.CKR_GENERAL_ERROR {
+		t.Errorf("one member down, one answering CKR_GENERAL_ERROR: 0x%x, want the token's CKR_GENERAL_ERROR", code)
+	}
+	var down member.Verdict
+	down.Health(nil, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR), false)
+	if code := CodeOf(unserved(&down, "Sign")); code != pkcs11.CKR_DEVICE_ERROR {
+		t.Errorf("every member down: 0x%x, want CKR_DEVICE_ERROR", code)
+	}
+}

@@ -133,6 +133,21 @@ func (g *Group) checkHold(op string, ins []intent, inputs []*vtable.Object) erro
 	return g.refuse(op, refused)
 }
 
+// checkReplicable refuses, before anything is written, a creation of a
+// key that travels wrapped (wrapped) while the group is not logged in as
+// the user and two or more members serve: the domain key that carries it
+// to the others is a private object, which no member shows before the
+// login, so the key could be made on one member only (the bare token
+// would make it; see "Differences from the member token"). The code is
+// the token's for an object that needs a login, CKR_USER_NOT_LOGGED_IN,
+// and nothing is charged to a member.
+func (g *Group) checkReplicable(op string, wrapped bool) error {
+	if who, in := g.LoggedIn(); !wrapped || in && who == pkcs11.CKU_USER || len(g.serving()) < 2 {
+		return nil
+	}
+	return wrap(ErrNotLoggedIn, op, "", errors.New("a key made before the login cannot reach the other members: the domain key that carries it is a private object"))
+}
+
 // refuse reports each refusal and returns the error of op, or nil when
 // there is none.
 func (g *Group) refuse(op string, refused []sync.Refusal) error {

@@ -176,6 +176,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	if err := g.checkHold(op, ins, inputs); err != nil {
 		return nil, err
 	}
+	if err := g.checkReplicable(op, wrapped); err != nil {
+		return nil, err
+	}
 	session := false
 	for _, in := range ins {
 		session = session || !in.token
@@ -425,6 +428,10 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	for i, t := range targets {
 		dsts[i] = hasync.Target{Slot: t.Slot()}
 		if !ms[0].obj.Token {
+			// A new session object is new on every member, even where its
+			// identity is another's (a copy keeps its source's): looking
+			// for an existing one would take the source for it.
+			dsts[i].Absent = true
 			ps, err := s.physSession(ctx, t)
 			if err != nil {
 				errs[i] = err
@@ -1013,14 +1020,10 @@ func (s *Session) DestroyObject(ctx context.Context, h ObjectHandle) error {
 
 // SetAttributes changes attributes of an object on every serving member
 // that holds it: first on one member (whose refusal is returned as it is),
-// then on the others in parallel; a member that fails is failed. Setting
-// CKA_EXTRACTABLE to false is honoured at the virtual slot (see WrapKey)
-// while the key stays physically extractable under the domain key: other
-// processes see it too where the token lets CKA_WRAP_WITH_TRUSTED be set
-// after creation, this process only where it does not (SoftHSM); keys made
-// with CKA_EXTRACTABLE=false are marked at creation and seen everywhere.
-// Setting it back to true is refused (CKR_ATTRIBUTE_READ_ONLY), as PKCS#11
-// wants.
+// then on the others in parallel; a member that fails is failed. The
+// latching attributes of a private or secret key move as on the bare
+// token, and every member copy stays as protected as the application's
+// view (see latch).
 // A change of CKA_ID or CKA_LABEL changes the object's identity.
 func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs11.Attribute) error {
 	const op = "SetAttributes"
@@ -1030,17 +1033,13 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 	}
 	defer done()
 	attrs = append([]*pkcs11.Attribute(nil), attrs...)
-	makeUnextractable := false
-	if i := attrIndex(attrs, pkcs11.CKA_EXTRACTABLE); i >= 0 && o.IsKey() && o.Identity().Class != pkcs11.CKO_PUBLIC_KEY {
-		v, _ := attrBool(attrs, pkcs11.CKA_EXTRACTABLE)
-		if v && g.unextractable(ctx, o) {
-			return wrap(ErrReadOnly, op, "", errors.New("CKA_EXTRACTABLE cannot go back to true"))
-		}
-		if !v {
-			makeUnextractable = true
-			attrs = append(attrs[:i], attrs[i+1:]...)
+	var l latching
+	if o.IsKey() && o.Identity().Class != pkcs11.CKO_PUBLIC_KEY {
+		if attrs, l, err = g.latch(ctx, op, o, attrs); err != nil {
+			return err
 		}
 	}
+	makeUnextractable := l.unextractable
 	newID := o.Identity()
 	if i := attrIndex(attrs, pkcs11.CKA_ID); i >= 0 {
 		newID.ID = bytes.Clone(attrs[i].Value)
@@ -1080,9 +1079,7 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		return err
 	}
 	g.changes.Add(1)
-	if makeUnextractable {
-		o.Unextractable.Store(true)
-	}
+	l.apply(o)
 	if !newID.Equal(o.Identity()) {
 		g.objs.Rekey(o, newID)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -17,61 +18,142 @@ import (
 // "Key replication"). Both halves live here, since each reads what the
 // other writes.
 //
-// On every member the key is CKA_SENSITIVE=true and CKA_EXTRACTABLE=true
-// (the group wraps it under the domain key to replicate it), and, under a
-// trusted domain key, CKA_WRAP_WITH_TRUSTED=true unless the application
-// made it extractable without asking for CKA_WRAP_WITH_TRUSTED. A user on
-// a member can then neither read it nor wrap it under a key of their own
-// (only the SO makes CKA_TRUSTED keys), and neither flag can be turned
-// back (PKCS#11; SoftHSM refuses with CKR_ATTRIBUTE_READ_ONLY).
+// The application's view of a key is the bare token's view, and every
+// member's copy is at least as protected as that view. On every member the
+// key is CKA_EXTRACTABLE=true (the group wraps it under the domain key to
+// replicate it); it is CKA_SENSITIVE=true when the application made it
+// sensitive or unextractable (a copy that lets itself be wrapped must not
+// also show its value), and, under a trusted domain key,
+// CKA_WRAP_WITH_TRUSTED=true unless the application made it extractable
+// without asking for CKA_WRAP_WITH_TRUSTED. A user on a member can then
+// neither read such a key nor wrap it under a key of their own (only the
+// SO makes CKA_TRUSTED keys), and neither flag can be turned back
+// (PKCS#11; SoftHSM refuses with CKR_ATTRIBUTE_READ_ONLY). A key the
+// application made readable (CKA_SENSITIVE=false, CKA_EXTRACTABLE=true)
+// is readable on every member, as it is to the application.
 //
 // The application's view is recorded by that combination, so that any
 // process reading any member answers alike: a private or secret key whose
 // every serving copy carries CKA_WRAP_WITH_TRUSTED=true is unextractable
-// to the application. Replicas carry their source's flag (a key without
-// it travels under a transit key, since the trusted domain key's unwrap
-// template would force it: pkg/sync/transit.go), so every copy of a
-// key the application made extractable lets it out, as the bare token
-// does. A replica made before that carries the flag: such a key is
-// recognised by the copy it was made as, and reads unextractable once that
-// copy is gone — the safe side.
+// to the application. Replicas carry their source's flag and sensitivity
+// (a key without the flag, or not sensitive, travels under a transit key,
+// since the domain key's unwrap template would force them:
+// pkg/sync/transit.go), so every copy of a key the application made
+// extractable lets it out, as the bare token does. A replica made before
+// that carries the flag: such a key is recognised by the copy it was made
+// as, and reads unextractable once that copy is gone — the safe side.
 
-// tokenDefaultExtractable is CKA_EXTRACTABLE when a template gives none:
-// SoftHSM 2.6's default (measured by TestKeyprot/BareDefaults in
-// test/security), and the safe side for tokens whose default is not known.
-const tokenDefaultExtractable = false
+// The token's defaults when a template gives none: SoftHSM 2.6's (measured
+// by TestKeyprot/BareDefaults in test/security and by test/conformance's
+// key sweep), and the safe side for extractability on tokens whose
+// default is not known.
+const (
+	tokenDefaultExtractable = false
+	tokenDefaultSensitive   = false
+)
 
 // protect applies the members' side of the rule to in, a private or
 // secret key about to be made on primary from the application's tmpl.
 // from is the source of a C_CopyObject (nil otherwise): a copy inherits
-// its source's protection on the member, and its template may not restate
-// it (SoftHSM answers CKR_ATTRIBUTE_READ_ONLY to CKA_SENSITIVE=true or
-// CKA_WRAP_WITH_TRUSTED in a copy's template, whatever the source holds;
-// CKA_EXTRACTABLE=true, which it holds already, is accepted);
-// its default is its source's extractability, and a CKA_EXTRACTABLE=false
-// it asks for is kept by this process only (the copy cannot be given
-// CKA_WRAP_WITH_TRUSTED). A copy of an unextractable key cannot be made
-// extractable (CKR_ATTRIBUTE_READ_ONLY, as a token answers).
+// its source's protection on the member, and its template may restate
+// CKA_SENSITIVE only where the source is not sensitive (SoftHSM answers
+// CKR_ATTRIBUTE_READ_ONLY otherwise, and to CKA_WRAP_WITH_TRUSTED;
+// CKA_EXTRACTABLE=true, which it holds already, is accepted); its default
+// is its source's extractability, and a CKA_EXTRACTABLE=false it asks for
+// makes the member copy sensitive and is kept by this process only (the
+// copy cannot be given CKA_WRAP_WITH_TRUSTED). A copy of an unextractable
+// key cannot be made extractable (CKR_ATTRIBUTE_READ_ONLY, as a token
+// answers).
 func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent, tmpl []*pkcs11.Attribute, from *vtable.Object) error {
-	ext, set := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
+	ext, extSet := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
+	sens, sensSet := attrBool(tmpl, pkcs11.CKA_SENSITIVE)
 	in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
 	if from != nil {
-		srcUnextractable := g.unextractable(ctx, from) // this process's word, or the members' copies
-		if set && ext && srcUnextractable {
-			return wrap(ErrReadOnly, "CopyObject", "", errors.New("a copy of an unextractable key cannot be extractable"))
-		}
-		in.unextractable = set && !ext || srcUnextractable
-		return nil
+		return g.protectCopy(ctx, in, from, ext, extSet, sens, sensSet)
 	}
-	if !set {
+	if !extSet {
 		ext = tokenDefaultExtractable
 	}
+	if !sensSet {
+		sens = tokenDefaultSensitive
+	}
 	in.unextractable = !ext
-	in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
+	if sens || !ext {
+		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
+	}
 	if wwt, _ := attrBool(tmpl, pkcs11.CKA_WRAP_WITH_TRUSTED); (!ext || wwt) && g.domainTrusted(ctx, primary) {
 		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
 	}
 	return nil
+}
+
+// protectCopy is protect for a copy of from, given what the copy's
+// template asks (ext, sens, and whether each is set).
+func (g *Group) protectCopy(ctx context.Context, in *intent, from *vtable.Object, ext, extSet, sens, sensSet bool) error {
+	srcUnextractable := g.unextractable(ctx, from) // this process's word, or the members' copies
+	if extSet && ext && srcUnextractable {
+		return wrap(ErrReadOnly, "CopyObject", "", errors.New("a copy of an unextractable key cannot be extractable"))
+	}
+	in.unextractable = extSet && !ext || srcUnextractable
+	if in.unextractable && !(sensSet && sens) && !srcUnextractable && !g.sensitiveOnMembers(ctx, from) {
+		// Unextractable to the application, so not readable on the members.
+		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
+	}
+	return nil
+}
+
+// sensitiveOnMembers reports whether the members' copies of o are
+// sensitive: they are unless the application made o readable. Asked of
+// the first serving member that answers; with none answering, true (the
+// safe side).
+func (g *Group) sensitiveOnMembers(ctx context.Context, o *vtable.Object) bool {
+	for _, m := range g.serving() {
+		if v, ok := g.boolOn(ctx, o, m, pkcs11.CKA_SENSITIVE); ok {
+			return v
+		}
+	}
+	return true
+}
+
+// latching is what a C_SetAttributeValue changes of the application's
+// view of a key beyond what its members' copies show.
+type latching struct {
+	unextractable bool // CKA_EXTRACTABLE goes false (kept by this process: see SetAttributes)
+}
+
+// latch applies the latching attributes of attrs, set on the private or
+// secret key o, as the bare token does (measured by test/conformance's
+// latch steps): CKA_SENSITIVE goes from false to true only, and
+// CKA_EXTRACTABLE from true to false only, any other change of either
+// being CKR_ATTRIBUTE_READ_ONLY. It returns the attributes to send to the
+// members: a key made unextractable becomes sensitive on them (a copy that
+// lets itself be wrapped must not show its value) while it keeps
+// CKA_EXTRACTABLE=true there for the domain key; a change the copies
+// already hold is not sent, since the token would refuse it.
+func (g *Group) latch(ctx context.Context, op string, o *vtable.Object, attrs []*pkcs11.Attribute) ([]*pkcs11.Attribute, latching, error) {
+	var l latching
+	unextractable := g.unextractable(ctx, o)
+	if v, ok := attrBool(attrs, pkcs11.CKA_EXTRACTABLE); ok {
+		if unextractable {
+			return nil, l, wrap(ErrReadOnly, op, "", errors.New("CKA_EXTRACTABLE cannot change once false"))
+		}
+		if !v {
+			l.unextractable = true
+			attrs = slices.DeleteFunc(attrs, func(a *pkcs11.Attribute) bool { return a.Type == pkcs11.CKA_EXTRACTABLE })
+		}
+	}
+	v, sensSet := attrBool(attrs, pkcs11.CKA_SENSITIVE)
+	if l.unextractable && !(sensSet && v) && !g.sensitiveOnMembers(ctx, o) {
+		attrs = setAttr(attrs, pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
+	}
+	return attrs, l, nil
+}
+
+// apply records l on o once the members took the change.
+func (l latching) apply(o *vtable.Object) {
+	if l.unextractable {
+		o.Unextractable.Store(true)
+	}
 }
 
 // unextractable reports whether the application may not wrap o, a
@@ -136,12 +218,17 @@ var viewTypes = []uint{
 }
 
 // present rewrites attrs, read from one member's copy of the key o, into
-// the answer every member gives through the virtual slot:
-//   - a private or secret key is sensitive (CKA_SENSITIVE and
-//     CKA_ALWAYS_SENSITIVE true, its material CKR_ATTRIBUTE_SENSITIVE), as
-//     every member's copy is;
-//   - CKA_EXTRACTABLE, CKA_NEVER_EXTRACTABLE and CKA_WRAP_WITH_TRUSTED say
-//     what unextractable says;
+// the answer every member gives through the virtual slot, in every
+// process:
+//   - CKA_SENSITIVE is the member copy's: the application's, but true for
+//     a key it made unextractable (its copies must be sensitive);
+//   - CKA_EXTRACTABLE and CKA_WRAP_WITH_TRUSTED say what unextractable
+//     says; CKA_ALWAYS_SENSITIVE and CKA_NEVER_EXTRACTABLE are false for
+//     every key: only the copy the application's call made could tell
+//     (replicas were unwrapped, which the token marks as neither), and
+//     false never claims a protection the group cannot show on every copy;
+//   - key material is CKR_ATTRIBUTE_SENSITIVE for a key unextractable to
+//     the application, else the member copy's answer;
 //   - CKA_LOCAL is false and CKA_KEY_GEN_MECHANISM unavailable for every
 //     key: most copies were unwrapped, not generated, on their token, and
 //     which copy was generated changes with every recovery;
@@ -158,15 +245,13 @@ func (g *Group) present(ctx context.Context, o *vtable.Object, attrs []slot.Attr
 		case a.Type == pkcs11.CKA_KEY_GEN_MECHANISM:
 			*a = slot.Attribute{Type: a.Type, Value: ulongBytes(pkcs11.CK_UNAVAILABLE_INFORMATION), Status: pkcs11.CKR_OK}
 		case !private:
-		case a.Type == pkcs11.CKA_SENSITIVE, a.Type == pkcs11.CKA_ALWAYS_SENSITIVE:
-			*a = boolAnswer(a.Type, true)
+		case a.Type == pkcs11.CKA_ALWAYS_SENSITIVE, a.Type == pkcs11.CKA_NEVER_EXTRACTABLE:
+			*a = boolAnswer(a.Type, false)
 		case a.Type == pkcs11.CKA_EXTRACTABLE:
 			*a = boolAnswer(a.Type, !g.unextractable(ctx, o))
-		case a.Type == pkcs11.CKA_NEVER_EXTRACTABLE:
-			*a = boolAnswer(a.Type, g.unextractable(ctx, o))
 		case a.Type == pkcs11.CKA_WRAP_WITH_TRUSTED:
 			*a = boolAnswer(a.Type, g.wrapWithTrustedEverywhere(ctx, o))
-		case sensitiveTypes[a.Type] && (a.Status == pkcs11.CKR_OK || a.Status == pkcs11.CKR_ATTRIBUTE_SENSITIVE):
+		case sensitiveTypes[a.Type] && a.Status == pkcs11.CKR_OK && g.unextractable(ctx, o):
 			*a = slot.Attribute{Type: a.Type, Status: pkcs11.CKR_ATTRIBUTE_SENSITIVE}
 		case a.Type == pkcs11.CKA_VALUE_LEN && class == pkcs11.CKO_SECRET_KEY && a.Status == pkcs11.CKR_OK && ulong(a.Value) == 0:
 			a.Value = ulongBytes(g.valueLen(ctx, o))

@@ -193,13 +193,19 @@ func (g *Group) wrapWithTrustedCopies(ctx context.Context, o *vtable.Object) mem
 // wrapWithTrustedOn reads CKA_WRAP_WITH_TRUSTED of m's copy of o; ok is
 // false when m does not hold o or does not answer.
 func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vtable.Object, m *member.Member) (wwt, ok bool) {
+	return g.boolOn(ctx, o, m, pkcs11.CKA_WRAP_WITH_TRUSTED)
+}
+
+// boolOn reads the boolean attribute t of m's copy of o; ok is false when
+// m does not answer it.
+func (g *Group) boolOn(ctx context.Context, o *vtable.Object, m *member.Member, t uint) (v, ok bool) {
 	h, err := g.resolve(ctx, o, m)
 	if err != nil {
 		return false, false
 	}
 	var attrs []slot.Attribute
 	if _, err := g.call(ctx, m, func() (err error) {
-		attrs, err = m.Slot().GetAttributes(ctx, h, []uint{pkcs11.CKA_WRAP_WITH_TRUSTED})
+		attrs, err = m.Slot().GetAttributes(ctx, h, []uint{t})
 		return err
 	}); err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
 		return false, false

@@ -439,6 +439,14 @@ func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, ke
 	return s.withOps(k.InitName(), func() error { return s.ops.Init(ctx, (*opRunner)(s), k, op) })
 }
 
+// Active reports whether an operation is active in the session (a search
+// is the caller's: it must not start one then, as the token would not).
+func (s *Session) Active() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ops.Active()
+}
+
 // Cancel ends operation k without a result (C_SignInit with a NULL
 // mechanism …).
 func (s *Session) Cancel(k OpKind) error {

@@ -24,9 +24,8 @@ func HeldBack(err error) bool { return Charged(err, true) && !Charged(err, false
 // another member serves the request (Served). A Verdict is used by one
 // goroutine; its zero value is ready.
 type Verdict struct {
-	held  []heldAnswer
-	clear int   // clear health errors
-	last  error // the last health error
+	held []heldAnswer
+	last error // the last health error
 }
 
 type heldAnswer struct {
@@ -45,18 +44,12 @@ func (v *Verdict) Health(m *Member, err error, fail bool) bool {
 		v.held = append(v.held, heldAnswer{m, err, fail})
 		return false
 	}
-	v.clear++
 	return fail
 }
 
 // Noted records a health error charged elsewhere (a look-up's, by its own
 // call).
-func (v *Verdict) Noted(err error) {
-	v.last = err
-	if Charged(err, false) {
-		v.clear++
-	}
-}
+func (v *Verdict) Noted(err error) { v.last = err }
 
 // Served charges the held answers, failing through fail the members they
 // fail: another member served their request.
@@ -71,10 +64,11 @@ func (v *Verdict) Served(fail func(m *Member, err error)) {
 
 // Unserved returns, when no member served, the member whose answer the
 // caller gets and that answer: the token's own (the last held one) when
-// every member that answered held it back, which charges nobody; nil, nil
-// when some answer was clear.
+// any member answered and held it back, which charges nobody: wherever a
+// token answered, the request is at fault, even if other members were
+// down. nil, nil when no answer was held back.
 func (v *Verdict) Unserved() (*Member, error) {
-	if len(v.held) > 0 && v.clear == 0 {
+	if len(v.held) > 0 {
 		h := v.held[len(v.held)-1]
 		return h.m, h.err
 	}

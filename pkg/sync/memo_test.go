@@ -176,11 +176,13 @@ func TestReplicateRemembersPerEpoch(t *testing.T) {
 
 // TestReplicateDerivesUnwrapTemplate: the template forced on copies is
 // known from the domain key's CKA_TRUSTED, not read back on every copy
-// (the audit reads it once per login epoch): every copy is sensitive, and
-// after a trusted install a key marked CKA_WRAP_WITH_TRUSTED stays
-// wrappable only by a trusted key. A key without the mark keeps its
-// source's CKA_WRAP_WITH_TRUSTED=false (it travels under a transit key,
-// transit.go): the application made it extractable, as on its source.
+// (the audit reads it once per login epoch): the copy of a sensitive key
+// is sensitive, and after a trusted install a key marked
+// CKA_WRAP_WITH_TRUSTED stays wrappable only by a trusted key. A key
+// without the mark keeps its source's CKA_WRAP_WITH_TRUSTED=false, and a
+// readable key (CKA_SENSITIVE=false) stays readable, with its source's
+// value (both travel under a transit key, transit.go): the application
+// made it so, as on its source.
 func TestReplicateDerivesUnwrapTemplate(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -203,14 +205,23 @@ func TestReplicateDerivesUnwrapTemplate(t *testing.T) {
 			if n := log.count(dst.Name(), slot.OpGetAttributes); n != 1 {
 				t.Errorf("%d reads on the target, want 1 (no unwrap template read)\n%s", n, log)
 			}
-			if v, ok := getAttr(t, dst, h, pkcs11.CKA_SENSITIVE); !ok || v[0] != 1 {
-				t.Errorf("copy CKA_SENSITIVE %x, want true", v)
+			if v, ok := getAttr(t, dst, h, pkcs11.CKA_SENSITIVE); !ok || v[0] != 0 {
+				t.Errorf("copy of a readable key: CKA_SENSITIVE %x, want false as its source", v)
 			}
-			if v, ok := getAttr(t, dst, h, pkcs11.CKA_VALUE); ok {
-				t.Errorf("the copy's value is readable: %x", v)
+			want, _ := getAttr(t, src, k, pkcs11.CKA_VALUE)
+			if v, ok := getAttr(t, dst, h, pkcs11.CKA_VALUE); !ok || !bytes.Equal(v, want) || len(want) != 16 {
+				t.Errorf("the copy of a readable key reads %x, want its source's %x", v, want)
 			}
 			if v, _ := getAttr(t, dst, h, pkcs11.CKA_WRAP_WITH_TRUSTED); len(v) != 1 || v[0] != 0 {
 				t.Errorf("copy of a key without CKA_WRAP_WITH_TRUSTED: %x, want false as its source", v)
+			}
+			sk := genAES(t, src, "sensitive", randomID(t)) // sensitive and extractable, without CKA_WRAP_WITH_TRUSTED
+			sh := replicateWith(t, r, src, sk, Target{Slot: dst})
+			if v, ok := getAttr(t, dst, sh, pkcs11.CKA_SENSITIVE); !ok || v[0] != 1 {
+				t.Errorf("copy of a sensitive key: CKA_SENSITIVE %x, want true", v)
+			}
+			if v, ok := getAttr(t, dst, sh, pkcs11.CKA_VALUE); ok {
+				t.Errorf("the copy of a sensitive key is readable: %x", v)
 			}
 			if !c.trusted {
 				return

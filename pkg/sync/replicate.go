@@ -132,7 +132,9 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // them (SoftHSM insists its attributes be in the call with its values),
 // so a copy can be stricter than its source: always CKA_SENSITIVE, and
 // after a trusted install (the domain key carries CKA_TRUSTED)
-// CKA_WRAP_WITH_TRUSTED. That template is the one InstallDomainKey
+// CKA_WRAP_WITH_TRUSTED. A key that must keep CKA_SENSITIVE=false or
+// CKA_WRAP_WITH_TRUSTED=false travels under a transit key instead
+// (transit.go). That template is the one InstallDomainKey
 // writes, known from the flat CKA_TRUSTED; the audit of the domain key
 // reads it once per login epoch (see WeakDomainKeyError), not every copy. Key material (modulus, EC params, value length) comes
 // from the blob: SoftHSM refuses it in an unwrap template. Not copied:
@@ -414,7 +416,7 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 	err = j.r.withDomainKey(ctx, j.dst.Slot, func(dk pkcs11.ObjectHandle, trusted bool) error {
 		var err error
 		if needsTransit(a, trusted) {
-			h, err = j.unwrapInTransit(ctx, dk, tmpl)
+			h, err = j.unwrapInTransit(ctx, dk, trusted, tmpl)
 			return err
 		}
 		// SoftHSM wants every attribute of the domain key's unwrap

@@ -24,11 +24,17 @@ import (
 // travels this way: the transit key is not CKA_TRUSTED, and the token
 // refuses to wrap such a key under it.
 
+// A key the application made readable (CKA_SENSITIVE=false on its source
+// copy) travels the same way, whatever the domain key: the domain key's
+// unwrap template forces CKA_SENSITIVE, and a copy made sensitive would
+// answer CKA_VALUE as the bare token does not. A readable key gives no one
+// more in transit than its source copy does to a user reading it there.
+
 // needsTransit reports whether a key with the source attributes a must
 // travel under a transit key to a target whose domain key is trusted
 // (trusted) or not.
 func needsTransit(a attrs, trusted bool) bool {
-	return trusted && !a.boolean(pkcs11.CKA_WRAP_WITH_TRUSTED)
+	return !a.boolean(pkcs11.CKA_SENSITIVE) || trusted && !a.boolean(pkcs11.CKA_WRAP_WITH_TRUSTED)
 }
 
 // transitLabel marks the transit keys, so that an operator who sees one
@@ -127,21 +133,21 @@ func (sc *source) transitLocked(ctx context.Context) (*transitBlobs, error) {
 }
 
 // unwrapInTransit makes the copy on the target from the source in
-// transit: the transit key unwrapped under the target's domain key dk,
-// then the source under it with tmpl, which keeps the source's
-// CKA_WRAP_WITH_TRUSTED=false and is made sensitive as under the domain
-// key.
-func (j *replication) unwrapInTransit(ctx context.Context, dk pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+// transit: the transit key unwrapped under the target's domain key dk
+// (trusted or not), then the source under it with tmpl, the source's own
+// attributes: its CKA_WRAP_WITH_TRUSTED=false and its CKA_SENSITIVE, so
+// that the copy is exactly as protected as the source.
+func (j *replication) unwrapInTransit(ctx context.Context, dk pkcs11.ObjectHandle, trusted bool, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
 	b, err := j.src.transit(ctx)
 	if err != nil {
 		return 0, err
 	}
-	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, override(transitCopyTemplate(), unwrapTemplate(true)))
+	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, override(transitCopyTemplate(), unwrapTemplate(trusted)))
 	if err != nil {
 		return 0, err
 	}
 	defer destroyTransit(ctx, j.ds, t)
-	h, err := j.ds.UnwrapKey(ctx, kwp, t, b.source, override(tmpl, unwrapTemplate(false)))
+	h, err := j.ds.UnwrapKey(ctx, kwp, t, b.source, tmpl)
 	if err != nil {
 		return 0, fmt.Errorf("unwrap under the transit key: %w", err)
 	}

@@ -279,12 +279,11 @@ func lineDiff(a, b string) string {
 // Entries of docs/DESIGN.md "Differences from the member token" the
 // normaliser relies on.
 const (
-	designIdentity  = "**Identity.**"
-	designSlotList  = "The slot list is the module's"
-	designSeed      = "**`C_SeedRandom`**"
-	designSensitive = "**Secret values stay on the members.**"
-	designKeygen    = "**Key generation the group cannot replicate is not offered.**"
-	designMidOp     = "**A member's death mid-operation.**"
+	designIdentity = "**Identity.**"
+	designSlotList = "The slot list is the module's"
+	designSeed     = "**`C_SeedRandom`**"
+	designKeygen   = "**Key generation the group cannot replicate is not offered.**"
+	designMidOp    = "**A member's death mid-operation.**"
 )
 
 // clientRules is the normaliser, applied to the bare token's output and
@@ -310,10 +309,6 @@ var clientRules = []rewrite{
 	rewriteRule(`(?m)^  EC-EDWARDS-KEY-PAIR-GEN, .*\n`, "", designKeygen),
 	// pkcs11-tool --test says so when C_SeedRandom is refused.
 	rewriteRule(`(?m)^  seeding \(C_SeedRandom\) not supported\n`, "", designSeed),
-	// Imported private keys read CKA_ALWAYS_SENSITIVE and
-	// CKA_NEVER_EXTRACTABLE true through the group.
-	rewriteRule(`(?m)^(  Access:     sensitive), always sensitive, never extractable$`, "$1", designSensitive),
-	rewriteRule(`CKA_NEVER_EXTRACTABLE; `, "", designSensitive),
 	// SoftHSM finds objects in no fixed order (its object store is a set
 	// of pointers): two fresh tokens list the same objects differently.
 	rewriteRule(`(?m)^Object \d+:$`, "Object:", ""),
@@ -455,7 +450,7 @@ func TestClientsNormaliser(t *testing.T) {
 		"  Slot: SoftHSM slot ID 0x1\n  Token Name: \n  User Pin: NOT Initialized\n\n"
 	group := "$ pkcs11-tool -L -O\nexit 0\n" +
 		"Slot 0 (0x1): hagroup virtual slot conform\n  serial num         : 2000002\n" +
-		"Private Key Object; EC\n  label:      ec1\n  Access:     sensitive, always sensitive, never extractable\n" +
+		"Private Key Object; EC\n  label:      ec1\n  Access:     sensitive\n" +
 		"Public Key Object; EC  EC_POINT 256 bits\n  label:      ec1\n" +
 		"$ p11tool --list-all\nexit 0\nObject 0:\n\tLabel: a\n\nObject 1:\n\tLabel: b\n" +
 		"$ modutil -list\nexit 0\n  Slot: hagroup virtual slot conform\n  Token Name: conform\n  User Pin: Initialized\n"
@@ -465,7 +460,8 @@ func TestClientsNormaliser(t *testing.T) {
 	}
 	for _, real := range []struct{ what, from, to string }{
 		{"a missing object", "Public Key Object; EC  EC_POINT 256 bits\n  label:      ec1\n", ""},
-		{"a key that lost its protection", "  Access:     sensitive, always sensitive, never extractable", "  Access:     none"},
+		{"a key that lost its protection", "  Access:     sensitive", "  Access:     none"},
+		{"a key claiming more protection", "  Access:     sensitive", "  Access:     sensitive, always sensitive, never extractable"},
 		{"another token", "  Token Name: conform", "  Token Name: other"},
 		{"a failed command", "$ p11tool --list-all\nexit 0", "$ p11tool --list-all\nexit 1"},
 		{"an object's label", "\tLabel: b", "\tLabel: c"},

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -41,7 +42,29 @@ var plans = []struct {
 	}},
 }
 
-// TestConformanceUnderKill runs the sequence through three served members
+// sweepPlans are the runs under kill of the sweeps, played one after the
+// other in one driver: the primary dies in the OAEP sweep and is back for
+// the GCM sweep, dies among the keys made every way and is back for the
+// latching attributes, dies before the user's read-only session and is
+// back before the SO's logout, and dies among the operations mixed in one
+// session.
+var sweepPlans = []struct {
+	name   string
+	faults []fault
+}{
+	{"primary during the sweeps", []fault{
+		{before: "OAEP SHA-256 MGF1-SHA-256 label=false: decrypt init", member: 0},
+		{before: "GCM IV 12 tag 128 AAD .: encrypt init", member: 0, restart: true},
+		{before: "keys: derive sensitive=f extractable=t", member: 0},
+		{before: "latch: create sensitive=f extractable=t", member: 0, restart: true},
+		{before: "states: user ro: info", member: 0},
+		{before: "states: logout SO", member: 0, restart: true},
+		{before: "ops: sign active: init", member: 0},
+		{before: "ops: logout", member: 0, restart: true},
+	}},
+}
+
+// TestConformanceUnderKill runs the sequences through three served members
 // while members are killed with SIGKILL and restarted between steps; the
 // only differences allowed beyond the documented ones are the
 // CKR_DEVICE_ERROR of a multi-part operation whose member died in it
@@ -49,14 +72,29 @@ var plans = []struct {
 // must answer as the bare token.
 func TestConformanceUnderKill(t *testing.T) {
 	steps, general := sequence(t), generalErrors(t)
+	sweeps := slices.Concat(sequences(t)[2:]...)
 	bare := newWorld(t, "bare token", 0, false)
 	want := play(t, bare, steps, nil)
 	wantGeneral := play(t, bare, general, nil)
+	wantSweeps := play(t, bare, sweeps, nil)
 
 	w := newWorld(t, served, 3, true)
-	for _, plan := range plans {
+	type run struct {
+		name   string
+		faults []fault
+		steps  []step
+		want   []answer
+	}
+	var runs []run
+	for _, p := range plans {
+		runs = append(runs, run{p.name, p.faults, steps, want})
+	}
+	for _, p := range sweepPlans {
+		runs = append(runs, run{p.name, p.faults, sweeps, wantSweeps})
+	}
+	for _, plan := range runs {
 		t.Run(plan.name, func(t *testing.T) {
-			got, cut := playFaults(t, w, steps, plan.faults)
+			got, cut := playFaults(t, w, plan.steps, plan.faults)
 			midOp := allowance{
 				rule: func(want []answer, i int, got answer) bool {
 					return cut[want[i].step.op] && got.norm() == "rv=0x30"
@@ -64,7 +102,7 @@ func TestConformanceUnderKill(t *testing.T) {
 				endsOp: true,
 				design: "**A member's death mid-operation.**",
 			}
-			check(t, underKill, compare(underKill, want, got, append([]allowance{midOp}, allowances...)))
+			check(t, underKill, compare(underKill, plan.want, got, append([]allowance{midOp}, allowances...)))
 			// What the run left behind is not the next run's business: a
 			// failed destroy, or (item 7, see TestObjectsAfterRestart) the
 			// objects a member that was away during the destroys brings back
@@ -74,7 +112,7 @@ func TestConformanceUnderKill(t *testing.T) {
 			}
 		})
 	}
-	for n, run := range [][2][]answer{{want, play(t, w, steps, nil)}, {wantGeneral, play(t, w, general, nil)}} {
+	for n, run := range [][2][]answer{{want, play(t, w, steps, nil)}, {wantGeneral, play(t, w, general, nil)}, {wantSweeps, play(t, w, sweeps, nil)}} {
 		t.Run(fmt.Sprintf("again %d", n+1), func(t *testing.T) {
 			check(t, "after restarts", compare(served, run[0], run[1], allowances))
 		})

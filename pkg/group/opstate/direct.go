@@ -35,6 +35,13 @@ func (d *Direct) Init(ctx context.Context, k Kind, mech *pkcs11.Mechanism, key p
 	return d.ops.Init(ctx, (*direct)(d), k, &Op[pkcs11.ObjectHandle]{Mech: mech, At: key})
 }
 
+// Active reports whether an operation is active.
+func (d *Direct) Active() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ops.Active()
+}
+
 // Cancel ends operation k without a result.
 func (d *Direct) Cancel(k Kind) error {
 	d.mu.Lock()

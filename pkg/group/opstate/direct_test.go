@@ -71,8 +71,10 @@ func TestDirectOnAToken(t *testing.T) {
 	if _, err := d.Do(ctx, Sign, Update, []byte("da"), nil, Any); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Do(ctx, Sign, Single, []byte("data"), nil, Any); !errors.Is(err, ErrActive) {
-		t.Fatalf("C_Sign after an Update: %v, want CKR_OPERATION_ACTIVE", err)
+	// The token answers (SoftHSM: CKR_OPERATION_NOT_INITIALIZED), not a
+	// rule of the table's, and the operation is over.
+	if _, err := d.Do(ctx, Sign, Single, []byte("data"), nil, Any); slot.CodeOf(err) != pkcs11.CKR_OPERATION_NOT_INITIALIZED {
+		t.Fatalf("C_Sign after an Update: %v, want the token's CKR_OPERATION_NOT_INITIALIZED", err)
 	}
 	if err := d.Cancel(Sign); !errors.Is(err, ErrNotInitialized) {
 		t.Fatalf("the failed C_Sign did not end the operation: Cancel says %v", err)

@@ -14,7 +14,9 @@
  * "-" (NULL: a length query) or a buffer size. A PIN is a name: user, so,
  * bad, new (never the PIN itself, so none appears in the harness's logs).
  * A mechanism is TYPE, TYPE/xHEX (raw parameter), TYPE/gcm/IV/AAD/TAGBITS,
- * TYPE/oaep/HASH/MGF, TYPE/pss/HASH/MGF/SALTLEN, TYPE/ecdh/KDF/PUBLIC.
+ * TYPE/oaep/HASH/MGF[/LABEL], TYPE/pss/HASH/MGF/SALTLEN,
+ * TYPE/ecdh/KDF/PUBLIC[/SHARED], TYPE/str/DATA (CK_KEY_DERIVATION_STRING_DATA),
+ * TYPE/cbcdata/IV/DATA (CK_AES_CBC_ENCRYPT_DATA_PARAMS).
  * A template is "-" (NULL), "." (none) or ITEM,ITEM,... with ITEM
  * TYPE=t|f (CK_BBOOL), TYPE=uN (CK_ULONG), TYPE=xHEX, TYPE=sTEXT; in a
  * C_GetAttributeValue template TYPE (NULL value: a length query) or
@@ -114,6 +116,8 @@ static CK_GCM_PARAMS gcm;
 static CK_RSA_PKCS_OAEP_PARAMS oaep;
 static CK_RSA_PKCS_PSS_PARAMS pss;
 static CK_ECDH1_DERIVE_PARAMS ecdh;
+static CK_KEY_DERIVATION_STRING_DATA str;
+static CK_AES_CBC_ENCRYPT_DATA_PARAMS cbcdata;
 
 static CK_MECHANISM mech(char *s)
 {
@@ -137,11 +141,13 @@ static CK_MECHANISM mech(char *s)
 		gcm.ulTagBits = num(parts[4]);
 		m.pParameter = &gcm;
 		m.ulParameterLen = sizeof gcm;
-	} else if (strcmp(parts[1], "oaep") == 0 && n == 4) {
+	} else if (strcmp(parts[1], "oaep") == 0 && (n == 4 || n == 5)) {
 		memset(&oaep, 0, sizeof oaep);
 		oaep.hashAlg = num(parts[2]);
 		oaep.mgf = num(parts[3]);
 		oaep.source = CKZ_DATA_SPECIFIED;
+		if (n == 5)
+			oaep.pSourceData = unhex(parts[4], &oaep.ulSourceDataLen);
 		m.pParameter = &oaep;
 		m.ulParameterLen = sizeof oaep;
 	} else if (strcmp(parts[1], "pss") == 0 && n == 5) {
@@ -150,12 +156,28 @@ static CK_MECHANISM mech(char *s)
 		pss.sLen = num(parts[4]);
 		m.pParameter = &pss;
 		m.ulParameterLen = sizeof pss;
-	} else if (strcmp(parts[1], "ecdh") == 0 && n == 4) {
+	} else if (strcmp(parts[1], "ecdh") == 0 && (n == 4 || n == 5)) {
 		memset(&ecdh, 0, sizeof ecdh);
 		ecdh.kdf = num(parts[2]);
 		ecdh.pPublicData = unhex(parts[3], &ecdh.ulPublicDataLen);
+		if (n == 5)
+			ecdh.pSharedData = unhex(parts[4], &ecdh.ulSharedDataLen);
 		m.pParameter = &ecdh;
 		m.ulParameterLen = sizeof ecdh;
+	} else if (strcmp(parts[1], "str") == 0 && n == 3) {
+		memset(&str, 0, sizeof str);
+		str.pData = unhex(parts[2], &str.ulLen);
+		m.pParameter = &str;
+		m.ulParameterLen = sizeof str;
+	} else if (strcmp(parts[1], "cbcdata") == 0 && n == 4) {
+		CK_ULONG ivLen = 0;
+		CK_BYTE_PTR iv = unhex(parts[2], &ivLen);
+		memset(&cbcdata, 0, sizeof cbcdata);
+		memcpy(cbcdata.iv, iv, ivLen < sizeof cbcdata.iv ? ivLen : sizeof cbcdata.iv);
+		free(iv);
+		cbcdata.pData = unhex(parts[3], &cbcdata.length);
+		m.pParameter = &cbcdata;
+		m.ulParameterLen = sizeof cbcdata;
 	} else {
 		fatal("bad mechanism");
 	}

@@ -252,7 +252,8 @@ int main(int argc, char **argv)
 		EXPECT_RV("SignInit SHA256_RSA_PKCS", f->C_SignInit(s, &m, rpriv), CKR_OK);
 		EXPECT_RV("SignUpdate 1", f->C_SignUpdate(s, part, 50), CKR_OK);
 		EXPECT_RV("SignUpdate 2", f->C_SignUpdate(s, part + 50, 50), CKR_OK);
-		EXPECT_RV("Sign single-part during multi-part", f->C_Sign(s, part, 1, sig, &n), CKR_OPERATION_ACTIVE);
+		/* The member token's answer (SoftHSM ends the operation), not a rule of ours. */
+		EXPECT_RV("Sign single-part during multi-part", f->C_Sign(s, part, 1, sig, &n), CKR_OPERATION_NOT_INITIALIZED);
 		EXPECT_RV("SignInit SHA256_RSA_PKCS again", f->C_SignInit(s, &m, rpriv), CKR_OK);
 		EXPECT_RV("SignUpdate 1 again", f->C_SignUpdate(s, part, 50), CKR_OK);
 		EXPECT_RV("SignUpdate 2 again", f->C_SignUpdate(s, part + 50, 50), CKR_OK);
