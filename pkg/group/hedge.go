@@ -140,6 +140,9 @@ func (r *race) abandon(served bool) {
 			}
 			if served {
 				v.Served(r.g.failMember)
+				// Another member served what this one failed: the
+				// request moved away from it, as exec counts a failover.
+				o.m.AddFailover()
 			}
 		}
 	})
