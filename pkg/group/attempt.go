@@ -54,10 +54,11 @@ type plan struct {
 	// absent is the error when no serving member holds objs; nil:
 	// ErrKeyHandle for a key, ErrObjectHandle otherwise.
 	absent *Error
-	// hedge: the request may run on two members at once (hedge.go): a
-	// single-part call that leaves no state on a member and changes no
-	// object. fn must then keep each member's answer apart.
-	hedge bool
+	// race, when set, runs the request on two members at once when one
+	// is late (hedge.go, set up by raced): a single-part call that leaves
+	// no state on a member and changes no object, whose fn keeps each
+	// member's answer apart.
+	race *race
 }
 
 // stop marks an attempt's error as final: exec charges it by the rule
@@ -110,7 +111,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	avoid := p.avoid
 	absent, retriedAbsent := false, false
 	hs := make([]pkcs11.ObjectHandle, len(p.objs))
-	r := g.racer(p, fn)
+	r := p.race
 	served := false
 	if r != nil {
 		defer func() { r.abandon(served) }()

@@ -59,18 +59,20 @@ type race struct {
 	running int
 }
 
-// racer returns a race for p, or nil when p runs inline: not hedgeable,
-// hedging off, or no member measured well enough to say what is slow.
-func (g *Group) racer(p plan, fn attempt) *race {
-	if !p.hedge || !g.settings.Hedge {
-		return nil
+// hedgeDelayFor is the hedge delay for one hedgeable call, which earns
+// its share of the budget: 0 when it runs without a race (hedging off, or
+// no member measured well enough to say what is slow).
+func (g *Group) hedgeDelayFor() time.Duration {
+	if !g.settings.Hedge {
+		return 0
 	}
 	g.earnHedge()
-	d := g.hedgeDelay()
-	if d == 0 {
-		return nil
-	}
-	return &race{g: g, p: p, fn: fn, delay: d, answers: make(chan outcome, 2)}
+	return g.hedgeDelay()
+}
+
+// newRace returns the race for one hedgeable request of plan p.
+func (g *Group) newRace(p plan, fn attempt, delay time.Duration) *race {
+	return &race{g: g, p: p, fn: fn, delay: delay, answers: make(chan outcome, 2)}
 }
 
 // pending reports whether an attempt started earlier has not been taken.

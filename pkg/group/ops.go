@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -15,30 +16,49 @@ import (
 // caller sees success while one member that holds the key lives. Request
 // errors (bad mechanism, wrong signature, …) are returned as they are.
 
-// withKey runs one single-part call with key o (see hedged).
-func withKey[T any](ctx context.Context, g *Group, op string, o *vtable.Object, fn func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (T, error)) (T, error) {
-	return hedged(ctx, g, op, []*vtable.Object{o}, func(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (T, error) { return fn(ctx, s, hs[0]) })
+// singleCall is one single-part call and its arguments, to run on a
+// member's slot with the physical handles of the plan's objects. A value,
+// not a closure: the call is copied to the heap only when it is hedged
+// (raced), so an unhedged call allocates nothing for it.
+type singleCall[T any] interface {
+	call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (T, error)
 }
 
 // hedged runs a single-part call that leaves no state on a member and
-// changes no object, with failover, and hedged when the group hedges
-// (hedge.go): each member's answer is kept apart, and the one of the
-// member that served is returned. fn uses the ctx it is given: an
-// attempt's, which the caller's end does not cut short.
-func hedged[T any](ctx context.Context, g *Group, op string, objs []*vtable.Object, fn func(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (T, error)) (T, error) {
+// changes no object, with failover, and raced on two members when the
+// group hedges and a member is late (hedge.go). c uses the ctx it is
+// given: an attempt's, which the caller's end does not cut short.
+func hedged[T any, C singleCall[T]](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C) (T, error) {
+	if d := g.hedgeDelayFor(); d > 0 {
+		return raced[T](ctx, g, op, objs, c, d)
+	}
+	var out T
+	_, err := g.exec(ctx, plan{op: op, objs: objs}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = c.call(ctx, s, hs)
+		return err
+	})
+	return out, err
+}
+
+// raced is hedged with a race: each member's answer is kept apart, and
+// the one of the member that served is returned.
+func raced[T any, C singleCall[T]](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C, delay time.Duration) (T, error) {
 	var (
 		mu   sync.Mutex
 		outs []memberAnswer[T]
 	)
-	m, err := g.exec(ctx, plan{op: op, objs: objs, hedge: true}, func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
-		out, err := fn(ctx, s, hs)
+	fn := func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		out, err := c.call(ctx, s, hs)
 		if err == nil {
 			mu.Lock()
 			outs = append(outs, memberAnswer[T]{m, out})
 			mu.Unlock()
 		}
 		return err
-	})
+	}
+	p := plan{op: op, objs: objs}
+	p.race = g.newRace(p, fn, delay)
+	m, err := g.exec(ctx, p, fn)
 	var zero T
 	if err != nil {
 		return zero, err
@@ -59,6 +79,57 @@ type memberAnswer[T any] struct {
 	out T
 }
 
+type signCall struct {
+	mech *pkcs11.Mechanism
+	data []byte
+}
+
+func (c signCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
+	return s.Sign(ctx, c.mech, hs[0], c.data)
+}
+
+type verifyCall struct {
+	mech      *pkcs11.Mechanism
+	data, sig []byte
+}
+
+func (c verifyCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (struct{}, error) {
+	return struct{}{}, s.Verify(ctx, c.mech, hs[0], c.data, c.sig)
+}
+
+type encryptCall struct {
+	mech *pkcs11.Mechanism
+	data []byte
+}
+
+func (c encryptCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
+	return s.Encrypt(ctx, c.mech, hs[0], c.data)
+}
+
+type decryptCall struct {
+	mech *pkcs11.Mechanism
+	data []byte
+}
+
+func (c decryptCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
+	return s.Decrypt(ctx, c.mech, hs[0], c.data)
+}
+
+type digestCall struct {
+	mech *pkcs11.Mechanism
+	data []byte
+}
+
+func (c digestCall) call(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
+	return s.Digest(ctx, c.mech, c.data)
+}
+
+type randomCall struct{ n int }
+
+func (c randomCall) call(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
+	return s.GenerateRandom(ctx, c.n)
+}
+
 // Sign signs data with key in one part.
 func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
 	o, err := g.key("Sign", key, argOpKey)
@@ -69,9 +140,7 @@ func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHand
 }
 
 func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return withKey(ctx, g, "Sign", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) {
-		return s.Sign(ctx, mech, h, data)
-	})
+	return hedged[[]byte](ctx, g, "Sign", []*vtable.Object{o}, signCall{mech, data})
 }
 
 // Verify checks sig over data with key in one part.
@@ -84,9 +153,7 @@ func (g *Group) Verify(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHa
 }
 
 func (g *Group) verify(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data, sig []byte) error {
-	_, err := withKey(ctx, g, "Verify", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (struct{}, error) {
-		return struct{}{}, s.Verify(ctx, mech, h, data, sig)
-	})
+	_, err := hedged[struct{}](ctx, g, "Verify", []*vtable.Object{o}, verifyCall{mech, data, sig})
 	return err
 }
 
@@ -100,9 +167,7 @@ func (g *Group) Encrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 }
 
 func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return withKey(ctx, g, "Encrypt", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) {
-		return s.Encrypt(ctx, mech, h, data)
-	})
+	return hedged[[]byte](ctx, g, "Encrypt", []*vtable.Object{o}, encryptCall{mech, data})
 }
 
 // Decrypt decrypts data with key in one part.
@@ -115,23 +180,17 @@ func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 }
 
 func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return withKey(ctx, g, "Decrypt", o, func(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) {
-		return s.Decrypt(ctx, mech, h, data)
-	})
+	return hedged[[]byte](ctx, g, "Decrypt", []*vtable.Object{o}, decryptCall{mech, data})
 }
 
 // Digest digests data in one part.
 func (g *Group) Digest(ctx context.Context, mech *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return hedged(ctx, g, "Digest", nil, func(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
-		return s.Digest(ctx, mech, data)
-	})
+	return hedged[[]byte](ctx, g, "Digest", nil, digestCall{mech, data})
 }
 
 // GenerateRandom returns n random bytes from a member's generator.
 func (g *Group) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	return hedged(ctx, g, "GenerateRandom", nil, func(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
-		return s.GenerateRandom(ctx, n)
-	})
+	return hedged[[]byte](ctx, g, "GenerateRandom", nil, randomCall{n})
 }
 
 // GetAttributes reads attributes of an object from one member (with
