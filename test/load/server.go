@@ -210,12 +210,13 @@ func waitSocket(ctx context.Context, sock string, p *Proc) error {
 	defer cancel()
 	retry := time.NewTimer(0)
 	defer retry.Stop()
+	var dialErr error
 	for {
 		select {
 		case <-p.Done():
 			return fmt.Errorf("server exited before its socket answered: %v", p.Err())
 		case <-ctx.Done():
-			return fmt.Errorf("socket %s did not answer: %w", sock, ctx.Err())
+			return fmt.Errorf("socket %s did not answer: %w (last dial: %v)", sock, ctx.Err(), dialErr)
 		case <-retry.C:
 		}
 		c, err := net.DialTimeout("unix", sock, time.Second)
@@ -223,6 +224,7 @@ func waitSocket(ctx context.Context, sock string, p *Proc) error {
 			c.Close()
 			return nil
 		}
+		dialErr = err
 		retry.Reset(10 * time.Millisecond)
 	}
 }
