@@ -3,7 +3,6 @@ package group
 import (
 	"bytes"
 	"crypto/sha256"
-	"strings"
 	"testing"
 
 	"github.com/hagroup/hagroup/pkg/config"
@@ -119,11 +118,8 @@ func TestKeyManagementIsReplicated(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, e := range f.events.all() {
-			if e.Kind == ReplicationFailed && strings.Contains(e.Err.Error(), "copy differs") {
-				// Known defect below the group: pkg/sync's Replicate refuses
-				// ECDH-derived AES keys on SoftHSM (reproduced with
-				// Replicate alone); the group fails the members as it must.
-				t.Skipf("pkg/sync cannot replicate an ECDH-derived key yet: %v", e.Err)
+			if e.Kind == ReplicationFailed {
+				t.Errorf("the derived key's replication failed: %v", e.Err)
 			}
 		}
 		onEveryMember(t, f, "derived")
