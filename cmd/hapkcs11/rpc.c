@@ -545,19 +545,31 @@ void hap_take_mech(struct hap_req *r, CK_MECHANISM_PTR *p)
 	*p = mech;
 }
 
+/* take_template_head reads a template's presence and count into *p (NULL)
+ * and *n, and returns room for its attributes: NULL when there is none
+ * (no template, too many attributes, or no memory: r->bad says which). */
+static CK_ATTRIBUTE_PTR take_template_head(struct hap_req *r, CK_ATTRIBUTE_PTR *p, CK_ULONG *n, uint64_t *count)
+{
+	uint64_t has = take64(r);
+	*count = take64(r);
+	*p = NULL;
+	*n = (CK_ULONG)*count;
+	if (!has)
+		return NULL;
+	if (*count > HAP_MAX_ATTRS) {
+		r->bad = 1;
+		return NULL;
+	}
+	return alloc(r, *count * sizeof(CK_ATTRIBUTE));
+}
+
 static void take_attrs(struct hap_req *r, CK_ATTRIBUTE_PTR *p, CK_ULONG *n, int depth)
 {
-	uint64_t has = take64(r), count = take64(r);
-	*p = NULL;
-	*n = (CK_ULONG)count;
-	if (!has)
+	uint64_t count;
+	CK_ATTRIBUTE_PTR a = take_template_head(r, p, n, &count);
+	if (a == NULL)
 		return;
-	if (count > HAP_MAX_ATTRS) {
-		r->bad = 1;
-		return;
-	}
-	CK_ATTRIBUTE_PTR a = alloc(r, count * sizeof *a);
-	for (uint64_t i = 0; a != NULL && i < count && !r->bad; i++) {
+	for (uint64_t i = 0; i < count && !r->bad; i++) {
 		a[i].type = (CK_ATTRIBUTE_TYPE)take64(r);
 		uint64_t form = take64(r);
 		if (form == 2 && depth == 0) {
@@ -585,18 +597,12 @@ void hap_take_tmpl(struct hap_req *r, CK_ATTRIBUTE_PTR *p, CK_ULONG *n)
 
 void hap_take_tmplout(struct hap_req *r, CK_ATTRIBUTE_PTR *p, CK_ULONG *n)
 {
-	uint64_t has = take64(r), count = take64(r);
-	*p = NULL;
-	*n = (CK_ULONG)count;
-	if (!has)
+	uint64_t count;
+	CK_ATTRIBUTE_PTR a = take_template_head(r, p, n, &count);
+	if (a == NULL)
 		return;
-	if (count > HAP_MAX_ATTRS) {
-		r->bad = 1;
-		return;
-	}
-	CK_ATTRIBUTE_PTR a = alloc(r, count * sizeof *a);
 	size_t total = 0;
-	for (uint64_t i = 0; a != NULL && i < count && !r->bad; i++) {
+	for (uint64_t i = 0; i < count && !r->bad; i++) {
 		a[i].type = (CK_ATTRIBUTE_TYPE)take64(r);
 		uint64_t want = take64(r);
 		a[i].ulValueLen = room(take64(r), 1);

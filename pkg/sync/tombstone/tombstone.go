@@ -1063,21 +1063,7 @@ func readCheckpoint(r io.Reader, serial string) ([]Tombstone, error) {
 // Records' intents, without building the rest (a destroy's first write
 // on a member spreads them: Shared).
 func (j *Journal) StandingIntents(ctx context.Context) ([]Tombstone, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if err := j.readLocked(ctx); err != nil {
-		return nil, err
-	}
-	cutoff := j.cutoff()
-	var out []Tombstone
-	for _, r := range j.entries {
-		for _, t := range r {
-			if t.Intent && !t.Revoked && !t.Time.Before(cutoff) {
-				out = append(out, t)
-			}
-		}
-	}
-	return out, nil
+	return j.within(ctx, func(t Tombstone) bool { return t.Intent && !t.Revoked })
 }
 
 // Records returns every record within the horizon as it stands now,
@@ -1085,6 +1071,16 @@ func (j *Journal) StandingIntents(ctx context.Context) ([]Tombstone, error) {
 // the members (a revocation must travel with its tombstone, or a copy of
 // the tombstone alone would delete an object made again).
 func (j *Journal) Records(ctx context.Context) ([]Tombstone, error) {
+	out, err := j.within(ctx, func(Tombstone) bool { return true })
+	if err != nil {
+		return nil, err
+	}
+	sortTombstones(out)
+	return out, nil
+}
+
+// within returns the records within the horizon that keep accepts.
+func (j *Journal) within(ctx context.Context, keep func(Tombstone) bool) ([]Tombstone, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if err := j.readLocked(ctx); err != nil {
@@ -1094,11 +1090,10 @@ func (j *Journal) Records(ctx context.Context) ([]Tombstone, error) {
 	var out []Tombstone
 	for _, r := range j.entries {
 		for _, t := range r {
-			if !t.Time.Before(cutoff) {
+			if !t.Time.Before(cutoff) && keep(t) {
 				out = append(out, t)
 			}
 		}
 	}
-	sortTombstones(out)
 	return out, nil
 }
