@@ -44,7 +44,7 @@
 extern char **environ;
 
 #define HAP_MAGIC 0x48415048u /* "HAPH" */
-#define HAP_VERSION 2u
+#define HAP_VERSION 3u
 /* How long a helper may take from exec to its welcome (its C_Initialize
  * opens every member, each bounded by command_timeout). */
 #define HAP_START_BOUND_MS 60000
@@ -391,6 +391,7 @@ CK_RV hap_remote_initialize(void)
 		free_conn(c);
 		return rv;
 	}
+	hap_fold_reset();
 	conn = c;
 	return CKR_OK;
 }
@@ -401,6 +402,7 @@ CK_RV hap_remote_finalize(void)
 	if (c == NULL)
 		return CKR_CRYPTOKI_NOT_INITIALIZED;
 	conn = NULL;
+	hap_fold_reset();
 	reap(c);
 	free_conn(c);
 	return CKR_OK;
@@ -419,6 +421,7 @@ void hap_remote_forget(void)
 	for (int i = 0; i < c->nfds && i < HAP_MAX_CONNS; i++)
 		close(c->fds[i]);
 	conn = NULL;
+	hap_fold_forget();
 }
 
 /* send_fd passes fd to the helper over the control connection. */
@@ -486,6 +489,8 @@ CK_RV hap_call(struct hap_msg *m)
 		return m->local;
 	if (c == NULL)
 		return CKR_CRYPTOKI_NOT_INITIALIZED;
+	if (m->changes)
+		hap_fold_changed();
 	pthread_mutex_lock(&c->mu);
 	int fd = take_fd(c);
 	pthread_mutex_unlock(&c->mu);
@@ -505,6 +510,8 @@ CK_RV hap_call(struct hap_msg *m)
 	}
 	pthread_cond_broadcast(&c->freed);
 	pthread_mutex_unlock(&c->mu);
+	if (m->changes)
+		hap_fold_changed();
 	if (!ok) {
 		m->bad = 1;
 		return CKR_DEVICE_ERROR;
@@ -557,7 +564,10 @@ static void *serve(void *arg)
 		r.inlen = in.len - in.pos;
 		r.op = hap_take_op(&r);
 		r.out.len = 4;
-		hap_dispatch(&r);
+		if (r.op == HAP_OP_FOLD)
+			hap_serve_fold(&r);
+		else
+			hap_dispatch(&r);
 		hap_req_free(&r);
 		int ok = r.out.local == CKR_OK && send_frame(fd, &r.out) == 0;
 		free(r.out.b);

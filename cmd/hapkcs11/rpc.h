@@ -31,6 +31,7 @@ struct hap_msg {
 	CK_RV local; /* set by a put: the call fails here, nothing is sent */
 	CK_RV fix;   /* set by a get: the CKR code the application sees instead */
 	int bad;     /* the reply ended early or broke a bound */
+	int changes; /* the call may change objects, logins or sessions (fold.c) */
 };
 
 /* A request being served, and its reply, in the helper. */
@@ -39,6 +40,7 @@ struct hap_req {
 	const unsigned char *in;
 	size_t inlen, pos;
 	int bad;
+	CK_RV preset; /* not CKR_OK: the answer, without calling (a folded Init's) */
 	struct hap_msg out;
 	void **allocs;
 	size_t nallocs, capallocs;
@@ -108,5 +110,17 @@ void hap_reply_structout(struct hap_req *r, CK_RV rv, void *p, size_t size);
 void hap_reply_tmplout(struct hap_req *r, CK_RV rv, CK_ATTRIBUTE_PTR p, CK_ULONG n);
 
 void hap_dispatch(struct hap_req *r);
+
+/* A proven Init rides with its call (fold.c): HAP_OP_FOLD, the Init's
+ * request's length, the Init's request, then the call's request; the
+ * reply is the call's (its code the Init's, when that failed). */
+#define HAP_OP_FOLD 0x10000u
+CK_RV hap_fold_init(struct hap_msg *m, CK_SESSION_HANDLE s, uint64_t call);
+CK_RV hap_fold_call(struct hap_msg *m, CK_SESSION_HANDLE s, uint64_t call, int ends);
+CK_RV hap_fold_flush(CK_SESSION_HANDLE s);
+void hap_fold_changed(void);
+void hap_fold_reset(void);
+void hap_fold_forget(void);
+void hap_serve_fold(struct hap_req *r);
 
 #endif

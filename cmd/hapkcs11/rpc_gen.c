@@ -78,6 +78,7 @@ CK_RV hap_rpc_InitToken(CK_SLOT_ID slotID, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinL
 {
 	struct hap_msg m;
 	hap_msg_start(&m, 7);
+	m.changes = 1;
 	hap_put_ulong(&m, slotID);
 	hap_put_in(&m, pPin, ulPinLen);
 	hap_put_label(&m, pLabel);
@@ -87,8 +88,12 @@ CK_RV hap_rpc_InitToken(CK_SLOT_ID slotID, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinL
 
 CK_RV hap_rpc_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 8);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pPin, ulPinLen);
 	CK_RV rv = hap_call(&m);
@@ -97,8 +102,12 @@ CK_RV hap_rpc_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG
 
 CK_RV hap_rpc_SetPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pOldPin, CK_ULONG ulOldLen, CK_UTF8CHAR_PTR pNewPin, CK_ULONG ulNewLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 9);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pOldPin, ulOldLen);
 	hap_put_in(&m, pNewPin, ulNewLen);
@@ -120,8 +129,12 @@ CK_RV hap_rpc_OpenSession(CK_SLOT_ID slotID, CK_FLAGS flags, CK_VOID_PTR pApplic
 
 CK_RV hap_rpc_CloseSession(CK_SESSION_HANDLE hSession)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 11);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	CK_RV rv = hap_call(&m);
 	return hap_msg_end(&m, rv);
@@ -131,6 +144,7 @@ CK_RV hap_rpc_CloseAllSessions(CK_SLOT_ID slotID)
 {
 	struct hap_msg m;
 	hap_msg_start(&m, 12);
+	m.changes = 1;
 	hap_put_ulong(&m, slotID);
 	CK_RV rv = hap_call(&m);
 	return hap_msg_end(&m, rv);
@@ -138,6 +152,9 @@ CK_RV hap_rpc_CloseAllSessions(CK_SLOT_ID slotID)
 
 CK_RV hap_rpc_GetSessionInfo(CK_SESSION_HANDLE hSession, CK_SESSION_INFO_PTR pInfo)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 13);
 	hap_put_ulong(&m, hSession);
@@ -149,6 +166,9 @@ CK_RV hap_rpc_GetSessionInfo(CK_SESSION_HANDLE hSession, CK_SESSION_INFO_PTR pIn
 
 CK_RV hap_rpc_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG_PTR pulOperationStateLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 14);
 	hap_put_ulong(&m, hSession);
@@ -160,8 +180,12 @@ CK_RV hap_rpc_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperati
 
 CK_RV hap_rpc_SetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG ulOperationStateLen, CK_OBJECT_HANDLE hEncryptionKey, CK_OBJECT_HANDLE hAuthenticationKey)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 15);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pOperationState, ulOperationStateLen);
 	hap_put_ulong(&m, hEncryptionKey);
@@ -172,8 +196,12 @@ CK_RV hap_rpc_SetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperati
 
 CK_RV hap_rpc_Login(CK_SESSION_HANDLE hSession, CK_USER_TYPE userType, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 16);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_ulong(&m, userType);
 	hap_put_in(&m, pPin, ulPinLen);
@@ -183,8 +211,12 @@ CK_RV hap_rpc_Login(CK_SESSION_HANDLE hSession, CK_USER_TYPE userType, CK_UTF8CH
 
 CK_RV hap_rpc_Logout(CK_SESSION_HANDLE hSession)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 17);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	CK_RV rv = hap_call(&m);
 	return hap_msg_end(&m, rv);
@@ -192,8 +224,12 @@ CK_RV hap_rpc_Logout(CK_SESSION_HANDLE hSession)
 
 CK_RV hap_rpc_CreateObject(CK_SESSION_HANDLE hSession, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulCount, CK_OBJECT_HANDLE_PTR phObject)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 18);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_tmpl(&m, pTemplate, ulCount);
 	hap_put_ulongout(&m, phObject);
@@ -204,8 +240,12 @@ CK_RV hap_rpc_CreateObject(CK_SESSION_HANDLE hSession, CK_ATTRIBUTE_PTR pTemplat
 
 CK_RV hap_rpc_CopyObject(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulCount, CK_OBJECT_HANDLE_PTR phNewObject)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 19);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_ulong(&m, hObject);
 	hap_put_tmpl(&m, pTemplate, ulCount);
@@ -217,8 +257,12 @@ CK_RV hap_rpc_CopyObject(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject, C
 
 CK_RV hap_rpc_DestroyObject(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 20);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_ulong(&m, hObject);
 	CK_RV rv = hap_call(&m);
@@ -227,6 +271,9 @@ CK_RV hap_rpc_DestroyObject(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject
 
 CK_RV hap_rpc_GetObjectSize(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject, CK_ULONG_PTR pulSize)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 21);
 	hap_put_ulong(&m, hSession);
@@ -239,6 +286,9 @@ CK_RV hap_rpc_GetObjectSize(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject
 
 CK_RV hap_rpc_GetAttributeValue(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulCount)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 22);
 	hap_put_ulong(&m, hSession);
@@ -251,8 +301,12 @@ CK_RV hap_rpc_GetAttributeValue(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hOb
 
 CK_RV hap_rpc_SetAttributeValue(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hObject, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulCount)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 23);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_ulong(&m, hObject);
 	hap_put_tmpl(&m, pTemplate, ulCount);
@@ -262,6 +316,9 @@ CK_RV hap_rpc_SetAttributeValue(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hOb
 
 CK_RV hap_rpc_FindObjectsInit(CK_SESSION_HANDLE hSession, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulCount)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 24);
 	hap_put_ulong(&m, hSession);
@@ -272,6 +329,9 @@ CK_RV hap_rpc_FindObjectsInit(CK_SESSION_HANDLE hSession, CK_ATTRIBUTE_PTR pTemp
 
 CK_RV hap_rpc_FindObjects(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE_PTR phObject, CK_ULONG ulMaxObjectCount, CK_ULONG_PTR pulObjectCount)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 25);
 	hap_put_ulong(&m, hSession);
@@ -283,6 +343,9 @@ CK_RV hap_rpc_FindObjects(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE_PTR phObj
 
 CK_RV hap_rpc_FindObjectsFinal(CK_SESSION_HANDLE hSession)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 26);
 	hap_put_ulong(&m, hSession);
@@ -297,7 +360,7 @@ CK_RV hap_rpc_EncryptInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanis
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hKey);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_init(&m, hSession, 28);
 	return hap_msg_end(&m, rv);
 }
 
@@ -308,13 +371,16 @@ CK_RV hap_rpc_Encrypt(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ul
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pData, ulDataLen);
 	hap_put_out(&m, pEncryptedData, pulEncryptedDataLen);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_call(&m, hSession, 28, pEncryptedData != NULL);
 	hap_get_out(&m, rv, pEncryptedData, pulEncryptedDataLen);
 	return hap_msg_end(&m, rv);
 }
 
 CK_RV hap_rpc_EncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 29);
 	hap_put_ulong(&m, hSession);
@@ -327,6 +393,9 @@ CK_RV hap_rpc_EncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_UL
 
 CK_RV hap_rpc_EncryptFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pLastEncryptedPart, CK_ULONG_PTR pulLastEncryptedPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 30);
 	hap_put_ulong(&m, hSession);
@@ -343,7 +412,7 @@ CK_RV hap_rpc_DecryptInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanis
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hKey);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_init(&m, hSession, 32);
 	return hap_msg_end(&m, rv);
 }
 
@@ -354,13 +423,16 @@ CK_RV hap_rpc_Decrypt(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedData, CK
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pEncryptedData, ulEncryptedDataLen);
 	hap_put_out(&m, pData, pulDataLen);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_call(&m, hSession, 32, pData != NULL);
 	hap_get_out(&m, rv, pData, pulDataLen);
 	return hap_msg_end(&m, rv);
 }
 
 CK_RV hap_rpc_DecryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 33);
 	hap_put_ulong(&m, hSession);
@@ -373,6 +445,9 @@ CK_RV hap_rpc_DecryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPa
 
 CK_RV hap_rpc_DecryptFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pLastPart, CK_ULONG_PTR pulLastPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 34);
 	hap_put_ulong(&m, hSession);
@@ -388,7 +463,7 @@ CK_RV hap_rpc_DigestInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism
 	hap_msg_start(&m, 35);
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_init(&m, hSession, 36);
 	return hap_msg_end(&m, rv);
 }
 
@@ -399,13 +474,16 @@ CK_RV hap_rpc_Digest(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulD
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pData, ulDataLen);
 	hap_put_out(&m, pDigest, pulDigestLen);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_call(&m, hSession, 36, pDigest != NULL);
 	hap_get_out(&m, rv, pDigest, pulDigestLen);
 	return hap_msg_end(&m, rv);
 }
 
 CK_RV hap_rpc_DigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 37);
 	hap_put_ulong(&m, hSession);
@@ -416,6 +494,9 @@ CK_RV hap_rpc_DigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULO
 
 CK_RV hap_rpc_DigestKey(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hKey)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 38);
 	hap_put_ulong(&m, hSession);
@@ -426,6 +507,9 @@ CK_RV hap_rpc_DigestKey(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hKey)
 
 CK_RV hap_rpc_DigestFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pDigest, CK_ULONG_PTR pulDigestLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 39);
 	hap_put_ulong(&m, hSession);
@@ -442,7 +526,7 @@ CK_RV hap_rpc_SignInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, 
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hKey);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_init(&m, hSession, 41);
 	return hap_msg_end(&m, rv);
 }
 
@@ -453,13 +537,16 @@ CK_RV hap_rpc_Sign(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDat
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pData, ulDataLen);
 	hap_put_out(&m, pSignature, pulSignatureLen);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_call(&m, hSession, 41, pSignature != NULL);
 	hap_get_out(&m, rv, pSignature, pulSignatureLen);
 	return hap_msg_end(&m, rv);
 }
 
 CK_RV hap_rpc_SignUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 42);
 	hap_put_ulong(&m, hSession);
@@ -470,6 +557,9 @@ CK_RV hap_rpc_SignUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG
 
 CK_RV hap_rpc_SignFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG_PTR pulSignatureLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 43);
 	hap_put_ulong(&m, hSession);
@@ -486,7 +576,7 @@ CK_RV hap_rpc_SignRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMech
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hKey);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_init(&m, hSession, 45);
 	return hap_msg_end(&m, rv);
 }
 
@@ -497,7 +587,7 @@ CK_RV hap_rpc_SignRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULON
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pData, ulDataLen);
 	hap_put_out(&m, pSignature, pulSignatureLen);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_call(&m, hSession, 45, pSignature != NULL);
 	hap_get_out(&m, rv, pSignature, pulSignatureLen);
 	return hap_msg_end(&m, rv);
 }
@@ -509,7 +599,7 @@ CK_RV hap_rpc_VerifyInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hKey);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_init(&m, hSession, 47);
 	return hap_msg_end(&m, rv);
 }
 
@@ -520,12 +610,15 @@ CK_RV hap_rpc_Verify(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulD
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pData, ulDataLen);
 	hap_put_in(&m, pSignature, ulSignatureLen);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_call(&m, hSession, 47, 1);
 	return hap_msg_end(&m, rv);
 }
 
 CK_RV hap_rpc_VerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 48);
 	hap_put_ulong(&m, hSession);
@@ -536,6 +629,9 @@ CK_RV hap_rpc_VerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULO
 
 CK_RV hap_rpc_VerifyFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG ulSignatureLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 49);
 	hap_put_ulong(&m, hSession);
@@ -551,7 +647,7 @@ CK_RV hap_rpc_VerifyRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMe
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hKey);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_init(&m, hSession, 51);
 	return hap_msg_end(&m, rv);
 }
 
@@ -562,13 +658,16 @@ CK_RV hap_rpc_VerifyRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, 
 	hap_put_ulong(&m, hSession);
 	hap_put_in(&m, pSignature, ulSignatureLen);
 	hap_put_out(&m, pData, pulDataLen);
-	CK_RV rv = hap_call(&m);
+	CK_RV rv = hap_fold_call(&m, hSession, 51, pData != NULL);
 	hap_get_out(&m, rv, pData, pulDataLen);
 	return hap_msg_end(&m, rv);
 }
 
 CK_RV hap_rpc_DigestEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 52);
 	hap_put_ulong(&m, hSession);
@@ -581,6 +680,9 @@ CK_RV hap_rpc_DigestEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart,
 
 CK_RV hap_rpc_DecryptDigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 53);
 	hap_put_ulong(&m, hSession);
@@ -593,6 +695,9 @@ CK_RV hap_rpc_DecryptDigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncry
 
 CK_RV hap_rpc_SignEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 54);
 	hap_put_ulong(&m, hSession);
@@ -605,6 +710,9 @@ CK_RV hap_rpc_SignEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, C
 
 CK_RV hap_rpc_DecryptVerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 55);
 	hap_put_ulong(&m, hSession);
@@ -617,8 +725,12 @@ CK_RV hap_rpc_DecryptVerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncry
 
 CK_RV hap_rpc_GenerateKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulCount, CK_OBJECT_HANDLE_PTR phKey)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 56);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_tmpl(&m, pTemplate, ulCount);
@@ -630,8 +742,12 @@ CK_RV hap_rpc_GenerateKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanis
 
 CK_RV hap_rpc_GenerateKeyPair(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_ATTRIBUTE_PTR pPublicKeyTemplate, CK_ULONG ulPublicKeyAttributeCount, CK_ATTRIBUTE_PTR pPrivateKeyTemplate, CK_ULONG ulPrivateKeyAttributeCount, CK_OBJECT_HANDLE_PTR phPublicKey, CK_OBJECT_HANDLE_PTR phPrivateKey)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 57);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_tmpl(&m, pPublicKeyTemplate, ulPublicKeyAttributeCount);
@@ -646,8 +762,12 @@ CK_RV hap_rpc_GenerateKeyPair(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMech
 
 CK_RV hap_rpc_WrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hWrappingKey, CK_OBJECT_HANDLE hKey, CK_BYTE_PTR pWrappedKey, CK_ULONG_PTR pulWrappedKeyLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 58);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hWrappingKey);
@@ -660,8 +780,12 @@ CK_RV hap_rpc_WrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, C
 
 CK_RV hap_rpc_UnwrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hUnwrappingKey, CK_BYTE_PTR pWrappedKey, CK_ULONG ulWrappedKeyLen, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulAttributeCount, CK_OBJECT_HANDLE_PTR phKey)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 59);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hUnwrappingKey);
@@ -675,8 +799,12 @@ CK_RV hap_rpc_UnwrapKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
 
 CK_RV hap_rpc_DeriveKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hBaseKey, CK_ATTRIBUTE_PTR pTemplate, CK_ULONG ulAttributeCount, CK_OBJECT_HANDLE_PTR phKey)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 60);
+	m.changes = 1;
 	hap_put_ulong(&m, hSession);
 	hap_put_mech(&m, pMechanism);
 	hap_put_ulong(&m, hBaseKey);
@@ -689,6 +817,9 @@ CK_RV hap_rpc_DeriveKey(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
 
 CK_RV hap_rpc_SeedRandom(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSeed, CK_ULONG ulSeedLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 61);
 	hap_put_ulong(&m, hSession);
@@ -699,6 +830,9 @@ CK_RV hap_rpc_SeedRandom(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSeed, CK_ULONG
 
 CK_RV hap_rpc_GenerateRandom(CK_SESSION_HANDLE hSession, CK_BYTE_PTR RandomData, CK_ULONG ulRandomLen)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 62);
 	hap_put_ulong(&m, hSession);
@@ -709,6 +843,9 @@ CK_RV hap_rpc_GenerateRandom(CK_SESSION_HANDLE hSession, CK_BYTE_PTR RandomData,
 
 CK_RV hap_rpc_GetFunctionStatus(CK_SESSION_HANDLE hSession)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 63);
 	hap_put_ulong(&m, hSession);
@@ -718,6 +855,9 @@ CK_RV hap_rpc_GetFunctionStatus(CK_SESSION_HANDLE hSession)
 
 CK_RV hap_rpc_CancelFunction(CK_SESSION_HANDLE hSession)
 {
+	CK_RV held = hap_fold_flush(hSession);
+	if (held != CKR_OK)
+		return held;
 	struct hap_msg m;
 	hap_msg_start(&m, 64);
 	hap_put_ulong(&m, hSession);
@@ -742,7 +882,7 @@ void hap_dispatch(struct hap_req *r)
 	case 1: {
 		CK_INFO_PTR pInfo = 0;
 		hap_take_structout(r, &pInfo, sizeof *pInfo);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetInfo(pInfo);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetInfo(pInfo);
 		hap_reply_rv(r, rv);
 		hap_reply_structout(r, rv, pInfo, sizeof *pInfo);
 		return;
@@ -753,7 +893,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulCount = 0;
 		tokenPresent = (CK_BBOOL)hap_take_ulong(r);
 		hap_take_list(r, &pSlotList, &pulCount);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetSlotList(tokenPresent, pSlotList, pulCount);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetSlotList(tokenPresent, pSlotList, pulCount);
 		hap_reply_rv(r, rv);
 		hap_reply_list(r, rv, pSlotList, pulCount);
 		return;
@@ -763,7 +903,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_SLOT_INFO_PTR pInfo = 0;
 		slotID = (CK_SLOT_ID)hap_take_ulong(r);
 		hap_take_structout(r, &pInfo, sizeof *pInfo);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetSlotInfo(slotID, pInfo);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetSlotInfo(slotID, pInfo);
 		hap_reply_rv(r, rv);
 		hap_reply_structout(r, rv, pInfo, sizeof *pInfo);
 		return;
@@ -773,7 +913,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_TOKEN_INFO_PTR pInfo = 0;
 		slotID = (CK_SLOT_ID)hap_take_ulong(r);
 		hap_take_structout(r, &pInfo, sizeof *pInfo);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetTokenInfo(slotID, pInfo);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetTokenInfo(slotID, pInfo);
 		hap_reply_rv(r, rv);
 		hap_reply_structout(r, rv, pInfo, sizeof *pInfo);
 		return;
@@ -784,7 +924,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulCount = 0;
 		slotID = (CK_SLOT_ID)hap_take_ulong(r);
 		hap_take_list(r, &pMechanismList, &pulCount);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetMechanismList(slotID, pMechanismList, pulCount);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetMechanismList(slotID, pMechanismList, pulCount);
 		hap_reply_rv(r, rv);
 		hap_reply_list(r, rv, pMechanismList, pulCount);
 		return;
@@ -796,7 +936,7 @@ void hap_dispatch(struct hap_req *r)
 		slotID = (CK_SLOT_ID)hap_take_ulong(r);
 		type = (CK_MECHANISM_TYPE)hap_take_ulong(r);
 		hap_take_structout(r, &pInfo, sizeof *pInfo);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetMechanismInfo(slotID, type, pInfo);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetMechanismInfo(slotID, type, pInfo);
 		hap_reply_rv(r, rv);
 		hap_reply_structout(r, rv, pInfo, sizeof *pInfo);
 		return;
@@ -809,7 +949,7 @@ void hap_dispatch(struct hap_req *r)
 		slotID = (CK_SLOT_ID)hap_take_ulong(r);
 		hap_take_in(r, &pPin, &ulPinLen);
 		hap_take_label(r, &pLabel);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_InitToken(slotID, pPin, ulPinLen, pLabel);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_InitToken(slotID, pPin, ulPinLen, pLabel);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -819,7 +959,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulPinLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pPin, &ulPinLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_InitPIN(hSession, pPin, ulPinLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_InitPIN(hSession, pPin, ulPinLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -832,7 +972,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pOldPin, &ulOldLen);
 		hap_take_in(r, &pNewPin, &ulNewLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -845,7 +985,7 @@ void hap_dispatch(struct hap_req *r)
 		slotID = (CK_SLOT_ID)hap_take_ulong(r);
 		flags = (CK_FLAGS)hap_take_ulong(r);
 		hap_take_ulongout(r, &phSession);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_OpenSession(slotID, flags, pApplication, Notify, phSession);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_OpenSession(slotID, flags, pApplication, Notify, phSession);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, phSession);
 		return;
@@ -853,14 +993,14 @@ void hap_dispatch(struct hap_req *r)
 	case 11: {
 		CK_SESSION_HANDLE hSession = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_CloseSession(hSession);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_CloseSession(hSession);
 		hap_reply_rv(r, rv);
 		return;
 	}
 	case 12: {
 		CK_SLOT_ID slotID = 0;
 		slotID = (CK_SLOT_ID)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_CloseAllSessions(slotID);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_CloseAllSessions(slotID);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -869,7 +1009,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_SESSION_INFO_PTR pInfo = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_structout(r, &pInfo, sizeof *pInfo);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetSessionInfo(hSession, pInfo);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetSessionInfo(hSession, pInfo);
 		hap_reply_rv(r, rv);
 		hap_reply_structout(r, rv, pInfo, sizeof *pInfo);
 		return;
@@ -880,7 +1020,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulOperationStateLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_out(r, &pOperationState, &pulOperationStateLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetOperationState(hSession, pOperationState, pulOperationStateLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetOperationState(hSession, pOperationState, pulOperationStateLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pOperationState, pulOperationStateLen);
 		return;
@@ -895,7 +1035,7 @@ void hap_dispatch(struct hap_req *r)
 		hap_take_in(r, &pOperationState, &ulOperationStateLen);
 		hEncryptionKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hAuthenticationKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -907,14 +1047,14 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		userType = (CK_USER_TYPE)hap_take_ulong(r);
 		hap_take_in(r, &pPin, &ulPinLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_Login(hSession, userType, pPin, ulPinLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_Login(hSession, userType, pPin, ulPinLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
 	case 17: {
 		CK_SESSION_HANDLE hSession = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_Logout(hSession);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_Logout(hSession);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -926,7 +1066,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_tmpl(r, &pTemplate, &ulCount);
 		hap_take_ulongout(r, &phObject);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_CreateObject(hSession, pTemplate, ulCount, phObject);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_CreateObject(hSession, pTemplate, ulCount, phObject);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, phObject);
 		return;
@@ -941,7 +1081,7 @@ void hap_dispatch(struct hap_req *r)
 		hObject = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hap_take_tmpl(r, &pTemplate, &ulCount);
 		hap_take_ulongout(r, &phNewObject);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_CopyObject(hSession, hObject, pTemplate, ulCount, phNewObject);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_CopyObject(hSession, hObject, pTemplate, ulCount, phNewObject);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, phNewObject);
 		return;
@@ -951,7 +1091,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_OBJECT_HANDLE hObject = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hObject = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DestroyObject(hSession, hObject);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DestroyObject(hSession, hObject);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -962,7 +1102,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hObject = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hap_take_ulongout(r, &pulSize);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetObjectSize(hSession, hObject, pulSize);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetObjectSize(hSession, hObject, pulSize);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, pulSize);
 		return;
@@ -975,7 +1115,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hObject = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hap_take_tmplout(r, &pTemplate, &ulCount);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetAttributeValue(hSession, hObject, pTemplate, ulCount);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetAttributeValue(hSession, hObject, pTemplate, ulCount);
 		hap_reply_rv(r, rv);
 		hap_reply_tmplout(r, rv, pTemplate, ulCount);
 		return;
@@ -988,7 +1128,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hObject = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hap_take_tmpl(r, &pTemplate, &ulCount);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SetAttributeValue(hSession, hObject, pTemplate, ulCount);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SetAttributeValue(hSession, hObject, pTemplate, ulCount);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -998,7 +1138,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulCount = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_tmpl(r, &pTemplate, &ulCount);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_FindObjectsInit(hSession, pTemplate, ulCount);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_FindObjectsInit(hSession, pTemplate, ulCount);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1009,7 +1149,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulObjectCount = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_listmax(r, &phObject, &ulMaxObjectCount, &pulObjectCount);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_FindObjects(hSession, phObject, ulMaxObjectCount, pulObjectCount);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_FindObjects(hSession, phObject, ulMaxObjectCount, pulObjectCount);
 		hap_reply_rv(r, rv);
 		hap_reply_listmax(r, rv, phObject, ulMaxObjectCount, pulObjectCount);
 		return;
@@ -1017,7 +1157,7 @@ void hap_dispatch(struct hap_req *r)
 	case 26: {
 		CK_SESSION_HANDLE hSession = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_FindObjectsFinal(hSession);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_FindObjectsFinal(hSession);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1028,7 +1168,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_mech(r, &pMechanism);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_EncryptInit(hSession, pMechanism, hKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_EncryptInit(hSession, pMechanism, hKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1041,7 +1181,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pData, &ulDataLen);
 		hap_take_out(r, &pEncryptedData, &pulEncryptedDataLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_Encrypt(hSession, pData, ulDataLen, pEncryptedData, pulEncryptedDataLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_Encrypt(hSession, pData, ulDataLen, pEncryptedData, pulEncryptedDataLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pEncryptedData, pulEncryptedDataLen);
 		return;
@@ -1055,7 +1195,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pPart, &ulPartLen);
 		hap_take_out(r, &pEncryptedPart, &pulEncryptedPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_EncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_EncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pEncryptedPart, pulEncryptedPartLen);
 		return;
@@ -1066,7 +1206,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulLastEncryptedPartLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_out(r, &pLastEncryptedPart, &pulLastEncryptedPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_EncryptFinal(hSession, pLastEncryptedPart, pulLastEncryptedPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_EncryptFinal(hSession, pLastEncryptedPart, pulLastEncryptedPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pLastEncryptedPart, pulLastEncryptedPartLen);
 		return;
@@ -1078,7 +1218,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_mech(r, &pMechanism);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DecryptInit(hSession, pMechanism, hKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DecryptInit(hSession, pMechanism, hKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1091,7 +1231,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pEncryptedData, &ulEncryptedDataLen);
 		hap_take_out(r, &pData, &pulDataLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_Decrypt(hSession, pEncryptedData, ulEncryptedDataLen, pData, pulDataLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_Decrypt(hSession, pEncryptedData, ulEncryptedDataLen, pData, pulDataLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pData, pulDataLen);
 		return;
@@ -1105,7 +1245,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pEncryptedPart, &ulEncryptedPartLen);
 		hap_take_out(r, &pPart, &pulPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DecryptUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DecryptUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pPart, pulPartLen);
 		return;
@@ -1116,7 +1256,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulLastPartLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_out(r, &pLastPart, &pulLastPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DecryptFinal(hSession, pLastPart, pulLastPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DecryptFinal(hSession, pLastPart, pulLastPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pLastPart, pulLastPartLen);
 		return;
@@ -1126,7 +1266,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_MECHANISM_PTR pMechanism = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_mech(r, &pMechanism);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DigestInit(hSession, pMechanism);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DigestInit(hSession, pMechanism);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1139,7 +1279,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pData, &ulDataLen);
 		hap_take_out(r, &pDigest, &pulDigestLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_Digest(hSession, pData, ulDataLen, pDigest, pulDigestLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_Digest(hSession, pData, ulDataLen, pDigest, pulDigestLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pDigest, pulDigestLen);
 		return;
@@ -1150,7 +1290,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulPartLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pPart, &ulPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DigestUpdate(hSession, pPart, ulPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DigestUpdate(hSession, pPart, ulPartLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1159,7 +1299,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_OBJECT_HANDLE hKey = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DigestKey(hSession, hKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DigestKey(hSession, hKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1169,7 +1309,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulDigestLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_out(r, &pDigest, &pulDigestLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DigestFinal(hSession, pDigest, pulDigestLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DigestFinal(hSession, pDigest, pulDigestLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pDigest, pulDigestLen);
 		return;
@@ -1181,7 +1321,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_mech(r, &pMechanism);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SignInit(hSession, pMechanism, hKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SignInit(hSession, pMechanism, hKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1194,7 +1334,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pData, &ulDataLen);
 		hap_take_out(r, &pSignature, &pulSignatureLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_Sign(hSession, pData, ulDataLen, pSignature, pulSignatureLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_Sign(hSession, pData, ulDataLen, pSignature, pulSignatureLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pSignature, pulSignatureLen);
 		return;
@@ -1205,7 +1345,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulPartLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pPart, &ulPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SignUpdate(hSession, pPart, ulPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SignUpdate(hSession, pPart, ulPartLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1215,7 +1355,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG_PTR pulSignatureLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_out(r, &pSignature, &pulSignatureLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SignFinal(hSession, pSignature, pulSignatureLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SignFinal(hSession, pSignature, pulSignatureLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pSignature, pulSignatureLen);
 		return;
@@ -1227,7 +1367,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_mech(r, &pMechanism);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SignRecoverInit(hSession, pMechanism, hKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SignRecoverInit(hSession, pMechanism, hKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1240,7 +1380,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pData, &ulDataLen);
 		hap_take_out(r, &pSignature, &pulSignatureLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SignRecover(hSession, pData, ulDataLen, pSignature, pulSignatureLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SignRecover(hSession, pData, ulDataLen, pSignature, pulSignatureLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pSignature, pulSignatureLen);
 		return;
@@ -1252,7 +1392,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_mech(r, &pMechanism);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_VerifyInit(hSession, pMechanism, hKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_VerifyInit(hSession, pMechanism, hKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1265,7 +1405,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pData, &ulDataLen);
 		hap_take_in(r, &pSignature, &ulSignatureLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_Verify(hSession, pData, ulDataLen, pSignature, ulSignatureLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_Verify(hSession, pData, ulDataLen, pSignature, ulSignatureLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1275,7 +1415,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulPartLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pPart, &ulPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_VerifyUpdate(hSession, pPart, ulPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_VerifyUpdate(hSession, pPart, ulPartLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1285,7 +1425,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulSignatureLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pSignature, &ulSignatureLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_VerifyFinal(hSession, pSignature, ulSignatureLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_VerifyFinal(hSession, pSignature, ulSignatureLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1296,7 +1436,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_mech(r, &pMechanism);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_VerifyRecoverInit(hSession, pMechanism, hKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_VerifyRecoverInit(hSession, pMechanism, hKey);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1309,7 +1449,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pSignature, &ulSignatureLen);
 		hap_take_out(r, &pData, &pulDataLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_VerifyRecover(hSession, pSignature, ulSignatureLen, pData, pulDataLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_VerifyRecover(hSession, pSignature, ulSignatureLen, pData, pulDataLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pData, pulDataLen);
 		return;
@@ -1323,7 +1463,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pPart, &ulPartLen);
 		hap_take_out(r, &pEncryptedPart, &pulEncryptedPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DigestEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DigestEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pEncryptedPart, pulEncryptedPartLen);
 		return;
@@ -1337,7 +1477,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pEncryptedPart, &ulEncryptedPartLen);
 		hap_take_out(r, &pPart, &pulPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DecryptDigestUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DecryptDigestUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pPart, pulPartLen);
 		return;
@@ -1351,7 +1491,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pPart, &ulPartLen);
 		hap_take_out(r, &pEncryptedPart, &pulEncryptedPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SignEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SignEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pEncryptedPart, pulEncryptedPartLen);
 		return;
@@ -1365,7 +1505,7 @@ void hap_dispatch(struct hap_req *r)
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pEncryptedPart, &ulEncryptedPartLen);
 		hap_take_out(r, &pPart, &pulPartLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DecryptVerifyUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DecryptVerifyUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pPart, pulPartLen);
 		return;
@@ -1380,7 +1520,7 @@ void hap_dispatch(struct hap_req *r)
 		hap_take_mech(r, &pMechanism);
 		hap_take_tmpl(r, &pTemplate, &ulCount);
 		hap_take_ulongout(r, &phKey);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GenerateKey(hSession, pMechanism, pTemplate, ulCount, phKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GenerateKey(hSession, pMechanism, pTemplate, ulCount, phKey);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, phKey);
 		return;
@@ -1400,7 +1540,7 @@ void hap_dispatch(struct hap_req *r)
 		hap_take_tmpl(r, &pPrivateKeyTemplate, &ulPrivateKeyAttributeCount);
 		hap_take_ulongout(r, &phPublicKey);
 		hap_take_ulongout(r, &phPrivateKey);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GenerateKeyPair(hSession, pMechanism, pPublicKeyTemplate, ulPublicKeyAttributeCount, pPrivateKeyTemplate, ulPrivateKeyAttributeCount, phPublicKey, phPrivateKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GenerateKeyPair(hSession, pMechanism, pPublicKeyTemplate, ulPublicKeyAttributeCount, pPrivateKeyTemplate, ulPrivateKeyAttributeCount, phPublicKey, phPrivateKey);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, phPublicKey);
 		hap_reply_ulongout(r, rv, phPrivateKey);
@@ -1418,7 +1558,7 @@ void hap_dispatch(struct hap_req *r)
 		hWrappingKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hap_take_out(r, &pWrappedKey, &pulWrappedKeyLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_WrapKey(hSession, pMechanism, hWrappingKey, hKey, pWrappedKey, pulWrappedKeyLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_WrapKey(hSession, pMechanism, hWrappingKey, hKey, pWrappedKey, pulWrappedKeyLen);
 		hap_reply_rv(r, rv);
 		hap_reply_out(r, rv, pWrappedKey, pulWrappedKeyLen);
 		return;
@@ -1438,7 +1578,7 @@ void hap_dispatch(struct hap_req *r)
 		hap_take_in(r, &pWrappedKey, &ulWrappedKeyLen);
 		hap_take_tmpl(r, &pTemplate, &ulAttributeCount);
 		hap_take_ulongout(r, &phKey);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_UnwrapKey(hSession, pMechanism, hUnwrappingKey, pWrappedKey, ulWrappedKeyLen, pTemplate, ulAttributeCount, phKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_UnwrapKey(hSession, pMechanism, hUnwrappingKey, pWrappedKey, ulWrappedKeyLen, pTemplate, ulAttributeCount, phKey);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, phKey);
 		return;
@@ -1455,7 +1595,7 @@ void hap_dispatch(struct hap_req *r)
 		hBaseKey = (CK_OBJECT_HANDLE)hap_take_ulong(r);
 		hap_take_tmpl(r, &pTemplate, &ulAttributeCount);
 		hap_take_ulongout(r, &phKey);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_DeriveKey(hSession, pMechanism, hBaseKey, pTemplate, ulAttributeCount, phKey);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_DeriveKey(hSession, pMechanism, hBaseKey, pTemplate, ulAttributeCount, phKey);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, phKey);
 		return;
@@ -1466,7 +1606,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulSeedLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &pSeed, &ulSeedLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_SeedRandom(hSession, pSeed, ulSeedLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_SeedRandom(hSession, pSeed, ulSeedLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1476,21 +1616,21 @@ void hap_dispatch(struct hap_req *r)
 		CK_ULONG ulRandomLen = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
 		hap_take_in(r, &RandomData, &ulRandomLen);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GenerateRandom(hSession, RandomData, ulRandomLen);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GenerateRandom(hSession, RandomData, ulRandomLen);
 		hap_reply_rv(r, rv);
 		return;
 	}
 	case 63: {
 		CK_SESSION_HANDLE hSession = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_GetFunctionStatus(hSession);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_GetFunctionStatus(hSession);
 		hap_reply_rv(r, rv);
 		return;
 	}
 	case 64: {
 		CK_SESSION_HANDLE hSession = 0;
 		hSession = (CK_SESSION_HANDLE)hap_take_ulong(r);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_CancelFunction(hSession);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_CancelFunction(hSession);
 		hap_reply_rv(r, rv);
 		return;
 	}
@@ -1500,7 +1640,7 @@ void hap_dispatch(struct hap_req *r)
 		CK_VOID_PTR pRserved = 0;
 		flags = (CK_FLAGS)hap_take_ulong(r);
 		hap_take_ulongout(r, &pSlot);
-		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_WaitForSlotEvent(flags, pSlot, pRserved);
+		CK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_WaitForSlotEvent(flags, pSlot, pRserved);
 		hap_reply_rv(r, rv);
 		hap_reply_ulongout(r, rv, pSlot);
 		return;

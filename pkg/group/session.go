@@ -633,10 +633,14 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 		objs = append(objs, with)
 	}
 	next := func(tried memberSet) *member.Member { return s.g.pick(tried | skip) }
+	absent := argOpKey.bad() // no member holds the Init's key (one a logout hid, too)
+	if op.At.key == nil {
+		absent = argKey.bad() // C_DigestKey's
+	}
 	var out []byte
 	var ps *slot.Session
 	var ep uint64
-	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next, verdict: v}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next, verdict: v, absent: absent}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		var kh pkcs11.ObjectHandle
 		if op.At.key != nil {
 			kh = hs[0]

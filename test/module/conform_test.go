@@ -20,7 +20,7 @@ import (
 func TestConformInProcess(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	bare := r.bareToken()
-	parts := []string{"info", "mechs", "cbc", "digestkey"}
+	parts := []string{"info", "mechs", "cbc", "digestkey", "fold"}
 	want := r.conform(testhsm.SoftHSMModule, bare, parts...)
 	t.Logf("bare token:\n%s", want)
 	if !strings.Contains(want, "digestkey rv=0x0\n") || !strings.Contains(want, "partial round trip equal") {
@@ -92,7 +92,7 @@ func TestConformInitErrors(t *testing.T) {
 func TestConformThroughHelper(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	bare := r.bareToken()
-	parts := []string{"info", "mechs", "cbc", "digestkey", "initerr"}
+	parts := []string{"info", "mechs", "cbc", "digestkey", "initerr", "fold"}
 	want := r.conform(testhsm.SoftHSMModule, bare, parts...)
 	if !strings.Contains(want, "oaep decrypt len=6 736563726574\n") {
 		t.Fatalf("the bare token did not run the OAEP round trip:\n%s", want)

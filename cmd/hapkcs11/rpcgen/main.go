@@ -56,6 +56,41 @@ var (
 // engine or the helper.
 var local = map[string]bool{"Initialize": true, "Finalize": true, "GetFunctionList": true}
 
+// folds pairs each Init that takes a mechanism with its single-part call
+// (SignInit with Sign, ...), by name: an Init the helper answered CKR_OK
+// rides with its call the next time (fold.c).
+func folds(fns []fn) map[string]string {
+	byName := map[string]bool{}
+	for _, f := range fns {
+		byName[f.name] = true
+	}
+	pairs := map[string]string{}
+	for _, f := range fns {
+		call, ok := strings.CutSuffix(f.name, "Init")
+		if ok && byName[call] && len(f.args) > 1 && f.args[1].typ == "CK_MECHANISM_PTR" {
+			pairs[f.name] = call
+		}
+	}
+	return pairs
+}
+
+// leavesProofs reports whether a call leaves standing every kept Init's
+// answer (fold.c): operations, reads and searches, and opening a session.
+// Every other call may change objects, logins or sessions.
+func leavesProofs(name string) bool {
+	for _, suffix := range []string{"Init", "Update", "Final"} {
+		if strings.HasSuffix(name, suffix) {
+			return true
+		}
+	}
+	switch name {
+	case "Sign", "Verify", "Encrypt", "Decrypt", "Digest", "SignRecover", "VerifyRecover", "DigestKey",
+		"FindObjects", "GenerateRandom", "SeedRandom", "OpenSession", "WaitForSlotEvent", "CancelFunction":
+		return true
+	}
+	return strings.HasPrefix(name, "Get")
+}
+
 // kinds assigns a kind to each argument group of f.
 func kinds(f fn) ([]kind, error) {
 	var ks []kind
@@ -197,12 +232,29 @@ func rpc(fns []fn) ([]byte, error) {
 		}
 	}
 	// Client stubs.
+	opOf := map[string]int{}
+	for op, f := range served {
+		opOf[f.name] = op + 1
+	}
+	pairs := folds(served)
+	calls := map[string]string{}
+	for init, call := range pairs {
+		calls[call] = init
+	}
 	for op, f := range served {
 		ks, err := kinds(f)
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(&b, "\nCK_RV hap_rpc_%s(%s)\n{\n\tstruct hap_msg m;\n\thap_msg_start(&m, %d);\n", f.name, params(f), op+1)
+		session := f.args[0].typ == "CK_SESSION_HANDLE"
+		fmt.Fprintf(&b, "\nCK_RV hap_rpc_%s(%s)\n{\n", f.name, params(f))
+		if session && pairs[f.name] == "" && calls[f.name] == "" {
+			fmt.Fprintf(&b, "\tCK_RV held = hap_fold_flush(%s);\n\tif (held != CKR_OK)\n\t\treturn held;\n", f.args[0].name)
+		}
+		fmt.Fprintf(&b, "\tstruct hap_msg m;\n\thap_msg_start(&m, %d);\n", op+1)
+		if !leavesProofs(f.name) {
+			b.WriteString("\tm.changes = 1;\n")
+		}
 		i := 0
 		for _, k := range ks {
 			as := f.args[i : i+k.width]
@@ -215,7 +267,22 @@ func rpc(fns []fn) ([]byte, error) {
 				fmt.Fprintf(&b, "\thap_put_%s(&m, %s);\n", k.name, names(as))
 			}
 		}
-		b.WriteString("\tCK_RV rv = hap_call(&m);\n")
+		switch {
+		case pairs[f.name] != "":
+			fmt.Fprintf(&b, "\tCK_RV rv = hap_fold_init(&m, %s, %d);\n", f.args[0].name, opOf[pairs[f.name]])
+		case calls[f.name] != "":
+			ends := "1"
+			i = 0
+			for _, k := range ks {
+				if k == kOut {
+					ends = f.args[i].name + " != NULL"
+				}
+				i += k.width
+			}
+			fmt.Fprintf(&b, "\tCK_RV rv = hap_fold_call(&m, %s, %d, %s);\n", f.args[0].name, op+1, ends)
+		default:
+			b.WriteString("\tCK_RV rv = hap_call(&m);\n")
+		}
 		i = 0
 		for _, k := range ks {
 			switch {
@@ -254,7 +321,7 @@ func rpc(fns []fn) ([]byte, error) {
 				fmt.Fprintf(&b, "\t\thap_take_%s(r, %s);\n", k.name, strings.Join(ptrs, ", "))
 			}
 		}
-		fmt.Fprintf(&b, "\t\tCK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : C_%s(%s);\n\t\thap_reply_rv(r, rv);\n", f.name, names(f.args))
+		fmt.Fprintf(&b, "\t\tCK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_%s(%s);\n\t\thap_reply_rv(r, rv);\n", f.name, names(f.args))
 		i = 0
 		for _, k := range ks {
 			switch {

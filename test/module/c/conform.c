@@ -11,7 +11,9 @@
  * inside a SHA-256 digest, and its error cases). cbc and digestkey log in
  * and make an AES key of a fixed value, destroyed at the end. initerr
  * (the errors *Init calls give, then the buffer convention on C_Sign and
- * C_Decrypt) makes its own keys too.
+ * C_Decrypt) makes its own keys too. fold (an Init made again on its
+ * session, which a helper sends with its call) makes its own keys, and
+ * logs out and in again from a second session.
  */
 #include "common.h"
 
@@ -374,6 +376,112 @@ static void part_initerr(CK_SESSION_HANDLE s, CK_OBJECT_HANDLE aes)
 	CHECK(f->C_DestroyObject(s, goodKey));
 }
 
+/*
+ * part_fold: an Init made again on its session answers as when it is made
+ * the first time (through a helper it rides with its call: fold.c):
+ * repeated single-part operations, an Init while one stands, a multi-part
+ * operation and a length query after one, a key destroyed and a logout
+ * from another session in between, a verification that fails.
+ */
+static CK_OBJECT_HANDLE find_label(CK_SESSION_HANDLE s, const char *prefix)
+{
+	char label[64];
+	snprintf(label, sizeof label, "%s-%d", prefix, (int)getpid());
+	CK_ATTRIBUTE byLabel = {CKA_LABEL, label, strlen(label)};
+	CK_OBJECT_HANDLE h = CK_INVALID_HANDLE;
+	CK_ULONG found = 0;
+	CHECK(f->C_FindObjectsInit(s, &byLabel, 1));
+	CHECK(f->C_FindObjects(s, &h, 1, &found));
+	CHECK(f->C_FindObjectsFinal(s));
+	printf("found %s=%lu\n", prefix, (unsigned long)found);
+	return h;
+}
+
+static void part_fold(CK_SLOT_ID slot, CK_SESSION_HANDLE s, CK_OBJECT_HANDLE *aesp, const char *pin, CK_ULONG pinLen)
+{
+	CK_MECHANISM hmac = {CKM_SHA256_HMAC, NULL, 0};
+	CK_OBJECT_HANDLE key = secret(s, "fold-hmac", 32), aes = *aesp;
+	CK_BYTE out[64], sig[64];
+	CK_ULONG n, sigLen;
+	for (int i = 0; i < 3; i++) {
+		rv("fold signinit", f->C_SignInit(s, &hmac, key));
+		n = sizeof out;
+		if (rv("fold sign", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n)) == CKR_OK)
+			hex("fold sign", out, n);
+	}
+	rv("fold signinit", f->C_SignInit(s, &hmac, key));
+	rv("fold signinit while one stands", f->C_SignInit(s, &hmac, key));
+	n = sizeof out;
+	if (rv("fold sign", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n)) == CKR_OK)
+		hex("fold sign", out, n);
+	rv("fold signinit", f->C_SignInit(s, &hmac, key));
+	rv("fold signupdate", f->C_SignUpdate(s, (CK_BYTE_PTR) "da", 2));
+	rv("fold signupdate", f->C_SignUpdate(s, (CK_BYTE_PTR) "ta", 2));
+	n = sizeof out;
+	if (rv("fold signfinal", f->C_SignFinal(s, out, &n)) == CKR_OK)
+		hex("fold signfinal", out, n);
+	for (int i = 0; i < 2; i++) {
+		rv("fold signinit", f->C_SignInit(s, &hmac, key));
+		n = 0;
+		if (rv("fold sign query", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, NULL, &n)) == CKR_OK)
+			printf("fold sign query len=%lu\n", (unsigned long)n);
+		n = sizeof out;
+		if (rv("fold sign", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n)) == CKR_OK)
+			hex("fold sign", out, n);
+	}
+
+	CK_SESSION_HANDLE s2;
+	CHECK(f->C_OpenSession(slot, CKF_SERIAL_SESSION | CKF_RW_SESSION, NULL, NULL, &s2));
+	CK_OBJECT_HANDLE doomed = secret(s, "fold-doomed", 32);
+	for (int i = 0; i < 2; i++) {
+		rv("fold signinit doomed key", f->C_SignInit(s, &hmac, doomed));
+		n = sizeof out;
+		rv("fold sign doomed key", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n));
+		if (i == 0)
+			rv("fold destroy from another session", f->C_DestroyObject(s2, doomed));
+	}
+
+	sigLen = sizeof sig;
+	rv("fold signinit", f->C_SignInit(s, &hmac, key));
+	rv("fold sign", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, sig, &sigLen));
+	for (int i = 0; i < 4; i++) {
+		if (i == 2)
+			sig[0] ^= 1;
+		if (i == 3)
+			sig[0] ^= 1;
+		rv("fold verifyinit", f->C_VerifyInit(s, &hmac, key));
+		rv("fold verify", f->C_Verify(s, (CK_BYTE_PTR) "data", 4, sig, sigLen));
+	}
+
+	CK_BYTE iv[16] = {0};
+	CK_MECHANISM cbc = {CKM_AES_CBC_PAD, iv, sizeof iv};
+	for (int i = 0; i < 2; i++) {
+		rv("fold encryptinit", f->C_EncryptInit(s, &cbc, aes));
+		n = sizeof out;
+		if (rv("fold encrypt", f->C_Encrypt(s, (CK_BYTE_PTR) "data", 4, out, &n)) == CKR_OK)
+			hex("fold encrypt", out, n);
+	}
+
+	rv("fold signinit", f->C_SignInit(s, &hmac, key));
+	n = sizeof out;
+	rv("fold sign", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n));
+	rv("fold logout from another session", f->C_Logout(s2));
+	rv("fold signinit logged out", f->C_SignInit(s, &hmac, key));
+	n = sizeof out;
+	rv("fold sign logged out", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n));
+	rv("fold login again", f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinLen));
+	/* A token may forget private objects' handles at a logout (SoftHSM
+	 * does): the keys are found again by their labels. */
+	key = find_label(s, "fold-hmac");
+	*aesp = find_label(s, "conform");
+	rv("fold signinit", f->C_SignInit(s, &hmac, key));
+	n = sizeof out;
+	if (rv("fold sign", f->C_Sign(s, (CK_BYTE_PTR) "data", 4, out, &n)) == CKR_OK)
+		hex("fold sign", out, n);
+	CHECK(f->C_CloseSession(s2));
+	CHECK(f->C_DestroyObject(s, key));
+}
+
 int main(int argc, char **argv)
 {
 	char pin[256];
@@ -408,6 +516,8 @@ int main(int argc, char **argv)
 			part_digestkey(s, key);
 		else if (strcmp(part, "initerr") == 0)
 			part_initerr(s, key);
+		else if (strcmp(part, "fold") == 0)
+			part_fold(slot, s, &key, pin, pinLen);
 		else {
 			fprintf(stderr, "FATAL unknown part %s\n", part);
 			return 2;

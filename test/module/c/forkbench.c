@@ -8,7 +8,7 @@
  *
  * Prints one line: mode, mechanism, processes, signatures per second in
  * all, CPU µs per signature (the processes' and their helpers'), and the
- * helpers' mean RSS in KiB (0 in process).
+ * helpers' mean RSS in KiB and the anonymous part of it (0 in process).
  */
 #include <sched.h>
 #include <signal.h>
@@ -22,6 +22,7 @@ struct result {
 	double cpu_us;    /* the process's own */
 	double helper_us; /* its helper's */
 	long helper_rss_kb;
+	long helper_anon_kb; /* of it, the helper's own memory (not mapped files) */
 	int failed;
 };
 
@@ -41,7 +42,7 @@ static pid_t only_child(void)
 }
 
 /* proc_cpu_us returns a process's user + system CPU, and its RSS. */
-static double proc_cpu_us(pid_t pid, long *rss_kb)
+static double proc_cpu_us(pid_t pid, long *rss_kb, long *anon_kb)
 {
 	char path[64], buf[4096];
 	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -58,9 +59,10 @@ static double proc_cpu_us(pid_t pid, long *rss_kb)
 		return 0;
 	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
 	if ((fp = fopen(path, "r")) != NULL) {
-		while (fgets(buf, sizeof buf, fp) != NULL)
-			if (sscanf(buf, "VmRSS: %ld", rss_kb) == 1)
-				break;
+		while (fgets(buf, sizeof buf, fp) != NULL) {
+			sscanf(buf, "VmRSS: %ld", rss_kb);
+			sscanf(buf, "RssAnon: %ld", anon_kb);
+		}
 		fclose(fp);
 	}
 	return (double)(ut + st) * 1e6 / (double)sysconf(_SC_CLK_TCK);
@@ -76,7 +78,7 @@ static void worker(CK_FUNCTION_LIST_PTR f, CK_SLOT_ID slot, char *pin, CK_ULONG 
 	__atomic_fetch_add(ready, 1, __ATOMIC_SEQ_CST);
 	while (!*go)
 		sched_yield();
-	double cpu0 = cpu_us(), t0 = now_seconds(), h0 = helper ? proc_cpu_us(helper, &r->helper_rss_kb) : 0;
+	double cpu0 = cpu_us(), t0 = now_seconds(), h0 = helper ? proc_cpu_us(helper, &r->helper_rss_kb, &r->helper_anon_kb) : 0;
 	while (now_seconds() - t0 < seconds) {
 		if (sign32(f, s, mech, key) != CKR_OK) {
 			r->failed = 1;
@@ -86,7 +88,7 @@ static void worker(CK_FUNCTION_LIST_PTR f, CK_SLOT_ID slot, char *pin, CK_ULONG 
 	}
 	r->cpu_us = cpu_us() - cpu0;
 	if (helper)
-		r->helper_us = proc_cpu_us(helper, &r->helper_rss_kb) - h0;
+		r->helper_us = proc_cpu_us(helper, &r->helper_rss_kb, &r->helper_anon_kb) - h0;
 	f->C_Finalize(NULL);
 }
 
@@ -131,15 +133,16 @@ int main(int argc, char **argv)
 	int bad = 0, st;
 	while (wait(&st) > 0)
 		bad |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-	long count = 0, rss = 0;
+	long count = 0, rss = 0, anon = 0;
 	double cpu = 0;
 	for (int i = 0; i < procs; i++) {
 		count += res[i].count;
 		cpu += res[i].cpu_us + res[i].helper_us;
 		rss += res[i].helper_rss_kb;
+		anon += res[i].helper_anon_kb;
 		bad |= res[i].failed;
 	}
-	printf("%s %s procs=%d sign/s=%.0f cpu_us/sign=%.1f helper_rss_kib=%ld\n", argv[1], argv[6], procs,
-	       count / seconds, count ? cpu / count : 0, rss / procs);
+	printf("%s %s procs=%d sign/s=%.0f cpu_us/sign=%.1f helper_rss_kib=%ld helper_anon_kib=%ld\n", argv[1], argv[6], procs,
+	       count / seconds, count ? cpu / count : 0, rss / procs, anon / procs);
 	return bad;
 }
