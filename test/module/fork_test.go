@@ -250,6 +250,11 @@ func TestHelperBounds(t *testing.T) {
 		{"C_Sign without its arguments", words(41), 0x7}, // CKR_ARGUMENTS_BAD
 		{"C_FindObjectsInit with 2^40 attributes", words(24, 1, 1, 1<<40), 0x7},
 		{"C_GetInfo", words(1, 1), 0x0},
+		// An Init folded with its call (fold.c): HAP_OP_FOLD, the Init's
+		// length, the Init, the call.
+		{"a fold whose Init runs past the frame", words(0x10000, 1<<40, 1, 1), 0x7},
+		{"a fold inside a fold", words(0x10000, 16, 0x10000, 0, 1, 1), 0x54}, // the inner fold is no function: its code is the call's
+		{"C_GetInfo folded after C_GetInfo", words(0x10000, 16, 1, 1, 1, 1), 0x0},
 	} {
 		writeFrame(t, call, tc.body)
 		reply := readFrame(t, call)
