@@ -88,6 +88,9 @@ func hapInitialize(flags C.CK_FLAGS, serving C.int) (rv C.CK_RV) {
 		return C.CK_RV(codeOf(err))
 	}
 	spareP()
+	if serving != 0 {
+		helperGC()
+	}
 	module.lib = l
 	return C.CKR_OK
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -35,6 +36,20 @@ func callBound(cfg *config.Config) time.Duration {
 		return dispatch.DefaultCommandTimeout
 	}
 	return bound
+}
+
+// helperGCPercent is a helper's garbage collection target (GOGC), unless
+// its environment sets one: a helper serves one child, its live heap is a
+// few MiB, and the default (100) lets the heap grow to twice that before a
+// collection; a child's helper is a per-process cost (docs/BENCHMARKS.md,
+// "Forked children").
+const helperGCPercent = 50
+
+// helperGC applies helperGCPercent in a helper.
+func helperGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(helperGCPercent)
+	}
 }
 
 // programName is how this process is named in events and in the fleet
