@@ -21,9 +21,10 @@ var forkBenchSeconds = flag.Int("forkbench", 0, "run TestForkBench, each figure 
 // run the engine themselves, ECDSA P-256 and RSA-2048, 1 and 4 processes,
 // on three in-process SoftHSM members, and beside them the anchor for a
 // PKCS#11 call over a socket: the same processes on p11-kit-client.so, a
-// `p11-kit server` signing on the first member's token (its CPU counted);
-// it prints the figures for docs/BENCHMARKS.md and fails only when a
-// signature fails.
+// `p11-kit server` signing on the first member's token (its CPU counted),
+// and on that token straight through libsofthsm2.so (what the socket
+// adds to); it prints the figures for docs/BENCHMARKS.md and fails only
+// when a signature fails.
 func TestForkBench(t *testing.T) {
 	if *forkBenchSeconds <= 0 {
 		t.Skip("a benchmark: go test -run TestForkBench -forkbench 5 ./test/module")
@@ -36,10 +37,13 @@ func TestForkBench(t *testing.T) {
 	p11kit, serverPID := r.p11KitServer(r.members[0].Label)
 	for _, mech := range []string{"ecdsa", "rsa"} {
 		for _, procs := range []int{1, 4} {
-			for _, mode := range []string{"inprocess", "helper", "p11kit"} {
+			for _, mode := range []string{"inprocess", "helper", "softhsm", "p11kit"} {
 				label := map[string]string{"ecdsa": "bench-ec", "rsa": "bench-rsa"}[mech]
 				env, module, slot := withoutPIN(r.env), r.lib, virtualSlot
-				if mode == "p11kit" {
+				switch mode {
+				case "softhsm":
+					module, slot = testhsm.SoftHSMModule, "label="+r.members[0].Label
+				case "p11kit":
 					env = append(env, "P11_KIT_SERVER_ADDRESS="+p11kit, fmt.Sprintf("HAP_BENCH_SERVER_PID=%d", serverPID))
 					module, slot = testhsm.P11KitClient, "label="+r.members[0].Label
 				}

@@ -2,10 +2,10 @@
  * forkbench.c — sign throughput and CPU per signature of N processes, each
  * either forked from a parent that initialised the module (its calls go
  * through its helper) or loading the module itself after the fork (the
- * engine in its own process, or with p11kit the module is
- * p11-kit-client.so and a `p11-kit server` signs).
+ * engine in its own process; softhsm: MODULE is the token's own; p11kit:
+ * MODULE is p11-kit-client.so and a `p11-kit server` signs).
  *
- *   forkbench helper|inprocess|p11kit MODULE SLOT PINFILE LABEL ecdsa|rsa PROCS SECONDS
+ *   forkbench helper|inprocess|softhsm|p11kit MODULE SLOT PINFILE LABEL ecdsa|rsa PROCS SECONDS
  *
  * SLOT is a number, or label=L for the token labelled L. With
  * HAP_BENCH_SERVER_PID set, the CPU of that server and its children (the
@@ -170,7 +170,7 @@ int main(int argc, char **argv)
 {
 	char pin[256];
 	if (argc != 9) {
-		fprintf(stderr, "usage: forkbench helper|inprocess|p11kit MODULE SLOT PINFILE LABEL ecdsa|rsa PROCS SECONDS\n");
+		fprintf(stderr, "usage: forkbench helper|inprocess|softhsm|p11kit MODULE SLOT PINFILE LABEL ecdsa|rsa PROCS SECONDS\n");
 		return 2;
 	}
 	int helper = strcmp(argv[1], "helper") == 0;
