@@ -7,16 +7,16 @@ import (
 	"testing"
 )
 
-// TestGeneratedCodeIsCurrent: forward.c, rpc_gen.c and rpc_gen.h are what
-// rpcgen makes of pkcs11f.h now (run `go generate ./cmd/hapkcs11` after
-// changing either).
+// TestGeneratedCodeIsCurrent: forward.c, rpc_gen.c, rpc_gen.h and
+// rpc_params.c are what rpcgen makes of pkcs11f.h and pkcs11t.h now (run
+// `go generate ./cmd/hapkcs11` after changing either).
 func TestGeneratedCodeIsCurrent(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.CommandContext(t.Context(), "go", "run", "./rpcgen", "-o", dir)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go run ./rpcgen: %v\n%s", err, out)
 	}
-	for _, name := range []string{"forward.c", "rpc_gen.c", "rpc_gen.h"} {
+	for _, name := range []string{"forward.c", "rpc_gen.c", "rpc_gen.h", "rpc_params.c"} {
 		want, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
@@ -26,7 +26,7 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 		if string(got) != string(want) {
-			t.Errorf("%s is not what rpcgen makes of pkcs11f.h: run go generate ./cmd/hapkcs11", name)
+			t.Errorf("%s is not what rpcgen makes of the headers: run go generate ./cmd/hapkcs11", name)
 		}
 	}
 }

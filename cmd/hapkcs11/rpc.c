@@ -40,7 +40,7 @@ void hap_put64(struct hap_msg *m, uint64_t v)
 
 void hap_putbytes(struct hap_msg *m, const void *p, size_t n)
 {
-	if (m->len + n > HAP_MAX_FRAME) {
+	if (n > HAP_MAX_FRAME || m->len + n > HAP_MAX_FRAME) {
 		m->local = CKR_ARGUMENTS_BAD;
 		return;
 	}
@@ -142,43 +142,32 @@ void hap_put_structout(struct hap_msg *m, void *p, size_t size)
 	hap_put64(m, p != NULL);
 }
 
-/* Mechanisms whose parameter structure holds pointers: they mean
- * something only in this process, so they cross as the values they point
- * at (param_form) or are refused. */
-static int pointer_param(CK_MECHANISM_TYPE t)
-{
-	switch (t) {
-	case CKM_RSA_PKCS_OAEP: case CKM_AES_GCM: case CKM_AES_CCM:
-	case CKM_ECDH1_DERIVE: case CKM_ECDH1_COFACTOR_DERIVE: case CKM_ECMQV_DERIVE:
-	case CKM_X9_42_DH_DERIVE: case CKM_RSA_AES_KEY_WRAP:
-	case CKM_AES_ECB_ENCRYPT_DATA: case CKM_AES_CBC_ENCRYPT_DATA:
-	case CKM_DES_ECB_ENCRYPT_DATA: case CKM_DES_CBC_ENCRYPT_DATA:
-	case CKM_DES3_ECB_ENCRYPT_DATA: case CKM_DES3_CBC_ENCRYPT_DATA:
-	case CKM_CONCATENATE_BASE_AND_DATA: case CKM_CONCATENATE_DATA_AND_BASE:
-	case CKM_XOR_BASE_AND_DATA:
-		return 1;
-	}
-	return 0;
-}
+/* How a mechanism's parameter crosses: as its bytes (a flat parameter),
+ * as a structure whose pointers each cross as what they point at
+ * (rpc_params.c says which mechanisms and where the pointers are), or, for
+ * such a structure given with a length that is not its size, as that
+ * length alone: the helper hands the member zeroes of that length, so the
+ * member answers the wrong length as it would in process, and nothing is
+ * read behind a length that may lie. */
+enum { PARAM_BYTES, PARAM_STRUCT, PARAM_LENGTH };
 
-/* How a mechanism's parameter crosses: its bytes, or for the structures
- * with pointers that applications use most, the values they point at. */
-enum { PARAM_FLAT, PARAM_OAEP, PARAM_GCM, PARAM_ECDH1 };
-
-static int param_form(CK_MECHANISM_PTR p)
+static void put_struct(struct hap_msg *m, const struct hap_param *d, const unsigned char *s)
 {
-	if (p->pParameter == NULL || p->ulParameterLen == 0 || !pointer_param(p->mechanism))
-		return PARAM_FLAT;
-	switch (p->mechanism) {
-	case CKM_RSA_PKCS_OAEP:
-		return p->ulParameterLen == sizeof(CK_RSA_PKCS_OAEP_PARAMS) ? PARAM_OAEP : -1;
-	case CKM_AES_GCM:
-		return p->ulParameterLen == sizeof(CK_GCM_PARAMS) ? PARAM_GCM : -1;
-	case CKM_ECDH1_DERIVE:
-	case CKM_ECDH1_COFACTOR_DERIVE:
-		return p->ulParameterLen == sizeof(CK_ECDH1_DERIVE_PARAMS) ? PARAM_ECDH1 : -1;
+	hap_putbytes(m, s, d->size);
+	for (size_t i = 0; i < d->nptrs && m->local == CKR_OK; i++) {
+		const struct hap_ptr *f = &d->ptrs[i];
+		void *p;
+		memcpy(&p, s + f->at, sizeof p);
+		if (f->to != NULL) {
+			hap_put64(m, p != NULL);
+			if (p != NULL)
+				put_struct(m, f->to, p);
+			continue;
+		}
+		CK_ULONG n;
+		memcpy(&n, s + f->len, sizeof n);
+		hap_put_in(m, p, n);
 	}
-	return -1;
 }
 
 void hap_put_mech(struct hap_msg *m, CK_MECHANISM_PTR p)
@@ -186,38 +175,19 @@ void hap_put_mech(struct hap_msg *m, CK_MECHANISM_PTR p)
 	hap_put64(m, p != NULL);
 	if (p == NULL)
 		return;
-	int form = param_form(p);
+	const struct hap_param *d = p->pParameter != NULL ? hap_mech_param(p->mechanism) : NULL;
 	hap_put64(m, p->mechanism);
-	hap_put64(m, (uint64_t)form);
-	switch (form) {
-	case PARAM_FLAT:
-		hap_put_in(m, p->pParameter, p->ulParameterLen);
-		break;
-	case PARAM_OAEP: {
-		CK_RSA_PKCS_OAEP_PARAMS *o = p->pParameter;
-		hap_put64(m, o->hashAlg);
-		hap_put64(m, o->mgf);
-		hap_put64(m, o->source);
-		hap_put_in(m, o->pSourceData, o->ulSourceDataLen);
-		break;
-	}
-	case PARAM_GCM: {
-		CK_GCM_PARAMS *g = p->pParameter;
-		hap_put_in(m, g->pIv, g->ulIvLen);
-		hap_put64(m, g->ulIvBits);
-		hap_put_in(m, g->pAAD, g->ulAADLen);
-		hap_put64(m, g->ulTagBits);
-		break;
-	}
-	case PARAM_ECDH1: {
-		CK_ECDH1_DERIVE_PARAMS *e = p->pParameter;
-		hap_put64(m, e->kdf);
-		hap_put_in(m, e->pSharedData, e->ulSharedDataLen);
-		hap_put_in(m, e->pPublicData, e->ulPublicDataLen);
-		break;
-	}
-	default:
+	if (d == &hap_param_refused) {
 		m->local = CKR_MECHANISM_PARAM_INVALID;
+	} else if (d == NULL) {
+		hap_put64(m, PARAM_BYTES);
+		hap_put_in(m, p->pParameter, p->ulParameterLen);
+	} else if (p->ulParameterLen != d->size) {
+		hap_put64(m, PARAM_LENGTH);
+		hap_put64(m, p->ulParameterLen);
+	} else {
+		hap_put64(m, PARAM_STRUCT);
+		put_struct(m, d, p->pParameter);
 	}
 }
 
@@ -488,6 +458,32 @@ void hap_take_structout(struct hap_req *r, void *p, size_t size)
 	*(void **)p = take64(r) ? alloc(r, size) : NULL;
 }
 
+/* take_struct rebuilds a parameter structure of layout d: its bytes, then
+ * each pointer to what crossed for it, with its length field set to the
+ * length that crossed (never the one in the structure's bytes). */
+static void *take_struct(struct hap_req *r, const struct hap_param *d)
+{
+	unsigned char *s = takebytes(r, d->size);
+	if (s == NULL)
+		return NULL;
+	for (size_t i = 0; i < d->nptrs; i++)
+		memset(s + d->ptrs[i].at, 0, sizeof(void *));
+	for (size_t i = 0; i < d->nptrs && !r->bad; i++) {
+		const struct hap_ptr *f = &d->ptrs[i];
+		void *p = NULL;
+		if (f->to != NULL) {
+			if (take64(r))
+				p = take_struct(r, f->to);
+		} else {
+			CK_ULONG n;
+			hap_take_in(r, &p, &n);
+			memcpy(s + f->len, &n, sizeof n);
+		}
+		memcpy(s + f->at, &p, sizeof p);
+	}
+	return s;
+}
+
 void hap_take_mech(struct hap_req *r, CK_MECHANISM_PTR *p)
 {
 	*p = NULL;
@@ -497,48 +493,31 @@ void hap_take_mech(struct hap_req *r, CK_MECHANISM_PTR *p)
 	if (mech == NULL)
 		return;
 	mech->mechanism = (CK_MECHANISM_TYPE)take64(r);
+	const struct hap_param *d = hap_mech_param(mech->mechanism);
+	int real = d != NULL && d != &hap_param_refused;
 	switch (take64(r)) {
-	case PARAM_FLAT:
+	case PARAM_BYTES:
 		hap_take_in(r, &mech->pParameter, &mech->ulParameterLen);
 		/* Raw bytes of a structure with pointers point nowhere here. */
-		if (mech->pParameter != NULL && mech->ulParameterLen > 0 && pointer_param(mech->mechanism))
+		if (mech->pParameter != NULL && d != NULL)
 			r->bad = 1;
 		break;
-	case PARAM_OAEP: {
-		CK_RSA_PKCS_OAEP_PARAMS *o = alloc(r, sizeof *o);
-		if (o == NULL)
-			return;
-		o->hashAlg = (CK_MECHANISM_TYPE)take64(r);
-		o->mgf = (CK_RSA_PKCS_MGF_TYPE)take64(r);
-		o->source = (CK_RSA_PKCS_OAEP_SOURCE_TYPE)take64(r);
-		hap_take_in(r, &o->pSourceData, &o->ulSourceDataLen);
-		mech->pParameter = o;
-		mech->ulParameterLen = sizeof *o;
+	case PARAM_STRUCT:
+		if (!real) {
+			r->bad = 1;
+			break;
+		}
+		mech->pParameter = take_struct(r, d);
+		mech->ulParameterLen = d->size;
 		break;
-	}
-	case PARAM_GCM: {
-		CK_GCM_PARAMS *g = alloc(r, sizeof *g);
-		if (g == NULL)
-			return;
-		hap_take_in(r, &g->pIv, &g->ulIvLen);
-		g->ulIvBits = (CK_ULONG)take64(r);
-		hap_take_in(r, &g->pAAD, &g->ulAADLen);
-		g->ulTagBits = (CK_ULONG)take64(r);
-		mech->pParameter = g;
-		mech->ulParameterLen = sizeof *g;
+	case PARAM_LENGTH:
+		mech->ulParameterLen = (CK_ULONG)take64(r);
+		if (!real || mech->ulParameterLen == d->size) {
+			r->bad = 1;
+			break;
+		}
+		mech->pParameter = alloc(r, mech->ulParameterLen);
 		break;
-	}
-	case PARAM_ECDH1: {
-		CK_ECDH1_DERIVE_PARAMS *e = alloc(r, sizeof *e);
-		if (e == NULL)
-			return;
-		e->kdf = (CK_EC_KDF_TYPE)take64(r);
-		hap_take_in(r, &e->pSharedData, &e->ulSharedDataLen);
-		hap_take_in(r, &e->pPublicData, &e->ulPublicDataLen);
-		mech->pParameter = e;
-		mech->ulParameterLen = sizeof *e;
-		break;
-	}
 	default:
 		r->bad = 1;
 	}

@@ -24,6 +24,24 @@
 #define HAP_MAX_ATTRS 1024
 #define HAP_MAX_LIST 65536
 
+/* A mechanism parameter structure that holds pointers (rpc_params.c,
+ * generated from pkcs11t.h): its size and its pointers, each to bytes
+ * whose length is the CK_ULONG at offset len, or to one structure of
+ * layout to. */
+struct hap_ptr {
+	size_t at, len;
+	const struct hap_param *to;
+};
+struct hap_param {
+	size_t size, nptrs;
+	const struct hap_ptr *ptrs;
+};
+/* hap_mech_param is the layout of mechanism t's parameter: NULL when it
+ * crosses as its bytes, &hap_param_refused when it holds a pointer that
+ * cannot cross (an output the member writes, a nested mechanism). */
+const struct hap_param *hap_mech_param(CK_MECHANISM_TYPE t);
+extern const struct hap_param hap_param_refused;
+
 /* A request being built and then its reply being read, in the client. */
 struct hap_msg {
 	unsigned char *b;

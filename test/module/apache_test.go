@@ -1,6 +1,7 @@
 package module
 
 import (
+	"bytes"
 	"fmt"
 	"io/fs"
 	"os"
@@ -16,9 +17,9 @@ import (
 )
 
 // Apache httpd will not serve as root: its prefork children run as
-// nobody, and so do their helpers. The rig is handed to nobody, and the
-// primary member is an hsmserve run as nobody (the master, root, reaches
-// it with server_uid).
+// nobody, and so do their helpers. The rig is handed to nobody, and each
+// member is an hsmserve run as nobody (the master, root, reaches them with
+// server_uid).
 const nobody = 65534
 
 const apacheConf = `ServerRoot %[1]s
@@ -81,21 +82,37 @@ func TestApachePrefork(t *testing.T) {
 		}
 	}
 
-	// hsm-0, the primary, behind an hsmserve of nobody's.
-	sock := filepath.Join(sockDir, "hsm-0.sock")
-	primary := startNobodyServer(t, hsmserve, r.softConf, sock, r.members[0].Label)
+	// Every member behind an hsmserve of nobody's, each token alone in a
+	// directory of its own: the prefork children start their helpers at
+	// once, and SoftHSM processes that initialise while another logs in
+	// on tokens of one directory abort when two tokens read torn
+	// (docs/DESIGN.md, "SoftHSM and processes that start together").
 	conf, err := os.ReadFile(r.conf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := fmt.Sprintf("  module = %q\n  token_label = %q\n", r.members[0].Module, r.members[0].Label)
-	served := fmt.Sprintf("  module = %q\n  token_label = %q\n  server_uid = %d\n", remote.ModulePath(sock), r.members[0].Label, nobody)
-	if !strings.Contains(string(conf), local) {
-		t.Fatalf("the rig's configuration has no member hsm-0 as expected:\n%s", conf)
+	cfg := string(conf)
+	servers := make([]*nobodyServer, len(r.members))
+	confs := make([]string, len(r.members))
+	socks := make([]string, len(r.members))
+	for i, m := range r.members {
+		confs[i] = r.tokenAlone(m.Label)
+		socks[i] = filepath.Join(sockDir, m.Name+".sock")
+		local := fmt.Sprintf("  module = %q\n  token_label = %q\n", m.Module, m.Label)
+		served := fmt.Sprintf("  module = %q\n  token_label = %q\n  server_uid = %d\n", remote.ModulePath(socks[i]), m.Label, nobody)
+		if !strings.Contains(cfg, local) {
+			t.Fatalf("the rig's configuration has no member %s as expected:\n%s", m.Name, cfg)
+		}
+		cfg = strings.Replace(cfg, local, served, 1)
 	}
-	if err := os.WriteFile(r.conf, []byte(strings.Replace(string(conf), local, served, 1)), 0o600); err != nil {
+	if err := os.WriteFile(r.conf, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	giveToNobody(t, r.dir)
+	for i, m := range r.members {
+		servers[i] = startNobodyServer(t, hsmserve, confs[i], socks[i], m.Label)
+	}
+	primary := servers[0]
 
 	port := freePort(t)
 	httpdConf := r.write("httpd.conf", fmt.Sprintf(apacheConf, r.dir, port, cert, uri, nobody))
@@ -115,7 +132,7 @@ func TestApachePrefork(t *testing.T) {
 	failed, errs = handshakes(t, addr, cert, 1000, 8, func() {
 		time.Sleep(200 * time.Millisecond) // let handshakes be in flight: the kill lands mid-traffic
 		primary.kill(t)
-		primary = startNobodyServer(t, hsmserve, r.softConf, sock, r.members[0].Label)
+		primary = startNobodyServer(t, hsmserve, confs[0], socks[0], r.members[0].Label)
 	})
 	if failed != 0 {
 		b, _ := os.ReadFile(errLog)
@@ -175,4 +192,33 @@ func (s *nobodyServer) kill(t *testing.T) {
 	}
 	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	s.cmd.Wait()
+}
+
+// tokenAlone moves the rig's token labelled label into a SoftHSM token
+// directory of its own and returns that directory's configuration.
+func (r *rig) tokenAlone(label string) string {
+	r.t.Helper()
+	tokens := filepath.Join(filepath.Dir(r.softConf), "tokens")
+	dirs, err := os.ReadDir(tokens)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	// SoftHSM's token.object holds the label blank-padded to 32 bytes.
+	padded := []byte(fmt.Sprintf("%-32s", label))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(tokens, d.Name(), "token.object"))
+		if err != nil || !bytes.Contains(b, padded) {
+			continue
+		}
+		own := filepath.Join(r.dir, "tokens-"+label)
+		if err := os.Mkdir(own, 0o700); err != nil {
+			r.t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(tokens, d.Name()), filepath.Join(own, d.Name())); err != nil {
+			r.t.Fatal(err)
+		}
+		return r.write("softhsm2-"+label+".conf", "directories.tokendir = "+own+"\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n")
+	}
+	r.t.Fatalf("no token labelled %s in %s", label, tokens)
+	return ""
 }

@@ -15,12 +15,14 @@ import (
 
 // TestConformInProcess: three in-process members. C_DigestKey is carried
 // (it was CKR_FUNCTION_NOT_SUPPORTED), multi-part AES-CBC-PAD with a length
-// query before every Update and Final gives the token's bytes, and the
-// mechanism list, manufacturer and model are the token's.
+// query before every Update and Final gives the token's bytes, the
+// mechanism list, manufacturer and model are the token's, and mechanism
+// parameters that hold pointers (params) are answered as the token answers
+// them, the reference for the helper (TestConformThroughHelper).
 func TestConformInProcess(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	bare := r.bareToken()
-	parts := []string{"info", "mechs", "cbc", "digestkey", "fold"}
+	parts := []string{"info", "mechs", "cbc", "digestkey", "params", "fold"}
 	want := r.conform(testhsm.SoftHSMModule, bare, parts...)
 	t.Logf("bare token:\n%s", want)
 	if !strings.Contains(want, "digestkey rv=0x0\n") || !strings.Contains(want, "partial round trip equal") {
@@ -88,14 +90,29 @@ func TestConformInitErrors(t *testing.T) {
 // TestConformThroughHelper: the same sequences through a helper
 // (library.process = "helper") answer as the bare token, line for line:
 // every call crosses the helper's generated client and dispatch, with the
-// OAEP parameters (a structure with a pointer) carried as their values.
+// mechanism parameters that hold pointers (OAEP, GCM, CCM, derivation by
+// data, RSA-AES key wrap; rpc_params.c) carried as their values, and the
+// malformed ones answered as in process. They used to answer
+// CKR_MECHANISM_PARAM_INVALID in the client (CCM, derive-by-data, key
+// wrap).
 func TestConformThroughHelper(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	bare := r.bareToken()
-	parts := []string{"info", "mechs", "cbc", "digestkey", "initerr", "fold"}
+	parts := []string{"info", "mechs", "cbc", "digestkey", "initerr", "params", "fold"}
 	want := r.conform(testhsm.SoftHSMModule, bare, parts...)
-	if !strings.Contains(want, "oaep decrypt len=6 736563726574\n") {
-		t.Fatalf("the bare token did not run the OAEP round trip:\n%s", want)
+	for _, line := range []string{
+		"oaep decrypt len=6 736563726574\n",      // the OAEP round trip
+		"gcm decrypt len=9 706c61696e74657874\n", // GCM's IV and AAD
+		"aes ecb encrypt data value len=16 ",     // derivation by data
+		"aes cbc encrypt data value len=16 ",     // its CBC form (a structure with an array and a pointer)
+		"ccm encryptinit rv=0x70\n",              // SoftHSM has no CCM: it answers the mechanism, not its parameter
+		"concatenate data and base derive rv=0x70\n",
+		"ecb encrypt data long parameter derive rv=0x71\n", // a length that is not the structure's
+		"rsa aes key wrap rv=0x70\n",
+	} {
+		if !strings.Contains(want, line) {
+			t.Fatalf("the bare token did not answer %q:\n%s", line, want)
+		}
 	}
 	conf, err := os.ReadFile(r.conf)
 	if err != nil {

@@ -145,6 +145,88 @@ func hactlOut(t *testing.T, r *rig, hactl string, args ...string) (string, error
 	return string(out), err
 }
 
+// agentRun is a haagent on a rig's configuration, on a socket of its own.
+type agentRun struct {
+	r      *rig
+	hactl  string
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	done   chan error
+}
+
+// startAgent points the rig's configuration at a socket in its directory
+// (metrics on a free loopback port, a probe every 500 ms), starts haagent
+// and waits until it listens.
+func startAgent(ctx context.Context, t *testing.T, r *rig) *agentRun {
+	t.Helper()
+	a := &agentRun{r: r, hactl: goBinary(t, "hactl", "./cmd/hactl"), stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	haagent := goBinary(t, "haagent", "./cmd/haagent")
+	sock := filepath.Join(r.dir, "agent.sock")
+	cfg, err := os.ReadFile(r.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rig's config names a socket no agent listens on; this agent
+	// listens on sock.
+	noAgent := fmt.Sprintf("socket = %q\n", filepath.Join(r.dir, "no-agent.sock"))
+	if !strings.Contains(string(cfg), noAgent) {
+		t.Fatalf("the rig's config has no %q", noAgent)
+	}
+	conf := strings.Replace(string(cfg), noAgent, fmt.Sprintf("socket = %q\nmetrics = \"127.0.0.1:0\"\n", sock), 1)
+	conf = strings.Replace(conf, "[ha]\n", "[ha]\nprobe_interval = \"500ms\"\n", 1)
+	if err := os.WriteFile(r.conf, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a.cmd = exec.CommandContext(ctx, haagent, "--config", r.conf)
+	a.cmd.Env, a.cmd.Dir, a.cmd.Stderr = r.env, r.dir, a.stderr
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { a.done <- a.cmd.Wait() }()
+	a.waitUntil(t, "haagent listening", time.Minute, func() (bool, string) {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, fmt.Sprint(err)
+	})
+	return a
+}
+
+// stop ends the agent (continuing it first, if a test stopped it).
+func (a *agentRun) stop() {
+	a.cmd.Process.Signal(syscall.SIGCONT)
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	<-a.done
+}
+
+// hactlJSON runs hactl hagroup args with the agent's configuration and
+// decodes its JSON into v.
+func (a *agentRun) hactlJSON(t *testing.T, v any, args ...string) {
+	t.Helper()
+	out, err := hactlOut(t, a.r, a.hactl, append([]string{"--config", a.r.conf, "hagroup"}, args...)...)
+	if jerr := json.Unmarshal([]byte(out), v); jerr != nil {
+		t.Fatalf("hactl %s: %v %v\n%s", strings.Join(args, " "), err, jerr, out)
+	}
+}
+
+// waitUntil polls cond until it holds or d passes; the test fails with
+// cond's last word and the agent's log.
+func (a *agentRun) waitUntil(t *testing.T, what string, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	end := time.Now().Add(d)
+	last := ""
+	for time.Now().Before(end) {
+		ok, s := cond()
+		if ok {
+			return
+		}
+		last = s
+		time.Sleep(100 * time.Millisecond) // polling hactl, bounded by the deadline
+	}
+	t.Fatalf("%s: not within %v; last: %s\nhaagent: %s", what, d, last, a.stderr.String())
+}
+
 // The fleet seen from one place: a C application on libhapkcs11.so and a
 // Go program on pkg/ha sign through the group while haagent runs. Both
 // appear in hactl hagroup clients with their operations; the member
@@ -155,68 +237,18 @@ func hactlOut(t *testing.T, r *rig, hactl string, args ...string) (string, error
 func TestFleetSeenByTheAgent(t *testing.T) {
 	r := newRig(t, rigOpts{remote: true})
 	r.keypair("load1", "0c")
-	haagent := goBinary(t, "haagent", "./cmd/haagent")
-	hactl := goBinary(t, "hactl", "./cmd/hactl")
 	fleetsign := goBinary(t, "fleetsign", "./test/module/fleetsign")
-
-	sock := filepath.Join(r.dir, "agent.sock")
-	cfg, err := os.ReadFile(r.conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The rig's config names a socket no agent listens on; this test's
-	// agent listens on sock.
-	noAgent := fmt.Sprintf("socket = %q\n", filepath.Join(r.dir, "no-agent.sock"))
-	if !strings.Contains(string(cfg), noAgent) {
-		t.Fatalf("the rig's config has no %q", noAgent)
-	}
-	conf := strings.Replace(string(cfg), noAgent, fmt.Sprintf("socket = %q\nmetrics = \"127.0.0.1:0\"\n", sock), 1)
-	conf = strings.Replace(conf, "[ha]\n", "[ha]\nprobe_interval = \"500ms\"\n", 1)
-	if err := os.WriteFile(r.conf, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	ag := exec.CommandContext(ctx, haagent, "--config", r.conf)
-	ag.Env, ag.Dir = r.env, r.dir
-	agErr := &lockedBuffer{}
-	ag.Stderr = agErr
-	if err := ag.Start(); err != nil {
-		t.Fatal(err)
-	}
-	agentDone := make(chan error, 1)
-	go func() { agentDone <- ag.Wait() }()
-	defer func() {
-		ag.Process.Signal(syscall.SIGCONT) // if the test stopped here with the agent hung
-		ag.Process.Signal(syscall.SIGTERM)
-		<-agentDone
-	}()
-	hactlJSON := func(v any, args ...string) {
-		t.Helper()
-		out, err := hactlOut(t, r, hactl, append([]string{"--config", r.conf, "hagroup"}, args...)...)
-		if jerr := json.Unmarshal([]byte(out), v); jerr != nil {
-			t.Fatalf("hactl %s: %v %v\n%s", strings.Join(args, " "), err, jerr, out)
-		}
-	}
+	a := startAgent(ctx, t, r)
+	ag, agErr, agentDone, hactl := a.cmd, a.stderr, a.done, a.hactl
+	defer a.stop()
+	hactlJSON := func(v any, args ...string) { t.Helper(); a.hactlJSON(t, v, args...) }
 	waitUntil := func(what string, d time.Duration, cond func() (bool, string)) {
 		t.Helper()
-		end := time.Now().Add(d)
-		last := ""
-		for time.Now().Before(end) {
-			ok, s := cond()
-			if ok {
-				return
-			}
-			last = s
-			time.Sleep(100 * time.Millisecond) // polling hactl, bounded by the deadline
-		}
-		t.Fatalf("%s: not within %v; last: %s\nhaagent: %s", what, d, last, agErr.String())
+		a.waitUntil(t, what, d, cond)
 	}
-	waitUntil("haagent listening", time.Minute, func() (bool, string) {
-		_, err := net.Dial("unix", sock)
-		return err == nil, fmt.Sprint(err)
-	})
 	var metricsAddr string
 	waitUntil("haagent's metrics address in its log", time.Minute, func() (bool, string) {
 		m := regexp.MustCompile(`msg="metrics endpoint" addr=(\S+)`).FindStringSubmatch(agErr.String())
@@ -371,5 +403,64 @@ func TestFleetSeenByTheAgent(t *testing.T) {
 		if !strings.Contains(total, "sign_failed=0") {
 			t.Errorf("%s: %s, want no failed signature", s.name, total)
 		}
+	}
+}
+
+// TestFleetSeesAForkedChild: a process forked from one that runs the
+// engine, served by its helper, is in hactl hagroup clients as an operator
+// needs to find it: the row's PID is the helper's (the kernel's word, as
+// for every client) and its program names the child and its pid,
+// "forkfleet (pid N, through hapkcs11-helper)", with the child's
+// signatures counted; its parent is there under its own pid and name.
+func TestFleetSeesAForkedChild(t *testing.T) {
+	r := newRig(t, rigOpts{remote: true, allRemote: true})
+	r.keypair("forkfleet", "0f06")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	a := startAgent(ctx, t, r)
+	defer a.stop()
+
+	s := startSigner(t, r, "forkfleet", cprog(t, "forkfleet"), r.lib, virtualSlot, r.pinFile, "forkfleet")
+	s.waitFor("the child signing", time.Minute, func() bool { return s.progress >= 200 })
+	var parent, child, helper int
+	for _, l := range s.all {
+		fmt.Sscanf(l, "parent %d", &parent)
+		fmt.Sscanf(l, "child %d helper %d", &child, &helper)
+	}
+	if parent == 0 || child == 0 || helper == 0 {
+		t.Fatalf("forkfleet did not name its parent, child and the child's helper: %q", s.all)
+	}
+	want := fmt.Sprintf("forkfleet (pid %d, through hapkcs11-helper)", child)
+	var cl agent.ClientsReport
+	a.waitUntil(t, "the child (through its helper) and the parent in hactl hagroup clients", time.Minute, func() (bool, string) {
+		a.hactlJSON(t, &cl, "clients", "--json")
+		seen := map[string]bool{}
+		for _, p := range cl.Clients {
+			var ops uint64
+			for _, gr := range p.Groups {
+				for _, m := range gr.Members {
+					ops += m.Operations
+				}
+			}
+			mine := p.UID == os.Getuid() && len(p.Groups) == 1 && p.Groups[0].Group == groupLabel
+			switch p.Program {
+			case want:
+				seen["child"] = mine && p.PID == helper && ops >= 100
+			case "forkfleet":
+				seen["parent"] = mine && p.PID == parent && ops >= 1
+			}
+		}
+		return seen["child"] && seen["parent"], fmt.Sprintf("%+v", cl.Clients)
+	})
+	// What the operator reads: the helper's pid and the child's name on
+	// one row.
+	out, err := hactlOut(t, r, a.hactl, "--config", r.conf, "hagroup", "clients")
+	t.Logf("hactl hagroup clients:\n%s", out)
+	row := regexp.MustCompile(`(?m)^` + strconv.Itoa(helper) + `\s+` + regexp.QuoteMeta(want) + `\s+.*\s` + groupLabel + `\s`)
+	if err != nil || !row.MatchString(out) {
+		t.Errorf("hactl hagroup clients (%v) has no row with PID %d and PROGRAM %q in group %s", err, helper, want, groupLabel)
+	}
+	if total := s.finish(); !strings.Contains(total, "sign_failed=0") {
+		t.Errorf("forkfleet: %s", total)
 	}
 }

@@ -230,9 +230,13 @@ func TestHelperOptIn(t *testing.T) {
 
 // TestHelperBounds speaks to a helper as a broken or hostile client would:
 // an unknown function, arguments cut short, an attribute count far over
-// the bound, and a frame header over the frame bound each get an answer
-// (or, for the header, the end of that connection) and never make the
-// helper allocate what they claim; the helper goes on serving.
+// the bound, mechanism parameters that lie (a structure's bytes cut short,
+// a structure with pointers sent as raw bytes, a parameter length of
+// 1 TiB) and a frame header over the frame bound each get an answer (or,
+// for the header, the end of that connection) and never make the helper
+// allocate what they claim; the helper goes on serving. A structure whose
+// own length field lies (1 TiB of data behind 16 bytes) crosses with the
+// length that came: the engine answers the call (no session 0).
 func TestHelperBounds(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	ctl := startHelper(t, r)
@@ -250,11 +254,20 @@ func TestHelperBounds(t *testing.T) {
 		{"C_Sign without its arguments", words(41), 0x7}, // CKR_ARGUMENTS_BAD
 		{"C_FindObjectsInit with 2^40 attributes", words(24, 1, 1, 1<<40), 0x7},
 		{"C_GetInfo", words(1, 1), 0x0},
+		// C_DeriveKey(0, AES-ECB-ENCRYPT-DATA, 0, no template, &key):
+		// CK_KEY_DERIVATION_STRING_DATA {pData, ulLen} as a structure
+		// (form 1), its data (present, length, bytes), and so on.
+		{"derive-by-data with its data cut short", words(60, 0, 1, 0x1104, 1, 0xdead, 16, 1, 16, 7), 0x7},
+		{"derive-by-data with a structure cut short", words(60, 0, 1, 0x1104, 1, 0xdead), 0x7},
+		{"CCM parameters as raw bytes (the client's pointers)", words(60, 0, 1, 0x1088, 0, 1, 48, 1, 2, 3, 4, 5, 6, 0, 0, 0, 1), 0x7},
+		{"a parameter length of 1 TiB", words(60, 0, 1, 0x1104, 2, 1<<40, 0, 0, 0, 1), 0x7},
+		{"derive-by-data whose length field says 1 TiB", words(60, 0, 1, 0x1104, 1, 0xdead, 1<<40, 1, 16, 1, 2, 0, 0, 0, 1), 0xb3}, // CKR_SESSION_HANDLE_INVALID
 		// An Init folded with its call (fold.c): HAP_OP_FOLD, the Init's
 		// length, the Init, the call.
 		{"a fold whose Init runs past the frame", words(0x10000, 1<<40, 1, 1), 0x7},
 		{"a fold inside a fold", words(0x10000, 16, 0x10000, 0, 1, 1), 0x54}, // the inner fold is no function: its code is the call's
 		{"C_GetInfo folded after C_GetInfo", words(0x10000, 16, 1, 1, 1, 1), 0x0},
+		{"the helper after them", words(1, 1), 0x0},
 	} {
 		writeFrame(t, call, tc.body)
 		reply := readFrame(t, call)
@@ -275,6 +288,29 @@ func TestHelperBounds(t *testing.T) {
 	if reply := readFrame(t, other); le64(reply) != 0 {
 		t.Errorf("C_GetInfo on a new connection after the oversized frame: %x", reply)
 	}
+}
+
+// TestHelperParamWire runs c/paramwire.c, built with AddressSanitizer
+// around the helper's own marshalling (rpc.c and the generated
+// rpc_params.c): every mechanism parameter with pointers that the client
+// sends is rebuilt by the helper as it was, then sent again cut short at
+// every byte and with each word replaced by lying lengths and counts;
+// neither side reads or writes out of bounds (ASan stops the program), a
+// rebuilt parameter's every pointer has its length's bytes behind it, and
+// lengths over the frame bound are refused before anything is read.
+func TestHelperParamWire(t *testing.T) {
+	src := filepath.Join(repoDir, "cmd", "hapkcs11")
+	prog := buildOnce(t, "paramwire", func(out string) error {
+		return command(2*time.Minute, repoDir, "gcc", "-Wall", "-Werror", "-O1", "-g",
+			"-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-I", src, "-o", out,
+			filepath.Join(repoDir, "test", "module", "c", "paramwire.c"),
+			filepath.Join(src, "rpc.c"), filepath.Join(src, "rpc_params.c"))
+	})
+	out, err := runEnv(t, 2*time.Minute, nil, t.TempDir(), prog)
+	if err != nil || !strings.HasPrefix(out, "ok ") {
+		t.Fatalf("paramwire: %v\n%s", err, out)
+	}
+	t.Log(strings.TrimSpace(out))
 }
 
 // startHelper runs hapkcs11-helper on the rig's library with a socketpair

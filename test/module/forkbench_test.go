@@ -3,8 +3,11 @@ package module
 import (
 	"flag"
 	"fmt"
+	"net"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,8 +19,12 @@ var forkBenchSeconds = flag.Int("forkbench", 0, "run TestForkBench, each figure 
 // TestForkBench measures signing in processes forked from one that
 // initialised the module (through their helpers) against processes that
 // run the engine themselves, ECDSA P-256 and RSA-2048, 1 and 4 processes,
-// on three in-process SoftHSM members; it prints the figures for
-// docs/BENCHMARKS.md and fails only when a signature fails.
+// on three in-process SoftHSM members, and beside them the anchor for a
+// PKCS#11 call over a socket: the same processes on p11-kit-client.so, a
+// `p11-kit server` signing on the first member's token (its CPU counted),
+// and on that token straight through libsofthsm2.so (what the socket
+// adds to); it prints the figures for docs/BENCHMARKS.md and fails only
+// when a signature fails.
 func TestForkBench(t *testing.T) {
 	if *forkBenchSeconds <= 0 {
 		t.Skip("a benchmark: go test -run TestForkBench -forkbench 5 ./test/module")
@@ -27,11 +34,20 @@ func TestForkBench(t *testing.T) {
 	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--keypairgen",
 		"--key-type", "rsa:2048", "--label", "bench-rsa", "--id", "0b02")
 	prog := cprog(t, "forkbench")
+	p11kit, serverPID := r.p11KitServer(r.members[0].Label)
 	for _, mech := range []string{"ecdsa", "rsa"} {
 		for _, procs := range []int{1, 4} {
-			for _, mode := range []string{"inprocess", "helper"} {
+			for _, mode := range []string{"inprocess", "helper", "softhsm", "p11kit"} {
 				label := map[string]string{"ecdsa": "bench-ec", "rsa": "bench-rsa"}[mech]
-				out, err := runEnv(t, 2*time.Minute, withoutPIN(r.env), r.dir, prog, mode, r.lib, virtualSlot, r.pinFile,
+				env, module, slot := withoutPIN(r.env), r.lib, virtualSlot
+				switch mode {
+				case "softhsm":
+					module, slot = testhsm.SoftHSMModule, "label="+r.members[0].Label
+				case "p11kit":
+					env = append(env, "P11_KIT_SERVER_ADDRESS="+p11kit, fmt.Sprintf("HAP_BENCH_SERVER_PID=%d", serverPID))
+					module, slot = testhsm.P11KitClient, "label="+r.members[0].Label
+				}
+				out, err := runEnv(t, 3*time.Minute, env, r.dir, prog, mode, module, slot, r.pinFile,
 					label, mech, fmt.Sprint(procs), fmt.Sprint(*forkBenchSeconds))
 				if err != nil {
 					t.Fatalf("forkbench %s %s %d: %v\n%s", mode, mech, procs, err, out)
@@ -39,6 +55,44 @@ func TestForkBench(t *testing.T) {
 				fmt.Print("forkbench ", strings.TrimSpace(out), "\n")
 			}
 		}
+	}
+}
+
+// p11KitServer serves the rig's token labelled label with `p11-kit server`
+// until the test ends; it returns the server's address and pid.
+func (r *rig) p11KitServer(label string) (string, int) {
+	r.t.Helper()
+	sock := filepath.Join(r.dir, "p11kit.sock")
+	cmd := exec.Command("p11-kit", "server", "-f", "-n", sock, "--provider", testhsm.SoftHSMModule, "pkcs11:token="+label)
+	cmd.Env = withoutPIN(r.env)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		r.t.Fatalf("p11-kit server: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	r.t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			return "unix:path=" + sock, cmd.Process.Pid
+		}
+		select {
+		case <-done:
+			r.t.Fatalf("p11-kit server ended: %s", out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("p11-kit server did not answer on %s within 30 s: %v\n%s", sock, err, out.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling a socket: nothing to wait on
 	}
 }
 

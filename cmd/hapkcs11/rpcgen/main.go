@@ -4,7 +4,9 @@
 // stub and the helper's dispatch of every function). The one description
 // is the OASIS header pkcs11f.h, read as it is, and the argument kinds
 // below, inferred from each argument's type and the argument after it; a
-// function whose arguments match no kind stops the generator.
+// function whose arguments match no kind stops the generator. It writes
+// rpc_params.c too: the mechanism parameters that hold pointers, from
+// pkcs11t.h's structures (params.go).
 //
 // Run by `go generate ./cmd/hapkcs11` (-o DIR writes elsewhere: the test
 // that the committed files are current).
@@ -376,7 +378,19 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	for name, body := range map[string][]byte{"forward.c": forward(fns), "rpc_gen.c": code, "rpc_gen.h": declarations(fns)} {
+	tsrc, err := os.ReadFile("pkcs11t.h")
+	if err != nil {
+		return err
+	}
+	ts, err := parseTypes(tsrc)
+	if err != nil {
+		return err
+	}
+	pcode, err := paramCode(ts)
+	if err != nil {
+		return err
+	}
+	for name, body := range map[string][]byte{"forward.c": forward(fns), "rpc_gen.c": code, "rpc_gen.h": declarations(fns), "rpc_params.c": pcode} {
 		if err := os.WriteFile(filepath.Join(*out, name), body, 0o644); err != nil {
 			return err
 		}

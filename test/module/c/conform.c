@@ -11,9 +11,10 @@
  * inside a SHA-256 digest, and its error cases). cbc and digestkey log in
  * and make an AES key of a fixed value, destroyed at the end. initerr
  * (the errors *Init calls give, then the buffer convention on C_Sign and
- * C_Decrypt) makes its own keys too. fold (an Init made again on its
- * session, which a helper sends with its call) makes its own keys, and
- * logs out and in again from a second session.
+ * C_Decrypt) makes its own keys too, and so does params (mechanism
+ * parameters that hold pointers, well and badly formed). fold (an Init
+ * made again on its session, which a helper sends with its call) makes its
+ * own keys, and logs out and in again from a second session: run it last.
  */
 #include "common.h"
 
@@ -482,6 +483,124 @@ static void part_fold(CK_SLOT_ID slot, CK_SESSION_HANDLE s, CK_OBJECT_HANDLE *ae
 	CHECK(f->C_DestroyObject(s, key));
 }
 
+/* derive runs C_DeriveKey from base with mech and prints its answer and,
+ * when it made a key, the key's value; the key is destroyed. */
+static void derive(const char *name, CK_SESSION_HANDLE s, CK_MECHANISM *m, CK_OBJECT_HANDLE base)
+{
+	CK_OBJECT_CLASS cls = CKO_SECRET_KEY;
+	CK_KEY_TYPE kt = CKK_AES;
+	CK_ULONG len = 16;
+	CK_BBOOL yes = CK_TRUE, no = CK_FALSE;
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_KEY_TYPE, &kt, sizeof kt},
+		{CKA_VALUE_LEN, &len, sizeof len},
+		{CKA_TOKEN, &no, sizeof no},
+		{CKA_SENSITIVE, &no, sizeof no},
+		{CKA_EXTRACTABLE, &yes, sizeof yes},
+		{CKA_ENCRYPT, &yes, sizeof yes},
+	};
+	CK_OBJECT_HANDLE k = CK_INVALID_HANDLE;
+	char what[80];
+	snprintf(what, sizeof what, "%s derive", name);
+	if (rv(what, f->C_DeriveKey(s, m, base, t, sizeof t / sizeof t[0], &k)) != CKR_OK)
+		return;
+	CK_BYTE v[64];
+	CK_ATTRIBUTE a = {CKA_VALUE, v, sizeof v};
+	snprintf(what, sizeof what, "%s value", name);
+	if (rv(what, f->C_GetAttributeValue(s, k, &a, 1)) == CKR_OK)
+		hex(what, v, a.ulValueLen);
+	CHECK(f->C_DestroyObject(s, k));
+}
+
+/*
+ * part_params: mechanism parameters that hold pointers (issue 33): AES-GCM
+ * with an IV and AAD, CCM, derivation by data (ECB and CBC encryption of
+ * data, concatenation, XOR), RSA-AES key wrap with its OAEP parameters,
+ * and the same derivation with a parameter length that is not its
+ * structure's, a data length the token refuses and no parameter at all.
+ * Through a helper each must cross and be answered as in process.
+ */
+static void part_params(CK_SESSION_HANDLE s)
+{
+	static CK_BYTE value[16] = {0x60, 0x3d, 0xeb, 0x10, 0x15, 0xca, 0x71, 0xbe,
+				    0x2b, 0x73, 0xae, 0xf0, 0x85, 0x7d, 0x77, 0x81};
+	CK_OBJECT_CLASS cls = CKO_SECRET_KEY;
+	CK_KEY_TYPE kt = CKK_AES;
+	CK_BBOOL yes = CK_TRUE, no = CK_FALSE;
+	char label[64];
+	snprintf(label, sizeof label, "conform-derive-%d", (int)getpid());
+	CK_ATTRIBUTE t[] = {
+		{CKA_CLASS, &cls, sizeof cls},
+		{CKA_KEY_TYPE, &kt, sizeof kt},
+		{CKA_TOKEN, &no, sizeof no},
+		{CKA_SENSITIVE, &no, sizeof no},
+		{CKA_EXTRACTABLE, &yes, sizeof yes},
+		{CKA_ENCRYPT, &yes, sizeof yes},
+		{CKA_DECRYPT, &yes, sizeof yes},
+		{CKA_DERIVE, &yes, sizeof yes},
+		{CKA_WRAP, &yes, sizeof yes},
+		{CKA_LABEL, label, strlen(label)},
+		{CKA_VALUE, value, sizeof value},
+	};
+	CK_OBJECT_HANDLE base;
+	CHECK(f->C_CreateObject(s, t, sizeof t / sizeof t[0], &base));
+
+	CK_BYTE out[256], back[256];
+	CK_ULONG n, bn;
+	CK_BYTE iv[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, aad[6] = "header";
+	CK_GCM_PARAMS gcm = {iv, sizeof iv, 96, aad, sizeof aad, 128};
+	CK_MECHANISM mgcm = {CKM_AES_GCM, &gcm, sizeof gcm};
+	n = sizeof out;
+	if (rv("gcm encryptinit", f->C_EncryptInit(s, &mgcm, base)) == CKR_OK &&
+	    rv("gcm encrypt", f->C_Encrypt(s, (CK_BYTE_PTR) "plaintext", 9, out, &n)) == CKR_OK) {
+		hex("gcm encrypt", out, n);
+		bn = sizeof back;
+		if (rv("gcm decryptinit", f->C_DecryptInit(s, &mgcm, base)) == CKR_OK &&
+		    rv("gcm decrypt", f->C_Decrypt(s, out, n, back, &bn)) == CKR_OK)
+			hex("gcm decrypt", back, bn);
+	}
+	CK_CCM_PARAMS ccm = {9, iv, sizeof iv, aad, sizeof aad, 16};
+	CK_MECHANISM mccm = {CKM_AES_CCM, &ccm, sizeof ccm};
+	n = sizeof out;
+	if (rv("ccm encryptinit", f->C_EncryptInit(s, &mccm, base)) == CKR_OK &&
+	    rv("ccm encrypt", f->C_Encrypt(s, (CK_BYTE_PTR) "plaintext", 9, out, &n)) == CKR_OK)
+		hex("ccm encrypt", out, n);
+
+	CK_BYTE data[16] = "derivation data!";
+	CK_KEY_DERIVATION_STRING_DATA str = {data, sizeof data};
+	CK_MECHANISM ecb = {CKM_AES_ECB_ENCRYPT_DATA, &str, sizeof str};
+	derive("aes ecb encrypt data", s, &ecb, base);
+	CK_AES_CBC_ENCRYPT_DATA_PARAMS cbcp = {{0x0f, 0x0e, 0x0d}, data, sizeof data};
+	CK_MECHANISM cbc = {CKM_AES_CBC_ENCRYPT_DATA, &cbcp, sizeof cbcp};
+	derive("aes cbc encrypt data", s, &cbc, base);
+	CK_MECHANISM concat = {CKM_CONCATENATE_DATA_AND_BASE, &str, sizeof str};
+	derive("concatenate data and base", s, &concat, base);
+	CK_MECHANISM xor = {CKM_XOR_BASE_AND_DATA, &str, sizeof str};
+	derive("xor base and data", s, &xor, base);
+	/* Malformed: lengths that are not the structure's, a data length the
+	 * token refuses, no parameter. */
+	CK_MECHANISM shorter = {CKM_AES_ECB_ENCRYPT_DATA, &str, sizeof str - 1};
+	derive("ecb encrypt data short parameter", s, &shorter, base);
+	CK_BYTE longer[sizeof str + 8];
+	memset(longer, 0, sizeof longer);
+	memcpy(longer, &str, sizeof str);
+	CK_MECHANISM lng = {CKM_AES_ECB_ENCRYPT_DATA, longer, sizeof longer};
+	derive("ecb encrypt data long parameter", s, &lng, base);
+	CK_KEY_DERIVATION_STRING_DATA odd = {data, 15};
+	CK_MECHANISM modd = {CKM_AES_ECB_ENCRYPT_DATA, &odd, sizeof odd};
+	derive("ecb encrypt data of 15 bytes", s, &modd, base);
+	CK_MECHANISM none = {CKM_AES_ECB_ENCRYPT_DATA, NULL, 0};
+	derive("ecb encrypt data without parameter", s, &none, base);
+
+	CK_RSA_PKCS_OAEP_PARAMS oaep = {CKM_SHA_1, CKG_MGF1_SHA1, CKZ_DATA_SPECIFIED, NULL, 0};
+	CK_RSA_AES_KEY_WRAP_PARAMS wrapp = {256, &oaep};
+	CK_MECHANISM wrap = {CKM_RSA_AES_KEY_WRAP, &wrapp, sizeof wrapp};
+	n = sizeof out;
+	rv("rsa aes key wrap", f->C_WrapKey(s, &wrap, base, base, out, &n));
+	CHECK(f->C_DestroyObject(s, base));
+}
+
 int main(int argc, char **argv)
 {
 	char pin[256];
@@ -518,6 +637,8 @@ int main(int argc, char **argv)
 			part_initerr(s, key);
 		else if (strcmp(part, "fold") == 0)
 			part_fold(slot, s, &key, pin, pinLen);
+		else if (strcmp(part, "params") == 0)
+			part_params(s);
 		else {
 			fprintf(stderr, "FATAL unknown part %s\n", part);
 			return 2;
