@@ -230,6 +230,9 @@ func (d *Daemon) installLocked(gr *groupRun) {
 	if gr.recheck == nil {
 		gr.recheck = make(chan struct{}, 1)
 	}
+	if gr.stall == nil {
+		gr.stall = d.keptStall(label) // from before a restart or reload
+	}
 	d.groups[label] = gr
 	if !slices.Contains(d.order, label) {
 		d.order = append(d.order, label)
@@ -578,6 +581,9 @@ func (d *Daemon) noteStall(e agent.Event) {
 	gr.mu.Lock()
 	defer gr.mu.Unlock()
 	gr.stall = &agent.TombstoneStall{Time: e.Time, Member: e.Member, Detail: e.Detail, Program: e.Program, PID: e.PID, Host: e.Host}
+	if err := d.keepStall(e.Group, gr.stall); err != nil {
+		d.log.Error("tombstone stall kept in memory only", "group", e.Group, "err", err)
+	}
 }
 
 // Recover implements agent.Backend.
@@ -639,7 +645,11 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 	case !req.Check && rep.Failed == 0 && rep.Conflicts == 0:
 		// Every member now holds the union of the tombstones and no longer
 		// holds what they name: a stall's lost write, if any, is repaired.
-		gr.stall = nil
+		if err := d.keepStall(req.Group, nil); err != nil {
+			d.log.Error("tombstone stall resolved but its record stays", "group", req.Group, "err", err)
+		} else {
+			gr.stall = nil
+		}
 	}
 	gr.mu.Unlock()
 	// Compare again (the rule's counts are not on the wire), so the
