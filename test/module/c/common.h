@@ -30,6 +30,27 @@ static inline void die(const char *what, CK_RV rv)
 			die(#call, rv_);     \
 	} while (0)
 
+/* child_pids puts the pids of process of's children (0: this process's)
+ * in pids, at most max of them, and returns how many it has (the helper a
+ * forked child starts is its child). */
+static inline size_t child_pids(pid_t of, pid_t *pids, size_t max)
+{
+	char path[128], list[4096];
+	if (of == 0)
+		of = getpid();
+	snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)of, (int)of);
+	FILE *fp = fopen(path, "r");
+	if (fp == NULL)
+		return 0;
+	size_t n = fread(list, 1, sizeof list - 1, fp), count = 0;
+	fclose(fp);
+	list[n] = 0;
+	char *save = NULL;
+	for (char *t = strtok_r(list, " \n", &save); t != NULL && count < max; t = strtok_r(NULL, " \n", &save))
+		pids[count++] = (pid_t)atoi(t);
+	return count;
+}
+
 /* load_module dlopens path and returns its function list. */
 static inline CK_FUNCTION_LIST_PTR load_module(const char *path, void **handle)
 {

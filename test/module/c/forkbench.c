@@ -35,21 +35,6 @@ struct result {
 	int failed;
 };
 
-static pid_t only_child(void)
-{
-	char path[128], list[256];
-	int pid = 0;
-	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-	FILE *fp = fopen(path, "r");
-	if (fp == NULL)
-		return 0;
-	size_t n = fread(list, 1, sizeof list - 1, fp);
-	fclose(fp);
-	list[n] = 0;
-	sscanf(list, "%d", &pid);
-	return pid;
-}
-
 /* proc_cpu_us returns a process's user + system CPU, and its RSS and the
  * anonymous part of it (rss_kb may be NULL: neither); with children, its
  * reaped children's CPU too. */
@@ -93,17 +78,11 @@ static double proc_cpu_us(pid_t pid, long *rss_kb, long *anon_kb)
  * living children's. */
 static double server_cpu_us(pid_t server)
 {
-	char path[128], list[4096];
+	pid_t kids[512];
 	double cpu = proc_cpu_us_of(server, NULL, NULL, 1);
-	snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)server, (int)server);
-	FILE *fp = fopen(path, "r");
-	if (fp == NULL)
-		return cpu;
-	size_t n = fread(list, 1, sizeof list - 1, fp);
-	fclose(fp);
-	list[n] = 0;
-	for (char *t = strtok(list, " \n"); t != NULL; t = strtok(NULL, " \n"))
-		cpu += proc_cpu_us_of(atoi(t), NULL, NULL, 1);
+	size_t n = child_pids(server, kids, 512);
+	for (size_t i = 0; i < n; i++)
+		cpu += proc_cpu_us_of(kids[i], NULL, NULL, 1);
 	return cpu;
 }
 
@@ -147,7 +126,8 @@ static void worker(CK_FUNCTION_LIST_PTR f, const char *slotArg, char *pin, CK_UL
 	CHECK(f->C_OpenSession(slot_of(f, slotArg), CKF_SERIAL_SESSION, NULL, NULL, &s));
 	CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
 	CK_OBJECT_HANDLE key = find_one(f, s, CKO_PRIVATE_KEY, label);
-	pid_t helper = only_child();
+	pid_t helper = 0;
+	child_pids(0, &helper, 1);
 	CHECK(sign32(f, s, mech, key)); /* warm */
 	__atomic_fetch_add(&mt->ready, 1, __ATOMIC_SEQ_CST);
 	while (!mt->go)

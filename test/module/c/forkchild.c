@@ -79,21 +79,15 @@ static int file_holds(const char *path, const char *needle, size_t n)
  * in *seen. */
 static int helper_leaks(int *seen)
 {
-	char path[128], list[4096];
-	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-	FILE *fp = fopen(path, "r");
-	*seen = 0;
-	if (fp == NULL)
-		return 0;
-	size_t n = fread(list, 1, sizeof list - 1, fp);
-	fclose(fp);
-	list[n] = 0;
-	for (char *tok = strtok(list, " \n"); tok != NULL; tok = strtok(NULL, " \n")) {
-		(*seen)++;
-		snprintf(path, sizeof path, "/proc/%s/cmdline", tok);
+	char path[128];
+	pid_t pids[64];
+	size_t n = child_pids(0, pids, 64);
+	*seen = (int)n;
+	for (size_t i = 0; i < n; i++) {
+		snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pids[i]);
 		if (file_holds(path, pin, pinlen))
 			return 1;
-		snprintf(path, sizeof path, "/proc/%s/environ", tok);
+		snprintf(path, sizeof path, "/proc/%d/environ", (int)pids[i]);
 		if (file_holds(path, pin, pinlen))
 			return 1;
 	}

@@ -14,23 +14,6 @@
 
 #include "common.h"
 
-/* the_helper is this process's one child: its helper. */
-static int the_helper(void)
-{
-	char path[128], list[256];
-	int pid = 0;
-	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-	FILE *fp = fopen(path, "r");
-	if (fp == NULL)
-		return 0;
-	size_t n = fread(list, 1, sizeof list - 1, fp);
-	fclose(fp);
-	list[n] = 0;
-	if (sscanf(list, "%d", &pid) != 1)
-		return 0;
-	return pid;
-}
-
 /* input_closed says whether standard input reached its end. */
 static int input_closed(void)
 {
@@ -64,7 +47,9 @@ int main(int argc, char **argv)
 		s = init_login(f, slot, pin, pinlen);
 		key = find_one(f, s, CKO_PRIVATE_KEY, argv[4]);
 		CHECK(sign32(f, s, CKM_ECDSA, key));
-		printf("child %d helper %d\n", (int)getpid(), the_helper());
+		pid_t helper = 0;
+		child_pids(0, &helper, 1);
+		printf("child %d helper %d\n", (int)getpid(), (int)helper);
 		long n = 1;
 		while (!input_closed()) {
 			CHECK(sign32(f, s, CKM_ECDSA, key));

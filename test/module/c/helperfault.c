@@ -26,20 +26,12 @@ static const char *label;
 /* helper_pid returns the one child process of this one: the helper. */
 static pid_t helper_pid(void)
 {
-	char path[128], list[256];
-	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-	FILE *fp = fopen(path, "r");
-	if (fp == NULL)
-		return 0;
-	size_t n = fread(list, 1, sizeof list - 1, fp);
-	fclose(fp);
-	list[n] = 0;
-	int pid = 0, more = 0;
-	if (sscanf(list, "%d %d", &pid, &more) != 1) {
-		fprintf(stderr, "FAIL the child has not exactly one helper: %s\n", list);
+	pid_t pids[2];
+	if (child_pids(0, pids, 2) != 1) {
+		fprintf(stderr, "FAIL the child has not exactly one helper\n");
 		exit(1);
 	}
-	return pid;
+	return pids[0];
 }
 
 static CK_RV sign_once(CK_SESSION_HANDLE s, CK_OBJECT_HANDLE key)

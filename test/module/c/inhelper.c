@@ -11,18 +11,8 @@
 
 static int children(void)
 {
-	char path[128], list[1024];
-	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-	FILE *fp = fopen(path, "r");
-	if (fp == NULL)
-		return -1;
-	size_t n = fread(list, 1, sizeof list - 1, fp);
-	fclose(fp);
-	list[n] = 0;
-	int count = 0;
-	for (char *t = strtok(list, " \n"); t != NULL; t = strtok(NULL, " \n"))
-		count++;
-	return count;
+	pid_t pids[64];
+	return (int)child_pids(0, pids, 64);
 }
 
 int main(int argc, char **argv)
