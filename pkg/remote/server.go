@@ -803,11 +803,11 @@ func (p *peer) run(q *request, r *response) error {
 	if err != nil {
 		return err
 	}
-	ms, err := mechIn(q.Mech)
+	ms, free, err := mechIn(q.Mech)
 	if err != nil {
 		return err
 	}
-	defer freeMech(ms)
+	defer free()
 	// The client's deadline bounds the wait; the server has none of its own.
 	hold, err := objects.Acquire(context.Background(), objectAccess(q.Op))
 	if err != nil {
@@ -993,10 +993,11 @@ func (p *peer) runSlot(q *request, r *response) error {
 		}
 		return err
 	case opGetMechanismInfo:
-		ms, err := mechIn(q.Mech)
+		ms, free, err := mechIn(q.Mech)
 		if err != nil {
 			return err
 		}
+		defer free()
 		if ms == nil {
 			return pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
 		}

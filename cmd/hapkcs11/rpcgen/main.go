@@ -6,7 +6,8 @@
 // below, inferred from each argument's type and the argument after it; a
 // function whose arguments match no kind stops the generator. It writes
 // rpc_params.c too: the mechanism parameters that hold pointers, from
-// pkcs11t.h's structures (params.go).
+// pkcs11t.h's structures (params.go), and their Go twin for hsmserve,
+// internal/mechparam/layouts_gen.go.
 //
 // Run by `go generate ./cmd/hapkcs11` (-o DIR writes elsewhere: the test
 // that the committed files are current).
@@ -16,6 +17,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"go/format"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -364,7 +366,8 @@ func main() {
 }
 
 func run() error {
-	out := flag.String("o", ".", "the directory to write the generated files in")
+	out := flag.String("o", ".", "the directory to write the generated C files in")
+	goOut := flag.String("go", "../../internal/mechparam/layouts_gen.go", "the Go file of the parameter layouts")
 	flag.Parse()
 	src, err := os.ReadFile("pkcs11f.h")
 	if err != nil {
@@ -386,8 +389,14 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	pcode, err := paramCode(ts)
+	pcode, gcode, err := paramCode(ts)
 	if err != nil {
+		return err
+	}
+	if gcode, err = format.Source(gcode); err != nil {
+		return fmt.Errorf("layouts_gen.go: %w", err)
+	}
+	if err := os.WriteFile(*goOut, gcode, 0o644); err != nil {
 		return err
 	}
 	for name, body := range map[string][]byte{"forward.c": forward(fns), "rpc_gen.c": code, "rpc_gen.h": declarations(fns), "rpc_params.c": pcode} {
