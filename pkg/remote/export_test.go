@@ -13,7 +13,7 @@ import (
 // Ops numbers the calls the tests make.
 var Ops = map[string]uint{"GetSlotList": uint(opGetSlotList), "OpenSession": uint(opOpenSession),
 	"CreateObject": uint(opCreateObject), "DeriveKey": uint(opDeriveKey), "GenerateRandom": uint(opGenerateRandom),
-	"GetAttributeValue": uint(opGetAttributeValue)}
+	"GetAttributeValue": uint(opGetAttributeValue), "SetOperationState": uint(opSetOperationState), "past the last": uint(opCount)}
 
 // ReadFrame reads one frame.
 var ReadFrame = readFrame

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -70,7 +71,31 @@ func (c *rawConn) call(o string, slot, session, object, n uint, mechWire []byte,
 // answer of the bytes it sent, never a read behind them, and its
 // connection goes on serving.
 func TestParamLies(t *testing.T) {
-	srv := testhsm.ServeRemote(t, "lies")
+	c, sh := rawSession(t, "lies")
+	paramLies(t, c, sh)
+}
+
+// A PKCS#11 function a member never needs answers
+// CKR_FUNCTION_NOT_SUPPORTED, and a number past every op a clean error
+// naming it; the connection goes on.
+func TestUnservedOps(t *testing.T) {
+	c, sh := rawSession(t, "unserved")
+	if r := c.call("SetOperationState", 0, sh, 0, 0, nil, nil); r.RV != pkcs11.CKR_FUNCTION_NOT_SUPPORTED || r.Err != "C_SetOperationState is not served" {
+		t.Errorf("C_SetOperationState: %+v, want CKR_FUNCTION_NOT_SUPPORTED naming it", r)
+	}
+	if r := c.call("past the last", 0, sh, 0, 0, nil, nil); r.RV != pkcs11.CKR_GENERAL_ERROR || !strings.Contains(r.Err, "unknown operation") {
+		t.Errorf("an op past the last: %+v, want CKR_GENERAL_ERROR naming an unknown operation", r)
+	}
+	if r := c.call("GenerateRandom", 0, sh, 0, 8, nil, nil); r.RV != 0 {
+		t.Errorf("the connection after them: GenerateRandom rv 0x%x", r.RV)
+	}
+}
+
+// rawSession connects by hand to a new served token and opens a session
+// logged in as the user.
+func rawSession(t *testing.T, name string) (*rawConn, uint) {
+	t.Helper()
+	srv := testhsm.ServeRemote(t, name)
 	c := dialRaw(t, srv)
 	slots := c.call("GetSlotList", 0, 0, 0, 1, nil, nil)
 	if slots.RV != 0 || len(slots.Handles) != 1 {
@@ -86,6 +111,11 @@ func TestParamLies(t *testing.T) {
 	if r, err := remote.ReadReply(c.r); err != nil || r.RV != 0 {
 		t.Fatalf("Login: %+v, %v", r, err)
 	}
+	return c, sh
+}
+
+// paramLies is TestParamLies past its session.
+func paramLies(t *testing.T, c *rawConn, sh uint) {
 	base := c.call("CreateObject", 0, sh, 0, 0, nil, []*pkcs11.Attribute{
 		attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_DERIVE, true), attr(pkcs11.CKA_VALUE, bytes.Repeat([]byte{7}, 16))})

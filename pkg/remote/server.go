@@ -716,6 +716,9 @@ func peerCred(nc net.Conn) (*unix.Ucred, error) {
 var (
 	errSessionInvalid = pkcs11.Error(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	errSlotInvalid    = pkcs11.Error(pkcs11.CKR_SLOT_ID_INVALID)
+	// errFunctionNotSupported answers a PKCS#11 function a member never
+	// needs (C_InitToken, C_SetOperationState, …): not served.
+	errFunctionNotSupported = pkcs11.Error(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
 )
 
 // session checks that sh is a session of this connection and returns it
@@ -797,7 +800,7 @@ func (p *peer) run(q *request, r *response) error {
 		return p.runSlot(q, r)
 	}
 	if q.Op == opInvalid || q.Op >= opCount {
-		return fmt.Errorf("unknown operation %d (protocol version %d)", q.Op, ProtocolVersion)
+		return fmt.Errorf("unknown operation %d (protocol version %d)", uint8(q.Op), ProtocolVersion)
 	}
 	sh, objects, err := p.session(q.Session)
 	if err != nil {
@@ -971,7 +974,7 @@ func (p *peer) run(q *request, r *response) error {
 	case opDigestKey:
 		return c.DigestKey(sh, obj)
 	}
-	return fmt.Errorf("operation %d is not served", q.Op)
+	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
 }
 
 // runSlot runs the calls on a slot (already checked to be served).
@@ -1024,5 +1027,5 @@ func (p *peer) runSlot(q *request, r *response) error {
 		r.Handle = uint(h)
 		return nil
 	}
-	return fmt.Errorf("operation %d is not served", q.Op)
+	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
 }

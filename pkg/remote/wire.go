@@ -23,7 +23,8 @@ import (
 // refuses a client of another version with a welcome naming both.
 // Version 1 was encoding/gob, unbounded; version 2 did not tell an empty
 // byte string from none; version 3 carried no C_DigestKey; version 4
-// carried four mechanism parameters with pointers, by hand.
+// carried four mechanism parameters with pointers, by hand, and numbered
+// its ops by hand.
 const ProtocolVersion = 5
 
 // magic opens every connection.
@@ -39,61 +40,30 @@ type welcome struct {
 	Err     string // the server refuses the connection
 }
 
-// op is a PKCS#11 call.
+// op is a call: a PKCS#11 function, numbered from pkcs11f.h by rpcgen
+// (ops_gen.go), or one of hagroup's own after them.
 type op uint8
 
+// hagroup's own calls: a template that holds attribute arrays, and one
+// attribute array read (internal/p11raw).
 const (
-	opInvalid op = iota
-	opGetInfo
-	opGetSlotList
-	opGetSlotInfo
-	opGetTokenInfo
-	opGetMechanismList
-	opGetMechanismInfo
-	opOpenSession
-	opCloseSession
-	opGetSessionInfo
-	opLogin
-	opLogout
-	opCreateObject
-	opCreateObjectNested
-	opCopyObject
-	opDestroyObject
-	opGetAttributeValue
+	opCreateObjectNested = opFunctions + iota
 	opGetNestedAttribute
-	opSetAttributeValue
-	opFindObjectsInit
-	opFindObjects
-	opFindObjectsFinal
-	opGenerateKey
-	opGenerateKeyPair
-	opWrapKey
-	opUnwrapKey
-	opDeriveKey
-	opGenerateRandom
-	opSignInit
-	opSign
-	opSignUpdate
-	opSignFinal
-	opVerifyInit
-	opVerify
-	opVerifyUpdate
-	opVerifyFinal
-	opEncryptInit
-	opEncrypt
-	opEncryptUpdate
-	opEncryptFinal
-	opDecryptInit
-	opDecrypt
-	opDecryptUpdate
-	opDecryptFinal
-	opDigestInit
-	opDigest
-	opDigestUpdate
-	opDigestFinal
-	opDigestKey
 	opCount
 )
+
+// String names o for an error: its PKCS#11 function, or hagroup's call.
+func (o op) String() string {
+	switch {
+	case o > opInvalid && o < opFunctions:
+		return functionNames[o]
+	case o == opCreateObjectNested:
+		return "C_CreateObject with attribute arrays"
+	case o == opGetNestedAttribute:
+		return "C_GetAttributeValue of an attribute array"
+	}
+	return fmt.Sprintf("operation %d", uint8(o))
+}
 
 // request is one call. Fields unused by an op stay zero.
 type request struct {
@@ -275,7 +245,7 @@ func mechIn(w *mech) (ms []*pkcs11.Mechanism, free func(), err error) {
 		}
 		m.Parameter = w.Param
 	case paramStruct:
-		if w.Value.Layout != l { // the decoder read it by l
+		if w.Value == nil || w.Value.Layout != l { // the decoder read it by l
 			return nil, free, fmt.Errorf("mechanism 0x%x: a parameter of another layout: %w", w.Type, errArgumentsBad)
 		}
 		if m.Parameter, free, err = mechparam.Build(w.Value); err != nil {
