@@ -359,8 +359,8 @@ func (m *mech) decode(d *decoder) {
 	case paramBytes:
 		m.Param = d.bytes()
 	case paramLength:
-		if m.Length = d.uint(); m.Length > MaxFrame {
-			d.fail(fmt.Errorf("a parameter length of %d exceeds the %d-byte frame", m.Length, MaxFrame))
+		if m.Length = d.uint(); m.Length > maxParamLength {
+			d.fail(fmt.Errorf("a parameter length of %d exceeds the bound of %d", m.Length, maxParamLength))
 		}
 	case paramStruct:
 		// Read by the layout the mechanism takes, never one the peer names.

@@ -135,6 +135,11 @@ const (
 	paramForms
 )
 
+// maxParamLength bounds a structure's length crossing alone (paramLength):
+// the largest structure is some hundred bytes, and the server allocates
+// zeroes of it.
+const maxParamLength = 1 << 16
+
 // maxParamDepth bounds how deep a parameter's structures nest (RSA-AES
 // key wrap's OAEP parameters are one level down).
 const maxParamDepth = 2
@@ -252,7 +257,7 @@ func mechIn(w *mech) (ms []*pkcs11.Mechanism, free func(), err error) {
 			return nil, func() {}, fmt.Errorf("mechanism 0x%x: %v: %w", w.Type, err, errArgumentsBad)
 		}
 	case paramLength:
-		if l == nil || l.Refused != "" || w.Length == uint(l.Size) || w.Length > MaxFrame {
+		if l == nil || l.Refused != "" || w.Length == uint(l.Size) || w.Length > maxParamLength {
 			return nil, free, fmt.Errorf("mechanism 0x%x: a parameter length of %d for no structure it could lie about: %w", w.Type, w.Length, errArgumentsBad)
 		}
 		m.Parameter = make([]byte, w.Length)
