@@ -15,22 +15,38 @@ static const struct hap_ptr hap_ptrs_CK_AES_CBC_ENCRYPT_DATA_PARAMS[] = {
 	{offsetof(CK_AES_CBC_ENCRYPT_DATA_PARAMS, pData), offsetof(CK_AES_CBC_ENCRYPT_DATA_PARAMS, length), NULL},
 };
 static const struct hap_param hap_param_CK_AES_CBC_ENCRYPT_DATA_PARAMS = {sizeof(CK_AES_CBC_ENCRYPT_DATA_PARAMS), 1, hap_ptrs_CK_AES_CBC_ENCRYPT_DATA_PARAMS};
+_Static_assert(sizeof(CK_AES_CBC_ENCRYPT_DATA_PARAMS) == 32, "internal/mechparam: CK_AES_CBC_ENCRYPT_DATA_PARAMS");
+_Static_assert(offsetof(CK_AES_CBC_ENCRYPT_DATA_PARAMS, pData) == 16, "internal/mechparam: CK_AES_CBC_ENCRYPT_DATA_PARAMS.pData");
+_Static_assert(offsetof(CK_AES_CBC_ENCRYPT_DATA_PARAMS, length) == 24, "internal/mechparam: CK_AES_CBC_ENCRYPT_DATA_PARAMS.length");
 
 static const struct hap_ptr hap_ptrs_CK_ARIA_CBC_ENCRYPT_DATA_PARAMS[] = {
 	{offsetof(CK_ARIA_CBC_ENCRYPT_DATA_PARAMS, pData), offsetof(CK_ARIA_CBC_ENCRYPT_DATA_PARAMS, length), NULL},
 };
 static const struct hap_param hap_param_CK_ARIA_CBC_ENCRYPT_DATA_PARAMS = {sizeof(CK_ARIA_CBC_ENCRYPT_DATA_PARAMS), 1, hap_ptrs_CK_ARIA_CBC_ENCRYPT_DATA_PARAMS};
+_Static_assert(sizeof(CK_ARIA_CBC_ENCRYPT_DATA_PARAMS) == 32, "internal/mechparam: CK_ARIA_CBC_ENCRYPT_DATA_PARAMS");
+_Static_assert(offsetof(CK_ARIA_CBC_ENCRYPT_DATA_PARAMS, pData) == 16, "internal/mechparam: CK_ARIA_CBC_ENCRYPT_DATA_PARAMS.pData");
+_Static_assert(offsetof(CK_ARIA_CBC_ENCRYPT_DATA_PARAMS, length) == 24, "internal/mechparam: CK_ARIA_CBC_ENCRYPT_DATA_PARAMS.length");
 
 static const struct hap_ptr hap_ptrs_CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS[] = {
 	{offsetof(CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS, pData), offsetof(CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS, length), NULL},
 };
 static const struct hap_param hap_param_CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS = {sizeof(CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS), 1, hap_ptrs_CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS};
+_Static_assert(sizeof(CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS) == 32, "internal/mechparam: CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS");
+_Static_assert(offsetof(CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS, pData) == 16, "internal/mechparam: CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS.pData");
+_Static_assert(offsetof(CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS, length) == 24, "internal/mechparam: CK_CAMELLIA_CBC_ENCRYPT_DATA_PARAMS.length");
 
 static const struct hap_ptr hap_ptrs_CK_CCM_PARAMS[] = {
 	{offsetof(CK_CCM_PARAMS, pNonce), offsetof(CK_CCM_PARAMS, ulNonceLen), NULL},
 	{offsetof(CK_CCM_PARAMS, pAAD), offsetof(CK_CCM_PARAMS, ulAADLen), NULL},
 };
 static const struct hap_param hap_param_CK_CCM_PARAMS = {sizeof(CK_CCM_PARAMS), 2, hap_ptrs_CK_CCM_PARAMS};
+_Static_assert(sizeof(CK_CCM_PARAMS) == 48, "internal/mechparam: CK_CCM_PARAMS");
+_Static_assert(offsetof(CK_CCM_PARAMS, pNonce) == 8, "internal/mechparam: CK_CCM_PARAMS.pNonce");
+_Static_assert(offsetof(CK_CCM_PARAMS, pAAD) == 24, "internal/mechparam: CK_CCM_PARAMS.pAAD");
+_Static_assert(offsetof(CK_CCM_PARAMS, ulDataLen) == 0, "internal/mechparam: CK_CCM_PARAMS.ulDataLen");
+_Static_assert(offsetof(CK_CCM_PARAMS, ulNonceLen) == 16, "internal/mechparam: CK_CCM_PARAMS.ulNonceLen");
+_Static_assert(offsetof(CK_CCM_PARAMS, ulAADLen) == 32, "internal/mechparam: CK_CCM_PARAMS.ulAADLen");
+_Static_assert(offsetof(CK_CCM_PARAMS, ulMACLen) == 40, "internal/mechparam: CK_CCM_PARAMS.ulMACLen");
 
 /* CK_CMS_SIG_PARAMS: refused, pSigningMechanism points at a CK_MECHANISM, not bytes or a parameter structure. */
 
@@ -38,22 +54,41 @@ static const struct hap_ptr hap_ptrs_CK_DES_CBC_ENCRYPT_DATA_PARAMS[] = {
 	{offsetof(CK_DES_CBC_ENCRYPT_DATA_PARAMS, pData), offsetof(CK_DES_CBC_ENCRYPT_DATA_PARAMS, length), NULL},
 };
 static const struct hap_param hap_param_CK_DES_CBC_ENCRYPT_DATA_PARAMS = {sizeof(CK_DES_CBC_ENCRYPT_DATA_PARAMS), 1, hap_ptrs_CK_DES_CBC_ENCRYPT_DATA_PARAMS};
+_Static_assert(sizeof(CK_DES_CBC_ENCRYPT_DATA_PARAMS) == 24, "internal/mechparam: CK_DES_CBC_ENCRYPT_DATA_PARAMS");
+_Static_assert(offsetof(CK_DES_CBC_ENCRYPT_DATA_PARAMS, pData) == 8, "internal/mechparam: CK_DES_CBC_ENCRYPT_DATA_PARAMS.pData");
+_Static_assert(offsetof(CK_DES_CBC_ENCRYPT_DATA_PARAMS, length) == 16, "internal/mechparam: CK_DES_CBC_ENCRYPT_DATA_PARAMS.length");
 
 static const struct hap_ptr hap_ptrs_CK_DSA_PARAMETER_GEN_PARAM[] = {
 	{offsetof(CK_DSA_PARAMETER_GEN_PARAM, pSeed), offsetof(CK_DSA_PARAMETER_GEN_PARAM, ulSeedLen), NULL},
 };
 static const struct hap_param hap_param_CK_DSA_PARAMETER_GEN_PARAM = {sizeof(CK_DSA_PARAMETER_GEN_PARAM), 1, hap_ptrs_CK_DSA_PARAMETER_GEN_PARAM};
+_Static_assert(sizeof(CK_DSA_PARAMETER_GEN_PARAM) == 32, "internal/mechparam: CK_DSA_PARAMETER_GEN_PARAM");
+_Static_assert(offsetof(CK_DSA_PARAMETER_GEN_PARAM, pSeed) == 8, "internal/mechparam: CK_DSA_PARAMETER_GEN_PARAM.pSeed");
+_Static_assert(offsetof(CK_DSA_PARAMETER_GEN_PARAM, hash) == 0, "internal/mechparam: CK_DSA_PARAMETER_GEN_PARAM.hash");
+_Static_assert(offsetof(CK_DSA_PARAMETER_GEN_PARAM, ulSeedLen) == 16, "internal/mechparam: CK_DSA_PARAMETER_GEN_PARAM.ulSeedLen");
+_Static_assert(offsetof(CK_DSA_PARAMETER_GEN_PARAM, ulIndex) == 24, "internal/mechparam: CK_DSA_PARAMETER_GEN_PARAM.ulIndex");
 
 static const struct hap_ptr hap_ptrs_CK_ECDH1_DERIVE_PARAMS[] = {
 	{offsetof(CK_ECDH1_DERIVE_PARAMS, pSharedData), offsetof(CK_ECDH1_DERIVE_PARAMS, ulSharedDataLen), NULL},
 	{offsetof(CK_ECDH1_DERIVE_PARAMS, pPublicData), offsetof(CK_ECDH1_DERIVE_PARAMS, ulPublicDataLen), NULL},
 };
 static const struct hap_param hap_param_CK_ECDH1_DERIVE_PARAMS = {sizeof(CK_ECDH1_DERIVE_PARAMS), 2, hap_ptrs_CK_ECDH1_DERIVE_PARAMS};
+_Static_assert(sizeof(CK_ECDH1_DERIVE_PARAMS) == 40, "internal/mechparam: CK_ECDH1_DERIVE_PARAMS");
+_Static_assert(offsetof(CK_ECDH1_DERIVE_PARAMS, pSharedData) == 16, "internal/mechparam: CK_ECDH1_DERIVE_PARAMS.pSharedData");
+_Static_assert(offsetof(CK_ECDH1_DERIVE_PARAMS, pPublicData) == 32, "internal/mechparam: CK_ECDH1_DERIVE_PARAMS.pPublicData");
+_Static_assert(offsetof(CK_ECDH1_DERIVE_PARAMS, kdf) == 0, "internal/mechparam: CK_ECDH1_DERIVE_PARAMS.kdf");
+_Static_assert(offsetof(CK_ECDH1_DERIVE_PARAMS, ulSharedDataLen) == 8, "internal/mechparam: CK_ECDH1_DERIVE_PARAMS.ulSharedDataLen");
+_Static_assert(offsetof(CK_ECDH1_DERIVE_PARAMS, ulPublicDataLen) == 24, "internal/mechparam: CK_ECDH1_DERIVE_PARAMS.ulPublicDataLen");
 
 static const struct hap_ptr hap_ptrs_CK_ECDH_AES_KEY_WRAP_PARAMS[] = {
 	{offsetof(CK_ECDH_AES_KEY_WRAP_PARAMS, pSharedData), offsetof(CK_ECDH_AES_KEY_WRAP_PARAMS, ulSharedDataLen), NULL},
 };
 static const struct hap_param hap_param_CK_ECDH_AES_KEY_WRAP_PARAMS = {sizeof(CK_ECDH_AES_KEY_WRAP_PARAMS), 1, hap_ptrs_CK_ECDH_AES_KEY_WRAP_PARAMS};
+_Static_assert(sizeof(CK_ECDH_AES_KEY_WRAP_PARAMS) == 32, "internal/mechparam: CK_ECDH_AES_KEY_WRAP_PARAMS");
+_Static_assert(offsetof(CK_ECDH_AES_KEY_WRAP_PARAMS, pSharedData) == 24, "internal/mechparam: CK_ECDH_AES_KEY_WRAP_PARAMS.pSharedData");
+_Static_assert(offsetof(CK_ECDH_AES_KEY_WRAP_PARAMS, ulAESKeyBits) == 0, "internal/mechparam: CK_ECDH_AES_KEY_WRAP_PARAMS.ulAESKeyBits");
+_Static_assert(offsetof(CK_ECDH_AES_KEY_WRAP_PARAMS, kdf) == 8, "internal/mechparam: CK_ECDH_AES_KEY_WRAP_PARAMS.kdf");
+_Static_assert(offsetof(CK_ECDH_AES_KEY_WRAP_PARAMS, ulSharedDataLen) == 16, "internal/mechparam: CK_ECDH_AES_KEY_WRAP_PARAMS.ulSharedDataLen");
 
 static const struct hap_ptr hap_ptrs_CK_ECMQV_DERIVE_PARAMS[] = {
 	{offsetof(CK_ECMQV_DERIVE_PARAMS, pSharedData), offsetof(CK_ECMQV_DERIVE_PARAMS, ulSharedDataLen), NULL},
@@ -61,24 +96,54 @@ static const struct hap_ptr hap_ptrs_CK_ECMQV_DERIVE_PARAMS[] = {
 	{offsetof(CK_ECMQV_DERIVE_PARAMS, pPublicData2), offsetof(CK_ECMQV_DERIVE_PARAMS, ulPublicDataLen2), NULL},
 };
 static const struct hap_param hap_param_CK_ECMQV_DERIVE_PARAMS = {sizeof(CK_ECMQV_DERIVE_PARAMS), 3, hap_ptrs_CK_ECMQV_DERIVE_PARAMS};
+_Static_assert(sizeof(CK_ECMQV_DERIVE_PARAMS) == 80, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, pSharedData) == 16, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.pSharedData");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, pPublicData) == 32, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.pPublicData");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, pPublicData2) == 64, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.pPublicData2");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, kdf) == 0, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.kdf");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, ulSharedDataLen) == 8, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.ulSharedDataLen");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, ulPublicDataLen) == 24, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.ulPublicDataLen");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, ulPrivateDataLen) == 40, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.ulPrivateDataLen");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, hPrivateData) == 48, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.hPrivateData");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, ulPublicDataLen2) == 56, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.ulPublicDataLen2");
+_Static_assert(offsetof(CK_ECMQV_DERIVE_PARAMS, publicKey) == 72, "internal/mechparam: CK_ECMQV_DERIVE_PARAMS.publicKey");
 
 static const struct hap_ptr hap_ptrs_CK_GCM_PARAMS[] = {
 	{offsetof(CK_GCM_PARAMS, pIv), offsetof(CK_GCM_PARAMS, ulIvLen), NULL},
 	{offsetof(CK_GCM_PARAMS, pAAD), offsetof(CK_GCM_PARAMS, ulAADLen), NULL},
 };
 static const struct hap_param hap_param_CK_GCM_PARAMS = {sizeof(CK_GCM_PARAMS), 2, hap_ptrs_CK_GCM_PARAMS};
+_Static_assert(sizeof(CK_GCM_PARAMS) == 48, "internal/mechparam: CK_GCM_PARAMS");
+_Static_assert(offsetof(CK_GCM_PARAMS, pIv) == 0, "internal/mechparam: CK_GCM_PARAMS.pIv");
+_Static_assert(offsetof(CK_GCM_PARAMS, pAAD) == 24, "internal/mechparam: CK_GCM_PARAMS.pAAD");
+_Static_assert(offsetof(CK_GCM_PARAMS, ulIvLen) == 8, "internal/mechparam: CK_GCM_PARAMS.ulIvLen");
+_Static_assert(offsetof(CK_GCM_PARAMS, ulIvBits) == 16, "internal/mechparam: CK_GCM_PARAMS.ulIvBits");
+_Static_assert(offsetof(CK_GCM_PARAMS, ulAADLen) == 32, "internal/mechparam: CK_GCM_PARAMS.ulAADLen");
+_Static_assert(offsetof(CK_GCM_PARAMS, ulTagBits) == 40, "internal/mechparam: CK_GCM_PARAMS.ulTagBits");
 
 static const struct hap_ptr hap_ptrs_CK_GOSTR3410_DERIVE_PARAMS[] = {
 	{offsetof(CK_GOSTR3410_DERIVE_PARAMS, pPublicData), offsetof(CK_GOSTR3410_DERIVE_PARAMS, ulPublicDataLen), NULL},
 	{offsetof(CK_GOSTR3410_DERIVE_PARAMS, pUKM), offsetof(CK_GOSTR3410_DERIVE_PARAMS, ulUKMLen), NULL},
 };
 static const struct hap_param hap_param_CK_GOSTR3410_DERIVE_PARAMS = {sizeof(CK_GOSTR3410_DERIVE_PARAMS), 2, hap_ptrs_CK_GOSTR3410_DERIVE_PARAMS};
+_Static_assert(sizeof(CK_GOSTR3410_DERIVE_PARAMS) == 40, "internal/mechparam: CK_GOSTR3410_DERIVE_PARAMS");
+_Static_assert(offsetof(CK_GOSTR3410_DERIVE_PARAMS, pPublicData) == 8, "internal/mechparam: CK_GOSTR3410_DERIVE_PARAMS.pPublicData");
+_Static_assert(offsetof(CK_GOSTR3410_DERIVE_PARAMS, pUKM) == 24, "internal/mechparam: CK_GOSTR3410_DERIVE_PARAMS.pUKM");
+_Static_assert(offsetof(CK_GOSTR3410_DERIVE_PARAMS, kdf) == 0, "internal/mechparam: CK_GOSTR3410_DERIVE_PARAMS.kdf");
+_Static_assert(offsetof(CK_GOSTR3410_DERIVE_PARAMS, ulPublicDataLen) == 16, "internal/mechparam: CK_GOSTR3410_DERIVE_PARAMS.ulPublicDataLen");
+_Static_assert(offsetof(CK_GOSTR3410_DERIVE_PARAMS, ulUKMLen) == 32, "internal/mechparam: CK_GOSTR3410_DERIVE_PARAMS.ulUKMLen");
 
 static const struct hap_ptr hap_ptrs_CK_GOSTR3410_KEY_WRAP_PARAMS[] = {
 	{offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, pWrapOID), offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, ulWrapOIDLen), NULL},
 	{offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, pUKM), offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, ulUKMLen), NULL},
 };
 static const struct hap_param hap_param_CK_GOSTR3410_KEY_WRAP_PARAMS = {sizeof(CK_GOSTR3410_KEY_WRAP_PARAMS), 2, hap_ptrs_CK_GOSTR3410_KEY_WRAP_PARAMS};
+_Static_assert(sizeof(CK_GOSTR3410_KEY_WRAP_PARAMS) == 40, "internal/mechparam: CK_GOSTR3410_KEY_WRAP_PARAMS");
+_Static_assert(offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, pWrapOID) == 0, "internal/mechparam: CK_GOSTR3410_KEY_WRAP_PARAMS.pWrapOID");
+_Static_assert(offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, pUKM) == 16, "internal/mechparam: CK_GOSTR3410_KEY_WRAP_PARAMS.pUKM");
+_Static_assert(offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, ulWrapOIDLen) == 8, "internal/mechparam: CK_GOSTR3410_KEY_WRAP_PARAMS.ulWrapOIDLen");
+_Static_assert(offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, ulUKMLen) == 24, "internal/mechparam: CK_GOSTR3410_KEY_WRAP_PARAMS.ulUKMLen");
+_Static_assert(offsetof(CK_GOSTR3410_KEY_WRAP_PARAMS, hKey) == 32, "internal/mechparam: CK_GOSTR3410_KEY_WRAP_PARAMS.hKey");
 
 /* CK_KEA_DERIVE_PARAMS: refused, pRandomA has no length field. */
 
@@ -86,11 +151,17 @@ static const struct hap_ptr hap_ptrs_CK_KEY_DERIVATION_STRING_DATA[] = {
 	{offsetof(CK_KEY_DERIVATION_STRING_DATA, pData), offsetof(CK_KEY_DERIVATION_STRING_DATA, ulLen), NULL},
 };
 static const struct hap_param hap_param_CK_KEY_DERIVATION_STRING_DATA = {sizeof(CK_KEY_DERIVATION_STRING_DATA), 1, hap_ptrs_CK_KEY_DERIVATION_STRING_DATA};
+_Static_assert(sizeof(CK_KEY_DERIVATION_STRING_DATA) == 16, "internal/mechparam: CK_KEY_DERIVATION_STRING_DATA");
+_Static_assert(offsetof(CK_KEY_DERIVATION_STRING_DATA, pData) == 0, "internal/mechparam: CK_KEY_DERIVATION_STRING_DATA.pData");
+_Static_assert(offsetof(CK_KEY_DERIVATION_STRING_DATA, ulLen) == 8, "internal/mechparam: CK_KEY_DERIVATION_STRING_DATA.ulLen");
 
 static const struct hap_ptr hap_ptrs_CK_KEY_WRAP_SET_OAEP_PARAMS[] = {
 	{offsetof(CK_KEY_WRAP_SET_OAEP_PARAMS, pX), offsetof(CK_KEY_WRAP_SET_OAEP_PARAMS, ulXLen), NULL},
 };
 static const struct hap_param hap_param_CK_KEY_WRAP_SET_OAEP_PARAMS = {sizeof(CK_KEY_WRAP_SET_OAEP_PARAMS), 1, hap_ptrs_CK_KEY_WRAP_SET_OAEP_PARAMS};
+_Static_assert(sizeof(CK_KEY_WRAP_SET_OAEP_PARAMS) == 24, "internal/mechparam: CK_KEY_WRAP_SET_OAEP_PARAMS");
+_Static_assert(offsetof(CK_KEY_WRAP_SET_OAEP_PARAMS, pX) == 8, "internal/mechparam: CK_KEY_WRAP_SET_OAEP_PARAMS.pX");
+_Static_assert(offsetof(CK_KEY_WRAP_SET_OAEP_PARAMS, ulXLen) == 16, "internal/mechparam: CK_KEY_WRAP_SET_OAEP_PARAMS.ulXLen");
 
 /* CK_KIP_PARAMS: refused, pMechanism points at a CK_MECHANISM, not bytes or a parameter structure. */
 
@@ -104,26 +175,53 @@ static const struct hap_ptr hap_ptrs_CK_PKCS5_PBKD2_PARAMS2[] = {
 	{offsetof(CK_PKCS5_PBKD2_PARAMS2, pPassword), offsetof(CK_PKCS5_PBKD2_PARAMS2, ulPasswordLen), NULL},
 };
 static const struct hap_param hap_param_CK_PKCS5_PBKD2_PARAMS2 = {sizeof(CK_PKCS5_PBKD2_PARAMS2), 3, hap_ptrs_CK_PKCS5_PBKD2_PARAMS2};
+_Static_assert(sizeof(CK_PKCS5_PBKD2_PARAMS2) == 72, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, pSaltSourceData) == 8, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.pSaltSourceData");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, pPrfData) == 40, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.pPrfData");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, pPassword) == 56, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.pPassword");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, saltSource) == 0, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.saltSource");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, ulSaltSourceDataLen) == 16, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.ulSaltSourceDataLen");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, iterations) == 24, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.iterations");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, prf) == 32, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.prf");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, ulPrfDataLen) == 48, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.ulPrfDataLen");
+_Static_assert(offsetof(CK_PKCS5_PBKD2_PARAMS2, ulPasswordLen) == 64, "internal/mechparam: CK_PKCS5_PBKD2_PARAMS2.ulPasswordLen");
 
 static const struct hap_ptr hap_ptrs_CK_RC5_CBC_PARAMS[] = {
 	{offsetof(CK_RC5_CBC_PARAMS, pIv), offsetof(CK_RC5_CBC_PARAMS, ulIvLen), NULL},
 };
 static const struct hap_param hap_param_CK_RC5_CBC_PARAMS = {sizeof(CK_RC5_CBC_PARAMS), 1, hap_ptrs_CK_RC5_CBC_PARAMS};
+_Static_assert(sizeof(CK_RC5_CBC_PARAMS) == 32, "internal/mechparam: CK_RC5_CBC_PARAMS");
+_Static_assert(offsetof(CK_RC5_CBC_PARAMS, pIv) == 16, "internal/mechparam: CK_RC5_CBC_PARAMS.pIv");
+_Static_assert(offsetof(CK_RC5_CBC_PARAMS, ulWordsize) == 0, "internal/mechparam: CK_RC5_CBC_PARAMS.ulWordsize");
+_Static_assert(offsetof(CK_RC5_CBC_PARAMS, ulRounds) == 8, "internal/mechparam: CK_RC5_CBC_PARAMS.ulRounds");
+_Static_assert(offsetof(CK_RC5_CBC_PARAMS, ulIvLen) == 24, "internal/mechparam: CK_RC5_CBC_PARAMS.ulIvLen");
 
 static const struct hap_ptr hap_ptrs_CK_RSA_PKCS_OAEP_PARAMS[] = {
 	{offsetof(CK_RSA_PKCS_OAEP_PARAMS, pSourceData), offsetof(CK_RSA_PKCS_OAEP_PARAMS, ulSourceDataLen), NULL},
 };
 static const struct hap_param hap_param_CK_RSA_PKCS_OAEP_PARAMS = {sizeof(CK_RSA_PKCS_OAEP_PARAMS), 1, hap_ptrs_CK_RSA_PKCS_OAEP_PARAMS};
+_Static_assert(sizeof(CK_RSA_PKCS_OAEP_PARAMS) == 40, "internal/mechparam: CK_RSA_PKCS_OAEP_PARAMS");
+_Static_assert(offsetof(CK_RSA_PKCS_OAEP_PARAMS, pSourceData) == 24, "internal/mechparam: CK_RSA_PKCS_OAEP_PARAMS.pSourceData");
+_Static_assert(offsetof(CK_RSA_PKCS_OAEP_PARAMS, hashAlg) == 0, "internal/mechparam: CK_RSA_PKCS_OAEP_PARAMS.hashAlg");
+_Static_assert(offsetof(CK_RSA_PKCS_OAEP_PARAMS, mgf) == 8, "internal/mechparam: CK_RSA_PKCS_OAEP_PARAMS.mgf");
+_Static_assert(offsetof(CK_RSA_PKCS_OAEP_PARAMS, source) == 16, "internal/mechparam: CK_RSA_PKCS_OAEP_PARAMS.source");
+_Static_assert(offsetof(CK_RSA_PKCS_OAEP_PARAMS, ulSourceDataLen) == 32, "internal/mechparam: CK_RSA_PKCS_OAEP_PARAMS.ulSourceDataLen");
 
 static const struct hap_ptr hap_ptrs_CK_RSA_AES_KEY_WRAP_PARAMS[] = {
 	{offsetof(CK_RSA_AES_KEY_WRAP_PARAMS, pOAEPParams), 0, &hap_param_CK_RSA_PKCS_OAEP_PARAMS},
 };
 static const struct hap_param hap_param_CK_RSA_AES_KEY_WRAP_PARAMS = {sizeof(CK_RSA_AES_KEY_WRAP_PARAMS), 1, hap_ptrs_CK_RSA_AES_KEY_WRAP_PARAMS};
+_Static_assert(sizeof(CK_RSA_AES_KEY_WRAP_PARAMS) == 16, "internal/mechparam: CK_RSA_AES_KEY_WRAP_PARAMS");
+_Static_assert(offsetof(CK_RSA_AES_KEY_WRAP_PARAMS, pOAEPParams) == 8, "internal/mechparam: CK_RSA_AES_KEY_WRAP_PARAMS.pOAEPParams");
+_Static_assert(offsetof(CK_RSA_AES_KEY_WRAP_PARAMS, ulAESKeyBits) == 0, "internal/mechparam: CK_RSA_AES_KEY_WRAP_PARAMS.ulAESKeyBits");
 
 static const struct hap_ptr hap_ptrs_CK_SEED_CBC_ENCRYPT_DATA_PARAMS[] = {
 	{offsetof(CK_SEED_CBC_ENCRYPT_DATA_PARAMS, pData), offsetof(CK_SEED_CBC_ENCRYPT_DATA_PARAMS, length), NULL},
 };
 static const struct hap_param hap_param_CK_SEED_CBC_ENCRYPT_DATA_PARAMS = {sizeof(CK_SEED_CBC_ENCRYPT_DATA_PARAMS), 1, hap_ptrs_CK_SEED_CBC_ENCRYPT_DATA_PARAMS};
+_Static_assert(sizeof(CK_SEED_CBC_ENCRYPT_DATA_PARAMS) == 32, "internal/mechparam: CK_SEED_CBC_ENCRYPT_DATA_PARAMS");
+_Static_assert(offsetof(CK_SEED_CBC_ENCRYPT_DATA_PARAMS, pData) == 16, "internal/mechparam: CK_SEED_CBC_ENCRYPT_DATA_PARAMS.pData");
+_Static_assert(offsetof(CK_SEED_CBC_ENCRYPT_DATA_PARAMS, length) == 24, "internal/mechparam: CK_SEED_CBC_ENCRYPT_DATA_PARAMS.length");
 
 /* CK_SKIPJACK_PRIVATE_WRAP_PARAMS: refused, pRandomA has no length field. */
 
@@ -144,6 +242,16 @@ static const struct hap_ptr hap_ptrs_CK_TLS_KDF_PARAMS[] = {
 	{offsetof(CK_TLS_KDF_PARAMS, pContextData), offsetof(CK_TLS_KDF_PARAMS, ulContextDataLength), NULL},
 };
 static const struct hap_param hap_param_CK_TLS_KDF_PARAMS = {sizeof(CK_TLS_KDF_PARAMS), 4, hap_ptrs_CK_TLS_KDF_PARAMS};
+_Static_assert(sizeof(CK_TLS_KDF_PARAMS) == 72, "internal/mechparam: CK_TLS_KDF_PARAMS");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, pLabel) == 8, "internal/mechparam: CK_TLS_KDF_PARAMS.pLabel");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, RandomInfo.pClientRandom) == 24, "internal/mechparam: CK_TLS_KDF_PARAMS.RandomInfo.pClientRandom");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, RandomInfo.pServerRandom) == 40, "internal/mechparam: CK_TLS_KDF_PARAMS.RandomInfo.pServerRandom");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, pContextData) == 56, "internal/mechparam: CK_TLS_KDF_PARAMS.pContextData");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, prfMechanism) == 0, "internal/mechparam: CK_TLS_KDF_PARAMS.prfMechanism");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, ulLabelLength) == 16, "internal/mechparam: CK_TLS_KDF_PARAMS.ulLabelLength");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, RandomInfo.ulClientRandomLen) == 32, "internal/mechparam: CK_TLS_KDF_PARAMS.RandomInfo.ulClientRandomLen");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, RandomInfo.ulServerRandomLen) == 48, "internal/mechparam: CK_TLS_KDF_PARAMS.RandomInfo.ulServerRandomLen");
+_Static_assert(offsetof(CK_TLS_KDF_PARAMS, ulContextDataLength) == 64, "internal/mechparam: CK_TLS_KDF_PARAMS.ulContextDataLength");
 
 /* CK_TLS_PRF_PARAMS: refused, pOutput has no length field. */
 
@@ -158,6 +266,12 @@ static const struct hap_ptr hap_ptrs_CK_X9_42_DH1_DERIVE_PARAMS[] = {
 	{offsetof(CK_X9_42_DH1_DERIVE_PARAMS, pPublicData), offsetof(CK_X9_42_DH1_DERIVE_PARAMS, ulPublicDataLen), NULL},
 };
 static const struct hap_param hap_param_CK_X9_42_DH1_DERIVE_PARAMS = {sizeof(CK_X9_42_DH1_DERIVE_PARAMS), 2, hap_ptrs_CK_X9_42_DH1_DERIVE_PARAMS};
+_Static_assert(sizeof(CK_X9_42_DH1_DERIVE_PARAMS) == 40, "internal/mechparam: CK_X9_42_DH1_DERIVE_PARAMS");
+_Static_assert(offsetof(CK_X9_42_DH1_DERIVE_PARAMS, pOtherInfo) == 16, "internal/mechparam: CK_X9_42_DH1_DERIVE_PARAMS.pOtherInfo");
+_Static_assert(offsetof(CK_X9_42_DH1_DERIVE_PARAMS, pPublicData) == 32, "internal/mechparam: CK_X9_42_DH1_DERIVE_PARAMS.pPublicData");
+_Static_assert(offsetof(CK_X9_42_DH1_DERIVE_PARAMS, kdf) == 0, "internal/mechparam: CK_X9_42_DH1_DERIVE_PARAMS.kdf");
+_Static_assert(offsetof(CK_X9_42_DH1_DERIVE_PARAMS, ulOtherInfoLen) == 8, "internal/mechparam: CK_X9_42_DH1_DERIVE_PARAMS.ulOtherInfoLen");
+_Static_assert(offsetof(CK_X9_42_DH1_DERIVE_PARAMS, ulPublicDataLen) == 24, "internal/mechparam: CK_X9_42_DH1_DERIVE_PARAMS.ulPublicDataLen");
 
 static const struct hap_ptr hap_ptrs_CK_X9_42_DH2_DERIVE_PARAMS[] = {
 	{offsetof(CK_X9_42_DH2_DERIVE_PARAMS, pOtherInfo), offsetof(CK_X9_42_DH2_DERIVE_PARAMS, ulOtherInfoLen), NULL},
@@ -165,6 +279,16 @@ static const struct hap_ptr hap_ptrs_CK_X9_42_DH2_DERIVE_PARAMS[] = {
 	{offsetof(CK_X9_42_DH2_DERIVE_PARAMS, pPublicData2), offsetof(CK_X9_42_DH2_DERIVE_PARAMS, ulPublicDataLen2), NULL},
 };
 static const struct hap_param hap_param_CK_X9_42_DH2_DERIVE_PARAMS = {sizeof(CK_X9_42_DH2_DERIVE_PARAMS), 3, hap_ptrs_CK_X9_42_DH2_DERIVE_PARAMS};
+_Static_assert(sizeof(CK_X9_42_DH2_DERIVE_PARAMS) == 72, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, pOtherInfo) == 16, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.pOtherInfo");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, pPublicData) == 32, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.pPublicData");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, pPublicData2) == 64, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.pPublicData2");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, kdf) == 0, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.kdf");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, ulOtherInfoLen) == 8, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.ulOtherInfoLen");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, ulPublicDataLen) == 24, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.ulPublicDataLen");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, ulPrivateDataLen) == 40, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.ulPrivateDataLen");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, hPrivateData) == 48, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.hPrivateData");
+_Static_assert(offsetof(CK_X9_42_DH2_DERIVE_PARAMS, ulPublicDataLen2) == 56, "internal/mechparam: CK_X9_42_DH2_DERIVE_PARAMS.ulPublicDataLen2");
 
 static const struct hap_ptr hap_ptrs_CK_X9_42_MQV_DERIVE_PARAMS[] = {
 	{offsetof(CK_X9_42_MQV_DERIVE_PARAMS, pOtherInfo), offsetof(CK_X9_42_MQV_DERIVE_PARAMS, ulOtherInfoLen), NULL},
@@ -172,6 +296,17 @@ static const struct hap_ptr hap_ptrs_CK_X9_42_MQV_DERIVE_PARAMS[] = {
 	{offsetof(CK_X9_42_MQV_DERIVE_PARAMS, pPublicData2), offsetof(CK_X9_42_MQV_DERIVE_PARAMS, ulPublicDataLen2), NULL},
 };
 static const struct hap_param hap_param_CK_X9_42_MQV_DERIVE_PARAMS = {sizeof(CK_X9_42_MQV_DERIVE_PARAMS), 3, hap_ptrs_CK_X9_42_MQV_DERIVE_PARAMS};
+_Static_assert(sizeof(CK_X9_42_MQV_DERIVE_PARAMS) == 80, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, pOtherInfo) == 16, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.pOtherInfo");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, pPublicData) == 32, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.pPublicData");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, pPublicData2) == 64, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.pPublicData2");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, kdf) == 0, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.kdf");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, ulOtherInfoLen) == 8, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.ulOtherInfoLen");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, ulPublicDataLen) == 24, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.ulPublicDataLen");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, ulPrivateDataLen) == 40, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.ulPrivateDataLen");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, hPrivateData) == 48, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.hPrivateData");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, ulPublicDataLen2) == 56, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.ulPublicDataLen2");
+_Static_assert(offsetof(CK_X9_42_MQV_DERIVE_PARAMS, publicKey) == 72, "internal/mechparam: CK_X9_42_MQV_DERIVE_PARAMS.publicKey");
 
 const struct hap_param *hap_mech_param(CK_MECHANISM_TYPE t)
 {

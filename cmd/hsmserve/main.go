@@ -82,7 +82,7 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "hsmserve: --init-args: %v\n", initargs.Check(*initArgs))
 		return 2
 	case *serveFD:
-		return serveOne(*module, *label, *initArgs)
+		return serveOne(*module, *label, *initArgs, *sock)
 	case *sock == "" || !filepath.IsAbs(*sock):
 		fmt.Fprintln(os.Stderr, "hsmserve: --socket must be an absolute path")
 		return 2
@@ -115,7 +115,7 @@ func run(args []string) int {
 		TokenLabel: *label,
 		Refused:    func(err error) { fmt.Fprintf(os.Stderr, "hsmserve: %v\n", err) },
 		Child: func() *exec.Cmd {
-			return exec.Command(self, "--serve-fd", "--module", *module, "--token-label", *label, "--init-args", *initArgs)
+			return exec.Command(self, "--serve-fd", "--module", *module, "--token-label", *label, "--init-args", *initArgs, "--socket", *sock)
 		},
 	}
 	what := "every token"
@@ -135,8 +135,9 @@ func run(args []string) int {
 const controlFD = 3
 
 // serveOne serves the connection handed over controlFD until it closes
-// or SIGTERM.
-func serveOne(module, label, initArgs string) int {
+// or SIGTERM; sock is the server's socket, beside which its processes keep
+// a store lock (remote.Server.StoreLock).
+func serveOne(module, label, initArgs, sock string) int {
 	f := os.NewFile(controlFD, "control")
 	fc, err := net.FileConn(f)
 	f.Close()
@@ -152,6 +153,9 @@ func serveOne(module, label, initArgs string) int {
 		InitArgs:   initArgs,
 		TokenLabel: label,
 		Refused:    func(err error) { fmt.Fprintf(os.Stderr, "hsmserve[%d]: %v\n", os.Getpid(), err) },
+	}
+	if sock != "" {
+		srv.StoreLock = remote.StoreLockPath(sock)
 	}
 	if err := srv.ServeHanded(ctx, ctl); err != nil {
 		fmt.Fprintf(os.Stderr, "hsmserve[%d]: %v\n", os.Getpid(), err)

@@ -268,37 +268,6 @@ static void hg_free_attrs(hg_attr *a, hg_ulong n) {
 }
 
 static hg_attr *hg_attr_at(hg_attr *a, hg_ulong i) { return &a[i]; }
-
-// Mechanism parameters that hold pointers, as an application hands them to
-// a module (PKCS#11 v2.40 layouts; CK_GCM_PARAMS also as in v2.30, without
-// ulIvBits).
-typedef struct {
-	hg_ulong hashAlg, mgf, source;
-	void *pSourceData;
-	hg_ulong ulSourceDataLen;
-} hg_oaep_params;
-
-typedef struct {
-	void *pIv;
-	hg_ulong ulIvLen, ulIvBits;
-	void *pAAD;
-	hg_ulong ulAADLen, ulTagBits;
-} hg_gcm_params;
-
-typedef struct {
-	void *pIv;
-	hg_ulong ulIvLen;
-	void *pAAD;
-	hg_ulong ulAADLen, ulTagBits;
-} hg_gcm_params_v230;
-
-typedef struct {
-	hg_ulong kdf;
-	hg_ulong ulSharedDataLen;
-	void *pSharedData;
-	hg_ulong ulPublicDataLen;
-	void *pPublicData;
-} hg_ecdh1_params;
 */
 import "C"
 
@@ -470,82 +439,6 @@ func GetNestedAttribute(fl unsafe.Pointer, sh pkcs11.SessionHandle, h pkcs11.Obj
 		out = append(out, &pkcs11.Attribute{Type: uint(e._type), Value: v})
 	}
 	return out, nil
-}
-
-// Raw mechanism parameters that hold pointers (an application's
-// CK_MECHANISM copied as bytes, as cmd/hapkcs11 does) are valid only in the
-// process, during the call. These decode them into Go values, copying what
-// the pointers point at; ok is false when the size does not fit the
-// structure. The pointers must be valid (NULL with a zero length is).
-
-// bytesAt copies n bytes at p; nil when n is 0.
-func bytesAt(p unsafe.Pointer, n C.hg_ulong) ([]byte, bool) {
-	if n == 0 {
-		return nil, true
-	}
-	if p == nil || n > 1<<30 {
-		return nil, false
-	}
-	return C.GoBytes(p, C.int(n)), true
-}
-
-// rawStruct copies raw into C memory of the structure's size, so that its
-// pointer fields are read from aligned memory; free with C.free.
-func rawStruct(raw []byte, size C.size_t) unsafe.Pointer {
-	if len(raw) == 0 || C.size_t(len(raw)) != size {
-		return nil
-	}
-	return C.CBytes(raw)
-}
-
-// OAEPFromRaw decodes a CK_RSA_PKCS_OAEP_PARAMS.
-func OAEPFromRaw(raw []byte) (*pkcs11.OAEPParams, bool) {
-	p := rawStruct(raw, C.sizeof_hg_oaep_params)
-	if p == nil {
-		return nil, false
-	}
-	defer C.free(p)
-	o := (*C.hg_oaep_params)(p)
-	src, ok := bytesAt(o.pSourceData, o.ulSourceDataLen)
-	if !ok {
-		return nil, false
-	}
-	return &pkcs11.OAEPParams{HashAlg: uint(o.hashAlg), MGF: uint(o.mgf), SourceType: uint(o.source), SourceData: src}, true
-}
-
-// GCMFromRaw decodes a CK_GCM_PARAMS (v2.40, or v2.30 without ulIvBits).
-func GCMFromRaw(raw []byte) (iv, aad []byte, tagBits int, ok bool) {
-	if p := rawStruct(raw, C.sizeof_hg_gcm_params); p != nil {
-		defer C.free(p)
-		g := (*C.hg_gcm_params)(p)
-		iv, ok1 := bytesAt(g.pIv, g.ulIvLen)
-		aad, ok2 := bytesAt(g.pAAD, g.ulAADLen)
-		return iv, aad, int(g.ulTagBits), ok1 && ok2
-	}
-	if p := rawStruct(raw, C.sizeof_hg_gcm_params_v230); p != nil {
-		defer C.free(p)
-		g := (*C.hg_gcm_params_v230)(p)
-		iv, ok1 := bytesAt(g.pIv, g.ulIvLen)
-		aad, ok2 := bytesAt(g.pAAD, g.ulAADLen)
-		return iv, aad, int(g.ulTagBits), ok1 && ok2
-	}
-	return nil, nil, 0, false
-}
-
-// ECDH1FromRaw decodes a CK_ECDH1_DERIVE_PARAMS.
-func ECDH1FromRaw(raw []byte) (*pkcs11.ECDH1DeriveParams, bool) {
-	p := rawStruct(raw, C.sizeof_hg_ecdh1_params)
-	if p == nil {
-		return nil, false
-	}
-	defer C.free(p)
-	e := (*C.hg_ecdh1_params)(p)
-	shared, ok1 := bytesAt(e.pSharedData, e.ulSharedDataLen)
-	pub, ok2 := bytesAt(e.pPublicData, e.ulPublicDataLen)
-	if !ok1 || !ok2 {
-		return nil, false
-	}
-	return &pkcs11.ECDH1DeriveParams{KDF: uint(e.kdf), SharedData: shared, PublicKeyData: pub}, true
 }
 
 // Kind is an operation made of an Init and a single-part call, for OneShot.

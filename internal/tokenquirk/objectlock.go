@@ -36,6 +36,15 @@ func GeneralErrorMeansOtherKey(manufacturer, model string) bool {
 	return isSoftHSM(manufacturer, model)
 }
 
+// LoginRewritesStore reports whether a token rewrites the file of its
+// state at every C_Login, so that another process's C_Initialize or
+// C_Login reading it meanwhile reads it torn: SoftHSM 2.6's token.object
+// (the token missing from the slot list, or CKR_GENERAL_ERROR, or
+// CKR_USER_PIN_NOT_INITIALIZED at the login). The processes serving one
+// such token keep their logins apart from each other and from their
+// initialisations (pkg/remote's store lock).
+func LoginRewritesStore(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
 // isSoftHSM reports whether a token is SoftHSM 2's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
 func isSoftHSM(manufacturer, model string) bool {

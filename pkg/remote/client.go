@@ -248,6 +248,9 @@ func (c *Client) call(req *request) (*response, error) {
 	if !encodable(req) {
 		return nil, fmt.Errorf("a nil attribute cannot be sent: %w", errArgumentsBad)
 	}
+	if req.Mech != nil && req.Mech.refused != nil {
+		return nil, req.Mech.refused
+	}
 	ch := make(chan *response, 1)
 	cn.pmu.Lock()
 	if cn.broken != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/hagroup/hagroup/internal/mechparam"
 	"github.com/miekg/pkcs11"
 )
 
@@ -321,52 +322,89 @@ func (q *request) decodeBody(d *decoder) {
 
 func (m *mech) encode(e *encoder) {
 	e.uint(m.Type)
-	e.bytes(m.Param)
-	if present(e, m.OAEP) {
-		encodeOAEP(e, m.OAEP)
+	e.uint(uint(m.Form))
+	switch m.Form {
+	case paramBytes:
+		e.bytes(m.Param)
+	case paramLength:
+		e.uint(m.Length)
+	case paramStruct:
+		encodeValue(e, m.Value)
 	}
-	if present(e, m.ECDH) {
-		e.uint(m.ECDH.KDF)
-		e.bytes(m.ECDH.SharedData)
-		e.bytes(m.ECDH.PublicKeyData)
-	}
-	if present(e, m.KeyWrap) {
-		e.uint(m.KeyWrap.AESKeyBits)
-		encodeOAEP(e, &m.KeyWrap.OAEPParams)
-	}
-	if present(e, m.GCM) {
-		e.bytes(m.GCM.IV)
-		e.bytes(m.GCM.AAD)
-		e.uint(uint(m.GCM.TagBits))
+}
+
+// encodeValue writes a parameter structure and then, in the order of its
+// layout, what each pointer points at.
+func encodeValue(e *encoder, v *mechparam.Value) {
+	e.bytes(v.Struct)
+	for i, p := range v.Layout.Ptrs {
+		t := v.Targets[i]
+		if p.To != nil {
+			if present(e, t.Sub) {
+				encodeValue(e, t.Sub)
+			}
+			continue
+		}
+		e.bytes(t.Bytes)
+		if t.Bytes == nil {
+			e.uint(t.NullLen)
+		}
 	}
 }
 
 func (m *mech) decode(d *decoder) {
 	m.Type = d.uint()
-	m.Param = d.bytes()
-	if d.bool() {
-		m.OAEP = decodeOAEP(d)
-	}
-	if d.bool() {
-		m.ECDH = &pkcs11.ECDH1DeriveParams{KDF: d.uint(), SharedData: d.bytes(), PublicKeyData: d.bytes()}
-	}
-	if d.bool() {
-		m.KeyWrap = &pkcs11.RSAAESKeyWrapParams{AESKeyBits: d.uint(), OAEPParams: *decodeOAEP(d)}
-	}
-	if d.bool() {
-		m.GCM = &gcmParams{IV: d.bytes(), AAD: d.bytes(), TagBits: int(d.uint())}
+	m.Form = paramForm(d.uint())
+	switch m.Form {
+	case paramBytes:
+		m.Param = d.bytes()
+	case paramLength:
+		if m.Length = d.uint(); m.Length > maxParamLength {
+			d.fail(fmt.Errorf("a parameter length of %d exceeds the bound of %d", m.Length, maxParamLength))
+		}
+	case paramStruct:
+		// Read by the layout the mechanism takes, never one the peer names.
+		l := mechparam.For(m.Type)
+		if l == nil || l.Refused != "" {
+			d.fail(fmt.Errorf("mechanism 0x%x takes no parameter structure that crosses", m.Type))
+			return
+		}
+		m.Value = decodeValue(d, l, 0)
+	default:
+		d.fail(fmt.Errorf("parameter form %d", m.Form))
 	}
 }
 
-func encodeOAEP(e *encoder, o *pkcs11.OAEPParams) {
-	e.uint(o.HashAlg)
-	e.uint(o.MGF)
-	e.uint(o.SourceType)
-	e.bytes(o.SourceData)
-}
-
-func decodeOAEP(d *decoder) *pkcs11.OAEPParams {
-	return &pkcs11.OAEPParams{HashAlg: d.uint(), MGF: d.uint(), SourceType: d.uint(), SourceData: d.bytes()}
+// decodeValue reads a structure of layout l: its bytes must be l's size,
+// and each pointer's target is what arrived for it.
+func decodeValue(d *decoder, l *mechparam.Layout, depth int) *mechparam.Value {
+	if depth > maxParamDepth {
+		d.fail(fmt.Errorf("%s nested deeper than %d", l.Name, maxParamDepth))
+		return nil
+	}
+	v := &mechparam.Value{Layout: l, Struct: d.bytes(), Targets: make([]mechparam.Target, len(l.Ptrs))}
+	if d.err == nil && len(v.Struct) != l.Size {
+		d.fail(fmt.Errorf("%s of %d bytes, not %d", l.Name, len(v.Struct), l.Size))
+	}
+	for i, p := range l.Ptrs {
+		if d.err != nil {
+			return nil
+		}
+		t := &v.Targets[i]
+		if p.To != nil {
+			if d.bool() {
+				t.Sub = decodeValue(d, p.To, depth+1)
+			}
+			continue
+		}
+		if t.Bytes = d.bytes(); t.Bytes == nil {
+			t.NullLen = d.uint()
+		}
+	}
+	if d.err != nil {
+		return nil
+	}
+	return v
 }
 
 func (r *response) encode(e *encoder) {

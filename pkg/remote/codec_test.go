@@ -16,11 +16,7 @@ import (
 func TestCodecRoundTrip(t *testing.T) {
 	q := &request{
 		ID: 1 << 40, Op: opUnwrapKey, Slot: 3, Session: 7, Object: 11, Object2: 13, N: 1<<63 + 5,
-		Mech: &mech{Type: pkcs11.CKM_RSA_AES_KEY_WRAP, Param: []byte{1, 2},
-			OAEP:    &pkcs11.OAEPParams{HashAlg: 1, MGF: 2, SourceType: 3, SourceData: []byte("src")},
-			ECDH:    &pkcs11.ECDH1DeriveParams{KDF: 4, SharedData: []byte("sh"), PublicKeyData: []byte("pub")},
-			KeyWrap: &pkcs11.RSAAESKeyWrapParams{AESKeyBits: 256, OAEPParams: pkcs11.OAEPParams{HashAlg: 5, SourceData: []byte("x")}},
-			GCM:     &gcmParams{IV: []byte("iv"), AAD: []byte("aad"), TagBits: 128}},
+		Mech:   keyWrapMech(t),
 		Attrs:  []*pkcs11.Attribute{{Type: pkcs11.CKA_LABEL, Value: []byte("k")}, {Type: pkcs11.CKA_VALUE}},
 		Attrs2: []*pkcs11.Attribute{{Type: pkcs11.CKA_TOKEN, Value: []byte{1}}},
 		Nested: []nestedAttr{{Type: pkcs11.CKA_UNWRAP_TEMPLATE, Attrs: []*pkcs11.Attribute{{Type: pkcs11.CKA_SIGN, Value: []byte{1}}}}},
@@ -59,6 +55,40 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(back, r) {
 		t.Errorf("response changed on the wire:\n got %+v\nwant %+v", back, r)
+	}
+}
+
+// keyWrapMech is RSA-AES key wrap with its OAEP parameters, one level of
+// structure down, as the client lays it out.
+func keyWrapMech(t testing.TB) *mech {
+	t.Helper()
+	g := &pkcs11.RSAAESKeyWrapParams{AESKeyBits: 256, OAEPParams: pkcs11.OAEPParams{HashAlg: 5, MGF: 2, SourceType: 1, SourceData: []byte("x")}}
+	m := mechOut([]*pkcs11.Mechanism{pkcs11.NewMechanism(pkcs11.CKM_RSA_AES_KEY_WRAP, g)})
+	if m.refused != nil || m.Form != paramStruct || m.Value.Targets[0].Sub == nil {
+		t.Fatalf("RSA-AES key wrap parameters laid out as %+v", m)
+	}
+	return m
+}
+
+// Each form of a mechanism's parameter survives the wire.
+func TestCodecParamForms(t *testing.T) {
+	for _, m := range []*mech{
+		{Type: pkcs11.CKM_AES_CBC, Param: bytes.Repeat([]byte{7}, 16)},
+		{Type: pkcs11.CKM_AES_GCM, Form: paramLength, Length: 40},
+		keyWrapMech(t),
+		mechOut([]*pkcs11.Mechanism{pkcs11.NewMechanism(pkcs11.CKM_AES_GCM, pkcs11.NewGCMParams([]byte("iv"), nil, 96))}),
+	} {
+		e := newFrame()
+		m.encode(e)
+		got := new(mech)
+		d := &decoder{b: frameBody(t, e)}
+		got.decode(d)
+		if err := d.end(); err != nil {
+			t.Fatalf("decode mechanism 0x%x: %v", m.Type, err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Errorf("mechanism changed on the wire:\n got %+v\nwant %+v", got, m)
+		}
 	}
 }
 
@@ -203,4 +233,48 @@ func TestDecoderBounds(t *testing.T) {
 	if !errors.Is(errArgumentsBad, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)) {
 		t.Errorf("errArgumentsBad is %v", errArgumentsBad)
 	}
+}
+
+// FuzzRequest: whatever a peer sends, the server's decoder ends in a
+// request or an error without reading past the frame, a request it
+// accepts encodes back to the same request, and a mechanism parameter it
+// accepts rebuilds in C memory without a read or write out of bounds.
+func FuzzRequest(f *testing.F) {
+	for _, m := range []*mech{
+		nil,
+		{Type: pkcs11.CKM_AES_CBC, Param: bytes.Repeat([]byte{7}, 16)},
+		{Type: pkcs11.CKM_AES_GCM, Form: paramLength, Length: 40},
+		keyWrapMech(f),
+		mechOut([]*pkcs11.Mechanism{pkcs11.NewMechanism(pkcs11.CKM_AES_GCM, pkcs11.NewGCMParams([]byte("iv"), []byte("aad"), 96))}),
+		mechOut([]*pkcs11.Mechanism{pkcs11.NewMechanism(pkcs11.CKM_ECDH1_DERIVE, pkcs11.NewECDH1DeriveParams(1, nil, []byte("pub")))}),
+	} {
+		e := &encoder{}
+		(&request{ID: 1, Op: opDeriveKey, Session: 2, Object: 3, Mech: m,
+			Attrs: []*pkcs11.Attribute{{Type: pkcs11.CKA_LABEL, Value: []byte("k")}}}).encode(e)
+		f.Add(e.b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		q := new(request)
+		d := &decoder{b: b}
+		q.decodeHead(d)
+		q.decodeBody(d)
+		if d.end() != nil {
+			return
+		}
+		e := &encoder{}
+		q.encode(e)
+		back := new(request)
+		d = &decoder{b: e.b}
+		back.decodeHead(d)
+		back.decodeBody(d)
+		if err := d.end(); err != nil || !reflect.DeepEqual(back, q) {
+			t.Fatalf("an accepted request does not survive the wire again: %v\n got %+v\nwant %+v", err, back, q)
+		}
+		if ms, free, err := mechIn(q.Mech); err == nil {
+			if ms != nil && q.Mech.Form == paramStruct && len(ms[0].Parameter) != q.Mech.Value.Layout.Size {
+				t.Fatalf("a %s rebuilt in %d bytes", q.Mech.Value.Layout.Name, len(ms[0].Parameter))
+			}
+			free()
+		}
+	})
 }

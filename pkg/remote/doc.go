@@ -23,7 +23,8 @@
 // it cannot marshal) nor attribute arrays (CKA_UNWRAP_TEMPLATE), which is
 // how hagroup replicates keys. This transport carries mechanism parameters
 // as their bytes (pkcs11.Mechanism.Parameter), and the parameters that
-// hold pointers (OAEP, GCM, ECDH1) as the values they point at; it carries
+// hold pointers as their structures and the values they point at, by the
+// layouts rpcgen writes from pkcs11t.h (internal/mechparam); it carries
 // attributes, nested attribute arrays, and CKR codes as pkcs11.Error.
 //
 // # Protocol

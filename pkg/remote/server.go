@@ -18,6 +18,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/internal/filelock"
 	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/miekg/pkcs11"
@@ -58,6 +59,39 @@ type Server struct {
 	// MaxConns bounds the connections served by children at once (0:
 	// DefaultMaxConns); more are refused (closed at once).
 	MaxConns int
+	// StoreLock, when set, is the path of a lock file (StoreLockPath) that
+	// the processes of this server take shared around the module's
+	// C_Initialize and exclusive around a C_Login of a token whose login
+	// rewrites its store (SoftHSM: internal/tokenquirk), so that no
+	// connection reads that store half-written by another's login.
+	StoreLock string
+}
+
+// StoreLockPath is the store lock of the server listening at socket: a
+// file beside it, in a directory only its owner may write (Listen).
+func StoreLockPath(socket string) string { return socket + ".lock" }
+
+// storeLockWait bounds a wait for the store lock: a client gives up its
+// handshake after DialTimeout, and a login that waits longer is stuck.
+const storeLockWait = DialTimeout
+
+// lockStore takes the store lock (exclusive or shared); the release is a
+// no-op when the server has none.
+func (s *Server) lockStore(exclusive bool) (release func(), err error) {
+	if s.StoreLock == "" {
+		return func() {}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeLockWait)
+	defer cancel()
+	take := filelock.LockShared
+	if exclusive {
+		take = filelock.Lock
+	}
+	f, err := take(ctx, s.StoreLock, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("store lock %s: %w", s.StoreLock, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // Listen listens on a Unix socket at path, mode 0600. It refuses a
@@ -435,7 +469,14 @@ func (s *Server) open() (*pkcs11.Ctx, error) {
 // is).
 func (s *Server) initialize(mc *pkcs11.Ctx) (m *served, release func(), err error) {
 	foreign := false
-	if err := p11raw.Initialize(mc, s.InitArgs); err != nil {
+	unlock, err := s.lockStore(false)
+	if err != nil {
+		mc.Destroy()
+		return nil, nil, fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
+	}
+	err = p11raw.Initialize(mc, s.InitArgs)
+	unlock()
+	if err != nil {
 		if !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
 			mc.Destroy()
 			return nil, nil, fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
@@ -484,6 +525,26 @@ func (m *served) objectLock(id uint) (*tokenquirk.ObjectLock, error) {
 		return nil, err
 	}
 	return m.objects.For(id, ti.ManufacturerID, ti.Model), nil
+}
+
+// lockLogin takes the store lock for a login on session sh when its token
+// rewrites its store at every login.
+func (m *served) lockLogin(sh pkcs11.SessionHandle) (release func(), err error) {
+	if m.srv.StoreLock == "" {
+		return func() {}, nil
+	}
+	si, err := m.ctx.GetSessionInfo(sh)
+	if err != nil {
+		return nil, err
+	}
+	ti, err := m.ctx.GetTokenInfo(si.SlotID)
+	if err != nil {
+		return nil, err
+	}
+	if !tokenquirk.LoginRewritesStore(ti.ManufacturerID, ti.Model) {
+		return func() {}, nil
+	}
+	return m.srv.lockStore(true)
 }
 
 // Back-pressure: a connection runs at most maxInFlight requests at once,
@@ -716,6 +777,9 @@ func peerCred(nc net.Conn) (*unix.Ucred, error) {
 var (
 	errSessionInvalid = pkcs11.Error(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	errSlotInvalid    = pkcs11.Error(pkcs11.CKR_SLOT_ID_INVALID)
+	// errFunctionNotSupported answers a PKCS#11 function a member never
+	// needs (C_InitToken, C_SetOperationState, …): not served.
+	errFunctionNotSupported = pkcs11.Error(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
 )
 
 // session checks that sh is a session of this connection and returns it
@@ -797,17 +861,17 @@ func (p *peer) run(q *request, r *response) error {
 		return p.runSlot(q, r)
 	}
 	if q.Op == opInvalid || q.Op >= opCount {
-		return fmt.Errorf("unknown operation %d (protocol version %d)", q.Op, ProtocolVersion)
+		return fmt.Errorf("unknown operation %d (protocol version %d)", uint8(q.Op), ProtocolVersion)
 	}
 	sh, objects, err := p.session(q.Session)
 	if err != nil {
 		return err
 	}
-	ms, err := mechIn(q.Mech)
+	ms, free, err := mechIn(q.Mech)
 	if err != nil {
 		return err
 	}
-	defer freeMech(ms)
+	defer free()
 	// The client's deadline bounds the wait; the server has none of its own.
 	hold, err := objects.Acquire(context.Background(), objectAccess(q.Op))
 	if err != nil {
@@ -828,6 +892,11 @@ func (p *peer) run(q *request, r *response) error {
 	case opLogin:
 		pin := string(q.PIN)
 		clear(q.PIN)
+		unlock, err := m.lockLogin(sh)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		return c.Login(sh, q.N, pin)
 	case opLogout:
 		return c.Logout(sh)
@@ -971,7 +1040,7 @@ func (p *peer) run(q *request, r *response) error {
 	case opDigestKey:
 		return c.DigestKey(sh, obj)
 	}
-	return fmt.Errorf("operation %d is not served", q.Op)
+	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
 }
 
 // runSlot runs the calls on a slot (already checked to be served).
@@ -993,10 +1062,11 @@ func (p *peer) runSlot(q *request, r *response) error {
 		}
 		return err
 	case opGetMechanismInfo:
-		ms, err := mechIn(q.Mech)
+		ms, free, err := mechIn(q.Mech)
 		if err != nil {
 			return err
 		}
+		defer free()
 		if ms == nil {
 			return pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
 		}
@@ -1023,5 +1093,5 @@ func (p *peer) runSlot(q *request, r *response) error {
 		r.Handle = uint(h)
 		return nil
 	}
-	return fmt.Errorf("operation %d is not served", q.Op)
+	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
 }

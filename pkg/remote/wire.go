@@ -1,10 +1,12 @@
 package remote
 
 import (
+	"errors"
+	"fmt"
 	"reflect"
 	"unsafe"
 
-	"github.com/hagroup/hagroup/internal/p11raw"
+	"github.com/hagroup/hagroup/internal/mechparam"
 	"github.com/miekg/pkcs11"
 )
 
@@ -20,8 +22,10 @@ import (
 // ProtocolVersion is the version of the request/response protocol. A server
 // refuses a client of another version with a welcome naming both.
 // Version 1 was encoding/gob, unbounded; version 2 did not tell an empty
-// byte string from none; version 3 carried no C_DigestKey.
-const ProtocolVersion = 4
+// byte string from none; version 3 carried no C_DigestKey; version 4
+// carried four mechanism parameters with pointers, by hand, and numbered
+// its ops by hand.
+const ProtocolVersion = 5
 
 // magic opens every connection.
 const magic = "hagroup-remote"
@@ -36,61 +40,30 @@ type welcome struct {
 	Err     string // the server refuses the connection
 }
 
-// op is a PKCS#11 call.
+// op is a call: a PKCS#11 function, numbered from pkcs11f.h by rpcgen
+// (ops_gen.go), or one of hagroup's own after them.
 type op uint8
 
+// hagroup's own calls: a template that holds attribute arrays, and one
+// attribute array read (internal/p11raw).
 const (
-	opInvalid op = iota
-	opGetInfo
-	opGetSlotList
-	opGetSlotInfo
-	opGetTokenInfo
-	opGetMechanismList
-	opGetMechanismInfo
-	opOpenSession
-	opCloseSession
-	opGetSessionInfo
-	opLogin
-	opLogout
-	opCreateObject
-	opCreateObjectNested
-	opCopyObject
-	opDestroyObject
-	opGetAttributeValue
+	opCreateObjectNested = opFunctions + iota
 	opGetNestedAttribute
-	opSetAttributeValue
-	opFindObjectsInit
-	opFindObjects
-	opFindObjectsFinal
-	opGenerateKey
-	opGenerateKeyPair
-	opWrapKey
-	opUnwrapKey
-	opDeriveKey
-	opGenerateRandom
-	opSignInit
-	opSign
-	opSignUpdate
-	opSignFinal
-	opVerifyInit
-	opVerify
-	opVerifyUpdate
-	opVerifyFinal
-	opEncryptInit
-	opEncrypt
-	opEncryptUpdate
-	opEncryptFinal
-	opDecryptInit
-	opDecrypt
-	opDecryptUpdate
-	opDecryptFinal
-	opDigestInit
-	opDigest
-	opDigestUpdate
-	opDigestFinal
-	opDigestKey
 	opCount
 )
+
+// String names o for an error: its PKCS#11 function, or hagroup's call.
+func (o op) String() string {
+	switch {
+	case o > opInvalid && o < opFunctions:
+		return functionNames[o]
+	case o == opCreateObjectNested:
+		return "C_CreateObject with attribute arrays"
+	case o == opGetNestedAttribute:
+		return "C_GetAttributeValue of an attribute array"
+	}
+	return fmt.Sprintf("operation %d", uint8(o))
+}
 
 // request is one call. Fields unused by an op stay zero.
 type request struct {
@@ -135,22 +108,43 @@ type response struct {
 	SessionInfo *pkcs11.SessionInfo
 }
 
-// mech is a mechanism on the wire: its type and parameter bytes as they
-// are (pkcs11.Mechanism.Parameter), or, for the parameters miekg builds
-// from Go values because they hold pointers, those values.
+// mech is a mechanism on the wire: its type and its parameter in one of
+// three forms. A parameter that holds no pointer (as internal/mechparam
+// knows them: the layouts rpcgen writes from pkcs11t.h) crosses as its
+// bytes; one that holds pointers as a mechparam.Value (the structure and
+// what each pointer points at), rebuilt by the server in C memory; such a
+// structure given with a length that is not its size as that length
+// alone, and the module gets zeroes of it: it answers the wrong length as
+// it would in process, and nothing is read behind a length that may lie.
 type mech struct {
-	Type    uint
-	Param   []byte
-	OAEP    *pkcs11.OAEPParams
-	ECDH    *pkcs11.ECDH1DeriveParams
-	KeyWrap *pkcs11.RSAAESKeyWrapParams
-	GCM     *gcmParams
+	Type   uint
+	Form   paramForm
+	Param  []byte           // paramBytes
+	Length uint             // paramLength
+	Value  *mechparam.Value // paramStruct
+	// refused is why the client does not send it (never on the wire).
+	refused error
 }
 
-type gcmParams struct {
-	IV, AAD []byte
-	TagBits int
-}
+type paramForm uint8
+
+const (
+	paramBytes paramForm = iota
+	paramStruct
+	paramLength
+	paramForms
+)
+
+// maxParamLength bounds a structure's length crossing alone (paramLength):
+// the largest structure is some hundred bytes, and the server allocates
+// zeroes of it.
+const maxParamLength = 1 << 16
+
+// maxParamDepth bounds how deep a parameter's structures nest (RSA-AES
+// key wrap's OAEP parameters are one level down).
+const maxParamDepth = 2
+
+var errParamInvalid = pkcs11.Error(pkcs11.CKR_MECHANISM_PARAM_INVALID)
 
 // mechOut converts the one mechanism of a miekg call for the wire.
 func mechOut(ms []*pkcs11.Mechanism) *mech {
@@ -158,109 +152,117 @@ func mechOut(ms []*pkcs11.Mechanism) *mech {
 		return nil
 	}
 	m := ms[0]
-	w := &mech{Type: m.Mechanism, Param: m.Parameter}
-	switch g := generatorOf(m).(type) {
-	case nil:
-		if len(m.Parameter) > 0 && pointerParams[m.Mechanism] {
-			flattenRaw(w)
+	w := &mech{Type: m.Mechanism}
+	l := mechparam.For(m.Mechanism)
+	g := generatorOf(m)
+	switch {
+	case g != nil:
+		w.Form = paramStruct
+		w.Value, w.refused = generatorValue(l, g)
+	case l == nil || len(m.Parameter) == 0:
+		w.Param = m.Parameter
+	case l.Refused != "":
+		w.refused = fmt.Errorf("mechanism 0x%x: its parameter %s cannot cross to the token server: %s: %w", m.Mechanism, l.Name, l.Refused, errParamInvalid)
+	case len(m.Parameter) != l.Size:
+		w.Form, w.Length = paramLength, uint(len(m.Parameter))
+	default:
+		w.Form = paramStruct
+		v, err := mechparam.FromRaw(l, m.Parameter, MaxFrame)
+		if err != nil {
+			err = fmt.Errorf("mechanism 0x%x: %v: %w", m.Mechanism, err, errArgumentsBad)
 		}
-	case *pkcs11.OAEPParams:
-		w.OAEP = g
-	case *pkcs11.ECDH1DeriveParams:
-		w.ECDH = g
-	case *pkcs11.RSAAESKeyWrapParams:
-		w.KeyWrap = g
-	case *pkcs11.GCMParams:
-		w.GCM = &gcmParams{
-			IV:      unexported[[]byte](g, "iv"),
-			AAD:     unexported[[]byte](g, "aad"),
-			TagBits: unexported[int](g, "tagSize"),
-		}
+		w.Value, w.refused = v, err
 	}
 	return w
 }
 
-// pointerParams are the mechanisms whose parameter structure holds
-// pointers: given as raw bytes, they mean something only in the
-// application's process. The client sends the ones it can decode as
-// values (flattenRaw); the server refuses the raw bytes of all of them
-// (CKR_MECHANISM_PARAM_INVALID) rather than hand its module pointers into
-// nowhere.
-var pointerParams = map[uint]bool{
-	pkcs11.CKM_RSA_PKCS_OAEP:             true,
-	pkcs11.CKM_AES_GCM:                   true,
-	pkcs11.CKM_AES_CCM:                   true,
-	pkcs11.CKM_ECDH1_DERIVE:              true,
-	pkcs11.CKM_ECDH1_COFACTOR_DERIVE:     true,
-	pkcs11.CKM_RSA_AES_KEY_WRAP:          true,
-	pkcs11.CKM_AES_ECB_ENCRYPT_DATA:      true,
-	pkcs11.CKM_AES_CBC_ENCRYPT_DATA:      true,
-	pkcs11.CKM_DES_ECB_ENCRYPT_DATA:      true,
-	pkcs11.CKM_DES_CBC_ENCRYPT_DATA:      true,
-	pkcs11.CKM_DES3_ECB_ENCRYPT_DATA:     true,
-	pkcs11.CKM_DES3_CBC_ENCRYPT_DATA:     true,
-	pkcs11.CKM_CONCATENATE_BASE_AND_DATA: true,
-	pkcs11.CKM_CONCATENATE_DATA_AND_BASE: true,
-	pkcs11.CKM_XOR_BASE_AND_DATA:         true,
-	pkcs11.CKM_ECMQV_DERIVE:              true,
-	pkcs11.CKM_X9_42_DH_DERIVE:           true,
-}
-
-// flattenRaw replaces the raw parameter bytes of w by the values they
-// point at, for the structures it knows; others stay raw (and are refused
-// by the server).
-func flattenRaw(w *mech) {
-	switch w.Type {
-	case pkcs11.CKM_RSA_PKCS_OAEP:
-		if o, ok := p11raw.OAEPFromRaw(w.Param); ok {
-			w.OAEP, w.Param = o, nil
-		}
-	case pkcs11.CKM_AES_GCM:
-		if iv, aad, tag, ok := p11raw.GCMFromRaw(w.Param); ok {
-			w.GCM, w.Param = &gcmParams{IV: iv, AAD: aad, TagBits: tag}, nil
-		}
-	case pkcs11.CKM_ECDH1_DERIVE, pkcs11.CKM_ECDH1_COFACTOR_DERIVE:
-		if e, ok := p11raw.ECDH1FromRaw(w.Param); ok {
-			w.ECDH, w.Param = e, nil
-		}
+// generatorValue lays out a parameter miekg builds from a Go value at the
+// call (it keeps the value unexported) as the mechanism's layout l.
+func generatorValue(l *mechparam.Layout, g any) (*mechparam.Value, error) {
+	var want string
+	switch g.(type) {
+	case *pkcs11.OAEPParams:
+		want = "CK_RSA_PKCS_OAEP_PARAMS"
+	case *pkcs11.ECDH1DeriveParams:
+		want = "CK_ECDH1_DERIVE_PARAMS"
+	case *pkcs11.RSAAESKeyWrapParams:
+		want = "CK_RSA_AES_KEY_WRAP_PARAMS"
+	case *pkcs11.GCMParams:
+		want = "CK_GCM_PARAMS"
 	}
+	if l == nil || l.Name != want {
+		return nil, fmt.Errorf("a %T parameter for a mechanism that does not take it: %w", g, errParamInvalid)
+	}
+	v := mechparam.New(l)
+	var err error
+	switch g := g.(type) {
+	case *pkcs11.OAEPParams:
+		err = oaepValue(v, g)
+	case *pkcs11.ECDH1DeriveParams:
+		err = errors.Join(v.SetWord("kdf", g.KDF),
+			v.SetTarget("pSharedData", bytesTarget(g.SharedData)),
+			v.SetTarget("pPublicData", mechparam.Target{Bytes: g.PublicKeyData}))
+	case *pkcs11.RSAAESKeyWrapParams:
+		oaep := mechparam.New(l.Ptrs[0].To)
+		err = errors.Join(v.SetWord("ulAESKeyBits", g.AESKeyBits), oaepValue(oaep, &g.OAEPParams),
+			v.SetTarget("pOAEPParams", mechparam.Target{Sub: oaep}))
+	case *pkcs11.GCMParams:
+		iv := unexported[[]byte](g, "iv")
+		err = errors.Join(v.SetWord("ulTagBits", uint(unexported[int](g, "tagSize"))),
+			v.SetWord("ulIvBits", uint(len(iv))*8),
+			v.SetTarget("pIv", bytesTarget(iv)),
+			v.SetTarget("pAAD", bytesTarget(unexported[[]byte](g, "aad"))))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errParamInvalid)
+	}
+	return v, nil
 }
 
-// errParamPointers refuses raw parameters holding another process's
-// pointers.
-var errParamPointers = pkcs11.Error(pkcs11.CKR_MECHANISM_PARAM_INVALID)
+func oaepValue(v *mechparam.Value, o *pkcs11.OAEPParams) error {
+	return errors.Join(v.SetWord("hashAlg", o.HashAlg), v.SetWord("mgf", o.MGF), v.SetWord("source", o.SourceType),
+		v.SetTarget("pSourceData", bytesTarget(o.SourceData)))
+}
 
-// mechIn rebuilds a mechanism from the wire; nil when there is none.
-func mechIn(w *mech) ([]*pkcs11.Mechanism, error) {
+// bytesTarget points at b, or is NULL when b is empty, as miekg passes it.
+func bytesTarget(b []byte) mechparam.Target {
+	if len(b) == 0 {
+		return mechparam.Target{}
+	}
+	return mechparam.Target{Bytes: b}
+}
+
+// mechIn rebuilds a mechanism from the wire, its parameter in C memory
+// when it holds pointers; free releases that memory after the call. A
+// mechanism is nil when there is none.
+func mechIn(w *mech) (ms []*pkcs11.Mechanism, free func(), err error) {
+	free = func() {}
 	if w == nil {
-		return nil, nil
+		return nil, free, nil
 	}
-	if len(w.Param) > 0 && pointerParams[w.Type] {
-		return nil, errParamPointers
-	}
-	var m *pkcs11.Mechanism
-	switch {
-	case w.OAEP != nil:
-		m = pkcs11.NewMechanism(w.Type, w.OAEP)
-	case w.ECDH != nil:
-		m = pkcs11.NewMechanism(w.Type, w.ECDH)
-	case w.KeyWrap != nil:
-		m = pkcs11.NewMechanism(w.Type, w.KeyWrap)
-	case w.GCM != nil:
-		m = pkcs11.NewMechanism(w.Type, pkcs11.NewGCMParams(w.GCM.IV, w.GCM.AAD, w.GCM.TagBits))
-	default:
-		m = &pkcs11.Mechanism{Mechanism: w.Type, Parameter: w.Param}
-	}
-	return []*pkcs11.Mechanism{m}, nil
-}
-
-// freeMech releases the C memory miekg keeps for GCM parameters.
-func freeMech(ms []*pkcs11.Mechanism) {
-	if len(ms) == 1 {
-		if g, ok := generatorOf(ms[0]).(*pkcs11.GCMParams); ok {
-			g.Free()
+	l := mechparam.For(w.Type)
+	m := &pkcs11.Mechanism{Mechanism: w.Type}
+	switch w.Form {
+	case paramBytes:
+		// Raw bytes of a structure with pointers would point nowhere here.
+		if len(w.Param) > 0 && l != nil {
+			return nil, free, fmt.Errorf("mechanism 0x%x: raw bytes of %s, which holds pointers: %w", w.Type, l.Name, errParamInvalid)
 		}
+		m.Parameter = w.Param
+	case paramStruct:
+		if w.Value == nil || w.Value.Layout != l { // the decoder read it by l
+			return nil, free, fmt.Errorf("mechanism 0x%x: a parameter of another layout: %w", w.Type, errArgumentsBad)
+		}
+		if m.Parameter, free, err = mechparam.Build(w.Value); err != nil {
+			return nil, func() {}, fmt.Errorf("mechanism 0x%x: %v: %w", w.Type, err, errArgumentsBad)
+		}
+	case paramLength:
+		if l == nil || l.Refused != "" || w.Length == uint(l.Size) || w.Length > maxParamLength {
+			return nil, free, fmt.Errorf("mechanism 0x%x: a parameter length of %d for no structure it could lie about: %w", w.Type, w.Length, errArgumentsBad)
+		}
+		m.Parameter = make([]byte, w.Length)
 	}
+	return []*pkcs11.Mechanism{m}, free, nil
 }
 
 // generatorOf returns the Go parameter value miekg keeps unexported in a

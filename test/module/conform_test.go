@@ -40,7 +40,7 @@ func TestConformInProcess(t *testing.T) {
 func TestConformServed(t *testing.T) {
 	r := newRig(t, rigOpts{remote: true, allRemote: true})
 	bare := r.bareToken()
-	parts := []string{"info", "mechs", "cbc", "digestkey"}
+	parts := []string{"info", "mechs", "cbc", "digestkey", "params"}
 	want := r.conform(testhsm.SoftHSMModule, bare, parts...)
 	t.Logf("bare token:\n%s", want)
 	if !strings.Contains(want, "blocks decrypt final len=0 \n") || !strings.Contains(want, "digestkey rv=0x0\n") {

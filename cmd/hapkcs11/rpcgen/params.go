@@ -13,7 +13,8 @@ package main
 // through embedded structures. Any other pointer (an output the member
 // writes — a PRF's output, a TLS key block, a protocol version — a length
 // by pointer, a nested mechanism, a list) makes the structure refused:
-// CKR_MECHANISM_PARAM_INVALID in the client, never a pointer sent.
+// CKR_MECHANISM_PARAM_INVALID in the client, never a pointer sent. The
+// same layouts, with their offsets, go to internal/mechparam for hsmserve.
 
 import (
 	"bytes"
@@ -129,26 +130,32 @@ var notParams = map[string]string{
 	"CK_PKCS5_PBKD2_PARAMS":  "v2.20's PBKD2 layout (the length by pointer); v2.40 takes CK_PKCS5_PBKD2_PARAMS2",
 }
 
-// field is one member of a structure.
-type field struct{ typ, name string }
+// field is one member of a structure: n elements of typ (an array when
+// n > 1).
+type field struct {
+	typ, name string
+	n         int
+}
 
 // types is what the generator reads of pkcs11t.h.
 type types struct {
 	structs map[string][]field
 	ptrTo   map[string]string // pointer typedef: the type it points at
-	mechs   map[string]bool   // CKM_ names
+	alias   map[string]string // other typedefs: the type they rename
+	mechs   map[string]uint64 // CKM_ names and their values
 }
 
 var (
 	structDecl = regexp.MustCompile(`(?s)typedef\s+struct\s+(\w+)\s*\{(.*?)\}\s*(\w+)\s*;`)
 	ptrDecl    = regexp.MustCompile(`typedef\s+(?:struct\s+)?(\w+)\s+CK_PTR\s+(\w+)\s*;`)
-	mechDecl   = regexp.MustCompile(`(?m)^#define\s+(CKM_\w+)\s`)
-	fieldDecl  = regexp.MustCompile(`^(\w+)\s+(\w+)(\s*\[\s*\w+\s*\])?$`)
+	aliasDecl  = regexp.MustCompile(`typedef\s+(\w+)\s+(\w+)\s*;`)
+	mechDecl   = regexp.MustCompile(`(?m)^#define\s+(CKM_\w+)\s+(\w+)`)
+	fieldDecl  = regexp.MustCompile(`^(\w+)\s+(\w+)(?:\s*\[\s*(\w+)\s*\])?$`)
 )
 
 func parseTypes(src []byte) (*types, error) {
 	text := strings.ReplaceAll(string(comment.ReplaceAll(src, nil)), "\\\n", " ")
-	h := &types{structs: map[string][]field{}, ptrTo: map[string]string{}, mechs: map[string]bool{}}
+	h := &types{structs: map[string][]field{}, ptrTo: map[string]string{}, alias: map[string]string{}, mechs: map[string]uint64{}}
 	for _, m := range structDecl.FindAllStringSubmatch(text, -1) {
 		var fs []field
 		for _, d := range strings.Split(m[2], ";") {
@@ -160,17 +167,39 @@ func parseTypes(src []byte) (*types, error) {
 			if f == nil {
 				// Function pointers (CK_FUNCTION_LIST) and the like: a
 				// structure no parameter is.
-				f = []string{d, "?", d}
+				f = []string{d, "?", d, ""}
 			}
-			fs = append(fs, field{f[1], f[2]})
+			n := 1
+			if f[3] != "" {
+				if _, err := fmt.Sscan(f[3], &n); err != nil {
+					n = -1 // an array whose size the generator cannot read
+				}
+			}
+			fs = append(fs, field{f[1], f[2], n})
 		}
 		h.structs[m[3]] = fs
 	}
 	for _, m := range ptrDecl.FindAllStringSubmatch(text, -1) {
 		h.ptrTo[m[2]] = m[1]
 	}
+	for _, m := range aliasDecl.FindAllStringSubmatch(text, -1) {
+		if m[1] != "struct" {
+			h.alias[m[2]] = m[1]
+		}
+	}
+	aliases := map[string]string{}
 	for _, m := range mechDecl.FindAllStringSubmatch(text, -1) {
-		h.mechs[m[1]] = true
+		var v uint64
+		if _, err := fmt.Sscanf(strings.TrimRight(m[2], "UL"), "0x%x", &v); err == nil {
+			h.mechs[m[1]] = v
+		} else {
+			aliases[m[1]] = m[2] // another CKM_ name
+		}
+	}
+	for name, to := range aliases {
+		if v, ok := h.mechs[to]; ok {
+			h.mechs[name] = v
+		}
 	}
 	if len(h.structs) < 60 || len(h.mechs) < 300 {
 		return nil, fmt.Errorf("pkcs11t.h: found %d structures and %d mechanisms, v2.40 has more", len(h.structs), len(h.mechs))
@@ -265,19 +294,84 @@ func (h *types) hasPointer(s string) bool {
 	return false
 }
 
-// paramCode writes rpc_params.c: each parameter structure's pointers and the
-// mechanisms that take it.
-func paramCode(h *types) ([]byte, error) {
+// word is the size and alignment of a CK_ULONG and of a pointer in the
+// layouts written for Go (LP64: Linux on amd64 and arm64). rpc_params.c
+// asserts every offset and size written for Go against the C compiler's,
+// so a build where they differ stops there.
+const word = 8
+
+// sizeOf returns the size and alignment of type t.
+func (h *types) sizeOf(t string) (size, align int, err error) {
+	for {
+		if _, isPtr := h.ptrTo[t]; isPtr {
+			return word, word, nil
+		}
+		a, ok := h.alias[t]
+		if !ok {
+			break
+		}
+		t = a
+	}
+	switch t {
+	case "CK_BYTE":
+		return 1, 1, nil
+	case "CK_ULONG", "CK_LONG":
+		return word, word, nil
+	}
+	if _, ok := h.structs[t]; ok {
+		_, size, align, err := h.place(t, "", 0)
+		return size, align, err
+	}
+	return 0, 0, fmt.Errorf("no size known for type %s", t)
+}
+
+// placed is a member of a structure at its offset; the members of an
+// embedded structure are placed one by one (path a.b).
+type placed struct {
+	path, typ string
+	off       int
+}
+
+// place lays structure s out as a C compiler does: each member at the next
+// multiple of its alignment, the size a multiple of the largest.
+func (h *types) place(s, prefix string, base int) (fs []placed, size, align int, err error) {
+	align = 1
+	for _, f := range h.structs[s] {
+		if f.n < 0 || f.typ == "?" {
+			return nil, 0, 0, fmt.Errorf("%s: cannot lay out member %s", s, f.name)
+		}
+		sz, al, err := h.sizeOf(f.typ)
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("%s.%s: %w", s, f.name, err)
+		}
+		size = (size + al - 1) / al * al
+		_, isPtr := h.ptrTo[f.typ]
+		if _, embedded := h.structs[f.typ]; embedded && !isPtr {
+			sub, _, _, _ := h.place(f.typ, prefix+f.name+".", base+size)
+			fs = append(fs, sub...)
+		} else {
+			fs = append(fs, placed{prefix + f.name, f.typ, base + size})
+		}
+		size += sz * f.n
+		align = max(align, al)
+	}
+	return fs, (size + align - 1) / align * align, align, nil
+}
+
+// paramCode writes rpc_params.c (each parameter structure's pointers and the
+// mechanisms that take it) and its Go twin for pkg/remote,
+// internal/mechparam's layouts_gen.go.
+func paramCode(h *types) (cCode, goCode []byte, err error) {
 	taken := map[string]bool{}
 	for m, s := range mechParams {
-		if !h.mechs[m] {
-			return nil, fmt.Errorf("mechParams: %s is not in pkcs11t.h", m)
+		if _, ok := h.mechs[m]; !ok {
+			return nil, nil, fmt.Errorf("mechParams: %s is not in pkcs11t.h", m)
 		}
 		if _, ok := h.structs[s]; !ok {
-			return nil, fmt.Errorf("mechParams: %s (of %s) is not a structure of pkcs11t.h", s, m)
+			return nil, nil, fmt.Errorf("mechParams: %s (of %s) is not a structure of pkcs11t.h", s, m)
 		}
 		if !h.hasPointer(s) {
-			return nil, fmt.Errorf("mechParams: %s (of %s) holds no pointer: it crosses as its bytes, leave it out", s, m)
+			return nil, nil, fmt.Errorf("mechParams: %s (of %s) holds no pointer: it crosses as its bytes, leave it out", s, m)
 		}
 		taken[s] = true
 	}
@@ -288,7 +382,7 @@ func paramCode(h *types) ([]byte, error) {
 	sort.Strings(names)
 	for _, s := range names {
 		if h.hasPointer(s) && !taken[s] && notParams[s] == "" {
-			return nil, fmt.Errorf("pkcs11t.h: %s holds a pointer and is neither a mechanism's parameter (mechParams) nor listed in notParams", s)
+			return nil, nil, fmt.Errorf("pkcs11t.h: %s holds a pointer and is neither a mechanism's parameter (mechParams) nor listed in notParams", s)
 		}
 	}
 
@@ -305,21 +399,33 @@ func paramCode(h *types) ([]byte, error) {
 
 const struct hap_param hap_param_refused = {0, 0, NULL};
 `)
+	var g bytes.Buffer
+	g.WriteString(`// Code generated by rpcgen from pkcs11t.h; DO NOT EDIT.
+
+package mechparam
+
+// The mechanism parameters that hold pointers, as rpc_params.c in
+// cmd/hapkcs11 has them (rpcgen/params.go), with the offsets of an LP64
+// build: rpc_params.c asserts each against the C compiler's.
+`)
 	layouts := map[string]layout{}
-	var emit func(s string)
-	emit = func(s string) {
+	var emit func(s string) error
+	emit = func(s string) error {
 		if _, done := layouts[s]; done {
-			return
+			return nil
 		}
 		l := h.layoutOf(s, taken, "")
 		layouts[s] = l
 		if l.refused != "" {
 			fmt.Fprintf(&b, "\n/* %s: refused, %s. */\n", s, l.refused)
-			return
+			fmt.Fprintf(&g, "\nvar layout%s = &Layout{Name: %[1]q, Refused: %q}\n", s, l.refused)
+			return nil
 		}
 		for _, p := range l.ptrs {
 			if p.to != "" {
-				emit(p.to) // the target's descriptor first
+				if err := emit(p.to); err != nil { // the target's descriptor first
+					return err
+				}
 			}
 		}
 		fmt.Fprintf(&b, "\nstatic const struct hap_ptr hap_ptrs_%s[] = {\n", s)
@@ -331,6 +437,7 @@ const struct hap_param hap_param_refused = {0, 0, NULL};
 			}
 		}
 		fmt.Fprintf(&b, "};\nstatic const struct hap_param hap_param_%s = {sizeof(%[1]s), %d, hap_ptrs_%[1]s};\n", s, len(l.ptrs))
+		return goLayout(&b, &g, h, s, l)
 	}
 	var structs []string
 	for s := range taken {
@@ -338,7 +445,9 @@ const struct hap_param hap_param_refused = {0, 0, NULL};
 	}
 	sort.Strings(structs)
 	for _, s := range structs {
-		emit(s)
+		if err := emit(s); err != nil {
+			return nil, nil, err
+		}
 	}
 	bySt := map[string][]string{}
 	for m, st := range mechParams {
@@ -358,5 +467,68 @@ const struct hap_param hap_param_refused = {0, 0, NULL};
 		}
 	}
 	b.WriteString("\t}\n\treturn NULL;\n}\n")
-	return b.Bytes(), nil
+
+	type entry struct {
+		value uint64
+		name  string
+	}
+	var entries []entry
+	seen := map[uint64]string{}
+	for m, st := range mechParams {
+		v := h.mechs[m]
+		if other, dup := seen[v]; dup && mechParams[other] != st {
+			return nil, nil, fmt.Errorf("mechParams: %s and %s are both 0x%x and take different structures", m, other, v)
+		} else if dup {
+			continue
+		}
+		seen[v] = m
+		entries = append(entries, entry{v, m})
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].value < entries[j].value })
+	g.WriteString("\n// byMech pairs each mechanism with its parameter's layout.\nvar byMech = map[uint]*Layout{\n")
+	for _, e := range entries {
+		fmt.Fprintf(&g, "\t0x%08x: layout%s, // %s\n", e.value, mechParams[e.name], e.name)
+	}
+	g.WriteString("}\n")
+	return b.Bytes(), g.Bytes(), nil
+}
+
+// goLayout writes structure s's layout l for Go, and asserts in C its size
+// and each offset it writes (a length field is a word).
+func goLayout(b, g *bytes.Buffer, h *types, s string, l layout) error {
+	fs, size, _, err := h.place(s, "", 0)
+	if err != nil {
+		return err
+	}
+	at := map[string]int{}
+	for _, f := range fs {
+		at[f.path] = f.off
+	}
+	assert := func(member string, off int) {
+		fmt.Fprintf(b, "_Static_assert(offsetof(%s, %s) == %d, \"internal/mechparam: %[1]s.%[2]s\");\n", s, member, off)
+	}
+	fmt.Fprintf(b, "_Static_assert(sizeof(%s) == %d, \"internal/mechparam: %[1]s\");\n", s, size)
+	fmt.Fprintf(g, "\nvar layout%s = &Layout{Name: %[1]q, Size: %d, Ptrs: []Ptr{\n", s, size)
+	for _, p := range l.ptrs {
+		assert(p.path, at[p.path])
+		if p.to != "" {
+			fmt.Fprintf(g, "\t{Name: %q, At: %d, To: layout%s},\n", p.path, at[p.path], p.to)
+			continue
+		}
+		fmt.Fprintf(g, "\t{Name: %q, At: %d, Len: %d},\n", p.path, at[p.path], at[p.length])
+	}
+	g.WriteString("}, Words: map[string]int{")
+	var words []string
+	for _, f := range fs {
+		if _, isPtr := h.ptrTo[f.typ]; isPtr {
+			continue
+		}
+		if sz, _, err := h.sizeOf(f.typ); err == nil && sz == word {
+			assert(f.path, f.off)
+			words = append(words, fmt.Sprintf("%q: %d", f.path, f.off))
+		}
+	}
+	g.WriteString(strings.Join(words, ", "))
+	g.WriteString("}}\n")
+	return nil
 }
