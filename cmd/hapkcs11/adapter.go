@@ -92,6 +92,8 @@ func (a *handleSession[H]) Do(ctx context.Context, k group.OpKind, st group.Step
 	return a.ops.Do(ctx, k, st, in, sig, room)
 }
 
+func (a *handleSession[H]) steps() stepper { return a.ops }
+
 func (a *handleSession[H]) DigestKey(ctx context.Context, key uint) error {
 	return a.ops.DigestKey(ctx, H(key))
 }

@@ -50,6 +50,7 @@ type appSession struct {
 	slot   *slotEntry
 	rw     bool
 	be     session
+	ops    stepper // be's operations: the engine's session itself
 
 	mu      sync.Mutex // one call at a time
 	closed  bool
@@ -142,13 +143,31 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	l.mu.Lock()
 	l.next++
 	h := l.next
-	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be}
+	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be, ops: be.steps()}
 	l.mu.Unlock()
 	return h, nil
 }
 
 // session returns an open session, locked; the caller unlocks it.
 func (l *library) session(h uint) (*appSession, error) {
+	s, err := l.opSession(h)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.be.Check(); err != nil {
+		// The engine lost it (every member of the group failed in
+		// activeBasic): the application's handle is gone too.
+		s.mu.Unlock()
+		l.forget(h, s)
+		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
+	}
+	return s, nil
+}
+
+// opSession is session for an operation's call, which the engine's session
+// refuses by itself once lost (CKR_SESSION_HANDLE_INVALID): the
+// operation's one look at whether the session is lost is the engine's.
+func (l *library) opSession(h uint) (*appSession, error) {
 	l.mu.RLock()
 	s, ok := l.sessions[h]
 	l.mu.RUnlock()
@@ -158,13 +177,6 @@ func (l *library) session(h uint) (*appSession, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
-	}
-	if err := s.be.Check(); err != nil {
-		// The engine lost it (every member of the group failed in
-		// activeBasic): the application's handle is gone too.
-		s.mu.Unlock()
-		l.forget(h, s)
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
 	return s, nil
@@ -330,7 +342,7 @@ func (l *library) logout(h uint) error {
 // opInit starts an operation (C_SignInit …); a nil mechanism ends the
 // active one. The session's backend (pkg/group) keeps the operation.
 func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uint) error {
-	s, err := l.session(h)
+	s, err := l.opSession(h)
 	if err != nil {
 		return err
 	}
@@ -358,12 +370,12 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 // caller hands it out, so that the C buffer is no interface value to
 // allocate per call.)
 func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
-	s, err := l.session(h)
+	s, err := l.opSession(h)
 	if err != nil {
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	return s.be.Do(l.ctx, kind, st, in, sig, room)
+	return s.ops.Do(l.ctx, kind, st, in, sig, room)
 }
 
 // digestKey runs C_DigestKey.
