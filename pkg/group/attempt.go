@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -394,9 +395,16 @@ func (g *Group) probeFails(ctx context.Context, m *member.Member, err error) boo
 func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) (slot.Class, bool, error) {
 	start := m.Begin()
 	err := fn()
+	class, fail := g.account(ctx, m, start, err)
+	return class, fail, err
+}
+
+// account ends the accounting of a call on m begun at start (m.Begin) with
+// err, and returns its class and whether it should fail m.
+func (g *Group) account(ctx context.Context, m *member.Member, start time.Time, err error) (slot.Class, bool) {
 	if err != nil && ctx.Err() != nil {
 		m.End(start, nil) // not the member's fault
-		return slot.ClassRequest, false, err
+		return slot.ClassRequest, false
 	}
 	out := m.End(start, err)
 	class := out.Class
@@ -406,7 +414,7 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 		class = slot.ClassHealth
 		out.Fail = m.ChargeHealth(err)
 	}
-	return class, class == slot.ClassHealth && out.Fail, err
+	return class, class == slot.ClassHealth && out.Fail
 }
 
 // lostLogin reports whether err says a member is not logged in while the

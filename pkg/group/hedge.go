@@ -44,7 +44,9 @@ func (g *Group) try(ctx context.Context, p plan, m *member.Member, hs []pkcs11.O
 	if err := g.prepareOn(ctx, p, m, hs); err != nil {
 		return outcome{m: m, prep: err}
 	}
-	class, fail, err := g.measure(ctx, m, func() error { return fn(ctx, m, s, hs) })
+	start := m.Begin()
+	err := fn(ctx, m, s, hs)
+	class, fail := g.account(ctx, m, start, err)
 	return outcome{m: m, class: class, fail: fail, err: err}
 }
 

@@ -13,40 +13,24 @@ import (
 	"context"
 	"math"
 
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
 // Kind names an operation family; a session has at most one of each
-// active.
-type Kind int
+// active. It is pkg/slot's, so that the kind a call starts with is the one
+// its member's module call is made by.
+type Kind = slot.Kind
 
 // The operation families.
 const (
-	Sign Kind = iota
-	Verify
-	Encrypt
-	Decrypt
-	Digest
-	nKinds
+	Sign    = slot.KindSign
+	Verify  = slot.KindVerify
+	Encrypt = slot.KindEncrypt
+	Decrypt = slot.KindDecrypt
+	Digest  = slot.KindDigest
+	nKinds  = slot.NumKinds
 )
-
-var names = [nKinds]string{"Sign", "Verify", "Encrypt", "Decrypt", "Digest"}
-
-// The calls' names, built once: they name the errors of every call.
-var initNames, updateNames, finalNames = callNames("Init"), callNames("Update"), callNames("Final")
-
-func callNames(step string) (out [nKinds]string) {
-	for k := range out {
-		out[k] = names[k] + step
-	}
-	return out
-}
-
-// String returns the PKCS#11 name of the family ("Sign").
-func (k Kind) String() string { return names[k] }
-
-// InitName returns the name of k's Init ("SignInit").
-func (k Kind) InitName() string { return initNames[k] }
 
 // Step is which call of an operation runs: the single-part one (C_Sign),
 // an Update or the Final.
@@ -63,11 +47,11 @@ const (
 func (st Step) Name(k Kind) string {
 	switch st {
 	case Update:
-		return updateNames[k]
+		return k.UpdateName()
 	case Final:
-		return finalNames[k]
+		return k.FinalName()
 	}
-	return names[k]
+	return k.String()
 }
 
 // Room is how much output the caller can take, in PKCS#11's buffer
@@ -169,7 +153,7 @@ type Table[A, W any] struct {
 // another operation is active (measured by test/conformance's ops steps).
 func (t *Table[A, W]) Init(ctx context.Context, r Runner[A, W], k Kind, op *Op[A]) error {
 	if t.Active() {
-		return refuse(ErrActive, initNames[k])
+		return refuse(ErrActive, k.InitName())
 	}
 	t.store[k] = *op
 	if err := r.Start(ctx, k, &t.store[k]); err != nil {
@@ -194,7 +178,7 @@ func (t *Table[A, W]) Active() bool {
 // mechanism).
 func (t *Table[A, W]) Cancel(r Runner[A, W], k Kind) error {
 	if t.ops[k] == nil {
-		return refuse(ErrNotInitialized, initNames[k])
+		return refuse(ErrNotInitialized, k.InitName())
 	}
 	t.end(r, k, true)
 	return nil
