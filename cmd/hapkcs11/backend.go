@@ -58,9 +58,6 @@ type session interface {
 	// Check returns an error when the backend lost the session (a group's
 	// session when every member failed in activeBasic).
 	Check() error
-	// steps is the engine's session that runs the operations' steps, for
-	// the library to call without a hop through this adapter.
-	steps() stepper
 }
 
 // objectCalls is what a session does to objects, with handles H: the
@@ -89,14 +86,10 @@ type opCalls[H ~uint] interface {
 	// Active reports whether an operation is active (one per session, as
 	// on the member token; a search is the library's).
 	Active() bool
-	stepper
+	// Do runs one step of an operation (group.Session.Do); a lost session
+	// answers CKR_SESSION_HANDLE_INVALID.
+	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
 	DigestKey(ctx context.Context, key H) error
 	// Close ends the session (and its session objects).
 	Close() error
-}
-
-// stepper runs one step of an operation (group.Session.Do). A lost
-// session answers CKR_SESSION_HANDLE_INVALID.
-type stepper interface {
-	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
 }

@@ -50,7 +50,6 @@ type appSession struct {
 	slot   *slotEntry
 	rw     bool
 	be     session
-	ops    stepper // be's operations: the engine's session itself
 
 	mu      sync.Mutex // one call at a time
 	closed  bool
@@ -143,7 +142,7 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 	l.mu.Lock()
 	l.next++
 	h := l.next
-	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be, ops: be.steps()}
+	l.sessions[h] = &appSession{handle: h, slot: s, rw: rw, be: be}
 	l.mu.Unlock()
 	return h, nil
 }
@@ -375,7 +374,7 @@ func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, r
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	return s.ops.Do(l.ctx, kind, st, in, sig, room)
+	return s.be.Do(l.ctx, kind, st, in, sig, room)
 }
 
 // digestKey runs C_DigestKey.

@@ -213,6 +213,27 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	return nil, unserved(&v, p.op)
 }
 
+// outcome is one attempt's answer on one member.
+type outcome struct {
+	m     *member.Member
+	prep  error // prepareOn's error: fn did not run
+	class slot.Class
+	fail  bool
+	err   error
+}
+
+// try resolves p.objs on m into hs and runs fn there, measured.
+func (g *Group) try(ctx context.Context, p plan, m *member.Member, hs []pkcs11.ObjectHandle, fn attempt) outcome {
+	s := m.Slot()
+	if err := g.prepareOn(ctx, p, m, hs); err != nil {
+		return outcome{m: m, prep: err}
+	}
+	start := m.Begin()
+	err := fn(ctx, m, s, hs)
+	class, fail := g.account(ctx, m, start, err)
+	return outcome{m: m, class: class, fail: fail, err: err}
+}
+
 // writeAll changes o on every serving member: first on one, in
 // configured order (whose refusal is returned as it is and nothing else
 // is touched), then on the others in parallel. A member where the change

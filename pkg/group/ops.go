@@ -101,22 +101,13 @@ func (c randomCall) call(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHan
 	return s.GenerateRandom(ctx, c.n)
 }
 
-// single runs the single-part operation k with key o (nil for a digest).
-func (g *Group) single(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, o *vtable.Object, data, sig []byte) ([]byte, error) {
-	var objs []*vtable.Object
-	if o != nil {
-		objs = []*vtable.Object{o}
-	}
-	return hedged(ctx, g, k.String(), objs, shotCall{k, mech, data, sig})
-}
-
 // withKey runs the single-part operation k with the group's key h.
 func (g *Group) withKey(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, h ObjectHandle, data, sig []byte) ([]byte, error) {
 	o, err := g.key(k.String(), h, argOpKey)
 	if err != nil {
 		return nil, err
 	}
-	return g.single(ctx, k, mech, o, data, sig)
+	return hedged(ctx, g, k.String(), []*vtable.Object{o}, shotCall{k, mech, data, sig})
 }
 
 // Sign signs data with key in one part.
@@ -142,7 +133,7 @@ func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectH
 
 // Digest digests data in one part.
 func (g *Group) Digest(ctx context.Context, mech *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return g.single(ctx, OpDigest, mech, nil, data, nil)
+	return hedged(ctx, g, "Digest", nil, shotCall{OpDigest, mech, data, nil})
 }
 
 // GenerateRandom returns n random bytes from a member's generator.

@@ -468,12 +468,36 @@ func (s *Session) Cancel(k OpKind) error {
 // is nil, or opstate.ErrBufferTooSmall), as PKCS#11's buffer convention says. A
 // single-part step and a Final end the operation, and so does any error
 // but opstate.ErrBufferTooSmall.
+//
+// A single-part step that no Update came before runs in one call (its
+// Init and itself) from the members' session pools, by the group's
+// failover and hedging, whether its Init was proven (deferred) or sent to
+// a member at the application's *Init (that member's session, which holds
+// the Init, is let go first): one route for both. Any other step runs on
+// the operation's member (opRunner.Run).
 func (s *Session) Do(ctx context.Context, k OpKind, st Step, in, sig []byte, room Room) ([]byte, error) {
 	if err := s.enter(st.Name(k)); err != nil {
 		return nil, err
 	}
 	defer s.leave()
-	return s.ops.Do(ctx, (*opRunner)(s), k, st, in, sig, nil, room)
+	r := (*opRunner)(s)
+	op, out, held, err := s.ops.Begin(ctx, r, k, st, in)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case held:
+	case st == StepSingle && !op.Started:
+		s.stop(k, op, true) // (a placed Init's member session)
+		var objs []*vtable.Object
+		if op.At.key != nil {
+			objs = []*vtable.Object{op.At.key}
+		}
+		out, err = hedged(ctx, s.g, k.String(), objs, shotCall{k, op.Mech, in, sig})
+	default:
+		out, err = r.Run(ctx, k, op, st, in, sig, nil)
+	}
+	return s.ops.End(r, k, op, st, in, out, err, false, room)
 }
 
 // enter begins an operation's call op: inside the group's gate, with the
@@ -535,26 +559,17 @@ func (s *Session) stop(_ OpKind, op *operation, _ bool) {
 	op.At.m, op.At.ps, op.Started = nil, nil, false
 }
 
-// Run is the Runner's Run. A single-part step that no Update came before
-// runs in one call (its Init and itself) from the members' session pools,
-// by the group's failover, whether its Init was proven (deferred) or sent
-// to a member at the application's *Init (that member's session, which
-// holds the Init, is let go first): one route for both. Any other step
-// runs on the operation's member; before any Update was accepted there
-// nothing is committed, so a member that fails for a health reason (or
-// left) passes the operation on: the Init is sent again, with its kept
-// parameters, on the next member, then this step. Once an Update was
-// accepted it is pinned: if the member fails, the operation ends with
-// ErrMemberLost (CKR_DEVICE_ERROR) and the application must start again.
-// A deferred operation is placed at its first other step.
+// Run is the Runner's Run, for a step on the operation's member (Do
+// sends a single-part step before any Update through the pools). Before
+// any Update was accepted there nothing is committed, so a member that
+// fails for a health reason (or left) passes the operation on: the Init
+// is sent again, with its kept parameters, on the next member, then this
+// step. Once an Update was accepted it is pinned: if the member fails,
+// the operation ends with ErrMemberLost (CKR_DEVICE_ERROR) and the
+// application must start again. A deferred operation (proven Init) is
+// placed at this, its first step on a member.
 func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
 	s := (*Session)(r)
-	if st == StepSingle && !op.Started {
-		if op.At.m != nil {
-			s.stop(k, op, true)
-		}
-		return s.g.single(ctx, k, op.Mech, op.At.key, in, sig)
-	}
 	opName := st.Name(k)
 	if with != nil {
 		opName = "DigestKey"

@@ -50,7 +50,7 @@ type sess struct {
 	fn   func(*sess) error
 	err  error // the worker's result
 
-	outHint int // the length of the session's last output (oneShot's first buffer)
+	outHint int // the length of the session's last output (a one-shot's first buffer)
 
 	// The Done channel of the caller's context whose cancellation cancels
 	// the call in flight, and how to stop that (watch; caller side).

@@ -201,38 +201,63 @@ func (t *Table[A, W]) EndAll(r Runner[A, W]) {
 }
 
 // Do runs step st of operation k with in (and sig, for Verify and
-// VerifyFinal) and hands out its output within room: when it does not fit
-// (or room is Query) the output is kept, its length returned, and the
-// operation goes on; the next call of the same step with the same input
-// delivers it. The error is ErrBufferTooSmall for a short buffer, nil for
-// a length query. with is the object a step names (C_DigestKey), or nil.
+// VerifyFinal) on r and hands out its output within room: Begin, r's Run
+// unless the output is held, End. with is the object a step names
+// (C_DigestKey), or nil.
 func (t *Table[A, W]) Do(ctx context.Context, r Runner[A, W], k Kind, st Step, in, sig []byte, with *W, room Room) ([]byte, error) {
-	op := t.ops[k]
-	if op == nil {
-		return nil, refuse(ErrNotInitialized, st.Name(k))
+	op, out, held, err := t.Begin(ctx, r, k, st, in)
+	if err != nil {
+		return nil, err
 	}
-	out := op.held
-	if op.heldStep != st || !bytes.Equal(op.heldIn, in) {
-		if op.heldStep == Single {
-			// The token's single-part call ended its operation: start
-			// it again for the different input, as the token would go on.
-			r.Stop(k, op, false)
-			op.heldStep, op.held, op.heldIn = 0, nil, nil
-			if err := r.Start(ctx, k, op); err != nil {
-				t.ops[k] = nil
-				return nil, err
-			}
+	if !held {
+		out, err = r.Run(ctx, k, op, st, in, sig, with)
+	}
+	return t.End(r, k, op, st, in, out, err, with != nil, room)
+}
+
+// Begin is step st of operation k with input in up to its run: it returns
+// the operation to run the step on, or the output held for this very step
+// and input (held: nothing to run; see End). The caller runs the step and
+// hands its answer to End, so that no step comes back up through this
+// table on its way down to a token.
+func (t *Table[A, W]) Begin(ctx context.Context, r Runner[A, W], k Kind, st Step, in []byte) (op *Op[A], out []byte, held bool, err error) {
+	op = t.ops[k]
+	if op == nil {
+		return nil, nil, false, refuse(ErrNotInitialized, st.Name(k))
+	}
+	if op.heldStep == st && bytes.Equal(op.heldIn, in) {
+		return op, op.held, true, nil
+	}
+	if op.heldStep == Single {
+		// The token's single-part call ended its operation: start it
+		// again for the different input, as the token would go on.
+		r.Stop(k, op, false)
+		op.heldStep, op.held, op.heldIn = 0, nil, nil
+		if err := r.Start(ctx, k, op); err != nil {
+			t.ops[k] = nil
+			return nil, nil, false, err
 		}
-		var err error
-		if out, err = r.Run(ctx, k, op, st, in, sig, with); err != nil {
-			if !keep(r.Code(err), with != nil) {
-				t.end(r, k, false)
-			}
-			return nil, err
+	}
+	return op, nil, false, nil
+}
+
+// End hands out the answer of step st of op (Begin's) on in: its output
+// within room, or its error. When the output does not fit (or room is
+// Query) it is kept, its length returned, and the operation goes on; the
+// next call of the same step with the same input delivers it. The error is
+// then ErrBufferTooSmall for a short buffer, nil for a length query. A
+// single-part step and a Final end the operation, and so does an error
+// unless it leaves the operation active on a token (with: the step named
+// an object, C_DigestKey).
+func (t *Table[A, W]) End(r Runner[A, W], k Kind, op *Op[A], st Step, in, out []byte, err error, with bool, room Room) ([]byte, error) {
+	if err != nil {
+		if !keep(r.Code(err), with) {
+			t.end(r, k, false)
 		}
-		if out == nil {
-			out = []byte{}
-		}
+		return nil, err
+	}
+	if out == nil {
+		out = []byte{}
 	}
 	if room < Room(len(out)) {
 		op.held, op.heldIn, op.heldStep = out, in, st
