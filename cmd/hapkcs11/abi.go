@@ -34,19 +34,35 @@ var module struct {
 
 // call runs fn on the initialized library and returns its CKR code.
 func call(name string, fn func(l *library) error) (rv C.CK_RV) {
-	defer func() {
-		if r := recover(); r != nil {
-			logPanic(name, r, debug.Stack())
-			rv = C.CKR_GENERAL_ERROR
-		}
-	}()
-	module.RLock()
-	defer module.RUnlock()
-	l := module.lib
+	l := enter()
+	defer leave(name, &rv)
 	if l == nil {
 		return C.CKR_CRYPTOKI_NOT_INITIALIZED
 	}
-	code := codeOf(fn(l))
+	return l.rv(name, fn(l))
+}
+
+// enter begins a call: it takes the module's read lock and returns the
+// initialized library, nil before C_Initialize. The caller defers leave.
+func enter() *library {
+	module.RLock()
+	return module.lib
+}
+
+// leave ends a call that enter began: a panic becomes CKR_GENERAL_ERROR
+// (none crosses into C), and the module's lock is let go.
+func leave(name string, rv *C.CK_RV) {
+	if r := recover(); r != nil {
+		logPanic(name, r, debug.Stack())
+		*rv = C.CKR_GENERAL_ERROR
+	}
+	module.RUnlock()
+}
+
+// rv is the CKR code of a call's error, logged when it is one and the log
+// is at debug level.
+func (l *library) rv(name string, err error) C.CK_RV {
+	code := codeOf(err)
 	if code != pkcs11.CKR_OK && l.log.debugging() {
 		l.log.debug("call failed", "call", name, "rv", fmt.Sprintf("%#x", code))
 	}
@@ -734,52 +750,46 @@ func hapFindObjectsFinal(h C.CK_SESSION_HANDLE) C.CK_RV {
 
 // ---- cryptographic operations ----
 
-func opInit(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, p C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return call(name, func(l *library) error {
-		m, err := mechIn(p)
-		if err != nil {
-			return err
-		}
-		return l.opInit(uint(h), kind, m, uint(key))
-	})
+func opInit(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, p C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) (rv C.CK_RV) {
+	l := enter()
+	defer leave(name, &rv)
+	if l == nil {
+		return C.CKR_CRYPTOKI_NOT_INITIALIZED
+	}
+	m, err := mechIn(p)
+	if err != nil {
+		return l.rv(name, err)
+	}
+	return l.rv(name, l.opInit(uint(h), kind, m, uint(key)))
 }
 
-// step runs one step of an operation with input in (for Update and the
-// single-part call) and an output buffer when out is asked for (outLen
-// not NULL is required then).
-func step(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, st group.Step, in C.CK_BYTE_PTR, inLen C.CK_ULONG, withOut bool, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return call(name, func(l *library) error {
-		data, err := goBytes(in, inLen)
-		if err != nil {
-			return err
+// step runs step st of an operation of kind on session h, the one way
+// every C_Sign, C_EncryptUpdate, C_DigestFinal … reaches the engine: with
+// input in (for Update and the single-part call) and an output buffer when
+// withOut (outLen not NULL is required then).
+func step(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, st group.Step, in C.CK_BYTE_PTR, inLen C.CK_ULONG, withOut bool, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) (rv C.CK_RV) {
+	l := enter()
+	defer leave(name, &rv)
+	if l == nil {
+		return C.CKR_CRYPTOKI_NOT_INITIALIZED
+	}
+	data, err := goBytes(in, inLen)
+	if err != nil {
+		return l.rv(name, err)
+	}
+	room := group.RoomAny
+	dst := cOut{out, outLen}
+	if withOut {
+		if outLen == nil {
+			return l.rv(name, errArgs)
 		}
-		room := group.RoomAny
-		dst := cOut{out, outLen}
-		if withOut {
-			if outLen == nil {
-				return errArgs
-			}
-			room = dst.room()
-		}
-		b, err := l.op(uint(h), kind, st, data, nil, room)
-		if withOut && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
-			dst.put(b)
-		}
-		return err
-	})
-}
-
-func single(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step(name, h, kind, group.StepSingle, in, inLen, true, out, outLen)
-}
-
-func update(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	withOut := kind == group.OpEncrypt || kind == group.OpDecrypt
-	return step(name, h, kind, group.StepUpdate, in, inLen, withOut, out, outLen)
-}
-
-func final(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step(name, h, kind, group.StepFinal, nil, 0, true, out, outLen)
+		room = dst.room()
+	}
+	b, err := l.op(uint(h), kind, st, data, nil, room)
+	if withOut && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
+		dst.put(b)
+	}
+	return l.rv(name, err)
 }
 
 // verify runs C_Verify (st StepSingle, with data) or C_VerifyFinal.
@@ -805,17 +815,17 @@ func hapEncryptInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT
 
 //export hapEncrypt
 func hapEncrypt(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Encrypt", h, group.OpEncrypt, in, inLen, out, outLen)
+	return step("C_Encrypt", h, group.OpEncrypt, group.StepSingle, in, inLen, true, out, outLen)
 }
 
 //export hapEncryptUpdate
 func hapEncryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return update("C_EncryptUpdate", h, group.OpEncrypt, in, inLen, out, outLen)
+	return step("C_EncryptUpdate", h, group.OpEncrypt, group.StepUpdate, in, inLen, true, out, outLen)
 }
 
 //export hapEncryptFinal
 func hapEncryptFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_EncryptFinal", h, group.OpEncrypt, out, outLen)
+	return step("C_EncryptFinal", h, group.OpEncrypt, group.StepFinal, nil, 0, true, out, outLen)
 }
 
 //export hapDecryptInit
@@ -825,17 +835,17 @@ func hapDecryptInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT
 
 //export hapDecrypt
 func hapDecrypt(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Decrypt", h, group.OpDecrypt, in, inLen, out, outLen)
+	return step("C_Decrypt", h, group.OpDecrypt, group.StepSingle, in, inLen, true, out, outLen)
 }
 
 //export hapDecryptUpdate
 func hapDecryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return update("C_DecryptUpdate", h, group.OpDecrypt, in, inLen, out, outLen)
+	return step("C_DecryptUpdate", h, group.OpDecrypt, group.StepUpdate, in, inLen, true, out, outLen)
 }
 
 //export hapDecryptFinal
 func hapDecryptFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_DecryptFinal", h, group.OpDecrypt, out, outLen)
+	return step("C_DecryptFinal", h, group.OpDecrypt, group.StepFinal, nil, 0, true, out, outLen)
 }
 
 //export hapDigestInit
@@ -845,12 +855,12 @@ func hapDigestInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR) C.CK_RV {
 
 //export hapDigest
 func hapDigest(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Digest", h, group.OpDigest, in, inLen, out, outLen)
+	return step("C_Digest", h, group.OpDigest, group.StepSingle, in, inLen, true, out, outLen)
 }
 
 //export hapDigestUpdate
 func hapDigestUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return update("C_DigestUpdate", h, group.OpDigest, in, inLen, nil, nil)
+	return step("C_DigestUpdate", h, group.OpDigest, group.StepUpdate, in, inLen, false, nil, nil)
 }
 
 //export hapDigestKey
@@ -860,7 +870,7 @@ func hapDigestKey(h C.CK_SESSION_HANDLE, key C.CK_OBJECT_HANDLE) C.CK_RV {
 
 //export hapDigestFinal
 func hapDigestFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_DigestFinal", h, group.OpDigest, out, outLen)
+	return step("C_DigestFinal", h, group.OpDigest, group.StepFinal, nil, 0, true, out, outLen)
 }
 
 //export hapSignInit
@@ -870,17 +880,17 @@ func hapSignInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HA
 
 //export hapSign
 func hapSign(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return single("C_Sign", h, group.OpSign, in, inLen, out, outLen)
+	return step("C_Sign", h, group.OpSign, group.StepSingle, in, inLen, true, out, outLen)
 }
 
 //export hapSignUpdate
 func hapSignUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return update("C_SignUpdate", h, group.OpSign, in, inLen, nil, nil)
+	return step("C_SignUpdate", h, group.OpSign, group.StepUpdate, in, inLen, false, nil, nil)
 }
 
 //export hapSignFinal
 func hapSignFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return final("C_SignFinal", h, group.OpSign, out, outLen)
+	return step("C_SignFinal", h, group.OpSign, group.StepFinal, nil, 0, true, out, outLen)
 }
 
 // notSupported answers the functions neither SoftHSM nor the engine
@@ -916,7 +926,7 @@ func hapVerify(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, sig C.
 
 //export hapVerifyUpdate
 func hapVerifyUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return update("C_VerifyUpdate", h, group.OpVerify, in, inLen, nil, nil)
+	return step("C_VerifyUpdate", h, group.OpVerify, group.StepUpdate, in, inLen, false, nil, nil)
 }
 
 //export hapVerifyFinal

@@ -11,10 +11,11 @@ import (
 // handleSession adapts an engine's session to the session interface: a
 // virtual slot's (group.Session, handles group.ObjectHandle) or a member's
 // own (slot.Session and opstate.Direct, handles pkcs11.ObjectHandle).
-// The only work is converting handles; written once for both.
+// The only work is converting handles; written once for both. The calls
+// without handles (Do, the hot path, among them) are the engine's own.
 type handleSession[H ~uint] struct {
+	opCalls[H]
 	objs  objectCalls[H]
-	ops   opCalls[H]
 	find  func(ctx context.Context, tmpl []*pkcs11.Attribute) ([]H, error)
 	check func() error
 }
@@ -82,20 +83,11 @@ func (a *handleSession[H]) GenerateRandom(ctx context.Context, n int) ([]byte, e
 }
 
 func (a *handleSession[H]) Init(ctx context.Context, k group.OpKind, m *pkcs11.Mechanism, key uint) error {
-	return a.ops.Init(ctx, k, m, H(key))
-}
-
-func (a *handleSession[H]) Cancel(k group.OpKind) error { return a.ops.Cancel(k) }
-func (a *handleSession[H]) Active() bool                { return a.ops.Active() }
-
-func (a *handleSession[H]) Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
-	return a.ops.Do(ctx, k, st, in, sig, room)
+	return a.opCalls.Init(ctx, k, m, H(key))
 }
 
 func (a *handleSession[H]) DigestKey(ctx context.Context, key uint) error {
-	return a.ops.DigestKey(ctx, H(key))
+	return a.opCalls.DigestKey(ctx, H(key))
 }
 
 func (a *handleSession[H]) Check() error { return a.check() }
-
-func (a *handleSession[H]) Close() error { return a.ops.Close() }

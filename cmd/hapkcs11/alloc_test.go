@@ -10,9 +10,10 @@ import (
 
 // signAllocs is what a signature may allocate through the library below
 // the C ABI on an inline member (docs/BENCHMARKS.md, "Inline, fourth
-// round", lists them): pkg/slot's call closure and its result, the
-// output, and the attempt executor's object list and handle slice.
-const signAllocs = 5
+// round", lists them): pkg/slot's one-shot call (its arguments and
+// result), the output, and the attempt executor's object list and handle
+// slice.
+const signAllocs = 4
 
 // TestInlineSignAllocations holds the inline sign path (C_SignInit +
 // C_Sign as abi.go makes them, on a group of one SoftHSM member) to the

@@ -86,6 +86,8 @@ type opCalls[H ~uint] interface {
 	// Active reports whether an operation is active (one per session, as
 	// on the member token; a search is the library's).
 	Active() bool
+	// Do runs one step of an operation (group.Session.Do); a lost session
+	// answers CKR_SESSION_HANDLE_INVALID.
 	Do(ctx context.Context, k group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error)
 	DigestKey(ctx context.Context, key H) error
 	// Close ends the session (and its session objects).

@@ -149,6 +149,24 @@ func (l *library) openSession(id uint, rw bool) (uint, error) {
 
 // session returns an open session, locked; the caller unlocks it.
 func (l *library) session(h uint) (*appSession, error) {
+	s, err := l.opSession(h)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.be.Check(); err != nil {
+		// The engine lost it (every member of the group failed in
+		// activeBasic): the application's handle is gone too.
+		s.mu.Unlock()
+		l.forget(h, s)
+		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
+	}
+	return s, nil
+}
+
+// opSession is session for an operation's call, which the engine's session
+// refuses by itself once lost (CKR_SESSION_HANDLE_INVALID): the
+// operation's one look at whether the session is lost is the engine's.
+func (l *library) opSession(h uint) (*appSession, error) {
 	l.mu.RLock()
 	s, ok := l.sessions[h]
 	l.mu.RUnlock()
@@ -158,13 +176,6 @@ func (l *library) session(h uint) (*appSession, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
-	}
-	if err := s.be.Check(); err != nil {
-		// The engine lost it (every member of the group failed in
-		// activeBasic): the application's handle is gone too.
-		s.mu.Unlock()
-		l.forget(h, s)
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
 	return s, nil
@@ -330,7 +341,7 @@ func (l *library) logout(h uint) error {
 // opInit starts an operation (C_SignInit …); a nil mechanism ends the
 // active one. The session's backend (pkg/group) keeps the operation.
 func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uint) error {
-	s, err := l.session(h)
+	s, err := l.opSession(h)
 	if err != nil {
 		return err
 	}
@@ -358,7 +369,7 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 // caller hands it out, so that the C buffer is no interface value to
 // allocate per call.)
 func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
-	s, err := l.session(h)
+	s, err := l.opSession(h)
 	if err != nil {
 		return nil, err
 	}

@@ -77,7 +77,7 @@ func (p *physical) OpenSession(ctx context.Context) (session, error) {
 	}
 	// Its operations run through the same state machine as a virtual
 	// slot's (opstate.Direct); it is lost only with its token.
-	return &handleSession[pkcs11.ObjectHandle]{objs: ss, ops: opstate.NewDirect(ctx, ss), find: ss.FindObjects, check: noCheck}, nil
+	return &handleSession[pkcs11.ObjectHandle]{opCalls: opstate.NewDirect(ctx, ss), objs: ss, find: ss.FindObjects, check: noCheck}, nil
 }
 
 func (p *physical) Close() error {

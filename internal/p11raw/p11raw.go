@@ -3,7 +3,7 @@
 // miekg/pkcs11: attributes whose value is itself an attribute array
 // (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE), which
 // miekg cannot express; and an operation's Init with its single-part call
-// in one crossing of cgo (OneShot), the hot path of every signature. It is
+// in one crossing of cgo (Shot), the hot path of every signature. It is
 // shared by pkg/slot (in-process members) and pkg/remote (the token server).
 //
 // Only the parts of the PKCS#11 ABI used here are declared, so the build
@@ -276,6 +276,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"sort"
 	"unsafe"
 
@@ -441,7 +442,7 @@ func GetNestedAttribute(fl unsafe.Pointer, sh pkcs11.SessionHandle, h pkcs11.Obj
 	return out, nil
 }
 
-// Kind is an operation made of an Init and a single-part call, for OneShot.
+// Kind is an operation made of an Init and a single-part call, for a Shot.
 type Kind int
 
 // The kinds (their Init's place in the function list).
@@ -469,65 +470,12 @@ func PlainMechanism(m *pkcs11.Mechanism) bool {
 	return generatorField < 0 || reflect.ValueOf(m).Elem().Field(generatorField).IsNil()
 }
 
-// OneShot runs k's Init (mechanism m, which must be plain, and key; no key
-// for Digest) and then its single-part call on in, in one call into the
-// module through fl, as an application calling C_SignInit then C_Sign
-// with a buffer would: a pass-through pays one crossing of cgo and one
-// module call per step, where miekg makes a length query first and copies
-// the mechanism and the output through C memory. The output is written to
-// a new slice of hint bytes when it fits, else of the length the module
-// asks for (the operation stays active after CKR_BUFFER_TOO_SMALL). For
-// Verify, sig is the signature and the output nil.
-func OneShot(fl unsafe.Pointer, k Kind, sh pkcs11.SessionHandle, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte, hint int) ([]byte, error) {
-	var out []byte
-	var outp unsafe.Pointer
-	var n C.hg_ulong
-	if k == Verify {
-		outp, n = message(sig), C.hg_ulong(len(sig))
-	} else {
-		if hint <= 0 {
-			hint = 512 // an RSA-4096 signature
-		}
-		out = make([]byte, hint)
-		outp, n = unsafe.Pointer(&out[0]), C.hg_ulong(len(out))
-	}
-	r := C.hg_one_shot(fl, C.int(k), C.hg_ulong(sh), C.hg_ulong(m.Mechanism), pointer(m.Parameter), C.hg_ulong(len(m.Parameter)),
-		C.hg_ulong(key), message(in), C.hg_ulong(len(in)), outp, n)
-	rv, n := r.rv, r.len
-	if rv == pkcs11.CKR_BUFFER_TOO_SMALL && k != Verify {
-		return again(fl, k, sh, in, n, len(out))
-	}
-	if rv != pkcs11.CKR_OK {
-		return nil, pkcs11.Error(rv)
-	}
-	if k == Verify {
-		return nil, nil
-	}
-	return fitted(out, n)
-}
-
 // fitted is out cut to the n bytes the module wrote.
 func fitted(out []byte, n C.hg_ulong) ([]byte, error) {
 	if n > C.hg_ulong(len(out)) {
 		return nil, fmt.Errorf("%w: the module wrote %d bytes into %d", pkcs11.Error(pkcs11.CKR_GENERAL_ERROR), n, len(out))
 	}
 	return out[:n:n], nil
-}
-
-// again is the single-part call after CKR_BUFFER_TOO_SMALL: n is the
-// length the module asked for, asked again when it is not more than tried.
-func again(fl unsafe.Pointer, k Kind, sh pkcs11.SessionHandle, in []byte, n C.hg_ulong, tried int) ([]byte, error) {
-	if n <= C.hg_ulong(tried) {
-		if rv := C.hg_single(fl, C.int(k), C.hg_ulong(sh), message(in), C.hg_ulong(len(in)), nil, &n); rv != pkcs11.CKR_OK {
-			return nil, pkcs11.Error(rv)
-		}
-	}
-	out := make([]byte, max(n, 1))
-	n = C.hg_ulong(len(out))
-	if rv := C.hg_single(fl, C.int(k), C.hg_ulong(sh), message(in), C.hg_ulong(len(in)), unsafe.Pointer(&out[0]), &n); rv != pkcs11.CKR_OK {
-		return nil, pkcs11.Error(rv)
-	}
-	return fitted(out, n)
 }
 
 // pointer is b's first byte, nil for an empty b.
@@ -550,24 +498,43 @@ func message(b []byte) unsafe.Pointer {
 	return unsafe.Pointer(&b[0])
 }
 
-// Shot is a OneShot call kept in C memory, for a worker that makes it in C
+// Shot is an Init and its single-part call kept in C memory, made in one
+// crossing into C (Call), or in C by a worker that never comes back to Go
 // (pkg/slot's handoff worker, through internal/handoff): Set on the
 // caller's side before the post, Run on the worker, Result on the caller's
 // side after the answer. A worker whose caller gave up may still be making
 // the call: then the Shot is the worker's, to Free when the call is over.
 type Shot struct{ p *C.hg_shot }
 
-// NewShot allocates a Shot; Free it once no call is in flight.
+// NewShot allocates a Shot. Its C memory is released by Free, once no
+// call is in flight, or else once the Shot is unreachable (no call can be
+// in flight then: a call in flight holds its Shot).
 func NewShot() *Shot {
 	p := (*C.hg_shot)(C.calloc(1, C.sizeof_hg_shot))
 	if p == nil {
 		panic("p11raw: out of C memory")
 	}
-	return &Shot{p}
+	s := &Shot{p}
+	runtime.SetFinalizer(s, (*Shot).Free)
+	return s
 }
 
 // Free releases the Shot's C memory.
-func (s *Shot) Free() { C.hg_shot_free(s.p) }
+func (s *Shot) Free() {
+	if s.p == nil {
+		return
+	}
+	runtime.SetFinalizer(s, nil)
+	C.hg_shot_free(s.p)
+	s.p = nil
+}
+
+// Call makes the call Set put in the Shot, on the calling goroutine: what
+// Run does on a worker in C.
+func (s *Shot) Call() {
+	C.hg_shot_run(unsafe.Pointer(s.p))
+	runtime.KeepAlive(s) // (its finalizer frees the memory the call uses)
+}
 
 // Run is the C function that makes the call (void (*)(void *)), and Arg
 // its argument.
@@ -576,7 +543,11 @@ func (s *Shot) Run() unsafe.Pointer { return C.hg_shot_runner() }
 // Arg is Run's argument.
 func (s *Shot) Arg() unsafe.Pointer { return unsafe.Pointer(s.p) }
 
-// Set copies the call's arguments into the Shot, as OneShot takes them.
+// Set copies the call's arguments into the Shot: k's Init with m (plain:
+// see PlainMechanism) and key (none for Digest), then its single-part call
+// on in; for Verify, sig is the signature. The output is written to hint
+// bytes when it fits, else to as many as the module asks for (the
+// operation stays active after CKR_BUFFER_TOO_SMALL).
 func (s *Shot) Set(fl unsafe.Pointer, k Kind, sh pkcs11.SessionHandle, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte, hint int) {
 	p := s.p
 	outcap := len(sig)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
@@ -212,6 +213,27 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	return nil, unserved(&v, p.op)
 }
 
+// outcome is one attempt's answer on one member.
+type outcome struct {
+	m     *member.Member
+	prep  error // prepareOn's error: fn did not run
+	class slot.Class
+	fail  bool
+	err   error
+}
+
+// try resolves p.objs on m into hs and runs fn there, measured.
+func (g *Group) try(ctx context.Context, p plan, m *member.Member, hs []pkcs11.ObjectHandle, fn attempt) outcome {
+	s := m.Slot()
+	if err := g.prepareOn(ctx, p, m, hs); err != nil {
+		return outcome{m: m, prep: err}
+	}
+	start := m.Begin()
+	err := fn(ctx, m, s, hs)
+	class, fail := g.account(ctx, m, start, err)
+	return outcome{m: m, class: class, fail: fail, err: err}
+}
+
 // writeAll changes o on every serving member: first on one, in
 // configured order (whose refusal is returned as it is and nothing else
 // is touched), then on the others in parallel. A member where the change
@@ -394,9 +416,16 @@ func (g *Group) probeFails(ctx context.Context, m *member.Member, err error) boo
 func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) (slot.Class, bool, error) {
 	start := m.Begin()
 	err := fn()
+	class, fail := g.account(ctx, m, start, err)
+	return class, fail, err
+}
+
+// account ends the accounting of a call on m begun at start (m.Begin) with
+// err, and returns its class and whether it should fail m.
+func (g *Group) account(ctx context.Context, m *member.Member, start time.Time, err error) (slot.Class, bool) {
 	if err != nil && ctx.Err() != nil {
 		m.End(start, nil) // not the member's fault
-		return slot.ClassRequest, false, err
+		return slot.ClassRequest, false
 	}
 	out := m.End(start, err)
 	class := out.Class
@@ -406,7 +435,7 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 		class = slot.ClassHealth
 		out.Fail = m.ChargeHealth(err)
 	}
-	return class, class == slot.ClassHealth && out.Fail, err
+	return class, class == slot.ClassHealth && out.Fail
 }
 
 // lostLogin reports whether err says a member is not logged in while the

@@ -29,25 +29,6 @@ const (
 	hedgeBurst = 3 * hedgeCost
 )
 
-// outcome is one attempt's answer on one member.
-type outcome struct {
-	m     *member.Member
-	prep  error // prepareOn's error: fn did not run
-	class slot.Class
-	fail  bool
-	err   error
-}
-
-// try resolves p.objs on m into hs and runs fn there, measured.
-func (g *Group) try(ctx context.Context, p plan, m *member.Member, hs []pkcs11.ObjectHandle, fn attempt) outcome {
-	s := m.Slot()
-	if err := g.prepareOn(ctx, p, m, hs); err != nil {
-		return outcome{m: m, prep: err}
-	}
-	class, fail, err := g.measure(ctx, m, func() error { return fn(ctx, m, s, hs) })
-	return outcome{m: m, class: class, fail: fail, err: err}
-}
-
 // race runs one hedgeable request's attempts for exec: at most two in
 // flight, each on its own member with its own handles.
 type race struct {

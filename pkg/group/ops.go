@@ -20,19 +20,19 @@ import (
 // member's slot with the physical handles of the plan's objects. A value,
 // not a closure: the call is copied to the heap only when it is hedged
 // (raced), so an unhedged call allocates nothing for it.
-type singleCall[T any] interface {
-	call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (T, error)
+type singleCall interface {
+	call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error)
 }
 
 // hedged runs a single-part call that leaves no state on a member and
 // changes no object, with failover, and raced on two members when the
 // group hedges and a member is late (hedge.go). c uses the ctx it is
 // given: an attempt's, which the caller's end does not cut short.
-func hedged[T any, C singleCall[T]](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C) (T, error) {
+func hedged[C singleCall](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C) ([]byte, error) {
 	if d := g.hedgeDelayFor(); d > 0 {
-		return raced[T](ctx, g, op, objs, c, d)
+		return raced(ctx, g, op, objs, c, d)
 	}
-	var out T
+	var out []byte
 	_, err := g.exec(ctx, plan{op: op, objs: objs}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = c.call(ctx, s, hs)
 		return err
@@ -42,16 +42,16 @@ func hedged[T any, C singleCall[T]](ctx context.Context, g *Group, op string, ob
 
 // raced is hedged with a race: each member's answer is kept apart, and
 // the one of the member that served is returned.
-func raced[T any, C singleCall[T]](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C, delay time.Duration) (T, error) {
+func raced[C singleCall](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C, delay time.Duration) ([]byte, error) {
 	var (
 		mu   sync.Mutex
-		outs []memberAnswer[T]
+		outs []memberAnswer
 	)
 	fn := func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
 		out, err := c.call(ctx, s, hs)
 		if err == nil {
 			mu.Lock()
-			outs = append(outs, memberAnswer[T]{m, out})
+			outs = append(outs, memberAnswer{m, out})
 			mu.Unlock()
 		}
 		return err
@@ -59,9 +59,8 @@ func raced[T any, C singleCall[T]](ctx context.Context, g *Group, op string, obj
 	p := plan{op: op, objs: objs}
 	p.race = g.newRace(p, fn, delay)
 	m, err := g.exec(ctx, p, fn)
-	var zero T
 	if err != nil {
-		return zero, err
+		return nil, err
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -70,58 +69,30 @@ func raced[T any, C singleCall[T]](ctx context.Context, g *Group, op string, obj
 			return a.out, nil
 		}
 	}
-	return zero, nil // (unreachable: m served, so its answer is here)
+	return nil, nil // (unreachable: m served, so its answer is here)
 }
 
 // memberAnswer is one member's answer to a hedged call.
-type memberAnswer[T any] struct {
+type memberAnswer struct {
 	m   *member.Member
-	out T
+	out []byte
 }
 
-type signCall struct {
-	mech *pkcs11.Mechanism
-	data []byte
-}
-
-func (c signCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
-	return s.Sign(ctx, c.mech, hs[0], c.data)
-}
-
-type verifyCall struct {
+// shotCall is the single-part call of operation k (C_Sign …: its Init
+// with mech, then the call on data; sig for a verification) with the
+// plan's one key, none for a digest.
+type shotCall struct {
+	k         OpKind
 	mech      *pkcs11.Mechanism
 	data, sig []byte
 }
 
-func (c verifyCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) (struct{}, error) {
-	return struct{}{}, s.Verify(ctx, c.mech, hs[0], c.data, c.sig)
-}
-
-type encryptCall struct {
-	mech *pkcs11.Mechanism
-	data []byte
-}
-
-func (c encryptCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
-	return s.Encrypt(ctx, c.mech, hs[0], c.data)
-}
-
-type decryptCall struct {
-	mech *pkcs11.Mechanism
-	data []byte
-}
-
-func (c decryptCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
-	return s.Decrypt(ctx, c.mech, hs[0], c.data)
-}
-
-type digestCall struct {
-	mech *pkcs11.Mechanism
-	data []byte
-}
-
-func (c digestCall) call(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
-	return s.Digest(ctx, c.mech, c.data)
+func (c shotCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
+	var key pkcs11.ObjectHandle
+	if len(hs) > 0 {
+		key = hs[0]
+	}
+	return s.Single(ctx, c.k, c.mech, key, c.data, c.sig)
 }
 
 type randomCall struct{ n int }
@@ -130,67 +101,44 @@ func (c randomCall) call(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHan
 	return s.GenerateRandom(ctx, c.n)
 }
 
-// Sign signs data with key in one part.
-func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
-	o, err := g.key("Sign", key, argOpKey)
+// withKey runs the single-part operation k with the group's key h.
+func (g *Group) withKey(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, h ObjectHandle, data, sig []byte) ([]byte, error) {
+	o, err := g.key(k.String(), h, argOpKey)
 	if err != nil {
 		return nil, err
 	}
-	return g.sign(ctx, mech, o, data)
+	return hedged(ctx, g, k.String(), []*vtable.Object{o}, shotCall{k, mech, data, sig})
 }
 
-func (g *Group) sign(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return hedged[[]byte](ctx, g, "Sign", []*vtable.Object{o}, signCall{mech, data})
+// Sign signs data with key in one part.
+func (g *Group) Sign(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
+	return g.withKey(ctx, OpSign, mech, key, data, nil)
 }
 
 // Verify checks sig over data with key in one part.
 func (g *Group) Verify(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data, sig []byte) error {
-	o, err := g.key("Verify", key, argOpKey)
-	if err != nil {
-		return err
-	}
-	return g.verify(ctx, mech, o, data, sig)
-}
-
-func (g *Group) verify(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data, sig []byte) error {
-	_, err := hedged[struct{}](ctx, g, "Verify", []*vtable.Object{o}, verifyCall{mech, data, sig})
+	_, err := g.withKey(ctx, OpVerify, mech, key, data, sig)
 	return err
 }
 
 // Encrypt encrypts data with key in one part.
 func (g *Group) Encrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
-	o, err := g.key("Encrypt", key, argOpKey)
-	if err != nil {
-		return nil, err
-	}
-	return g.encrypt(ctx, mech, o, data)
-}
-
-func (g *Group) encrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return hedged[[]byte](ctx, g, "Encrypt", []*vtable.Object{o}, encryptCall{mech, data})
+	return g.withKey(ctx, OpEncrypt, mech, key, data, nil)
 }
 
 // Decrypt decrypts data with key in one part.
 func (g *Group) Decrypt(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle, data []byte) ([]byte, error) {
-	o, err := g.key("Decrypt", key, argOpKey)
-	if err != nil {
-		return nil, err
-	}
-	return g.decrypt(ctx, mech, o, data)
-}
-
-func (g *Group) decrypt(ctx context.Context, mech *pkcs11.Mechanism, o *vtable.Object, data []byte) ([]byte, error) {
-	return hedged[[]byte](ctx, g, "Decrypt", []*vtable.Object{o}, decryptCall{mech, data})
+	return g.withKey(ctx, OpDecrypt, mech, key, data, nil)
 }
 
 // Digest digests data in one part.
 func (g *Group) Digest(ctx context.Context, mech *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return hedged[[]byte](ctx, g, "Digest", nil, digestCall{mech, data})
+	return hedged(ctx, g, "Digest", nil, shotCall{OpDigest, mech, data, nil})
 }
 
 // GenerateRandom returns n random bytes from a member's generator.
 func (g *Group) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	return hedged[[]byte](ctx, g, "GenerateRandom", nil, randomCall{n})
+	return hedged(ctx, g, "GenerateRandom", nil, randomCall{n})
 }
 
 // GetAttributes reads attributes of an object from one member (with

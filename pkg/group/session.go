@@ -436,7 +436,11 @@ func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, ke
 			return err
 		}
 	}
-	return s.withOps(k.InitName(), func() error { return s.ops.Init(ctx, (*opRunner)(s), k, op) })
+	if err := s.enter(k.InitName()); err != nil {
+		return err
+	}
+	defer s.leave()
+	return s.ops.Init(ctx, (*opRunner)(s), k, op)
 }
 
 // Active reports whether an operation is active in the session (a search
@@ -450,7 +454,11 @@ func (s *Session) Active() bool {
 // Cancel ends operation k without a result (C_SignInit with a NULL
 // mechanism …).
 func (s *Session) Cancel(k OpKind) error {
-	return s.withOps(k.InitName(), func() error { return s.ops.Cancel((*opRunner)(s), k) })
+	if err := s.enter(k.InitName()); err != nil {
+		return err
+	}
+	defer s.leave()
+	return s.ops.Cancel((*opRunner)(s), k)
 }
 
 // Do runs step st of operation k with in (and sig, for a verification's
@@ -460,28 +468,57 @@ func (s *Session) Cancel(k OpKind) error {
 // is nil, or opstate.ErrBufferTooSmall), as PKCS#11's buffer convention says. A
 // single-part step and a Final end the operation, and so does any error
 // but opstate.ErrBufferTooSmall.
+//
+// A single-part step that no Update came before runs in one call (its
+// Init and itself) from the members' session pools, by the group's
+// failover and hedging, whether its Init was proven (deferred) or sent to
+// a member at the application's *Init (that member's session, which holds
+// the Init, is let go first): one route for both. Any other step runs on
+// the operation's member (opRunner.Run).
 func (s *Session) Do(ctx context.Context, k OpKind, st Step, in, sig []byte, room Room) ([]byte, error) {
-	var out []byte
-	err := s.withOps(st.Name(k), func() (err error) {
-		out, err = s.ops.Do(ctx, (*opRunner)(s), k, st, in, sig, nil, room)
-		return err
-	})
-	return out, err
+	if err := s.enter(st.Name(k)); err != nil {
+		return nil, err
+	}
+	defer s.leave()
+	r := (*opRunner)(s)
+	op, out, held, err := s.ops.Begin(ctx, r, k, st, in)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case held:
+	case st == StepSingle && !op.Started:
+		s.stop(k, op, true) // (a placed Init's member session)
+		var objs []*vtable.Object
+		if op.At.key != nil {
+			objs = []*vtable.Object{op.At.key}
+		}
+		out, err = hedged(ctx, s.g, k.String(), objs, shotCall{k, op.Mech, in, sig})
+	default:
+		out, err = r.Run(ctx, k, op, st, in, sig, nil)
+	}
+	return s.ops.End(r, k, op, st, in, out, err, false, room)
 }
 
-// withOps runs fn with the session locked and open, inside the group's
-// gate.
-func (s *Session) withOps(op string, fn func() error) error {
+// enter begins an operation's call op: inside the group's gate, with the
+// session locked, and refused when the session is closed or lost (the
+// call's one look at that). On success the caller defers leave.
+func (s *Session) enter(op string) error {
 	if err := s.g.gate.Enter(); err != nil {
 		return err
 	}
-	defer s.g.gate.Leave()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err := s.checkOpen(op); err != nil {
+		s.leave()
 		return err
 	}
-	return fn()
+	return nil
+}
+
+// leave ends what enter began.
+func (s *Session) leave() {
+	s.mu.Unlock()
+	s.g.gate.Leave()
 }
 
 // opRunner is a Session as its opstate.Table's Runner (kept off the
@@ -490,10 +527,6 @@ type opRunner Session
 
 func (r *opRunner) Start(ctx context.Context, k OpKind, op *operation) error {
 	return (*Session)(r).start(ctx, k, op)
-}
-
-func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
-	return (*Session)(r).run(ctx, k, op, st, in, sig, with)
 }
 
 func (r *opRunner) Stop(k OpKind, op *operation, live bool) { (*Session)(r).stop(k, op, live) }
@@ -526,16 +559,17 @@ func (s *Session) stop(_ OpKind, op *operation, _ bool) {
 	op.At.m, op.At.ps, op.Started = nil, nil, false
 }
 
-// run is the Runner's Run. A placed operation runs on its member; before
+// Run is the Runner's Run, for a step on the operation's member (Do
+// sends a single-part step before any Update through the pools). Before
 // any Update was accepted there nothing is committed, so a member that
 // fails for a health reason (or left) passes the operation on: the Init
 // is sent again, with its kept parameters, on the next member, then this
 // step. Once an Update was accepted it is pinned: if the member fails,
 // the operation ends with ErrMemberLost (CKR_DEVICE_ERROR) and the
 // application must start again. A deferred operation (proven Init) is
-// placed now, or, for a single-part step, run in one call from the
-// members' session pools.
-func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
+// placed at this, its first step on a member.
+func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
+	s := (*Session)(r)
 	opName := st.Name(k)
 	if with != nil {
 		opName = "DigestKey"
@@ -572,8 +606,6 @@ func (s *Session) run(ctx context.Context, k OpKind, op *operation, st Step, in,
 		}
 		skip.add(m.Index())
 		s.stop(k, op, true)
-	} else if st == StepSingle {
-		return s.g.single(ctx, k, op.Mech, op.At.key, in, sig)
 	}
 	out, err := s.place(ctx, k, op, opName, skip, v, with, fn)
 	if err == nil {
@@ -667,23 +699,6 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 	}
 	op.At.m, op.At.ps, op.At.epoch = m, ps, ep
 	return out, nil
-}
-
-// single runs a single-part operation whose Init was proven in one call
-// from the members' session pools, with the group's failover.
-func (g *Group) single(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key *vtable.Object, in, sig []byte) ([]byte, error) {
-	switch k {
-	case OpSign:
-		return g.sign(ctx, mech, key, in)
-	case OpVerify:
-		return nil, g.verify(ctx, mech, key, in, sig)
-	case OpEncrypt:
-		return g.encrypt(ctx, mech, key, in)
-	case OpDecrypt:
-		return g.decrypt(ctx, mech, key, in)
-	default:
-		return g.Digest(ctx, mech, in)
-	}
 }
 
 // SignInit starts a signature with key (see Init).
@@ -798,10 +813,12 @@ func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
 	if !ok {
 		return wrap(ErrKeyHandle, "DigestKey", "", nil)
 	}
-	return s.withOps("DigestKey", func() error {
-		_, err := s.ops.Do(ctx, (*opRunner)(s), OpDigest, StepUpdate, nil, nil, o, RoomAny)
+	if err := s.enter("DigestKey"); err != nil {
 		return err
-	})
+	}
+	defer s.leave()
+	_, err := s.ops.Do(ctx, (*opRunner)(s), OpDigest, StepUpdate, nil, nil, o, RoomAny)
+	return err
 }
 
 // DigestFinal ends a multi-part digest.

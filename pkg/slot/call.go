@@ -50,7 +50,7 @@ type sess struct {
 	fn   func(*sess) error
 	err  error // the worker's result
 
-	outHint int // the length of the session's last output (oneShot's first buffer)
+	outHint int // the length of the session's last output (a one-shot's first buffer)
 
 	// The Done channel of the caller's context whose cancellation cancels
 	// the call in flight, and how to stop that (watch; caller side).
@@ -73,11 +73,13 @@ type sess struct {
 	posted   atomic.Uint32
 	answered atomic.Uint32
 	quit     atomic.Bool // set before the last post: the worker ends
-	// The one-shot calls the worker makes in C (shot.go): the C memory
-	// that holds them, the worker's; and the call in flight if it is one
-	// (caller side).
+	// The one-shot calls (shot.go): the C memory that holds them (under
+	// handoff the worker's), the call in flight if it is one, whether its
+	// arguments are in that memory, and whether the worker makes it in C.
 	shot    *p11raw.Shot
 	shotArg *shotArgs
+	inC     bool
+	postedC bool
 
 	state atomic.Int32
 	dead  bool // caller side: abandoned or closed, never to be used again
@@ -93,8 +95,8 @@ func newSess(owner *Slot, st *slotState) *sess {
 		inc:    st.inc,
 		worker: owner.spec.Dispatch != dispatch.Inline,
 	}
+	x.shot = p11raw.NewShot() // (freed by the worker, or once unreachable)
 	if x.worker {
-		x.shot = p11raw.NewShot()
 		go x.work()
 	} else {
 		owner.dog.add(x)
@@ -169,6 +171,9 @@ func (x *sess) call() error {
 	if x.state.Load() == stAbandoned {
 		return nil // nobody waits any more: do not start the module call
 	}
+	if x.fn == nil {
+		return x.single(x.shotArg)
+	}
 	return x.fn(x)
 }
 
@@ -205,8 +210,7 @@ func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*s
 	return x.runWith(ctx, op, timeout, fn, nil)
 }
 
-// runWith is run for a call that may be one-shot a, which the worker then
-// makes in C (fn is how it is made otherwise).
+// runWith is run for fn, or, with fn nil, for one-shot a (shot.go).
 func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := x.owner
 	if x.dead {
@@ -220,15 +224,12 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 			return err
 		}
 	}
-	x.cctx, x.op, x.fn = ctx, op, fn
+	x.cctx, x.op, x.fn, x.shotArg = ctx, op, fn, a
+	x.inC = a != nil && x.setShot(a)
 	x.lockWait.Store(0)
 	x.state.Store(stBusy)
 	if !x.worker {
 		return x.runInline(op, timeout)
-	}
-	x.shotArg = nil
-	if a != nil && x.setShot(a) {
-		x.shotArg = a
 	}
 	return x.runHandoff(ctx, op, timeout)
 }
@@ -250,8 +251,9 @@ func objectAccess(op Op) tokenquirk.Access {
 // (callerSpin) and then sleeps.
 func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
 	x.watch(ctx)
-	seq := x.posted.Add(1) // the cell numbers calls the same way
-	x.cell.Post(x.shotArg != nil)
+	seq := x.posted.Add(1)                               // the cell numbers calls the same way
+	x.postedC = x.inC && x.owner.spec.Interceptor == nil // (an Interceptor runs in Go)
+	x.cell.Post(x.postedC)
 	if ctx.Err() != nil {
 		x.cell.Cancel(seq) // cancelled before the post: watch's cancel came too early
 	}
@@ -329,8 +331,8 @@ func (x *sess) unwatch() {
 func (x *sess) result(op Op) error {
 	x.answered.Load() // the result is visible from here on
 	err := x.err
-	if a := x.shotArg; a != nil {
-		a.out, err = x.shotResult()
+	if x.postedC {
+		x.shotArg.out, err = x.shotResult()
 	}
 	x.cctx, x.fn, x.err, x.shotArg = nil, nil, nil, nil
 	return newError(x.owner.spec.Name, op, err)

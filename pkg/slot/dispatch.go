@@ -151,7 +151,7 @@ func (x *sess) runInline(op Op, timeout time.Duration) error {
 		x.owner.stalls.Add(-1) // the member answers again
 	}
 	x.state.Store(stIdle)
-	x.cctx, x.fn = nil, nil
+	x.cctx, x.fn, x.shotArg = nil, nil, nil
 	if stalled {
 		x.owner.unhold() // the watchdog's (fire)
 	}

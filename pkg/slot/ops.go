@@ -3,7 +3,6 @@ package slot
 import (
 	"errors"
 
-	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
 )
 
@@ -79,72 +78,6 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 func perAttribute(err error) bool {
 	var pe pkcs11.Error
 	return errors.As(err, &pe) && (pe == pkcs11.CKR_ATTRIBUTE_SENSITIVE || pe == pkcs11.CKR_ATTRIBUTE_TYPE_INVALID)
-}
-
-// oneShot runs Init and the single-part call of k in one call into an
-// in-process module (internal/p11raw), for a mechanism whose parameter is
-// plain bytes; ok is false when it cannot (a served token, a parameter
-// miekg builds), and then the caller makes the two calls through miekg.
-func (x *sess) oneShot(k p11raw.Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) (out []byte, ok bool, err error) {
-	mm, ok := x.ctx.(*miekgModule)
-	if !ok || mm.fl == nil || !p11raw.PlainMechanism(m) {
-		return nil, false, nil
-	}
-	out, err = p11raw.OneShot(mm.fl, k, x.h, m, key, in, sig, x.outHint)
-	if len(out) > 0 {
-		x.outHint = len(out) // the next output of the session is likely as long
-	}
-	return out, true, err
-}
-
-func (x *sess) sign(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	if out, ok, err := x.oneShot(p11raw.Sign, m, key, data, nil); ok {
-		return out, err
-	}
-	if err := x.ctx.SignInit(x.h, mechs(m), key); err != nil {
-		return nil, err
-	}
-	return x.ctx.Sign(x.h, data)
-}
-
-func (x *sess) verify(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	if _, ok, err := x.oneShot(p11raw.Verify, m, key, data, sig); ok {
-		return err
-	}
-	if err := x.ctx.VerifyInit(x.h, mechs(m), key); err != nil {
-		return err
-	}
-	return x.ctx.Verify(x.h, data, sig)
-}
-
-func (x *sess) encrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	if out, ok, err := x.oneShot(p11raw.Encrypt, m, key, data, nil); ok {
-		return out, err
-	}
-	if err := x.ctx.EncryptInit(x.h, mechs(m), key); err != nil {
-		return nil, err
-	}
-	return x.ctx.Encrypt(x.h, data)
-}
-
-func (x *sess) decrypt(m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	if out, ok, err := x.oneShot(p11raw.Decrypt, m, key, data, nil); ok {
-		return out, err
-	}
-	if err := x.ctx.DecryptInit(x.h, mechs(m), key); err != nil {
-		return nil, err
-	}
-	return x.ctx.Decrypt(x.h, data)
-}
-
-func (x *sess) digest(m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	if out, ok, err := x.oneShot(p11raw.Digest, m, 0, data, nil); ok {
-		return out, err
-	}
-	if err := x.ctx.DigestInit(x.h, mechs(m)); err != nil {
-		return nil, err
-	}
-	return x.ctx.Digest(x.h, data)
 }
 
 func (x *sess) createObjectNested(tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {

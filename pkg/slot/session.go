@@ -31,10 +31,6 @@ func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) 
 	return ss.callWith(ctx, op, t, fn, nil)
 }
 
-func (ss *Session) shot(ctx context.Context, op Op, a *shotArgs, fn func(*sess) error) error {
-	return ss.callWith(ctx, op, ss.s.cmdTimeout, fn, a)
-}
-
 func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := ss.s
 	if ss.closed {
@@ -163,27 +159,28 @@ func (ss *Session) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs
 
 // Sign signs data with key in one part.
 func (ss *Session) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return sign(ctx, ss, m, key, data)
+	return ss.Single(ctx, KindSign, m, key, data, nil)
 }
 
 // Verify verifies sig over data with key in one part.
 func (ss *Session) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	return verify(ctx, ss, m, key, data, sig)
+	_, err := ss.Single(ctx, KindVerify, m, key, data, sig)
+	return err
 }
 
 // Encrypt encrypts data with key in one part.
 func (ss *Session) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return encrypt(ctx, ss, m, key, data)
+	return ss.Single(ctx, KindEncrypt, m, key, data, nil)
 }
 
 // Decrypt decrypts data with key in one part.
 func (ss *Session) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return decrypt(ctx, ss, m, key, data)
+	return ss.Single(ctx, KindDecrypt, m, key, data, nil)
 }
 
 // Digest digests data in one part.
 func (ss *Session) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return digest(ctx, ss, m, data)
+	return ss.Single(ctx, KindDigest, m, 0, data, nil)
 }
 
 // GenerateRandom returns n random bytes from the token.

@@ -7,56 +7,140 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// The single-part calls (an Init and its single-part call, p11raw.OneShot)
-// are the hot path of a signer. Under handoff the worker makes them in C
-// without coming back to Go (handoff.Cell.Serve): their arguments are
-// copied into the session's C memory (p11raw.Shot) before the post and the
-// output out of it after the answer, so that a call its caller gave up on
-// reads and writes no Go memory. Every other call, and a one-shot the C
-// path cannot make (a served token, a mechanism parameter miekg builds, an
-// Interceptor to run), is made by Go on the same worker.
+// The single-part calls (an Init and its single-part call in one crossing
+// of cgo) are the hot path of a signer, and they reach the module one way:
+// their arguments are copied into the session's C memory (p11raw.Shot),
+// which C makes the call from and the output is taken from. Under handoff
+// the worker makes it in C without coming back to Go (handoff.Cell.Serve),
+// so that a call its caller gave up on reads and writes no Go memory;
+// under inline, or with an Interceptor to run first, Go makes the same
+// Shot on the goroutine of the call (sess.single). Only what a Shot cannot
+// carry (a served token, a mechanism parameter miekg builds from a Go
+// value) goes through miekg.
+
+// Kind is an operation family (C_SignInit … C_Sign). It is the one
+// encoding of an operation's kind from the PKCS#11 module's entry points
+// through the engine (pkg/group/opstate names it) down to the module call.
+type Kind int
+
+// The operation families.
+const (
+	KindSign Kind = iota
+	KindVerify
+	KindEncrypt
+	KindDecrypt
+	KindDigest
+	NumKinds // how many there are
+)
+
+// kinds is what each Kind is at the module: its calls (the single-part
+// one first) and its Init's place in the function list.
+var kinds = [NumKinds]struct {
+	op, init, update, final Op
+	raw                     p11raw.Kind
+}{
+	KindSign:    {OpSign, OpSignInit, OpSignUpdate, OpSignFinal, p11raw.Sign},
+	KindVerify:  {OpVerify, OpVerifyInit, OpVerifyUpdate, OpVerifyFinal, p11raw.Verify},
+	KindEncrypt: {OpEncrypt, OpEncryptInit, OpEncryptUpdate, OpEncryptFinal, p11raw.Encrypt},
+	KindDecrypt: {OpDecrypt, OpDecryptInit, OpDecryptUpdate, OpDecryptFinal, p11raw.Decrypt},
+	KindDigest:  {OpDigest, OpDigestInit, OpDigestUpdate, OpDigestFinal, p11raw.Digest},
+}
+
+// String returns the PKCS#11 name of the family ("Sign"), its
+// single-part call's.
+func (k Kind) String() string { return string(kinds[k].op) }
+
+// InitName returns the name of k's Init ("SignInit").
+func (k Kind) InitName() string { return string(kinds[k].init) }
+
+// UpdateName returns the name of k's Update ("SignUpdate").
+func (k Kind) UpdateName() string { return string(kinds[k].update) }
+
+// FinalName returns the name of k's Final ("SignFinal").
+func (k Kind) FinalName() string { return string(kinds[k].final) }
 
 // shotArgs is a one-shot call and, once answered, its output.
 type shotArgs struct {
-	k       p11raw.Kind
+	k       Kind
 	m       *pkcs11.Mechanism
 	key     pkcs11.ObjectHandle
 	in, sig []byte
 	out     []byte
 }
 
-// singlePart makes the single-part call a for op on r; made by Go, it is
-// goFn, or Verify's when goFn is nil.
-func singlePart(ctx context.Context, r runner, op Op, a *shotArgs, goFn func(x *sess, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in []byte) ([]byte, error)) ([]byte, error) {
-	if err := checkMech(r.member(), op, a.m); err != nil {
+// Single makes the single-part operation k on a pooled session: its Init
+// with m and key (none for a digest), then its single-part call on in. For
+// KindVerify, sig is the signature and the output nil; a bad signature is
+// CKR_SIGNATURE_INVALID (class request).
+func (s *Slot) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
+	if err := checkMech(s.spec.Name, kinds[k].op, m); err != nil {
 		return nil, err
 	}
-	err := r.shot(ctx, op, a, func(x *sess) error {
-		if goFn == nil {
-			return x.verify(a.m, a.key, a.in, a.sig)
-		}
-		v, err := goFn(x, a.m, a.key, a.in)
-		a.out = v
-		return err
-	})
-	if err != nil {
+	a := &shotArgs{k: k, m: m, key: key, in: in, sig: sig}
+	if err := s.do(ctx, kinds[k].op, s.cmdTimeout, nil, a); err != nil {
 		return nil, err
 	}
 	return a.out, nil
 }
 
-// setShot copies a into the session's C memory for the worker to make in
-// C, and reports whether it can.
+// Single is Slot.Single on this session.
+func (ss *Session) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
+	if err := checkMech(ss.member(), kinds[k].op, m); err != nil {
+		return nil, err
+	}
+	a := &shotArgs{k: k, m: m, key: key, in: in, sig: sig}
+	if err := ss.callWith(ctx, kinds[k].op, ss.s.cmdTimeout, nil, a); err != nil {
+		return nil, err
+	}
+	return a.out, nil
+}
+
+// setShot copies a into the session's C memory for C to make, and reports
+// whether it can.
 func (x *sess) setShot(a *shotArgs) bool {
 	mm, ok := x.ctx.(*miekgModule)
-	if !ok || mm.fl == nil || !p11raw.PlainMechanism(a.m) || x.owner.spec.Interceptor != nil {
+	if !ok || mm.fl == nil || !p11raw.PlainMechanism(a.m) {
 		return false
 	}
-	x.shot.Set(mm.fl, a.k, x.h, a.m, a.key, a.in, a.sig, x.outHint)
+	x.shot.Set(mm.fl, kinds[a.k].raw, x.h, a.m, a.key, a.in, a.sig, x.outHint)
 	return true
 }
 
-// shotResult is the answered one-shot's output.
+// single makes one-shot a on the goroutine of the call: from the Shot
+// runWith set up, or through miekg.
+func (x *sess) single(a *shotArgs) (err error) {
+	if x.inC {
+		x.shot.Call()
+		a.out, err = x.shotResult()
+		return err
+	}
+	m := mechs(a.m)
+	switch a.k {
+	case KindSign:
+		if err = x.ctx.SignInit(x.h, m, a.key); err == nil {
+			a.out, err = x.ctx.Sign(x.h, a.in)
+		}
+	case KindVerify:
+		if err = x.ctx.VerifyInit(x.h, m, a.key); err == nil {
+			err = x.ctx.Verify(x.h, a.in, a.sig)
+		}
+	case KindEncrypt:
+		if err = x.ctx.EncryptInit(x.h, m, a.key); err == nil {
+			a.out, err = x.ctx.Encrypt(x.h, a.in)
+		}
+	case KindDecrypt:
+		if err = x.ctx.DecryptInit(x.h, m, a.key); err == nil {
+			a.out, err = x.ctx.Decrypt(x.h, a.in)
+		}
+	default:
+		if err = x.ctx.DigestInit(x.h, m); err == nil {
+			a.out, err = x.ctx.Digest(x.h, a.in)
+		}
+	}
+	return err
+}
+
+// shotResult is the answered Shot's output.
 func (x *sess) shotResult() ([]byte, error) {
 	out, err := x.shot.Result()
 	if len(out) > 0 {

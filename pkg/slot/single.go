@@ -3,7 +3,6 @@ package slot
 import (
 	"context"
 
-	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
@@ -17,9 +16,6 @@ import (
 // the single-part operations, which are written once below.
 type runner interface {
 	call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error
-	// shot is call for one-shot a, which a worker makes in C (fn is how
-	// it is made otherwise).
-	shot(ctx context.Context, op Op, a *shotArgs, fn func(*sess) error) error
 	member() string
 }
 
@@ -29,10 +25,6 @@ func (s *Slot) call(ctx context.Context, op Op, keygen bool, fn func(*sess) erro
 		t = s.keyTimeout
 	}
 	return s.do(ctx, op, t, fn, nil)
-}
-
-func (s *Slot) shot(ctx context.Context, op Op, a *shotArgs, fn func(*sess) error) error {
-	return s.do(ctx, op, s.cmdTimeout, fn, a)
 }
 
 func (s *Slot) member() string { return s.spec.Name }
@@ -213,29 +205,6 @@ func deriveKey(ctx context.Context, r runner, m *pkcs11.Mechanism, base pkcs11.O
 	return h, nil
 }
 
-func sign(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return singlePart(ctx, r, OpSign, &shotArgs{k: p11raw.Sign, m: m, key: key, in: data}, (*sess).sign)
-}
-
-func verify(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	_, err := singlePart(ctx, r, OpVerify, &shotArgs{k: p11raw.Verify, m: m, key: key, in: data, sig: sig}, nil)
-	return err
-}
-
-func encrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return singlePart(ctx, r, OpEncrypt, &shotArgs{k: p11raw.Encrypt, m: m, key: key, in: data}, (*sess).encrypt)
-}
-
-func decrypt(ctx context.Context, r runner, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return singlePart(ctx, r, OpDecrypt, &shotArgs{k: p11raw.Decrypt, m: m, key: key, in: data}, (*sess).decrypt)
-}
-
-func digest(ctx context.Context, r runner, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return singlePart(ctx, r, OpDigest, &shotArgs{k: p11raw.Digest, m: m, in: data}, func(x *sess, m *pkcs11.Mechanism, _ pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-		return x.digest(m, data)
-	})
-}
-
 func generateRandom(ctx context.Context, r runner, n int) ([]byte, error) {
 	if n < 0 {
 		return nil, invalid(r.member(), OpGenerateRandom, "length %d is negative", n)
@@ -326,28 +295,29 @@ func (s *Slot) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.O
 
 // Sign signs data with key in one part.
 func (s *Slot) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return sign(ctx, s, m, key, data)
+	return s.Single(ctx, KindSign, m, key, data, nil)
 }
 
 // Verify verifies sig over data with key in one part; a bad signature is
 // CKR_SIGNATURE_INVALID (class request).
 func (s *Slot) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	return verify(ctx, s, m, key, data, sig)
+	_, err := s.Single(ctx, KindVerify, m, key, data, sig)
+	return err
 }
 
 // Encrypt encrypts data with key in one part.
 func (s *Slot) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return encrypt(ctx, s, m, key, data)
+	return s.Single(ctx, KindEncrypt, m, key, data, nil)
 }
 
 // Decrypt decrypts data with key in one part.
 func (s *Slot) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return decrypt(ctx, s, m, key, data)
+	return s.Single(ctx, KindDecrypt, m, key, data, nil)
 }
 
 // Digest digests data in one part.
 func (s *Slot) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return digest(ctx, s, m, data)
+	return s.Single(ctx, KindDigest, m, 0, data, nil)
 }
 
 // GenerateRandom returns n random bytes from the token.

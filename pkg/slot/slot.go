@@ -576,10 +576,10 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 	return ss, nil
 }
 
-// do runs fn on a pooled session: it borrows one (waiting, bounded by ctx,
-// while all are lent out), runs the call under timeout, and returns the
-// session to the pool, or discards it after a session-level error. A
-// non-nil a is the call as a one-shot the worker may make in C (shot.go).
+// do runs fn (or one-shot a, fn nil: shot.go) on a pooled session: it
+// borrows one (waiting, bounded by ctx, while all are lent out), runs the
+// call under timeout inside the slot's gate, and returns the session to
+// the pool, or discards it after a session-level error.
 func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	if q := s.quarantined.Load(); q >= int64(s.capacity) {
 		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
@@ -595,7 +595,12 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 			return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 		}
 	}
-	err := s.doPermitted(ctx, op, timeout, fn, a)
+	x, err := s.take(ctx, op)
+	if err == nil {
+		err = x.runWith(ctx, op, timeout, fn, a)
+		s.giveBack(x, err)
+		s.gate.leave()
+	}
 	<-s.permits
 	if s.loginLost(err) {
 		s.checkLogin(ctx)
@@ -603,23 +608,28 @@ func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*se
 	return err
 }
 
-func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
+// take enters the slot's gate and borrows a session of the current
+// generation for a call of op; on an error it has left the gate.
+func (s *Slot) take(ctx context.Context, op Op) (*sess, error) {
 	if err := s.gate.enter(ctx); err != nil {
-		return &Error{Member: s.spec.Name, Op: op, Err: err}
+		return nil, &Error{Member: s.spec.Name, Op: op, Err: err}
 	}
-	defer s.gate.leave()
-	if s.closed.Load() {
-		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+	var err error
+	if st := s.st.Load(); s.closed.Load() {
+		err = &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+	} else if err = st.err; err == nil {
+		var x *sess
+		if x, err = s.borrow(ctx, st); err == nil {
+			return x, nil
+		}
 	}
-	st := s.st.Load()
-	if st.err != nil {
-		return st.err
-	}
-	x, err := s.borrow(ctx, st)
-	if err != nil {
-		return err
-	}
-	err = x.runWith(ctx, op, timeout, fn, a)
+	s.gate.leave()
+	return nil, err
+}
+
+// giveBack returns x to the pool after a call that ended with err, or
+// discards it after a session-level error (a quarantined one is dead).
+func (s *Slot) giveBack(x *sess, err error) {
 	switch {
 	case x.dead: // quarantined
 		s.stats.open.Add(-1)
@@ -628,7 +638,6 @@ func (s *Slot) doPermitted(ctx context.Context, op Op, timeout time.Duration, fn
 	default:
 		s.idle.put(x)
 	}
-	return err
 }
 
 // idlePool holds the pooled sessions not lent out, last returned on top: a

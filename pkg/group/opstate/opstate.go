@@ -13,40 +13,24 @@ import (
 	"context"
 	"math"
 
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
 // Kind names an operation family; a session has at most one of each
-// active.
-type Kind int
+// active. It is pkg/slot's, so that the kind a call starts with is the one
+// its member's module call is made by.
+type Kind = slot.Kind
 
 // The operation families.
 const (
-	Sign Kind = iota
-	Verify
-	Encrypt
-	Decrypt
-	Digest
-	nKinds
+	Sign    = slot.KindSign
+	Verify  = slot.KindVerify
+	Encrypt = slot.KindEncrypt
+	Decrypt = slot.KindDecrypt
+	Digest  = slot.KindDigest
+	nKinds  = slot.NumKinds
 )
-
-var names = [nKinds]string{"Sign", "Verify", "Encrypt", "Decrypt", "Digest"}
-
-// The calls' names, built once: they name the errors of every call.
-var initNames, updateNames, finalNames = callNames("Init"), callNames("Update"), callNames("Final")
-
-func callNames(step string) (out [nKinds]string) {
-	for k := range out {
-		out[k] = names[k] + step
-	}
-	return out
-}
-
-// String returns the PKCS#11 name of the family ("Sign").
-func (k Kind) String() string { return names[k] }
-
-// InitName returns the name of k's Init ("SignInit").
-func (k Kind) InitName() string { return initNames[k] }
 
 // Step is which call of an operation runs: the single-part one (C_Sign),
 // an Update or the Final.
@@ -63,11 +47,11 @@ const (
 func (st Step) Name(k Kind) string {
 	switch st {
 	case Update:
-		return updateNames[k]
+		return k.UpdateName()
 	case Final:
-		return finalNames[k]
+		return k.FinalName()
 	}
-	return names[k]
+	return k.String()
 }
 
 // Room is how much output the caller can take, in PKCS#11's buffer
@@ -169,7 +153,7 @@ type Table[A, W any] struct {
 // another operation is active (measured by test/conformance's ops steps).
 func (t *Table[A, W]) Init(ctx context.Context, r Runner[A, W], k Kind, op *Op[A]) error {
 	if t.Active() {
-		return refuse(ErrActive, initNames[k])
+		return refuse(ErrActive, k.InitName())
 	}
 	t.store[k] = *op
 	if err := r.Start(ctx, k, &t.store[k]); err != nil {
@@ -194,7 +178,7 @@ func (t *Table[A, W]) Active() bool {
 // mechanism).
 func (t *Table[A, W]) Cancel(r Runner[A, W], k Kind) error {
 	if t.ops[k] == nil {
-		return refuse(ErrNotInitialized, initNames[k])
+		return refuse(ErrNotInitialized, k.InitName())
 	}
 	t.end(r, k, true)
 	return nil
@@ -217,38 +201,63 @@ func (t *Table[A, W]) EndAll(r Runner[A, W]) {
 }
 
 // Do runs step st of operation k with in (and sig, for Verify and
-// VerifyFinal) and hands out its output within room: when it does not fit
-// (or room is Query) the output is kept, its length returned, and the
-// operation goes on; the next call of the same step with the same input
-// delivers it. The error is ErrBufferTooSmall for a short buffer, nil for
-// a length query. with is the object a step names (C_DigestKey), or nil.
+// VerifyFinal) on r and hands out its output within room: Begin, r's Run
+// unless the output is held, End. with is the object a step names
+// (C_DigestKey), or nil.
 func (t *Table[A, W]) Do(ctx context.Context, r Runner[A, W], k Kind, st Step, in, sig []byte, with *W, room Room) ([]byte, error) {
-	op := t.ops[k]
-	if op == nil {
-		return nil, refuse(ErrNotInitialized, st.Name(k))
+	op, out, held, err := t.Begin(ctx, r, k, st, in)
+	if err != nil {
+		return nil, err
 	}
-	out := op.held
-	if op.heldStep != st || !bytes.Equal(op.heldIn, in) {
-		if op.heldStep == Single {
-			// The token's single-part call ended its operation: start
-			// it again for the different input, as the token would go on.
-			r.Stop(k, op, false)
-			op.heldStep, op.held, op.heldIn = 0, nil, nil
-			if err := r.Start(ctx, k, op); err != nil {
-				t.ops[k] = nil
-				return nil, err
-			}
+	if !held {
+		out, err = r.Run(ctx, k, op, st, in, sig, with)
+	}
+	return t.End(r, k, op, st, in, out, err, with != nil, room)
+}
+
+// Begin is step st of operation k with input in up to its run: it returns
+// the operation to run the step on, or the output held for this very step
+// and input (held: nothing to run; see End). The caller runs the step and
+// hands its answer to End, so that no step comes back up through this
+// table on its way down to a token.
+func (t *Table[A, W]) Begin(ctx context.Context, r Runner[A, W], k Kind, st Step, in []byte) (op *Op[A], out []byte, held bool, err error) {
+	op = t.ops[k]
+	if op == nil {
+		return nil, nil, false, refuse(ErrNotInitialized, st.Name(k))
+	}
+	if op.heldStep == st && bytes.Equal(op.heldIn, in) {
+		return op, op.held, true, nil
+	}
+	if op.heldStep == Single {
+		// The token's single-part call ended its operation: start it
+		// again for the different input, as the token would go on.
+		r.Stop(k, op, false)
+		op.heldStep, op.held, op.heldIn = 0, nil, nil
+		if err := r.Start(ctx, k, op); err != nil {
+			t.ops[k] = nil
+			return nil, nil, false, err
 		}
-		var err error
-		if out, err = r.Run(ctx, k, op, st, in, sig, with); err != nil {
-			if !keep(r.Code(err), with != nil) {
-				t.end(r, k, false)
-			}
-			return nil, err
+	}
+	return op, nil, false, nil
+}
+
+// End hands out the answer of step st of op (Begin's) on in: its output
+// within room, or its error. When the output does not fit (or room is
+// Query) it is kept, its length returned, and the operation goes on; the
+// next call of the same step with the same input delivers it. The error is
+// then ErrBufferTooSmall for a short buffer, nil for a length query. A
+// single-part step and a Final end the operation, and so does an error
+// unless it leaves the operation active on a token (with: the step named
+// an object, C_DigestKey).
+func (t *Table[A, W]) End(r Runner[A, W], k Kind, op *Op[A], st Step, in, out []byte, err error, with bool, room Room) ([]byte, error) {
+	if err != nil {
+		if !keep(r.Code(err), with) {
+			t.end(r, k, false)
 		}
-		if out == nil {
-			out = []byte{}
-		}
+		return nil, err
+	}
+	if out == nil {
+		out = []byte{}
 	}
 	if room < Room(len(out)) {
 		op.held, op.heldIn, op.heldStep = out, in, st
