@@ -8,11 +8,13 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/internal/mechparam"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -176,9 +178,10 @@ func attrsIn(p C.CK_ATTRIBUTE_PTR, n C.CK_ULONG) ([]*pkcs11.Attribute, error) {
 	return out, nil
 }
 
-// mechIn converts a mechanism; its parameter is copied as bytes (pointers
-// inside it, as in CK_GCM_PARAMS, stay valid for the call). A mechanism
-// without a parameter is a shared value (plainMech).
+// mechIn converts a mechanism; its parameter is copied as bytes, and a
+// parameter that holds pointers (CK_GCM_PARAMS …) with what they point at
+// (ownParam). A mechanism without a parameter is a shared value
+// (plainMech).
 func mechIn(p C.CK_MECHANISM_PTR) (*pkcs11.Mechanism, error) {
 	if p == nil {
 		return nil, nil
@@ -192,9 +195,39 @@ func mechIn(p C.CK_MECHANISM_PTR) (*pkcs11.Mechanism, error) {
 	}
 	m := &pkcs11.Mechanism{Mechanism: uint(p.mechanism)}
 	if param != nil {
-		m.Parameter = param
+		if m.Parameter, err = ownParam(m.Mechanism, param); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
+}
+
+// maxParamTargets bounds what a parameter's pointers may point at in all:
+// as the helper's frame (rpc.h's HAP_MAX_FRAME).
+const maxParamTargets = 16 << 20
+
+// ownParam returns a parameter the engine may use after the call that gave
+// it: the application's pointers are valid only during that call (PKCS#11
+// v2.40, 5.2), and the engine may send an Init to a member later, with its
+// call (a proven Init, a failover). A structure that holds pointers is
+// copied with what they point at into C memory the returned bytes own
+// (freed once they are unreachable); any other parameter, and a structure
+// whose length is not its layout's (the token answers that), is its bytes.
+func ownParam(mech uint, raw []byte) ([]byte, error) {
+	l := mechparam.For(mech)
+	if l == nil || l.Refused != "" || len(raw) != l.Size {
+		return raw, nil
+	}
+	v, err := mechparam.FromRaw(l, raw, maxParamTargets)
+	if err != nil {
+		return nil, ckErr(pkcs11.CKR_MECHANISM_PARAM_INVALID)
+	}
+	owned, free, err := mechparam.Build(v)
+	if err != nil {
+		return nil, ckErr(pkcs11.CKR_MECHANISM_PARAM_INVALID)
+	}
+	runtime.AddCleanup(&owned[0], func(free func()) { free() }, free)
+	return owned, nil
 }
 
 // plainMechs holds one shared mechanism, without a parameter, per type

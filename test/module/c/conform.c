@@ -560,6 +560,22 @@ static void part_params(CK_SESSION_HANDLE s)
 		    rv("gcm decrypt", f->C_Decrypt(s, out, n, back, &bn)) == CKR_OK)
 			hex("gcm decrypt", back, bn);
 	}
+	/* The parameter's memory is the application's again once the Init
+	 * returned (PKCS#11 5.2): overwritten before the Encrypt, the output is
+	 * the same. */
+	CK_BYTE iv2[12], aad2[6];
+	memcpy(iv2, iv, sizeof iv2);
+	memcpy(aad2, aad, sizeof aad2);
+	CK_GCM_PARAMS gcm2 = {iv2, sizeof iv2, 96, aad2, sizeof aad2, 128};
+	CK_MECHANISM mgcm2 = {CKM_AES_GCM, &gcm2, sizeof gcm2};
+	n = sizeof out;
+	if (rv("gcm encryptinit, then its parameter overwritten", f->C_EncryptInit(s, &mgcm2, base)) == CKR_OK) {
+		memset(iv2, 0xa5, sizeof iv2);
+		memset(aad2, 0xa5, sizeof aad2);
+		memset(&gcm2, 0xa5, sizeof gcm2);
+		if (rv("gcm encrypt after the overwrite", f->C_Encrypt(s, (CK_BYTE_PTR) "plaintext", 9, out, &n)) == CKR_OK)
+			hex("gcm encrypt after the overwrite", out, n);
+	}
 	CK_CCM_PARAMS ccm = {9, iv, sizeof iv, aad, sizeof aad, 16};
 	CK_MECHANISM mccm = {CKM_AES_CCM, &ccm, sizeof ccm};
 	n = sizeof out;
