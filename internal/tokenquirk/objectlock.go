@@ -221,3 +221,36 @@ func (ls *Locks) For(id uint, manufacturer, model string) *ObjectLock {
 	l, _ := ls.m.LoadOrStore(id, &ObjectLock{})
 	return l.(*ObjectLock)
 }
+
+// NoTokenDataObjects reports whether a token refuses every CKO_DATA token
+// object, private or public, as NSS softokn 3.87 does
+// (CKR_ATTRIBUTE_VALUE_INVALID): the group's state is carried there by
+// private generic secret keys instead (pkg/sync, "state forms"). NSS also
+// holds one key per class and CKA_ID (a second key made with the same
+// CKA_ID replaces the first and gets its handle), and marks every token
+// secret key sensitive whatever the template asked.
+func NoTokenDataObjects(manufacturer, model string) bool { return isNSS(manufacturer, model) }
+
+// isNSS reports whether a token is NSS softokn's, by the manufacturer
+// and model C_GetTokenInfo reports (blank-padded).
+func isNSS(manufacturer, model string) bool {
+	manufacturer = strings.TrimRight(manufacturer, " \x00")
+	model = strings.TrimRight(model, " \x00")
+	return manufacturer == "Mozilla Foundation" && strings.HasPrefix(model, "NSS")
+}
+
+// ReusesLiveHandles reports whether a token may give a new object the
+// handle of a live one: tpm2-pkcs11 1.9 numbers a new object one past the
+// count of the token's objects, so once an object other than the last
+// made is destroyed, the next one made gets the handle of a live object,
+// cannot be reached by its own handle, and a destroy by that handle
+// removes the other object. The group keeps no state on such a token
+// (pkg/sync.CarriesState): its state is rewritten and removed by handle.
+// Measured on swtpm through tpm2-pkcs11 (manufacturer "IBM", model
+// "SW   TPM", the TPM's own strings); a hardware TPM shows its vendor's
+// and is added once measured.
+func ReusesLiveHandles(manufacturer, model string) bool {
+	manufacturer = strings.TrimRight(manufacturer, " \x00")
+	model = strings.TrimRight(model, " \x00")
+	return manufacturer == "IBM" && model == "SW   TPM"
+}

@@ -20,7 +20,8 @@ import (
 
 // StateSlots returns the slots of the members whose group state (see
 // pkg/sync's StateLabel) can be read and written now: serving (and,
-// with recovering, being recovered), open, and logged in. A plan reads a
+// with recovering, being recovered), open, logged in, and of a make that
+// carries group state (hasync.CarriesState: not a tpm2-pkcs11 token). A plan reads a
 // recovering member's too: it may hold a destroy no other member saw, and
 // its catch-up gives it what the others hold. Writes made outside a plan
 // go to the serving members only, as the objects themselves do.
@@ -32,7 +33,7 @@ func (g *Group) StateSlots(recovering bool) []*slot.Slot {
 		if !st.Serving() && !(recovering && st == member.Recovering) {
 			continue
 		}
-		if s := m.Slot(); s != nil && s.LoggedIn() {
+		if s := m.Slot(); s != nil && s.LoggedIn() && hasync.CarriesState(s) {
 			out = append(out, s)
 		}
 	}
