@@ -36,6 +36,30 @@ func GeneralErrorMeansOtherKey(manufacturer, model string) bool {
 	return isSoftHSM(manufacturer, model)
 }
 
+// RetriesGeneralError reports whether a creation or copy a token answers
+// with CKR_GENERAL_ERROR is asked once more (after what it left is
+// removed) before the answer counts: SoftHSM 2.6.1 answers so now and
+// then to a creation that overlaps another on the token, and takes it
+// when asked again. Not measured on another make: there the answer is
+// the token's, held back by the ambiguous-error rule (member.Charged).
+func RetriesGeneralError(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
+// DoubtsProbe reports whether a health probe (C_GetTokenInfo) a token
+// answers ambiguously (CKR_GENERAL_ERROR, CKR_FUNCTION_FAILED) is doubted
+// until the next probe answers so too: SoftHSM 2.6.1 answers a
+// C_GetTokenInfo so while another process's C_Login rewrites its token
+// file. On another make such an answer to the probe fails the member at
+// once, as a device error would.
+func DoubtsProbe(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
+// LeavesHalfMadeObjects reports whether a token killed in mid-creation
+// can keep the object at its defaults (no label, no CKA_ID, not a token
+// object, no key material): SoftHSM 2.6.1 writes a new key's file with
+// its defaults first and the caller's template in a second write
+// (pkg/sync.ErrHalfMade). Only on such a make is an object without
+// identity or key material taken for that and removed.
+func LeavesHalfMadeObjects(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
 // isSoftHSM reports whether a token is SoftHSM 2's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
 func isSoftHSM(manufacturer, model string) bool {
