@@ -868,6 +868,9 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		return err
 	}
 	defer done()
+	if err := g.untold(op); err != nil {
+		return err
+	}
 	var ahead tombstone.Tombstone
 	recorded, destroyed := false, false
 	if o.Token {
@@ -1034,6 +1037,9 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		return err
 	}
 	defer done()
+	if err := g.untold(op); err != nil {
+		return err
+	}
 	attrs = append([]*pkcs11.Attribute(nil), attrs...)
 	var l latching
 	if o.IsKey() && o.Identity().Class != pkcs11.CKO_PUBLIC_KEY {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -46,7 +47,8 @@ func otherMake(t *testing.T, make string) (testhsm.Token, config.Member) {
 // A destroy through a group of SoftHSM and another make is never undone
 // by a catch-up, whichever member was away, on every make that carries
 // the group's state; on the TPM, which carries none, while the TPM is the
-// member away. Host B is a fresh host (empty state directory): what it
+// member away (with the TPM serving alone the destroy is refused: no
+// member could carry the news). Host B is a fresh host (empty state directory): what it
 // knows of the destroy it reads on the members — the tombstones and the
 // behind mark left where host A's destroy ran.
 func TestDestroyThroughAGroupOfTwoMakesStaysGone(t *testing.T) {
@@ -89,6 +91,26 @@ func TestDestroyThroughAGroupOfTwoMakesStaysGone(t *testing.T) {
 					t.Fatalf("host A finds %v, %v; want the one key", found, err)
 				}
 				o := found[0]
+				if c.make == "tpm" {
+					// With the SoftHSM member away, the TPM alone serves:
+					// it carries no state, so no mark could tell another
+					// host, and the destroy waits for a member that can.
+					if err := hostA.Engine().FailMember(soft.Name, fmt.Errorf("test: away")); err != nil {
+						t.Fatal(err)
+					}
+					err := sa.DestroyObject(ctx, o)
+					if group.CodeOf(err) != pkcs11.CKR_DEVICE_ERROR {
+						t.Fatalf("destroy with only the TPM serving: %v, want CKR_DEVICE_ERROR (no member to carry the state)", err)
+					}
+					for _, tok := range h.toks {
+						if got := findLabelled(t, directAs(t, tok), label); len(got) != 1 {
+							t.Fatalf("%s holds %v after the refused destroy, want the key", tok.Name, got)
+						}
+					}
+					if err := hostA.Engine().ActivateMember(ctx, soft.Name); err != nil {
+						t.Fatal(err)
+					}
+				}
 				if err := hostA.Engine().FailMember(away, fmt.Errorf("test: away")); err != nil {
 					t.Fatal(err)
 				}
