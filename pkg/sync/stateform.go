@@ -83,9 +83,13 @@ func StateTemplate(s *slot.Slot, label, app string, value []byte, modifiable boo
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)),
 		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, modifiable))
 	if !keyForm(s) {
-		return append(tmpl,
-			pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(app)),
-			pkcs11.NewAttribute(pkcs11.CKA_VALUE, value)), nil
+		tmpl = append(tmpl, pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(app)))
+		if value != nil {
+			// A register has none: some makes refuse an empty CKA_VALUE
+			// (tpm2-pkcs11 does).
+			tmpl = append(tmpl, pkcs11.NewAttribute(pkcs11.CKA_VALUE, value))
+		}
+		return tmpl, nil
 	}
 	tag := make([]byte, keyTagLen)
 	key := make([]byte, 32)
