@@ -48,9 +48,9 @@ func otherMake(t *testing.T, make string) (testhsm.Token, config.Member) {
 // by a catch-up, whichever member was away, on every make that carries
 // the group's state; on the TPM, which carries none, while the TPM is the
 // member away (with the TPM serving alone the destroy is refused: no
-// member could carry the news). Host B is a fresh host (empty state directory): what it
-// knows of the destroy it reads on the members — the tombstones and the
-// behind mark left where host A's destroy ran.
+// member could carry the news). Host B is a fresh host (empty state
+// directory): what it knows of the destroy it reads on the members — the
+// tombstones and the behind mark left where host A's destroy ran.
 func TestDestroyThroughAGroupOfTwoMakesStaysGone(t *testing.T) {
 	for _, c := range []struct {
 		make string
