@@ -351,6 +351,7 @@ func (r removeBinaries) Run() int {
 
 // TestMain registers the helper programs the scripts exec.
 func TestMain(m *testing.M) {
+	testhsm.MakerMain() // a child re-executed to make tokens ends here
 	testscript.Main(removeBinaries{m}, map[string]func(){
 		"mkkey":     mkkeyMain,
 		"grpkey":    grpkeyMain,

@@ -49,8 +49,10 @@ type pinJSON struct {
 }
 
 type stateJSON struct {
-	Holds  bool   `json:"holds"`
-	Reason string `json:"reason,omitempty"`
+	Holds   bool   `json:"holds"`
+	Form    string `json:"form,omitempty"`    // what carries it on this make
+	InPlace bool   `json:"inPlace,omitempty"` // tombstone registers rewritten in place (else created objects)
+	Reason  string `json:"reason,omitempty"`
 }
 
 // pairLine is what a round trip of a throwaway key proved between the
@@ -72,8 +74,9 @@ func newSlotCheckCmd(a *app) *cobra.Command {
 		Short: "Report whether a token can join a group, before it joins",
 		Long: `Open a token (logged in as its user) and report what it offers a group: the
 mechanisms it lists, its session limits and PIN length rules, whether it can
-hold the group's state on it (a private data object whose label is rewritten:
-made and destroyed again), which kinds of key it can wrap and unwrap, and,
+hold the group's state on it (private objects of the form its make takes:
+data objects, or generic secret keys on NSS softokn; tpm2-pkcs11 carries
+none: tried and destroyed again), which kinds of key it can wrap and unwrap, and,
 with --group, for each current member whether keys of each class travel
 between the two, proven by a round trip of a throwaway key in each direction
 (never by a mechanism's name). Nothing stays on any token.
@@ -227,24 +230,14 @@ func limit(n uint) uint {
 	return n
 }
 
-// checkLabel marks the object holdsGroupState makes, should it stay.
-const checkLabel = "hagroup-slot-check"
-
-// holdsGroupState tries what the group's state on a member needs: a
-// private data token object, whose label is rewritten, destroyed again.
+// holdsGroupState tries, in the form the token's make takes, what the
+// group's state on a member needs (sync.ProbeState); nothing stays.
 func holdsGroupState(ctx context.Context, s *slot.Slot) stateJSON {
-	h, err := s.CreateObject(ctx, []*pkcs11.Attribute{
-		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true), pkcs11.NewAttribute(pkcs11.CKA_LABEL, checkLabel),
-		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, "hagroup"), pkcs11.NewAttribute(pkcs11.CKA_VALUE, []byte("check"))})
+	inPlace, err := sync.ProbeState(ctx, s)
 	if err != nil {
-		return stateJSON{Reason: fmt.Sprintf("it refuses a private data object on the token: %v", err)}
+		return stateJSON{Reason: err.Error()}
 	}
-	defer s.DestroyObject(context.WithoutCancel(ctx), h)
-	if err := s.SetAttributes(ctx, h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, checkLabel+"-2")}); err != nil {
-		return stateJSON{Reason: fmt.Sprintf("it refuses to rewrite a data object's label: %v", err)}
-	}
-	return stateJSON{Holds: true}
+	return stateJSON{Holds: true, Form: sync.StateFormName(s), InPlace: inPlace}
 }
 
 // provePairsWith proves, in both directions, which ways keys of each class
@@ -316,7 +309,7 @@ func printCheck(w io.Writer, res checkResult) error {
 	fmt.Fprintf(w, "sessions: max %s, read-write %s\n", limitText(res.Sessions.Max), limitText(res.Sessions.MaxRW))
 	fmt.Fprintf(w, "PIN length: %d to %d\n", res.PIN.MinLen, res.PIN.MaxLen)
 	if res.GroupState.Holds {
-		fmt.Fprintln(w, "group state: can hold it")
+		fmt.Fprintf(w, "group state: can hold it, as %s\n", res.GroupState.Form)
 	} else {
 		fmt.Fprintf(w, "group state: cannot hold it: %s\n", res.GroupState.Reason)
 	}

@@ -51,17 +51,18 @@ func ServeOCK(t testing.TB, name string) *Served {
 	if err := ockTree(dir); err != nil {
 		t.Fatalf("testhsm.ServeOCK(%s): %v", name, err)
 	}
-	// Make the token once: C_InitToken and C_InitPIN by pkcs11-tool,
-	// which reads the PINs from its environment, never its command line.
+	// Make the token once, by the token maker run in the namespace (PINs
+	// on its standard input, never its command line or environment).
 	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(1))
 	defer cancel()
-	init := ockCommand(ctx, dir, fmt.Sprintf(
-		`pkcs11-tool --module %[1]s --slot %[2]s --init-token --label %[3]s --so-pin env:%[4]s && `+
-			`pkcs11-tool --module %[1]s --slot %[2]s --login --login-type so --so-pin env:%[4]s --init-pin --new-pin env:%[5]s`,
-		OCKModule, ockSlot, name, soPINEnv, userPINEnv))
-	init.Env = withEnv(withEnv(os.Environ(), soPINEnv, ockSOPIN), userPINEnv, OCKUserPIN)
-	if out, err := init.CombinedOutput(); err != nil {
-		t.Fatalf("testhsm.ServeOCK(%s): make the token: %v: %s", name, err, out)
+	init, err := makerCommand(ctx, OCKModule, []string{name}, ockSOPIN, OCKUserPIN, func(argv []string) *exec.Cmd {
+		return ockCommand(ctx, dir, "exec "+shellQuote(argv))
+	})
+	if err != nil {
+		t.Fatalf("testhsm.ServeOCK(%s): %v", name, err)
+	}
+	if _, err := makeTokens(init, []string{name}); err != nil {
+		t.Fatalf("testhsm.ServeOCK(%s): make the token: %v", name, err)
 	}
 	s := &Served{
 		t:      t,
@@ -110,6 +111,15 @@ func ockTree(dir string) error {
 	return nil
 }
 
+// shellQuote joins argv into one shell command line.
+func shellQuote(argv []string) string {
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
 // ockCommand runs script in new mount, IPC and PID namespaces where
 // opencryptoki's fixed paths are dir's and pkcsslotd runs; the script's
 // last process is the namespace's, so killing it ends pkcsslotd too.
@@ -122,7 +132,7 @@ func ockCommand(ctx context.Context, dir, script string) *exec.Cmd {
 		"mkdir -p /var/log/opencryptoki",
 		"mount --bind " + filepath.Join(dir, "log") + " /var/log/opencryptoki",
 		"mount -t tmpfs none /dev/shm",
-		"pkcsslotd",
+		"pkcsslotd </dev/null",
 		script,
 	}, "\n")
 	return exec.CommandContext(ctx, "unshare", "--mount", "--ipc", "--pid", "--fork", "--propagation", "private", "bash", "-c", setup)

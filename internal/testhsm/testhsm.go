@@ -15,15 +15,11 @@
 package testhsm
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -80,6 +76,7 @@ var pool struct {
 // SOFTHSM2_CONF at it, runs the tests, removes the directory and returns
 // the exit code for os.Exit.
 func Main(m *testing.M, ntokens int, reserved ...string) int {
+	MakerMain()           // a child re-executed to make tokens ends here
 	slot.OwnEnvironment() // a test binary: members' module_env may be written (pkg/slot)
 	dir, err := os.MkdirTemp("", "testhsm-")
 	if err != nil {
@@ -210,8 +207,8 @@ func recycle(tok Token, i int) (Token, error) {
 	return tok, nil
 }
 
-// initDeadline bounds the initialisation of n tokens: pkcs11-tool takes
-// ~20 ms a token here; the bound is generous for loaded CI machines.
+// initDeadline bounds the initialisation of n tokens (a C_Initialize,
+// C_InitToken and C_InitPIN each); the bound is generous for loaded CI machines.
 func initDeadline(n int) time.Duration {
 	return time.Duration(30+n) * time.Second
 }
@@ -240,110 +237,18 @@ func initTokens(ctx context.Context, conf string, labels []string) (map[string]s
 	return InitTokens(ctx, conf, labels, UserPIN, SOPIN)
 }
 
-// The environment variables through which InitTokens hands the PINs to
-// pkcs11-tool ("env:NAME"): a command line is readable by every user of
-// the machine (ps, /proc/PID/cmdline), an environment by its owner only.
-const (
-	soPINEnv   = "HAGROUP_TESTHSM_SO_PIN"
-	userPINEnv = "HAGROUP_TESTHSM_USER_PIN"
-)
-
 // InitTokens initialises one SoftHSM token per label in the token
 // directory of the SoftHSM configuration conf, with the given PINs, and
-// returns the serial number of each label. It runs pkcs11-tool, which
-// reads the PINs from its environment, never from its command line.
+// returns the serial number of each label. The token maker (MakerMain, a
+// child process of this test binary) makes them, reading the PINs from
+// its standard input: no PIN is ever in a command line or an environment.
 func InitTokens(ctx context.Context, conf string, labels []string, userPIN, soPIN string) (map[string]string, error) {
-	env := withEnv(os.Environ(), "SOFTHSM2_CONF", conf)
-	env = withEnv(env, soPINEnv, soPIN)
-	env = withEnv(env, userPINEnv, userPIN)
-	run := func(args ...string) ([]byte, error) {
-		cmd := exec.CommandContext(ctx, "pkcs11-tool", append([]string{"--module", SoftHSMModule}, args...)...)
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("pkcs11-tool %s: %v: %s", args[0], err, bytes.TrimSpace(out))
-		}
-		return out, nil
-	}
-	// SoftHSM offers one free slot, numbered after the tokens it has; the
-	// slot a new token leaves behind is numbered one more.
-	out, err := run("--list-slots")
+	cmd, err := makerCommand(ctx, SoftHSMModule, labels, soPIN, userPIN, nil)
 	if err != nil {
 		return nil, err
 	}
-	free, ok := freeSlot(out)
-	if !ok {
-		return nil, fmt.Errorf("SoftHSM offers no free slot in %s", conf)
-	}
-	for i, l := range labels {
-		if _, err := run("--slot", fmt.Sprint(free+uint64(i)), "--init-token", "--init-pin",
-			"--login", "--login-type", "so", "--label", l,
-			"--so-pin", "env:"+soPINEnv, "--new-pin", "env:"+userPINEnv); err != nil {
-			return nil, fmt.Errorf("token %q: %w", l, err)
-		}
-	}
-	cmd := exec.CommandContext(ctx, "softhsm2-util", "--show-slots")
-	cmd.Env = env
-	out, err = cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("softhsm2-util --show-slots: %w", err)
-	}
-	serials := parseSlots(out)
-	for _, l := range labels {
-		if serials[l] == "" {
-			return nil, fmt.Errorf("softhsm2-util --show-slots does not list token %q", l)
-		}
-	}
-	return serials, nil
-}
-
-// freeSlot finds the ID of the slot without a token in the output of
-// `pkcs11-tool --list-slots` ("Slot 3 (0x3): …" then "token state:
-// uninitialized").
-func freeSlot(out []byte) (uint64, bool) {
-	var id uint64
-	var haveID bool
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if strings.HasPrefix(line, "Slot ") {
-			_, rest, _ := strings.Cut(line, "(")
-			hex, _, _ := strings.Cut(rest, ")")
-			v, err := strconv.ParseUint(strings.TrimPrefix(hex, "0x"), 16, 64)
-			id, haveID = v, err == nil
-			continue
-		}
-		if haveID && strings.HasPrefix(line, "token state:") && strings.Contains(line, "uninitialized") {
-			return id, true
-		}
-	}
-	return 0, false
-}
-
-// parseSlots maps token labels to serial numbers in the output of
-// `softhsm2-util --show-slots` (the serial line precedes the label line).
-func parseSlots(out []byte) map[string]string {
-	serials := make(map[string]string)
-	var serial string
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok {
-			continue
-		}
-		v = strings.TrimSpace(v)
-		switch strings.TrimSpace(k) {
-		case "Slot info":
-			serial = ""
-		case "Serial number":
-			serial = v
-		case "Label":
-			if v != "" && serial != "" {
-				serials[v] = serial
-			}
-		}
-	}
-	return serials
+	cmd.Env = withEnv(cmd.Env, "SOFTHSM2_CONF", conf)
+	return makeTokens(cmd, labels)
 }
 
 // withEnv returns env with key set to value, replacing any earlier value.

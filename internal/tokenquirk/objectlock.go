@@ -45,6 +45,30 @@ func GeneralErrorMeansOtherKey(manufacturer, model string) bool {
 // initialisations (pkg/remote's store lock).
 func LoginRewritesStore(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
 
+// RetriesGeneralError reports whether a creation or copy a token answers
+// with CKR_GENERAL_ERROR is asked once more (after what it left is
+// removed) before the answer counts: SoftHSM 2.6.1 answers so now and
+// then to a creation that overlaps another on the token, and takes it
+// when asked again. Not measured on another make: there the answer is
+// the token's, held back by the ambiguous-error rule (member.Charged).
+func RetriesGeneralError(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
+// DoubtsProbe reports whether a health probe (C_GetTokenInfo) a token
+// answers ambiguously (CKR_GENERAL_ERROR, CKR_FUNCTION_FAILED) is doubted
+// until the next probe answers so too: SoftHSM 2.6.1 answers a
+// C_GetTokenInfo so while another process's C_Login rewrites its token
+// file. On another make such an answer to the probe fails the member at
+// once, as a device error would.
+func DoubtsProbe(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
+// LeavesHalfMadeObjects reports whether a token killed in mid-creation
+// can keep the object at its defaults (no label, no CKA_ID, not a token
+// object, no key material): SoftHSM 2.6.1 writes a new key's file with
+// its defaults first and the caller's template in a second write
+// (pkg/sync.ErrHalfMade). Only on such a make is an object without
+// identity or key material taken for that and removed.
+func LeavesHalfMadeObjects(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
 // isSoftHSM reports whether a token is SoftHSM 2's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
 func isSoftHSM(manufacturer, model string) bool {
@@ -229,4 +253,37 @@ func (ls *Locks) For(id uint, manufacturer, model string) *ObjectLock {
 	}
 	l, _ := ls.m.LoadOrStore(id, &ObjectLock{})
 	return l.(*ObjectLock)
+}
+
+// NoTokenDataObjects reports whether a token refuses every CKO_DATA token
+// object, private or public, as NSS softokn 3.87 does
+// (CKR_ATTRIBUTE_VALUE_INVALID): the group's state is carried there by
+// private generic secret keys instead (pkg/sync, "state forms"). NSS also
+// holds one key per class and CKA_ID (a second key made with the same
+// CKA_ID replaces the first and gets its handle), and marks every token
+// secret key sensitive whatever the template asked.
+func NoTokenDataObjects(manufacturer, model string) bool { return isNSS(manufacturer, model) }
+
+// isNSS reports whether a token is NSS softokn's, by the manufacturer
+// and model C_GetTokenInfo reports (blank-padded).
+func isNSS(manufacturer, model string) bool {
+	manufacturer = strings.TrimRight(manufacturer, " \x00")
+	model = strings.TrimRight(model, " \x00")
+	return manufacturer == "Mozilla Foundation" && strings.HasPrefix(model, "NSS")
+}
+
+// ReusesLiveHandles reports whether a token may give a new object the
+// handle of a live one: tpm2-pkcs11 1.9 numbers a new object one past the
+// count of the token's objects, so once an object other than the last
+// made is destroyed, the next one made gets the handle of a live object,
+// cannot be reached by its own handle, and a destroy by that handle
+// removes the other object. The group keeps no state on such a token
+// (pkg/sync.CarriesState): its state is rewritten and removed by handle.
+// Measured on swtpm through tpm2-pkcs11 (manufacturer "IBM", model
+// "SW   TPM", the TPM's own strings); a hardware TPM shows its vendor's
+// and is added once measured.
+func ReusesLiveHandles(manufacturer, model string) bool {
+	manufacturer = strings.TrimRight(manufacturer, " \x00")
+	model = strings.TrimRight(model, " \x00")
+	return manufacturer == "IBM" && model == "SW   TPM"
 }

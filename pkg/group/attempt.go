@@ -372,8 +372,10 @@ func (g *Group) call(ctx context.Context, m *member.Member, fn func() error) (sl
 // probe, and charges the answer by the rule (member.Charged), the
 // member's previous probe standing for the other member that served the
 // request: a clear health error fails the member at once; an ambiguous
-// one only when its previous probe answered so too (SoftHSM answers a
-// C_GetTokenInfo with CKR_GENERAL_ERROR while another process logs in). A
+// one only when its previous probe answered so too, on a make that
+// answers a probe so when well (doubtsProbe: SoftHSM answers a
+// C_GetTokenInfo with CKR_GENERAL_ERROR while another process logs in),
+// and at once on another make. A
 // probe the caller's context cut short charges nothing.
 func (g *Group) Probe(ctx context.Context, name string) (pkcs11.TokenInfo, error) {
 	m, ok := g.Member(name)
@@ -399,7 +401,7 @@ func (g *Group) probeFails(ctx context.Context, m *member.Member, err error) boo
 	case err == nil:
 		delete(g.doubted, m)
 	case ctx.Err() != nil:
-	case member.Charged(err, g.doubted[m]):
+	case member.Charged(err, g.doubted[m] || !doubtsProbe(m)):
 		delete(g.doubted, m)
 		return true
 	case member.HeldBack(err):

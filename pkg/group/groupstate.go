@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/member"
@@ -20,7 +21,8 @@ import (
 
 // StateSlots returns the slots of the members whose group state (see
 // pkg/sync's StateLabel) can be read and written now: serving (and,
-// with recovering, being recovered), open, and logged in. A plan reads a
+// with recovering, being recovered), open, logged in, and of a make that
+// carries group state (hasync.CarriesState: not a tpm2-pkcs11 token). A plan reads a
 // recovering member's too: it may hold a destroy no other member saw, and
 // its catch-up gives it what the others hold. Writes made outside a plan
 // go to the serving members only, as the objects themselves do.
@@ -32,11 +34,38 @@ func (g *Group) StateSlots(recovering bool) []*slot.Slot {
 		if !st.Serving() && !(recovering && st == member.Recovering) {
 			continue
 		}
-		if s := m.Slot(); s != nil && s.LoggedIn() {
+		if s := m.Slot(); s != nil && s.LoggedIn() && hasync.CarriesState(s) {
 			out = append(out, s)
 		}
 	}
 	return out
+}
+
+// untold refuses a change of an object (a destroy, an attribute change)
+// that a member out of rotation would miss while no serving member
+// carries the group's state (each is of a make that carries none:
+// hasync.CarriesState): no mark could tell another host that the member
+// is behind, and that host's catch-up would undo the change — bring a
+// destroyed key back (DESIGN.md, "Group state on every make"). The change
+// can be made again once a member that carries the state serves, or
+// every member does.
+func (g *Group) untold(op string) error {
+	var missed []string
+	carried := false
+	for _, m := range g.view().members {
+		if !m.State().Serving() {
+			missed = append(missed, m.Name())
+			continue
+		}
+		if s := m.Slot(); s == nil || hasync.CarriesState(s) {
+			carried = true
+		}
+	}
+	if len(missed) == 0 || carried {
+		return nil
+	}
+	return wrap(ErrNoMember, op, "", fmt.Errorf("%s out of rotation, and no serving member carries the group's state to mark it behind: another host's catch-up would undo the change",
+		strings.Join(missed, ", ")))
 }
 
 // marks is this process's share of the behind marks.

@@ -352,7 +352,8 @@ func (g *Group) rebury(ctx context.Context, objs []hasync.Object) {
 // session's physical session there), and leaves nothing behind when it
 // fails (see pkg/group/leftover). One ambiguous answer (CKR_GENERAL_ERROR:
 // SoftHSM 2.6's now and then to a creation that overlaps another on the
-// token) is tried again once the member holds nothing of it. A failure
+// token) is tried again once the member holds nothing of it, on SoftHSM
+// only (retriesAmbiguous). A failure
 // after which the member may keep a key of its own making (it did not
 // answer, or a hung generation may still finish) is final (stop): made
 // again elsewhere under the same identity it would be a second, different
@@ -379,7 +380,7 @@ func makeOn(ctx context.Context, op string, sl *slot.Slot, target slotOps, left 
 		switch {
 		case slot.ClassOf(err) != slot.ClassHealth:
 			return nil, clean, err
-		case member.HeldBack(err) && clean && !again && ctx.Err() == nil:
+		case member.HeldBack(err) && clean && !again && ctx.Err() == nil && retriesAmbiguous(sl):
 			continue // not charged yet (member.Charged): asked again first
 		case !clean && (op == "GenerateKey" || op == "GenerateKeyPair"):
 			return nil, clean, &stop{err}
@@ -576,7 +577,8 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 // public half, which SoftHSM will not fingerprint and which a recovery
 // then takes for a different key under the same identity. An ambiguous
 // answer (CKR_GENERAL_ERROR: SoftHSM's now and then to a creation that
-// overlaps another on the token) gets one more try; a failed copy leaves
+// overlaps another on the token) gets one more try on SoftHSM
+// (retriesAmbiguous); a failed copy leaves
 // nothing behind, and a second try finds a copy the first one made after
 // all. It returns the index of the object that failed and its error.
 func (g *Group) copyTo(ctx context.Context, t *member.Member, dst hasync.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle) (int, error) {
@@ -585,7 +587,7 @@ func (g *Group) copyTo(ctx context.Context, t *member.Member, dst hasync.Target,
 			start := t.Begin()
 			c, err := g.rep.Replicate(ctx, src, h, dst)
 			t.End(start, err)
-			if err != nil && (again || !member.HeldBack(err) || ctx.Err() != nil) {
+			if err != nil && (again || !member.HeldBack(err) || ctx.Err() != nil || !retriesAmbiguous(t.Slot())) {
 				return j, err
 			}
 			copies[j] = c
@@ -866,6 +868,9 @@ func (g *Group) DestroyObject(ctx context.Context, h ObjectHandle) error {
 		return err
 	}
 	defer done()
+	if err := g.untold(op); err != nil {
+		return err
+	}
 	var ahead tombstone.Tombstone
 	recorded, destroyed := false, false
 	if o.Token {
@@ -1032,6 +1037,9 @@ func (g *Group) SetAttributes(ctx context.Context, h ObjectHandle, attrs []*pkcs
 		return err
 	}
 	defer done()
+	if err := g.untold(op); err != nil {
+		return err
+	}
 	attrs = append([]*pkcs11.Attribute(nil), attrs...)
 	var l latching
 	if o.IsKey() && o.Identity().Class != pkcs11.CKO_PUBLIC_KEY {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -43,7 +44,7 @@ func keyMaterial(class, keyType uint) uint {
 // GetAttributes call; a complete session key of the application has its
 // key material and is not half-made.
 func halfMade(ctx context.Context, s store, r readResult) (bool, error) {
-	if r.Token || r.Label != "" || len(r.ID) > 0 {
+	if !leavesHalfMade(s) || r.Token || r.Label != "" || len(r.ID) > 0 {
 		return false, nil
 	}
 	t := keyMaterial(r.Class, r.KeyType)
@@ -59,6 +60,19 @@ func halfMade(ctx context.Context, s store, r readResult) (bool, error) {
 		return ok && n == 0, nil
 	}
 	return !a.nonEmpty(t), nil
+}
+
+// leavesHalfMade reports whether s's make may keep an interrupted
+// creation's object at its defaults (tokenquirk.LeavesHalfMadeObjects):
+// on another make an object without identity is the application's own. A
+// store that does not tell its token (a test's) is taken to.
+func leavesHalfMade(s store) bool {
+	ts, ok := s.(interface{ Token() slot.TokenSummary })
+	if !ok {
+		return true
+	}
+	t := ts.Token()
+	return tokenquirk.LeavesHalfMadeObjects(t.Manufacturer, t.Model)
 }
 
 // halfMadeUnreadable reports a half-made object as an Unreadable one, for

@@ -51,33 +51,27 @@ func ReadMarks(ctx context.Context, s *slot.Slot, groupSerial string) ([]Mark, e
 	if !s.LoggedIn() {
 		return nil, fmt.Errorf("member %s: read behind marks: %w", s.Name(), ErrNotLoggedIn)
 	}
-	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
-		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA),
-		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
-		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(MarkApplication)),
-	})
+	hs, err := FindState(ctx, s, MarkApplication)
 	if err != nil {
 		return nil, fmt.Errorf("member %s: find behind marks: %w", s.Name(), err)
 	}
 	prefix := MarkLabel(groupSerial, "")
 	var out []Mark
 	for _, h := range hs {
-		attrs, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
+		r, ok, err := ReadState(ctx, s, h, MarkApplication, true)
 		if err != nil {
 			if isGone(err) {
 				continue // cleared meanwhile
 			}
 			return nil, fmt.Errorf("member %s: read behind mark (object %d): %w", s.Name(), h, err)
 		}
-		if len(attrs) != 2 || attrs[0].Status != pkcs11.CKR_OK {
-			continue // being written
+		if !ok {
+			continue // being written, or not a mark
 		}
-		label := string(attrs[0].Value)
-		if !strings.HasPrefix(label, prefix) || len(label) == len(prefix) {
+		if !strings.HasPrefix(r.Label, prefix) || len(r.Label) == len(prefix) {
 			continue // another group's
 		}
-		out = append(out, Mark{Member: label[len(prefix):], Writer: string(attrs[1].Value), On: s, Handle: h})
+		out = append(out, Mark{Member: r.Label[len(prefix):], Writer: string(r.Value), On: s, Handle: h})
 	}
 	return out, nil
 }
@@ -88,10 +82,11 @@ func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer st
 	if !s.LoggedIn() {
 		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, ErrNotLoggedIn)
 	}
-	h, err := s.CreateObject(ctx, append(stateTemplate(MarkLabel(groupSerial, member)),
-		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(MarkApplication)),
-		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, false),
-		pkcs11.NewAttribute(pkcs11.CKA_VALUE, []byte(writer))))
+	tmpl, err := StateTemplate(s, MarkLabel(groupSerial, member), MarkApplication, []byte(writer), false)
+	if err != nil {
+		return 0, err
+	}
+	h, err := s.CreateObject(ctx, tmpl)
 	if err != nil {
 		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, err)
 	}
@@ -103,9 +98,8 @@ func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer st
 // and writer) before it is destroyed: a handle kept across a re-login may
 // name another object by then.
 func ClearMark(ctx context.Context, groupSerial string, k Mark) error {
-	attrs, err := k.On.GetAttributes(ctx, k.Handle, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE, pkcs11.CKA_APPLICATION})
-	if err != nil || len(attrs) != 3 || string(attrs[0].Value) != MarkLabel(groupSerial, k.Member) ||
-		string(attrs[1].Value) != k.Writer || string(attrs[2].Value) != MarkApplication {
+	r, ok, err := ReadState(ctx, k.On, k.Handle, MarkApplication, true)
+	if err != nil || !ok || r.Label != MarkLabel(groupSerial, k.Member) || string(r.Value) != k.Writer {
 		if err != nil && !isGone(err) && slot.ClassOf(err) != slot.ClassRequest {
 			return fmt.Errorf("member %s: read the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
 		}

@@ -14,8 +14,8 @@ import (
 // Group state on the members (DESIGN.md, "Group state on the members"):
 // what every process on every host must agree on — the tombstones, the
 // markers saying how far each member has caught up — is kept on the
-// members themselves, as private CKO_DATA token objects labelled
-// StateLabel. They are the group's, not the application's: List, the
+// members themselves, as private token objects labelled StateLabel, of
+// the form the member's make takes (stateform.go). They are the group's, not the application's: List, the
 // virtual slot's searches and the plan leave them out (Hidden), and they
 // are merged by their own rule instead of being copied as objects.
 //
@@ -47,7 +47,7 @@ func StateLabel(groupSerial, kind string) string {
 func Hidden(class uint, label string) bool {
 	switch class {
 	case pkcs11.CKO_SECRET_KEY:
-		return strings.HasPrefix(label, domainLabelPrefix)
+		return strings.HasPrefix(label, domainLabelPrefix) || strings.HasPrefix(label, stateLabelPrefix)
 	case pkcs11.CKO_DATA:
 		return strings.HasPrefix(label, stateLabelPrefix)
 	}
@@ -60,8 +60,9 @@ type StateObject struct {
 	Value  []byte
 }
 
-// PrivateState is what every group state object is, made or searched
-// for: a private token data object. Private: an object anyone could plant
+// PrivateState is what every group state object of the data form is,
+// made or searched for: a private token data object (see stateform.go for
+// the key form of a make without data token objects). Private: an object anyone could plant
 // without the user PIN (a public one) must never count as group state — a
 // forged tombstone would delete a live key on every member.
 func PrivateState() []*pkcs11.Attribute {
@@ -70,11 +71,6 @@ func PrivateState() []*pkcs11.Attribute {
 		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
 		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
 	}
-}
-
-// stateTemplate finds the group state objects labelled label.
-func stateTemplate(label string) []*pkcs11.Attribute {
-	return append(PrivateState(), pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)))
 }
 
 // WriteState stores value on s as a new group state object labelled
@@ -86,16 +82,16 @@ func WriteState(ctx context.Context, s *slot.Slot, label, app string, value []by
 	if !s.LoggedIn() {
 		return StateObject{}, fmt.Errorf("member %s: write %s: %w", s.Name(), label, ErrNotLoggedIn)
 	}
-	tmpl := append(stateTemplate(label),
-		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(app)),
-		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, false),
-		pkcs11.NewAttribute(pkcs11.CKA_VALUE, value))
+	tmpl, err := StateTemplate(s, label, app, value, false)
+	if err != nil {
+		return StateObject{}, err
+	}
 	h, err := s.CreateObject(ctx, tmpl)
 	if err != nil {
 		return StateObject{}, fmt.Errorf("member %s: write %s (%d bytes): %w", s.Name(), label, len(value), err)
 	}
 	for _, o := range merged {
-		if err := destroyIfSame(ctx, s, label, o); err != nil {
+		if err := destroyIfSame(ctx, s, label, app, o); err != nil {
 			return StateObject{Handle: h, Value: value}, err
 		}
 	}
@@ -103,24 +99,24 @@ func WriteState(ctx context.Context, s *slot.Slot, label, app string, value []by
 }
 
 // DestroyStateIfSame destroys o on s unless its handle no longer names
-// the state object labelled label holding o's value.
-func DestroyStateIfSame(ctx context.Context, s *slot.Slot, label string, o StateObject) error {
-	return destroyIfSame(ctx, s, label, o)
+// the state object of application app labelled label holding o's value.
+func DestroyStateIfSame(ctx context.Context, s *slot.Slot, label, app string, o StateObject) error {
+	return destroyIfSame(ctx, s, label, app, o)
 }
 
 // destroyIfSame destroys o on s if its handle still names a state object
 // labelled label holding o's value: a handle kept from an earlier read
 // may name another object by now (handles can change with a re-login),
 // whose content the writer does not hold.
-func destroyIfSame(ctx context.Context, s *slot.Slot, label string, o StateObject) error {
-	attrs, err := s.GetAttributes(ctx, o.Handle, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
+func destroyIfSame(ctx context.Context, s *slot.Slot, label, app string, o StateObject) error {
+	r, ok, err := ReadState(ctx, s, o.Handle, app, true)
 	if err != nil {
 		if isGone(err) || slot.ClassOf(err) == slot.ClassRequest {
 			return nil
 		}
 		return fmt.Errorf("member %s: read an older %s (object %d): %w", s.Name(), label, o.Handle, err)
 	}
-	if len(attrs) != 2 || string(attrs[0].Value) != label || !bytes.Equal(attrs[1].Value, o.Value) {
+	if !ok || r.Label != label || !bytes.Equal(r.Value, o.Value) {
 		return nil
 	}
 	if err := s.DestroyObject(ctx, o.Handle); err != nil && !isGone(err) {

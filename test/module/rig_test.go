@@ -40,6 +40,7 @@ type built struct {
 }
 
 func TestMain(m *testing.M) {
+	testhsm.MakerMain() // a child re-executed to make tokens ends here
 	os.Exit(runMain(m))
 }
 

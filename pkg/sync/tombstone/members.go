@@ -374,31 +374,27 @@ func (s *Shared) readAs(ctx context.Context, m *slot.Slot, light bool) (memberRe
 	if !m.LoggedIn() {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), hasync.ErrNotLoggedIn)
 	}
-	hs, err := m.FindObjects(ctx, append(hasync.PrivateState(), pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(Application))))
+	hs, err := hasync.FindState(ctx, m, Application)
 	if err != nil {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: find: %w", s.serial, m.Name(), err)
 	}
 	out := memberRecords{records: recordSet{}, chunked: recordSet{}, light: light}
 	cutoff := s.cutoff()
-	want := []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE}
-	if light {
-		want = want[:1]
-	}
 	for _, h := range hs {
-		attrs, err := m.GetAttributes(ctx, h, want)
+		st, ok, err := hasync.ReadState(ctx, m, h, Application, !light)
 		if err != nil {
 			if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
 				continue
 			}
 			return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: read object %d: %w", s.serial, m.Name(), h, err)
 		}
-		if len(attrs) != len(want) || attrs[0].Status != pkcs11.CKR_OK {
-			continue // being written by another process (SoftHSM shows it half made)
+		if !ok {
+			continue // being written by another process (SoftHSM shows it half made), or not ours
 		}
-		label := string(attrs[0].Value)
+		label := st.Label
 		if label == s.label {
 			if !light {
-				s.readObject(m, hasync.StateObject{Handle: h, Value: attrs[1].Value}, &out, cutoff)
+				s.readObject(m, hasync.StateObject{Handle: h, Value: st.Value}, &out, cutoff)
 			}
 			continue
 		}

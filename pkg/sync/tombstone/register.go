@@ -138,13 +138,6 @@ func decodeRegister(prefix, label, serial string) (r register, ts []Tombstone, o
 	return r, ts, true, err
 }
 
-func registerTemplate(label string) []*pkcs11.Attribute {
-	return append(sync.PrivateState(),
-		pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, []byte(Application)),
-		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)),
-		pkcs11.NewAttribute(pkcs11.CKA_MODIFIABLE, true))
-}
-
 // errRegisterGone is returned by readRegister for a handle that no longer
 // names this writer's register.
 var errRegisterGone = errors.New("register gone")
@@ -186,7 +179,11 @@ func (s *Shared) readRegister(ctx context.Context, m *slot.Slot, known register)
 func (s *Shared) createRegister(ctx context.Context, m *slot.Slot, writer string, union recordSet) (register, error) {
 	at := s.opts.Now()
 	label := encodeRegister(s.label, writer, at, union.sorted())
-	h, err := m.CreateObject(ctx, registerTemplate(label))
+	tmpl, err := sync.StateTemplate(m, label, Application, nil, true)
+	if err != nil {
+		return register{}, err
+	}
+	h, err := m.CreateObject(ctx, tmpl)
 	if err != nil {
 		return register{}, fmt.Errorf("member %s: create the tombstone register (%d bytes): %w", m.Name(), len(label), err)
 	}
@@ -487,7 +484,7 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 		errs = append(errs, s.destroyRegister(ctx, m, r))
 	}
 	for _, o := range expired {
-		errs = append(errs, sync.DestroyStateIfSame(ctx, m, s.label, o))
+		errs = append(errs, sync.DestroyStateIfSame(ctx, m, s.label, Application, o))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return union, fmt.Errorf("tombstones of group %s: %w", s.serial, err)

@@ -1,0 +1,42 @@
+package tokenquirk
+
+import "testing"
+
+// Each quirk applies to the makes it was measured on, and to no other:
+// the strings are C_GetTokenInfo's, blank-padded as tokens give them.
+func TestQuirksKeyedByMake(t *testing.T) {
+	pad := func(s string, n int) string {
+		for len(s) < n {
+			s += " "
+		}
+		return s
+	}
+	makes := []struct{ name, manufacturer, model string }{
+		{"softhsm", pad("SoftHSM project", 32), pad("SoftHSM v2", 16)},
+		{"nss", pad("Mozilla Foundation", 32), pad("NSS 3", 16)},
+		{"opencryptoki", pad("IBM Corp.", 32), pad("IBM SoftTok", 16)},
+		{"tpm", pad("IBM", 32), "SW   TPM\x00\x00\x00\x00\x00\x00\x00\x00"},
+		{"other", pad("Thales", 32), pad("Luna K7", 16)},
+	}
+	quirks := []struct {
+		name string
+		has  func(manufacturer, model string) bool
+		on   string // the makes that have it
+	}{
+		{"NeedsObjectLock", NeedsObjectLock, "softhsm"},
+		{"SerialCreations", SerialCreations, "softhsm"},
+		{"GeneralErrorMeansOtherKey", GeneralErrorMeansOtherKey, "softhsm"},
+		{"RetriesGeneralError", RetriesGeneralError, "softhsm"},
+		{"DoubtsProbe", DoubtsProbe, "softhsm"},
+		{"LeavesHalfMadeObjects", LeavesHalfMadeObjects, "softhsm"},
+		{"NoTokenDataObjects", NoTokenDataObjects, "nss"},
+		{"ReusesLiveHandles", ReusesLiveHandles, "tpm"},
+	}
+	for _, q := range quirks {
+		for _, m := range makes {
+			if got, want := q.has(m.manufacturer, m.model), m.name == q.on; got != want {
+				t.Errorf("%s(%q, %q) = %v, want %v", q.name, m.manufacturer, m.model, got, want)
+			}
+		}
+	}
+}
