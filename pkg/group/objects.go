@@ -401,8 +401,39 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 	return out, nil
 }
 
-// findAll lists every serving member once and joins the listings.
+// findAll lists one serving member (with failover, as a template search
+// does) and maps its objects to the others lazily, when first used there.
+// A serving member holds every object the group holds (no member is put in
+// rotation before it was caught up: groupstate.go), so one listing shows
+// them all, and a find-all costs one listing, not one per member. The
+// listing reads identities only; each handle is checked against the
+// object's fingerprint when first used. When a serving member cannot take
+// wrapped keys (it lacks some, and others may lack its own), every member
+// is listed and the listings joined (joinAll).
 func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
+	ms := g.serving()
+	if slices.ContainsFunc(ms, func(m *member.Member) bool { return m.Lacks(MechWrapPad) }) {
+		return g.joinAll(ctx)
+	}
+	var out []ObjectHandle
+	_, err := g.exec(ctx, plan{op: "FindObjects"}, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
+		epoch := m.Epoch()
+		objs, err := hasync.ListIdentities(ctx, s)
+		if err != nil {
+			return err
+		}
+		var conflicts []vtable.Conflict
+		out, conflicts = g.objs.Join([]vtable.Listing{{Member: m, Epoch: epoch, Objects: objs}})
+		for _, c := range conflicts {
+			g.conflict(c.Object, c.Member, c.A, c.B)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// joinAll lists every serving member once and joins the listings.
+func (g *Group) joinAll(ctx context.Context) ([]ObjectHandle, error) {
 	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}

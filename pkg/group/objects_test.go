@@ -199,9 +199,12 @@ func TestDuplicateIdentityReportedNotUsed(t *testing.T) {
 	}
 }
 
-func TestFindAllJoinsOneListingPerMember(t *testing.T) {
+// TestFindAllListsOneMember: a find-all costs one listing of one member,
+// not one per member, and every handle it returns serves from any member
+// (each is looked up there when first used).
+func TestFindAllListsOneMember(t *testing.T) {
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{interceptor: faults})
+	f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup})
 	ctx := testContext(t)
 	s := openSession(t, f.g)
 	for i := range 10 {
@@ -212,48 +215,36 @@ func TestFindAllJoinsOneListingPerMember(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// One object on the last member only (made behind the group's back).
-	d := openDirect(t, f.toks[2])
-	if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
-		attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_LABEL, "lonely"), attr(pkcs11.CKA_VALUE, []byte("x")),
-	}); err != nil {
-		t.Fatal(err)
+	searches := func() int {
+		n := 0
+		for _, tok := range f.toks {
+			n += faults.Calls(tok.Name, slot.OpFindObjects)
+		}
+		return n
 	}
-	before := make([]int, 3)
-	for i, tok := range f.toks {
-		before[i] = faults.Calls(tok.Name, slot.OpFindObjects)
-	}
+	before := searches()
 	all, err := f.g.Find(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(all) != 11 {
-		t.Errorf("find-all returned %d objects, want 11 (domain key hidden)", len(all))
+	if len(all) != 10 {
+		t.Errorf("find-all returned %d objects, want 10 (domain key hidden)", len(all))
 	}
-	for i, tok := range f.toks {
-		if n := faults.Calls(tok.Name, slot.OpFindObjects) - before[i]; n != 1 {
-			t.Errorf("find-all searched %s %d times, want 1", tok.Name, n)
-		}
+	if n := searches() - before; n != 1 {
+		t.Errorf("find-all searched the members %d times, want 1", n)
 	}
-	// The lonely object is served by the member that has it, without a
-	// search on the others.
-	lonely, err := f.g.Find(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "lonely")})
-	_ = lonely
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lh ObjectHandle
+	// Every handle serves from another member once the listed one is out.
+	f.g.FailMember(f.toks[0].Name, errors.New("test"))
+	labels := map[string]bool{}
 	for _, h := range all {
 		a, err := f.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL})
 		if err != nil {
-			t.Fatalf("GetAttributes(%d): %v", h, err)
+			t.Fatalf("GetAttributes(%d) with %s out: %v", h, f.toks[0].Name, err)
 		}
-		if string(a[0].Value) == "lonely" {
-			lh = h
-		}
+		labels[string(a[0].Value)] = true
 	}
-	if lh == 0 {
-		t.Fatal("the object on one member only is not in find-all")
+	if len(labels) != 10 {
+		t.Errorf("the handles read %d labels, want 10: %v", len(labels), labels)
 	}
 	// Handles are stable: a second find-all returns the same ones.
 	again, err := f.g.Find(ctx, nil)
@@ -265,6 +256,73 @@ func TestFindAllJoinsOneListingPerMember(t *testing.T) {
 			t.Fatalf("handles changed between two find-alls: %v vs %v", all, again)
 		}
 	}
+}
+
+// TestFindByLabelCostsConstantCalls: a fresh process's search for one key
+// by label, and its first use, cost the same member calls whether the
+// members hold a few objects or ten times as many — one search, never a
+// listing — counted at the pkg/slot boundary on every member.
+func TestFindByLabelCostsConstantCalls(t *testing.T) {
+	ctx := testContext(t)
+	toks := takeTokens(t, 3)
+	importSecret(t, toks, "wanted")
+	fillDirect := func(from, to int) {
+		for _, tok := range toks {
+			d := openDirect(t, tok)
+			for i := from; i < to; i++ {
+				if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
+					attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true),
+					attr(pkcs11.CKA_LABEL, fmt.Sprintf("filler-%03d", i)), attr(pkcs11.CKA_VALUE, []byte{byte(i)}),
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// calls opens a group as a fresh process would, finds "wanted" and
+	// signs with it, and returns the member calls the find and the
+	// signature made, per op, summed over the members. Primary-backup
+	// places both on one member in either run, so that only the objects
+	// differ between the runs.
+	calls := func() map[slot.Op]int {
+		faults := slottest.NewFaults()
+		f := setup(t, setupOpts{toks: toks, interceptor: faults, noHedge: true, policy: config.PolicyPrimaryBackup})
+		count := func() map[slot.Op]int {
+			out := map[slot.Op]int{}
+			for _, op := range []slot.Op{slot.OpFindObjects, slot.OpGetAttributes, slottest.All} {
+				for _, tok := range toks {
+					out[op] += faults.Calls(tok.Name, op)
+				}
+			}
+			return out
+		}
+		before := count()
+		hs, err := f.g.Find(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_LABEL, "wanted")})
+		if err != nil || len(hs) != 1 {
+			t.Fatalf("find by label: %v, %d handles", err, len(hs))
+		}
+		if _, err := f.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256_HMAC, nil), hs[0], []byte("data")); err != nil {
+			t.Fatalf("sign: %v", err)
+		}
+		after := count()
+		for op := range after {
+			after[op] -= before[op]
+		}
+		return after
+	}
+	fillDirect(0, 5)
+	few := calls()
+	fillDirect(5, 50)
+	many := calls()
+	if few[slot.OpFindObjects] != 1 {
+		t.Errorf("find by label and first use searched the members %d times, want 1", few[slot.OpFindObjects])
+	}
+	for _, op := range []slot.Op{slot.OpFindObjects, slot.OpGetAttributes, slottest.All} {
+		if few[op] != many[op] {
+			t.Errorf("%q calls: %d with 6 objects per member, %d with 51: the cost of a find by label grows with the objects", op, few[op], many[op])
+		}
+	}
+	t.Logf("member calls of a find by label and a signature: %v", many)
 }
 
 func TestApplicationObjectGetsRandomID(t *testing.T) {
