@@ -61,6 +61,26 @@ func (g *Group) key(op string, h ObjectHandle, arg keyArg) (*vtable.Object, erro
 	return o, nil
 }
 
+// known schedules a call on o to an active member where o's handle is
+// known for the member's epoch (found by a search or a find-all, checked
+// or not), and to the scheduler's choice when none is: on any other
+// member the object would first be searched for, a scan of the whole
+// token on most makes. For calls that read an object, not the signing
+// path's placement.
+func (g *Group) known(o *vtable.Object) func(memberSet) *member.Member {
+	return func(skip memberSet) *member.Member {
+		for _, m := range g.view().members {
+			if m.State() != member.Active || m.Slot() == nil || skip.has(m.Index()) {
+				continue
+			}
+			if _, ok := o.Cached(m); ok {
+				return m
+			}
+		}
+		return g.pick(skip)
+	}
+}
+
 // keyArg is the argument a key handle is given as. A token answers a
 // handle that names no key with a code that depends on the argument
 // (SoftHSM: CKR_OBJECT_HANDLE_INVALID at C_*Init and C_DeriveKey, the
@@ -401,39 +421,8 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 	return out, nil
 }
 
-// findAll lists one serving member (with failover, as a template search
-// does) and maps its objects to the others lazily, when first used there.
-// A serving member holds every object the group holds (no member is put in
-// rotation before it was caught up: groupstate.go), so one listing shows
-// them all, and a find-all costs one listing, not one per member. The
-// listing reads identities only; each handle is checked against the
-// object's fingerprint when first used. When a serving member cannot take
-// wrapped keys (it lacks some, and others may lack its own), every member
-// is listed and the listings joined (joinAll).
+// findAll lists every serving member once and joins the listings.
 func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
-	ms := g.serving()
-	if slices.ContainsFunc(ms, func(m *member.Member) bool { return m.Lacks(MechWrapPad) }) {
-		return g.joinAll(ctx)
-	}
-	var out []ObjectHandle
-	_, err := g.exec(ctx, plan{op: "FindObjects"}, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
-		epoch := m.Epoch()
-		objs, err := hasync.ListIdentities(ctx, s)
-		if err != nil {
-			return err
-		}
-		var conflicts []vtable.Conflict
-		out, conflicts = g.objs.Join([]vtable.Listing{{Member: m, Epoch: epoch, Objects: objs}})
-		for _, c := range conflicts {
-			g.conflict(c.Object, c.Member, c.A, c.B)
-		}
-		return nil
-	})
-	return out, err
-}
-
-// joinAll lists every serving member once and joins the listings.
-func (g *Group) joinAll(ctx context.Context) ([]ObjectHandle, error) {
 	if err := g.gate.Enter(); err != nil {
 		return nil, err
 	}

@@ -199,12 +199,9 @@ func TestDuplicateIdentityReportedNotUsed(t *testing.T) {
 	}
 }
 
-// TestFindAllListsOneMember: a find-all costs one listing of one member,
-// not one per member, and every handle it returns serves from any member
-// (each is looked up there when first used).
-func TestFindAllListsOneMember(t *testing.T) {
+func TestFindAllJoinsOneListingPerMember(t *testing.T) {
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{interceptor: faults, policy: config.PolicyPrimaryBackup})
+	f := setup(t, setupOpts{interceptor: faults})
 	ctx := testContext(t)
 	s := openSession(t, f.g)
 	for i := range 10 {
@@ -215,36 +212,48 @@ func TestFindAllListsOneMember(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	searches := func() int {
-		n := 0
-		for _, tok := range f.toks {
-			n += faults.Calls(tok.Name, slot.OpFindObjects)
-		}
-		return n
+	// One object on the last member only (made behind the group's back).
+	d := openDirect(t, f.toks[2])
+	if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
+		attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_LABEL, "lonely"), attr(pkcs11.CKA_VALUE, []byte("x")),
+	}); err != nil {
+		t.Fatal(err)
 	}
-	before := searches()
+	before := make([]int, 3)
+	for i, tok := range f.toks {
+		before[i] = faults.Calls(tok.Name, slot.OpFindObjects)
+	}
 	all, err := f.g.Find(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(all) != 10 {
-		t.Errorf("find-all returned %d objects, want 10 (domain key hidden)", len(all))
+	if len(all) != 11 {
+		t.Errorf("find-all returned %d objects, want 11 (domain key hidden)", len(all))
 	}
-	if n := searches() - before; n != 1 {
-		t.Errorf("find-all searched the members %d times, want 1", n)
+	for i, tok := range f.toks {
+		if n := faults.Calls(tok.Name, slot.OpFindObjects) - before[i]; n != 1 {
+			t.Errorf("find-all searched %s %d times, want 1", tok.Name, n)
+		}
 	}
-	// Every handle serves from another member once the listed one is out.
-	f.g.FailMember(f.toks[0].Name, errors.New("test"))
-	labels := map[string]bool{}
+	// The lonely object is served by the member that has it, without a
+	// search on the others.
+	lonely, err := f.g.Find(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "lonely")})
+	_ = lonely
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lh ObjectHandle
 	for _, h := range all {
 		a, err := f.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL})
 		if err != nil {
-			t.Fatalf("GetAttributes(%d) with %s out: %v", h, f.toks[0].Name, err)
+			t.Fatalf("GetAttributes(%d): %v", h, err)
 		}
-		labels[string(a[0].Value)] = true
+		if string(a[0].Value) == "lonely" {
+			lh = h
+		}
 	}
-	if len(labels) != 10 {
-		t.Errorf("the handles read %d labels, want 10: %v", len(labels), labels)
+	if lh == 0 {
+		t.Fatal("the object on one member only is not in find-all")
 	}
 	// Handles are stable: a second find-all returns the same ones.
 	again, err := f.g.Find(ctx, nil)

@@ -45,6 +45,9 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 	if len(types) == 0 {
 		return out, nil
 	}
+	if done, err := x.getAttributesOnce(h, types, out); done {
+		return out, err
+	}
 	q := make([]*pkcs11.Attribute, len(types))
 	for i, t := range types {
 		q[i] = &pkcs11.Attribute{Type: t}
@@ -72,6 +75,37 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 		}
 	}
 	return out, nil
+}
+
+// getAttributesOnce reads types into out in one call into an in-process
+// module (internal/p11raw), where miekg makes two (lengths, then values):
+// every attribute read — an identity, a fingerprint, an application's
+// C_GetAttributeValue — costs the token one call, as on a bare token. done
+// is false when the caller must read them its own way: a served token, a
+// value longer than p11raw.AttrRoom, or attributes that each need their
+// own status (one sensitive or unknown among several).
+func (x *sess) getAttributesOnce(h pkcs11.ObjectHandle, types []uint, out []Attribute) (done bool, err error) {
+	mm, ok := x.ctx.(*miekgModule)
+	if !ok || mm.fl == nil {
+		return false, nil
+	}
+	vals, rv := p11raw.GetAttributes(mm.fl, x.h, h, types)
+	switch {
+	case rv == pkcs11.CKR_OK:
+		for i, v := range vals {
+			out[i] = Attribute{Type: types[i], Value: v, Status: pkcs11.CKR_OK}
+		}
+		return true, nil
+	case rv == pkcs11.CKR_BUFFER_TOO_SMALL:
+		return false, nil
+	case perAttribute(pkcs11.Error(rv)):
+		if len(types) > 1 {
+			return false, nil
+		}
+		out[0] = Attribute{Type: types[0], Status: rv}
+		return true, nil
+	}
+	return true, pkcs11.Error(rv)
 }
 
 // perAttribute reports whether err is a status of single attributes rather
