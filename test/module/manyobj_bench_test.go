@@ -2,6 +2,9 @@ package module
 
 import (
 	"bytes"
+	"context"
+	"os/exec"
+	"syscall"
 	"flag"
 	"fmt"
 	"os"
@@ -31,6 +34,8 @@ var manyRounds = flag.Int("manyrounds", 5, "alternated rounds per measurement in
 //
 //   - first-signature: pkcs11-tool --sign (load, login, find by label, sign);
 //   - list: pkcs11-tool -O --login (every object and its attributes);
+//   - listgroups: hactl hagroup listgroups through a haagent running the
+//     group (members compared now), and the agent's RSS after it;
 //   - create: one C_GenerateKey of an AES token key (mkkeys, 10 in one process), replicated to 3 members.
 //
 // docs/BENCHMARKS.md ("Many objects") has the figures.
@@ -59,6 +64,9 @@ func BenchmarkManyObjects(b *testing.B) {
 			b.Run("op=list", func(b *testing.B) {
 				list := []string{"--login", "--pin", "env:HA_PIN", "-O"}
 				f.ratio(b, list, list)
+			})
+			b.Run("op=listgroups", func(b *testing.B) {
+				f.listgroups(b)
 			})
 			b.Run("op=create", func(b *testing.B) {
 				mk := cprog(b, "mkkeys")
@@ -262,4 +270,80 @@ func rounded(xs []float64) []float64 {
 		out[i] = float64(int(x*10)) / 10
 	}
 	return out
+}
+
+// listgroups starts haagent on the fixture (each member with the user PIN
+// file), waits until listgroups says the group is whole and in sync, then
+// times -manyrounds listgroups and reports the agent's RSS (VmRSS, and its
+// peak VmHWM) after them. The members are in-process SoftHSM tokens, so
+// the RSS holds SoftHSM's copy of every object too.
+func (f *manyFixture) listgroups(b *testing.B) {
+	r := f.r
+	haagent := goBinary(b, "haagent", "./cmd/haagent")
+	hactl := goBinary(b, "hactl", "./cmd/hactl")
+	cfg, err := os.ReadFile(r.conf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	noAgent := fmt.Sprintf("socket = %q\n", filepath.Join(r.dir, "no-agent.sock"))
+	sock := filepath.Join(r.dir, "agent.sock")
+	conf := strings.Replace(string(cfg), noAgent, fmt.Sprintf("socket = %q\n", sock), 1)
+	conf = strings.ReplaceAll(conf, "  token_label = ", fmt.Sprintf("  pin_file = %q\n  token_label = ", r.pinFile))
+	agentConf := r.write("agent.toml", conf)
+	ctx, cancel := context.WithTimeout(b.Context(), 30*time.Minute)
+	defer cancel()
+	ag := exec.CommandContext(ctx, haagent, "--config", agentConf)
+	ag.Env, ag.Dir = r.env, r.dir
+	agErr := &lockedBuffer{}
+	ag.Stderr = agErr
+	if err := ag.Start(); err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ag.Wait() }()
+	defer func() {
+		ag.Process.Signal(syscall.SIGTERM)
+		<-done
+	}()
+	list := func() (string, error) {
+		return r.run(10*time.Minute, nil, hactl, "--config", agentConf, "hagroup", "listgroups")
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		out, err := list()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("listgroups never said the group is whole and in sync: %v\n%s\nhaagent: %s", err, out, agErr.String())
+		}
+		time.Sleep(time.Second) // polling the agent, bounded by the deadline
+	}
+	for b.Loop() {
+		var ms []float64
+		for range *manyRounds {
+			start := time.Now()
+			if out, err := list(); err != nil {
+				b.Fatalf("listgroups: %v\n%s", err, out)
+			}
+			ms = append(ms, float64(time.Since(start))/float64(time.Millisecond))
+		}
+		b.ReportMetric(median(ms), "listgroups-ms")
+		b.Logf("listgroups %v ms", rounded(ms))
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", ag.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		for _, k := range []string{"VmRSS", "VmHWM"} {
+			if v, ok := strings.CutPrefix(line, k+":"); ok {
+				kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+				if err != nil {
+					b.Fatalf("%s: %v", line, err)
+				}
+				b.ReportMetric(float64(kb)/1024, "agent-"+k+"-MiB")
+			}
+		}
+	}
 }
