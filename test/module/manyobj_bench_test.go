@@ -3,15 +3,15 @@ package module
 import (
 	"bytes"
 	"context"
-	"os/exec"
-	"syscall"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
