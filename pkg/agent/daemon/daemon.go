@@ -215,7 +215,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // a while and listgroups must not wait for it), registers it and starts
 // its loops.
 func (d *Daemon) startGroup(ctx context.Context, g config.Group, s config.Settings) {
-	gr := &groupRun{cfg: g, set: s, outOfSync: map[string]int{}}
+	gr := &groupRun{cfg: g, set: s, outOfSync: map[string]int{}, stall: d.loadStall(g)}
 	d.openGroup(ctx, gr)
 	d.mu.Lock()
 	d.installLocked(gr)
@@ -578,6 +578,7 @@ func (d *Daemon) noteStall(e agent.Event) {
 	gr.mu.Lock()
 	defer gr.mu.Unlock()
 	gr.stall = &agent.TombstoneStall{Time: e.Time, Member: e.Member, Detail: e.Detail, Program: e.Program, PID: e.PID, Host: e.Host}
+	d.keepStall(gr.cfg, gr.stall)
 }
 
 // Recover implements agent.Backend.
@@ -639,7 +640,10 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 	case !req.Check && rep.Failed == 0 && rep.Conflicts == 0:
 		// Every member now holds the union of the tombstones and no longer
 		// holds what they name: a stall's lost write, if any, is repaired.
-		gr.stall = nil
+		if gr.stall != nil {
+			gr.stall = nil
+			d.keepStall(gr.cfg, nil)
+		}
 	}
 	gr.mu.Unlock()
 	// Compare again (the rule's counts are not on the wire), so the

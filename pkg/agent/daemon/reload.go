@@ -101,7 +101,7 @@ func (d *Daemon) updateGroup(ctx context.Context, gr *groupRun, g config.Group, 
 		if err == nil {
 			// Same engine, new loops with the new settings.
 			old := d.stopGroup(g.Label, true)
-			ng := &groupRun{cfg: g, set: set, eng: eng, outOfSync: map[string]int{}}
+			ng := &groupRun{cfg: g, set: set, eng: eng, outOfSync: map[string]int{}, stall: d.loadStall(g)}
 			if old != nil {
 				old.mu.Lock()
 				for m, n := range old.outOfSync {
