@@ -100,7 +100,7 @@ func newManyFixture(b *testing.B, n int) *manyFixture {
 	b.Helper()
 	start := time.Now()
 	r := newRig(b, rigOpts{ecKey: "sig,01"})
-	r.mustRun(time.Duration(n)*20*time.Millisecond+2*time.Minute, hsmprep(b),
+	r.mustRun(time.Duration(n)*500*time.Millisecond+2*time.Minute, hsmprep(b),
 		"-config", r.conf, "-group", groupLabel, "-user-pin-file", r.pinFile, "-fill", strconv.Itoa(n), "-member", "hsm-0")
 	tokens := filepath.Join(r.dir, "tokens")
 	src := tokenDirOf(b, tokens, "ha-0")

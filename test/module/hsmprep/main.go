@@ -56,7 +56,7 @@ func run() error {
 	fill := flag.Int("fill", 0, "make this many AES keys on -member's token, nothing else")
 	fillMember := flag.String("member", "", "the member -fill fills")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(*fill)*20*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(*fill)*500*time.Millisecond)
 	defer cancel()
 
 	cfg, err := config.Load(*cfgPath)
