@@ -45,17 +45,10 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 	if len(types) == 0 {
 		return out, nil
 	}
-	if done, err := x.getAttributesOnce(h, types, out); done {
-		return out, err
-	}
-	q := make([]*pkcs11.Attribute, len(types))
-	for i, t := range types {
-		q[i] = &pkcs11.Attribute{Type: t}
-	}
-	got, err := x.ctx.GetAttributeValue(x.h, h, q)
+	got, err := x.readAttributes(h, types)
 	if err == nil {
-		for i, a := range got {
-			out[i] = Attribute{Type: types[i], Value: a.Value, Status: pkcs11.CKR_OK}
+		for i, v := range got {
+			out[i] = Attribute{Type: types[i], Value: v, Status: pkcs11.CKR_OK}
 		}
 		return out, nil
 	}
@@ -64,10 +57,10 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 	}
 	for i, t := range types {
 		out[i].Type = t
-		got, err := x.ctx.GetAttributeValue(x.h, h, []*pkcs11.Attribute{{Type: t}})
+		got, err := x.readAttributes(h, []uint{t})
 		switch {
 		case err == nil:
-			out[i].Value, out[i].Status = got[0].Value, pkcs11.CKR_OK
+			out[i].Value, out[i].Status = got[0], pkcs11.CKR_OK
 		case perAttribute(err):
 			out[i].Status = uint(err.(pkcs11.Error))
 		default:
@@ -77,35 +70,36 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 	return out, nil
 }
 
-// getAttributesOnce reads types into out in one call into an in-process
-// module (internal/p11raw), where miekg makes two (lengths, then values):
-// every attribute read — an identity, a fingerprint, an application's
-// C_GetAttributeValue — costs the token one call, as on a bare token. done
-// is false when the caller must read them its own way: a served token, a
-// value longer than p11raw.AttrRoom, or attributes that each need their
-// own status (one sensitive or unknown among several).
-func (x *sess) getAttributesOnce(h pkcs11.ObjectHandle, types []uint, out []Attribute) (done bool, err error) {
-	mm, ok := x.ctx.(*miekgModule)
-	if !ok || mm.fl == nil {
-		return false, nil
-	}
-	vals, rv := p11raw.GetAttributes(mm.fl, x.h, h, types)
-	switch {
-	case rv == pkcs11.CKR_OK:
-		for i, v := range vals {
-			out[i] = Attribute{Type: types[i], Value: v, Status: pkcs11.CKR_OK}
+// readAttributes returns the values of types, each read attribute costing
+// the token one call in an in-process module (internal/p11raw), where
+// miekg makes two (lengths, then values): an identity, a fingerprint, an
+// application's C_GetAttributeValue cost what they cost on a bare token.
+// A served token, or a value longer than p11raw.AttrRoom, is read miekg's
+// way.
+func (x *sess) readAttributes(h pkcs11.ObjectHandle, types []uint) ([][]byte, error) {
+	if mm, ok := x.ctx.(*miekgModule); ok && mm.fl != nil {
+		vals, rv := p11raw.GetAttributes(mm.fl, x.h, h, types)
+		switch rv {
+		case pkcs11.CKR_OK:
+			return vals, nil
+		case pkcs11.CKR_BUFFER_TOO_SMALL:
+		default:
+			return nil, pkcs11.Error(rv)
 		}
-		return true, nil
-	case rv == pkcs11.CKR_BUFFER_TOO_SMALL:
-		return false, nil
-	case perAttribute(pkcs11.Error(rv)):
-		if len(types) > 1 {
-			return false, nil
-		}
-		out[0] = Attribute{Type: types[0], Status: rv}
-		return true, nil
 	}
-	return true, pkcs11.Error(rv)
+	q := make([]*pkcs11.Attribute, len(types))
+	for i, t := range types {
+		q[i] = &pkcs11.Attribute{Type: t}
+	}
+	got, err := x.ctx.GetAttributeValue(x.h, h, q)
+	if err != nil {
+		return nil, err
+	}
+	vals := make([][]byte, len(got))
+	for i, a := range got {
+		vals[i] = a.Value
+	}
+	return vals, nil
 }
 
 // perAttribute reports whether err is a status of single attributes rather
