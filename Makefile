@@ -118,8 +118,8 @@ fuzz:
 bench: deps build
 	@mkdir -p bench-out
 	@uptime | tee bench-out/load.txt
-	$(GO) test -run '^$$' -bench . -skip 'CatchUp1000Keys' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS) | tee bench-out/go.txt
-	$(GO) test -run '^$$' -bench 'CatchUp1000Keys' -benchtime 1x -count 1 ./pkg/recover | tee bench-out/catchup.txt
+	$(GO) test -run '^$$' -bench . -skip 'CatchUpKeys' -benchmem -benchtime $(BENCHTIME) -count $(COUNT) $(PKGS) | tee bench-out/go.txt
+	$(GO) test -run '^$$' -bench 'CatchUpKeys' -benchtime 1x -count 1 ./pkg/recover | tee bench-out/catchup.txt
 	$(GO) run golang.org/x/perf/cmd/benchstat@latest bench-out/go.txt | tee bench-out/benchstat.txt
 	@if [ -x test/module/bench.sh ]; then test/module/bench.sh | tee bench-out/module.txt; fi
 	$(GO) test -count=1 -v -run '^TestInitCost$$' ./test/module -initcost=30 | grep -E '^initcost|^(ok|FAIL)' | tee bench-out/initcost.txt

@@ -123,17 +123,10 @@ func (g *Group) prepare(ctx context.Context, primary *member.Member, tmpl []*pkc
 
 // domainTrusted reports whether the group's domain key on m is CKA_TRUSTED,
 // so that keys made with CKA_WRAP_WITH_TRUSTED can still be replicated.
+// The replicator keeps the answer for m's login epoch: no search per key.
 func (g *Group) domainTrusted(ctx context.Context, m *member.Member) bool {
-	s := m.Slot()
-	h, err := hasync.FindDomainKey(ctx, s, g.serial)
-	if err != nil {
-		return false
-	}
-	attrs, err := s.GetAttributes(ctx, h, []uint{pkcs11.CKA_TRUSTED})
-	if err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
-		return false
-	}
-	return len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0
+	trusted, err := g.rep.DomainKeyTrusted(ctx, m.Slot())
+	return err == nil && trusted
 }
 
 // made is one object made on the primary.

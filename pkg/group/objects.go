@@ -61,6 +61,26 @@ func (g *Group) key(op string, h ObjectHandle, arg keyArg) (*vtable.Object, erro
 	return o, nil
 }
 
+// known schedules a call on o to an active member where o's handle is
+// known for the member's epoch (found by a search or a find-all, checked
+// or not), and to the scheduler's choice when none is: on any other
+// member the object would first be searched for, a scan of the whole
+// token on most makes. For calls that read an object, not the signing
+// path's placement.
+func (g *Group) known(o *vtable.Object) func(memberSet) *member.Member {
+	return func(skip memberSet) *member.Member {
+		for _, m := range g.view().members {
+			if m.State() != member.Active || m.Slot() == nil || skip.has(m.Index()) {
+				continue
+			}
+			if _, ok := o.Cached(m); ok {
+				return m
+			}
+		}
+		return g.pick(skip)
+	}
+}
+
 // keyArg is the argument a key handle is given as. A token answers a
 // handle that names no key with a code that depends on the argument
 // (SoftHSM: CKR_OBJECT_HANDLE_INVALID at C_*Init and C_DeriveKey, the

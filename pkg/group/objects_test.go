@@ -267,6 +267,73 @@ func TestFindAllJoinsOneListingPerMember(t *testing.T) {
 	}
 }
 
+// TestFindByLabelCostsConstantCalls: a fresh process's search for one key
+// by label, and its first use, cost the same member calls whether the
+// members hold a few objects or ten times as many — one search, never a
+// listing — counted at the pkg/slot boundary on every member.
+func TestFindByLabelCostsConstantCalls(t *testing.T) {
+	ctx := testContext(t)
+	toks := takeTokens(t, 3)
+	importSecret(t, toks, "wanted")
+	fillDirect := func(from, to int) {
+		for _, tok := range toks {
+			d := openDirect(t, tok)
+			for i := from; i < to; i++ {
+				if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
+					attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true),
+					attr(pkcs11.CKA_LABEL, fmt.Sprintf("filler-%03d", i)), attr(pkcs11.CKA_VALUE, []byte{byte(i)}),
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// calls opens a group as a fresh process would, finds "wanted" and
+	// signs with it, and returns the member calls the find and the
+	// signature made, per op, summed over the members. Primary-backup
+	// places both on one member in either run, so that only the objects
+	// differ between the runs.
+	calls := func() map[slot.Op]int {
+		faults := slottest.NewFaults()
+		f := setup(t, setupOpts{toks: toks, interceptor: faults, noHedge: true, policy: config.PolicyPrimaryBackup})
+		count := func() map[slot.Op]int {
+			out := map[slot.Op]int{}
+			for _, op := range []slot.Op{slot.OpFindObjects, slot.OpGetAttributes, slottest.All} {
+				for _, tok := range toks {
+					out[op] += faults.Calls(tok.Name, op)
+				}
+			}
+			return out
+		}
+		before := count()
+		hs, err := f.g.Find(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_LABEL, "wanted")})
+		if err != nil || len(hs) != 1 {
+			t.Fatalf("find by label: %v, %d handles", err, len(hs))
+		}
+		if _, err := f.g.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256_HMAC, nil), hs[0], []byte("data")); err != nil {
+			t.Fatalf("sign: %v", err)
+		}
+		after := count()
+		for op := range after {
+			after[op] -= before[op]
+		}
+		return after
+	}
+	fillDirect(0, 5)
+	few := calls()
+	fillDirect(5, 50)
+	many := calls()
+	if few[slot.OpFindObjects] != 1 {
+		t.Errorf("find by label and first use searched the members %d times, want 1", few[slot.OpFindObjects])
+	}
+	for _, op := range []slot.Op{slot.OpFindObjects, slot.OpGetAttributes, slottest.All} {
+		if few[op] != many[op] {
+			t.Errorf("%q calls: %d with 6 objects per member, %d with 51: the cost of a find by label grows with the objects", op, few[op], many[op])
+		}
+	}
+	t.Logf("member calls of a find by label and a signature: %v", many)
+}
+
 func TestApplicationObjectGetsRandomID(t *testing.T) {
 	f := setup(t, setupOpts{})
 	ctx := testContext(t)

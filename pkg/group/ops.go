@@ -153,7 +153,7 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 		return nil, err
 	}
 	var attrs []slot.Attribute
-	err = g.run(ctx, "GetAttributes", []*vtable.Object{o}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	_, err = g.exec(ctx, plan{op: "GetAttributes", objs: []*vtable.Object{o}, next: g.known(o)}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		attrs, err = s.GetAttributes(ctx, hs[0], types)
 		return err
 	})

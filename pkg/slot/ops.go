@@ -3,6 +3,7 @@ package slot
 import (
 	"errors"
 
+	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
 )
 
@@ -44,14 +45,10 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 	if len(types) == 0 {
 		return out, nil
 	}
-	q := make([]*pkcs11.Attribute, len(types))
-	for i, t := range types {
-		q[i] = &pkcs11.Attribute{Type: t}
-	}
-	got, err := x.ctx.GetAttributeValue(x.h, h, q)
+	got, err := x.readAttributes(h, types)
 	if err == nil {
-		for i, a := range got {
-			out[i] = Attribute{Type: types[i], Value: a.Value, Status: pkcs11.CKR_OK}
+		for i, v := range got {
+			out[i] = Attribute{Type: types[i], Value: v, Status: pkcs11.CKR_OK}
 		}
 		return out, nil
 	}
@@ -60,10 +57,10 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 	}
 	for i, t := range types {
 		out[i].Type = t
-		got, err := x.ctx.GetAttributeValue(x.h, h, []*pkcs11.Attribute{{Type: t}})
+		got, err := x.readAttributes(h, []uint{t})
 		switch {
 		case err == nil:
-			out[i].Value, out[i].Status = got[0].Value, pkcs11.CKR_OK
+			out[i].Value, out[i].Status = got[0], pkcs11.CKR_OK
 		case perAttribute(err):
 			out[i].Status = uint(err.(pkcs11.Error))
 		default:
@@ -71,6 +68,38 @@ func (x *sess) getAttributes(h pkcs11.ObjectHandle, types []uint) ([]Attribute, 
 		}
 	}
 	return out, nil
+}
+
+// readAttributes returns the values of types, each read attribute costing
+// the token one call in an in-process module (internal/p11raw), where
+// miekg makes two (lengths, then values): an identity, a fingerprint, an
+// application's C_GetAttributeValue cost what they cost on a bare token.
+// A served token, or a value longer than p11raw.AttrRoom, is read miekg's
+// way.
+func (x *sess) readAttributes(h pkcs11.ObjectHandle, types []uint) ([][]byte, error) {
+	if mm, ok := x.ctx.(*miekgModule); ok && mm.fl != nil {
+		vals, rv := p11raw.GetAttributes(mm.fl, x.h, h, types)
+		switch rv {
+		case pkcs11.CKR_OK:
+			return vals, nil
+		case pkcs11.CKR_BUFFER_TOO_SMALL:
+		default:
+			return nil, pkcs11.Error(rv)
+		}
+	}
+	q := make([]*pkcs11.Attribute, len(types))
+	for i, t := range types {
+		q[i] = &pkcs11.Attribute{Type: t}
+	}
+	got, err := x.ctx.GetAttributeValue(x.h, h, q)
+	if err != nil {
+		return nil, err
+	}
+	vals := make([][]byte, len(got))
+	for i, a := range got {
+		vals[i] = a.Value
+	}
+	return vals, nil
 }
 
 // perAttribute reports whether err is a status of single attributes rather

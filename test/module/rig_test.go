@@ -122,7 +122,7 @@ const (
 // rig is one test's world: member tokens, PIN files, a configuration and
 // the environment that points clients at them.
 type rig struct {
-	t    *testing.T
+	t    testing.TB
 	dir  string
 	lib  string
 	conf string
@@ -155,7 +155,7 @@ type rigOpts struct {
 // served, one behind p11-kit server, with remote one behind hsmserve;
 // otherwise three SoftHSM tokens), a configuration naming them as group
 // "signing", and installs the group's domain key on every member.
-func newRig(t *testing.T, o rigOpts) *rig {
+func newRig(t testing.TB, o rigOpts) *rig {
 	t.Helper()
 	r := &rig{t: t, dir: t.TempDir(), lib: library(t)}
 	r.pinFile = r.write("user.pin", testhsm.UserPIN+"\n")

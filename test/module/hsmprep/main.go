@@ -5,10 +5,17 @@
 // test's SOFTHSM2_CONF is read by a fresh SoftHSM.
 //
 //	hsmprep -config hagroup.toml -group signing -user-pin-file F [-so-pin-file F] [-ec-key LABEL,IDHEX]
+//	hsmprep -config hagroup.toml -group signing -user-pin-file F -fill N -member NAME
+//
+// With -fill it makes nothing else: N AES-256 token keys labelled
+// aes-00000… (the same values on every run) straight on member NAME's
+// token, one at a time (SoftHSM loses objects created at once in one
+// token), the fixture of the many-objects benchmarks.
 package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"flag"
 	"fmt"
@@ -46,8 +53,10 @@ func run() error {
 	userFile := flag.String("user-pin-file", "", "file holding the members' user PIN")
 	soFile := flag.String("so-pin-file", "", "file holding the members' SO PIN (trusted install)")
 	ecKey := flag.String("ec-key", "", "LABEL,IDHEX: also make an EC P-256 key pair through the group")
+	fill := flag.Int("fill", 0, "make this many AES keys on -member's token, nothing else")
+	fillMember := flag.String("member", "", "the member -fill fills")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(*fill)*500*time.Millisecond)
 	defer cancel()
 
 	cfg, err := config.Load(*cfgPath)
@@ -67,6 +76,9 @@ func run() error {
 		if so, err = readPIN(*soFile); err != nil {
 			return err
 		}
+	}
+	if *fill > 0 {
+		return fillKeys(ctx, g, *fillMember, user, *fill)
 	}
 	var targets []sync.DomainTarget
 	for _, m := range g.Members {
@@ -127,4 +139,43 @@ func makeKey(ctx context.Context, cfg *config.Config, gc *config.Group, pin secr
 	priv := append(common(true), pkcs11.NewAttribute(pkcs11.CKA_SIGN, true), pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true))
 	_, _, err = s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil), pub, priv)
 	return err
+}
+
+// fillKeys makes n AES-256 token keys on member name's own token.
+func fillKeys(ctx context.Context, g *config.Group, name string, pin secret.PIN, n int) error {
+	for _, m := range g.Members {
+		if m.Name != name {
+			continue
+		}
+		s, err := slot.Open(ctx, slot.Spec{
+			Name: m.Name, Module: m.Module, ModuleEnv: m.ModuleEnv,
+			TokenLabel: m.TokenLabel, TokenSerial: m.TokenSerial, URI: m.URI, PIN: pin.Clone(),
+		})
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if err := s.Login(ctx, pkcs11.CKU_USER, pin); err != nil {
+			return err
+		}
+		for i := range n {
+			label := fmt.Sprintf("aes-%05d", i)
+			value := sha256.Sum256([]byte(label))
+			if _, err := s.CreateObject(ctx, []*pkcs11.Attribute{
+				pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
+				pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+				pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+				pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+				pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+				pkcs11.NewAttribute(pkcs11.CKA_ID, []byte(label)),
+				pkcs11.NewAttribute(pkcs11.CKA_ENCRYPT, true),
+				pkcs11.NewAttribute(pkcs11.CKA_DECRYPT, true),
+				pkcs11.NewAttribute(pkcs11.CKA_VALUE, value[:]),
+			}); err != nil {
+				return fmt.Errorf("member %s: key %s: %w", name, label, err)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("-member %q: no such member of group %s", name, g.Label)
 }
