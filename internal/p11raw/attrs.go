@@ -69,6 +69,12 @@ func GetAttributes(fl unsafe.Pointer, sh pkcs11.SessionHandle, h pkcs11.ObjectHa
 	}
 	ts := make([]C.hga_ulong, n)
 	for i, t := range types {
+		if t&pkcs11.CKF_ARRAY_ATTRIBUTE != 0 {
+			// Its value is an array of CK_ATTRIBUTE: a module reads the
+			// room given as such an array (templates of its own), so
+			// it is read its own way.
+			return nil, pkcs11.CKR_BUFFER_TOO_SMALL
+		}
 		ts[i] = C.hga_ulong(t)
 	}
 	lens := make([]C.hga_ulong, n)

@@ -48,9 +48,11 @@ func protections() []asked {
 
 // protectionAttrs reads what the application sees of a key's protection;
 // value asks CKA_VALUE with a buffer (a value made outside the token) or
-// its length only (one the token chose).
+// with one byte of room (one the token chose: readable or not, whatever
+// its length — SoftHSM gives an EC private value without its leading zero
+// bytes, 31 bytes once in 256 keys).
 func protectionAttrs(value bool) string {
-	v := gq(p.CKA_VALUE)
+	v := gb(p.CKA_VALUE, 1)
 	if value {
 		v = gb(p.CKA_VALUE, 128)
 	}
