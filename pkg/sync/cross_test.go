@@ -1,0 +1,130 @@
+package sync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/miekg/pkcs11"
+)
+
+// provenWays answers PairWay from the pairs' proofs, as pkg/group does:
+// one make needs none; two use the pair's best way for the kind.
+func provenWays(t *testing.T, ss ...*slot.Slot) PairWay {
+	t.Helper()
+	proofs := map[[2]string]PairWays{}
+	for _, a := range ss {
+		for _, b := range ss {
+			if a != b {
+				proofs[[2]string{a.Name(), b.Name()}] = prove(t, a, b)
+			}
+		}
+	}
+	return func(_ context.Context, src, dst *slot.Slot, k Kind) (Way, bool, error) {
+		if src.Token().Manufacturer == dst.Token().Manufacturer {
+			return Way{}, false, nil
+		}
+		p := proofs[[2]string{src.Name(), dst.Name()}]
+		if w, ok := p.WayFor(k); ok {
+			return w, true, nil
+		}
+		return Way{}, true, &slot.Error{Member: dst.Name(), Code: pkcs11.CKR_KEY_TYPE_INCONSISTENT,
+			Err: fmt.Errorf("no proven way carries %ss from %s", trialName(k), src.Name())}
+	}
+}
+
+// A key crosses between SoftHSM and NSS, either way, by the way the pair
+// proved, and the copy is the key: what one encrypts the other decrypts,
+// what one signs the other's public key verifies. No domain key is
+// needed on either. A key an NSS member cannot take (an EC private key)
+// and one that may be wrapped under trusted keys only are refused, and
+// nothing of them stays on the target.
+func TestReplicateAcrossMakes(t *testing.T) {
+	soft := openSlot(t, testhsm.Take(t, 1)[0], nil)
+	nss := openSlot(t, testhsm.NSS(t, "nss-cross"), nil)
+	ctx := testContext(t)
+	r := &Replicator{GroupSerial: "cross", PairWay: provenWays(t, soft, nss)}
+
+	for _, dir := range [][2]*slot.Slot{{soft, nss}, {nss, soft}} {
+		src, dst := dir[0], dir[1]
+		t.Run(src.Name()+"->"+dst.Name(), func(t *testing.T) {
+			aes := genAES(t, src, "cross-aes", randomID(t))
+			cp, err := r.Replicate(ctx, src, aes, Target{Slot: dst})
+			if err != nil {
+				t.Fatalf("replicate AES: %v", err)
+			}
+			iv := bytes.Repeat([]byte{1}, 16)
+			msg := []byte("sixteen byte msg")
+			ct, err := src.Encrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC, iv), aes, msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pt, err := dst.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC, iv), cp, ct)
+			if err != nil || !bytes.Equal(pt, msg) {
+				t.Fatalf("the copy on %s decrypts %q, %v; want %q", dst.Name(), pt, err, msg)
+			}
+			if v, ok := getAttr(t, dst, cp, pkcs11.CKA_VALUE); ok {
+				t.Errorf("the copy of a sensitive key on %s shows its value (%d bytes)", dst.Name(), len(v))
+			}
+
+			rsa := genRSA(t, src, "cross-rsa", randomID(t))
+			pub, err := r.Replicate(ctx, src, rsa.pub, Target{Slot: dst})
+			if err != nil {
+				t.Fatalf("replicate the RSA public key: %v", err)
+			}
+			priv, err := r.Replicate(ctx, src, rsa.priv, Target{Slot: dst})
+			if err != nil {
+				t.Fatalf("replicate the RSA private key: %v", err)
+			}
+			sha := pkcs11.NewMechanism(pkcs11.CKM_SHA256_RSA_PKCS, nil)
+			sig, err := dst.Sign(ctx, sha, priv, msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := src.Verify(ctx, sha, rsa.pub, msg, sig); err != nil {
+				t.Errorf("the copy on %s signs for another key: %v", dst.Name(), err)
+			}
+			sig, err = src.Sign(ctx, sha, rsa.priv, msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dst.Verify(ctx, sha, pub, msg, sig); err != nil {
+				t.Errorf("the public key's copy on %s does not verify the source's signature: %v", dst.Name(), err)
+			}
+			// Again: the copy is found, not made twice.
+			if again, err := r.Replicate(ctx, src, rsa.priv, Target{Slot: dst}); err != nil || again != priv {
+				t.Errorf("replicating again gave %d, %v; want the copy %d", again, err, priv)
+			}
+		})
+	}
+
+	t.Run("EC private key into NSS", func(t *testing.T) {
+		id := randomID(t)
+		ec := genEC(t, soft, "cross-ec", id)
+		_, err := r.Replicate(ctx, soft, ec.priv, Target{Slot: nss})
+		if err == nil || !strings.Contains(err.Error(), "no proven way carries private keys") {
+			t.Fatalf("replicate an EC private key into NSS: %v, want no proven way", err)
+		}
+		if hs, _ := nss.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_ID, id)}); len(hs) != 0 {
+			t.Errorf("NSS holds %d objects of the refused key", len(hs))
+		}
+	})
+
+	t.Run("wrap-with-trusted key", func(t *testing.T) {
+		id := randomID(t)
+		k := genAES(t, soft, "cross-wwt", id, attr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+		_, err := r.Replicate(ctx, soft, k, Target{Slot: nss})
+		var se *slot.Error
+		if !errors.As(err, &se) || se.Member != soft.Name() || se.Code != pkcs11.CKR_KEY_NOT_WRAPPABLE {
+			t.Fatalf("replicate a wrap-with-trusted key into NSS: %v, want the source's CKR_KEY_NOT_WRAPPABLE", err)
+		}
+		if hs, _ := nss.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_ID, id)}); len(hs) != 0 {
+			t.Errorf("NSS holds %d objects of the refused key", len(hs))
+		}
+	})
+}
