@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -195,6 +196,32 @@ var pairTrials = []pairTrial{
 			return err == nil, err
 		},
 	},
+}
+
+// PairTrials names the trials of a pair proof, the keys of
+// PairWays.Ways: "secret key", "private key" (EC, and every private key
+// but RSA), "RSA private key".
+func PairTrials() []string {
+	out := make([]string, len(pairTrials))
+	for i, t := range pairTrials {
+		out[i] = t.name
+	}
+	return out
+}
+
+// PairFailures says why each way tried for trial failed, in one line.
+func PairFailures(p PairWays, trial string) string {
+	var whys []string
+	for way, why := range p.Failed {
+		if way == trial || strings.HasPrefix(way, trial+" by ") {
+			whys = append(whys, strings.TrimPrefix(way, trial+" ")+": "+why)
+		}
+	}
+	if len(whys) == 0 {
+		return "no candidate way is offered by both"
+	}
+	slices.Sort(whys)
+	return strings.Join(whys, "; ")
 }
 
 // rsaTrialName is the entry of PairWays.Ways for RSA private keys; every
@@ -385,12 +412,6 @@ func (t pairTrial) try(ctx context.Context, ss, ds *slot.Session, skek, dkek, ke
 	}
 	return true, "", nil
 }
-
-// ReplicationWay is the way replication moves keys today: CKM_AES_KEY_WRAP_PAD
-// on both sides, the one mechanism the domain key is made for
-// (domainaudit.go). A pair that did not prove it carries no key of that
-// class, whatever else it proved (DESIGN.md, "How a key travels").
-var ReplicationWay = Way{wrapMechanism, wrapMechanism}
 
 // ProvePairKnown is ProvePair, answered from facts when a process proved
 // the same pair of tokens (tokenKey) offering the same mechanisms, for the
