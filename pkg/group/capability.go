@@ -333,12 +333,16 @@ func (g *Group) pairRefusal(a, b *member.Member, k sync.Kind) *sync.Refusal {
 	return nil
 }
 
-// pairWay is the Replicator's sync.PairWay: two members of one make
-// exchange keys under the domain key; two makes by the best way their
-// pair proved for the kind, proven now if it was not yet.
+// pairWay is the Replicator's sync.PairWay: two members of one make that
+// keeps a wrap-only key exchange keys under the domain key; two makes, or
+// a make that keeps none (NSS), by the best way their pair proved for the
+// kind, proven now if it was not yet.
 func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (sync.Way, bool, error) {
 	if sameMake(src.Token(), dst.Token()) {
-		return sync.Way{}, false, nil
+		err := g.rep.KeepsWrapOnlyKey(ctx, dst)
+		if !errors.Is(err, sync.ErrNoWrapOnlyKey) {
+			return sync.Way{}, false, err
+		}
 	}
 	v, ok := g.pairs.Load(pairKey(src.Name(), dst.Name()))
 	if !ok {

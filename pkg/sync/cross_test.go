@@ -128,3 +128,60 @@ func TestReplicateAcrossMakes(t *testing.T) {
 		}
 	})
 }
+
+// SoftHSM keeps a wrap-only key; NSS softokn 3.87 does not: it refuses
+// CKA_COPYABLE and CKA_ALLOWED_MECHANISMS on a token key and copies a
+// non-modifiable key into one that decrypts, so it may hold no domain key.
+func TestWrapOnlyKeyByMake(t *testing.T) {
+	soft := openSlot(t, testhsm.Take(t, 1)[0], nil)
+	nss := openSlot(t, testhsm.NSS(t, "nss-wraponly"), nil)
+	ctx := testContext(t)
+	r := &Replicator{GroupSerial: "wraponly"}
+	if err := r.KeepsWrapOnlyKey(ctx, soft); err != nil {
+		t.Errorf("SoftHSM: %v, want a wrap-only key kept", err)
+	}
+	err := r.KeepsWrapOnlyKey(ctx, nss)
+	var we *NoWrapOnlyKeyError
+	if !errors.As(err, &we) || we.Member != nss.Name() {
+		t.Fatalf("NSS: %v, want a NoWrapOnlyKeyError naming it", err)
+	}
+	for _, want := range []string{"refuses CKA_COPYABLE or CKA_ALLOWED_MECHANISMS on a token key", "CKA_ALLOWED_MECHANISMS not only",
+		"a copy may set CKA_DECRYPT=true"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("NSS: %v, want it to name %q", err, want)
+		}
+	}
+	hs, err := nss.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY)})
+	if err != nil || len(hs) != 0 {
+		t.Errorf("the trial left %d secret keys on NSS (%v)", len(hs), err)
+	}
+}
+
+// The ceremony gives a domain key to the members whose token keeps a
+// wrap-only key and to no other: with SoftHSM and NSS, SoftHSM alone holds
+// one, and nothing of it is on NSS; NSS alone is refused, naming it and
+// what its token does not keep.
+func TestDomainCeremonyOnNSS(t *testing.T) {
+	soft := openSlot(t, testhsm.Take(t, 1)[0], nil)
+	nss := openSlot(t, testhsm.NSS(t, "nss-ceremony"), nil)
+	ctx := testContext(t)
+	err := InstallDomainKey(ctx, []DomainTarget{{Slot: nss}}, "nss-alone")
+	var we *NoWrapOnlyKeyError
+	if !errors.As(err, &we) || we.Member != nss.Name() || !errors.Is(err, ErrNoWrapOnlyKey) {
+		t.Fatalf("install on NSS alone: %v, want a NoWrapOnlyKeyError naming %s", err, nss.Name())
+	}
+	if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: nss}}, "two-makes"); err != nil {
+		t.Fatalf("install on SoftHSM and NSS: %v", err)
+	}
+	if d, err := AuditDomainKey(ctx, soft, "two-makes"); err != nil || !d.Found || d.Weak() {
+		t.Errorf("SoftHSM after the ceremony: %+v, %v; want a sound key", d, err)
+	}
+	hs, err := nss.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY)})
+	if err != nil || len(hs) != 0 {
+		t.Errorf("NSS holds %d secret keys after the ceremony (%v), want none", len(hs), err)
+	}
+	// Installing again changes nothing: NSS is not a member that lacks it.
+	if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: nss}}, "two-makes"); err != nil {
+		t.Errorf("install again: %v", err)
+	}
+}
