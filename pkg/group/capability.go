@@ -366,8 +366,8 @@ func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (
 		return w, true, nil
 	}
 	return sync.Way{}, true, &slot.Error{Member: dst.Name(), Op: slot.OpUnwrapKey, Code: pkcs11.CKR_KEY_TYPE_INCONSISTENT,
-		Err: fmt.Errorf("%w: no proven way carries %ss from member %s to it (%s)",
-			pkcs11.Error(pkcs11.CKR_KEY_TYPE_INCONSISTENT), pairKindName(k), src.Name(), pairWhy(p, k))}
+		Err: fmt.Errorf("%w: %w: no proven way carries %ss from member %s to it (%s)",
+			pkcs11.Error(pkcs11.CKR_KEY_TYPE_INCONSISTENT), sync.ErrCannotCross, pairKindName(k), src.Name(), pairWhy(p, k))}
 }
 
 // sameMake reports whether two tokens run one implementation: the same

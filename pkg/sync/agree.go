@@ -2,6 +2,7 @@ package sync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -31,6 +32,12 @@ import (
 // flag). What crosses is what a user on the source could already wrap
 // under a key of their own, and the copy takes the source's own
 // CKA_SENSITIVE and CKA_WRAP_WITH_TRUSTED: no one gains from the crossing.
+
+// ErrCannotCross is wrapped by errors saying a key cannot travel from its
+// member to another: no way the pair proved carries its kind, or it may be
+// wrapped under trusted keys only and the target holds none. The key stays
+// where it is; a catch-up leaves it out rather than failing.
+var ErrCannotCross = errors.New("the key cannot travel between these members")
 
 // PairWay says how keys of kind k travel from src to dst: cross is false
 // for two members of one make (the key goes under the domain key); for
@@ -132,8 +139,8 @@ func (sc *source) dropAgreement(ctx context.Context) {
 // fails cleanly, charging no member.
 func (sc *source) notCrossing(target string) error {
 	return &slot.Error{Member: sc.name(), Op: "WrapKey", Code: pkcs11.CKR_KEY_NOT_WRAPPABLE, Err: fmt.Errorf(
-		"%w: it carries CKA_WRAP_WITH_TRUSTED (made unextractable under a trusted domain key), so it cannot leave its make for member %s, which holds no trusted key of the group",
-		pkcs11.Error(pkcs11.CKR_KEY_NOT_WRAPPABLE), target)}
+		"%w: %w: it carries CKA_WRAP_WITH_TRUSTED (made unextractable under a trusted domain key), so it cannot reach member %s, which holds no domain key",
+		pkcs11.Error(pkcs11.CKR_KEY_NOT_WRAPPABLE), ErrCannotCross, target)}
 }
 
 // createCrossed makes the copy on a target of another make: the source
