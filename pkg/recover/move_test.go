@@ -148,7 +148,7 @@ func TestMoveGroupFromSoftHSMToNSS(t *testing.T) {
 
 // genRSAThrough generates an RSA-2048 pair through the group, extractable
 // or not.
-func genRSAThrough(t *testing.T, s *group.Session, label string, extractable bool) (pub, priv group.ObjectHandle) {
+func genRSAThrough(t testing.TB, s *group.Session, label string, extractable bool) (pub, priv group.ObjectHandle) {
 	t.Helper()
 	pub, priv, err := s.GenerateKeyPair(rigCtx(t), pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 		[]*pkcs11.Attribute{rigA(pkcs11.CKA_TOKEN, true), rigA(pkcs11.CKA_MODULUS_BITS, 2048), rigA(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
@@ -161,7 +161,7 @@ func genRSAThrough(t *testing.T, s *group.Session, label string, extractable boo
 	return pub, priv
 }
 
-func rsaPublicKey(t *testing.T, s *group.Session, h group.ObjectHandle) *rsa.PublicKey {
+func rsaPublicKey(t testing.TB, s *group.Session, h group.ObjectHandle) *rsa.PublicKey {
 	t.Helper()
 	a, err := s.GetAttributes(rigCtx(t), h, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
 	if err != nil {
@@ -189,4 +189,43 @@ func (r *rig) tokenOf(name string) testhsm.Token {
 	}
 	r.t.Fatalf("no member %s", name)
 	return testhsm.Token{}
+}
+
+// BenchmarkCatchUpOntoNSS times the catch-up (Admit) of a new NSS member
+// (served by hsmserve) with a group of one SoftHSM member holding 100 keys
+// made through the group: 50 AES-256 keys and 25 RSA-2048 pairs.
+func BenchmarkCatchUpOntoNSS(b *testing.B) {
+	r := newRig(b, rigOpts{n: 1})
+	ctx := rigCtx(b)
+	s := r.session()
+	for i := range 50 {
+		if _, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+			rigA(pkcs11.CKA_TOKEN, true), rigA(pkcs11.CKA_VALUE_LEN, 32), rigA(pkcs11.CKA_EXTRACTABLE, true),
+			rigA(pkcs11.CKA_LABEL, fmt.Sprintf("bench-aes-%d", i))}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range 25 {
+		genRSAThrough(b, s, fmt.Sprintf("bench-rsa-%d", i), true)
+	}
+	n := 0
+	for b.Loop() {
+		b.StopTimer()
+		srv := testhsm.ServeNSS(b, fmt.Sprintf("nss-cu-%d", n))
+		n++
+		tok := srv.Token()
+		if err := r.g.AddMember(ctx, config.Member{Name: tok.Name, Module: tok.Module, TokenLabel: tok.Label}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		res, err := r.rec.Admit(ctx, tok.Name)
+		b.StopTimer()
+		if err != nil || res.CatchUp.Copied != 100 {
+			b.Fatalf("admit: copied %d, %v; want 100 copies", res.CatchUp.Copied, err)
+		}
+		if err := r.g.RemoveMember(ctx, tok.Name); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
 }

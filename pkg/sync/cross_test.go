@@ -3,6 +3,7 @@ package sync
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -184,4 +185,61 @@ func TestDomainCeremonyOnNSS(t *testing.T) {
 	if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: nss}}, "two-makes"); err != nil {
 		t.Errorf("install again: %v", err)
 	}
+}
+
+// BenchmarkReplicateAcrossMakes times one copy of a key between SoftHSM
+// and NSS, each way, by the way the pair proved (the key is made before
+// the timer runs; the copy is destroyed after it stops).
+func BenchmarkReplicateAcrossMakes(b *testing.B) {
+	soft := benchSlot(b, testhsm.Take(b, 1)[0])
+	nss := benchSlot(b, testhsm.NSS(b, "nss-bench-copy"))
+	ctx := context.Background()
+	proofs := map[[2]string]PairWays{}
+	for _, d := range [][2]*slot.Slot{{soft, nss}, {nss, soft}} {
+		sm, _ := d[0].Mechanisms(ctx)
+		dm, _ := d[1].Mechanisms(ctx)
+		p, err := ProvePair(ctx, d[0], d[1], sm, dm)
+		if err != nil {
+			b.Fatal(err)
+		}
+		proofs[[2]string{d[0].Name(), d[1].Name()}] = p
+	}
+	r := &Replicator{GroupSerial: "bench-cross", PairWay: func(_ context.Context, src, dst *slot.Slot, k Kind) (Way, bool, error) {
+		w, _ := proofs[[2]string{src.Name(), dst.Name()}].WayFor(k)
+		return w, true, nil
+	}}
+	for _, d := range [][2]*slot.Slot{{soft, nss}, {nss, soft}} {
+		src, dst := d[0], d[1]
+		for _, kind := range []string{"aes256", "rsa2048"} {
+			b.Run(fmt.Sprintf("from=%s/to=%s/key=%s", makeName(src), makeName(dst), kind), func(b *testing.B) {
+				for b.Loop() {
+					b.StopTimer()
+					var h pkcs11.ObjectHandle
+					id := make([]byte, 8)
+					_, _ = rand.Read(id)
+					if kind == "aes256" {
+						h = genAES(b, src, "bench-cross", id)
+					} else {
+						h = genRSA(b, src, "bench-cross", id).priv
+					}
+					b.StartTimer()
+					cp, err := r.Replicate(ctx, src, h, Target{Slot: dst, Absent: true})
+					b.StopTimer()
+					if err != nil {
+						b.Fatal(err)
+					}
+					_ = dst.DestroyObject(ctx, cp)
+					_ = src.DestroyObject(ctx, h)
+					b.StartTimer()
+				}
+			})
+		}
+	}
+}
+
+func makeName(s *slot.Slot) string {
+	if strings.HasPrefix(s.Token().Manufacturer, "Mozilla") {
+		return "nss"
+	}
+	return "softhsm"
 }
