@@ -57,10 +57,13 @@ func agreeKeyPair(ctx context.Context, s agreer) (point []byte, priv, pub pkcs11
 		return nil, 0, 0, fmt.Errorf("make a key pair to agree a transit key: %w", err)
 	}
 	a, err := readAttrs(ctx, s, pub, []uint{pkcs11.CKA_EC_POINT})
-	if err != nil || !a.nonEmpty(pkcs11.CKA_EC_POINT) {
+	if err == nil && !a.nonEmpty(pkcs11.CKA_EC_POINT) {
+		err = errors.New("the token does not show it")
+	}
+	if err != nil {
 		destroyTransit(ctx, s, pub)
 		destroyTransit(ctx, s, priv)
-		return nil, 0, 0, fmt.Errorf("read the agreement key's point: %v", err)
+		return nil, 0, 0, fmt.Errorf("read the agreement key's point: %w", err)
 	}
 	return ecPoint(a[pkcs11.CKA_EC_POINT]), priv, pub, nil
 }

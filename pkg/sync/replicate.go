@@ -121,7 +121,9 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // Replicate makes the object srcH of src exist on dst and returns its
 // handle there.
 //
-// Private and secret keys travel only wrapped: CKM_AES_KEY_WRAP_PAD under
+// Private and secret keys travel only wrapped. To a member of another
+// make (Replicator.PairWay) by the way the pair proved, under a key agreed
+// for the copy (agree.go). Otherwise CKM_AES_KEY_WRAP_PAD under
 // the group's domain key on src, unwrapped under the domain key on dst
 // (the only SoftHSM mechanism that wraps private keys; its integrity
 // check rejects a blob made under a different key, which SoftHSM reports
