@@ -104,6 +104,14 @@ func TestReplicateAcrossMakes(t *testing.T) {
 		})
 	}
 
+	// Nothing of the agreements stays on either token: no key pair, no
+	// derived key that could unwrap or wrap again what travelled.
+	for _, s := range []*slot.Slot{soft, nss} {
+		if hs := findByLabel(t, s, transitLabel); len(hs) != 0 {
+			t.Errorf("%s holds %d objects of the agreements after the copies", s.Name(), len(hs))
+		}
+	}
+
 	t.Run("EC private key into NSS", func(t *testing.T) {
 		id := randomID(t)
 		ec := genEC(t, soft, "cross-ec", id)
