@@ -339,7 +339,13 @@ func (g *Group) pairRefusal(a, b *member.Member, k sync.Kind) *sync.Refusal {
 // kind, proven now if it was not yet.
 func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (sync.Way, bool, error) {
 	if sameMake(src.Token(), dst.Token()) {
-		err := g.rep.KeepsWrapOnlyKey(ctx, dst)
+		// A member holding a domain key keeps a wrap-only key: only one
+		// that holds none is tried (a write on its token, once per slot).
+		holds, err := g.rep.HoldsDomainKey(ctx, dst)
+		if err != nil || holds {
+			return sync.Way{}, false, err
+		}
+		err = g.rep.KeepsWrapOnlyKey(ctx, dst)
 		if !errors.Is(err, sync.ErrNoWrapOnlyKey) {
 			return sync.Way{}, false, err
 		}

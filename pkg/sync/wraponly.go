@@ -35,7 +35,9 @@ func WrapOnlyFlaws(ctx context.Context, s *slot.Slot) ([]string, error) {
 		return nil, err
 	}
 	defer clear(v)
-	label := fmt.Sprintf("hagroup-trial:%x", v[:4])
+	// Labelled as the group's own keys are, so that no listing (another
+	// host's catch-up among them) takes it for an object of the group.
+	label := DomainLabel(fmt.Sprintf("trial-%x", v[:4]))
 	tmpl := domainKeyTemplate(label, v, true, false)
 	nested := map[uint][]*pkcs11.Attribute{pkcs11.CKA_UNWRAP_TEMPLATE: unwrapTemplate(false)}
 	var flaws []string
@@ -102,6 +104,20 @@ func (e *NoWrapOnlyKeyError) Error() string {
 }
 
 func (e *NoWrapOnlyKeyError) Unwrap() error { return ErrNoWrapOnlyKey }
+
+// HoldsDomainKey reports whether s holds the group's domain key (found;
+// audited as every use of it is), from the handle remembered for s's
+// login epoch when there is one.
+func (r *Replicator) HoldsDomainKey(ctx context.Context, s *slot.Slot) (bool, error) {
+	_, _, _, err := r.domainKey(ctx, s)
+	switch {
+	case err == nil, errors.Is(err, ErrWeakDomainKey):
+		return true, nil
+	case errors.Is(err, ErrNoDomainKey):
+		return false, nil
+	}
+	return false, err
+}
 
 // KeepsWrapOnlyKey reports whether the token of s keeps a wrap-only key
 // (WrapOnlyFlaws), asked once per slot, and with Facts once per token on
