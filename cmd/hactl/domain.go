@@ -318,7 +318,18 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	if err := ceremony(ctx, targets, g.Serial); err != nil {
 		return fmt.Errorf("group %q: %w%s", f.group, err, p11kitHint(g.Members, err))
 	}
-	res := domainResult{SchemaVersion: agent.SchemaVersion, Group: f.group, Members: names, Trusted: !f.untrusted, Replaced: f.replace}
+	// A member whose make keeps no wrap-only key (NSS) got none: it is
+	// said, and not counted among the members that hold it.
+	var holders, without []string
+	for i, t := range targets {
+		d, err := hasync.AuditDomainKey(ctx, t.Slot, g.Serial)
+		if err == nil && !d.Found {
+			without = append(without, names[i])
+			continue
+		}
+		holders = append(holders, names[i])
+	}
+	res := domainResult{SchemaVersion: agent.SchemaVersion, Group: f.group, Members: holders, Trusted: !f.untrusted, Replaced: f.replace}
 	for i, t := range targets {
 		holds, err := cannotHold(ctx, names[i], t.Slot)
 		if err != nil {
@@ -335,8 +346,13 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		if f.replace {
 			done = "replaced"
 		}
-		if _, err := fmt.Fprintf(w, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(names, ", ")); err != nil {
+		if _, err := fmt.Fprintf(w, "group %q: %s domain key %s on %s; key check values match\n", f.group, kind, done, strings.Join(holders, ", ")); err != nil {
 			return err
+		}
+		for _, name := range without {
+			if _, err := fmt.Fprintf(a.errOut, "hactl: member %s holds no domain key: its token cannot keep a wrap-only key; keys reach it from the others under keys agreed for each copy\n", name); err != nil {
+				return err
+			}
 		}
 		printCannotHold(a.errOut, res.CannotHold)
 		if f.untrusted {

@@ -50,7 +50,29 @@ CKM_AES_KEY_WRAP_PAD (with throwaway session keys), and warns of each kind
 it could not hold (--json: cannotHold): while it serves with another
 member, the group makes no key of that kind and does not offer the
 mechanisms that generate it. A token behind p11-kit 0.24 holds no private
-or secret key; SoftHSM 2.6 holds no EdDSA private key.`,
+or secret key; SoftHSM 2.6 holds no EdDSA private key.
+
+A member of another make receives keys by a way its pair proved by a round
+trip (hactl slot check shows them), under a key agreed for each copy, not
+under the domain key. Moving a group to another make without downtime:
+  1. hactl slot check --group G for each new token (exit 3: keys of some
+     kinds will not move; the reasons say which);
+  2. hactl hagroup addmember each new token: haagent catches it up and
+     only then gives it work;
+  3. hactl hagroup synchronize --group G, then --check: what is left is
+     the keys that cannot move;
+  4. hactl hagroup objects --group G: the keys the new members lack;
+  5. hactl hagroup removemember each old member: the application keeps
+     signing through the group with the keys that moved.
+A key cannot move when no proven way carries its kind (an EC private key
+into NSS softokn), when the application made it unextractable under a
+trusted domain key (it may be wrapped under that key only, and a make
+that keeps no wrap-only key, as NSS, holds none), or when it is not
+extractable on its member. Such keys stay on the old members: the
+keys_unholdable event and listgroups' cannotHold name the kind, a
+catch-up and synchronize report them unreplicable, and hactl hagroup
+objects lists the members that lack them. Remove the old members only
+once nothing needs those keys.`,
 		Example: `  hactl hagroup addmember --group signing --name hsm-b --token-label ha-b \
       --module /usr/lib/softhsm/libsofthsm2.so --pin-file /etc/hagroup/pin-b
   hactl hagroup addmember --group signing --name hsm-c --uri 'pkcs11:token=ha-c' \

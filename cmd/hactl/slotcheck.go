@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
@@ -62,7 +63,7 @@ type pairLine struct {
 	Direction string   `json:"direction"` // "to-token": the member's keys to the token; "from-token"
 	Class     string   `json:"class"`
 	Ways      []string `json:"ways"`
-	Receives  bool     `json:"receives"` // the way replication uses is among them
+	Receives  bool     `json:"receives"` // a proven way carries them (or none could be tried)
 	Reason    string   `json:"reason,omitempty"`
 }
 
@@ -277,17 +278,15 @@ func provePairsWith(ctx context.Context, a *app, gm config.Member, set config.Se
 			out = append(out, pairLine{Member: gm.Name, Direction: dir.name, Class: "key", Ways: []string{}, Reason: err.Error()})
 			continue
 		}
-		for _, class := range []uint{pkcs11.CKO_SECRET_KEY, pkcs11.CKO_PRIVATE_KEY} {
-			l := pairLine{Member: gm.Name, Direction: dir.name, Class: sync.ClassName(class), Ways: []string{},
-				Receives: p.Proven(class, sync.ReplicationWay) || !p.Tried(class)}
-			for _, w := range p.Ways[sync.ClassName(class)] {
+		for _, kind := range sync.PairTrials() {
+			ways := p.Ways[kind]
+			l := pairLine{Member: gm.Name, Direction: dir.name, Class: kind, Ways: []string{},
+				Receives: len(ways) > 0 || slices.Contains(p.Untried, kind)}
+			for _, w := range ways {
 				l.Ways = append(l.Ways, w.String())
 			}
 			if !l.Receives {
-				l.Reason = fmt.Sprintf("%s does not carry them (%s)", sync.ReplicationWay, p.Failed[sync.ClassName(class)+" by "+sync.ReplicationWay.String()])
-				if len(l.Ways) > 0 {
-					l.Reason += "; proven but not used by replication yet: " + strings.Join(l.Ways, ", ")
-				}
+				l.Reason = "no candidate way carries them: " + sync.PairFailures(p, kind)
 			}
 			out = append(out, l)
 		}

@@ -179,7 +179,10 @@ static void hg_shot_run(void *p) {
 	}
 	hg_ulong n = r.len;
 	if (n <= s->outcap && (s->rv = hg_single(s->fl, s->kind, s->session, in, s->inlen, NULL, &n)) != 0) {
-		return;
+		if (s->rv != 0x91) { // CKR_OPERATION_NOT_INITIALIZED: see below
+			return;
+		}
+		n = s->outcap < 512 ? 512 : 2 * s->outcap;
 	}
 	free(s->big);
 	if ((s->big = malloc(n ? n : 1)) == NULL) {
@@ -189,6 +192,14 @@ static void hg_shot_run(void *p) {
 	s->bigcap = n ? n : 1;
 	s->outlen = s->bigcap;
 	s->rv = hg_single(s->fl, s->kind, s->session, in, s->inlen, s->big, &s->outlen);
+	if (s->rv == 0x91) {
+		// NSS 3.87 ends the operation on CKR_BUFFER_TOO_SMALL, which the
+		// specification says leaves it active: start it again.
+		r = hg_one_shot(s->fl, s->kind, s->session, s->mech, s->plen ? param : NULL, s->plen,
+		                s->key, in, s->inlen, s->big, s->bigcap);
+		s->rv = r.rv;
+		s->outlen = r.len;
+	}
 }
 
 static void *hg_shot_runner(void) { return (void *)hg_shot_run; }

@@ -111,7 +111,7 @@ func kindOf(in intent, inputs []*vtable.Object) sync.Kind {
 	switch gk, gen := sync.GeneratedKind(in.genMech); {
 	case attrIndex(in.tmpl, pkcs11.CKA_KEY_TYPE) >= 0:
 		k.KeyType = ulong(in.tmpl[attrIndex(in.tmpl, pkcs11.CKA_KEY_TYPE)].Value)
-	case gen && in.genMech != 0:
+	case gen && in.generated:
 		k.KeyType = gk.KeyType
 	case in.copied && len(inputs) == 1:
 		k.KeyType = inputs[0].Identity().KeyType
@@ -203,14 +203,16 @@ func targetsRefused(targets []*member.Member, errs []error, ms []made, failedAt 
 // NSS's CKM_AES_KEY_WRAP_PAD are two wraps. Two tokens of one make, model
 // and firmware run one implementation, whose wrap each member's own probe
 // has already checked against its unwrap (sync.ProbeWrap): their pair
-// needs no proof of its own. When a member is probed, every ordered pair
-// it forms with a serving member of another make that was probed is proven
-// (kept in Options.Facts for the next process); a pair that did not prove
-// the way replication uses (sync.ReplicationWay) for a class of key is
+// needs no proof of its own, and their keys travel under the domain key.
+// When a member is probed, every ordered pair it forms with a serving
+// member of another make that was probed is proven (kept in Options.Facts
+// for the next process); replication between them uses the best way the
+// pair proved for the kind of key (pairWay), under a key agreed for the
+// copy (pkg/sync/agree.go). A pair that proved no way for a kind of key is
 // named in a KeysUnholdable event, and while both serve the group makes no
-// key of that class. A pair not proven yet (the other member was not
-// probed, or a member failed under the proof) is judged by the members'
-// own capabilities, and proven at the next probe.
+// key of that kind. A pair not proven yet (the other member was not
+// probed, or a member failed under the proof) is proven when a copy first
+// needs it.
 
 func pairKey(src, dst string) string { return src + "\x00" + dst }
 
@@ -245,42 +247,72 @@ func (g *Group) provePair(ctx context.Context, src, dst *member.Member, srcMechs
 	if ss == nil || ds == nil {
 		return
 	}
-	// Only the way replication uses is tried: the others are for the
-	// capability report (hactl slot check), not yet for replication.
-	p, err := sync.ProvePairKnown(ctx, ss, ds, srcMechs, dstMechs, g.opts.Facts, sync.ReplicationWay)
+	p, err := sync.ProvePairKnown(ctx, ss, ds, srcMechs, dstMechs, g.opts.Facts)
 	if err != nil {
 		return
 	}
-	old, seen := g.pairs.Swap(pairKey(src.Name(), dst.Name()), p)
+	g.notePair(src.Name(), dst.Name(), p)
+}
+
+// notePair keeps p and reports, once per change, each kind of key it
+// carries no way.
+func (g *Group) notePair(src, dst string, p sync.PairWays) {
+	old, seen := g.pairs.Swap(pairKey(src, dst), p)
 	lacks := pairLacks(p)
 	if seen && slices.Equal(pairLacks(old.(sync.PairWays)), lacks) || len(lacks) == 0 {
 		return
 	}
-	for _, class := range lacks {
-		g.emit(Event{Kind: KeysUnholdable, Member: dst.Name(), Err: fmt.Errorf(
+	for _, k := range lacks {
+		g.emit(Event{Kind: KeysUnholdable, Member: dst, Err: fmt.Errorf(
 			"no proven way carries %ss from member %s to member %s (%s): while both serve the group makes no such key and does not offer the mechanisms that generate them",
-			sync.ClassName(class), src.Name(), dst.Name(), pairWhy(p, class))})
+			pairKindName(k), src, dst, pairWhy(p, k))})
 	}
 }
 
-// pairLacks lists the classes of key p did not prove replication's way for.
-func pairLacks(p sync.PairWays) []uint {
-	var out []uint
-	for _, class := range []uint{pkcs11.CKO_SECRET_KEY, pkcs11.CKO_PRIVATE_KEY} {
-		if p.Tried(class) && !p.Proven(class, sync.ReplicationWay) {
-			out = append(out, class)
+// pairKinds are the kinds of key a pair proof speaks for: secret keys,
+// RSA private keys, and every other private key (by the EC trial).
+var pairKinds = []sync.Kind{
+	{Class: pkcs11.CKO_SECRET_KEY, KeyType: sync.KeyTypeUnknown},
+	{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_RSA},
+	{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC},
+}
+
+func pairKindName(k sync.Kind) string {
+	if k.Class == pkcs11.CKO_PRIVATE_KEY && k.KeyType == pkcs11.CKK_RSA {
+		return "RSA private key"
+	}
+	return sync.ClassName(k.Class)
+}
+
+// pairLacks lists the kinds of key p proved no way for.
+func pairLacks(p sync.PairWays) []sync.Kind {
+	var out []sync.Kind
+	for _, k := range pairKinds {
+		if _, ok := p.WayFor(k); !ok && p.TriedFor(k) {
+			out = append(out, k)
 		}
 	}
 	return out
 }
 
-// pairWhy says why p did not prove replication's way for class.
-func pairWhy(p sync.PairWays, class uint) string {
-	why := p.Failed[sync.ClassName(class)+" by "+sync.ReplicationWay.String()]
-	if why == "" {
-		why = "one of the two does not offer it"
+// lacksKind reports whether p carries no keys of kind k: a key of unknown
+// class or type is judged by every kind it may be.
+func lacksKind(p sync.PairWays, k sync.Kind) (sync.Kind, bool) {
+	for _, l := range pairLacks(p) {
+		switch {
+		case k.Class == sync.ClassUnknownKey,
+			k.Class == l.Class && l.Class == pkcs11.CKO_SECRET_KEY,
+			k.Class == l.Class && (k.KeyType == pkcs11.CKK_RSA) == (l.KeyType == pkcs11.CKK_RSA),
+			k.Class == l.Class && k.KeyType == sync.KeyTypeUnknown:
+			return l, true
+		}
 	}
-	return fmt.Sprintf("%s does not carry them between the two: %s", sync.ReplicationWay, why)
+	return sync.Kind{}, false
+}
+
+// pairWhy says why p proved no way for kind k.
+func pairWhy(p sync.PairWays, k sync.Kind) string {
+	return sync.PairFailures(p, pairKindName(k))
 }
 
 // pairRefusal is why keys of kind k cannot travel from a to b, nil when
@@ -294,13 +326,54 @@ func (g *Group) pairRefusal(a, b *member.Member, k sync.Kind) *sync.Refusal {
 		return nil
 	}
 	p := v.(sync.PairWays)
-	for _, class := range pairLacks(p) {
-		if k.Class == class || k.Class == sync.ClassUnknownKey {
-			return &sync.Refusal{Member: b.Name(), Kind: k, Err: fmt.Errorf("no proven way carries %ss from member %s to it (%s)",
-				sync.ClassName(class), a.Name(), pairWhy(p, class))}
-		}
+	if l, lacks := lacksKind(p, k); lacks {
+		return &sync.Refusal{Member: b.Name(), Kind: k, Err: fmt.Errorf("no proven way carries %ss from member %s to it (%s)",
+			pairKindName(l), a.Name(), pairWhy(p, l))}
 	}
 	return nil
+}
+
+// pairWay is the Replicator's sync.PairWay: two members of one make that
+// keeps a wrap-only key exchange keys under the domain key; two makes, or
+// a make that keeps none (NSS), by the best way their pair proved for the
+// kind, proven now if it was not yet.
+func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (sync.Way, bool, error) {
+	if sameMake(src.Token(), dst.Token()) {
+		// A member holding a domain key keeps a wrap-only key: only one
+		// that holds none is tried (a write on its token, once per slot).
+		holds, err := g.rep.HoldsDomainKey(ctx, dst)
+		if err != nil || holds {
+			return sync.Way{}, false, err
+		}
+		err = g.rep.KeepsWrapOnlyKey(ctx, dst)
+		if !errors.Is(err, sync.ErrNoWrapOnlyKey) {
+			return sync.Way{}, false, err
+		}
+	}
+	v, ok := g.pairs.Load(pairKey(src.Name(), dst.Name()))
+	if !ok {
+		sm, err := src.Mechanisms(ctx)
+		if err != nil {
+			return sync.Way{}, true, err
+		}
+		dm, err := dst.Mechanisms(ctx)
+		if err != nil {
+			return sync.Way{}, true, err
+		}
+		p, err := sync.ProvePairKnown(ctx, src, dst, sm, dm, g.opts.Facts)
+		if err != nil {
+			return sync.Way{}, true, err
+		}
+		g.notePair(src.Name(), dst.Name(), p)
+		v = p
+	}
+	p := v.(sync.PairWays)
+	if w, ok := p.WayFor(k); ok {
+		return w, true, nil
+	}
+	return sync.Way{}, true, &slot.Error{Member: dst.Name(), Op: slot.OpUnwrapKey, Code: pkcs11.CKR_KEY_TYPE_INCONSISTENT,
+		Err: fmt.Errorf("%w: %w: no proven way carries %ss from member %s to it (%s)",
+			pkcs11.Error(pkcs11.CKR_KEY_TYPE_INCONSISTENT), sync.ErrCannotCross, pairKindName(k), src.Name(), pairWhy(p, k))}
 }
 
 // sameMake reports whether two tokens run one implementation: the same

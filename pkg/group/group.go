@@ -263,6 +263,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		skipped:    make(map[string]map[string]skippedObject),
 		marks:      newMarks(),
 	}
+	gr.rep.PairWay = gr.pairWay
 	gr.rep.OnWeakDomainKey = func(e *hasync.WeakDomainKeyError) {
 		gr.emit(Event{Kind: DomainKeyWeak, Member: e.Member, Err: e})
 	}

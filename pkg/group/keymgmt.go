@@ -52,6 +52,7 @@ type intent struct {
 	unextractable bool
 	explicitID    bool // the application named the object (CKA_ID or CKA_LABEL)
 	genMech       uint // the generation mechanism, for GenerateKey and GenerateKeyPair (kindOf)
+	generated     bool // genMech is set (CKM_RSA_PKCS_KEY_PAIR_GEN is 0)
 	copied        bool // a copy of the one input (kindOf)
 }
 
@@ -714,7 +715,7 @@ func (s *Session) GenerateKey(ctx context.Context, mech *pkcs11.Mechanism, tmpl 
 	if err != nil {
 		return 0, err
 	}
-	in.genMech = mechType(mech)
+	in.genMech, in.generated = mechType(mech), true
 	return s.createIntent(ctx, "GenerateKey", in, nil, func(ctx context.Context, t slotOps, in intent, _ []pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 		return t.GenerateKey(ctx, mech, in.tmpl)
 	})
@@ -751,6 +752,7 @@ func (s *Session) GenerateKeyPair(ctx context.Context, mech *pkcs11.Mechanism, p
 		prin.tmpl = setAttr(prin.tmpl, pkcs11.NewAttribute(pkcs11.CKA_ID, id))
 	}
 	pin.genMech, prin.genMech = mechType(mech), mechType(mech)
+	pin.generated, prin.generated = true, true
 	hs, err := s.createOn(ctx, op, []intent{pin, prin}, nil, func(ctx context.Context, t slotOps, _ []pkcs11.ObjectHandle) ([]pkcs11.ObjectHandle, error) {
 		a, b, err := t.GenerateKeyPair(ctx, mech, pin.tmpl, prin.tmpl)
 		return []pkcs11.ObjectHandle{a, b}, err

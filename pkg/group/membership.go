@@ -474,8 +474,8 @@ func (g *Group) CannotHold(name string) []string {
 		if !ok || o.Name() == name {
 			continue
 		}
-		for _, class := range pairLacks(v.(hasync.PairWays)) {
-			names = append(names, fmt.Sprintf("%ss from %s (no proven way)", hasync.ClassName(class), o.Name()))
+		for _, k := range pairLacks(v.(hasync.PairWays)) {
+			names = append(names, fmt.Sprintf("%ss from %s (no proven way)", pairKindName(k), o.Name()))
 		}
 	}
 	return names

@@ -1,7 +1,9 @@
 package group
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,55 +19,104 @@ import (
 // CKM_AES_KEY_WRAP_PAD, and they mean two things by it (SoftHSM RFC 5649,
 // NSS PKCS#7 padding then RFC 3394). Trusted by name, replication would
 // wrap on one and unwrap garbage or nothing on the other. The round trip
-// proves the pair carries no key that way, so the group names the pair in
-// events, offers no generation of secret or private keys, and refuses one
-// before anything is written, blaming no member; it still signs with keys
-// the members hold and makes what travels by attributes.
-func TestPairWithoutACommonWay(t *testing.T) {
+// proves which ways carry which keys, and replication uses them: an AES
+// key and an RSA key pair generated through the group are on both
+// members, and each copy is the key (what one encrypts the other
+// decrypts; what one signs the other's public key verifies). No way
+// carries an EC private key into NSS: the group names the pair in an
+// event and in CannotHold, does not offer EC generation, and refuses one
+// before anything is written, blaming no member.
+func TestTwoMakesReplicateByProvenWays(t *testing.T) {
 	soft := testhsm.Take(t, 1)[0]
 	nss := testhsm.NSS(t, "nss-pairs")
 	f := setup(t, setupOpts{toks: []testhsm.Token{soft, nss}, noDomain: true})
 	ctx := testContext(t)
 
-	for _, pair := range [][2]string{{soft.Name, nss.Name}, {nss.Name, soft.Name}} {
-		found := false
-		for _, e := range f.events.byKind(KeysUnholdable, pair[1]) {
-			msg := e.Err.Error()
-			if strings.Contains(msg, "from member "+pair[0]+" to member "+pair[1]) && strings.Contains(msg, "CKM_AES_KEY_WRAP_PAD does not carry them") {
-				found = true
-			}
+	found := false
+	for _, e := range f.events.byKind(KeysUnholdable, nss.Name) {
+		msg := e.Err.Error()
+		if strings.Contains(msg, "no proven way carries private keys from member "+soft.Name+" to member "+nss.Name) {
+			found = true
 		}
-		if !found {
-			t.Errorf("no keys_unholdable event names the pair %s -> %s: %v", pair[0], pair[1], f.events.byKind(KeysUnholdable, pair[1]))
+		if strings.Contains(msg, "secret key") || strings.Contains(msg, "RSA private key") {
+			t.Errorf("a keys_unholdable event says a kind travels that a proven way carries: %v", e.Err)
 		}
 	}
-	// listgroups' cannotHold names the pair on the receiving member.
-	if got := strings.Join(f.g.CannotHold(nss.Name), "; "); !strings.Contains(got, "secret keys from "+soft.Name+" (no proven way)") {
-		t.Errorf("CannotHold(%s) = %q, want it to name secret keys from %s", nss.Name, got, soft.Name)
+	if !found {
+		t.Errorf("no keys_unholdable event names EC private keys from %s to %s: %v", soft.Name, nss.Name, f.events.byKind(KeysUnholdable, nss.Name))
+	}
+	if got := strings.Join(f.g.CannotHold(nss.Name), "; "); !strings.Contains(got, "private keys from "+soft.Name+" (no proven way)") || strings.Contains(got, "secret") {
+		t.Errorf("CannotHold(%s) = %q, want private keys from %s and no secret keys", nss.Name, got, soft.Name)
 	}
 	mechs, err := f.g.Mechanisms(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []uint{pkcs11.CKM_AES_KEY_GEN, pkcs11.CKM_EC_KEY_PAIR_GEN} {
-		for _, have := range mechs {
-			if have == m {
-				t.Errorf("the virtual slot offers mechanism 0x%x, whose keys no proven way carries between the members", m)
-			}
+	for m, want := range map[uint]bool{pkcs11.CKM_AES_KEY_GEN: true, pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN: true, pkcs11.CKM_EC_KEY_PAIR_GEN: false} {
+		if got := slices.Contains(mechs, m); got != want {
+			t.Errorf("the virtual slot offers mechanism 0x%x: %v, want %v", m, got, want)
 		}
 	}
+
 	s := openSession(t, f.g)
-	_, err = s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
-		attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VALUE_LEN, 16), attr(pkcs11.CKA_LABEL, "aes-pair")})
-	if code := CodeOf(err); code != pkcs11.CKR_MECHANISM_INVALID {
-		t.Fatalf("AES generation through a SoftHSM+NSS group: %v (0x%x), want CKR_MECHANISM_INVALID", err, code)
+	if _, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VALUE_LEN, 32), attr(pkcs11.CKA_LABEL, "aes-pair"),
+		attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_DECRYPT, true), attr(pkcs11.CKA_EXTRACTABLE, true)}); err != nil {
+		t.Fatalf("AES generation through a SoftHSM+NSS group: %v", err)
 	}
-	if !strings.Contains(err.Error(), "no proven way carries secret keys") {
+	if _, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_MODULUS_BITS, 2048), attr(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
+			attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, "rsa-pair")},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true),
+			attr(pkcs11.CKA_EXTRACTABLE, true), attr(pkcs11.CKA_LABEL, "rsa-pair")}); err != nil {
+		t.Fatalf("RSA generation through a SoftHSM+NSS group: %v", err)
+	}
+	direct := map[string]*slot.Slot{soft.Name: openDirect(t, soft), nss.Name: openDirect(t, nss)}
+	keyOf := func(name, label string, class uint) pkcs11.ObjectHandle {
+		t.Helper()
+		hs, err := direct[name].FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_CLASS, class)})
+		if err != nil || len(hs) != 1 {
+			t.Fatalf("%s holds %d %s objects of class %d (%v), want 1", name, len(hs), label, class, err)
+		}
+		return hs[0]
+	}
+	iv := bytes.Repeat([]byte{9}, 16)
+	msg := []byte("a message of 32 bytes, two block")
+	cbc := pkcs11.NewMechanism(pkcs11.CKM_AES_CBC, iv)
+	sha := pkcs11.NewMechanism(pkcs11.CKM_SHA256_RSA_PKCS, nil)
+	for _, pair := range [][2]string{{soft.Name, nss.Name}, {nss.Name, soft.Name}} {
+		a, b := direct[pair[0]], direct[pair[1]]
+		ct, err := a.Encrypt(ctx, cbc, keyOf(pair[0], "aes-pair", pkcs11.CKO_SECRET_KEY), msg)
+		if err != nil {
+			t.Fatalf("encrypt on %s: %v", pair[0], err)
+		}
+		if pt, err := b.Decrypt(ctx, cbc, keyOf(pair[1], "aes-pair", pkcs11.CKO_SECRET_KEY), ct); err != nil || !bytes.Equal(pt, msg) {
+			t.Errorf("%s's copy of the AES key decrypts what %s encrypted as %q, %v", pair[1], pair[0], pt, err)
+		}
+		sig, err := a.Sign(ctx, sha, keyOf(pair[0], "rsa-pair", pkcs11.CKO_PRIVATE_KEY), msg)
+		if err != nil {
+			t.Fatalf("sign on %s: %v", pair[0], err)
+		}
+		if err := b.Verify(ctx, sha, keyOf(pair[1], "rsa-pair", pkcs11.CKO_PUBLIC_KEY), msg, sig); err != nil {
+			t.Errorf("%s's copy of the RSA public key does not verify %s's signature: %v", pair[1], pair[0], err)
+		}
+	}
+
+	_, _, err = s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_LABEL, "ec-pair")},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "ec-pair")})
+	if code := CodeOf(err); code != pkcs11.CKR_MECHANISM_INVALID {
+		t.Fatalf("EC generation through a SoftHSM+NSS group: %v (0x%x), want CKR_MECHANISM_INVALID", err, code)
+	}
+	if !strings.Contains(err.Error(), "no proven way carries private keys") {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
 	for _, tok := range []testhsm.Token{soft, nss} {
-		if n := len(findDirect(t, openDirect(t, tok), "aes-pair")); n != 0 {
-			t.Errorf("%s holds %d aes-pair objects after the refusal, want 0", tok.Name, n)
+		if n := len(findDirect(t, direct[tok.Name], "ec-pair")); n != 0 {
+			t.Errorf("%s holds %d ec-pair objects after the refusal, want 0", tok.Name, n)
+		}
+		if m, _ := f.g.Member(tok.Name); memberState(f.g, tok.Name) != member.Active {
+			t.Errorf("member %s is %v after the copies, want active", m.Name(), memberState(f.g, tok.Name))
 		}
 	}
 }

@@ -811,10 +811,11 @@ func capableFirst(members []hasync.PlanMember, lacking map[string]bool) []hasync
 }
 
 // splitUnreplicable takes out of p the copies of wrapped objects (private
-// and secret keys) to or from a member in lacking, with the public halves
-// of the private keys among them, and returns them.
-func splitUnreplicable(p *hasync.Plan, lacking map[string]bool) []hasync.Action {
-	if len(lacking) == 0 {
+// and secret keys) to or from a member in lacking, and those a copy found
+// cannot cross to their member (crossKey in cannotCross), with the public
+// halves of the private keys among them, and returns them.
+func splitUnreplicable(p *hasync.Plan, lacking, cannotCross map[string]bool) []hasync.Action {
+	if len(lacking) == 0 && len(cannotCross) == 0 {
 		return nil
 	}
 	var keep, out []hasync.Action
@@ -822,7 +823,7 @@ func splitUnreplicable(p *hasync.Plan, lacking map[string]bool) []hasync.Action 
 	for _, a := range p.Actions {
 		c := a.Identity.Class
 		wrapped := c == pkcs11.CKO_PRIVATE_KEY || c == pkcs11.CKO_SECRET_KEY
-		if a.Kind == hasync.Copy && wrapped && (lacking[a.Member] || lacking[a.Source]) {
+		if a.Kind == hasync.Copy && wrapped && (lacking[a.Member] || lacking[a.Source] || cannotCross[crossKey(a)]) {
 			out = append(out, a)
 			if c == pkcs11.CKO_PRIVATE_KEY {
 				halfOut[a.PairKey()] = true
@@ -845,6 +846,9 @@ func splitUnreplicable(p *hasync.Plan, lacking map[string]bool) []hasync.Action 
 	p.Actions = keep
 	return out
 }
+
+// crossKey names a copy for the keys that cannot cross to its member.
+func crossKey(a hasync.Action) string { return a.Member + "\x00" + a.Identity.String() }
 
 // peers returns the serving members other than name, with their slots, in
 // configured order: the members a recovering one catches up with.
@@ -949,6 +953,7 @@ func (r *Recoverer) loadTombstones(ctx context.Context) (hasync.Tombstones, erro
 func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peers []hasync.PlanMember, max int, final bool) (CatchUp, error) {
 	var cu CatchUp
 	lacking := r.lacking()
+	cannotCross := map[string]bool{}
 	members := capableFirst(append([]hasync.PlanMember{self}, peers...), lacking)
 	opts := hasync.PlanOptions{
 		SkipUnreachable: true,
@@ -985,7 +990,7 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 			return cu, &ConflictError{Member: self.Name, Conflicts: cs}
 		}
 		cu.OtherConflicts = plan.Conflicts
-		cu.Unreplicable = splitUnreplicable(plan, lacking)
+		cu.Unreplicable = splitUnreplicable(plan, lacking, cannotCross)
 		left := &hasync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Unreadable: plan.Unreadable, Actions: cu.Unreplicable}
 		mine := plan.For(self.Name)
 		if len(plan.Actions) == 0 || (cu.Passes > 1 && len(mine) == 0) {
@@ -1004,7 +1009,15 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		}
 		cu.Vanished += len(res.Vanished)
 		var failed []error
+		crossed := false
 		for i, f := range res.Failed {
+			if f.Action.Member == self.Name && errors.Is(f.Err, hasync.ErrCannotCross) {
+				// The key stays where it is: left out from the next pass on,
+				// and reported (CatchUp.Unreplicable).
+				cannotCross[crossKey(f.Action)] = true
+				crossed = true
+				continue
+			}
 			if f.Action.Member == self.Name {
 				failed = append(failed, &res.Failed[i])
 			} else {
@@ -1013,6 +1026,9 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		}
 		if len(failed) > 0 {
 			return cu, fmt.Errorf("catch up: %w", errors.Join(failed...))
+		}
+		if crossed {
+			continue
 		}
 		if len(res.Vanished) > 0 && !final {
 			// Objects were destroyed while they were copied, perhaps by

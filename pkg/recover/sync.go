@@ -166,12 +166,28 @@ func (r *Recoverer) synchronize(ctx context.Context, opts SyncOptions) (*SyncRep
 	r.observeHalfMade(plan, members)
 	todo := *plan
 	todo.Actions = append([]sync.Action(nil), plan.Actions...)
-	rep.Unreplicable = splitUnreplicable(&todo, lacking)
+	rep.Unreplicable = splitUnreplicable(&todo, lacking, nil)
 	if opts.Check || len(todo.Actions) == 0 {
 		return rep, members, nil
 	}
 	res, err := r.repl.Apply(ctx, &todo)
 	rep.Applied = res
+	if res != nil {
+		// A key that cannot cross to its member (sync.ErrCannotCross)
+		// stays where it is: unreplicable, not a failure.
+		failed := res.Failed[:0]
+		var errs []error
+		for i, f := range res.Failed {
+			if errors.Is(f.Err, sync.ErrCannotCross) {
+				rep.Unreplicable = append(rep.Unreplicable, f.Action)
+				continue
+			}
+			failed = append(failed, f)
+			errs = append(errs, &res.Failed[i])
+		}
+		res.Failed = failed
+		err = errors.Join(errs...)
+	}
 	// What is left: conflicts, what cannot be replicated, what failed.
 	after := &sync.Plan{Members: plan.Members, Conflicts: plan.Conflicts, Unreadable: plan.Unreadable,
 		Actions: append([]sync.Action(nil), rep.Unreplicable...)}

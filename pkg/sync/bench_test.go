@@ -18,7 +18,7 @@ func benchSlot(b *testing.B, tok testhsm.Token) *slot.Slot {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := slot.Open(ctx, slot.Spec{Name: tok.Name, Module: tok.Module, TokenLabel: tok.Label,
+	s, err := slot.Open(ctx, slot.Spec{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, InitArgs: tok.InitArgs, TokenLabel: tok.Label,
 		PIN: secret.PINFromString(tok.UserPIN)})
 	if err != nil {
 		b.Fatal(err)

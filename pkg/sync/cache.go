@@ -89,6 +89,10 @@ type memberState struct {
 	// weak is the flaws last reported of the member's domain key ("" when
 	// sound or not yet audited), so each change is reported once.
 	weak string
+	// wrapOnlyFlaws: what the token does not keep of a wrap-only key
+	// (wraponly.go), once wrapOnlyKnown.
+	wrapOnlyKnown bool
+	wrapOnlyFlaws []string
 }
 
 // state returns s's state, made on first use. Callers hold r.mu.

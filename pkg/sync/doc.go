@@ -17,8 +17,11 @@
 // # Replication
 //
 // Replicator.Replicate copies one object: keys wrapped under the group's
-// domain key (see InstallDomainKey), public objects by attributes; the
-// copy is checked on the target and removed again on any failure.
+// domain key (see InstallDomainKey) between members of one make, or by
+// the way their pair proved (ProvePair) under a key agreed for the copy
+// between two makes (Replicator.PairWay, agree.go); public objects by
+// attributes. The copy is checked on the target and removed again on any
+// failure. A key that cannot travel to a member gets ErrCannotCross.
 // Replicator.ReplicateEach copies one object to several members at once,
 // reading and wrapping it once. A member that cannot wrap or unwrap with
 // CKM_AES_KEY_WRAP_PAD gets ErrMechanismUnavailable (a request error, not

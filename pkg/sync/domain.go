@@ -194,6 +194,13 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	if err := checkTargets(members, groupSerial); err != nil {
 		return fmt.Errorf("install domain key: %w", err)
 	}
+	if err := checkWrapMechanism(ctx, members); err != nil {
+		return fmt.Errorf("install domain key: %w", err)
+	}
+	members, err := keepingWrapOnly(ctx, members)
+	if err != nil {
+		return fmt.Errorf("install domain key: %w", err)
+	}
 	var have, lack []string
 	var weak []error
 	var firstKCV []byte
@@ -228,9 +235,6 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 		return fmt.Errorf("install domain key: %w: members %s hold %q (check value %s) but %s do not",
 			ErrDomainPartial, strings.Join(have, ", "), DomainLabel(groupSerial), FormatFingerprint(firstKCV), strings.Join(lack, ", "))
 	}
-	if err := checkWrapMechanism(ctx, members); err != nil {
-		return fmt.Errorf("install domain key: %w", err)
-	}
 	if err := installAll(ctx, members, groupSerial); err != nil {
 		return fmt.Errorf("install domain key: %w", err)
 	}
@@ -251,6 +255,10 @@ func ReplaceDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	if err := checkWrapMechanism(ctx, members); err != nil {
 		return fmt.Errorf("replace domain key: %w", err)
 	}
+	members, err := keepingWrapOnly(ctx, members)
+	if err != nil {
+		return fmt.Errorf("replace domain key: %w", err)
+	}
 	for _, m := range members {
 		if err := RemoveDomainKey(ctx, m.Slot, groupSerial); err != nil {
 			return fmt.Errorf("replace domain key: %w", err)
@@ -260,6 +268,31 @@ func ReplaceDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 		return fmt.Errorf("replace domain key: the old key is destroyed on every member and the new one is not installed on any: %w", err)
 	}
 	return nil
+}
+
+// keepingWrapOnly returns the members whose token keeps a wrap-only key
+// (WrapOnlyFlaws): the others take no domain key, since they could not
+// keep it one (keys reach them under keys agreed for each copy). When no
+// member keeps one, the error names each member and what its token does
+// not keep.
+func keepingWrapOnly(ctx context.Context, members []DomainTarget) ([]DomainTarget, error) {
+	var keep []DomainTarget
+	var not []error
+	for _, m := range members {
+		flaws, err := WrapOnlyFlaws(ctx, m.Slot)
+		if err != nil {
+			return nil, err
+		}
+		if len(flaws) > 0 {
+			not = append(not, &NoWrapOnlyKeyError{Member: m.Slot.Name(), Flaws: flaws})
+			continue
+		}
+		keep = append(keep, m)
+	}
+	if len(keep) == 0 {
+		return nil, errors.Join(not...)
+	}
+	return keep, nil
 }
 
 // checkTargets refuses an installation that cannot start.

@@ -123,6 +123,10 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle, refuse
 	copyable := false
 	for _, r := range domainRules {
 		switch {
+		case !a.nonEmpty(r.typ) && r.typ == pkcs11.CKA_COPYABLE:
+			// A token silent on it may copy the key: the copies tell.
+			flaws = append(flaws, r.name+" not answered by the token")
+			copyable = !a.boolean(pkcs11.CKA_MODIFIABLE)
 		case !a.nonEmpty(r.typ):
 			flaws = append(flaws, r.name+" not answered by the token")
 		case a.boolean(r.typ) == r.want:

@@ -21,7 +21,7 @@ var (
 	oidEd25519Der = []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
 )
 
-func testContext(t *testing.T) context.Context {
+func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -98,7 +98,7 @@ func genEd25519(t *testing.T, s *slot.Slot, label string, id []byte) keyPair {
 	return keyPair{pub, priv}
 }
 
-func genRSA(t *testing.T, s *slot.Slot, label string, id []byte) keyPair {
+func genRSA(t testing.TB, s *slot.Slot, label string, id []byte) keyPair {
 	t.Helper()
 	pub, priv, err := s.GenerateKeyPair(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 		[]*pkcs11.Attribute{attr(pkcs11.CKA_MODULUS_BITS, 2048), attr(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
@@ -113,7 +113,7 @@ func genRSA(t *testing.T, s *slot.Slot, label string, id []byte) keyPair {
 	return keyPair{pub, priv}
 }
 
-func genAES(t *testing.T, s *slot.Slot, label string, id []byte, extra ...*pkcs11.Attribute) pkcs11.ObjectHandle {
+func genAES(t testing.TB, s *slot.Slot, label string, id []byte, extra ...*pkcs11.Attribute) pkcs11.ObjectHandle {
 	t.Helper()
 	h, err := s.GenerateKey(testContext(t), pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil),
 		append([]*pkcs11.Attribute{attr(pkcs11.CKA_VALUE_LEN, 32), attr(pkcs11.CKA_TOKEN, true),

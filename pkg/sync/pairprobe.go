@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -80,7 +81,7 @@ func transitMech(m uint) *pkcs11.Mechanism {
 type PairWays struct {
 	Source string            `json:"source"`
 	Target string            `json:"target"`
-	Ways   map[string][]Way  `json:"ways"` // by class name: "secret key", "private key"
+	Ways   map[string][]Way  `json:"ways"` // by trial: "secret key", "private key" (EC), "RSA private key"
 	Failed map[string]string `json:"failed,omitempty"`
 	// Untried names the classes nothing was tried for: no candidate way
 	// both offer, or the source would not make the trial key (a curve it
@@ -111,6 +112,7 @@ func (p PairWays) Best(class uint) (Way, bool) {
 // pairTrial is one class of key tried between a pair.
 type pairTrial struct {
 	class uint
+	name  string // its entry in PairWays.Ways
 	make  func(ctx context.Context, ss *slot.Session) (key, pub pkcs11.ObjectHandle, err error)
 	tmpl  []*pkcs11.Attribute // the unwrap template on the target
 	same  func(ctx context.Context, src, dst *slot.Session, key, pub, copy pkcs11.ObjectHandle) (bool, error)
@@ -119,6 +121,7 @@ type pairTrial struct {
 var pairTrials = []pairTrial{
 	{
 		class: pkcs11.CKO_SECRET_KEY,
+		name:  "secret key",
 		make: func(ctx context.Context, ss *slot.Session) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
 			h, err := ss.GenerateKey(ctx, aesKeyGen, append(trialAttrs(), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16),
 				boolAttr(pkcs11.CKA_EXTRACTABLE, true), boolAttr(pkcs11.CKA_SENSITIVE, false)))
@@ -141,6 +144,7 @@ var pairTrials = []pairTrial{
 	},
 	{
 		class: pkcs11.CKO_PRIVATE_KEY,
+		name:  "private key",
 		make: func(ctx context.Context, ss *slot.Session) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
 			pub, priv, err := ss.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
 				append(trialAttrs(), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, derP256), boolAttr(pkcs11.CKA_VERIFY, true)),
@@ -163,6 +167,88 @@ var pairTrials = []pairTrial{
 			return err == nil, err
 		},
 	},
+	{
+		// RSA's PKCS#8 is another encoding, and a make may take one and
+		// not the other (NSS 3.87 unwraps RSA private keys, no EC one).
+		// The key is small: the trial proves the encoding, not the size.
+		class: pkcs11.CKO_PRIVATE_KEY,
+		name:  rsaTrialName,
+		make: func(ctx context.Context, ss *slot.Session) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
+			pub, priv, err := ss.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+				append(trialAttrs(), pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 1024),
+					pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}), boolAttr(pkcs11.CKA_VERIFY, true)),
+				append(trialAttrs(), boolAttr(pkcs11.CKA_SIGN, true), boolAttr(pkcs11.CKA_EXTRACTABLE, true), boolAttr(pkcs11.CKA_SENSITIVE, true)))
+			return priv, pub, err
+		},
+		tmpl: []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY),
+			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_RSA), boolAttr(pkcs11.CKA_SIGN, true), boolAttr(pkcs11.CKA_SENSITIVE, true)},
+		same: func(ctx context.Context, src, dst *slot.Session, _, pub, cp pkcs11.ObjectHandle) (bool, error) {
+			msg := []byte("hagroup pair trial")
+			m := pkcs11.NewMechanism(pkcs11.CKM_SHA256_RSA_PKCS, nil)
+			sig, err := dst.Sign(ctx, m, cp, msg)
+			if err != nil {
+				return false, err
+			}
+			err = src.Verify(ctx, m, pub, msg, sig)
+			if errors.Is(err, pkcs11.Error(pkcs11.CKR_SIGNATURE_INVALID)) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+	},
+}
+
+// PairTrials names the trials of a pair proof, the keys of
+// PairWays.Ways: "secret key", "private key" (EC, and every private key
+// but RSA), "RSA private key".
+func PairTrials() []string {
+	out := make([]string, len(pairTrials))
+	for i, t := range pairTrials {
+		out[i] = t.name
+	}
+	return out
+}
+
+// PairFailures says why each way tried for trial failed, in one line.
+func PairFailures(p PairWays, trial string) string {
+	var whys []string
+	for way, why := range p.Failed {
+		if way == trial || strings.HasPrefix(way, trial+" by ") {
+			whys = append(whys, strings.TrimPrefix(way, trial+" ")+": "+why)
+		}
+	}
+	if len(whys) == 0 {
+		return "no candidate way is offered by both"
+	}
+	slices.Sort(whys)
+	return strings.Join(whys, "; ")
+}
+
+// rsaTrialName is the entry of PairWays.Ways for RSA private keys; every
+// other private key is judged by the EC trial ("private key").
+const rsaTrialName = "RSA private key"
+
+// trialName is the entry of PairWays.Ways that speaks for keys of kind k.
+func trialName(k Kind) string {
+	if k.Class == pkcs11.CKO_PRIVATE_KEY && k.KeyType == pkcs11.CKK_RSA {
+		return rsaTrialName
+	}
+	return ClassName(k.Class)
+}
+
+// TriedFor reports whether a way was tried for keys of kind k.
+func (p PairWays) TriedFor(k Kind) bool {
+	return !slices.Contains(p.Untried, trialName(k))
+}
+
+// WayFor returns the preferred way proven for keys of kind k, and
+// whether there is one.
+func (p PairWays) WayFor(k Kind) (Way, bool) {
+	ws := p.Ways[trialName(k)]
+	if len(ws) == 0 {
+		return Way{}, false
+	}
+	return ws[0], true
 }
 
 func readValue(ctx context.Context, ss *slot.Session, h pkcs11.ObjectHandle) ([]byte, error) {
@@ -195,20 +281,20 @@ func ProvePair(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []ui
 			}
 		}
 	}
-	// Same names first, then the crossings, each in order of preference.
-	slices.SortStableFunc(ways, func(a, b Way) int {
-		ab, bb := a.Wrap != a.Unwrap, b.Wrap != b.Unwrap
-		switch {
-		case ab == bb:
-			return 0
-		case bb:
-			return -1
+	// By the wrap's preference (the padded RFC 5649 wraps first: a
+	// private key's PKCS#8 need not be a multiple of 8 bytes), and for
+	// one wrap the same name before a crossing.
+	rank := func(w Way) int {
+		r := 2 * slices.Index(transitCandidates, w.Wrap)
+		if w.Wrap != w.Unwrap {
+			r++
 		}
-		return 1
-	})
+		return r
+	}
+	slices.SortStableFunc(ways, func(a, b Way) int { return rank(a) - rank(b) })
 	if len(ways) == 0 {
 		for _, t := range pairTrials {
-			p.Untried = append(p.Untried, ClassName(t.class))
+			p.Untried = append(p.Untried, t.name)
 		}
 		return p, nil
 	}
@@ -237,7 +323,7 @@ func ProvePair(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []ui
 	}
 	for _, t := range pairTrials {
 		if err := t.prove(ctx, &p, ss, ds, skek, dkek, ways); err != nil {
-			return p, fmt.Errorf("prove how %ss travel from %s to %s: %w", ClassName(t.class), src.Name(), dst.Name(), err)
+			return p, fmt.Errorf("prove how %ss travel from %s to %s: %w", t.name, src.Name(), dst.Name(), err)
 		}
 	}
 	return p, nil
@@ -265,15 +351,15 @@ func (t pairTrial) prove(ctx context.Context, p *PairWays, ss, ds *slot.Session,
 	cleanup := context.WithoutCancel(ctx)
 	key, pub, err := t.make(ctx, ss)
 	if err != nil {
-		p.Untried = append(p.Untried, ClassName(t.class))
-		p.Failed[ClassName(t.class)] = fmt.Sprintf("the source made no trial key: %v", err)
+		p.Untried = append(p.Untried, t.name)
+		p.Failed[t.name] = fmt.Sprintf("the source made no trial key: %v", err)
 		return healthOnly(err)
 	}
 	defer ss.DestroyObject(cleanup, key)
 	if pub != 0 {
 		defer ss.DestroyObject(cleanup, pub)
 	}
-	name := ClassName(t.class)
+	name := t.name
 	for _, w := range ways {
 		ok, why, err := t.try(ctx, ss, ds, skek, dkek, key, pub, w)
 		if err != nil {
@@ -327,19 +413,13 @@ func (t pairTrial) try(ctx context.Context, ss, ds *slot.Session, skek, dkek, ke
 	return true, "", nil
 }
 
-// ReplicationWay is the way replication moves keys today: CKM_AES_KEY_WRAP_PAD
-// on both sides, the one mechanism the domain key is made for
-// (domainaudit.go). A pair that did not prove it carries no key of that
-// class, whatever else it proved (DESIGN.md, "How a key travels").
-var ReplicationWay = Way{wrapMechanism, wrapMechanism}
-
 // ProvePairKnown is ProvePair, answered from facts when a process proved
 // the same pair of tokens (tokenKey) offering the same mechanisms, for the
 // same ways, before; a proof made is kept there. facts may be nil.
 func ProvePairKnown(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []uint, facts Facts, only ...Way) (PairWays, error) {
 	key := ""
 	if sk, dk := tokenKey(src), tokenKey(dst); sk != "" && dk != "" && facts != nil {
-		key = fmt.Sprintf("pair\x00%s\x00%x\x00%s\x00%x\x00%v", sk, sortedMechs(srcMechs), dk, sortedMechs(dstMechs), only)
+		key = fmt.Sprintf("pair2\x00%s\x00%x\x00%s\x00%x\x00%v", sk, sortedMechs(srcMechs), dk, sortedMechs(dstMechs), only)
 		if b, ok := facts.Load(key); ok {
 			var p PairWays
 			if json.Unmarshal(b, &p) == nil && p.Source == src.Name() && p.Target == dst.Name() && p.Ways != nil {

@@ -91,6 +91,11 @@ type Replicator struct {
 	// Facts, when set, keeps beyond this process that a token refused the
 	// trial copies of a domain key (see trialKey).
 	Facts Facts
+	// PairWay, when set, says how keys travel between two members; a
+	// key crosses between two makes by the way their pair proved, under
+	// a key agreed for the copy (agree.go). Unset, every key travels
+	// under the domain key.
+	PairWay PairWay
 
 	mu      sync.Mutex
 	members map[weak.Pointer[slot.Slot]]*memberState
@@ -116,7 +121,9 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // Replicate makes the object srcH of src exist on dst and returns its
 // handle there.
 //
-// Private and secret keys travel only wrapped: CKM_AES_KEY_WRAP_PAD under
+// Private and secret keys travel only wrapped. To a member of another
+// make (Replicator.PairWay) by the way the pair proved, under a key agreed
+// for the copy (agree.go). Otherwise CKM_AES_KEY_WRAP_PAD under
 // the group's domain key on src, unwrapped under the domain key on dst
 // (the only SoftHSM mechanism that wraps private keys; its integrity
 // check rejects a blob made under a different key, which SoftHSM reports
@@ -198,7 +205,7 @@ func (r *Replicator) ReplicateEach(ctx context.Context, src *slot.Slot, srcH pkc
 		return fail(fmt.Errorf("replicate: %w", err))
 	}
 	sc := newSource(r, src, so)
-	defer sc.close()
+	defer sc.close(ctx)
 	bySlot := map[*slot.Slot][]int{}
 	var order []*slot.Slot
 	for i, dst := range dsts {
@@ -258,6 +265,10 @@ type replication struct {
 	dname string
 
 	dkFailed bool // an unwrap under the domain keys failed: forget them
+	// cross: the target is of another make than the source, and a key
+	// goes there by way, under an agreed key (agree.go).
+	cross bool
+	way   Way
 }
 
 func (j *replication) close() {
@@ -271,7 +282,13 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	if !j.src.tok && j.dst.Session == nil {
 		return 0, errors.New("it is a session object and the target has no session")
 	}
-	if j.src.wrapped() {
+	if j.src.wrapped() && j.r.PairWay != nil {
+		var err error
+		if j.way, j.cross, err = j.r.PairWay(ctx, j.src.slot, j.dst.Slot, j.src.id.Kind()); err != nil {
+			return 0, err
+		}
+	}
+	if j.src.wrapped() && !j.cross {
 		if err := j.r.needMechanism(ctx, j.src.slot, pkcs11.CKF_WRAP); err != nil {
 			return 0, err
 		}
@@ -386,7 +403,7 @@ func (j *replication) create(ctx context.Context) (pkcs11.ObjectHandle, error) {
 		}
 		tmpl = append(tmpl, a.attribute(t))
 	}
-	h, err := j.ds.CreateObject(ctx, tmpl)
+	h, err := j.ds.CreateObject(ctx, withoutDefaults(tmpl))
 	if err != nil {
 		return 0, fmt.Errorf("create: %w", err)
 	}
@@ -394,10 +411,6 @@ func (j *replication) create(ctx context.Context) (pkcs11.ObjectHandle, error) {
 }
 
 func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, error) {
-	blob, err := j.src.wrap(ctx)
-	if err != nil {
-		return 0, err
-	}
 	a, err := j.src.unwrapAttrs(ctx)
 	if err != nil {
 		return 0, err
@@ -411,6 +424,13 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 			continue
 		}
 		tmpl = append(tmpl, a.attribute(t))
+	}
+	if j.cross {
+		return j.createCrossed(ctx, tmpl)
+	}
+	blob, err := j.src.wrap(ctx)
+	if err != nil {
+		return 0, err
 	}
 	var h pkcs11.ObjectHandle
 	err = j.r.withDomainKey(ctx, j.dst.Slot, func(dk pkcs11.ObjectHandle, trusted bool) error {
@@ -607,6 +627,9 @@ func (j *replication) compare(ctx context.Context, do readResult) (verdict, erro
 // compareWrapped wraps h on dst under dst's domain key and compares the
 // blob with the source's: AES key wrap is deterministic.
 func (j *replication) compareWrapped(ctx context.Context, h pkcs11.ObjectHandle) (verdict, error) {
+	if j.cross {
+		return unknown, nil // no domain key between two makes: fingerprints decide
+	}
 	blob, err := j.src.wrap(ctx)
 	if err != nil {
 		return unknown, err

@@ -33,16 +33,21 @@ type source struct {
 	// inTransit: the source under a transit key (transit.go).
 	inTransit  *transitBlobs
 	transitErr error
+	// agreed: the source's half of the agreements with targets of
+	// another make (agree.go).
+	agreed   *agreement
+	agreeErr error
 }
 
 func newSource(r *Replicator, s *slot.Slot, so readResult) *source {
 	return &source{r: r, slot: s, h: so.Handle, id: so.Identity, tok: so.Token, so: so}
 }
 
-// close forgets the wrapped key.
-func (sc *source) close() {
+// close forgets the wrapped key and destroys the agreement key pair.
+func (sc *source) close(ctx context.Context) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
+	sc.dropAgreement(ctx)
 	clear(sc.blob)
 	sc.blob = nil
 	sc.inTransit.clear()
