@@ -288,16 +288,7 @@ func rpc(fns []fn) ([]byte, error) {
 		default:
 			b.WriteString("\tCK_RV rv = hap_call(&m);\n")
 		}
-		i = 0
-		for _, k := range ks {
-			switch {
-			case k == kStructOut:
-				fmt.Fprintf(&b, "\thap_get_%s(&m, rv, %s, sizeof *%[2]s);\n", k.name, f.args[i].name)
-			case k.out:
-				fmt.Fprintf(&b, "\thap_get_%s(&m, rv, %s);\n", k.name, names(f.args[i:i+k.width]))
-			}
-			i += k.width
-		}
+		outputs(&b, f, ks, "\thap_get_%s(&m, rv, %s")
 		b.WriteString("\treturn hap_msg_end(&m, rv);\n}\n")
 	}
 	// Helper dispatch.
@@ -327,20 +318,27 @@ func rpc(fns []fn) ([]byte, error) {
 			}
 		}
 		fmt.Fprintf(&b, "\t\tCK_RV rv = r->bad ? CKR_ARGUMENTS_BAD : r->preset != CKR_OK ? r->preset : C_%s(%s);\n\t\thap_reply_rv(r, rv);\n", f.name, names(f.args))
-		i = 0
-		for _, k := range ks {
-			switch {
-			case k == kStructOut:
-				fmt.Fprintf(&b, "\t\thap_reply_%s(r, rv, %s, sizeof *%[2]s);\n", k.name, f.args[i].name)
-			case k.out:
-				fmt.Fprintf(&b, "\t\thap_reply_%s(r, rv, %s);\n", k.name, names(f.args[i:i+k.width]))
-			}
-			i += k.width
-		}
+		outputs(&b, f, ks, "\t\thap_reply_%s(r, rv, %s")
 		b.WriteString("\t\treturn;\n\t}\n")
 	}
 	b.WriteString("\tdefault:\n\t\thap_reply_rv(r, CKR_FUNCTION_NOT_SUPPORTED);\n\t}\n}\n")
 	return b.Bytes(), nil
+}
+
+// outputs writes one call of call (a format taking the kind's name and the
+// arguments) per argument group of f that the helper answers: the client
+// reads them (hap_get_) as the helper wrote them (hap_reply_).
+func outputs(b *bytes.Buffer, f fn, ks []kind, call string) {
+	i := 0
+	for _, k := range ks {
+		switch {
+		case k == kStructOut:
+			fmt.Fprintf(b, call+", sizeof *%[2]s);\n", k.name, f.args[i].name)
+		case k.out:
+			fmt.Fprintf(b, call+");\n", k.name, names(f.args[i:i+k.width]))
+		}
+		i += k.width
+	}
 }
 
 // declarations writes rpc_gen.h: the stubs' prototypes.
