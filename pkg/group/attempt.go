@@ -151,7 +151,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 				o = g.try(ctx, p, m, hs, fn)
 			} else {
 				var err error
-				o, err = r.start(ctx, m, func(m *member.Member) *member.Member {
+				o, err = r.start(ctx, m, hs, func(m *member.Member) *member.Member {
 					s := skip | avoid
 					s.add(m.Index())
 					return next(s)
@@ -425,7 +425,7 @@ func (g *Group) measure(ctx context.Context, m *member.Member, fn func() error) 
 // account ends the accounting of a call on m begun at start (m.Begin) with
 // err, and returns its class and whether it should fail m.
 func (g *Group) account(ctx context.Context, m *member.Member, start time.Time, err error) (slot.Class, bool) {
-	if err != nil && ctx.Err() != nil {
+	if err != nil && (ctx.Err() != nil || errors.Is(err, slot.ErrOvertaken)) {
 		m.End(start, nil) // not the member's fault
 		return slot.ClassRequest, false
 	}

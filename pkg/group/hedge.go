@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -10,14 +11,18 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// Hedged requests (docs/DESIGN.md, "Hedged requests"). exec runs an
-// attempt of a hedgeable plan (a single-part call with no state left on the
-// member: sign, verify, encrypt, decrypt, digest, random) off the caller's
-// goroutine; when its member has not answered within the group's healthy
-// p95, the same request goes to another member too, and exec takes the
-// answers as they come. The one that exec does not need (the loser) runs
-// to its end, so that its session goes back to the pool with no operation
-// active, and its answer is charged by the rule like any other.
+// Hedged requests (docs/DESIGN.md, "Hedged requests"). When the member
+// running an attempt of a hedgeable plan (a single-part call with no state
+// left on the member: sign, verify, encrypt, decrypt, digest, random) has
+// not answered within the group's healthy p95, the same request goes to
+// another member too, and exec takes the answers as they come. The first
+// attempt runs on the caller's goroutine, which its slot brings back at
+// the delay (slot.Late); the hedge runs on a goroutine of its own. When
+// the hedge serves first, it overtakes the first attempt, whose session is
+// abandoned as a timed-out call's is and closed once the module returns;
+// a hedge that loses runs to its end, so that its session goes back to
+// the pool with no operation active, and its answer is charged by the rule
+// like any other.
 
 // Hedge budget, in thousandths of a hedge: each hedgeable call earns
 // hedgeEarn, a hedge spends hedgeCost, and at most hedgeBurst is saved up.
@@ -36,7 +41,7 @@ type race struct {
 	p       plan
 	fn      attempt
 	delay   time.Duration // hedgeDelay, taken once per request
-	answers chan outcome
+	answers chan outcome  // made at the first launch
 	running int
 }
 
@@ -53,7 +58,7 @@ func (g *Group) hedgeDelayFor() time.Duration {
 
 // newRace returns the race for one hedgeable request of plan p.
 func (g *Group) newRace(p plan, fn attempt, delay time.Duration) *race {
-	return &race{g: g, p: p, fn: fn, delay: delay, answers: make(chan outcome, 2)}
+	return &race{g: g, p: p, fn: fn, delay: delay}
 }
 
 // pending reports whether an attempt started earlier has not been taken.
@@ -61,19 +66,50 @@ func (r *race) pending() bool { return r != nil && r.running > 0 }
 
 // launch starts fn on m. The attempt runs to its end whatever the caller
 // does (command_timeout bounds it): a PKCS#11 operation cut short would
-// leave its session's operation state active.
-func (r *race) launch(ctx context.Context, m *member.Member) {
+// leave its session's operation state active. An answer that serves the
+// request overtakes late, once it is there for wait to take.
+func (r *race) launch(ctx context.Context, m *member.Member, late *slot.Late) {
+	if r.answers == nil {
+		r.answers = make(chan outcome, 2)
+	}
 	r.running++
 	hs := make([]pkcs11.ObjectHandle, len(r.p.objs))
 	ctx = context.WithoutCancel(ctx)
-	go func() { r.answers <- r.g.try(ctx, r.p, m, hs, r.fn) }()
+	go func() {
+		o := r.g.try(ctx, r.p, m, hs, r.fn)
+		r.answers <- o
+		if late != nil && o.prep == nil && o.class == slot.ClassNone {
+			late.Overtake()
+		}
+	}()
 }
 
 // start runs the request on m and, when m has not answered within the
 // hedge delay and the budget allows, on another(m) too. It returns the
-// first answer; wait takes the other.
-func (r *race) start(ctx context.Context, m *member.Member, another func(*member.Member) *member.Member) (outcome, error) {
-	r.launch(ctx, m)
+// first answer; wait takes the other. On a member whose calls are handed
+// off (all but dispatch inline), the attempt on m runs on the caller's
+// goroutine, which its slot brings back at the delay to launch the hedge
+// (slot.Late): a call answered in time costs no goroutine, channel or
+// timer. hs is the caller's handles for m.
+func (r *race) start(ctx context.Context, m *member.Member, hs []pkcs11.ObjectHandle, another func(*member.Member) *member.Member) (outcome, error) {
+	if s := m.Slot(); s == nil || !s.HandsOff() {
+		return r.startAside(ctx, m, another)
+	}
+	late := &slot.Late{After: r.delay}
+	late.Fire = func() { r.hedge(ctx, m, another, late) }
+	o := r.g.try(ctx, r.p, m, hs, func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		return r.fn(slot.WithLate(ctx, late), m, s, hs)
+	})
+	if errors.Is(o.err, slot.ErrOvertaken) {
+		return r.wait(ctx) // the hedge's answer, sent before it overtook
+	}
+	return o, nil
+}
+
+// startAside is start with m's attempt on a goroutine of its own, for a
+// member whose calls run on their caller's (dispatch inline).
+func (r *race) startAside(ctx context.Context, m *member.Member, another func(*member.Member) *member.Member) (outcome, error) {
+	r.launch(ctx, m, nil)
 	t := time.NewTimer(r.delay)
 	select {
 	case o := <-r.answers:
@@ -85,10 +121,16 @@ func (r *race) start(ctx context.Context, m *member.Member, another func(*member
 		return outcome{}, ctx.Err()
 	case <-t.C:
 	}
-	if h := another(m); h != nil && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
-		r.launch(ctx, h)
-	}
+	r.hedge(ctx, m, another, nil)
 	return r.wait(ctx)
+}
+
+// hedge sends the request late on m to another(m) too, when the budget
+// allows; an answer there overtakes late (nil: none to overtake).
+func (r *race) hedge(ctx context.Context, m *member.Member, another func(*member.Member) *member.Member, late *slot.Late) {
+	if h := another(m); h != nil && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
+		r.launch(ctx, h, late)
+	}
 }
 
 // wait returns the next answer.

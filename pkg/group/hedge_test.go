@@ -9,7 +9,9 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/miekg/pkcs11"
 )
 
 // warmUp signs enough to give the members a p95 and the group a hedge in
@@ -27,10 +29,19 @@ func warmUp(t *testing.T, signer *ecKey) {
 // A member that does not answer a signature in the group's p95 gets it
 // hedged: the other member answers, the caller has a valid signature
 // before the slow member answers at all, and the slow member's late answer
-// is discarded with its session left fit for the next call.
+// is discarded, the member staying fit for the next calls. Under handoff
+// the hedge overtakes the first attempt, whose session is abandoned and
+// closed once the module answers; inline, the first attempt runs to its
+// end on a goroutine of its own.
 func TestHedgedSignAnswersFromTheFastMember(t *testing.T) {
+	for _, d := range dispatch.All {
+		t.Run(string(d), func(t *testing.T) { testHedgedSign(t, d) })
+	}
+}
+
+func testHedgedSign(t *testing.T, d dispatch.Dispatch) {
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{n: 2, policy: config.PolicyPrimaryBackup, interceptor: faults})
+	f := setup(t, setupOpts{n: 2, policy: config.PolicyPrimaryBackup, interceptor: faults, dispatch: string(d)})
 	signer := ecSigner(t, f.g, "hedged")
 	warmUp(t, signer)
 	slow, fast := f.toks[0].Name, f.toks[1].Name
@@ -41,14 +52,15 @@ func TestHedgedSignAnswersFromTheFastMember(t *testing.T) {
 	hedgesBefore, fastBefore := f.g.Hedges(), faults.Calls(fast, slot.OpSign)
 	slowM, _ := f.g.Member(slow)
 	slowBefore := slowM.Snapshot().Hedges
+	abandonedBefore := slowM.Slot().Stats().QuarantinedTotal
 	faults.Hang(slow, slot.OpSign) // the primary: every signature goes to it first
 
-	d := sha256.Sum256([]byte("hedged signature"))
-	sig, err := signer.sign(testContext(t), d[:])
+	digest := sha256.Sum256([]byte("hedged signature"))
+	sig, err := signer.sign(testContext(t), digest[:])
 	if err != nil {
 		t.Fatalf("sign with the primary not answering: %v", err)
 	}
-	if !verifyRaw(signer.pub, d[:], sig) {
+	if !verifyRaw(signer.pub, digest[:], sig) {
 		t.Fatal("the hedged signature does not verify")
 	}
 	if n := f.g.Hedges() - hedgesBefore; n != 1 {
@@ -69,6 +81,10 @@ func TestHedgedSignAnswersFromTheFastMember(t *testing.T) {
 	// SignInit with CKR_OPERATION_ACTIVE).
 	faults.Release(slow)
 	waitIdle(t, f.g, slow)
+	wantAbandoned := map[dispatch.Dispatch]uint64{dispatch.Handoff: 1, dispatch.Inline: 0}[d]
+	if n := slowM.Slot().Stats().QuarantinedTotal - abandonedBefore; n != wantAbandoned {
+		t.Errorf("%d calls abandoned on the slow member, want %d", n, wantAbandoned)
+	}
 	if st := memberState(f.g, slow); st != member.Active {
 		t.Fatalf("the slow member is %v after its late answer, want active", st)
 	}
@@ -78,6 +94,49 @@ func TestHedgedSignAnswersFromTheFastMember(t *testing.T) {
 		if err != nil || !verifyRaw(signer.pub, d[:], sig) {
 			t.Fatalf("signature %d after the late answer: %v (verifies: %v)", i, err, err == nil && verifyRaw(signer.pub, d[:], sig))
 		}
+	}
+}
+
+// A hedge that fails overtakes nothing: the late member's answer, once it
+// comes, is the caller's, and its call is not abandoned.
+func TestFailedHedgeTakesTheLateAnswer(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{n: 2, policy: config.PolicyPrimaryBackup, interceptor: faults})
+	signer := ecSigner(t, f.g, "hedge-fails")
+	warmUp(t, signer)
+	slow, fast := f.toks[0].Name, f.toks[1].Name
+	f.g.hedgeBudget.Store(2 * hedgeCost)
+	slowM, _ := f.g.Member(slow)
+	abandonedBefore := slowM.Slot().Stats().QuarantinedTotal
+	fastBefore := faults.Calls(fast, slot.OpSign)
+	faults.Hang(slow, slot.OpSign)
+	faults.FailN(fast, slot.OpSign, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR), 1)
+
+	digest := sha256.Sum256([]byte("late answer"))
+	type answer struct {
+		sig []byte
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		sig, err := signer.sign(testContext(t), digest[:])
+		done <- answer{sig, err}
+	}()
+	if err := faults.WaitCalls(testContext(t), fast, slot.OpSign, fastBefore+1); err != nil {
+		t.Fatalf("the request was never hedged to the other member: %v", err)
+	}
+	select {
+	case a := <-done:
+		t.Fatalf("the signature returned (%v) before the late member answered, after a failed hedge", a.err)
+	default:
+	}
+	faults.Release(slow)
+	a := <-done
+	if a.err != nil || !verifyRaw(signer.pub, digest[:], a.sig) {
+		t.Fatalf("the late member's signature: %v (verifies: %v)", a.err, a.err == nil && verifyRaw(signer.pub, digest[:], a.sig))
+	}
+	if n := slowM.Slot().Stats().QuarantinedTotal - abandonedBefore; n != 0 {
+		t.Errorf("%d calls abandoned on the late member, want none", n)
 	}
 }
 

@@ -112,6 +112,7 @@ type setupOpts struct {
 	journal     bool            // tombstones in a journal in a temp state dir, as haagent keeps them
 	ownPINs     bool            // every member reads its PIN from $HAGROUP_TEST_PIN
 	noHedge     bool            // hedge = false
+	dispatch    string          // every member's dispatch (default: the configuration's)
 }
 
 func memberCfg(tok testhsm.Token) config.Member {
@@ -134,6 +135,7 @@ func setup(t testing.TB, o setupOpts) *fixture {
 	cfg := config.Group{Label: "ha-" + serial, Serial: serial}
 	for i, tok := range toks {
 		mc := memberCfg(tok)
+		mc.Dispatch = o.dispatch
 		for _, s := range o.standby {
 			mc.Standby = mc.Standby || s == i
 		}

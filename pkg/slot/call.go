@@ -247,8 +247,8 @@ func objectAccess(op Op) tokenquirk.Access {
 }
 
 // runHandoff posts the call to the worker and waits for its answer, the
-// deadline or ctx. The caller spins for as long as a wake-up costs
-// (callerSpin) and then sleeps.
+// deadline or ctx (and comes back to its Late, if it has one). The caller
+// spins for as long as a wake-up costs (callerSpin) and then sleeps.
 func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
 	x.watch(ctx)
 	seq := x.posted.Add(1)                               // the cell numbers calls the same way
@@ -257,7 +257,13 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 	if ctx.Err() != nil {
 		x.cell.Cancel(seq) // cancelled before the post: watch's cancel came too early
 	}
-	outcome := x.cell.Wait(seq, callerSpin, timeout)
+	var outcome handoff.Outcome
+	late := lateFor(ctx, timeout)
+	if late != nil {
+		outcome = late.wait(&x.cell, seq, timeout)
+	} else {
+		outcome = x.cell.Wait(seq, callerSpin, timeout)
+	}
 	// The wait for the token's object lock is not the member's: wait as
 	// much longer.
 	for credited := time.Duration(0); outcome == handoff.TimedOut; {
@@ -269,11 +275,13 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		credited = waited
 	}
 	var cause error
-	switch outcome {
-	case handoff.Answered:
+	switch {
+	case outcome == handoff.Answered:
 		return x.result(op)
-	case handoff.TimedOut:
+	case outcome == handoff.TimedOut:
 		cause = timeoutError(x.owner.spec.Name, op, timeout)
+	case late != nil && ctx.Err() == nil && late.wasOvertaken():
+		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
 	default:
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
 	}

@@ -306,7 +306,7 @@ func ClassOf(err error) Class {
 		return ClassOfCode(code)
 	}
 	switch {
-	case errors.Is(err, ErrInvalidSpec):
+	case errors.Is(err, ErrInvalidSpec), errors.Is(err, ErrOvertaken):
 		return ClassRequest
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ClassRequest
