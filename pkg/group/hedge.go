@@ -42,6 +42,7 @@ type race struct {
 	fn      attempt
 	delay   time.Duration // hedgeDelay, taken once per request
 	answers chan outcome  // made at the first launch
+	late    slot.Late     // the first attempt's, on a member that hands off
 	running int
 }
 
@@ -95,12 +96,10 @@ func (r *race) start(ctx context.Context, m *member.Member, hs []pkcs11.ObjectHa
 	if s := m.Slot(); s == nil || !s.HandsOff() {
 		return r.startAside(ctx, m, another)
 	}
-	late := &slot.Late{After: r.delay}
-	late.Fire = func() { r.hedge(ctx, m, another, late) }
-	o := r.g.try(ctx, r.p, m, hs, func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
-		return r.fn(slot.WithLate(ctx, late), m, s, hs)
-	})
-	if errors.Is(o.err, slot.ErrOvertaken) {
+	r.late.After = r.delay
+	r.late.Fire = func() { r.hedge(ctx, m, another, &r.late) }
+	o := r.g.try(slot.WithLate(ctx, &r.late), r.p, m, hs, r.fn)
+	if errors.Is(o.err, slot.ErrOvertaken) || errors.Is(o.prep, slot.ErrOvertaken) {
 		return r.wait(ctx) // the hedge's answer, sent before it overtook
 	}
 	return o, nil

@@ -20,7 +20,7 @@ import (
 // returns). A hedged request (pkg/group) fires its hedge this way, so that
 // a call answered in time, nearly every call, costs what an unhedged one
 // does. Only handed-off calls honour it (HandsOff): an inline call has no
-// wait to come back from.
+// wait to come back from. It must not be copied once used.
 type Late struct {
 	After time.Duration
 	Fire  func()
