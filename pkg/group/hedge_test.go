@@ -97,6 +97,38 @@ func testHedgedSign(t *testing.T, d dispatch.Dispatch) {
 	}
 }
 
+// A first attempt late in its look-up (the key's handle not known on its
+// member yet) is hedged and overtaken as a late call is.
+func TestHedgeOvertakesALateLookUp(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{n: 2, policy: config.PolicyPrimaryBackup, interceptor: faults})
+	signer := ecSigner(t, f.g, "late-look-up")
+	warmUp(t, signer)
+	slow := f.toks[0].Name
+	f.g.hedgeBudget.Store(2 * hedgeCost)
+	slowM, _ := f.g.Member(slow)
+	o, ok := f.g.objs.Get(signer.h)
+	if !ok {
+		t.Fatal("the signing key is not in the group's table")
+	}
+	o.Forget(slowM.Index())
+	faults.Hang(slow, slot.OpFindObjects)
+
+	digest := sha256.Sum256([]byte("late look-up"))
+	sig, err := signer.sign(testContext(t), digest[:])
+	if err != nil || !verifyRaw(signer.pub, digest[:], sig) {
+		t.Fatalf("sign with the primary's look-up hung: %v (verifies: %v)", err, err == nil && verifyRaw(signer.pub, digest[:], sig))
+	}
+	if n := faults.Hung(slow); n != 1 {
+		t.Errorf("%d look-ups hung on the slow member, want the 1 the hedge overtook", n)
+	}
+	faults.Release(slow)
+	waitIdle(t, f.g, slow)
+	if st := memberState(f.g, slow); st != member.Active {
+		t.Fatalf("the slow member is %v after its late look-up, want active", st)
+	}
+}
+
 // A hedge that fails overtakes nothing: the late member's answer, once it
 // comes, is the caller's, and its call is not abandoned.
 func TestFailedHedgeTakesTheLateAnswer(t *testing.T) {
