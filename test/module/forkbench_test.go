@@ -29,10 +29,7 @@ func TestForkBench(t *testing.T) {
 	if *forkBenchSeconds <= 0 {
 		t.Skip("a benchmark: go test -run TestForkBench -forkbench 5 ./test/module")
 	}
-	r := newRig(t, rigOpts{})
-	r.keypair("bench-ec", "0b01")
-	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--keypairgen",
-		"--key-type", "rsa:2048", "--label", "bench-rsa", "--id", "0b02")
+	r := forkBenchRig(t)
 	prog := cprog(t, "forkbench")
 	p11kit, serverPID := r.p11KitServer(r.members[0].Label)
 	for _, mech := range []string{"ecdsa", "rsa"} {
@@ -56,6 +53,41 @@ func TestForkBench(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestForkMix (with -forkbench=ROUNDS) measures the same as TestForkBench's
+// helper and in-process figures, the two sides interleaved in 100 ms
+// slices in one run (c/forkmix.c), so that a shared machine's drift falls
+// on both alike: ECDSA P-256 and RSA-2048, 1 and 4 processes a side. It
+// prints the medians of the rounds' ratios for docs/BENCHMARKS.md and
+// fails only when a signature fails.
+func TestForkMix(t *testing.T) {
+	if *forkBenchSeconds <= 0 {
+		t.Skip("a benchmark: go test -run TestForkMix -forkbench 20 ./test/module (20 rounds of 4 slices)")
+	}
+	r := forkBenchRig(t)
+	prog := cprog(t, "forkmix")
+	for _, mech := range []string{"ecdsa", "rsa"} {
+		for _, procs := range []int{1, 4} {
+			label := map[string]string{"ecdsa": "bench-ec", "rsa": "bench-rsa"}[mech]
+			out, err := runEnv(t, 5*time.Minute, withoutPIN(r.env), r.dir, prog, r.lib, virtualSlot, r.pinFile,
+				label, mech, fmt.Sprint(procs), fmt.Sprint(*forkBenchSeconds))
+			if err != nil {
+				t.Fatalf("forkmix %s %d: %v\n%s", mech, procs, err, out)
+			}
+			fmt.Print("forkmix ", strings.TrimSpace(out), "\n")
+		}
+	}
+}
+
+// forkBenchRig is the rig of TestForkBench and TestForkMix, with their keys:
+// bench-ec (P-256) and bench-rsa (RSA-2048).
+func forkBenchRig(t *testing.T) *rig {
+	r := newRig(t, rigOpts{})
+	r.keypair("bench-ec", "0b01")
+	r.tool("--slot", virtualSlot, "--login", "--pin", "env:HA_PIN", "--keypairgen",
+		"--key-type", "rsa:2048", "--label", "bench-rsa", "--id", "0b02")
+	return r
 }
 
 // p11KitServer serves the rig's token labelled label with `p11-kit server`

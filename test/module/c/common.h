@@ -124,6 +124,25 @@ static inline CK_SESSION_HANDLE init_login(CK_FUNCTION_LIST_PTR f, CK_SLOT_ID sl
 	return s;
 }
 
+/* slot_of reads SLOT: a number, or label=L (found after C_Initialize). */
+static inline CK_SLOT_ID slot_of(CK_FUNCTION_LIST_PTR f, const char *arg)
+{
+	if (strncmp(arg, "label=", 6) != 0)
+		return strtoul(arg, NULL, 0);
+	CK_SLOT_ID ids[64];
+	CK_ULONG n = 64;
+	size_t len = strlen(arg + 6);
+	CHECK(f->C_GetSlotList(CK_TRUE, ids, &n));
+	for (CK_ULONG i = 0; i < n; i++) {
+		CK_TOKEN_INFO ti;
+		if (f->C_GetTokenInfo(ids[i], &ti) == CKR_OK && len <= sizeof ti.label &&
+		    memcmp(ti.label, arg + 6, len) == 0 && (len == sizeof ti.label || ti.label[len] == ' '))
+			return ids[i];
+	}
+	fprintf(stderr, "FATAL no token %s\n", arg);
+	exit(2);
+}
+
 /* sign32 signs 32 bytes with key under mech (no parameter), C_SignInit
  * then C_Sign, as the benchmarks' threads do on every turn. */
 static inline CK_RV sign32(CK_FUNCTION_LIST_PTR f, CK_SESSION_HANDLE s, CK_MECHANISM_TYPE mech, CK_OBJECT_HANDLE key)

@@ -86,25 +86,6 @@ static double server_cpu_us(pid_t server)
 	return cpu;
 }
 
-/* slot_of reads SLOT: a number, or label=L (found after C_Initialize). */
-static CK_SLOT_ID slot_of(CK_FUNCTION_LIST_PTR f, const char *arg)
-{
-	if (strncmp(arg, "label=", 6) != 0)
-		return strtoul(arg, NULL, 0);
-	CK_SLOT_ID ids[64];
-	CK_ULONG n = 64;
-	size_t len = strlen(arg + 6);
-	CHECK(f->C_GetSlotList(CK_TRUE, ids, &n));
-	for (CK_ULONG i = 0; i < n; i++) {
-		CK_TOKEN_INFO ti;
-		if (f->C_GetTokenInfo(ids[i], &ti) == CKR_OK && len <= sizeof ti.label &&
-		    memcmp(ti.label, arg + 6, len) == 0 && (len == sizeof ti.label || ti.label[len] == ' '))
-			return ids[i];
-	}
-	fprintf(stderr, "FATAL no token %s\n", arg);
-	exit(2);
-}
-
 /* The processes' meeting points (shared memory). */
 struct meet {
 	volatile int go;  /* the clock started */
