@@ -124,6 +124,7 @@ bench: deps build
 	@if [ -x test/module/bench.sh ]; then test/module/bench.sh | tee bench-out/module.txt; fi
 	$(GO) test -count=1 -v -run '^TestInitCost$$' ./test/module -initcost=30 | grep -E '^initcost|^(ok|FAIL)' | tee bench-out/initcost.txt
 	$(GO) test -count=1 -v -run '^Test(ForkBench|NginxBench)$$' ./test/module -forkbench=5 | grep -E '^(forkbench|nginxbench)|^(ok|FAIL)' | tee bench-out/fork.txt
+	$(GO) test -count=1 -v -run '^TestForkMix$$' ./test/module -forkbench=20 | grep -E '^forkmix|^(ok|FAIL)' | tee bench-out/forkmix.txt
 	$(GO) run ./test/load/benchreport -in bench-out/go.txt -svg docs/scaling.svg | tee bench-out/scaling.txt
 	@uptime | tee -a bench-out/load.txt
 
