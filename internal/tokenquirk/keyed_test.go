@@ -30,6 +30,7 @@ func TestQuirksKeyedByMake(t *testing.T) {
 		{"DoubtsProbe", DoubtsProbe, "softhsm"},
 		{"LeavesHalfMadeObjects", LeavesHalfMadeObjects, "softhsm"},
 		{"NoTokenDataObjects", NoTokenDataObjects, "nss"},
+		{"HostMemoryIsRequestError", HostMemoryIsRequestError, "nss"},
 		{"ReusesLiveHandles", ReusesLiveHandles, "tpm"},
 	}
 	for _, q := range quirks {

@@ -264,6 +264,15 @@ func (ls *Locks) For(id uint, manufacturer, model string) *ObjectLock {
 // secret key sensitive whatever the template asked.
 func NoTokenDataObjects(manufacturer, model string) bool { return isNSS(manufacturer, model) }
 
+// HostMemoryIsRequestError reports whether a token answers
+// CKR_HOST_MEMORY to a request it cannot serve, as NSS softokn 3.87 does
+// when it cannot make the context an operation's mechanism parameter asks
+// (C_EncryptInit of CKM_AES_CBC_PAD without an IV, an HMAC key of a
+// length it refuses …): there the answer is the request's, and the token
+// serves the next call. Elsewhere it is a health answer (the host's
+// memory, or a network HSM client's exhausted buffers: pkg/slot).
+func HostMemoryIsRequestError(manufacturer, model string) bool { return isNSS(manufacturer, model) }
+
 // isNSS reports whether a token is NSS softokn's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
 func isNSS(manufacturer, model string) bool {

@@ -40,3 +40,48 @@ func TestProbeDoubtIsSoftHSMs(t *testing.T) {
 		t.Errorf("SoftHSM member after a second ambiguous probe: %v, want failed", st)
 	}
 }
+
+// NSS softokn answers CKR_HOST_MEMORY to an Init it cannot make a context
+// for (CKM_AES_CBC_PAD without an IV): through a group of one NSS member
+// the application gets that answer, as from the bare token, and the member
+// serves on (it was failed, and every later call of a one-member group
+// answered CKR_DEVICE_ERROR). From SoftHSM the same code is a health
+// answer: the member is failed.
+func TestHostMemoryIsNSSsRequestAnswer(t *testing.T) {
+	ctx := testContext(t)
+	nss := testhsm.NSS(t, "nss-hostmem")
+	f := setup(t, setupOpts{toks: []testhsm.Token{nss}, noDomain: true})
+	s := openSession(t, f.g)
+	aes, err := s.CreateObject(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+		attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_VALUE, make([]byte, 16))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.EncryptInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC_PAD, nil), aes)
+	if code := CodeOf(err); code != pkcs11.CKR_HOST_MEMORY {
+		t.Fatalf("CBC-PAD without an IV through a group of one NSS member: %v (0x%x), want CKR_HOST_MEMORY as the bare token", err, code)
+	}
+	if st := memberState(f.g, nss.Name); st != member.Active {
+		t.Fatalf("the NSS member is %v after answering a request CKR_HOST_MEMORY, want active", st)
+	}
+	if err := s.EncryptInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC_PAD, make([]byte, 16)), aes); err != nil {
+		t.Fatalf("a good Init after it: %v", err)
+	}
+
+	soft := testhsm.Take(t, 1)[0]
+	faults := slottest.NewFaults()
+	fs := setup(t, setupOpts{toks: []testhsm.Token{soft}, noDomain: true, interceptor: faults})
+	ss := openSession(t, fs.g)
+	key, err := ss.CreateObject(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+		attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_VALUE, make([]byte, 16))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	faults.FailN(soft.Name, slot.OpEncryptInit, pkcs11.Error(pkcs11.CKR_HOST_MEMORY), 1)
+	if err := ss.EncryptInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_ECB, nil), key); err == nil {
+		t.Fatal("an Init the SoftHSM member answered CKR_HOST_MEMORY succeeded")
+	}
+	if st := memberState(fs.g, soft.Name); st == member.Active {
+		t.Errorf("the SoftHSM member is still active after CKR_HOST_MEMORY, want it failed (a health answer there)")
+	}
+}
