@@ -273,6 +273,30 @@ func NoTokenDataObjects(manufacturer, model string) bool { return isNSS(manufact
 // memory, or a network HSM client's exhausted buffers: pkg/slot).
 func HostMemoryIsRequestError(manufacturer, model string) bool { return isNSS(manufacturer, model) }
 
+// TruncatesToShortBuffer reports whether a token answers a single-part
+// call given an output buffer shorter than its output with the output cut
+// to the buffer and CKR_OK, rather than CKR_BUFFER_TOO_SMALL: NSS softokn
+// 3.87 signs a CKM_SHA256_HMAC into 4 bytes as the MAC's first 4. So the
+// one-shot's first buffer for such a token is never the session's last
+// output length (pkg/slot): an HMAC after an AES block would be cut.
+func TruncatesToShortBuffer(manufacturer, model string) bool { return isNSS(manufacturer, model) }
+
+// DefaultExtractable reports a token's CKA_EXTRACTABLE for a private or
+// secret key whose template gives none: NSS softokn 3.87 and
+// opencryptoki 3.8's soft token make it extractable (test/conformance's
+// key sweeps on the bare tokens); SoftHSM 2.6 does not, and the safe side
+// (false) holds for every make not measured.
+func DefaultExtractable(manufacturer, model string) bool {
+	return isNSS(manufacturer, model) || isOCKSoftTok(manufacturer, model)
+}
+
+// isOCKSoftTok reports whether a token is opencryptoki's soft token.
+func isOCKSoftTok(manufacturer, model string) bool {
+	manufacturer = strings.TrimRight(manufacturer, " \x00")
+	model = strings.TrimRight(model, " \x00")
+	return manufacturer == "IBM Corp." && model == "IBM SoftTok"
+}
+
 // isNSS reports whether a token is NSS softokn's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
 func isNSS(manufacturer, model string) bool {
