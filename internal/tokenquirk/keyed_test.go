@@ -37,6 +37,7 @@ func TestQuirksKeyedByMake(t *testing.T) {
 		{"HostMemoryIsRequestError", HostMemoryIsRequestError, "nss"},
 		{"TruncatesToShortBuffer", TruncatesToShortBuffer, "nss"},
 		{"DefaultExtractable", DefaultExtractable, "nss opencryptoki"},
+		{"CarriesKeysByPairOnly", CarriesKeysByPairOnly, "opencryptoki"},
 		{"ReusesLiveHandles", ReusesLiveHandles, "tpm"},
 	}
 	for _, q := range quirks {

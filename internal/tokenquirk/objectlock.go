@@ -290,6 +290,15 @@ func DefaultExtractable(manufacturer, model string) bool {
 	return isNSS(manufacturer, model) || isOCKSoftTok(manufacturer, model)
 }
 
+// CarriesKeysByPairOnly reports whether a token offers none of the AES
+// key wraps a domain key is used with (CKM_AES_KEY_WRAP*), so that keys
+// reach it, and leave it, only by the ways its pairs proved, under
+// transit keys agreed for each copy: opencryptoki 3.8's soft token (it
+// wraps with AES ECB/CBC/CBC-PAD). A member that lacks the mechanism for
+// another reason (a p11-kit 0.24 RPC between it and its token) holds
+// nothing wrapped, as before.
+func CarriesKeysByPairOnly(manufacturer, model string) bool { return isOCKSoftTok(manufacturer, model) }
+
 // isOCKSoftTok reports whether a token is opencryptoki's soft token.
 func isOCKSoftTok(manufacturer, model string) bool {
 	manufacturer = strings.TrimRight(manufacturer, " \x00")
