@@ -130,7 +130,8 @@ CKA_WRAP_WITH_TRUSTED, so a user on a member can wrap them under a key of
 its own; use it only where a token has no SO.
 
 A member whose token cannot keep a wrap-only key (NSS softokn: no SO, and
-it copies such a key into one that decrypts) holds no domain key, and is
+it copies such a key into one that decrypts), or could not use one (the
+opencryptoki soft token: no AES key wrap), holds no domain key, and is
 asked for no SO PIN: keys reach it under keys agreed for each copy.
 
 --check audits the key on every member (logged in with each member's PIN
@@ -143,7 +144,7 @@ or from a member whose key is weak. --replace destroys the key on every
 member and installs a new one; nothing is wrapped again, since keys travel
 wrapped only while they are replicated.
 
-Every member must wrap and unwrap with CKM_AES_KEY_WRAP_PAD, and a trusted
+Every other member must wrap and unwrap with CKM_AES_KEY_WRAP_PAD, and a trusted
 install sets the nested CKA_UNWRAP_TEMPLATE; otherwise nothing is installed
 and the error names the member. A token reached through p11-kit 0.24's
 p11-kit-client.so offers neither: serve it with hsmserve and name it as

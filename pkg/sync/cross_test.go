@@ -167,31 +167,43 @@ func TestWrapOnlyKeyByMake(t *testing.T) {
 }
 
 // The ceremony gives a domain key to the members whose token keeps a
-// wrap-only key and to no other: with SoftHSM and NSS, SoftHSM alone holds
-// one, and nothing of it is on NSS; NSS alone is refused, naming it and
-// what its token does not keep.
-func TestDomainCeremonyOnNSS(t *testing.T) {
-	soft := openSlot(t, testhsm.Take(t, 1)[0], nil)
-	nss := openSlot(t, testhsm.NSS(t, "nss-ceremony"), nil)
-	ctx := testContext(t)
-	err := InstallDomainKey(ctx, []DomainTarget{{Slot: nss}}, "nss-alone")
-	var we *NoWrapOnlyKeyError
-	if !errors.As(err, &we) || we.Member != nss.Name() || !errors.Is(err, ErrNoWrapOnlyKey) {
-		t.Fatalf("install on NSS alone: %v, want a NoWrapOnlyKeyError naming %s", err, nss.Name())
-	}
-	if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: nss}}, "two-makes"); err != nil {
-		t.Fatalf("install on SoftHSM and NSS: %v", err)
-	}
-	if d, err := AuditDomainKey(ctx, soft, "two-makes"); err != nil || !d.Found || d.Weak() {
-		t.Errorf("SoftHSM after the ceremony: %+v, %v; want a sound key", d, err)
-	}
-	hs, err := nss.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY)})
-	if err != nil || len(hs) != 0 {
-		t.Errorf("NSS holds %d secret keys after the ceremony (%v), want none", len(hs), err)
-	}
-	// Installing again changes nothing: NSS is not a member that lacks it.
-	if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: nss}}, "two-makes"); err != nil {
-		t.Errorf("install again: %v", err)
+// wrap-only key it can use and to no other: beside SoftHSM, NSS (which
+// keeps no wrap-only key) and the opencryptoki soft token (which offers no
+// AES key wrap, the domain key's one use) hold none, and nothing of it is
+// on them; either alone is refused, naming it and what its token lacks.
+func TestDomainCeremonyOnOtherMakes(t *testing.T) {
+	for _, c := range []struct {
+		make string
+		open func(t *testing.T) *slot.Slot
+	}{
+		{"nss", func(t *testing.T) *slot.Slot { return openSlot(t, testhsm.NSS(t, "nss-ceremony"), nil) }},
+		{"opencryptoki", func(t *testing.T) *slot.Slot { return openOCK(t, "ock-ceremony") }},
+	} {
+		t.Run(c.make, func(t *testing.T) {
+			soft := openSlot(t, testhsm.Take(t, 1)[0], nil)
+			other := c.open(t)
+			ctx := testContext(t)
+			err := InstallDomainKey(ctx, []DomainTarget{{Slot: other}}, "alone")
+			var we *NoWrapOnlyKeyError
+			if !errors.As(err, &we) || we.Member != other.Name() || !errors.Is(err, ErrNoWrapOnlyKey) {
+				t.Fatalf("install on %s alone: %v, want a NoWrapOnlyKeyError naming %s", c.make, err, other.Name())
+			}
+			if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: other}}, "two-makes"); err != nil {
+				t.Fatalf("install on SoftHSM and %s: %v", c.make, err)
+			}
+			if d, err := AuditDomainKey(ctx, soft, "two-makes"); err != nil || !d.Found || d.Weak() {
+				t.Errorf("SoftHSM after the ceremony: %+v, %v; want a sound key", d, err)
+			}
+			hs, err := other.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY)})
+			if err != nil || len(hs) != 0 {
+				t.Errorf("%s holds %d secret keys after the ceremony (%v), want none", c.make, len(hs), err)
+			}
+			// Installing again changes nothing: the other make is not a
+			// member that lacks it.
+			if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: other}}, "two-makes"); err != nil {
+				t.Errorf("install again: %v", err)
+			}
+		})
 	}
 }
 

@@ -315,10 +315,14 @@ func checkTargets(members []DomainTarget, groupSerial string) error {
 }
 
 // checkWrapMechanism refuses, before anything is made, members that
-// cannot use a domain key: it serves CKM_AES_KEY_WRAP_PAD alone.
+// cannot use a domain key: it serves CKM_AES_KEY_WRAP_PAD alone. A make
+// that carries keys by pair only takes none (keepingWrapOnly says so).
 func checkWrapMechanism(ctx context.Context, members []DomainTarget) error {
 	var unable []error
 	for _, m := range members {
+		if pairOnly(m.Slot) != nil {
+			continue
+		}
 		info, err := m.Slot.MechanismInfo(ctx, wrapMechanism)
 		if err != nil && slot.ClassOf(err) != slot.ClassRequest {
 			return fmt.Errorf("member %s: ask for %s: %w", m.Slot.Name(), mechanismName(wrapMechanism), err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -28,8 +29,13 @@ var ErrNoWrapOnlyKey = errors.New("the token cannot keep a wrap-only key")
 // destroyed; s must be logged in as the user. A token that refuses the
 // template is tried again without CKA_COPYABLE and CKA_ALLOWED_MECHANISMS,
 // so that every flaw is named. It returns the attributes at fault, none
-// when the token keeps them all.
+// when the token keeps them all. A make that carries keys by pair only
+// (no AES key wrap: internal/tokenquirk) could not use such a key, and is
+// not tried.
 func WrapOnlyFlaws(ctx context.Context, s *slot.Slot) ([]string, error) {
+	if flaw := pairOnly(s); flaw != nil {
+		return flaw, nil
+	}
 	v := make([]byte, 32)
 	if _, err := rand.Read(v); err != nil {
 		return nil, err
@@ -142,7 +148,20 @@ func (r *Replicator) KeepsWrapOnlyKey(ctx context.Context, s *slot.Slot) error {
 	return nil
 }
 
+// pairOnly is the flaw of a make that carries keys by pair only (no AES
+// key wrap: internal/tokenquirk), which could not use a domain key; nil
+// for another make.
+func pairOnly(s *slot.Slot) []string {
+	if t := s.Token(); tokenquirk.CarriesKeysByPairOnly(t.Manufacturer, t.Model) {
+		return []string{"the token offers no AES key wrap, the domain key's one use"}
+	}
+	return nil
+}
+
 func (r *Replicator) wrapOnlyFlaws(ctx context.Context, s *slot.Slot) ([]string, error) {
+	if flaw := pairOnly(s); flaw != nil {
+		return flaw, nil // (whatever an older host stored)
+	}
 	key := ""
 	if tk := tokenKey(s); tk != "" && r.Facts != nil {
 		key = "wraponly\x00" + tk
