@@ -664,7 +664,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 	if with != nil {
 		objs = append(objs, with)
 	}
-	next := func(tried memberSet) *member.Member { return s.g.pick(tried | skip) }
+	next := func(tried memberSet) *member.Member { return s.g.pickFor(op.At.key, tried|skip) }
 	absent := argOpKey.bad() // no member holds the Init's key (one a logout hid, too)
 	if op.At.key == nil {
 		absent = argKey.bad() // C_DigestKey's
