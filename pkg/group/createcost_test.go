@@ -40,7 +40,7 @@ func TestCreateCostsConstantCalls(t *testing.T) {
 	// alone, per op, summed over the members, and the searches per member.
 	calls := func() (map[slot.Op]int, []int) {
 		faults := slottest.NewFaults()
-		f := setup(t, setupOpts{toks: toks, interceptor: faults, noHedge: true, policy: config.PolicyPrimaryBackup})
+		f := setup(t, setupOpts{toks: toks, interceptor: faults, noHedge: true, journal: true, policy: config.PolicyPrimaryBackup})
 		s := openSession(t, f.g)
 		count := func() (map[slot.Op]int, []int) {
 			out := map[slot.Op]int{}

@@ -33,6 +33,8 @@ var manyRounds = flag.Int("manyrounds", 5, "alternated rounds per measurement in
 // with the other side, medians reported:
 //
 //   - first-signature: pkcs11-tool --sign (load, login, find by label, sign);
+//   - softhsm-load: pkcs11-tool -L on libsofthsm2.so itself, the members'
+//     token directory (three tokens) against the bare token's (one);
 //   - list: pkcs11-tool -O --login (every object and its attributes);
 //   - listgroups: hactl hagroup listgroups through a haagent running the
 //     group (members compared now), and the agent's RSS after it;
@@ -60,6 +62,21 @@ func BenchmarkManyObjects(b *testing.B) {
 				data := f.r.write("data", strings.Repeat("x", 32))
 				sign := []string{"--login", "--pin", "env:HA_PIN", "--sign", "-m", "ECDSA", "--label", "sig", "-i", data, "-o", filepath.Join(f.r.dir, "sig")}
 				f.ratio(b, sign, sign)
+			})
+			b.Run("op=softhsm-load", func(b *testing.B) {
+				// SoftHSM alone, no hagroup: C_Initialize reads every object
+				// of every token in its directory, the members' three
+				// against the bare token's one. The floor of a first
+				// signature with in-process SoftHSM members.
+				load := []string{"--module", testhsm.SoftHSMModule, "-L"}
+				for b.Loop() {
+					var group, bare []float64
+					for range *manyRounds {
+						group = append(group, f.timed(b, nil, load))
+						bare = append(bare, f.timed(b, []string{"SOFTHSM2_CONF=" + f.bareConf}, load))
+					}
+					report(b, group, bare)
+				}
 			})
 			b.Run("op=list", func(b *testing.B) {
 				list := []string{"--login", "--pin", "env:HA_PIN", "-O"}
