@@ -63,20 +63,35 @@ func TestCreateCostsConstantCalls(t *testing.T) {
 		}
 		// A first creation warms what a process learns once (the domain
 		// key's handle, the wrap mechanism): the one counted is a later one.
-		mk := func(label string) {
-			if _, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		gen := func(label string) error {
+			_, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
 				attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true),
 				attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_DECRYPT, true), attr(pkcs11.CKA_VALUE_LEN, 32),
 				attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, []byte(label)),
-			}); err != nil {
+			})
+			return err
+		}
+		mk := func(label string) {
+			if err := gen(label); err != nil {
 				t.Fatalf("generate %s: %v", label, err)
 			}
 		}
 		round++
 		mk(fmt.Sprintf("warm-%d", round))
 		before, perBefore := count()
-		mk(fmt.Sprintf("counted-%d", round))
+		counted := fmt.Sprintf("counted-%d", round)
+		mk(counted)
 		after, per := count()
+		// The one search still keeps identities unique: the same name
+		// again is refused, and every member holds one key of it.
+		if err := gen(counted); CodeOf(err) != pkcs11.CKR_TEMPLATE_INCONSISTENT {
+			t.Errorf("a second key named %s: %v, want CKR_TEMPLATE_INCONSISTENT", counted, err)
+		}
+		for _, tok := range toks {
+			if n := len(findDirect(t, openDirect(t, tok), counted)); n != 1 {
+				t.Errorf("%s holds %d objects named %s, want 1", tok.Name, n, counted)
+			}
+		}
 		for op := range after {
 			after[op] -= before[op]
 		}
