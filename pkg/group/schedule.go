@@ -54,9 +54,10 @@ func (g *Group) pick(skip memberSet) *member.Member { return g.pickFor(nil, skip
 // where it is not known is chosen when every member where it is known has
 // calls in flight and that one has none, so concurrent calls still spread
 // (and learn the handle there) while one caller's calls do not scan. A
-// slow member where alone the handle is known is left by the hedges
-// (hedge.go: late against the group's healthy p95), which learn the handle
-// on another member; among members where it is known the least busy wins.
+// slow member where alone the handle is known is left through a hedge
+// (hedge.go: late against the fastest member's p95), which learns the
+// handle on another member; among members where it is known the least
+// busy wins.
 // Latency alone cannot say it: a member's average holds the search that
 // found the object.
 func (g *Group) pickFor(o *vtable.Object, skip memberSet) *member.Member {
