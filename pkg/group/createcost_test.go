@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/miekg/pkcs11"
 )
 
@@ -178,4 +180,45 @@ func TestFirstSignatureCostsConstantCalls(t *testing.T) {
 		t.Errorf("a first signature searched the members %d times, want at most %d", few[slot.OpFindObjects], want)
 	}
 	t.Logf("member calls of open, login, find by label, sign: %v", many)
+}
+
+// TestAgentLoginReportsWeakDomainKey: the agent's login (LoginConfigured,
+// the members' own PIN sources) audits every member's domain key at once,
+// so the operator hears of a weak one when haagent starts; an
+// application's login audits none (the first wrap or unwrap does).
+func TestAgentLoginReportsWeakDomainKey(t *testing.T) {
+	ctx := testContext(t)
+	for _, agent := range []bool{true, false} {
+		f := setup(t, setupOpts{n: 2, noDomain: true, noLogin: true, ownPINs: true})
+		value := make([]byte, 32)
+		for _, tok := range f.toks {
+			// The old way: modifiable, with every use.
+			if _, err := openDirect(t, tok).CreateObject(ctx, []*pkcs11.Attribute{
+				attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+				attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true),
+				attr(pkcs11.CKA_EXTRACTABLE, false), attr(pkcs11.CKA_WRAP, true), attr(pkcs11.CKA_UNWRAP, true),
+				attr(pkcs11.CKA_MODIFIABLE, true), attr(pkcs11.CKA_LABEL, hasync.DomainLabel(f.cfg.Serial)), attr(pkcs11.CKA_VALUE, value),
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var err error
+		if agent {
+			err = f.g.LoginConfigured(ctx)
+		} else {
+			err = f.g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(f.toks[0].UserPIN))
+		}
+		if err != nil {
+			t.Fatalf("login (agent %v): %v", agent, err)
+		}
+		for _, tok := range f.toks {
+			n := f.events.count(DomainKeyWeak, tok.Name)
+			switch {
+			case agent && n != 1:
+				t.Errorf("after the agent's login: %d domain_key_weak events for %s, want 1", n, tok.Name)
+			case !agent && n != 0:
+				t.Errorf("after an application's login: %d domain_key_weak events for %s, want none yet", n, tok.Name)
+			}
+		}
+	}
 }
