@@ -42,7 +42,7 @@ type plan struct {
 	op   string
 	objs []*vtable.Object // resolved on each member tried
 	// next returns the member to try next, not one in skip; nil: the
-	// scheduler (pick).
+	// scheduler (pickFor the first of objs, pick without objs).
 	next func(skip memberSet) *member.Member
 	// avoid: members tried only when no other can serve.
 	avoid memberSet
@@ -101,7 +101,10 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 		return nil, err
 	}
 	next := p.next
-	if next == nil {
+	switch {
+	case next == nil && len(p.objs) > 0:
+		next = func(skip memberSet) *member.Member { return g.pickFor(p.objs[0], skip) }
+	case next == nil:
 		next = g.pick
 	}
 	var v member.Verdict

@@ -135,6 +135,10 @@ type made struct {
 	in  intent
 	h   pkcs11.ObjectHandle
 	obj hasync.Object
+	// fresh: no object on the primary had the identity before the call
+	// (leftover.Searches.Held), so no serving member, which holds what the
+	// group holds, has it either.
+	fresh bool
 }
 
 // createOn runs a key-management call on the primary and replicates what
@@ -206,7 +210,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 	}
 	ms := make([]made, len(out))
 	for i, h := range out {
-		ms[i] = made{in: ins[i], h: h}
+		ms[i] = made{in: ins[i], h: h, fresh: !left.Held(i)}
 	}
 	undo := func() {
 		for _, m := range ms {
@@ -225,7 +229,12 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 			return nil, opErr(op, p.Name(), err)
 		}
 		ms[i].obj = obj
-		if obj.Token && ms[i].in.explicitID {
+		// The search before the call (makeOn) found no object of the
+		// identity: none is looked for again, since on a token whose
+		// search visits every object (SoftHSM) each search costs what the
+		// token holds. What it may miss is a creation of the same identity
+		// by another process at the same moment (docs/DESIGN.md, "Creation").
+		if obj.Token && ms[i].in.explicitID && !ms[i].fresh {
 			var dup []pkcs11.ObjectHandle
 			if _, err := g.call(ctx, p, func() (err error) {
 				dup, err = p.Slot().FindObjects(ctx, hasync.TokenTemplate(obj.Identity))
@@ -418,10 +427,17 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	}
 	// Physical sessions for session objects are opened here, under s.mu,
 	// before the goroutines start.
+	// A target is not searched for an identity the primary did not hold
+	// before the call (made.fresh): a serving member holds what the group
+	// holds, and each search of a SoftHSM token visits all its objects.
+	absent := true
+	for _, m := range ms {
+		absent = absent && m.fresh
+	}
 	dsts := make([]hasync.Target, len(targets))
 	errs := make([]error, len(targets))
 	for i, t := range targets {
-		dsts[i] = hasync.Target{Slot: t.Slot()}
+		dsts[i] = hasync.Target{Slot: t.Slot(), Absent: absent}
 		if !ms[0].obj.Token {
 			// A new session object is new on every member, even where its
 			// identity is another's (a copy keeps its source's): looking
@@ -504,6 +520,7 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 			if errs[i] == nil || !sourceUnwell(errs[i], p) {
 				continue
 			}
+			dsts[i].Absent = false // the failed copy may have got there after all
 			failedAt[i], errs[i] = g.copyTo(ctx, targets[i], dsts[i], h.Slot(), copies[holder], copies[i])
 		}
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 )
 
@@ -44,9 +45,24 @@ const minLatency = 1000 // ns
 // members not in skip, per the group's policy. When no member is active at
 // all it promotes the standbys first. It returns nil when every candidate
 // is in skip or none serves. pick reads only atomics.
-func (g *Group) pick(skip memberSet) *member.Member {
+func (g *Group) pick(skip memberSet) *member.Member { return g.pickFor(nil, skip) }
+
+// pickFor is pick for a call on object o (nil: none). Under the least-busy
+// policy it prefers a member where o's handle is known (Cached): on any
+// other the object is first searched for, which on most makes visits
+// every object of the token and costs far more than the call. A member
+// where it is not known is chosen when every member where it is known has
+// calls in flight and that one has none, so concurrent calls still spread
+// (and learn the handle there) while one caller's calls do not scan. A
+// slow member where alone the handle is known is left through a hedge
+// (hedge.go: late against the fastest member's p95), which learns the
+// handle on another member; among members where it is known the least
+// busy wins.
+// Latency alone cannot say it: a member's average holds the search that
+// found the object.
+func (g *Group) pickFor(o *vtable.Object, skip memberSet) *member.Member {
 	for range 2 {
-		if m, anyActive := g.pickActive(skip); m != nil || anyActive {
+		if m, anyActive := g.pickActive(o, skip); m != nil || anyActive {
 			return m
 		}
 		g.ensureActive()
@@ -54,7 +70,7 @@ func (g *Group) pick(skip memberSet) *member.Member {
 	return nil
 }
 
-func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
+func (g *Group) pickActive(o *vtable.Object, skip memberSet) (*member.Member, bool) {
 	ms := g.view().members
 	n := len(ms)
 	anyActive := false
@@ -84,37 +100,58 @@ func (g *Group) pickActive(skip memberSet) (*member.Member, bool) {
 		}
 		return nil, anyActive
 	default:
-		// Least busy: the fewest calls in flight, weighted by the recent
-		// latency, so a slow or far member gets proportionally less. The
-		// scan starts at a rotating offset so that ties rotate.
-		// A lone candidate is not scored (no clock read on the hot path).
 		start := int(g.rr.Add(1) % uint64(n))
-		var now int64
-		var best *member.Member
-		bestScore := math.MaxFloat64
-		for i := range n {
-			m := ms[(start+i)%n]
-			if m.State() != member.Active {
-				continue
-			}
-			anyActive = true
-			if skip.has(m.Index()) {
-				continue
-			}
-			if best == nil {
-				best = m
-				continue
-			}
-			if now == 0 {
-				now = time.Now().UnixNano()
-				bestScore = busyScore(best, now)
-			}
-			if score := busyScore(m, now); score < bestScore {
-				best, bestScore = m, score
+		if o == nil {
+			return leastBusyOf(ms, start, skip, nil)
+		}
+		known := func(m *member.Member) bool { _, ok := o.Cached(m); return ok }
+		best, _ := leastBusyOf(ms, start, skip, known)
+		if best != nil && best.InFlight() > 0 {
+			idle := func(m *member.Member) bool { return m.InFlight() == 0 && !known(m) }
+			if other, _ := leastBusyOf(ms, start, skip, idle); other != nil {
+				return other, true
 			}
 		}
-		return best, anyActive
+		if best != nil {
+			return best, true
+		}
+		return leastBusyOf(ms, start, skip, nil)
 	}
+}
+
+// leastBusyOf returns the active member not in skip, and for which keep
+// (nil: any) holds, with the fewest calls in flight weighted by its recent
+// latency, so a slow or far member gets proportionally less; and whether
+// any member is active. The scan starts at start, so that ties rotate. A
+// lone candidate is not scored (no clock read on the hot path).
+func leastBusyOf(ms []*member.Member, start int, skip memberSet, keep func(*member.Member) bool) (*member.Member, bool) {
+	n := len(ms)
+	anyActive := false
+	var now int64
+	var best *member.Member
+	bestScore := math.MaxFloat64
+	for i := range n {
+		m := ms[(start+i)%n]
+		if m.State() != member.Active {
+			continue
+		}
+		anyActive = true
+		if skip.has(m.Index()) || keep != nil && !keep(m) {
+			continue
+		}
+		if best == nil {
+			best = m
+			continue
+		}
+		if now == 0 {
+			now = time.Now().UnixNano()
+			bestScore = busyScore(best, now)
+		}
+		if score := busyScore(m, now); score < bestScore {
+			best, bestScore = m, score
+		}
+	}
+	return best, anyActive
 }
 
 // busyScore is a member's calls in flight (plus this one) weighted by its

@@ -325,6 +325,9 @@ func (g *Group) login(ctx context.Context, userType uint, pin secret.PIN, prove 
 	for _, m := range g.view().members {
 		m.BumpEpoch() // handles found before the login may not show private objects
 	}
+	if !prove {
+		g.auditDomainKeys(ctx) // the domain key is private: now it can be seen
+	}
 	return g.admitMembers(ctx), nil // marks are private: readable from now on
 }
 
@@ -360,11 +363,21 @@ func (g *Group) loginAs(ctx context.Context, m *member.Member, userType uint, pi
 		}
 		return err
 	})
-	if err == nil {
-		// The domain key is private: now it can be seen, audit it.
-		_ = g.rep.Audit(ctx, s) // a weak key is reported; the first copy meets any error again
-	}
 	return err
+}
+
+// auditDomainKeys audits the domain key of every serving member (each a
+// search of its token), reporting a weak one. The agent's login does, so
+// that the operator hears of a weak key at once; an application's login
+// does not: its process may never wrap or unwrap, and the replicator
+// audits a member's key before its first wrap or unwrap in each login
+// epoch (docs/DESIGN.md, "The domain key wraps and unwraps").
+func (g *Group) auditDomainKeys(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, m := range g.serving() {
+		wg.Go(func() { _ = g.rep.Audit(ctx, m.Slot()) }) // a weak key is reported; the first copy meets any error again
+	}
+	wg.Wait()
 }
 
 // Logout logs every member out, zeroes the kept PIN and forgets the
@@ -664,7 +677,7 @@ func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName str
 	if with != nil {
 		objs = append(objs, with)
 	}
-	next := func(tried memberSet) *member.Member { return s.g.pick(tried | skip) }
+	next := func(tried memberSet) *member.Member { return s.g.pickFor(op.At.key, tried|skip) }
 	absent := argOpKey.bad() // no member holds the Init's key (one a logout hid, too)
 	if op.At.key == nil {
 		absent = argKey.bad() // C_DigestKey's

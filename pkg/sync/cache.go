@@ -250,8 +250,8 @@ func (r *Replicator) rememberRefused(k string) {
 
 // Audit looks up and audits s's domain key now, as the first wrap or
 // unwrap under it in this login epoch would, so that a weak key is
-// reported (OnWeakDomainKey) as soon as the member is logged in; a sound
-// key is remembered for the epoch. It returns what that first use would
+// reported (OnWeakDomainKey) before any use (the agent's login asks it);
+// a sound key is remembered for the epoch. It returns what that first use would
 // meet: nil, a *WeakDomainKeyError, an error wrapping ErrNoDomainKey, or
 // the member's failure to answer (never charged here: the next call
 // meets it again).

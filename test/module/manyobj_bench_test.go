@@ -22,6 +22,11 @@ import (
 // fill: `-manyobjects 100,1000,10000`.
 var manyObjects = flag.String("manyobjects", "100,1000", "keys on each token in BenchmarkManyObjects, comma-separated")
 
+// manyRemote serves each member by its own hsmserve (a process of its
+// own that has loaded its token before the application starts) instead of
+// loading the three in the application's process.
+var manyRemote = flag.Bool("manyremote", false, "BenchmarkManyObjects with every member served by hsmserve")
+
 // manyRounds is how many times each side of a ratio is measured,
 // alternating with the other side.
 var manyRounds = flag.Int("manyrounds", 5, "alternated rounds per measurement in BenchmarkManyObjects")
@@ -33,6 +38,8 @@ var manyRounds = flag.Int("manyrounds", 5, "alternated rounds per measurement in
 // with the other side, medians reported:
 //
 //   - first-signature: pkcs11-tool --sign (load, login, find by label, sign);
+//   - softhsm-load: pkcs11-tool -L on libsofthsm2.so itself, the members'
+//     token directory (three tokens) against the bare token's (one);
 //   - list: pkcs11-tool -O --login (every object and its attributes);
 //   - listgroups: hactl hagroup listgroups through a haagent running the
 //     group (members compared now), and the agent's RSS after it;
@@ -60,6 +67,24 @@ func BenchmarkManyObjects(b *testing.B) {
 				data := f.r.write("data", strings.Repeat("x", 32))
 				sign := []string{"--login", "--pin", "env:HA_PIN", "--sign", "-m", "ECDSA", "--label", "sig", "-i", data, "-o", filepath.Join(f.r.dir, "sig")}
 				f.ratio(b, sign, sign)
+			})
+			b.Run("op=softhsm-load", func(b *testing.B) {
+				if *manyRemote {
+					b.Skip("the members are loaded by their servers, not by the application")
+				}
+				// SoftHSM alone, no hagroup: C_Initialize reads every object
+				// of every token in its directory, the members' three
+				// against the bare token's one. The floor of a first
+				// signature with in-process SoftHSM members.
+				load := []string{"--module", testhsm.SoftHSMModule, "-L"}
+				for b.Loop() {
+					var group, bare []float64
+					for range *manyRounds {
+						group = append(group, f.timed(b, nil, load))
+						bare = append(bare, f.timed(b, []string{"SOFTHSM2_CONF=" + f.bareConf}, load))
+					}
+					report(b, group, bare)
+				}
 			})
 			b.Run("op=list", func(b *testing.B) {
 				list := []string{"--login", "--pin", "env:HA_PIN", "-O"}
@@ -99,13 +124,21 @@ type manyFixture struct {
 func newManyFixture(b *testing.B, n int) *manyFixture {
 	b.Helper()
 	start := time.Now()
-	r := newRig(b, rigOpts{ecKey: "sig,01"})
+	r := newRig(b, rigOpts{ecKey: "sig,01", remote: *manyRemote, allRemote: *manyRemote})
 	r.mustRun(time.Duration(n)*500*time.Millisecond+2*time.Minute, hsmprep(b),
 		"-config", r.conf, "-group", groupLabel, "-user-pin-file", r.pinFile, "-fill", strconv.Itoa(n), "-member", "hsm-0")
-	tokens := filepath.Join(r.dir, "tokens")
-	src := tokenDirOf(b, tokens, "ha-0")
-	for _, label := range []string{"ha-1", "ha-2"} {
-		copyToken(b, src, tokenDirOf(b, tokens, label), "")
+	tokens := func(i int) string {
+		if *manyRemote {
+			return filepath.Join(filepath.Dir(r.remotes[i].Socket()), "tokens")
+		}
+		return filepath.Join(r.dir, "tokens")
+	}
+	src := tokenDirOf(b, tokens(0), "ha-0")
+	for i, label := range []string{"ha-1", "ha-2"} {
+		copyToken(b, src, tokenDirOf(b, tokens(i+1), label), "")
+	}
+	for _, s := range r.remotes {
+		s.Restart(b) // its next child loads the token as copied
 	}
 	bareTokens := filepath.Join(r.dir, "bare-tokens")
 	bareDir := filepath.Join(bareTokens, "b0f1c2a3-0000-4000-8000-000000000001")

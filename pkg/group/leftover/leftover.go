@@ -37,6 +37,7 @@ type Call struct {
 type Searches []search
 
 type search struct {
+	call     int // the index of the Call searched for
 	tmpl     []*pkcs11.Attribute
 	nameless bool                  // only objects with neither CKA_ID nor CKA_LABEL
 	fresh    bool                  // the identity is the group's random one: nothing had it before
@@ -48,7 +49,7 @@ type search struct {
 // may be nil.
 func New(calls []Call, source *sync.Identity) Searches {
 	var out Searches
-	for _, c := range calls {
+	for i, c := range calls {
 		base := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, c.Token)}
 		if c.ClassKnown {
 			base = append(base, pkcs11.NewAttribute(pkcs11.CKA_CLASS, c.Class))
@@ -69,9 +70,9 @@ func New(calls []Call, source *sync.Identity) Searches {
 				named = append(named, pkcs11.NewAttribute(pkcs11.CKA_ID, append([]byte{}, source.ID...)))
 			}
 		}
-		out = append(out, search{tmpl: named, fresh: !c.ExplicitID})
+		out = append(out, search{call: i, tmpl: named, fresh: !c.ExplicitID})
 		if !c.Token {
-			out = append(out, search{tmpl: base, nameless: true})
+			out = append(out, search{call: i, tmpl: base, nameless: true})
 		}
 	}
 	return out
@@ -97,6 +98,20 @@ func (l Searches) Snapshot(ctx context.Context, sl *slot.Slot) error {
 		l[i].before = hs
 	}
 	return nil
+}
+
+// Held reports whether, at the last Snapshot, the member held an object
+// that call i's search matches: one with the identity the call names (or
+// more, its template leaving the key type or a name open). A call whose
+// identity nothing matched needs no search for a duplicate afterwards: an
+// object found with it then was made by this call or at the same moment.
+func (l Searches) Held(i int) bool {
+	for _, s := range l {
+		if s.call == i && !s.nameless && len(s.before) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Destroyer destroys an object: the pooled slot or the session the

@@ -63,3 +63,39 @@ func TestRemoveTakesOnlyWhatTheCallLeft(t *testing.T) {
 		}
 	}
 }
+
+// Held tells, per call, whether the member had an object the call's
+// search matches before the call: the group searches again for a
+// duplicate after the call only then.
+func TestHeldTellsWhatWasThere(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sl := testhsm.Take(t, 1)[0].Open(t)
+	ss, err := sl.OpenSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	if _, err := ss.CreateObject(ctx, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE, make([]byte, 16)),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, "taken"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	call := func(label string, explicit bool) Call {
+		return Call{Template: []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)},
+			Class: pkcs11.CKO_SECRET_KEY, ClassKnown: true, ExplicitID: explicit}
+	}
+	l := New([]Call{call("taken", true), call("free", true), call("taken", false)}, nil)
+	if err := l.Snapshot(ctx, sl); err != nil {
+		t.Fatal(err)
+	}
+	// The third names its identity randomly (not explicit): nothing had
+	// it, and it is not searched for.
+	for i, want := range []bool{true, false, false} {
+		if got := l.Held(i); got != want {
+			t.Errorf("call %d: Held %v, want %v", i, got, want)
+		}
+	}
+}
