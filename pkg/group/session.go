@@ -44,7 +44,7 @@ type Session struct {
 }
 
 // OpenSession opens a virtual session. flags are the PKCS#11 session flags
-// (CKF_SERIAL_SESSION, CKF_RW_SESSION); they are kept for SessionState and
+// (CKF_SERIAL_SESSION, CKF_RW_SESSION); they are kept for State and
 // checked by the PKCS#11 module.
 func (g *Group) OpenSession(ctx context.Context, flags uint) (*Session, error) {
 	if err := g.gate.Enter(); err != nil {
@@ -98,9 +98,6 @@ func (g *Group) allSessions() []*Session {
 
 // Handle returns the session's virtual handle.
 func (s *Session) Handle() SessionHandle { return s.h }
-
-// Flags returns the flags the session was opened with.
-func (s *Session) Flags() uint { return s.flags }
 
 // State returns the PKCS#11 session state (CKS_RO_PUBLIC_SESSION …) from
 // the session's flags and the group's login.

@@ -310,9 +310,6 @@ func (m *Member) Pin() { m.pinned.Add(1) }
 // Unpin ends an operation counted by Pin.
 func (m *Member) Unpin() { m.callEnded(m.pinned.Add(-1)) }
 
-// Pinned returns the number of multi-part operations pinned to the member.
-func (m *Member) Pinned() int64 { return m.pinned.Load() }
-
 // Drain marks the member as leaving and waits until no call is in flight
 // on it and no multi-part operation is pinned to it, or ctx ends (then it
 // returns ctx's error; the work still running is not interrupted). The
