@@ -398,11 +398,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		l.Status, l.Error = domainError, report.NameMember(m.Name, err).Error()
 		return l
 	}
-	timeout := set.CommandTimeout
-	if timeout <= 0 {
-		timeout = dispatch.DefaultCommandTimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, dispatch.CommandTimeout(set.CommandTimeout))
 	defer cancel()
 	pin, err := m.ReadPIN()
 	if err != nil {

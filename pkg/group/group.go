@@ -787,8 +787,5 @@ func (g *Group) Primary() string {
 // commandDeadline is the longest a single call may take before the group
 // gives up on it; used to bound group-level waits.
 func (g *Group) commandDeadline() time.Duration {
-	if g.settings.CommandTimeout > 0 {
-		return g.settings.CommandTimeout
-	}
-	return dispatch.DefaultCommandTimeout
+	return dispatch.CommandTimeout(g.settings.CommandTimeout)
 }

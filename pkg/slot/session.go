@@ -14,21 +14,12 @@ import (
 // abandoned at its deadline) marks it broken: later calls fail with ErrSessionLost and
 // Close discards it. After the Slot's Reinit it is lost as well.
 type Session struct {
+	operations
 	s      *Slot
 	x      *sess
 	gen    uint64
 	broken error
 	closed bool
-}
-
-func (ss *Session) member() string { return ss.s.spec.Name }
-
-func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error {
-	t := ss.s.cmdTimeout
-	if keygen {
-		t = ss.s.keyTimeout
-	}
-	return ss.callWith(ctx, op, t, fn, nil)
 }
 
 func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, a *shotArgs) error {
@@ -88,104 +79,6 @@ func (ss *Session) Close() error {
 		ss.x.retire(s.cmdTimeout)
 	}
 	return nil
-}
-
-// FindObjects returns the handles of every object matching tmpl, session
-// objects of this session included.
-func (ss *Session) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
-	return findObjects(ctx, ss, tmpl)
-}
-
-// GetAttributes reads attributes of h, each with its own status.
-func (ss *Session) GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
-	return getAttributes(ctx, ss, h, types)
-}
-
-// GetNestedAttribute reads an attribute whose value is an attribute array.
-func (ss *Session) GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	return getNestedAttribute(ctx, ss, h, typ)
-}
-
-// SetAttributes sets attributes of h.
-func (ss *Session) SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
-	return setAttributes(ctx, ss, h, attrs)
-}
-
-// CreateObject creates an object.
-func (ss *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return createObject(ctx, ss, tmpl)
-}
-
-// CreateObjectNested creates an object whose template also holds
-// attribute-array attributes (see Slot.CreateObjectNested).
-func (ss *Session) CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return createObjectNested(ctx, ss, tmpl, nested)
-}
-
-// CopyObject copies h, changing the attributes in tmpl.
-func (ss *Session) CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return copyObject(ctx, ss, h, tmpl)
-}
-
-// DestroyObject destroys h.
-func (ss *Session) DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error {
-	return destroyObject(ctx, ss, h)
-}
-
-// GenerateKey generates a secret key under the key generation timeout.
-func (ss *Session) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return generateKey(ctx, ss, m, tmpl)
-}
-
-// GenerateKeyPair generates a key pair under the key generation timeout.
-func (ss *Session) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
-	return generateKeyPair(ctx, ss, m, pub, priv)
-}
-
-// WrapKey wraps key under wrapping.
-func (ss *Session) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
-	return wrapKey(ctx, ss, m, wrapping, key)
-}
-
-// UnwrapKey unwraps blob under unwrapping into a new key with tmpl.
-func (ss *Session) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return unwrapKey(ctx, ss, m, unwrapping, blob, tmpl)
-}
-
-// DeriveKey derives a new key with tmpl from base.
-func (ss *Session) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return deriveKey(ctx, ss, m, base, tmpl)
-}
-
-// Sign signs data with key in one part.
-func (ss *Session) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindSign, m, key, data, nil)
-}
-
-// Verify verifies sig over data with key in one part.
-func (ss *Session) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	_, err := ss.Single(ctx, KindVerify, m, key, data, sig)
-	return err
-}
-
-// Encrypt encrypts data with key in one part.
-func (ss *Session) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindEncrypt, m, key, data, nil)
-}
-
-// Decrypt decrypts data with key in one part.
-func (ss *Session) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindDecrypt, m, key, data, nil)
-}
-
-// Digest digests data in one part.
-func (ss *Session) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindDigest, m, 0, data, nil)
-}
-
-// GenerateRandom returns n random bytes from the token.
-func (ss *Session) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	return generateRandom(ctx, ss, n)
 }
 
 // SignInit starts a multi-part signature.

@@ -17,6 +17,7 @@ import (
 // Slot is one opened physical token with its session pool. Safe for
 // concurrent use.
 type Slot struct {
+	operations
 	spec       Spec // spec.PIN is not kept here (see pin)
 	query      tokenQuery
 	cmdTimeout time.Duration
@@ -108,12 +109,8 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	if err != nil {
 		return nil, &Error{Member: spec.Name, Err: err}
 	}
-	if spec.CommandTimeout <= 0 {
-		spec.CommandTimeout = dispatch.DefaultCommandTimeout
-	}
-	if spec.KeygenTimeout <= 0 {
-		spec.KeygenTimeout = dispatch.DefaultKeygenTimeout
-	}
+	spec.CommandTimeout = dispatch.CommandTimeout(spec.CommandTimeout)
+	spec.KeygenTimeout = dispatch.KeygenTimeout(spec.KeygenTimeout)
 	if spec.MaxSessions < 0 {
 		return nil, invalid(spec.Name, "", "MaxSessions %d is negative", spec.MaxSessions)
 	}
@@ -143,6 +140,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		closedCh:   make(chan struct{}),
 		dedicated:  make(map[*Session]struct{}),
 	}
+	s.operations = operations{on: s}
 	s.holds.Store(1)
 	c := modules.current(mod)
 	tok, err := findToken(ctx, &s.spec, q, mod, s.cmdTimeout)
@@ -570,6 +568,7 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	ss := &Session{s: s, x: x, gen: st.gen}
+	ss.operations = operations{on: s, ss: ss}
 	s.dmu.Lock()
 	s.dedicated[ss] = struct{}{}
 	s.dmu.Unlock()
