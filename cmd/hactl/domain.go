@@ -240,11 +240,7 @@ func (src soPINSource) read() (secret.PIN, error) {
 // runDomainCeremony installs (--install) or replaces (--replace) the
 // domain key on every member of the group.
 func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
-	cfg, err := a.loadConfig()
-	if err != nil {
-		return err
-	}
-	g, err := groupOf(cfg, f.group, a.configPath())
+	cfg, g, err := a.loadGroup(f.group)
 	if err != nil {
 		return err
 	}
@@ -366,11 +362,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 // runDomainCheck audits every member's domain key at once, one command
 // timeout each, prints the whole report and exits 3 when one is not sound.
 func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
-	cfg, err := a.loadConfig()
-	if err != nil {
-		return err
-	}
-	g, err := groupOf(cfg, f.group, a.configPath())
+	cfg, g, err := a.loadGroup(f.group)
 	if err != nil {
 		return err
 	}
