@@ -364,9 +364,6 @@ func (m *Member) ChargeHealth(err error) bool {
 	return errors.Is(err, slot.ErrTimeout) || int(n) >= m.cfg.FailureThreshold
 }
 
-// observe counts a latency sample d taken now.
-func (m *Member) observe(d time.Duration) { m.observeAt(d, time.Now()) }
-
 // observeSince counts a call that started at start and ended now: one
 // clock read for the sample and its time (the hot path).
 func (m *Member) observeSince(start time.Time) {

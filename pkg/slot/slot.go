@@ -208,9 +208,6 @@ func (s *Slot) LoggedIn() bool { return s.loggedIn.Load() }
 // cache handles compare it and look their objects up again.
 func (s *Slot) Epoch() uint64 { return s.epoch.Load() }
 
-// Capacity returns the pool cap.
-func (s *Slot) Capacity() int { return s.capacity }
-
 // Stats returns a snapshot of the session pool.
 func (s *Slot) Stats() Stats {
 	return Stats{
