@@ -9,7 +9,7 @@ import "context"
 
 // SignInitialized is C_Sign after SignInit.
 func (ss *Session) SignInitialized(ctx context.Context, data []byte) ([]byte, error) {
-	return ss.output(ctx, OpSign, func(x *sess) ([]byte, error) { return x.ctx.Sign(x.h, data) })
+	return result(ctx, ss.operations, OpSign, false, func(x *sess) ([]byte, error) { return x.ctx.Sign(x.h, data) })
 }
 
 // VerifyInitialized is C_Verify after VerifyInit.
@@ -19,29 +19,15 @@ func (ss *Session) VerifyInitialized(ctx context.Context, data, sig []byte) erro
 
 // EncryptInitialized is C_Encrypt after EncryptInit.
 func (ss *Session) EncryptInitialized(ctx context.Context, data []byte) ([]byte, error) {
-	return ss.output(ctx, OpEncrypt, func(x *sess) ([]byte, error) { return x.ctx.Encrypt(x.h, data) })
+	return result(ctx, ss.operations, OpEncrypt, false, func(x *sess) ([]byte, error) { return x.ctx.Encrypt(x.h, data) })
 }
 
 // DecryptInitialized is C_Decrypt after DecryptInit.
 func (ss *Session) DecryptInitialized(ctx context.Context, data []byte) ([]byte, error) {
-	return ss.output(ctx, OpDecrypt, func(x *sess) ([]byte, error) { return x.ctx.Decrypt(x.h, data) })
+	return result(ctx, ss.operations, OpDecrypt, false, func(x *sess) ([]byte, error) { return x.ctx.Decrypt(x.h, data) })
 }
 
 // DigestInitialized is C_Digest after DigestInit.
 func (ss *Session) DigestInitialized(ctx context.Context, data []byte) ([]byte, error) {
-	return ss.output(ctx, OpDigest, func(x *sess) ([]byte, error) { return x.ctx.Digest(x.h, data) })
-}
-
-// output runs a call that returns bytes, read only once the call returned.
-func (ss *Session) output(ctx context.Context, op Op, fn func(x *sess) ([]byte, error)) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, op, false, func(x *sess) error {
-		v, err := fn(x)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, ss.operations, OpDigest, false, func(x *sess) ([]byte, error) { return x.ctx.Digest(x.h, data) })
 }

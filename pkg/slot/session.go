@@ -96,16 +96,7 @@ func (ss *Session) SignUpdate(ctx context.Context, data []byte) error {
 
 // SignFinal finishes the signature and returns it.
 func (ss *Session) SignFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpSignFinal, false, func(x *sess) error {
-		v, err := x.ctx.SignFinal(x.h)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, ss.operations, OpSignFinal, false, func(x *sess) ([]byte, error) { return x.ctx.SignFinal(x.h) })
 }
 
 // VerifyInit starts a multi-part verification.
@@ -136,30 +127,12 @@ func (ss *Session) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkc
 
 // EncryptUpdate encrypts a part and returns what output it yields.
 func (ss *Session) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpEncryptUpdate, false, func(x *sess) error {
-		v, err := x.ctx.EncryptUpdate(x.h, data)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, ss.operations, OpEncryptUpdate, false, func(x *sess) ([]byte, error) { return x.ctx.EncryptUpdate(x.h, data) })
 }
 
 // EncryptFinal finishes the encryption and returns the last output.
 func (ss *Session) EncryptFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpEncryptFinal, false, func(x *sess) error {
-		v, err := x.ctx.EncryptFinal(x.h)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, ss.operations, OpEncryptFinal, false, func(x *sess) ([]byte, error) { return x.ctx.EncryptFinal(x.h) })
 }
 
 // DecryptInit starts a multi-part decryption.
@@ -172,30 +145,12 @@ func (ss *Session) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkc
 
 // DecryptUpdate decrypts a part and returns what output it yields.
 func (ss *Session) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpDecryptUpdate, false, func(x *sess) error {
-		v, err := x.ctx.DecryptUpdate(x.h, data)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, ss.operations, OpDecryptUpdate, false, func(x *sess) ([]byte, error) { return x.ctx.DecryptUpdate(x.h, data) })
 }
 
 // DecryptFinal finishes the decryption and returns the last output.
 func (ss *Session) DecryptFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpDecryptFinal, false, func(x *sess) error {
-		v, err := x.ctx.DecryptFinal(x.h)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, ss.operations, OpDecryptFinal, false, func(x *sess) ([]byte, error) { return x.ctx.DecryptFinal(x.h) })
 }
 
 // DigestInit starts a multi-part digest.
@@ -231,14 +186,5 @@ func (ss *Session) DigestKey(ctx context.Context, key pkcs11.ObjectHandle) error
 
 // DigestFinal finishes the digest and returns it.
 func (ss *Session) DigestFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpDigestFinal, false, func(x *sess) error {
-		v, err := x.ctx.DigestFinal(x.h)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, ss.operations, OpDigestFinal, false, func(x *sess) ([]byte, error) { return x.ctx.DigestFinal(x.h) })
 }

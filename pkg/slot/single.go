@@ -36,54 +36,40 @@ func (o operations) call(ctx context.Context, op Op, keygen bool, fn func(*sess)
 
 func (o operations) member() string { return o.on.spec.Name }
 
-// The closures below hand results back through variables of the calling
-// function. A variable is read only after the call returned its result,
-// never after an abandoned call: the worker of an abandoned call may still
-// write it when the module finally answers.
+// result runs fn like call and returns what it returned. The result is
+// read only once the call returned it, never after an abandoned call: the
+// worker of an abandoned call may still write it when the module finally
+// answers.
+func result[T any](ctx context.Context, o operations, op Op, keygen bool, fn func(*sess) (T, error)) (T, error) {
+	var out T
+	err := o.call(ctx, op, keygen, func(x *sess) error {
+		v, err := fn(x)
+		out = v
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return out, nil
+}
 
 // FindObjects returns the handles of every object matching tmpl (on a
 // Session, its own session objects included).
 func (o operations) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
-	var hs []pkcs11.ObjectHandle
-	err := o.call(ctx, OpFindObjects, false, func(x *sess) error {
-		v, err := x.findObjects(tmpl)
-		hs = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return hs, nil
+	return result(ctx, o, OpFindObjects, false, func(x *sess) ([]pkcs11.ObjectHandle, error) { return x.findObjects(tmpl) })
 }
 
 // GetAttributes reads attributes of h, each with its own status
 // (CKR_OK, CKR_ATTRIBUTE_SENSITIVE or CKR_ATTRIBUTE_TYPE_INVALID).
 func (o operations) GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
-	var out []Attribute
-	err := o.call(ctx, OpGetAttributes, false, func(x *sess) error {
-		v, err := x.getAttributes(h, types)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, o, OpGetAttributes, false, func(x *sess) ([]Attribute, error) { return x.getAttributes(h, types) })
 }
 
 // GetNestedAttribute reads an attribute whose value is an attribute array
 // (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE).
 func (o operations) GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	var out []*pkcs11.Attribute
-	err := o.call(ctx, OpGetAttributes, false, func(x *sess) error {
-		v, err := x.getNestedAttribute(h, typ)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, o, OpGetAttributes, false, func(x *sess) ([]*pkcs11.Attribute, error) { return x.getNestedAttribute(h, typ) })
 }
 
 // SetAttributes sets attributes of h.
@@ -95,16 +81,7 @@ func (o operations) SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, at
 
 // CreateObject creates an object.
 func (o operations) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	var h pkcs11.ObjectHandle
-	err := o.call(ctx, OpCreateObject, false, func(x *sess) error {
-		v, err := x.ctx.CreateObject(x.h, tmpl)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
+	return result(ctx, o, OpCreateObject, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.CreateObject(x.h, tmpl) })
 }
 
 // CreateObjectNested creates an object whose template also holds
@@ -116,30 +93,12 @@ func (o operations) CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attri
 	if err := checkNested(tmpl, nested); err != nil {
 		return 0, invalid(o.member(), OpCreateObject, "%v", err)
 	}
-	var h pkcs11.ObjectHandle
-	err := o.call(ctx, OpCreateObject, false, func(x *sess) error {
-		v, err := x.createObjectNested(tmpl, nested)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
+	return result(ctx, o, OpCreateObject, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.createObjectNested(tmpl, nested) })
 }
 
 // CopyObject copies h, changing the attributes in tmpl.
 func (o operations) CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	var n pkcs11.ObjectHandle
-	err := o.call(ctx, OpCopyObject, false, func(x *sess) error {
-		v, err := x.ctx.CopyObject(x.h, h, tmpl)
-		n = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
+	return result(ctx, o, OpCopyObject, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.CopyObject(x.h, h, tmpl) })
 }
 
 // DestroyObject destroys h.
@@ -154,16 +113,7 @@ func (o operations) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl [
 	if err := checkMech(o.member(), OpGenerateKey, m); err != nil {
 		return 0, err
 	}
-	var h pkcs11.ObjectHandle
-	err := o.call(ctx, OpGenerateKey, true, func(x *sess) error {
-		v, err := x.ctx.GenerateKey(x.h, mechs(m), tmpl)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
+	return result(ctx, o, OpGenerateKey, true, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.GenerateKey(x.h, mechs(m), tmpl) })
 }
 
 // GenerateKeyPair generates a key pair under the key generation timeout and
@@ -172,7 +122,7 @@ func (o operations) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pu
 	if err := checkMech(o.member(), OpGenerateKeyPair, m); err != nil {
 		return 0, 0, err
 	}
-	var hpub, hpriv pkcs11.ObjectHandle
+	var hpub, hpriv pkcs11.ObjectHandle // read as result reads its result
 	err := o.call(ctx, OpGenerateKeyPair, true, func(x *sess) error {
 		a, b, err := x.ctx.GenerateKeyPair(x.h, mechs(m), pub, priv)
 		hpub, hpriv = a, b
@@ -189,16 +139,7 @@ func (o operations) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, 
 	if err := checkMech(o.member(), OpWrapKey, m); err != nil {
 		return nil, err
 	}
-	var out []byte
-	err := o.call(ctx, OpWrapKey, false, func(x *sess) error {
-		v, err := x.ctx.WrapKey(x.h, mechs(m), wrapping, key)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, o, OpWrapKey, false, func(x *sess) ([]byte, error) { return x.ctx.WrapKey(x.h, mechs(m), wrapping, key) })
 }
 
 // UnwrapKey unwraps blob under unwrapping into a new key with tmpl.
@@ -209,16 +150,9 @@ func (o operations) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrappi
 	if err := remote.WrappedKeyMissing(blob); err != nil {
 		return 0, err
 	}
-	var h pkcs11.ObjectHandle
-	err := o.call(ctx, OpUnwrapKey, false, func(x *sess) error {
-		v, err := x.ctx.UnwrapKey(x.h, mechs(m), unwrapping, blob, tmpl)
-		h = v
-		return err
+	return result(ctx, o, OpUnwrapKey, false, func(x *sess) (pkcs11.ObjectHandle, error) {
+		return x.ctx.UnwrapKey(x.h, mechs(m), unwrapping, blob, tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
 }
 
 // DeriveKey derives a new key with tmpl from base.
@@ -226,16 +160,7 @@ func (o operations) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkc
 	if err := checkMech(o.member(), OpDeriveKey, m); err != nil {
 		return 0, err
 	}
-	var h pkcs11.ObjectHandle
-	err := o.call(ctx, OpDeriveKey, false, func(x *sess) error {
-		v, err := x.ctx.DeriveKey(x.h, mechs(m), base, tmpl)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
+	return result(ctx, o, OpDeriveKey, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.DeriveKey(x.h, mechs(m), base, tmpl) })
 }
 
 // Sign signs data with key in one part.
@@ -270,16 +195,7 @@ func (o operations) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
 	if n < 0 {
 		return nil, invalid(o.member(), OpGenerateRandom, "length %d is negative", n)
 	}
-	var out []byte
-	err := o.call(ctx, OpGenerateRandom, false, func(x *sess) error {
-		v, err := x.ctx.GenerateRandom(x.h, n)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, o, OpGenerateRandom, false, func(x *sess) ([]byte, error) { return x.ctx.GenerateRandom(x.h, n) })
 }
 
 // TokenInfo returns the token's information.
