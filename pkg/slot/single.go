@@ -200,49 +200,27 @@ func (o operations) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
 
 // TokenInfo returns the token's information.
 func (s *Slot) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
-	var ti pkcs11.TokenInfo
-	err := s.direct(ctx, OpTokenInfo, func(st *slotState) error {
-		v, err := st.ctx.GetTokenInfo(st.id)
-		ti = v
-		return err
-	})
-	if err != nil {
-		return pkcs11.TokenInfo{}, err
-	}
-	return ti, nil
+	return direct(ctx, s, OpTokenInfo, func(st *slotState) (pkcs11.TokenInfo, error) { return st.ctx.GetTokenInfo(st.id) })
 }
 
 // Mechanisms returns the mechanism types the token supports.
 func (s *Slot) Mechanisms(ctx context.Context) ([]uint, error) {
-	var out []uint
-	err := s.direct(ctx, OpMechanisms, func(st *slotState) error {
+	return direct(ctx, s, OpMechanisms, func(st *slotState) ([]uint, error) {
 		ms, err := st.ctx.GetMechanismList(st.id)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		v := make([]uint, len(ms))
+		out := make([]uint, len(ms))
 		for i, m := range ms {
-			v[i] = m.Mechanism
+			out[i] = m.Mechanism
 		}
-		out = v
-		return nil
+		return out, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // MechanismInfo returns what the token says of mechanism mech.
 func (s *Slot) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
-	var mi pkcs11.MechanismInfo
-	err := s.direct(ctx, OpMechanismInfo, func(st *slotState) error {
-		v, err := st.ctx.GetMechanismInfo(st.id, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)})
-		mi = v
-		return err
+	return direct(ctx, s, OpMechanismInfo, func(st *slotState) (pkcs11.MechanismInfo, error) {
+		return st.ctx.GetMechanismInfo(st.id, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)})
 	})
-	if err != nil {
-		return pkcs11.MechanismInfo{}, err
-	}
-	return mi, nil
 }

@@ -702,38 +702,48 @@ func (s *Slot) discard(x *sess) {
 }
 
 // direct runs a call that needs no session (token and mechanism
-// information) under the command timeout.
+// information) on s under the command timeout, and returns its result.
 //
 // The gate is held until the module call itself returns, not only until
 // the caller stops waiting: a caller that gives up (deadline, cancelled
 // context) must not let Close finalize the module under a call still
 // running inside it.
-func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) error {
+func direct[T any](ctx context.Context, s *Slot, op Op, fn func(st *slotState) (T, error)) (T, error) {
+	var zero T
 	if err := s.gate.enter(ctx); err != nil {
-		return &Error{Member: s.spec.Name, Op: op, Err: err}
+		return zero, &Error{Member: s.spec.Name, Op: op, Err: err}
 	}
 	if s.closed.Load() {
 		s.gate.leave()
-		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+		return zero, &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 	}
 	st := s.st.Load()
 	if st.err != nil {
 		s.gate.leave()
-		return st.err
+		return zero, st.err
 	}
 	if err := ctx.Err(); err != nil {
 		s.gate.leave()
-		return newError(s.spec.Name, op, err)
+		return zero, newError(s.spec.Name, op, err)
 	}
 	if err := s.stalled(op); err != nil {
 		s.gate.leave()
-		return err
+		return zero, err
 	}
 	modules.enter(s.mod) // a call given up on keeps the module initialised (registry.release)
+	// out is read only once the call returned it (see result).
+	var out T
 	err := wait(ctx, s.cmdTimeout, func() error {
 		defer s.gate.leave()
 		defer modules.left(s.mod)
-		return s.spec.intercepted(ctx, op, func() error { return fn(st) })
+		return s.spec.intercepted(ctx, op, func() error {
+			v, err := fn(st)
+			out = v
+			return err
+		})
 	})
-	return newError(s.spec.Name, op, err)
+	if err != nil {
+		return zero, newError(s.spec.Name, op, err)
+	}
+	return out, nil
 }
