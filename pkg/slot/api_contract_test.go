@@ -58,21 +58,11 @@ type slotAPI interface {
 
 type sessionAPI interface {
 	single
-	SignInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	SignUpdate(ctx context.Context, data []byte) error
-	SignFinal(ctx context.Context) ([]byte, error)
-	VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	VerifyUpdate(ctx context.Context, data []byte) error
-	VerifyFinal(ctx context.Context, sig []byte) error
-	EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	EncryptUpdate(ctx context.Context, data []byte) ([]byte, error)
-	EncryptFinal(ctx context.Context) ([]byte, error)
-	DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	DecryptUpdate(ctx context.Context, data []byte) ([]byte, error)
-	DecryptFinal(ctx context.Context) ([]byte, error)
-	DigestInit(ctx context.Context, m *pkcs11.Mechanism) error
-	DigestUpdate(ctx context.Context, data []byte) error
-	DigestFinal(ctx context.Context) ([]byte, error)
+	Init(ctx context.Context, k slot.Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
+	Initialized(ctx context.Context, k slot.Kind, in, sig []byte) ([]byte, error)
+	Update(ctx context.Context, k slot.Kind, in []byte) ([]byte, error)
+	Final(ctx context.Context, k slot.Kind, sig []byte) ([]byte, error)
+	DigestKey(ctx context.Context, key pkcs11.ObjectHandle) error
 	Close() error
 }
 

@@ -81,89 +81,84 @@ func (ss *Session) Close() error {
 	return nil
 }
 
-// SignInit starts a multi-part signature.
-func (ss *Session) SignInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpSignInit, m); err != nil {
+// Init starts the multi-part operation k with m and key (none for a
+// digest).
+func (ss *Session) Init(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	op := kinds[k].init
+	if err := checkMech(ss.member(), op, m); err != nil {
 		return err
 	}
-	return ss.call(ctx, OpSignInit, false, func(x *sess) error { return x.ctx.SignInit(x.h, mechs(m), key) })
+	return ss.call(ctx, op, false, func(x *sess) error {
+		switch k {
+		case KindSign:
+			return x.ctx.SignInit(x.h, mechs(m), key)
+		case KindVerify:
+			return x.ctx.VerifyInit(x.h, mechs(m), key)
+		case KindEncrypt:
+			return x.ctx.EncryptInit(x.h, mechs(m), key)
+		case KindDecrypt:
+			return x.ctx.DecryptInit(x.h, mechs(m), key)
+		}
+		return x.ctx.DigestInit(x.h, mechs(m))
+	})
 }
 
-// SignUpdate feeds data to the signature.
-func (ss *Session) SignUpdate(ctx context.Context, data []byte) error {
-	return ss.call(ctx, OpSignUpdate, false, func(x *sess) error { return x.ctx.SignUpdate(x.h, data) })
+// Initialized makes k's single-part call (C_Sign …) in an operation the
+// application started with its own Init on this session: unlike Single,
+// it sends no Init, so an Init error reached the application at its Init
+// call, as on a bare token. For KindVerify, sig is the signature and the
+// output nil.
+func (ss *Session) Initialized(ctx context.Context, k Kind, in, sig []byte) ([]byte, error) {
+	return result(ctx, ss.operations, kinds[k].op, false, func(x *sess) ([]byte, error) {
+		switch k {
+		case KindSign:
+			return x.ctx.Sign(x.h, in)
+		case KindVerify:
+			return nil, x.ctx.Verify(x.h, in, sig)
+		case KindEncrypt:
+			return x.ctx.Encrypt(x.h, in)
+		case KindDecrypt:
+			return x.ctx.Decrypt(x.h, in)
+		}
+		return x.ctx.Digest(x.h, in)
+	})
 }
 
-// SignFinal finishes the signature and returns it.
-func (ss *Session) SignFinal(ctx context.Context) ([]byte, error) {
-	return result(ctx, ss.operations, OpSignFinal, false, func(x *sess) ([]byte, error) { return x.ctx.SignFinal(x.h) })
+// Update feeds in to the multi-part operation k and returns the output it
+// yields (none for a signature, a verification or a digest).
+func (ss *Session) Update(ctx context.Context, k Kind, in []byte) ([]byte, error) {
+	return result(ctx, ss.operations, kinds[k].update, false, func(x *sess) ([]byte, error) {
+		switch k {
+		case KindSign:
+			return nil, x.ctx.SignUpdate(x.h, in)
+		case KindVerify:
+			return nil, x.ctx.VerifyUpdate(x.h, in)
+		case KindEncrypt:
+			return x.ctx.EncryptUpdate(x.h, in)
+		case KindDecrypt:
+			return x.ctx.DecryptUpdate(x.h, in)
+		}
+		return nil, x.ctx.DigestUpdate(x.h, in)
+	})
 }
 
-// VerifyInit starts a multi-part verification.
-func (ss *Session) VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpVerifyInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpVerifyInit, false, func(x *sess) error { return x.ctx.VerifyInit(x.h, mechs(m), key) })
-}
-
-// VerifyUpdate feeds data to the verification.
-func (ss *Session) VerifyUpdate(ctx context.Context, data []byte) error {
-	return ss.call(ctx, OpVerifyUpdate, false, func(x *sess) error { return x.ctx.VerifyUpdate(x.h, data) })
-}
-
-// VerifyFinal checks sig; a bad signature is CKR_SIGNATURE_INVALID.
-func (ss *Session) VerifyFinal(ctx context.Context, sig []byte) error {
-	return ss.call(ctx, OpVerifyFinal, false, func(x *sess) error { return x.ctx.VerifyFinal(x.h, sig) })
-}
-
-// EncryptInit starts a multi-part encryption.
-func (ss *Session) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpEncryptInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpEncryptInit, false, func(x *sess) error { return x.ctx.EncryptInit(x.h, mechs(m), key) })
-}
-
-// EncryptUpdate encrypts a part and returns what output it yields.
-func (ss *Session) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return result(ctx, ss.operations, OpEncryptUpdate, false, func(x *sess) ([]byte, error) { return x.ctx.EncryptUpdate(x.h, data) })
-}
-
-// EncryptFinal finishes the encryption and returns the last output.
-func (ss *Session) EncryptFinal(ctx context.Context) ([]byte, error) {
-	return result(ctx, ss.operations, OpEncryptFinal, false, func(x *sess) ([]byte, error) { return x.ctx.EncryptFinal(x.h) })
-}
-
-// DecryptInit starts a multi-part decryption.
-func (ss *Session) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpDecryptInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpDecryptInit, false, func(x *sess) error { return x.ctx.DecryptInit(x.h, mechs(m), key) })
-}
-
-// DecryptUpdate decrypts a part and returns what output it yields.
-func (ss *Session) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return result(ctx, ss.operations, OpDecryptUpdate, false, func(x *sess) ([]byte, error) { return x.ctx.DecryptUpdate(x.h, data) })
-}
-
-// DecryptFinal finishes the decryption and returns the last output.
-func (ss *Session) DecryptFinal(ctx context.Context) ([]byte, error) {
-	return result(ctx, ss.operations, OpDecryptFinal, false, func(x *sess) ([]byte, error) { return x.ctx.DecryptFinal(x.h) })
-}
-
-// DigestInit starts a multi-part digest.
-func (ss *Session) DigestInit(ctx context.Context, m *pkcs11.Mechanism) error {
-	if err := checkMech(ss.member(), OpDigestInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpDigestInit, false, func(x *sess) error { return x.ctx.DigestInit(x.h, mechs(m)) })
-}
-
-// DigestUpdate feeds data to the digest.
-func (ss *Session) DigestUpdate(ctx context.Context, data []byte) error {
-	return ss.call(ctx, OpDigestUpdate, false, func(x *sess) error { return x.ctx.DigestUpdate(x.h, data) })
+// Final ends the multi-part operation k and returns its last output (the
+// signature, the digest). For KindVerify it checks sig: a bad signature
+// is CKR_SIGNATURE_INVALID.
+func (ss *Session) Final(ctx context.Context, k Kind, sig []byte) ([]byte, error) {
+	return result(ctx, ss.operations, kinds[k].final, false, func(x *sess) ([]byte, error) {
+		switch k {
+		case KindSign:
+			return x.ctx.SignFinal(x.h)
+		case KindVerify:
+			return nil, x.ctx.VerifyFinal(x.h, sig)
+		case KindEncrypt:
+			return x.ctx.EncryptFinal(x.h)
+		case KindDecrypt:
+			return x.ctx.DecryptFinal(x.h)
+		}
+		return x.ctx.DigestFinal(x.h)
+	})
 }
 
 // keyDigester is a module that can digest a key's value (miekg's context
@@ -182,9 +177,4 @@ func (ss *Session) DigestKey(ctx context.Context, key pkcs11.ObjectHandle) error
 		}
 		return dk.DigestKey(x.h, key)
 	})
-}
-
-// DigestFinal finishes the digest and returns it.
-func (ss *Session) DigestFinal(ctx context.Context) ([]byte, error) {
-	return result(ctx, ss.operations, OpDigestFinal, false, func(x *sess) ([]byte, error) { return x.ctx.DigestFinal(x.h) })
 }
