@@ -8,9 +8,9 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// Session is a dedicated physical session: the same single-part operations
-// as Slot (same signatures: FindObjects … GenerateRandom) plus multi-part
-// ones. Not safe for concurrent use. A clear health error (or a call
+// Session is a dedicated physical session: the operations of a Slot (its
+// embedded operations: FindObjects … GenerateRandom) plus multi-part ones
+// (Init, Update, Final). Not safe for concurrent use. A clear health error (or a call
 // abandoned at its deadline) marks it broken: later calls fail with ErrSessionLost and
 // Close discards it. After the Slot's Reinit it is lost as well.
 type Session struct {
