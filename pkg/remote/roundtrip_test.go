@@ -51,9 +51,9 @@ func TestRoundTrips(t *testing.T) {
 		if mi.Flags&(pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP) != pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP {
 			t.Errorf("CKM_AES_KEY_WRAP_PAD flags 0x%X lack wrap and unwrap", mi.Flags)
 		}
-		toks, err := slot.ListTokens(ctx, tok.Module, nil)
+		toks, err := slot.ListModuleTokens(ctx, slot.ModuleRef{Path: tok.Module})
 		if err != nil || len(toks) != 1 || toks[0].Label != tok.Label {
-			t.Errorf("ListTokens = %+v, %v; want the one served token", toks, err)
+			t.Errorf("ListModuleTokens = %+v, %v; want the one served token", toks, err)
 		}
 	})
 

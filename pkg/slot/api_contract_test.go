@@ -12,11 +12,10 @@ import (
 )
 
 var (
-	_ func(context.Context, string, map[string]string) ([]slot.TokenSummary, error) = slot.ListTokens
-	_ func(context.Context, slot.Spec) (*slot.Slot, error)                          = slot.Open
-	_ func(context.Context, slot.ModuleRef) ([]slot.TokenSummary, error)            = slot.ListModuleTokens
-	_ func(error) slot.Class                                                        = slot.ClassOf
-	_ func(error) uint                                                              = slot.CodeOf
+	_ func(context.Context, slot.Spec) (*slot.Slot, error)               = slot.Open
+	_ func(context.Context, slot.ModuleRef) ([]slot.TokenSummary, error) = slot.ListModuleTokens
+	_ func(error) slot.Class                                             = slot.ClassOf
+	_ func(error) uint                                                   = slot.CodeOf
 )
 
 type single interface {
