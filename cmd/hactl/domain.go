@@ -251,11 +251,7 @@ func (src soPINSource) read() (secret.PIN, error) {
 // runDomainCeremony installs (--install) or replaces (--replace) the
 // domain key on every member of the group.
 func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
-	cfg, err := a.loadConfig()
-	if err != nil {
-		return err
-	}
-	g, err := groupOf(cfg, f.group, a.configPath())
+	cfg, g, err := a.loadGroup(f.group)
 	if err != nil {
 		return err
 	}
@@ -381,11 +377,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 // runDomainCheck audits every member's domain key at once, one command
 // timeout each, prints the whole report and exits 3 when one is not sound.
 func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
-	cfg, err := a.loadConfig()
-	if err != nil {
-		return err
-	}
-	g, err := groupOf(cfg, f.group, a.configPath())
+	cfg, g, err := a.loadGroup(f.group)
 	if err != nil {
 		return err
 	}
@@ -413,11 +405,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		l.Status, l.Error = domainError, report.NameMember(m.Name, err).Error()
 		return l
 	}
-	timeout := set.CommandTimeout
-	if timeout <= 0 {
-		timeout = dispatch.DefaultCommandTimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, dispatch.CommandTimeout(set.CommandTimeout))
 	defer cancel()
 	pin, err := m.ReadPIN()
 	if err != nil {

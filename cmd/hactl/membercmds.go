@@ -21,6 +21,17 @@ func groupOf(c *config.Config, label, path string) (*config.Group, error) {
 	return g, nil
 }
 
+// loadGroup loads the configuration and finds the group labelled label
+// in it.
+func (a *app) loadGroup(label string) (*config.Config, *config.Group, error) {
+	c, err := a.loadConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := groupOf(c, label, a.configPath())
+	return c, g, err
+}
+
 // memberOf finds a member in g or says which members there are.
 func memberOf(g *config.Group, name string) (*config.Member, error) {
 	m, ok := g.Member(name)
@@ -85,11 +96,7 @@ once nothing needs those keys.`,
 				return err
 			}
 			m.Standby = standby
-			c, err := a.loadConfig()
-			if err != nil {
-				return err
-			}
-			g, err := groupOf(c, group, a.configPath())
+			c, g, err := a.loadGroup(group)
 			if err != nil {
 				return err
 			}
@@ -148,11 +155,7 @@ token.`,
 		Example: `  hactl hagroup removemember --group signing --member hsm-b --yes`,
 		Args:    noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			c, err := a.loadConfig()
-			if err != nil {
-				return err
-			}
-			g, err := groupOf(c, group, a.configPath())
+			_, g, err := a.loadGroup(group)
 			if err != nil {
 				return err
 			}

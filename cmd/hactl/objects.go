@@ -64,11 +64,7 @@ reached every member show as lacked until it runs).`,
   hactl hagroup objects --group signing --json`,
 		Args: noArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			c, err := a.loadConfig()
-			if err != nil {
-				return err
-			}
-			g, err := groupOf(c, group, a.configPath())
+			c, g, err := a.loadGroup(group)
 			if err != nil {
 				return err
 			}

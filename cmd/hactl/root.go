@@ -213,7 +213,7 @@ func (a *app) confirm(p Prompter, what string) error {
 	return nil
 }
 
-// tokenLister lists the tokens of m's module as agent.CheckToken wants it,
+// tokenLister lists the tokens of m's module as report.CheckToken wants it,
 // with m's init arguments.
 func (a *app) tokenLister(m config.Member) func(ctx context.Context, module string, env map[string]string) ([]slot.TokenSummary, error) {
 	return func(ctx context.Context, module string, env map[string]string) ([]slot.TokenSummary, error) {

@@ -100,11 +100,7 @@ printed.`,
 			var members []config.Member
 			set := config.Defaults()
 			if group != "" {
-				c, err := a.loadConfig()
-				if err != nil {
-					return err
-				}
-				g, err := groupOf(c, group, a.configPath())
+				c, g, err := a.loadGroup(group)
 				if err != nil {
 					return err
 				}

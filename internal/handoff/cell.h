@@ -120,8 +120,8 @@ static inline void hg_spin_free(uint32_t *word, uint32_t unlike, uint32_t *cance
 // long (a moving average, hg_observe) spins before it sleeps, when it may
 // spin for up to max: a side whose waits outlast its spin sleeps at once,
 // since it would spin for nothing and pay the wake-up all the same. A
-// caller of a 60 us signature sleeps at once; a worker whose caller comes
-// back within its spin spins.
+// caller of a signature that outlasts the spin sleeps at once; a worker
+// whose caller comes back within its spin spins.
 static inline int64_t hg_spin_for(int64_t est, int64_t max) { return est > max ? 0 : max; }
 
 // hg_observe counts a wait of ns in *est, as at most twice max.

@@ -489,26 +489,6 @@ func fitted(out []byte, n C.hg_ulong) ([]byte, error) {
 	return out[:n:n], nil
 }
 
-// pointer is b's first byte, nil for an empty b.
-func pointer(b []byte) unsafe.Pointer {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Pointer(&b[0])
-}
-
-// noBytes is where an empty message points: modules refuse a NULL one
-// (SoftHSM answers CKR_ARGUMENTS_BAD), as miekg knows.
-var noBytes [1]byte
-
-// message is b's first byte, or noBytes for an empty b.
-func message(b []byte) unsafe.Pointer {
-	if len(b) == 0 {
-		return unsafe.Pointer(&noBytes[0])
-	}
-	return unsafe.Pointer(&b[0])
-}
-
 // Shot is an Init and its single-part call kept in C memory, made in one
 // crossing into C (Call), or in C by a worker that never comes back to Go
 // (pkg/slot's handoff worker, through internal/handoff): Set on the

@@ -82,9 +82,6 @@ func (l *EventLog) openFile() error {
 	return nil
 }
 
-// Path returns the log file's path ("" in memory-only mode).
-func (l *EventLog) Path() string { return l.path }
-
 // Append writes e (stamping Time when zero) and hands it to followers.
 // Times in the log never go back: an event stamped before the last one
 // written (by a goroutine that was slower to get here) takes its time.

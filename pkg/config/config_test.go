@@ -123,7 +123,7 @@ func TestRoundTrip(t *testing.T) {
 			ModuleEnv: map[string]string{"Z": "1", "A": "line\nbreak\t\x7f", "B_2": ""},
 			InitArgs:  `configdir='sql:/a "b"\c' certPrefix=''`}},
 	})
-	data, err := Encode(c)
+	data, err := encode(c, notes{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,12 +134,12 @@ func TestRoundTrip(t *testing.T) {
 	if !sameConfig(c, back) {
 		t.Errorf("round trip changed the config:\n was %+v\n now %+v\n%s", c, back, data)
 	}
-	again, err := Encode(back)
+	again, err := encode(back, notes{})
 	if err != nil || string(again) != string(data) {
 		t.Errorf("Encode is not stable:\n%s\n---\n%s", data, again)
 	}
 	// Unset fields are left out.
-	empty, err := Encode(&Config{Groups: []Group{{Label: "g", Members: []Member{{Name: "m", Module: "/m", TokenLabel: "t"}}}}})
+	empty, err := encode(&Config{Groups: []Group{{Label: "g", Members: []Member{{Name: "m", Module: "/m", TokenLabel: "t"}}}}}, notes{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestRoundTrip(t *testing.T) {
 	if string(empty) != want {
 		t.Errorf("minimal encoding:\n%s\nwant\n%s", empty, want)
 	}
-	if _, err := Encode(&Config{Groups: []Group{{Label: "\xff"}}}); err == nil {
+	if _, err := encode(&Config{Groups: []Group{{Label: "\xff"}}}, notes{}); err == nil {
 		t.Error("Encode accepted a label that is not UTF-8")
 	}
 }

@@ -9,16 +9,14 @@ import (
 	"unicode/utf8"
 )
 
-// Encode writes c as TOML in a fixed, readable layout: [agent], [library], [ha], then
-// each [[group]] with its keys and its indented [[group.member]] tables, in
-// the order of c. Unset fields are left out, so a file holds what its
-// author set and nothing else. Encode does not validate c; it fails only on
-// strings that are not valid UTF-8, which TOML cannot hold.
-func Encode(c *Config) ([]byte, error) { return encode(c, notes{}) }
-
-// encode is Encode writing the comments of n (by identity, see
-// notes.byIdentity) back above, and after, the headers and keys they
-// belong to, wherever those now are.
+// encode writes c as TOML in a fixed, readable layout: [agent], [library],
+// [ha], then each [[group]] with its keys and its indented
+// [[group.member]] tables, in the order of c. Unset fields are left out,
+// so a file holds what its author set and nothing else. The comments of n
+// (by identity, see notes.byIdentity) go back above, and after, the
+// headers and keys they belong to, wherever those now are. encode does not
+// validate c; it fails only on strings that are not valid UTF-8, which
+// TOML cannot hold.
 func encode(c *Config, n notes) ([]byte, error) {
 	w := &tomlWriter{notes: n}
 	a := c.Agent

@@ -74,7 +74,7 @@ func (e *FieldError) Error() string {
 	return b.String()
 }
 
-// problems collects FieldErrors for one configuration.
+// problems collects the *FieldError values of one configuration.
 type problems struct {
 	c    *Config
 	errs []error

@@ -39,7 +39,7 @@ func FuzzParse(f *testing.F) {
 
 func roundTrip(t *testing.T, c *Config, parse func([]byte) (*Config, error)) {
 	t.Helper()
-	out, err := Encode(c)
+	out, err := encode(c, notes{})
 	if err != nil {
 		t.Fatalf("Encode of a decoded config: %v", err)
 	}

@@ -82,14 +82,6 @@ func unserved(v *member.Verdict, op string) error {
 	return wrap(ErrNoMember, op, "", v.Last())
 }
 
-// run executes a single-part operation with failover on members the
-// scheduler picks. The caller sees success while one member that holds
-// the objects lives.
-func (g *Group) run(ctx context.Context, op string, objs []*vtable.Object, fn attempt) error {
-	_, err := g.exec(ctx, plan{op: op, objs: objs}, fn)
-	return err
-}
-
 // exec runs fn by p (see the rule above) and returns the member that
 // served it, or that gave the error returned.
 func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, error) {

@@ -386,13 +386,6 @@ func (g *Group) Serial() string { return g.serial }
 // reports a weak one as DomainKeyWeak.
 func (g *Group) Replicator() *hasync.Replicator { return g.rep }
 
-// Settings returns the group's effective settings.
-func (g *Group) Settings() config.Settings {
-	s := g.settings
-	s.Policy, s.RecoveryMode = g.policyName(), g.RecoveryMode()
-	return s
-}
-
 // Members returns a snapshot of every member, in configured order.
 func (g *Group) Members() []member.Snapshot {
 	ms := g.view().members
@@ -434,9 +427,6 @@ type Summary struct {
 // Degraded reports whether some member is not serving (failed, recovering
 // or removed).
 func (s Summary) Degraded() bool { return s.Failed > 0 }
-
-// down reports whether no member can take work.
-func (s Summary) down() bool { return s.Active == 0 && s.Standby == 0 }
 
 // Status returns a snapshot of the group.
 func (g *Group) Status() Status {
@@ -797,8 +787,5 @@ func (g *Group) Primary() string {
 // commandDeadline is the longest a single call may take before the group
 // gives up on it; used to bound group-level waits.
 func (g *Group) commandDeadline() time.Duration {
-	if g.settings.CommandTimeout > 0 {
-		return g.settings.CommandTimeout
-	}
-	return dispatch.DefaultCommandTimeout
+	return dispatch.CommandTimeout(g.settings.CommandTimeout)
 }

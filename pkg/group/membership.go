@@ -208,11 +208,7 @@ func (g *Group) RemoveMember(ctx context.Context, name string) error {
 
 // drainLimit bounds how long RemoveMember waits for a member's work.
 func (g *Group) drainLimit() time.Duration {
-	d := g.settings.KeygenTimeout
-	if d <= 0 {
-		d = dispatch.DefaultKeygenTimeout
-	}
-	return max(d, g.commandDeadline())
+	return max(dispatch.KeygenTimeout(g.settings.KeygenTimeout), g.commandDeadline())
 }
 
 // SetStandby makes member name a standby (or an active member again)

@@ -347,9 +347,8 @@ func (g *Group) findEvery(ctx context.Context, ms []*member.Member, tmpl []*pkcs
 func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]ObjectHandle, error) {
 	ep := m.Epoch()
 	type found struct {
-		id  hasync.Identity
-		hs  []pkcs11.ObjectHandle
-		fps [][]byte
+		id hasync.Identity
+		hs []pkcs11.ObjectHandle
 	}
 	var order []string
 	byKey := map[string]*found{}

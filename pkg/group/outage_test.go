@@ -186,3 +186,6 @@ func TestStandbyThroughFullOutage(t *testing.T) {
 			f.events.count(MemberPromoted, sb), f.events.count(MemberDemoted, sb))
 	}
 }
+
+// down reports whether no member can take work.
+func (s Summary) down() bool { return s.Active == 0 && s.Standby == 0 }

@@ -44,7 +44,7 @@ type Session struct {
 }
 
 // OpenSession opens a virtual session. flags are the PKCS#11 session flags
-// (CKF_SERIAL_SESSION, CKF_RW_SESSION); they are kept for SessionState and
+// (CKF_SERIAL_SESSION, CKF_RW_SESSION); they are kept for State and
 // checked by the PKCS#11 module.
 func (g *Group) OpenSession(ctx context.Context, flags uint) (*Session, error) {
 	if err := g.gate.Enter(); err != nil {
@@ -98,9 +98,6 @@ func (g *Group) allSessions() []*Session {
 
 // Handle returns the session's virtual handle.
 func (s *Session) Handle() SessionHandle { return s.h }
-
-// Flags returns the flags the session was opened with.
-func (s *Session) Flags() uint { return s.flags }
 
 // State returns the PKCS#11 session state (CKS_RO_PUBLIC_SESSION …) from
 // the session's flags and the group's login.
@@ -724,97 +721,6 @@ func (s *Session) Sign(ctx context.Context, data []byte) ([]byte, error) {
 	return s.Do(ctx, OpSign, StepSingle, data, nil, RoomAny)
 }
 
-// SignUpdate feeds data to a multi-part signature.
-func (s *Session) SignUpdate(ctx context.Context, data []byte) error {
-	_, err := s.Do(ctx, OpSign, StepUpdate, data, nil, RoomAny)
-	return err
-}
-
-// SignFinal returns the multi-part signature and ends the operation.
-func (s *Session) SignFinal(ctx context.Context) ([]byte, error) {
-	return s.Do(ctx, OpSign, StepFinal, nil, nil, RoomAny)
-}
-
-// VerifyInit starts a verification with key (see Init).
-func (s *Session) VerifyInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return s.Init(ctx, OpVerify, mech, key)
-}
-
-// Verify checks sig over data in one part. A bad signature is
-// CKR_SIGNATURE_INVALID, never a failover.
-func (s *Session) Verify(ctx context.Context, data, sig []byte) error {
-	_, err := s.Do(ctx, OpVerify, StepSingle, data, sig, RoomAny)
-	return err
-}
-
-// VerifyUpdate feeds data to a multi-part verification.
-func (s *Session) VerifyUpdate(ctx context.Context, data []byte) error {
-	_, err := s.Do(ctx, OpVerify, StepUpdate, data, nil, RoomAny)
-	return err
-}
-
-// VerifyFinal checks sig and ends the multi-part verification.
-func (s *Session) VerifyFinal(ctx context.Context, sig []byte) error {
-	_, err := s.Do(ctx, OpVerify, StepFinal, nil, sig, RoomAny)
-	return err
-}
-
-// EncryptInit starts an encryption with key (see Init).
-func (s *Session) EncryptInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return s.Init(ctx, OpEncrypt, mech, key)
-}
-
-// Encrypt encrypts data in one part.
-func (s *Session) Encrypt(ctx context.Context, data []byte) ([]byte, error) {
-	return s.Do(ctx, OpEncrypt, StepSingle, data, nil, RoomAny)
-}
-
-// EncryptUpdate feeds data to a multi-part encryption.
-func (s *Session) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return s.Do(ctx, OpEncrypt, StepUpdate, data, nil, RoomAny)
-}
-
-// EncryptFinal ends a multi-part encryption.
-func (s *Session) EncryptFinal(ctx context.Context) ([]byte, error) {
-	return s.Do(ctx, OpEncrypt, StepFinal, nil, nil, RoomAny)
-}
-
-// DecryptInit starts a decryption with key (see Init).
-func (s *Session) DecryptInit(ctx context.Context, mech *pkcs11.Mechanism, key ObjectHandle) error {
-	return s.Init(ctx, OpDecrypt, mech, key)
-}
-
-// Decrypt decrypts data in one part.
-func (s *Session) Decrypt(ctx context.Context, data []byte) ([]byte, error) {
-	return s.Do(ctx, OpDecrypt, StepSingle, data, nil, RoomAny)
-}
-
-// DecryptUpdate feeds data to a multi-part decryption.
-func (s *Session) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	return s.Do(ctx, OpDecrypt, StepUpdate, data, nil, RoomAny)
-}
-
-// DecryptFinal ends a multi-part decryption.
-func (s *Session) DecryptFinal(ctx context.Context) ([]byte, error) {
-	return s.Do(ctx, OpDecrypt, StepFinal, nil, nil, RoomAny)
-}
-
-// DigestInit starts a digest.
-func (s *Session) DigestInit(ctx context.Context, mech *pkcs11.Mechanism) error {
-	return s.Init(ctx, OpDigest, mech, 0)
-}
-
-// Digest digests data in one part.
-func (s *Session) Digest(ctx context.Context, data []byte) ([]byte, error) {
-	return s.Do(ctx, OpDigest, StepSingle, data, nil, RoomAny)
-}
-
-// DigestUpdate feeds data to a multi-part digest.
-func (s *Session) DigestUpdate(ctx context.Context, data []byte) error {
-	_, err := s.Do(ctx, OpDigest, StepUpdate, data, nil, RoomAny)
-	return err
-}
-
 // DigestKey feeds the value of object key to a multi-part digest, on the
 // digest's member (chosen here among those holding the key when nothing
 // pinned the digest yet). A handle the group does not know is
@@ -832,11 +738,6 @@ func (s *Session) DigestKey(ctx context.Context, key ObjectHandle) error {
 	defer s.leave()
 	_, err := s.ops.Do(ctx, (*opRunner)(s), OpDigest, StepUpdate, nil, nil, o, RoomAny)
 	return err
-}
-
-// DigestFinal ends a multi-part digest.
-func (s *Session) DigestFinal(ctx context.Context) ([]byte, error) {
-	return s.Do(ctx, OpDigest, StepFinal, nil, nil, RoomAny)
 }
 
 // GetAttributes is Group.GetAttributes in this session: a session lost

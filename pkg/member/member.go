@@ -310,9 +310,6 @@ func (m *Member) Pin() { m.pinned.Add(1) }
 // Unpin ends an operation counted by Pin.
 func (m *Member) Unpin() { m.callEnded(m.pinned.Add(-1)) }
 
-// Pinned returns the number of multi-part operations pinned to the member.
-func (m *Member) Pinned() int64 { return m.pinned.Load() }
-
 // Drain marks the member as leaving and waits until no call is in flight
 // on it and no multi-part operation is pinned to it, or ctx ends (then it
 // returns ctx's error; the work still running is not interrupted). The
@@ -366,9 +363,6 @@ func (m *Member) ChargeHealth(err error) bool {
 	n := m.consec.Add(1)
 	return errors.Is(err, slot.ErrTimeout) || int(n) >= m.cfg.FailureThreshold
 }
-
-// observe counts a latency sample d taken now.
-func (m *Member) observe(d time.Duration) { m.observeAt(d, time.Now()) }
 
 // observeSince counts a call that started at start and ended now: one
 // clock read for the sample and its time (the hot path).

@@ -35,7 +35,6 @@ const DialTimeout = 10 * time.Second
 // (pkg/slot abandons them at Spec.CommandTimeout), and Finalize releases
 // them. Safe for concurrent use.
 type Client struct {
-	path      string
 	sock      string
 	serverUID uint32
 	cur       atomic.Pointer[conn]
@@ -54,11 +53,8 @@ func NewClient(path string, serverUID *uint32) (*Client, error) {
 	if serverUID != nil {
 		uid = *serverUID
 	}
-	return &Client{path: path, sock: sock, serverUID: uid}, nil
+	return &Client{sock: sock, serverUID: uid}, nil
 }
-
-// Path returns the module path of the client.
-func (c *Client) Path() string { return c.path }
 
 var (
 	errDevice         = pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)

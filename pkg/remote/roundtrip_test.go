@@ -51,9 +51,9 @@ func TestRoundTrips(t *testing.T) {
 		if mi.Flags&(pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP) != pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP {
 			t.Errorf("CKM_AES_KEY_WRAP_PAD flags 0x%X lack wrap and unwrap", mi.Flags)
 		}
-		toks, err := slot.ListTokens(ctx, tok.Module, nil)
+		toks, err := slot.ListModuleTokens(ctx, slot.ModuleRef{Path: tok.Module})
 		if err != nil || len(toks) != 1 || toks[0].Label != tok.Label {
-			t.Errorf("ListTokens = %+v, %v; want the one served token", toks, err)
+			t.Errorf("ListModuleTokens = %+v, %v; want the one served token", toks, err)
 		}
 	})
 
@@ -69,10 +69,10 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatalf("Digest = %x, %v; want %x", d, err, want)
 		}
 		ss := session(t, s)
-		mustDo(t, "DigestInit", ss.DigestInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil)))
-		mustDo(t, "DigestUpdate", ss.DigestUpdate(ctx, data[:5]))
-		mustDo(t, "DigestUpdate", ss.DigestUpdate(ctx, data[5:]))
-		d, err = ss.DigestFinal(ctx)
+		mustDo(t, "DigestInit", ss.Init(ctx, slot.KindDigest, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), 0))
+		mustDo(t, "DigestUpdate", errOf(ss.Update(ctx, slot.KindDigest, data[:5])))
+		mustDo(t, "DigestUpdate", errOf(ss.Update(ctx, slot.KindDigest, data[5:])))
+		d, err = ss.Final(ctx, slot.KindDigest, nil)
 		if err != nil || !bytes.Equal(d, want[:]) {
 			t.Fatalf("multi-part digest = %x, %v; want %x", d, err, want)
 		}
@@ -84,14 +84,14 @@ func TestRoundTrips(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CreateObject of a secret key: %v", err)
 		}
-		mustDo(t, "DigestInit", ss.DigestInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil)))
-		mustDo(t, "DigestUpdate", ss.DigestUpdate(ctx, data))
+		mustDo(t, "DigestInit", ss.Init(ctx, slot.KindDigest, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), 0))
+		mustDo(t, "DigestUpdate", errOf(ss.Update(ctx, slot.KindDigest, data)))
 		mustDo(t, "DigestKey", ss.DigestKey(ctx, k))
-		d, err = ss.DigestFinal(ctx)
+		d, err = ss.Final(ctx, slot.KindDigest, nil)
 		if want := sha256.Sum256(append(slices.Clone(data), value...)); err != nil || !bytes.Equal(d, want[:]) {
 			t.Fatalf("digest of data and key = %x, %v; want %x", d, err, want)
 		}
-		mustDo(t, "DigestInit", ss.DigestInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil)))
+		mustDo(t, "DigestInit", ss.Init(ctx, slot.KindDigest, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), 0))
 		if err := ss.DigestKey(ctx, k+1000); !errors.Is(err, pkcs11.Error(pkcs11.CKR_KEY_HANDLE_INVALID)) {
 			t.Errorf("DigestKey of no key: %v, want CKR_KEY_HANDLE_INVALID", err)
 		}
@@ -179,16 +179,16 @@ func TestRoundTrips(t *testing.T) {
 		}
 		ss := session(t, s)
 		m := pkcs11.NewMechanism(pkcs11.CKM_SHA256_HMAC, nil)
-		mustDo(t, "SignInit", ss.SignInit(ctx, m, k))
-		mustDo(t, "SignUpdate", ss.SignUpdate(ctx, []byte("part one, ")))
-		mustDo(t, "SignUpdate", ss.SignUpdate(ctx, []byte("part two")))
-		sig, err := ss.SignFinal(ctx)
+		mustDo(t, "SignInit", ss.Init(ctx, slot.KindSign, m, k))
+		mustDo(t, "SignUpdate", errOf(ss.Update(ctx, slot.KindSign, []byte("part one, "))))
+		mustDo(t, "SignUpdate", errOf(ss.Update(ctx, slot.KindSign, []byte("part two"))))
+		sig, err := ss.Final(ctx, slot.KindSign, nil)
 		if err != nil {
 			t.Fatalf("SignFinal: %v", err)
 		}
-		mustDo(t, "VerifyInit", ss.VerifyInit(ctx, m, k))
-		mustDo(t, "VerifyUpdate", ss.VerifyUpdate(ctx, []byte("part one, part two")))
-		mustDo(t, "VerifyFinal", ss.VerifyFinal(ctx, sig))
+		mustDo(t, "VerifyInit", ss.Init(ctx, slot.KindVerify, m, k))
+		mustDo(t, "VerifyUpdate", errOf(ss.Update(ctx, slot.KindVerify, []byte("part one, part two"))))
+		mustDo(t, "VerifyFinal", errOf(ss.Final(ctx, slot.KindVerify, sig)))
 		if err := s.Verify(ctx, m, k, []byte("part one, part two"), sig); err != nil {
 			t.Errorf("single-part verify of a multi-part MAC: %v", err)
 		}
@@ -244,32 +244,32 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatalf("Decrypt CBC_PAD: %q, %v", pt, err)
 		}
 		ss := session(t, s)
-		mustDo(t, "EncryptInit", ss.EncryptInit(ctx, cbc, k))
+		mustDo(t, "EncryptInit", ss.Init(ctx, slot.KindEncrypt, cbc, k))
 		var mp []byte
 		for _, part := range [][]byte{plain[:33], plain[33:]} {
-			out, err := ss.EncryptUpdate(ctx, part)
+			out, err := ss.Update(ctx, slot.KindEncrypt, part)
 			if err != nil {
 				t.Fatalf("EncryptUpdate: %v", err)
 			}
 			mp = append(mp, out...)
 		}
-		out, err := ss.EncryptFinal(ctx)
+		out, err := ss.Final(ctx, slot.KindEncrypt, nil)
 		if err != nil {
 			t.Fatalf("EncryptFinal: %v", err)
 		}
 		if mp = append(mp, out...); !bytes.Equal(mp, ct) {
 			t.Errorf("multi-part ciphertext differs from single-part")
 		}
-		mustDo(t, "DecryptInit", ss.DecryptInit(ctx, cbc, k))
+		mustDo(t, "DecryptInit", ss.Init(ctx, slot.KindDecrypt, cbc, k))
 		var back []byte
 		for _, part := range [][]byte{ct[:20], ct[20:]} {
-			out, err := ss.DecryptUpdate(ctx, part)
+			out, err := ss.Update(ctx, slot.KindDecrypt, part)
 			if err != nil {
 				t.Fatalf("DecryptUpdate: %v", err)
 			}
 			back = append(back, out...)
 		}
-		out, err = ss.DecryptFinal(ctx)
+		out, err = ss.Final(ctx, slot.KindDecrypt, nil)
 		if err != nil {
 			t.Fatalf("DecryptFinal: %v", err)
 		}
@@ -450,3 +450,6 @@ func TestCreatesAndReadsDoNotCorrupt(t *testing.T) {
 	s := open(t, srv.Token(), 20*time.Second)
 	objrace.Run(t, ctxT(t), s, 3*time.Second)
 }
+
+// errOf is the error of a call whose output does not matter.
+func errOf(_ []byte, err error) error { return err }

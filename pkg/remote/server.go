@@ -835,6 +835,13 @@ func (p *peer) exec(q *request) *response {
 	return r
 }
 
+// data, attrs and handle put a call's result in r and return its error.
+func (r *response) data(v []byte, err error) error { r.Data = v; return err }
+
+func (r *response) attrs(v []*pkcs11.Attribute, err error) error { r.Attrs = v; return err }
+
+func (r *response) handle(h pkcs11.ObjectHandle, err error) error { r.Handle = uint(h); return err }
+
 func (p *peer) run(q *request, r *response) error {
 	m := p.m
 	c := m.ctx
@@ -901,9 +908,7 @@ func (p *peer) run(q *request, r *response) error {
 	case opLogout:
 		return c.Logout(sh)
 	case opCreateObject:
-		h, err := c.CreateObject(sh, q.Attrs)
-		r.Handle = uint(h)
-		return err
+		return r.handle(c.CreateObject(sh, q.Attrs))
 	case opCreateObjectNested:
 		if m.fl == nil {
 			return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
@@ -912,26 +917,18 @@ func (p *peer) run(q *request, r *response) error {
 		for _, n := range q.Nested {
 			nested[n.Type] = n.Attrs
 		}
-		h, err := p11raw.CreateObjectNested(m.fl, sh, q.Attrs, nested)
-		r.Handle = uint(h)
-		return err
+		return r.handle(p11raw.CreateObjectNested(m.fl, sh, q.Attrs, nested))
 	case opCopyObject:
-		h, err := c.CopyObject(sh, obj, q.Attrs)
-		r.Handle = uint(h)
-		return err
+		return r.handle(c.CopyObject(sh, obj, q.Attrs))
 	case opDestroyObject:
 		return c.DestroyObject(sh, obj)
 	case opGetAttributeValue:
-		v, err := c.GetAttributeValue(sh, obj, q.Attrs)
-		r.Attrs = v
-		return err
+		return r.attrs(c.GetAttributeValue(sh, obj, q.Attrs))
 	case opGetNestedAttribute:
 		if m.fl == nil {
 			return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
 		}
-		v, err := p11raw.GetNestedAttribute(m.fl, sh, obj, q.N)
-		r.Attrs = v
-		return err
+		return r.attrs(p11raw.GetNestedAttribute(m.fl, sh, obj, q.N))
 	case opSetAttributeValue:
 		return c.SetAttributeValue(sh, obj, q.Attrs)
 	case opFindObjectsInit:
@@ -948,47 +945,33 @@ func (p *peer) run(q *request, r *response) error {
 	case opFindObjectsFinal:
 		return c.FindObjectsFinal(sh)
 	case opGenerateKey:
-		h, err := c.GenerateKey(sh, ms, q.Attrs)
-		r.Handle = uint(h)
-		return err
+		return r.handle(c.GenerateKey(sh, ms, q.Attrs))
 	case opGenerateKeyPair:
 		a, b, err := c.GenerateKeyPair(sh, ms, q.Attrs, q.Attrs2)
 		r.Handle, r.Handle2 = uint(a), uint(b)
 		return err
 	case opWrapKey:
-		v, err := c.WrapKey(sh, ms, obj, pkcs11.ObjectHandle(q.Object2))
-		r.Data = v
-		return err
+		return r.data(c.WrapKey(sh, ms, obj, pkcs11.ObjectHandle(q.Object2)))
 	case opUnwrapKey:
 		if err := WrappedKeyMissing(q.Data); err != nil {
 			return err
 		}
-		h, err := c.UnwrapKey(sh, ms, obj, q.Data, q.Attrs)
-		r.Handle = uint(h)
-		return err
+		return r.handle(c.UnwrapKey(sh, ms, obj, q.Data, q.Attrs))
 	case opDeriveKey:
-		h, err := c.DeriveKey(sh, ms, obj, q.Attrs)
-		r.Handle = uint(h)
-		return err
+		return r.handle(c.DeriveKey(sh, ms, obj, q.Attrs))
 	case opGenerateRandom:
 		if q.N > MaxRandom {
 			return fmt.Errorf("C_GenerateRandom of %d bytes exceeds the bound of %d: %w", q.N, MaxRandom, errArgumentsBad)
 		}
-		v, err := c.GenerateRandom(sh, int(q.N))
-		r.Data = v
-		return err
+		return r.data(c.GenerateRandom(sh, int(q.N)))
 	case opSignInit:
 		return c.SignInit(sh, ms, obj)
 	case opSign:
-		v, err := c.Sign(sh, q.Data)
-		r.Data = v
-		return err
+		return r.data(c.Sign(sh, q.Data))
 	case opSignUpdate:
 		return c.SignUpdate(sh, q.Data)
 	case opSignFinal:
-		v, err := c.SignFinal(sh)
-		r.Data = v
-		return err
+		return r.data(c.SignFinal(sh))
 	case opVerifyInit:
 		return c.VerifyInit(sh, ms, obj)
 	case opVerify:
@@ -1000,43 +983,27 @@ func (p *peer) run(q *request, r *response) error {
 	case opEncryptInit:
 		return c.EncryptInit(sh, ms, obj)
 	case opEncrypt:
-		v, err := c.Encrypt(sh, q.Data)
-		r.Data = v
-		return err
+		return r.data(c.Encrypt(sh, q.Data))
 	case opEncryptUpdate:
-		v, err := c.EncryptUpdate(sh, q.Data)
-		r.Data = v
-		return err
+		return r.data(c.EncryptUpdate(sh, q.Data))
 	case opEncryptFinal:
-		v, err := c.EncryptFinal(sh)
-		r.Data = v
-		return err
+		return r.data(c.EncryptFinal(sh))
 	case opDecryptInit:
 		return c.DecryptInit(sh, ms, obj)
 	case opDecrypt:
-		v, err := c.Decrypt(sh, q.Data)
-		r.Data = v
-		return err
+		return r.data(c.Decrypt(sh, q.Data))
 	case opDecryptUpdate:
-		v, err := c.DecryptUpdate(sh, q.Data)
-		r.Data = v
-		return err
+		return r.data(c.DecryptUpdate(sh, q.Data))
 	case opDecryptFinal:
-		v, err := c.DecryptFinal(sh)
-		r.Data = v
-		return err
+		return r.data(c.DecryptFinal(sh))
 	case opDigestInit:
 		return c.DigestInit(sh, ms)
 	case opDigest:
-		v, err := c.Digest(sh, q.Data)
-		r.Data = v
-		return err
+		return r.data(c.Digest(sh, q.Data))
 	case opDigestUpdate:
 		return c.DigestUpdate(sh, q.Data)
 	case opDigestFinal:
-		v, err := c.DigestFinal(sh)
-		r.Data = v
-		return err
+		return r.data(c.DigestFinal(sh))
 	case opDigestKey:
 		return c.DigestKey(sh, obj)
 	}

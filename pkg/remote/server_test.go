@@ -150,9 +150,9 @@ func TestServeOneTokenInProcess(t *testing.T) {
 	toks := testhsm.Take(t, 2)
 	local := open(t, toks[0], 10*time.Second) // SoftHSM initialised here first
 	sock := serveInProcess(t, &remote.Server{Module: testhsm.SoftHSMModule, TokenLabel: toks[1].Label})
-	list, err := slot.ListTokens(ctxT(t), remote.ModulePath(sock), nil)
+	list, err := slot.ListModuleTokens(ctxT(t), slot.ModuleRef{Path: remote.ModulePath(sock)})
 	if err != nil {
-		t.Fatalf("ListTokens: %v", err)
+		t.Fatalf("ListModuleTokens: %v", err)
 	}
 	if len(list) != 1 || list[0].Label != toks[1].Label {
 		t.Fatalf("served tokens %+v, want only %s", list, toks[1].Label)

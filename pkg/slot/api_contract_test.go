@@ -12,11 +12,10 @@ import (
 )
 
 var (
-	_ func(context.Context, string, map[string]string) ([]slot.TokenSummary, error) = slot.ListTokens
-	_ func(context.Context, slot.Spec) (*slot.Slot, error)                          = slot.Open
-	_ func(context.Context, slot.ModuleRef) ([]slot.TokenSummary, error)            = slot.ListModuleTokens
-	_ func(error) slot.Class                                                        = slot.ClassOf
-	_ func(error) uint                                                              = slot.CodeOf
+	_ func(context.Context, slot.Spec) (*slot.Slot, error)               = slot.Open
+	_ func(context.Context, slot.ModuleRef) ([]slot.TokenSummary, error) = slot.ListModuleTokens
+	_ func(error) slot.Class                                             = slot.ClassOf
+	_ func(error) uint                                                   = slot.CodeOf
 )
 
 type single interface {
@@ -58,21 +57,11 @@ type slotAPI interface {
 
 type sessionAPI interface {
 	single
-	SignInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	SignUpdate(ctx context.Context, data []byte) error
-	SignFinal(ctx context.Context) ([]byte, error)
-	VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	VerifyUpdate(ctx context.Context, data []byte) error
-	VerifyFinal(ctx context.Context, sig []byte) error
-	EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	EncryptUpdate(ctx context.Context, data []byte) ([]byte, error)
-	EncryptFinal(ctx context.Context) ([]byte, error)
-	DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
-	DecryptUpdate(ctx context.Context, data []byte) ([]byte, error)
-	DecryptFinal(ctx context.Context) ([]byte, error)
-	DigestInit(ctx context.Context, m *pkcs11.Mechanism) error
-	DigestUpdate(ctx context.Context, data []byte) error
-	DigestFinal(ctx context.Context) ([]byte, error)
+	Init(ctx context.Context, k slot.Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error
+	Initialized(ctx context.Context, k slot.Kind, in, sig []byte) ([]byte, error)
+	Update(ctx context.Context, k slot.Kind, in []byte) ([]byte, error)
+	Final(ctx context.Context, k slot.Kind, sig []byte) ([]byte, error)
+	DigestKey(ctx context.Context, key pkcs11.ObjectHandle) error
 	Close() error
 }
 

@@ -78,3 +78,6 @@ func ModuleCallsInside(path string) int {
 	}
 	return n
 }
+
+// Capacity returns the pool cap.
+func (s *Slot) Capacity() int { return s.capacity }

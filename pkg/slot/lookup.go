@@ -339,12 +339,6 @@ func findToken(ctx context.Context, spec *Spec, q tokenQuery, m *module, timeout
 		ErrInvalidSpec, q.what, len(hits), spec.Module, strings.Join(serials, ", "))}
 }
 
-// ListTokens lists the tokens a module offers, the uninitialised ones
-// included. env is set while the module loads, as for Spec.ModuleEnv.
-func ListTokens(ctx context.Context, module string, env map[string]string) ([]TokenSummary, error) {
-	return ListModuleTokens(ctx, ModuleRef{Path: module, Env: env})
-}
-
 // ListModuleTokens lists the tokens the module of ref offers, the
 // uninitialised ones included.
 func ListModuleTokens(ctx context.Context, ref ModuleRef) ([]TokenSummary, error) {

@@ -55,9 +55,9 @@ func TestLookup(t *testing.T) {
 func TestLookupNotFound(t *testing.T) {
 	t.Parallel()
 	tok := testhsm.Take(t, 1)[0]
-	all, err := slot.ListTokens(ctxT(t), tok.Module, nil)
+	all, err := slot.ListModuleTokens(ctxT(t), slot.ModuleRef{Path: tok.Module})
 	if err != nil {
-		t.Fatalf("ListTokens: %v", err)
+		t.Fatalf("ListModuleTokens: %v", err)
 	}
 	var labels, withSerials []string
 	for _, x := range all {
@@ -67,7 +67,7 @@ func TestLookupNotFound(t *testing.T) {
 		}
 	}
 	if len(labels) < 2 {
-		t.Fatalf("ListTokens found %d initialised tokens: %+v", len(labels), all)
+		t.Fatalf("ListModuleTokens found %d initialised tokens: %+v", len(labels), all)
 	}
 	cases := []struct {
 		name string

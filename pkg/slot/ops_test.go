@@ -166,18 +166,18 @@ func TestMultiPartOnSession(t *testing.T) {
 	iv := bytes.Repeat([]byte{7}, 16)
 	mech := pkcs11.NewMechanism(pkcs11.CKM_AES_CBC_PAD, iv)
 	plain := bytes.Repeat([]byte("0123456789abcdef"), 5)
-	if err := ss.EncryptInit(ctx, mech, key); err != nil {
+	if err := ss.Init(ctx, slot.KindEncrypt, mech, key); err != nil {
 		t.Fatalf("EncryptInit: %v", err)
 	}
 	var ct []byte
 	for _, part := range [][]byte{plain[:7], plain[7:40], plain[40:]} {
-		out, err := ss.EncryptUpdate(ctx, part)
+		out, err := ss.Update(ctx, slot.KindEncrypt, part)
 		if err != nil {
 			t.Fatalf("EncryptUpdate: %v", err)
 		}
 		ct = append(ct, out...)
 	}
-	last, err := ss.EncryptFinal(ctx)
+	last, err := ss.Final(ctx, slot.KindEncrypt, nil)
 	if err != nil {
 		t.Fatalf("EncryptFinal: %v", err)
 	}
@@ -191,18 +191,18 @@ func TestMultiPartOnSession(t *testing.T) {
 	}
 
 	// Multi-part decryption too.
-	if err := ss.DecryptInit(ctx, mech, key); err != nil {
+	if err := ss.Init(ctx, slot.KindDecrypt, mech, key); err != nil {
 		t.Fatalf("DecryptInit: %v", err)
 	}
-	p1, err := ss.DecryptUpdate(ctx, ct[:32])
+	p1, err := ss.Update(ctx, slot.KindDecrypt, ct[:32])
 	if err != nil {
 		t.Fatalf("DecryptUpdate: %v", err)
 	}
-	p2, err := ss.DecryptUpdate(ctx, ct[32:])
+	p2, err := ss.Update(ctx, slot.KindDecrypt, ct[32:])
 	if err != nil {
 		t.Fatalf("DecryptUpdate: %v", err)
 	}
-	p3, err := ss.DecryptFinal(ctx)
+	p3, err := ss.Final(ctx, slot.KindDecrypt, nil)
 	if err != nil {
 		t.Fatalf("DecryptFinal: %v", err)
 	}
@@ -211,15 +211,15 @@ func TestMultiPartOnSession(t *testing.T) {
 	}
 
 	// Multi-part digest equals Go's SHA-256.
-	if err := ss.DigestInit(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil)); err != nil {
+	if err := ss.Init(ctx, slot.KindDigest, pkcs11.NewMechanism(pkcs11.CKM_SHA256, nil), 0); err != nil {
 		t.Fatalf("DigestInit: %v", err)
 	}
 	for _, part := range [][]byte{plain[:10], plain[10:]} {
-		if err := ss.DigestUpdate(ctx, part); err != nil {
+		if _, err := ss.Update(ctx, slot.KindDigest, part); err != nil {
 			t.Fatalf("DigestUpdate: %v", err)
 		}
 	}
-	d, err := ss.DigestFinal(ctx)
+	d, err := ss.Final(ctx, slot.KindDigest, nil)
 	if err != nil {
 		t.Fatalf("DigestFinal: %v", err)
 	}
@@ -240,16 +240,16 @@ func TestMultiPartOnSession(t *testing.T) {
 		t.Fatalf("GenerateKey(generic secret): %v", err)
 	}
 	sm := pkcs11.NewMechanism(pkcs11.CKM_SHA256_HMAC, nil)
-	if err := ss.SignInit(ctx, sm, mac); err != nil {
+	if err := ss.Init(ctx, slot.KindSign, sm, mac); err != nil {
 		t.Fatalf("SignInit: %v", err)
 	}
-	if err := ss.SignUpdate(ctx, plain[:33]); err != nil {
+	if _, err := ss.Update(ctx, slot.KindSign, plain[:33]); err != nil {
 		t.Fatalf("SignUpdate: %v", err)
 	}
-	if err := ss.SignUpdate(ctx, plain[33:]); err != nil {
+	if _, err := ss.Update(ctx, slot.KindSign, plain[33:]); err != nil {
 		t.Fatalf("SignUpdate: %v", err)
 	}
-	sig, err := ss.SignFinal(ctx)
+	sig, err := ss.Final(ctx, slot.KindSign, nil)
 	if err != nil {
 		t.Fatalf("SignFinal: %v", err)
 	}
@@ -257,13 +257,13 @@ func TestMultiPartOnSession(t *testing.T) {
 	if err != nil || !bytes.Equal(one, sig) {
 		t.Fatalf("single-part HMAC %x (%v) differs from multi-part %x", one, err, sig)
 	}
-	if err := ss.VerifyInit(ctx, sm, mac); err != nil {
+	if err := ss.Init(ctx, slot.KindVerify, sm, mac); err != nil {
 		t.Fatalf("VerifyInit: %v", err)
 	}
-	if err := ss.VerifyUpdate(ctx, plain); err != nil {
+	if _, err := ss.Update(ctx, slot.KindVerify, plain); err != nil {
 		t.Fatalf("VerifyUpdate: %v", err)
 	}
-	if err := ss.VerifyFinal(ctx, sig); err != nil {
+	if _, err := ss.Final(ctx, slot.KindVerify, sig); err != nil {
 		t.Fatalf("VerifyFinal: %v", err)
 	}
 

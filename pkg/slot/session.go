@@ -8,27 +8,18 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// Session is a dedicated physical session: the same single-part operations
-// as Slot (same signatures: FindObjects … GenerateRandom) plus multi-part
-// ones. Not safe for concurrent use. A clear health error (or a call
+// Session is a dedicated physical session: the operations of a Slot (its
+// embedded operations: FindObjects … GenerateRandom) plus multi-part ones
+// (Init, Update, Final). Not safe for concurrent use. A clear health error (or a call
 // abandoned at its deadline) marks it broken: later calls fail with ErrSessionLost and
 // Close discards it. After the Slot's Reinit it is lost as well.
 type Session struct {
+	operations
 	s      *Slot
 	x      *sess
 	gen    uint64
 	broken error
 	closed bool
-}
-
-func (ss *Session) member() string { return ss.s.spec.Name }
-
-func (ss *Session) call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error {
-	t := ss.s.cmdTimeout
-	if keygen {
-		t = ss.s.keyTimeout
-	}
-	return ss.callWith(ctx, op, t, fn, nil)
 }
 
 func (ss *Session) callWith(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, a *shotArgs) error {
@@ -90,232 +81,84 @@ func (ss *Session) Close() error {
 	return nil
 }
 
-// FindObjects returns the handles of every object matching tmpl, session
-// objects of this session included.
-func (ss *Session) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
-	return findObjects(ctx, ss, tmpl)
-}
-
-// GetAttributes reads attributes of h, each with its own status.
-func (ss *Session) GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
-	return getAttributes(ctx, ss, h, types)
-}
-
-// GetNestedAttribute reads an attribute whose value is an attribute array.
-func (ss *Session) GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	return getNestedAttribute(ctx, ss, h, typ)
-}
-
-// SetAttributes sets attributes of h.
-func (ss *Session) SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
-	return setAttributes(ctx, ss, h, attrs)
-}
-
-// CreateObject creates an object.
-func (ss *Session) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return createObject(ctx, ss, tmpl)
-}
-
-// CreateObjectNested creates an object whose template also holds
-// attribute-array attributes (see Slot.CreateObjectNested).
-func (ss *Session) CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return createObjectNested(ctx, ss, tmpl, nested)
-}
-
-// CopyObject copies h, changing the attributes in tmpl.
-func (ss *Session) CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return copyObject(ctx, ss, h, tmpl)
-}
-
-// DestroyObject destroys h.
-func (ss *Session) DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error {
-	return destroyObject(ctx, ss, h)
-}
-
-// GenerateKey generates a secret key under the key generation timeout.
-func (ss *Session) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return generateKey(ctx, ss, m, tmpl)
-}
-
-// GenerateKeyPair generates a key pair under the key generation timeout.
-func (ss *Session) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
-	return generateKeyPair(ctx, ss, m, pub, priv)
-}
-
-// WrapKey wraps key under wrapping.
-func (ss *Session) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
-	return wrapKey(ctx, ss, m, wrapping, key)
-}
-
-// UnwrapKey unwraps blob under unwrapping into a new key with tmpl.
-func (ss *Session) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return unwrapKey(ctx, ss, m, unwrapping, blob, tmpl)
-}
-
-// DeriveKey derives a new key with tmpl from base.
-func (ss *Session) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return deriveKey(ctx, ss, m, base, tmpl)
-}
-
-// Sign signs data with key in one part.
-func (ss *Session) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindSign, m, key, data, nil)
-}
-
-// Verify verifies sig over data with key in one part.
-func (ss *Session) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	_, err := ss.Single(ctx, KindVerify, m, key, data, sig)
-	return err
-}
-
-// Encrypt encrypts data with key in one part.
-func (ss *Session) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindEncrypt, m, key, data, nil)
-}
-
-// Decrypt decrypts data with key in one part.
-func (ss *Session) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindDecrypt, m, key, data, nil)
-}
-
-// Digest digests data in one part.
-func (ss *Session) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return ss.Single(ctx, KindDigest, m, 0, data, nil)
-}
-
-// GenerateRandom returns n random bytes from the token.
-func (ss *Session) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	return generateRandom(ctx, ss, n)
-}
-
-// SignInit starts a multi-part signature.
-func (ss *Session) SignInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpSignInit, m); err != nil {
+// Init starts the multi-part operation k with m and key (none for a
+// digest).
+func (ss *Session) Init(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	op := kinds[k].init
+	if err := checkMech(ss.member(), op, m); err != nil {
 		return err
 	}
-	return ss.call(ctx, OpSignInit, false, func(x *sess) error { return x.ctx.SignInit(x.h, mechs(m), key) })
-}
-
-// SignUpdate feeds data to the signature.
-func (ss *Session) SignUpdate(ctx context.Context, data []byte) error {
-	return ss.call(ctx, OpSignUpdate, false, func(x *sess) error { return x.ctx.SignUpdate(x.h, data) })
-}
-
-// SignFinal finishes the signature and returns it.
-func (ss *Session) SignFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpSignFinal, false, func(x *sess) error {
-		v, err := x.ctx.SignFinal(x.h)
-		out = v
-		return err
+	return ss.call(ctx, op, false, func(x *sess) error {
+		switch k {
+		case KindSign:
+			return x.ctx.SignInit(x.h, mechs(m), key)
+		case KindVerify:
+			return x.ctx.VerifyInit(x.h, mechs(m), key)
+		case KindEncrypt:
+			return x.ctx.EncryptInit(x.h, mechs(m), key)
+		case KindDecrypt:
+			return x.ctx.DecryptInit(x.h, mechs(m), key)
+		}
+		return x.ctx.DigestInit(x.h, mechs(m))
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
-// VerifyInit starts a multi-part verification.
-func (ss *Session) VerifyInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpVerifyInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpVerifyInit, false, func(x *sess) error { return x.ctx.VerifyInit(x.h, mechs(m), key) })
-}
-
-// VerifyUpdate feeds data to the verification.
-func (ss *Session) VerifyUpdate(ctx context.Context, data []byte) error {
-	return ss.call(ctx, OpVerifyUpdate, false, func(x *sess) error { return x.ctx.VerifyUpdate(x.h, data) })
-}
-
-// VerifyFinal checks sig; a bad signature is CKR_SIGNATURE_INVALID.
-func (ss *Session) VerifyFinal(ctx context.Context, sig []byte) error {
-	return ss.call(ctx, OpVerifyFinal, false, func(x *sess) error { return x.ctx.VerifyFinal(x.h, sig) })
-}
-
-// EncryptInit starts a multi-part encryption.
-func (ss *Session) EncryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpEncryptInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpEncryptInit, false, func(x *sess) error { return x.ctx.EncryptInit(x.h, mechs(m), key) })
-}
-
-// EncryptUpdate encrypts a part and returns what output it yields.
-func (ss *Session) EncryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpEncryptUpdate, false, func(x *sess) error {
-		v, err := x.ctx.EncryptUpdate(x.h, data)
-		out = v
-		return err
+// Initialized makes k's single-part call (C_Sign …) in an operation the
+// application started with its own Init on this session: unlike Single,
+// it sends no Init, so an Init error reached the application at its Init
+// call, as on a bare token. For KindVerify, sig is the signature and the
+// output nil.
+func (ss *Session) Initialized(ctx context.Context, k Kind, in, sig []byte) ([]byte, error) {
+	return result(ctx, ss.operations, kinds[k].op, false, func(x *sess) ([]byte, error) {
+		switch k {
+		case KindSign:
+			return x.ctx.Sign(x.h, in)
+		case KindVerify:
+			return nil, x.ctx.Verify(x.h, in, sig)
+		case KindEncrypt:
+			return x.ctx.Encrypt(x.h, in)
+		case KindDecrypt:
+			return x.ctx.Decrypt(x.h, in)
+		}
+		return x.ctx.Digest(x.h, in)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
-// EncryptFinal finishes the encryption and returns the last output.
-func (ss *Session) EncryptFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpEncryptFinal, false, func(x *sess) error {
-		v, err := x.ctx.EncryptFinal(x.h)
-		out = v
-		return err
+// Update feeds in to the multi-part operation k and returns the output it
+// yields (none for a signature, a verification or a digest).
+func (ss *Session) Update(ctx context.Context, k Kind, in []byte) ([]byte, error) {
+	return result(ctx, ss.operations, kinds[k].update, false, func(x *sess) ([]byte, error) {
+		switch k {
+		case KindSign:
+			return nil, x.ctx.SignUpdate(x.h, in)
+		case KindVerify:
+			return nil, x.ctx.VerifyUpdate(x.h, in)
+		case KindEncrypt:
+			return x.ctx.EncryptUpdate(x.h, in)
+		case KindDecrypt:
+			return x.ctx.DecryptUpdate(x.h, in)
+		}
+		return nil, x.ctx.DigestUpdate(x.h, in)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
-// DecryptInit starts a multi-part decryption.
-func (ss *Session) DecryptInit(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	if err := checkMech(ss.member(), OpDecryptInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpDecryptInit, false, func(x *sess) error { return x.ctx.DecryptInit(x.h, mechs(m), key) })
-}
-
-// DecryptUpdate decrypts a part and returns what output it yields.
-func (ss *Session) DecryptUpdate(ctx context.Context, data []byte) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpDecryptUpdate, false, func(x *sess) error {
-		v, err := x.ctx.DecryptUpdate(x.h, data)
-		out = v
-		return err
+// Final ends the multi-part operation k and returns its last output (the
+// signature, the digest). For KindVerify it checks sig: a bad signature
+// is CKR_SIGNATURE_INVALID.
+func (ss *Session) Final(ctx context.Context, k Kind, sig []byte) ([]byte, error) {
+	return result(ctx, ss.operations, kinds[k].final, false, func(x *sess) ([]byte, error) {
+		switch k {
+		case KindSign:
+			return x.ctx.SignFinal(x.h)
+		case KindVerify:
+			return nil, x.ctx.VerifyFinal(x.h, sig)
+		case KindEncrypt:
+			return x.ctx.EncryptFinal(x.h)
+		case KindDecrypt:
+			return x.ctx.DecryptFinal(x.h)
+		}
+		return x.ctx.DigestFinal(x.h)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// DecryptFinal finishes the decryption and returns the last output.
-func (ss *Session) DecryptFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpDecryptFinal, false, func(x *sess) error {
-		v, err := x.ctx.DecryptFinal(x.h)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// DigestInit starts a multi-part digest.
-func (ss *Session) DigestInit(ctx context.Context, m *pkcs11.Mechanism) error {
-	if err := checkMech(ss.member(), OpDigestInit, m); err != nil {
-		return err
-	}
-	return ss.call(ctx, OpDigestInit, false, func(x *sess) error { return x.ctx.DigestInit(x.h, mechs(m)) })
-}
-
-// DigestUpdate feeds data to the digest.
-func (ss *Session) DigestUpdate(ctx context.Context, data []byte) error {
-	return ss.call(ctx, OpDigestUpdate, false, func(x *sess) error { return x.ctx.DigestUpdate(x.h, data) })
 }
 
 // keyDigester is a module that can digest a key's value (miekg's context
@@ -334,18 +177,4 @@ func (ss *Session) DigestKey(ctx context.Context, key pkcs11.ObjectHandle) error
 		}
 		return dk.DigestKey(x.h, key)
 	})
-}
-
-// DigestFinal finishes the digest and returns it.
-func (ss *Session) DigestFinal(ctx context.Context) ([]byte, error) {
-	var out []byte
-	err := ss.call(ctx, OpDigestFinal, false, func(x *sess) error {
-		v, err := x.ctx.DigestFinal(x.h)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }

@@ -69,28 +69,16 @@ type shotArgs struct {
 	out     []byte
 }
 
-// Single makes the single-part operation k on a pooled session: its Init
-// with m and key (none for a digest), then its single-part call on in. For
-// KindVerify, sig is the signature and the output nil; a bad signature is
-// CKR_SIGNATURE_INVALID (class request).
-func (s *Slot) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
-	if err := checkMech(s.spec.Name, kinds[k].op, m); err != nil {
+// Single makes the single-part operation k (on a Slot, on a pooled
+// session): its Init with m and key (none for a digest), then its
+// single-part call on in. For KindVerify, sig is the signature and the
+// output nil; a bad signature is CKR_SIGNATURE_INVALID (class request).
+func (o operations) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
+	if err := checkMech(o.member(), kinds[k].op, m); err != nil {
 		return nil, err
 	}
 	a := &shotArgs{k: k, m: m, key: key, in: in, sig: sig}
-	if err := s.do(ctx, kinds[k].op, s.cmdTimeout, nil, a); err != nil {
-		return nil, err
-	}
-	return a.out, nil
-}
-
-// Single is Slot.Single on this session.
-func (ss *Session) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
-	if err := checkMech(ss.member(), kinds[k].op, m); err != nil {
-		return nil, err
-	}
-	a := &shotArgs{k: k, m: m, key: key, in: in, sig: sig}
-	if err := ss.callWith(ctx, kinds[k].op, ss.s.cmdTimeout, nil, a); err != nil {
+	if err := o.run(ctx, kinds[k].op, o.on.cmdTimeout, nil, a); err != nil {
 		return nil, err
 	}
 	return a.out, nil

@@ -2,148 +2,128 @@ package slot
 
 import (
 	"context"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
 
-// The closures below hand results back through variables of the calling
-// function. A variable is read only after the call returned its result,
-// never after an abandoned call: the worker of an abandoned call may still
-// write it when the module finally answers.
-
-// runner is what Slot (a pooled session) and Session (a dedicated one) give
-// the single-part operations, which are written once below.
-type runner interface {
-	call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error
-	member() string
+// operations are the calls a Slot (on a pooled session per call) and a
+// Session (on its dedicated session) share, written once here; both embed
+// them. ss is nil for a Slot.
+type operations struct {
+	on *Slot
+	ss *Session
 }
 
-func (s *Slot) call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error {
-	t := s.cmdTimeout
+// run makes one call: fn, or the one-shot a when fn is nil (shot.go).
+func (o operations) run(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, a *shotArgs) error {
+	if o.ss != nil {
+		return o.ss.callWith(ctx, op, t, fn, a)
+	}
+	return o.on.do(ctx, op, t, fn, a)
+}
+
+// call runs fn under the command timeout, or under the key generation
+// timeout.
+func (o operations) call(ctx context.Context, op Op, keygen bool, fn func(*sess) error) error {
+	t := o.on.cmdTimeout
 	if keygen {
-		t = s.keyTimeout
+		t = o.on.keyTimeout
 	}
-	return s.do(ctx, op, t, fn, nil)
+	return o.run(ctx, op, t, fn, nil)
 }
 
-func (s *Slot) member() string { return s.spec.Name }
+func (o operations) member() string { return o.on.spec.Name }
 
-func findObjects(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
-	var hs []pkcs11.ObjectHandle
-	err := r.call(ctx, OpFindObjects, false, func(x *sess) error {
-		v, err := x.findObjects(tmpl)
-		hs = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return hs, nil
-}
-
-func getAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
-	var out []Attribute
-	err := r.call(ctx, OpGetAttributes, false, func(x *sess) error {
-		v, err := x.getAttributes(h, types)
+// result runs fn like call and returns what it returned. The result is
+// read only once the call returned it, never after an abandoned call: the
+// worker of an abandoned call may still write it when the module finally
+// answers.
+func result[T any](ctx context.Context, o operations, op Op, keygen bool, fn func(*sess) (T, error)) (T, error) {
+	var out T
+	err := o.call(ctx, op, keygen, func(x *sess) error {
+		v, err := fn(x)
 		out = v
 		return err
 	})
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
 	return out, nil
 }
 
-func setAttributes(ctx context.Context, r runner, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
-	return r.call(ctx, OpSetAttributes, false, func(x *sess) error {
+// FindObjects returns the handles of every object matching tmpl (on a
+// Session, its own session objects included).
+func (o operations) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
+	return result(ctx, o, OpFindObjects, false, func(x *sess) ([]pkcs11.ObjectHandle, error) { return x.findObjects(tmpl) })
+}
+
+// GetAttributes reads attributes of h, each with its own status
+// (CKR_OK, CKR_ATTRIBUTE_SENSITIVE or CKR_ATTRIBUTE_TYPE_INVALID).
+func (o operations) GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
+	return result(ctx, o, OpGetAttributes, false, func(x *sess) ([]Attribute, error) { return x.getAttributes(h, types) })
+}
+
+// GetNestedAttribute reads an attribute whose value is an attribute array
+// (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE).
+func (o operations) GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	return result(ctx, o, OpGetAttributes, false, func(x *sess) ([]*pkcs11.Attribute, error) { return x.getNestedAttribute(h, typ) })
+}
+
+// SetAttributes sets attributes of h.
+func (o operations) SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
+	return o.call(ctx, OpSetAttributes, false, func(x *sess) error {
 		return x.ctx.SetAttributeValue(x.h, h, attrs)
 	})
 }
 
-func createObject(ctx context.Context, r runner, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	var h pkcs11.ObjectHandle
-	err := r.call(ctx, OpCreateObject, false, func(x *sess) error {
-		v, err := x.ctx.CreateObject(x.h, tmpl)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
+// CreateObject creates an object.
+func (o operations) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return result(ctx, o, OpCreateObject, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.CreateObject(x.h, tmpl) })
 }
 
-func createObjectNested(ctx context.Context, r runner, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+// CreateObjectNested creates an object whose template also holds
+// attribute-array attributes: nested maps CKA_WRAP_TEMPLATE,
+// CKA_UNWRAP_TEMPLATE or CKA_DERIVE_TEMPLATE to the attributes of the array.
+// A session object made by a Slot lives as long as the pooled session it
+// was made on: use a Session's for session objects.
+func (o operations) CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
 	if err := checkNested(tmpl, nested); err != nil {
-		return 0, invalid(r.member(), OpCreateObject, "%v", err)
+		return 0, invalid(o.member(), OpCreateObject, "%v", err)
 	}
-	var h pkcs11.ObjectHandle
-	err := r.call(ctx, OpCreateObject, false, func(x *sess) error {
-		v, err := x.createObjectNested(tmpl, nested)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
+	return result(ctx, o, OpCreateObject, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.createObjectNested(tmpl, nested) })
 }
 
-func getNestedAttribute(ctx context.Context, r runner, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	var out []*pkcs11.Attribute
-	err := r.call(ctx, OpGetAttributes, false, func(x *sess) error {
-		v, err := x.getNestedAttribute(h, typ)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+// CopyObject copies h, changing the attributes in tmpl.
+func (o operations) CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	return result(ctx, o, OpCopyObject, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.CopyObject(x.h, h, tmpl) })
 }
 
-func copyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	var n pkcs11.ObjectHandle
-	err := r.call(ctx, OpCopyObject, false, func(x *sess) error {
-		v, err := x.ctx.CopyObject(x.h, h, tmpl)
-		n = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
-}
-
-func destroyObject(ctx context.Context, r runner, h pkcs11.ObjectHandle) error {
-	return r.call(ctx, OpDestroyObject, false, func(x *sess) error {
+// DestroyObject destroys h.
+func (o operations) DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error {
+	return o.call(ctx, OpDestroyObject, false, func(x *sess) error {
 		return x.ctx.DestroyObject(x.h, h)
 	})
 }
 
-func generateKey(ctx context.Context, r runner, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	if err := checkMech(r.member(), OpGenerateKey, m); err != nil {
+// GenerateKey generates a secret key under the key generation timeout.
+func (o operations) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	if err := checkMech(o.member(), OpGenerateKey, m); err != nil {
 		return 0, err
 	}
-	var h pkcs11.ObjectHandle
-	err := r.call(ctx, OpGenerateKey, true, func(x *sess) error {
-		v, err := x.ctx.GenerateKey(x.h, mechs(m), tmpl)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
+	return result(ctx, o, OpGenerateKey, true, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.GenerateKey(x.h, mechs(m), tmpl) })
 }
 
-func generateKeyPair(ctx context.Context, r runner, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
-	if err := checkMech(r.member(), OpGenerateKeyPair, m); err != nil {
+// GenerateKeyPair generates a key pair under the key generation timeout and
+// returns the public and the private key.
+func (o operations) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
+	if err := checkMech(o.member(), OpGenerateKeyPair, m); err != nil {
 		return 0, 0, err
 	}
-	var hpub, hpriv pkcs11.ObjectHandle
-	err := r.call(ctx, OpGenerateKeyPair, true, func(x *sess) error {
+	var hpub, hpriv pkcs11.ObjectHandle // read as result reads its result
+	err := o.call(ctx, OpGenerateKeyPair, true, func(x *sess) error {
 		a, b, err := x.ctx.GenerateKeyPair(x.h, mechs(m), pub, priv)
 		hpub, hpriv = a, b
 		return err
@@ -154,222 +134,93 @@ func generateKeyPair(ctx context.Context, r runner, m *pkcs11.Mechanism, pub, pr
 	return hpub, hpriv, nil
 }
 
-func wrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
-	if err := checkMech(r.member(), OpWrapKey, m); err != nil {
+// WrapKey wraps key under wrapping.
+func (o operations) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
+	if err := checkMech(o.member(), OpWrapKey, m); err != nil {
 		return nil, err
 	}
-	var out []byte
-	err := r.call(ctx, OpWrapKey, false, func(x *sess) error {
-		v, err := x.ctx.WrapKey(x.h, mechs(m), wrapping, key)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return result(ctx, o, OpWrapKey, false, func(x *sess) ([]byte, error) { return x.ctx.WrapKey(x.h, mechs(m), wrapping, key) })
 }
 
-func unwrapKey(ctx context.Context, r runner, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	if err := checkMech(r.member(), OpUnwrapKey, m); err != nil {
+// UnwrapKey unwraps blob under unwrapping into a new key with tmpl.
+func (o operations) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	if err := checkMech(o.member(), OpUnwrapKey, m); err != nil {
 		return 0, err
 	}
 	if err := remote.WrappedKeyMissing(blob); err != nil {
 		return 0, err
 	}
-	var h pkcs11.ObjectHandle
-	err := r.call(ctx, OpUnwrapKey, false, func(x *sess) error {
-		v, err := x.ctx.UnwrapKey(x.h, mechs(m), unwrapping, blob, tmpl)
-		h = v
-		return err
+	return result(ctx, o, OpUnwrapKey, false, func(x *sess) (pkcs11.ObjectHandle, error) {
+		return x.ctx.UnwrapKey(x.h, mechs(m), unwrapping, blob, tmpl)
 	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
-}
-
-func deriveKey(ctx context.Context, r runner, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	if err := checkMech(r.member(), OpDeriveKey, m); err != nil {
-		return 0, err
-	}
-	var h pkcs11.ObjectHandle
-	err := r.call(ctx, OpDeriveKey, false, func(x *sess) error {
-		v, err := x.ctx.DeriveKey(x.h, mechs(m), base, tmpl)
-		h = v
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return h, nil
-}
-
-func generateRandom(ctx context.Context, r runner, n int) ([]byte, error) {
-	if n < 0 {
-		return nil, invalid(r.member(), OpGenerateRandom, "length %d is negative", n)
-	}
-	var out []byte
-	err := r.call(ctx, OpGenerateRandom, false, func(x *sess) error {
-		v, err := x.ctx.GenerateRandom(x.h, n)
-		out = v
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// FindObjects returns the handles of every object matching tmpl.
-func (s *Slot) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]pkcs11.ObjectHandle, error) {
-	return findObjects(ctx, s, tmpl)
-}
-
-// GetAttributes reads attributes of h, each with its own status
-// (CKR_OK, CKR_ATTRIBUTE_SENSITIVE or CKR_ATTRIBUTE_TYPE_INVALID).
-func (s *Slot) GetAttributes(ctx context.Context, h pkcs11.ObjectHandle, types []uint) ([]Attribute, error) {
-	return getAttributes(ctx, s, h, types)
-}
-
-// GetNestedAttribute reads an attribute whose value is an attribute array
-// (CKA_WRAP_TEMPLATE, CKA_UNWRAP_TEMPLATE, CKA_DERIVE_TEMPLATE).
-func (s *Slot) GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	return getNestedAttribute(ctx, s, h, typ)
-}
-
-// SetAttributes sets attributes of h.
-func (s *Slot) SetAttributes(ctx context.Context, h pkcs11.ObjectHandle, attrs []*pkcs11.Attribute) error {
-	return setAttributes(ctx, s, h, attrs)
-}
-
-// CreateObject creates an object.
-func (s *Slot) CreateObject(ctx context.Context, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return createObject(ctx, s, tmpl)
-}
-
-// CreateObjectNested creates an object whose template also holds
-// attribute-array attributes: nested maps CKA_WRAP_TEMPLATE,
-// CKA_UNWRAP_TEMPLATE or CKA_DERIVE_TEMPLATE to the attributes of the array.
-// A session object made on a pooled session lives as long as that session;
-// use Session.CreateObjectNested for session objects.
-func (s *Slot) CreateObjectNested(ctx context.Context, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return createObjectNested(ctx, s, tmpl, nested)
-}
-
-// CopyObject copies h, changing the attributes in tmpl.
-func (s *Slot) CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return copyObject(ctx, s, h, tmpl)
-}
-
-// DestroyObject destroys h.
-func (s *Slot) DestroyObject(ctx context.Context, h pkcs11.ObjectHandle) error {
-	return destroyObject(ctx, s, h)
-}
-
-// GenerateKey generates a secret key under the key generation timeout.
-func (s *Slot) GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return generateKey(ctx, s, m, tmpl)
-}
-
-// GenerateKeyPair generates a key pair under the key generation timeout and
-// returns the public and the private key.
-func (s *Slot) GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
-	return generateKeyPair(ctx, s, m, pub, priv)
-}
-
-// WrapKey wraps key under wrapping.
-func (s *Slot) WrapKey(ctx context.Context, m *pkcs11.Mechanism, wrapping, key pkcs11.ObjectHandle) ([]byte, error) {
-	return wrapKey(ctx, s, m, wrapping, key)
-}
-
-// UnwrapKey unwraps blob under unwrapping into a new key with tmpl.
-func (s *Slot) UnwrapKey(ctx context.Context, m *pkcs11.Mechanism, unwrapping pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return unwrapKey(ctx, s, m, unwrapping, blob, tmpl)
 }
 
 // DeriveKey derives a new key with tmpl from base.
-func (s *Slot) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return deriveKey(ctx, s, m, base, tmpl)
+func (o operations) DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	if err := checkMech(o.member(), OpDeriveKey, m); err != nil {
+		return 0, err
+	}
+	return result(ctx, o, OpDeriveKey, false, func(x *sess) (pkcs11.ObjectHandle, error) { return x.ctx.DeriveKey(x.h, mechs(m), base, tmpl) })
 }
 
 // Sign signs data with key in one part.
-func (s *Slot) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return s.Single(ctx, KindSign, m, key, data, nil)
+func (o operations) Sign(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return o.Single(ctx, KindSign, m, key, data, nil)
 }
 
 // Verify verifies sig over data with key in one part; a bad signature is
 // CKR_SIGNATURE_INVALID (class request).
-func (s *Slot) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
-	_, err := s.Single(ctx, KindVerify, m, key, data, sig)
+func (o operations) Verify(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data, sig []byte) error {
+	_, err := o.Single(ctx, KindVerify, m, key, data, sig)
 	return err
 }
 
 // Encrypt encrypts data with key in one part.
-func (s *Slot) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return s.Single(ctx, KindEncrypt, m, key, data, nil)
+func (o operations) Encrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return o.Single(ctx, KindEncrypt, m, key, data, nil)
 }
 
 // Decrypt decrypts data with key in one part.
-func (s *Slot) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
-	return s.Single(ctx, KindDecrypt, m, key, data, nil)
+func (o operations) Decrypt(ctx context.Context, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, data []byte) ([]byte, error) {
+	return o.Single(ctx, KindDecrypt, m, key, data, nil)
 }
 
 // Digest digests data in one part.
-func (s *Slot) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
-	return s.Single(ctx, KindDigest, m, 0, data, nil)
+func (o operations) Digest(ctx context.Context, m *pkcs11.Mechanism, data []byte) ([]byte, error) {
+	return o.Single(ctx, KindDigest, m, 0, data, nil)
 }
 
 // GenerateRandom returns n random bytes from the token.
-func (s *Slot) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
-	return generateRandom(ctx, s, n)
+func (o operations) GenerateRandom(ctx context.Context, n int) ([]byte, error) {
+	if n < 0 {
+		return nil, invalid(o.member(), OpGenerateRandom, "length %d is negative", n)
+	}
+	return result(ctx, o, OpGenerateRandom, false, func(x *sess) ([]byte, error) { return x.ctx.GenerateRandom(x.h, n) })
 }
 
 // TokenInfo returns the token's information.
 func (s *Slot) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
-	var ti pkcs11.TokenInfo
-	err := s.direct(ctx, OpTokenInfo, func(st *slotState) error {
-		v, err := st.ctx.GetTokenInfo(st.id)
-		ti = v
-		return err
-	})
-	if err != nil {
-		return pkcs11.TokenInfo{}, err
-	}
-	return ti, nil
+	return direct(ctx, s, OpTokenInfo, func(st *slotState) (pkcs11.TokenInfo, error) { return st.ctx.GetTokenInfo(st.id) })
 }
 
 // Mechanisms returns the mechanism types the token supports.
 func (s *Slot) Mechanisms(ctx context.Context) ([]uint, error) {
-	var out []uint
-	err := s.direct(ctx, OpMechanisms, func(st *slotState) error {
+	return direct(ctx, s, OpMechanisms, func(st *slotState) ([]uint, error) {
 		ms, err := st.ctx.GetMechanismList(st.id)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		v := make([]uint, len(ms))
+		out := make([]uint, len(ms))
 		for i, m := range ms {
-			v[i] = m.Mechanism
+			out[i] = m.Mechanism
 		}
-		out = v
-		return nil
+		return out, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // MechanismInfo returns what the token says of mechanism mech.
 func (s *Slot) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
-	var mi pkcs11.MechanismInfo
-	err := s.direct(ctx, OpMechanismInfo, func(st *slotState) error {
-		v, err := st.ctx.GetMechanismInfo(st.id, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)})
-		mi = v
-		return err
+	return direct(ctx, s, OpMechanismInfo, func(st *slotState) (pkcs11.MechanismInfo, error) {
+		return st.ctx.GetMechanismInfo(st.id, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)})
 	})
-	if err != nil {
-		return pkcs11.MechanismInfo{}, err
-	}
-	return mi, nil
 }

@@ -17,6 +17,7 @@ import (
 // Slot is one opened physical token with its session pool. Safe for
 // concurrent use.
 type Slot struct {
+	operations
 	spec       Spec // spec.PIN is not kept here (see pin)
 	query      tokenQuery
 	cmdTimeout time.Duration
@@ -108,12 +109,8 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 	if err != nil {
 		return nil, &Error{Member: spec.Name, Err: err}
 	}
-	if spec.CommandTimeout <= 0 {
-		spec.CommandTimeout = dispatch.DefaultCommandTimeout
-	}
-	if spec.KeygenTimeout <= 0 {
-		spec.KeygenTimeout = dispatch.DefaultKeygenTimeout
-	}
+	spec.CommandTimeout = dispatch.CommandTimeout(spec.CommandTimeout)
+	spec.KeygenTimeout = dispatch.KeygenTimeout(spec.KeygenTimeout)
 	if spec.MaxSessions < 0 {
 		return nil, invalid(spec.Name, "", "MaxSessions %d is negative", spec.MaxSessions)
 	}
@@ -143,6 +140,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		closedCh:   make(chan struct{}),
 		dedicated:  make(map[*Session]struct{}),
 	}
+	s.operations = operations{on: s}
 	s.holds.Store(1)
 	c := modules.current(mod)
 	tok, err := findToken(ctx, &s.spec, q, mod, s.cmdTimeout)
@@ -209,9 +207,6 @@ func (s *Slot) LoggedIn() bool { return s.loggedIn.Load() }
 // invalid: after a Logout, an automatic re-login, or a Reinit. Callers that
 // cache handles compare it and look their objects up again.
 func (s *Slot) Epoch() uint64 { return s.epoch.Load() }
-
-// Capacity returns the pool cap.
-func (s *Slot) Capacity() int { return s.capacity }
 
 // Stats returns a snapshot of the session pool.
 func (s *Slot) Stats() Stats {
@@ -570,6 +565,7 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	ss := &Session{s: s, x: x, gen: st.gen}
+	ss.operations = operations{on: s, ss: ss}
 	s.dmu.Lock()
 	s.dedicated[ss] = struct{}{}
 	s.dmu.Unlock()
@@ -706,38 +702,48 @@ func (s *Slot) discard(x *sess) {
 }
 
 // direct runs a call that needs no session (token and mechanism
-// information) under the command timeout.
+// information) on s under the command timeout, and returns its result.
 //
 // The gate is held until the module call itself returns, not only until
 // the caller stops waiting: a caller that gives up (deadline, cancelled
 // context) must not let Close finalize the module under a call still
 // running inside it.
-func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) error {
+func direct[T any](ctx context.Context, s *Slot, op Op, fn func(st *slotState) (T, error)) (T, error) {
+	var zero T
 	if err := s.gate.enter(ctx); err != nil {
-		return &Error{Member: s.spec.Name, Op: op, Err: err}
+		return zero, &Error{Member: s.spec.Name, Op: op, Err: err}
 	}
 	if s.closed.Load() {
 		s.gate.leave()
-		return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+		return zero, &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
 	}
 	st := s.st.Load()
 	if st.err != nil {
 		s.gate.leave()
-		return st.err
+		return zero, st.err
 	}
 	if err := ctx.Err(); err != nil {
 		s.gate.leave()
-		return s.errorOf(op, err)
+		return zero, s.errorOf(op, err)
 	}
 	if err := s.stalled(op); err != nil {
 		s.gate.leave()
-		return err
+		return zero, err
 	}
 	modules.enter(s.mod) // a call given up on keeps the module initialised (registry.release)
+	// out is read only once the call returned it (see result).
+	var out T
 	err := wait(ctx, s.cmdTimeout, func() error {
 		defer s.gate.leave()
 		defer modules.left(s.mod)
-		return s.spec.intercepted(ctx, op, func() error { return fn(st) })
+		return s.spec.intercepted(ctx, op, func() error {
+			v, err := fn(st)
+			out = v
+			return err
+		})
 	})
-	return s.errorOf(op, err)
+	if err != nil {
+		return zero, s.errorOf(op, err)
+	}
+	return out, nil
 }

@@ -26,10 +26,10 @@ var ErrNoFingerprint = errors.New("no fingerprint")
 // identTypes are read first, for every object: the identity and storage
 // flags. Every attribute a request names must exist on the object, or
 // the token answers CKR_ATTRIBUTE_TYPE_INVALID for the whole call and
-// pkg/slot falls back to one call per attribute (seven times the cost of
-// one valid call on a SoftHSM token object: docs/BENCHMARKS.md, "SoftHSM
-// costs the code is shaped by"). These exist on every key; certificates lack CKA_KEY_TYPE and
-// data objects also CKA_ID (SoftHSM refuses CKA_ID on data objects).
+// pkg/slot falls back to one call per attribute (its cost:
+// docs/BENCHMARKS.md, "SoftHSM costs the code is shaped by"). These exist
+// on every key; certificates lack CKA_KEY_TYPE and data objects also
+// CKA_ID (SoftHSM refuses CKA_ID on data objects).
 var identTypes = []uint{
 	pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL,
 	pkcs11.CKA_TOKEN, pkcs11.CKA_PRIVATE,

@@ -614,17 +614,6 @@ type ApplyResult struct {
 	Vanished []Action
 }
 
-// FailedFor returns the failures of actions that change member.
-func (r *ApplyResult) FailedFor(member string) []ActionError {
-	var out []ActionError
-	for _, f := range r.Failed {
-		if f.Action.Member == member {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // Apply carries out p's actions in four phases: deletes of everything but
 // public keys, deletes of public keys, copies of public keys, the other
 // copies. Within a phase the members are worked on in parallel, and each

@@ -328,7 +328,7 @@ func (d *Daemon) knows(group, member string) bool {
 	return false
 }
 
-// eventFolder folds repeated HA events into one line per FoldWindow;
+// newEventFolder folds repeated HA events into one line per FoldWindow;
 // first occurrences are written at once.
 func (d *Daemon) newEventFolder() *fleet.Folder[agent.Event] {
 	host, _ := os.Hostname()

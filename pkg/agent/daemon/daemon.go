@@ -112,13 +112,6 @@ func New(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// Socket returns the socket path the daemon serves on.
-func (d *Daemon) Socket() string { return d.socket }
-
-// Metrics returns the daemon's metrics (for tests and for mounting the
-// handler elsewhere).
-func (d *Daemon) Metrics() *Metrics { return d.metrics }
-
 // policy builds the socket access policy from the [agent] table.
 func policyOf(a config.Agent) agent.Policy {
 	return agent.Policy{

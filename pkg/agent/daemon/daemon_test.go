@@ -213,7 +213,7 @@ label = "g"
 serial = "1000001"
 `+memberTOML("a", tok, pinFile(t), false))
 	waitFor(t, "a probe", func() (bool, string) {
-		mfs, err := ta.d.Metrics().Registry().Gather()
+		mfs, err := ta.d.metrics.reg.Gather()
 		for _, mf := range mfs {
 			if mf.GetName() == "hagroup_operation_duration_seconds" {
 				return true, ""
@@ -221,7 +221,7 @@ serial = "1000001"
 		}
 		return false, fmt.Sprint(err)
 	})
-	mfs, err := ta.d.Metrics().Registry().Gather()
+	mfs, err := ta.d.metrics.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -177,12 +177,9 @@ func (ge *groupEngine) Probe(ctx context.Context) []ProbeResult {
 			continue
 		}
 		ge.mu.Lock()
-		timeout := ge.set.CommandTimeout
+		timeout := dispatch.CommandTimeout(ge.set.CommandTimeout)
 		ge.mu.Unlock()
 		wg.Go(func() {
-			if timeout <= 0 {
-				timeout = dispatch.DefaultCommandTimeout
-			}
 			pctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			start := time.Now()
@@ -434,10 +431,7 @@ func (ge *groupEngine) peek(ctx context.Context, name string) ([]hasync.Action, 
 	if !ok {
 		return nil, fmt.Errorf("member %s is not configured", name)
 	}
-	timeout := set.CommandTimeout
-	if timeout <= 0 {
-		timeout = dispatch.DefaultCommandTimeout
-	}
+	timeout := dispatch.CommandTimeout(set.CommandTimeout)
 	if st := ge.h.Recoverer().Status(name); st.PINBlocked {
 		// Its token refused the PIN: a check offers it no PIN again.
 		return nil, fmt.Errorf("member %s: not opened: %w (%s)", name, recover.ErrPINBlocked, st.PINBlock.Reason)

@@ -86,9 +86,6 @@ func NewMetrics(d *Daemon) *Metrics {
 	return m
 }
 
-// Registry returns the registry the metrics live in.
-func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
-
 // Handler serves /metrics, /healthz (liveness) and /readyz (every group
 // has a member in service).
 func (m *Metrics) Handler() http.Handler {

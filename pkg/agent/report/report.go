@@ -141,10 +141,7 @@ func ProbeReport(ctx context.Context, c *config.Config, group string, open OpenF
 }
 
 func probeMember(ctx context.Context, open OpenFunc, spec slot.Spec, timeout time.Duration, ms *agent.MemberStatus) {
-	if timeout <= 0 {
-		timeout = dispatch.DefaultCommandTimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, dispatch.CommandTimeout(timeout))
 	defer cancel()
 	s, err := open(ctx, spec)
 	if err != nil {
@@ -201,11 +198,7 @@ func CheckToken(ctx context.Context, m config.Member, s config.Settings, open Op
 		return NameMember(m.Name, err)
 	}
 	defer pin.Zero()
-	timeout := s.CommandTimeout
-	if timeout <= 0 {
-		timeout = dispatch.DefaultCommandTimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, dispatch.CommandTimeout(s.CommandTimeout))
 	defer cancel()
 	sl, err := open(ctx, MemberSpec(m, s, pin))
 	if err != nil {

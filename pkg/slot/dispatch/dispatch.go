@@ -17,6 +17,23 @@ const (
 	DefaultKeygenTimeout  = 120 * time.Second
 )
 
+// CommandTimeout returns d, or DefaultCommandTimeout when d is not set
+// (zero or negative).
+func CommandTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultCommandTimeout
+	}
+	return d
+}
+
+// KeygenTimeout returns d, or DefaultKeygenTimeout when d is not set.
+func KeygenTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultKeygenTimeout
+	}
+	return d
+}
+
 // Dispatch is how a member's calls reach its module.
 type Dispatch string
 
