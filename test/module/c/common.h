@@ -143,6 +143,19 @@ static inline CK_SLOT_ID slot_of(CK_FUNCTION_LIST_PTR f, const char *arg)
 	exit(2);
 }
 
+/* init_login_slot is init_login on SLOT as slot_of reads it. */
+static inline CK_SESSION_HANDLE init_login_slot(CK_FUNCTION_LIST_PTR f, const char *slotArg, char *pin, CK_ULONG pinlen)
+{
+	CK_C_INITIALIZE_ARGS a;
+	CK_SESSION_HANDLE s;
+	memset(&a, 0, sizeof a);
+	a.flags = CKF_OS_LOCKING_OK;
+	CHECK(f->C_Initialize(&a));
+	CHECK(f->C_OpenSession(slot_of(f, slotArg), CKF_SERIAL_SESSION, NULL, NULL, &s));
+	CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
+	return s;
+}
+
 /* sign32 signs 32 bytes with key under mech (no parameter), C_SignInit
  * then C_Sign, as the benchmarks' threads do on every turn. */
 static inline CK_RV sign32(CK_FUNCTION_LIST_PTR f, CK_SESSION_HANDLE s, CK_MECHANISM_TYPE mech, CK_OBJECT_HANDLE key)

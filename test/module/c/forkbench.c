@@ -100,12 +100,7 @@ static void worker(CK_FUNCTION_LIST_PTR f, const char *slotArg, char *pin, CK_UL
 	/* One after another: see the head of this file. */
 	while (__atomic_load_n(&mt->ready, __ATOMIC_SEQ_CST) < i)
 		usleep(1000);
-	CK_C_INITIALIZE_ARGS a = {0};
-	a.flags = CKF_OS_LOCKING_OK;
-	CHECK(f->C_Initialize(&a));
-	CK_SESSION_HANDLE s;
-	CHECK(f->C_OpenSession(slot_of(f, slotArg), CKF_SERIAL_SESSION, NULL, NULL, &s));
-	CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
+	CK_SESSION_HANDLE s = init_login_slot(f, slotArg, pin, pinlen);
 	CK_OBJECT_HANDLE key = find_one(f, s, CKO_PRIVATE_KEY, label);
 	pid_t helper = 0;
 	child_pids(0, &helper, 1);

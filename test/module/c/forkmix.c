@@ -87,12 +87,7 @@ static void signer(struct mix *mx, int side, int i, CK_FUNCTION_LIST_PTR f, cons
 	int order = side * procs + i;
 	while (LD(&mx->ready) < order)
 		usleep(1000);
-	CK_C_INITIALIZE_ARGS a = {0};
-	a.flags = CKF_OS_LOCKING_OK;
-	CHECK(f->C_Initialize(&a));
-	CK_SESSION_HANDLE s;
-	CHECK(f->C_OpenSession(slot_of(f, slotArg), CKF_SERIAL_SESSION, NULL, NULL, &s));
-	CHECK(f->C_Login(s, CKU_USER, (CK_UTF8CHAR_PTR)pin, pinlen));
+	CK_SESSION_HANDLE s = init_login_slot(f, slotArg, pin, pinlen);
 	CK_OBJECT_HANDLE key = find_one(f, s, CKO_PRIVATE_KEY, label);
 	pid_t helper = 0;
 	if (side == HELPER)
