@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -100,9 +101,31 @@ func (r *race) start(ctx context.Context, m *member.Member, hs []pkcs11.ObjectHa
 	r.late.Fire = func() { r.hedge(ctx, m, another, &r.late) }
 	o := r.g.try(slot.WithLate(ctx, &r.late), r.p, m, hs, r.fn)
 	if errors.Is(o.err, slot.ErrOvertaken) || errors.Is(o.prep, slot.ErrOvertaken) {
+		r.chargeIfHung(m)
 		return r.wait(ctx) // the hedge's answer, sent before it overtook
 	}
 	return o, nil
+}
+
+// chargeIfHung charges m, in the background, with a timeout if the call
+// the hedge overtook on it has not returned by its deadline: a hung
+// member whose every call was hedged would otherwise never fail.
+func (r *race) chargeIfHung(m *member.Member) {
+	back, deadline := r.late.Overtaken()
+	r.g.background(func() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		select {
+		case <-back:
+			return
+		case <-t.C:
+		}
+		err := fmt.Errorf("member %s: %w: a call another member's answer overtook was still in the module at its deadline", m.Name(), slot.ErrTimeout)
+		var v member.Verdict
+		if v.Health(m, err, m.ChargeHealth(err)) {
+			r.g.failMember(m, err)
+		}
+	})
 }
 
 // startAside is start with m's attempt on a goroutine of its own, for a

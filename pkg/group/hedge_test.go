@@ -2,6 +2,7 @@ package group
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -94,6 +95,57 @@ func testHedgedSign(t *testing.T, d dispatch.Dispatch) {
 		if err != nil || !verifyRaw(signer.pub, d[:], sig) {
 			t.Fatalf("signature %d after the late answer: %v (verifies: %v)", i, err, err == nil && verifyRaw(signer.pub, d[:], sig))
 		}
+	}
+}
+
+// A member that hangs is failed at command_timeout even when every call
+// it was sent was hedged and answered by another member: the overtaken
+// call is charged with a timeout once it outlives its deadline, as a call
+// the caller waited for would have been.
+func TestHedgedHungMemberIsFailedAtTheDeadline(t *testing.T) {
+	const timeout = 1500 * time.Millisecond
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{n: 2, policy: config.PolicyPrimaryBackup, interceptor: faults, timeout: timeout})
+	signer := ecSigner(t, f.g, "hedged-hung")
+	warmUp(t, signer)
+	slow := f.toks[0].Name
+	f.g.hedgeBudget.Store(2 * hedgeCost)
+	t.Cleanup(func() { faults.Heal(slow) })
+	faults.Hang(slow, slot.OpSign)
+
+	start := time.Now()
+	digest := sha256.Sum256([]byte("hedged, then hung"))
+	sig, err := signer.sign(testContext(t), digest[:])
+	if err != nil || !verifyRaw(signer.pub, digest[:], sig) {
+		t.Fatalf("the hedged signature: %v", err)
+	}
+	if n := f.g.Hedges(); n == 0 {
+		t.Fatal("the signature was not hedged")
+	}
+	if st := memberState(f.g, slow); st == member.Failed {
+		t.Fatalf("the hung member failed before its call's deadline (%v after the call)", time.Since(start))
+	}
+	ctx := testContext(t)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for memberState(f.g, slow) != member.Failed {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the hung member is %v %v after its hedged call, want failed at command_timeout %v", memberState(f.g, slow), time.Since(start), timeout)
+		case <-tick.C:
+		}
+	}
+	if d := time.Since(start); d < timeout {
+		t.Errorf("the hung member failed %v after its call, before command_timeout %v", d, timeout)
+	}
+	timedOut := false
+	for _, e := range f.events.all() {
+		if e.Kind == MemberFailed && e.Member == slow && errors.Is(e.Err, slot.ErrTimeout) {
+			timedOut = true
+		}
+	}
+	if !timedOut {
+		t.Errorf("no MemberFailed event for %s caused by a timeout", slow)
 	}
 }
 

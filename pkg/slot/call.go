@@ -83,6 +83,9 @@ type sess struct {
 
 	state atomic.Int32
 	dead  bool // caller side: abandoned or closed, never to be used again
+	// overtaken is the Late of a call abandoned when another member's
+	// answer overtook it: told when the module returns the call.
+	overtaken atomic.Pointer[Late]
 }
 
 // newSess makes a session (not open yet) on state st, with its worker
@@ -190,6 +193,9 @@ func (x *sess) lockWaited() time.Duration {
 // afterAbandon runs on the worker once an abandoned call has returned: it
 // closes the session and lets the slot forget the call.
 func (x *sess) afterAbandon() {
+	if l := x.overtaken.Load(); l != nil {
+		l.returned()
+	}
 	// A context finalized and initialised again since (Reinit) has dropped
 	// the session, and may have given its handle number to a new one.
 	// (Reinit does not wait for abandoned calls, so the check and the close
@@ -282,6 +288,7 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		cause = timeoutError(x.owner.spec.Name, op, timeout)
 	case late != nil && ctx.Err() == nil && late.wasOvertaken():
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
+		x.overtaken.Store(late) // (before abandon: the worker reads it after)
 	default:
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
 	}

@@ -30,6 +30,8 @@ type Late struct {
 	overtaken bool
 	cell      *handoff.Cell // the wait Overtake ends, once fired
 	seq       uint32
+	deadline  time.Time     // of the call waiting
+	back      chan struct{} // closed when an overtaken call has returned from the module
 }
 
 // ErrOvertaken: the caller took another member's answer while this one
@@ -63,6 +65,7 @@ func (l *Late) wait(c *handoff.Cell, seq uint32, timeout time.Duration) handoff.
 	if fired {
 		l.cell, l.seq = c, seq
 	}
+	l.deadline = time.Now().Add(timeout)
 	l.mu.Unlock()
 	if !fired {
 		if o := c.Wait(seq, callerSpin, l.After); o != handoff.TimedOut {
@@ -77,6 +80,30 @@ func (l *Late) wait(c *handoff.Cell, seq uint32, timeout time.Duration) handoff.
 		c.Cancel(seq)
 	}
 	return c.Wait(seq, callerSpin, timeout)
+}
+
+// Overtaken says, once the call made with l returned ErrOvertaken, when
+// the module returns the call it abandoned (back is closed then) and by
+// when it should have (its deadline): the caller that took another
+// member's answer charges the member if the call outlives its deadline,
+// as it would have charged a call it waited for.
+func (l *Late) Overtaken() (back <-chan struct{}, deadline time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.back == nil {
+		l.back = make(chan struct{})
+	}
+	return l.back, l.deadline
+}
+
+// returned tells Overtaken's waiter that the abandoned call returned.
+func (l *Late) returned() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.back == nil {
+		l.back = make(chan struct{})
+	}
+	close(l.back)
 }
 
 func (l *Late) wasOvertaken() bool {
