@@ -238,7 +238,10 @@ func TestHungMemberBoundedStall(t *testing.T) {
 	// As TestStoppedRemoteMemberBoundedStall: far above any healthy call.
 	const timeout = 1500 * time.Millisecond
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{interceptor: tracer{faults}, timeout: timeout})
+	// Hedging off: a hedge answers in the member's p95 the calls it can,
+	// and this bounds the wait of those it cannot (TestHedged* test the
+	// hedges).
+	f := setup(t, setupOpts{interceptor: tracer{faults}, timeout: timeout, noHedge: true})
 	signer := ecSigner(t, f.g, "hung")
 	victim := f.toks[1].Name
 	t.Cleanup(func() { faults.Heal(victim) })
@@ -288,7 +291,7 @@ func TestStoppedRemoteMemberBoundedStall(t *testing.T) {
 	// reach it; a stopped member's calls would otherwise hang until
 	// SIGCONT, after the load.
 	const timeout = 1500 * time.Millisecond
-	f, srv := servedGroup(t, 3, setupOpts{timeout: timeout, interceptor: tracer{}})
+	f, srv := servedGroup(t, 3, setupOpts{timeout: timeout, interceptor: tracer{}, noHedge: true}) // (as TestHungMemberBoundedStall)
 	k := importEC(t, f.toks, "stopped")
 	signer := ecKeyOf(t, f.g, "stopped", &k.PublicKey)
 	t.Cleanup(srv.Cont)
