@@ -92,13 +92,6 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	if err := usable(p.op, p.objs); err != nil {
 		return nil, err
 	}
-	next := p.next
-	switch {
-	case next == nil && len(p.objs) > 0:
-		next = func(skip memberSet) *member.Member { return g.pickFor(p.objs[0], skip) }
-	case next == nil:
-		next = g.pick
-	}
 	var v member.Verdict
 	if p.verdict != nil {
 		v = *p.verdict
@@ -124,7 +117,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 				return nil, opErr(p.op, "", err)
 			}
 		} else {
-			m := next(skip | avoid)
+			m := g.nextFor(p, skip|avoid)
 			if m == nil && avoid != 0 {
 				avoid = 0
 				continue
@@ -146,11 +139,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 				o = g.try(ctx, p, m, hs, fn)
 			} else {
 				var err error
-				o, err = r.start(ctx, m, hs, func(m *member.Member) *member.Member {
-					s := skip | avoid
-					s.add(m.Index())
-					return next(s)
-				})
+				o, err = r.start(ctx, m, hs, skip|avoid)
 				if err != nil {
 					return nil, opErr(p.op, "", err)
 				}
@@ -206,6 +195,18 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 		return nil, p.notHeld()
 	}
 	return nil, unserved(&v, p.op)
+}
+
+// nextFor is the member p runs on next, not one in skip: p.next's, or
+// the scheduler's pick (for p's object, where its handle is known).
+func (g *Group) nextFor(p plan, skip memberSet) *member.Member {
+	switch {
+	case p.next != nil:
+		return p.next(skip)
+	case len(p.objs) > 0:
+		return g.pickFor(p.objs[0], skip)
+	}
+	return g.pick(skip)
 }
 
 // outcome is one attempt's answer on one member.

@@ -87,18 +87,18 @@ func (r *race) launch(ctx context.Context, m *member.Member, late *slot.Late) {
 }
 
 // start runs the request on m and, when m has not answered within the
-// hedge delay and the budget allows, on another(m) too. It returns the
+// hedge delay and the budget allows, on the next member not in skip too. It returns the
 // first answer; wait takes the other. On a member whose calls are handed
 // off (all but dispatch inline), the attempt on m runs on the caller's
 // goroutine, which its slot brings back at the delay to launch the hedge
 // (slot.Late): a call answered in time costs no goroutine, channel or
 // timer. hs is the caller's handles for m.
-func (r *race) start(ctx context.Context, m *member.Member, hs []pkcs11.ObjectHandle, another func(*member.Member) *member.Member) (outcome, error) {
+func (r *race) start(ctx context.Context, m *member.Member, hs []pkcs11.ObjectHandle, skip memberSet) (outcome, error) {
 	if s := m.Slot(); s == nil || !s.HandsOff() {
-		return r.startAside(ctx, m, another)
+		return r.startAside(ctx, m, skip)
 	}
 	r.late.After = r.delay
-	r.late.Fire = func() { r.hedge(ctx, m, another, &r.late) }
+	r.late.Fire = func() { r.hedge(ctx, m, skip, &r.late) }
 	o := r.g.try(slot.WithLate(ctx, &r.late), r.p, m, hs, r.fn)
 	if errors.Is(o.err, slot.ErrOvertaken) || errors.Is(o.prep, slot.ErrOvertaken) {
 		r.chargeIfHung(m)
@@ -130,7 +130,7 @@ func (r *race) chargeIfHung(m *member.Member) {
 
 // startAside is start with m's attempt on a goroutine of its own, for a
 // member whose calls run on their caller's (dispatch inline).
-func (r *race) startAside(ctx context.Context, m *member.Member, another func(*member.Member) *member.Member) (outcome, error) {
+func (r *race) startAside(ctx context.Context, m *member.Member, skip memberSet) (outcome, error) {
 	r.launch(ctx, m, nil)
 	t := time.NewTimer(r.delay)
 	select {
@@ -143,14 +143,16 @@ func (r *race) startAside(ctx context.Context, m *member.Member, another func(*m
 		return outcome{}, ctx.Err()
 	case <-t.C:
 	}
-	r.hedge(ctx, m, another, nil)
+	r.hedge(ctx, m, skip, nil)
 	return r.wait(ctx)
 }
 
-// hedge sends the request late on m to another(m) too, when the budget
-// allows; an answer there overtakes late (nil: none to overtake).
-func (r *race) hedge(ctx context.Context, m *member.Member, another func(*member.Member) *member.Member, late *slot.Late) {
-	if h := another(m); h != nil && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
+// hedge sends the request late on m to the member the plan would try
+// next (not m, nor one in skip) too, when the budget allows; an answer
+// there overtakes late (nil: none to overtake).
+func (r *race) hedge(ctx context.Context, m *member.Member, skip memberSet, late *slot.Late) {
+	skip.add(m.Index())
+	if h := r.g.nextFor(r.p, skip); h != nil && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
 		r.launch(ctx, h, late)
 	}
 }
