@@ -42,7 +42,7 @@ type domainCheck struct {
 type domainCheckLine struct {
 	Member     string   `json:"member"`
 	Label      string   `json:"label"`
-	Status     string   `json:"status"` // ok, untrusted, weak, missing, error
+	Status     string   `json:"status"` // ok, untrusted, weak, missing, none, error
 	Trusted    bool     `json:"trusted"`
 	CheckValue string   `json:"checkValue,omitempty"`
 	Flaws      []string `json:"flaws,omitempty"`
@@ -55,14 +55,18 @@ const (
 	domainUntrusted = "untrusted"
 	domainWeak      = "weak"
 	domainMissing   = "missing"
-	domainError     = "error"
+	// domainNone: the member holds none because its make keeps no
+	// wrap-only key (NSS softokn); keys reach it under keys agreed for
+	// each copy. Not a problem: the ceremony installs none there.
+	domainNone  = "none"
+	domainError = "error"
 )
 
 // problems counts the members whose domain key is not sound.
 func (c domainCheck) problems() int {
 	n := 0
 	for _, l := range c.Members {
-		if l.Status != domainOK {
+		if l.Status != domainOK && l.Status != domainNone {
 			n++
 		}
 	}
@@ -125,9 +129,15 @@ the SO step (an operator-made key): keys it replicates cannot be marked
 CKA_WRAP_WITH_TRUSTED, so a user on a member can wrap them under a key of
 its own; use it only where a token has no SO.
 
+A member whose token cannot keep a wrap-only key (NSS softokn: no SO, and
+it copies such a key into one that decrypts) holds no domain key, and is
+asked for no SO PIN: keys reach it under keys agreed for each copy.
+
 --check audits the key on every member (logged in with each member's PIN
 source) and exits 3 when one is untrusted, weak (a user with the user PIN
-could make it decrypt what it wraps), missing or unreadable. The engine makes the same
+could make it decrypt what it wraps), missing or unreadable. A member that
+holds none because its token cannot keep one is shown as "none", with
+what its token does not keep, and is not a problem. The engine makes the same
 audit before it replicates under a member's key, and replicates nothing to
 or from a member whose key is weak. --replace destroys the key on every
 member and installs a new one; nothing is wrapped again, since keys travel
@@ -283,7 +293,11 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 			return report.NameMember(m.Name, err)
 		}
 		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
-		if !f.untrusted {
+		// A member whose make keeps no wrap-only key gets no domain key, so
+		// no SO PIN is asked for it (NSS has no SO). A trial that fails is
+		// the ceremony's to report, in its own order.
+		flaws, err := hasync.WrapOnlyFlaws(ctx, s)
+		if !f.untrusted && (err != nil || len(flaws) == 0) {
 			if src, ok := sources[m.Name]; ok {
 				so, err := src.read()
 				if err != nil {
@@ -423,9 +437,19 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		return fail(err)
 	}
 	l.Trusted, l.Flaws = d.Trusted, d.Flaws
+	if !d.Found {
+		// Missing, unless its make keeps none (the ceremony's own trial).
+		flaws, err := hasync.WrapOnlyFlaws(ctx, s)
+		if err != nil {
+			return fail(err)
+		}
+		l.Status, l.Flaws = domainMissing, nil
+		if len(flaws) > 0 {
+			l.Status, l.Flaws = domainNone, append([]string{"the token cannot keep a wrap-only key"}, flaws...)
+		}
+		return l
+	}
 	switch {
-	case !d.Found:
-		l.Status = domainMissing
 	case d.Weak():
 		l.Status = domainWeak
 	case !d.Trusted:

@@ -12,6 +12,7 @@ func TestMakeDomainCheckTable(t *testing.T) {
 		{Member: "c", Status: domainMissing},
 		{Member: "d", Status: domainError, Error: "member d: token not present"},
 		{Member: "e", Status: domainUntrusted, CheckValue: "0a0b0c", Flaws: []string{"not CKA_TRUSTED"}},
+		{Member: "f", Status: domainNone, Flaws: []string{"the token cannot keep a wrap-only key", "CKA_UNWRAP_TEMPLATE not tried"}},
 	}}
 	td := makeDomainCheckTable(c)
 	if !slices.Equal(td.header, []string{"MEMBER", "DOMAIN KEY", "TRUSTED", "CHECK VALUE", "DETAIL"}) {
@@ -23,6 +24,7 @@ func TestMakeDomainCheckTable(t *testing.T) {
 		{"c", "missing", "-", "-", "-"},
 		{"d", "error", "-", "-", "member d: token not present"},
 		{"e", "untrusted", "no", "0a0b0c", "not CKA_TRUSTED"},
+		{"f", "none", "-", "-", "the token cannot keep a wrap-only key, CKA_UNWRAP_TEMPLATE not tried"},
 	}
 	for i, row := range td.rows {
 		if !slices.Equal(row, want[i]) {

@@ -24,6 +24,10 @@ type token interface {
 	// TokenInfo describes the token as the backend sees it now.
 	TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error)
 	Mechanisms(ctx context.Context) ([]uint, error)
+	// Withholds reports whether an Init of a mechanism Mechanisms leaves
+	// out is refused by the slot itself (CKR_MECHANISM_INVALID) rather
+	// than answered by the token (pkg/group's Withholds).
+	Withholds(ctx context.Context, mech uint) (bool, error)
 	MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error)
 	// Login logs userType in for the whole token (every session of the
 	// application), as C_Login does.

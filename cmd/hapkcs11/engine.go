@@ -89,6 +89,10 @@ func (v *virtual) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 
 func (v *virtual) Mechanisms(ctx context.Context) ([]uint, error) { return v.g.Mechanisms(ctx) }
 
+func (v *virtual) Withholds(ctx context.Context, mech uint) (bool, error) {
+	return v.g.Withholds(ctx, mech)
+}
+
 func (v *virtual) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
 	return v.g.MechanismInfo(ctx, mech)
 }

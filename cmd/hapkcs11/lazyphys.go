@@ -84,6 +84,8 @@ func (l *lazyPhysical) Mechanisms(ctx context.Context) ([]uint, error) {
 	return p.Mechanisms(ctx)
 }
 
+func (l *lazyPhysical) Withholds(context.Context, uint) (bool, error) { return false, nil }
+
 func (l *lazyPhysical) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
 	p, err := l.open(ctx)
 	if err != nil {

@@ -354,7 +354,9 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 		return err
 	}
 	if _, ok := mechs[m.Mechanism]; !ok {
-		return ckErr(pkcs11.CKR_MECHANISM_INVALID)
+		if withheld, err := s.slot.tok.Withholds(l.ctx, m.Mechanism); err != nil || withheld {
+			return ckErr(pkcs11.CKR_MECHANISM_INVALID)
+		}
 	}
 	if s.finding {
 		return ckErr(pkcs11.CKR_OPERATION_ACTIVE) // one operation per session, a search included

@@ -48,6 +48,9 @@ func (p *physical) TokenInfo(ctx context.Context) (pkcs11.TokenInfo, error) {
 
 func (p *physical) Mechanisms(ctx context.Context) ([]uint, error) { return p.s.Mechanisms(ctx) }
 
+// Withholds: a member's own slot leaves every answer to its token.
+func (p *physical) Withholds(context.Context, uint) (bool, error) { return false, nil }
+
 func (p *physical) MechanismInfo(ctx context.Context, mech uint) (pkcs11.MechanismInfo, error) {
 	return p.s.MechanismInfo(ctx, mech)
 }

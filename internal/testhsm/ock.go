@@ -23,7 +23,7 @@ const OCKModule = "/usr/lib/x86_64-linux-gnu/pkcs11/libopencryptoki.so"
 // characters, fewer than the harness's other PINs.
 const (
 	OCKUserPIN = "ock-u-12"
-	ockSOPIN   = "87654321" // the soft token's factory SO PIN, kept
+	OCKSOPIN   = "87654321" // the soft token's factory SO PIN, kept
 )
 
 // ockSlot is the slot the rig's opencryptoki.conf gives the soft token.
@@ -43,27 +43,7 @@ func ServeOCK(t testing.TB, name string) *Served {
 	if err != nil {
 		t.Fatalf("testhsm.ServeOCK(%s): %v", name, err)
 	}
-	dir, err := os.MkdirTemp("", "ock-")
-	if err != nil {
-		t.Fatalf("testhsm.ServeOCK(%s): %v", name, err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := ockTree(dir); err != nil {
-		t.Fatalf("testhsm.ServeOCK(%s): %v", name, err)
-	}
-	// Make the token once, by the token maker run in the namespace (PINs
-	// on its standard input, never its command line or environment).
-	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(1))
-	defer cancel()
-	init, err := makerCommand(ctx, OCKModule, []string{name}, ockSOPIN, OCKUserPIN, func(argv []string) *exec.Cmd {
-		return ockCommand(ctx, dir, "exec "+shellQuote(argv))
-	})
-	if err != nil {
-		t.Fatalf("testhsm.ServeOCK(%s): %v", name, err)
-	}
-	if _, err := makeTokens(init, []string{name}); err != nil {
-		t.Fatalf("testhsm.ServeOCK(%s): make the token: %v", name, err)
-	}
+	dir := ockStore(t, "testhsm.ServeOCK", name)
 	s := &Served{
 		t:      t,
 		remote: true,
@@ -86,6 +66,59 @@ func ServeOCK(t testing.TB, name string) *Served {
 		t.Fatalf("testhsm.ServeOCK(%s): %v", name, err)
 	}
 	return s
+}
+
+// OCK is an opencryptoki soft token in a store of its own, reached by
+// running a program in its namespace (Command): a bare token, for a test
+// that must call the module itself rather than through hsmserve.
+type OCK struct {
+	dir string
+}
+
+// NewOCK makes a fresh opencryptoki soft token labelled label (PINs
+// OCKUserPIN and OCKSOPIN) in a store removed when the test ends. Needs
+// root, as CI runs.
+func NewOCK(t testing.TB, label string) *OCK {
+	t.Helper()
+	return &OCK{dir: ockStore(t, "testhsm.NewOCK", label)}
+}
+
+// Command runs argv in the token's namespace, where pkcsslotd serves the
+// store; OCKModule there offers the token. Killing the command ends
+// pkcsslotd too.
+func (o *OCK) Command(ctx context.Context, argv ...string) *exec.Cmd {
+	return ockCommand(ctx, o.dir, "exec "+shellQuote(argv))
+}
+
+// ockStore makes the store directory of one soft token labelled label,
+// removed when the test ends, and the token in it, by the token maker run
+// in the namespace (PINs on its standard input, never its command line or
+// environment). fn names the caller in failures.
+func ockStore(t testing.TB, fn, label string) string {
+	t.Helper()
+	if label == "" || len(label) > 32 {
+		t.Fatalf("%s: label %q must be 1 to 32 bytes", fn, label)
+	}
+	dir, err := os.MkdirTemp("", "ock-")
+	if err != nil {
+		t.Fatalf("%s(%s): %v", fn, label, err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := ockTree(dir); err != nil {
+		t.Fatalf("%s(%s): %v", fn, label, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), initDeadline(1))
+	defer cancel()
+	init, err := makerCommand(ctx, OCKModule, []string{label}, OCKSOPIN, OCKUserPIN, func(argv []string) *exec.Cmd {
+		return ockCommand(ctx, dir, "exec "+shellQuote(argv))
+	})
+	if err != nil {
+		t.Fatalf("%s(%s): %v", fn, label, err)
+	}
+	if _, err := makeTokens(init, []string{label}); err != nil {
+		t.Fatalf("%s(%s): make the token: %v", fn, label, err)
+	}
+	return dir
 }
 
 // ockTree lays out dir for one opencryptoki instance: its store, run,

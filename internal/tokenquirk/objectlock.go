@@ -264,6 +264,48 @@ func (ls *Locks) For(id uint, manufacturer, model string) *ObjectLock {
 // secret key sensitive whatever the template asked.
 func NoTokenDataObjects(manufacturer, model string) bool { return isNSS(manufacturer, model) }
 
+// HostMemoryIsRequestError reports whether a token answers
+// CKR_HOST_MEMORY to a request it cannot serve, as NSS softokn 3.87 does
+// when it cannot make the context an operation's mechanism parameter asks
+// (C_EncryptInit of CKM_AES_CBC_PAD without an IV, an HMAC key of a
+// length it refuses …): there the answer is the request's, and the token
+// serves the next call. Elsewhere it is a health answer (the host's
+// memory, or a network HSM client's exhausted buffers: pkg/slot).
+func HostMemoryIsRequestError(manufacturer, model string) bool { return isNSS(manufacturer, model) }
+
+// TruncatesToShortBuffer reports whether a token answers a single-part
+// call given an output buffer shorter than its output with the output cut
+// to the buffer and CKR_OK, rather than CKR_BUFFER_TOO_SMALL: NSS softokn
+// 3.87 signs a CKM_SHA256_HMAC into 4 bytes as the MAC's first 4. So the
+// one-shot's first buffer for such a token is never the session's last
+// output length (pkg/slot): an HMAC after an AES block would be cut.
+func TruncatesToShortBuffer(manufacturer, model string) bool { return isNSS(manufacturer, model) }
+
+// DefaultExtractable reports a token's CKA_EXTRACTABLE for a private or
+// secret key whose template gives none: NSS softokn 3.87 and
+// opencryptoki 3.8's soft token make it extractable (test/conformance's
+// key sweeps on the bare tokens); SoftHSM 2.6 does not, and the safe side
+// (false) holds for every make not measured.
+func DefaultExtractable(manufacturer, model string) bool {
+	return isNSS(manufacturer, model) || isOCKSoftTok(manufacturer, model)
+}
+
+// CarriesKeysByPairOnly reports whether a token offers none of the AES
+// key wraps a domain key is used with (CKM_AES_KEY_WRAP*), so that keys
+// reach it, and leave it, only by the ways its pairs proved, under
+// transit keys agreed for each copy: opencryptoki 3.8's soft token (it
+// wraps with AES ECB/CBC/CBC-PAD). A member that lacks the mechanism for
+// another reason (a p11-kit 0.24 RPC between it and its token) holds
+// nothing wrapped, as before.
+func CarriesKeysByPairOnly(manufacturer, model string) bool { return isOCKSoftTok(manufacturer, model) }
+
+// isOCKSoftTok reports whether a token is opencryptoki's soft token.
+func isOCKSoftTok(manufacturer, model string) bool {
+	manufacturer = strings.TrimRight(manufacturer, " \x00")
+	model = strings.TrimRight(model, " \x00")
+	return manufacturer == "IBM Corp." && model == "IBM SoftTok"
+}
+
 // isNSS reports whether a token is NSS softokn's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
 func isNSS(manufacturer, model string) bool {

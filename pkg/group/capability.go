@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"slices"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
@@ -72,6 +73,20 @@ func (g *Group) cannotHold(k sync.Kind) []sync.Refusal {
 	}
 	var out []sync.Refusal
 	for _, m := range ms {
+		if byPairOnly(m) {
+			// Judged by its pairs below, which must be proven.
+			for _, o := range ms {
+				if o == m {
+					continue
+				}
+				for _, pk := range []string{pairKey(m.Name(), o.Name()), pairKey(o.Name(), m.Name())} {
+					if _, ok := g.pairs.Load(pk); !ok {
+						out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: fmt.Errorf("its token offers no AES key wrap and the way keys travel between it and member %s is not proven yet", o.Name())})
+					}
+				}
+			}
+			continue
+		}
 		if err := g.capability(m).Holds(k); err != nil {
 			out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: err})
 		}
@@ -172,7 +187,7 @@ func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms
 	for _, m := range append([]*member.Member{p}, targets...) {
 		for _, o := range ms {
 			k := o.obj.Kind()
-			if err := g.capability(m).Holds(k); err != nil {
+			if err := g.capability(m).Holds(k); err != nil && !byPairOnly(m) {
 				out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: err})
 			}
 			if r := g.pairRefusal(p, m, k); r != nil {
@@ -225,7 +240,7 @@ func (g *Group) provePairs(ctx context.Context, m *member.Member, mechs []uint) 
 		if o == m || o.Name() == m.Name() || o.Slot() == nil || m.Slot() == nil {
 			continue
 		}
-		if sameMake(o.Slot().Token(), m.Slot().Token()) {
+		if sameMake(o.Slot().Token(), m.Slot().Token()) && !byPairOnly(m) {
 			// A proof kept from before (a member re-opened on another
 			// token) no longer holds.
 			g.pairs.Delete(pairKey(m.Name(), o.Name()))
@@ -338,7 +353,7 @@ func (g *Group) pairRefusal(a, b *member.Member, k sync.Kind) *sync.Refusal {
 // a make that keeps none (NSS), by the best way their pair proved for the
 // kind, proven now if it was not yet.
 func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (sync.Way, bool, error) {
-	if sameMake(src.Token(), dst.Token()) {
+	if t := dst.Token(); sameMake(src.Token(), t) && !tokenquirk.CarriesKeysByPairOnly(t.Manufacturer, t.Model) {
 		// A member holding a domain key keeps a wrap-only key: only one
 		// that holds none is tried (a write on its token, once per slot).
 		holds, err := g.rep.HoldsDomainKey(ctx, dst)
@@ -374,6 +389,17 @@ func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (
 	return sync.Way{}, true, &slot.Error{Member: dst.Name(), Op: slot.OpUnwrapKey, Code: pkcs11.CKR_KEY_TYPE_INCONSISTENT,
 		Err: fmt.Errorf("%w: %w: no proven way carries %ss from member %s to it (%s)",
 			pkcs11.Error(pkcs11.CKR_KEY_TYPE_INCONSISTENT), sync.ErrCannotCross, pairKindName(k), src.Name(), pairWhy(p, k))}
+}
+
+// byPairOnly reports whether m's make offers no AES key wrap, so keys
+// reach it only by the ways its pairs proved (tokenquirk).
+func byPairOnly(m *member.Member) bool {
+	s := m.Slot()
+	if s == nil {
+		return false
+	}
+	t := s.Token()
+	return tokenquirk.CarriesKeysByPairOnly(t.Manufacturer, t.Model)
 }
 
 // sameMake reports whether two tokens run one implementation: the same

@@ -86,6 +86,35 @@ func (g *Group) Mechanisms(ctx context.Context) ([]uint, error) {
 	return slices.DeleteFunc(out, func(x uint) bool { return !g.offered(x) }), nil
 }
 
+// Withholds reports whether the virtual slot refuses an operation's mech
+// that Mechanisms leaves out because of the group: a generation some
+// serving member cannot hold, or a mechanism some serving members list and
+// others do not (it would fail after a failover). A mechanism no serving
+// member lists is theirs to answer, as on the bare token: NSS softokn
+// serves the digests its database slot does not list.
+func (g *Group) Withholds(ctx context.Context, mech uint) (bool, error) {
+	if !g.offered(mech) {
+		return true, nil
+	}
+	if err := g.gate.Enter(); err != nil {
+		return false, err
+	}
+	defer g.gate.Leave()
+	answered, lists, _ := ask(ctx, g, func(m *member.Member) ([]uint, error) {
+		return m.Slot().Mechanisms(ctx)
+	})
+	if len(answered) == 0 {
+		return false, wrap(ErrNoMember, "Mechanisms", "", nil)
+	}
+	listing := 0
+	for _, l := range lists {
+		if slices.Contains(l, mech) {
+			listing++
+		}
+	}
+	return listing > 0 && listing < len(lists), nil
+}
+
 // MechanismInfo returns what every serving member can do with mech: the
 // flags all of them have and the key size range all of them accept. A
 // mechanism Mechanisms leaves out answers CKR_MECHANISM_INVALID.

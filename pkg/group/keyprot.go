@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"slices"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
@@ -43,14 +44,12 @@ import (
 // that carries the flag: such a key is recognised by the copy it was made
 // as, and reads unextractable once that copy is gone — the safe side.
 
-// The token's defaults when a template gives none: SoftHSM 2.6's (measured
-// by TestKeyprot/BareDefaults in test/security and by test/conformance's
-// key sweep), and the safe side for extractability on tokens whose
-// default is not known.
-const (
-	tokenDefaultExtractable = false
-	tokenDefaultSensitive   = false
-)
+// tokenDefaultSensitive is the token's CKA_SENSITIVE when a template
+// gives none: every make measured (SoftHSM 2.6, NSS softokn 3.87,
+// opencryptoki 3.8's soft token; test/conformance's key sweeps) makes a
+// key readable then. CKA_EXTRACTABLE's default is the make's
+// (tokenquirk.DefaultExtractable).
+const tokenDefaultSensitive = false
 
 // protect applies the members' side of the rule to in, a private or
 // secret key about to be made on primary from the application's tmpl.
@@ -72,7 +71,8 @@ func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent,
 		return g.protectCopy(ctx, in, from, ext, extSet, sens, sensSet)
 	}
 	if !extSet {
-		ext = tokenDefaultExtractable
+		t := primary.Slot().Token()
+		ext = tokenquirk.DefaultExtractable(t.Manufacturer, t.Model)
 	}
 	if !sensSet {
 		sens = tokenDefaultSensitive

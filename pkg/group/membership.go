@@ -388,7 +388,13 @@ func (g *Group) checkMechanisms(ctx context.Context, m *member.Member) error {
 	if !slices.Contains(mechs, pkcs11.CKM_AES_KEY_WRAP_PAD) {
 		missing = append(missing, MechWrapPad)
 	}
-	if m.SetMissingMechanisms(missing) && len(missing) > 0 {
+	switch {
+	case !m.SetMissingMechanisms(missing) || len(missing) == 0:
+	case byPairOnly(m):
+		g.emit(Event{Kind: MechanismMissing, Member: m.Name(), Err: fmt.Errorf(
+			"member %s does not offer %s (0x%x): its make wraps with no AES key wrap, so it holds no domain key; keys reach it and leave it only by the ways its pairs proved, under transit keys agreed for each copy, and while it serves with another member the group makes no key of a kind no proven way carries (listgroups: cannotHold)",
+			m.Name(), MechWrapPad, uint(pkcs11.CKM_AES_KEY_WRAP_PAD))})
+	default:
 		g.emit(Event{Kind: MechanismMissing, Member: m.Name(), Err: fmt.Errorf(
 			"member %s does not offer %s (0x%x; a p11-kit 0.24 RPC cannot carry it): private and secret keys cannot be replicated to or from it; it stays in service, and while it serves with another member the group makes no private or secret key (%s) and does not offer the mechanisms that generate them",
 			m.Name(), MechWrapPad, uint(pkcs11.CKM_AES_KEY_WRAP_PAD), CreationRefused)})
@@ -460,12 +466,14 @@ func (g *Group) CannotHold(name string) []string {
 		return nil
 	}
 	c := g.capability(m)
-	if !c.Mechanism {
+	if !c.Mechanism && !byPairOnly(m) {
 		return nil
 	}
 	var names []string
-	for _, k := range c.Unholdable() {
-		names = append(names, k.String()+"s")
+	if c.Mechanism {
+		for _, k := range c.Unholdable() {
+			names = append(names, k.String()+"s")
+		}
 	}
 	// What no proven way carries to it from a member of another make
 	// (capability.go).

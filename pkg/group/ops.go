@@ -199,13 +199,22 @@ func (g *Group) wrapWithTrustedCopies(ctx context.Context, o *vtable.Object) mem
 
 // wrapWithTrustedOn reads CKA_WRAP_WITH_TRUSTED of m's copy of o; ok is
 // false when m does not hold o or does not answer.
+// A token that does not know the attribute (opencryptoki 3.8, a v2.20
+// token: CKR_ATTRIBUTE_TYPE_INVALID) holds a copy without it: protect
+// gives it only under a trusted domain key, which such a token cannot hold.
 func (g *Group) wrapWithTrustedOn(ctx context.Context, o *vtable.Object, m *member.Member) (wwt, ok bool) {
-	return g.boolOn(ctx, o, m, pkcs11.CKA_WRAP_WITH_TRUSTED)
+	return g.boolOr(ctx, o, m, pkcs11.CKA_WRAP_WITH_TRUSTED, pkcs11.CKR_ATTRIBUTE_TYPE_INVALID)
 }
 
 // boolOn reads the boolean attribute t of m's copy of o; ok is false when
 // m does not answer it.
 func (g *Group) boolOn(ctx context.Context, o *vtable.Object, m *member.Member, t uint) (v, ok bool) {
+	return g.boolOr(ctx, o, m, t, pkcs11.CKR_OK)
+}
+
+// boolOr is boolOn where a copy answering the attribute's status unknown
+// (not CKR_OK) reads false.
+func (g *Group) boolOr(ctx context.Context, o *vtable.Object, m *member.Member, t, unknown uint) (v, ok bool) {
 	h, err := g.resolve(ctx, o, m)
 	if err != nil {
 		return false, false
@@ -214,10 +223,16 @@ func (g *Group) boolOn(ctx context.Context, o *vtable.Object, m *member.Member, 
 	if _, err := g.call(ctx, m, func() (err error) {
 		attrs, err = m.Slot().GetAttributes(ctx, h, []uint{t})
 		return err
-	}); err != nil || len(attrs) != 1 || attrs[0].Status != pkcs11.CKR_OK {
+	}); err != nil || len(attrs) != 1 {
 		return false, false
 	}
-	return len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0, true
+	switch attrs[0].Status {
+	case pkcs11.CKR_OK:
+		return len(attrs[0].Value) > 0 && attrs[0].Value[0] != 0, true
+	case unknown:
+		return false, true
+	}
+	return false, false
 }
 
 // WrapKey wraps key under wrapping (with failover). A private or secret

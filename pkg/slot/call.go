@@ -343,7 +343,7 @@ func (x *sess) result(op Op) error {
 		x.shotArg.out, err = x.shotResult()
 	}
 	x.cctx, x.fn, x.err, x.shotArg = nil, nil, nil, nil
-	return newError(x.owner.spec.Name, op, err)
+	return x.owner.errorOf(op, err)
 }
 
 // abandon gives up on the call in flight: the session is quarantined and

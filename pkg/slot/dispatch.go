@@ -155,7 +155,7 @@ func (x *sess) runInline(op Op, timeout time.Duration) error {
 	if stalled {
 		x.owner.unhold() // the watchdog's (fire)
 	}
-	return newError(x.owner.spec.Name, op, err)
+	return x.owner.errorOf(op, err)
 }
 
 // stalled returns the error of a call on an inline member while one of its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/remote"
@@ -77,6 +78,10 @@ type Error struct {
 	Op     Op
 	Code   uint
 	Err    error
+	// requestAnswer: the member's make answers Code to a request it
+	// cannot serve, though the code is a health code elsewhere
+	// (tokenquirk.HostMemoryIsRequestError): ClassOf says ClassRequest.
+	requestAnswer bool
 }
 
 // NamesMember reports whether err's message names member name already:
@@ -302,6 +307,9 @@ func ClassOf(err error) Class {
 	if errors.Is(err, ErrTimeout) {
 		return ClassHealth
 	}
+	if se := (*Error)(nil); errors.As(err, &se) && se.requestAnswer {
+		return ClassRequest
+	}
 	if code, ok := codeIn(err); ok {
 		return ClassOfCode(code)
 	}
@@ -383,6 +391,17 @@ func newError(member string, op Op, err error) error {
 		e.Code = uint(pe)
 	}
 	return e
+}
+
+// errorOf is newError for a call of s's module: a code that s's make
+// answers to a request it cannot serve is classed as the request's.
+func (s *Slot) errorOf(op Op, err error) error {
+	err = newError(s.spec.Name, op, err)
+	if se, ok := err.(*Error); ok && se.Code == pkcs11.CKR_HOST_MEMORY {
+		t := s.Token()
+		se.requestAnswer = tokenquirk.HostMemoryIsRequestError(t.Manufacturer, t.Model)
+	}
+	return err
 }
 
 // timeoutError is the error of a call that outlived its deadline d.

@@ -2,6 +2,7 @@ package slot
 
 import (
 	"context"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 
 	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/miekg/pkcs11"
@@ -102,7 +103,11 @@ func (x *sess) setShot(a *shotArgs) bool {
 	if !ok || mm.fl == nil || !p11raw.PlainMechanism(a.m) {
 		return false
 	}
-	x.shot.Set(mm.fl, kinds[a.k].raw, x.h, a.m, a.key, a.in, a.sig, x.outHint)
+	hint := x.outHint
+	if t := x.owner.Token(); tokenquirk.TruncatesToShortBuffer(t.Manufacturer, t.Model) {
+		hint = 0 // the first buffer is then p11raw's ample default
+	}
+	x.shot.Set(mm.fl, kinds[a.k].raw, x.h, a.m, a.key, a.in, a.sig, hint)
 	return true
 }
 

@@ -727,7 +727,7 @@ func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) 
 	}
 	if err := ctx.Err(); err != nil {
 		s.gate.leave()
-		return newError(s.spec.Name, op, err)
+		return s.errorOf(op, err)
 	}
 	if err := s.stalled(op); err != nil {
 		s.gate.leave()
@@ -739,5 +739,5 @@ func (s *Slot) direct(ctx context.Context, op Op, fn func(st *slotState) error) 
 		defer modules.left(s.mod)
 		return s.spec.intercepted(ctx, op, func() error { return fn(st) })
 	})
-	return newError(s.spec.Name, op, err)
+	return s.errorOf(op, err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -72,6 +73,7 @@ func agreeKeyPair(ctx context.Context, s agreer) (point []byte, priv, pub pkcs11
 type agreer interface {
 	store
 	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error)
+	GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
 	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
 }
 
@@ -165,36 +167,208 @@ func (j *replication) createCrossed(ctx context.Context, tmpl []*pkcs11.Attribut
 	if !ok {
 		return 0, fmt.Errorf("the target cannot agree a transit key")
 	}
-	half, err := j.src.agreeHalf(ctx)
+	wrapper, unwrapper, drop, err := j.agreeTransit(ctx, ds)
 	if err != nil {
 		return 0, err
 	}
-	point, priv, pub, err := agreeKeyPair(ctx, ds)
-	if err != nil {
-		return 0, err
-	}
-	defer destroyTransit(ctx, ds, pub)
-	defer destroyTransit(ctx, ds, priv)
-	unwrapper, err := agreedKey(ctx, ds, priv, half.point, false)
-	if err != nil {
-		return 0, err
-	}
-	defer destroyTransit(ctx, ds, unwrapper)
-	wrapper, err := agreedKey(ctx, j.src.slot, half.priv, point, true)
-	if err != nil {
-		return 0, fmt.Errorf("on %s: %w", j.src.name(), err)
-	}
-	defer destroyTransit(ctx, j.src.slot, wrapper)
+	defer drop()
 	blob, err := j.src.slot.WrapKey(ctx, transitMech(j.way.Wrap), wrapper, j.src.h)
 	if err != nil {
 		return 0, fmt.Errorf("wrap with %s under the agreed transit key on %s: %w", transitMechName(j.way.Wrap), j.src.name(), err)
 	}
 	defer clear(blob)
 	h, err := ds.UnwrapKey(ctx, transitMech(j.way.Unwrap), unwrapper, blob, withoutDefaults(tmpl))
+	if slot.CodeOf(err) == pkcs11.CKR_ATTRIBUTE_READ_ONLY {
+		h, err = unwrapThenProtect(ctx, ds, transitMech(j.way.Unwrap), unwrapper, blob, withoutDefaults(tmpl))
+	}
 	if err != nil {
 		return 0, fmt.Errorf("unwrap with %s under the agreed transit key (the way %s proved): %w", transitMechName(j.way.Unwrap), j.way, err)
 	}
 	return h, nil
+}
+
+// agreeTransit makes the transit key of one copy: wrap only on the
+// source, unwrap only on the target; drop destroys what it made. By
+// ECDH where both tokens make P-256 keys; where one makes none
+// (opencryptoki 3.8's soft token: RSA only), by RSA key transport.
+func (j *replication) agreeTransit(ctx context.Context, ds agreer) (wrapper, unwrapper pkcs11.ObjectHandle, drop func(), err error) {
+	half, err := j.src.agreeHalf(ctx)
+	var point []byte
+	var priv, pub pkcs11.ObjectHandle
+	if err == nil {
+		point, priv, pub, err = agreeKeyPair(ctx, ds)
+	}
+	if slot.ClassOf(err) == slot.ClassRequest {
+		return transportTransit(ctx, j.src.slot, ds)
+	}
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	var made []func()
+	drop = func() {
+		for _, d := range slices.Backward(made) {
+			d()
+		}
+	}
+	made = append(made, func() { destroyTransit(ctx, ds, pub) }, func() { destroyTransit(ctx, ds, priv) })
+	if unwrapper, err = agreedKey(ctx, ds, priv, half.point, false); err != nil {
+		drop()
+		return 0, 0, nil, err
+	}
+	made = append(made, func() { destroyTransit(ctx, ds, unwrapper) })
+	if wrapper, err = agreedKey(ctx, j.src.slot, half.priv, point, true); err != nil {
+		drop()
+		return 0, 0, nil, fmt.Errorf("on %s: %w", j.src.name(), err)
+	}
+	made = append(made, func() { destroyTransit(ctx, j.src.slot, wrapper) })
+	return wrapper, unwrapper, drop, nil
+}
+
+// transportTransit is agreeTransit by RSA key transport: the target makes
+// a throwaway RSA-2048 pair whose private half unwraps only; the source
+// makes the AES-256 transit key and wraps it under the target's public
+// key (RSA-OAEP, or PKCS #1 v1.5 where the token has no OAEP wrap: the
+// pair is used once, so no oracle answers for it); the target unwraps it
+// as a key that unwraps only. The source's transit key must be
+// extractable to be wrapped: a private session object of this process
+// that wraps only, destroyed once the copy is made, as the agreed key is.
+func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, unwrapper pkcs11.ObjectHandle, drop func(), err error) {
+	var made []func()
+	drop = func() {
+		for _, d := range slices.Backward(made) {
+			d()
+		}
+	}
+	fail := func(format string, err error) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, func(), error) {
+		drop()
+		return 0, 0, nil, fmt.Errorf(format, err)
+	}
+	session := []*pkcs11.Attribute{boolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel)}
+	pub, priv, err := ds.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		append(slices.Clone(session), pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048), pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
+			boolAttr(pkcs11.CKA_WRAP, false), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_VERIFY, false)),
+		append(slices.Clone(session), boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_UNWRAP, true), boolAttr(pkcs11.CKA_DECRYPT, false),
+			boolAttr(pkcs11.CKA_SIGN, false), boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, false)))
+	if err != nil {
+		return fail("make a key pair to transport a transit key: %w", err)
+	}
+	made = append(made, func() { destroyTransit(ctx, ds, pub) }, func() { destroyTransit(ctx, ds, priv) })
+	a, err := readAttrs(ctx, ds, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
+	if err == nil && (!a.nonEmpty(pkcs11.CKA_MODULUS) || !a.nonEmpty(pkcs11.CKA_PUBLIC_EXPONENT)) {
+		err = errors.New("the token does not show it")
+	}
+	if err != nil {
+		return fail("read the transport key's public half: %w", err)
+	}
+	srcPub, err := src.CreateObject(ctx, append(slices.Clone(session),
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_RSA),
+		pkcs11.NewAttribute(pkcs11.CKA_MODULUS, a[pkcs11.CKA_MODULUS]), pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, a[pkcs11.CKA_PUBLIC_EXPONENT]),
+		boolAttr(pkcs11.CKA_WRAP, true), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_VERIFY, false)))
+	if err != nil {
+		return fail("on "+src.Name()+": import the transport key: %w", err)
+	}
+	made = append(made, func() { destroyTransit(ctx, src, srcPub) })
+	secret := func(wrap bool) []*pkcs11.Attribute {
+		return append(slices.Clone(session), pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+			boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, wrap),
+			boolAttr(pkcs11.CKA_WRAP, wrap), boolAttr(pkcs11.CKA_UNWRAP, !wrap), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_DECRYPT, false))
+	}
+	if wrapper, err = src.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil),
+		append(secret(true), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32))); err != nil {
+		return fail("on "+src.Name()+": make the transit key: %w", err)
+	}
+	made = append(made, func() { destroyTransit(ctx, src, wrapper) })
+	for _, m := range []*pkcs11.Mechanism{
+		pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_OAEP, pkcs11.NewOAEPParams(pkcs11.CKM_SHA_1, pkcs11.CKG_MGF1_SHA1, pkcs11.CKZ_DATA_SPECIFIED, nil)),
+		pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil),
+	} {
+		var blob []byte
+		if blob, err = src.WrapKey(ctx, m, srcPub, wrapper); err == nil {
+			unwrapper, err = ds.UnwrapKey(ctx, m, priv, blob, secret(false))
+			clear(blob)
+		}
+		if err == nil {
+			made = append(made, func() { destroyTransit(ctx, ds, unwrapper) })
+			return wrapper, unwrapper, drop, nil
+		}
+		if slot.ClassOf(err) != slot.ClassRequest {
+			break
+		}
+	}
+	return fail("transport the transit key under RSA: %w", err)
+}
+
+// laterTypes are the attributes a make may refuse in an unwrap template
+// (opencryptoki 3.8's soft token: CKR_ATTRIBUTE_READ_ONLY) and then take
+// by C_SetAttributeValue.
+var laterTypes = []uint{pkcs11.CKA_SENSITIVE, pkcs11.CKA_EXTRACTABLE}
+
+// unwrapThenProtect unwraps blob on a token that refused tmpl's
+// CKA_SENSITIVE or CKA_EXTRACTABLE: as a session object of this process
+// without them (no other process, and no user on the token, sees it),
+// given them where its default differs (the token allows a change to the
+// safe side only, and the source's values are what it asks), read back,
+// and then copied to the token object tmpl asks for; the session object
+// is destroyed. A token that keeps neither refuses the copy.
+func unwrapThenProtect(ctx context.Context, ds agreer, m *pkcs11.Mechanism, unwrapper pkcs11.ObjectHandle, blob []byte, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
+	c, ok := ds.(interface {
+		CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
+	})
+	if !ok {
+		return 0, errors.New("the target cannot copy an object")
+	}
+	var first []*pkcs11.Attribute
+	want := map[uint]bool{}
+	token := false
+	for _, a := range tmpl {
+		switch {
+		case slices.Contains(laterTypes, a.Type):
+			want[a.Type] = len(a.Value) > 0 && a.Value[0] != 0
+		case a.Type == pkcs11.CKA_TOKEN:
+			token = len(a.Value) > 0 && a.Value[0] != 0
+		default:
+			first = append(first, a)
+		}
+	}
+	h, err := ds.UnwrapKey(ctx, m, unwrapper, blob, append(first, boolAttr(pkcs11.CKA_TOKEN, false)))
+	if err != nil {
+		return 0, err
+	}
+	defer destroyTransit(ctx, ds, h)
+	got, err := readAttrs(ctx, ds, h, laterTypes)
+	if err != nil {
+		return 0, fmt.Errorf("read the unwrapped copy's protection: %w", err)
+	}
+	var set []*pkcs11.Attribute
+	for t, v := range want {
+		if got.boolean(t) != v {
+			set = append(set, boolAttr(t, v))
+		}
+	}
+	if len(set) > 0 {
+		if err := ds.SetAttributes(ctx, h, set); err != nil {
+			return 0, fmt.Errorf("give the unwrapped copy the source's CKA_SENSITIVE and CKA_EXTRACTABLE: %w", err)
+		}
+	}
+	if !token {
+		return 0, errors.New("a copy that is not a token object")
+	}
+	cp, err := c.CopyObject(ctx, h, []*pkcs11.Attribute{boolAttr(pkcs11.CKA_TOKEN, true)})
+	if err != nil {
+		return 0, fmt.Errorf("copy the unwrapped copy to a token object: %w", err)
+	}
+	if got, err = readAttrs(ctx, ds, cp, laterTypes); err == nil {
+		for t, v := range want {
+			if got.boolean(t) != v {
+				err = fmt.Errorf("attribute 0x%x reads %v on the copy, the source's is %v", t, got.boolean(t), v)
+			}
+		}
+	}
+	if err != nil {
+		destroyTransit(ctx, ds, cp)
+		return 0, fmt.Errorf("the copy does not keep the source's protection: %w", err)
+	}
+	return cp, nil
 }
 
 // crossDefaults are attributes a copy leaves to the target when they

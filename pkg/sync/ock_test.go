@@ -1,6 +1,8 @@
 package sync
 
 import (
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"strings"
 	"testing"
@@ -69,5 +71,53 @@ func TestOCKSoftTok(t *testing.T) {
 	cbc := Way{pkcs11.CKM_AES_CBC_PAD, pkcs11.CKM_AES_CBC_PAD}
 	if p := prove(t, a, b); !p.Proven(pkcs11.CKO_SECRET_KEY, cbc) {
 		t.Errorf("soft token -> soft token: secret keys by %v not proven: %v", cbc, p.Failed)
+	}
+}
+
+// Between two opencryptoki soft tokens a secret key travels by the way the
+// pair proved (CKM_AES_CBC_PAD), under a transit key the two agree for the
+// copy. The soft token makes no EC key, so the agreement is an RSA key
+// transport (the target's throwaway RSA pair unwraps the transit key the
+// source made), and nothing of it stays on either token.
+func TestOCKPairCarriesSecretKeys(t *testing.T) {
+	a, b := openOCK(t, "ock-ca"), openOCK(t, "ock-cb")
+	ctx := testContext(t)
+	proofs := map[string]PairWays{a.Name(): prove(t, a, b), b.Name(): prove(t, b, a)}
+	r := &Replicator{GroupSerial: "ock-pair", PairWay: func(_ context.Context, src, _ *slot.Slot, k Kind) (Way, bool, error) {
+		w, ok := proofs[src.Name()].WayFor(k)
+		if !ok {
+			t.Fatalf("no proven way for %v from %s", k, src.Name())
+		}
+		return w, true, nil // no domain key on this make: by the proven way
+	}}
+	for _, dir := range [][2]*slot.Slot{{a, b}, {b, a}} {
+		src, dst := dir[0], dir[1]
+		aes := genAES(t, src, "ock-aes-"+src.Name(), randomID(t))
+		cp, err := r.Replicate(ctx, src, aes, Target{Slot: dst})
+		if err != nil {
+			t.Fatalf("%s -> %s: replicate an AES key: %v", src.Name(), dst.Name(), err)
+		}
+		iv := bytes.Repeat([]byte{7}, 16)
+		msg := []byte("sixteen byte msg")
+		ct, err := src.Encrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC, iv), aes, msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pt, err := dst.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC, iv), cp, ct)
+		if err != nil || !bytes.Equal(pt, msg) {
+			t.Fatalf("the copy on %s decrypts %q, %v; want %q", dst.Name(), pt, err, msg)
+		}
+		if v, ok := getAttr(t, dst, cp, pkcs11.CKA_VALUE); ok {
+			t.Errorf("the copy of a sensitive key on %s shows its value (%d bytes)", dst.Name(), len(v))
+		}
+		if v, ok := getAttr(t, dst, cp, pkcs11.CKA_TOKEN); !ok || len(v) != 1 || v[0] != 1 {
+			t.Errorf("the copy on %s is not a token object (%x, %v)", dst.Name(), v, ok)
+		}
+	}
+	for _, s := range []*slot.Slot{a, b} {
+		hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel)})
+		if err != nil || len(hs) != 0 {
+			t.Errorf("%s keeps %d transit objects (%v), want 0", s.Name(), len(hs), err)
+		}
 	}
 }

@@ -49,6 +49,9 @@ func startDriver(w *world) (*driver, error) {
 	d := &driver{cancel: cancel, lines: make(chan string)}
 	d.ctx = ctx
 	d.cmd = exec.CommandContext(ctx, driverBinary(w.t), w.module, w.pinFile)
+	if w.wrap != nil {
+		d.cmd = w.wrap(ctx, driverBinary(w.t), w.module, w.pinFile)
+	}
 	d.cmd.Env = w.env
 	d.cmd.Dir = w.dir
 	d.cmd.Stderr = &d.stderr

@@ -27,6 +27,9 @@ type world struct {
 	env     []string
 	pinFile string
 	served  []*testhsm.Served // hsmserve members, in member order
+	// wrap, when set, runs the driver's argv where the token is reached
+	// (opencryptoki's namespace).
+	wrap func(ctx context.Context, argv ...string) *exec.Cmd
 }
 
 // newWorld makes a fresh configuration: members == 0 is a bare SoftHSM
@@ -91,6 +94,9 @@ func (w *world) config(ms []testhsm.Token) string {
 	fmt.Fprintf(&b, "[[group]]\nlabel = %q\nserial = \"2000002\"\n", label)
 	for _, m := range ms {
 		fmt.Fprintf(&b, "\n  [[group.member]]\n  name = %q\n  module = %q\n  token_label = %q\n", m.Name, m.Module, m.Label)
+		if m.InitArgs != "" {
+			fmt.Fprintf(&b, "  init_args = %q\n", m.InitArgs)
+		}
 	}
 	return b.String()
 }

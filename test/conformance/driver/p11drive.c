@@ -9,6 +9,9 @@
  *
  *   p11drive MODULE PIN_FILE        (PIN_FILE: the user PIN, then the SO PIN)
  *
+ * P11DRIVE_INIT_ARGS, when set, is given as C_Initialize's pReserved (a
+ * bare NSS softokn needs its database's init arguments).
+ *
  * Arguments: handles and numbers are C integers (0x.. or decimal). Data is
  * hex, "." for empty (a valid pointer, length 0), "-" for NULL. An output is
  * "-" (NULL: a length query) or a buffer size. A PIN is a name: user, so,
@@ -191,6 +194,26 @@ static CK_ATTRIBUTE tmpl[MAXATTR];
 static CK_BBOOL bools[MAXATTR];
 static CK_ULONG ulongs[MAXATTR];
 
+/* GUARD bytes follow every attribute buffer C_GetAttributeValue is given,
+ * so that a module writing past the length it was given (NSS softokn does)
+ * is seen (an "over" field) rather than corrupting the driver's heap. */
+#define GUARD 64
+
+static CK_BYTE_PTR guarded(CK_ULONG n)
+{
+	CK_BYTE_PTR b = calloc(1, n + GUARD);
+	memset(b + n, 0xa5, GUARD);
+	return b;
+}
+
+static int overrun(const CK_BYTE *b, CK_ULONG n)
+{
+	for (CK_ULONG i = 0; i < GUARD; i++)
+		if (b[n + i] != 0xa5)
+			return 1;
+	return 0;
+}
+
 /* templ parses a template; get selects C_GetAttributeValue's form. */
 static CK_ATTRIBUTE_PTR templ(char *s, CK_ULONG *count, int get)
 {
@@ -213,7 +236,7 @@ static CK_ATTRIBUTE_PTR templ(char *s, CK_ULONG *count, int get)
 		if (get) {
 			if (eq) {
 				a->ulValueLen = num(eq);
-				a->pValue = calloc(1, a->ulValueLen + 1);
+				a->pValue = guarded(a->ulValueLen);
 			}
 		} else {
 			if (!eq)
@@ -287,6 +310,7 @@ static void do_init(int argc, char **argv)
 	CK_C_INITIALIZE_ARGS a;
 	memset(&a, 0, sizeof a);
 	a.flags = CKF_OS_LOCKING_OK;
+	a.pReserved = getenv("P11DRIVE_INIT_ARGS");
 	printf("rv=0x%lx", (unsigned long)f->C_Initialize(&a));
 }
 
@@ -552,9 +576,14 @@ static void do_getattr(int argc, char **argv)
 	need(argc, 4);
 	CK_ULONG n;
 	CK_ATTRIBUTE_PTR t = templ(argv[3], &n, 1);
+	CK_ULONG given[MAXATTR];
+	for (CK_ULONG i = 0; i < n; i++)
+		given[i] = t[i].ulValueLen;
 	CK_RV rv = f->C_GetAttributeValue(num(argv[1]), num(argv[2]), t, n);
 	printf("rv=0x%lx", (unsigned long)rv);
 	for (CK_ULONG i = 0; i < n; i++) {
+		if (t[i].pValue != NULL && overrun(t[i].pValue, given[i]))
+			printf(" over%lx=1", (unsigned long)t[i].type);
 		printf(" a%lx=%ld", (unsigned long)t[i].type, (long)t[i].ulValueLen);
 		if (t[i].pValue != NULL && t[i].ulValueLen != CK_UNAVAILABLE_INFORMATION) {
 			printf(":");
