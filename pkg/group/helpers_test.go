@@ -5,9 +5,12 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"encoding/asn1"
 	"fmt"
+	"math/big"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,6 +141,9 @@ func setup(t testing.TB, o setupOpts) *fixture {
 		mc.Dispatch = o.dispatch
 		for _, s := range o.standby {
 			mc.Standby = mc.Standby || s == i
+		}
+		if tok.UserPIN != toks[0].UserPIN { // a make with PINs of its own (opencryptoki)
+			mc.PINFile = pinFile(t, tok.UserPIN)
 		}
 		if o.ownPINs {
 			t.Setenv("HAGROUP_TEST_PIN", toks[0].UserPIN)
@@ -281,6 +287,17 @@ func findDirect(t testing.TB, s *slot.Slot, label string) []pkcs11.ObjectHandle 
 	return hs
 }
 
+// pinFile writes pin to a file of the test's, for a member with a PIN of
+// its own.
+func pinFile(t testing.TB, pin string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "pin")
+	if err := os.WriteFile(path, []byte(pin+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func pinOf(s string) secret.PIN { return secret.PINFromString(s) }
 
 // importEC puts one P-256 key pair, made here, on every token directly (as
@@ -296,27 +313,52 @@ func importEC(t testing.TB, toks []testhsm.Token, label string) *ecdsa.PrivateKe
 	if err != nil {
 		t.Fatal(err)
 	}
+	importPair(t, toks, label, pkcs11.CKK_EC,
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_EC_POINT, point)},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_VALUE, k.D.FillBytes(make([]byte, 32)))})
+	return k
+}
+
+// importRSA puts one RSA-2048 key pair, made here, on every token
+// directly, as importEC does, for makes that hold no EC key.
+func importRSA(t testing.TB, toks []testhsm.Token, label string) *rsa.PrivateKey {
+	t.Helper()
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := big.NewInt(int64(k.E)).Bytes()
+	importPair(t, toks, label, pkcs11.CKK_RSA,
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_MODULUS, k.N.Bytes()), attr(pkcs11.CKA_PUBLIC_EXPONENT, e)},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_MODULUS, k.N.Bytes()), attr(pkcs11.CKA_PUBLIC_EXPONENT, e),
+			attr(pkcs11.CKA_PRIVATE_EXPONENT, k.D.Bytes()), attr(pkcs11.CKA_PRIME_1, k.Primes[0].Bytes()), attr(pkcs11.CKA_PRIME_2, k.Primes[1].Bytes()),
+			attr(pkcs11.CKA_EXPONENT_1, k.Precomputed.Dp.Bytes()), attr(pkcs11.CKA_EXPONENT_2, k.Precomputed.Dq.Bytes()),
+			attr(pkcs11.CKA_COEFFICIENT, k.Precomputed.Qinv.Bytes())})
+	return k
+}
+
+// importPair creates a public and a private key of keyType, labelled
+// label, with the given key material, on every token directly.
+func importPair(t testing.TB, toks []testhsm.Token, label string, keyType uint, pub, priv []*pkcs11.Attribute) {
+	t.Helper()
 	id := []byte("id-" + label)
 	for _, tok := range toks {
 		d := openDirect(t, tok)
 		ctx := testContext(t)
-		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
-			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC),
+		if _, err := d.CreateObject(ctx, append([]*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), attr(pkcs11.CKA_KEY_TYPE, keyType),
 			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
-			attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_EC_POINT, point),
-		}); err != nil {
+		}, pub...)); err != nil {
 			t.Fatalf("import public key on %s: %v", tok.Name, err)
 		}
-		if _, err := d.CreateObject(ctx, []*pkcs11.Attribute{
-			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC),
+		if _, err := d.CreateObject(ctx, append([]*pkcs11.Attribute{
+			attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_KEY_TYPE, keyType),
 			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true),
 			attr(pkcs11.CKA_SENSITIVE, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, id),
-			attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_VALUE, k.D.FillBytes(make([]byte, 32))),
-		}); err != nil {
+		}, priv...)); err != nil {
 			t.Fatalf("import private key on %s: %v", tok.Name, err)
 		}
 	}
-	return k
 }
 
 // importSecret puts one generic secret (HMAC) key on every token directly.

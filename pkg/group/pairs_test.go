@@ -153,58 +153,106 @@ func TestTwoMakesSignWithAKeyBothHold(t *testing.T) {
 	}
 }
 
-// BenchmarkSignTwoMakes compares ECDSA P-256 signing on a bare SoftHSM
-// token, on a bare NSS token, and through a group of the two (round-robin,
-// a key provisioned on both out of band).
-func BenchmarkSignTwoMakes(b *testing.B) {
-	soft := testhsm.Take(b, 1)[0]
-	nss := testhsm.NSS(b, "nss-bench")
-	f := setup(b, setupOpts{toks: []testhsm.Token{soft, nss}, noDomain: true, policy: config.PolicyRoundRobin})
-	importEC(b, f.toks, "bench-two")
-	hs, err := f.g.Find(testContext(b), []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_LABEL, "bench-two")})
-	if err != nil || len(hs) != 1 {
-		b.Fatalf("find the key through the group: %v, %d found", err, len(hs))
+// otherMake is a fresh token of the named make other than SoftHSM: NSS
+// softokn in process, the opencryptoki soft token served by hsmserve (with
+// its own PIN), tpm2-pkcs11 on swtpm in process.
+func otherMake(t testing.TB, make string) testhsm.Token {
+	t.Helper()
+	switch make {
+	case "nss":
+		return testhsm.NSS(t, "nss-bench")
+	case "opencryptoki":
+		tok := testhsm.ServeOCK(t, "ock-bench").Token()
+		tok.UserPIN = testhsm.OCKUserPIN
+		return tok
+	case "tpm":
+		return testhsm.TPM(t, "tpm-bench")
 	}
-	digest := sha256.Sum256([]byte("bench"))
-	ctx := testContext(b)
-	for _, tok := range []testhsm.Token{soft, nss} {
-		d := openDirect(b, tok)
-		ks := findDirect(b, d, "bench-two")
-		var key pkcs11.ObjectHandle
-		for _, h := range ks {
-			a, err := d.GetAttributes(ctx, h, []uint{pkcs11.CKA_CLASS})
-			if err == nil && len(a) == 1 && a[0].Value != nil && a[0].Value[0] == pkcs11.CKO_PRIVATE_KEY {
-				key = h
-			}
-		}
-		if key == 0 {
-			b.Fatalf("no private key bench-two on %s", tok.Name)
-		}
-		kind := "softhsm"
-		if tok.Module == testhsm.NSSModule {
-			kind = "nss"
-		}
-		b.Run("mode=bare-"+kind, func(b *testing.B) {
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if _, err := d.Sign(ctx, ecdsaMech, key, digest[:]); err != nil {
-						b.Error(err)
-						return
-					}
+	t.Fatalf("no make %q", make)
+	return testhsm.Token{}
+}
+
+// sha256DigestInfo prefixes a SHA-256 digest for CKM_RSA_PKCS (PKCS #1
+// v1.5 signing of a digest made by the caller).
+var sha256DigestInfo = []byte{0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20}
+
+// BenchmarkSignTwoMakes compares signing on a bare SoftHSM token, on a
+// bare token of another make, and through a group of the two (round-robin,
+// a key provisioned on both out of band), for each other make: ECDSA
+// P-256, or RSA-2048 PKCS #1 v1.5 with a make that holds no EC key (the
+// opencryptoki soft token). tpm2-pkcs11 takes no private key from outside
+// (C_CreateObject makes RSA public keys and data objects only), so no key
+// is on both: the bare TPM signs with a key made on it, and the group
+// with the SoftHSM member's key, which the sign-only TPM member is never
+// sent (a key only the TPM holds is not found through the group while
+// another member serves).
+func BenchmarkSignTwoMakes(b *testing.B) {
+	for _, c := range []struct {
+		make string
+		rsa  bool
+	}{{"nss", false}, {"opencryptoki", true}, {"tpm", false}} {
+		b.Run("make="+c.make, func(b *testing.B) {
+			toks := []testhsm.Token{testhsm.Take(b, 1)[0], otherMake(b, c.make)}
+			digest := sha256.Sum256([]byte("bench"))
+			mech, input := ecdsaMech, digest[:]
+			labels := []string{"bench-two", "bench-two"} // the key's on each token; the group's is labels[0]
+			ctx := testContext(b)
+			switch {
+			case c.rsa:
+				importRSA(b, toks, "bench-two")
+				mech, input = pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil), append(slices.Clip(sha256DigestInfo), digest[:]...)
+			case c.make == "tpm":
+				importEC(b, toks[:1], "bench-two")
+				labels[1] = "bench-tpm"
+				if _, _, err := openDirect(b, toks[1]).GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+					[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, labels[1])},
+					[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, labels[1])}); err != nil {
+					b.Fatalf("EC key pair on the TPM: %v", err)
 				}
+			default:
+				importEC(b, toks, "bench-two")
+			}
+			f := setup(b, setupOpts{toks: toks, noDomain: true, policy: config.PolicyRoundRobin})
+			privateKey := func(label string) []*pkcs11.Attribute {
+				return []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY), attr(pkcs11.CKA_LABEL, label)}
+			}
+			hs, err := f.g.Find(ctx, privateKey(labels[0]))
+			if err != nil || len(hs) != 1 {
+				b.Fatalf("find the key through the group: %v, %d found", err, len(hs))
+			}
+			for i, tok := range toks {
+				d := openDirect(b, tok)
+				ks, err := d.FindObjects(ctx, privateKey(labels[i]))
+				if err != nil || len(ks) != 1 {
+					b.Fatalf("find the key on %s: %v, %d found", tok.Name, err, len(ks))
+				}
+				kind := "softhsm"
+				if i > 0 {
+					kind = c.make
+				}
+				b.Run("mode=bare-"+kind, func(b *testing.B) {
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if _, err := d.Sign(ctx, mech, ks[0], input); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				})
+			}
+			b.Run("mode=group-softhsm+"+c.make, func(b *testing.B) {
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if _, err := f.g.Sign(ctx, mech, hs[0], input); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
 			})
 		})
 	}
-	b.Run("mode=group-softhsm+nss", func(b *testing.B) {
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := f.g.Sign(ctx, ecdsaMech, hs[0], digest[:]); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	})
 }
 
 // A sign-only member (tpm2-pkcs11 on a software TPM: no wrap at all)

@@ -207,15 +207,46 @@ func TestDomainCeremonyOnOtherMakes(t *testing.T) {
 	}
 }
 
-// BenchmarkReplicateAcrossMakes times one copy of a key between SoftHSM
-// and NSS, each way, by the way the pair proved (the key is made before
-// the timer runs; the copy is destroyed after it stops).
+// BenchmarkReplicateAcrossMakes times one copy of a key between two
+// tokens of makes whose pair proved a way (each way between two makes;
+// one way between two tokens of one make), by that way: SoftHSM and NSS,
+// and two opencryptoki soft tokens (SoftHSM and the soft token share none).
+// The key is made before the timer runs; the copy is destroyed after it
+// stops.
 func BenchmarkReplicateAcrossMakes(b *testing.B) {
-	soft := benchSlot(b, testhsm.Take(b, 1)[0])
-	nss := benchSlot(b, testhsm.NSS(b, "nss-bench-copy"))
+	for _, makes := range [][2]string{{"softhsm", "nss"}, {"opencryptoki", "opencryptoki"}} {
+		b.Run(makes[0]+"+"+makes[1], func(b *testing.B) {
+			x, y := benchSlot(b, benchToken(b, makes[0], "bench-x")), benchSlot(b, benchToken(b, makes[1], "bench-y"))
+			dirs := [][2]*slot.Slot{{x, y}, {y, x}}
+			if makes[0] == makes[1] {
+				dirs = dirs[:1]
+			}
+			benchReplicate(b, dirs)
+		})
+	}
+}
+
+// benchToken is a fresh token of the named make: SoftHSM and NSS in
+// process, the opencryptoki soft token served by hsmserve.
+func benchToken(b *testing.B, make, label string) testhsm.Token {
+	switch make {
+	case "nss":
+		return testhsm.NSS(b, label)
+	case "opencryptoki":
+		tok := testhsm.ServeOCK(b, label).Token()
+		tok.UserPIN = testhsm.OCKUserPIN
+		return tok
+	}
+	return testhsm.Take(b, 1)[0]
+}
+
+// benchReplicate times the copies of an AES-256 key and an RSA-2048
+// private key in each of dirs (source, target), by the way the pair
+// proved; a kind no way carries fails the benchmark.
+func benchReplicate(b *testing.B, dirs [][2]*slot.Slot) {
 	ctx := context.Background()
 	proofs := map[[2]string]PairWays{}
-	for _, d := range [][2]*slot.Slot{{soft, nss}, {nss, soft}} {
+	for _, d := range dirs {
 		sm, _ := d[0].Mechanisms(ctx)
 		dm, _ := d[1].Mechanisms(ctx)
 		p, err := ProvePair(ctx, d[0], d[1], sm, dm)
@@ -225,10 +256,13 @@ func BenchmarkReplicateAcrossMakes(b *testing.B) {
 		proofs[[2]string{d[0].Name(), d[1].Name()}] = p
 	}
 	r := &Replicator{GroupSerial: "bench-cross", PairWay: func(_ context.Context, src, dst *slot.Slot, k Kind) (Way, bool, error) {
-		w, _ := proofs[[2]string{src.Name(), dst.Name()}].WayFor(k)
-		return w, true, nil
+		p := proofs[[2]string{src.Name(), dst.Name()}]
+		if w, ok := p.WayFor(k); ok {
+			return w, true, nil
+		}
+		return Way{}, true, fmt.Errorf("no proven way carries %ss from %s to %s (failed: %v)", trialName(k), src.Name(), dst.Name(), p.Failed)
 	}}
-	for _, d := range [][2]*slot.Slot{{soft, nss}, {nss, soft}} {
+	for _, d := range dirs {
 		src, dst := d[0], d[1]
 		for _, kind := range []string{"aes256", "rsa2048"} {
 			b.Run(fmt.Sprintf("from=%s/to=%s/key=%s", makeName(src), makeName(dst), kind), func(b *testing.B) {
@@ -258,8 +292,11 @@ func BenchmarkReplicateAcrossMakes(b *testing.B) {
 }
 
 func makeName(s *slot.Slot) string {
-	if strings.HasPrefix(s.Token().Manufacturer, "Mozilla") {
+	switch m := s.Token().Manufacturer; {
+	case strings.HasPrefix(m, "Mozilla"):
 		return "nss"
+	case strings.HasPrefix(m, "IBM"):
+		return "opencryptoki"
 	}
 	return "softhsm"
 }
