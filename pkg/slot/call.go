@@ -256,6 +256,14 @@ func objectAccess(op Op) tokenquirk.Access {
 // deadline or ctx (and comes back to its Late, if it has one). The caller
 // spins for as long as a wake-up costs (callerSpin) and then sleeps.
 func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
+	late := lateFor(ctx, timeout)
+	if late != nil && late.wasOvertaken() {
+		// Another member answered while an earlier call of this attempt
+		// waited (a retry after it): make no call that nobody awaits.
+		x.state.Store(stIdle)
+		x.cctx, x.fn, x.shotArg = nil, nil, nil
+		return &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
+	}
 	x.watch(ctx)
 	seq := x.posted.Add(1)                               // the cell numbers calls the same way
 	x.postedC = x.inC && x.owner.spec.Interceptor == nil // (an Interceptor runs in Go)
@@ -264,7 +272,6 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		x.cell.Cancel(seq) // cancelled before the post: watch's cancel came too early
 	}
 	var outcome handoff.Outcome
-	late := lateFor(ctx, timeout)
 	if late != nil {
 		outcome = late.wait(&x.cell, seq, timeout)
 	} else {

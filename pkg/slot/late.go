@@ -96,14 +96,19 @@ func (l *Late) Overtaken() (back <-chan struct{}, deadline time.Time) {
 	return l.back, l.deadline
 }
 
-// returned tells Overtaken's waiter that the abandoned call returned.
+// returned tells Overtaken's waiter that an abandoned call returned (the
+// first to: a call the module answered after its caller took another's).
 func (l *Late) returned() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.back == nil {
 		l.back = make(chan struct{})
 	}
-	close(l.back)
+	select {
+	case <-l.back:
+	default:
+		close(l.back)
+	}
 }
 
 func (l *Late) wasOvertaken() bool {

@@ -124,3 +124,40 @@ func TestSOLoginWhileUserLoggedIn(t *testing.T) {
 		t.Fatalf("LoggedIn() reports a user login while the SO is logged in")
 	}
 }
+
+// A SoftHSM login that meets another process's login rewriting the
+// token's store (CKR_GENERAL_ERROR, CKR_USER_PIN_NOT_INITIALIZED: forked
+// children that each start a helper log in at once) is asked again, and
+// succeeds; a refused PIN is asked once only.
+func TestTornLoginIsAskedAgain(t *testing.T) {
+	t.Parallel()
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.PIN = secret.PIN{}
+	s, f := openFaulty(t, tok, spec)
+	ctx := ctxT(t)
+	for _, torn := range []uint{pkcs11.CKR_GENERAL_ERROR, pkcs11.CKR_USER_PIN_NOT_INITIALIZED} {
+		f.FailN(tok.Name, slot.OpLogin, pkcs11.Error(torn), 2)
+		before := f.Calls(tok.Name, slot.OpLogin)
+		if err := s.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(tok.UserPIN)); err != nil {
+			t.Fatalf("Login after two torn reads (0x%x): %v", torn, err)
+		}
+		if n := f.Calls(tok.Name, slot.OpLogin) - before; n != 3 {
+			t.Errorf("%d C_Login calls, want 3 (two torn reads, 0x%x, then the login)", n, torn)
+		}
+		if !s.LoggedIn() {
+			t.Errorf("not logged in after the torn reads (0x%x)", torn)
+		}
+		if err := s.Logout(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.FailN(tok.Name, slot.OpLogin, pkcs11.Error(pkcs11.CKR_PIN_INCORRECT), 1)
+	before := f.Calls(tok.Name, slot.OpLogin)
+	if err := s.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(tok.UserPIN)); slot.CodeOf(err) != pkcs11.CKR_PIN_INCORRECT {
+		t.Fatalf("Login with the PIN refused: %v, want CKR_PIN_INCORRECT", err)
+	}
+	if n := f.Calls(tok.Name, slot.OpLogin) - before; n != 1 {
+		t.Errorf("a refused PIN was offered %d times, want once", n)
+	}
+}

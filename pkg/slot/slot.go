@@ -321,8 +321,10 @@ func (s *Slot) Login(ctx context.Context, userType uint, pin secret.PIN) error {
 }
 
 func (s *Slot) loginLocked(ctx context.Context, userType uint, pin secret.PIN) error {
-	err := s.anchorCall(ctx, OpLogin, func(x *sess) error {
-		return x.ctx.Login(x.h, userType, pin.Reveal())
+	err := s.retryTorn(ctx, func() error {
+		return s.anchorCall(ctx, OpLogin, func(x *sess) error {
+			return x.ctx.Login(x.h, userType, pin.Reveal())
+		})
 	})
 	if err != nil {
 		if code, ok := codeIn(err); !ok || code != pkcs11.CKR_USER_ALREADY_LOGGED_IN {
@@ -386,8 +388,10 @@ func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 		return nil
 	}
 	pin := s.pin
-	err = a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
-		return x.ctx.Login(x.h, pkcs11.CKU_USER, pin.Reveal())
+	err = s.retryTorn(ctx, func() error {
+		return a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
+			return x.ctx.Login(x.h, pkcs11.CKU_USER, pin.Reveal())
+		})
 	})
 	if code, ok := codeIn(err); err != nil && (!ok || code != pkcs11.CKR_USER_ALREADY_LOGGED_IN) {
 		s.loggedIn.Store(false)
@@ -402,6 +406,55 @@ func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	s.stats.relogins.Add(1)
 	s.epoch.Add(1)
 	return nil
+}
+
+// A token whose C_Login rewrites its store (tokenquirk.LoginRewritesStore:
+// SoftHSM) answers a login that reads the store while another process's
+// login rewrites it with CKR_GENERAL_ERROR or CKR_USER_PIN_NOT_INITIALIZED
+// (forked children that each start a helper log in at once). Such a login
+// is asked again, up to tornLoginRetries times, waiting tornLoginWait and
+// then twice as long each time: the rewrite is over in milliseconds. No
+// other answer is asked again (a PIN refused must not come closer to a
+// lockout).
+const (
+	tornLoginRetries = 4
+	tornLoginWait    = 5 * time.Millisecond
+)
+
+// retryTorn makes login, and makes it again while its answer is a torn
+// store's (see above) and ctx allows.
+func (s *Slot) retryTorn(ctx context.Context, login func() error) error {
+	err := login()
+	wait := tornLoginWait
+	for range tornLoginRetries {
+		if !s.tornLogin(err) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait *= 2
+		err = login()
+	}
+	return err
+}
+
+// tornLogin reports whether err is a login's answer from a token whose
+// store another process's login was rewriting.
+func (s *Slot) tornLogin(err error) bool {
+	if err == nil {
+		return false
+	}
+	t := s.Token()
+	if !tokenquirk.LoginRewritesStore(t.Manufacturer, t.Model) {
+		return false
+	}
+	code, _ := codeIn(err)
+	return code == pkcs11.CKR_GENERAL_ERROR || code == pkcs11.CKR_USER_PIN_NOT_INITIALIZED
 }
 
 // loginLost reports whether err may mean the user login has gone under us.

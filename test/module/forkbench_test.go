@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -159,7 +160,9 @@ func TestNginxBench(t *testing.T) {
 		failed, errs := handshakes(t, addr, cert, n, 8, nil)
 		took := time.Since(start)
 		if failed != 0 {
-			t.Fatalf("%s: %d of %d handshakes failed: %v", c.name, failed, n, errs)
+			log, _ := os.ReadFile(filepath.Join(r.dir, "nginx-error.log"))
+			hlog, _ := os.ReadFile(r.logFile)
+			t.Fatalf("%s: %d of %d handshakes failed: %v\nnginx-error.log ends:\n%s\nthe module's log ends:\n%s", c.name, failed, n, errs, tail(log, 5), tail(hlog, 40))
 		}
 		fmt.Printf("nginxbench %s: %d handshakes in %v, %.0f/s\n", c.name, n, took.Round(time.Millisecond), float64(n)/took.Seconds())
 		stopGroup(cmd)
