@@ -13,7 +13,7 @@
 
 /* Set in the child of a fork() by the handler pthread_atfork registers
  * when the library is loaded: a flag rather than a getpid() per call, which
- * is a system call (measurable on a 60 us signature made of two calls).
+ * is a system call, and a signature is two calls (docs/BENCHMARKS.md).
  * The child has no Go runtime: its C_Initialize starts a helper (conn.c). */
 static volatile int in_child_flag;
 
