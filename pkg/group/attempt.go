@@ -384,7 +384,9 @@ func (g *Group) Probe(ctx context.Context, name string) (pkcs11.TokenInfo, error
 	}
 	info, err := s.TokenInfo(ctx)
 	if g.probeFails(ctx, m, err) {
-		g.failMember(m, fmt.Errorf("health probe: %w", err)) // outside probeMu: failing emits events
+		err := fmt.Errorf("health probe: %w", err)
+		m.ChargeHealth(err) // (counted as the member's error, as a call's would be)
+		g.failMember(m, err) // outside probeMu: failing emits events
 	}
 	return info, err
 }

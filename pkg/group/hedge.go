@@ -101,17 +101,18 @@ func (r *race) start(ctx context.Context, m *member.Member, hs []pkcs11.ObjectHa
 	r.late.Fire = func() { r.hedge(ctx, m, skip, &r.late) }
 	o := r.g.try(slot.WithLate(ctx, &r.late), r.p, m, hs, r.fn)
 	if errors.Is(o.err, slot.ErrOvertaken) || errors.Is(o.prep, slot.ErrOvertaken) {
-		r.chargeIfHung(m)
+		if back, deadline, ok := r.late.Overtaken(); ok {
+			r.chargeIfHung(m, back, deadline)
+		}
 		return r.wait(ctx) // the hedge's answer, sent before it overtook
 	}
 	return o, nil
 }
 
 // chargeIfHung charges m, in the background, with a timeout if the call
-// the hedge overtook on it has not returned by its deadline: a hung
+// the hedge overtook on it has not returned (back) by its deadline: a hung
 // member whose every call was hedged would otherwise never fail.
-func (r *race) chargeIfHung(m *member.Member) {
-	back, deadline := r.late.Overtaken()
+func (r *race) chargeIfHung(m *member.Member, back <-chan struct{}, deadline time.Time) {
 	r.g.background(func() {
 		t := time.NewTimer(time.Until(deadline))
 		defer t.Stop()

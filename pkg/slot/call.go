@@ -296,11 +296,17 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 	case late != nil && ctx.Err() == nil && late.wasOvertaken():
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
 		x.overtaken.Store(late) // (before abandon: the worker reads it after)
+		defer func() {
+			if x.overtaken.Load() != nil {
+				late.abandoned() // (not when the worker answered first)
+			}
+		}()
 	default:
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
 	}
 	if !x.abandon() {
 		// The worker finished just now: its answer is on the way.
+		x.overtaken.Store(nil)
 		x.cell.WaitAnswer(seq)
 		return x.result(op)
 	}

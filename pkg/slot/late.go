@@ -31,6 +31,7 @@ type Late struct {
 	cell      *handoff.Cell // the wait Overtake ends, once fired
 	seq       uint32
 	deadline  time.Time     // of the call waiting
+	left      bool          // a call was abandoned when overtaken
 	back      chan struct{} // closed when an overtaken call has returned from the module
 }
 
@@ -82,18 +83,26 @@ func (l *Late) wait(c *handoff.Cell, seq uint32, timeout time.Duration) handoff.
 	return c.Wait(seq, callerSpin, timeout)
 }
 
-// Overtaken says, once the call made with l returned ErrOvertaken, when
-// the module returns the call it abandoned (back is closed then) and by
-// when it should have (its deadline): the caller that took another
-// member's answer charges the member if the call outlives its deadline,
-// as it would have charged a call it waited for.
-func (l *Late) Overtaken() (back <-chan struct{}, deadline time.Time) {
+// Overtaken says, once the call made with l returned ErrOvertaken, whether
+// a call was abandoned in the module then (ok: none when the module had
+// answered it just before), when the module returns it (back is closed
+// then) and by when it should have (its deadline): the caller that took
+// another member's answer charges the member if the call outlives its
+// deadline, as it would have charged a call it waited for.
+func (l *Late) Overtaken() (back <-chan struct{}, deadline time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.back == nil {
 		l.back = make(chan struct{})
 	}
-	return l.back, l.deadline
+	return l.back, l.deadline, l.left
+}
+
+// abandoned records that a call made with l was abandoned when overtaken.
+func (l *Late) abandoned() {
+	l.mu.Lock()
+	l.left = true
+	l.mu.Unlock()
 }
 
 // returned tells Overtaken's waiter that an abandoned call returned (the

@@ -35,7 +35,10 @@ func TestOvertakenCallIsLeftAndNotMadeAgain(t *testing.T) {
 	if n := f.Calls(tok.Name, slot.OpDigest) - before; n != 0 {
 		t.Errorf("the second call reached the module %d times, want none", n)
 	}
-	back, _ := l.Overtaken()
+	back, _, left := l.Overtaken()
+	if !left {
+		t.Fatal("the overtaken call was not reported abandoned")
+	}
 	f.Release(tok.Name)
 	select {
 	case <-back:

@@ -108,6 +108,13 @@ func (s *signer) finish() string {
 	}
 	for _, l := range s.all {
 		if strings.HasPrefix(l, "total ") {
+			if !strings.Contains(l, "failed=0") {
+				for _, e := range s.all {
+					if strings.HasPrefix(e, "error ") {
+						s.t.Logf("%s: %s", s.name, e) // the first few, so that a failure explains itself
+					}
+				}
+			}
 			return l
 		}
 	}

@@ -94,8 +94,13 @@ func run() error {
 				default:
 				}
 				if _, err := s.SignContext(ctx, digest[:], crypto.SHA256); err != nil {
-					if failed.Add(1) <= 5 {
+					if n := failed.Add(1); n <= 5 {
 						fmt.Println("error", err)
+						if n == 1 { // what the engine saw, so that a failure explains itself
+							for _, m := range g.Engine().Members() {
+								fmt.Printf("error member %s %v last error %q at %v\n", m.Name, m.State, m.LastError, m.LastErrorTime.Format(time.RFC3339Nano))
+							}
+						}
 					}
 					continue
 				}
