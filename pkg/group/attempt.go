@@ -385,7 +385,7 @@ func (g *Group) Probe(ctx context.Context, name string) (pkcs11.TokenInfo, error
 	info, err := s.TokenInfo(ctx)
 	if g.probeFails(ctx, m, err) {
 		err := fmt.Errorf("health probe: %w", err)
-		m.ChargeHealth(err) // (counted as the member's error, as a call's would be)
+		m.ChargeHealth(err)  // (counted as the member's error, as a call's would be)
 		g.failMember(m, err) // outside probeMu: failing emits events
 	}
 	return info, err
