@@ -288,6 +288,7 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		credited = waited
 	}
 	var cause error
+	overtaken := false
 	switch {
 	case outcome == handoff.Answered:
 		return x.result(op)
@@ -295,20 +296,20 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		cause = timeoutError(x.owner.spec.Name, op, timeout)
 	case late != nil && ctx.Err() == nil && late.wasOvertaken():
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
+		overtaken = true
 		x.overtaken.Store(late) // (before abandon: the worker reads it after)
-		defer func() {
-			if x.overtaken.Load() != nil {
-				late.abandoned() // (not when the worker answered first)
-			}
-		}()
 	default:
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
 	}
 	if !x.abandon() {
-		// The worker finished just now: its answer is on the way.
+		// The worker finished just now: its answer is on the way (and
+		// no call is left in the module for the Late to report).
 		x.overtaken.Store(nil)
 		x.cell.WaitAnswer(seq)
 		return x.result(op)
+	}
+	if overtaken {
+		late.abandoned()
 	}
 	return cause
 }
