@@ -55,7 +55,7 @@ func (c *chaos) restart(ctx context.Context, i int, why string) error {
 		c.halfMade += half
 		c.note("removed %d half-written object file(s) of %s (a kill stopped SoftHSM mid-create)", half, c.w.members[i])
 	}
-	if err := c.w.servers[i].Start(ctx); err != nil {
+	if err := c.startServer(ctx, i); err != nil {
 		return err
 	}
 	c.killedAt[i] = time.Time{}
@@ -67,6 +67,56 @@ func (c *chaos) restart(ctx context.Context, i int, why string) error {
 		return nil
 	}
 	c.note("restarted %s%s", c.w.members[i], why)
+	return nil
+}
+
+// startServer starts member i's server and, while it waits for the
+// socket, keeps the schedule's SIGCONTs. The members' SoftHSM tokens share
+// one token directory, and SoftHSM's C_Initialize reads every token's
+// file under its lock: a server restarted while another member's process
+// is stopped holding that lock cannot come up until it is continued.
+// (Separate hardware members do not wait on each other so.)
+func (c *chaos) startServer(ctx context.Context, i int) error {
+	done := make(chan error, 1)
+	go func() { done <- c.w.servers[i].Start(ctx) }()
+	for {
+		wait := time.Duration(-1)
+		now := time.Now()
+		for _, at := range c.contAt {
+			if !at.IsZero() && (wait < 0 || at.Sub(now) < wait) {
+				wait = max(at.Sub(now), 0)
+			}
+		}
+		if wait < 0 {
+			return <-done
+		}
+		t := time.NewTimer(wait)
+		select {
+		case err := <-done:
+			t.Stop()
+			return err
+		case <-t.C:
+			if err := c.contDue(); err != nil {
+				<-done
+				return err
+			}
+		}
+	}
+}
+
+// contDue continues the stopped members whose time has come.
+func (c *chaos) contDue() error {
+	now := time.Now()
+	for i, at := range c.contAt {
+		if !at.IsZero() && !now.Before(at) {
+			if err := c.w.servers[i].Cont(); err != nil {
+				return err
+			}
+			c.contAt[i] = time.Time{}
+			c.contedAt[i] = time.Now()
+			c.note("SIGCONT %s", c.w.members[i])
+		}
+	}
 	return nil
 }
 
@@ -146,16 +196,8 @@ func (c *chaos) run(ctx context.Context) error {
 			return c.restoreAll(context.Background())
 		case <-time.After(wait):
 		}
-		now = time.Now()
-		for i, at := range c.contAt {
-			if !at.IsZero() && !now.Before(at) {
-				if err := c.w.servers[i].Cont(); err != nil {
-					return err
-				}
-				c.contAt[i] = time.Time{}
-				c.contedAt[i] = time.Now()
-				c.note("SIGCONT %s", c.w.members[i])
-			}
+		if err := c.contDue(); err != nil {
+			return err
 		}
 		if err := c.step(ctx, &lastAgentKill); err != nil {
 			return err
@@ -245,7 +287,8 @@ func (c *chaos) step(ctx context.Context, lastAgentKill *time.Time) error {
 	return nil
 }
 
-// restoreAll continues stopped members and restarts killed ones.
+// restoreAll continues stopped members, then restarts killed ones (a
+// restart can wait on a stopped member: startServer).
 func (c *chaos) restoreAll(ctx context.Context) error {
 	for i := range c.w.members {
 		if !c.contAt[i].IsZero() {
@@ -255,6 +298,8 @@ func (c *chaos) restoreAll(ctx context.Context) error {
 			c.contAt[i] = time.Time{}
 			c.note("SIGCONT %s (end)", c.w.members[i])
 		}
+	}
+	for i := range c.w.members {
 		if !c.killedAt[i].IsZero() {
 			if err := c.restart(ctx, i, " (end)"); err != nil {
 				return err
