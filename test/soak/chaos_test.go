@@ -55,7 +55,7 @@ func (c *chaos) restart(ctx context.Context, i int, why string) error {
 		c.halfMade += half
 		c.note("removed %d half-written object file(s) of %s (a kill stopped SoftHSM mid-create)", half, c.w.members[i])
 	}
-	if err := c.startServer(ctx, i); err != nil {
+	if err := c.keepingSchedule(func() error { return c.w.servers[i].Start(ctx) }); err != nil {
 		return err
 	}
 	c.killedAt[i] = time.Time{}
@@ -70,15 +70,17 @@ func (c *chaos) restart(ctx context.Context, i int, why string) error {
 	return nil
 }
 
-// startServer starts member i's server and, while it waits for the
-// socket, keeps the schedule's SIGCONTs. The members' SoftHSM tokens share
-// one token directory, and SoftHSM's C_Initialize reads every token's
-// file under its lock: a server restarted while another member's process
-// is stopped holding that lock cannot come up until it is continued.
-// (Separate hardware members do not wait on each other so.)
-func (c *chaos) startServer(ctx context.Context, i int) error {
+// keepingSchedule runs start (a server's or haagent's start, which waits
+// until it answers) and, while it waits, keeps the schedule's SIGCONTs.
+// The members' SoftHSM tokens share one token directory, and SoftHSM's
+// C_Initialize reads every token's file under its lock: a process that
+// opens the tokens while another member's process is stopped holding that
+// lock cannot come up until it is continued. (Separate hardware members
+// do not wait on each other so.) Without this, the stop would last as
+// long as the start's deadline, not the schedule's few seconds.
+func (c *chaos) keepingSchedule(start func() error) error {
 	done := make(chan error, 1)
-	go func() { done <- c.w.servers[i].Start(ctx) }()
+	go func() { done <- start() }()
 	for {
 		wait := time.Duration(-1)
 		now := time.Now()
@@ -216,12 +218,12 @@ func (c *chaos) step(ctx context.Context, lastAgentKill *time.Time) error {
 		}
 		c.note("SIGKILL haagent")
 		c.agentKills++
-		if err := c.w.startAgent(ctx); err != nil {
+		if err := c.keepingSchedule(func() error { return c.w.startAgent(ctx) }); err != nil {
 			// A finding, not the end of the soak: note it, and try once more.
 			c.agentHangs = append(c.agentHangs, err.Error())
 			c.note("haagent did not answer after its restart: %v", err)
 			_ = c.w.killAgent()
-			if err := c.w.startAgent(ctx); err != nil {
+			if err := c.keepingSchedule(func() error { return c.w.startAgent(ctx) }); err != nil {
 				return fmt.Errorf("restarting haagent a second time: %w", err)
 			}
 		}
@@ -288,7 +290,7 @@ func (c *chaos) step(ctx context.Context, lastAgentKill *time.Time) error {
 }
 
 // restoreAll continues stopped members, then restarts killed ones (a
-// restart can wait on a stopped member: startServer).
+// restart can wait on a stopped member: keepingSchedule).
 func (c *chaos) restoreAll(ctx context.Context) error {
 	for i := range c.w.members {
 		if !c.contAt[i].IsZero() {
