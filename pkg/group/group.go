@@ -103,6 +103,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -686,6 +687,12 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 	}
 	if m.State() != member.Recovering {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member is " + m.State().String()}
+	}
+	if away := g.missedHeldAway(name); len(away) > 0 {
+		err := fmt.Errorf("behind: it missed changes made through the group that only %s hold, and none of them serves: it returns once one does",
+			strings.Join(away, ", "))
+		m.CompareAndTransition(member.Recovering, member.Failed, err)
+		return opErr("ActivateMember", name, err)
 	}
 	// Under the logins' lock, so that a Login running now either saw the member
 	// serving (and logged it in) or is over (and the member is logged in

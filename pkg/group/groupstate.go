@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -232,6 +233,38 @@ func (g *Group) noteMarks(ctx context.Context, m *member.Member) {
 	g.marks.mu.Lock()
 	g.marks.read[m.Name()] = mine
 	g.marks.mu.Unlock()
+}
+
+// missedHeldAway returns, when this process changed the group while
+// member name was out of rotation and none of the members it told so
+// (the marks it left naming name) serves now, those members: the
+// catch-up read none of them, so it took in none of those changes, and
+// the member must not serve (a key destroyed meanwhile would be served
+// again). When every mark failed to be written, any other serving member
+// will do: the changes went to the members serving then, which are
+// unknown here. Nil when the member missed nothing this process knows of.
+func (g *Group) missedHeldAway(name string) []string {
+	g.marks.mu.Lock()
+	told, missed := g.marks.mine[name]
+	var holders []string
+	for s := range told {
+		holders = append(holders, s.Name())
+	}
+	g.marks.mu.Unlock()
+	if !missed {
+		return nil
+	}
+	var away []string
+	for _, m := range g.view().members {
+		if m.Name() == name || (len(holders) > 0 && !slices.Contains(holders, m.Name())) {
+			continue
+		}
+		if m.State().Serving() {
+			return nil
+		}
+		away = append(away, m.Name())
+	}
+	return away
 }
 
 // clearMarks removes, once member name is caught up and back in rotation,

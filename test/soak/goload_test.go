@@ -7,6 +7,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -425,14 +426,30 @@ func (l *goLoad) create(ctx context.Context, label string, value []byte) error {
 	return err
 }
 
+// errLoginLost: the group's login was lost (in activeBasic, when every
+// member failed): a search now sees no private object, so a destroy by
+// label would leave the private half and report success.
+var errLoginLost = errors.New("the group's login was lost (every member failed): log in again")
+
 // destroy destroys the objects labelled label (both halves of a key pair)
-// and returns how many it found.
-func (l *goLoad) destroy(ctx context.Context, label string) (int, error) {
+// and returns how many it found. Logged out, it destroys nothing and
+// fails, as an application that checks its login before it searches by
+// label; a login lost during the destroy fails it too (it is tried again).
+func (l *goLoad) destroy(ctx context.Context, label string) (found int, err error) {
+	if _, in := l.g.LoggedIn(); !in {
+		l.lostLogin.Store(true)
+		return 0, errLoginLost
+	}
+	defer func() {
+		if _, in := l.g.LoggedIn(); !in && err == nil {
+			l.lostLogin.Store(true)
+			err = errLoginLost
+		}
+	}()
 	classes := []uint{pkcs11.CKO_DATA}
 	if l.keypairs {
 		classes = []uint{pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_PUBLIC_KEY}
 	}
-	found := 0
 	for _, class := range classes {
 		hs, err := l.g.Find(ctx, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, class), pkcs11.NewAttribute(pkcs11.CKA_LABEL, label)})
 		if err != nil {
