@@ -209,14 +209,13 @@ func (x *sess) afterAbandon() {
 	x.owner.unhold()
 }
 
-// run makes call fn for op on x, at most timeout under handoff and not
-// beyond ctx. On timeout the error wraps ErrTimeout; on ctx the error wraps
-// ctx.Err(); in both cases the session is quarantined and dead.
-func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
-	return x.runWith(ctx, op, timeout, fn, nil)
-}
-
-// runWith is run for fn, or, with fn nil, for one-shot a (shot.go).
+// runWith makes call fn for op on x, or, with fn nil, one-shot a
+// (shot.go), at most timeout and not beyond ctx. On timeout the error
+// wraps ErrTimeout; on ctx the error wraps ctx.Err(); in both cases the
+// session is quarantined and dead. Under handoff it posts the call to the
+// worker and waits for its answer, the deadline or ctx (and comes back to
+// its Late, if it has one); the caller spins for as long as a wake-up costs
+// (callerSpin) and then sleeps.
 func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := x.owner
 	if x.dead {
@@ -237,25 +236,6 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 	if !x.worker {
 		return x.runInline(op, timeout)
 	}
-	return x.runHandoff(ctx, op, timeout)
-}
-
-// objectAccess is what op does to the token's objects.
-func objectAccess(op Op) tokenquirk.Access {
-	switch op {
-	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
-		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
-		return tokenquirk.Write
-	case OpFindObjects, OpGetAttributes:
-		return tokenquirk.Read
-	}
-	return tokenquirk.None
-}
-
-// runHandoff posts the call to the worker and waits for its answer, the
-// deadline or ctx (and comes back to its Late, if it has one). The caller
-// spins for as long as a wake-up costs (callerSpin) and then sleeps.
-func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
 	late := lateFor(ctx, timeout)
 	if late != nil && late.wasOvertaken() {
 		// Another member answered while an earlier call of this attempt
@@ -312,6 +292,18 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		late.abandoned()
 	}
 	return cause
+}
+
+// objectAccess is what op does to the token's objects.
+func objectAccess(op Op) tokenquirk.Access {
+	switch op {
+	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
+		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
+		return tokenquirk.Write
+	case OpFindObjects, OpGetAttributes:
+		return tokenquirk.Read
+	}
+	return tokenquirk.None
 }
 
 // watch makes ctx's cancellation cancel the call in flight. The
@@ -393,11 +385,11 @@ func (x *sess) retire(timeout time.Duration) {
 		return
 	}
 	if x.open {
-		_ = x.run(context.Background(), opCloseSession, timeout, func(x *sess) error {
+		_ = x.runWith(context.Background(), opCloseSession, timeout, func(x *sess) error {
 			err := x.ctx.CloseSession(x.h)
 			x.open = false
 			return err
-		})
+		}, nil)
 	}
 	if x.dead {
 		return // the close hung; the worker cleans up
@@ -414,12 +406,12 @@ func (x *sess) retire(timeout time.Duration) {
 
 // openOn opens the session on slot id (CKF_SERIAL_SESSION|CKF_RW_SESSION).
 func (x *sess) openOn(ctx context.Context, id uint, timeout time.Duration) error {
-	return x.run(ctx, OpOpenSession, timeout, func(x *sess) error {
+	return x.runWith(ctx, OpOpenSession, timeout, func(x *sess) error {
 		h, err := x.ctx.OpenSession(id, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 		if err != nil {
 			return err
 		}
 		x.h, x.open = h, true
 		return nil
-	})
+	}, nil)
 }

@@ -140,7 +140,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		closedCh:   make(chan struct{}),
 		dedicated:  make(map[*Session]struct{}),
 	}
-	s.operations = operations{on: s}
+	s.operations = operations{on: s, run: s.do}
 	s.holds.Store(1)
 	c := modules.current(mod)
 	tok, err := findToken(ctx, &s.spec, q, mod, s.cmdTimeout)
@@ -301,7 +301,7 @@ func (s *Slot) anchorCall(ctx context.Context, op Op, fn func(*sess) error) erro
 	if err != nil {
 		return err
 	}
-	err = a.run(ctx, op, s.cmdTimeout, fn)
+	err = a.runWith(ctx, op, s.cmdTimeout, fn, nil)
 	if err != nil && isSessionFatal(err) {
 		a.retire(s.cmdTimeout)
 		s.anchor = nil
@@ -376,11 +376,11 @@ func (s *Slot) forgetPINLocked() {
 // nobody is logged in, and bumps Epoch when it did. Callers hold s.mu.
 func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	var state uint
-	err := a.run(ctx, OpSessionInfo, s.cmdTimeout, func(x *sess) error {
+	err := a.runWith(ctx, OpSessionInfo, s.cmdTimeout, func(x *sess) error {
 		si, err := x.ctx.GetSessionInfo(x.h)
 		state = si.State
 		return err
-	})
+	}, nil)
 	if err != nil {
 		return err
 	}
@@ -389,9 +389,9 @@ func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	}
 	pin := s.pin
 	err = s.retryTorn(ctx, func() error {
-		return a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
+		return a.runWith(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
 			return x.ctx.Login(x.h, pkcs11.CKU_USER, pin.Reveal())
-		})
+		}, nil)
 	})
 	if code, ok := codeIn(err); err != nil && (!ok || code != pkcs11.CKR_USER_ALREADY_LOGGED_IN) {
 		s.loggedIn.Store(false)
@@ -618,7 +618,7 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	ss := &Session{s: s, x: x, gen: st.gen}
-	ss.operations = operations{on: s, ss: ss}
+	ss.operations = operations{on: s, run: ss.callWith}
 	s.dmu.Lock()
 	s.dedicated[ss] = struct{}{}
 	s.dmu.Unlock()
