@@ -470,24 +470,6 @@ func hapInitToken(id C.CK_SLOT_ID, pin C.CK_UTF8CHAR_PTR, pinLen C.CK_ULONG, lab
 	})
 }
 
-//export hapInitPIN
-func hapInitPIN(h C.CK_SESSION_HANDLE, pin C.CK_UTF8CHAR_PTR, pinLen C.CK_ULONG) C.CK_RV {
-	return call("C_InitPIN", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
-//export hapSetPIN
-func hapSetPIN(h C.CK_SESSION_HANDLE, oldPin C.CK_UTF8CHAR_PTR, oldLen C.CK_ULONG, newPin C.CK_UTF8CHAR_PTR, newLen C.CK_ULONG) C.CK_RV {
-	return call("C_SetPIN", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
 // ---- sessions ----
 
 //export hapOpenSession
@@ -536,26 +518,6 @@ func hapGetSessionInfo(h C.CK_SESSION_HANDLE, p C.CK_SESSION_INFO_PTR) C.CK_RV {
 	})
 }
 
-//export hapGetOperationState
-func hapGetOperationState(h C.CK_SESSION_HANDLE, p C.CK_BYTE_PTR, n C.CK_ULONG_PTR) C.CK_RV {
-	return call("C_GetOperationState", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			// The state lives on one member and would not restore on
-			// another.
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
-//export hapSetOperationState
-func hapSetOperationState(h C.CK_SESSION_HANDLE, p C.CK_BYTE_PTR, n C.CK_ULONG, enc, auth C.CK_OBJECT_HANDLE) C.CK_RV {
-	return call("C_SetOperationState", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
 //export hapLogin
 func hapLogin(h C.CK_SESSION_HANDLE, userType C.CK_USER_TYPE, pin C.CK_UTF8CHAR_PTR, pinLen C.CK_ULONG) C.CK_RV {
 	return call("C_Login", func(l *library) error {
@@ -578,9 +540,24 @@ func hapLogout(h C.CK_SESSION_HANDLE) C.CK_RV {
 
 // ---- objects ----
 
-// handleOut stores a new object handle.
-func handleOut(ph C.CK_OBJECT_HANDLE_PTR, h uint) {
-	*ph = C.CK_OBJECT_HANDLE(h)
+// newObject ends a call that makes one object from tmpl on session h
+// (C_CreateObject, C_CopyObject, C_GenerateKey, C_UnwrapKey, C_DeriveKey):
+// the session must be allowed to make it, and its handle goes to ph.
+func newObject(l *library, h C.CK_SESSION_HANDLE, tmpl []*pkcs11.Attribute, ph C.CK_OBJECT_HANDLE_PTR, mk func(s *appSession) (uint, error)) error {
+	if ph == nil {
+		return errArgs
+	}
+	return l.withSession(uint(h), func(s *appSession) error {
+		if err := l.writable(s, tmpl); err != nil {
+			return err
+		}
+		o, err := mk(s)
+		if err != nil {
+			return err
+		}
+		*ph = C.CK_OBJECT_HANDLE(o)
+		return nil
+	})
 }
 
 //export hapCreateObject
@@ -593,20 +570,7 @@ func hapCreateObject(h C.CK_SESSION_HANDLE, p C.CK_ATTRIBUTE_PTR, n C.CK_ULONG, 
 		if err != nil {
 			return err
 		}
-		if ph == nil {
-			return errArgs
-		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			o, err := s.be.CreateObject(l.ctx, tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, o)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.CreateObject(l.ctx, tmpl) })
 	})
 }
 
@@ -617,20 +581,7 @@ func hapCopyObject(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_ATTRIBU
 		if err != nil {
 			return err
 		}
-		if ph == nil {
-			return errArgs
-		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			o, err := s.be.CopyObject(l.ctx, uint(obj), tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, o)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.CopyObject(l.ctx, uint(obj), tmpl) })
 	})
 }
 
@@ -784,10 +735,9 @@ func hapFindObjectsFinal(h C.CK_SESSION_HANDLE) C.CK_RV {
 // ---- cryptographic operations ----
 
 // forward.c calls hapOpInit and hapStep for every Init and step of the
-// five operation families (rpcgen names each C_
-// function's kind and step by opstate's numbers), and hapNotSupported for
-// the functions neither SoftHSM nor the engine offers (sign/verify with
-// recovery, the dual-function updates).
+// five operation families (rpcgen names each C_ function's kind and step
+// by opstate's numbers), and hapNotSupported for the functions of a
+// session the engine does not offer (rpcgen's list says which, and why).
 
 // opNames are the PKCS#11 names of each family's calls, by kind and step
 // (0 the Init), made once so that naming a call costs nothing per call.
@@ -890,20 +840,10 @@ func hapGenerateKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, p C.CK_ATTRIBUT
 		if err != nil {
 			return err
 		}
-		if mech == nil || ph == nil {
+		if mech == nil {
 			return errArgs
 		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			k, err := s.be.GenerateKey(l.ctx, mech, tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, k)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.GenerateKey(l.ctx, mech, tmpl) })
 	})
 }
 
@@ -936,8 +876,7 @@ func hapGenerateKeyPair(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, pubP C.CK_A
 			if err != nil {
 				return err
 			}
-			handleOut(phPub, pk)
-			handleOut(phPriv, sk)
+			*phPub, *phPriv = C.CK_OBJECT_HANDLE(pk), C.CK_OBJECT_HANDLE(sk)
 			return nil
 		})
 	})
@@ -978,19 +917,11 @@ func hapUnwrapKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, unwrapping C.CK_O
 		if err != nil {
 			return err
 		}
-		if mech == nil || ph == nil {
+		if mech == nil {
 			return errArgs
 		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			k, err := s.be.UnwrapKey(l.ctx, mech, uint(unwrapping), blob, tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, k)
-			return nil
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) {
+			return s.be.UnwrapKey(l.ctx, mech, uint(unwrapping), blob, tmpl)
 		})
 	})
 }
@@ -1006,20 +937,10 @@ func hapDeriveKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, base C.CK_OBJECT_
 		if err != nil {
 			return err
 		}
-		if mech == nil || ph == nil {
+		if mech == nil {
 			return errArgs
 		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			k, err := s.be.DeriveKey(l.ctx, mech, uint(base), tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, k)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.DeriveKey(l.ctx, mech, uint(base), tmpl) })
 	})
 }
 

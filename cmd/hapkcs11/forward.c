@@ -72,7 +72,7 @@ CK_RV C_InitToken(CK_SLOT_ID slotID, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen, CK
 CK_RV C_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_InitPIN(hSession, pPin, ulPinLen) : hapInitPIN(hSession, pPin, ulPinLen);
+	CK_RV rv = hap_remote() ? hap_rpc_InitPIN(hSession, pPin, ulPinLen) : hapNotSupported(hSession, "C_InitPIN");
 	HAP_LEAVE();
 	return rv;
 }
@@ -80,7 +80,7 @@ CK_RV C_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPin
 CK_RV C_SetPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pOldPin, CK_ULONG ulOldLen, CK_UTF8CHAR_PTR pNewPin, CK_ULONG ulNewLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen) : hapSetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen);
+	CK_RV rv = hap_remote() ? hap_rpc_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen) : hapNotSupported(hSession, "C_SetPIN");
 	HAP_LEAVE();
 	return rv;
 }
@@ -120,7 +120,7 @@ CK_RV C_GetSessionInfo(CK_SESSION_HANDLE hSession, CK_SESSION_INFO_PTR pInfo)
 CK_RV C_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG_PTR pulOperationStateLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_GetOperationState(hSession, pOperationState, pulOperationStateLen) : hapGetOperationState(hSession, pOperationState, pulOperationStateLen);
+	CK_RV rv = hap_remote() ? hap_rpc_GetOperationState(hSession, pOperationState, pulOperationStateLen) : hapNotSupported(hSession, "C_GetOperationState");
 	HAP_LEAVE();
 	return rv;
 }
@@ -128,7 +128,7 @@ CK_RV C_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationStat
 CK_RV C_SetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG ulOperationStateLen, CK_OBJECT_HANDLE hEncryptionKey, CK_OBJECT_HANDLE hAuthenticationKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey) : hapSetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey);
+	CK_RV rv = hap_remote() ? hap_rpc_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey) : hapNotSupported(hSession, "C_SetOperationState");
 	HAP_LEAVE();
 	return rv;
 }

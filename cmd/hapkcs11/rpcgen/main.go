@@ -221,11 +221,14 @@ func forward(fns []fn) []byte {
 	return b.Bytes()
 }
 
-// unsupported are the functions neither SoftHSM nor the engine offers:
-// sign/verify with recovery and the dual-function updates.
+// unsupported are the functions of a session the engine does not offer:
+// sign/verify with recovery and the dual-function updates (neither does
+// SoftHSM); a PIN's initialisation or change, an operator's job on each
+// member; and an operation's state, which lives on one member and would
+// not restore on another.
 var unsupported = map[string]bool{"SignRecoverInit": true, "SignRecover": true, "VerifyRecoverInit": true,
 	"VerifyRecover": true, "DigestEncryptUpdate": true, "DecryptDigestUpdate": true, "SignEncryptUpdate": true,
-	"DecryptVerifyUpdate": true}
+	"DecryptVerifyUpdate": true, "InitPIN": true, "SetPIN": true, "GetOperationState": true, "SetOperationState": true}
 
 // engine is the in-process engine's call for f (abi.go): an operation
 // family's Init or step goes to hapOpInit or hapStep with its kind and step
