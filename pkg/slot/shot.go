@@ -1,10 +1,8 @@
 package slot
 
 import (
-	"context"
-	"github.com/hagroup/hagroup/internal/tokenquirk"
-
 	"github.com/hagroup/hagroup/internal/p11raw"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/miekg/pkcs11"
 )
 
@@ -67,21 +65,6 @@ type shotArgs struct {
 	key     pkcs11.ObjectHandle
 	in, sig []byte
 	out     []byte
-}
-
-// Single makes the single-part operation k (on a Slot, on a pooled
-// session): its Init with m and key (none for a digest), then its
-// single-part call on in. For KindVerify, sig is the signature and the
-// output nil; a bad signature is CKR_SIGNATURE_INVALID (class request).
-func (o operations) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
-	if err := checkMech(o.member(), kinds[k].op, m); err != nil {
-		return nil, err
-	}
-	a := &shotArgs{k: k, m: m, key: key, in: in, sig: sig}
-	if err := o.run(ctx, kinds[k].op, o.on.cmdTimeout, nil, a); err != nil {
-		return nil, err
-	}
-	return a.out, nil
 }
 
 // setShot copies a into the session's C memory for C to make, and reports
