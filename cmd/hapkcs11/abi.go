@@ -736,8 +736,8 @@ func hapFindObjectsFinal(h C.CK_SESSION_HANDLE) C.CK_RV {
 
 // forward.c calls hapOpInit and hapStep for every Init and step of the
 // five operation families (rpcgen names each C_ function's kind and step
-// by opstate's numbers), and hapNotSupported for the functions of a
-// session the engine does not offer (rpcgen's list says which, and why).
+// by opstate's numbers), and hapRefuse for the functions of a session the
+// engine refuses (rpcgen's list says which, how, and why).
 
 // opNames are the PKCS#11 names of each family's calls, by kind and step
 // (0 the Init), made once so that naming a call costs nothing per call.
@@ -813,17 +813,17 @@ func hapStep(h C.CK_SESSION_HANDLE, kind, st C.int, in C.CK_BYTE_PTR, inLen C.CK
 
 //export hapDigestKey
 func hapDigestKey(h C.CK_SESSION_HANDLE, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return call("C_DigestKey", func(l *library) error { return l.digestKey(uint(h), uint(key)) })
+	return call("C_DigestKey", func(l *library) error {
+		return l.withSession(uint(h), func(s *appSession) error { return s.be.DigestKey(l.ctx, uint(key)) })
+	})
 }
 
-// hapNotSupported answers C_name after the usual session check.
+// hapRefuse answers C_name with rv after the usual session check.
 //
-//export hapNotSupported
-func hapNotSupported(h C.CK_SESSION_HANDLE, name *C.char) C.CK_RV {
+//export hapRefuse
+func hapRefuse(h C.CK_SESSION_HANDLE, name *C.char, rv C.CK_RV) C.CK_RV {
 	return call(C.GoString(name), func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
+		return l.withSession(uint(h), func(*appSession) error { return ckErr(uint(rv)) })
 	})
 }
 
@@ -975,24 +975,6 @@ func hapGenerateRandom(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, n C.CK_ULONG) C
 			}
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), int(n)), b)
 			return nil
-		})
-	})
-}
-
-//export hapGetFunctionStatus
-func hapGetFunctionStatus(h C.CK_SESSION_HANDLE) C.CK_RV {
-	return call("C_GetFunctionStatus", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_PARALLEL)
-		})
-	})
-}
-
-//export hapCancelFunction
-func hapCancelFunction(h C.CK_SESSION_HANDLE) C.CK_RV {
-	return call("C_CancelFunction", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_PARALLEL)
 		})
 	})
 }

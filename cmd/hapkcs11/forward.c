@@ -72,7 +72,7 @@ CK_RV C_InitToken(CK_SLOT_ID slotID, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen, CK
 CK_RV C_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_InitPIN(hSession, pPin, ulPinLen) : hapNotSupported(hSession, "C_InitPIN");
+	CK_RV rv = hap_remote() ? hap_rpc_InitPIN(hSession, pPin, ulPinLen) : hapRefuse(hSession, "C_InitPIN", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -80,7 +80,7 @@ CK_RV C_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPin
 CK_RV C_SetPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pOldPin, CK_ULONG ulOldLen, CK_UTF8CHAR_PTR pNewPin, CK_ULONG ulNewLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen) : hapNotSupported(hSession, "C_SetPIN");
+	CK_RV rv = hap_remote() ? hap_rpc_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen) : hapRefuse(hSession, "C_SetPIN", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -120,7 +120,7 @@ CK_RV C_GetSessionInfo(CK_SESSION_HANDLE hSession, CK_SESSION_INFO_PTR pInfo)
 CK_RV C_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG_PTR pulOperationStateLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_GetOperationState(hSession, pOperationState, pulOperationStateLen) : hapNotSupported(hSession, "C_GetOperationState");
+	CK_RV rv = hap_remote() ? hap_rpc_GetOperationState(hSession, pOperationState, pulOperationStateLen) : hapRefuse(hSession, "C_GetOperationState", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -128,7 +128,7 @@ CK_RV C_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationStat
 CK_RV C_SetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG ulOperationStateLen, CK_OBJECT_HANDLE hEncryptionKey, CK_OBJECT_HANDLE hAuthenticationKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey) : hapNotSupported(hSession, "C_SetOperationState");
+	CK_RV rv = hap_remote() ? hap_rpc_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey) : hapRefuse(hSession, "C_SetOperationState", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -360,7 +360,7 @@ CK_RV C_SignFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG_P
 CK_RV C_SignRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignRecoverInit(hSession, pMechanism, hKey) : hapNotSupported(hSession, "C_SignRecoverInit");
+	CK_RV rv = hap_remote() ? hap_rpc_SignRecoverInit(hSession, pMechanism, hKey) : hapRefuse(hSession, "C_SignRecoverInit", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -368,7 +368,7 @@ CK_RV C_SignRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
 CK_RV C_SignRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen, CK_BYTE_PTR pSignature, CK_ULONG_PTR pulSignatureLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignRecover(hSession, pData, ulDataLen, pSignature, pulSignatureLen) : hapNotSupported(hSession, "C_SignRecover");
+	CK_RV rv = hap_remote() ? hap_rpc_SignRecover(hSession, pData, ulDataLen, pSignature, pulSignatureLen) : hapRefuse(hSession, "C_SignRecover", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -408,7 +408,7 @@ CK_RV C_VerifyFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG
 CK_RV C_VerifyRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecoverInit(hSession, pMechanism, hKey) : hapNotSupported(hSession, "C_VerifyRecoverInit");
+	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecoverInit(hSession, pMechanism, hKey) : hapRefuse(hSession, "C_VerifyRecoverInit", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -416,7 +416,7 @@ CK_RV C_VerifyRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanis
 CK_RV C_VerifyRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG ulSignatureLen, CK_BYTE_PTR pData, CK_ULONG_PTR pulDataLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecover(hSession, pSignature, ulSignatureLen, pData, pulDataLen) : hapNotSupported(hSession, "C_VerifyRecover");
+	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecover(hSession, pSignature, ulSignatureLen, pData, pulDataLen) : hapRefuse(hSession, "C_VerifyRecover", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -424,7 +424,7 @@ CK_RV C_VerifyRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULO
 CK_RV C_DigestEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DigestEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapNotSupported(hSession, "C_DigestEncryptUpdate");
+	CK_RV rv = hap_remote() ? hap_rpc_DigestEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapRefuse(hSession, "C_DigestEncryptUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -432,7 +432,7 @@ CK_RV C_DigestEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_UL
 CK_RV C_DecryptDigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DecryptDigestUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapNotSupported(hSession, "C_DecryptDigestUpdate");
+	CK_RV rv = hap_remote() ? hap_rpc_DecryptDigestUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapRefuse(hSession, "C_DecryptDigestUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -440,7 +440,7 @@ CK_RV C_DecryptDigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPa
 CK_RV C_SignEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapNotSupported(hSession, "C_SignEncryptUpdate");
+	CK_RV rv = hap_remote() ? hap_rpc_SignEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapRefuse(hSession, "C_SignEncryptUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -448,7 +448,7 @@ CK_RV C_SignEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULON
 CK_RV C_DecryptVerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DecryptVerifyUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapNotSupported(hSession, "C_DecryptVerifyUpdate");
+	CK_RV rv = hap_remote() ? hap_rpc_DecryptVerifyUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapRefuse(hSession, "C_DecryptVerifyUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -512,7 +512,7 @@ CK_RV C_GenerateRandom(CK_SESSION_HANDLE hSession, CK_BYTE_PTR RandomData, CK_UL
 CK_RV C_GetFunctionStatus(CK_SESSION_HANDLE hSession)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_GetFunctionStatus(hSession) : hapGetFunctionStatus(hSession);
+	CK_RV rv = hap_remote() ? hap_rpc_GetFunctionStatus(hSession) : hapRefuse(hSession, "C_GetFunctionStatus", CKR_FUNCTION_NOT_PARALLEL);
 	HAP_LEAVE();
 	return rv;
 }
@@ -520,7 +520,7 @@ CK_RV C_GetFunctionStatus(CK_SESSION_HANDLE hSession)
 CK_RV C_CancelFunction(CK_SESSION_HANDLE hSession)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_CancelFunction(hSession) : hapCancelFunction(hSession);
+	CK_RV rv = hap_remote() ? hap_rpc_CancelFunction(hSession) : hapRefuse(hSession, "C_CancelFunction", CKR_FUNCTION_NOT_PARALLEL);
 	HAP_LEAVE();
 	return rv;
 }

@@ -364,11 +364,6 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 	return s.be.Init(l.ctx, kind, m, key)
 }
 
-// digestKey runs C_DigestKey.
-func (l *library) digestKey(h, key uint) error {
-	return l.withSession(h, func(s *appSession) error { return s.be.DigestKey(l.ctx, key) })
-}
-
 // findInit, findNext and findFinal keep one search per session; the
 // backend answers the whole search at once.
 func (l *library) findInit(h uint, tmpl []*pkcs11.Attribute) error {

@@ -221,23 +221,30 @@ func forward(fns []fn) []byte {
 	return b.Bytes()
 }
 
-// unsupported are the functions of a session the engine does not offer:
-// sign/verify with recovery and the dual-function updates (neither does
-// SoftHSM); a PIN's initialisation or change, an operator's job on each
-// member; and an operation's state, which lives on one member and would
-// not restore on another.
-var unsupported = map[string]bool{"SignRecoverInit": true, "SignRecover": true, "VerifyRecoverInit": true,
-	"VerifyRecover": true, "DigestEncryptUpdate": true, "DecryptDigestUpdate": true, "SignEncryptUpdate": true,
-	"DecryptVerifyUpdate": true, "InitPIN": true, "SetPIN": true, "GetOperationState": true, "SetOperationState": true}
+// refused are the functions of a session the engine answers with a
+// refusal, after the usual session check, and the refusal: sign/verify
+// with recovery and the dual-function updates, which neither SoftHSM nor
+// the engine offers; a PIN's initialisation or change, an operator's job
+// on each member; an operation's state, which lives on one member and
+// would not restore on another; and the legacy parallel functions.
+var refused = map[string]string{
+	"SignRecoverInit": "CKR_FUNCTION_NOT_SUPPORTED", "SignRecover": "CKR_FUNCTION_NOT_SUPPORTED",
+	"VerifyRecoverInit": "CKR_FUNCTION_NOT_SUPPORTED", "VerifyRecover": "CKR_FUNCTION_NOT_SUPPORTED",
+	"DigestEncryptUpdate": "CKR_FUNCTION_NOT_SUPPORTED", "DecryptDigestUpdate": "CKR_FUNCTION_NOT_SUPPORTED",
+	"SignEncryptUpdate": "CKR_FUNCTION_NOT_SUPPORTED", "DecryptVerifyUpdate": "CKR_FUNCTION_NOT_SUPPORTED",
+	"InitPIN": "CKR_FUNCTION_NOT_SUPPORTED", "SetPIN": "CKR_FUNCTION_NOT_SUPPORTED",
+	"GetOperationState": "CKR_FUNCTION_NOT_SUPPORTED", "SetOperationState": "CKR_FUNCTION_NOT_SUPPORTED",
+	"GetFunctionStatus": "CKR_FUNCTION_NOT_PARALLEL", "CancelFunction": "CKR_FUNCTION_NOT_PARALLEL",
+}
 
 // engine is the in-process engine's call for f (abi.go): an operation
 // family's Init or step goes to hapOpInit or hapStep with its kind and step
-// by opstate's numbers, an unsupported function to hapNotSupported, and
+// by opstate's numbers, a refused function to hapRefuse, and
 // every other function to its own hapXxx.
 func engine(f fn) string {
 	h := f.args[0].name
-	if unsupported[f.name] {
-		return fmt.Sprintf("hapNotSupported(%s, \"C_%s\")", h, f.name)
+	if rv := refused[f.name]; rv != "" {
+		return fmt.Sprintf("hapRefuse(%s, \"C_%s\", %s)", h, f.name, rv)
 	}
 	for k := range opstate.Kind(slot.NumKinds) {
 		if f.name == k.InitName() {
