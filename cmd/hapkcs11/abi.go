@@ -470,24 +470,6 @@ func hapInitToken(id C.CK_SLOT_ID, pin C.CK_UTF8CHAR_PTR, pinLen C.CK_ULONG, lab
 	})
 }
 
-//export hapInitPIN
-func hapInitPIN(h C.CK_SESSION_HANDLE, pin C.CK_UTF8CHAR_PTR, pinLen C.CK_ULONG) C.CK_RV {
-	return call("C_InitPIN", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
-//export hapSetPIN
-func hapSetPIN(h C.CK_SESSION_HANDLE, oldPin C.CK_UTF8CHAR_PTR, oldLen C.CK_ULONG, newPin C.CK_UTF8CHAR_PTR, newLen C.CK_ULONG) C.CK_RV {
-	return call("C_SetPIN", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
 // ---- sessions ----
 
 //export hapOpenSession
@@ -536,26 +518,6 @@ func hapGetSessionInfo(h C.CK_SESSION_HANDLE, p C.CK_SESSION_INFO_PTR) C.CK_RV {
 	})
 }
 
-//export hapGetOperationState
-func hapGetOperationState(h C.CK_SESSION_HANDLE, p C.CK_BYTE_PTR, n C.CK_ULONG_PTR) C.CK_RV {
-	return call("C_GetOperationState", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			// The state lives on one member and would not restore on
-			// another.
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
-//export hapSetOperationState
-func hapSetOperationState(h C.CK_SESSION_HANDLE, p C.CK_BYTE_PTR, n C.CK_ULONG, enc, auth C.CK_OBJECT_HANDLE) C.CK_RV {
-	return call("C_SetOperationState", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
-	})
-}
-
 //export hapLogin
 func hapLogin(h C.CK_SESSION_HANDLE, userType C.CK_USER_TYPE, pin C.CK_UTF8CHAR_PTR, pinLen C.CK_ULONG) C.CK_RV {
 	return call("C_Login", func(l *library) error {
@@ -578,9 +540,24 @@ func hapLogout(h C.CK_SESSION_HANDLE) C.CK_RV {
 
 // ---- objects ----
 
-// handleOut stores a new object handle.
-func handleOut(ph C.CK_OBJECT_HANDLE_PTR, h uint) {
-	*ph = C.CK_OBJECT_HANDLE(h)
+// newObject ends a call that makes one object from tmpl on session h
+// (C_CreateObject, C_CopyObject, C_GenerateKey, C_UnwrapKey, C_DeriveKey):
+// the session must be allowed to make it, and its handle goes to ph.
+func newObject(l *library, h C.CK_SESSION_HANDLE, tmpl []*pkcs11.Attribute, ph C.CK_OBJECT_HANDLE_PTR, mk func(s *appSession) (uint, error)) error {
+	if ph == nil {
+		return errArgs
+	}
+	return l.withSession(uint(h), func(s *appSession) error {
+		if err := l.writable(s, tmpl); err != nil {
+			return err
+		}
+		o, err := mk(s)
+		if err != nil {
+			return err
+		}
+		*ph = C.CK_OBJECT_HANDLE(o)
+		return nil
+	})
 }
 
 //export hapCreateObject
@@ -593,20 +570,7 @@ func hapCreateObject(h C.CK_SESSION_HANDLE, p C.CK_ATTRIBUTE_PTR, n C.CK_ULONG, 
 		if err != nil {
 			return err
 		}
-		if ph == nil {
-			return errArgs
-		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			o, err := s.be.CreateObject(l.ctx, tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, o)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.CreateObject(l.ctx, tmpl) })
 	})
 }
 
@@ -617,20 +581,7 @@ func hapCopyObject(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_ATTRIBU
 		if err != nil {
 			return err
 		}
-		if ph == nil {
-			return errArgs
-		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			o, err := s.be.CopyObject(l.ctx, uint(obj), tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, o)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.CopyObject(l.ctx, uint(obj), tmpl) })
 	})
 }
 
@@ -783,7 +734,27 @@ func hapFindObjectsFinal(h C.CK_SESSION_HANDLE) C.CK_RV {
 
 // ---- cryptographic operations ----
 
-func opInit(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, p C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) (rv C.CK_RV) {
+// forward.c calls hapOpInit and hapStep for every Init and step of the
+// five operation families (rpcgen names each C_ function's kind and step
+// by opstate's numbers), and hapRefuse for the functions of a session the
+// engine refuses (rpcgen's list says which, how, and why).
+
+// opNames are the PKCS#11 names of each family's calls, by kind and step
+// (0 the Init), made once so that naming a call costs nothing per call.
+var opNames = func() (n [slot.NumKinds][group.StepFinal + 1]string) {
+	for k := range group.OpKind(slot.NumKinds) {
+		n[k][0] = "C_" + k.InitName()
+		for _, st := range []group.Step{group.StepSingle, group.StepUpdate, group.StepFinal} {
+			n[k][st] = "C_" + st.Name(k)
+		}
+	}
+	return n
+}()
+
+//export hapOpInit
+func hapOpInit(h C.CK_SESSION_HANDLE, kind C.int, p C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) (rv C.CK_RV) {
+	k := group.OpKind(kind)
+	name := opNames[k][0]
 	l := enter()
 	defer leave(name, &rv)
 	if l == nil {
@@ -793,14 +764,20 @@ func opInit(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, p C.CK_MECHAN
 	if err != nil {
 		return l.rv(name, err)
 	}
-	return l.rv(name, l.opInit(uint(h), kind, m, uint(key)))
+	return l.rv(name, l.opInit(uint(h), k, m, uint(key)))
 }
 
-// step runs step st of an operation of kind on session h, the one way
-// every C_Sign, C_EncryptUpdate, C_DigestFinal … reaches the engine: with
-// input in (for Update and the single-part call) and an output buffer when
-// withOut (outLen not NULL is required then).
-func step(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, st group.Step, in C.CK_BYTE_PTR, inLen C.CK_ULONG, withOut bool, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) (rv C.CK_RV) {
+// hapStep runs step st of an operation of kind on session h, the one way
+// every C_Sign, C_EncryptUpdate, C_VerifyFinal … reaches the engine: with
+// input in (for Update and the single-part call), the signature sig to
+// verify (C_Verify, C_VerifyFinal), and an output buffer when withOut
+// (outLen not NULL is required then). The output comes back with
+// CKR_BUFFER_TOO_SMALL too: its length is the application's answer.
+//
+//export hapStep
+func hapStep(h C.CK_SESSION_HANDLE, kind, st C.int, in C.CK_BYTE_PTR, inLen C.CK_ULONG, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR, withOut C.int) (rv C.CK_RV) {
+	k, s := group.OpKind(kind), group.Step(st)
+	name := opNames[k][s]
 	l := enter()
 	defer leave(name, &rv)
 	if l == nil {
@@ -810,191 +787,44 @@ func step(name string, h C.CK_SESSION_HANDLE, kind group.OpKind, st group.Step, 
 	if err != nil {
 		return l.rv(name, err)
 	}
+	signature, err := goBytes(sig, sigLen)
+	if err != nil {
+		return l.rv(name, err)
+	}
 	room := group.RoomAny
 	dst := cOut{out, outLen}
-	if withOut {
+	if withOut != 0 {
 		if outLen == nil {
 			return l.rv(name, errArgs)
 		}
 		room = dst.room()
 	}
-	b, err := l.op(uint(h), kind, st, data, nil, room)
-	if withOut && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
+	as, err := l.opSession(uint(h))
+	if err != nil {
+		return l.rv(name, err)
+	}
+	defer as.mu.Unlock()
+	b, err := as.be.Do(l.ctx, k, s, data, signature, room)
+	if withOut != 0 && (err == nil || codeOf(err) == pkcs11.CKR_BUFFER_TOO_SMALL) {
 		dst.put(b)
 	}
 	return l.rv(name, err)
 }
 
-// verify runs C_Verify (st StepSingle, with data) or C_VerifyFinal.
-func verify(name string, h C.CK_SESSION_HANDLE, st group.Step, in C.CK_BYTE_PTR, inLen C.CK_ULONG, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG) C.CK_RV {
-	return call(name, func(l *library) error {
-		data, err := goBytes(in, inLen)
-		if err != nil {
-			return err
-		}
-		s, err := goBytes(sig, sigLen)
-		if err != nil {
-			return err
-		}
-		_, err = l.op(uint(h), group.OpVerify, st, data, s, group.RoomAny)
-		return err
-	})
-}
-
-//export hapEncryptInit
-func hapEncryptInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_EncryptInit", h, group.OpEncrypt, m, key)
-}
-
-//export hapEncrypt
-func hapEncrypt(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_Encrypt", h, group.OpEncrypt, group.StepSingle, in, inLen, true, out, outLen)
-}
-
-//export hapEncryptUpdate
-func hapEncryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_EncryptUpdate", h, group.OpEncrypt, group.StepUpdate, in, inLen, true, out, outLen)
-}
-
-//export hapEncryptFinal
-func hapEncryptFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_EncryptFinal", h, group.OpEncrypt, group.StepFinal, nil, 0, true, out, outLen)
-}
-
-//export hapDecryptInit
-func hapDecryptInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_DecryptInit", h, group.OpDecrypt, m, key)
-}
-
-//export hapDecrypt
-func hapDecrypt(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_Decrypt", h, group.OpDecrypt, group.StepSingle, in, inLen, true, out, outLen)
-}
-
-//export hapDecryptUpdate
-func hapDecryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_DecryptUpdate", h, group.OpDecrypt, group.StepUpdate, in, inLen, true, out, outLen)
-}
-
-//export hapDecryptFinal
-func hapDecryptFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_DecryptFinal", h, group.OpDecrypt, group.StepFinal, nil, 0, true, out, outLen)
-}
-
-//export hapDigestInit
-func hapDigestInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR) C.CK_RV {
-	return opInit("C_DigestInit", h, group.OpDigest, m, 0)
-}
-
-//export hapDigest
-func hapDigest(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_Digest", h, group.OpDigest, group.StepSingle, in, inLen, true, out, outLen)
-}
-
-//export hapDigestUpdate
-func hapDigestUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return step("C_DigestUpdate", h, group.OpDigest, group.StepUpdate, in, inLen, false, nil, nil)
-}
-
 //export hapDigestKey
 func hapDigestKey(h C.CK_SESSION_HANDLE, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return call("C_DigestKey", func(l *library) error { return l.digestKey(uint(h), uint(key)) })
-}
-
-//export hapDigestFinal
-func hapDigestFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_DigestFinal", h, group.OpDigest, group.StepFinal, nil, 0, true, out, outLen)
-}
-
-//export hapSignInit
-func hapSignInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_SignInit", h, group.OpSign, m, key)
-}
-
-//export hapSign
-func hapSign(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_Sign", h, group.OpSign, group.StepSingle, in, inLen, true, out, outLen)
-}
-
-//export hapSignUpdate
-func hapSignUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return step("C_SignUpdate", h, group.OpSign, group.StepUpdate, in, inLen, false, nil, nil)
-}
-
-//export hapSignFinal
-func hapSignFinal(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return step("C_SignFinal", h, group.OpSign, group.StepFinal, nil, 0, true, out, outLen)
-}
-
-// notSupported answers the functions neither SoftHSM nor the engine
-// offers (sign/verify with recovery, the dual-function updates) after the
-// usual session check.
-func notSupported(name string, h C.CK_SESSION_HANDLE) C.CK_RV {
-	return call(name, func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_SUPPORTED)
-		})
+	return call("C_DigestKey", func(l *library) error {
+		return l.withSession(uint(h), func(s *appSession) error { return s.be.DigestKey(l.ctx, uint(key)) })
 	})
 }
 
-//export hapSignRecoverInit
-func hapSignRecoverInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return notSupported("C_SignRecoverInit", h)
-}
-
-//export hapSignRecover
-func hapSignRecover(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return notSupported("C_SignRecover", h)
-}
-
-//export hapVerifyInit
-func hapVerifyInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return opInit("C_VerifyInit", h, group.OpVerify, m, key)
-}
-
-//export hapVerify
-func hapVerify(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG) C.CK_RV {
-	return verify("C_Verify", h, group.StepSingle, in, inLen, sig, sigLen)
-}
-
-//export hapVerifyUpdate
-func hapVerifyUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG) C.CK_RV {
-	return step("C_VerifyUpdate", h, group.OpVerify, group.StepUpdate, in, inLen, false, nil, nil)
-}
-
-//export hapVerifyFinal
-func hapVerifyFinal(h C.CK_SESSION_HANDLE, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG) C.CK_RV {
-	return verify("C_VerifyFinal", h, group.StepFinal, nil, 0, sig, sigLen)
-}
-
-//export hapVerifyRecoverInit
-func hapVerifyRecoverInit(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, key C.CK_OBJECT_HANDLE) C.CK_RV {
-	return notSupported("C_VerifyRecoverInit", h)
-}
-
-//export hapVerifyRecover
-func hapVerifyRecover(h C.CK_SESSION_HANDLE, sig C.CK_BYTE_PTR, sigLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return notSupported("C_VerifyRecover", h)
-}
-
-//export hapDigestEncryptUpdate
-func hapDigestEncryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return notSupported("C_DigestEncryptUpdate", h)
-}
-
-//export hapDecryptDigestUpdate
-func hapDecryptDigestUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return notSupported("C_DecryptDigestUpdate", h)
-}
-
-//export hapSignEncryptUpdate
-func hapSignEncryptUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return notSupported("C_SignEncryptUpdate", h)
-}
-
-//export hapDecryptVerifyUpdate
-func hapDecryptVerifyUpdate(h C.CK_SESSION_HANDLE, in C.CK_BYTE_PTR, inLen C.CK_ULONG, out C.CK_BYTE_PTR, outLen C.CK_ULONG_PTR) C.CK_RV {
-	return notSupported("C_DecryptVerifyUpdate", h)
+// hapRefuse answers C_name with rv after the usual session check.
+//
+//export hapRefuse
+func hapRefuse(h C.CK_SESSION_HANDLE, name *C.char, rv C.CK_RV) C.CK_RV {
+	return call(C.GoString(name), func(l *library) error {
+		return l.withSession(uint(h), func(*appSession) error { return ckErr(uint(rv)) })
+	})
 }
 
 // ---- keys ----
@@ -1010,20 +840,10 @@ func hapGenerateKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, p C.CK_ATTRIBUT
 		if err != nil {
 			return err
 		}
-		if mech == nil || ph == nil {
+		if mech == nil {
 			return errArgs
 		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			k, err := s.be.GenerateKey(l.ctx, mech, tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, k)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.GenerateKey(l.ctx, mech, tmpl) })
 	})
 }
 
@@ -1056,8 +876,7 @@ func hapGenerateKeyPair(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, pubP C.CK_A
 			if err != nil {
 				return err
 			}
-			handleOut(phPub, pk)
-			handleOut(phPriv, sk)
+			*phPub, *phPriv = C.CK_OBJECT_HANDLE(pk), C.CK_OBJECT_HANDLE(sk)
 			return nil
 		})
 	})
@@ -1098,19 +917,11 @@ func hapUnwrapKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, unwrapping C.CK_O
 		if err != nil {
 			return err
 		}
-		if mech == nil || ph == nil {
+		if mech == nil {
 			return errArgs
 		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			k, err := s.be.UnwrapKey(l.ctx, mech, uint(unwrapping), blob, tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, k)
-			return nil
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) {
+			return s.be.UnwrapKey(l.ctx, mech, uint(unwrapping), blob, tmpl)
 		})
 	})
 }
@@ -1126,20 +937,10 @@ func hapDeriveKey(h C.CK_SESSION_HANDLE, m C.CK_MECHANISM_PTR, base C.CK_OBJECT_
 		if err != nil {
 			return err
 		}
-		if mech == nil || ph == nil {
+		if mech == nil {
 			return errArgs
 		}
-		return l.withSession(uint(h), func(s *appSession) error {
-			if err := l.writable(s, tmpl); err != nil {
-				return err
-			}
-			k, err := s.be.DeriveKey(l.ctx, mech, uint(base), tmpl)
-			if err != nil {
-				return err
-			}
-			handleOut(ph, k)
-			return nil
-		})
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.DeriveKey(l.ctx, mech, uint(base), tmpl) })
 	})
 }
 
@@ -1174,24 +975,6 @@ func hapGenerateRandom(h C.CK_SESSION_HANDLE, out C.CK_BYTE_PTR, n C.CK_ULONG) C
 			}
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), int(n)), b)
 			return nil
-		})
-	})
-}
-
-//export hapGetFunctionStatus
-func hapGetFunctionStatus(h C.CK_SESSION_HANDLE) C.CK_RV {
-	return call("C_GetFunctionStatus", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_PARALLEL)
-		})
-	})
-}
-
-//export hapCancelFunction
-func hapCancelFunction(h C.CK_SESSION_HANDLE) C.CK_RV {
-	return call("C_CancelFunction", func(l *library) error {
-		return l.withSession(uint(h), func(*appSession) error {
-			return ckErr(pkcs11.CKR_FUNCTION_NOT_PARALLEL)
 		})
 	})
 }

@@ -77,3 +77,14 @@ func findPublic(t *testing.T, p *pkcs11.Ctx, sh pkcs11.SessionHandle) pkcs11.Obj
 	}
 	return hs[0]
 }
+
+// op is what hapStep does below the C ABI (a test cannot use cgo): step st
+// of an operation on the application's session h, in its engine session.
+func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
+	s, err := l.opSession(h)
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	return s.be.Do(l.ctx, kind, st, in, sig, room)
+}

@@ -3,9 +3,10 @@
 /*
  * forward.c — one C entry point per PKCS#11 v2.40 function (except
  * C_Initialize, C_Finalize and C_GetFunctionList, in entry.c). Each runs
- * the entry guard (entry.h) and then calls the in-process engine (hapXxx
- * in abi.go) or, when this process is served by a helper, the C client's
- * stub (hap_rpc_Xxx in rpc_gen.c).
+ * the entry guard (entry.h) and then calls the in-process engine (abi.go:
+ * hapOpInit and hapStep for the operations, hapXxx for the rest) or, when
+ * this process is served by a helper, the C client's stub (hap_rpc_Xxx in
+ * rpc_gen.c).
  */
 #include "hapkcs11.h"
 #include "entry.h"
@@ -71,7 +72,7 @@ CK_RV C_InitToken(CK_SLOT_ID slotID, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen, CK
 CK_RV C_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPinLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_InitPIN(hSession, pPin, ulPinLen) : hapInitPIN(hSession, pPin, ulPinLen);
+	CK_RV rv = hap_remote() ? hap_rpc_InitPIN(hSession, pPin, ulPinLen) : hapRefuse(hSession, "C_InitPIN", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -79,7 +80,7 @@ CK_RV C_InitPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pPin, CK_ULONG ulPin
 CK_RV C_SetPIN(CK_SESSION_HANDLE hSession, CK_UTF8CHAR_PTR pOldPin, CK_ULONG ulOldLen, CK_UTF8CHAR_PTR pNewPin, CK_ULONG ulNewLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen) : hapSetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen);
+	CK_RV rv = hap_remote() ? hap_rpc_SetPIN(hSession, pOldPin, ulOldLen, pNewPin, ulNewLen) : hapRefuse(hSession, "C_SetPIN", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -119,7 +120,7 @@ CK_RV C_GetSessionInfo(CK_SESSION_HANDLE hSession, CK_SESSION_INFO_PTR pInfo)
 CK_RV C_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG_PTR pulOperationStateLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_GetOperationState(hSession, pOperationState, pulOperationStateLen) : hapGetOperationState(hSession, pOperationState, pulOperationStateLen);
+	CK_RV rv = hap_remote() ? hap_rpc_GetOperationState(hSession, pOperationState, pulOperationStateLen) : hapRefuse(hSession, "C_GetOperationState", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -127,7 +128,7 @@ CK_RV C_GetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationStat
 CK_RV C_SetOperationState(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pOperationState, CK_ULONG ulOperationStateLen, CK_OBJECT_HANDLE hEncryptionKey, CK_OBJECT_HANDLE hAuthenticationKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey) : hapSetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey);
+	CK_RV rv = hap_remote() ? hap_rpc_SetOperationState(hSession, pOperationState, ulOperationStateLen, hEncryptionKey, hAuthenticationKey) : hapRefuse(hSession, "C_SetOperationState", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -223,7 +224,7 @@ CK_RV C_FindObjectsFinal(CK_SESSION_HANDLE hSession)
 CK_RV C_EncryptInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_EncryptInit(hSession, pMechanism, hKey) : hapEncryptInit(hSession, pMechanism, hKey);
+	CK_RV rv = hap_remote() ? hap_rpc_EncryptInit(hSession, pMechanism, hKey) : hapOpInit(hSession, 2 /* Encrypt */, pMechanism, hKey);
 	HAP_LEAVE();
 	return rv;
 }
@@ -231,7 +232,7 @@ CK_RV C_EncryptInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_
 CK_RV C_Encrypt(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen, CK_BYTE_PTR pEncryptedData, CK_ULONG_PTR pulEncryptedDataLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_Encrypt(hSession, pData, ulDataLen, pEncryptedData, pulEncryptedDataLen) : hapEncrypt(hSession, pData, ulDataLen, pEncryptedData, pulEncryptedDataLen);
+	CK_RV rv = hap_remote() ? hap_rpc_Encrypt(hSession, pData, ulDataLen, pEncryptedData, pulEncryptedDataLen) : hapStep(hSession, 2 /* Encrypt */, 1, pData, ulDataLen, NULL, 0, pEncryptedData, pulEncryptedDataLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -239,7 +240,7 @@ CK_RV C_Encrypt(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLe
 CK_RV C_EncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_EncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_EncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapStep(hSession, 2 /* Encrypt */, 2, pPart, ulPartLen, NULL, 0, pEncryptedPart, pulEncryptedPartLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -247,7 +248,7 @@ CK_RV C_EncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ul
 CK_RV C_EncryptFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pLastEncryptedPart, CK_ULONG_PTR pulLastEncryptedPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_EncryptFinal(hSession, pLastEncryptedPart, pulLastEncryptedPartLen) : hapEncryptFinal(hSession, pLastEncryptedPart, pulLastEncryptedPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_EncryptFinal(hSession, pLastEncryptedPart, pulLastEncryptedPartLen) : hapStep(hSession, 2 /* Encrypt */, 3, NULL, 0, NULL, 0, pLastEncryptedPart, pulLastEncryptedPartLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -255,7 +256,7 @@ CK_RV C_EncryptFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pLastEncryptedPart,
 CK_RV C_DecryptInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DecryptInit(hSession, pMechanism, hKey) : hapDecryptInit(hSession, pMechanism, hKey);
+	CK_RV rv = hap_remote() ? hap_rpc_DecryptInit(hSession, pMechanism, hKey) : hapOpInit(hSession, 3 /* Decrypt */, pMechanism, hKey);
 	HAP_LEAVE();
 	return rv;
 }
@@ -263,7 +264,7 @@ CK_RV C_DecryptInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_
 CK_RV C_Decrypt(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedData, CK_ULONG ulEncryptedDataLen, CK_BYTE_PTR pData, CK_ULONG_PTR pulDataLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_Decrypt(hSession, pEncryptedData, ulEncryptedDataLen, pData, pulDataLen) : hapDecrypt(hSession, pEncryptedData, ulEncryptedDataLen, pData, pulDataLen);
+	CK_RV rv = hap_remote() ? hap_rpc_Decrypt(hSession, pEncryptedData, ulEncryptedDataLen, pData, pulDataLen) : hapStep(hSession, 3 /* Decrypt */, 1, pEncryptedData, ulEncryptedDataLen, NULL, 0, pData, pulDataLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -271,7 +272,7 @@ CK_RV C_Decrypt(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedData, CK_ULONG
 CK_RV C_DecryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DecryptUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapDecryptUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_DecryptUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapStep(hSession, 3 /* Decrypt */, 2, pEncryptedPart, ulEncryptedPartLen, NULL, 0, pPart, pulPartLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -279,7 +280,7 @@ CK_RV C_DecryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK
 CK_RV C_DecryptFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pLastPart, CK_ULONG_PTR pulLastPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DecryptFinal(hSession, pLastPart, pulLastPartLen) : hapDecryptFinal(hSession, pLastPart, pulLastPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_DecryptFinal(hSession, pLastPart, pulLastPartLen) : hapStep(hSession, 3 /* Decrypt */, 3, NULL, 0, NULL, 0, pLastPart, pulLastPartLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -287,7 +288,7 @@ CK_RV C_DecryptFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pLastPart, CK_ULONG
 CK_RV C_DigestInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DigestInit(hSession, pMechanism) : hapDigestInit(hSession, pMechanism);
+	CK_RV rv = hap_remote() ? hap_rpc_DigestInit(hSession, pMechanism) : hapOpInit(hSession, 4 /* Digest */, pMechanism, 0);
 	HAP_LEAVE();
 	return rv;
 }
@@ -295,7 +296,7 @@ CK_RV C_DigestInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism)
 CK_RV C_Digest(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen, CK_BYTE_PTR pDigest, CK_ULONG_PTR pulDigestLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_Digest(hSession, pData, ulDataLen, pDigest, pulDigestLen) : hapDigest(hSession, pData, ulDataLen, pDigest, pulDigestLen);
+	CK_RV rv = hap_remote() ? hap_rpc_Digest(hSession, pData, ulDataLen, pDigest, pulDigestLen) : hapStep(hSession, 4 /* Digest */, 1, pData, ulDataLen, NULL, 0, pDigest, pulDigestLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -303,7 +304,7 @@ CK_RV C_Digest(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen
 CK_RV C_DigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DigestUpdate(hSession, pPart, ulPartLen) : hapDigestUpdate(hSession, pPart, ulPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_DigestUpdate(hSession, pPart, ulPartLen) : hapStep(hSession, 4 /* Digest */, 2, pPart, ulPartLen, NULL, 0, NULL, NULL, 0);
 	HAP_LEAVE();
 	return rv;
 }
@@ -319,7 +320,7 @@ CK_RV C_DigestKey(CK_SESSION_HANDLE hSession, CK_OBJECT_HANDLE hKey)
 CK_RV C_DigestFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pDigest, CK_ULONG_PTR pulDigestLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DigestFinal(hSession, pDigest, pulDigestLen) : hapDigestFinal(hSession, pDigest, pulDigestLen);
+	CK_RV rv = hap_remote() ? hap_rpc_DigestFinal(hSession, pDigest, pulDigestLen) : hapStep(hSession, 4 /* Digest */, 3, NULL, 0, NULL, 0, pDigest, pulDigestLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -327,7 +328,7 @@ CK_RV C_DigestFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pDigest, CK_ULONG_PT
 CK_RV C_SignInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignInit(hSession, pMechanism, hKey) : hapSignInit(hSession, pMechanism, hKey);
+	CK_RV rv = hap_remote() ? hap_rpc_SignInit(hSession, pMechanism, hKey) : hapOpInit(hSession, 0 /* Sign */, pMechanism, hKey);
 	HAP_LEAVE();
 	return rv;
 }
@@ -335,7 +336,7 @@ CK_RV C_SignInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJ
 CK_RV C_Sign(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen, CK_BYTE_PTR pSignature, CK_ULONG_PTR pulSignatureLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_Sign(hSession, pData, ulDataLen, pSignature, pulSignatureLen) : hapSign(hSession, pData, ulDataLen, pSignature, pulSignatureLen);
+	CK_RV rv = hap_remote() ? hap_rpc_Sign(hSession, pData, ulDataLen, pSignature, pulSignatureLen) : hapStep(hSession, 0 /* Sign */, 1, pData, ulDataLen, NULL, 0, pSignature, pulSignatureLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -343,7 +344,7 @@ CK_RV C_Sign(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen, 
 CK_RV C_SignUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignUpdate(hSession, pPart, ulPartLen) : hapSignUpdate(hSession, pPart, ulPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_SignUpdate(hSession, pPart, ulPartLen) : hapStep(hSession, 0 /* Sign */, 2, pPart, ulPartLen, NULL, 0, NULL, NULL, 0);
 	HAP_LEAVE();
 	return rv;
 }
@@ -351,7 +352,7 @@ CK_RV C_SignUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPar
 CK_RV C_SignFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG_PTR pulSignatureLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignFinal(hSession, pSignature, pulSignatureLen) : hapSignFinal(hSession, pSignature, pulSignatureLen);
+	CK_RV rv = hap_remote() ? hap_rpc_SignFinal(hSession, pSignature, pulSignatureLen) : hapStep(hSession, 0 /* Sign */, 3, NULL, 0, NULL, 0, pSignature, pulSignatureLen, 1);
 	HAP_LEAVE();
 	return rv;
 }
@@ -359,7 +360,7 @@ CK_RV C_SignFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG_P
 CK_RV C_SignRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignRecoverInit(hSession, pMechanism, hKey) : hapSignRecoverInit(hSession, pMechanism, hKey);
+	CK_RV rv = hap_remote() ? hap_rpc_SignRecoverInit(hSession, pMechanism, hKey) : hapRefuse(hSession, "C_SignRecoverInit", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -367,7 +368,7 @@ CK_RV C_SignRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism,
 CK_RV C_SignRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen, CK_BYTE_PTR pSignature, CK_ULONG_PTR pulSignatureLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignRecover(hSession, pData, ulDataLen, pSignature, pulSignatureLen) : hapSignRecover(hSession, pData, ulDataLen, pSignature, pulSignatureLen);
+	CK_RV rv = hap_remote() ? hap_rpc_SignRecover(hSession, pData, ulDataLen, pSignature, pulSignatureLen) : hapRefuse(hSession, "C_SignRecover", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -375,7 +376,7 @@ CK_RV C_SignRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDa
 CK_RV C_VerifyInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_VerifyInit(hSession, pMechanism, hKey) : hapVerifyInit(hSession, pMechanism, hKey);
+	CK_RV rv = hap_remote() ? hap_rpc_VerifyInit(hSession, pMechanism, hKey) : hapOpInit(hSession, 1 /* Verify */, pMechanism, hKey);
 	HAP_LEAVE();
 	return rv;
 }
@@ -383,7 +384,7 @@ CK_RV C_VerifyInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_O
 CK_RV C_Verify(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen, CK_BYTE_PTR pSignature, CK_ULONG ulSignatureLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_Verify(hSession, pData, ulDataLen, pSignature, ulSignatureLen) : hapVerify(hSession, pData, ulDataLen, pSignature, ulSignatureLen);
+	CK_RV rv = hap_remote() ? hap_rpc_Verify(hSession, pData, ulDataLen, pSignature, ulSignatureLen) : hapStep(hSession, 1 /* Verify */, 1, pData, ulDataLen, pSignature, ulSignatureLen, NULL, NULL, 0);
 	HAP_LEAVE();
 	return rv;
 }
@@ -391,7 +392,7 @@ CK_RV C_Verify(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pData, CK_ULONG ulDataLen
 CK_RV C_VerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_VerifyUpdate(hSession, pPart, ulPartLen) : hapVerifyUpdate(hSession, pPart, ulPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_VerifyUpdate(hSession, pPart, ulPartLen) : hapStep(hSession, 1 /* Verify */, 2, pPart, ulPartLen, NULL, 0, NULL, NULL, 0);
 	HAP_LEAVE();
 	return rv;
 }
@@ -399,7 +400,7 @@ CK_RV C_VerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulP
 CK_RV C_VerifyFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG ulSignatureLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_VerifyFinal(hSession, pSignature, ulSignatureLen) : hapVerifyFinal(hSession, pSignature, ulSignatureLen);
+	CK_RV rv = hap_remote() ? hap_rpc_VerifyFinal(hSession, pSignature, ulSignatureLen) : hapStep(hSession, 1 /* Verify */, 3, NULL, 0, pSignature, ulSignatureLen, NULL, NULL, 0);
 	HAP_LEAVE();
 	return rv;
 }
@@ -407,7 +408,7 @@ CK_RV C_VerifyFinal(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG
 CK_RV C_VerifyRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanism, CK_OBJECT_HANDLE hKey)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecoverInit(hSession, pMechanism, hKey) : hapVerifyRecoverInit(hSession, pMechanism, hKey);
+	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecoverInit(hSession, pMechanism, hKey) : hapRefuse(hSession, "C_VerifyRecoverInit", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -415,7 +416,7 @@ CK_RV C_VerifyRecoverInit(CK_SESSION_HANDLE hSession, CK_MECHANISM_PTR pMechanis
 CK_RV C_VerifyRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULONG ulSignatureLen, CK_BYTE_PTR pData, CK_ULONG_PTR pulDataLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecover(hSession, pSignature, ulSignatureLen, pData, pulDataLen) : hapVerifyRecover(hSession, pSignature, ulSignatureLen, pData, pulDataLen);
+	CK_RV rv = hap_remote() ? hap_rpc_VerifyRecover(hSession, pSignature, ulSignatureLen, pData, pulDataLen) : hapRefuse(hSession, "C_VerifyRecover", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -423,7 +424,7 @@ CK_RV C_VerifyRecover(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pSignature, CK_ULO
 CK_RV C_DigestEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DigestEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapDigestEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_DigestEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapRefuse(hSession, "C_DigestEncryptUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -431,7 +432,7 @@ CK_RV C_DigestEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_UL
 CK_RV C_DecryptDigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DecryptDigestUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapDecryptDigestUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_DecryptDigestUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapRefuse(hSession, "C_DecryptDigestUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -439,7 +440,7 @@ CK_RV C_DecryptDigestUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPa
 CK_RV C_SignEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULONG ulPartLen, CK_BYTE_PTR pEncryptedPart, CK_ULONG_PTR pulEncryptedPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_SignEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapSignEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_SignEncryptUpdate(hSession, pPart, ulPartLen, pEncryptedPart, pulEncryptedPartLen) : hapRefuse(hSession, "C_SignEncryptUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -447,7 +448,7 @@ CK_RV C_SignEncryptUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pPart, CK_ULON
 CK_RV C_DecryptVerifyUpdate(CK_SESSION_HANDLE hSession, CK_BYTE_PTR pEncryptedPart, CK_ULONG ulEncryptedPartLen, CK_BYTE_PTR pPart, CK_ULONG_PTR pulPartLen)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_DecryptVerifyUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapDecryptVerifyUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen);
+	CK_RV rv = hap_remote() ? hap_rpc_DecryptVerifyUpdate(hSession, pEncryptedPart, ulEncryptedPartLen, pPart, pulPartLen) : hapRefuse(hSession, "C_DecryptVerifyUpdate", CKR_FUNCTION_NOT_SUPPORTED);
 	HAP_LEAVE();
 	return rv;
 }
@@ -511,7 +512,7 @@ CK_RV C_GenerateRandom(CK_SESSION_HANDLE hSession, CK_BYTE_PTR RandomData, CK_UL
 CK_RV C_GetFunctionStatus(CK_SESSION_HANDLE hSession)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_GetFunctionStatus(hSession) : hapGetFunctionStatus(hSession);
+	CK_RV rv = hap_remote() ? hap_rpc_GetFunctionStatus(hSession) : hapRefuse(hSession, "C_GetFunctionStatus", CKR_FUNCTION_NOT_PARALLEL);
 	HAP_LEAVE();
 	return rv;
 }
@@ -519,7 +520,7 @@ CK_RV C_GetFunctionStatus(CK_SESSION_HANDLE hSession)
 CK_RV C_CancelFunction(CK_SESSION_HANDLE hSession)
 {
 	HAP_ENTER();
-	CK_RV rv = hap_remote() ? hap_rpc_CancelFunction(hSession) : hapCancelFunction(hSession);
+	CK_RV rv = hap_remote() ? hap_rpc_CancelFunction(hSession) : hapRefuse(hSession, "C_CancelFunction", CKR_FUNCTION_NOT_PARALLEL);
 	HAP_LEAVE();
 	return rv;
 }

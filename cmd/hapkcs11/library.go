@@ -364,26 +364,6 @@ func (l *library) opInit(h uint, kind group.OpKind, m *pkcs11.Mechanism, key uin
 	return s.be.Init(l.ctx, kind, m, key)
 }
 
-// op runs step st of an operation: in is the data, sig the signature
-// (C_Verify, C_VerifyFinal), room what the caller's buffer takes
-// (group.RoomAny for a step without output). The output comes back with
-// CKR_BUFFER_TOO_SMALL too: its length is the application's answer. (The
-// caller hands it out, so that the C buffer is no interface value to
-// allocate per call.)
-func (l *library) op(h uint, kind group.OpKind, st group.Step, in, sig []byte, room group.Room) ([]byte, error) {
-	s, err := l.opSession(h)
-	if err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	return s.be.Do(l.ctx, kind, st, in, sig, room)
-}
-
-// digestKey runs C_DigestKey.
-func (l *library) digestKey(h, key uint) error {
-	return l.withSession(h, func(s *appSession) error { return s.be.DigestKey(l.ctx, key) })
-}
-
 // findInit, findNext and findFinal keep one search per session; the
 // backend answers the whole search at once.
 func (l *library) findInit(h uint, tmpl []*pkcs11.Attribute) error {

@@ -27,7 +27,9 @@ import (
 // attempt may have a second one beside it on another member (hedge.go):
 // their answers come back here one at a time and are charged here, but
 // for the one exec no longer waits for, which race.abandon charges by
-// the same rule (a member.Verdict).
+// the same rule (a member.Verdict). A single-part call that changes
+// nothing (hedged, at the end) is exec with such a race when the group
+// hedges.
 
 // errAbsent says a member does not hold the object (not its fault). It
 // never leaves this file and resolve.
@@ -445,4 +447,89 @@ func (g *Group) account(ctx context.Context, m *member.Member, start time.Time, 
 func (g *Group) lostLogin(err error) bool {
 	who, in := g.LoggedIn()
 	return in && who == pkcs11.CKU_USER && slot.CodeOf(err) == pkcs11.CKR_USER_NOT_LOGGED_IN
+}
+
+// singleCall is one single-part call and its arguments, to run on a
+// member's slot with the physical handles of the plan's objects. A value,
+// not a closure: the call is copied to the heap only when it is hedged
+// (raced), so an unhedged call allocates nothing for it.
+type singleCall interface {
+	call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error)
+}
+
+// hedged runs a single-part call that leaves no state on a member and
+// changes no object, with failover, and raced on two members when the
+// group hedges and a member is late (hedge.go). c uses the ctx it is
+// given: an attempt's, which the caller's end does not cut short.
+func hedged[C singleCall](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C) ([]byte, error) {
+	if d := g.hedgeDelayFor(); d > 0 {
+		return raced(ctx, g, op, objs, c, d)
+	}
+	var out []byte
+	_, err := g.exec(ctx, plan{op: op, objs: objs}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		out, err = c.call(ctx, s, hs)
+		return err
+	})
+	return out, err
+}
+
+// raced is hedged with a race: each member's answer is kept apart, and
+// the one of the member that served is returned.
+func raced[C singleCall](ctx context.Context, g *Group, op string, objs []*vtable.Object, c C, delay time.Duration) ([]byte, error) {
+	var (
+		mu   sync.Mutex
+		outs []memberAnswer
+	)
+	fn := func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		out, err := c.call(ctx, s, hs)
+		if err == nil {
+			mu.Lock()
+			outs = append(outs, memberAnswer{m, out})
+			mu.Unlock()
+		}
+		return err
+	}
+	p := plan{op: op, objs: objs}
+	p.race = g.newRace(p, fn, delay)
+	m, err := g.exec(ctx, p, fn)
+	if err != nil {
+		return nil, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, a := range outs {
+		if a.m == m {
+			return a.out, nil
+		}
+	}
+	return nil, nil // (unreachable: m served, so its answer is here)
+}
+
+// memberAnswer is one member's answer to a hedged call.
+type memberAnswer struct {
+	m   *member.Member
+	out []byte
+}
+
+// shotCall is the single-part call of operation k (C_Sign …: its Init
+// with mech, then the call on data; sig for a verification) with the
+// plan's one key, none for a digest.
+type shotCall struct {
+	k         OpKind
+	mech      *pkcs11.Mechanism
+	data, sig []byte
+}
+
+func (c shotCall) call(ctx context.Context, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]byte, error) {
+	var key pkcs11.ObjectHandle
+	if len(hs) > 0 {
+		key = hs[0]
+	}
+	return s.Single(ctx, c.k, c.mech, key, c.data, c.sig)
+}
+
+type randomCall struct{ n int }
+
+func (c randomCall) call(ctx context.Context, s *slot.Slot, _ []pkcs11.ObjectHandle) ([]byte, error) {
+	return s.GenerateRandom(ctx, c.n)
 }

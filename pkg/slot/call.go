@@ -16,14 +16,97 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// Every module call of a session goes through run, which dispatches it as
-// the member's Spec.Dispatch says (dispatch.go): on the caller's goroutine
+// The way down of a call, in this file: Single (an Init and its
+// single-part call in one crossing) or another of the operations, then do
+// on a pooled session (slot.go keeps the pool) or Session.callWith on a
+// dedicated one, then runWith, the one way every module call of a session
+// goes. runWith dispatches it
+// as the member's Spec.Dispatch says (dispatch.go): on the caller's goroutine
 // (inline) or on the session's worker, abandoned at its deadline (handoff).
 // Right before the module call (below the Interceptor: an injected fault
 // holds no lock) it takes the token's object lock, a quirk of SoftHSM's
 // (internal/tokenquirk), and lets it go when the module call returns,
 // however late. The wait for the lock is not part of the call's deadline:
 // the caller, or the inline watchdog, extends the deadline by it.
+
+// Single makes the single-part operation k (on a Slot, on a pooled
+// session): its Init with m and key (none for a digest), then its
+// single-part call on in. For KindVerify, sig is the signature and the
+// output nil; a bad signature is CKR_SIGNATURE_INVALID (class request).
+func (o operations) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
+	if err := checkMech(o.member(), kinds[k].op, m); err != nil {
+		return nil, err
+	}
+	a := &shotArgs{k: k, m: m, key: key, in: in, sig: sig}
+	if err := o.run(ctx, kinds[k].op, o.on.cmdTimeout, nil, a); err != nil {
+		return nil, err
+	}
+	return a.out, nil
+}
+
+// do runs fn (or one-shot a, fn nil: shot.go) on a pooled session: it
+// borrows one (waiting, bounded by ctx, while all are lent out), runs the
+// call under timeout inside the slot's gate, and returns the session to
+// the pool, or discards it after a session-level error.
+func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
+	if q := s.quarantined.Load(); q >= int64(s.capacity) {
+		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
+	}
+	select {
+	case s.permits <- struct{}{}:
+	default:
+		select {
+		case s.permits <- struct{}{}:
+		case <-ctx.Done():
+			return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("waiting for a free session: %w", ctx.Err())}
+		case <-s.closedCh:
+			return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+		}
+	}
+	x, err := s.take(ctx, op)
+	if err == nil {
+		err = x.runWith(ctx, op, timeout, fn, a)
+		s.giveBack(x, err)
+		s.gate.leave()
+	}
+	<-s.permits
+	if s.loginLost(err) {
+		s.checkLogin(ctx)
+	}
+	return err
+}
+
+// take enters the slot's gate and borrows a session of the current
+// generation for a call of op; on an error it has left the gate.
+func (s *Slot) take(ctx context.Context, op Op) (*sess, error) {
+	if err := s.gate.enter(ctx); err != nil {
+		return nil, &Error{Member: s.spec.Name, Op: op, Err: err}
+	}
+	var err error
+	if st := s.st.Load(); s.closed.Load() {
+		err = &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
+	} else if err = st.err; err == nil {
+		var x *sess
+		if x, err = s.borrow(ctx, st); err == nil {
+			return x, nil
+		}
+	}
+	s.gate.leave()
+	return nil, err
+}
+
+// giveBack returns x to the pool after a call that ended with err, or
+// discards it after a session-level error (a quarantined one is dead).
+func (s *Slot) giveBack(x *sess, err error) {
+	switch {
+	case x.dead: // quarantined
+		s.stats.open.Add(-1)
+	case isSessionFatal(err):
+		s.discard(x)
+	default:
+		s.idle.put(x)
+	}
+}
 
 // Session states, for the race between a worker finishing and its caller
 // giving up.
@@ -209,14 +292,13 @@ func (x *sess) afterAbandon() {
 	x.owner.unhold()
 }
 
-// run makes call fn for op on x, at most timeout under handoff and not
-// beyond ctx. On timeout the error wraps ErrTimeout; on ctx the error wraps
-// ctx.Err(); in both cases the session is quarantined and dead.
-func (x *sess) run(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error) error {
-	return x.runWith(ctx, op, timeout, fn, nil)
-}
-
-// runWith is run for fn, or, with fn nil, for one-shot a (shot.go).
+// runWith makes call fn for op on x, or, with fn nil, one-shot a
+// (shot.go), at most timeout and not beyond ctx. On timeout the error
+// wraps ErrTimeout; on ctx the error wraps ctx.Err(); in both cases the
+// session is quarantined and dead. Under handoff it posts the call to the
+// worker and waits for its answer, the deadline or ctx (and comes back to
+// its Late, if it has one); the caller spins for as long as a wake-up costs
+// (callerSpin) and then sleeps.
 func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := x.owner
 	if x.dead {
@@ -237,25 +319,6 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 	if !x.worker {
 		return x.runInline(op, timeout)
 	}
-	return x.runHandoff(ctx, op, timeout)
-}
-
-// objectAccess is what op does to the token's objects.
-func objectAccess(op Op) tokenquirk.Access {
-	switch op {
-	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
-		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
-		return tokenquirk.Write
-	case OpFindObjects, OpGetAttributes:
-		return tokenquirk.Read
-	}
-	return tokenquirk.None
-}
-
-// runHandoff posts the call to the worker and waits for its answer, the
-// deadline or ctx (and comes back to its Late, if it has one). The caller
-// spins for as long as a wake-up costs (callerSpin) and then sleeps.
-func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) error {
 	late := lateFor(ctx, timeout)
 	if late != nil && late.wasOvertaken() {
 		// Another member answered while an earlier call of this attempt
@@ -312,6 +375,18 @@ func (x *sess) runHandoff(ctx context.Context, op Op, timeout time.Duration) err
 		late.abandoned()
 	}
 	return cause
+}
+
+// objectAccess is what op does to the token's objects.
+func objectAccess(op Op) tokenquirk.Access {
+	switch op {
+	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
+		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
+		return tokenquirk.Write
+	case OpFindObjects, OpGetAttributes:
+		return tokenquirk.Read
+	}
+	return tokenquirk.None
 }
 
 // watch makes ctx's cancellation cancel the call in flight. The
@@ -393,11 +468,11 @@ func (x *sess) retire(timeout time.Duration) {
 		return
 	}
 	if x.open {
-		_ = x.run(context.Background(), opCloseSession, timeout, func(x *sess) error {
+		_ = x.runWith(context.Background(), opCloseSession, timeout, func(x *sess) error {
 			err := x.ctx.CloseSession(x.h)
 			x.open = false
 			return err
-		})
+		}, nil)
 	}
 	if x.dead {
 		return // the close hung; the worker cleans up
@@ -414,12 +489,12 @@ func (x *sess) retire(timeout time.Duration) {
 
 // openOn opens the session on slot id (CKF_SERIAL_SESSION|CKF_RW_SESSION).
 func (x *sess) openOn(ctx context.Context, id uint, timeout time.Duration) error {
-	return x.run(ctx, OpOpenSession, timeout, func(x *sess) error {
+	return x.runWith(ctx, OpOpenSession, timeout, func(x *sess) error {
 		h, err := x.ctx.OpenSession(id, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 		if err != nil {
 			return err
 		}
 		x.h, x.open = h, true
 		return nil
-	})
+	}, nil)
 }

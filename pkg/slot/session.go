@@ -88,19 +88,7 @@ func (ss *Session) Init(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pk
 	if err := checkMech(ss.member(), op, m); err != nil {
 		return err
 	}
-	return ss.call(ctx, op, false, func(x *sess) error {
-		switch k {
-		case KindSign:
-			return x.ctx.SignInit(x.h, mechs(m), key)
-		case KindVerify:
-			return x.ctx.VerifyInit(x.h, mechs(m), key)
-		case KindEncrypt:
-			return x.ctx.EncryptInit(x.h, mechs(m), key)
-		case KindDecrypt:
-			return x.ctx.DecryptInit(x.h, mechs(m), key)
-		}
-		return x.ctx.DigestInit(x.h, mechs(m))
-	})
+	return ss.call(ctx, op, false, func(x *sess) error { return x.initOp(k, m, key) })
 }
 
 // Initialized makes k's single-part call (C_Sign …) in an operation the
@@ -109,56 +97,20 @@ func (ss *Session) Init(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pk
 // call, as on a bare token. For KindVerify, sig is the signature and the
 // output nil.
 func (ss *Session) Initialized(ctx context.Context, k Kind, in, sig []byte) ([]byte, error) {
-	return result(ctx, ss.operations, kinds[k].op, false, func(x *sess) ([]byte, error) {
-		switch k {
-		case KindSign:
-			return x.ctx.Sign(x.h, in)
-		case KindVerify:
-			return nil, x.ctx.Verify(x.h, in, sig)
-		case KindEncrypt:
-			return x.ctx.Encrypt(x.h, in)
-		case KindDecrypt:
-			return x.ctx.Decrypt(x.h, in)
-		}
-		return x.ctx.Digest(x.h, in)
-	})
+	return result(ctx, ss.operations, kinds[k].op, false, func(x *sess) ([]byte, error) { return x.singleOp(k, in, sig) })
 }
 
 // Update feeds in to the multi-part operation k and returns the output it
 // yields (none for a signature, a verification or a digest).
 func (ss *Session) Update(ctx context.Context, k Kind, in []byte) ([]byte, error) {
-	return result(ctx, ss.operations, kinds[k].update, false, func(x *sess) ([]byte, error) {
-		switch k {
-		case KindSign:
-			return nil, x.ctx.SignUpdate(x.h, in)
-		case KindVerify:
-			return nil, x.ctx.VerifyUpdate(x.h, in)
-		case KindEncrypt:
-			return x.ctx.EncryptUpdate(x.h, in)
-		case KindDecrypt:
-			return x.ctx.DecryptUpdate(x.h, in)
-		}
-		return nil, x.ctx.DigestUpdate(x.h, in)
-	})
+	return result(ctx, ss.operations, kinds[k].update, false, func(x *sess) ([]byte, error) { return x.updateOp(k, in) })
 }
 
 // Final ends the multi-part operation k and returns its last output (the
 // signature, the digest). For KindVerify it checks sig: a bad signature
 // is CKR_SIGNATURE_INVALID.
 func (ss *Session) Final(ctx context.Context, k Kind, sig []byte) ([]byte, error) {
-	return result(ctx, ss.operations, kinds[k].final, false, func(x *sess) ([]byte, error) {
-		switch k {
-		case KindSign:
-			return x.ctx.SignFinal(x.h)
-		case KindVerify:
-			return nil, x.ctx.VerifyFinal(x.h, sig)
-		case KindEncrypt:
-			return x.ctx.EncryptFinal(x.h)
-		case KindDecrypt:
-			return x.ctx.DecryptFinal(x.h)
-		}
-		return x.ctx.DigestFinal(x.h)
-	})
+	return result(ctx, ss.operations, kinds[k].final, false, func(x *sess) ([]byte, error) { return x.finalOp(k, sig) })
 }
 
 // keyDigester is a module that can digest a key's value (miekg's context

@@ -1,10 +1,8 @@
 package slot
 
 import (
-	"context"
-	"github.com/hagroup/hagroup/internal/tokenquirk"
-
 	"github.com/hagroup/hagroup/internal/p11raw"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/miekg/pkcs11"
 )
 
@@ -69,21 +67,6 @@ type shotArgs struct {
 	out     []byte
 }
 
-// Single makes the single-part operation k (on a Slot, on a pooled
-// session): its Init with m and key (none for a digest), then its
-// single-part call on in. For KindVerify, sig is the signature and the
-// output nil; a bad signature is CKR_SIGNATURE_INVALID (class request).
-func (o operations) Single(ctx context.Context, k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle, in, sig []byte) ([]byte, error) {
-	if err := checkMech(o.member(), kinds[k].op, m); err != nil {
-		return nil, err
-	}
-	a := &shotArgs{k: k, m: m, key: key, in: in, sig: sig}
-	if err := o.run(ctx, kinds[k].op, o.on.cmdTimeout, nil, a); err != nil {
-		return nil, err
-	}
-	return a.out, nil
-}
-
 // setShot copies a into the session's C memory for C to make, and reports
 // whether it can.
 func (x *sess) setShot(a *shotArgs) bool {
@@ -107,28 +90,8 @@ func (x *sess) single(a *shotArgs) (err error) {
 		a.out, err = x.shotResult()
 		return err
 	}
-	m := mechs(a.m)
-	switch a.k {
-	case KindSign:
-		if err = x.ctx.SignInit(x.h, m, a.key); err == nil {
-			a.out, err = x.ctx.Sign(x.h, a.in)
-		}
-	case KindVerify:
-		if err = x.ctx.VerifyInit(x.h, m, a.key); err == nil {
-			err = x.ctx.Verify(x.h, a.in, a.sig)
-		}
-	case KindEncrypt:
-		if err = x.ctx.EncryptInit(x.h, m, a.key); err == nil {
-			a.out, err = x.ctx.Encrypt(x.h, a.in)
-		}
-	case KindDecrypt:
-		if err = x.ctx.DecryptInit(x.h, m, a.key); err == nil {
-			a.out, err = x.ctx.Decrypt(x.h, a.in)
-		}
-	default:
-		if err = x.ctx.DigestInit(x.h, m); err == nil {
-			a.out, err = x.ctx.Digest(x.h, a.in)
-		}
+	if err = x.initOp(a.k, a.m, a.key); err == nil {
+		a.out, err = x.singleOp(a.k, a.in, a.sig)
 	}
 	return err
 }
@@ -140,4 +103,65 @@ func (x *sess) shotResult() ([]byte, error) {
 		x.outHint = len(out) // the next output of the session is likely as long
 	}
 	return out, err
+}
+
+// The calls of family k through miekg, for what a Shot cannot carry and
+// for a dedicated session's multi-part operations: the single-part call
+// and Final take the signature a verification checks, and each returns
+// its output (nil where the family has none).
+
+func (x *sess) initOp(k Kind, m *pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
+	switch k {
+	case KindSign:
+		return x.ctx.SignInit(x.h, mechs(m), key)
+	case KindVerify:
+		return x.ctx.VerifyInit(x.h, mechs(m), key)
+	case KindEncrypt:
+		return x.ctx.EncryptInit(x.h, mechs(m), key)
+	case KindDecrypt:
+		return x.ctx.DecryptInit(x.h, mechs(m), key)
+	}
+	return x.ctx.DigestInit(x.h, mechs(m))
+}
+
+func (x *sess) singleOp(k Kind, in, sig []byte) ([]byte, error) {
+	switch k {
+	case KindSign:
+		return x.ctx.Sign(x.h, in)
+	case KindVerify:
+		return nil, x.ctx.Verify(x.h, in, sig)
+	case KindEncrypt:
+		return x.ctx.Encrypt(x.h, in)
+	case KindDecrypt:
+		return x.ctx.Decrypt(x.h, in)
+	}
+	return x.ctx.Digest(x.h, in)
+}
+
+func (x *sess) updateOp(k Kind, in []byte) ([]byte, error) {
+	switch k {
+	case KindSign:
+		return nil, x.ctx.SignUpdate(x.h, in)
+	case KindVerify:
+		return nil, x.ctx.VerifyUpdate(x.h, in)
+	case KindEncrypt:
+		return x.ctx.EncryptUpdate(x.h, in)
+	case KindDecrypt:
+		return x.ctx.DecryptUpdate(x.h, in)
+	}
+	return nil, x.ctx.DigestUpdate(x.h, in)
+}
+
+func (x *sess) finalOp(k Kind, sig []byte) ([]byte, error) {
+	switch k {
+	case KindSign:
+		return x.ctx.SignFinal(x.h)
+	case KindVerify:
+		return nil, x.ctx.VerifyFinal(x.h, sig)
+	case KindEncrypt:
+		return x.ctx.EncryptFinal(x.h)
+	case KindDecrypt:
+		return x.ctx.DecryptFinal(x.h)
+	}
+	return x.ctx.DigestFinal(x.h)
 }

@@ -10,18 +10,11 @@ import (
 
 // operations are the calls a Slot (on a pooled session per call) and a
 // Session (on its dedicated session) share, written once here; both embed
-// them. ss is nil for a Slot.
+// them. run makes one call, fn or the one-shot a when fn is nil (shot.go):
+// Slot.do for a Slot, Session.callWith for a Session.
 type operations struct {
-	on *Slot
-	ss *Session
-}
-
-// run makes one call: fn, or the one-shot a when fn is nil (shot.go).
-func (o operations) run(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, a *shotArgs) error {
-	if o.ss != nil {
-		return o.ss.callWith(ctx, op, t, fn, a)
-	}
-	return o.on.do(ctx, op, t, fn, a)
+	on  *Slot
+	run func(ctx context.Context, op Op, t time.Duration, fn func(*sess) error, a *shotArgs) error
 }
 
 // call runs fn under the command timeout, or under the key generation

@@ -2,12 +2,11 @@ package slot
 
 import (
 	"context"
-	"fmt"
-	"github.com/hagroup/hagroup/internal/initargs"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/initargs"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot/dispatch"
@@ -140,7 +139,7 @@ func Open(ctx context.Context, spec Spec) (*Slot, error) {
 		closedCh:   make(chan struct{}),
 		dedicated:  make(map[*Session]struct{}),
 	}
-	s.operations = operations{on: s}
+	s.operations = operations{on: s, run: s.do}
 	s.holds.Store(1)
 	c := modules.current(mod)
 	tok, err := findToken(ctx, &s.spec, q, mod, s.cmdTimeout)
@@ -301,7 +300,7 @@ func (s *Slot) anchorCall(ctx context.Context, op Op, fn func(*sess) error) erro
 	if err != nil {
 		return err
 	}
-	err = a.run(ctx, op, s.cmdTimeout, fn)
+	err = a.runWith(ctx, op, s.cmdTimeout, fn, nil)
 	if err != nil && isSessionFatal(err) {
 		a.retire(s.cmdTimeout)
 		s.anchor = nil
@@ -376,11 +375,11 @@ func (s *Slot) forgetPINLocked() {
 // nobody is logged in, and bumps Epoch when it did. Callers hold s.mu.
 func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	var state uint
-	err := a.run(ctx, OpSessionInfo, s.cmdTimeout, func(x *sess) error {
+	err := a.runWith(ctx, OpSessionInfo, s.cmdTimeout, func(x *sess) error {
 		si, err := x.ctx.GetSessionInfo(x.h)
 		state = si.State
 		return err
-	})
+	}, nil)
 	if err != nil {
 		return err
 	}
@@ -389,9 +388,9 @@ func (s *Slot) reloginLocked(ctx context.Context, a *sess) error {
 	}
 	pin := s.pin
 	err = s.retryTorn(ctx, func() error {
-		return a.run(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
+		return a.runWith(ctx, OpLogin, s.cmdTimeout, func(x *sess) error {
 			return x.ctx.Login(x.h, pkcs11.CKU_USER, pin.Reveal())
-		})
+		}, nil)
 	})
 	if code, ok := codeIn(err); err != nil && (!ok || code != pkcs11.CKR_USER_ALREADY_LOGGED_IN) {
 		s.loggedIn.Store(false)
@@ -618,75 +617,11 @@ func (s *Slot) OpenSession(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	ss := &Session{s: s, x: x, gen: st.gen}
-	ss.operations = operations{on: s, ss: ss}
+	ss.operations = operations{on: s, run: ss.callWith}
 	s.dmu.Lock()
 	s.dedicated[ss] = struct{}{}
 	s.dmu.Unlock()
 	return ss, nil
-}
-
-// do runs fn (or one-shot a, fn nil: shot.go) on a pooled session: it
-// borrows one (waiting, bounded by ctx, while all are lent out), runs the
-// call under timeout inside the slot's gate, and returns the session to
-// the pool, or discards it after a session-level error.
-func (s *Slot) do(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
-	if q := s.quarantined.Load(); q >= int64(s.capacity) {
-		return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("%w: %d calls still hung in the module", ErrTimeout, q)}
-	}
-	select {
-	case s.permits <- struct{}{}:
-	default:
-		select {
-		case s.permits <- struct{}{}:
-		case <-ctx.Done():
-			return &Error{Member: s.spec.Name, Op: op, Err: fmt.Errorf("waiting for a free session: %w", ctx.Err())}
-		case <-s.closedCh:
-			return &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
-		}
-	}
-	x, err := s.take(ctx, op)
-	if err == nil {
-		err = x.runWith(ctx, op, timeout, fn, a)
-		s.giveBack(x, err)
-		s.gate.leave()
-	}
-	<-s.permits
-	if s.loginLost(err) {
-		s.checkLogin(ctx)
-	}
-	return err
-}
-
-// take enters the slot's gate and borrows a session of the current
-// generation for a call of op; on an error it has left the gate.
-func (s *Slot) take(ctx context.Context, op Op) (*sess, error) {
-	if err := s.gate.enter(ctx); err != nil {
-		return nil, &Error{Member: s.spec.Name, Op: op, Err: err}
-	}
-	var err error
-	if st := s.st.Load(); s.closed.Load() {
-		err = &Error{Member: s.spec.Name, Op: op, Err: ErrClosed}
-	} else if err = st.err; err == nil {
-		var x *sess
-		if x, err = s.borrow(ctx, st); err == nil {
-			return x, nil
-		}
-	}
-	s.gate.leave()
-	return nil, err
-}
-
-// giveBack returns x to the pool after a call that ended with err, or
-// discards it after a session-level error (a quarantined one is dead).
-func (s *Slot) giveBack(x *sess, err error) {
-	switch {
-	case x.dead: // quarantined
-		s.stats.open.Add(-1)
-	case isSessionFatal(err):
-		s.discard(x)
-	default:
-		s.idle.put(x)
-	}
 }
 
 // idlePool holds the pooled sessions not lent out, last returned on top: a

@@ -23,6 +23,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/hagroup/hagroup/pkg/group/opstate"
+	"github.com/hagroup/hagroup/pkg/slot"
 )
 
 // arg is one parameter of a PKCS#11 function as pkcs11f.h declares it.
@@ -197,9 +200,10 @@ func forward(fns []fn) []byte {
 	b.WriteString(`/*
  * forward.c — one C entry point per PKCS#11 v2.40 function (except
  * C_Initialize, C_Finalize and C_GetFunctionList, in entry.c). Each runs
- * the entry guard (entry.h) and then calls the in-process engine (hapXxx
- * in abi.go) or, when this process is served by a helper, the C client's
- * stub (hap_rpc_Xxx in rpc_gen.c).
+ * the entry guard (entry.h) and then calls the in-process engine (abi.go:
+ * hapOpInit and hapStep for the operations, hapXxx for the rest) or, when
+ * this process is served by a helper, the C client's stub (hap_rpc_Xxx in
+ * rpc_gen.c).
  */
 #include "hapkcs11.h"
 #include "entry.h"
@@ -211,10 +215,77 @@ func forward(fns []fn) []byte {
 			continue
 		}
 		fmt.Fprintf(&b, "\nCK_RV C_%s(%s)\n{\n\tHAP_ENTER();\n", f.name, params(f))
-		fmt.Fprintf(&b, "\tCK_RV rv = hap_remote() ? hap_rpc_%s(%s) : hap%s(%s);\n", f.name, names(f.args), f.name, names(f.args))
+		fmt.Fprintf(&b, "\tCK_RV rv = hap_remote() ? hap_rpc_%s(%s) : %s;\n", f.name, names(f.args), engine(f))
 		b.WriteString("\tHAP_LEAVE();\n\treturn rv;\n}\n")
 	}
 	return b.Bytes()
+}
+
+// refused are the functions of a session the engine answers with a
+// refusal, after the usual session check, and the refusal: sign/verify
+// with recovery and the dual-function updates, which neither SoftHSM nor
+// the engine offers; a PIN's initialisation or change, an operator's job
+// on each member; an operation's state, which lives on one member and
+// would not restore on another; and the legacy parallel functions.
+var refused = map[string]string{
+	"SignRecoverInit": "CKR_FUNCTION_NOT_SUPPORTED", "SignRecover": "CKR_FUNCTION_NOT_SUPPORTED",
+	"VerifyRecoverInit": "CKR_FUNCTION_NOT_SUPPORTED", "VerifyRecover": "CKR_FUNCTION_NOT_SUPPORTED",
+	"DigestEncryptUpdate": "CKR_FUNCTION_NOT_SUPPORTED", "DecryptDigestUpdate": "CKR_FUNCTION_NOT_SUPPORTED",
+	"SignEncryptUpdate": "CKR_FUNCTION_NOT_SUPPORTED", "DecryptVerifyUpdate": "CKR_FUNCTION_NOT_SUPPORTED",
+	"InitPIN": "CKR_FUNCTION_NOT_SUPPORTED", "SetPIN": "CKR_FUNCTION_NOT_SUPPORTED",
+	"GetOperationState": "CKR_FUNCTION_NOT_SUPPORTED", "SetOperationState": "CKR_FUNCTION_NOT_SUPPORTED",
+	"GetFunctionStatus": "CKR_FUNCTION_NOT_PARALLEL", "CancelFunction": "CKR_FUNCTION_NOT_PARALLEL",
+}
+
+// engine is the in-process engine's call for f (abi.go): an operation
+// family's Init or step goes to hapOpInit or hapStep with its kind and step
+// by opstate's numbers, a refused function to hapRefuse, and
+// every other function to its own hapXxx.
+func engine(f fn) string {
+	h := f.args[0].name
+	if rv := refused[f.name]; rv != "" {
+		return fmt.Sprintf("hapRefuse(%s, \"C_%s\", %s)", h, f.name, rv)
+	}
+	for k := range opstate.Kind(slot.NumKinds) {
+		if f.name == k.InitName() {
+			key := "0"
+			if len(f.args) > 2 {
+				key = f.args[2].name
+			}
+			return fmt.Sprintf("hapOpInit(%s, %d /* %s */, %s, %s)", h, k, k, f.args[1].name, key)
+		}
+		for _, st := range []opstate.Step{opstate.Single, opstate.Update, opstate.Final} {
+			if f.name == st.Name(k) {
+				return fmt.Sprintf("hapStep(%s, %d /* %s */, %d, %s)", h, k, k, st, stepArgs(f, k, st))
+			}
+		}
+	}
+	return fmt.Sprintf("hap%s(%s)", f.name, names(f.args))
+}
+
+// stepArgs are hapStep's arguments after the step for f: its input, the
+// signature to verify, and its output with withOut.
+func stepArgs(f fn, k opstate.Kind, st opstate.Step) string {
+	var ins []string
+	out := "NULL, NULL, 0"
+	ks, _ := kinds(f) // (forward runs after rpc, which stops on an argument of no kind)
+	i := 1
+	for _, kd := range ks[1:] {
+		switch kd {
+		case kIn:
+			ins = append(ins, names(f.args[i:i+2]))
+		case kOut:
+			out = names(f.args[i:i+2]) + ", 1"
+		}
+		i += kd.width
+	}
+	if k == opstate.Kind(slot.KindVerify) && st == opstate.Final {
+		ins = append([]string{"NULL, 0"}, ins...) // C_VerifyFinal has only the signature
+	}
+	for len(ins) < 2 {
+		ins = append(ins, "NULL, 0")
+	}
+	return strings.Join(ins, ", ") + ", " + out
 }
 
 // rpc writes rpc_gen.c: the op numbers, each function's client stub and

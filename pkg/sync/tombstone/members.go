@@ -349,7 +349,7 @@ type memberRecords struct {
 	registers []register
 	records   recordSet
 	chunked   recordSet // the records of objects
-	// light: only the registers were read (readRegisters); the chunks'
+	// light: only the registers were read (readAs); the chunks'
 	// records are not in records.
 	light bool
 }
@@ -363,13 +363,9 @@ func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) 
 	return s.readAs(ctx, m, false)
 }
 
-// readRegisters is read without the chunks' content: what a destroy's
-// first write on a member needs, at a cost bounded by the writers and the
-// chunks' number rather than by the history.
-func (s *Shared) readRegisters(ctx context.Context, m *slot.Slot) (memberRecords, error) {
-	return s.readAs(ctx, m, true)
-}
-
+// readAs is read, or, light, without the chunks' content: what a
+// destroy's first write on a member needs, at a cost bounded by the
+// writers and the chunks' number rather than by the history.
 func (s *Shared) readAs(ctx context.Context, m *slot.Slot, light bool) (memberRecords, error) {
 	if !m.LoggedIn() {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), hasync.ErrNotLoggedIn)
@@ -804,7 +800,7 @@ func (d *decoder) bytes() []byte {
 }
 
 // heldOn returns held, or what m holds read now when held is nil (its
-// registers only with light: see readRegisters).
+// registers only with light: see readAs).
 func (s *Shared) heldOn(ctx context.Context, m *slot.Slot, held *memberRecords, light bool) (*memberRecords, error) {
 	if held != nil {
 		return held, nil

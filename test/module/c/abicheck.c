@@ -323,6 +323,14 @@ int main(int argc, char **argv)
 		EXPECT_RV("CancelFunction", f->C_CancelFunction(s), CKR_FUNCTION_NOT_PARALLEL);
 		EXPECT_RV("WaitForSlotEvent DONT_BLOCK", f->C_WaitForSlotEvent(CKF_DONT_BLOCK, &ev, NULL), CKR_NO_EVENT);
 		EXPECT_RV("InitToken", f->C_InitToken(slot, (CK_UTF8CHAR_PTR)pin, pinlen, (CK_UTF8CHAR_PTR) "x"), CKR_FUNCTION_NOT_SUPPORTED);
+		EXPECT_RV("InitPIN", f->C_InitPIN(s, (CK_UTF8CHAR_PTR)pin, pinlen), CKR_FUNCTION_NOT_SUPPORTED);
+		EXPECT_RV("SetPIN", f->C_SetPIN(s, (CK_UTF8CHAR_PTR)pin, pinlen, (CK_UTF8CHAR_PTR)pin, pinlen), CKR_FUNCTION_NOT_SUPPORTED);
+		EXPECT_RV("GetOperationState", f->C_GetOperationState(s, NULL, &ev), CKR_FUNCTION_NOT_SUPPORTED);
+		EXPECT_RV("SignRecoverInit", f->C_SignRecoverInit(s, NULL, 0), CKR_FUNCTION_NOT_SUPPORTED);
+		EXPECT_RV("DigestEncryptUpdate", f->C_DigestEncryptUpdate(s, NULL, 0, NULL, &ev), CKR_FUNCTION_NOT_SUPPORTED);
+		/* A refusal still checks the session first. */
+		EXPECT_RV("GetFunctionStatus, bad session", f->C_GetFunctionStatus(s + 1000), CKR_SESSION_HANDLE_INVALID);
+		EXPECT_RV("SignRecover, bad session", f->C_SignRecover(s + 1000, NULL, 0, NULL, &ev), CKR_SESSION_HANDLE_INVALID);
 	}
 
 	/* Fork: the child fails fast instead of hanging in the Go runtime,
