@@ -689,7 +689,7 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 		return &Error{Code: pkcs11.CKR_FUNCTION_FAILED, Op: "ActivateMember", Member: name, msg: "member is " + m.State().String()}
 	}
 	if away := g.missedHeldAway(name); len(away) > 0 {
-		err := fmt.Errorf("behind: it missed changes made through the group that only %s hold, and none of them serves: it returns once one does",
+		err := fmt.Errorf("behind: it missed changes made through the group while away, and no member holding them serves (%s): it returns once one does",
 			strings.Join(away, ", "))
 		m.CompareAndTransition(member.Recovering, member.Failed, err)
 		return opErr("ActivateMember", name, err)
