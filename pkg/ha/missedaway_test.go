@@ -23,7 +23,16 @@ import (
 // marked behind there), a's server is killed, b's restarted. b's recovery
 // must fail, naming a, and the group must not answer a search for the
 // object with nothing. Once a is back, b is caught up and both serve it.
+//
+// When a is gone for good instead, the operator removes it from the group
+// and b returns as it is.
 func TestMissedChangesKeepAMemberOutWhileTheirHoldersAreDown(t *testing.T) {
+	for _, holder := range []string{"back", "removed"} {
+		t.Run("holder "+holder, func(t *testing.T) { missedWhileAway(t, holder == "removed") })
+	}
+}
+
+func missedWhileAway(t *testing.T, removeHolder bool) {
 	srvs := []*testhsm.Served{testhsm.Serve(t, "away-a"), testhsm.Serve(t, "away-b")}
 	toks := []testhsm.Token{srvs[0].Token(), srvs[1].Token()}
 	a, b := toks[0].Name, toks[1].Name
@@ -71,6 +80,13 @@ func TestMissedChangesKeepAMemberOutWhileTheirHoldersAreDown(t *testing.T) {
 		t.Fatal("the group answered a search while only b, which lacks the object, was up")
 	}
 
+	if removeHolder {
+		if err := r.g.Engine().RemoveMember(ctx, a); err != nil {
+			t.Fatalf("remove %s: %v", a, err)
+		}
+		r.ev.waitFor(t, "b back once a is removed", func() bool { return r.state(b) == member.Active })
+		return
+	}
 	srvs[0].Restart(t)
 	r.ev.waitFor(t, "a and b back", func() bool { return r.state(a) == member.Active && r.state(b) == member.Active })
 	err = r.g.Engine().Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN))
