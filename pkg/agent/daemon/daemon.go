@@ -422,19 +422,24 @@ func (d *Daemon) compare(ctx context.Context, gr *groupRun, eng Engine, notBefor
 		defer gr.mu.Unlock()
 		return gr.compared, !gr.compared.at.IsZero() && !gr.compared.at.Before(notBefore)
 	}
-	if c, ok := recent(); ok {
+	c, ok := recent()
+	if ok {
 		return c
 	}
 	select {
 	case gr.comparing <- struct{}{}:
 		defer func() { <-gr.comparing }()
 	case <-ctx.Done():
-		return comparison{err: fmt.Errorf("no comparison of the members since %s: %w", notBefore.UTC().Format(time.RFC3339), ctx.Err())}
+		last := "none yet"
+		if !c.at.IsZero() {
+			last = time.Since(c.at).Round(time.Second).String() + " ago"
+		}
+		return comparison{err: fmt.Errorf("a comparison of the members did not finish (the last: %s): %w", last, ctx.Err())}
 	}
-	if c, ok := recent(); ok {
+	if c, ok = recent(); ok {
 		return c
 	}
-	c := comparison{at: time.Now()}
+	c = comparison{at: time.Now()}
 	c.counts, c.err = eng.OutOfSync(ctx)
 	d.metrics.observe(gr.cfg.Label, "", "sync_check", time.Since(c.at))
 	if ctx.Err() == nil {

@@ -22,3 +22,13 @@ func (d *Daemon) AgeComparison(label string, age time.Duration) time.Time {
 	gr.compared.at = gr.compared.at.Add(-age)
 	return gr.compared.at
 }
+
+// HoldComparison takes group label's comparison token, as a comparison
+// that does not finish would, until the returned release is called.
+func (d *Daemon) HoldComparison(label string) (release func()) {
+	d.mu.RLock()
+	gr := d.groups[label]
+	d.mu.RUnlock()
+	gr.comparing <- struct{}{}
+	return func() { <-gr.comparing }
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -289,5 +290,22 @@ serial = "1000032"
 	stale := ta.d.AgeComparison("g", ttl+time.Second)
 	if gs := list("a comparison older than the bound", false, nil); time.Since(gs.ComparedAt) > ttl || !gs.ComparedAt.After(stale) {
 		t.Fatalf("listgroups showed a comparison made at %v (bound %v, the stale one at %v)", gs.ComparedAt, ttl, stale)
+	}
+
+	// Stale again, and the new comparison does not finish before the
+	// request gives up (a member that hangs): every member needs
+	// synchronisation, and the answer says why and how old the last was.
+	ta.d.AgeComparison("g", ttl+time.Second)
+	release := ta.d.HoldComparison("g")
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	rep, err := ta.d.Groups(ctx, "g", false)
+	cancel()
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs := rep.Groups[0]; !slices.Equal(gs.NeedsSync, []string{"a", "b"}) || !gs.ComparedAt.IsZero() ||
+		!strings.Contains(gs.CompareError, "did not finish (the last: 3h0m") {
+		t.Fatalf("with no comparison within the bound: needs sync %v, compared at %v, error %q", gs.NeedsSync, gs.ComparedAt, gs.CompareError)
 	}
 }
