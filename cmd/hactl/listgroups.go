@@ -46,13 +46,19 @@ in mid-write past the fold protocol's margin (a paused VM, a suspended host):
 its records were written again, and "hactl hagroup synchronize" (not
 --check) re-applies every tombstone on every member and clears it.
 
-NEEDS SYNC always comes from comparing the members now, exactly as
-synchronize --check does (the two cannot disagree), so a difference made by
-another host or process is shown at once and exits 3. Without haagent, hactl
-logs the members in with their own PIN sources to compare them (it recovers
-nothing); a group it cannot compare (no PIN source, no member up) needs
-synchronisation. --check insists on haagent's comparison: it fails when
-haagent is not running.`,
+NEEDS SYNC comes from a comparison of the members by the rule synchronize
+--check applies, and "compared" says how long ago it was made. haagent
+compares each group at start, every recovery interval (10s at least), and
+soon after anything that can change what the members hold (its own
+recoveries and synchronisations, a member failing, what applications report
+to it); listgroups shows that comparison, and compares again first when it
+is older than three periods, so no answer rests on an older one. A
+difference made behind haagent's back (a tool writing to a member directly)
+shows at the next comparison; --check compares the members now (as
+synchronize --check does) and fails when haagent is not running. Without
+haagent, hactl logs the members in with their own PIN sources to compare
+them now (it recovers nothing). A group that cannot be compared (no PIN
+source, no member up) needs synchronisation.`,
 		Example: `  hactl hagroup listgroups
   hactl hagroup listgroups --group signing --json
   hactl hagroup listgroups --check`,
@@ -62,7 +68,11 @@ haagent is not running.`,
 			ctx := cmd.Context()
 			c := a.client()
 			defer c.Close()
-			rep, err := c.ListGroups(ctx, group)
+			list := c.ListGroups
+			if check {
+				list = c.CompareGroups
+			}
+			rep, err := list(ctx, group)
 			source, unreachable := "haagent at "+c.Path(), error(nil)
 			if agent.IsUnreachable(err) {
 				unreachable = err
@@ -90,7 +100,7 @@ haagent is not running.`,
 	}
 	cmd.Flags().StringVar(&group, "group", "", "show only this group")
 	cmd.Flags().Bool("json", false, "print the report as JSON")
-	cmd.Flags().BoolVar(&check, "check", false, "fail unless haagent compares the members now; exit 3 when one differs")
+	cmd.Flags().BoolVar(&check, "check", false, "have haagent compare the members now (fail when it is not running); exit 3 when one differs")
 	return cmd
 }
 

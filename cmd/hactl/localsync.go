@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
 	"github.com/hagroup/hagroup/pkg/config"
@@ -22,7 +23,9 @@ func compareLocal(ctx context.Context, cfg *config.Config, rep *agent.GroupsRepo
 	for i := range rep.Groups {
 		gs := &rep.Groups[i]
 		if g, ok := cfg.Group(gs.Label); ok {
-			gs.SetSync(ha.CompareConfigured(ctx, *g, cfg.Settings(g), stateDir))
+			at := time.Now()
+			counts, err := ha.CompareConfigured(ctx, *g, cfg.Settings(g), stateDir)
+			gs.SetSync(at, counts, err)
 		}
 	}
 }

@@ -428,7 +428,8 @@ var scrubbers = []struct {
 }{
 	{regexp.MustCompile(`"slotId": \d+`), `"slotId": 0`},
 	{regexp.MustCompile(`"tokenSerial": "[0-9a-f]{16}"`), `"tokenSerial": "SERIAL"`},
-	{regexp.MustCompile(`"(started|time)": "[^"]+"`), `"$1": "TIME"`},
+	{regexp.MustCompile(`"(started|time|comparedAt)": "[^"]+"`), `"$1": "TIME"`},
+	{regexp.MustCompile(`"comparedAgo": "[^"]+"`), `"comparedAgo": "AGE"`},
 	{regexp.MustCompile(`"uptime": "[^"]+"`), `"uptime": "UPTIME"`},
 	{regexp.MustCompile(`"pid": \d+`), `"pid": 0`},
 }

@@ -114,9 +114,23 @@ func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
 		{"hedged requests", strconv.FormatUint(g.Hedges, 10)},
 		{"members", orNone(names)},
 		{"needs sync", orNone(g.NeedsSync)},
+		{"compared", comparedCell(g)},
 		{"standby members", orNone(g.Standbys)},
 		{"tombstone stall", stallCell(g.TombstoneStall)},
 	}
+}
+
+// comparedCell says how old the comparison behind "needs sync" is, or why
+// there is none.
+func comparedCell(g agent.GroupStatus) string {
+	age := "never"
+	if !g.ComparedAt.IsZero() {
+		age = g.ComparedAgo + " ago"
+	}
+	if g.CompareError != "" {
+		return age + ": could not compare: " + g.CompareError
+	}
+	return age
 }
 
 // makeMembersTable renders a group's members: the member table of

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -629,7 +630,7 @@ func hapGetAttributeValue(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_
 		var got []slot.Attribute
 		err := l.withSession(uint(h), func(s *appSession) error {
 			var err error
-			got, err = s.be.GetAttributes(l.ctx, uint(obj), types)
+			got, err = s.getAttributes(l.ctx, uint(obj), types, slices.ContainsFunc(tmpl, func(a C.CK_ATTRIBUTE) bool { return a.pValue == nil }))
 			return err
 		})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
@@ -55,6 +56,35 @@ type appSession struct {
 	closed  bool
 	finding bool
 	found   []uint
+	calls   uint64      // calls made on the session (opSession)
+	lengths *lengthRead // what the last length query read
+}
+
+// lengthRead is what a C_GetAttributeValue that asked for lengths read. The
+// call that follows it on the session, when it reads the same attributes
+// of the same object, is answered with it rather than by a second member
+// call (a round trip through hsmserve): the values then agree with the
+// lengths the application was given.
+type lengthRead struct {
+	call  uint64
+	obj   uint
+	types []uint
+	got   []slot.Attribute
+}
+
+// getAttributes reads types of obj for C_GetAttributeValue; lengths says
+// the application asked for some lengths (see lengthRead).
+func (s *appSession) getAttributes(ctx context.Context, obj uint, types []uint, lengths bool) ([]slot.Attribute, error) {
+	last := s.lengths
+	s.lengths = nil
+	if last != nil && last.call+1 == s.calls && last.obj == obj && slices.Equal(last.types, types) {
+		return last.got, nil
+	}
+	got, err := s.be.GetAttributes(ctx, obj, types)
+	if err == nil && lengths {
+		s.lengths = &lengthRead{call: s.calls, obj: obj, types: types, got: got}
+	}
+	return got, err
 }
 
 // ckErr is an error with a CKR code; slot.CodeOf reads it.
@@ -178,6 +208,7 @@ func (l *library) opSession(h uint) (*appSession, error) {
 		s.mu.Unlock()
 		return nil, ckErr(pkcs11.CKR_SESSION_HANDLE_INVALID)
 	}
+	s.calls++
 	return s, nil
 }
 

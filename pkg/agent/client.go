@@ -64,11 +64,21 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 }
 
 // ListGroups returns every group's state, or one group's when group is
-// not empty.
+// not empty, with the agent's last comparison of the members (see
+// GroupStatus.ComparedAt).
 func (c *Client) ListGroups(ctx context.Context, group string) (GroupsReport, error) {
-	var q url.Values
+	return c.listGroups(ctx, group, url.Values{})
+}
+
+// CompareGroups is ListGroups with the members compared now, for this
+// request.
+func (c *Client) CompareGroups(ctx context.Context, group string) (GroupsReport, error) {
+	return c.listGroups(ctx, group, url.Values{"compare": {"now"}})
+}
+
+func (c *Client) listGroups(ctx context.Context, group string, q url.Values) (GroupsReport, error) {
 	if group != "" {
-		q = url.Values{"group": {group}}
+		q.Set("group", group)
 	}
 	var v GroupsReport
 	return v, c.call(ctx, http.MethodGet, "/v1/groups", q, nil, &v)

@@ -21,7 +21,10 @@ import (
 // becomes code "internal".
 type Backend interface {
 	Status(ctx context.Context) (Status, error)
-	Groups(ctx context.Context, group string) (GroupsReport, error)
+	// Groups reports every group, or the one labelled group; compareNow
+	// asks for the members compared for this request rather than the last
+	// comparison.
+	Groups(ctx context.Context, group string, compareNow bool) (GroupsReport, error)
 	Recover(ctx context.Context, req RecoverRequest) (RecoverResult, error)
 	Synchronize(ctx context.Context, req SyncRequest) (SyncReport, error)
 	Reload(ctx context.Context) (ReloadResult, error)
@@ -354,14 +357,19 @@ func ParseHALogQuery(q map[string][]string) (HALogRequest, error) {
 	return req, nil
 }
 
-func groupQuery(r *http.Request) (string, error) {
+// groupsQuery reads listgroups' query: group=LABEL and compare=now, each
+// at most once.
+func groupsQuery(r *http.Request) (group string, compareNow bool, err error) {
 	q := r.URL.Query()
 	for k, v := range q {
-		if k != "group" || len(v) != 1 {
-			return "", Errorf(CodeBadRequest, "bad query parameter %q: only one group=LABEL is taken", k)
+		switch {
+		case len(v) != 1 || (k != "group" && k != "compare"):
+			return "", false, Errorf(CodeBadRequest, "bad query parameter %q: only group=LABEL and compare=now are taken", k)
+		case k == "compare" && v[0] != "now":
+			return "", false, Errorf(CodeBadRequest, "bad query parameter compare=%q: only compare=now is taken", v[0])
 		}
 	}
-	return q.Get("group"), nil
+	return q.Get("group"), q.Has("compare"), nil
 }
 
 func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) (any, error) {
@@ -377,11 +385,11 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) (any, error
 }
 
 func (s *Server) serveGroups(w http.ResponseWriter, r *http.Request) (any, error) {
-	g, err := groupQuery(r)
+	g, now, err := groupsQuery(r)
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.backend.Groups(r.Context(), g)
+	res, err := s.backend.Groups(r.Context(), g, now)
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ func (b *testBackend) Status(ctx context.Context) (Status, error) {
 	return Status{PID: os.Getpid(), Groups: []string{"signing"}, ConfigPath: "/etc/hagroup/hagroup.toml"}, nil
 }
 
-func (b *testBackend) Groups(ctx context.Context, group string) (GroupsReport, error) {
+func (b *testBackend) Groups(ctx context.Context, group string, compareNow bool) (GroupsReport, error) {
 	all := []GroupStatus{{Label: "signing", Serial: "1000001", Healthy: true,
 		Members: []MemberStatus{{Name: "hsm-a", State: StateActive, Primary: true}}}}
 	if group == "" {

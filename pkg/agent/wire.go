@@ -172,6 +172,15 @@ type GroupStatus struct {
 	// TombstoneStall is the last stall of a tombstone register writer
 	// not yet resolved by a synchronisation (nil: none).
 	TombstoneStall *TombstoneStall `json:"tombstoneStall,omitempty"`
+	// ComparedAt is when the comparison of the members that NeedsSync and
+	// OutOfSync come from started: haagent's last (docs/DESIGN.md, "In
+	// sync"), or one made for the request. ComparedAgo is its age when the
+	// report was made, to the second.
+	ComparedAt  time.Time `json:"comparedAt,omitzero"`
+	ComparedAgo string    `json:"comparedAgo,omitempty"`
+	// CompareError is why the members could not be compared: every member
+	// then needs synchronisation.
+	CompareError string `json:"compareError,omitempty"`
 }
 
 // TombstoneStall is a tombstone_stalled event the agent saw (its own

@@ -65,6 +65,9 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 	if err != nil {
 		return nil, err
 	}
+	if attrs, ok := g.answered(ctx, o, types); ok {
+		return attrs, usable("GetAttributes", []*vtable.Object{o})
+	}
 	var attrs []slot.Attribute
 	_, err = g.exec(ctx, plan{op: "GetAttributes", objs: []*vtable.Object{o}, next: g.known(o)}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		attrs, err = s.GetAttributes(ctx, hs[0], types)
@@ -77,6 +80,41 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 		g.present(ctx, o, attrs)
 	}
 	return attrs, nil
+}
+
+// answered answers a read naming only attributes the group answers
+// without asking a member: CKA_CLASS, CKA_KEY_TYPE and CKA_TOKEN, which no
+// call changes, from o's identity, and what present answers for every key
+// whatever its copy says. pkcs11-tool -O reads each attribute on its own,
+// and through hsmserve every member call is a round trip.
+func (g *Group) answered(ctx context.Context, o *vtable.Object, types []uint) ([]slot.Attribute, bool) {
+	id := o.Identity()
+	private := id.Class == pkcs11.CKO_PRIVATE_KEY || id.Class == pkcs11.CKO_SECRET_KEY
+	attrs := make([]slot.Attribute, len(types))
+	for i, t := range types {
+		a := slot.Attribute{Type: t, Status: pkcs11.CKR_OK}
+		switch {
+		case t == pkcs11.CKA_CLASS:
+			a.Value = ulongBytes(id.Class)
+		case t == pkcs11.CKA_TOKEN:
+			a = boolAnswer(t, o.Token)
+		case !o.IsKey():
+			return nil, false
+		case t == pkcs11.CKA_KEY_TYPE:
+			a.Value = ulongBytes(id.KeyType)
+		case t == pkcs11.CKA_LOCAL, t == pkcs11.CKA_KEY_GEN_MECHANISM:
+		case private && (t == pkcs11.CKA_ALWAYS_SENSITIVE || t == pkcs11.CKA_NEVER_EXTRACTABLE ||
+			t == pkcs11.CKA_EXTRACTABLE || t == pkcs11.CKA_WRAP_WITH_TRUSTED):
+		case private && sensitiveTypes[t] && g.unextractable(ctx, o):
+		default:
+			return nil, false
+		}
+		attrs[i] = a
+	}
+	if o.IsKey() {
+		g.present(ctx, o, attrs)
+	}
+	return attrs, true
 }
 
 func containsType(types []uint, want ...uint) bool {

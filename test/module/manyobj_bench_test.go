@@ -42,7 +42,8 @@ var manyRounds = flag.Int("manyrounds", 5, "alternated rounds per measurement in
 //     token directory (three tokens) against the bare token's (one);
 //   - list: pkcs11-tool -O --login (every object and its attributes);
 //   - listgroups: hactl hagroup listgroups through a haagent running the
-//     group (members compared now), and the agent's RSS after it;
+//     group (its last comparison of the members), listgroups --check (the
+//     members compared now), and the agent's RSS after them;
 //   - create: one C_GenerateKey of an AES token key (mkkeys, 10 in one process), replicated to 3 members.
 //
 // docs/BENCHMARKS.md ("Many objects") has the figures.
@@ -307,8 +308,8 @@ func rounded(xs []float64) []float64 {
 
 // listgroups starts haagent on the fixture (each member with the user PIN
 // file), waits until listgroups says the group is whole and in sync, then
-// times -manyrounds listgroups and reports the agent's RSS (VmRSS, and its
-// peak VmHWM) after them. The members are in-process SoftHSM tokens, so
+// times -manyrounds listgroups, then as many listgroups --check, and
+// reports the agent's RSS (VmRSS, and its peak VmHWM) after them. The members are in-process SoftHSM tokens, so
 // the RSS holds SoftHSM's copy of every object too.
 func (f *manyFixture) listgroups(b *testing.B) {
 	r := f.r
@@ -338,8 +339,8 @@ func (f *manyFixture) listgroups(b *testing.B) {
 		ag.Process.Signal(syscall.SIGTERM)
 		<-done
 	}()
-	list := func() (string, error) {
-		return r.run(10*time.Minute, nil, hactl, "--config", agentConf, "hagroup", "listgroups")
+	list := func(flags ...string) (string, error) {
+		return r.run(10*time.Minute, nil, hactl, append([]string{"--config", agentConf, "hagroup", "listgroups"}, flags...)...)
 	}
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
@@ -353,16 +354,21 @@ func (f *manyFixture) listgroups(b *testing.B) {
 		time.Sleep(time.Second) // polling the agent, bounded by the deadline
 	}
 	for b.Loop() {
-		var ms []float64
-		for range *manyRounds {
-			start := time.Now()
-			if out, err := list(); err != nil {
-				b.Fatalf("listgroups: %v\n%s", err, out)
+		for _, v := range []struct {
+			unit  string
+			flags []string
+		}{{"listgroups-ms", nil}, {"listgroups-check-ms", []string{"--check"}}} {
+			var ms []float64
+			for range *manyRounds {
+				start := time.Now()
+				if out, err := list(v.flags...); err != nil {
+					b.Fatalf("listgroups %v: %v\n%s", v.flags, err, out)
+				}
+				ms = append(ms, float64(time.Since(start))/float64(time.Millisecond))
 			}
-			ms = append(ms, float64(time.Since(start))/float64(time.Millisecond))
+			b.ReportMetric(median(ms), v.unit)
+			b.Logf("%s %v", v.unit, rounded(ms))
 		}
-		b.ReportMetric(median(ms), "listgroups-ms")
-		b.Logf("listgroups %v ms", rounded(ms))
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", ag.Process.Pid))
 	if err != nil {

@@ -352,7 +352,7 @@ func TestSoak(t *testing.T) {
 	}
 	var lists []agent.GroupsReport
 	for _, cl := range clients {
-		if l, err := cl.ListGroups(ctx, groupLabel); err == nil {
+		if l, err := cl.CompareGroups(ctx, groupLabel); err == nil {
 			lists = append(lists, l)
 		}
 	}

@@ -333,7 +333,8 @@ func (w *world) killAgent() error {
 	return p.Kill()
 }
 
-// waitAgent polls listgroups until cond holds or limit passes.
+// waitAgent polls listgroups --check (the members compared now) until
+// cond holds or limit passes.
 func (w *world) waitAgent(ctx context.Context, limit time.Duration, cond func(agent.GroupsReport) bool) error {
 	return w.waitAgentAt(ctx, w.sock, limit, cond)
 }
@@ -348,7 +349,7 @@ func (w *world) waitAgentAt(ctx context.Context, sock string, limit time.Duratio
 	var rep agent.GroupsReport
 	for {
 		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
-		r, err := c.ListGroups(rctx, groupLabel)
+		r, err := c.CompareGroups(rctx, groupLabel)
 		rcancel()
 		if err == nil {
 			rep = r

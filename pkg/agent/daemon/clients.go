@@ -299,6 +299,7 @@ func (d *Daemon) Report(ctx context.Context, peer agent.Peer, rep agent.FleetRep
 		ae := agent.Event{Time: time.Now(), Group: e.Group, Member: e.Member, Event: e.Event, Detail: e.Detail,
 			Program: rep.Program, PID: peer.PID, UID: &uid, Host: rep.Host}
 		d.noteStall(ae)
+		d.pokeOn(ae)
 		d.logEvent(ae)
 	}
 	return nil

@@ -19,7 +19,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/fleet"
 	"github.com/hagroup/hagroup/pkg/group"
-	"github.com/hagroup/hagroup/pkg/recover"
 )
 
 // Options configure a Daemon.
@@ -76,7 +75,9 @@ type groupRun struct {
 	done    chan struct{}
 
 	mu        sync.Mutex
-	outOfSync map[string]int // member → differences concerning it (last check)
+	outOfSync map[string]int // member → differences concerning it (last check that compared them)
+	compared  comparison     // the last comparison of the members; guarded by mu
+	comparing chan struct{}  // holds a token while a comparison runs (see compare)
 
 	recheck chan struct{} // a check is wanted soon (see pokeCheck)
 
@@ -221,7 +222,7 @@ func (d *Daemon) installLocked(gr *groupRun) {
 	loopCtx, cancel := context.WithCancel(d.runCtx)
 	gr.cancel, gr.done = cancel, make(chan struct{})
 	if gr.recheck == nil {
-		gr.recheck = make(chan struct{}, 1)
+		gr.recheck, gr.comparing = make(chan struct{}, 1), make(chan struct{}, 1)
 	}
 	if gr.stall == nil {
 		gr.stall = d.keptStall(label) // from before a restart or reload
@@ -291,11 +292,10 @@ func (gr *groupRun) engine() Engine {
 }
 
 // minSyncCheckEvery is the shortest period of the periodic
-// synchronisation check. The check raises the out_of_sync and in_sync
-// events when nobody asks; listgroups and the out-of-sync metric compare
-// the members themselves when asked (markSync), and what changes the
-// answer soon after it happens (the agent's own recoveries and
-// synchronize) asks for a check of its own.
+// synchronisation check. The check is what listgroups and the out-of-sync
+// metric show (markSync) and what raises the out_of_sync and in_sync
+// events; what changes the answer (an event of the agent's engine or of a
+// reporting process, a synchronize) asks for a check of its own.
 const minSyncCheckEvery = 10 * time.Second
 
 // syncCheckEvery is the period of a group's synchronisation check: its
@@ -355,12 +355,20 @@ func (d *Daemon) loop(ctx context.Context, gr *groupRun) {
 	}
 }
 
-// checkLoop checks the group's synchronisation every syncCheckEvery, and
-// soon after pokeCheck (the agent's engine returned a member to service:
-// what the last check said of it is stale).
+// compareTTL is how old the last comparison may be when listgroups or a
+// scrape shows it; an older one is made again for the request, so no
+// answer rests on a comparison older than this. Three check periods: at
+// many objects a check lasts a good part of one.
+func compareTTL(s config.Settings) time.Duration { return 3 * syncCheckEvery(s) }
+
+// checkLoop checks the group's synchronisation at once, then every
+// syncCheckEvery and soon after pokeCheck (something changed what the
+// members hold or who serves). A poked check waits as long as the last
+// one took, so a burst of changes keeps the agent comparing at most half
+// its time.
 func (d *Daemon) checkLoop(ctx context.Context, gr *groupRun) {
 	every := syncCheckEvery(gr.set)
-	t := time.NewTimer(every)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
@@ -369,10 +377,20 @@ func (d *Daemon) checkLoop(ctx context.Context, gr *groupRun) {
 		case <-t.C:
 		case <-gr.recheck:
 		}
-		if gr.engine() != nil {
-			d.syncCheck(ctx, gr)
+		start := time.Now()
+		if eng := gr.engine(); eng != nil {
+			if c := d.compare(ctx, gr, eng, start); c.err != nil {
+				d.log.Debug("sync check", "group", gr.cfg.Label, "error", c.err)
+			}
 		}
 		t.Reset(every)
+		rest := time.NewTimer(time.Since(start))
+		select {
+		case <-ctx.Done():
+			rest.Stop()
+			return
+		case <-rest.C:
+		}
 	}
 }
 
@@ -385,38 +403,70 @@ func (gr *groupRun) pokeCheck() {
 	}
 }
 
-// syncCheck plans a synchronisation and records how far each member is
-// out of sync, emitting an event when a group goes out of (or back into)
-// sync. It only lists: it takes no member's recovery lock (see
-// recover.Recoverer.Synchronize), so it never keeps a member's recovery,
-// in this process or another, waiting.
-func (d *Daemon) syncCheck(ctx context.Context, gr *groupRun) {
-	eng := gr.engine()
-	start := time.Now()
-	counts, err := eng.OutOfSync(ctx)
-	d.metrics.observe(gr.cfg.Label, "", "sync_check", time.Since(start))
-	if err != nil {
-		d.log.Debug("sync check", "group", gr.cfg.Label, "error", err)
-		return
-	}
-	d.recordSync(gr, counts)
+// comparison is one comparison of a group's members (Engine.OutOfSync).
+type comparison struct {
+	at     time.Time      // when it started; zero: none yet
+	counts map[string]int // member → differences concerning it
+	err    error          // the members could not be compared
 }
 
-// recordSync keeps a comparison's counts (Engine.OutOfSync) and emits
-// out_of_sync / in_sync when the group moves out of or back into sync.
-func (d *Daemon) recordSync(gr *groupRun, counts map[string]int) {
+// compare returns a comparison of gr's members that started at notBefore
+// or later: the last one if it did, else a new one, recorded. One runs at
+// a time per group, and a caller that waits for it takes its result if it
+// is recent enough. A comparison only lists: it takes no member's recovery
+// lock (see recover.Recoverer.Synchronize), so it never keeps a member's
+// recovery, in this process or another, waiting.
+func (d *Daemon) compare(ctx context.Context, gr *groupRun, eng Engine, notBefore time.Time) comparison {
+	recent := func() (comparison, bool) {
+		gr.mu.Lock()
+		defer gr.mu.Unlock()
+		return gr.compared, !gr.compared.at.IsZero() && !gr.compared.at.Before(notBefore)
+	}
+	c, ok := recent()
+	if ok {
+		return c
+	}
+	select {
+	case gr.comparing <- struct{}{}:
+		defer func() { <-gr.comparing }()
+	case <-ctx.Done():
+		last := "none yet"
+		if !c.at.IsZero() {
+			last = time.Since(c.at).Round(time.Second).String() + " ago"
+		}
+		return comparison{err: fmt.Errorf("a comparison of the members did not finish (the last: %s): %w", last, ctx.Err())}
+	}
+	if c, ok = recent(); ok {
+		return c
+	}
+	c = comparison{at: time.Now()}
+	c.counts, c.err = eng.OutOfSync(ctx)
+	d.metrics.observe(gr.cfg.Label, "", "sync_check", time.Since(c.at))
+	if ctx.Err() == nil {
+		d.recordSync(gr, c)
+	}
+	return c
+}
+
+// recordSync keeps a comparison and, when it compared the members, emits
+// out_of_sync / in_sync as the group moves out of or back into sync.
+func (d *Daemon) recordSync(gr *groupRun, c comparison) {
 	gr.mu.Lock()
+	gr.compared = c
 	wasInSync := len(gr.outOfSync) == 0
-	gr.outOfSync = counts
+	if c.err == nil {
+		gr.outOfSync = c.counts
+	}
 	gr.mu.Unlock()
 	switch {
-	case wasInSync && len(counts) > 0:
+	case c.err != nil:
+	case wasInSync && len(c.counts) > 0:
 		n := 0
-		for _, c := range counts {
-			n += c
+		for _, k := range c.counts {
+			n += k
 		}
 		d.emit(agent.Event{Group: gr.cfg.Label, Event: "out_of_sync", Detail: fmt.Sprintf("%d difference(s)", n)})
-	case !wasInSync && len(counts) == 0:
+	case !wasInSync && len(c.counts) == 0:
 		d.emit(agent.Event{Group: gr.cfg.Label, Event: "in_sync"})
 	}
 }
@@ -426,15 +476,7 @@ func (d *Daemon) emit(e agent.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	if e.Event == string(recover.Recovered) {
-		// What the last check said of the member is stale now.
-		d.mu.RLock()
-		gr := d.groups[e.Group]
-		d.mu.RUnlock()
-		if gr != nil && gr.recheck != nil {
-			gr.pokeCheck()
-		}
-	}
+	d.pokeOn(e)
 	if e.Event == string(group.KeysUnholdable) {
 		d.facts.noteUnholdable(e.Group, e.Member, e.Detail) // the agent's own is always news
 	}
@@ -484,7 +526,7 @@ func (d *Daemon) Status(ctx context.Context) (agent.Status, error) {
 }
 
 // Groups implements agent.Backend.
-func (d *Daemon) Groups(ctx context.Context, label string) (agent.GroupsReport, error) {
+func (d *Daemon) Groups(ctx context.Context, label string, compareNow bool) (agent.GroupsReport, error) {
 	d.mu.RLock()
 	cfg := d.cfg
 	var runs []*groupRun
@@ -501,13 +543,13 @@ func (d *Daemon) Groups(ctx context.Context, label string) (agent.GroupsReport, 
 	rep := agent.GroupsReport{SchemaVersion: agent.SchemaVersion, Source: agent.SourceAgent, ConfigPath: cfg.Path,
 		Global: report.WireSettings(cfg.Settings(nil)), Groups: make([]agent.GroupStatus, 0, len(runs))}
 	for _, gr := range runs {
-		rep.Groups = append(rep.Groups, d.groupStatus(ctx, gr))
+		rep.Groups = append(rep.Groups, d.groupStatus(ctx, gr, compareNow))
 	}
 	return rep, nil
 }
 
 // groupStatus is the engine's status completed with what the daemon knows.
-func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatus {
+func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun, compareNow bool) agent.GroupStatus {
 	eng := gr.engine()
 	var gs agent.GroupStatus
 	if eng == nil {
@@ -534,7 +576,7 @@ func (d *Daemon) groupStatus(ctx context.Context, gr *groupRun) agent.GroupStatu
 		gs.Serial = gr.cfg.Serial
 	}
 	gs.Settings = report.WireSettings(gr.set)
-	d.markSync(ctx, gr, eng, &gs)
+	d.markSync(ctx, gr, eng, &gs, compareNow)
 	gs.Standbys = []string{}
 	gs.Healthy = true
 	for _, m := range gs.Members {
@@ -603,6 +645,7 @@ func (d *Daemon) Recover(ctx context.Context, req agent.RecoverRequest) (agent.R
 	if res == nil {
 		res = []agent.MemberResult{}
 	}
+	d.compare(ctx, gr, eng, time.Now()) // so listgroups shows what the recovery left
 	return agent.RecoverResult{SchemaVersion: agent.SchemaVersion, Group: req.Group, Members: res}, nil
 }
 
@@ -645,11 +688,9 @@ func (d *Daemon) Synchronize(ctx context.Context, req agent.SyncRequest) (agent.
 		}
 	}
 	gr.mu.Unlock()
-	// Compare again (the rule's counts are not on the wire), so the
-	// in_sync / out_of_sync events reflect what is left.
-	if counts, err := eng.OutOfSync(ctx); err == nil {
-		d.recordSync(gr, counts)
-	}
+	// Compare again (the rule's counts are not on the wire), so listgroups
+	// and the in_sync / out_of_sync events reflect what is left.
+	d.compare(ctx, gr, eng, time.Now())
 	return rep, nil
 }
 

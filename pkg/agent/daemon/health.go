@@ -67,7 +67,7 @@ func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rep, err := c.d.Groups(ctx, "")
+	rep, err := c.d.Groups(ctx, "", false)
 	if err != nil {
 		return
 	}
@@ -152,7 +152,7 @@ func (m *Metrics) serveReadyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ch := make(chan answer, 1)
 	go func() {
-		rep, err := m.d.Groups(ctx, "")
+		rep, err := m.d.Groups(ctx, "", false)
 		ch <- answer{rep, err}
 	}()
 	var a answer

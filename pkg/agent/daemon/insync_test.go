@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// Issue 15: listgroups' NEEDS SYNC (through haagent and without it),
+// Issue 15: listgroups --check's NEEDS SYNC (through haagent and without it),
 // synchronize --check, the hagroup_objects_out_of_sync metric and pkg/ha's
 // Status (the Go API of a process on another host) say the same, in both
 // directions (a member behind, a member ahead, a member holding an object
@@ -81,7 +82,7 @@ serial = "1000015"
 		t.Helper()
 		ctx, cancel := context.WithTimeout(t.Context(), deadline)
 		defer cancel()
-		rep, err := ta.client.ListGroups(ctx, "g")
+		rep, err := ta.client.CompareGroups(ctx, "g")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +114,8 @@ serial = "1000015"
 		}
 		// listgroups without haagent: what hactl runs (compareLocal).
 		local := agent.GroupStatus{Members: []agent.MemberStatus{{Name: "a"}, {Name: "b"}}}
-		local.SetSync(ha.CompareConfigured(ctx, *gcfg, set, ""))
+		counts, err := ha.CompareConfigured(ctx, *gcfg, set, "")
+		local.SetSync(time.Now(), counts, err)
 		var unagented []string
 		for _, m := range local.Members {
 			if m.NeedsSync {
@@ -206,4 +208,104 @@ func nonNil(ss []string) []string {
 		return []string{}
 	}
 	return ss
+}
+
+// Issue 32: listgroups shows the agent's last comparison of the members,
+// with when it was made, rather than listing every member on each call; a
+// difference made behind the agent's back shows at the next comparison
+// (CompareGroups makes one now), and a comparison older than compareTTL is
+// never shown: the agent compares again first.
+func TestListgroupsShowsTheLastComparisonWithinItsBound(t *testing.T) {
+	toks := testhsm.Take(t, 2)
+	pin := pinFile(t)
+	ta := startAgent(t, `[agent]
+socket = "$SOCK"
+state_dir = "$STATE"
+
+[ha]
+probe_interval = "1h"
+interval = "1h"
+retries = 0
+
+[[group]]
+label = "g"
+serial = "1000032"
+`+memberTOML("a", toks[0], pin, false)+memberTOML("b", toks[1], pin, false))
+	list := func(step string, now bool, want []string) agent.GroupStatus {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), deadline)
+		defer cancel()
+		call := ta.client.ListGroups
+		if now {
+			call = ta.client.CompareGroups
+		}
+		rep, err := call(ctx, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := rep.Groups[0]
+		if !slices.Equal(gs.NeedsSync, nonNil(want)) || gs.CompareError != "" {
+			t.Fatalf("%s: needs sync %v (%s), want %v", step, gs.NeedsSync, gs.CompareError, want)
+		}
+		if age, err := time.ParseDuration(gs.ComparedAgo); err != nil || gs.ComparedAt.IsZero() || age > time.Since(gs.ComparedAt)+time.Second {
+			t.Fatalf("%s: compared at %v, %q ago (%v): want when and how long ago", step, gs.ComparedAt, gs.ComparedAgo, err)
+		}
+		return gs
+	}
+	first := list("at the start", false, nil)
+
+	direct, err := slot.Open(t.Context(), slot.Spec{Name: "direct", Module: toks[0].Module, ModuleEnv: toks[0].ModuleEnv,
+		TokenLabel: toks[0].Label, PIN: secret.PINFromString(toks[0].UserPIN), CommandTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	if _, err := direct.CreateObject(t.Context(), []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, "behind"), pkcs11.NewAttribute(pkcs11.CKA_VALUE, []byte("behind"))}); err != nil {
+		t.Fatal(err)
+	}
+	if gs := list("after a change behind the agent's back", false, nil); !gs.ComparedAt.Equal(first.ComparedAt) {
+		t.Fatalf("listgroups compared again (at %v, first at %v): it must show the last comparison", gs.ComparedAt, first.ComparedAt)
+	}
+	now := list("compared now", true, []string{"b"})
+	if !now.ComparedAt.After(first.ComparedAt) {
+		t.Fatalf("CompareGroups compared at %v, not after %v", now.ComparedAt, first.ComparedAt)
+	}
+	if gs := list("after CompareGroups", false, []string{"b"}); !gs.ComparedAt.Equal(now.ComparedAt) {
+		t.Fatalf("listgroups shows the comparison of %v, want CompareGroups' of %v", gs.ComparedAt, now.ComparedAt)
+	}
+
+	// The members change back, and the agent's checks stall past the bound:
+	// listgroups must not say "b needs sync" (nor anything) from that
+	// comparison, however recent its answer looks.
+	hs, err := direct.FindObjects(t.Context(), []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, "behind")})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("find behind: %v %v", hs, err)
+	}
+	if err := direct.DestroyObject(t.Context(), hs[0]); err != nil {
+		t.Fatal(err)
+	}
+	ttl := compareTTL(config.Settings{Interval: time.Hour})
+	stale := ta.d.AgeComparison("g", ttl+time.Second)
+	if gs := list("a comparison older than the bound", false, nil); time.Since(gs.ComparedAt) > ttl || !gs.ComparedAt.After(stale) {
+		t.Fatalf("listgroups showed a comparison made at %v (bound %v, the stale one at %v)", gs.ComparedAt, ttl, stale)
+	}
+
+	// Stale again, and the new comparison does not finish before the
+	// request gives up (a member that hangs): every member needs
+	// synchronisation, and the answer says why and how old the last was.
+	ta.d.AgeComparison("g", ttl+time.Second)
+	release := ta.d.HoldComparison("g")
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	rep, err := ta.d.Groups(ctx, "g", false)
+	cancel()
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs := rep.Groups[0]; !slices.Equal(gs.NeedsSync, []string{"a", "b"}) || !gs.ComparedAt.IsZero() ||
+		!strings.Contains(gs.CompareError, "did not finish (the last: 3h0m") {
+		t.Fatalf("with no comparison within the bound: needs sync %v, compared at %v, error %q", gs.NeedsSync, gs.ComparedAt, gs.CompareError)
+	}
 }

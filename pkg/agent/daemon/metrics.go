@@ -151,7 +151,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rep, err := m.d.Groups(ctx, "")
+	rep, err := m.d.Groups(ctx, "", false)
 	if err != nil {
 		return
 	}

@@ -1,0 +1,108 @@
+package group
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/miekg/pkcs11"
+)
+
+// TestListingReadsWhatMembersAloneKnow: pkcs11-tool -O reads each
+// attribute of each object on its own, and through hsmserve every member
+// call is a round trip. A read of attributes the group answers by itself
+// — CKA_CLASS, CKA_KEY_TYPE and CKA_TOKEN, which no call changes, and the
+// key attributes present gives every key whatever its copy says — costs
+// no member call once the object is listed, and answers exactly what the
+// same read answers beside an attribute only a member knows.
+func TestListingReadsWhatMembersAloneKnow(t *testing.T) {
+	ctx := testContext(t)
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, noHedge: true})
+	s := openSession(t, f.g)
+	for i, ext := range []bool{true, false} {
+		label := fmt.Sprintf("k%d", i)
+		if _, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, !ext),
+			attr(pkcs11.CKA_EXTRACTABLE, ext), attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_VALUE_LEN, 32),
+			attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, []byte(label)),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.CreateObject(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true),
+		attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_LABEL, "d"), attr(pkcs11.CKA_VALUE, []byte("d"))}); err != nil {
+		t.Fatal(err)
+	}
+	hs, err := f.g.Find(ctx, nil)
+	if err != nil || len(hs) != 3 {
+		t.Fatalf("find all: %v, %d objects, want 3", err, len(hs))
+	}
+	calls := func() int {
+		n := 0
+		for _, tok := range f.toks {
+			n += faults.Calls(tok.Name, slottest.All)
+		}
+		return n
+	}
+	keyTypes := []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_TOKEN, pkcs11.CKA_LOCAL, pkcs11.CKA_KEY_GEN_MECHANISM,
+		pkcs11.CKA_ALWAYS_SENSITIVE, pkcs11.CKA_NEVER_EXTRACTABLE, pkcs11.CKA_EXTRACTABLE, pkcs11.CKA_WRAP_WITH_TRUSTED}
+	for _, h := range hs {
+		id, err := f.g.Identity(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		types := []uint{pkcs11.CKA_CLASS, pkcs11.CKA_TOKEN}
+		if id.Class == pkcs11.CKO_SECRET_KEY {
+			types = keyTypes
+		}
+		// What a member answers beside an attribute only it knows; this
+		// also learns what the copies say of CKA_WRAP_WITH_TRUSTED.
+		want, err := f.g.GetAttributes(ctx, h, append([]uint{pkcs11.CKA_LABEL}, types...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := calls()
+		for i, ty := range types {
+			got, err := f.g.GetAttributes(ctx, h, []uint{ty})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := want[i+1]; got[0].Status != w.Status || !bytes.Equal(got[0].Value, w.Value) {
+				t.Errorf("%s: attribute %#x alone reads %+v, beside CKA_LABEL %+v", id, ty, got[0], w)
+			}
+		}
+		if n := calls() - before; n != 0 {
+			t.Errorf("%s: %d member calls to read %d attributes the group answers itself", id, n, len(types))
+		}
+		// An attribute a member alone knows still goes to a member.
+		before = calls()
+		if _, err := f.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL}); err != nil {
+			t.Fatal(err)
+		}
+		if calls() == before {
+			t.Errorf("%s: CKA_LABEL read with no member call", id)
+		}
+		if id.Class != pkcs11.CKO_SECRET_KEY {
+			continue
+		}
+		// The material of a key the application made unextractable is
+		// sensitive whatever a member's copy says: answered alone too.
+		want, err = f.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_LABEL, pkcs11.CKA_VALUE})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before = calls()
+		got, err := f.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_VALUE})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0].Status != want[1].Status || !bytes.Equal(got[0].Value, want[1].Value) {
+			t.Errorf("%s: CKA_VALUE alone reads %+v, beside CKA_LABEL %+v", id, got[0], want[1])
+		}
+		if unext := string(id.Label) == "k1"; unext != (calls() == before) || unext != (got[0].Status == pkcs11.CKR_ATTRIBUTE_SENSITIVE) {
+			t.Errorf("%s: CKA_VALUE read with %d member calls, status %#x", id, calls()-before, got[0].Status)
+		}
+	}
+}
