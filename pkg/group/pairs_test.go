@@ -311,3 +311,25 @@ func TestSignOnlyMemberServesTheKeysItHolds(t *testing.T) {
 		t.Errorf("the SoftHSM member is %v: it was sent a signature with a key it lacks", st)
 	}
 }
+
+// A group of one TPM member makes key pairs as the bare TPM does: the
+// group asks no CKA_EXTRACTABLE=true of a token that wraps nothing (the
+// TPM refuses it with CKR_ATTRIBUTE_VALUE_INVALID), and the key it makes
+// signs through the group and reads unextractable, as on the bare token.
+func TestTPMGroupGeneratesKeys(t *testing.T) {
+	tpm := testhsm.TPM(t, "tpm-member")
+	f := setup(t, setupOpts{toks: []testhsm.Token{tpm}, noDomain: true})
+	signer := ecSigner(t, f.g, "made-on-tpm")
+	res := signLoad(t, signer, 20, 2, nil)
+	reportErrs(t, res.errs)
+	if res.sigs != 20 {
+		t.Errorf("%d good signatures, want 20", res.sigs)
+	}
+	attrs, err := f.g.GetAttributes(testContext(t), signer.h, []uint{pkcs11.CKA_EXTRACTABLE})
+	if err != nil || len(attrs) != 1 || len(attrs[0].Value) != 1 || attrs[0].Value[0] != 0 {
+		t.Errorf("CKA_EXTRACTABLE of the key made through the group: %v, %v; want false", attrs, err)
+	}
+	if err := openSession(t, f.g).DestroyObject(testContext(t), signer.h); err != nil {
+		t.Errorf("destroy the key made through the group: %v", err)
+	}
+}
