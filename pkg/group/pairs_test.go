@@ -184,7 +184,7 @@ var sha256DigestInfo = []byte{0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x
 // (C_CreateObject makes RSA public keys and data objects only), so no key
 // is on both: the bare TPM signs with a key made on it, and the group
 // with the SoftHSM member's key, which the sign-only TPM member is never
-// sent.
+// sent, and with the TPM's key, which only the TPM member is sent.
 func BenchmarkSignTwoMakes(b *testing.B) {
 	for _, c := range []struct {
 		make string
@@ -240,16 +240,27 @@ func BenchmarkSignTwoMakes(b *testing.B) {
 					})
 				})
 			}
-			b.Run("mode=group-softhsm+"+c.make, func(b *testing.B) {
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						if _, err := f.g.Sign(ctx, mech, hs[0], input); err != nil {
-							b.Error(err)
-							return
+			groupKeys := map[string]ObjectHandle{"": hs[0]}
+			if labels[1] != labels[0] {
+				// The key only the TPM holds, which the group serves from it.
+				ths, err := f.g.Find(ctx, privateKey(labels[1]))
+				if err != nil || len(ths) != 1 {
+					b.Fatalf("find the TPM's key through the group: %v, %d found", err, len(ths))
+				}
+				groupKeys["-tpm-key"] = ths[0]
+			}
+			for suffix, h := range groupKeys {
+				b.Run("mode=group-softhsm+"+c.make+suffix, func(b *testing.B) {
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if _, err := f.g.Sign(ctx, mech, h, input); err != nil {
+								b.Error(err)
+								return
+							}
 						}
-					}
+					})
 				})
-			})
+			}
 		})
 	}
 }
