@@ -65,13 +65,7 @@ func TPM(t testing.TB, label string) Token {
 	}
 	// Without a resource manager, what the tools loaded stays in the
 	// TPM's few object slots: flush it, or C_InitToken finds none free.
-	for _, what := range []string{"--transient-object", "--loaded-session", "--saved-session"} {
-		flush := exec.CommandContext(ctx, "tpm2_flushcontext", what)
-		flush.Env = cmd.Env
-		if out, err := flush.CombinedOutput(); err != nil {
-			t.Fatalf("testhsm.TPM: tpm2_flushcontext %s: %v: %s", what, err, out)
-		}
-	}
+	FlushTPM(t, Token{ModuleEnv: env})
 	// The token is made through PKCS#11 (C_InitToken, C_InitPIN): no PIN
 	// on a command line.
 	serial, err := slot.InitModuleToken(ctx, slot.ModuleRef{Path: TPMModule, Env: env}, tpmFreeSerial, label,
@@ -80,6 +74,23 @@ func TPM(t testing.TB, label string) Token {
 		t.Fatalf("testhsm.TPM: make token %s: %v", label, err)
 	}
 	return Token{Name: label, Label: label, Serial: serial, Module: TPMModule, ModuleEnv: env, UserPIN: UserPIN, SOPIN: SOPIN}
+}
+
+// FlushTPM empties the object and session slots of tok's TPM. With no
+// resource manager, what a process loaded there stays after it exits, and
+// the next process finds no slot free (C_Login answers
+// CKR_GENERAL_ERROR): call it between processes that use the token.
+func FlushTPM(t testing.TB, tok Token) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), tpmInitDeadline)
+	defer cancel()
+	for _, what := range []string{"--transient-object", "--loaded-session", "--saved-session"} {
+		flush := exec.CommandContext(ctx, "tpm2_flushcontext", what)
+		flush.Env = withEnv(os.Environ(), "TPM2TOOLS_TCTI", tok.ModuleEnv["TPM2_PKCS11_TCTI"])
+		if out, err := flush.CombinedOutput(); err != nil {
+			t.Fatalf("testhsm: tpm2_flushcontext %s: %v: %s", what, err, out)
+		}
+	}
 }
 
 // startSWTPM runs swtpm on two free loopback ports (commands, control;

@@ -66,7 +66,12 @@ const tokenDefaultSensitive = false
 func (g *Group) protect(ctx context.Context, primary *member.Member, in *intent, tmpl []*pkcs11.Attribute, from *vtable.Object) error {
 	ext, extSet := attrBool(tmpl, pkcs11.CKA_EXTRACTABLE)
 	sens, sensSet := attrBool(tmpl, pkcs11.CKA_SENSITIVE)
-	in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
+	if g.capability(primary).Mechanism || byPairOnly(primary) {
+		// Its copies travel wrapped. A token that wraps nothing (a TPM,
+		// which refuses CKA_EXTRACTABLE=true) keeps what the application
+		// asked, as the bare token.
+		in.tmpl = setAttr(in.tmpl, pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, true))
+	}
 	if from != nil {
 		return g.protectCopy(ctx, in, from, ext, extSet, sens, sensSet)
 	}

@@ -228,12 +228,12 @@ func ulong(b []byte) uint {
 
 // Find returns the virtual handles of the objects matching tmpl that the
 // current login can see. A non-empty template is searched on one healthy
-// member (with failover; a member lacking MechWrapPad, which lacks the
-// keys it could not be sent, only when no other serves) and the results
-// mapped to the other members lazily, when first used there. When no
-// serving member has MechWrapPad, private and secret keys (which the group
-// then makes none of: capability.go) live only where they were put: every
-// serving member is searched and the results joined. An empty template ("find all") lists every
+// member (with failover) and the results mapped to the other members
+// lazily, when first used there. A member lacking MechWrapPad can neither
+// be sent every key nor send its own, so it may hold keys the others lack
+// and lack theirs: while one serves with another member, every serving
+// member is searched and the results joined, so each member serves the
+// keys it holds. An empty template ("find all") lists every
 // serving member once, in parallel, and joins the listings on identity, so
 // its cost is one listing per member, not a look-up per object per member.
 // Objects whose identity is shared by different key material are reported
@@ -242,19 +242,11 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 	if len(tmpl) == 0 {
 		return g.findAll(ctx)
 	}
-	// A member that cannot take wrapped keys lacks some: search it only
-	// when no other member serves.
-	var avoid memberSet
-	for _, m := range g.view().members {
-		if m.Lacks(MechWrapPad) {
-			avoid.add(m.Index())
-		}
-	}
-	if ms := g.serving(); len(ms) > 1 && !slices.ContainsFunc(ms, func(m *member.Member) bool { return !m.Lacks(MechWrapPad) }) {
+	if ms := g.serving(); len(ms) > 1 && slices.ContainsFunc(ms, func(m *member.Member) bool { return m.Lacks(MechWrapPad) }) {
 		return g.findEvery(ctx, ms, tmpl)
 	}
 	var out []ObjectHandle
-	_, err := g.exec(ctx, plan{op: "FindObjects", avoid: avoid}, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
+	_, err := g.exec(ctx, plan{op: "FindObjects"}, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
 		hs, err := g.findOn(ctx, m, s, tmpl)
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package group
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 
@@ -71,6 +72,60 @@ func TestOCKPairReplicates(t *testing.T) {
 	for i, tok := range []testhsm.Token{a, b} {
 		d := openDirect(t, tok)
 		hs, err := d.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "ock-aes"), attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY)})
+		if err != nil || len(hs) != 1 {
+			t.Fatalf("%s holds %d copies of the key (%v), want 1", tok.Name, len(hs), err)
+		}
+		if i == 0 {
+			if ct, err = d.Encrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC, iv), hs[0], msg); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if pt, err := d.Decrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_CBC, iv), hs[0], ct); err != nil || !bytes.Equal(pt, msg) {
+			t.Fatalf("%s's copy decrypts %q, %v; want %q", tok.Name, pt, err, msg)
+		}
+	}
+}
+
+// A group of SoftHSM and the opencryptoki soft token, which share no AES
+// wrap, makes AES keys: each travels by RSA-OAEP under the target's
+// throwaway transport key, the one way their pair proves, and what one
+// copy encrypts the other decrypts. RSA private keys have no way between
+// them (SoftHSM takes a private key only by AES key wrap, and wraps none
+// under RSA): the group refuses to make one while both serve, naming the
+// pair, and says so in CannotHold.
+func TestSoftHSMAndOCKGroupMakesSecretKeys(t *testing.T) {
+	soft := testhsm.Take(t, 1)[0]
+	ock := testhsm.ServeOCK(t, "ock-mix").Token()
+	ock.UserPIN = testhsm.OCKUserPIN
+	f := setup(t, setupOpts{toks: []testhsm.Token{soft, ock}, noDomain: true})
+	ctx := testContext(t)
+	if got := f.g.CannotHold(ock.Name); !slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, "RSA private key") }) ||
+		slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, "secret key") }) {
+		t.Errorf("CannotHold(%s) = %q, want RSA private keys and no secret keys", ock.Name, got)
+	}
+	s := openSession(t, f.g)
+	if _, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VALUE_LEN, 32), attr(pkcs11.CKA_LABEL, "mix-aes"),
+		attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_DECRYPT, true)}); err != nil {
+		t.Fatalf("AES generation through a group of SoftHSM and an opencryptoki soft token: %v", err)
+	}
+	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_MODULUS_BITS, 2048), attr(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
+			attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, "mix-rsa")},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "mix-rsa")})
+	if code := CodeOf(err); code != pkcs11.CKR_MECHANISM_INVALID {
+		t.Errorf("RSA generation through the group: %v, want CKR_MECHANISM_INVALID (no way carries RSA private keys between the two)", err)
+	}
+	iv := bytes.Repeat([]byte{3}, 16)
+	msg := []byte("sixteen byte msg")
+	var ct []byte
+	for i, tok := range []testhsm.Token{soft, ock} {
+		d := openDirect(t, tok)
+		if hs, err := d.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "mix-rsa")}); err != nil || len(hs) != 0 {
+			t.Errorf("%s holds %d mix-rsa objects (%v), want none", tok.Name, len(hs), err)
+		}
+		hs, err := d.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, "mix-aes"), attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY)})
 		if err != nil || len(hs) != 1 {
 			t.Fatalf("%s holds %d copies of the key (%v), want 1", tok.Name, len(hs), err)
 		}

@@ -184,8 +184,7 @@ var sha256DigestInfo = []byte{0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x
 // (C_CreateObject makes RSA public keys and data objects only), so no key
 // is on both: the bare TPM signs with a key made on it, and the group
 // with the SoftHSM member's key, which the sign-only TPM member is never
-// sent (a key only the TPM holds is not found through the group while
-// another member serves).
+// sent, and with the TPM's key, which only the TPM member is sent.
 func BenchmarkSignTwoMakes(b *testing.B) {
 	for _, c := range []struct {
 		make string
@@ -241,16 +240,27 @@ func BenchmarkSignTwoMakes(b *testing.B) {
 					})
 				})
 			}
-			b.Run("mode=group-softhsm+"+c.make, func(b *testing.B) {
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						if _, err := f.g.Sign(ctx, mech, hs[0], input); err != nil {
-							b.Error(err)
-							return
+			groupKeys := map[string]ObjectHandle{"": hs[0]}
+			if labels[1] != labels[0] {
+				// The key only the TPM holds, which the group serves from it.
+				ths, err := f.g.Find(ctx, privateKey(labels[1]))
+				if err != nil || len(ths) != 1 {
+					b.Fatalf("find the TPM's key through the group: %v, %d found", err, len(ths))
+				}
+				groupKeys["-tpm-key"] = ths[0]
+			}
+			for suffix, h := range groupKeys {
+				b.Run("mode=group-softhsm+"+c.make+suffix, func(b *testing.B) {
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if _, err := f.g.Sign(ctx, mech, h, input); err != nil {
+								b.Error(err)
+								return
+							}
 						}
-					}
+					})
 				})
-			})
+			}
 		})
 	}
 }
@@ -277,5 +287,60 @@ func TestSignOnlyMemberNeverGetsAKeyItLacks(t *testing.T) {
 	}
 	if st := memberState(f.g, tpm.Name); st != member.Active {
 		t.Errorf("the TPM member is %v: it was sent a signature with a key it lacks", st)
+	}
+}
+
+// A sign-only member serves the keys it holds: a key pair made on the
+// TPM member alone (it can be sent none, nor send one) is found through
+// the group beside a SoftHSM member, signed with every time, and the
+// SoftHSM member, which lacks it, is never sent a signature with it.
+func TestSignOnlyMemberServesTheKeysItHolds(t *testing.T) {
+	soft := testhsm.Take(t, 1)[0]
+	tpm := testhsm.TPM(t, "tpm-member")
+	ctx := testContext(t)
+	if _, _, err := openDirect(t, tpm).GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_EC_PARAMS, p256), attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VERIFY, true), attr(pkcs11.CKA_LABEL, "tpm-only")},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_LABEL, "tpm-only")}); err != nil {
+		t.Fatalf("EC key pair on the TPM: %v", err)
+	}
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{toks: []testhsm.Token{soft, tpm}, noDomain: true, policy: config.PolicyRoundRobin, interceptor: faults})
+	pubs, err := f.g.Find(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), attr(pkcs11.CKA_LABEL, "tpm-only")})
+	if err != nil || len(pubs) != 1 {
+		t.Fatalf("find the TPM's public key through the group: %d found, %v", len(pubs), err)
+	}
+	signer := ecKeyOf(t, f.g, "tpm-only", ecPublic(t, f.g, pubs[0]))
+	for _, op := range []slot.Op{slot.OpSign, slot.OpSignInit} {
+		faults.Fail(soft.Name, op, errDevice)
+	}
+	res := signLoad(t, signer, 100, 2, nil)
+	reportErrs(t, res.errs)
+	if res.sigs != 100 {
+		t.Errorf("%d good signatures, want 100", res.sigs)
+	}
+	if st := memberState(f.g, soft.Name); st != member.Active {
+		t.Errorf("the SoftHSM member is %v: it was sent a signature with a key it lacks", st)
+	}
+}
+
+// A group of one TPM member makes key pairs as the bare TPM does: the
+// group asks no CKA_EXTRACTABLE=true of a token that wraps nothing (the
+// TPM refuses it with CKR_ATTRIBUTE_VALUE_INVALID), and the key it makes
+// signs through the group and reads unextractable, as on the bare token.
+func TestTPMGroupGeneratesKeys(t *testing.T) {
+	tpm := testhsm.TPM(t, "tpm-member")
+	f := setup(t, setupOpts{toks: []testhsm.Token{tpm}, noDomain: true})
+	signer := ecSigner(t, f.g, "made-on-tpm")
+	res := signLoad(t, signer, 20, 2, nil)
+	reportErrs(t, res.errs)
+	if res.sigs != 20 {
+		t.Errorf("%d good signatures, want 20", res.sigs)
+	}
+	attrs, err := f.g.GetAttributes(testContext(t), signer.h, []uint{pkcs11.CKA_EXTRACTABLE})
+	if err != nil || len(attrs) != 1 || len(attrs[0].Value) != 1 || attrs[0].Value[0] != 0 {
+		t.Errorf("CKA_EXTRACTABLE of the key made through the group: %v, %v; want false", attrs, err)
+	}
+	if err := openSession(t, f.g).DestroyObject(testContext(t), signer.h); err != nil {
+		t.Errorf("destroy the key made through the group: %v", err)
 	}
 }

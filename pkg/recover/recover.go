@@ -74,6 +74,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/internal/filelock"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
@@ -785,12 +786,25 @@ func (r *Recoverer) lacking() map[string]bool {
 	out := map[string]bool{}
 	for _, snap := range r.eng.Members() {
 		for _, mech := range snap.MissingMechanisms {
-			if mech == wrapMechanism {
+			if mech == wrapMechanism && !r.byPairs(snap.Name) {
 				out[snap.Name] = true
 			}
 		}
 	}
 	return out
+}
+
+// byPairs reports whether member name's make carries keys by the ways its
+// pairs proved although it lacks the wrap mechanism (the opencryptoki soft
+// token): its copies are tried, and a key no way carries is left out as
+// it fails (hasync.ErrCannotCross).
+func (r *Recoverer) byPairs(name string) bool {
+	m, ok := r.eng.Member(name)
+	if !ok || m.Slot() == nil {
+		return false
+	}
+	t := m.Slot().Token()
+	return tokenquirk.CarriesKeysByPairOnly(t.Manufacturer, t.Model)
 }
 
 // capableFirst orders members so that those that can wrap keys come

@@ -167,7 +167,14 @@ func (j *replication) createCrossed(ctx context.Context, tmpl []*pkcs11.Attribut
 	if !ok {
 		return 0, fmt.Errorf("the target cannot agree a transit key")
 	}
-	wrapper, unwrapper, drop, err := j.agreeTransit(ctx, ds)
+	var wrapper, unwrapper pkcs11.ObjectHandle
+	var drop func()
+	if j.way.Wrap == pkcs11.CKM_RSA_PKCS_OAEP {
+		// The key itself goes under the target's transport key.
+		wrapper, unwrapper, drop, err = transportKeys(ctx, j.src.slot, j.src.name(), ds, true)
+	} else {
+		wrapper, unwrapper, drop, err = j.agreeTransit(ctx, ds)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -224,15 +231,58 @@ func (j *replication) agreeTransit(ctx context.Context, ds agreer) (wrapper, unw
 	return wrapper, unwrapper, drop, nil
 }
 
-// transportTransit is agreeTransit by RSA key transport: the target makes
-// a throwaway RSA-2048 pair whose private half unwraps only; the source
-// makes the AES-256 transit key and wraps it under the target's public
-// key (RSA-OAEP, or PKCS #1 v1.5 where the token has no OAEP wrap: the
-// pair is used once, so no oracle answers for it); the target unwraps it
-// as a key that unwraps only. The source's transit key must be
-// extractable to be wrapped: a private session object of this process
-// that wraps only, destroyed once the copy is made, as the agreed key is.
+// transportTransit is agreeTransit by RSA key transport: the target's
+// throwaway RSA pair (transportKeys) carries the AES-256 transit key the
+// source makes. The source's transit key must be extractable to be
+// wrapped: a private session object of this process that wraps only,
+// destroyed once the copy is made, as the agreed key is.
 func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, unwrapper pkcs11.ObjectHandle, drop func(), err error) {
+	srcPub, priv, drop, err := transportKeys(ctx, src, src.Name(), ds, true)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	fail := func(format string, err error) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, func(), error) {
+		drop()
+		return 0, 0, nil, fmt.Errorf(format, err)
+	}
+	secret := func(wrap bool) []*pkcs11.Attribute {
+		return []*pkcs11.Attribute{boolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel),
+			pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
+			boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, wrap),
+			boolAttr(pkcs11.CKA_WRAP, wrap), boolAttr(pkcs11.CKA_UNWRAP, !wrap), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_DECRYPT, false)}
+	}
+	if wrapper, err = src.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil),
+		append(secret(true), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32))); err != nil {
+		return fail("on "+src.Name()+": make the transit key: %w", err)
+	}
+	dropKeys := drop
+	drop = func() { destroyTransit(ctx, src, wrapper); dropKeys() }
+	for _, m := range []*pkcs11.Mechanism{transitMech(pkcs11.CKM_RSA_PKCS_OAEP), pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil)} {
+		var blob []byte
+		if blob, err = src.WrapKey(ctx, m, srcPub, wrapper); err == nil {
+			unwrapper, err = ds.UnwrapKey(ctx, m, priv, blob, secret(false))
+			clear(blob)
+		}
+		if err == nil {
+			dropRest := drop
+			drop = func() { destroyTransit(ctx, ds, unwrapper); dropRest() }
+			return wrapper, unwrapper, drop, nil
+		}
+		if slot.ClassOf(err) != slot.ClassRequest {
+			break
+		}
+	}
+	return fail("transport the transit key under RSA: %w", err)
+}
+
+// transportKeys makes the keys of an RSA key transport from src (named
+// srcName) to ds: a throwaway RSA-2048 pair on ds whose private half
+// unwraps only, and its public half imported on src to wrap only (RSA-OAEP,
+// or PKCS #1 v1.5 where the token has no OAEP wrap: the pair is used once,
+// so no oracle answers for it). private makes the private half a private
+// object (a pair proof, which needs no login, makes it public). drop
+// destroys them.
+func transportKeys(ctx context.Context, src agreer, srcName string, ds agreer, private bool) (wrapper, unwrapper pkcs11.ObjectHandle, drop func(), err error) {
 	var made []func()
 	drop = func() {
 		for _, d := range slices.Backward(made) {
@@ -247,10 +297,10 @@ func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, 
 	pub, priv, err := ds.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 		append(slices.Clone(session), pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048), pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
 			boolAttr(pkcs11.CKA_WRAP, false), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_VERIFY, false)),
-		append(slices.Clone(session), boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_UNWRAP, true), boolAttr(pkcs11.CKA_DECRYPT, false),
+		append(slices.Clone(session), boolAttr(pkcs11.CKA_PRIVATE, private), boolAttr(pkcs11.CKA_UNWRAP, true), boolAttr(pkcs11.CKA_DECRYPT, false),
 			boolAttr(pkcs11.CKA_SIGN, false), boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, false)))
 	if err != nil {
-		return fail("make a key pair to transport a transit key: %w", err)
+		return fail("make a key pair for RSA key transport: %w", err)
 	}
 	made = append(made, func() { destroyTransit(ctx, ds, pub) }, func() { destroyTransit(ctx, ds, priv) })
 	a, err := readAttrs(ctx, ds, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
@@ -265,37 +315,10 @@ func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, 
 		pkcs11.NewAttribute(pkcs11.CKA_MODULUS, a[pkcs11.CKA_MODULUS]), pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, a[pkcs11.CKA_PUBLIC_EXPONENT]),
 		boolAttr(pkcs11.CKA_WRAP, true), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_VERIFY, false)))
 	if err != nil {
-		return fail("on "+src.Name()+": import the transport key: %w", err)
+		return fail("on "+srcName+": import the transport key: %w", err)
 	}
 	made = append(made, func() { destroyTransit(ctx, src, srcPub) })
-	secret := func(wrap bool) []*pkcs11.Attribute {
-		return append(slices.Clone(session), pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-			boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, wrap),
-			boolAttr(pkcs11.CKA_WRAP, wrap), boolAttr(pkcs11.CKA_UNWRAP, !wrap), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_DECRYPT, false))
-	}
-	if wrapper, err = src.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil),
-		append(secret(true), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32))); err != nil {
-		return fail("on "+src.Name()+": make the transit key: %w", err)
-	}
-	made = append(made, func() { destroyTransit(ctx, src, wrapper) })
-	for _, m := range []*pkcs11.Mechanism{
-		pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_OAEP, pkcs11.NewOAEPParams(pkcs11.CKM_SHA_1, pkcs11.CKG_MGF1_SHA1, pkcs11.CKZ_DATA_SPECIFIED, nil)),
-		pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil),
-	} {
-		var blob []byte
-		if blob, err = src.WrapKey(ctx, m, srcPub, wrapper); err == nil {
-			unwrapper, err = ds.UnwrapKey(ctx, m, priv, blob, secret(false))
-			clear(blob)
-		}
-		if err == nil {
-			made = append(made, func() { destroyTransit(ctx, ds, unwrapper) })
-			return wrapper, unwrapper, drop, nil
-		}
-		if slot.ClassOf(err) != slot.ClassRequest {
-			break
-		}
-	}
-	return fail("transport the transit key under RSA: %w", err)
+	return srcPub, priv, drop, nil
 }
 
 // laterTypes are the attributes a make may refuse in an unwrap template
@@ -372,15 +395,18 @@ func unwrapThenProtect(ctx context.Context, ds agreer, m *pkcs11.Mechanism, unwr
 }
 
 // crossDefaults are attributes a copy leaves to the target when they
-// hold their default: NSS 3.87 answers CKR_GENERAL_ERROR to CKA_COPYABLE
-// in a template at all, so only a value the source changed is asked for
-// (and a make that cannot keep it refuses the copy).
-var crossDefaults = map[uint]bool{pkcs11.CKA_COPYABLE: true, pkcs11.CKA_DESTROYABLE: true, pkcs11.CKA_MODIFIABLE: true}
+// hold their default (the value here): NSS 3.87 answers CKR_GENERAL_ERROR
+// to CKA_COPYABLE in a template at all, and opencryptoki 3.8's soft token
+// (a v2.20 token) CKR_ATTRIBUTE_TYPE_INVALID to CKA_WRAP_WITH_TRUSTED, so
+// only a value the source changed is asked for (and a make that cannot
+// keep it refuses the copy).
+var crossDefaults = map[uint]bool{pkcs11.CKA_COPYABLE: true, pkcs11.CKA_DESTROYABLE: true, pkcs11.CKA_MODIFIABLE: true,
+	pkcs11.CKA_WRAP_WITH_TRUSTED: false}
 
 func withoutDefaults(tmpl []*pkcs11.Attribute) []*pkcs11.Attribute {
 	out := make([]*pkcs11.Attribute, 0, len(tmpl))
 	for _, a := range tmpl {
-		if crossDefaults[a.Type] && len(a.Value) == 1 && a.Value[0] != 0 {
+		if def, ok := crossDefaults[a.Type]; ok && len(a.Value) == 1 && (a.Value[0] != 0) == def {
 			continue
 		}
 		out = append(out, a)

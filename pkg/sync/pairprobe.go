@@ -59,6 +59,8 @@ func transitMechName(m uint) string {
 		return "CKM_AES_KEY_WRAP_KWP"
 	case pkcs11.CKM_AES_CBC_PAD:
 		return "CKM_AES_CBC_PAD"
+	case pkcs11.CKM_RSA_PKCS_OAEP:
+		return "CKM_RSA_PKCS_OAEP under the target's throwaway RSA key"
 	}
 	return mechanismName(m)
 }
@@ -68,11 +70,22 @@ func transitMechName(m uint) string {
 var transitIV = bytes.Repeat([]byte{0x5a}, 16)
 
 func transitMech(m uint) *pkcs11.Mechanism {
-	if m == pkcs11.CKM_AES_CBC_PAD {
+	switch m {
+	case pkcs11.CKM_AES_CBC_PAD:
 		return pkcs11.NewMechanism(m, transitIV)
+	case pkcs11.CKM_RSA_PKCS_OAEP:
+		return pkcs11.NewMechanism(m, pkcs11.NewOAEPParams(pkcs11.CKM_SHA_1, pkcs11.CKG_MGF1_SHA1, pkcs11.CKZ_DATA_SPECIFIED, nil))
 	}
 	return pkcs11.NewMechanism(m, nil)
 }
+
+// rsaTransport is the way of last resort, tried for a kind of key no AES
+// way carried: the key itself wrapped with RSA-OAEP under a throwaway RSA
+// pair of the target's (transportKeys), for a pair with no AES wrap in
+// common: SoftHSM 2.6.1 unwraps with AES key wrap or RSA only, and the
+// opencryptoki 3.8 soft token wraps with AES ECB/CBC/CBC-PAD or RSA only.
+// Only a secret key is short enough, and SoftHSM wraps no private key so.
+var rsaTransport = Way{pkcs11.CKM_RSA_PKCS_OAEP, pkcs11.CKM_RSA_PKCS_OAEP}
 
 // PairWays is what a pair of members proved: for each class of key
 // (secret, private), the ways that carried a throwaway key of that class
@@ -294,7 +307,9 @@ func ProvePair(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []ui
 		return r
 	}
 	slices.SortStableFunc(ways, func(a, b Way) int { return rank(a) - rank(b) })
-	if len(ways) == 0 {
+	rsa := slices.Contains(srcMechs, rsaTransport.Wrap) && slices.Contains(dstMechs, rsaTransport.Unwrap) &&
+		(len(only) == 0 || slices.Contains(only, rsaTransport))
+	if len(ways) == 0 && !rsa {
 		for _, t := range pairTrials {
 			p.Untried = append(p.Untried, t.name)
 		}
@@ -325,6 +340,20 @@ func ProvePair(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []ui
 	}
 	for _, t := range pairTrials {
 		if err := t.prove(ctx, &p, ss, ds, skek, dkek, ways); err != nil {
+			return p, fmt.Errorf("prove how %ss travel from %s to %s: %w", t.name, src.Name(), dst.Name(), err)
+		}
+		if !rsa || t.class != pkcs11.CKO_SECRET_KEY || len(p.Ways[t.name]) > 0 || slices.Contains(p.Untried, t.name) {
+			continue
+		}
+		wrapper, unwrapper, drop, err := transportKeys(ctx, ss, src.Name(), ds, false)
+		if err == nil {
+			err = t.prove(ctx, &p, ss, ds, wrapper, unwrapper, []Way{rsaTransport})
+			drop()
+		} else if !unwell(err) {
+			p.Failed[t.name+" by "+rsaTransport.String()] = "no transport key pair: " + err.Error()
+			err = nil
+		}
+		if err != nil {
 			return p, fmt.Errorf("prove how %ss travel from %s to %s: %w", t.name, src.Name(), dst.Name(), err)
 		}
 	}
@@ -421,7 +450,7 @@ func (t pairTrial) try(ctx context.Context, ss, ds *slot.Session, skek, dkek, ke
 func ProvePairKnown(ctx context.Context, src, dst *slot.Slot, srcMechs, dstMechs []uint, facts Facts, only ...Way) (PairWays, error) {
 	key := ""
 	if sk, dk := tokenKey(src), tokenKey(dst); sk != "" && dk != "" && facts != nil {
-		key = fmt.Sprintf("pair2\x00%s\x00%x\x00%s\x00%x\x00%v", sk, sortedMechs(srcMechs), dk, sortedMechs(dstMechs), only)
+		key = fmt.Sprintf("pair3\x00%s\x00%x\x00%s\x00%x\x00%v", sk, sortedMechs(srcMechs), dk, sortedMechs(dstMechs), only)
 		if b, ok := facts.Load(key); ok {
 			var p PairWays
 			if json.Unmarshal(b, &p) == nil && p.Source == src.Name() && p.Target == dst.Name() && p.Ways != nil {

@@ -45,6 +45,9 @@ func (b *syncBuffer) String() string {
 }
 
 func startDriver(w *world) (*driver, error) {
+	if w.reset != nil {
+		w.reset()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &driver{cancel: cancel, lines: make(chan string)}
 	d.ctx = ctx

@@ -30,6 +30,9 @@ type world struct {
 	// wrap, when set, runs the driver's argv where the token is reached
 	// (opencryptoki's namespace).
 	wrap func(ctx context.Context, argv ...string) *exec.Cmd
+	// reset, when set, runs before each driver starts (the TPM's slots
+	// emptied of what the last one left).
+	reset func()
 }
 
 // newWorld makes a fresh configuration: members == 0 is a bare SoftHSM
