@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 
 	"github.com/hagroup/hagroup/internal/mechparam"
 	"github.com/miekg/pkcs11"
@@ -121,8 +122,6 @@ func (e *encoder) uints(vs []uint) {
 	}
 }
 
-func (e *encoder) version(v pkcs11.Version) { e.b = append(e.b, v.Major, v.Minor) }
-
 // decoder reads what encoder wrote from one frame. The first error
 // sticks and every later read returns zero; byte strings alias the
 // frame.
@@ -237,16 +236,6 @@ func (d *decoder) uints() []uint {
 	return vs
 }
 
-func (d *decoder) version() pkcs11.Version {
-	if len(d.b) < 2 {
-		d.fail(errShort)
-		return pkcs11.Version{}
-	}
-	v := pkcs11.Version{Major: d.b[0], Minor: d.b[1]}
-	d.b = d.b[2:]
-	return v
-}
-
 // end reports the first error, or bytes left over after the value.
 func (d *decoder) end() error {
 	if d.err == nil && len(d.b) > 0 {
@@ -261,38 +250,113 @@ func present[T any](e *encoder, p *T) bool {
 	return p != nil
 }
 
-// The messages, field by field. A reader checks every count and length
-// against the bounds and the bytes left in the frame before it
-// allocates.
-
-func (h *hello) encode(e *encoder) { e.string(h.Magic); e.uint(uint(h.Version)) }
-
-func (h *hello) decode(d *decoder) { h.Magic = d.string(); h.Version = int(d.uint()) }
-
-func (w *welcome) encode(e *encoder) { e.uint(uint(w.Version)); e.string(w.Err) }
-
-func (w *welcome) decode(d *decoder) { w.Version = int(d.uint()); w.Err = d.string() }
-
-func (q *request) encode(e *encoder) {
-	e.uint(uint(q.ID))
-	e.uint(uint(q.Op))
-	for _, v := range []uint{q.Slot, q.Session, q.Object, q.Object2, q.N} {
-		e.uint(v)
+// value writes v by its type: a number as a uvarint (a byte as itself), a
+// string, a byte string, a boolean, a list of numbers, a template, a list
+// of attribute arrays, a mechanism (mech.encode), a structure field by
+// field, and a pointer to one as whether it is set and the structure.
+func (e *encoder) value(v reflect.Value) {
+	switch x := v.Interface().(type) {
+	case []byte:
+		e.bytes(x)
+	case []uint:
+		e.uints(x)
+	case []*pkcs11.Attribute:
+		e.attrs(x)
+	case []nestedAttr:
+		e.uint(uint(len(x)))
+		for _, n := range x {
+			e.value(reflect.ValueOf(n))
+		}
+	case *mech:
+		if present(e, x) {
+			x.encode(e)
+		}
+	case byte:
+		e.b = append(e.b, x)
+	case string:
+		e.string(x)
+	case bool:
+		e.bool(x)
+	default:
+		switch v.Kind() {
+		case reflect.Pointer:
+			if e.bool(!v.IsNil()); !v.IsNil() {
+				e.value(v.Elem())
+			}
+		case reflect.Struct:
+			for i := range v.NumField() {
+				e.value(v.Field(i))
+			}
+		case reflect.Int:
+			e.uint(uint(v.Int()))
+		default:
+			e.uint(uint(v.Uint()))
+		}
 	}
-	if present(e, q.Mech) {
-		q.Mech.encode(e)
-	}
-	e.attrs(q.Attrs)
-	e.attrs(q.Attrs2)
-	e.uint(uint(len(q.Nested)))
-	for _, n := range q.Nested {
-		e.uint(n.Type)
-		e.attrs(n.Attrs)
-	}
-	e.bytes(q.Data)
-	e.bytes(q.Data2)
-	e.bytes(q.PIN)
 }
+
+// value reads into v, addressable, what encoder.value wrote, checking
+// every count against its bound.
+func (d *decoder) value(v reflect.Value) {
+	switch p := v.Addr().Interface().(type) {
+	case *[]byte:
+		*p = d.bytes()
+	case *[]uint:
+		*p = d.uints()
+	case *[]*pkcs11.Attribute:
+		*p = d.attrs()
+	case *[]nestedAttr:
+		if n := d.count(MaxNested, "attribute arrays"); n > 0 {
+			*p = make([]nestedAttr, n)
+			for i := range *p {
+				d.value(reflect.ValueOf(&(*p)[i]).Elem())
+			}
+		}
+	case **mech:
+		if d.bool() {
+			*p = new(mech)
+			(*p).decode(d)
+		}
+	case *byte:
+		if len(d.b) == 0 {
+			d.fail(errShort)
+			return
+		}
+		*p, d.b = d.b[0], d.b[1:]
+	case *string:
+		*p = d.string()
+	case *bool:
+		*p = d.bool()
+	default:
+		switch v.Kind() {
+		case reflect.Pointer:
+			if d.bool() {
+				v.Set(reflect.New(v.Type().Elem()))
+				d.value(v.Elem())
+			}
+		case reflect.Struct:
+			for i := range v.NumField() {
+				d.value(v.Field(i))
+			}
+		case reflect.Int:
+			v.SetInt(int64(d.uint()))
+		default:
+			v.SetUint(uint64(d.uint()))
+		}
+	}
+}
+
+// The messages, field by field in their order (value). A reader checks
+// every count and length against the bounds and the bytes left in the
+// frame before it allocates.
+
+func (h *hello) encode(e *encoder)    { e.value(reflect.ValueOf(h).Elem()) }
+func (h *hello) decode(d *decoder)    { d.value(reflect.ValueOf(h).Elem()) }
+func (w *welcome) encode(e *encoder)  { e.value(reflect.ValueOf(w).Elem()) }
+func (w *welcome) decode(d *decoder)  { d.value(reflect.ValueOf(w).Elem()) }
+func (q *request) encode(e *encoder)  { e.value(reflect.ValueOf(q).Elem()) }
+func (r *response) encode(e *encoder) { e.value(reflect.ValueOf(r).Elem()) }
+func (r *response) decode(d *decoder) { d.value(reflect.ValueOf(r).Elem()) }
 
 // decodeHead reads a request's ID and op, so that a request whose body
 // breaks a bound can still be answered.
@@ -301,23 +365,12 @@ func (q *request) decodeHead(d *decoder) {
 	q.Op = op(d.uint())
 }
 
+// decodeBody reads the rest of the request.
 func (q *request) decodeBody(d *decoder) {
-	q.Slot, q.Session, q.Object, q.Object2, q.N = d.uint(), d.uint(), d.uint(), d.uint(), d.uint()
-	if d.bool() {
-		q.Mech = new(mech)
-		q.Mech.decode(d)
+	v := reflect.ValueOf(q).Elem()
+	for i := 2; i < v.NumField(); i++ {
+		d.value(v.Field(i))
 	}
-	q.Attrs = d.attrs()
-	q.Attrs2 = d.attrs()
-	if n := d.count(MaxNested, "attribute arrays"); n > 0 {
-		q.Nested = make([]nestedAttr, n)
-		for i := range q.Nested {
-			q.Nested[i] = nestedAttr{Type: d.uint(), Attrs: d.attrs()}
-		}
-	}
-	q.Data = d.bytes()
-	q.Data2 = d.bytes()
-	q.PIN = d.bytes()
 }
 
 func (m *mech) encode(e *encoder) {
@@ -405,89 +458,4 @@ func decodeValue(d *decoder, l *mechparam.Layout, depth int) *mechparam.Value {
 		return nil
 	}
 	return v
-}
-
-func (r *response) encode(e *encoder) {
-	e.uint(uint(r.ID))
-	e.uint(r.RV)
-	e.string(r.Err)
-	e.uint(r.Handle)
-	e.uint(r.Handle2)
-	e.uints(r.Handles)
-	e.bool(r.More)
-	e.bytes(r.Data)
-	e.attrs(r.Attrs)
-	if i := r.Info; present(e, i) {
-		e.version(i.CryptokiVersion)
-		e.string(i.ManufacturerID)
-		e.uint(i.Flags)
-		e.string(i.LibraryDescription)
-		e.version(i.LibraryVersion)
-	}
-	if s := r.SlotInfo; present(e, s) {
-		e.string(s.SlotDescription)
-		e.string(s.ManufacturerID)
-		e.uint(s.Flags)
-		e.version(s.HardwareVersion)
-		e.version(s.FirmwareVersion)
-	}
-	if t := r.TokenInfo; present(e, t) {
-		for _, s := range []string{t.Label, t.ManufacturerID, t.Model, t.SerialNumber, t.UTCTime} {
-			e.string(s)
-		}
-		for _, v := range []uint{t.Flags, t.MaxSessionCount, t.SessionCount, t.MaxRwSessionCount, t.RwSessionCount,
-			t.MaxPinLen, t.MinPinLen, t.TotalPublicMemory, t.FreePublicMemory, t.TotalPrivateMemory, t.FreePrivateMemory} {
-			e.uint(v)
-		}
-		e.version(t.HardwareVersion)
-		e.version(t.FirmwareVersion)
-	}
-	if m := r.MechInfo; present(e, m) {
-		e.uint(m.MinKeySize)
-		e.uint(m.MaxKeySize)
-		e.uint(m.Flags)
-	}
-	if s := r.SessionInfo; present(e, s) {
-		e.uint(s.SlotID)
-		e.uint(s.State)
-		e.uint(s.Flags)
-		e.uint(s.DeviceError)
-	}
-}
-
-func (r *response) decode(d *decoder) {
-	r.ID = uint64(d.uint())
-	r.RV = d.uint()
-	r.Err = d.string()
-	r.Handle = d.uint()
-	r.Handle2 = d.uint()
-	r.Handles = d.uints()
-	r.More = d.bool()
-	r.Data = d.bytes()
-	r.Attrs = d.attrs()
-	if d.bool() {
-		r.Info = &pkcs11.Info{CryptokiVersion: d.version(), ManufacturerID: d.string(), Flags: d.uint(),
-			LibraryDescription: d.string(), LibraryVersion: d.version()}
-	}
-	if d.bool() {
-		r.SlotInfo = &pkcs11.SlotInfo{SlotDescription: d.string(), ManufacturerID: d.string(), Flags: d.uint(),
-			HardwareVersion: d.version(), FirmwareVersion: d.version()}
-	}
-	if d.bool() {
-		t := &pkcs11.TokenInfo{Label: d.string(), ManufacturerID: d.string(), Model: d.string(),
-			SerialNumber: d.string(), UTCTime: d.string()}
-		for _, p := range []*uint{&t.Flags, &t.MaxSessionCount, &t.SessionCount, &t.MaxRwSessionCount, &t.RwSessionCount,
-			&t.MaxPinLen, &t.MinPinLen, &t.TotalPublicMemory, &t.FreePublicMemory, &t.TotalPrivateMemory, &t.FreePrivateMemory} {
-			*p = d.uint()
-		}
-		t.HardwareVersion = d.version()
-		t.FirmwareVersion = d.version()
-		r.TokenInfo = t
-	}
-	if d.bool() {
-		r.MechInfo = &pkcs11.MechanismInfo{MinKeySize: d.uint(), MaxKeySize: d.uint(), Flags: d.uint()}
-	}
-	if d.bool() {
-		r.SessionInfo = &pkcs11.SessionInfo{SlotID: d.uint(), State: d.uint(), Flags: d.uint(), DeviceError: d.uint()}
-	}
 }

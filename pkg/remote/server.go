@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -835,230 +836,193 @@ func (p *peer) exec(q *request) *response {
 	return r
 }
 
-// data, attrs and handle put a call's result in r and return its error.
-func (r *response) data(v []byte, err error) error { r.Data = v; return err }
-
-func (r *response) attrs(v []*pkcs11.Attribute, err error) error { r.Attrs = v; return err }
-
-func (r *response) handle(h pkcs11.ObjectHandle, err error) error { r.Handle = uint(h); return err }
-
+// run runs q on the module: a PKCS#11 function by served.call, after the
+// checks and the bookkeeping of the few that need them.
 func (p *peer) run(q *request, r *response) error {
 	m := p.m
-	c := m.ctx
-	switch q.Op {
-	case opGetInfo:
-		v, err := c.GetInfo()
-		r.Info = &v
-		return err
-	case opGetSlotList:
-		ids, err := c.GetSlotList(q.N != 0)
-		if err != nil {
-			return err
-		}
-		for _, id := range ids {
-			if m.slotServed(id) == nil {
-				r.Handles = append(r.Handles, id)
-			}
-		}
-		return nil
-	case opGetSlotInfo, opGetTokenInfo, opGetMechanismList, opGetMechanismInfo, opOpenSession:
-		if err := m.slotServed(q.Slot); err != nil {
-			return err
-		}
-		return p.runSlot(q, r)
-	}
-	if q.Op == opInvalid || q.Op >= opCount {
+	var fn reflect.Value // the function's method of *pkcs11.Ctx; none for hagroup's own
+	switch {
+	case q.Op == opInvalid || q.Op >= opCount:
 		return fmt.Errorf("unknown operation %d (protocol version %d)", uint8(q.Op), ProtocolVersion)
+	case q.Op < opFunctions && functions[q.Op].ctx == nil:
+		return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
+	case q.Op < opFunctions:
+		fn = reflect.ValueOf(functions[q.Op].ctx)
+	}
+	if fn.IsValid() && (fn.Type().NumIn() == 1 || fn.Type().In(1) != typeSession) {
+		return p.runSlot(q, r, fn)
 	}
 	sh, objects, err := p.session(q.Session)
 	if err != nil {
 		return err
 	}
-	ms, free, err := mechIn(q.Mech)
-	if err != nil {
-		return err
-	}
-	defer free()
 	// The client's deadline bounds the wait; the server has none of its own.
 	hold, err := objects.Acquire(context.Background(), objectAccess(q.Op))
 	if err != nil {
 		return err
 	}
 	defer hold.Release()
-	obj := pkcs11.ObjectHandle(q.Object)
 	switch q.Op {
 	case opCloseSession:
 		p.smu.Lock()
 		delete(p.sessions, sh)
 		p.smu.Unlock()
-		return c.CloseSession(sh)
-	case opGetSessionInfo:
-		v, err := c.GetSessionInfo(sh)
-		r.SessionInfo = &v
-		return err
 	case opLogin:
-		pin := string(q.PIN)
-		clear(q.PIN)
 		unlock, err := m.lockLogin(sh)
 		if err != nil {
 			return err
 		}
 		defer unlock()
-		return c.Login(sh, q.N, pin)
-	case opLogout:
-		return c.Logout(sh)
-	case opCreateObject:
-		return r.handle(c.CreateObject(sh, q.Attrs))
-	case opCreateObjectNested:
-		if m.fl == nil {
-			return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
-		}
-		nested := make(map[uint][]*pkcs11.Attribute, len(q.Nested))
-		for _, n := range q.Nested {
-			nested[n.Type] = n.Attrs
-		}
-		return r.handle(p11raw.CreateObjectNested(m.fl, sh, q.Attrs, nested))
-	case opCopyObject:
-		return r.handle(c.CopyObject(sh, obj, q.Attrs))
-	case opDestroyObject:
-		return c.DestroyObject(sh, obj)
-	case opGetAttributeValue:
-		return r.attrs(c.GetAttributeValue(sh, obj, q.Attrs))
-	case opGetNestedAttribute:
-		if m.fl == nil {
-			return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
-		}
-		return r.attrs(p11raw.GetNestedAttribute(m.fl, sh, obj, q.N))
-	case opSetAttributeValue:
-		return c.SetAttributeValue(sh, obj, q.Attrs)
-	case opFindObjectsInit:
-		return c.FindObjectsInit(sh, q.Attrs)
 	case opFindObjects:
 		// A search may return fewer than asked; the reply must fit.
-		hs, more, err := c.FindObjects(sh, int(min(q.N, MaxHandles)))
-		r.Handles = make([]uint, len(hs))
-		for i, h := range hs {
-			r.Handles[i] = uint(h)
-		}
-		r.More = more
-		return err
-	case opFindObjectsFinal:
-		return c.FindObjectsFinal(sh)
-	case opGenerateKey:
-		return r.handle(c.GenerateKey(sh, ms, q.Attrs))
-	case opGenerateKeyPair:
-		a, b, err := c.GenerateKeyPair(sh, ms, q.Attrs, q.Attrs2)
-		r.Handle, r.Handle2 = uint(a), uint(b)
-		return err
-	case opWrapKey:
-		return r.data(c.WrapKey(sh, ms, obj, pkcs11.ObjectHandle(q.Object2)))
-	case opUnwrapKey:
-		if err := WrappedKeyMissing(q.Data); err != nil {
-			return err
-		}
-		return r.handle(c.UnwrapKey(sh, ms, obj, q.Data, q.Attrs))
-	case opDeriveKey:
-		return r.handle(c.DeriveKey(sh, ms, obj, q.Attrs))
+		q.N = min(q.N, MaxHandles)
 	case opGenerateRandom:
 		if q.N > MaxRandom {
 			return fmt.Errorf("C_GenerateRandom of %d bytes exceeds the bound of %d: %w", q.N, MaxRandom, errArgumentsBad)
 		}
-		return r.data(c.GenerateRandom(sh, int(q.N)))
-	case opSignInit:
-		return c.SignInit(sh, ms, obj)
-	case opSign:
-		return r.data(c.Sign(sh, q.Data))
-	case opSignUpdate:
-		return c.SignUpdate(sh, q.Data)
-	case opSignFinal:
-		return r.data(c.SignFinal(sh))
-	case opVerifyInit:
-		return c.VerifyInit(sh, ms, obj)
-	case opVerify:
-		return c.Verify(sh, q.Data, q.Data2)
-	case opVerifyUpdate:
-		return c.VerifyUpdate(sh, q.Data)
-	case opVerifyFinal:
-		return c.VerifyFinal(sh, q.Data2)
-	case opEncryptInit:
-		return c.EncryptInit(sh, ms, obj)
-	case opEncrypt:
-		return r.data(c.Encrypt(sh, q.Data))
-	case opEncryptUpdate:
-		return r.data(c.EncryptUpdate(sh, q.Data))
-	case opEncryptFinal:
-		return r.data(c.EncryptFinal(sh))
-	case opDecryptInit:
-		return c.DecryptInit(sh, ms, obj)
-	case opDecrypt:
-		return r.data(c.Decrypt(sh, q.Data))
-	case opDecryptUpdate:
-		return r.data(c.DecryptUpdate(sh, q.Data))
-	case opDecryptFinal:
-		return r.data(c.DecryptFinal(sh))
-	case opDigestInit:
-		return c.DigestInit(sh, ms)
-	case opDigest:
-		return r.data(c.Digest(sh, q.Data))
-	case opDigestUpdate:
-		return c.DigestUpdate(sh, q.Data)
-	case opDigestFinal:
-		return r.data(c.DigestFinal(sh))
-	case opDigestKey:
-		return c.DigestKey(sh, obj)
+	case opUnwrapKey:
+		if err := WrappedKeyMissing(q.Data); err != nil {
+			return err
+		}
+	case opCreateObjectNested, opGetNestedAttribute:
+		return m.runNested(q, r, sh)
 	}
-	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
+	return m.call(fn, q, r)
 }
 
-// runSlot runs the calls on a slot (already checked to be served).
-func (p *peer) runSlot(q *request, r *response) error {
-	c := p.m.ctx
-	switch q.Op {
-	case opGetSlotInfo:
-		v, err := c.GetSlotInfo(q.Slot)
-		r.SlotInfo = &v
+// runNested runs hagroup's own calls on session sh: a template that holds
+// attribute arrays, and one attribute array read (internal/p11raw).
+func (m *served) runNested(q *request, r *response, sh pkcs11.SessionHandle) (err error) {
+	if m.fl == nil {
+		return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
+	}
+	if q.Op == opGetNestedAttribute {
+		r.Attrs, err = p11raw.GetNestedAttribute(m.fl, sh, pkcs11.ObjectHandle(q.Object), q.N)
 		return err
-	case opGetTokenInfo:
-		v, err := c.GetTokenInfo(q.Slot)
-		r.TokenInfo = &v
+	}
+	nested := make(map[uint][]*pkcs11.Attribute, len(q.Nested))
+	for _, n := range q.Nested {
+		nested[n.Type] = n.Attrs
+	}
+	h, err := p11raw.CreateObjectNested(m.fl, sh, q.Attrs, nested)
+	r.Handle = uint(h)
+	return err
+}
+
+// runSlot runs the functions of no session (C_GetInfo, C_GetSlotList) and
+// those of a slot, which must be served.
+func (p *peer) runSlot(q *request, r *response, fn reflect.Value) error {
+	m := p.m
+	switch {
+	case q.Op == opGetSlotList:
+		if err := m.call(fn, q, r); err != nil {
+			return err
+		}
+		ids := r.Handles
+		r.Handles = nil
+		for _, id := range ids {
+			if m.slotServed(id) == nil {
+				r.Handles = append(r.Handles, id)
+			}
+		}
+		return nil
+	case fn.Type().NumIn() == 1:
+		return m.call(fn, q, r)
+	}
+	if err := m.slotServed(q.Slot); err != nil {
 		return err
-	case opGetMechanismList:
-		ms, err := c.GetMechanismList(q.Slot)
-		for _, mm := range ms {
+	}
+	if q.Op != opOpenSession {
+		return m.call(fn, q, r)
+	}
+	objects, err := m.objectLock(q.Slot)
+	if err != nil {
+		return err
+	}
+	h, err := m.ctx.OpenSession(q.Slot, q.N)
+	if err != nil {
+		return err
+	}
+	p.smu.Lock()
+	defer p.smu.Unlock()
+	if p.sessions == nil {
+		_ = m.ctx.CloseSession(h)
+		return errSessionInvalid
+	}
+	p.sessions[h] = objects
+	r.Handle = uint(h)
+	return nil
+}
+
+// call runs fn, the method of *pkcs11.Ctx that serves q's function
+// (functions), on the module: each argument taken from q by the rule of
+// request.field, a mechanism rebuilt by mechIn, and each result put in r
+// by its type.
+func (m *served) call(fn reflect.Value, q *request, r *response) error {
+	t := fn.Type()
+	ts := make([]reflect.Type, t.NumIn()-1)
+	for i := range ts {
+		ts[i] = t.In(i + 1)
+	}
+	in := []reflect.Value{reflect.ValueOf(m.ctx)}
+	for i, at := range ts {
+		if at == typeMechs {
+			ms, free, err := mechIn(q.Mech)
+			if err != nil {
+				return err
+			}
+			defer free()
+			if ms == nil { // miekg would panic
+				return fmt.Errorf("%v without its mechanism: %w", q.Op, errArgumentsBad)
+			}
+			in = append(in, reflect.ValueOf(ms))
+			continue
+		}
+		f, err := q.field(ts, i)
+		if err != nil {
+			return err
+		}
+		if at.Kind() == reflect.Bool {
+			in = append(in, reflect.ValueOf(f.Uint() != 0))
+		} else {
+			in = append(in, f.Convert(at))
+		}
+	}
+	out := fn.Call(in)
+	for i, v := range out[:len(out)-1] {
+		r.set(i, v.Interface())
+	}
+	err, _ := out[len(out)-1].Interface().(error)
+	return err
+}
+
+// set puts result i of a call, v, in r by its type.
+func (r *response) set(i int, v any) {
+	switch v := v.(type) {
+	case []byte:
+		r.Data = v
+	case []*pkcs11.Attribute:
+		r.Attrs = v
+	case pkcs11.ObjectHandle:
+		*[]*uint{&r.Handle, &r.Handle2}[i] = uint(v)
+	case []pkcs11.ObjectHandle:
+		for _, h := range v {
+			r.Handles = append(r.Handles, uint(h))
+		}
+	case []uint:
+		r.Handles = v
+	case []*pkcs11.Mechanism:
+		for _, mm := range v {
 			r.Handles = append(r.Handles, mm.Mechanism)
 		}
-		return err
-	case opGetMechanismInfo:
-		ms, free, err := mechIn(q.Mech)
-		if err != nil {
-			return err
+	case bool:
+		r.More = v
+	default: // a CK_*_INFO structure
+		for _, f := range r.flats() {
+			if p := reflect.ValueOf(f).Elem(); p.Type().Elem() == reflect.TypeOf(v) {
+				p.Set(reflect.New(p.Type().Elem()))
+				p.Elem().Set(reflect.ValueOf(v))
+			}
 		}
-		defer free()
-		if ms == nil {
-			return pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
-		}
-		v, err := c.GetMechanismInfo(q.Slot, ms)
-		r.MechInfo = &v
-		return err
-	case opOpenSession:
-		objects, err := p.m.objectLock(q.Slot)
-		if err != nil {
-			return err
-		}
-		h, err := c.OpenSession(q.Slot, q.N)
-		if err != nil {
-			return err
-		}
-		p.smu.Lock()
-		if p.sessions == nil {
-			p.smu.Unlock()
-			_ = c.CloseSession(h)
-			return errSessionInvalid
-		}
-		p.sessions[h] = objects
-		p.smu.Unlock()
-		r.Handle = uint(h)
-		return nil
 	}
-	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
 }

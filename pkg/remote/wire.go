@@ -24,8 +24,8 @@ import (
 // Version 1 was encoding/gob, unbounded; version 2 did not tell an empty
 // byte string from none; version 3 carried no C_DigestKey; version 4
 // carried four mechanism parameters with pointers, by hand, and numbered
-// its ops by hand.
-const ProtocolVersion = 5
+// its ops by hand; version 5 carried C_VerifyFinal's signature in Data2.
+const ProtocolVersion = 6
 
 // magic opens every connection.
 const magic = "hagroup-remote"
@@ -44,6 +44,13 @@ type welcome struct {
 // (ops_gen.go), or one of hagroup's own after them.
 type op uint8
 
+// function is a PKCS#11 function as hsmserve serves it: its name, and the
+// method of miekg's *pkcs11.Ctx that runs it (nil: not served).
+type function struct {
+	name string
+	ctx  any
+}
+
 // hagroup's own calls: a template that holds attribute arrays, and one
 // attribute array read (internal/p11raw).
 const (
@@ -56,7 +63,7 @@ const (
 func (o op) String() string {
 	switch {
 	case o > opInvalid && o < opFunctions:
-		return functionNames[o]
+		return functions[o].name
 	case o == opCreateObjectNested:
 		return "C_CreateObject with attribute arrays"
 	case o == opGetNestedAttribute:
@@ -65,7 +72,8 @@ func (o op) String() string {
 	return fmt.Sprintf("operation %d", uint8(o))
 }
 
-// request is one call. Fields unused by an op stay zero.
+// request is one call. Fields unused by an op stay zero; a PKCS#11
+// function's arguments are in the fields field names.
 type request struct {
 	ID      uint64
 	Op      op
@@ -81,6 +89,85 @@ type request struct {
 	Data    []byte
 	Data2   []byte
 	PIN     []byte
+}
+
+var (
+	typeSession = reflect.TypeFor[pkcs11.SessionHandle]()
+	typeObject  = reflect.TypeFor[pkcs11.ObjectHandle]()
+	typeMechs   = reflect.TypeFor[[]*pkcs11.Mechanism]()
+	typeAttrs   = reflect.TypeFor[[]*pkcs11.Attribute]()
+	typeBytes   = reflect.TypeFor[[]byte]()
+)
+
+// field is the one rule by which a PKCS#11 function's arguments cross, the
+// client's generated methods putting them (newRequest) and the server
+// taking them (served.call): each by its type in miekg's signature, the
+// types of ts, in order. It returns the field of q that carries argument
+// i: a session in Session, a slot (a number first) in Slot, object handles
+// in Object then Object2, templates in Attrs then Attrs2, byte strings in
+// Data then Data2, a PIN in PIN, another number or a flag in N. A
+// mechanism crosses in Mech, converted by each side (mechOut, mechIn).
+func (q *request) field(ts []reflect.Type, i int) (reflect.Value, error) {
+	t, n := ts[i], 0
+	for _, u := range ts[:i] {
+		if u == t {
+			n++
+		}
+	}
+	var fs []any
+	switch k := t.Kind(); {
+	case t == typeSession:
+		fs = []any{&q.Session}
+	case t == typeObject:
+		fs = []any{&q.Object, &q.Object2}
+	case t == typeAttrs:
+		fs = []any{&q.Attrs, &q.Attrs2}
+	case t == typeBytes:
+		fs = []any{&q.Data, &q.Data2}
+	case k == reflect.String:
+		fs = []any{&q.PIN}
+	case k == reflect.Uint && i == 0:
+		fs = []any{&q.Slot}
+	case k == reflect.Uint || k == reflect.Int || k == reflect.Bool:
+		fs, n = []any{&q.N}, 0 // after a slot, the one other number
+	}
+	if n >= len(fs) {
+		return reflect.Value{}, fmt.Errorf("%v: no request field carries argument %d, a %v: %w", q.Op, i+1, t, errArgumentsBad)
+	}
+	return reflect.ValueOf(fs[n]).Elem(), nil
+}
+
+// newRequest is o's request with args in their fields (field).
+func newRequest(o op, args []any) (*request, error) {
+	q := &request{Op: o}
+	ts := make([]reflect.Type, len(args))
+	for i, a := range args {
+		ts[i] = reflect.TypeOf(a)
+	}
+	for i, a := range args {
+		if ms, ok := a.([]*pkcs11.Mechanism); ok {
+			q.Mech = mechOut(ms)
+			continue
+		}
+		f, err := q.field(ts, i)
+		if err != nil {
+			return nil, err
+		}
+		switch a := a.(type) {
+		case bool:
+			if a {
+				f.SetUint(1)
+			}
+		case int:
+			if a < 0 {
+				return nil, fmt.Errorf("%v: a negative count: %w", o, errArgumentsBad)
+			}
+			f.SetUint(uint64(a))
+		default:
+			f.Set(reflect.ValueOf(a).Convert(f.Type()))
+		}
+	}
+	return q, nil
 }
 
 // nestedAttr is one attribute whose value is an attribute array.
@@ -106,6 +193,11 @@ type response struct {
 	TokenInfo   *pkcs11.TokenInfo
 	MechInfo    *pkcs11.MechanismInfo
 	SessionInfo *pkcs11.SessionInfo
+}
+
+// flats are pointers to r's CK_*_INFO fields (at most one is set).
+func (r *response) flats() []any {
+	return []any{&r.Info, &r.SlotInfo, &r.TokenInfo, &r.MechInfo, &r.SessionInfo}
 }
 
 // mech is a mechanism on the wire: its type and its parameter in one of
