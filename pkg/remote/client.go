@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -135,9 +136,21 @@ type conn struct {
 	wmu sync.Mutex
 
 	pmu     sync.Mutex
-	pending map[uint64]chan *response
+	pending map[uint64]pendingCall
 	next    uint64
 	broken  error // set once: every later call fails
+}
+
+// pendingCall is a call waiting for its reply.
+type pendingCall struct {
+	op op
+	ch chan reply
+}
+
+// reply is a response and the results of its call.
+type reply struct {
+	head response
+	out  []reflect.Value
 }
 
 // handshake sends the hello and reads the welcome, within DialTimeout.
@@ -145,7 +158,7 @@ func handshake(nc net.Conn) (*conn, error) {
 	if err := nc.SetDeadline(time.Now().Add(DialTimeout)); err != nil {
 		return nil, err
 	}
-	cn := &conn{nc: nc, r: bufio.NewReader(nc), pending: make(map[uint64]chan *response)}
+	cn := &conn{nc: nc, r: bufio.NewReader(nc), pending: make(map[uint64]pendingCall)}
 	e := newFrame()
 	(&hello{Magic: magic, Version: ProtocolVersion}).encode(e)
 	if err := cn.write(e); err != nil {
@@ -186,7 +199,7 @@ func (cn *conn) write(e *encoder) error {
 }
 
 // read delivers responses until the connection fails. A frame or a
-// response that breaks a bound ends the connection.
+// response that breaks a bound, or answers no call, ends the connection.
 func (cn *conn) read() {
 	for {
 		b, err := readFrame(cn.r)
@@ -194,19 +207,30 @@ func (cn *conn) read() {
 			cn.fail(err)
 			return
 		}
-		r := new(response)
+		var r reply
 		d := &decoder{b: b}
-		r.decode(d)
+		r.head.decode(d)
+		cn.pmu.Lock()
+		pc, ok := cn.pending[r.head.ID]
+		delete(cn.pending, r.head.ID)
+		cn.pmu.Unlock()
+		if ok && d.err == nil && r.head.RV == pkcs11.CKR_OK {
+			f, _ := pc.op.function() // the client sent it
+			_, ts := f.signature()
+			for _, t := range ts {
+				r.out = append(r.out, reflect.New(t).Elem())
+				d.value(r.out[len(r.out)-1])
+			}
+		}
 		if err := d.end(); err != nil {
+			if ok {
+				close(pc.ch)
+			}
 			cn.fail(fmt.Errorf("response: %w", err))
 			return
 		}
-		cn.pmu.Lock()
-		ch, ok := cn.pending[r.ID]
-		delete(cn.pending, r.ID)
-		cn.pmu.Unlock()
 		if ok {
-			ch <- r
+			pc.ch <- r
 		}
 	}
 }
@@ -218,11 +242,11 @@ func (cn *conn) fail(err error) {
 		cn.broken = err
 	}
 	pending := cn.pending
-	cn.pending = map[uint64]chan *response{}
+	cn.pending = map[uint64]pendingCall{}
 	cn.pmu.Unlock()
 	cn.nc.Close()
-	for _, ch := range pending {
-		close(ch)
+	for _, pc := range pending {
+		close(pc.ch)
 	}
 }
 
@@ -234,34 +258,37 @@ func (cn *conn) lost() error {
 	return fmt.Errorf("connection to the token server lost: %v: %w: %w", cn.broken, ErrNotSent, errDevice)
 }
 
-// call sends req and waits for its response. A request too big for a
-// frame fails with CKR_ARGUMENTS_BAD and is not sent.
-func (c *Client) call(req *request) (*response, error) {
-	defer clear(req.PIN)
+// call sends o's request with args (as the arguments of o's function, by
+// their types) and waits for its results. A request the wire cannot carry
+// (a nil attribute, a parameter that cannot cross, more than a frame)
+// fails, with CKR_ARGUMENTS_BAD when nothing else says why, and is not
+// sent.
+func (c *Client) call(o op, args []any) ([]reflect.Value, error) {
 	cn := c.cur.Load()
 	if cn == nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotSent, errNotInitialized)
 	}
-	if !encodable(req) {
-		return nil, fmt.Errorf("a nil attribute cannot be sent: %w", errArgumentsBad)
-	}
-	if req.Mech != nil && req.Mech.refused != nil {
-		return nil, req.Mech.refused
-	}
-	ch := make(chan *response, 1)
+	ch := make(chan reply, 1)
 	cn.pmu.Lock()
 	if cn.broken != nil {
 		cn.pmu.Unlock()
 		return nil, cn.lost()
 	}
 	cn.next++
-	req.ID = cn.next
+	id := cn.next
 	cn.pmu.Unlock()
 	e := newFrame()
-	req.encode(e)
+	e.uint(uint(id))
+	e.uint(uint(o))
+	for _, a := range args {
+		e.value(reflect.ValueOf(a))
+	}
 	frame, err := e.frame()
-	if err != nil {
+	if e.err != nil || err != nil {
 		clear(e.b) // the PIN, if any
+		if e.err != nil {
+			return nil, e.err
+		}
 		return nil, fmt.Errorf("token server at %s: request: %v: %w", c.sock, err, errArgumentsBad)
 	}
 	cn.pmu.Lock()
@@ -269,7 +296,7 @@ func (c *Client) call(req *request) (*response, error) {
 		cn.pmu.Unlock()
 		return nil, cn.lost()
 	}
-	cn.pending[req.ID] = ch
+	cn.pending[id] = pendingCall{o, ch}
 	cn.pmu.Unlock()
 
 	cn.wmu.Lock()
@@ -286,81 +313,44 @@ func (c *Client) call(req *request) (*response, error) {
 	if !ok {
 		return nil, errDevice
 	}
-	if r.RV != pkcs11.CKR_OK {
-		if r.Err != "" {
-			return nil, fmt.Errorf("token server: %s: %w", r.Err, pkcs11.Error(r.RV))
+	if r.head.RV != pkcs11.CKR_OK {
+		if r.head.Err != "" {
+			return nil, fmt.Errorf("token server: %s: %w", r.head.Err, pkcs11.Error(r.head.RV))
 		}
-		return nil, pkcs11.Error(r.RV)
+		return nil, pkcs11.Error(r.head.RV)
 	}
-	return r, nil
-}
-
-// do sends o's request with args in their fields (request.field) and
-// waits for its response.
-func (c *Client) do(o op, args []any) (*response, error) {
-	q, err := newRequest(o, args)
-	if err != nil {
-		return nil, err
-	}
-	return c.call(q)
+	return r.out, nil
 }
 
 // none calls o with args (client_gen.go).
 func (c *Client) none(o op, args ...any) error {
-	_, err := c.do(o, args)
+	_, err := c.call(o, args)
 	return err
 }
 
-// result calls o with args and returns the result of type T its response
-// carries (client_gen.go).
+// result calls o with args and returns its one result (client_gen.go).
 func result[T any](c *Client, o op, args ...any) (T, error) {
-	var v T
-	r, err := c.do(o, args)
+	out, err := c.call(o, args)
 	if err != nil {
-		return v, err
+		var zero T
+		return zero, err
 	}
-	switch p := any(&v).(type) {
-	case *[]byte:
-		*p = r.Data
-	case *[]uint:
-		*p = r.Handles
-	case *pkcs11.ObjectHandle:
-		*p = pkcs11.ObjectHandle(r.Handle)
-	case *pkcs11.SessionHandle:
-		*p = pkcs11.SessionHandle(r.Handle)
-	default:
-		for _, f := range r.flats() {
-			if f, ok := f.(**T); ok && *f != nil {
-				return **f, nil
-			}
-		}
-		return v, protocolError("response without its %T", v)
-	}
-	return v, nil
-}
-
-// GetMechanismList lists a token's mechanisms.
-func (c *Client) GetMechanismList(slotID uint) ([]*pkcs11.Mechanism, error) {
-	ts, err := result[[]uint](c, opGetMechanismList, slotID)
-	out := make([]*pkcs11.Mechanism, len(ts))
-	for i, t := range ts {
-		out[i] = pkcs11.NewMechanism(t, nil)
-	}
-	return out, err
+	return out[0].Interface().(T), nil
 }
 
 // CreateObjectNested creates an object whose template also holds attribute
 // arrays (CKA_UNWRAP_TEMPLATE, …), one per entry of nested.
 func (c *Client) CreateObjectNested(sh pkcs11.SessionHandle, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	req := &request{Op: opCreateObjectNested, Session: uint(sh), Attrs: tmpl}
+	var ns []nestedAttr
 	for t, a := range nested {
-		req.Nested = append(req.Nested, nestedAttr{Type: t, Attrs: a})
+		ns = append(ns, nestedAttr{Type: t, Attrs: a})
 	}
-	r, err := c.call(req)
-	if err != nil {
-		return 0, err
-	}
-	return pkcs11.ObjectHandle(r.Handle), nil
+	return result[pkcs11.ObjectHandle](c, opCreateObjectNested, sh, tmpl, ns)
+}
+
+// GetNestedAttribute reads the attribute array held by attribute typ of h.
+func (c *Client) GetNestedAttribute(sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	return result[[]*pkcs11.Attribute](c, opGetNestedAttribute, sh, h, typ)
 }
 
 // GetAttributeValue reads the attributes of a (their values are ignored).
@@ -369,71 +359,33 @@ func (c *Client) GetAttributeValue(sh pkcs11.SessionHandle, o pkcs11.ObjectHandl
 	for i, at := range a {
 		q[i] = &pkcs11.Attribute{Type: at.Type}
 	}
-	r, err := c.do(opGetAttributeValue, []any{sh, o, q})
-	if err != nil {
-		return nil, err
+	got, err := result[[]*pkcs11.Attribute](c, opGetAttributeValue, sh, o, q)
+	if err == nil && len(got) != len(a) {
+		return nil, protocolError("GetAttributeValue answered %d attributes for %d", len(got), len(a))
 	}
-	if len(r.Attrs) != len(a) {
-		return nil, protocolError("GetAttributeValue answered %d attributes for %d", len(r.Attrs), len(a))
-	}
-	return r.Attrs, nil
-}
-
-// GetNestedAttribute reads the attribute array held by attribute typ of h.
-func (c *Client) GetNestedAttribute(sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	r, err := c.call(&request{Op: opGetNestedAttribute, Session: uint(sh), Object: uint(h), N: typ})
-	if err != nil {
-		return nil, err
-	}
-	return r.Attrs, nil
+	return got, err
 }
 
 // FindObjects continues a search.
 func (c *Client) FindObjects(sh pkcs11.SessionHandle, max int) ([]pkcs11.ObjectHandle, bool, error) {
-	r, err := c.do(opFindObjects, []any{sh, max})
+	out, err := c.call(opFindObjects, []any{sh, max})
 	if err != nil {
 		return nil, false, err
 	}
-	out := make([]pkcs11.ObjectHandle, len(r.Handles))
-	for i, h := range r.Handles {
-		out[i] = pkcs11.ObjectHandle(h)
-	}
-	return out, r.More, nil
+	return out[0].Interface().([]pkcs11.ObjectHandle), out[1].Bool(), nil
 }
 
 // GenerateKeyPair generates a key pair.
 func (c *Client) GenerateKeyPair(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, public, private []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
-	r, err := c.do(opGenerateKeyPair, []any{sh, m, public, private})
+	out, err := c.call(opGenerateKeyPair, []any{sh, m, public, private})
 	if err != nil {
 		return 0, 0, err
 	}
-	return pkcs11.ObjectHandle(r.Handle), pkcs11.ObjectHandle(r.Handle2), nil
+	return pkcs11.ObjectHandle(out[0].Uint()), pkcs11.ObjectHandle(out[1].Uint()), nil
 }
 
 // protocolError is a response that does not fit its request: the
 // connection cannot be trusted; reported as CKR_DEVICE_ERROR.
 func protocolError(format string, args ...any) error {
 	return fmt.Errorf("token server protocol: "+format+": %w", append(args, errDevice)...)
-}
-
-// encodable reports whether req has no nil attribute (the module would
-// refuse one; the wire cannot carry it).
-func encodable(req *request) bool {
-	ok := func(as []*pkcs11.Attribute) bool {
-		for _, a := range as {
-			if a == nil {
-				return false
-			}
-		}
-		return true
-	}
-	if !ok(req.Attrs) || !ok(req.Attrs2) {
-		return false
-	}
-	for _, n := range req.Nested {
-		if !ok(n.Attrs) {
-			return false
-		}
-	}
-	return true
 }

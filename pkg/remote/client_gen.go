@@ -24,6 +24,11 @@ func (c *Client) GetTokenInfo(slotID uint) (pkcs11.TokenInfo, error) {
 	return result[pkcs11.TokenInfo](c, opGetTokenInfo, slotID)
 }
 
+// GetMechanismList calls C_GetMechanismList on the served token.
+func (c *Client) GetMechanismList(slotID uint) ([]*pkcs11.Mechanism, error) {
+	return result[[]*pkcs11.Mechanism](c, opGetMechanismList, slotID)
+}
+
 // GetMechanismInfo calls C_GetMechanismInfo on the served token.
 func (c *Client) GetMechanismInfo(slotID uint, typeArg []*pkcs11.Mechanism) (pkcs11.MechanismInfo, error) {
 	return result[pkcs11.MechanismInfo](c, opGetMechanismInfo, slotID, typeArg)

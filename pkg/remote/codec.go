@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 
 	"github.com/hagroup/hagroup/internal/mechparam"
@@ -84,8 +85,18 @@ func (e *encoder) frame() ([]byte, error) {
 // encoder appends values: unsigned integers as uvarints, strings as a
 // length and the bytes, byte strings as 0 for nil or 1 + length and the
 // bytes, so that an empty output (a C_EncryptFinal of CBC_PAD with nothing
-// left) arrives empty, not as no output.
-type encoder struct{ b []byte }
+// left) arrives empty, not as no output. Its first failure sticks: the
+// frame is not sent.
+type encoder struct {
+	b   []byte
+	err error
+}
+
+func (e *encoder) fail(err error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
 
 func (e *encoder) uint(v uint)     { e.b = binary.AppendUvarint(e.b, uint64(v)) }
 func (e *encoder) string(s string) { e.uint(uint(len(s))); e.b = append(e.b, s...) }
@@ -110,15 +121,12 @@ func (e *encoder) bool(v bool) {
 func (e *encoder) attrs(as []*pkcs11.Attribute) {
 	e.uint(uint(len(as)))
 	for _, a := range as {
+		if a == nil {
+			e.fail(fmt.Errorf("a nil attribute cannot be sent: %w", errArgumentsBad))
+			return
+		}
 		e.uint(a.Type)
 		e.bytes(a.Value)
-	}
-}
-
-func (e *encoder) uints(vs []uint) {
-	e.uint(uint(len(vs)))
-	for _, v := range vs {
-		e.uint(v)
 	}
 }
 
@@ -224,18 +232,6 @@ func (d *decoder) attrs() []*pkcs11.Attribute {
 	return as
 }
 
-func (d *decoder) uints() []uint {
-	n := d.count(MaxHandles, "handles")
-	if n == 0 {
-		return nil
-	}
-	vs := make([]uint, n)
-	for i := range vs {
-		vs[i] = d.uint()
-	}
-	return vs
-}
-
 // end reports the first error, or bytes left over after the value.
 func (d *decoder) end() error {
 	if d.err == nil && len(d.b) > 0 {
@@ -252,14 +248,13 @@ func present[T any](e *encoder, p *T) bool {
 
 // value writes v by its type: a number as a uvarint (a byte as itself), a
 // string, a byte string, a boolean, a list of numbers, a template, a list
-// of attribute arrays, a mechanism (mech.encode), a structure field by
-// field, and a pointer to one as whether it is set and the structure.
+// of attribute arrays, mechanisms (mech.encode), a structure field by
+// field. A value the wire cannot carry (a nil attribute, a negative
+// count, a mechanism whose parameter cannot cross) fails the encoder.
 func (e *encoder) value(v reflect.Value) {
 	switch x := v.Interface().(type) {
 	case []byte:
 		e.bytes(x)
-	case []uint:
-		e.uints(x)
 	case []*pkcs11.Attribute:
 		e.attrs(x)
 	case []nestedAttr:
@@ -267,9 +262,21 @@ func (e *encoder) value(v reflect.Value) {
 		for _, n := range x {
 			e.value(reflect.ValueOf(n))
 		}
-	case *mech:
-		if present(e, x) {
-			x.encode(e)
+	case []*pkcs11.Mechanism:
+		ws := make([]*mech, len(x))
+		for i, m := range x {
+			if m == nil {
+				e.fail(fmt.Errorf("a nil mechanism cannot be sent: %w", errArgumentsBad))
+				return
+			}
+			ws[i] = mechOut(m)
+		}
+		e.value(reflect.ValueOf(ws))
+	case []*mech:
+		e.uint(uint(len(x)))
+		for _, m := range x {
+			e.fail(m.refused)
+			m.encode(e)
 		}
 	case byte:
 		e.b = append(e.b, x)
@@ -277,18 +284,22 @@ func (e *encoder) value(v reflect.Value) {
 		e.string(x)
 	case bool:
 		e.bool(x)
+	case int:
+		if x < 0 {
+			e.fail(fmt.Errorf("a negative count: %w", errArgumentsBad))
+		}
+		e.uint(uint(x))
 	default:
 		switch v.Kind() {
-		case reflect.Pointer:
-			if e.bool(!v.IsNil()); !v.IsNil() {
-				e.value(v.Elem())
+		case reflect.Slice: // of numbers
+			e.uint(uint(v.Len()))
+			for i := range v.Len() {
+				e.uint(uint(v.Index(i).Uint()))
 			}
 		case reflect.Struct:
 			for i := range v.NumField() {
 				e.value(v.Field(i))
 			}
-		case reflect.Int:
-			e.uint(uint(v.Int()))
 		default:
 			e.uint(uint(v.Uint()))
 		}
@@ -296,13 +307,13 @@ func (e *encoder) value(v reflect.Value) {
 }
 
 // value reads into v, addressable, what encoder.value wrote, checking
-// every count against its bound.
+// every count against its bound. Mechanisms read as []*mech are the wire's
+// (the server rebuilds them, mechIn); as []*pkcs11.Mechanism, their types
+// (C_GetMechanismList's).
 func (d *decoder) value(v reflect.Value) {
 	switch p := v.Addr().Interface().(type) {
 	case *[]byte:
 		*p = d.bytes()
-	case *[]uint:
-		*p = d.uints()
 	case *[]*pkcs11.Attribute:
 		*p = d.attrs()
 	case *[]nestedAttr:
@@ -312,10 +323,19 @@ func (d *decoder) value(v reflect.Value) {
 				d.value(reflect.ValueOf(&(*p)[i]).Elem())
 			}
 		}
-	case **mech:
-		if d.bool() {
-			*p = new(mech)
-			(*p).decode(d)
+	case *[]*mech:
+		if n := d.count(MaxHandles, "mechanisms"); n > 0 {
+			*p = make([]*mech, n)
+			for i := range *p {
+				(*p)[i] = new(mech)
+				(*p)[i].decode(d)
+			}
+		}
+	case *[]*pkcs11.Mechanism:
+		var ws []*mech
+		d.value(reflect.ValueOf(&ws).Elem())
+		for _, w := range ws {
+			*p = append(*p, &pkcs11.Mechanism{Mechanism: w.Type, Parameter: w.Param})
 		}
 	case *byte:
 		if len(d.b) == 0 {
@@ -327,19 +347,25 @@ func (d *decoder) value(v reflect.Value) {
 		*p = d.string()
 	case *bool:
 		*p = d.bool()
+	case *int:
+		if n := d.uint(); n > math.MaxInt {
+			d.fail(fmt.Errorf("a count of %d", n))
+		} else {
+			*p = int(n)
+		}
 	default:
 		switch v.Kind() {
-		case reflect.Pointer:
-			if d.bool() {
-				v.Set(reflect.New(v.Type().Elem()))
-				d.value(v.Elem())
+		case reflect.Slice: // of numbers
+			if n := d.count(MaxHandles, "handles"); n > 0 {
+				v.Set(reflect.MakeSlice(v.Type(), n, n))
+				for i := range n {
+					v.Index(i).SetUint(uint64(d.uint()))
+				}
 			}
 		case reflect.Struct:
 			for i := range v.NumField() {
 				d.value(v.Field(i))
 			}
-		case reflect.Int:
-			v.SetInt(int64(d.uint()))
 		default:
 			v.SetUint(uint64(d.uint()))
 		}
@@ -354,23 +380,20 @@ func (h *hello) encode(e *encoder)    { e.value(reflect.ValueOf(h).Elem()) }
 func (h *hello) decode(d *decoder)    { d.value(reflect.ValueOf(h).Elem()) }
 func (w *welcome) encode(e *encoder)  { e.value(reflect.ValueOf(w).Elem()) }
 func (w *welcome) decode(d *decoder)  { d.value(reflect.ValueOf(w).Elem()) }
-func (q *request) encode(e *encoder)  { e.value(reflect.ValueOf(q).Elem()) }
 func (r *response) encode(e *encoder) { e.value(reflect.ValueOf(r).Elem()) }
 func (r *response) decode(d *decoder) { d.value(reflect.ValueOf(r).Elem()) }
 
-// decodeHead reads a request's ID and op, so that a request whose body
-// breaks a bound can still be answered.
-func (q *request) decodeHead(d *decoder) {
-	q.ID = uint64(d.uint())
-	q.Op = op(d.uint())
-}
-
-// decodeBody reads the rest of the request.
-func (q *request) decodeBody(d *decoder) {
-	v := reflect.ValueOf(q).Elem()
-	for i := 2; i < v.NumField(); i++ {
-		d.value(v.Field(i))
+// signature returns the types of f's arguments (after its receiver) and
+// of its results (before the error).
+func (f function) signature() (args, results []reflect.Type) {
+	t := reflect.TypeOf(f.run)
+	for i := 1; i < t.NumIn(); i++ {
+		args = append(args, t.In(i))
 	}
+	for i := range t.NumOut() - 1 {
+		results = append(results, t.Out(i))
+	}
+	return args, results
 }
 
 func (m *mech) encode(e *encoder) {

@@ -56,7 +56,7 @@ func (c *rawConn) call(o string, slot, session, object, n uint, mechWire []byte,
 	c.t.Helper()
 	c.id++
 	c.send(remote.Request(c.id, remote.Ops[o], slot, session, object, n, mechWire, attrs))
-	r, err := remote.ReadReply(c.r)
+	r, err := remote.ReadReply(c.r, remote.Ops[o])
 	if err != nil {
 		c.t.Fatalf("%s: no reply: %v (the server's process for this connection died?)", o, err)
 	}
@@ -108,7 +108,7 @@ func rawSession(t *testing.T, name string) (*rawConn, uint) {
 	sh := sess.Handle
 	c.id++
 	c.send(remote.Login(c.id, sh, srv.Token().UserPIN))
-	if r, err := remote.ReadReply(c.r); err != nil || r.RV != 0 {
+	if r, err := remote.ReadReply(c.r, remote.Ops["Login"]); err != nil || r.RV != 0 {
 		t.Fatalf("Login: %+v, %v", r, err)
 	}
 	return c, sh
@@ -193,7 +193,7 @@ func paramLies(t *testing.T, c *rawConn, sh uint) {
 		body := remote.Request(c.id, remote.Ops["DeriveKey"], 0, sh, base.Handle, 0, honest, tmpl)
 		mechAt := bytes.Index(body, honest)
 		c.send(body[:mechAt+cut])
-		r, err := remote.ReadReply(c.r)
+		r, err := remote.ReadReply(c.r, remote.Ops["DeriveKey"])
 		if err != nil {
 			t.Fatalf("cut at byte %d: no reply: %v", cut, err)
 		}

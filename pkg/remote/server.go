@@ -710,28 +710,43 @@ func (m *served) serveConn(ctx context.Context, nc net.Conn) {
 
 // answer decodes and runs one request and returns its reply frame.
 func (p *peer) answer(body []byte) *encoder {
-	q := new(request)
+	defer clear(body) // a PIN, if any
 	d := &decoder{b: body}
-	q.decodeHead(d)
-	var r *response
-	if d.err == nil {
-		q.decodeBody(d)
+	r := &response{ID: uint64(d.uint())}
+	o := op(d.uint())
+	var out []reflect.Value
+	err := d.err
+	if err == nil {
+		out, err = p.exec(o, d)
 	}
-	if err := d.end(); err != nil {
-		r = &response{RV: pkcs11.CKR_ARGUMENTS_BAD, Err: fmt.Sprintf("request: %v", err)}
-	} else {
-		r = p.exec(q)
+	if err != nil {
+		r.RV, r.Err, out = codeOf(err), "", nil
+		var pe pkcs11.Error
+		if !errors.As(err, &pe) || err != error(pe) {
+			// Say why, as the client adds the code itself.
+			r.Err = strings.TrimSuffix(err.Error(), ": "+pkcs11.Error(r.RV).Error())
+		}
 	}
-	clear(q.PIN)
-	r.ID = q.ID
 	e := newFrame()
 	r.encode(e)
+	for _, v := range out {
+		e.value(v)
+	}
 	if n := len(e.b) - frameHeader; n > MaxFrame {
 		e = newFrame()
-		(&response{ID: q.ID, RV: pkcs11.CKR_DEVICE_MEMORY,
+		(&response{ID: r.ID, RV: pkcs11.CKR_DEVICE_MEMORY,
 			Err: fmt.Sprintf("reply of %d bytes exceeds the %d-byte frame bound", n, MaxFrame)}).encode(e)
 	}
 	return e
+}
+
+// codeOf is the CKR code of err: its own, or CKR_GENERAL_ERROR.
+func codeOf(err error) uint {
+	var pe pkcs11.Error
+	if errors.As(err, &pe) {
+		return uint(pe)
+	}
+	return pkcs11.CKR_GENERAL_ERROR
 }
 
 // checkPeer lets in the server's own uid and root (or Server.AllowUID).
@@ -815,214 +830,157 @@ func (m *served) slotServed(id uint) error {
 	return nil
 }
 
-// exec runs one request on the module.
-func (p *peer) exec(q *request) *response {
-	r := &response{}
-	if err := p.run(q, r); err != nil {
-		var pe pkcs11.Error
-		if errors.As(err, &pe) {
-			r.RV = uint(pe)
-			if err != error(pe) {
-				// Say why, as the client adds the code itself.
-				r.Err = strings.TrimSuffix(err.Error(), ": "+pe.Error())
-			}
-		} else {
-			r.RV = pkcs11.CKR_GENERAL_ERROR
-			r.Err = err.Error()
-		}
-		// A failed call returns nothing else.
-		*r = response{RV: r.RV, Err: r.Err}
+// exec reads the arguments of o's call from d and runs it: a PKCS#11
+// function on the module (its method of *pkcs11.Ctx, functions), after
+// the checks and the bookkeeping of the few that need them, or one of
+// hagroup's own (own).
+func (p *peer) exec(o op, d *decoder) ([]reflect.Value, error) {
+	f, err := o.function()
+	if err != nil {
+		return nil, err
 	}
-	return r
-}
-
-// run runs q on the module: a PKCS#11 function by served.call, after the
-// checks and the bookkeeping of the few that need them.
-func (p *peer) run(q *request, r *response) error {
-	m := p.m
-	var fn reflect.Value // the function's method of *pkcs11.Ctx; none for hagroup's own
+	ts, in := f.args(d)
+	if err := d.end(); err != nil {
+		return nil, fmt.Errorf("request: %v: %w", err, errArgumentsBad)
+	}
+	var (
+		m       = p.m
+		slot    = len(ts) > 0 && ts[0].Kind() == reflect.Uint && ts[0] != typeSession
+		objects *tokenquirk.ObjectLock
+	)
 	switch {
-	case q.Op == opInvalid || q.Op >= opCount:
-		return fmt.Errorf("unknown operation %d (protocol version %d)", uint8(q.Op), ProtocolVersion)
-	case q.Op < opFunctions && functions[q.Op].ctx == nil:
-		return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
-	case q.Op < opFunctions:
-		fn = reflect.ValueOf(functions[q.Op].ctx)
+	case len(ts) > 0 && ts[0] == typeSession:
+		sh := pkcs11.SessionHandle(in[0].Uint())
+		if _, objects, err = p.session(uint(sh)); err != nil {
+			return nil, err
+		}
+		// The client's deadline bounds the wait; the server has none of its own.
+		hold, err := objects.Acquire(context.Background(), objectAccess(o))
+		if err != nil {
+			return nil, err
+		}
+		defer hold.Release()
+		if o == opLogin {
+			unlock, err := m.lockLogin(sh)
+			if err != nil {
+				return nil, err
+			}
+			defer unlock()
+		}
+	case slot:
+		if err := m.slotServed(uint(in[0].Uint())); err != nil {
+			return nil, err
+		}
+		if o == opOpenSession {
+			if objects, err = m.objectLock(uint(in[0].Uint())); err != nil {
+				return nil, err
+			}
+		}
 	}
-	if fn.IsValid() && (fn.Type().NumIn() == 1 || fn.Type().In(1) != typeSession) {
-		return p.runSlot(q, r, fn)
-	}
-	sh, objects, err := p.session(q.Session)
-	if err != nil {
-		return err
-	}
-	// The client's deadline bounds the wait; the server has none of its own.
-	hold, err := objects.Acquire(context.Background(), objectAccess(q.Op))
-	if err != nil {
-		return err
-	}
-	defer hold.Release()
-	switch q.Op {
+	switch o {
 	case opCloseSession:
 		p.smu.Lock()
-		delete(p.sessions, sh)
+		delete(p.sessions, pkcs11.SessionHandle(in[0].Uint()))
 		p.smu.Unlock()
-	case opLogin:
-		unlock, err := m.lockLogin(sh)
-		if err != nil {
-			return err
-		}
-		defer unlock()
 	case opFindObjects:
 		// A search may return fewer than asked; the reply must fit.
-		q.N = min(q.N, MaxHandles)
+		in[1].SetInt(min(in[1].Int(), MaxHandles))
 	case opGenerateRandom:
-		if q.N > MaxRandom {
-			return fmt.Errorf("C_GenerateRandom of %d bytes exceeds the bound of %d: %w", q.N, MaxRandom, errArgumentsBad)
+		if n := in[1].Int(); n > MaxRandom {
+			return nil, fmt.Errorf("C_GenerateRandom of %d bytes exceeds the bound of %d: %w", n, MaxRandom, errArgumentsBad)
 		}
 	case opUnwrapKey:
-		if err := WrappedKeyMissing(q.Data); err != nil {
-			return err
+		if err := WrappedKeyMissing(in[3].Bytes()); err != nil {
+			return nil, err
 		}
-	case opCreateObjectNested, opGetNestedAttribute:
-		return m.runNested(q, r, sh)
 	}
-	return m.call(fn, q, r)
-}
-
-// runNested runs hagroup's own calls on session sh: a template that holds
-// attribute arrays, and one attribute array read (internal/p11raw).
-func (m *served) runNested(q *request, r *response, sh pkcs11.SessionHandle) (err error) {
-	if m.fl == nil {
-		return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
+	out, err := m.call(f, ts, in)
+	if err != nil {
+		return nil, err
 	}
-	if q.Op == opGetNestedAttribute {
-		r.Attrs, err = p11raw.GetNestedAttribute(m.fl, sh, pkcs11.ObjectHandle(q.Object), q.N)
-		return err
-	}
-	nested := make(map[uint][]*pkcs11.Attribute, len(q.Nested))
-	for _, n := range q.Nested {
-		nested[n.Type] = n.Attrs
-	}
-	h, err := p11raw.CreateObjectNested(m.fl, sh, q.Attrs, nested)
-	r.Handle = uint(h)
-	return err
-}
-
-// runSlot runs the functions of no session (C_GetInfo, C_GetSlotList) and
-// those of a slot, which must be served.
-func (p *peer) runSlot(q *request, r *response, fn reflect.Value) error {
-	m := p.m
-	switch {
-	case q.Op == opGetSlotList:
-		if err := m.call(fn, q, r); err != nil {
-			return err
-		}
-		ids := r.Handles
-		r.Handles = nil
-		for _, id := range ids {
+	switch o {
+	case opGetSlotList:
+		var ids []uint
+		for _, id := range out[0].Interface().([]uint) {
 			if m.slotServed(id) == nil {
-				r.Handles = append(r.Handles, id)
+				ids = append(ids, id)
 			}
 		}
-		return nil
-	case fn.Type().NumIn() == 1:
-		return m.call(fn, q, r)
+		out[0] = reflect.ValueOf(ids)
+	case opOpenSession:
+		h := pkcs11.SessionHandle(out[0].Uint())
+		p.smu.Lock()
+		defer p.smu.Unlock()
+		if p.sessions == nil {
+			_ = m.ctx.CloseSession(h)
+			return nil, errSessionInvalid
+		}
+		p.sessions[h] = objects
 	}
-	if err := m.slotServed(q.Slot); err != nil {
-		return err
-	}
-	if q.Op != opOpenSession {
-		return m.call(fn, q, r)
-	}
-	objects, err := m.objectLock(q.Slot)
-	if err != nil {
-		return err
-	}
-	h, err := m.ctx.OpenSession(q.Slot, q.N)
-	if err != nil {
-		return err
-	}
-	p.smu.Lock()
-	defer p.smu.Unlock()
-	if p.sessions == nil {
-		_ = m.ctx.CloseSession(h)
-		return errSessionInvalid
-	}
-	p.sessions[h] = objects
-	r.Handle = uint(h)
-	return nil
+	return out, nil
 }
 
-// call runs fn, the method of *pkcs11.Ctx that serves q's function
-// (functions), on the module: each argument taken from q by the rule of
-// request.field, a mechanism rebuilt by mechIn, and each result put in r
-// by its type.
-func (m *served) call(fn reflect.Value, q *request, r *response) error {
-	t := fn.Type()
-	ts := make([]reflect.Type, t.NumIn()-1)
-	for i := range ts {
-		ts[i] = t.In(i + 1)
+// args reads f's arguments from d, each by its type in f's signature
+// (ts), a mechanism as the wire has it (call rebuilds it).
+func (f function) args(d *decoder) (ts []reflect.Type, in []reflect.Value) {
+	ts, _ = f.signature()
+	in = make([]reflect.Value, len(ts))
+	for i, t := range ts {
+		if t == typeMechs {
+			t = reflect.TypeFor[[]*mech]()
+		}
+		in[i] = reflect.New(t).Elem()
+		d.value(in[i])
 	}
-	in := []reflect.Value{reflect.ValueOf(m.ctx)}
-	for i, at := range ts {
-		if at == typeMechs {
-			ms, free, err := mechIn(q.Mech)
-			if err != nil {
-				return err
-			}
-			defer free()
-			if ms == nil { // miekg would panic
-				return fmt.Errorf("%v without its mechanism: %w", q.Op, errArgumentsBad)
-			}
-			in = append(in, reflect.ValueOf(ms))
+	return ts, in
+}
+
+// call runs f on the module with the arguments in (of types ts), each
+// mechanism rebuilt from the wire (mechIn), and returns its results.
+func (m *served) call(f function, ts []reflect.Type, in []reflect.Value) ([]reflect.Value, error) {
+	recv := reflect.ValueOf(m.ctx)
+	if reflect.TypeOf(f.run).In(0) != recv.Type() {
+		recv = reflect.ValueOf(m) // hagroup's own
+	}
+	in = append([]reflect.Value{recv}, in...)
+	for i, t := range ts {
+		if t != typeMechs {
 			continue
 		}
-		f, err := q.field(ts, i)
+		ws := in[i+1].Interface().([]*mech)
+		if len(ws) != 1 { // miekg would panic
+			return nil, fmt.Errorf("%d mechanisms, not one: %w", len(ws), errArgumentsBad)
+		}
+		ms, free, err := mechIn(ws[0])
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if at.Kind() == reflect.Bool {
-			in = append(in, reflect.ValueOf(f.Uint() != 0))
-		} else {
-			in = append(in, f.Convert(at))
-		}
+		defer free()
+		in[i+1] = reflect.ValueOf(ms)
 	}
-	out := fn.Call(in)
-	for i, v := range out[:len(out)-1] {
-		r.set(i, v.Interface())
-	}
+	out := reflect.ValueOf(f.run).Call(in)
 	err, _ := out[len(out)-1].Interface().(error)
-	return err
+	return out[:len(out)-1], err
 }
 
-// set puts result i of a call, v, in r by its type.
-func (r *response) set(i int, v any) {
-	switch v := v.(type) {
-	case []byte:
-		r.Data = v
-	case []*pkcs11.Attribute:
-		r.Attrs = v
-	case pkcs11.ObjectHandle:
-		*[]*uint{&r.Handle, &r.Handle2}[i] = uint(v)
-	case []pkcs11.ObjectHandle:
-		for _, h := range v {
-			r.Handles = append(r.Handles, uint(h))
-		}
-	case []uint:
-		r.Handles = v
-	case []*pkcs11.Mechanism:
-		for _, mm := range v {
-			r.Handles = append(r.Handles, mm.Mechanism)
-		}
-	case bool:
-		r.More = v
-	default: // a CK_*_INFO structure
-		for _, f := range r.flats() {
-			if p := reflect.ValueOf(f).Elem(); p.Type().Elem() == reflect.TypeOf(v) {
-				p.Set(reflect.New(p.Type().Elem()))
-				p.Elem().Set(reflect.ValueOf(v))
-			}
-		}
+// createObjectNested creates an object whose template also holds
+// attribute arrays (hagroup's own call).
+func (m *served) createObjectNested(sh pkcs11.SessionHandle, tmpl []*pkcs11.Attribute, nested []nestedAttr) (pkcs11.ObjectHandle, error) {
+	if m.fl == nil {
+		return 0, fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
 	}
+	byType := make(map[uint][]*pkcs11.Attribute, len(nested))
+	for _, n := range nested {
+		byType[n.Type] = n.Attrs
+	}
+	return p11raw.CreateObjectNested(m.fl, sh, tmpl, byType)
+}
+
+// getNestedAttribute reads the attribute array held by attribute typ of h
+// (hagroup's own call).
+func (m *served) getNestedAttribute(sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	if m.fl == nil {
+		return nil, fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
+	}
+	return p11raw.GetNestedAttribute(m.fl, sh, h, typ)
 }

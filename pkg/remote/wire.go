@@ -24,7 +24,8 @@ import (
 // Version 1 was encoding/gob, unbounded; version 2 did not tell an empty
 // byte string from none; version 3 carried no C_DigestKey; version 4
 // carried four mechanism parameters with pointers, by hand, and numbered
-// its ops by hand; version 5 carried C_VerifyFinal's signature in Data2.
+// its ops by hand; version 5 carried every argument and result of every
+// function in one set of fields.
 const ProtocolVersion = 6
 
 // magic opens every connection.
@@ -44,11 +45,15 @@ type welcome struct {
 // (ops_gen.go), or one of hagroup's own after them.
 type op uint8
 
-// function is a PKCS#11 function as hsmserve serves it: its name, and the
-// method of miekg's *pkcs11.Ctx that runs it (nil: not served).
+// function is a call as hsmserve serves it: its name, and the method that
+// runs it (of miekg's *pkcs11.Ctx for a PKCS#11 function; nil: not
+// served). The method's signature is the call's wire: a request carries
+// the call's ID, its op and its arguments, and a response the ID, the CKR
+// code, why it failed, and on success the results, each value by its type
+// in that signature (codec.go's value), in order.
 type function struct {
 	name string
-	ctx  any
+	run  any
 }
 
 // hagroup's own calls: a template that holds attribute arrays, and one
@@ -59,116 +64,39 @@ const (
 	opCount
 )
 
+var own = [opCount - opFunctions]function{
+	{"C_CreateObject with attribute arrays", (*served).createObjectNested},
+	{"C_GetAttributeValue of an attribute array", (*served).getNestedAttribute},
+}
+
+// function returns o's call, or why it is not served.
+func (o op) function() (function, error) {
+	switch {
+	case o > opInvalid && o < opFunctions && functions[o].run != nil:
+		return functions[o], nil
+	case o > opInvalid && o < opFunctions:
+		return function{}, fmt.Errorf("%v is not served: %w", o, errFunctionNotSupported)
+	case o >= opFunctions && o < opCount:
+		return own[o-opFunctions], nil
+	}
+	return function{}, fmt.Errorf("unknown operation %d (protocol version %d)", uint8(o), ProtocolVersion)
+}
+
 // String names o for an error: its PKCS#11 function, or hagroup's call.
 func (o op) String() string {
 	switch {
 	case o > opInvalid && o < opFunctions:
 		return functions[o].name
-	case o == opCreateObjectNested:
-		return "C_CreateObject with attribute arrays"
-	case o == opGetNestedAttribute:
-		return "C_GetAttributeValue of an attribute array"
+	case o >= opFunctions && o < opCount:
+		return own[o-opFunctions].name
 	}
 	return fmt.Sprintf("operation %d", uint8(o))
 }
 
-// request is one call. Fields unused by an op stay zero; a PKCS#11
-// function's arguments are in the fields field names.
-type request struct {
-	ID      uint64
-	Op      op
-	Slot    uint
-	Session uint
-	Object  uint // object or key handle
-	Object2 uint // second key handle (WrapKey: the key wrapped)
-	N       uint // flags, user type, token present, count, length, attribute type
-	Mech    *mech
-	Attrs   []*pkcs11.Attribute
-	Attrs2  []*pkcs11.Attribute // GenerateKeyPair: the private template
-	Nested  []nestedAttr
-	Data    []byte
-	Data2   []byte
-	PIN     []byte
-}
-
 var (
 	typeSession = reflect.TypeFor[pkcs11.SessionHandle]()
-	typeObject  = reflect.TypeFor[pkcs11.ObjectHandle]()
 	typeMechs   = reflect.TypeFor[[]*pkcs11.Mechanism]()
-	typeAttrs   = reflect.TypeFor[[]*pkcs11.Attribute]()
-	typeBytes   = reflect.TypeFor[[]byte]()
 )
-
-// field is the one rule by which a PKCS#11 function's arguments cross, the
-// client's generated methods putting them (newRequest) and the server
-// taking them (served.call): each by its type in miekg's signature, the
-// types of ts, in order. It returns the field of q that carries argument
-// i: a session in Session, a slot (a number first) in Slot, object handles
-// in Object then Object2, templates in Attrs then Attrs2, byte strings in
-// Data then Data2, a PIN in PIN, another number or a flag in N. A
-// mechanism crosses in Mech, converted by each side (mechOut, mechIn).
-func (q *request) field(ts []reflect.Type, i int) (reflect.Value, error) {
-	t, n := ts[i], 0
-	for _, u := range ts[:i] {
-		if u == t {
-			n++
-		}
-	}
-	var fs []any
-	switch k := t.Kind(); {
-	case t == typeSession:
-		fs = []any{&q.Session}
-	case t == typeObject:
-		fs = []any{&q.Object, &q.Object2}
-	case t == typeAttrs:
-		fs = []any{&q.Attrs, &q.Attrs2}
-	case t == typeBytes:
-		fs = []any{&q.Data, &q.Data2}
-	case k == reflect.String:
-		fs = []any{&q.PIN}
-	case k == reflect.Uint && i == 0:
-		fs = []any{&q.Slot}
-	case k == reflect.Uint || k == reflect.Int || k == reflect.Bool:
-		fs, n = []any{&q.N}, 0 // after a slot, the one other number
-	}
-	if n >= len(fs) {
-		return reflect.Value{}, fmt.Errorf("%v: no request field carries argument %d, a %v: %w", q.Op, i+1, t, errArgumentsBad)
-	}
-	return reflect.ValueOf(fs[n]).Elem(), nil
-}
-
-// newRequest is o's request with args in their fields (field).
-func newRequest(o op, args []any) (*request, error) {
-	q := &request{Op: o}
-	ts := make([]reflect.Type, len(args))
-	for i, a := range args {
-		ts[i] = reflect.TypeOf(a)
-	}
-	for i, a := range args {
-		if ms, ok := a.([]*pkcs11.Mechanism); ok {
-			q.Mech = mechOut(ms)
-			continue
-		}
-		f, err := q.field(ts, i)
-		if err != nil {
-			return nil, err
-		}
-		switch a := a.(type) {
-		case bool:
-			if a {
-				f.SetUint(1)
-			}
-		case int:
-			if a < 0 {
-				return nil, fmt.Errorf("%v: a negative count: %w", o, errArgumentsBad)
-			}
-			f.SetUint(uint64(a))
-		default:
-			f.Set(reflect.ValueOf(a).Convert(f.Type()))
-		}
-	}
-	return q, nil
-}
 
 // nestedAttr is one attribute whose value is an attribute array.
 type nestedAttr struct {
@@ -176,28 +104,12 @@ type nestedAttr struct {
 	Attrs []*pkcs11.Attribute
 }
 
-// response answers the request with the same ID.
+// response opens the answer to the request with the same ID; the
+// results follow on success.
 type response struct {
-	ID      uint64
-	RV      uint   // CKR code; 0 is CKR_OK
-	Err     string // a failure with no CKR code of its own (RV is then CKR_GENERAL_ERROR)
-	Handle  uint
-	Handle2 uint
-	Handles []uint
-	More    bool
-	Data    []byte
-	Attrs   []*pkcs11.Attribute
-
-	Info        *pkcs11.Info
-	SlotInfo    *pkcs11.SlotInfo
-	TokenInfo   *pkcs11.TokenInfo
-	MechInfo    *pkcs11.MechanismInfo
-	SessionInfo *pkcs11.SessionInfo
-}
-
-// flats are pointers to r's CK_*_INFO fields (at most one is set).
-func (r *response) flats() []any {
-	return []any{&r.Info, &r.SlotInfo, &r.TokenInfo, &r.MechInfo, &r.SessionInfo}
+	ID  uint64
+	RV  uint   // CKR code; 0 is CKR_OK
+	Err string // a failure with no CKR code of its own (RV is then CKR_GENERAL_ERROR)
 }
 
 // mech is a mechanism on the wire: its type and its parameter in one of
@@ -238,12 +150,8 @@ const maxParamDepth = 2
 
 var errParamInvalid = pkcs11.Error(pkcs11.CKR_MECHANISM_PARAM_INVALID)
 
-// mechOut converts the one mechanism of a miekg call for the wire.
-func mechOut(ms []*pkcs11.Mechanism) *mech {
-	if len(ms) != 1 || ms[0] == nil {
-		return nil
-	}
-	m := ms[0]
+// mechOut converts a mechanism of a miekg call for the wire.
+func mechOut(m *pkcs11.Mechanism) *mech {
 	w := &mech{Type: m.Mechanism}
 	l := mechparam.For(m.Mechanism)
 	g := generatorOf(m)

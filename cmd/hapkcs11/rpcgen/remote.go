@@ -24,10 +24,9 @@ var unserved = map[string]bool{"InitToken": true, "CloseAllSessions": true, "Get
 	"WaitForSlotEvent": true}
 
 // clientByHand are the served functions whose Client method client.go
-// writes: more than one result, a result converted, or
-// C_GetAttributeValue, whose request carries the types alone.
-var clientByHand = map[string]bool{"GetMechanismList": true, "GetAttributeValue": true, "FindObjects": true,
-	"GenerateKeyPair": true}
+// writes: two results, or C_GetAttributeValue, whose request carries the
+// types alone.
+var clientByHand = map[string]bool{"GetAttributeValue": true, "FindObjects": true, "GenerateKeyPair": true}
 
 func servedRemote(f fn) bool { return !local[f.name] && refused[f.name] == "" && !unserved[f.name] }
 
