@@ -12,9 +12,10 @@ import (
 
 // The protocol: frames over one Unix stream connection per client
 // context, each a 4-byte big-endian length and that many bytes (at most
-// MaxFrame) holding one message, field by field (codec.go). The client
+// MaxFrame) holding one message, value by value (codec.go). The client
 // opens with a hello and the server answers with a welcome; from then on
-// the client sends requests and the server answers each with a response
+// the client sends requests (a call's arguments, as its function's
+// signature has them) and the server answers each with a response
 // carrying the request's ID, in any order (the server runs a bounded
 // number of requests concurrently), so one connection carries every
 // concurrent call of its context.

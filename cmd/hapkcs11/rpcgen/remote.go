@@ -2,9 +2,9 @@ package main
 
 // hsmserve's side (pkg/remote): the op numbers, the method of miekg's
 // *pkcs11.Ctx that serves each function, and remote.Client's method of
-// each, named and typed as that method (Client mirrors Ctx). The arguments
-// cross by the one rule of pkg/remote's request.field, both sides, so
-// nothing here says which request field carries which argument.
+// each, named and typed as that method (Client mirrors Ctx). The method's
+// signature is the call's wire (pkg/remote's function), so nothing here
+// says how an argument crosses.
 
 import (
 	"bytes"
