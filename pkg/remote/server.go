@@ -674,6 +674,23 @@ func (m *served) serveConn(ctx context.Context, nc net.Conn) {
 		return
 	}
 	b := newBudget()
+	// Requests run on workers that outlive them (at most maxInFlight, as
+	// the budget admits no more), so a call does not grow a new stack.
+	type job struct {
+		body []byte
+		n    int
+	}
+	jobs := make(chan job)
+	work := func(j job) {
+		for ok := true; ok; j, ok = <-jobs {
+			e := p.answer(j.body)
+			size := len(e.b)
+			b.resize(j.n, size)
+			p.write(e)
+			b.release(size)
+			p.calls.Done()
+		}
+	}
 	for {
 		n, err := readHeader(r)
 		if err != nil {
@@ -689,15 +706,13 @@ func (m *served) serveConn(ctx context.Context, nc net.Conn) {
 			break
 		}
 		p.calls.Add(1)
-		go func() {
-			defer p.calls.Done()
-			e := p.answer(body)
-			size := len(e.b)
-			b.resize(n, size)
-			p.write(e)
-			b.release(size)
-		}()
+		select {
+		case jobs <- job{body, n}:
+		default: // every worker is busy
+			go work(job{body, n})
+		}
 	}
+	close(jobs)
 	nc.Close()
 	p.calls.Wait()
 	p.smu.Lock()
