@@ -76,7 +76,7 @@ func wantBound(t *testing.T, what string, err error, why string) {
 }
 
 // A hostile server cannot make the client hold more than a frame: a
-// response header over MaxFrame, or a response counting more attributes
+// response header over MaxFrame, or a response counting more slot IDs
 // than the bound, ends the connection (CKR_DEVICE_ERROR) without the
 // client reading or allocating the rest.
 func TestClientBoundsResponses(t *testing.T) {
@@ -85,7 +85,7 @@ func TestClientBoundsResponses(t *testing.T) {
 		reply []byte
 	}{
 		{"frame header of 1 GiB", binary.BigEndian.AppendUint32(nil, 1<<30)},
-		{"a billion attributes", frame(uv(1, 0, 0, 0, 0, 0, 0, 0, 1<<30))},
+		{"a billion slot IDs", frame(uv(1, 0, 0, 1<<30))},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "hostile.sock")

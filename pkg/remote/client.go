@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,8 +19,9 @@ import (
 const DialTimeout = 10 * time.Second
 
 // Client is a PKCS#11 context on a token served by another process: the
-// method set of miekg's *pkcs11.Ctx that pkg/slot uses, plus
-// CreateObjectNested and GetNestedAttribute. Initialize connects, Finalize
+// method set of miekg's *pkcs11.Ctx for every function hsmserve serves
+// (most written by rpcgen, client_gen.go), plus CreateObjectNested and
+// GetNestedAttribute. Initialize connects, Finalize
 // disconnects (the server closes the sessions of the connection).
 //
 // Before it sends a byte, Initialize checks who serves the socket
@@ -134,9 +136,21 @@ type conn struct {
 	wmu sync.Mutex
 
 	pmu     sync.Mutex
-	pending map[uint64]chan *response
+	pending map[uint64]pendingCall
 	next    uint64
 	broken  error // set once: every later call fails
+}
+
+// pendingCall is a call waiting for its reply.
+type pendingCall struct {
+	op op
+	ch chan reply
+}
+
+// reply is a response and the results of its call.
+type reply struct {
+	head response
+	out  []reflect.Value
 }
 
 // handshake sends the hello and reads the welcome, within DialTimeout.
@@ -144,7 +158,7 @@ func handshake(nc net.Conn) (*conn, error) {
 	if err := nc.SetDeadline(time.Now().Add(DialTimeout)); err != nil {
 		return nil, err
 	}
-	cn := &conn{nc: nc, r: bufio.NewReader(nc), pending: make(map[uint64]chan *response)}
+	cn := &conn{nc: nc, r: bufio.NewReader(nc), pending: make(map[uint64]pendingCall)}
 	e := newFrame()
 	(&hello{Magic: magic, Version: ProtocolVersion}).encode(e)
 	if err := cn.write(e); err != nil {
@@ -185,7 +199,7 @@ func (cn *conn) write(e *encoder) error {
 }
 
 // read delivers responses until the connection fails. A frame or a
-// response that breaks a bound ends the connection.
+// response that breaks a bound, or answers no call, ends the connection.
 func (cn *conn) read() {
 	for {
 		b, err := readFrame(cn.r)
@@ -193,19 +207,30 @@ func (cn *conn) read() {
 			cn.fail(err)
 			return
 		}
-		r := new(response)
+		var r reply
 		d := &decoder{b: b}
-		r.decode(d)
+		r.head.decode(d)
+		cn.pmu.Lock()
+		pc, ok := cn.pending[r.head.ID]
+		delete(cn.pending, r.head.ID)
+		cn.pmu.Unlock()
+		if ok && d.err == nil && r.head.RV == pkcs11.CKR_OK {
+			f, _ := pc.op.function() // the client sent it
+			_, ts := f.signature()
+			for _, t := range ts {
+				r.out = append(r.out, reflect.New(t).Elem())
+				d.value(r.out[len(r.out)-1])
+			}
+		}
 		if err := d.end(); err != nil {
+			if ok {
+				close(pc.ch)
+			}
 			cn.fail(fmt.Errorf("response: %w", err))
 			return
 		}
-		cn.pmu.Lock()
-		ch, ok := cn.pending[r.ID]
-		delete(cn.pending, r.ID)
-		cn.pmu.Unlock()
 		if ok {
-			ch <- r
+			pc.ch <- r
 		}
 	}
 }
@@ -217,11 +242,11 @@ func (cn *conn) fail(err error) {
 		cn.broken = err
 	}
 	pending := cn.pending
-	cn.pending = map[uint64]chan *response{}
+	cn.pending = map[uint64]pendingCall{}
 	cn.pmu.Unlock()
 	cn.nc.Close()
-	for _, ch := range pending {
-		close(ch)
+	for _, pc := range pending {
+		close(pc.ch)
 	}
 }
 
@@ -233,34 +258,37 @@ func (cn *conn) lost() error {
 	return fmt.Errorf("connection to the token server lost: %v: %w: %w", cn.broken, ErrNotSent, errDevice)
 }
 
-// call sends req and waits for its response. A request too big for a
-// frame fails with CKR_ARGUMENTS_BAD and is not sent.
-func (c *Client) call(req *request) (*response, error) {
-	defer clear(req.PIN)
+// call sends o's request with args (as the arguments of o's function, by
+// their types) and waits for its results. A request the wire cannot carry
+// (a nil attribute, a parameter that cannot cross, more than a frame)
+// fails, with CKR_ARGUMENTS_BAD when nothing else says why, and is not
+// sent.
+func (c *Client) call(o op, args []any) ([]reflect.Value, error) {
 	cn := c.cur.Load()
 	if cn == nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotSent, errNotInitialized)
 	}
-	if !encodable(req) {
-		return nil, fmt.Errorf("a nil attribute cannot be sent: %w", errArgumentsBad)
-	}
-	if req.Mech != nil && req.Mech.refused != nil {
-		return nil, req.Mech.refused
-	}
-	ch := make(chan *response, 1)
+	ch := make(chan reply, 1)
 	cn.pmu.Lock()
 	if cn.broken != nil {
 		cn.pmu.Unlock()
 		return nil, cn.lost()
 	}
 	cn.next++
-	req.ID = cn.next
+	id := cn.next
 	cn.pmu.Unlock()
 	e := newFrame()
-	req.encode(e)
+	e.uint(uint(id))
+	e.uint(uint(o))
+	for _, a := range args {
+		e.value(reflect.ValueOf(a))
+	}
 	frame, err := e.frame()
-	if err != nil {
+	if e.err != nil || err != nil {
 		clear(e.b) // the PIN, if any
+		if e.err != nil {
+			return nil, e.err
+		}
 		return nil, fmt.Errorf("token server at %s: request: %v: %w", c.sock, err, errArgumentsBad)
 	}
 	cn.pmu.Lock()
@@ -268,7 +296,7 @@ func (c *Client) call(req *request) (*response, error) {
 		cn.pmu.Unlock()
 		return nil, cn.lost()
 	}
-	cn.pending[req.ID] = ch
+	cn.pending[id] = pendingCall{o, ch}
 	cn.pmu.Unlock()
 
 	cn.wmu.Lock()
@@ -285,137 +313,44 @@ func (c *Client) call(req *request) (*response, error) {
 	if !ok {
 		return nil, errDevice
 	}
-	if r.RV != pkcs11.CKR_OK {
-		if r.Err != "" {
-			return nil, fmt.Errorf("token server: %s: %w", r.Err, pkcs11.Error(r.RV))
+	if r.head.RV != pkcs11.CKR_OK {
+		if r.head.Err != "" {
+			return nil, fmt.Errorf("token server: %s: %w", r.head.Err, pkcs11.Error(r.head.RV))
 		}
-		return nil, pkcs11.Error(r.RV)
+		return nil, pkcs11.Error(r.head.RV)
 	}
-	return r, nil
+	return r.out, nil
 }
 
-// GetInfo returns the served module's information.
-func (c *Client) GetInfo() (pkcs11.Info, error) {
-	r, err := c.call(&request{Op: opGetInfo})
-	if err != nil || r.Info == nil {
-		return pkcs11.Info{}, orProtocol(err)
-	}
-	return *r.Info, nil
-}
-
-// GetSlotList lists the served slots.
-func (c *Client) GetSlotList(tokenPresent bool) ([]uint, error) {
-	n := uint(0)
-	if tokenPresent {
-		n = 1
-	}
-	r, err := c.call(&request{Op: opGetSlotList, N: n})
-	if err != nil {
-		return nil, err
-	}
-	return r.Handles, nil
-}
-
-// GetSlotInfo describes a slot.
-func (c *Client) GetSlotInfo(slotID uint) (pkcs11.SlotInfo, error) {
-	r, err := c.call(&request{Op: opGetSlotInfo, Slot: slotID})
-	if err != nil || r.SlotInfo == nil {
-		return pkcs11.SlotInfo{}, orProtocol(err)
-	}
-	return *r.SlotInfo, nil
-}
-
-// GetTokenInfo describes a token.
-func (c *Client) GetTokenInfo(slotID uint) (pkcs11.TokenInfo, error) {
-	r, err := c.call(&request{Op: opGetTokenInfo, Slot: slotID})
-	if err != nil || r.TokenInfo == nil {
-		return pkcs11.TokenInfo{}, orProtocol(err)
-	}
-	return *r.TokenInfo, nil
-}
-
-// GetMechanismList lists a token's mechanisms.
-func (c *Client) GetMechanismList(slotID uint) ([]*pkcs11.Mechanism, error) {
-	r, err := c.call(&request{Op: opGetMechanismList, Slot: slotID})
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*pkcs11.Mechanism, len(r.Handles))
-	for i, t := range r.Handles {
-		out[i] = pkcs11.NewMechanism(t, nil)
-	}
-	return out, nil
-}
-
-// GetMechanismInfo describes one mechanism of a token.
-func (c *Client) GetMechanismInfo(slotID uint, m []*pkcs11.Mechanism) (pkcs11.MechanismInfo, error) {
-	r, err := c.call(&request{Op: opGetMechanismInfo, Slot: slotID, Mech: mechOut(m)})
-	if err != nil || r.MechInfo == nil {
-		return pkcs11.MechanismInfo{}, orProtocol(err)
-	}
-	return *r.MechInfo, nil
-}
-
-// OpenSession opens a session.
-func (c *Client) OpenSession(slotID uint, flags uint) (pkcs11.SessionHandle, error) {
-	r, err := c.call(&request{Op: opOpenSession, Slot: slotID, N: flags})
-	if err != nil {
-		return 0, err
-	}
-	return pkcs11.SessionHandle(r.Handle), nil
-}
-
-// CloseSession closes a session.
-func (c *Client) CloseSession(sh pkcs11.SessionHandle) error {
-	_, err := c.call(&request{Op: opCloseSession, Session: uint(sh)})
+// none calls o with args (client_gen.go).
+func (c *Client) none(o op, args ...any) error {
+	_, err := c.call(o, args)
 	return err
 }
 
-// GetSessionInfo describes a session.
-func (c *Client) GetSessionInfo(sh pkcs11.SessionHandle) (pkcs11.SessionInfo, error) {
-	r, err := c.call(&request{Op: opGetSessionInfo, Session: uint(sh)})
-	if err != nil || r.SessionInfo == nil {
-		return pkcs11.SessionInfo{}, orProtocol(err)
+// result calls o with args and returns its one result (client_gen.go).
+func result[T any](c *Client, o op, args ...any) (T, error) {
+	out, err := c.call(o, args)
+	if err != nil {
+		var zero T
+		return zero, err
 	}
-	return *r.SessionInfo, nil
-}
-
-// Login logs a user in; the PIN travels only over the socket.
-func (c *Client) Login(sh pkcs11.SessionHandle, userType uint, pin string) error {
-	_, err := c.call(&request{Op: opLogin, Session: uint(sh), N: userType, PIN: []byte(pin)})
-	return err
-}
-
-// Logout logs out.
-func (c *Client) Logout(sh pkcs11.SessionHandle) error {
-	_, err := c.call(&request{Op: opLogout, Session: uint(sh)})
-	return err
-}
-
-// CreateObject creates an object.
-func (c *Client) CreateObject(sh pkcs11.SessionHandle, temp []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return c.handle(&request{Op: opCreateObject, Session: uint(sh), Attrs: temp})
+	return out[0].Interface().(T), nil
 }
 
 // CreateObjectNested creates an object whose template also holds attribute
 // arrays (CKA_UNWRAP_TEMPLATE, …), one per entry of nested.
 func (c *Client) CreateObjectNested(sh pkcs11.SessionHandle, tmpl []*pkcs11.Attribute, nested map[uint][]*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	req := &request{Op: opCreateObjectNested, Session: uint(sh), Attrs: tmpl}
+	var ns []nestedAttr
 	for t, a := range nested {
-		req.Nested = append(req.Nested, nestedAttr{Type: t, Attrs: a})
+		ns = append(ns, nestedAttr{Type: t, Attrs: a})
 	}
-	return c.handle(req)
+	return result[pkcs11.ObjectHandle](c, opCreateObjectNested, sh, tmpl, ns)
 }
 
-// CopyObject copies an object.
-func (c *Client) CopyObject(sh pkcs11.SessionHandle, o pkcs11.ObjectHandle, temp []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return c.handle(&request{Op: opCopyObject, Session: uint(sh), Object: uint(o), Attrs: temp})
-}
-
-// DestroyObject destroys an object.
-func (c *Client) DestroyObject(sh pkcs11.SessionHandle, oh pkcs11.ObjectHandle) error {
-	_, err := c.call(&request{Op: opDestroyObject, Session: uint(sh), Object: uint(oh)})
-	return err
+// GetNestedAttribute reads the attribute array held by attribute typ of h.
+func (c *Client) GetNestedAttribute(sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	return result[[]*pkcs11.Attribute](c, opGetNestedAttribute, sh, h, typ)
 }
 
 // GetAttributeValue reads the attributes of a (their values are ignored).
@@ -424,265 +359,33 @@ func (c *Client) GetAttributeValue(sh pkcs11.SessionHandle, o pkcs11.ObjectHandl
 	for i, at := range a {
 		q[i] = &pkcs11.Attribute{Type: at.Type}
 	}
-	r, err := c.call(&request{Op: opGetAttributeValue, Session: uint(sh), Object: uint(o), Attrs: q})
-	if err != nil {
-		return nil, err
+	got, err := result[[]*pkcs11.Attribute](c, opGetAttributeValue, sh, o, q)
+	if err == nil && len(got) != len(a) {
+		return nil, protocolError("GetAttributeValue answered %d attributes for %d", len(got), len(a))
 	}
-	if len(r.Attrs) != len(a) {
-		return nil, protocolError("GetAttributeValue answered %d attributes for %d", len(r.Attrs), len(a))
-	}
-	return r.Attrs, nil
-}
-
-// GetNestedAttribute reads the attribute array held by attribute typ of h.
-func (c *Client) GetNestedAttribute(sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
-	r, err := c.call(&request{Op: opGetNestedAttribute, Session: uint(sh), Object: uint(h), N: typ})
-	if err != nil {
-		return nil, err
-	}
-	return r.Attrs, nil
-}
-
-// SetAttributeValue sets attributes of an object.
-func (c *Client) SetAttributeValue(sh pkcs11.SessionHandle, o pkcs11.ObjectHandle, a []*pkcs11.Attribute) error {
-	_, err := c.call(&request{Op: opSetAttributeValue, Session: uint(sh), Object: uint(o), Attrs: a})
-	return err
-}
-
-// FindObjectsInit starts a search.
-func (c *Client) FindObjectsInit(sh pkcs11.SessionHandle, temp []*pkcs11.Attribute) error {
-	_, err := c.call(&request{Op: opFindObjectsInit, Session: uint(sh), Attrs: temp})
-	return err
+	return got, err
 }
 
 // FindObjects continues a search.
 func (c *Client) FindObjects(sh pkcs11.SessionHandle, max int) ([]pkcs11.ObjectHandle, bool, error) {
-	if max < 0 {
-		return nil, false, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
-	}
-	r, err := c.call(&request{Op: opFindObjects, Session: uint(sh), N: uint(max)})
+	out, err := c.call(opFindObjects, []any{sh, max})
 	if err != nil {
 		return nil, false, err
 	}
-	out := make([]pkcs11.ObjectHandle, len(r.Handles))
-	for i, h := range r.Handles {
-		out[i] = pkcs11.ObjectHandle(h)
-	}
-	return out, r.More, nil
-}
-
-// FindObjectsFinal ends a search.
-func (c *Client) FindObjectsFinal(sh pkcs11.SessionHandle) error {
-	_, err := c.call(&request{Op: opFindObjectsFinal, Session: uint(sh)})
-	return err
-}
-
-// GenerateKey generates a secret key.
-func (c *Client) GenerateKey(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, temp []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return c.handle(&request{Op: opGenerateKey, Session: uint(sh), Mech: mechOut(m), Attrs: temp})
+	return out[0].Interface().([]pkcs11.ObjectHandle), out[1].Bool(), nil
 }
 
 // GenerateKeyPair generates a key pair.
 func (c *Client) GenerateKeyPair(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, public, private []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
-	r, err := c.call(&request{Op: opGenerateKeyPair, Session: uint(sh), Mech: mechOut(m), Attrs: public, Attrs2: private})
+	out, err := c.call(opGenerateKeyPair, []any{sh, m, public, private})
 	if err != nil {
 		return 0, 0, err
 	}
-	return pkcs11.ObjectHandle(r.Handle), pkcs11.ObjectHandle(r.Handle2), nil
-}
-
-// WrapKey wraps key under wrappingkey.
-func (c *Client) WrapKey(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, wrappingkey, key pkcs11.ObjectHandle) ([]byte, error) {
-	return c.data(&request{Op: opWrapKey, Session: uint(sh), Mech: mechOut(m), Object: uint(wrappingkey), Object2: uint(key)})
-}
-
-// UnwrapKey unwraps a key.
-func (c *Client) UnwrapKey(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, unwrappingkey pkcs11.ObjectHandle, wrappedkey []byte, a []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return c.handle(&request{Op: opUnwrapKey, Session: uint(sh), Mech: mechOut(m), Object: uint(unwrappingkey), Data: wrappedkey, Attrs: a})
-}
-
-// DeriveKey derives a key.
-func (c *Client) DeriveKey(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, basekey pkcs11.ObjectHandle, a []*pkcs11.Attribute) (pkcs11.ObjectHandle, error) {
-	return c.handle(&request{Op: opDeriveKey, Session: uint(sh), Mech: mechOut(m), Object: uint(basekey), Attrs: a})
-}
-
-// GenerateRandom returns length random bytes.
-func (c *Client) GenerateRandom(sh pkcs11.SessionHandle, length int) ([]byte, error) {
-	if length < 0 {
-		return nil, pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
-	}
-	return c.data(&request{Op: opGenerateRandom, Session: uint(sh), N: uint(length)})
-}
-
-func (c *Client) init(o op, sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	_, err := c.call(&request{Op: o, Session: uint(sh), Mech: mechOut(m), Object: uint(key)})
-	return err
-}
-
-func (c *Client) none(o op, sh pkcs11.SessionHandle, data, data2 []byte) error {
-	_, err := c.call(&request{Op: o, Session: uint(sh), Data: data, Data2: data2})
-	return err
-}
-
-func (c *Client) data(req *request) ([]byte, error) {
-	r, err := c.call(req)
-	if err != nil {
-		return nil, err
-	}
-	return r.Data, nil
-}
-
-func (c *Client) handle(req *request) (pkcs11.ObjectHandle, error) {
-	r, err := c.call(req)
-	if err != nil {
-		return 0, err
-	}
-	return pkcs11.ObjectHandle(r.Handle), nil
-}
-
-func (c *Client) sdata(o op, sh pkcs11.SessionHandle, data []byte) ([]byte, error) {
-	return c.data(&request{Op: o, Session: uint(sh), Data: data})
-}
-
-// SignInit starts a signature.
-func (c *Client) SignInit(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, o pkcs11.ObjectHandle) error {
-	return c.init(opSignInit, sh, m, o)
-}
-
-// Sign signs in one part.
-func (c *Client) Sign(sh pkcs11.SessionHandle, message []byte) ([]byte, error) {
-	return c.sdata(opSign, sh, message)
-}
-
-// SignUpdate continues a signature.
-func (c *Client) SignUpdate(sh pkcs11.SessionHandle, message []byte) error {
-	return c.none(opSignUpdate, sh, message, nil)
-}
-
-// SignFinal finishes a signature.
-func (c *Client) SignFinal(sh pkcs11.SessionHandle) ([]byte, error) {
-	return c.sdata(opSignFinal, sh, nil)
-}
-
-// VerifyInit starts a verification.
-func (c *Client) VerifyInit(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, key pkcs11.ObjectHandle) error {
-	return c.init(opVerifyInit, sh, m, key)
-}
-
-// Verify verifies in one part.
-func (c *Client) Verify(sh pkcs11.SessionHandle, data []byte, signature []byte) error {
-	return c.none(opVerify, sh, data, signature)
-}
-
-// VerifyUpdate continues a verification.
-func (c *Client) VerifyUpdate(sh pkcs11.SessionHandle, part []byte) error {
-	return c.none(opVerifyUpdate, sh, part, nil)
-}
-
-// VerifyFinal finishes a verification.
-func (c *Client) VerifyFinal(sh pkcs11.SessionHandle, signature []byte) error {
-	return c.none(opVerifyFinal, sh, nil, signature)
-}
-
-// EncryptInit starts an encryption.
-func (c *Client) EncryptInit(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, o pkcs11.ObjectHandle) error {
-	return c.init(opEncryptInit, sh, m, o)
-}
-
-// Encrypt encrypts in one part.
-func (c *Client) Encrypt(sh pkcs11.SessionHandle, message []byte) ([]byte, error) {
-	return c.sdata(opEncrypt, sh, message)
-}
-
-// EncryptUpdate continues an encryption.
-func (c *Client) EncryptUpdate(sh pkcs11.SessionHandle, plain []byte) ([]byte, error) {
-	return c.sdata(opEncryptUpdate, sh, plain)
-}
-
-// EncryptFinal finishes an encryption.
-func (c *Client) EncryptFinal(sh pkcs11.SessionHandle) ([]byte, error) {
-	return c.sdata(opEncryptFinal, sh, nil)
-}
-
-// DecryptInit starts a decryption.
-func (c *Client) DecryptInit(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism, o pkcs11.ObjectHandle) error {
-	return c.init(opDecryptInit, sh, m, o)
-}
-
-// Decrypt decrypts in one part.
-func (c *Client) Decrypt(sh pkcs11.SessionHandle, cipher []byte) ([]byte, error) {
-	return c.sdata(opDecrypt, sh, cipher)
-}
-
-// DecryptUpdate continues a decryption.
-func (c *Client) DecryptUpdate(sh pkcs11.SessionHandle, cipher []byte) ([]byte, error) {
-	return c.sdata(opDecryptUpdate, sh, cipher)
-}
-
-// DecryptFinal finishes a decryption.
-func (c *Client) DecryptFinal(sh pkcs11.SessionHandle) ([]byte, error) {
-	return c.sdata(opDecryptFinal, sh, nil)
-}
-
-// DigestInit starts a digest.
-func (c *Client) DigestInit(sh pkcs11.SessionHandle, m []*pkcs11.Mechanism) error {
-	return c.init(opDigestInit, sh, m, 0)
-}
-
-// Digest digests in one part.
-func (c *Client) Digest(sh pkcs11.SessionHandle, message []byte) ([]byte, error) {
-	return c.sdata(opDigest, sh, message)
-}
-
-// DigestUpdate continues a digest.
-func (c *Client) DigestUpdate(sh pkcs11.SessionHandle, message []byte) error {
-	return c.none(opDigestUpdate, sh, message, nil)
-}
-
-// DigestFinal finishes a digest.
-func (c *Client) DigestFinal(sh pkcs11.SessionHandle) ([]byte, error) {
-	return c.sdata(opDigestFinal, sh, nil)
-}
-
-// DigestKey feeds the value of key to the digest.
-func (c *Client) DigestKey(sh pkcs11.SessionHandle, key pkcs11.ObjectHandle) error {
-	_, err := c.call(&request{Op: opDigestKey, Session: uint(sh), Object: uint(key)})
-	return err
+	return pkcs11.ObjectHandle(out[0].Uint()), pkcs11.ObjectHandle(out[1].Uint()), nil
 }
 
 // protocolError is a response that does not fit its request: the
 // connection cannot be trusted; reported as CKR_DEVICE_ERROR.
 func protocolError(format string, args ...any) error {
 	return fmt.Errorf("token server protocol: "+format+": %w", append(args, errDevice)...)
-}
-
-// orProtocol returns err, or a protocol error when a successful response
-// lacks its payload.
-func orProtocol(err error) error {
-	if err != nil {
-		return err
-	}
-	return protocolError("response without its result")
-}
-
-// encodable reports whether req has no nil attribute (the module would
-// refuse one; the wire cannot carry it).
-func encodable(req *request) bool {
-	ok := func(as []*pkcs11.Attribute) bool {
-		for _, a := range as {
-			if a == nil {
-				return false
-			}
-		}
-		return true
-	}
-	if !ok(req.Attrs) || !ok(req.Attrs2) {
-		return false
-	}
-	for _, n := range req.Nested {
-		if !ok(n.Attrs) {
-			return false
-		}
-	}
-	return true
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"reflect"
 
 	"github.com/hagroup/hagroup/internal/mechparam"
 	"github.com/miekg/pkcs11"
@@ -83,8 +85,18 @@ func (e *encoder) frame() ([]byte, error) {
 // encoder appends values: unsigned integers as uvarints, strings as a
 // length and the bytes, byte strings as 0 for nil or 1 + length and the
 // bytes, so that an empty output (a C_EncryptFinal of CBC_PAD with nothing
-// left) arrives empty, not as no output.
-type encoder struct{ b []byte }
+// left) arrives empty, not as no output. Its first failure sticks: the
+// frame is not sent.
+type encoder struct {
+	b   []byte
+	err error
+}
+
+func (e *encoder) fail(err error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
 
 func (e *encoder) uint(v uint)     { e.b = binary.AppendUvarint(e.b, uint64(v)) }
 func (e *encoder) string(s string) { e.uint(uint(len(s))); e.b = append(e.b, s...) }
@@ -109,19 +121,14 @@ func (e *encoder) bool(v bool) {
 func (e *encoder) attrs(as []*pkcs11.Attribute) {
 	e.uint(uint(len(as)))
 	for _, a := range as {
+		if a == nil {
+			e.fail(fmt.Errorf("a nil attribute cannot be sent: %w", errArgumentsBad))
+			return
+		}
 		e.uint(a.Type)
 		e.bytes(a.Value)
 	}
 }
-
-func (e *encoder) uints(vs []uint) {
-	e.uint(uint(len(vs)))
-	for _, v := range vs {
-		e.uint(v)
-	}
-}
-
-func (e *encoder) version(v pkcs11.Version) { e.b = append(e.b, v.Major, v.Minor) }
 
 // decoder reads what encoder wrote from one frame. The first error
 // sticks and every later read returns zero; byte strings alias the
@@ -225,28 +232,6 @@ func (d *decoder) attrs() []*pkcs11.Attribute {
 	return as
 }
 
-func (d *decoder) uints() []uint {
-	n := d.count(MaxHandles, "handles")
-	if n == 0 {
-		return nil
-	}
-	vs := make([]uint, n)
-	for i := range vs {
-		vs[i] = d.uint()
-	}
-	return vs
-}
-
-func (d *decoder) version() pkcs11.Version {
-	if len(d.b) < 2 {
-		d.fail(errShort)
-		return pkcs11.Version{}
-	}
-	v := pkcs11.Version{Major: d.b[0], Minor: d.b[1]}
-	d.b = d.b[2:]
-	return v
-}
-
 // end reports the first error, or bytes left over after the value.
 func (d *decoder) end() error {
 	if d.err == nil && len(d.b) > 0 {
@@ -261,63 +246,154 @@ func present[T any](e *encoder, p *T) bool {
 	return p != nil
 }
 
-// The messages, field by field. A reader checks every count and length
-// against the bounds and the bytes left in the frame before it
-// allocates.
-
-func (h *hello) encode(e *encoder) { e.string(h.Magic); e.uint(uint(h.Version)) }
-
-func (h *hello) decode(d *decoder) { h.Magic = d.string(); h.Version = int(d.uint()) }
-
-func (w *welcome) encode(e *encoder) { e.uint(uint(w.Version)); e.string(w.Err) }
-
-func (w *welcome) decode(d *decoder) { w.Version = int(d.uint()); w.Err = d.string() }
-
-func (q *request) encode(e *encoder) {
-	e.uint(uint(q.ID))
-	e.uint(uint(q.Op))
-	for _, v := range []uint{q.Slot, q.Session, q.Object, q.Object2, q.N} {
-		e.uint(v)
-	}
-	if present(e, q.Mech) {
-		q.Mech.encode(e)
-	}
-	e.attrs(q.Attrs)
-	e.attrs(q.Attrs2)
-	e.uint(uint(len(q.Nested)))
-	for _, n := range q.Nested {
-		e.uint(n.Type)
-		e.attrs(n.Attrs)
-	}
-	e.bytes(q.Data)
-	e.bytes(q.Data2)
-	e.bytes(q.PIN)
-}
-
-// decodeHead reads a request's ID and op, so that a request whose body
-// breaks a bound can still be answered.
-func (q *request) decodeHead(d *decoder) {
-	q.ID = uint64(d.uint())
-	q.Op = op(d.uint())
-}
-
-func (q *request) decodeBody(d *decoder) {
-	q.Slot, q.Session, q.Object, q.Object2, q.N = d.uint(), d.uint(), d.uint(), d.uint(), d.uint()
-	if d.bool() {
-		q.Mech = new(mech)
-		q.Mech.decode(d)
-	}
-	q.Attrs = d.attrs()
-	q.Attrs2 = d.attrs()
-	if n := d.count(MaxNested, "attribute arrays"); n > 0 {
-		q.Nested = make([]nestedAttr, n)
-		for i := range q.Nested {
-			q.Nested[i] = nestedAttr{Type: d.uint(), Attrs: d.attrs()}
+// value writes v by its type: a number as a uvarint (a byte as itself), a
+// string, a byte string, a boolean, a list of numbers, a template, a list
+// of attribute arrays, mechanisms (mech.encode), a structure field by
+// field. A value the wire cannot carry (a nil attribute, a negative
+// count, a mechanism whose parameter cannot cross) fails the encoder.
+func (e *encoder) value(v reflect.Value) {
+	switch x := v.Interface().(type) {
+	case []byte:
+		e.bytes(x)
+	case []*pkcs11.Attribute:
+		e.attrs(x)
+	case []nestedAttr:
+		e.uint(uint(len(x)))
+		for _, n := range x {
+			e.value(reflect.ValueOf(n))
+		}
+	case []*pkcs11.Mechanism:
+		ws := make([]*mech, len(x))
+		for i, m := range x {
+			if m == nil {
+				e.fail(fmt.Errorf("a nil mechanism cannot be sent: %w", errArgumentsBad))
+				return
+			}
+			ws[i] = mechOut(m)
+		}
+		e.value(reflect.ValueOf(ws))
+	case []*mech:
+		e.uint(uint(len(x)))
+		for _, m := range x {
+			e.fail(m.refused)
+			m.encode(e)
+		}
+	case byte:
+		e.b = append(e.b, x)
+	case string:
+		e.string(x)
+	case bool:
+		e.bool(x)
+	case int:
+		if x < 0 {
+			e.fail(fmt.Errorf("a negative count: %w", errArgumentsBad))
+		}
+		e.uint(uint(x))
+	default:
+		switch v.Kind() {
+		case reflect.Slice: // of numbers
+			e.uint(uint(v.Len()))
+			for i := range v.Len() {
+				e.uint(uint(v.Index(i).Uint()))
+			}
+		case reflect.Struct:
+			for i := range v.NumField() {
+				e.value(v.Field(i))
+			}
+		default:
+			e.uint(uint(v.Uint()))
 		}
 	}
-	q.Data = d.bytes()
-	q.Data2 = d.bytes()
-	q.PIN = d.bytes()
+}
+
+// value reads into v, addressable, what encoder.value wrote, checking
+// every count against its bound. Mechanisms read as []*mech are the wire's
+// (the server rebuilds them, mechIn); as []*pkcs11.Mechanism, their types
+// (C_GetMechanismList's).
+func (d *decoder) value(v reflect.Value) {
+	switch p := v.Addr().Interface().(type) {
+	case *[]byte:
+		*p = d.bytes()
+	case *[]*pkcs11.Attribute:
+		*p = d.attrs()
+	case *[]nestedAttr:
+		if n := d.count(MaxNested, "attribute arrays"); n > 0 {
+			*p = make([]nestedAttr, n)
+			for i := range *p {
+				d.value(reflect.ValueOf(&(*p)[i]).Elem())
+			}
+		}
+	case *[]*mech:
+		if n := d.count(MaxHandles, "mechanisms"); n > 0 {
+			*p = make([]*mech, n)
+			for i := range *p {
+				(*p)[i] = new(mech)
+				(*p)[i].decode(d)
+			}
+		}
+	case *[]*pkcs11.Mechanism:
+		var ws []*mech
+		d.value(reflect.ValueOf(&ws).Elem())
+		for _, w := range ws {
+			*p = append(*p, &pkcs11.Mechanism{Mechanism: w.Type, Parameter: w.Param})
+		}
+	case *byte:
+		if len(d.b) == 0 {
+			d.fail(errShort)
+			return
+		}
+		*p, d.b = d.b[0], d.b[1:]
+	case *string:
+		*p = d.string()
+	case *bool:
+		*p = d.bool()
+	case *int:
+		if n := d.uint(); n > math.MaxInt {
+			d.fail(fmt.Errorf("a count of %d", n))
+		} else {
+			*p = int(n)
+		}
+	default:
+		switch v.Kind() {
+		case reflect.Slice: // of numbers
+			if n := d.count(MaxHandles, "handles"); n > 0 {
+				v.Set(reflect.MakeSlice(v.Type(), n, n))
+				for i := range n {
+					v.Index(i).SetUint(uint64(d.uint()))
+				}
+			}
+		case reflect.Struct:
+			for i := range v.NumField() {
+				d.value(v.Field(i))
+			}
+		default:
+			v.SetUint(uint64(d.uint()))
+		}
+	}
+}
+
+// The messages, field by field in their order (value). A reader checks
+// every count and length against the bounds and the bytes left in the
+// frame before it allocates.
+
+func (h *hello) encode(e *encoder)    { e.value(reflect.ValueOf(h).Elem()) }
+func (h *hello) decode(d *decoder)    { d.value(reflect.ValueOf(h).Elem()) }
+func (w *welcome) encode(e *encoder)  { e.value(reflect.ValueOf(w).Elem()) }
+func (w *welcome) decode(d *decoder)  { d.value(reflect.ValueOf(w).Elem()) }
+func (r *response) encode(e *encoder) { e.value(reflect.ValueOf(r).Elem()) }
+func (r *response) decode(d *decoder) { d.value(reflect.ValueOf(r).Elem()) }
+
+// signature returns the types of f's arguments (after its receiver) and
+// of its results (before the error).
+func (f function) signature() (args, results []reflect.Type) {
+	t := reflect.TypeOf(f.run)
+	for i := 1; i < t.NumIn(); i++ {
+		args = append(args, t.In(i))
+	}
+	for i := range t.NumOut() - 1 {
+		results = append(results, t.Out(i))
+	}
+	return args, results
 }
 
 func (m *mech) encode(e *encoder) {
@@ -405,89 +481,4 @@ func decodeValue(d *decoder, l *mechparam.Layout, depth int) *mechparam.Value {
 		return nil
 	}
 	return v
-}
-
-func (r *response) encode(e *encoder) {
-	e.uint(uint(r.ID))
-	e.uint(r.RV)
-	e.string(r.Err)
-	e.uint(r.Handle)
-	e.uint(r.Handle2)
-	e.uints(r.Handles)
-	e.bool(r.More)
-	e.bytes(r.Data)
-	e.attrs(r.Attrs)
-	if i := r.Info; present(e, i) {
-		e.version(i.CryptokiVersion)
-		e.string(i.ManufacturerID)
-		e.uint(i.Flags)
-		e.string(i.LibraryDescription)
-		e.version(i.LibraryVersion)
-	}
-	if s := r.SlotInfo; present(e, s) {
-		e.string(s.SlotDescription)
-		e.string(s.ManufacturerID)
-		e.uint(s.Flags)
-		e.version(s.HardwareVersion)
-		e.version(s.FirmwareVersion)
-	}
-	if t := r.TokenInfo; present(e, t) {
-		for _, s := range []string{t.Label, t.ManufacturerID, t.Model, t.SerialNumber, t.UTCTime} {
-			e.string(s)
-		}
-		for _, v := range []uint{t.Flags, t.MaxSessionCount, t.SessionCount, t.MaxRwSessionCount, t.RwSessionCount,
-			t.MaxPinLen, t.MinPinLen, t.TotalPublicMemory, t.FreePublicMemory, t.TotalPrivateMemory, t.FreePrivateMemory} {
-			e.uint(v)
-		}
-		e.version(t.HardwareVersion)
-		e.version(t.FirmwareVersion)
-	}
-	if m := r.MechInfo; present(e, m) {
-		e.uint(m.MinKeySize)
-		e.uint(m.MaxKeySize)
-		e.uint(m.Flags)
-	}
-	if s := r.SessionInfo; present(e, s) {
-		e.uint(s.SlotID)
-		e.uint(s.State)
-		e.uint(s.Flags)
-		e.uint(s.DeviceError)
-	}
-}
-
-func (r *response) decode(d *decoder) {
-	r.ID = uint64(d.uint())
-	r.RV = d.uint()
-	r.Err = d.string()
-	r.Handle = d.uint()
-	r.Handle2 = d.uint()
-	r.Handles = d.uints()
-	r.More = d.bool()
-	r.Data = d.bytes()
-	r.Attrs = d.attrs()
-	if d.bool() {
-		r.Info = &pkcs11.Info{CryptokiVersion: d.version(), ManufacturerID: d.string(), Flags: d.uint(),
-			LibraryDescription: d.string(), LibraryVersion: d.version()}
-	}
-	if d.bool() {
-		r.SlotInfo = &pkcs11.SlotInfo{SlotDescription: d.string(), ManufacturerID: d.string(), Flags: d.uint(),
-			HardwareVersion: d.version(), FirmwareVersion: d.version()}
-	}
-	if d.bool() {
-		t := &pkcs11.TokenInfo{Label: d.string(), ManufacturerID: d.string(), Model: d.string(),
-			SerialNumber: d.string(), UTCTime: d.string()}
-		for _, p := range []*uint{&t.Flags, &t.MaxSessionCount, &t.SessionCount, &t.MaxRwSessionCount, &t.RwSessionCount,
-			&t.MaxPinLen, &t.MinPinLen, &t.TotalPublicMemory, &t.FreePublicMemory, &t.TotalPrivateMemory, &t.FreePrivateMemory} {
-			*p = d.uint()
-		}
-		t.HardwareVersion = d.version()
-		t.FirmwareVersion = d.version()
-		r.TokenInfo = t
-	}
-	if d.bool() {
-		r.MechInfo = &pkcs11.MechanismInfo{MinKeySize: d.uint(), MaxKeySize: d.uint(), Flags: d.uint()}
-	}
-	if d.bool() {
-		r.SessionInfo = &pkcs11.SessionInfo{SlotID: d.uint(), State: d.uint(), Flags: d.uint(), DeviceError: d.uint()}
-	}
 }

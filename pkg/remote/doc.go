@@ -31,9 +31,12 @@
 //
 // Version ProtocolVersion: frames on one Unix stream connection per client
 // context, each a 4-byte length and at most MaxFrame bytes holding one
-// message field by field: hello and welcome (the server refuses other
+// message value by value: hello and welcome (the server refuses other
 // versions, naming both), then requests tagged with an ID and responses
-// carrying it back. The server runs up to 16 requests of a connection
+// carrying it back. A request carries its call's arguments and a
+// successful response its results, each by its type in the signature of
+// the miekg/pkcs11 method that serves the function (rpcgen writes which,
+// from pkcs11f.h: ops_gen.go), so no function is described twice. The server runs up to 16 requests of a connection
 // concurrently, and reads no more while those and the replies not yet
 // written hold a frame's worth (back-pressure), so every call of a
 // context shares the connection without waiting for the others.

@@ -56,7 +56,7 @@ func (c *rawConn) call(o string, slot, session, object, n uint, mechWire []byte,
 	c.t.Helper()
 	c.id++
 	c.send(remote.Request(c.id, remote.Ops[o], slot, session, object, n, mechWire, attrs))
-	r, err := remote.ReadReply(c.r)
+	r, err := remote.ReadReply(c.r, remote.Ops[o])
 	if err != nil {
 		c.t.Fatalf("%s: no reply: %v (the server's process for this connection died?)", o, err)
 	}
@@ -76,8 +76,9 @@ func TestParamLies(t *testing.T) {
 }
 
 // A PKCS#11 function a member never needs answers
-// CKR_FUNCTION_NOT_SUPPORTED, and a number past every op a clean error
-// naming it; the connection goes on.
+// CKR_FUNCTION_NOT_SUPPORTED, a number past every op a clean error
+// naming it, and a call without its mechanism CKR_ARGUMENTS_BAD; the
+// connection goes on.
 func TestUnservedOps(t *testing.T) {
 	c, sh := rawSession(t, "unserved")
 	if r := c.call("SetOperationState", 0, sh, 0, 0, nil, nil); r.RV != pkcs11.CKR_FUNCTION_NOT_SUPPORTED || r.Err != "C_SetOperationState is not served" {
@@ -85,6 +86,11 @@ func TestUnservedOps(t *testing.T) {
 	}
 	if r := c.call("past the last", 0, sh, 0, 0, nil, nil); r.RV != pkcs11.CKR_GENERAL_ERROR || !strings.Contains(r.Err, "unknown operation") {
 		t.Errorf("an op past the last: %+v, want CKR_GENERAL_ERROR naming an unknown operation", r)
+	}
+	// A call that takes a mechanism gets exactly one: miekg would panic
+	// on none, and take the process serving the connection with it.
+	if r := c.call("DeriveKey", 0, sh, 0, 0, nil, nil); r.RV != pkcs11.CKR_ARGUMENTS_BAD || !strings.Contains(r.Err, "0 mechanisms, not one") {
+		t.Errorf("C_DeriveKey without a mechanism: %+v, want CKR_ARGUMENTS_BAD saying so", r)
 	}
 	if r := c.call("GenerateRandom", 0, sh, 0, 8, nil, nil); r.RV != 0 {
 		t.Errorf("the connection after them: GenerateRandom rv 0x%x", r.RV)
@@ -108,7 +114,7 @@ func rawSession(t *testing.T, name string) (*rawConn, uint) {
 	sh := sess.Handle
 	c.id++
 	c.send(remote.Login(c.id, sh, srv.Token().UserPIN))
-	if r, err := remote.ReadReply(c.r); err != nil || r.RV != 0 {
+	if r, err := remote.ReadReply(c.r, remote.Ops["Login"]); err != nil || r.RV != 0 {
 		t.Fatalf("Login: %+v, %v", r, err)
 	}
 	return c, sh
@@ -193,7 +199,7 @@ func paramLies(t *testing.T, c *rawConn, sh uint) {
 		body := remote.Request(c.id, remote.Ops["DeriveKey"], 0, sh, base.Handle, 0, honest, tmpl)
 		mechAt := bytes.Index(body, honest)
 		c.send(body[:mechAt+cut])
-		r, err := remote.ReadReply(c.r)
+		r, err := remote.ReadReply(c.r, remote.Ops["DeriveKey"])
 		if err != nil {
 			t.Fatalf("cut at byte %d: no reply: %v", cut, err)
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -673,6 +674,23 @@ func (m *served) serveConn(ctx context.Context, nc net.Conn) {
 		return
 	}
 	b := newBudget()
+	// Requests run on workers that outlive them (at most maxInFlight, as
+	// the budget admits no more), so a call does not grow a new stack.
+	type job struct {
+		body []byte
+		n    int
+	}
+	jobs := make(chan job)
+	work := func(j job) {
+		for ok := true; ok; j, ok = <-jobs {
+			e := p.answer(j.body)
+			size := len(e.b)
+			b.resize(j.n, size)
+			p.write(e)
+			b.release(size)
+			p.calls.Done()
+		}
+	}
 	for {
 		n, err := readHeader(r)
 		if err != nil {
@@ -688,15 +706,13 @@ func (m *served) serveConn(ctx context.Context, nc net.Conn) {
 			break
 		}
 		p.calls.Add(1)
-		go func() {
-			defer p.calls.Done()
-			e := p.answer(body)
-			size := len(e.b)
-			b.resize(n, size)
-			p.write(e)
-			b.release(size)
-		}()
+		select {
+		case jobs <- job{body, n}:
+		default: // every worker is busy
+			go work(job{body, n})
+		}
 	}
+	close(jobs)
 	nc.Close()
 	p.calls.Wait()
 	p.smu.Lock()
@@ -709,28 +725,43 @@ func (m *served) serveConn(ctx context.Context, nc net.Conn) {
 
 // answer decodes and runs one request and returns its reply frame.
 func (p *peer) answer(body []byte) *encoder {
-	q := new(request)
+	defer clear(body) // a PIN, if any
 	d := &decoder{b: body}
-	q.decodeHead(d)
-	var r *response
-	if d.err == nil {
-		q.decodeBody(d)
+	r := &response{ID: uint64(d.uint())}
+	o := op(d.uint())
+	var out []reflect.Value
+	err := d.err
+	if err == nil {
+		out, err = p.exec(o, d)
 	}
-	if err := d.end(); err != nil {
-		r = &response{RV: pkcs11.CKR_ARGUMENTS_BAD, Err: fmt.Sprintf("request: %v", err)}
-	} else {
-		r = p.exec(q)
+	if err != nil {
+		r.RV, r.Err, out = codeOf(err), "", nil
+		var pe pkcs11.Error
+		if !errors.As(err, &pe) || err != error(pe) {
+			// Say why, as the client adds the code itself.
+			r.Err = strings.TrimSuffix(err.Error(), ": "+pkcs11.Error(r.RV).Error())
+		}
 	}
-	clear(q.PIN)
-	r.ID = q.ID
 	e := newFrame()
 	r.encode(e)
+	for _, v := range out {
+		e.value(v)
+	}
 	if n := len(e.b) - frameHeader; n > MaxFrame {
 		e = newFrame()
-		(&response{ID: q.ID, RV: pkcs11.CKR_DEVICE_MEMORY,
+		(&response{ID: r.ID, RV: pkcs11.CKR_DEVICE_MEMORY,
 			Err: fmt.Sprintf("reply of %d bytes exceeds the %d-byte frame bound", n, MaxFrame)}).encode(e)
 	}
 	return e
+}
+
+// codeOf is the CKR code of err: its own, or CKR_GENERAL_ERROR.
+func codeOf(err error) uint {
+	var pe pkcs11.Error
+	if errors.As(err, &pe) {
+		return uint(pe)
+	}
+	return pkcs11.CKR_GENERAL_ERROR
 }
 
 // checkPeer lets in the server's own uid and root (or Server.AllowUID).
@@ -814,251 +845,157 @@ func (m *served) slotServed(id uint) error {
 	return nil
 }
 
-// exec runs one request on the module.
-func (p *peer) exec(q *request) *response {
-	r := &response{}
-	if err := p.run(q, r); err != nil {
-		var pe pkcs11.Error
-		if errors.As(err, &pe) {
-			r.RV = uint(pe)
-			if err != error(pe) {
-				// Say why, as the client adds the code itself.
-				r.Err = strings.TrimSuffix(err.Error(), ": "+pe.Error())
-			}
-		} else {
-			r.RV = pkcs11.CKR_GENERAL_ERROR
-			r.Err = err.Error()
-		}
-		// A failed call returns nothing else.
-		*r = response{RV: r.RV, Err: r.Err}
+// exec reads the arguments of o's call from d and runs it: a PKCS#11
+// function on the module (its method of *pkcs11.Ctx, functions), after
+// the checks and the bookkeeping of the few that need them, or one of
+// hagroup's own (own).
+func (p *peer) exec(o op, d *decoder) ([]reflect.Value, error) {
+	f, err := o.function()
+	if err != nil {
+		return nil, err
 	}
-	return r
-}
-
-// data, attrs and handle put a call's result in r and return its error.
-func (r *response) data(v []byte, err error) error { r.Data = v; return err }
-
-func (r *response) attrs(v []*pkcs11.Attribute, err error) error { r.Attrs = v; return err }
-
-func (r *response) handle(h pkcs11.ObjectHandle, err error) error { r.Handle = uint(h); return err }
-
-func (p *peer) run(q *request, r *response) error {
-	m := p.m
-	c := m.ctx
-	switch q.Op {
-	case opGetInfo:
-		v, err := c.GetInfo()
-		r.Info = &v
-		return err
-	case opGetSlotList:
-		ids, err := c.GetSlotList(q.N != 0)
+	ts, in := f.args(d)
+	if err := d.end(); err != nil {
+		return nil, fmt.Errorf("request: %v: %w", err, errArgumentsBad)
+	}
+	var (
+		m       = p.m
+		slot    = len(ts) > 0 && ts[0].Kind() == reflect.Uint && ts[0] != typeSession
+		objects *tokenquirk.ObjectLock
+	)
+	switch {
+	case len(ts) > 0 && ts[0] == typeSession:
+		sh := pkcs11.SessionHandle(in[0].Uint())
+		if _, objects, err = p.session(uint(sh)); err != nil {
+			return nil, err
+		}
+		// The client's deadline bounds the wait; the server has none of its own.
+		hold, err := objects.Acquire(context.Background(), objectAccess(o))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		for _, id := range ids {
-			if m.slotServed(id) == nil {
-				r.Handles = append(r.Handles, id)
+		defer hold.Release()
+		if o == opLogin {
+			unlock, err := m.lockLogin(sh)
+			if err != nil {
+				return nil, err
+			}
+			defer unlock()
+		}
+	case slot:
+		if err := m.slotServed(uint(in[0].Uint())); err != nil {
+			return nil, err
+		}
+		if o == opOpenSession {
+			if objects, err = m.objectLock(uint(in[0].Uint())); err != nil {
+				return nil, err
 			}
 		}
-		return nil
-	case opGetSlotInfo, opGetTokenInfo, opGetMechanismList, opGetMechanismInfo, opOpenSession:
-		if err := m.slotServed(q.Slot); err != nil {
-			return err
-		}
-		return p.runSlot(q, r)
 	}
-	if q.Op == opInvalid || q.Op >= opCount {
-		return fmt.Errorf("unknown operation %d (protocol version %d)", uint8(q.Op), ProtocolVersion)
-	}
-	sh, objects, err := p.session(q.Session)
-	if err != nil {
-		return err
-	}
-	ms, free, err := mechIn(q.Mech)
-	if err != nil {
-		return err
-	}
-	defer free()
-	// The client's deadline bounds the wait; the server has none of its own.
-	hold, err := objects.Acquire(context.Background(), objectAccess(q.Op))
-	if err != nil {
-		return err
-	}
-	defer hold.Release()
-	obj := pkcs11.ObjectHandle(q.Object)
-	switch q.Op {
+	switch o {
 	case opCloseSession:
 		p.smu.Lock()
-		delete(p.sessions, sh)
+		delete(p.sessions, pkcs11.SessionHandle(in[0].Uint()))
 		p.smu.Unlock()
-		return c.CloseSession(sh)
-	case opGetSessionInfo:
-		v, err := c.GetSessionInfo(sh)
-		r.SessionInfo = &v
-		return err
-	case opLogin:
-		pin := string(q.PIN)
-		clear(q.PIN)
-		unlock, err := m.lockLogin(sh)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		return c.Login(sh, q.N, pin)
-	case opLogout:
-		return c.Logout(sh)
-	case opCreateObject:
-		return r.handle(c.CreateObject(sh, q.Attrs))
-	case opCreateObjectNested:
-		if m.fl == nil {
-			return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
-		}
-		nested := make(map[uint][]*pkcs11.Attribute, len(q.Nested))
-		for _, n := range q.Nested {
-			nested[n.Type] = n.Attrs
-		}
-		return r.handle(p11raw.CreateObjectNested(m.fl, sh, q.Attrs, nested))
-	case opCopyObject:
-		return r.handle(c.CopyObject(sh, obj, q.Attrs))
-	case opDestroyObject:
-		return c.DestroyObject(sh, obj)
-	case opGetAttributeValue:
-		return r.attrs(c.GetAttributeValue(sh, obj, q.Attrs))
-	case opGetNestedAttribute:
-		if m.fl == nil {
-			return fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
-		}
-		return r.attrs(p11raw.GetNestedAttribute(m.fl, sh, obj, q.N))
-	case opSetAttributeValue:
-		return c.SetAttributeValue(sh, obj, q.Attrs)
-	case opFindObjectsInit:
-		return c.FindObjectsInit(sh, q.Attrs)
 	case opFindObjects:
 		// A search may return fewer than asked; the reply must fit.
-		hs, more, err := c.FindObjects(sh, int(min(q.N, MaxHandles)))
-		r.Handles = make([]uint, len(hs))
-		for i, h := range hs {
-			r.Handles[i] = uint(h)
-		}
-		r.More = more
-		return err
-	case opFindObjectsFinal:
-		return c.FindObjectsFinal(sh)
-	case opGenerateKey:
-		return r.handle(c.GenerateKey(sh, ms, q.Attrs))
-	case opGenerateKeyPair:
-		a, b, err := c.GenerateKeyPair(sh, ms, q.Attrs, q.Attrs2)
-		r.Handle, r.Handle2 = uint(a), uint(b)
-		return err
-	case opWrapKey:
-		return r.data(c.WrapKey(sh, ms, obj, pkcs11.ObjectHandle(q.Object2)))
-	case opUnwrapKey:
-		if err := WrappedKeyMissing(q.Data); err != nil {
-			return err
-		}
-		return r.handle(c.UnwrapKey(sh, ms, obj, q.Data, q.Attrs))
-	case opDeriveKey:
-		return r.handle(c.DeriveKey(sh, ms, obj, q.Attrs))
+		in[1].SetInt(min(in[1].Int(), MaxHandles))
 	case opGenerateRandom:
-		if q.N > MaxRandom {
-			return fmt.Errorf("C_GenerateRandom of %d bytes exceeds the bound of %d: %w", q.N, MaxRandom, errArgumentsBad)
+		if n := in[1].Int(); n > MaxRandom {
+			return nil, fmt.Errorf("C_GenerateRandom of %d bytes exceeds the bound of %d: %w", n, MaxRandom, errArgumentsBad)
 		}
-		return r.data(c.GenerateRandom(sh, int(q.N)))
-	case opSignInit:
-		return c.SignInit(sh, ms, obj)
-	case opSign:
-		return r.data(c.Sign(sh, q.Data))
-	case opSignUpdate:
-		return c.SignUpdate(sh, q.Data)
-	case opSignFinal:
-		return r.data(c.SignFinal(sh))
-	case opVerifyInit:
-		return c.VerifyInit(sh, ms, obj)
-	case opVerify:
-		return c.Verify(sh, q.Data, q.Data2)
-	case opVerifyUpdate:
-		return c.VerifyUpdate(sh, q.Data)
-	case opVerifyFinal:
-		return c.VerifyFinal(sh, q.Data2)
-	case opEncryptInit:
-		return c.EncryptInit(sh, ms, obj)
-	case opEncrypt:
-		return r.data(c.Encrypt(sh, q.Data))
-	case opEncryptUpdate:
-		return r.data(c.EncryptUpdate(sh, q.Data))
-	case opEncryptFinal:
-		return r.data(c.EncryptFinal(sh))
-	case opDecryptInit:
-		return c.DecryptInit(sh, ms, obj)
-	case opDecrypt:
-		return r.data(c.Decrypt(sh, q.Data))
-	case opDecryptUpdate:
-		return r.data(c.DecryptUpdate(sh, q.Data))
-	case opDecryptFinal:
-		return r.data(c.DecryptFinal(sh))
-	case opDigestInit:
-		return c.DigestInit(sh, ms)
-	case opDigest:
-		return r.data(c.Digest(sh, q.Data))
-	case opDigestUpdate:
-		return c.DigestUpdate(sh, q.Data)
-	case opDigestFinal:
-		return r.data(c.DigestFinal(sh))
-	case opDigestKey:
-		return c.DigestKey(sh, obj)
+	case opUnwrapKey:
+		if err := WrappedKeyMissing(in[3].Bytes()); err != nil {
+			return nil, err
+		}
 	}
-	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
-}
-
-// runSlot runs the calls on a slot (already checked to be served).
-func (p *peer) runSlot(q *request, r *response) error {
-	c := p.m.ctx
-	switch q.Op {
-	case opGetSlotInfo:
-		v, err := c.GetSlotInfo(q.Slot)
-		r.SlotInfo = &v
-		return err
-	case opGetTokenInfo:
-		v, err := c.GetTokenInfo(q.Slot)
-		r.TokenInfo = &v
-		return err
-	case opGetMechanismList:
-		ms, err := c.GetMechanismList(q.Slot)
-		for _, mm := range ms {
-			r.Handles = append(r.Handles, mm.Mechanism)
+	out, err := m.call(f, ts, in)
+	if err != nil {
+		return nil, err
+	}
+	switch o {
+	case opGetSlotList:
+		var ids []uint
+		for _, id := range out[0].Interface().([]uint) {
+			if m.slotServed(id) == nil {
+				ids = append(ids, id)
+			}
 		}
-		return err
-	case opGetMechanismInfo:
-		ms, free, err := mechIn(q.Mech)
-		if err != nil {
-			return err
-		}
-		defer free()
-		if ms == nil {
-			return pkcs11.Error(pkcs11.CKR_ARGUMENTS_BAD)
-		}
-		v, err := c.GetMechanismInfo(q.Slot, ms)
-		r.MechInfo = &v
-		return err
+		out[0] = reflect.ValueOf(ids)
 	case opOpenSession:
-		objects, err := p.m.objectLock(q.Slot)
-		if err != nil {
-			return err
-		}
-		h, err := c.OpenSession(q.Slot, q.N)
-		if err != nil {
-			return err
-		}
+		h := pkcs11.SessionHandle(out[0].Uint())
 		p.smu.Lock()
+		defer p.smu.Unlock()
 		if p.sessions == nil {
-			p.smu.Unlock()
-			_ = c.CloseSession(h)
-			return errSessionInvalid
+			_ = m.ctx.CloseSession(h)
+			return nil, errSessionInvalid
 		}
 		p.sessions[h] = objects
-		p.smu.Unlock()
-		r.Handle = uint(h)
-		return nil
 	}
-	return fmt.Errorf("%v is not served: %w", q.Op, errFunctionNotSupported)
+	return out, nil
+}
+
+// args reads f's arguments from d, each by its type in f's signature
+// (ts), a mechanism as the wire has it (call rebuilds it).
+func (f function) args(d *decoder) (ts []reflect.Type, in []reflect.Value) {
+	ts, _ = f.signature()
+	in = make([]reflect.Value, len(ts))
+	for i, t := range ts {
+		if t == typeMechs {
+			t = reflect.TypeFor[[]*mech]()
+		}
+		in[i] = reflect.New(t).Elem()
+		d.value(in[i])
+	}
+	return ts, in
+}
+
+// call runs f on the module with the arguments in (of types ts), each
+// mechanism rebuilt from the wire (mechIn), and returns its results.
+func (m *served) call(f function, ts []reflect.Type, in []reflect.Value) ([]reflect.Value, error) {
+	recv := reflect.ValueOf(m.ctx)
+	if reflect.TypeOf(f.run).In(0) != recv.Type() {
+		recv = reflect.ValueOf(m) // hagroup's own
+	}
+	in = append([]reflect.Value{recv}, in...)
+	for i, t := range ts {
+		if t != typeMechs {
+			continue
+		}
+		ws := in[i+1].Interface().([]*mech)
+		if len(ws) != 1 { // miekg would panic
+			return nil, fmt.Errorf("%d mechanisms, not one: %w", len(ws), errArgumentsBad)
+		}
+		ms, free, err := mechIn(ws[0])
+		if err != nil {
+			return nil, err
+		}
+		defer free()
+		in[i+1] = reflect.ValueOf(ms)
+	}
+	out := reflect.ValueOf(f.run).Call(in)
+	err, _ := out[len(out)-1].Interface().(error)
+	return out[:len(out)-1], err
+}
+
+// createObjectNested creates an object whose template also holds
+// attribute arrays (hagroup's own call).
+func (m *served) createObjectNested(sh pkcs11.SessionHandle, tmpl []*pkcs11.Attribute, nested []nestedAttr) (pkcs11.ObjectHandle, error) {
+	if m.fl == nil {
+		return 0, fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
+	}
+	byType := make(map[uint][]*pkcs11.Attribute, len(nested))
+	for _, n := range nested {
+		byType[n.Type] = n.Attrs
+	}
+	return p11raw.CreateObjectNested(m.fl, sh, tmpl, byType)
+}
+
+// getNestedAttribute reads the attribute array held by attribute typ of h
+// (hagroup's own call).
+func (m *served) getNestedAttribute(sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error) {
+	if m.fl == nil {
+		return nil, fmt.Errorf("nested templates need the module's function list: %v", m.flErr)
+	}
+	return p11raw.GetNestedAttribute(m.fl, sh, h, typ)
 }

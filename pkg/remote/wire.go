@@ -12,9 +12,10 @@ import (
 
 // The protocol: frames over one Unix stream connection per client
 // context, each a 4-byte big-endian length and that many bytes (at most
-// MaxFrame) holding one message, field by field (codec.go). The client
+// MaxFrame) holding one message, value by value (codec.go). The client
 // opens with a hello and the server answers with a welcome; from then on
-// the client sends requests and the server answers each with a response
+// the client sends requests (a call's arguments, as its function's
+// signature has them) and the server answers each with a response
 // carrying the request's ID, in any order (the server runs a bounded
 // number of requests concurrently), so one connection carries every
 // concurrent call of its context.
@@ -24,8 +25,9 @@ import (
 // Version 1 was encoding/gob, unbounded; version 2 did not tell an empty
 // byte string from none; version 3 carried no C_DigestKey; version 4
 // carried four mechanism parameters with pointers, by hand, and numbered
-// its ops by hand.
-const ProtocolVersion = 5
+// its ops by hand; version 5 carried every argument and result of every
+// function in one set of fields.
+const ProtocolVersion = 6
 
 // magic opens every connection.
 const magic = "hagroup-remote"
@@ -44,6 +46,17 @@ type welcome struct {
 // (ops_gen.go), or one of hagroup's own after them.
 type op uint8
 
+// function is a call as hsmserve serves it: its name, and the method that
+// runs it (of miekg's *pkcs11.Ctx for a PKCS#11 function; nil: not
+// served). The method's signature is the call's wire: a request carries
+// the call's ID, its op and its arguments, and a response the ID, the CKR
+// code, why it failed, and on success the results, each value by its type
+// in that signature (codec.go's value), in order.
+type function struct {
+	name string
+	run  any
+}
+
 // hagroup's own calls: a template that holds attribute arrays, and one
 // attribute array read (internal/p11raw).
 const (
@@ -52,36 +65,39 @@ const (
 	opCount
 )
 
+var own = [opCount - opFunctions]function{
+	{"C_CreateObject with attribute arrays", (*served).createObjectNested},
+	{"C_GetAttributeValue of an attribute array", (*served).getNestedAttribute},
+}
+
+// function returns o's call, or why it is not served.
+func (o op) function() (function, error) {
+	switch {
+	case o > opInvalid && o < opFunctions && functions[o].run != nil:
+		return functions[o], nil
+	case o > opInvalid && o < opFunctions:
+		return function{}, fmt.Errorf("%v is not served: %w", o, errFunctionNotSupported)
+	case o >= opFunctions && o < opCount:
+		return own[o-opFunctions], nil
+	}
+	return function{}, fmt.Errorf("unknown operation %d (protocol version %d)", uint8(o), ProtocolVersion)
+}
+
 // String names o for an error: its PKCS#11 function, or hagroup's call.
 func (o op) String() string {
 	switch {
 	case o > opInvalid && o < opFunctions:
-		return functionNames[o]
-	case o == opCreateObjectNested:
-		return "C_CreateObject with attribute arrays"
-	case o == opGetNestedAttribute:
-		return "C_GetAttributeValue of an attribute array"
+		return functions[o].name
+	case o >= opFunctions && o < opCount:
+		return own[o-opFunctions].name
 	}
 	return fmt.Sprintf("operation %d", uint8(o))
 }
 
-// request is one call. Fields unused by an op stay zero.
-type request struct {
-	ID      uint64
-	Op      op
-	Slot    uint
-	Session uint
-	Object  uint // object or key handle
-	Object2 uint // second key handle (WrapKey: the key wrapped)
-	N       uint // flags, user type, token present, count, length, attribute type
-	Mech    *mech
-	Attrs   []*pkcs11.Attribute
-	Attrs2  []*pkcs11.Attribute // GenerateKeyPair: the private template
-	Nested  []nestedAttr
-	Data    []byte
-	Data2   []byte
-	PIN     []byte
-}
+var (
+	typeSession = reflect.TypeFor[pkcs11.SessionHandle]()
+	typeMechs   = reflect.TypeFor[[]*pkcs11.Mechanism]()
+)
 
 // nestedAttr is one attribute whose value is an attribute array.
 type nestedAttr struct {
@@ -89,23 +105,12 @@ type nestedAttr struct {
 	Attrs []*pkcs11.Attribute
 }
 
-// response answers the request with the same ID.
+// response opens the answer to the request with the same ID; the
+// results follow on success.
 type response struct {
-	ID      uint64
-	RV      uint   // CKR code; 0 is CKR_OK
-	Err     string // a failure with no CKR code of its own (RV is then CKR_GENERAL_ERROR)
-	Handle  uint
-	Handle2 uint
-	Handles []uint
-	More    bool
-	Data    []byte
-	Attrs   []*pkcs11.Attribute
-
-	Info        *pkcs11.Info
-	SlotInfo    *pkcs11.SlotInfo
-	TokenInfo   *pkcs11.TokenInfo
-	MechInfo    *pkcs11.MechanismInfo
-	SessionInfo *pkcs11.SessionInfo
+	ID  uint64
+	RV  uint   // CKR code; 0 is CKR_OK
+	Err string // a failure with no CKR code of its own (RV is then CKR_GENERAL_ERROR)
 }
 
 // mech is a mechanism on the wire: its type and its parameter in one of
@@ -146,12 +151,8 @@ const maxParamDepth = 2
 
 var errParamInvalid = pkcs11.Error(pkcs11.CKR_MECHANISM_PARAM_INVALID)
 
-// mechOut converts the one mechanism of a miekg call for the wire.
-func mechOut(ms []*pkcs11.Mechanism) *mech {
-	if len(ms) != 1 || ms[0] == nil {
-		return nil
-	}
-	m := ms[0]
+// mechOut converts a mechanism of a miekg call for the wire.
+func mechOut(m *pkcs11.Mechanism) *mech {
 	w := &mech{Type: m.Mechanism}
 	l := mechparam.For(m.Mechanism)
 	g := generatorOf(m)

@@ -180,10 +180,10 @@ func hsmserveUvarints(vs ...uint64) []byte {
 	return b
 }
 
-// hsmserveGetInfo is the body of request id C_GetInfo (op 1): the five
-// numbers, no mechanism, and six empty lists and strings.
+// hsmserveGetInfo is the body of request id C_GetInfo (op 1), which takes
+// no argument.
 func hsmserveGetInfo(id uint64) []byte {
-	return hsmserveUvarints(id, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	return hsmserveUvarints(id, 1)
 }
 
 // hsmserveDialRaw connects to sock and does the handshake by hand.
