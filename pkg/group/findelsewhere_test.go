@@ -11,12 +11,12 @@ import (
 )
 
 // A serving member that answers a search without a key the group made
-// (SoftHSM behind one process per connection keeps, now and then, a key
-// another process made out of one connection's sight for good: the soak's
-// "missing after its creation returned") does not make a find by label
-// answer "no such key": the key is found on a member that holds it and
-// signs there. Here the primary, where primary-backup sends the find, loses
-// the private key behind the group's back.
+// (SoftHSM behind one process per connection now and then hides from one
+// connection an object another process made: the soak's "missing after
+// its creation returned") does not make a find by label answer "no such
+// key": the key is found on a member that holds it and signs there. Here
+// the primary, where primary-backup sends the find, loses the private key
+// behind the group's back.
 func TestFindAnswersFromAMemberThatHoldsTheKey(t *testing.T) {
 	ctx := testContext(t)
 	faults := slottest.NewFaults()
