@@ -277,11 +277,11 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 // first to find anything found. A member's empty answer is not taken for
 // the group's, as exec takes no member's "not held" for it: a serving
 // member can answer a search without an object it holds (SoftHSM behind
-// one process per connection, as hsmserve serves it, keeps from one of
-// them, for good, a key another process made while a third logged in:
-// the soak's "missing after its creation returned"). It costs a search of
-// every serving member only when none finds anything. A member that
-// cannot answer is passed over (and charged by the rule).
+// one process per connection, as hsmserve serves it, now and then hides
+// from one of them an object another process made: the soak's "missing
+// after its creation returned"). It costs a search of every serving
+// member only when none finds anything. A member that cannot answer is
+// passed over (and charged by the rule).
 func (g *Group) findElsewhere(ctx context.Context, first *member.Member, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
 	if err := g.gate.Enter(); err != nil {
 		return nil, err
