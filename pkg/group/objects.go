@@ -229,11 +229,13 @@ func ulong(b []byte) uint {
 // Find returns the virtual handles of the objects matching tmpl that the
 // current login can see. A non-empty template is searched on one healthy
 // member (with failover) and the results mapped to the other members
-// lazily, when first used there. A member lacking MechWrapPad can neither
-// be sent every key nor send its own, so it may hold keys the others lack
-// and lack theirs: while one serves with another member, every serving
-// member is searched and the results joined, so each member serves the
-// keys it holds. An empty template ("find all") lists every
+// lazily, when first used there; when that member finds nothing, the
+// other serving members are asked in turn (findElsewhere) before "none" is
+// answered. A member lacking MechWrapPad can neither be sent every key
+// nor send its own, so it may hold keys the others lack and lack theirs:
+// while one serves with another member, every serving member is searched
+// and the results joined, so each member serves the keys it holds. An
+// empty template ("find all") lists every
 // serving member once, in parallel, and joins the listings on identity, so
 // its cost is one listing per member, not a look-up per object per member.
 // Objects whose identity is shared by different key material are reported
@@ -246,15 +248,61 @@ func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHan
 		return g.findEvery(ctx, ms, tmpl)
 	}
 	var out []ObjectHandle
+	var by *member.Member
 	_, err := g.exec(ctx, plan{op: "FindObjects"}, func(ctx context.Context, m *member.Member, s *slot.Slot, _ []pkcs11.ObjectHandle) error {
 		hs, err := g.findOn(ctx, m, s, tmpl)
 		if err != nil {
 			return err
 		}
+		by = m
 		out, err = g.internFound(ctx, m, s, hs)
 		return err
 	})
+	if err == nil && len(out) == 0 {
+		return g.findElsewhere(ctx, by, tmpl)
+	}
 	return out, err
+}
+
+// findElsewhere searches the serving members other than first, one after
+// the other, for tmpl, which first found nothing of, and returns what the
+// first to find anything found. A member's empty answer is not taken for
+// the group's, as exec takes no member's "not held" for it: a serving
+// member can answer a search without an object it holds (SoftHSM behind
+// one process per connection, as hsmserve serves it, now and then hides
+// from one of them an object another process made: the soak's "missing
+// after its creation returned"). It costs a search of every serving
+// member only when none finds anything. A member that cannot answer is
+// passed over (and charged by the rule).
+func (g *Group) findElsewhere(ctx context.Context, first *member.Member, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
+	if err := g.gate.Enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.Leave()
+	for _, m := range g.serving() {
+		s := m.Slot()
+		if m == first || s == nil {
+			continue
+		}
+		var got []ObjectHandle
+		if _, err := g.call(ctx, m, func() error {
+			hs, err := g.findOn(ctx, m, s, tmpl)
+			if err != nil {
+				return err
+			}
+			got, err = g.internFound(ctx, m, s, hs)
+			return err
+		}); err != nil {
+			if ctx.Err() != nil {
+				return nil, opErr("FindObjects", m.Name(), err)
+			}
+			continue
+		}
+		if len(got) > 0 {
+			return got, nil
+		}
+	}
+	return nil, nil
 }
 
 // findOn searches member m for tmpl. A token's login can end under the
