@@ -123,27 +123,19 @@ func (r *registry) acquire(ctx context.Context, ref ModuleRef, timeout time.Dura
 	if err := checkInitArgs(ref); err != nil {
 		return nil, err
 	}
-	if remote.IsModulePath(path) && len(env) == 0 {
-		// A served token's context is a connection of its own, and its
-		// C_Initialize is the server's initialisation of its token (SoftHSM
-		// reads every object then): it touches no state of this process,
-		// so members served by hsmserve are opened side by side, not one
-		// after another under the lock.
-		c, _, err := loadModule(path, ref.ServerUID)
-		if err != nil {
-			return nil, err
-		}
-		foreign, err := initContext(ctx, c, ref, timeout)
-		if err != nil {
-			return nil, err
-		}
+	private := len(env) > 0 || remote.IsModulePath(path)
+	// A served token's context is a connection of its own (private, no
+	// instance to share: r.mods is not read for it), and its C_Initialize
+	// the server's initialisation of its token (SoftHSM reads every object
+	// then): loading and initialising it touch no state of the process, so
+	// they run outside the lock, which is taken only to record the
+	// context, and a process's served members open side by side rather
+	// than one after another.
+	served := remote.IsModulePath(path) && len(env) == 0
+	if !served {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.addLocked(ref, c, nil, foreign, true), nil
 	}
-	private := len(env) > 0 || remote.IsModulePath(path)
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if !private {
 		if m, ok := r.mods[ref.sharedKey()]; ok {
 			m.refs++
@@ -178,45 +170,33 @@ func (r *registry) acquire(ctx context.Context, ref ModuleRef, timeout time.Dura
 			}
 		}
 	}
-	foreign, err := initContext(ctx, c, ref, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return r.addLocked(ref, c, id, foreign, private), nil
-}
-
-// initContext initialises the loaded context c for ref; foreign when the
-// module was initialised in this process by someone else already. A
-// context whose C_Initialize outlives its deadline is left be: it can
-// never be used or released safely.
-func initContext(ctx context.Context, c p11, ref ModuleRef, timeout time.Duration) (foreign bool, err error) {
+	foreign := false
 	err = callTimeout(ctx, timeout, func() error { return initialize(c, ref.InitArgs) })
 	switch {
 	case err == nil:
-		return false, nil
 	case errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)):
 		if ref.InitArgs != "" {
 			// Initialised by someone else, with arguments we cannot know.
-			return false, fmt.Errorf("%w: module %s was initialised in this process by someone else, so not with this member's init arguments",
-				ErrInvalidSpec, ref.Path)
+			return nil, fmt.Errorf("%w: module %s was initialised in this process by someone else, so not with this member's init arguments",
+				ErrInvalidSpec, path)
 		}
-		return true, nil
+		foreign = true
 	case errors.Is(err, ErrTimeout):
-		return false, fmt.Errorf("initialise PKCS#11 module %s: %w", ref.Path, err)
+		// Initialize is still running: the context can never be used or
+		// released safely. Leave it be.
+		return nil, fmt.Errorf("initialise PKCS#11 module %s: %w", path, err)
 	default:
 		c.Destroy()
-		return false, initializeError(ref.Path, ref.InitArgs, err)
+		return nil, initializeError(path, ref.InitArgs, err)
 	}
-}
-
-// addLocked registers the context c, initialised for ref, with one
-// reference. Callers hold r.mu.
-func (r *registry) addLocked(ref ModuleRef, c p11, id unsafe.Pointer, foreign, private bool) *module {
-	path := ref.Path
+	if served {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
 	m := &module{
 		key:      ref.sharedKey(),
 		path:     path,
-		env:      maps.Clone(ref.Env),
+		env:      maps.Clone(env),
 		initArgs: ref.InitArgs,
 		ctx:      c,
 		id:       id,
@@ -233,7 +213,7 @@ func (r *registry) addLocked(ref ModuleRef, c p11, id unsafe.Pointer, foreign, p
 		m.key = fmt.Sprintf("%s\x00%d", m.key, r.serial)
 	}
 	r.mods[m.key] = m
-	return m
+	return m, nil
 }
 
 // release drops one reference; the last one finalizes the context (unless
