@@ -124,8 +124,18 @@ func (r *registry) acquire(ctx context.Context, ref ModuleRef, timeout time.Dura
 		return nil, err
 	}
 	private := len(env) > 0 || remote.IsModulePath(path)
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	// A served token's context is a connection of its own (private, no
+	// instance to share: r.mods is not read for it), and its C_Initialize
+	// the server's initialisation of its token (SoftHSM reads every object
+	// then): loading and initialising it touch no state of the process, so
+	// they run outside the lock, which is taken only to record the
+	// context, and a process's served members open side by side rather
+	// than one after another.
+	served := remote.IsModulePath(path) && len(env) == 0
+	if !served {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
 	if !private {
 		if m, ok := r.mods[ref.sharedKey()]; ok {
 			m.refs++
@@ -178,6 +188,10 @@ func (r *registry) acquire(ctx context.Context, ref ModuleRef, timeout time.Dura
 	default:
 		c.Destroy()
 		return nil, initializeError(path, ref.InitArgs, err)
+	}
+	if served {
+		r.mu.Lock()
+		defer r.mu.Unlock()
 	}
 	m := &module{
 		key:      ref.sharedKey(),

@@ -31,6 +31,12 @@ var manyRemote = flag.Bool("manyremote", false, "BenchmarkManyObjects with every
 // alternating with the other side.
 var manyRounds = flag.Int("manyrounds", 5, "alternated rounds per measurement in BenchmarkManyObjects")
 
+// manyBase, when set, is another build of libhapkcs11.so (a commit
+// before a change): the pkcs11-tool measurements then time it too, in
+// the same rounds, alternated with this build and the bare token, so a
+// change is measured side by side on one fixture and one load.
+var manyBase = flag.String("manybase", "", "BenchmarkManyObjects: a libhapkcs11.so to time beside this build (before/after)")
+
 // BenchmarkManyObjects measures, with N AES keys and one EC key pair on
 // each of 3 members, what a client pays through libhapkcs11.so against one
 // bare SoftHSM token holding the same objects (issue 32: many objects
@@ -246,15 +252,25 @@ func copyToken(b *testing.B, src, dst, label string) {
 }
 
 // ratio runs pkcs11-tool with args through the group and on the bare
-// token, alternated, each in a fresh process.
+// token, alternated, each in a fresh process; with -manybase, through
+// the base build too, in the same rounds.
 func (f *manyFixture) ratio(b *testing.B, groupArgs, bareArgs []string) {
 	for b.Loop() {
-		var group, bare []float64
+		var group, base, bare []float64
 		for range *manyRounds {
+			if *manyBase != "" {
+				base = append(base, f.timed(b, nil, append([]string{"--module", *manyBase, "--slot", virtualSlot}, groupArgs...)))
+			}
 			group = append(group, f.timed(b, nil, append([]string{"--module", f.r.lib, "--slot", virtualSlot}, groupArgs...)))
 			bare = append(bare, f.timed(b, []string{"SOFTHSM2_CONF=" + f.bareConf}, append([]string{"--module", testhsm.SoftHSMModule, "--slot", f.bareSlot}, bareArgs...)))
 		}
 		report(b, group, bare)
+		if *manyBase != "" {
+			k := median(bare)
+			b.ReportMetric(median(base), "base-group-ms")
+			b.ReportMetric(median(base)/k, "base-ratio")
+			b.Logf("base %v ms", rounded(base))
+		}
 	}
 }
 
