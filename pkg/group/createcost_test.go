@@ -1,9 +1,17 @@
 package group
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"sort"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
@@ -221,4 +229,121 @@ func TestAgentLoginReportsWeakDomainKey(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkCreateCalls: where the time of one replicated creation of a
+// named AES key goes, member call by member call, with 3 members each
+// behind its own hsmserve holding -createcalls.keys AES keys (100 unless
+// told): every member call of the creations counted and timed (a
+// slot.WrapInterceptor around the module call), against a bare creation,
+// the same C_GenerateKey on the first member's token directly, alternated
+// with them (docs/BENCHMARKS.md, "where a replicated creation's time goes").
+//
+//	go test -run '^$' -bench CreateCalls -benchtime 20x ./pkg/group -createcalls.keys 1000
+func BenchmarkCreateCalls(b *testing.B) {
+	ctx := context.Background()
+	var toks []testhsm.Token
+	for i := range 3 {
+		toks = append(toks, testhsm.ServeRemote(b, fmt.Sprintf("cc%d", i)).Token())
+	}
+	keyTmpl := func(label string) []*pkcs11.Attribute {
+		return []*pkcs11.Attribute{
+			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true),
+			attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_DECRYPT, true), attr(pkcs11.CKA_VALUE_LEN, 32),
+			attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_ID, []byte(label)),
+		}
+	}
+	aes := pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil)
+	var wg sync.WaitGroup
+	errs := make([]error, len(toks))
+	for i, tok := range toks {
+		d := openDirect(b, tok)
+		wg.Go(func() {
+			for k := range *createCallsKeys {
+				if _, err := d.GenerateKey(ctx, aes, keyTmpl(fmt.Sprintf("filler-%05d", k))); err != nil {
+					errs[i] = fmt.Errorf("fill %s: %w", tok.Name, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	clock := &callClock{n: map[string]int{}, d: map[string]time.Duration{}}
+	f := setup(b, setupOpts{toks: toks, interceptor: clock, noHedge: true, journal: true, policy: config.PolicyPrimaryBackup})
+	s := openSession(b, f.g)
+	bare := openDirect(b, toks[0])
+	// The first creation learns what a process learns once (the domain
+	// key's handle, the wrap mechanism): not counted.
+	if _, err := s.GenerateKey(ctx, aes, keyTmpl("warm")); err != nil {
+		b.Fatal(err)
+	}
+	clock.reset()
+	var group, direct time.Duration
+	n := 0
+	for b.Loop() {
+		start := time.Now()
+		if _, err := s.GenerateKey(ctx, aes, keyTmpl(fmt.Sprintf("g-%05d", n))); err != nil {
+			b.Fatal(err)
+		}
+		group += time.Since(start)
+		start = time.Now()
+		if _, err := bare.GenerateKey(ctx, aes, keyTmpl(fmt.Sprintf("b-%05d", n))); err != nil {
+			b.Fatal(err)
+		}
+		direct += time.Since(start)
+		n++
+	}
+	b.ReportMetric(group.Seconds()*1e3/float64(n), "group-ms")
+	b.ReportMetric(direct.Seconds()*1e3/float64(n), "bare-ms")
+	b.ReportMetric(float64(group)/float64(direct), "ratio")
+	b.Logf("member calls per creation (calls, ms): %s", clock.report(n))
+}
+
+// createCallsKeys is how many AES keys each member holds in BenchmarkCreateCalls.
+var createCallsKeys = flag.Int("createcalls.keys", 100, "AES keys on each member in BenchmarkCreateCalls")
+
+// callClock is a slot.WrapInterceptor that counts and times the member
+// calls, per member and op.
+type callClock struct {
+	mu sync.Mutex
+	n  map[string]int
+	d  map[string]time.Duration
+}
+
+func (c *callClock) Before(context.Context, string, slot.Op) error { return nil }
+
+func (c *callClock) Wrap(_ context.Context, token string, op slot.Op, call func() error) error {
+	start := time.Now()
+	err := call()
+	k := token + " " + string(op)
+	c.mu.Lock()
+	c.n[k]++
+	c.d[k] += time.Since(start)
+	c.mu.Unlock()
+	return err
+}
+
+func (c *callClock) reset() {
+	c.mu.Lock()
+	c.n, c.d = map[string]int{}, map[string]time.Duration{}
+	c.mu.Unlock()
+}
+
+// report lists the calls, longest first, per one of per operations.
+func (c *callClock) report(per int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ks := make([]string, 0, len(c.n))
+	for k := range c.n {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return c.d[ks[i]] > c.d[ks[j]] })
+	var out []string
+	for _, k := range ks {
+		out = append(out, fmt.Sprintf("%s: %.1f, %.2f ms", k, float64(c.n[k])/float64(per), c.d[k].Seconds()*1e3/float64(per)))
+	}
+	return strings.Join(out, "; ")
 }

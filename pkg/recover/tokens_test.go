@@ -27,6 +27,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
@@ -536,16 +537,25 @@ func helperRecover() int {
 // Benchmarks.
 
 // BenchmarkCatchUpKeys: the catch-up of a member missing -catchup.keys
-// AES keys (1,000 unless told; 10,000 takes a quarter of an hour) that the
+// AES keys (1,000 unless told; the fill of 10,000 is long) that the
 // other member of a two-member group holds: the recovery attempt's plan
 // (one listing per member) and apply (a wrap and an unwrap under the
 // domain key per key, each copy checked), plus re-open and activation.
-// Reported per key and as keys per second.
+// Reported per key and as keys per second; with -catchup.calls the
+// member calls of the catch-up are counted and timed, per member and op
+// (docs/BENCHMARKS.md, "Catch-up at 10,000 keys").
 //
-//	go test -run '^$' -bench CatchUpKeys -benchtime 1x ./pkg/recover -catchup.keys 10000
+//	go test -run '^$' -bench CatchUpKeys -benchtime 1x ./pkg/recover -catchup.keys 10000 [-catchup.calls]
 func BenchmarkCatchUpKeys(b *testing.B) {
 	benchKeys := *catchUpKeys
-	r := newRig(b, rigOpts{n: 2, retries: 0})
+	o := rigOpts{n: 2, retries: 0}
+	var calls *callClock
+	if *catchUpCalls {
+		// Not by default: an interceptor changes how calls reach the module.
+		calls = &callClock{n: map[string]int{}, d: map[string]time.Duration{}}
+		o.interceptor = calls
+	}
+	r := newRig(b, o)
 	victim := r.name(1)
 	a := r.direct(r.toks[0], "-bench")
 	for i := range benchKeys {
@@ -574,10 +584,18 @@ func BenchmarkCatchUpKeys(b *testing.B) {
 			}
 		}
 		r.g.FailMember(victim, errors.New("bench"))
+		if calls != nil {
+			calls.reset()
+		}
 		b.StartTimer()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 		res, err := r.rec.Recover(ctx, victim)
 		cancel()
+		if calls != nil {
+			b.StopTimer()
+			b.Logf("member calls of the catch-up (count, total ms, µs per key): %s", calls.report(benchKeys))
+			b.StartTimer()
+		}
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -590,8 +608,56 @@ func BenchmarkCatchUpKeys(b *testing.B) {
 	b.ReportMetric(1/perKey, "keys/s")
 }
 
+// callClock is a slot.WrapInterceptor that counts and times the member
+// calls, per member and op: where a catch-up's wall time goes.
+type callClock struct {
+	mu sync.Mutex
+	n  map[string]int
+	d  map[string]time.Duration
+}
+
+func (c *callClock) Before(context.Context, string, slot.Op) error { return nil }
+
+func (c *callClock) Wrap(_ context.Context, token string, op slot.Op, call func() error) error {
+	start := time.Now()
+	err := call()
+	k := token + " " + string(op)
+	c.mu.Lock()
+	c.n[k]++
+	c.d[k] += time.Since(start)
+	c.mu.Unlock()
+	return err
+}
+
+func (c *callClock) reset() {
+	c.mu.Lock()
+	c.n, c.d = map[string]int{}, map[string]time.Duration{}
+	c.mu.Unlock()
+}
+
+// report lists the calls, longest first: count, total time, time per key.
+func (c *callClock) report(keys int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ks := make([]string, 0, len(c.n))
+	for k := range c.n {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return c.d[ks[i]] > c.d[ks[j]] })
+	var out []string
+	var total time.Duration
+	for _, k := range ks {
+		total += c.d[k]
+		out = append(out, fmt.Sprintf("%s: %d, %.0f ms, %.0f µs", k, c.n[k], c.d[k].Seconds()*1e3, c.d[k].Seconds()*1e6/float64(keys)))
+	}
+	return fmt.Sprintf("all calls %.0f ms; %s", total.Seconds()*1e3, strings.Join(out, "; "))
+}
+
 // catchUpKeys is how many keys BenchmarkCatchUpKeys's member misses.
 var catchUpKeys = flag.Int("catchup.keys", 1000, "keys the member misses in BenchmarkCatchUpKeys")
+
+// catchUpCalls has BenchmarkCatchUpKeys count and time the member calls.
+var catchUpCalls = flag.Bool("catchup.calls", false, "BenchmarkCatchUpKeys logs the member calls of the catch-up, counted and timed")
 
 // BenchmarkRestartToFirstServedOp: from the restart of a killed p11-kit
 // member to the first operation it serves, when the recovery is started at
