@@ -16,6 +16,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/spf13/cobra"
 )
 
@@ -451,7 +452,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		l.Status = domainOK
 	}
 	if d.Found {
-		l.CheckValue = hasync.FormatFingerprint(d.CheckValue)
+		l.CheckValue = object.FormatFingerprint(d.CheckValue)
 	}
 	return l
 }

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 )
 
@@ -93,7 +93,7 @@ type Event struct {
 	// From and To are the member states of a member event.
 	From, To member.State
 	// Object is the identity of an object event.
-	Object sync.Identity
+	Object object.Identity
 	// Fingerprint of the object (or, for ConflictFound, one of the two).
 	Fingerprint []byte
 	// Other is the second fingerprint of a ConflictFound, or the other
@@ -130,7 +130,7 @@ type Tombstones interface {
 // account (a plan deletes a tombstoned version wherever it remains).
 // *tombstone.Journal and *tombstone.Memory implement it.
 type Reviver interface {
-	Revive(ctx context.Context, id sync.Identity, fingerprint []byte) (int, error)
+	Revive(ctx context.Context, id object.Identity, fingerprint []byte) (int, error)
 }
 
 func (g *Group) emit(e Event) {

@@ -15,6 +15,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"golang.org/x/sys/unix"
 )
 
@@ -625,7 +626,7 @@ func TestHostLock(t *testing.T) {
 
 func TestConflictKeepsMemberOut(t *testing.T) {
 	conflict := hasync.Conflict{
-		Identity: hasync.Identity{Class: 3, KeyType: 3, ID: []byte{1}, Label: "dup"},
+		Identity: object.Identity{Class: 3, KeyType: 3, ID: []byte{1}, Label: "dup"},
 		Versions: []hasync.Version{{Fingerprint: []byte{0xaa}, Members: []string{"a", "c"}}, {Fingerprint: []byte{0xbb}, Members: []string{"b"}}},
 	}
 	h := newHarness(t, -1, func(o *Options) {

@@ -28,6 +28,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -306,7 +307,7 @@ func TestConflictKeepsMemberOutOfRotation(t *testing.T) {
 	}
 	msg := err.Error()
 	for _, fp := range [][]byte{oldFP, newFP} {
-		if !strings.Contains(msg, hasync.FormatFingerprint(fp)) {
+		if !strings.Contains(msg, object.FormatFingerprint(fp)) {
 			t.Fatalf("conflict error lacks fingerprint %x: %s", fp, msg)
 		}
 	}

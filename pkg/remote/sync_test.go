@@ -8,6 +8,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -45,11 +46,11 @@ func TestReplicateToRemoteMember(t *testing.T) {
 	signVerify(t, rem, rpriv, local, pub)
 	signVerify(t, local, priv, rem, rpub)
 	for _, h := range [][2]pkcs11.ObjectHandle{{priv, rpriv}, {pub, rpub}} {
-		a, err := sync.Fingerprint(ctxT(t), local, h[0])
+		a, err := object.Fingerprint(ctxT(t), local, h[0])
 		if err != nil {
 			t.Fatalf("local fingerprint: %v", err)
 		}
-		b, err := sync.Fingerprint(ctxT(t), rem, h[1])
+		b, err := object.Fingerprint(ctxT(t), rem, h[1])
 		if err != nil {
 			t.Fatalf("served fingerprint: %v", err)
 		}

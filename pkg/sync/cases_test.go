@@ -9,6 +9,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -23,18 +24,18 @@ func TestIdentityTemplate(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name           string
-		id             Identity
+		id             object.Identity
 		withID, withKT bool
 	}{
 		// SoftHSM refuses CKA_ID on data objects, and a token matches no
 		// object on an attribute the object lacks.
-		{"data", Identity{Class: pkcs11.CKO_DATA, KeyType: NoKeyType, Label: "d"}, false, false},
-		{"data with an ID", Identity{Class: pkcs11.CKO_DATA, KeyType: NoKeyType, ID: []byte{1}, Label: "d"}, true, false},
-		{"certificate", Identity{Class: pkcs11.CKO_CERTIFICATE, KeyType: NoKeyType, Label: "c"}, true, false},
-		{"key without ID", Identity{Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_AES, Label: "k"}, true, true},
+		{"data", object.Identity{Class: pkcs11.CKO_DATA, KeyType: object.NoKeyType, Label: "d"}, false, false},
+		{"data with an ID", object.Identity{Class: pkcs11.CKO_DATA, KeyType: object.NoKeyType, ID: []byte{1}, Label: "d"}, true, false},
+		{"certificate", object.Identity{Class: pkcs11.CKO_CERTIFICATE, KeyType: object.NoKeyType, Label: "c"}, true, false},
+		{"key without ID", object.Identity{Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_AES, Label: "k"}, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tmpl := c.id.template()
+			tmpl := c.id.Template()
 			if has(tmpl, pkcs11.CKA_ID) != c.withID || has(tmpl, pkcs11.CKA_KEY_TYPE) != c.withKT {
 				t.Errorf("template of %s: CKA_ID %v, CKA_KEY_TYPE %v; want %v, %v", c.id, has(tmpl, pkcs11.CKA_ID), has(tmpl, pkcs11.CKA_KEY_TYPE), c.withID, c.withKT)
 			}
@@ -62,7 +63,7 @@ func TestReplicateDataObjectTwice(t *testing.T) {
 		t.Fatalf("%d data objects labelled twice on %s, want 1", n, dst.Name())
 	}
 	sameObject(t, src, h, dst, first, pkcs11.CKA_VALUE, pkcs11.CKA_APPLICATION, pkcs11.CKA_PRIVATE)
-	o, err := ReadObject(ctx, src, h)
+	o, err := object.ReadObject(ctx, src, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +237,7 @@ func TestCopyTypesExist(t *testing.T) {
 		{"Ed25519", genEd25519(t, s, "types-ed", randomID(t)), slot.CKKECEdwards},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			types, err := copyTypes(pkcs11.CKO_PUBLIC_KEY, c.kt)
+			types, err := object.CopyTypes(pkcs11.CKO_PUBLIC_KEY, c.kt)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,18 +1,11 @@
 // Package sync keeps the members of an HA group holding the same objects:
-// what an object is across members (identity, fingerprint), copying one
-// between members, the group's domain key, planning a member's catch-up,
-// and the group's state objects on the members.
+// copying one between members, the group's domain key, planning a
+// member's catch-up, and the group's state objects on the members.
 //
-// # Identity and fingerprint
+// # Objects
 //
-// An object on one member is the same object as one on another when their
-// Identity (CKA_CLASS + CKA_KEY_TYPE + CKA_ID + CKA_LABEL) is equal. A
-// Fingerprint of the key material tells two different keys under one
-// identity apart (the duplicate-label hazard): SHA-256 of the DER
-// SubjectPublicKeyInfo for public keys and the private halves of key
-// pairs (the same value `openssl pkey -pubin -outform DER | sha256sum`
-// gives), the 3-byte key check value for secret keys, SHA-256 of
-// CKA_VALUE for certificates and data objects.
+// What an object is across members (identity, fingerprint, the attribute
+// reads) is package object (pkg/sync/object).
 //
 // # Replication
 //

@@ -11,10 +11,9 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
-
-const domainLabelPrefix = "hagroup-domain:"
 
 // ErrNoDomainKey is wrapped by errors saying a member holds no domain key
 // for the group.
@@ -36,7 +35,7 @@ var ErrNestedTemplates = errors.New("the module cannot carry nested attribute te
 
 // DomainLabel is the CKA_LABEL of the domain key of the group with the
 // given serial.
-func DomainLabel(groupSerial string) string { return domainLabelPrefix + groupSerial }
+func DomainLabel(groupSerial string) string { return object.DomainLabelPrefix + groupSerial }
 
 // DomainTarget is one member in a domain-key installation.
 type DomainTarget struct {
@@ -68,15 +67,15 @@ func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkc
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE, value),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
-		boolAttr(pkcs11.CKA_TOKEN, true),
-		boolAttr(pkcs11.CKA_PRIVATE, private),
+		object.BoolAttr(pkcs11.CKA_TOKEN, true),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, private),
 	}
 	t = append(t, domainProtection()...)
 	if trusted {
 		t = override(t, []*pkcs11.Attribute{
-			boolAttr(pkcs11.CKA_TRUSTED, true),
-			boolAttr(pkcs11.CKA_MODIFIABLE, true),
-			boolAttr(pkcs11.CKA_COPYABLE, true),
+			object.BoolAttr(pkcs11.CKA_TRUSTED, true),
+			object.BoolAttr(pkcs11.CKA_MODIFIABLE, true),
+			object.BoolAttr(pkcs11.CKA_COPYABLE, true),
 		})
 	}
 	return t
@@ -86,9 +85,9 @@ func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkc
 // domain key: private, and no longer modifiable.
 func privateCopyTemplate() []*pkcs11.Attribute {
 	return []*pkcs11.Attribute{
-		boolAttr(pkcs11.CKA_PRIVATE, true),
-		boolAttr(pkcs11.CKA_TOKEN, true),
-		boolAttr(pkcs11.CKA_MODIFIABLE, false),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, true),
+		object.BoolAttr(pkcs11.CKA_TOKEN, true),
+		object.BoolAttr(pkcs11.CKA_MODIFIABLE, false),
 	}
 }
 
@@ -100,9 +99,9 @@ func privateCopyTemplate() []*pkcs11.Attribute {
 // CKA_TRUSTED key, and there is none, so replicas could never be
 // replicated again (from a member that outlived the primary).
 func unwrapTemplate(trusted bool) []*pkcs11.Attribute {
-	t := []*pkcs11.Attribute{boolAttr(pkcs11.CKA_SENSITIVE, true)}
+	t := []*pkcs11.Attribute{object.BoolAttr(pkcs11.CKA_SENSITIVE, true)}
 	if trusted {
-		t = append(t, boolAttr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+		t = append(t, object.BoolAttr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
 	}
 	return t
 }
@@ -127,37 +126,37 @@ type foundKey struct {
 // (class, key type, label, private, token, wrap, unwrap), so the token
 // returns it alone; SoftHSM still visits every object to answer, which is
 // why Replicator remembers the handle.
-func findDomainKey(ctx context.Context, s store, member, groupSerial string) (foundKey, error) {
+func findDomainKey(ctx context.Context, s object.Store, member, groupSerial string) (foundKey, error) {
 	label := DomainLabel(groupSerial)
 	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
-		boolAttr(pkcs11.CKA_PRIVATE, true),
-		boolAttr(pkcs11.CKA_TOKEN, true),
-		boolAttr(pkcs11.CKA_WRAP, true),
-		boolAttr(pkcs11.CKA_UNWRAP, true),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, true),
+		object.BoolAttr(pkcs11.CKA_TOKEN, true),
+		object.BoolAttr(pkcs11.CKA_WRAP, true),
+		object.BoolAttr(pkcs11.CKA_UNWRAP, true),
 	})
 	if err != nil {
 		return foundKey{}, fmt.Errorf("member %s: find domain key %q: %w", member, label, err)
 	}
 	var found foundKey
 	for _, h := range hs {
-		a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_VALUE_LEN, pkcs11.CKA_CHECK_VALUE, pkcs11.CKA_TRUSTED})
+		a, err := object.ReadAttrs(ctx, s, h, []uint{pkcs11.CKA_VALUE_LEN, pkcs11.CKA_CHECK_VALUE, pkcs11.CKA_TRUSTED})
 		if err != nil {
 			return foundKey{}, fmt.Errorf("member %s: read domain key %q: %w", member, label, err)
 		}
-		if n, _ := a.ulong(pkcs11.CKA_VALUE_LEN); n != 32 {
+		if n, _ := a.Ulong(pkcs11.CKA_VALUE_LEN); n != 32 {
 			continue
 		}
 		if found.h != 0 {
 			if !bytes.Equal(found.kcv, a[pkcs11.CKA_CHECK_VALUE]) {
 				return foundKey{}, fmt.Errorf("member %s: %w: two domain keys %q with check values %s and %s",
-					member, ErrConflict, label, FormatFingerprint(found.kcv), FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
+					member, ErrConflict, label, object.FormatFingerprint(found.kcv), object.FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
 			}
 			continue
 		}
-		found = foundKey{h: h, kcv: a[pkcs11.CKA_CHECK_VALUE], trusted: a.boolean(pkcs11.CKA_TRUSTED)}
+		found = foundKey{h: h, kcv: a[pkcs11.CKA_CHECK_VALUE], trusted: a.Boolean(pkcs11.CKA_TRUSTED)}
 	}
 	if found.h == 0 {
 		return foundKey{}, fmt.Errorf("member %s: %w %q (AES-256, private, wrap+unwrap)", member, ErrNoDomainKey, label)
@@ -222,7 +221,7 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 			firstMember, firstKCV = m.Slot.Name(), d.CheckValue
 		} else if !bytes.Equal(d.CheckValue, firstKCV) {
 			return fmt.Errorf("install domain key: %w: member %s holds domain key %q with check value %s, member %s one with %s",
-				ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), FormatFingerprint(d.CheckValue), firstMember, FormatFingerprint(firstKCV))
+				ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), object.FormatFingerprint(d.CheckValue), firstMember, object.FormatFingerprint(firstKCV))
 		}
 	}
 	if len(weak) > 0 {
@@ -233,7 +232,7 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	}
 	if len(have) > 0 {
 		return fmt.Errorf("install domain key: %w: members %s hold %q (check value %s) but %s do not",
-			ErrDomainPartial, strings.Join(have, ", "), DomainLabel(groupSerial), FormatFingerprint(firstKCV), strings.Join(lack, ", "))
+			ErrDomainPartial, strings.Join(have, ", "), DomainLabel(groupSerial), object.FormatFingerprint(firstKCV), strings.Join(lack, ", "))
 	}
 	if err := installAll(ctx, members, groupSerial); err != nil {
 		return fmt.Errorf("install domain key: %w", err)
@@ -377,7 +376,7 @@ func verifyInstalled(ctx context.Context, s *slot.Slot, groupSerial string, want
 	case !d.Found:
 		return fmt.Errorf("member %s: %w %q after installing it", s.Name(), ErrNoDomainKey, d.Label)
 	case !bytes.Equal(d.CheckValue, want):
-		return fmt.Errorf("member %s: domain key check value %s, want %s", s.Name(), FormatFingerprint(d.CheckValue), FormatFingerprint(want))
+		return fmt.Errorf("member %s: domain key check value %s, want %s", s.Name(), object.FormatFingerprint(d.CheckValue), object.FormatFingerprint(want))
 	case d.Weak():
 		return fmt.Errorf("member %s: %w: the token did not keep the protection asked for the new key %q (%s), so it is not installed",
 			s.Name(), ErrWeakDomainKey, d.Label, strings.Join(d.Flaws, ", "))
@@ -492,7 +491,7 @@ func publicOriginals(ctx context.Context, s *slot.Slot, label string) ([]pkcs11.
 	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
-		boolAttr(pkcs11.CKA_PRIVATE, false),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, false),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("find public domain keys %q: %w", label, err)
@@ -506,7 +505,7 @@ func removePublicOriginals(ctx context.Context, s *slot.Slot, label string) erro
 		return err
 	}
 	for _, h := range hs {
-		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+		if err := s.DestroyObject(ctx, h); err != nil && !object.IsGone(err) {
 			return fmt.Errorf("destroy public domain key %q: %w", label, err)
 		}
 	}
@@ -527,7 +526,7 @@ func RemoveDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) erro
 		return fmt.Errorf("member %s: find domain key %q: %w", s.Name(), label, err)
 	}
 	for _, h := range hs {
-		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+		if err := s.DestroyObject(ctx, h); err != nil && !object.IsGone(err) {
 			return fmt.Errorf("member %s: destroy domain key %q: %w", s.Name(), label, err)
 		}
 	}

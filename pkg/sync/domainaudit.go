@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -87,7 +88,7 @@ func allowedMechanismsValue(ms []uint) []byte {
 func domainProtection() []*pkcs11.Attribute {
 	t := make([]*pkcs11.Attribute, 0, len(domainRules)+1)
 	for _, r := range domainRules {
-		t = append(t, boolAttr(r.typ, r.want))
+		t = append(t, object.BoolAttr(r.typ, r.want))
 	}
 	return append(t, pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, allowedMechanismsValue(domainMechanisms)))
 }
@@ -95,7 +96,7 @@ func domainProtection() []*pkcs11.Attribute {
 // copier is what the audit needs of a member: reading a key and trying to
 // copy it.
 type copier interface {
-	store
+	object.Store
 	CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
 	GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error)
 }
@@ -116,20 +117,20 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle, refuse
 	for _, r := range domainRules {
 		types = append(types, r.typ)
 	}
-	a, err := readAttrs(ctx, s, h, append(types, pkcs11.CKA_ALLOWED_MECHANISMS, pkcs11.CKA_TRUSTED))
+	a, err := object.ReadAttrs(ctx, s, h, append(types, pkcs11.CKA_ALLOWED_MECHANISMS, pkcs11.CKA_TRUSTED))
 	if err != nil {
 		return nil, false, fmt.Errorf("read the domain key's attributes: %w", err)
 	}
 	copyable := false
 	for _, r := range domainRules {
 		switch {
-		case !a.nonEmpty(r.typ) && r.typ == pkcs11.CKA_COPYABLE:
+		case !a.NonEmpty(r.typ) && r.typ == pkcs11.CKA_COPYABLE:
 			// A token silent on it may copy the key: the copies tell.
 			flaws = append(flaws, r.name+" not answered by the token")
-			copyable = !a.boolean(pkcs11.CKA_MODIFIABLE)
-		case !a.nonEmpty(r.typ):
+			copyable = !a.Boolean(pkcs11.CKA_MODIFIABLE)
+		case !a.NonEmpty(r.typ):
 			flaws = append(flaws, r.name+" not answered by the token")
-		case a.boolean(r.typ) == r.want:
+		case a.Boolean(r.typ) == r.want:
 		case r.typ == pkcs11.CKA_COPYABLE:
 			copyable = true
 		default:
@@ -139,12 +140,12 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle, refuse
 	if !sameMechanisms(a[pkcs11.CKA_ALLOWED_MECHANISMS], domainMechanisms) {
 		flaws = append(flaws, "CKA_ALLOWED_MECHANISMS not only "+mechanismName(wrapMechanism))
 	}
-	uf, err := unwrapFlaws(ctx, s, h, a.boolean(pkcs11.CKA_TRUSTED))
+	uf, err := unwrapFlaws(ctx, s, h, a.Boolean(pkcs11.CKA_TRUSTED))
 	if err != nil {
 		return nil, false, err
 	}
 	flaws = append(flaws, uf...)
-	if !copyable || a.boolean(pkcs11.CKA_MODIFIABLE) {
+	if !copyable || a.Boolean(pkcs11.CKA_MODIFIABLE) {
 		if copyable {
 			flaws = append(flaws, "CKA_COPYABLE=true")
 		}
@@ -199,10 +200,10 @@ var copyTrials = []struct {
 	name string
 	a    *pkcs11.Attribute
 }{
-	{"CKA_DECRYPT=true", boolAttr(pkcs11.CKA_DECRYPT, true)},
-	{"CKA_EXTRACTABLE=true", boolAttr(pkcs11.CKA_EXTRACTABLE, true)},
-	{"CKA_SENSITIVE=false", boolAttr(pkcs11.CKA_SENSITIVE, false)},
-	{"CKA_MODIFIABLE=true", boolAttr(pkcs11.CKA_MODIFIABLE, true)},
+	{"CKA_DECRYPT=true", object.BoolAttr(pkcs11.CKA_DECRYPT, true)},
+	{"CKA_EXTRACTABLE=true", object.BoolAttr(pkcs11.CKA_EXTRACTABLE, true)},
+	{"CKA_SENSITIVE=false", object.BoolAttr(pkcs11.CKA_SENSITIVE, false)},
+	{"CKA_MODIFIABLE=true", object.BoolAttr(pkcs11.CKA_MODIFIABLE, true)},
 	{"CKA_ALLOWED_MECHANISMS=CKM_AES_ECB", pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, allowedMechanismsValue([]uint{pkcs11.CKM_AES_ECB}))},
 }
 

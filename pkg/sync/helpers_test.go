@@ -11,6 +11,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -153,7 +154,7 @@ func findByLabel(t *testing.T, s *slot.Slot, label string) []pkcs11.ObjectHandle
 
 func mustFingerprint(t *testing.T, s *slot.Slot, h pkcs11.ObjectHandle) []byte {
 	t.Helper()
-	fp, err := Fingerprint(testContext(t), s, h)
+	fp, err := object.Fingerprint(testContext(t), s, h)
 	if err != nil {
 		t.Fatalf("fingerprint of %d on %s: %v", h, s.Name(), err)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -60,7 +61,7 @@ func ReadMarks(ctx context.Context, s *slot.Slot, groupSerial string) ([]Mark, e
 	for _, h := range hs {
 		r, ok, err := ReadState(ctx, s, h, MarkApplication, true)
 		if err != nil {
-			if isGone(err) {
+			if object.IsGone(err) {
 				continue // cleared meanwhile
 			}
 			return nil, fmt.Errorf("member %s: read behind mark (object %d): %w", s.Name(), h, err)
@@ -100,12 +101,12 @@ func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer st
 func ClearMark(ctx context.Context, groupSerial string, k Mark) error {
 	r, ok, err := ReadState(ctx, k.On, k.Handle, MarkApplication, true)
 	if err != nil || !ok || r.Label != MarkLabel(groupSerial, k.Member) || string(r.Value) != k.Writer {
-		if err != nil && !isGone(err) && slot.ClassOf(err) != slot.ClassRequest {
+		if err != nil && !object.IsGone(err) && slot.ClassOf(err) != slot.ClassRequest {
 			return fmt.Errorf("member %s: read the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
 		}
 		return nil // gone, or no longer the mark
 	}
-	if err := k.On.DestroyObject(ctx, k.Handle); err != nil && !isGone(err) {
+	if err := k.On.DestroyObject(ctx, k.Handle); err != nil && !object.IsGone(err) {
 		return fmt.Errorf("member %s: clear the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -40,11 +41,11 @@ func replicate(t *testing.T, src *slot.Slot, h pkcs11.ObjectHandle, dst Target) 
 func sameObject(t *testing.T, src *slot.Slot, sh pkcs11.ObjectHandle, dst *slot.Slot, dh pkcs11.ObjectHandle, types ...uint) {
 	t.Helper()
 	ctx := testContext(t)
-	so, err := ReadObject(ctx, src, sh)
+	so, err := object.ReadObject(ctx, src, sh)
 	if err != nil {
 		t.Fatal(err)
 	}
-	do, err := ReadObject(ctx, dst, dh)
+	do, err := object.ReadObject(ctx, dst, dh)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +364,7 @@ func TestReplicateConflict(t *testing.T) {
 			if !bytes.Equal(ce.Want, want) || !bytes.Equal(ce.Have, have) || ce.Member != dst.Name() {
 				t.Errorf("conflict %+v, want member %s, want %x, have %x", ce, dst.Name(), want, have)
 			}
-			for _, s := range []string{FormatFingerprint(want), FormatFingerprint(have), dst.Name(), `"dup"`} {
+			for _, s := range []string{object.FormatFingerprint(want), object.FormatFingerprint(have), dst.Name(), `"dup"`} {
 				if !strings.Contains(err.Error(), s) {
 					t.Errorf("error %q lacks %s", err, s)
 				}
@@ -421,7 +422,7 @@ func TestDestroy(t *testing.T) {
 	r := &Replicator{GroupSerial: testSerial}
 	k := genAES(t, src, "destroy-me", randomID(t))
 	replicate(t, src, k, Target{Slot: dst})
-	o, err := ReadObject(ctx, src, k)
+	o, err := object.ReadObject(ctx, src, k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +455,7 @@ func TestDestroy(t *testing.T) {
 		t.Fatal(err)
 	}
 	replicate(t, src, d, Target{Slot: dst})
-	do, err := ReadObject(ctx, src, d)
+	do, err := object.ReadObject(ctx, src, d)
 	if err != nil {
 		t.Fatal(err)
 	}

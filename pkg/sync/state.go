@@ -5,9 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -29,8 +29,6 @@ import (
 // when two processes or hosts write at once; at worst an extra object
 // stays until the next write folds it in.
 
-const stateLabelPrefix = "hagroup-state:"
-
 // ErrNotLoggedIn is wrapped when group state is read from or written to
 // a member that is not logged in as the user.
 var ErrNotLoggedIn = errors.New("not logged in: group state is private")
@@ -38,20 +36,7 @@ var ErrNotLoggedIn = errors.New("not logged in: group state is private")
 // StateLabel is the CKA_LABEL of the group state objects of one kind
 // (e.g. "tombstones") of the group with the given serial.
 func StateLabel(groupSerial, kind string) string {
-	return stateLabelPrefix + groupSerial + ":" + kind
-}
-
-// Hidden reports whether an object of this class and label belongs to the
-// group itself — its domain key, or group state — and so is never shown
-// to an application, copied or deleted by a plan.
-func Hidden(class uint, label string) bool {
-	switch class {
-	case pkcs11.CKO_SECRET_KEY:
-		return strings.HasPrefix(label, domainLabelPrefix) || strings.HasPrefix(label, stateLabelPrefix)
-	case pkcs11.CKO_DATA:
-		return strings.HasPrefix(label, stateLabelPrefix)
-	}
-	return false
+	return object.StateLabelPrefix + groupSerial + ":" + kind
 }
 
 // StateObject is one group state object read from a member.
@@ -111,7 +96,7 @@ func DestroyStateIfSame(ctx context.Context, s *slot.Slot, label, app string, o 
 func destroyIfSame(ctx context.Context, s *slot.Slot, label, app string, o StateObject) error {
 	r, ok, err := ReadState(ctx, s, o.Handle, app, true)
 	if err != nil {
-		if isGone(err) || slot.ClassOf(err) == slot.ClassRequest {
+		if object.IsGone(err) || slot.ClassOf(err) == slot.ClassRequest {
 			return nil
 		}
 		return fmt.Errorf("member %s: read an older %s (object %d): %w", s.Name(), label, o.Handle, err)
@@ -119,7 +104,7 @@ func destroyIfSame(ctx context.Context, s *slot.Slot, label, app string, o State
 	if !ok || r.Label != label || !bytes.Equal(r.Value, o.Value) {
 		return nil
 	}
-	if err := s.DestroyObject(ctx, o.Handle); err != nil && !isGone(err) {
+	if err := s.DestroyObject(ctx, o.Handle); err != nil && !object.IsGone(err) {
 		return fmt.Errorf("member %s: remove an older %s (object %d): %w", s.Name(), label, o.Handle, err)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -191,7 +192,7 @@ func ProbeState(ctx context.Context, s *slot.Slot) (inPlace bool, err error) {
 		return false, ErrNoStateHere
 	}
 	const app = "hagroup/probe"
-	label := stateLabelPrefix + "probe"
+	label := object.StateLabelPrefix + "probe"
 	value := bytes.Repeat([]byte{0xa5}, probeLen)
 	tmpl, err := StateTemplate(s, label, app, value, true)
 	if err != nil {

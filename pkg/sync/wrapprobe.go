@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -27,9 +28,9 @@ func (k Kind) String() string {
 		return "key"
 	}
 	if k.KeyType == KeyTypeUnknown {
-		return ClassName(k.Class)
+		return object.ClassName(k.Class)
 	}
-	return KeyTypeName(k.KeyType) + " " + ClassName(k.Class)
+	return object.KeyTypeName(k.KeyType) + " " + object.ClassName(k.Class)
 }
 
 // Wrapped reports whether keys of kind k travel wrapped under the domain

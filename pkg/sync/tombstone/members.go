@@ -14,6 +14,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -42,7 +43,7 @@ const Application = "hagroup/tombstones"
 // *Journal, or memory in a process without a state directory.
 type Local interface {
 	Record(ctx context.Context, t Tombstone) error
-	Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error)
+	Revive(ctx context.Context, id object.Identity, fingerprint []byte) (int, error)
 	// Records returns every record within the horizon, revocations too.
 	Records(ctx context.Context) ([]Tombstone, error)
 }
@@ -224,7 +225,7 @@ func (s *Shared) Record(ctx context.Context, t Tombstone) error {
 
 // Revive revokes the tombstones of the version id + fingerprint (see
 // Journal.Revive) locally and then on the members.
-func (s *Shared) Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error) {
+func (s *Shared) Revive(ctx context.Context, id object.Identity, fingerprint []byte) (int, error) {
 	n, err := s.local.Revive(ctx, id, fingerprint)
 	if err != nil || n == 0 {
 		return n, err
@@ -680,7 +681,7 @@ func appendRecords(b []byte, ts []Tombstone) []byte {
 		if t.Revoked {
 			f |= flagRevoked
 		}
-		if t.Identity.KeyType == hasync.NoKeyType {
+		if t.Identity.KeyType == object.NoKeyType {
 			f |= flagNoKeyType
 		}
 		if t.Fingerprint == nil {
@@ -727,7 +728,7 @@ func (d *decoder) records(serial string) ([]Tombstone, error) {
 		f := d.byte()
 		t := Tombstone{GroupSerial: serial, Revoked: f&flagRevoked != 0, Intent: f&flagIntent != 0}
 		t.Identity.Class = uint(d.uvarint())
-		t.Identity.KeyType = hasync.NoKeyType
+		t.Identity.KeyType = object.NoKeyType
 		if f&flagNoKeyType == 0 {
 			t.Identity.KeyType = uint(d.uvarint())
 		}

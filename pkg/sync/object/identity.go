@@ -1,9 +1,10 @@
-package sync
+package object
 
 import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -46,16 +47,16 @@ func (id Identity) String() string {
 	return fmt.Sprintf("%s id=%s label=%q", s, hexOrNone(id.ID), id.Label)
 }
 
-// template returns the FindObjects template matching id exactly. CKA_ID
+// Template returns the FindObjects template matching id exactly. CKA_ID
 // is left out for classes without it (data objects): a token matches no
 // object on an attribute the object lacks.
-func (id Identity) template() []*pkcs11.Attribute {
+func (id Identity) Template() []*pkcs11.Attribute {
 	t := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
 	}
 	if hasID(id.Class) || len(id.ID) > 0 {
-		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
+		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, NonNil(id.ID)))
 	}
 	if id.KeyType != NoKeyType {
 		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
@@ -72,7 +73,8 @@ func hasID(class uint) bool {
 	return false
 }
 
-func nonNil(b []byte) []byte {
+// NonNil is b, or an empty slice for nil.
+func NonNil(b []byte) []byte {
 	if b == nil {
 		return []byte{}
 	}
@@ -147,4 +149,23 @@ func KeyTypeName(k uint) string {
 		return "DES2"
 	}
 	return fmt.Sprintf("key type 0x%x", k)
+}
+
+// The labels of the group's own objects start with these (see Hidden).
+const (
+	DomainLabelPrefix = "hagroup-domain:"
+	StateLabelPrefix  = "hagroup-state:"
+)
+
+// Hidden reports whether an object of this class and label belongs to the
+// group itself — its domain key, or group state — and so is never shown
+// to an application, copied or deleted by a plan.
+func Hidden(class uint, label string) bool {
+	switch class {
+	case pkcs11.CKO_SECRET_KEY:
+		return strings.HasPrefix(label, DomainLabelPrefix) || strings.HasPrefix(label, StateLabelPrefix)
+	case pkcs11.CKO_DATA:
+		return strings.HasPrefix(label, StateLabelPrefix)
+	}
+	return false
 }
