@@ -77,7 +77,7 @@ const (
 	// Reported once per member and set of flaws.
 	DomainKeyWeak EventKind = "domain_key_weak"
 	// GroupStateFailed: group state on a member (a tombstone or a behind
-	// mark; see pkg/sync's StateLabel) could not be read or written
+	// mark; see pkg/sync/state's Label) could not be read or written
 	// (Err says which and why), or every serving member is marked behind
 	// by another (run hactl hagroup synchronize).
 	GroupStateFailed EventKind = "group_state_failed"

@@ -10,8 +10,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/object"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/miekg/pkcs11"
 )
 
@@ -89,7 +89,7 @@ func TestPublicObjectIsNoTombstone(t *testing.T) {
 	forged := []Tombstone{{Identity: object.Identity{Class: pkcs11.CKO_DATA, KeyType: object.NoKeyType, Label: "victim"}, Time: time.Now(), GroupSerial: "55"}}
 	if _, err := slots[0].CreateObject(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, hasync.StateLabel("55", StateKind)),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, state.Label("55", StateKind)),
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE, encodeRecords(forged)),
 	}); err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func BenchmarkRecordOnMembers(b *testing.B) {
 		}
 		if n > 0 {
 			for _, s := range slots {
-				if _, err := hasync.WriteState(ctx, s, hasync.StateLabel(serial, StateKind), Application, encodeRecords(seed), nil); err != nil {
+				if _, err := state.Write(ctx, s, state.Label(serial, StateKind), Application, encodeRecords(seed), nil); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package sync
+package state
 
 import (
 	"context"
@@ -31,7 +31,7 @@ const markKind = "behind:"
 // MarkLabel is the CKA_LABEL of a mark saying member missed a change of
 // the group with the given serial.
 func MarkLabel(groupSerial, member string) string {
-	return StateLabel(groupSerial, markKind+member)
+	return Label(groupSerial, markKind+member)
 }
 
 // Mark is one behind mark read from a member.
@@ -52,14 +52,14 @@ func ReadMarks(ctx context.Context, s *slot.Slot, groupSerial string) ([]Mark, e
 	if !s.LoggedIn() {
 		return nil, fmt.Errorf("member %s: read behind marks: %w", s.Name(), ErrNotLoggedIn)
 	}
-	hs, err := FindState(ctx, s, MarkApplication)
+	hs, err := Find(ctx, s, MarkApplication)
 	if err != nil {
 		return nil, fmt.Errorf("member %s: find behind marks: %w", s.Name(), err)
 	}
 	prefix := MarkLabel(groupSerial, "")
 	var out []Mark
 	for _, h := range hs {
-		r, ok, err := ReadState(ctx, s, h, MarkApplication, true)
+		r, ok, err := Read(ctx, s, h, MarkApplication, true)
 		if err != nil {
 			if object.IsGone(err) {
 				continue // cleared meanwhile
@@ -83,7 +83,7 @@ func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer st
 	if !s.LoggedIn() {
 		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, ErrNotLoggedIn)
 	}
-	tmpl, err := StateTemplate(s, MarkLabel(groupSerial, member), MarkApplication, []byte(writer), false)
+	tmpl, err := Template(s, MarkLabel(groupSerial, member), MarkApplication, []byte(writer), false)
 	if err != nil {
 		return 0, err
 	}
@@ -99,7 +99,7 @@ func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer st
 // and writer) before it is destroyed: a handle kept across a re-login may
 // name another object by then.
 func ClearMark(ctx context.Context, groupSerial string, k Mark) error {
-	r, ok, err := ReadState(ctx, k.On, k.Handle, MarkApplication, true)
+	r, ok, err := Read(ctx, k.On, k.Handle, MarkApplication, true)
 	if err != nil || !ok || r.Label != MarkLabel(groupSerial, k.Member) || string(r.Value) != k.Writer {
 		if err != nil && !object.IsGone(err) && slot.ClassOf(err) != slot.ClassRequest {
 			return fmt.Errorf("member %s: read the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
