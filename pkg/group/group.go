@@ -64,7 +64,7 @@
 // it have ended.
 //
 // What every process on every host must agree on is kept on the members
-// (groupstate.go, pkg/sync's state.go and marker.go): a change made
+// (groupstate.go, pkg/sync/state's state.go and marker.go): a change made
 // while a member is out of rotation leaves, on every serving member, a
 // mark that the member missed it, and a process that logs in keeps every
 // member so marked out of rotation until it is caught up.

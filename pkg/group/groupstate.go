@@ -17,7 +17,7 @@ import (
 
 // Group state on the members (DESIGN.md, "Group state on the members"):
 // the behind marks that keep a member that missed changes out of every
-// process's rotation until it is caught up. See pkg/sync's marker.go
+// process's rotation until it is caught up. See pkg/sync/state's marker.go
 // for the rule.
 
 // StateSlots returns the slots of the members whose group state (see
