@@ -642,7 +642,7 @@ func TestConflictKeepsMemberOut(t *testing.T) {
 		t.Fatalf("conflict event: %+v", ce)
 	}
 	f := h.ev.next(t, AttemptFailed)
-	if !errors.Is(f.Err, hasync.ErrConflict) {
+	if !errors.Is(f.Err, object.ErrConflict) {
 		t.Fatalf("failure cause: %v", f.Err)
 	}
 	if state, _, acts := h.eng.get("b"); state != "failed" || acts != 0 {

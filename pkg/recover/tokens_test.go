@@ -299,7 +299,7 @@ func TestConflictKeepsMemberOutOfRotation(t *testing.T) {
 
 	_, err = r.rec.Recover(rigCtx(t), victim)
 	var ce *ConflictError
-	if !errors.Is(err, hasync.ErrConflict) || !errors.As(err, &ce) {
+	if !errors.Is(err, object.ErrConflict) || !errors.As(err, &ce) {
 		t.Fatalf("recover with a conflict: %v", err)
 	}
 	if st := r.state(victim); st != member.Failed {

@@ -63,8 +63,8 @@ func agreeKeyPair(ctx context.Context, s agreer) (point []byte, priv, pub pkcs11
 		err = errors.New("the token does not show it")
 	}
 	if err != nil {
-		destroyTransit(ctx, s, pub)
-		destroyTransit(ctx, s, priv)
+		object.Discard(ctx, s, pub)
+		object.Discard(ctx, s, priv)
 		return nil, 0, 0, fmt.Errorf("read the agreement key's point: %w", err)
 	}
 	return object.ECPoint(a[pkcs11.CKA_EC_POINT]), priv, pub, nil
@@ -133,8 +133,8 @@ func (sc *source) agreeHalf(ctx context.Context) (*agreement, error) {
 // dropAgreement destroys the source's key pair.
 func (sc *source) dropAgreement(ctx context.Context) {
 	if sc.agreed != nil {
-		destroyTransit(ctx, sc.slot, sc.agreed.priv)
-		destroyTransit(ctx, sc.slot, sc.agreed.pub)
+		object.Discard(ctx, sc.slot, sc.agreed.priv)
+		object.Discard(ctx, sc.slot, sc.agreed.pub)
 		sc.agreed = nil
 	}
 }
@@ -218,17 +218,17 @@ func (j *replication) agreeTransit(ctx context.Context, ds agreer) (wrapper, unw
 			d()
 		}
 	}
-	made = append(made, func() { destroyTransit(ctx, ds, pub) }, func() { destroyTransit(ctx, ds, priv) })
+	made = append(made, func() { object.Discard(ctx, ds, pub) }, func() { object.Discard(ctx, ds, priv) })
 	if unwrapper, err = agreedKey(ctx, ds, priv, half.point, false); err != nil {
 		drop()
 		return 0, 0, nil, err
 	}
-	made = append(made, func() { destroyTransit(ctx, ds, unwrapper) })
+	made = append(made, func() { object.Discard(ctx, ds, unwrapper) })
 	if wrapper, err = agreedKey(ctx, j.src.slot, half.priv, point, true); err != nil {
 		drop()
 		return 0, 0, nil, fmt.Errorf("on %s: %w", j.src.name(), err)
 	}
-	made = append(made, func() { destroyTransit(ctx, j.src.slot, wrapper) })
+	made = append(made, func() { object.Discard(ctx, j.src.slot, wrapper) })
 	return wrapper, unwrapper, drop, nil
 }
 
@@ -257,7 +257,7 @@ func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, 
 		return fail("on "+src.Name()+": make the transit key: %w", err)
 	}
 	dropKeys := drop
-	drop = func() { destroyTransit(ctx, src, wrapper); dropKeys() }
+	drop = func() { object.Discard(ctx, src, wrapper); dropKeys() }
 	for _, m := range []*pkcs11.Mechanism{transitMech(pkcs11.CKM_RSA_PKCS_OAEP), pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil)} {
 		var blob []byte
 		if blob, err = src.WrapKey(ctx, m, srcPub, wrapper); err == nil {
@@ -266,7 +266,7 @@ func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, 
 		}
 		if err == nil {
 			dropRest := drop
-			drop = func() { destroyTransit(ctx, ds, unwrapper); dropRest() }
+			drop = func() { object.Discard(ctx, ds, unwrapper); dropRest() }
 			return wrapper, unwrapper, drop, nil
 		}
 		if slot.ClassOf(err) != slot.ClassRequest {
@@ -303,7 +303,7 @@ func transportKeys(ctx context.Context, src agreer, srcName string, ds agreer, p
 	if err != nil {
 		return fail("make a key pair for RSA key transport: %w", err)
 	}
-	made = append(made, func() { destroyTransit(ctx, ds, pub) }, func() { destroyTransit(ctx, ds, priv) })
+	made = append(made, func() { object.Discard(ctx, ds, pub) }, func() { object.Discard(ctx, ds, priv) })
 	a, err := object.ReadAttrs(ctx, ds, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
 	if err == nil && (!a.NonEmpty(pkcs11.CKA_MODULUS) || !a.NonEmpty(pkcs11.CKA_PUBLIC_EXPONENT)) {
 		err = errors.New("the token does not show it")
@@ -318,7 +318,7 @@ func transportKeys(ctx context.Context, src agreer, srcName string, ds agreer, p
 	if err != nil {
 		return fail("on "+srcName+": import the transport key: %w", err)
 	}
-	made = append(made, func() { destroyTransit(ctx, src, srcPub) })
+	made = append(made, func() { object.Discard(ctx, src, srcPub) })
 	return srcPub, priv, drop, nil
 }
 
@@ -358,7 +358,7 @@ func unwrapThenProtect(ctx context.Context, ds agreer, m *pkcs11.Mechanism, unwr
 	if err != nil {
 		return 0, err
 	}
-	defer destroyTransit(ctx, ds, h)
+	defer object.Discard(ctx, ds, h)
 	got, err := object.ReadAttrs(ctx, ds, h, laterTypes)
 	if err != nil {
 		return 0, fmt.Errorf("read the unwrapped copy's protection: %w", err)
@@ -389,7 +389,7 @@ func unwrapThenProtect(ctx context.Context, ds agreer, m *pkcs11.Mechanism, unwr
 		}
 	}
 	if err != nil {
-		destroyTransit(ctx, ds, cp)
+		object.Discard(ctx, ds, cp)
 		return 0, fmt.Errorf("the copy does not keep the source's protection: %w", err)
 	}
 	return cp, nil

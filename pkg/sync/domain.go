@@ -72,7 +72,7 @@ func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkc
 	}
 	t = append(t, domainProtection()...)
 	if trusted {
-		t = override(t, []*pkcs11.Attribute{
+		t = object.Override(t, []*pkcs11.Attribute{
 			object.BoolAttr(pkcs11.CKA_TRUSTED, true),
 			object.BoolAttr(pkcs11.CKA_MODIFIABLE, true),
 			object.BoolAttr(pkcs11.CKA_COPYABLE, true),
@@ -152,7 +152,7 @@ func findDomainKey(ctx context.Context, s object.Store, member, groupSerial stri
 		if found.h != 0 {
 			if !bytes.Equal(found.kcv, a[pkcs11.CKA_CHECK_VALUE]) {
 				return foundKey{}, fmt.Errorf("member %s: %w: two domain keys %q with check values %s and %s",
-					member, ErrConflict, label, object.FormatFingerprint(found.kcv), object.FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
+					member, object.ErrConflict, label, object.FormatFingerprint(found.kcv), object.FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
 			}
 			continue
 		}
@@ -221,7 +221,7 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 			firstMember, firstKCV = m.Slot.Name(), d.CheckValue
 		} else if !bytes.Equal(d.CheckValue, firstKCV) {
 			return fmt.Errorf("install domain key: %w: member %s holds domain key %q with check value %s, member %s one with %s",
-				ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), object.FormatFingerprint(d.CheckValue), firstMember, object.FormatFingerprint(firstKCV))
+				object.ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), object.FormatFingerprint(d.CheckValue), firstMember, object.FormatFingerprint(firstKCV))
 		}
 	}
 	if len(weak) > 0 {
@@ -353,13 +353,13 @@ func installAll(ctx context.Context, members []DomainTarget, groupSerial string)
 		}
 		if err != nil {
 			// Undo on this member too: it may hold part of the install.
-			undo := cleanupContext(ctx)
+			undo := object.CleanupContext(ctx)
 			for _, done := range members[:i+1] {
-				if rerr := RemoveDomainKey(undo.ctx, done.Slot, groupSerial); rerr != nil {
+				if rerr := RemoveDomainKey(undo.Ctx, done.Slot, groupSerial); rerr != nil {
 					err = errors.Join(err, fmt.Errorf("and removing it again failed: %w", rerr))
 				}
 			}
-			undo.cancel()
+			undo.Cancel()
 			return err
 		}
 	}
@@ -451,10 +451,10 @@ func trustedCreate(ctx context.Context, m DomainTarget, label string, value []by
 	defer func() {
 		// After C_Logout SoftHSM has dropped every private handle; callers
 		// look them up again.
-		rctx := cleanupContext(ctx)
-		defer rctx.cancel()
-		_ = s.Logout(rctx.ctx) // the SO, if logged in; an error here is not ours to report
-		if lerr := s.Login(rctx.ctx, pkcs11.CKU_USER, m.UserPIN); lerr != nil {
+		rctx := object.CleanupContext(ctx)
+		defer rctx.Cancel()
+		_ = s.Logout(rctx.Ctx) // the SO, if logged in; an error here is not ours to report
+		if lerr := s.Login(rctx.Ctx, pkcs11.CKU_USER, m.UserPIN); lerr != nil {
 			err = errors.Join(err, fmt.Errorf("log the user in again after the SO step: %w", lerr))
 		}
 	}()

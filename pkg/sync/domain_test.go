@@ -9,6 +9,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -148,7 +149,7 @@ func TestInstallDomainKeyRefuses(t *testing.T) {
 	installDomain(t, serial, false, []*slot.Slot{b}, toks[1:2])
 
 	err := InstallDomainKey(ctx, []DomainTarget{{Slot: a}, {Slot: b}}, serial)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), b.Name()) {
+	if !errors.Is(err, object.ErrConflict) || !strings.Contains(err.Error(), b.Name()) {
 		t.Errorf("install over two different domain keys: %v, want ErrConflict naming %s", err, b.Name())
 	}
 	err = InstallDomainKey(ctx, []DomainTarget{{Slot: a}, {Slot: c}}, serial)

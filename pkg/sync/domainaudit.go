@@ -219,9 +219,9 @@ func copyFlaw(ctx context.Context, s copier, h pkcs11.ObjectHandle) (string, err
 	for _, tr := range copyTrials {
 		c, err := s.CopyObject(ctx, h, []*pkcs11.Attribute{tr.a})
 		if err == nil {
-			clean := cleanupContext(ctx)
-			derr := s.DestroyObject(clean.ctx, c)
-			clean.cancel()
+			clean := object.CleanupContext(ctx)
+			derr := s.DestroyObject(clean.Ctx, c)
+			clean.Cancel()
 			if derr != nil {
 				return "", fmt.Errorf("a trial copy of the domain key with %s was made and could not be destroyed (handle %d): %w", tr.name, c, derr)
 			}

@@ -419,11 +419,11 @@ func (t pairTrial) try(ctx context.Context, ss, ds *slot.Session, skek, dkek, ke
 		return false, "the source refuses to wrap: " + refusal.Error(), nil
 	}
 	defer clear(blob)
-	cp, err := ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, override(trialAttrs(), t.tmpl))
+	cp, err := ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, object.Override(trialAttrs(), t.tmpl))
 	if c := slot.CodeOf(err); c == pkcs11.CKR_ATTRIBUTE_READ_ONLY || c == pkcs11.CKR_TEMPLATE_INCONSISTENT {
 		// A make that sets some of these itself (opencryptoki's soft
 		// token: CKR_ATTRIBUTE_READ_ONLY) gets the class and type alone.
-		cp, err = ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, override(trialAttrs(), t.tmpl[:2]))
+		cp, err = ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, object.Override(trialAttrs(), t.tmpl[:2]))
 	}
 	if err != nil {
 		refusal, fail := refusalOf(err)

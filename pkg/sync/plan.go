@@ -197,7 +197,7 @@ func (c Conflict) String() string {
 	for i, v := range c.Versions {
 		parts[i] = fmt.Sprintf("%s on %s", object.FormatFingerprint(v.Fingerprint), strings.Join(v.Members, ","))
 	}
-	return fmt.Sprintf("%s: %v: fingerprints %s", c.Identity, ErrConflict, strings.Join(parts, "; "))
+	return fmt.Sprintf("%s: %v: fingerprints %s", c.Identity, object.ErrConflict, strings.Join(parts, "; "))
 }
 
 // Plan is what it takes to make the members equal: actions and the

@@ -13,36 +13,12 @@ import (
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"math/big"
 	"sync"
-	"time"
 	"weak"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
-
-// ErrConflict is wrapped by errors saying that two members hold different
-// objects under one identity (the duplicate-label hazard). It is reported,
-// never resolved by guessing. Use errors.As with *ConflictError for the
-// details.
-var ErrConflict = errors.New("conflict")
-
-// ConflictError says member Member holds Identity with fingerprint Have
-// where the source has Want.
-type ConflictError struct {
-	Identity object.Identity
-	Member   string
-	Want     []byte // the source's fingerprint
-	Have     []byte // the fingerprint on Member
-}
-
-func (e *ConflictError) Error() string {
-	return fmt.Sprintf("member %s: %s: %v: it holds fingerprint %s, the source has %s",
-		e.Member, e.Identity, ErrConflict, object.FormatFingerprint(e.Have), object.FormatFingerprint(e.Want))
-}
-
-// Unwrap makes errors.Is(err, ErrConflict) true.
-func (e *ConflictError) Unwrap() error { return ErrConflict }
 
 // Target is where Replicate puts an object.
 type Target struct {
@@ -100,20 +76,6 @@ type Replicator struct {
 	mu      sync.Mutex
 	members map[weak.Pointer[slot.Slot]]*memberState
 	refused map[string]bool // trialKey: domain keys whose trial copies the token refused
-}
-
-// cleanupTimeout bounds the removal of a half-made object after a
-// failure, which must run even when the caller's context has expired.
-const cleanupTimeout = 15 * time.Second
-
-type boundedContext struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-func cleanupContext(ctx context.Context) boundedContext {
-	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	return boundedContext{c, cancel}
 }
 
 var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
@@ -247,7 +209,7 @@ func (r *Replicator) replicateTo(ctx context.Context, sc *source, dst Target) (p
 		done()
 	}
 	if err != nil {
-		var ce *ConflictError
+		var ce *object.ConflictError
 		if errors.As(err, &ce) {
 			return 0, err
 		}
@@ -313,9 +275,9 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 		return 0, err
 	}
 	if err := j.verify(ctx, h); err != nil {
-		c := cleanupContext(ctx)
-		defer c.cancel()
-		if derr := j.ds.DestroyObject(c.ctx, h); derr != nil && !object.IsGone(derr) {
+		c := object.CleanupContext(ctx)
+		defer c.Cancel()
+		if derr := j.ds.DestroyObject(c.Ctx, h); derr != nil && !object.IsGone(derr) {
 			err = errors.Join(err, fmt.Errorf("and the copy (handle %d) could not be removed: %w", h, derr))
 		}
 		return 0, err
@@ -356,7 +318,7 @@ func (j *replication) existing(ctx context.Context) (pkcs11.ObjectHandle, error)
 		case same:
 			return h, nil
 		case different:
-			conflict = &ConflictError{Identity: j.src.id, Member: j.dname, Want: sf, Have: do.Fingerprint}
+			conflict = &object.ConflictError{Identity: j.src.id, Member: j.dname, Want: sf, Have: do.Fingerprint}
 		default:
 			conflict = fmt.Errorf("member %s already holds %s (handle %d) and the two cannot be compared: %w",
 				j.dname, j.src.id, h, errors.Join(sfErr, do.FpErr))
@@ -373,15 +335,15 @@ func ambiguous(err error) bool {
 }
 
 func removeIdentity(ctx context.Context, s object.Store, id object.Identity) error {
-	c := cleanupContext(ctx)
-	defer c.cancel()
-	hs, err := s.FindObjects(c.ctx, id.Template())
+	c := object.CleanupContext(ctx)
+	defer c.Cancel()
+	hs, err := s.FindObjects(c.Ctx, id.Template())
 	if err != nil {
 		return fmt.Errorf("and looking for a half-made copy failed: %w", err)
 	}
 	var errs []error
 	for _, h := range hs {
-		if err := s.DestroyObject(c.ctx, h); err != nil && !object.IsGone(err) {
+		if err := s.DestroyObject(c.Ctx, h); err != nil && !object.IsGone(err) {
 			errs = append(errs, fmt.Errorf("and a half-made copy (handle %d) could not be removed: %w", h, err))
 		}
 	}
@@ -443,7 +405,7 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		// template in the call's template, with the same value (else
 		// CKR_TEMPLATE_INCONSISTENT); the copy follows it where the
 		// source differs.
-		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, override(tmpl, unwrapTemplate(trusted)))
+		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, object.Override(tmpl, unwrapTemplate(trusted)))
 		return err
 	})
 	if err != nil {
@@ -463,22 +425,6 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		return 0, fmt.Errorf("unwrap under the domain key: %w", err)
 	}
 	return h, nil
-}
-
-// override returns tmpl with every attribute of forced replacing or
-// joining those of the same type.
-func override(tmpl, forced []*pkcs11.Attribute) []*pkcs11.Attribute {
-	out := make([]*pkcs11.Attribute, 0, len(tmpl)+len(forced))
-	isForced := map[uint]bool{}
-	for _, f := range forced {
-		isForced[f.Type] = true
-	}
-	for _, a := range tmpl {
-		if !isForced[a.Type] {
-			out = append(out, a)
-		}
-	}
-	return append(out, forced...)
 }
 
 // verify checks that the new copy h is the source. A key is proven by its

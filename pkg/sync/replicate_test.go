@@ -356,8 +356,8 @@ func TestReplicateConflict(t *testing.T) {
 	}{{"public", a.pub, b.pub}, {"private", a.priv, b.priv}} {
 		t.Run(h.name, func(t *testing.T) {
 			_, err := (&Replicator{GroupSerial: testSerial}).Replicate(testContext(t), src, h.src, Target{Slot: dst})
-			var ce *ConflictError
-			if !errors.Is(err, ErrConflict) || !errors.As(err, &ce) {
+			var ce *object.ConflictError
+			if !errors.Is(err, object.ErrConflict) || !errors.As(err, &ce) {
 				t.Fatalf("replicating over a different key with the same identity: %v, want a ConflictError", err)
 			}
 			want, have := mustFingerprint(t, src, h.src), mustFingerprint(t, dst, h.dst)

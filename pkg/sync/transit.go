@@ -116,7 +116,7 @@ func (sc *source) transitLocked(ctx context.Context) (*transitBlobs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("make a transit key on %s: %w", sc.name(), err)
 	}
-	defer destroyTransit(ctx, sc.slot, t)
+	defer object.Discard(ctx, sc.slot, t)
 	var b transitBlobs
 	err = sc.r.withDomainKey(ctx, sc.slot, func(dk pkcs11.ObjectHandle, _ bool) error {
 		var err error
@@ -143,22 +143,14 @@ func (j *replication) unwrapInTransit(ctx context.Context, dk pkcs11.ObjectHandl
 	if err != nil {
 		return 0, err
 	}
-	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, override(transitCopyTemplate(), unwrapTemplate(trusted)))
+	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, object.Override(transitCopyTemplate(), unwrapTemplate(trusted)))
 	if err != nil {
 		return 0, err
 	}
-	defer destroyTransit(ctx, j.ds, t)
+	defer object.Discard(ctx, j.ds, t)
 	h, err := j.ds.UnwrapKey(ctx, kwp, t, b.source, tmpl)
 	if err != nil {
 		return 0, fmt.Errorf("unwrap under the transit key: %w", err)
 	}
 	return h, nil
-}
-
-// destroyTransit destroys a transit key, even when ctx has expired. A
-// failure leaves a session object that goes with its session.
-func destroyTransit(ctx context.Context, s object.Store, t pkcs11.ObjectHandle) {
-	c := cleanupContext(ctx)
-	defer c.cancel()
-	_ = s.DestroyObject(c.ctx, t)
 }

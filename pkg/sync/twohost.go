@@ -50,9 +50,9 @@ func (r *Replicator) settlePairs(ctx context.Context, p *Plan, kept []copyDone, 
 			done = append(done, c)
 			continue
 		}
-		cc := cleanupContext(ctx)
-		err := p.slots[c.a.Member].DestroyObject(cc.ctx, c.dstH)
-		cc.cancel()
+		cc := object.CleanupContext(ctx)
+		err := p.slots[c.a.Member].DestroyObject(cc.Ctx, c.dstH)
+		cc.Cancel()
 		switch {
 		case err != nil && !object.IsGone(err):
 			res.Failed = append(res.Failed, ActionError{Action: c.a,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -70,7 +71,7 @@ func WrapOnlyFlaws(ctx context.Context, s *slot.Slot) ([]string, error) {
 			return append(flaws, "the token refuses an AES key that wraps only ("+pkcs11.Error(slot.CodeOf(err)).Error()+")"), nil
 		}
 	}
-	defer destroyTransit(ctx, s, h)
+	defer object.Discard(ctx, s, h)
 	more, _, err := auditDomainKey(ctx, s, h, false)
 	if err != nil {
 		return nil, fmt.Errorf("member %s: try a wrap-only key: %w", s.Name(), err)

@@ -168,3 +168,19 @@ func MechanismAllowed(a Attrs, mech uint) bool {
 	}
 	return false
 }
+
+// Override returns tmpl with every attribute of forced replacing or
+// joining those of the same type.
+func Override(tmpl, forced []*pkcs11.Attribute) []*pkcs11.Attribute {
+	out := make([]*pkcs11.Attribute, 0, len(tmpl)+len(forced))
+	isForced := map[uint]bool{}
+	for _, f := range forced {
+		isForced[f.Type] = true
+	}
+	for _, a := range tmpl {
+		if !isForced[a.Type] {
+			out = append(out, a)
+		}
+	}
+	return append(out, forced...)
+}
