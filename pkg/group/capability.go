@@ -11,6 +11,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -362,7 +363,7 @@ func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (
 			return sync.Way{}, false, err
 		}
 		err = g.rep.KeepsWrapOnlyKey(ctx, dst)
-		if !errors.Is(err, sync.ErrNoWrapOnlyKey) {
+		if !errors.Is(err, domainkey.ErrNoWrapOnlyKey) {
 			return sync.Way{}, false, err
 		}
 	}

@@ -71,7 +71,7 @@ const (
 	// group makes no key of those kinds. Reported once per change.
 	KeysUnholdable EventKind = "keys_unholdable"
 	// DomainKeyWeak: a member's domain key could be made to decrypt what it
-	// wraps (Err, a *sync.WeakDomainKeyError, names the key and each
+	// wraps (Err, a *domainkey.WeakError, names the key and each
 	// attribute at fault); nothing is replicated to or from the member
 	// until an operator replaces the key (hactl hagroup domain --replace).
 	// Reported once per member and set of flaws.

@@ -16,6 +16,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
@@ -636,7 +637,7 @@ func sourceUnwell(err error, p *member.Member) bool {
 // served the same read), or the primary's domain key failing its audit.
 func sourceRefused(err error, p *member.Member) bool {
 	var se *slot.Error
-	var we *hasync.WeakDomainKeyError
+	var we *domainkey.WeakError
 	if errors.As(err, &we) {
 		// The primary's domain key is weak: nothing leaves it.
 		return we.Member == p.Name()

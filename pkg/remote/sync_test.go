@@ -8,6 +8,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -22,14 +23,14 @@ func TestReplicateToRemoteMember(t *testing.T) {
 	rtok := srv.Token()
 	local, rem := open(t, ltok, 20*time.Second), open(t, rtok, 20*time.Second)
 	const serial = "4242"
-	err := sync.InstallDomainKey(ctxT(t), []sync.DomainTarget{
+	err := domainkey.Install(ctxT(t), []domainkey.Target{
 		{Slot: local, SOPIN: secret.PINFromString(ltok.SOPIN), UserPIN: secret.PINFromString(ltok.UserPIN)},
 		{Slot: rem, SOPIN: secret.PINFromString(rtok.SOPIN), UserPIN: secret.PINFromString(rtok.UserPIN)},
 	}, serial)
 	if err != nil {
-		t.Fatalf("InstallDomainKey on a local and a served member: %v", err)
+		t.Fatalf("domainkey.Install on a local and a served member: %v", err)
 	}
-	if _, err := sync.FindDomainKey(ctxT(t), rem, serial); err != nil {
+	if _, err := domainkey.Find(ctxT(t), rem, serial); err != nil {
 		t.Fatalf("served member: domain key: %v", err)
 	}
 

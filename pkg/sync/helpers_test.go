@@ -11,6 +11,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -166,16 +167,16 @@ func sameBytes(a, b []byte) bool { return len(a) > 0 && bytes.Equal(a, b) }
 // installDomain installs the domain key of serial on the slots.
 func installDomain(t *testing.T, serial string, trusted bool, ss []*slot.Slot, toks []testhsm.Token) {
 	t.Helper()
-	var ms []DomainTarget
+	var ms []domainkey.Target
 	for i, s := range ss {
-		m := DomainTarget{Slot: s}
+		m := domainkey.Target{Slot: s}
 		if trusted {
 			m.SOPIN = secret.PINFromString(toks[i].SOPIN)
 			m.UserPIN = secret.PINFromString(toks[i].UserPIN)
 		}
 		ms = append(ms, m)
 	}
-	if err := InstallDomainKey(testContext(t), ms, serial); err != nil {
+	if err := domainkey.Install(testContext(t), ms, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -63,7 +64,7 @@ func transitMechName(m uint) string {
 	case pkcs11.CKM_RSA_PKCS_OAEP:
 		return "CKM_RSA_PKCS_OAEP under the target's throwaway RSA key"
 	}
-	return mechanismName(m)
+	return domainkey.MechanismName(m)
 }
 
 // transitIV is the IV of a CBC trial: any fixed value does for a

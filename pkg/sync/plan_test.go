@@ -16,6 +16,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
@@ -47,7 +48,7 @@ func planMembersToks(t *testing.T, n int, ic slot.Interceptor) ([]sync.PlanMembe
 	t.Helper()
 	toks := testhsm.Take(t, n)
 	ms := make([]sync.PlanMember, n)
-	var dts []sync.DomainTarget
+	var dts []domainkey.Target
 	for i, tok := range toks {
 		s, err := slot.Open(planCtx(t), slot.Spec{
 			Name: fmt.Sprintf("m%d", i), Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label,
@@ -58,9 +59,9 @@ func planMembersToks(t *testing.T, n int, ic slot.Interceptor) ([]sync.PlanMembe
 		}
 		t.Cleanup(func() { s.Close() })
 		ms[i] = sync.PlanMember{Name: s.Name(), Slot: s}
-		dts = append(dts, sync.DomainTarget{Slot: s})
+		dts = append(dts, domainkey.Target{Slot: s})
 	}
-	if err := sync.InstallDomainKey(planCtx(t), dts, planSerial); err != nil {
+	if err := domainkey.Install(planCtx(t), dts, planSerial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 	return ms, toks

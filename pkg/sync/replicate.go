@@ -16,6 +16,7 @@ import (
 	"weak"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -56,14 +57,14 @@ func (t Target) store() object.Store {
 // the calls they come from. A Replicator must not be copied after first
 // use.
 type Replicator struct {
-	// GroupSerial selects the domain key: DomainLabel(GroupSerial).
+	// GroupSerial selects the domain key: domainkey.Label(GroupSerial).
 	GroupSerial string
 	// OnWeakDomainKey, when set, is told of a member whose domain key the
 	// audit found weak, once per member and set of flaws. Nothing is
 	// replicated to or from that member meanwhile (the copies fail with
-	// the same *WeakDomainKeyError). It is called on the replicating
+	// the same *domainkey.WeakError). It is called on the replicating
 	// goroutine and must not block.
-	OnWeakDomainKey func(*WeakDomainKeyError)
+	OnWeakDomainKey func(*domainkey.WeakError)
 	// Facts, when set, keeps beyond this process that a token refused the
 	// trial copies of a domain key (see trialKey).
 	Facts Facts
@@ -78,7 +79,7 @@ type Replicator struct {
 	refused map[string]bool // trialKey: domain keys whose trial copies the token refused
 }
 
-var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
+var kwp = pkcs11.NewMechanism(domainkey.Mechanism, nil)
 
 // Replicate makes the object srcH of src exist on dst and returns its
 // handle there.
@@ -91,8 +92,8 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // check rejects a blob made under a different key, which SoftHSM reports
 // as CKR_GENERAL_ERROR). A member that does not offer the mechanism (to
 // wrap on src, to unwrap on dst) gets an error wrapping
-// ErrMechanismUnavailable before anything is read or made. SoftHSM 2.6.1
-// cannot wrap EdDSA private keys (CKR_KEY_NOT_WRAPPABLE), so those cannot
+// domainkey.ErrMechanismUnavailable before anything is read or made.
+// SoftHSM 2.6.1 cannot wrap EdDSA private keys (CKR_KEY_NOT_WRAPPABLE), so those cannot
 // be replicated there. The unwrap template carries every attribute of the
 // source that a token accepts on unwrap: class, key type, CKA_ID,
 // CKA_LABEL, CKA_TOKEN, CKA_PRIVATE, CKA_SENSITIVE, CKA_EXTRACTABLE, usage
@@ -103,9 +104,9 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // after a trusted install (the domain key carries CKA_TRUSTED)
 // CKA_WRAP_WITH_TRUSTED. A key that must keep CKA_SENSITIVE=false or
 // CKA_WRAP_WITH_TRUSTED=false travels under a transit key instead
-// (transit.go). That template is the one InstallDomainKey
+// (transit.go). That template is the one domainkey.Install
 // writes, known from the flat CKA_TRUSTED; the audit of the domain key
-// reads it once per login epoch (see WeakDomainKeyError), not every copy. Key material (modulus, EC params, value length) comes
+// reads it once per login epoch (see domainkey.WeakError), not every copy. Key material (modulus, EC params, value length) comes
 // from the blob: SoftHSM refuses it in an unwrap template. Not copied:
 // CKA_TRUSTED (only the SO may set it), CKA_WRAP_TEMPLATE and the other
 // nested templates. Public keys, certificates and data objects are
@@ -405,7 +406,7 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		// template in the call's template, with the same value (else
 		// CKR_TEMPLATE_INCONSISTENT); the copy follows it where the
 		// source differs.
-		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, object.Override(tmpl, unwrapTemplate(trusted)))
+		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, object.Override(tmpl, domainkey.UnwrapTemplate(trusted)))
 		return err
 	})
 	if err != nil {
@@ -420,7 +421,7 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 			j.dkFailed = true
 			return 0, fmt.Errorf("unwrap under the domain key: %w (the domain keys of %s and %s differ, or the two wrap differently)", err, j.src.name(), j.dname)
 		case pkcs11.CKR_MECHANISM_INVALID:
-			return 0, &MechanismError{Member: j.dname, Mechanism: wrapMechanism, Use: "unwrap", Err: err}
+			return 0, &domainkey.MechanismError{Member: j.dname, Mechanism: domainkey.Mechanism, Use: "unwrap", Err: err}
 		}
 		return 0, fmt.Errorf("unwrap under the domain key: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -99,7 +100,7 @@ func TestReplicate(t *testing.T) {
 					}
 					// And the copy can be replicated onwards (back to a fresh
 					// member would need a third token; wrapping shows it).
-					dk, _ := FindDomainKey(ctx, dst, testSerial)
+					dk, _ := domainkey.Find(ctx, dst, testSerial)
 					if _, err := dst.WrapKey(ctx, kwp, dk, priv); err != nil {
 						t.Errorf("the copy cannot be wrapped by the trusted domain key: %v", err)
 					}

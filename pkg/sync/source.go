@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -179,7 +180,7 @@ func (sc *source) wrapLocked(ctx context.Context) ([]byte, error) {
 		case pkcs11.CKR_KEY_NOT_WRAPPABLE:
 			return nil, fmt.Errorf("wrap under the domain key on %s: %w (the token will not wrap this key: it may carry CKA_WRAP_WITH_TRUSTED while the domain key is not trusted, or be of a type the token cannot wrap, as EdDSA private keys on SoftHSM 2.6)", sc.name(), err)
 		case pkcs11.CKR_MECHANISM_INVALID:
-			return nil, &MechanismError{Member: sc.name(), Mechanism: wrapMechanism, Use: "wrap", Err: err}
+			return nil, &domainkey.MechanismError{Member: sc.name(), Mechanism: domainkey.Mechanism, Use: "wrap", Err: err}
 		}
 		return nil, fmt.Errorf("wrap under the domain key on %s: %w", sc.name(), err)
 	}

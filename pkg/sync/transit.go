@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -143,7 +144,7 @@ func (j *replication) unwrapInTransit(ctx context.Context, dk pkcs11.ObjectHandl
 	if err != nil {
 		return 0, err
 	}
-	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, object.Override(transitCopyTemplate(), unwrapTemplate(trusted)))
+	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, object.Override(transitCopyTemplate(), domainkey.UnwrapTemplate(trusted)))
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package sync
+package domainkey
 
 import (
 	"context"
@@ -12,33 +12,33 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// ErrWeakDomainKey is wrapped by errors saying a member's domain key could
+// ErrWeak is wrapped by errors saying a member's domain key could
 // be turned into more than a key that wraps and unwraps: a user with the
 // user PIN could make it decrypt the blobs it wraps, and so read every key
 // the group replicates. Nothing is replicated to or from such a member
-// until an operator replaces the key (ReplaceDomainKey). Use errors.As
-// with *WeakDomainKeyError for the member and the attributes at fault.
-var ErrWeakDomainKey = errors.New("weak domain key")
+// until an operator replaces the key (Replace). Use errors.As
+// with *WeakError for the member and the attributes at fault.
+var ErrWeak = errors.New("weak domain key")
 
-// WeakDomainKeyError says which attributes of Member's domain key Label
+// WeakError says which attributes of Member's domain key Label
 // are not what the ceremony makes.
-type WeakDomainKeyError struct {
+type WeakError struct {
 	Member string
 	Label  string
 	// Flaws name each attribute at fault, e.g. "CKA_MODIFIABLE=true".
 	Flaws []string
 }
 
-func (e *WeakDomainKeyError) Error() string {
+func (e *WeakError) Error() string {
 	return fmt.Sprintf("member %s: %v %q (%s): a user with the user PIN could make it decrypt what it wraps; nothing is replicated to or from this member until the key is replaced (hactl hagroup domain --replace)",
-		e.Member, ErrWeakDomainKey, e.Label, strings.Join(e.Flaws, ", "))
+		e.Member, ErrWeak, e.Label, strings.Join(e.Flaws, ", "))
 }
 
-// Unwrap makes errors.Is(err, ErrWeakDomainKey) true and gives the error
+// Unwrap makes errors.Is(err, ErrWeak) true and gives the error
 // a CKR code (CKR_KEY_FUNCTION_NOT_PERMITTED: the key may not serve), so
 // that slot.ClassOf takes it for a request error, never a health failure.
-func (e *WeakDomainKeyError) Unwrap() []error {
-	return []error{ErrWeakDomainKey, pkcs11.Error(pkcs11.CKR_KEY_FUNCTION_NOT_PERMITTED)}
+func (e *WeakError) Unwrap() []error {
+	return []error{ErrWeak, pkcs11.Error(pkcs11.CKR_KEY_FUNCTION_NOT_PERMITTED)}
 }
 
 // domainRule is one boolean attribute of the domain key and the value the
@@ -72,7 +72,7 @@ var domainRules = []domainRule{
 // given CKA_DECRYPT could not decrypt (CKR_MECHANISM_INVALID); that closes
 // the moment of a trusted ceremony when the key is still a public,
 // modifiable object.
-var domainMechanisms = []uint{wrapMechanism}
+var domainMechanisms = []uint{Mechanism}
 
 // allowedMechanismsValue encodes ms as a CK_MECHANISM_TYPE array.
 func allowedMechanismsValue(ms []uint) []byte {
@@ -103,16 +103,16 @@ type copier interface {
 
 var _ copier = (*slot.Slot)(nil)
 
-// auditDomainKey returns what is wrong with the domain key h on s (nil
+// AuditHandle returns what is wrong with the domain key h on s (nil
 // when nothing is): every attribute of domainRules read back,
 // CKA_ALLOWED_MECHANISMS, and the unwrap template (see unwrapFlaws). A key
 // the token leaves CKA_COPYABLE=true (SoftHSM 2.6.1 cannot clear it on the
 // private copy of a trusted ceremony) passes only if it is not modifiable
-// and the token refuses the copies of copyTrials, each tried as an
+// and the token refuses the copies of CopyTrials, each tried as an
 // attacker would — unless refused says this process saw the token refuse
 // them for this very key already (see Replicator.domainKey). tried
 // reports that the copies were tried, or skipped so, and refused.
-func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle, refused bool) (flaws []string, tried bool, err error) {
+func AuditHandle(ctx context.Context, s copier, h pkcs11.ObjectHandle, refused bool) (flaws []string, tried bool, err error) {
 	types := make([]uint, 0, len(domainRules)+1)
 	for _, r := range domainRules {
 		types = append(types, r.typ)
@@ -138,7 +138,7 @@ func auditDomainKey(ctx context.Context, s copier, h pkcs11.ObjectHandle, refuse
 		}
 	}
 	if !sameMechanisms(a[pkcs11.CKA_ALLOWED_MECHANISMS], domainMechanisms) {
-		flaws = append(flaws, "CKA_ALLOWED_MECHANISMS not only "+mechanismName(wrapMechanism))
+		flaws = append(flaws, "CKA_ALLOWED_MECHANISMS not only "+MechanismName(Mechanism))
 	}
 	uf, err := unwrapFlaws(ctx, s, h, a.Boolean(pkcs11.CKA_TRUSTED))
 	if err != nil {
@@ -191,12 +191,12 @@ func unwrapFlaws(ctx context.Context, s copier, h pkcs11.ObjectHandle, trusted b
 	return flaws, nil
 }
 
-// copyTrials are the copies a copyable domain key is tried with: each one
+// CopyTrials are the copies a copyable domain key is tried with: each one
 // that a token made would give up the key's secret (a copy that decrypts,
 // one that can be extracted or read, one that can be changed at will, one
 // allowed CKM_AES_ECB). Other usages (encrypt, sign, derive) would not
 // reveal what the key wraps, and each trial is a call on the member.
-var copyTrials = []struct {
+var CopyTrials = []struct {
 	name string
 	a    *pkcs11.Attribute
 }{
@@ -216,7 +216,7 @@ var copyTrials = []struct {
 // template, and destroys it then; a member killed in between keeps a
 // second, identical domain key.
 func copyFlaw(ctx context.Context, s copier, h pkcs11.ObjectHandle) (string, error) {
-	for _, tr := range copyTrials {
+	for _, tr := range CopyTrials {
 		c, err := s.CopyObject(ctx, h, []*pkcs11.Attribute{tr.a})
 		if err == nil {
 			clean := object.CleanupContext(ctx)
@@ -240,8 +240,8 @@ func sameMechanisms(v []byte, want []uint) bool {
 	return len(v) > 0 && string(v) == string(allowedMechanismsValue(want))
 }
 
-// DomainAudit is what AuditDomainKey found on one member.
-type DomainAudit struct {
+// AuditResult is what Audit found on one member.
+type AuditResult struct {
 	Member string
 	Label  string
 	// Found: the member holds the domain key (AES-256, private, wrap and
@@ -256,23 +256,23 @@ type DomainAudit struct {
 }
 
 // Weak reports whether a domain key was found and has flaws.
-func (d DomainAudit) Weak() bool { return d.Found && len(d.Flaws) > 0 }
+func (d AuditResult) Weak() bool { return d.Found && len(d.Flaws) > 0 }
 
-// AuditDomainKey finds the group's domain key on s and audits it (see
-// WeakDomainKeyError for what makes it weak). A member without one gives
+// Audit finds the group's domain key on s and audits it (see
+// WeakError for what makes it weak). A member without one gives
 // Found=false and no error; an error is the member failing to answer, or
 // two domain keys that differ (ErrConflict).
-func AuditDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) (DomainAudit, error) {
-	d := DomainAudit{Member: s.Name(), Label: DomainLabel(groupSerial)}
-	dk, err := findDomainKey(ctx, s, s.Name(), groupSerial)
+func Audit(ctx context.Context, s *slot.Slot, groupSerial string) (AuditResult, error) {
+	d := AuditResult{Member: s.Name(), Label: Label(groupSerial)}
+	dk, err := Lookup(ctx, s, s.Name(), groupSerial)
 	switch {
-	case errors.Is(err, ErrNoDomainKey):
+	case errors.Is(err, ErrNotFound):
 		return d, nil
 	case err != nil:
 		return d, err
 	}
-	d.Found, d.CheckValue, d.Trusted = true, dk.kcv, dk.trusted
-	flaws, _, err := auditDomainKey(ctx, s, dk.h, false)
+	d.Found, d.CheckValue, d.Trusted = true, dk.KCV, dk.Trusted
+	flaws, _, err := AuditHandle(ctx, s, dk.Handle, false)
 	if err != nil {
 		return d, fmt.Errorf("member %s: audit domain key %q: %w", s.Name(), d.Label, err)
 	}
@@ -281,9 +281,9 @@ func AuditDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) (Doma
 }
 
 // weakError is the error of a weak audit, nil for a sound one.
-func (d DomainAudit) weakError() error {
+func (d AuditResult) weakError() error {
 	if !d.Weak() {
 		return nil
 	}
-	return &WeakDomainKeyError{Member: d.Member, Label: d.Label, Flaws: d.Flaws}
+	return &WeakError{Member: d.Member, Label: d.Label, Flaws: d.Flaws}
 }
