@@ -78,36 +78,23 @@ func ReadMarks(ctx context.Context, s *slot.Slot, groupSerial string) ([]Mark, e
 }
 
 // WriteMark leaves on s a mark saying member missed a change that writer
-// made, and returns its handle.
+// made (Write: a state object of s's form), and returns its handle.
 func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer string) (pkcs11.ObjectHandle, error) {
-	if !s.LoggedIn() {
-		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, ErrNotLoggedIn)
-	}
-	tmpl, err := Template(s, MarkLabel(groupSerial, member), MarkApplication, []byte(writer), false)
+	o, err := Write(ctx, s, MarkLabel(groupSerial, member), MarkApplication, []byte(writer), nil)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("mark %s behind: %w", member, err)
 	}
-	h, err := s.CreateObject(ctx, tmpl)
-	if err != nil {
-		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, err)
-	}
-	return h, nil
+	return o.Handle, nil
 }
 
 // ClearMark removes mark k from the member it was read from; one already
 // gone is no error. The handle is checked to be that mark still (label
-// and writer) before it is destroyed: a handle kept across a re-login may
-// name another object by then.
+// and writer: DestroyIfSame) before it is destroyed: a handle kept across
+// a re-login may name another object by then.
 func ClearMark(ctx context.Context, groupSerial string, k Mark) error {
-	r, ok, err := Read(ctx, k.On, k.Handle, MarkApplication, true)
-	if err != nil || !ok || r.Label != MarkLabel(groupSerial, k.Member) || string(r.Value) != k.Writer {
-		if err != nil && !object.IsGone(err) && slot.ClassOf(err) != slot.ClassRequest {
-			return fmt.Errorf("member %s: read the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
-		}
-		return nil // gone, or no longer the mark
-	}
-	if err := k.On.DestroyObject(ctx, k.Handle); err != nil && !object.IsGone(err) {
-		return fmt.Errorf("member %s: clear the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
+	o := Object{Handle: k.Handle, Value: []byte(k.Writer)}
+	if err := DestroyIfSame(ctx, k.On, MarkLabel(groupSerial, k.Member), MarkApplication, o); err != nil {
+		return fmt.Errorf("clear the mark that %s is behind: %w", k.Member, err)
 	}
 	return nil
 }
