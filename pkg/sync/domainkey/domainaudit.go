@@ -95,15 +95,15 @@ func domainProtection() []*pkcs11.Attribute {
 	return append(t, pkcs11.NewAttribute(pkcs11.CKA_ALLOWED_MECHANISMS, allowedMechanismsValue(domainMechanisms)))
 }
 
-// copier is what the audit needs of a member: reading a key and trying to
+// Copier is what the audit needs of a member: reading a key and trying to
 // copy it.
-type copier interface {
+type Copier interface {
 	object.Store
 	CopyObject(ctx context.Context, h pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
 	GetNestedAttribute(ctx context.Context, h pkcs11.ObjectHandle, typ uint) ([]*pkcs11.Attribute, error)
 }
 
-var _ copier = (*slot.Slot)(nil)
+var _ Copier = (*slot.Slot)(nil)
 
 // AuditHandle returns what is wrong with the domain key h on s (nil
 // when nothing is): every attribute of domainRules read back,
@@ -114,7 +114,7 @@ var _ copier = (*slot.Slot)(nil)
 // attacker would — unless refused says this process saw the token refuse
 // them for this very key already (see Replicator.domainKey). tried
 // reports that the copies were tried, or skipped so, and refused.
-func AuditHandle(ctx context.Context, s copier, h pkcs11.ObjectHandle, refused bool) (flaws []string, tried bool, err error) {
+func AuditHandle(ctx context.Context, s Copier, h pkcs11.ObjectHandle, refused bool) (flaws []string, tried bool, err error) {
 	types := make([]uint, 0, len(domainRules)+1)
 	for _, r := range domainRules {
 		types = append(types, r.typ)
@@ -171,7 +171,7 @@ func AuditHandle(ctx context.Context, s copier, h pkcs11.ObjectHandle, refused b
 // value on any member) into a key whose value it reads; under a trusted
 // key, without CKA_WRAP_WITH_TRUSTED=true an unwrapped key could be
 // wrapped again under a key of the user's own.
-func unwrapFlaws(ctx context.Context, s copier, h pkcs11.ObjectHandle, trusted bool) ([]string, error) {
+func unwrapFlaws(ctx context.Context, s Copier, h pkcs11.ObjectHandle, trusted bool) ([]string, error) {
 	tmpl, err := s.GetNestedAttribute(ctx, h, pkcs11.CKA_UNWRAP_TEMPLATE)
 	if err != nil {
 		if slot.ClassOf(err) == slot.ClassRequest {
@@ -217,7 +217,7 @@ var CopyTrials = []struct {
 // is refused: SoftHSM commits the whole copy before it applies the
 // template, and destroys it then; a member killed in between keeps a
 // second, identical domain key.
-func copyFlaw(ctx context.Context, s copier, h pkcs11.ObjectHandle) (string, error) {
+func copyFlaw(ctx context.Context, s Copier, h pkcs11.ObjectHandle) (string, error) {
 	for _, tr := range CopyTrials {
 		c, err := s.CopyObject(ctx, h, []*pkcs11.Attribute{tr.a})
 		if err == nil {

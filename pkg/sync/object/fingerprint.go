@@ -103,7 +103,7 @@ type Result struct {
 	hasIdentity bool // Identity was read
 }
 
-func Read(ctx context.Context, s Store, member string, h pkcs11.ObjectHandle, pubs pubIndex) (Result, error) {
+func Read(ctx context.Context, s Store, member string, h pkcs11.ObjectHandle, pubs PubIndex) (Result, error) {
 	r, err := ReadIdent(ctx, s, member, h)
 	if err != nil {
 		return Result{}, err
@@ -171,13 +171,13 @@ func IdentityOf(a Attrs) (Identity, error) {
 	return Identity{Class: class, KeyType: kt, ID: a[pkcs11.CKA_ID], Label: string(a[pkcs11.CKA_LABEL])}, nil
 }
 
-// pubIndex finds the public keys that may be the other half of a private
+// PubIndex finds the public keys that may be the other half of a private
 // key: same key type, same non-empty CKA_ID. It returns their public-key
 // encodings.
-type pubIndex func(ctx context.Context, keyType uint, id []byte) ([][]byte, error)
+type PubIndex func(ctx context.Context, keyType uint, id []byte) ([][]byte, error)
 
 // FingerprintOf computes the fingerprint of h, of identity id, from a.
-func FingerprintOf(ctx context.Context, s Store, h pkcs11.ObjectHandle, id Identity, a Attrs, pubs pubIndex) ([]byte, error) {
+func FingerprintOf(ctx context.Context, s Store, h pkcs11.ObjectHandle, id Identity, a Attrs, pubs PubIndex) ([]byte, error) {
 	switch id.Class {
 	case pkcs11.CKO_PUBLIC_KEY:
 		enc, err := PublicKeyEncoding(ctx, s, h, id.KeyType, a, true)
@@ -270,7 +270,7 @@ func ownECPoint(ctx context.Context, s Store, h pkcs11.ObjectHandle, keyType uin
 }
 
 // FindPublicHalves looks the public halves up on the token.
-func FindPublicHalves(s Store) pubIndex {
+func FindPublicHalves(s Store) PubIndex {
 	return func(ctx context.Context, keyType uint, id []byte) ([][]byte, error) {
 		hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 			pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY),
