@@ -15,7 +15,8 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot/dispatch"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/spf13/cobra"
 )
 
@@ -270,7 +271,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 			return err
 		}
 	}
-	var targets []hasync.DomainTarget
+	var targets []domainkey.Target
 	var names []string
 	defer func() {
 		for _, t := range targets {
@@ -289,11 +290,11 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 			pin.Zero()
 			return report.NameMember(m.Name, err)
 		}
-		t := hasync.DomainTarget{Slot: s, UserPIN: pin}
+		t := domainkey.Target{Slot: s, UserPIN: pin}
 		// A member whose make keeps no wrap-only key gets no domain key, so
 		// no SO PIN is asked for it (NSS has no SO). A trial that fails is
 		// the ceremony's to report, in its own order.
-		flaws, err := hasync.WrapOnlyFlaws(ctx, s)
+		flaws, err := domainkey.WrapOnlyFlaws(ctx, s)
 		if !f.untrusted && (err != nil || len(flaws) == 0) {
 			if src, ok := sources[m.Name]; ok {
 				so, err := src.read()
@@ -322,9 +323,9 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 		targets = append(targets, t)
 		names = append(names, m.Name)
 	}
-	ceremony := hasync.InstallDomainKey
+	ceremony := domainkey.Install
 	if f.replace {
-		ceremony = hasync.ReplaceDomainKey
+		ceremony = domainkey.Replace
 	}
 	if err := ceremony(ctx, targets, g.Serial); err != nil {
 		return fmt.Errorf("group %q: %w%s", f.group, err, p11kitHint(g.Members, err))
@@ -333,7 +334,7 @@ func runDomainCeremony(ctx context.Context, a *app, f domainFlags) error {
 	// said, and not counted among the members that hold it.
 	var holders, without []string
 	for i, t := range targets {
-		d, err := hasync.AuditDomainKey(ctx, t.Slot, g.Serial)
+		d, err := domainkey.Audit(ctx, t.Slot, g.Serial)
 		if err == nil && !d.Found {
 			without = append(without, names[i])
 			continue
@@ -400,7 +401,7 @@ func runDomainCheck(ctx context.Context, a *app, f domainFlags) error {
 // auditMember opens member m logged in with its PIN source and audits its
 // domain key, within the group's command timeout.
 func auditMember(ctx context.Context, a *app, m config.Member, set config.Settings, serial string) domainCheckLine {
-	l := domainCheckLine{Member: m.Name, Label: hasync.DomainLabel(serial)}
+	l := domainCheckLine{Member: m.Name, Label: domainkey.Label(serial)}
 	fail := func(err error) domainCheckLine {
 		l.Status, l.Error = domainError, report.NameMember(m.Name, err).Error()
 		return l
@@ -421,14 +422,14 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		return fail(err)
 	}
 	defer s.Close()
-	d, err := hasync.AuditDomainKey(ctx, s, serial)
+	d, err := domainkey.Audit(ctx, s, serial)
 	if err != nil {
 		return fail(err)
 	}
 	l.Trusted, l.Flaws = d.Trusted, d.Flaws
 	if !d.Found {
 		// Missing, unless its make keeps none (the ceremony's own trial).
-		flaws, err := hasync.WrapOnlyFlaws(ctx, s)
+		flaws, err := domainkey.WrapOnlyFlaws(ctx, s)
 		if err != nil {
 			return fail(err)
 		}
@@ -451,7 +452,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 		l.Status = domainOK
 	}
 	if d.Found {
-		l.CheckValue = hasync.FormatFingerprint(d.CheckValue)
+		l.CheckValue = object.FormatFingerprint(d.CheckValue)
 	}
 	return l
 }
@@ -461,7 +462,7 @@ func auditMember(ctx context.Context, a *app, m config.Member, set config.Settin
 // RPC (0.24) carries neither CKM_AES_KEY_WRAP_PAD nor nested attributes
 // such as the domain key's CKA_UNWRAP_TEMPLATE.
 func p11kitHint(members []config.Member, err error) string {
-	if !errors.Is(err, hasync.ErrMechanismUnavailable) {
+	if !errors.Is(err, domainkey.ErrMechanismUnavailable) {
 		return ""
 	}
 	var names []string

@@ -11,7 +11,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -62,7 +62,7 @@ func olddomain(args []string) error {
 			pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 			pkcs11.NewAttribute(pkcs11.CKA_VALUE, value),
-			pkcs11.NewAttribute(pkcs11.CKA_LABEL, sync.DomainLabel(g.Serial)),
+			pkcs11.NewAttribute(pkcs11.CKA_LABEL, domainkey.Label(g.Serial)),
 			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
 			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
 			pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true),

@@ -11,6 +11,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/spf13/cobra"
 )
 
@@ -113,10 +114,10 @@ func lookAtObjects(ctx context.Context, a *app, g config.Group, set config.Setti
 			k := o.Key()
 			oc, ok := byKey[k]
 			if !ok {
-				oc = &objectCopies{Identity: o.String(), Class: sync.ClassName(o.Class), ID: fmt.Sprintf("%x", o.ID), Label: o.Label,
+				oc = &objectCopies{Identity: o.String(), Class: object.ClassName(o.Class), ID: fmt.Sprintf("%x", o.ID), Label: o.Label,
 					Holders: []string{}, Lacking: []string{}, Differs: []string{}}
-				if o.KeyType != sync.NoKeyType {
-					oc.KeyType = sync.KeyTypeName(o.KeyType)
+				if o.KeyType != object.NoKeyType {
+					oc.KeyType = object.KeyTypeName(o.KeyType)
 				}
 				byKey[k] = oc
 				fps[k] = o.Fingerprint
@@ -141,7 +142,7 @@ func lookAtObjects(ctx context.Context, a *app, g config.Group, set config.Setti
 }
 
 // readMember opens member m (with its own PIN source) and lists its objects.
-func readMember(ctx context.Context, a *app, m config.Member, set config.Settings) ([]sync.Object, error) {
+func readMember(ctx context.Context, a *app, m config.Member, set config.Settings) ([]object.Object, error) {
 	pin, err := m.ReadPIN()
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/miekg/pkcs11"
 	"github.com/spf13/cobra"
 )
@@ -228,13 +229,13 @@ func limit(n uint) uint {
 }
 
 // holdsGroupState tries, in the form the token's make takes, what the
-// group's state on a member needs (sync.ProbeState); nothing stays.
+// group's state on a member needs (state.Probe); nothing stays.
 func holdsGroupState(ctx context.Context, s *slot.Slot) stateJSON {
-	inPlace, err := sync.ProbeState(ctx, s)
+	inPlace, err := state.Probe(ctx, s)
 	if err != nil {
 		return stateJSON{Reason: err.Error()}
 	}
-	return stateJSON{Holds: true, Form: sync.StateFormName(s), InPlace: inPlace}
+	return stateJSON{Holds: true, Form: state.FormName(s), InPlace: inPlace}
 }
 
 // provePairsWith proves, in both directions, which ways keys of each class

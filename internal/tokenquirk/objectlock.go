@@ -320,7 +320,7 @@ func isNSS(manufacturer, model string) bool {
 // made is destroyed, the next one made gets the handle of a live object,
 // cannot be reached by its own handle, and a destroy by that handle
 // removes the other object. The group keeps no state on such a token
-// (pkg/sync.CarriesState): its state is rewritten and removed by handle.
+// (pkg/sync/state.Carries): its state is rewritten and removed by handle.
 // Measured on swtpm through tpm2-pkcs11 (manufacturer "IBM", model
 // "SW   TPM", the TPM's own strings); a hardware TPM shows its vendor's
 // and is added once measured.

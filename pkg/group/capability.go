@@ -11,6 +11,8 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -186,7 +188,7 @@ func (g *Group) targetsCannotHold(p *member.Member, targets []*member.Member, ms
 	var out sync.Refusals
 	for _, m := range append([]*member.Member{p}, targets...) {
 		for _, o := range ms {
-			k := o.obj.Kind()
+			k := sync.KindOf(o.obj.Identity)
 			if err := g.capability(m).Holds(k); err != nil && !byPairOnly(m) {
 				out = append(out, sync.Refusal{Member: m.Name(), Kind: k, Err: err})
 			}
@@ -207,7 +209,7 @@ func targetsRefused(targets []*member.Member, errs []error, ms []made, failedAt 
 		var se *slot.Error
 		if err := errs[i]; err != nil && errors.As(err, &se) && se.Member == t.Name() &&
 			slot.ClassOf(err) == slot.ClassRequest && !slot.Ambiguous(err) {
-			out = append(out, sync.Refusal{Member: t.Name(), Kind: ms[failedAt[i]].obj.Kind(), Err: err})
+			out = append(out, sync.Refusal{Member: t.Name(), Kind: sync.KindOf(ms[failedAt[i]].obj.Identity), Err: err})
 		}
 	}
 	return out
@@ -296,7 +298,7 @@ func pairKindName(k sync.Kind) string {
 	if k.Class == pkcs11.CKO_PRIVATE_KEY && k.KeyType == pkcs11.CKK_RSA {
 		return "RSA private key"
 	}
-	return sync.ClassName(k.Class)
+	return object.ClassName(k.Class)
 }
 
 // pairLacks lists the kinds of key p proved no way for.
@@ -361,7 +363,7 @@ func (g *Group) pairWay(ctx context.Context, src, dst *slot.Slot, k sync.Kind) (
 			return sync.Way{}, false, err
 		}
 		err = g.rep.KeepsWrapOnlyKey(ctx, dst)
-		if !errors.Is(err, sync.ErrNoWrapOnlyKey) {
+		if !errors.Is(err, domainkey.ErrNoWrapOnlyKey) {
 			return sync.Way{}, false, err
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -98,7 +98,7 @@ func (t *timedTombstones) Record(ctx context.Context, ts tombstone.Tombstone) er
 	return t.Shared.Record(ctx, ts)
 }
 
-func (t *timedTombstones) Revive(ctx context.Context, id hasync.Identity, fp []byte) (int, error) {
+func (t *timedTombstones) Revive(ctx context.Context, id object.Identity, fp []byte) (int, error) {
 	start := time.Now()
 	defer func() { t.revive += time.Since(start) }()
 	return t.Shared.Revive(ctx, id, fp)

@@ -16,7 +16,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -205,7 +205,7 @@ func TestAgentLoginReportsWeakDomainKey(t *testing.T) {
 				attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 				attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true),
 				attr(pkcs11.CKA_EXTRACTABLE, false), attr(pkcs11.CKA_WRAP, true), attr(pkcs11.CKA_UNWRAP, true),
-				attr(pkcs11.CKA_MODIFIABLE, true), attr(pkcs11.CKA_LABEL, hasync.DomainLabel(f.cfg.Serial)), attr(pkcs11.CKA_VALUE, value),
+				attr(pkcs11.CKA_MODIFIABLE, true), attr(pkcs11.CKA_LABEL, domainkey.Label(f.cfg.Serial)), attr(pkcs11.CKA_VALUE, value),
 			}); err != nil {
 				t.Fatal(err)
 			}

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 )
 
@@ -71,13 +71,13 @@ const (
 	// group makes no key of those kinds. Reported once per change.
 	KeysUnholdable EventKind = "keys_unholdable"
 	// DomainKeyWeak: a member's domain key could be made to decrypt what it
-	// wraps (Err, a *sync.WeakDomainKeyError, names the key and each
+	// wraps (Err, a *domainkey.WeakError, names the key and each
 	// attribute at fault); nothing is replicated to or from the member
 	// until an operator replaces the key (hactl hagroup domain --replace).
 	// Reported once per member and set of flaws.
 	DomainKeyWeak EventKind = "domain_key_weak"
 	// GroupStateFailed: group state on a member (a tombstone or a behind
-	// mark; see pkg/sync's StateLabel) could not be read or written
+	// mark; see pkg/sync/state's Label) could not be read or written
 	// (Err says which and why), or every serving member is marked behind
 	// by another (run hactl hagroup synchronize).
 	GroupStateFailed EventKind = "group_state_failed"
@@ -93,7 +93,7 @@ type Event struct {
 	// From and To are the member states of a member event.
 	From, To member.State
 	// Object is the identity of an object event.
-	Object sync.Identity
+	Object object.Identity
 	// Fingerprint of the object (or, for ConflictFound, one of the two).
 	Fingerprint []byte
 	// Other is the second fingerprint of a ConflictFound, or the other
@@ -130,7 +130,7 @@ type Tombstones interface {
 // account (a plan deletes a tombstoned version wherever it remains).
 // *tombstone.Journal and *tombstone.Memory implement it.
 type Reviver interface {
-	Revive(ctx context.Context, id sync.Identity, fingerprint []byte) (int, error)
+	Revive(ctx context.Context, id object.Identity, fingerprint []byte) (int, error)
 }
 
 func (g *Group) emit(e Event) {

@@ -13,7 +13,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -43,12 +43,12 @@ func Example() {
 
 	// Once per group: a domain key on every member, under which keys are
 	// replicated (`hactl hagroup domain` does this, trusted with the SO PIN).
-	var targets []sync.DomainTarget
+	var targets []domainkey.Target
 	for _, m := range g.Members() {
 		mm, _ := g.Member(m.Name)
-		targets = append(targets, sync.DomainTarget{Slot: mm.Slot()})
+		targets = append(targets, domainkey.Target{Slot: mm.Slot()})
 	}
-	if err := sync.InstallDomainKey(ctx, targets, g.Serial()); err != nil {
+	if err := domainkey.Install(ctx, targets, g.Serial()); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -64,7 +64,7 @@
 // it have ended.
 //
 // What every process on every host must agree on is kept on the members
-// (groupstate.go, pkg/sync's state.go and marker.go): a change made
+// (groupstate.go, pkg/sync/state's state.go and marker.go): a change made
 // while a member is out of rotation leaves, on every serving member, a
 // mark that the member missed it, and a process that logs in keeps every
 // member so marked out of rotation until it is caught up.
@@ -117,6 +117,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -265,7 +266,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 		marks:      newMarks(),
 	}
 	gr.rep.PairWay = gr.pairWay
-	gr.rep.OnWeakDomainKey = func(e *hasync.WeakDomainKeyError) {
+	gr.rep.OnWeakDomainKey = func(e *domainkey.WeakError) {
 		gr.emit(Event{Kind: DomainKeyWeak, Member: e.Member, Err: e})
 	}
 	gr.policy.Store(int32(pol))

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -32,7 +32,7 @@ func TestKeyGenerationReplicatesToEveryMember(t *testing.T) {
 		if n := len(findDirect(t, d, "replicated")); n != 2 {
 			t.Errorf("%s: %d objects labelled replicated, want 2", tok.Name, n)
 		}
-		fp, err := sync.Fingerprint(ctx, d, hs[0])
+		fp, err := object.Fingerprint(ctx, d, hs[0])
 		if err != nil {
 			t.Fatalf("%s: fingerprint: %v", tok.Name, err)
 		}

@@ -12,18 +12,18 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 )
 
 // Group state on the members (DESIGN.md, "Group state on the members"):
 // the behind marks that keep a member that missed changes out of every
-// process's rotation until it is caught up. See pkg/sync's marker.go
+// process's rotation until it is caught up. See pkg/sync/state's marker.go
 // for the rule.
 
 // StateSlots returns the slots of the members whose group state (see
-// pkg/sync's StateLabel) can be read and written now: serving (and,
+// pkg/sync/state's Label) can be read and written now: serving (and,
 // with recovering, being recovered), open, logged in, and of a make that
-// carries group state (hasync.CarriesState: not a tpm2-pkcs11 token). A plan reads a
+// carries group state (state.Carries: not a tpm2-pkcs11 token). A plan reads a
 // recovering member's too: it may hold a destroy no other member saw, and
 // its catch-up gives it what the others hold. Writes made outside a plan
 // go to the serving members only, as the objects themselves do.
@@ -35,7 +35,7 @@ func (g *Group) StateSlots(recovering bool) []*slot.Slot {
 		if !st.Serving() && !(recovering && st == member.Recovering) {
 			continue
 		}
-		if s := m.Slot(); s != nil && s.LoggedIn() && hasync.CarriesState(s) {
+		if s := m.Slot(); s != nil && s.LoggedIn() && state.Carries(s) {
 			out = append(out, s)
 		}
 	}
@@ -45,7 +45,7 @@ func (g *Group) StateSlots(recovering bool) []*slot.Slot {
 // untold refuses a change of an object (a destroy, an attribute change)
 // that a member out of rotation would miss while no serving member
 // carries the group's state (each is of a make that carries none:
-// hasync.CarriesState): no mark could tell another host that the member
+// state.Carries): no mark could tell another host that the member
 // is behind, and that host's catch-up would undo the change — bring a
 // destroyed key back (DESIGN.md, "Group state on every make"). The change
 // can be made again once a member that carries the state serves, or
@@ -58,7 +58,7 @@ func (g *Group) untold(op string) error {
 			missed = append(missed, m.Name())
 			continue
 		}
-		if s := m.Slot(); s == nil || hasync.CarriesState(s) {
+		if s := m.Slot(); s == nil || state.Carries(s) {
 			carried = true
 		}
 	}
@@ -79,20 +79,20 @@ type marks struct {
 	mine map[string]map[*slot.Slot]ownMark
 	// read: member under recovery → the marks naming it read before its
 	// catch-up's first listing, which its activation clears.
-	read map[string][]hasync.Mark
+	read map[string][]state.Mark
 }
 
 // ownMark is a mark this process left, with the slot's Epoch then: while
 // it has not changed, the handle still names the mark.
 type ownMark struct {
-	hasync.Mark
+	state.Mark
 	epoch uint64
 }
 
 func newMarks() *marks {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
-	return &marks{writer: hex.EncodeToString(b), mine: map[string]map[*slot.Slot]ownMark{}, read: map[string][]hasync.Mark{}}
+	return &marks{writer: hex.EncodeToString(b), mine: map[string]map[*slot.Slot]ownMark{}, read: map[string][]state.Mark{}}
 }
 
 // markMissed runs after every object change through the group (see
@@ -127,7 +127,7 @@ func (g *Group) markMissed(ctx context.Context) {
 		wg.Go(func() {
 			for _, name := range missed {
 				epoch := s.Epoch()
-				h, err := hasync.WriteMark(ctx, s, g.serial, name, g.marks.writer)
+				h, err := state.WriteMark(ctx, s, g.serial, name, g.marks.writer)
 				if err != nil {
 					g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: fmt.Errorf("member %s missed a change, and %s could not be told: %w", name, s.Name(), err)})
 					continue
@@ -135,7 +135,7 @@ func (g *Group) markMissed(ctx context.Context) {
 				mine := g.marks.mine[name]
 				mu.Lock()
 				old, had := mine[s]
-				mine[s] = ownMark{Mark: hasync.Mark{Member: name, Writer: g.marks.writer, On: s, Handle: h}, epoch: epoch}
+				mine[s] = ownMark{Mark: state.Mark{Member: name, Writer: g.marks.writer, On: s, Handle: h}, epoch: epoch}
 				mu.Unlock()
 				if !had {
 					continue
@@ -144,7 +144,7 @@ func (g *Group) markMissed(ctx context.Context) {
 				if old.epoch == epoch {
 					_ = s.DestroyObject(ctx, old.Handle)
 				} else {
-					_ = hasync.ClearMark(ctx, g.serial, old.Mark)
+					_ = state.ClearMark(ctx, g.serial, old.Mark)
 				}
 			}
 		})
@@ -154,13 +154,13 @@ func (g *Group) markMissed(ctx context.Context) {
 
 // readMarks reads the behind marks on every serving member, in parallel.
 // A member that cannot be read is reported and left out.
-func (g *Group) readMarks(ctx context.Context, recovering bool) []hasync.Mark {
+func (g *Group) readMarks(ctx context.Context, recovering bool) []state.Mark {
 	slots := g.StateSlots(recovering)
-	found := make([][]hasync.Mark, len(slots))
+	found := make([][]state.Mark, len(slots))
 	var wg sync.WaitGroup
 	for i, s := range slots {
 		wg.Go(func() {
-			ks, err := hasync.ReadMarks(ctx, s, g.serial)
+			ks, err := state.ReadMarks(ctx, s, g.serial)
 			if err != nil {
 				g.emit(Event{Kind: GroupStateFailed, Member: s.Name(), Err: err})
 				return
@@ -169,7 +169,7 @@ func (g *Group) readMarks(ctx context.Context, recovering bool) []hasync.Mark {
 		})
 	}
 	wg.Wait()
-	var out []hasync.Mark
+	var out []state.Mark
 	for _, ks := range found {
 		out = append(out, ks...)
 	}
@@ -189,7 +189,7 @@ func (g *Group) admitMembers(ctx context.Context) []string {
 	if len(ks) == 0 {
 		return nil
 	}
-	why := map[string]hasync.Mark{}
+	why := map[string]state.Mark{}
 	for _, k := range ks {
 		if k.On.Name() != k.Member {
 			why[k.Member] = k
@@ -224,7 +224,7 @@ func (g *Group) admitMembers(ctx context.Context) []string {
 // noteMarks reads the marks naming member m, before its catch-up lists
 // anything, for its activation to clear.
 func (g *Group) noteMarks(ctx context.Context, m *member.Member) {
-	var mine []hasync.Mark
+	var mine []state.Mark
 	for _, k := range g.readMarks(ctx, true) {
 		if k.Member == m.Name() {
 			mine = append(mine, k)
@@ -284,7 +284,7 @@ func (g *Group) clearMarks(ctx context.Context, name string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
 	defer cancel()
 	for _, k := range ks {
-		if err := hasync.ClearMark(ctx, g.serial, k); err != nil {
+		if err := state.ClearMark(ctx, g.serial, k); err != nil {
 			g.emit(Event{Kind: GroupStateFailed, Member: k.On.Name(), Err: err})
 		}
 	}
@@ -293,7 +293,7 @@ func (g *Group) clearMarks(ctx context.Context, name string) {
 // BehindMarks returns the behind marks on the serving members, for a
 // caller that is about to make them equal (a synchronize) and may then
 // clear the marks it read before (ClearBehindMarks).
-func (g *Group) BehindMarks(ctx context.Context) []hasync.Mark {
+func (g *Group) BehindMarks(ctx context.Context) []state.Mark {
 	return g.readMarks(ctx, false)
 }
 
@@ -301,14 +301,14 @@ func (g *Group) BehindMarks(ctx context.Context) []hasync.Mark {
 // synchronisation that made every serving member equal: the changes they
 // tell of were in its listing. Only marks naming a serving member go; a
 // member out of rotation was not synchronised.
-func (g *Group) ClearBehindMarks(ctx context.Context, ks []hasync.Mark) {
+func (g *Group) ClearBehindMarks(ctx context.Context, ks []state.Mark) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.commandDeadline())
 	defer cancel()
 	for _, k := range ks {
 		if m, ok := g.Member(k.Member); !ok || !m.State().Serving() {
 			continue
 		}
-		if err := hasync.ClearMark(ctx, g.serial, k); err != nil {
+		if err := state.ClearMark(ctx, g.serial, k); err != nil {
 			g.emit(Event{Kind: GroupStateFailed, Member: k.On.Name(), Err: err})
 		}
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -216,7 +216,7 @@ func openDirect(t testing.TB, tok testhsm.Token) *slot.Slot {
 // trusted (made by the SO) or not.
 func installDomain(t testing.TB, serial string, toks []testhsm.Token, trusted bool) {
 	t.Helper()
-	var targets []hasync.DomainTarget
+	var targets []domainkey.Target
 	var slots []*slot.Slot
 	for _, tok := range toks {
 		s, err := slot.Open(testContext(t), slot.Spec{
@@ -227,14 +227,14 @@ func installDomain(t testing.TB, serial string, toks []testhsm.Token, trusted bo
 			t.Fatalf("open %s for the domain key: %v", tok.Name, err)
 		}
 		slots = append(slots, s)
-		dt := hasync.DomainTarget{Slot: s}
+		dt := domainkey.Target{Slot: s}
 		if trusted {
 			dt.SOPIN = secret.PINFromString(tok.SOPIN)
 			dt.UserPIN = secret.PINFromString(tok.UserPIN)
 		}
 		targets = append(targets, dt)
 	}
-	err := hasync.InstallDomainKey(testContext(t), targets, serial)
+	err := domainkey.Install(testContext(t), targets, serial)
 	for _, s := range slots {
 		s.Close()
 	}

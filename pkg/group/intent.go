@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -31,7 +31,7 @@ func (g *Group) intend(ctx context.Context, op string, ins []intent) *tombstone.
 		if !in.token || !in.classKnown {
 			continue // a session object dies with its session; an unknown class names nothing
 		}
-		id := sync.Identity{Class: in.class, KeyType: sync.NoKeyType}
+		id := object.Identity{Class: in.class, KeyType: object.NoKeyType}
 		if i := attrIndex(in.tmpl, pkcs11.CKA_ID); i >= 0 && len(in.tmpl[i].Value) > 0 {
 			id.ID = in.tmpl[i].Value
 		}

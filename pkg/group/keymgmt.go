@@ -16,6 +16,8 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -134,7 +136,7 @@ func (g *Group) domainTrusted(ctx context.Context, m *member.Member) bool {
 type made struct {
 	in  intent
 	h   pkcs11.ObjectHandle
-	obj hasync.Object
+	obj object.Object
 	// fresh: no object on the primary had the identity before the call
 	// (leftover.Searches.Held), so no serving member, which holds what the
 	// group holds, has it either.
@@ -220,9 +222,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		}
 	}
 	for i := range ms {
-		var obj hasync.Object
+		var obj object.Object
 		if _, err := g.call(ctx, p, func() (err error) {
-			obj, err = hasync.ReadObject(ctx, p.Slot(), ms[i].h)
+			obj, err = object.ReadObject(ctx, p.Slot(), ms[i].h)
 			return err
 		}); err != nil {
 			undo()
@@ -237,7 +239,7 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		if obj.Token && ms[i].in.explicitID && !ms[i].fresh {
 			var dup []pkcs11.ObjectHandle
 			if _, err := g.call(ctx, p, func() (err error) {
-				dup, err = p.Slot().FindObjects(ctx, hasync.TokenTemplate(obj.Identity))
+				dup, err = p.Slot().FindObjects(ctx, object.TokenTemplate(obj.Identity))
 				return err
 			}); err != nil {
 				undo()
@@ -316,12 +318,12 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 // a catch-up may delete the object. It returns the objects whose
 // tombstones it revoked: should the creation be undone, they are
 // destroyed again and get a tombstone again.
-func (g *Group) revive(ctx context.Context, ms []made) []hasync.Object {
+func (g *Group) revive(ctx context.Context, ms []made) []object.Object {
 	r, ok := g.tombstones.(Reviver)
 	if !ok {
 		return nil
 	}
-	var out []hasync.Object
+	var out []object.Object
 	for _, m := range ms {
 		if !m.obj.Token || m.obj.Fingerprint == nil {
 			continue
@@ -342,7 +344,7 @@ func (g *Group) revive(ctx context.Context, ms []made) []hasync.Object {
 // revive revoked for a creation that was then undone: the object is
 // destroyed again, and copies of it on a member that was away must not
 // come back.
-func (g *Group) rebury(ctx context.Context, objs []hasync.Object) {
+func (g *Group) rebury(ctx context.Context, objs []object.Object) {
 	for _, o := range objs {
 		t := tombstone.Tombstone{Identity: o.Identity, Fingerprint: o.Fingerprint, Time: time.Now(), GroupSerial: g.serial}
 		if err := g.tombstones.Record(context.WithoutCancel(ctx), t); err != nil {
@@ -635,7 +637,7 @@ func sourceUnwell(err error, p *member.Member) bool {
 // served the same read), or the primary's domain key failing its audit.
 func sourceRefused(err error, p *member.Member) bool {
 	var se *slot.Error
-	var we *hasync.WeakDomainKeyError
+	var we *domainkey.WeakError
 	if errors.As(err, &we) {
 		// The primary's domain key is weak: nothing leaves it.
 		return we.Member == p.Name()
@@ -674,7 +676,7 @@ func gone(err error) bool {
 // replicationFailed reports the failure and fails the member: it no longer
 // holds what the group holds, so it must not serve until recovery has
 // brought it up to date.
-func (g *Group) replicationFailed(m *member.Member, id hasync.Identity, err error) {
+func (g *Group) replicationFailed(m *member.Member, id object.Identity, err error) {
 	g.emit(Event{Kind: ReplicationFailed, Member: m.Name(), Object: id, Err: err})
 	g.failMember(m, fmt.Errorf("replication of %v: %w", id, err))
 }
@@ -984,7 +986,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vtable.Object, m *member.M
 	}
 	var hs []pkcs11.ObjectHandle
 	if _, err := g.call(ctx, m, func() (err error) {
-		hs, err = m.Slot().FindObjects(ctx, hasync.TokenTemplate(id))
+		hs, err = m.Slot().FindObjects(ctx, object.TokenTemplate(id))
 		return err
 	}); err != nil {
 		g.copiesLeft(ctx, m, id, err)
@@ -1008,7 +1010,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vtable.Object, m *member.M
 
 // copiesLeft reports that m may still hold a copy of the destroyed id:
 // a member that failed for it is failed, so that its recovery removes it.
-func (g *Group) copiesLeft(ctx context.Context, m *member.Member, id hasync.Identity, err error) {
+func (g *Group) copiesLeft(ctx context.Context, m *member.Member, id object.Identity, err error) {
 	if ctx.Err() != nil || slot.ClassOf(err) != slot.ClassHealth {
 		return
 	}

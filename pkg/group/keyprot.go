@@ -10,7 +10,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -315,7 +315,7 @@ func (g *Group) valueLenOn(ctx context.Context, o *vtable.Object, m *member.Memb
 	}
 	var blob []byte
 	if _, err := g.call(ctx, m, func() error {
-		dk, err := sync.FindDomainKey(ctx, m.Slot(), g.serial)
+		dk, err := domainkey.Find(ctx, m.Slot(), g.serial)
 		if err != nil {
 			return err
 		}

@@ -3,7 +3,7 @@ package group
 import (
 	"github.com/hagroup/hagroup/pkg/group/leftover"
 	"github.com/hagroup/hagroup/pkg/group/vtable"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 )
 
 // newLeftovers returns the searches for what a creation of ins leaves on
@@ -14,7 +14,7 @@ func newLeftovers(ins []intent, inputs []*vtable.Object) leftover.Searches {
 	for i, in := range ins {
 		calls[i] = leftover.Call{Template: in.tmpl, Token: in.token, Class: in.class, ClassKnown: in.classKnown, ExplicitID: in.explicitID}
 	}
-	var first *sync.Identity
+	var first *object.Identity
 	if len(inputs) > 0 {
 		id := inputs[0].Identity()
 		first = &id

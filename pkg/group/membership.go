@@ -14,6 +14,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -413,14 +414,14 @@ func wrappedClass(class uint) bool {
 // member did not receive because a mechanism it lacks made replication to
 // it impossible.
 type Unreplicated struct {
-	Object hasync.Identity
+	Object object.Identity
 	Time   time.Time
 }
 
 type skippedObject = Unreplicated
 
 // forgetSkipped drops id from every member's list (it was destroyed).
-func (g *Group) forgetSkipped(id hasync.Identity) {
+func (g *Group) forgetSkipped(id object.Identity) {
 	k := id.Key()
 	g.skipMu.Lock()
 	defer g.skipMu.Unlock()

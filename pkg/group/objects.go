@@ -12,6 +12,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -43,10 +44,10 @@ func (g *Group) object(op string, h ObjectHandle) (*vtable.Object, error) {
 
 // Identity returns what the group knows object h by: its class, key type,
 // CKA_ID and CKA_LABEL, without asking a member.
-func (g *Group) Identity(h ObjectHandle) (hasync.Identity, error) {
+func (g *Group) Identity(h ObjectHandle) (object.Identity, error) {
 	o, err := g.object("Identity", h)
 	if err != nil {
-		return hasync.Identity{}, err
+		return object.Identity{}, err
 	}
 	return o.Identity(), nil
 }
@@ -133,7 +134,7 @@ func (g *Group) resolve(ctx context.Context, o *vtable.Object, m *member.Member)
 		// findOn: a member whose login ended under the group would
 		// answer [] for a private object, and it would be taken as
 		// absent there (skipped by a destroy, which then leaves it).
-		hs, err = g.findOn(ctx, m, s, hasync.TokenTemplate(id))
+		hs, err = g.findOn(ctx, m, s, object.TokenTemplate(id))
 		return err
 	}); err != nil {
 		return 0, err
@@ -194,8 +195,8 @@ func (g *Group) verifyRef(ctx context.Context, o *vtable.Object, m *member.Membe
 func (g *Group) fingerprint(ctx context.Context, m *member.Member, h pkcs11.ObjectHandle) ([]byte, error) {
 	var fp []byte
 	class, err := g.call(ctx, m, func() (err error) {
-		fp, err = hasync.Fingerprint(ctx, m.Slot(), h)
-		if errors.Is(err, hasync.ErrNoFingerprint) {
+		fp, err = object.Fingerprint(ctx, m.Slot(), h)
+		if errors.Is(err, object.ErrNoFingerprint) {
 			return nil
 		}
 		return err
@@ -387,14 +388,14 @@ func (g *Group) findEvery(ctx context.Context, ms []*member.Member, tmpl []*pkcs
 func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) ([]ObjectHandle, error) {
 	ep := m.Epoch()
 	type found struct {
-		id hasync.Identity
+		id object.Identity
 		hs []pkcs11.ObjectHandle
 	}
 	var order []string
 	byKey := map[string]*found{}
 	var out []ObjectHandle
 	for _, h := range hs {
-		id, token, ok, err := hasync.ReadIdentity(ctx, s, h)
+		id, token, ok, err := object.ReadIdentity(ctx, s, h)
 		if err != nil {
 			return nil, err
 		}
@@ -431,8 +432,8 @@ func (g *Group) internFound(ctx context.Context, m *member.Member, s *slot.Slot,
 		var first []byte
 		conflict := false
 		for i, h := range f.hs {
-			fp, err := hasync.Fingerprint(ctx, s, h)
-			if err != nil && !errors.Is(err, hasync.ErrNoFingerprint) {
+			fp, err := object.Fingerprint(ctx, s, h)
+			if err != nil && !errors.Is(err, object.ErrNoFingerprint) {
 				if slot.ClassOf(err) == slot.ClassHealth {
 					return nil, err
 				}
@@ -471,7 +472,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 		g.ensureActive()
 		ms = g.serving()
 	}
-	lists := make([][]hasync.Object, len(ms))
+	lists := make([][]object.Object, len(ms))
 	epochs := make([]uint64, len(ms))
 	errs := make([]error, len(ms))
 	var wg sync.WaitGroup
@@ -486,7 +487,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 				if i == 0 {
 					lists[i], err = hasync.List(ctx, m.Slot())
 				} else {
-					lists[i], err = hasync.ListIdentities(ctx, m.Slot())
+					lists[i], err = object.ListIdentities(ctx, m.Slot())
 				}
 				return err
 			})

@@ -16,6 +16,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -672,7 +673,7 @@ func TestFailAndActivateMember(t *testing.T) {
 	if err := f.g.ActivateMember(ctx, "nobody"); !errors.Is(err, ErrUnknownMember) {
 		t.Errorf("ActivateMember(unknown): %v", err)
 	}
-	_ = sync.NoKeyType
+	_ = object.NoKeyType
 }
 
 func TestOpenWithAMemberDown(t *testing.T) {

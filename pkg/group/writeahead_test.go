@@ -9,7 +9,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -36,7 +36,7 @@ func otherProcess(t *testing.T, f *fixture) *tombstone.Set {
 }
 
 // objectOf returns the identity and fingerprint the group knows h by.
-func objectOf(t *testing.T, g *Group, h ObjectHandle) (hasync.Identity, []byte) {
+func objectOf(t *testing.T, g *Group, h ObjectHandle) (object.Identity, []byte) {
 	t.Helper()
 	o, ok := g.objs.Get(h)
 	if !ok {

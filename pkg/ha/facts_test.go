@@ -13,7 +13,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -113,14 +113,14 @@ func TestFactsHideNoReplacedDomainKey(t *testing.T) {
 	}
 	victim := toks[1]
 	s := direct(t, victim)
-	if err := sync.RemoveDomainKey(ctx, s, cfg.Serial); err != nil {
+	if err := domainkey.Remove(ctx, s, cfg.Serial); err != nil {
 		t.Fatal(err)
 	}
 	value := make([]byte, 32)
 	rand.Read(value)
 	if _, err := s.CreateObject(ctx, []*pkcs11.Attribute{
 		a(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), a(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-		a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, sync.DomainLabel(cfg.Serial)),
+		a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, domainkey.Label(cfg.Serial)),
 		a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_PRIVATE, true), a(pkcs11.CKA_SENSITIVE, true),
 		a(pkcs11.CKA_EXTRACTABLE, false), a(pkcs11.CKA_WRAP, true), a(pkcs11.CKA_UNWRAP, true),
 		a(pkcs11.CKA_MODIFIABLE, true),

@@ -45,6 +45,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/recover"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/hagroup/hagroup/pkg/tokenfacts"
 )
@@ -260,7 +261,7 @@ func (h *Group) Recover(ctx context.Context, name string) (recover.Result, error
 // clears the behind marks naming them that it read before it listed them
 // (DESIGN.md, "Group state on the members").
 func (h *Group) Synchronize(ctx context.Context, opts recover.SyncOptions) (*recover.SyncReport, error) {
-	var marks []hasync.Mark
+	var marks []state.Mark
 	if !opts.Check {
 		marks = h.g.BehindMarks(ctx)
 	}

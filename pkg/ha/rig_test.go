@@ -24,6 +24,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -113,7 +114,7 @@ type rigOpts struct {
 	interval time.Duration
 	retries  int
 	// plainDomain installs the domain key with a plain CreateObject (p11-kit
-	// 0.24 cannot carry InstallDomainKey's nested template); otherwise it
+	// 0.24 cannot carry domainkey.Install's nested template); otherwise it
 	// is installed trusted.
 	plainDomain bool
 	noDomain    bool
@@ -211,7 +212,7 @@ func installDomain(t testing.TB, serial string, toks []testhsm.Token, plain bool
 			s := direct(t, tok)
 			tmpl := []*pkcs11.Attribute{
 				a(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), a(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-				a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, hasync.DomainLabel(serial)),
+				a(pkcs11.CKA_VALUE, value), a(pkcs11.CKA_LABEL, domainkey.Label(serial)),
 				a(pkcs11.CKA_TOKEN, true), a(pkcs11.CKA_PRIVATE, true), a(pkcs11.CKA_SENSITIVE, true),
 				a(pkcs11.CKA_EXTRACTABLE, false), a(pkcs11.CKA_WRAP, true), a(pkcs11.CKA_UNWRAP, true),
 				// The protection the engine's audit asks of a domain key.
@@ -235,12 +236,12 @@ func installDomain(t testing.TB, serial string, toks []testhsm.Token, plain bool
 		}
 		return
 	}
-	var targets []hasync.DomainTarget
+	var targets []domainkey.Target
 	for _, tok := range toks {
-		targets = append(targets, hasync.DomainTarget{Slot: direct(t, tok),
+		targets = append(targets, domainkey.Target{Slot: direct(t, tok),
 			SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN)})
 	}
-	if err := hasync.InstallDomainKey(testCtx(t), targets, serial); err != nil {
+	if err := domainkey.Install(testCtx(t), targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }

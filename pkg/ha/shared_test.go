@@ -17,7 +17,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -221,7 +221,7 @@ func TestGroupStateIsHiddenFromTheApplication(t *testing.T) {
 	if err := s.DestroyObject(ctx, o); err != nil {
 		t.Fatal(err)
 	}
-	label := hasync.StateLabel(h.cfg.Serial, tombstone.StateKind)
+	label := state.Label(h.cfg.Serial, tombstone.StateKind)
 	for _, tok := range h.toks {
 		objs, err := direct(t, tok).FindObjects(ctx, []*pkcs11.Attribute{a(pkcs11.CKA_APPLICATION, tombstone.Application)})
 		if err != nil || len(objs) == 0 {
@@ -323,7 +323,7 @@ func TestFreshHostKeepsABehindMemberOutOfRotation(t *testing.T) {
 		t.Fatalf("%s holds %d of the %d missed objects after its recovery", away, len(got), 2*missed)
 	}
 	for _, tok := range h.toks[:2] {
-		ks, err := hasync.ReadMarks(ctx, direct(t, tok), h.cfg.Serial)
+		ks, err := state.ReadMarks(ctx, direct(t, tok), h.cfg.Serial)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +386,7 @@ func TestPartitionedHostsMarkEachOther(t *testing.T) {
 		if fmt.Sprint(got) != "[side-a side-b]" {
 			t.Errorf("%s holds %v after the synchronize (plan %v), want both sides", tok.Name, got, rep.Plan.Actions)
 		}
-		if ks, err := hasync.ReadMarks(ctx, direct(t, tok), h.cfg.Serial); err != nil || len(ks) != 0 {
+		if ks, err := state.ReadMarks(ctx, direct(t, tok), h.cfg.Serial); err != nil || len(ks) != 0 {
 			t.Errorf("%s holds behind marks %v after the members were made equal (%v)", tok.Name, ks, err)
 		}
 	}

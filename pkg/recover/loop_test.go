@@ -15,6 +15,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"golang.org/x/sys/unix"
 )
 
@@ -625,7 +626,7 @@ func TestHostLock(t *testing.T) {
 
 func TestConflictKeepsMemberOut(t *testing.T) {
 	conflict := hasync.Conflict{
-		Identity: hasync.Identity{Class: 3, KeyType: 3, ID: []byte{1}, Label: "dup"},
+		Identity: object.Identity{Class: 3, KeyType: 3, ID: []byte{1}, Label: "dup"},
 		Versions: []hasync.Version{{Fingerprint: []byte{0xaa}, Members: []string{"a", "c"}}, {Fingerprint: []byte{0xbb}, Members: []string{"b"}}},
 	}
 	h := newHarness(t, -1, func(o *Options) {
@@ -641,7 +642,7 @@ func TestConflictKeepsMemberOut(t *testing.T) {
 		t.Fatalf("conflict event: %+v", ce)
 	}
 	f := h.ev.next(t, AttemptFailed)
-	if !errors.Is(f.Err, hasync.ErrConflict) {
+	if !errors.Is(f.Err, object.ErrConflict) {
 		t.Fatalf("failure cause: %v", f.Err)
 	}
 	if state, _, acts := h.eng.get("b"); state != "failed" || acts != 0 {

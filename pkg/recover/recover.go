@@ -78,6 +78,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -214,8 +215,8 @@ func (e *ConflictError) Error() string {
 		e.Member, len(e.Conflicts), strings.Join(parts, "; "))
 }
 
-// Unwrap makes errors.Is(err, sync.ErrConflict) true.
-func (e *ConflictError) Unwrap() error { return hasync.ErrConflict }
+// Unwrap makes errors.Is(err, object.ErrConflict) true.
+func (e *ConflictError) Unwrap() error { return object.ErrConflict }
 
 // Options configure a Recoverer.
 type Options struct {

@@ -24,6 +24,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -166,11 +167,11 @@ func newRig(t testing.TB, o rigOpts) *rig {
 
 	// The group's domain key, on every member.
 	if len(o.served) == 0 {
-		var dts []hasync.DomainTarget
+		var dts []domainkey.Target
 		for _, tok := range r.toks {
-			dts = append(dts, hasync.DomainTarget{Slot: r.direct(tok, "-install")})
+			dts = append(dts, domainkey.Target{Slot: r.direct(tok, "-install")})
 		}
-		if err := hasync.InstallDomainKey(rigCtx(t), dts, serial); err != nil {
+		if err := domainkey.Install(rigCtx(t), dts, serial); err != nil {
 			t.Fatalf("install domain key: %v", err)
 		}
 		for _, dt := range dts {
@@ -232,10 +233,10 @@ func (r *rig) importEC(label string) {
 }
 
 // plainDomainKey installs one random AES-256 domain key on every member
-// with a plain CreateObject. InstallDomainKey cannot be used across
+// with a plain CreateObject. domainkey.Install cannot be used across
 // p11-kit 0.24: its RPC refuses the attribute-array CKA_UNWRAP_TEMPLATE
-// that InstallDomainKey puts on the key (CKR_DEVICE_ERROR). The key made
-// here is what Replicator looks for (FindDomainKey) without that extra
+// that domainkey.Install puts on the key (CKR_DEVICE_ERROR). The key made
+// here is what Replicator looks for (domainkey.Find) without that extra
 // guard, which these tests do not exercise.
 func (r *rig) plainDomainKey(serial string) {
 	r.t.Helper()
@@ -245,7 +246,7 @@ func (r *rig) plainDomainKey(serial string) {
 		s := r.direct(tok, "-install")
 		_, err := s.CreateObject(rigCtx(r.t), []*pkcs11.Attribute{
 			rigA(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), rigA(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-			rigA(pkcs11.CKA_VALUE, value), rigA(pkcs11.CKA_LABEL, hasync.DomainLabel(serial)),
+			rigA(pkcs11.CKA_VALUE, value), rigA(pkcs11.CKA_LABEL, domainkey.Label(serial)),
 			rigA(pkcs11.CKA_TOKEN, true), rigA(pkcs11.CKA_PRIVATE, true), rigA(pkcs11.CKA_SENSITIVE, true),
 			rigA(pkcs11.CKA_EXTRACTABLE, false), rigA(pkcs11.CKA_WRAP, true), rigA(pkcs11.CKA_UNWRAP, true),
 			rigA(pkcs11.CKA_ENCRYPT, false), rigA(pkcs11.CKA_DECRYPT, false),

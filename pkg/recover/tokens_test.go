@@ -29,6 +29,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -299,7 +300,7 @@ func TestConflictKeepsMemberOutOfRotation(t *testing.T) {
 
 	_, err = r.rec.Recover(rigCtx(t), victim)
 	var ce *ConflictError
-	if !errors.Is(err, hasync.ErrConflict) || !errors.As(err, &ce) {
+	if !errors.Is(err, object.ErrConflict) || !errors.As(err, &ce) {
 		t.Fatalf("recover with a conflict: %v", err)
 	}
 	if st := r.state(victim); st != member.Failed {
@@ -307,7 +308,7 @@ func TestConflictKeepsMemberOutOfRotation(t *testing.T) {
 	}
 	msg := err.Error()
 	for _, fp := range [][]byte{oldFP, newFP} {
-		if !strings.Contains(msg, hasync.FormatFingerprint(fp)) {
+		if !strings.Contains(msg, object.FormatFingerprint(fp)) {
 			t.Fatalf("conflict error lacks fingerprint %x: %s", fp, msg)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -21,14 +23,14 @@ func TestReplicateToRemoteMember(t *testing.T) {
 	rtok := srv.Token()
 	local, rem := open(t, ltok, 20*time.Second), open(t, rtok, 20*time.Second)
 	const serial = "4242"
-	err := sync.InstallDomainKey(ctxT(t), []sync.DomainTarget{
+	err := domainkey.Install(ctxT(t), []domainkey.Target{
 		{Slot: local, SOPIN: secret.PINFromString(ltok.SOPIN), UserPIN: secret.PINFromString(ltok.UserPIN)},
 		{Slot: rem, SOPIN: secret.PINFromString(rtok.SOPIN), UserPIN: secret.PINFromString(rtok.UserPIN)},
 	}, serial)
 	if err != nil {
-		t.Fatalf("InstallDomainKey on a local and a served member: %v", err)
+		t.Fatalf("domainkey.Install on a local and a served member: %v", err)
 	}
-	if _, err := sync.FindDomainKey(ctxT(t), rem, serial); err != nil {
+	if _, err := domainkey.Find(ctxT(t), rem, serial); err != nil {
 		t.Fatalf("served member: domain key: %v", err)
 	}
 
@@ -45,11 +47,11 @@ func TestReplicateToRemoteMember(t *testing.T) {
 	signVerify(t, rem, rpriv, local, pub)
 	signVerify(t, local, priv, rem, rpub)
 	for _, h := range [][2]pkcs11.ObjectHandle{{priv, rpriv}, {pub, rpub}} {
-		a, err := sync.Fingerprint(ctxT(t), local, h[0])
+		a, err := object.Fingerprint(ctxT(t), local, h[0])
 		if err != nil {
 			t.Fatalf("local fingerprint: %v", err)
 		}
-		b, err := sync.Fingerprint(ctxT(t), rem, h[1])
+		b, err := object.Fingerprint(ctxT(t), rem, h[1])
 		if err != nil {
 			t.Fatalf("served fingerprint: %v", err)
 		}

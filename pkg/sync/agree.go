@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -49,29 +50,29 @@ type PairWay func(ctx context.Context, src, dst *slot.Slot, k Kind) (way Way, cr
 // agreeKeyPair is a throwaway P-256 key pair whose private half derives
 // only.
 func agreeKeyPair(ctx context.Context, s agreer) (point []byte, priv, pub pkcs11.ObjectHandle, err error) {
-	session := []*pkcs11.Attribute{boolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel)}
+	session := []*pkcs11.Attribute{object.BoolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel)}
 	pub, priv, err = s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
-		append(session, pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, derP256), boolAttr(pkcs11.CKA_VERIFY, false)),
-		append(session, boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_DERIVE, true), boolAttr(pkcs11.CKA_SIGN, false),
-			boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, false)))
+		append(session, pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, derP256), object.BoolAttr(pkcs11.CKA_VERIFY, false)),
+		append(session, object.BoolAttr(pkcs11.CKA_PRIVATE, true), object.BoolAttr(pkcs11.CKA_DERIVE, true), object.BoolAttr(pkcs11.CKA_SIGN, false),
+			object.BoolAttr(pkcs11.CKA_SENSITIVE, true), object.BoolAttr(pkcs11.CKA_EXTRACTABLE, false)))
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("make a key pair to agree a transit key: %w", err)
 	}
-	a, err := readAttrs(ctx, s, pub, []uint{pkcs11.CKA_EC_POINT})
-	if err == nil && !a.nonEmpty(pkcs11.CKA_EC_POINT) {
+	a, err := object.ReadAttrs(ctx, s, pub, []uint{pkcs11.CKA_EC_POINT})
+	if err == nil && !a.NonEmpty(pkcs11.CKA_EC_POINT) {
 		err = errors.New("the token does not show it")
 	}
 	if err != nil {
-		destroyTransit(ctx, s, pub)
-		destroyTransit(ctx, s, priv)
+		object.Discard(ctx, s, pub)
+		object.Discard(ctx, s, priv)
 		return nil, 0, 0, fmt.Errorf("read the agreement key's point: %w", err)
 	}
-	return ecPoint(a[pkcs11.CKA_EC_POINT]), priv, pub, nil
+	return object.ECPoint(a[pkcs11.CKA_EC_POINT]), priv, pub, nil
 }
 
 // agreer is a member, or a session of one, that can agree a key.
 type agreer interface {
-	store
+	object.Store
 	GenerateKeyPair(ctx context.Context, m *pkcs11.Mechanism, pub, priv []*pkcs11.Attribute) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error)
 	GenerateKey(ctx context.Context, m *pkcs11.Mechanism, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
 	DeriveKey(ctx context.Context, m *pkcs11.Mechanism, base pkcs11.ObjectHandle, tmpl []*pkcs11.Attribute) (pkcs11.ObjectHandle, error)
@@ -91,14 +92,14 @@ func agreedKey(ctx context.Context, s agreer, priv pkcs11.ObjectHandle, other []
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel),
-		boolAttr(pkcs11.CKA_TOKEN, false),
-		boolAttr(pkcs11.CKA_PRIVATE, true),
-		boolAttr(pkcs11.CKA_SENSITIVE, true),
-		boolAttr(pkcs11.CKA_EXTRACTABLE, false),
-		boolAttr(pkcs11.CKA_WRAP, wrap),
-		boolAttr(pkcs11.CKA_UNWRAP, !wrap),
-		boolAttr(pkcs11.CKA_ENCRYPT, false),
-		boolAttr(pkcs11.CKA_DECRYPT, false),
+		object.BoolAttr(pkcs11.CKA_TOKEN, false),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, true),
+		object.BoolAttr(pkcs11.CKA_SENSITIVE, true),
+		object.BoolAttr(pkcs11.CKA_EXTRACTABLE, false),
+		object.BoolAttr(pkcs11.CKA_WRAP, wrap),
+		object.BoolAttr(pkcs11.CKA_UNWRAP, !wrap),
+		object.BoolAttr(pkcs11.CKA_ENCRYPT, false),
+		object.BoolAttr(pkcs11.CKA_DECRYPT, false),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("derive the agreed transit key: %w", err)
@@ -132,8 +133,8 @@ func (sc *source) agreeHalf(ctx context.Context) (*agreement, error) {
 // dropAgreement destroys the source's key pair.
 func (sc *source) dropAgreement(ctx context.Context) {
 	if sc.agreed != nil {
-		destroyTransit(ctx, sc.slot, sc.agreed.priv)
-		destroyTransit(ctx, sc.slot, sc.agreed.pub)
+		object.Discard(ctx, sc.slot, sc.agreed.priv)
+		object.Discard(ctx, sc.slot, sc.agreed.pub)
 		sc.agreed = nil
 	}
 }
@@ -157,10 +158,10 @@ func (j *replication) createCrossed(ctx context.Context, tmpl []*pkcs11.Attribut
 	if err != nil {
 		return 0, err
 	}
-	if !a.boolean(pkcs11.CKA_EXTRACTABLE) {
+	if !a.Boolean(pkcs11.CKA_EXTRACTABLE) {
 		return 0, fmt.Errorf("the key is not extractable (CKA_EXTRACTABLE=false on %s), so it cannot be wrapped", j.src.name())
 	}
-	if a.boolean(pkcs11.CKA_WRAP_WITH_TRUSTED) {
+	if a.Boolean(pkcs11.CKA_WRAP_WITH_TRUSTED) {
 		return 0, j.src.notCrossing(j.dname)
 	}
 	ds, ok := j.ds.(agreer)
@@ -217,17 +218,17 @@ func (j *replication) agreeTransit(ctx context.Context, ds agreer) (wrapper, unw
 			d()
 		}
 	}
-	made = append(made, func() { destroyTransit(ctx, ds, pub) }, func() { destroyTransit(ctx, ds, priv) })
+	made = append(made, func() { object.Discard(ctx, ds, pub) }, func() { object.Discard(ctx, ds, priv) })
 	if unwrapper, err = agreedKey(ctx, ds, priv, half.point, false); err != nil {
 		drop()
 		return 0, 0, nil, err
 	}
-	made = append(made, func() { destroyTransit(ctx, ds, unwrapper) })
+	made = append(made, func() { object.Discard(ctx, ds, unwrapper) })
 	if wrapper, err = agreedKey(ctx, j.src.slot, half.priv, point, true); err != nil {
 		drop()
 		return 0, 0, nil, fmt.Errorf("on %s: %w", j.src.name(), err)
 	}
-	made = append(made, func() { destroyTransit(ctx, j.src.slot, wrapper) })
+	made = append(made, func() { object.Discard(ctx, j.src.slot, wrapper) })
 	return wrapper, unwrapper, drop, nil
 }
 
@@ -246,17 +247,17 @@ func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, 
 		return 0, 0, nil, fmt.Errorf(format, err)
 	}
 	secret := func(wrap bool) []*pkcs11.Attribute {
-		return []*pkcs11.Attribute{boolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel),
+		return []*pkcs11.Attribute{object.BoolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel),
 			pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-			boolAttr(pkcs11.CKA_PRIVATE, true), boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, wrap),
-			boolAttr(pkcs11.CKA_WRAP, wrap), boolAttr(pkcs11.CKA_UNWRAP, !wrap), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_DECRYPT, false)}
+			object.BoolAttr(pkcs11.CKA_PRIVATE, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, true), object.BoolAttr(pkcs11.CKA_EXTRACTABLE, wrap),
+			object.BoolAttr(pkcs11.CKA_WRAP, wrap), object.BoolAttr(pkcs11.CKA_UNWRAP, !wrap), object.BoolAttr(pkcs11.CKA_ENCRYPT, false), object.BoolAttr(pkcs11.CKA_DECRYPT, false)}
 	}
 	if wrapper, err = src.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil),
 		append(secret(true), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32))); err != nil {
 		return fail("on "+src.Name()+": make the transit key: %w", err)
 	}
 	dropKeys := drop
-	drop = func() { destroyTransit(ctx, src, wrapper); dropKeys() }
+	drop = func() { object.Discard(ctx, src, wrapper); dropKeys() }
 	for _, m := range []*pkcs11.Mechanism{transitMech(pkcs11.CKM_RSA_PKCS_OAEP), pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil)} {
 		var blob []byte
 		if blob, err = src.WrapKey(ctx, m, srcPub, wrapper); err == nil {
@@ -265,7 +266,7 @@ func transportTransit(ctx context.Context, src *slot.Slot, ds agreer) (wrapper, 
 		}
 		if err == nil {
 			dropRest := drop
-			drop = func() { destroyTransit(ctx, ds, unwrapper); dropRest() }
+			drop = func() { object.Discard(ctx, ds, unwrapper); dropRest() }
 			return wrapper, unwrapper, drop, nil
 		}
 		if slot.ClassOf(err) != slot.ClassRequest {
@@ -293,18 +294,18 @@ func transportKeys(ctx context.Context, src agreer, srcName string, ds agreer, p
 		drop()
 		return 0, 0, nil, fmt.Errorf(format, err)
 	}
-	session := []*pkcs11.Attribute{boolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel)}
+	session := []*pkcs11.Attribute{object.BoolAttr(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel)}
 	pub, priv, err := ds.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 		append(slices.Clone(session), pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048), pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}),
-			boolAttr(pkcs11.CKA_WRAP, false), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_VERIFY, false)),
-		append(slices.Clone(session), boolAttr(pkcs11.CKA_PRIVATE, private), boolAttr(pkcs11.CKA_UNWRAP, true), boolAttr(pkcs11.CKA_DECRYPT, false),
-			boolAttr(pkcs11.CKA_SIGN, false), boolAttr(pkcs11.CKA_SENSITIVE, true), boolAttr(pkcs11.CKA_EXTRACTABLE, false)))
+			object.BoolAttr(pkcs11.CKA_WRAP, false), object.BoolAttr(pkcs11.CKA_ENCRYPT, false), object.BoolAttr(pkcs11.CKA_VERIFY, false)),
+		append(slices.Clone(session), object.BoolAttr(pkcs11.CKA_PRIVATE, private), object.BoolAttr(pkcs11.CKA_UNWRAP, true), object.BoolAttr(pkcs11.CKA_DECRYPT, false),
+			object.BoolAttr(pkcs11.CKA_SIGN, false), object.BoolAttr(pkcs11.CKA_SENSITIVE, true), object.BoolAttr(pkcs11.CKA_EXTRACTABLE, false)))
 	if err != nil {
 		return fail("make a key pair for RSA key transport: %w", err)
 	}
-	made = append(made, func() { destroyTransit(ctx, ds, pub) }, func() { destroyTransit(ctx, ds, priv) })
-	a, err := readAttrs(ctx, ds, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
-	if err == nil && (!a.nonEmpty(pkcs11.CKA_MODULUS) || !a.nonEmpty(pkcs11.CKA_PUBLIC_EXPONENT)) {
+	made = append(made, func() { object.Discard(ctx, ds, pub) }, func() { object.Discard(ctx, ds, priv) })
+	a, err := object.ReadAttrs(ctx, ds, pub, []uint{pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT})
+	if err == nil && (!a.NonEmpty(pkcs11.CKA_MODULUS) || !a.NonEmpty(pkcs11.CKA_PUBLIC_EXPONENT)) {
 		err = errors.New("the token does not show it")
 	}
 	if err != nil {
@@ -313,11 +314,11 @@ func transportKeys(ctx context.Context, src agreer, srcName string, ds agreer, p
 	srcPub, err := src.CreateObject(ctx, append(slices.Clone(session),
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_RSA),
 		pkcs11.NewAttribute(pkcs11.CKA_MODULUS, a[pkcs11.CKA_MODULUS]), pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, a[pkcs11.CKA_PUBLIC_EXPONENT]),
-		boolAttr(pkcs11.CKA_WRAP, true), boolAttr(pkcs11.CKA_ENCRYPT, false), boolAttr(pkcs11.CKA_VERIFY, false)))
+		object.BoolAttr(pkcs11.CKA_WRAP, true), object.BoolAttr(pkcs11.CKA_ENCRYPT, false), object.BoolAttr(pkcs11.CKA_VERIFY, false)))
 	if err != nil {
 		return fail("on "+srcName+": import the transport key: %w", err)
 	}
-	made = append(made, func() { destroyTransit(ctx, src, srcPub) })
+	made = append(made, func() { object.Discard(ctx, src, srcPub) })
 	return srcPub, priv, drop, nil
 }
 
@@ -353,19 +354,19 @@ func unwrapThenProtect(ctx context.Context, ds agreer, m *pkcs11.Mechanism, unwr
 			first = append(first, a)
 		}
 	}
-	h, err := ds.UnwrapKey(ctx, m, unwrapper, blob, append(first, boolAttr(pkcs11.CKA_TOKEN, false)))
+	h, err := ds.UnwrapKey(ctx, m, unwrapper, blob, append(first, object.BoolAttr(pkcs11.CKA_TOKEN, false)))
 	if err != nil {
 		return 0, err
 	}
-	defer destroyTransit(ctx, ds, h)
-	got, err := readAttrs(ctx, ds, h, laterTypes)
+	defer object.Discard(ctx, ds, h)
+	got, err := object.ReadAttrs(ctx, ds, h, laterTypes)
 	if err != nil {
 		return 0, fmt.Errorf("read the unwrapped copy's protection: %w", err)
 	}
 	var set []*pkcs11.Attribute
 	for t, v := range want {
-		if got.boolean(t) != v {
-			set = append(set, boolAttr(t, v))
+		if got.Boolean(t) != v {
+			set = append(set, object.BoolAttr(t, v))
 		}
 	}
 	if len(set) > 0 {
@@ -376,19 +377,19 @@ func unwrapThenProtect(ctx context.Context, ds agreer, m *pkcs11.Mechanism, unwr
 	if !token {
 		return 0, errors.New("a copy that is not a token object")
 	}
-	cp, err := c.CopyObject(ctx, h, []*pkcs11.Attribute{boolAttr(pkcs11.CKA_TOKEN, true)})
+	cp, err := c.CopyObject(ctx, h, []*pkcs11.Attribute{object.BoolAttr(pkcs11.CKA_TOKEN, true)})
 	if err != nil {
 		return 0, fmt.Errorf("copy the unwrapped copy to a token object: %w", err)
 	}
-	if got, err = readAttrs(ctx, ds, cp, laterTypes); err == nil {
+	if got, err = object.ReadAttrs(ctx, ds, cp, laterTypes); err == nil {
 		for t, v := range want {
-			if got.boolean(t) != v {
-				err = fmt.Errorf("attribute 0x%x reads %v on the copy, the source's is %v", t, got.boolean(t), v)
+			if got.Boolean(t) != v {
+				err = fmt.Errorf("attribute 0x%x reads %v on the copy, the source's is %v", t, got.Boolean(t), v)
 			}
 		}
 	}
 	if err != nil {
-		destroyTransit(ctx, ds, cp)
+		object.Discard(ctx, ds, cp)
 		return 0, fmt.Errorf("the copy does not keep the source's protection: %w", err)
 	}
 	return cp, nil

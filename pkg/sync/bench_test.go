@@ -11,6 +11,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -67,7 +68,7 @@ func BenchmarkReplicate(b *testing.B) {
 	toks := testhsm.Take(b, 2)
 	src, dst := benchSlot(b, toks[0]), benchSlot(b, toks[1])
 	ctx := context.Background()
-	if err := InstallDomainKey(ctx, []DomainTarget{{Slot: src}, {Slot: dst}}, "bench"); err != nil {
+	if err := domainkey.Install(ctx, []domainkey.Target{{Slot: src}, {Slot: dst}}, "bench"); err != nil {
 		b.Fatal(err)
 	}
 	r := &Replicator{GroupSerial: "bench"}
@@ -115,7 +116,7 @@ func BenchmarkReplicateCrowded(b *testing.B) {
 	toks := testhsm.Take(b, 2)
 	src, dst := benchSlot(b, toks[0]), benchSlot(b, toks[1])
 	ctx := context.Background()
-	if err := InstallDomainKey(ctx, []DomainTarget{{Slot: src}, {Slot: dst}}, "bench"); err != nil {
+	if err := domainkey.Install(ctx, []domainkey.Target{{Slot: src}, {Slot: dst}}, "bench"); err != nil {
 		b.Fatal(err)
 	}
 	r := &Replicator{GroupSerial: "bench"}
@@ -159,11 +160,11 @@ func BenchmarkKeygenReplicated(b *testing.B) {
 	toks := testhsm.Take(b, 3)
 	ss := []*slot.Slot{benchSlot(b, toks[0]), benchSlot(b, toks[1]), benchSlot(b, toks[2])}
 	ctx := context.Background()
-	targets := make([]DomainTarget, len(ss))
+	targets := make([]domainkey.Target, len(ss))
 	for i, s := range ss {
-		targets[i] = DomainTarget{Slot: s}
+		targets[i] = domainkey.Target{Slot: s}
 	}
-	if err := InstallDomainKey(ctx, targets, "bench"); err != nil {
+	if err := domainkey.Install(ctx, targets, "bench"); err != nil {
 		b.Fatal(err)
 	}
 	r := &Replicator{GroupSerial: "bench"}

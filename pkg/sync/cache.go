@@ -9,58 +9,9 @@ import (
 	"weak"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
-
-// ErrMechanismUnavailable is wrapped by errors saying that a member cannot
-// do what replication asks of it: wrap or unwrap with
-// CKM_AES_KEY_WRAP_PAD. It says what the member is, not how it is: such a
-// member can hold no replica of a private or secret key, and nothing is
-// wrong with its health (p11-kit 0.24's client, for one, does not carry
-// the mechanism). slot.ClassOf puts these errors in ClassRequest. Use
-// errors.As with *MechanismError for the member and the mechanism.
-var ErrMechanismUnavailable = errors.New("mechanism unavailable")
-
-// MechanismError says that Member cannot Use Mechanism.
-type MechanismError struct {
-	Member    string
-	Mechanism uint   // CKM_ value
-	Use       string // "wrap", "unwrap" or "wrap and unwrap"
-	// Err is the module's answer (CKR_MECHANISM_INVALID…); nil when the
-	// module offers the mechanism but not for this use.
-	Err error
-}
-
-func (e *MechanismError) Error() string {
-	why := "the module does not offer it"
-	if e.Err == nil {
-		why = "the module offers it, but not to " + e.Use
-	} else if slot.CodeOf(e.Err) != pkcs11.CKR_MECHANISM_INVALID {
-		why = e.Err.Error()
-	}
-	return fmt.Sprintf("member %s: %v: it cannot %s with %s (%s), so it can neither give nor take replicas of private and secret keys",
-		e.Member, ErrMechanismUnavailable, e.Use, mechanismName(e.Mechanism), why)
-}
-
-// Unwrap makes errors.Is(err, ErrMechanismUnavailable) true and keeps the
-// module's answer (or CKR_MECHANISM_INVALID) in the chain for slot.ClassOf
-// and slot.CodeOf.
-func (e *MechanismError) Unwrap() []error {
-	if e.Err != nil {
-		return []error{ErrMechanismUnavailable, e.Err}
-	}
-	return []error{ErrMechanismUnavailable, pkcs11.Error(pkcs11.CKR_MECHANISM_INVALID)}
-}
-
-func mechanismName(m uint) string {
-	switch m {
-	case pkcs11.CKM_AES_KEY_WRAP_PAD:
-		return "CKM_AES_KEY_WRAP_PAD"
-	case pkcs11.CKM_AES_KEY_WRAP:
-		return "CKM_AES_KEY_WRAP"
-	}
-	return fmt.Sprintf("mechanism 0x%x", m)
-}
 
 // memo is what a Replicator remembers of one member between calls, for
 // one login epoch of its slot (slot.Slot.Epoch): the handle of the domain
@@ -174,14 +125,14 @@ func (r *Replicator) domainKey(ctx context.Context, s *slot.Slot) (h pkcs11.Obje
 	// The epoch is read before the search: a re-login during it leaves a
 	// memo of the old epoch, which is never used.
 	epoch := s.Epoch()
-	dk, err := findDomainKey(ctx, s, s.Name(), r.GroupSerial)
+	dk, err := domainkey.Lookup(ctx, s, s.Name(), r.GroupSerial)
 	if err != nil {
 		return 0, false, false, err
 	}
-	trial := trialKey(s, dk.kcv)
-	flaws, refused, err := auditDomainKey(ctx, s, dk.h, r.copiesRefused(trial))
+	trial := trialKey(s, dk.KCV)
+	flaws, refused, err := domainkey.AuditHandle(ctx, s, dk.Handle, r.copiesRefused(trial))
 	if err != nil {
-		return 0, false, false, fmt.Errorf("member %s: audit domain key %q: %w", s.Name(), DomainLabel(r.GroupSerial), err)
+		return 0, false, false, fmt.Errorf("member %s: audit domain key %q: %w", s.Name(), domainkey.Label(r.GroupSerial), err)
 	}
 	if refused {
 		r.noteCopiesRefused(trial)
@@ -191,8 +142,8 @@ func (r *Replicator) domainKey(ctx context.Context, s *slot.Slot) (h pkcs11.Obje
 		// replaced key.
 		return 0, false, false, werr
 	}
-	r.remember(s, epoch, func(m *memo) { m.dk, m.trusted = dk.h, dk.trusted })
-	return dk.h, dk.trusted, false, nil
+	r.remember(s, epoch, func(m *memo) { m.dk, m.trusted = dk.Handle, dk.Trusted })
+	return dk.Handle, dk.Trusted, false, nil
 }
 
 // trialKey names the domain key of check value kcv on s's token for the
@@ -252,7 +203,7 @@ func (r *Replicator) rememberRefused(k string) {
 // unwrap under it in this login epoch would, so that a weak key is
 // reported (OnWeakDomainKey) before any use (the agent's login asks it);
 // a sound key is remembered for the epoch. It returns what that first use would
-// meet: nil, a *WeakDomainKeyError, an error wrapping ErrNoDomainKey, or
+// meet: nil, a *domainkey.WeakError, an error wrapping domainkey.ErrNotFound, or
 // the member's failure to answer (never charged here: the next call
 // meets it again).
 func (r *Replicator) Audit(ctx context.Context, s *slot.Slot) error {
@@ -261,7 +212,7 @@ func (r *Replicator) Audit(ctx context.Context, s *slot.Slot) error {
 }
 
 // noteAudit records the audit of s's domain key and returns a
-// *WeakDomainKeyError when it found flaws, which are then reported to
+// *domainkey.WeakError when it found flaws, which are then reported to
 // OnWeakDomainKey unless they were reported last time.
 func (r *Replicator) noteAudit(s *slot.Slot, flaws []string) error {
 	key := strings.Join(flaws, ", ")
@@ -273,7 +224,7 @@ func (r *Replicator) noteAudit(s *slot.Slot, flaws []string) error {
 	if len(flaws) == 0 {
 		return nil
 	}
-	werr := &WeakDomainKeyError{Member: s.Name(), Label: DomainLabel(r.GroupSerial), Flaws: flaws}
+	werr := &domainkey.WeakError{Member: s.Name(), Label: domainkey.Label(r.GroupSerial), Flaws: flaws}
 	if changed && r.OnWeakDomainKey != nil {
 		r.OnWeakDomainKey(werr)
 	}
@@ -304,35 +255,21 @@ func (r *Replicator) withDomainKey(ctx context.Context, s *slot.Slot, fn func(dk
 	return fn(dk, trusted)
 }
 
-// wrapMechanism is the mechanism private and secret keys travel under.
-const wrapMechanism = pkcs11.CKM_AES_KEY_WRAP_PAD
-
-// needMechanism returns nil when s offers wrapMechanism with flag
-// (CKF_WRAP, CKF_UNWRAP or both), a *MechanismError when it does not, and
-// the error of the call when s cannot say (a member that is down). The
+// needMechanism returns nil when s offers domainkey.Mechanism with flag
+// (CKF_WRAP, CKF_UNWRAP or both), a *domainkey.MechanismError when it
+// does not, and the error of the call when s cannot say (a member that is down). The
 // answer is remembered for the slot's epoch: a Reinit may bring another
 // module build.
 func (r *Replicator) needMechanism(ctx context.Context, s *slot.Slot, flag uint) error {
 	m := r.memoOf(s)
 	if !m.mechKnown {
 		epoch := s.Epoch()
-		info, err := s.MechanismInfo(ctx, wrapMechanism)
+		info, err := s.MechanismInfo(ctx, domainkey.Mechanism)
 		if err != nil && slot.ClassOf(err) != slot.ClassRequest {
-			return fmt.Errorf("member %s: ask for %s: %w", s.Name(), mechanismName(wrapMechanism), err)
+			return fmt.Errorf("member %s: ask for %s: %w", s.Name(), domainkey.MechanismName(domainkey.Mechanism), err)
 		}
 		r.remember(s, epoch, func(m *memo) { m.mechKnown, m.mech, m.mechErr = true, info, err })
 		m.mech, m.mechErr = info, err
 	}
-	return mechanismError(s.Name(), m.mech, m.mechErr, flag)
-}
-
-func mechanismError(member string, info pkcs11.MechanismInfo, err error, flag uint) error {
-	if err == nil && info.Flags&flag == flag {
-		return nil
-	}
-	use := map[uint]string{pkcs11.CKF_WRAP: "wrap", pkcs11.CKF_UNWRAP: "unwrap"}[flag]
-	if use == "" {
-		use = "wrap and unwrap"
-	}
-	return &MechanismError{Member: member, Mechanism: wrapMechanism, Use: use, Err: err}
+	return domainkey.CheckMechanism(s.Name(), m.mech, m.mechErr, flag)
 }

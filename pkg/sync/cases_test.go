@@ -9,6 +9,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -23,18 +25,18 @@ func TestIdentityTemplate(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name           string
-		id             Identity
+		id             object.Identity
 		withID, withKT bool
 	}{
 		// SoftHSM refuses CKA_ID on data objects, and a token matches no
 		// object on an attribute the object lacks.
-		{"data", Identity{Class: pkcs11.CKO_DATA, KeyType: NoKeyType, Label: "d"}, false, false},
-		{"data with an ID", Identity{Class: pkcs11.CKO_DATA, KeyType: NoKeyType, ID: []byte{1}, Label: "d"}, true, false},
-		{"certificate", Identity{Class: pkcs11.CKO_CERTIFICATE, KeyType: NoKeyType, Label: "c"}, true, false},
-		{"key without ID", Identity{Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_AES, Label: "k"}, true, true},
+		{"data", object.Identity{Class: pkcs11.CKO_DATA, KeyType: object.NoKeyType, Label: "d"}, false, false},
+		{"data with an ID", object.Identity{Class: pkcs11.CKO_DATA, KeyType: object.NoKeyType, ID: []byte{1}, Label: "d"}, true, false},
+		{"certificate", object.Identity{Class: pkcs11.CKO_CERTIFICATE, KeyType: object.NoKeyType, Label: "c"}, true, false},
+		{"key without ID", object.Identity{Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_AES, Label: "k"}, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tmpl := c.id.template()
+			tmpl := c.id.Template()
 			if has(tmpl, pkcs11.CKA_ID) != c.withID || has(tmpl, pkcs11.CKA_KEY_TYPE) != c.withKT {
 				t.Errorf("template of %s: CKA_ID %v, CKA_KEY_TYPE %v; want %v, %v", c.id, has(tmpl, pkcs11.CKA_ID), has(tmpl, pkcs11.CKA_KEY_TYPE), c.withID, c.withKT)
 			}
@@ -62,7 +64,7 @@ func TestReplicateDataObjectTwice(t *testing.T) {
 		t.Fatalf("%d data objects labelled twice on %s, want 1", n, dst.Name())
 	}
 	sameObject(t, src, h, dst, first, pkcs11.CKA_VALUE, pkcs11.CKA_APPLICATION, pkcs11.CKA_PRIVATE)
-	o, err := ReadObject(ctx, src, h)
+	o, err := object.ReadObject(ctx, src, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +133,7 @@ func TestReplicateDerivedKey(t *testing.T) {
 
 // TestDomainKeyOverP11Kit: p11-kit 0.24's client carries neither
 // CKM_AES_KEY_WRAP_PAD nor the domain key's nested unwrap template.
-// InstallDomainKey refuses such a member by name before making anything;
+// domainkey.Install refuses such a member by name before making anything;
 // Replicate of a key to or from it fails with ErrMechanismUnavailable, a
 // request error (the member is healthy), and public objects still go.
 func TestDomainKeyOverP11Kit(t *testing.T) {
@@ -140,10 +142,10 @@ func TestDomainKeyOverP11Kit(t *testing.T) {
 	ctx := testContext(t)
 
 	t.Run("install", func(t *testing.T) {
-		err := InstallDomainKey(ctx, []DomainTarget{{Slot: local}, {Slot: remote}}, testSerial)
+		err := domainkey.Install(ctx, []domainkey.Target{{Slot: local}, {Slot: remote}}, testSerial)
 		t.Log(err)
-		var me *MechanismError
-		if !errors.Is(err, ErrMechanismUnavailable) || !errors.As(err, &me) || me.Member != remote.Name() {
+		var me *domainkey.MechanismError
+		if !errors.Is(err, domainkey.ErrMechanismUnavailable) || !errors.As(err, &me) || me.Member != remote.Name() {
 			t.Fatalf("install with a p11-kit member: %v, want a MechanismError naming %s", err, remote.Name())
 		}
 		for _, s := range []string{remote.Name(), "CKM_AES_KEY_WRAP_PAD"} {
@@ -155,7 +157,7 @@ func TestDomainKeyOverP11Kit(t *testing.T) {
 			t.Errorf("error %q blames %s too", err, local.Name())
 		}
 		for _, s := range []*slot.Slot{local, remote} {
-			if n := len(findByLabel(t, s, DomainLabel(testSerial))); n != 0 {
+			if n := len(findByLabel(t, s, domainkey.Label(testSerial))); n != 0 {
 				t.Errorf("%d domain keys left on %s", n, s.Name())
 			}
 		}
@@ -174,7 +176,7 @@ func TestDomainKeyOverP11Kit(t *testing.T) {
 			k := genAES(t, c.from, "kit-"+c.name, randomID(t))
 			_, err := r.Replicate(ctx, c.from, k, Target{Slot: c.to})
 			t.Log(err)
-			var me *MechanismError
+			var me *domainkey.MechanismError
 			if !errors.As(err, &me) || me.Member != remote.Name() || me.Use != c.use || me.Mechanism != pkcs11.CKM_AES_KEY_WRAP_PAD {
 				t.Fatalf("replicate %s p11-kit: %v, want a MechanismError: %s cannot %s", c.name, err, remote.Name(), c.use)
 			}
@@ -205,17 +207,17 @@ func TestInstallDomainKeyNestedRefused(t *testing.T) {
 	f := slottest.NewFaults()
 	a, b := openSlot(t, toks[0], nil), openSlot(t, toks[1], f)
 	f.Fail(b.Name(), slot.OpCreateObject, pkcs11.Error(pkcs11.CKR_DEVICE_ERROR))
-	err := InstallDomainKey(testContext(t), []DomainTarget{{Slot: a}, {Slot: b}}, testSerial)
+	err := domainkey.Install(testContext(t), []domainkey.Target{{Slot: a}, {Slot: b}}, testSerial)
 	f.Heal(b.Name())
 	t.Log(err)
-	if !errors.Is(err, ErrNestedTemplates) || !strings.Contains(err.Error(), "member "+b.Name()) {
+	if !errors.Is(err, domainkey.ErrNestedTemplates) || !strings.Contains(err.Error(), "member "+b.Name()) {
 		t.Fatalf("install on a module refusing nested templates: %v, want ErrNestedTemplates naming %s", err, b.Name())
 	}
 	if strings.Contains(err.Error(), "member "+a.Name()) {
 		t.Errorf("error %q blames %s too", err, a.Name())
 	}
 	for _, s := range []*slot.Slot{a, b} {
-		if n := len(findByLabel(t, s, DomainLabel(testSerial))); n != 0 {
+		if n := len(findByLabel(t, s, domainkey.Label(testSerial))); n != 0 {
 			t.Errorf("%d domain keys left on %s", n, s.Name())
 		}
 	}
@@ -236,7 +238,7 @@ func TestCopyTypesExist(t *testing.T) {
 		{"Ed25519", genEd25519(t, s, "types-ed", randomID(t)), slot.CKKECEdwards},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			types, err := copyTypes(pkcs11.CKO_PUBLIC_KEY, c.kt)
+			types, err := object.CopyTypes(pkcs11.CKO_PUBLIC_KEY, c.kt)
 			if err != nil {
 				t.Fatal(err)
 			}

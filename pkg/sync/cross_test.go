@@ -11,6 +11,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -150,7 +151,7 @@ func TestWrapOnlyKeyByMake(t *testing.T) {
 		t.Errorf("SoftHSM: %v, want a wrap-only key kept", err)
 	}
 	err := r.KeepsWrapOnlyKey(ctx, nss)
-	var we *NoWrapOnlyKeyError
+	var we *domainkey.NoWrapOnlyKeyError
 	if !errors.As(err, &we) || we.Member != nss.Name() {
 		t.Fatalf("NSS: %v, want a NoWrapOnlyKeyError naming it", err)
 	}
@@ -183,15 +184,15 @@ func TestDomainCeremonyOnOtherMakes(t *testing.T) {
 			soft := openSlot(t, testhsm.Take(t, 1)[0], nil)
 			other := c.open(t)
 			ctx := testContext(t)
-			err := InstallDomainKey(ctx, []DomainTarget{{Slot: other}}, "alone")
-			var we *NoWrapOnlyKeyError
-			if !errors.As(err, &we) || we.Member != other.Name() || !errors.Is(err, ErrNoWrapOnlyKey) {
+			err := domainkey.Install(ctx, []domainkey.Target{{Slot: other}}, "alone")
+			var we *domainkey.NoWrapOnlyKeyError
+			if !errors.As(err, &we) || we.Member != other.Name() || !errors.Is(err, domainkey.ErrNoWrapOnlyKey) {
 				t.Fatalf("install on %s alone: %v, want a NoWrapOnlyKeyError naming %s", c.make, err, other.Name())
 			}
-			if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: other}}, "two-makes"); err != nil {
+			if err := domainkey.Install(ctx, []domainkey.Target{{Slot: soft}, {Slot: other}}, "two-makes"); err != nil {
 				t.Fatalf("install on SoftHSM and %s: %v", c.make, err)
 			}
-			if d, err := AuditDomainKey(ctx, soft, "two-makes"); err != nil || !d.Found || d.Weak() {
+			if d, err := domainkey.Audit(ctx, soft, "two-makes"); err != nil || !d.Found || d.Weak() {
 				t.Errorf("SoftHSM after the ceremony: %+v, %v; want a sound key", d, err)
 			}
 			hs, err := other.FindObjects(ctx, []*pkcs11.Attribute{attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY)})
@@ -200,7 +201,7 @@ func TestDomainCeremonyOnOtherMakes(t *testing.T) {
 			}
 			// Installing again changes nothing: the other make is not a
 			// member that lacks it.
-			if err := InstallDomainKey(ctx, []DomainTarget{{Slot: soft}, {Slot: other}}, "two-makes"); err != nil {
+			if err := domainkey.Install(ctx, []domainkey.Target{{Slot: soft}, {Slot: other}}, "two-makes"); err != nil {
 				t.Errorf("install again: %v", err)
 			}
 		})

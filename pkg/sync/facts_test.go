@@ -6,6 +6,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/pkg/tokenfacts"
 	"github.com/miekg/pkcs11"
 )
@@ -82,9 +83,9 @@ func TestTrialCopiesOncePerHost(t *testing.T) {
 		facts  Facts
 		copies int
 	}{
-		{"the first process", facts, len(copyTrials)},
+		{"the first process", facts, len(domainkey.CopyTrials)},
 		{"the next process", facts, 0},
-		{"a process without the facts", nil, len(copyTrials)},
+		{"a process without the facts", nil, len(domainkey.CopyTrials)},
 	} {
 		log.reset()
 		r := &Replicator{GroupSerial: testSerial, Facts: c.facts}

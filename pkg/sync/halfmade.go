@@ -8,6 +8,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -43,7 +44,7 @@ func keyMaterial(class, keyType uint) uint {
 // label, no CKA_ID) that claims not to be a token object costs a further
 // GetAttributes call; a complete session key of the application has its
 // key material and is not half-made.
-func halfMade(ctx context.Context, s store, r readResult) (bool, error) {
+func halfMade(ctx context.Context, s object.Store, r object.Result) (bool, error) {
 	if !leavesHalfMade(s) || r.Token || r.Label != "" || len(r.ID) > 0 {
 		return false, nil
 	}
@@ -51,22 +52,22 @@ func halfMade(ctx context.Context, s store, r readResult) (bool, error) {
 	if t == 0 {
 		return false, nil
 	}
-	a, err := readAttrs(ctx, s, r.Handle, []uint{t})
+	a, err := object.ReadAttrs(ctx, s, r.Handle, []uint{t})
 	if err != nil {
 		return false, err
 	}
 	if t == pkcs11.CKA_VALUE_LEN {
-		n, ok := a.ulong(t)
+		n, ok := a.Ulong(t)
 		return ok && n == 0, nil
 	}
-	return !a.nonEmpty(t), nil
+	return !a.NonEmpty(t), nil
 }
 
 // leavesHalfMade reports whether s's make may keep an interrupted
 // creation's object at its defaults (tokenquirk.LeavesHalfMadeObjects):
 // on another make an object without identity is the application's own. A
 // store that does not tell its token (a test's) is taken to.
-func leavesHalfMade(s store) bool {
+func leavesHalfMade(s object.Store) bool {
 	ts, ok := s.(interface{ Token() slot.TokenSummary })
 	if !ok {
 		return true
@@ -78,7 +79,7 @@ func leavesHalfMade(s store) bool {
 // halfMadeUnreadable reports a half-made object as an Unreadable one, for
 // a plan that does not catch its member up (PlanOptions.Returning): the
 // operator sees it, and the member's next recovery deletes it.
-func halfMadeUnreadable(member string, o Object) Unreadable {
+func halfMadeUnreadable(member string, o object.Object) Unreadable {
 	id := o.Identity
 	return Unreadable{Member: member, Handle: o.Handle, Identity: &id, Err: ErrHalfMade}
 }
@@ -101,22 +102,22 @@ const HalfMadeSettle = 10 * time.Second
 // may now name another object; those are left alone. An object gone
 // already is no error.
 func DestroyHalfMade(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (bool, error) {
-	r, err := readIdentity(ctx, s, s.Name(), h)
-	if isGone(err) {
+	r, err := object.ReadIdent(ctx, s, s.Name(), h)
+	if object.IsGone(err) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
 	still, err := halfMade(ctx, s, r)
-	if isGone(err) || (err == nil && !still) {
+	if object.IsGone(err) || (err == nil && !still) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("member %s: object %d: %w", s.Name(), h, err)
 	}
 	if err := s.DestroyObject(ctx, h); err != nil {
-		if isGone(err) {
+		if object.IsGone(err) {
 			return false, nil
 		}
 		return false, fmt.Errorf("member %s: destroy object %d %v: %w", s.Name(), h, ErrHalfMade, err)
@@ -137,7 +138,7 @@ func destroyHalfMade(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) e
 // reported as unreadable, which makes the member out of sync, until a
 // process that has seen one for HalfMadeSettle deletes it
 // (recover.Recoverer.RemoveHalfMade).
-func halfMadeActions(p *Plan, member string, objs []Object, returning string) {
+func halfMadeActions(p *Plan, member string, objs []object.Object, returning string) {
 	for _, o := range objs {
 		if member != returning {
 			p.Unreadable = append(p.Unreadable, halfMadeUnreadable(member, o))
@@ -154,7 +155,7 @@ func halfMadeActions(p *Plan, member string, objs []Object, returning string) {
 // application's own, on one member only, and is not. For an independent
 // listing (the soak's truth) that must agree with every plan.
 func GroupObject(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (bool, error) {
-	r, err := readIdentity(ctx, s, s.Name(), h)
+	r, err := object.ReadIdent(ctx, s, s.Name(), h)
 	if err != nil {
 		return false, err
 	}

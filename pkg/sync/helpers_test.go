@@ -11,6 +11,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -153,7 +155,7 @@ func findByLabel(t *testing.T, s *slot.Slot, label string) []pkcs11.ObjectHandle
 
 func mustFingerprint(t *testing.T, s *slot.Slot, h pkcs11.ObjectHandle) []byte {
 	t.Helper()
-	fp, err := Fingerprint(testContext(t), s, h)
+	fp, err := object.Fingerprint(testContext(t), s, h)
 	if err != nil {
 		t.Fatalf("fingerprint of %d on %s: %v", h, s.Name(), err)
 	}
@@ -165,16 +167,16 @@ func sameBytes(a, b []byte) bool { return len(a) > 0 && bytes.Equal(a, b) }
 // installDomain installs the domain key of serial on the slots.
 func installDomain(t *testing.T, serial string, trusted bool, ss []*slot.Slot, toks []testhsm.Token) {
 	t.Helper()
-	var ms []DomainTarget
+	var ms []domainkey.Target
 	for i, s := range ss {
-		m := DomainTarget{Slot: s}
+		m := domainkey.Target{Slot: s}
 		if trusted {
 			m.SOPIN = secret.PINFromString(toks[i].SOPIN)
 			m.UserPIN = secret.PINFromString(toks[i].UserPIN)
 		}
 		ms = append(ms, m)
 	}
-	if err := InstallDomainKey(testContext(t), ms, serial); err != nil {
+	if err := domainkey.Install(testContext(t), ms, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -41,8 +42,8 @@ func GeneratedKind(mech uint) (Kind, bool) {
 	return k, ok
 }
 
-// Kind returns the kind of key of an object with identity id.
-func (id Identity) Kind() Kind { return Kind{Class: id.Class, KeyType: id.KeyType} }
+// KindOf returns the kind of key of an object with identity id.
+func KindOf(id object.Identity) Kind { return Kind{Class: id.Class, KeyType: id.KeyType} }
 
 // Same reports whether c and o hold the same: both offer the mechanism or
 // neither, and they cannot hold the same kinds.

@@ -6,17 +6,9 @@ import (
 	"fmt"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
-
-// ReadObject reads the identity, fingerprint and storage flags of h on s.
-// An object whose fingerprint the member cannot compute comes back with a
-// nil Fingerprint and no error (see ErrNoFingerprint); use Fingerprint to
-// learn why.
-func ReadObject(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (Object, error) {
-	r, err := readObject(ctx, s, s.Name(), h, nil)
-	return r.Object, err
-}
 
 // List returns every object on s that the current login can see, except
 // the group's own (Hidden: domain keys, group state) and
@@ -34,7 +26,7 @@ func ReadObject(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (Objec
 // same listing, with no further call. Secret keys without
 // CKA_CHECK_VALUE (SoftHSM copies made by C_UnwrapKey, before Replicate
 // sets it) cost one Encrypt where the key may encrypt in ECB mode.
-func List(ctx context.Context, s *slot.Slot) ([]Object, error) {
+func List(ctx context.Context, s *slot.Slot) ([]object.Object, error) {
 	l, err := list(ctx, s, s.Name())
 	return l.Objects, err
 }
@@ -42,13 +34,13 @@ func List(ctx context.Context, s *slot.Slot) ([]Object, error) {
 // Listing is what Scan found on one member.
 type Listing struct {
 	// Objects the member described, as List returns them.
-	Objects []Object
+	Objects []object.Object
 	// Unreadable are the objects the member listed but would not
 	// describe: left out of Objects.
 	Unreadable []Unreadable
 	// HalfMade are the objects an interrupted creation left on the
 	// member (ErrHalfMade): left out of Objects.
-	HalfMade []Object
+	HalfMade []object.Object
 }
 
 // Unreadable is an object a member lists but answers a request error for
@@ -64,7 +56,7 @@ type Listing struct {
 type Unreadable struct {
 	Member   string
 	Handle   pkcs11.ObjectHandle
-	Identity *Identity // nil when not even the identity could be read
+	Identity *object.Identity // nil when not even the identity could be read
 	Err      error
 }
 
@@ -94,48 +86,48 @@ func unreadable(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil {
 		return false
 	}
-	if errors.Is(err, errNoClass) {
+	if errors.Is(err, object.ErrNoClass) {
 		return true
 	}
 	var pe pkcs11.Error
 	return errors.As(err, &pe) && slot.ClassOf(err) == slot.ClassRequest
 }
 
-func list(ctx context.Context, s store, member string) (Listing, error) {
+func list(ctx context.Context, s object.Store, member string) (Listing, error) {
 	var out Listing
 	hs, err := s.FindObjects(ctx, nil)
 	if err != nil {
 		return out, fmt.Errorf("member %s: list objects: %w", member, err)
 	}
 	type pending struct {
-		r   readResult
+		r   object.Result
 		idx int
 	}
-	objs := make([]Object, 0, len(hs))
+	objs := make([]object.Object, 0, len(hs))
 	var later []pending
 	pubs := map[string][][]byte{} // key type + CKA_ID -> public key encodings
 	pubKey := func(kt uint, id []byte) string { return fmt.Sprintf("%x/%x", kt, id) }
-	skip := func(h pkcs11.ObjectHandle, id *Identity, err error) {
+	skip := func(h pkcs11.ObjectHandle, id *object.Identity, err error) {
 		out.Unreadable = append(out.Unreadable, Unreadable{Member: member, Handle: h, Identity: id, Err: err})
 	}
 	for _, h := range hs {
-		r, err := readIdentity(ctx, s, member, h)
+		r, err := object.ReadIdent(ctx, s, member, h)
 		if err != nil {
-			if isGone(err) {
+			if object.IsGone(err) {
 				continue // destroyed between FindObjects and now
 			}
 			if unreadable(ctx, err) {
-				skip(h, r.known(), err)
+				skip(h, r.Known(), err)
 				continue
 			}
 			return out, err
 		}
-		id, a := r.Identity, r.a
-		if Hidden(id.Class, id.Label) {
+		id, a := r.Identity, r.Attrs
+		if object.Hidden(id.Class, id.Label) {
 			continue
 		}
 		if half, err := halfMade(ctx, s, r); err != nil {
-			if isGone(err) {
+			if object.IsGone(err) {
 				continue
 			}
 			return out, fmt.Errorf("member %s: read attributes of %s: %w", member, id, err)
@@ -152,22 +144,22 @@ func list(ctx context.Context, s store, member string) (Listing, error) {
 		var fp []byte
 		if id.Class == pkcs11.CKO_PUBLIC_KEY {
 			var enc []byte
-			enc, err = publicKeyEncoding(ctx, s, h, id.KeyType, a, true)
+			enc, err = object.PublicKeyEncoding(ctx, s, h, id.KeyType, a, true)
 			if err == nil {
-				fp = sum(enc)
+				fp = object.Sum(enc)
 				if len(id.ID) > 0 {
 					k := pubKey(id.KeyType, id.ID)
 					pubs[k] = append(pubs[k], enc)
 				}
 			}
 		} else {
-			fp, err = fingerprintOf(ctx, s, h, id, a, nil)
+			fp, err = object.FingerprintOf(ctx, s, h, id, a, nil)
 		}
 		if err != nil {
-			if isGone(err) {
+			if object.IsGone(err) {
 				continue
 			}
-			if !errors.Is(err, ErrNoFingerprint) {
+			if !errors.Is(err, object.ErrNoFingerprint) {
 				err = fmt.Errorf("member %s: fingerprint of %s: %w", member, id, err)
 				if unreadable(ctx, err) {
 					skip(h, &id, err)
@@ -182,9 +174,9 @@ func list(ctx context.Context, s store, member string) (Listing, error) {
 	index := func(_ context.Context, kt uint, id []byte) ([][]byte, error) { return pubs[pubKey(kt, id)], nil }
 	gone := map[int]bool{}
 	for _, p := range later {
-		fp, err := fingerprintOf(ctx, s, p.r.Handle, p.r.Identity, p.r.a, index)
-		if err != nil && !errors.Is(err, ErrNoFingerprint) {
-			if isGone(err) {
+		fp, err := object.FingerprintOf(ctx, s, p.r.Handle, p.r.Identity, p.r.Attrs, index)
+		if err != nil && !errors.Is(err, object.ErrNoFingerprint) {
+			if object.IsGone(err) {
 				gone[p.idx] = true
 				continue
 			}
@@ -210,9 +202,4 @@ func list(ctx context.Context, s store, member string) (Listing, error) {
 	}
 	out.Objects = objs
 	return out, nil
-}
-
-// isGone reports whether err says the object no longer exists.
-func isGone(err error) bool {
-	return err != nil && slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -145,7 +146,7 @@ func TestReplicateRemembersPerEpoch(t *testing.T) {
 	})
 	t.Run("domain key installed again", func(t *testing.T) {
 		for _, s := range []*slot.Slot{src, dst} {
-			if err := RemoveDomainKey(ctx, s, testSerial); err != nil {
+			if err := domainkey.Remove(ctx, s, testSerial); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -160,13 +161,13 @@ func TestReplicateRemembersPerEpoch(t *testing.T) {
 		}
 	})
 	t.Run("domain key gone", func(t *testing.T) {
-		if err := RemoveDomainKey(ctx, dst, testSerial); err != nil {
+		if err := domainkey.Remove(ctx, dst, testSerial); err != nil {
 			t.Fatal(err)
 		}
 		k := genAES(t, src, "no-domain", randomID(t))
 		_, err := r.Replicate(ctx, src, k, Target{Slot: dst})
-		if !errors.Is(err, ErrNoDomainKey) || !strings.Contains(err.Error(), dst.Name()) {
-			t.Fatalf("replicate to a member without domain key: %v, want ErrNoDomainKey naming %s", err, dst.Name())
+		if !errors.Is(err, domainkey.ErrNotFound) || !strings.Contains(err.Error(), dst.Name()) {
+			t.Fatalf("replicate to a member without domain key: %v, want domainkey.ErrNotFound naming %s", err, dst.Name())
 		}
 		if n := len(findByLabel(t, dst, "no-domain")); n != 0 {
 			t.Errorf("%d objects left on %s", n, dst.Name())
@@ -241,13 +242,13 @@ func TestReplicateRefusesPlainDomainKey(t *testing.T) {
 	toks := testhsm.Take(t, 2)
 	src, dst := openSlot(t, toks[0], nil), openSlot(t, toks[1], nil)
 	plainDomainKey(t, testSerial, src, dst)
-	var reported []*WeakDomainKeyError
-	r := &Replicator{GroupSerial: testSerial, OnWeakDomainKey: func(e *WeakDomainKeyError) { reported = append(reported, e) }}
+	var reported []*domainkey.WeakError
+	r := &Replicator{GroupSerial: testSerial, OnWeakDomainKey: func(e *domainkey.WeakError) { reported = append(reported, e) }}
 	for range 2 {
 		_, err := r.Replicate(testContext(t), src, genAES(t, src, fmt.Sprintf("plain-%x", randomID(t)), randomID(t)), Target{Slot: dst})
-		var we *WeakDomainKeyError
+		var we *domainkey.WeakError
 		if !errors.As(err, &we) || we.Member != src.Name() || !slices.Contains(we.Flaws, "CKA_UNWRAP_TEMPLATE does not force CKA_SENSITIVE=true") {
-			t.Fatalf("replicate under a plain domain key: %v, want a *WeakDomainKeyError for %s naming the unwrap template", err, src.Name())
+			t.Fatalf("replicate under a plain domain key: %v, want a *domainkey.WeakError for %s naming the unwrap template", err, src.Name())
 		}
 		if slot.ClassOf(err) != slot.ClassRequest {
 			t.Errorf("a weak domain key is classed %v, want a request error (never a health failure)", slot.ClassOf(err))
@@ -264,7 +265,7 @@ func plainDomainKey(t *testing.T, serial string, ss ...*slot.Slot) {
 	t.Helper()
 	value := bytes.Repeat([]byte{0x5a}, 32)
 	for _, s := range ss {
-		if _, err := s.CreateObject(testContext(t), domainKeyTemplate(DomainLabel(serial), value, true, false)); err != nil {
+		if _, err := s.CreateObject(testContext(t), domainkey.Template(domainkey.Label(serial), value, true, false)); err != nil {
 			t.Fatalf("plain domain key on %s: %v", s.Name(), err)
 		}
 	}
@@ -299,8 +300,8 @@ func TestReplicateEach(t *testing.T) {
 			t.Errorf("target %d: %v, want success %v", i, errs[i], want)
 		}
 	}
-	if !errors.Is(errs[2], ErrNoDomainKey) || !strings.Contains(errs[2].Error(), ss[3].Name()) {
-		t.Errorf("target without a domain key: %v, want ErrNoDomainKey naming %s", errs[2], ss[3].Name())
+	if !errors.Is(errs[2], domainkey.ErrNotFound) || !strings.Contains(errs[2].Error(), ss[3].Name()) {
+		t.Errorf("target without a domain key: %v, want domainkey.ErrNotFound naming %s", errs[2], ss[3].Name())
 	}
 	if n := log.count(src.Name(), slot.OpWrapKey); n != 1 {
 		t.Errorf("the source was wrapped %d times, want once\n%s", n, log)
@@ -424,11 +425,11 @@ func TestTrialCopiesOncePerKey(t *testing.T) {
 		if n := log.count(dst.Name(), slot.OpGetAttributes); n == 0 {
 			t.Errorf("%s: the key's attributes were not read\n%s", what, log)
 		}
-		if n := len(findByLabel(t, dst, DomainLabel(testSerial))); n != 1 {
+		if n := len(findByLabel(t, dst, domainkey.Label(testSerial))); n != 1 {
 			t.Errorf("%s: %d domain keys on %s, want 1", what, n, dst.Name())
 		}
 	}
-	audit("first audit", len(copyTrials))
+	audit("first audit", len(domainkey.CopyTrials))
 	if err := dst.Logout(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -437,10 +438,10 @@ func TestTrialCopiesOncePerKey(t *testing.T) {
 	}
 	audit("after a re-login", 0)
 	for _, s := range []*slot.Slot{src, dst} {
-		if err := RemoveDomainKey(ctx, s, testSerial); err != nil {
+		if err := domainkey.Remove(ctx, s, testSerial); err != nil {
 			t.Fatal(err)
 		}
 	}
 	installDomain(t, testSerial, true, []*slot.Slot{src, dst}, toks)
-	audit("a key installed anew", len(copyTrials))
+	audit("a key installed anew", len(domainkey.CopyTrials))
 }

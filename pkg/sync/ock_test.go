@@ -10,6 +10,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -43,7 +44,7 @@ func TestOCKSoftTok(t *testing.T) {
 		t.Fatalf("ProbeWrap: %v", err)
 	}
 	if c.Mechanism || len(c.Unholdable()) != 2 {
-		t.Fatalf("capability %+v: want no %s, private and secret keys unholdable", c, mechanismName(wrapMechanism))
+		t.Fatalf("capability %+v: want no %s, private and secret keys unholdable", c, domainkey.MechanismName(domainkey.Mechanism))
 	}
 	pub, priv, err := a.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 		[]*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 2048), pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),

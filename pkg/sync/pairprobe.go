@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -62,7 +64,7 @@ func transitMechName(m uint) string {
 	case pkcs11.CKM_RSA_PKCS_OAEP:
 		return "CKM_RSA_PKCS_OAEP under the target's throwaway RSA key"
 	}
-	return mechanismName(m)
+	return domainkey.MechanismName(m)
 }
 
 // transitIV is the IV of a CBC trial: any fixed value does for a
@@ -104,18 +106,18 @@ type PairWays struct {
 
 // Tried reports whether a way was tried for class.
 func (p PairWays) Tried(class uint) bool {
-	return !slices.Contains(p.Untried, ClassName(class))
+	return !slices.Contains(p.Untried, object.ClassName(class))
 }
 
 // Proven reports whether way carried keys of class (CKO_SECRET_KEY or
 // CKO_PRIVATE_KEY) from the source to the target.
 func (p PairWays) Proven(class uint, way Way) bool {
-	return slices.Contains(p.Ways[ClassName(class)], way)
+	return slices.Contains(p.Ways[object.ClassName(class)], way)
 }
 
 // Best returns the preferred way proven for class, and whether there is one.
 func (p PairWays) Best(class uint) (Way, bool) {
-	ws := p.Ways[ClassName(class)]
+	ws := p.Ways[object.ClassName(class)]
 	if len(ws) == 0 {
 		return Way{}, false
 	}
@@ -137,12 +139,12 @@ var pairTrials = []pairTrial{
 		name:  "secret key",
 		make: func(ctx context.Context, ss *slot.Session) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
 			h, err := ss.GenerateKey(ctx, aesKeyGen, append(trialAttrs(), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16),
-				boolAttr(pkcs11.CKA_EXTRACTABLE, true), boolAttr(pkcs11.CKA_SENSITIVE, false)))
+				object.BoolAttr(pkcs11.CKA_EXTRACTABLE, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, false)))
 			return h, 0, err
 		},
 		tmpl: []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
-			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES), boolAttr(pkcs11.CKA_SENSITIVE, false),
-			boolAttr(pkcs11.CKA_EXTRACTABLE, true)},
+			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES), object.BoolAttr(pkcs11.CKA_SENSITIVE, false),
+			object.BoolAttr(pkcs11.CKA_EXTRACTABLE, true)},
 		same: func(ctx context.Context, src, dst *slot.Session, key, _, cp pkcs11.ObjectHandle) (bool, error) {
 			a, err := readValue(ctx, src, key)
 			if err != nil {
@@ -160,12 +162,12 @@ var pairTrials = []pairTrial{
 		name:  "private key",
 		make: func(ctx context.Context, ss *slot.Session) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
 			pub, priv, err := ss.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_EC_KEY_PAIR_GEN, nil),
-				append(trialAttrs(), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, derP256), boolAttr(pkcs11.CKA_VERIFY, true)),
-				append(trialAttrs(), boolAttr(pkcs11.CKA_SIGN, true), boolAttr(pkcs11.CKA_EXTRACTABLE, true), boolAttr(pkcs11.CKA_SENSITIVE, true)))
+				append(trialAttrs(), pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, derP256), object.BoolAttr(pkcs11.CKA_VERIFY, true)),
+				append(trialAttrs(), object.BoolAttr(pkcs11.CKA_SIGN, true), object.BoolAttr(pkcs11.CKA_EXTRACTABLE, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, true)))
 			return priv, pub, err
 		},
 		tmpl: []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY),
-			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC), boolAttr(pkcs11.CKA_SIGN, true), boolAttr(pkcs11.CKA_SENSITIVE, true)},
+			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC), object.BoolAttr(pkcs11.CKA_SIGN, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, true)},
 		same: func(ctx context.Context, src, dst *slot.Session, _, pub, cp pkcs11.ObjectHandle) (bool, error) {
 			digest := sha256.Sum256([]byte("hagroup pair trial"))
 			ecdsa := pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil)
@@ -189,12 +191,12 @@ var pairTrials = []pairTrial{
 		make: func(ctx context.Context, ss *slot.Session) (pkcs11.ObjectHandle, pkcs11.ObjectHandle, error) {
 			pub, priv, err := ss.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
 				append(trialAttrs(), pkcs11.NewAttribute(pkcs11.CKA_MODULUS_BITS, 1024),
-					pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}), boolAttr(pkcs11.CKA_VERIFY, true)),
-				append(trialAttrs(), boolAttr(pkcs11.CKA_SIGN, true), boolAttr(pkcs11.CKA_EXTRACTABLE, true), boolAttr(pkcs11.CKA_SENSITIVE, true)))
+					pkcs11.NewAttribute(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}), object.BoolAttr(pkcs11.CKA_VERIFY, true)),
+				append(trialAttrs(), object.BoolAttr(pkcs11.CKA_SIGN, true), object.BoolAttr(pkcs11.CKA_EXTRACTABLE, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, true)))
 			return priv, pub, err
 		},
 		tmpl: []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY),
-			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_RSA), boolAttr(pkcs11.CKA_SIGN, true), boolAttr(pkcs11.CKA_SENSITIVE, true)},
+			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_RSA), object.BoolAttr(pkcs11.CKA_SIGN, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, true)},
 		same: func(ctx context.Context, src, dst *slot.Session, _, pub, cp pkcs11.ObjectHandle) (bool, error) {
 			// CKM_RSA_PKCS, which every RSA make signs with (opencryptoki
 			// 3.8's soft token has no CKM_SHA256_RSA_PKCS).
@@ -248,7 +250,7 @@ func trialName(k Kind) string {
 	if k.Class == pkcs11.CKO_PRIVATE_KEY && k.KeyType == pkcs11.CKK_RSA {
 		return rsaTrialName
 	}
-	return ClassName(k.Class)
+	return object.ClassName(k.Class)
 }
 
 // TriedFor reports whether a way was tried for keys of kind k.
@@ -372,8 +374,8 @@ func sameFamily(w, u uint) bool {
 func trialKEK(ctx context.Context, ss *slot.Session, v []byte) (pkcs11.ObjectHandle, error) {
 	return ss.CreateObject(ctx, append(trialAttrs(),
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-		pkcs11.NewAttribute(pkcs11.CKA_VALUE, v), boolAttr(pkcs11.CKA_WRAP, true), boolAttr(pkcs11.CKA_UNWRAP, true),
-		boolAttr(pkcs11.CKA_ENCRYPT, true), boolAttr(pkcs11.CKA_DECRYPT, true), boolAttr(pkcs11.CKA_EXTRACTABLE, false)))
+		pkcs11.NewAttribute(pkcs11.CKA_VALUE, v), object.BoolAttr(pkcs11.CKA_WRAP, true), object.BoolAttr(pkcs11.CKA_UNWRAP, true),
+		object.BoolAttr(pkcs11.CKA_ENCRYPT, true), object.BoolAttr(pkcs11.CKA_DECRYPT, true), object.BoolAttr(pkcs11.CKA_EXTRACTABLE, false)))
 }
 
 // prove tries each way for one class and records the ones that carried
@@ -418,11 +420,11 @@ func (t pairTrial) try(ctx context.Context, ss, ds *slot.Session, skek, dkek, ke
 		return false, "the source refuses to wrap: " + refusal.Error(), nil
 	}
 	defer clear(blob)
-	cp, err := ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, override(trialAttrs(), t.tmpl))
+	cp, err := ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, object.Override(trialAttrs(), t.tmpl))
 	if c := slot.CodeOf(err); c == pkcs11.CKR_ATTRIBUTE_READ_ONLY || c == pkcs11.CKR_TEMPLATE_INCONSISTENT {
 		// A make that sets some of these itself (opencryptoki's soft
 		// token: CKR_ATTRIBUTE_READ_ONLY) gets the class and type alone.
-		cp, err = ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, override(trialAttrs(), t.tmpl[:2]))
+		cp, err = ds.UnwrapKey(ctx, transitMech(w.Unwrap), dkek, blob, object.Override(trialAttrs(), t.tmpl[:2]))
 	}
 	if err != nil {
 		refusal, fail := refusalOf(err)

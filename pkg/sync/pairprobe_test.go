@@ -5,6 +5,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -43,10 +44,10 @@ func TestProvePairSoftHSM(t *testing.T) {
 	p := prove(t, a, b)
 	for _, class := range []uint{pkcs11.CKO_SECRET_KEY, pkcs11.CKO_PRIVATE_KEY} {
 		if !p.Proven(class, padWay) {
-			t.Errorf("SoftHSM -> SoftHSM: %s by %v not proven: %v", ClassName(class), padWay, p.Failed)
+			t.Errorf("SoftHSM -> SoftHSM: %s by %v not proven: %v", object.ClassName(class), padWay, p.Failed)
 		}
 		if best, _ := p.Best(class); best != padWay {
-			t.Errorf("SoftHSM -> SoftHSM: best way for %s = %v, want %v", ClassName(class), best, padWay)
+			t.Errorf("SoftHSM -> SoftHSM: best way for %s = %v, want %v", object.ClassName(class), best, padWay)
 		}
 	}
 }
@@ -69,7 +70,7 @@ func TestProvePairSoftHSMAndNSS(t *testing.T) {
 	for _, p := range []PairWays{toNSS, fromNSS} {
 		for _, class := range []uint{secret, private} {
 			if p.Proven(class, padWay) {
-				t.Errorf("%s -> %s: %s by %v proven, but the two read it differently", p.Source, p.Target, ClassName(class), padWay)
+				t.Errorf("%s -> %s: %s by %v proven, but the two read it differently", p.Source, p.Target, object.ClassName(class), padWay)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -25,7 +26,7 @@ type PlanMember struct {
 // (within the tombstone horizon). *tombstone.Set implements it, and
 // IdentityTombstones too.
 type Tombstones interface {
-	Contains(id Identity, fingerprint []byte) bool
+	Contains(id object.Identity, fingerprint []byte) bool
 }
 
 // IdentityTombstones is implemented by Tombstones that can also say
@@ -35,13 +36,13 @@ type Tombstones interface {
 // the destroyed key.
 type IdentityTombstones interface {
 	Tombstones
-	ContainsIdentity(id Identity) bool
+	ContainsIdentity(id object.Identity) bool
 }
 
 // tombstoned reports whether tombs say the version (id, fp) was
 // destroyed; a version without a fingerprint matches any tombstone of its
 // identity.
-func tombstoned(tombs Tombstones, id Identity, fp []byte) bool {
+func tombstoned(tombs Tombstones, id object.Identity, fp []byte) bool {
 	if tombs == nil {
 		return false
 	}
@@ -56,10 +57,10 @@ func tombstoned(tombs Tombstones, id Identity, fp []byte) bool {
 // sent to a member and never answered (*tombstone.Set: its Intent
 // records). See PlanOptions.Returning.
 type IntentTombstones interface {
-	Unanswered(id Identity) bool
+	Unanswered(id object.Identity) bool
 }
 
-func unanswered(tombs Tombstones, id Identity) bool {
+func unanswered(tombs Tombstones, id object.Identity) bool {
 	it, ok := tombs.(IntentTombstones)
 	return ok && it.Unanswered(id)
 }
@@ -145,7 +146,7 @@ const (
 // Action is one change to one object on one member.
 type Action struct {
 	Kind        ActionKind
-	Identity    Identity
+	Identity    object.Identity
 	Fingerprint []byte
 	Member      string // the member changed: copy target, or where the object is deleted
 	Source      string // Copy: the member the object is copied from; a duplicate's Delete: a member holding it too
@@ -157,7 +158,7 @@ type Action struct {
 
 // String describes the action for messages.
 func (a Action) String() string {
-	fp := FormatFingerprint(a.Fingerprint)
+	fp := object.FormatFingerprint(a.Fingerprint)
 	if a.Kind == Copy {
 		return fmt.Sprintf("copy %s (fingerprint %s) from %s to %s (%s)", a.Identity, fp, a.Source, a.Member, a.Reason)
 	}
@@ -174,7 +175,7 @@ type Version struct {
 // members (or twice on one member): the duplicate-label hazard. It is
 // reported, never resolved by guessing; no action touches the identity.
 type Conflict struct {
-	Identity Identity
+	Identity object.Identity
 	Versions []Version // two or more, in member order
 }
 
@@ -194,9 +195,9 @@ func (c Conflict) Involves(member string) bool {
 func (c Conflict) String() string {
 	parts := make([]string, len(c.Versions))
 	for i, v := range c.Versions {
-		parts[i] = fmt.Sprintf("%s on %s", FormatFingerprint(v.Fingerprint), strings.Join(v.Members, ","))
+		parts[i] = fmt.Sprintf("%s on %s", object.FormatFingerprint(v.Fingerprint), strings.Join(v.Members, ","))
 	}
-	return fmt.Sprintf("%s: %v: fingerprints %s", c.Identity, ErrConflict, strings.Join(parts, "; "))
+	return fmt.Sprintf("%s: %v: fingerprints %s", c.Identity, object.ErrConflict, strings.Join(parts, "; "))
 }
 
 // Plan is what it takes to make the members equal: actions and the
@@ -424,7 +425,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 	p.Tombstones = tombs
 
 	type entry struct {
-		id       Identity
+		id       object.Identity
 		versions []*holding
 	}
 	byID := map[string]*entry{}
@@ -562,7 +563,7 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 // copied again from there (see Replicator.Apply). A lone holder's
 // duplicates are left: they are harmless (counted once), and removing one
 // while another host removes the other would lose the object.
-func duplicates(id Identity, v *holding, names []string) []Action {
+func duplicates(id object.Identity, v *holding, names []string) []Action {
 	var out []Action
 	for pos, hs := range v.extra {
 		src := -1
@@ -774,15 +775,15 @@ func (r *Replicator) apply(ctx context.Context, p *Plan, a Action) (srcH, dstH p
 // stillThere reports whether handle h on s still is an object with
 // identity id: one GetAttributes, where a full read (findExact) would cost
 // a search of the token for a private EC key's public half.
-func stillThere(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, id Identity) (bool, error) {
-	a, err := readAttrs(ctx, s, h, identTypes)
-	if isGone(err) {
+func stillThere(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, id object.Identity) (bool, error) {
+	a, err := object.ReadAttrs(ctx, s, h, object.IdentTypes)
+	if object.IsGone(err) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("member %s: read attributes of object %d: %w", s.Name(), h, err)
 	}
-	got, err := identityOf(a)
+	got, err := object.IdentityOf(a)
 	if err != nil {
 		return false, nil
 	}
@@ -831,7 +832,7 @@ func (r *Replicator) settleCopies(ctx context.Context, p *Plan, copied []copyDon
 			kept = append(kept, c)
 			continue
 		}
-		if err := p.slots[a.Member].DestroyObject(ctx, c.dstH); err != nil && !isGone(err) {
+		if err := p.slots[a.Member].DestroyObject(ctx, c.dstH); err != nil && !object.IsGone(err) {
 			res.Failed = append(res.Failed, ActionError{Action: a,
 				Err: fmt.Errorf("destroyed on %s while being copied, and the copy could not be taken back: %w", a.Source, err)})
 			continue
@@ -843,7 +844,7 @@ func (r *Replicator) settleCopies(ctx context.Context, p *Plan, copied []copyDon
 // findExact returns the handle of the object with identity id and exactly
 // fingerprint fp on s (0 when there is none), trying the listed handle
 // first: handles go stale after a re-login.
-func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+func findExact(ctx context.Context, s *slot.Slot, id object.Identity, fp []byte, listed pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
 	matches := func(h pkcs11.ObjectHandle) (bool, error) { return isVersion(ctx, s, id, fp, h) }
 	if listed != 0 {
 		if ok, err := matches(listed); err != nil {
@@ -852,7 +853,7 @@ func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed
 			return listed, nil
 		}
 	}
-	hs, err := s.FindObjects(ctx, id.template())
+	hs, err := s.FindObjects(ctx, id.Template())
 	if err != nil {
 		return 0, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
 	}
@@ -873,9 +874,9 @@ func findExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed
 
 // isVersion reports whether h on s is the object with identity id and
 // exactly fingerprint fp.
-func isVersion(ctx context.Context, s *slot.Slot, id Identity, fp []byte, h pkcs11.ObjectHandle) (bool, error) {
-	o, err := readObject(ctx, s, s.Name(), h, nil)
-	if isGone(err) || unreadable(ctx, err) {
+func isVersion(ctx context.Context, s *slot.Slot, id object.Identity, fp []byte, h pkcs11.ObjectHandle) (bool, error) {
+	o, err := object.Read(ctx, s, s.Name(), h, nil)
+	if object.IsGone(err) || unreadable(ctx, err) {
 		// Gone, or an object the member will not describe (see
 		// Unreadable): not the one sought.
 		return false, nil
@@ -889,7 +890,7 @@ func isVersion(ctx context.Context, s *slot.Slot, id Identity, fp []byte, h pkcs
 // destroyExact destroys every object on s with identity id and exactly
 // fingerprint fp (nil matches only objects without one, unlike
 // Replicator.Destroy). None left is success.
-func destroyExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, listed pkcs11.ObjectHandle) error {
+func destroyExact(ctx context.Context, s *slot.Slot, id object.Identity, fp []byte, listed pkcs11.ObjectHandle) error {
 	for range maxDuplicates {
 		h, err := findExact(ctx, s, id, fp, listed)
 		if err != nil {
@@ -898,12 +899,12 @@ func destroyExact(ctx context.Context, s *slot.Slot, id Identity, fp []byte, lis
 		if h == 0 {
 			return nil
 		}
-		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+		if err := s.DestroyObject(ctx, h); err != nil && !object.IsGone(err) {
 			return fmt.Errorf("member %s: destroy %s (handle %d): %w", s.Name(), id, h, err)
 		}
 		listed = 0
 	}
-	return fmt.Errorf("member %s: %s: more than %d copies with fingerprint %s", s.Name(), id, maxDuplicates, FormatFingerprint(fp))
+	return fmt.Errorf("member %s: %s: more than %d copies with fingerprint %s", s.Name(), id, maxDuplicates, object.FormatFingerprint(fp))
 }
 
 // maxDuplicates bounds destroyExact, so a token that reports success but

@@ -16,6 +16,8 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
 	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
 	"github.com/miekg/pkcs11"
 )
@@ -46,7 +48,7 @@ func planMembersToks(t *testing.T, n int, ic slot.Interceptor) ([]sync.PlanMembe
 	t.Helper()
 	toks := testhsm.Take(t, n)
 	ms := make([]sync.PlanMember, n)
-	var dts []sync.DomainTarget
+	var dts []domainkey.Target
 	for i, tok := range toks {
 		s, err := slot.Open(planCtx(t), slot.Spec{
 			Name: fmt.Sprintf("m%d", i), Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label,
@@ -57,9 +59,9 @@ func planMembersToks(t *testing.T, n int, ic slot.Interceptor) ([]sync.PlanMembe
 		}
 		t.Cleanup(func() { s.Close() })
 		ms[i] = sync.PlanMember{Name: s.Name(), Slot: s}
-		dts = append(dts, sync.DomainTarget{Slot: s})
+		dts = append(dts, domainkey.Target{Slot: s})
 	}
-	if err := sync.InstallDomainKey(planCtx(t), dts, planSerial); err != nil {
+	if err := domainkey.Install(planCtx(t), dts, planSerial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 	return ms, toks
@@ -120,7 +122,7 @@ func planObjects(t *testing.T, s *slot.Slot) map[string]int {
 	}
 	out := map[string]int{}
 	for _, o := range objs {
-		out[o.Identity.String()+" fp="+sync.FormatFingerprint(o.Fingerprint)]++
+		out[o.Identity.String()+" fp="+object.FormatFingerprint(o.Fingerprint)]++
 	}
 	return out
 }
@@ -154,15 +156,15 @@ func planAllEqual(t *testing.T, ms []sync.PlanMember) map[string]int {
 
 // planFind returns the objects labelled label on s with their
 // fingerprints.
-func planFind(t *testing.T, s *slot.Slot, label string) []sync.Object {
+func planFind(t *testing.T, s *slot.Slot, label string) []object.Object {
 	t.Helper()
 	hs, err := s.FindObjects(planCtx(t), []*pkcs11.Attribute{planA(pkcs11.CKA_LABEL, label)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []sync.Object
+	var out []object.Object
 	for _, h := range hs {
-		o, err := sync.ReadObject(planCtx(t), s, h)
+		o, err := object.ReadObject(planCtx(t), s, h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +206,7 @@ func planMake(t *testing.T, ms []sync.PlanMember, tombs sync.Tombstones, opts sy
 func actionStrings(as []sync.Action) []string {
 	out := make([]string, len(as))
 	for i, a := range as {
-		out[i] = fmt.Sprintf("%s %s %s %s<-%s", a.Kind, sync.ClassName(a.Identity.Class), a.Identity.Label, a.Member, a.Source)
+		out[i] = fmt.Sprintf("%s %s %s %s<-%s", a.Kind, object.ClassName(a.Identity.Class), a.Identity.Label, a.Member, a.Source)
 	}
 	return out
 }
@@ -408,7 +410,7 @@ func TestPlanReportsConflicts(t *testing.T) {
 			t.Fatalf("conflict %v: want %x on m0 and %x on m1", c, fpA[c.Identity.Class], fpB[c.Identity.Class])
 		}
 		msg := c.String()
-		if !strings.Contains(msg, sync.FormatFingerprint(v0.Fingerprint)) || !strings.Contains(msg, sync.FormatFingerprint(v1.Fingerprint)) {
+		if !strings.Contains(msg, object.FormatFingerprint(v0.Fingerprint)) || !strings.Contains(msg, object.FormatFingerprint(v1.Fingerprint)) {
 			t.Fatalf("conflict message lacks a fingerprint: %s", msg)
 		}
 		if !c.Involves("m0") || !c.Involves("m1") || c.Involves("m2") {
@@ -586,7 +588,7 @@ func TestPlanDestroysWhatAnUnansweredCreationLeft(t *testing.T) {
 		}
 		for _, o := range planFind(t, src, label) {
 			id := o.Identity
-			id.KeyType = sync.NoKeyType // a template need not name it
+			id.KeyType = object.NoKeyType // a template need not name it
 			intents = append(intents, tombstone.Tombstone{Identity: id, Intent: true, Time: time.Now(), GroupSerial: planSerial})
 		}
 	}

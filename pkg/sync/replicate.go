@@ -8,41 +8,18 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"math/big"
 	"sync"
-	"time"
 	"weak"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
-
-// ErrConflict is wrapped by errors saying that two members hold different
-// objects under one identity (the duplicate-label hazard). It is reported,
-// never resolved by guessing. Use errors.As with *ConflictError for the
-// details.
-var ErrConflict = errors.New("conflict")
-
-// ConflictError says member Member holds Identity with fingerprint Have
-// where the source has Want.
-type ConflictError struct {
-	Identity Identity
-	Member   string
-	Want     []byte // the source's fingerprint
-	Have     []byte // the fingerprint on Member
-}
-
-func (e *ConflictError) Error() string {
-	return fmt.Sprintf("member %s: %s: %v: it holds fingerprint %s, the source has %s",
-		e.Member, e.Identity, ErrConflict, FormatFingerprint(e.Have), FormatFingerprint(e.Want))
-}
-
-// Unwrap makes errors.Is(err, ErrConflict) true.
-func (e *ConflictError) Unwrap() error { return ErrConflict }
 
 // Target is where Replicate puts an object.
 type Target struct {
@@ -63,7 +40,7 @@ type Target struct {
 	Absent bool
 }
 
-func (t Target) store() store {
+func (t Target) store() object.Store {
 	if t.Session != nil {
 		return t.Session
 	}
@@ -80,14 +57,14 @@ func (t Target) store() store {
 // the calls they come from. A Replicator must not be copied after first
 // use.
 type Replicator struct {
-	// GroupSerial selects the domain key: DomainLabel(GroupSerial).
+	// GroupSerial selects the domain key: domainkey.Label(GroupSerial).
 	GroupSerial string
 	// OnWeakDomainKey, when set, is told of a member whose domain key the
 	// audit found weak, once per member and set of flaws. Nothing is
 	// replicated to or from that member meanwhile (the copies fail with
-	// the same *WeakDomainKeyError). It is called on the replicating
+	// the same *domainkey.WeakError). It is called on the replicating
 	// goroutine and must not block.
-	OnWeakDomainKey func(*WeakDomainKeyError)
+	OnWeakDomainKey func(*domainkey.WeakError)
 	// Facts, when set, keeps beyond this process that a token refused the
 	// trial copies of a domain key (see trialKey).
 	Facts Facts
@@ -102,21 +79,7 @@ type Replicator struct {
 	refused map[string]bool // trialKey: domain keys whose trial copies the token refused
 }
 
-// cleanupTimeout bounds the removal of a half-made object after a
-// failure, which must run even when the caller's context has expired.
-const cleanupTimeout = 15 * time.Second
-
-type boundedContext struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-func cleanupContext(ctx context.Context) boundedContext {
-	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	return boundedContext{c, cancel}
-}
-
-var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
+var kwp = pkcs11.NewMechanism(domainkey.Mechanism, nil)
 
 // Replicate makes the object srcH of src exist on dst and returns its
 // handle there.
@@ -129,8 +92,8 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // check rejects a blob made under a different key, which SoftHSM reports
 // as CKR_GENERAL_ERROR). A member that does not offer the mechanism (to
 // wrap on src, to unwrap on dst) gets an error wrapping
-// ErrMechanismUnavailable before anything is read or made. SoftHSM 2.6.1
-// cannot wrap EdDSA private keys (CKR_KEY_NOT_WRAPPABLE), so those cannot
+// domainkey.ErrMechanismUnavailable before anything is read or made.
+// SoftHSM 2.6.1 cannot wrap EdDSA private keys (CKR_KEY_NOT_WRAPPABLE), so those cannot
 // be replicated there. The unwrap template carries every attribute of the
 // source that a token accepts on unwrap: class, key type, CKA_ID,
 // CKA_LABEL, CKA_TOKEN, CKA_PRIVATE, CKA_SENSITIVE, CKA_EXTRACTABLE, usage
@@ -141,9 +104,9 @@ var kwp = pkcs11.NewMechanism(wrapMechanism, nil)
 // after a trusted install (the domain key carries CKA_TRUSTED)
 // CKA_WRAP_WITH_TRUSTED. A key that must keep CKA_SENSITIVE=false or
 // CKA_WRAP_WITH_TRUSTED=false travels under a transit key instead
-// (transit.go). That template is the one InstallDomainKey
+// (transit.go). That template is the one domainkey.Install
 // writes, known from the flat CKA_TRUSTED; the audit of the domain key
-// reads it once per login epoch (see WeakDomainKeyError), not every copy. Key material (modulus, EC params, value length) comes
+// reads it once per login epoch (see domainkey.WeakError), not every copy. Key material (modulus, EC params, value length) comes
 // from the blob: SoftHSM refuses it in an unwrap template. Not copied:
 // CKA_TRUSTED (only the SO may set it), CKA_WRAP_TEMPLATE and the other
 // nested templates. Public keys, certificates and data objects are
@@ -200,7 +163,7 @@ func (r *Replicator) ReplicateEach(ctx context.Context, src *slot.Slot, srcH pkc
 	if src == nil {
 		return fail(errors.New("replicate: no source slot"))
 	}
-	so, err := readIdentity(ctx, src, src.Name(), srcH)
+	so, err := object.ReadIdent(ctx, src, src.Name(), srcH)
 	if err != nil {
 		return fail(fmt.Errorf("replicate: %w", err))
 	}
@@ -247,7 +210,7 @@ func (r *Replicator) replicateTo(ctx context.Context, sc *source, dst Target) (p
 		done()
 	}
 	if err != nil {
-		var ce *ConflictError
+		var ce *object.ConflictError
 		if errors.As(err, &ce) {
 			return 0, err
 		}
@@ -261,7 +224,7 @@ type replication struct {
 	r     *Replicator
 	src   *source
 	dst   Target
-	ds    store
+	ds    object.Store
 	dname string
 
 	dkFailed bool // an unwrap under the domain keys failed: forget them
@@ -284,7 +247,7 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	}
 	if j.src.wrapped() && j.r.PairWay != nil {
 		var err error
-		if j.way, j.cross, err = j.r.PairWay(ctx, j.src.slot, j.dst.Slot, j.src.id.Kind()); err != nil {
+		if j.way, j.cross, err = j.r.PairWay(ctx, j.src.slot, j.dst.Slot, KindOf(j.src.id)); err != nil {
 			return 0, err
 		}
 	}
@@ -313,9 +276,9 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 		return 0, err
 	}
 	if err := j.verify(ctx, h); err != nil {
-		c := cleanupContext(ctx)
-		defer c.cancel()
-		if derr := j.ds.DestroyObject(c.ctx, h); derr != nil && !isGone(derr) {
+		c := object.CleanupContext(ctx)
+		defer c.Cancel()
+		if derr := j.ds.DestroyObject(c.Ctx, h); derr != nil && !object.IsGone(derr) {
 			err = errors.Join(err, fmt.Errorf("and the copy (handle %d) could not be removed: %w", h, derr))
 		}
 		return 0, err
@@ -327,7 +290,7 @@ func (j *replication) run(ctx context.Context) (pkcs11.ObjectHandle, error) {
 // when there is none, or an error (a *ConflictError when dst holds other
 // material under the identity).
 func (j *replication) existing(ctx context.Context) (pkcs11.ObjectHandle, error) {
-	hs, err := j.ds.FindObjects(ctx, j.src.id.template())
+	hs, err := j.ds.FindObjects(ctx, j.src.id.Template())
 	if err != nil {
 		return 0, fmt.Errorf("look for an existing copy: %w", err)
 	}
@@ -340,9 +303,9 @@ func (j *replication) existing(ctx context.Context) (pkcs11.ObjectHandle, error)
 				return h, nil
 			}
 		}
-		do, err := readObject(ctx, j.ds, j.dname, h, nil)
+		do, err := object.Read(ctx, j.ds, j.dname, h, nil)
 		if err != nil {
-			if isGone(err) {
+			if object.IsGone(err) {
 				continue
 			}
 			return 0, fmt.Errorf("read the existing copy: %w", err)
@@ -356,10 +319,10 @@ func (j *replication) existing(ctx context.Context) (pkcs11.ObjectHandle, error)
 		case same:
 			return h, nil
 		case different:
-			conflict = &ConflictError{Identity: j.src.id, Member: j.dname, Want: sf, Have: do.Fingerprint}
+			conflict = &object.ConflictError{Identity: j.src.id, Member: j.dname, Want: sf, Have: do.Fingerprint}
 		default:
 			conflict = fmt.Errorf("member %s already holds %s (handle %d) and the two cannot be compared: %w",
-				j.dname, j.src.id, h, errors.Join(sfErr, do.fpErr))
+				j.dname, j.src.id, h, errors.Join(sfErr, do.FpErr))
 		}
 	}
 	return 0, conflict
@@ -372,16 +335,16 @@ func ambiguous(err error) bool {
 	return c != slot.ClassRequest && c != slot.ClassLogin
 }
 
-func removeIdentity(ctx context.Context, s store, id Identity) error {
-	c := cleanupContext(ctx)
-	defer c.cancel()
-	hs, err := s.FindObjects(c.ctx, id.template())
+func removeIdentity(ctx context.Context, s object.Store, id object.Identity) error {
+	c := object.CleanupContext(ctx)
+	defer c.Cancel()
+	hs, err := s.FindObjects(c.Ctx, id.Template())
 	if err != nil {
 		return fmt.Errorf("and looking for a half-made copy failed: %w", err)
 	}
 	var errs []error
 	for _, h := range hs {
-		if err := s.DestroyObject(c.ctx, h); err != nil && !isGone(err) {
+		if err := s.DestroyObject(c.Ctx, h); err != nil && !object.IsGone(err) {
 			errs = append(errs, fmt.Errorf("and a half-made copy (handle %d) could not be removed: %w", h, err))
 		}
 	}
@@ -398,10 +361,10 @@ func (j *replication) create(ctx context.Context) (pkcs11.ObjectHandle, error) {
 	}
 	tmpl := make([]*pkcs11.Attribute, 0, len(types))
 	for _, t := range types {
-		if !a.has(t) || (len(a[t]) == 0 && !keepEmpty[t]) {
+		if !a.Has(t) || (len(a[t]) == 0 && !object.KeepEmpty[t]) {
 			continue
 		}
-		tmpl = append(tmpl, a.attribute(t))
+		tmpl = append(tmpl, a.Attribute(t))
 	}
 	h, err := j.ds.CreateObject(ctx, withoutDefaults(tmpl))
 	if err != nil {
@@ -419,11 +382,11 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, j.src.id.Class),
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, j.src.id.KeyType),
 	}
-	for _, t := range unwrapTypes[j.src.id.Class] {
+	for _, t := range object.UnwrapTypes[j.src.id.Class] {
 		if len(a[t]) == 0 {
 			continue
 		}
-		tmpl = append(tmpl, a.attribute(t))
+		tmpl = append(tmpl, a.Attribute(t))
 	}
 	if j.cross {
 		return j.createCrossed(ctx, tmpl)
@@ -443,7 +406,7 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 		// template in the call's template, with the same value (else
 		// CKR_TEMPLATE_INCONSISTENT); the copy follows it where the
 		// source differs.
-		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, override(tmpl, unwrapTemplate(trusted)))
+		h, err = j.ds.UnwrapKey(ctx, kwp, dk, blob, object.Override(tmpl, domainkey.UnwrapTemplate(trusted)))
 		return err
 	})
 	if err != nil {
@@ -458,27 +421,11 @@ func (j *replication) createWrapped(ctx context.Context) (pkcs11.ObjectHandle, e
 			j.dkFailed = true
 			return 0, fmt.Errorf("unwrap under the domain key: %w (the domain keys of %s and %s differ, or the two wrap differently)", err, j.src.name(), j.dname)
 		case pkcs11.CKR_MECHANISM_INVALID:
-			return 0, &MechanismError{Member: j.dname, Mechanism: wrapMechanism, Use: "unwrap", Err: err}
+			return 0, &domainkey.MechanismError{Member: j.dname, Mechanism: domainkey.Mechanism, Use: "unwrap", Err: err}
 		}
 		return 0, fmt.Errorf("unwrap under the domain key: %w", err)
 	}
 	return h, nil
-}
-
-// override returns tmpl with every attribute of forced replacing or
-// joining those of the same type.
-func override(tmpl, forced []*pkcs11.Attribute) []*pkcs11.Attribute {
-	out := make([]*pkcs11.Attribute, 0, len(tmpl)+len(forced))
-	isForced := map[uint]bool{}
-	for _, f := range forced {
-		isForced[f.Type] = true
-	}
-	for _, a := range tmpl {
-		if !isForced[a.Type] {
-			out = append(out, a)
-		}
-	}
-	return append(out, forced...)
 }
 
 // verify checks that the new copy h is the source. A key is proven by its
@@ -486,11 +433,11 @@ func override(tmpl, forced []*pkcs11.Attribute) []*pkcs11.Attribute {
 // blobs differ, by fingerprint (see compare).
 func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
 	if j.src.wrapped() {
-		a, err := readAttrs(ctx, j.ds, h, identTypes)
+		a, err := object.ReadAttrs(ctx, j.ds, h, object.IdentTypes)
 		if err != nil {
 			return fmt.Errorf("read the copy: %w", err)
 		}
-		id, err := identityOf(a)
+		id, err := object.IdentityOf(a)
 		if err != nil {
 			return fmt.Errorf("read the copy: %w", err)
 		}
@@ -506,7 +453,7 @@ func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
 			return nil
 		}
 	}
-	do, err := readObject(ctx, j.ds, j.dname, h, nil)
+	do, err := object.Read(ctx, j.ds, j.dname, h, nil)
 	if err != nil {
 		return fmt.Errorf("read the copy: %w", err)
 	}
@@ -521,9 +468,9 @@ func (j *replication) verify(ctx context.Context, h pkcs11.ObjectHandle) error {
 	switch v {
 	case different:
 		return fmt.Errorf("the copy differs from the source: fingerprint %s, the source %s",
-			FormatFingerprint(do.Fingerprint), FormatFingerprint(sf))
+			object.FormatFingerprint(do.Fingerprint), object.FormatFingerprint(sf))
 	case unknown:
-		return fmt.Errorf("the copy cannot be checked against the source: %w", errors.Join(sfErr, do.fpErr))
+		return fmt.Errorf("the copy cannot be checked against the source: %w", errors.Join(sfErr, do.FpErr))
 	}
 	j.settleCheckValue(ctx, h)
 	return nil
@@ -550,7 +497,7 @@ func (j *replication) settleCheckValue(ctx context.Context, h pkcs11.ObjectHandl
 	if err == nil || slot.CodeOf(err) != pkcs11.CKR_ATTRIBUTE_VALUE_INVALID {
 		return
 	}
-	right, err := computeKCV(ctx, j.ds, h, j.src.id.KeyType)
+	right, err := object.ComputeKCV(ctx, j.ds, h, j.src.id.KeyType)
 	if err != nil || bytes.Equal(right, kcv) {
 		return
 	}
@@ -569,7 +516,7 @@ const (
 )
 
 // compare tells whether do on dst holds what the source holds.
-func (j *replication) compare(ctx context.Context, do readResult) (verdict, error) {
+func (j *replication) compare(ctx context.Context, do object.Result) (verdict, error) {
 	sf, _, err := j.src.fingerprint(ctx)
 	if err != nil {
 		return unknown, err
@@ -655,8 +602,8 @@ func (j *replication) compareWrapped(ctx context.Context, h pkcs11.ObjectHandle)
 
 // publicOnObject reports whether the private key o shows its own public
 // key (RSA), so that its fingerprint covers the key itself.
-func publicOnObject(ctx context.Context, s store, o readResult) bool {
-	_, err := publicKeyEncoding(ctx, s, o.Handle, o.KeyType, o.a, false)
+func publicOnObject(ctx context.Context, s object.Store, o object.Result) bool {
+	_, err := object.PublicKeyEncoding(ctx, s, o.Handle, o.KeyType, o.Attrs, false)
 	return err == nil
 }
 
@@ -670,7 +617,7 @@ const (
 
 // proveCopy checks a private key copy do against the source by a
 // signature that must verify under the source's public key.
-func proveCopy(ctx context.Context, src *source, ds store, do readResult) (proof, error) {
+func proveCopy(ctx context.Context, src *source, ds object.Store, do object.Result) (proof, error) {
 	srcEnc, err := src.publicKey(ctx)
 	if err != nil {
 		return proofNone, nil // nothing to prove against
@@ -680,12 +627,12 @@ func proveCopy(ctx context.Context, src *source, ds store, do readResult) (proof
 
 // proveSigning signs a random challenge with h and verifies it against
 // the public key spki, when h may sign with a mechanism Go can check.
-func proveSigning(ctx context.Context, s store, h pkcs11.ObjectHandle, spki []byte) (proof, error) {
-	a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_SIGN, pkcs11.CKA_ALWAYS_AUTHENTICATE, pkcs11.CKA_ALLOWED_MECHANISMS})
+func proveSigning(ctx context.Context, s object.Store, h pkcs11.ObjectHandle, spki []byte) (proof, error) {
+	a, err := object.ReadAttrs(ctx, s, h, []uint{pkcs11.CKA_SIGN, pkcs11.CKA_ALWAYS_AUTHENTICATE, pkcs11.CKA_ALLOWED_MECHANISMS})
 	if err != nil {
 		return proofNone, fmt.Errorf("read the copy's usage: %w", err)
 	}
-	if !a.boolean(pkcs11.CKA_SIGN) || a.boolean(pkcs11.CKA_ALWAYS_AUTHENTICATE) {
+	if !a.Boolean(pkcs11.CKA_SIGN) || a.Boolean(pkcs11.CKA_ALWAYS_AUTHENTICATE) {
 		return proofNone, nil
 	}
 	pub, err := x509.ParsePKIXPublicKey(spki)
@@ -716,7 +663,7 @@ func proveSigning(ctx context.Context, s store, h pkcs11.ObjectHandle, spki []by
 	default:
 		return proofNone, nil
 	}
-	if !mechanismAllowed(a, mech) {
+	if !object.MechanismAllowed(a, mech) {
 		return proofNone, nil
 	}
 	sig, err := s.Sign(ctx, pkcs11.NewMechanism(mech, nil), h, challenge)
@@ -732,34 +679,21 @@ func proveSigning(ctx context.Context, s store, h pkcs11.ObjectHandle, spki []by
 	return proofPassed, nil
 }
 
-func mechanismAllowed(a attrs, mech uint) bool {
-	v := a[pkcs11.CKA_ALLOWED_MECHANISMS]
-	if len(v) == 0 {
-		return true
-	}
-	for i := 0; i+8 <= len(v); i += 8 {
-		if uint(binary.NativeEndian.Uint64(v[i:])) == mech {
-			return true
-		}
-	}
-	return false
-}
-
 // Destroy destroys the object with identity id on s; with fp non-nil only
 // objects with that fingerprint: another object under the same identity
 // is left alone, and one whose fingerprint the member cannot compute is
 // left too, with an error wrapping ErrNoFingerprint. Finding none is
 // success, so it may be repeated.
-func (r *Replicator) Destroy(ctx context.Context, s *slot.Slot, id Identity, fp []byte) error {
-	hs, err := s.FindObjects(ctx, id.template())
+func (r *Replicator) Destroy(ctx context.Context, s *slot.Slot, id object.Identity, fp []byte) error {
+	hs, err := s.FindObjects(ctx, id.Template())
 	if err != nil {
 		return fmt.Errorf("member %s: destroy %s: find: %w", s.Name(), id, err)
 	}
 	var undecided []error
 	for _, h := range hs {
 		if fp != nil {
-			o, err := readObject(ctx, s, s.Name(), h, nil)
-			if isGone(err) {
+			o, err := object.Read(ctx, s, s.Name(), h, nil)
+			if object.IsGone(err) {
 				continue
 			}
 			if err != nil {
@@ -767,14 +701,14 @@ func (r *Replicator) Destroy(ctx context.Context, s *slot.Slot, id Identity, fp 
 			}
 			if o.Fingerprint == nil {
 				undecided = append(undecided, fmt.Errorf("destroy %s (handle %d): not destroyed, cannot tell it is the object with fingerprint %s: %w",
-					id, h, FormatFingerprint(fp), o.fpErr))
+					id, h, object.FormatFingerprint(fp), o.FpErr))
 				continue
 			}
 			if !bytes.Equal(o.Fingerprint, fp) {
 				continue
 			}
 		}
-		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+		if err := s.DestroyObject(ctx, h); err != nil && !object.IsGone(err) {
 			return fmt.Errorf("member %s: destroy %s (handle %d): %w", s.Name(), id, h, err)
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -40,11 +42,11 @@ func replicate(t *testing.T, src *slot.Slot, h pkcs11.ObjectHandle, dst Target) 
 func sameObject(t *testing.T, src *slot.Slot, sh pkcs11.ObjectHandle, dst *slot.Slot, dh pkcs11.ObjectHandle, types ...uint) {
 	t.Helper()
 	ctx := testContext(t)
-	so, err := ReadObject(ctx, src, sh)
+	so, err := object.ReadObject(ctx, src, sh)
 	if err != nil {
 		t.Fatal(err)
 	}
-	do, err := ReadObject(ctx, dst, dh)
+	do, err := object.ReadObject(ctx, dst, dh)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func TestReplicate(t *testing.T) {
 					}
 					// And the copy can be replicated onwards (back to a fresh
 					// member would need a third token; wrapping shows it).
-					dk, _ := FindDomainKey(ctx, dst, testSerial)
+					dk, _ := domainkey.Find(ctx, dst, testSerial)
 					if _, err := dst.WrapKey(ctx, kwp, dk, priv); err != nil {
 						t.Errorf("the copy cannot be wrapped by the trusted domain key: %v", err)
 					}
@@ -355,15 +357,15 @@ func TestReplicateConflict(t *testing.T) {
 	}{{"public", a.pub, b.pub}, {"private", a.priv, b.priv}} {
 		t.Run(h.name, func(t *testing.T) {
 			_, err := (&Replicator{GroupSerial: testSerial}).Replicate(testContext(t), src, h.src, Target{Slot: dst})
-			var ce *ConflictError
-			if !errors.Is(err, ErrConflict) || !errors.As(err, &ce) {
+			var ce *object.ConflictError
+			if !errors.Is(err, object.ErrConflict) || !errors.As(err, &ce) {
 				t.Fatalf("replicating over a different key with the same identity: %v, want a ConflictError", err)
 			}
 			want, have := mustFingerprint(t, src, h.src), mustFingerprint(t, dst, h.dst)
 			if !bytes.Equal(ce.Want, want) || !bytes.Equal(ce.Have, have) || ce.Member != dst.Name() {
 				t.Errorf("conflict %+v, want member %s, want %x, have %x", ce, dst.Name(), want, have)
 			}
-			for _, s := range []string{FormatFingerprint(want), FormatFingerprint(have), dst.Name(), `"dup"`} {
+			for _, s := range []string{object.FormatFingerprint(want), object.FormatFingerprint(have), dst.Name(), `"dup"`} {
 				if !strings.Contains(err.Error(), s) {
 					t.Errorf("error %q lacks %s", err, s)
 				}
@@ -421,7 +423,7 @@ func TestDestroy(t *testing.T) {
 	r := &Replicator{GroupSerial: testSerial}
 	k := genAES(t, src, "destroy-me", randomID(t))
 	replicate(t, src, k, Target{Slot: dst})
-	o, err := ReadObject(ctx, src, k)
+	o, err := object.ReadObject(ctx, src, k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +456,7 @@ func TestDestroy(t *testing.T) {
 		t.Fatal(err)
 	}
 	replicate(t, src, d, Target{Slot: dst})
-	do, err := ReadObject(ctx, src, d)
+	do, err := object.ReadObject(ctx, src, d)
 	if err != nil {
 		t.Fatal(err)
 	}

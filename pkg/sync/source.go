@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -20,14 +22,14 @@ type source struct {
 	r    *Replicator
 	slot *slot.Slot
 	h    pkcs11.ObjectHandle
-	id   Identity
+	id   object.Identity
 	tok  bool // CKA_TOKEN
 
 	mu      sync.Mutex
-	so      readResult // identity read; a and Fingerprint grow under mu
+	so      object.Result // identity read; a and Fingerprint grow under mu
 	fpDone  bool
-	copyA   attrs // public objects: the attributes a copy is created from
-	unwrapA attrs // keys: the attributes of the unwrap template
+	copyA   object.Attrs // public objects: the attributes a copy is created from
+	unwrapA object.Attrs // keys: the attributes of the unwrap template
 	blob    []byte
 	blobErr error
 	// inTransit: the source under a transit key (transit.go).
@@ -39,7 +41,7 @@ type source struct {
 	agreeErr error
 }
 
-func newSource(r *Replicator, s *slot.Slot, so readResult) *source {
+func newSource(r *Replicator, s *slot.Slot, so object.Result) *source {
 	return &source{r: r, slot: s, h: so.Handle, id: so.Identity, tok: so.Token, so: so}
 }
 
@@ -69,30 +71,30 @@ func (sc *source) fingerprint(ctx context.Context) (fp []byte, fpErr, err error)
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if !sc.fpDone {
-		fp, err := fingerprintOf(ctx, sc.slot, sc.h, sc.id, sc.so.a, nil)
+		fp, err := object.FingerprintOf(ctx, sc.slot, sc.h, sc.id, sc.so.Attrs, nil)
 		if err != nil {
-			if !errors.Is(err, ErrNoFingerprint) {
+			if !errors.Is(err, object.ErrNoFingerprint) {
 				return nil, nil, fmt.Errorf("member %s: fingerprint of %s: %w", sc.name(), sc.id, err)
 			}
-			sc.so.fpErr = fmt.Errorf("member %s: fingerprint of %s: %w", sc.name(), sc.id, err)
+			sc.so.FpErr = fmt.Errorf("member %s: fingerprint of %s: %w", sc.name(), sc.id, err)
 		}
 		sc.so.Fingerprint, sc.fpDone = fp, true
 	}
-	return sc.so.Fingerprint, sc.so.fpErr, nil
+	return sc.so.Fingerprint, sc.so.FpErr, nil
 }
 
 // knownFingerprint returns the fingerprint if it has been computed.
 func (sc *source) knownFingerprint() ([]byte, error) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	return sc.so.Fingerprint, sc.so.fpErr
+	return sc.so.Fingerprint, sc.so.FpErr
 }
 
 // checkValue returns the source's stored CKA_CHECK_VALUE (secret keys).
 func (sc *source) checkValue() []byte {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	return sc.so.a[pkcs11.CKA_CHECK_VALUE]
+	return sc.so.Attrs[pkcs11.CKA_CHECK_VALUE]
 }
 
 // correctCheckValue sets kcv as the source's CKA_CHECK_VALUE, if the
@@ -103,23 +105,23 @@ func (sc *source) correctCheckValue(ctx context.Context, kcv []byte) {
 	if err := sc.slot.SetAttributes(ctx, sc.h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CHECK_VALUE, kcv)}); err != nil {
 		return
 	}
-	sc.so.a[pkcs11.CKA_CHECK_VALUE] = kcv
+	sc.so.Attrs[pkcs11.CKA_CHECK_VALUE] = kcv
 	if sc.fpDone {
-		sc.so.Fingerprint, sc.so.fpErr = kcv, nil
+		sc.so.Fingerprint, sc.so.FpErr = kcv, nil
 	}
 }
 
 // copyAttrs reads, once, the attributes a copy of a public object is
 // created from.
-func (sc *source) copyAttrs(ctx context.Context) ([]uint, attrs, error) {
-	types, err := copyTypes(sc.id.Class, sc.id.KeyType)
+func (sc *source) copyAttrs(ctx context.Context) ([]uint, object.Attrs, error) {
+	types, err := object.CopyTypes(sc.id.Class, sc.id.KeyType)
 	if err != nil {
 		return nil, nil, err
 	}
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if sc.copyA == nil {
-		a, err := readAttrs(ctx, sc.slot, sc.h, types)
+		a, err := object.ReadAttrs(ctx, sc.slot, sc.h, types)
 		if err != nil {
 			return nil, nil, fmt.Errorf("read the source's attributes on %s: %w", sc.name(), err)
 		}
@@ -130,15 +132,15 @@ func (sc *source) copyAttrs(ctx context.Context) ([]uint, attrs, error) {
 
 // unwrapAttrs reads, once, the source's attributes that go into the
 // unwrap template (CKA_EXTRACTABLE among them).
-func (sc *source) unwrapAttrs(ctx context.Context) (attrs, error) {
+func (sc *source) unwrapAttrs(ctx context.Context) (object.Attrs, error) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	return sc.unwrapAttrsLocked(ctx)
 }
 
-func (sc *source) unwrapAttrsLocked(ctx context.Context) (attrs, error) {
+func (sc *source) unwrapAttrsLocked(ctx context.Context) (object.Attrs, error) {
 	if sc.unwrapA == nil {
-		a, err := readAttrs(ctx, sc.slot, sc.h, unwrapTypes[sc.id.Class])
+		a, err := object.ReadAttrs(ctx, sc.slot, sc.h, object.UnwrapTypes[sc.id.Class])
 		if err != nil {
 			return nil, fmt.Errorf("read the source's attributes on %s: %w", sc.name(), err)
 		}
@@ -164,7 +166,7 @@ func (sc *source) wrapLocked(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !a.boolean(pkcs11.CKA_EXTRACTABLE) {
+	if !a.Boolean(pkcs11.CKA_EXTRACTABLE) {
 		return nil, fmt.Errorf("the key is not extractable (CKA_EXTRACTABLE=false on %s), so it cannot be wrapped", sc.name())
 	}
 	var b []byte
@@ -178,7 +180,7 @@ func (sc *source) wrapLocked(ctx context.Context) ([]byte, error) {
 		case pkcs11.CKR_KEY_NOT_WRAPPABLE:
 			return nil, fmt.Errorf("wrap under the domain key on %s: %w (the token will not wrap this key: it may carry CKA_WRAP_WITH_TRUSTED while the domain key is not trusted, or be of a type the token cannot wrap, as EdDSA private keys on SoftHSM 2.6)", sc.name(), err)
 		case pkcs11.CKR_MECHANISM_INVALID:
-			return nil, &MechanismError{Member: sc.name(), Mechanism: wrapMechanism, Use: "wrap", Err: err}
+			return nil, &domainkey.MechanismError{Member: sc.name(), Mechanism: domainkey.Mechanism, Use: "wrap", Err: err}
 		}
 		return nil, fmt.Errorf("wrap under the domain key on %s: %w", sc.name(), err)
 	}
@@ -191,18 +193,18 @@ func (sc *source) publicKey(ctx context.Context) ([]byte, error) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	so := sc.so
-	if enc, err := publicKeyEncoding(ctx, sc.slot, so.Handle, so.KeyType, so.a, false); err == nil {
+	if enc, err := object.PublicKeyEncoding(ctx, sc.slot, so.Handle, so.KeyType, so.Attrs, false); err == nil {
 		return enc, nil
 	}
 	if len(so.ID) == 0 {
-		return nil, fmt.Errorf("%w: no public key for %s on %s", ErrNoFingerprint, so.Identity, sc.name())
+		return nil, fmt.Errorf("%w: no public key for %s on %s", object.ErrNoFingerprint, so.Identity, sc.name())
 	}
-	encs, err := findPublicHalves(sc.slot)(ctx, so.KeyType, so.ID)
+	encs, err := object.FindPublicHalves(sc.slot)(ctx, so.KeyType, so.ID)
 	if err != nil {
 		return nil, err
 	}
-	if encs = distinct(encs); len(encs) != 1 {
-		return nil, fmt.Errorf("%w: %d public keys for %s on %s", ErrNoFingerprint, len(encs), so.Identity, sc.name())
+	if encs = object.Distinct(encs); len(encs) != 1 {
+		return nil, fmt.Errorf("%w: %d public keys for %s on %s", object.ErrNoFingerprint, len(encs), so.Identity, sc.name())
 	}
 	return encs[0], nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -25,7 +26,7 @@ func TestTPMIsSignOnly(t *testing.T) {
 		t.Fatalf("ProbeWrap: %v", err)
 	}
 	if c.Mechanism {
-		t.Fatalf("tpm2-pkcs11 offers %s", mechanismName(wrapMechanism))
+		t.Fatalf("tpm2-pkcs11 offers %s", domainkey.MechanismName(domainkey.Mechanism))
 	}
 	if un := c.Unholdable(); len(un) != 2 {
 		t.Fatalf("Unholdable = %v, want private and secret keys", un)

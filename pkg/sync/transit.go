@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -33,8 +35,8 @@ import (
 // needsTransit reports whether a key with the source attributes a must
 // travel under a transit key to a target whose domain key is trusted
 // (trusted) or not.
-func needsTransit(a attrs, trusted bool) bool {
-	return !a.boolean(pkcs11.CKA_SENSITIVE) || trusted && !a.boolean(pkcs11.CKA_WRAP_WITH_TRUSTED)
+func needsTransit(a object.Attrs, trusted bool) bool {
+	return !a.Boolean(pkcs11.CKA_SENSITIVE) || trusted && !a.Boolean(pkcs11.CKA_WRAP_WITH_TRUSTED)
 }
 
 // transitLabel marks the transit keys, so that an operator who sees one
@@ -51,17 +53,17 @@ func transitKeyTemplate() []*pkcs11.Attribute {
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel),
-		boolAttr(pkcs11.CKA_TOKEN, false),
-		boolAttr(pkcs11.CKA_PRIVATE, true),
-		boolAttr(pkcs11.CKA_SENSITIVE, true),
-		boolAttr(pkcs11.CKA_EXTRACTABLE, true),
-		boolAttr(pkcs11.CKA_WRAP, true),
-		boolAttr(pkcs11.CKA_UNWRAP, false),
-		boolAttr(pkcs11.CKA_ENCRYPT, false),
-		boolAttr(pkcs11.CKA_DECRYPT, false),
-		boolAttr(pkcs11.CKA_SIGN, false),
-		boolAttr(pkcs11.CKA_VERIFY, false),
-		boolAttr(pkcs11.CKA_DERIVE, false),
+		object.BoolAttr(pkcs11.CKA_TOKEN, false),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, true),
+		object.BoolAttr(pkcs11.CKA_SENSITIVE, true),
+		object.BoolAttr(pkcs11.CKA_EXTRACTABLE, true),
+		object.BoolAttr(pkcs11.CKA_WRAP, true),
+		object.BoolAttr(pkcs11.CKA_UNWRAP, false),
+		object.BoolAttr(pkcs11.CKA_ENCRYPT, false),
+		object.BoolAttr(pkcs11.CKA_DECRYPT, false),
+		object.BoolAttr(pkcs11.CKA_SIGN, false),
+		object.BoolAttr(pkcs11.CKA_VERIFY, false),
+		object.BoolAttr(pkcs11.CKA_DERIVE, false),
 	}
 }
 
@@ -72,16 +74,16 @@ func transitCopyTemplate() []*pkcs11.Attribute {
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, transitLabel),
-		boolAttr(pkcs11.CKA_TOKEN, false),
-		boolAttr(pkcs11.CKA_PRIVATE, true),
-		boolAttr(pkcs11.CKA_EXTRACTABLE, false),
-		boolAttr(pkcs11.CKA_WRAP, false),
-		boolAttr(pkcs11.CKA_UNWRAP, true),
-		boolAttr(pkcs11.CKA_ENCRYPT, false),
-		boolAttr(pkcs11.CKA_DECRYPT, false),
-		boolAttr(pkcs11.CKA_SIGN, false),
-		boolAttr(pkcs11.CKA_VERIFY, false),
-		boolAttr(pkcs11.CKA_DERIVE, false),
+		object.BoolAttr(pkcs11.CKA_TOKEN, false),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, true),
+		object.BoolAttr(pkcs11.CKA_EXTRACTABLE, false),
+		object.BoolAttr(pkcs11.CKA_WRAP, false),
+		object.BoolAttr(pkcs11.CKA_UNWRAP, true),
+		object.BoolAttr(pkcs11.CKA_ENCRYPT, false),
+		object.BoolAttr(pkcs11.CKA_DECRYPT, false),
+		object.BoolAttr(pkcs11.CKA_SIGN, false),
+		object.BoolAttr(pkcs11.CKA_VERIFY, false),
+		object.BoolAttr(pkcs11.CKA_DERIVE, false),
 	}
 }
 
@@ -115,7 +117,7 @@ func (sc *source) transitLocked(ctx context.Context) (*transitBlobs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("make a transit key on %s: %w", sc.name(), err)
 	}
-	defer destroyTransit(ctx, sc.slot, t)
+	defer object.Discard(ctx, sc.slot, t)
 	var b transitBlobs
 	err = sc.r.withDomainKey(ctx, sc.slot, func(dk pkcs11.ObjectHandle, _ bool) error {
 		var err error
@@ -142,22 +144,14 @@ func (j *replication) unwrapInTransit(ctx context.Context, dk pkcs11.ObjectHandl
 	if err != nil {
 		return 0, err
 	}
-	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, override(transitCopyTemplate(), unwrapTemplate(trusted)))
+	t, err := j.ds.UnwrapKey(ctx, kwp, dk, b.key, object.Override(transitCopyTemplate(), domainkey.UnwrapTemplate(trusted)))
 	if err != nil {
 		return 0, err
 	}
-	defer destroyTransit(ctx, j.ds, t)
+	defer object.Discard(ctx, j.ds, t)
 	h, err := j.ds.UnwrapKey(ctx, kwp, t, b.source, tmpl)
 	if err != nil {
 		return 0, fmt.Errorf("unwrap under the transit key: %w", err)
 	}
 	return h, nil
-}
-
-// destroyTransit destroys a transit key, even when ctx has expired. A
-// failure leaves a session object that goes with its session.
-func destroyTransit(ctx context.Context, s store, t pkcs11.ObjectHandle) {
-	c := cleanupContext(ctx)
-	defer c.cancel()
-	_ = s.DestroyObject(c.ctx, t)
 }

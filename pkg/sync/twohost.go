@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -49,11 +50,11 @@ func (r *Replicator) settlePairs(ctx context.Context, p *Plan, kept []copyDone, 
 			done = append(done, c)
 			continue
 		}
-		cc := cleanupContext(ctx)
-		err := p.slots[c.a.Member].DestroyObject(cc.ctx, c.dstH)
-		cc.cancel()
+		cc := object.CleanupContext(ctx)
+		err := p.slots[c.a.Member].DestroyObject(cc.Ctx, c.dstH)
+		cc.Cancel()
 		switch {
-		case err != nil && !isGone(err):
+		case err != nil && !object.IsGone(err):
 			res.Failed = append(res.Failed, ActionError{Action: c.a,
 				Err: fmt.Errorf("copied without its private half (%v), and could not be taken back: %w", why, err)})
 		case errors.Is(why, errVanished):
@@ -139,14 +140,14 @@ func identityCounts(ctx context.Context, s *slot.Slot, cs []copyDone) (map[strin
 	}
 	counts := map[string]int{}
 	for _, h := range hs {
-		a, err := readAttrs(ctx, s, h, identTypes)
-		if isGone(err) || unreadable(ctx, err) {
+		a, err := object.ReadAttrs(ctx, s, h, object.IdentTypes)
+		if object.IsGone(err) || unreadable(ctx, err) {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read object %d: %w", h, err)
 		}
-		id, err := identityOf(a)
+		id, err := object.IdentityOf(a)
 		if err != nil {
 			continue
 		}
@@ -202,7 +203,7 @@ func (r *Replicator) settleOne(ctx context.Context, p *Plan, a Action, mine, src
 			return err
 		}
 		if mine != 0 {
-			if err := dst.DestroyObject(ctx, mine); err != nil && !isGone(err) {
+			if err := dst.DestroyObject(ctx, mine); err != nil && !object.IsGone(err) {
 				return fmt.Errorf("destroy the second copy (handle %d): %w", mine, err)
 			}
 			mine = 0
@@ -236,8 +237,8 @@ func pause(ctx context.Context, max time.Duration) error {
 
 // otherCopy returns an object on s other than mine with identity id and
 // fingerprint fp, 0 when there is none.
-func otherCopy(ctx context.Context, s *slot.Slot, id Identity, fp []byte, mine pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
-	hs, err := s.FindObjects(ctx, id.template())
+func otherCopy(ctx context.Context, s *slot.Slot, id object.Identity, fp []byte, mine pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
+	hs, err := s.FindObjects(ctx, id.Template())
 	if err != nil {
 		return 0, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
 	}

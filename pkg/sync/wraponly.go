@@ -2,114 +2,12 @@ package sync
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"strings"
 
-	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/miekg/pkcs11"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 )
-
-// ErrNoWrapOnlyKey is wrapped by errors saying a member's make cannot keep
-// a key that wraps and unwraps and nothing else (NSS softokn 3.87: it
-// keeps no CKA_UNWRAP_TEMPLATE and copies a non-modifiable key into one
-// that decrypts or is extractable). Such a member holds no domain key:
-// keys reach it, and leave it, under keys agreed for each copy
-// (agree.go), and only keys a user could wrap under a key of their own.
-var ErrNoWrapOnlyKey = errors.New("the token cannot keep a wrap-only key")
-
-// WrapOnlyFlaws tries whether the token of s keeps the domain key's
-// protection (domainRules, CKA_ALLOWED_MECHANISMS, the unwrap template,
-// and the refusal of weaker copies) on a throwaway key of its template,
-// made as a private token object (NSS keeps on a session object what it
-// does not keep on a token object), audited as a domain key is, and
-// destroyed; s must be logged in as the user. A token that refuses the
-// template is tried again without CKA_COPYABLE and CKA_ALLOWED_MECHANISMS,
-// so that every flaw is named. It returns the attributes at fault, none
-// when the token keeps them all. A make that carries keys by pair only
-// (no AES key wrap: internal/tokenquirk) could not use such a key, and is
-// not tried.
-func WrapOnlyFlaws(ctx context.Context, s *slot.Slot) ([]string, error) {
-	if flaw := pairOnly(s); flaw != nil {
-		return flaw, nil
-	}
-	v := make([]byte, 32)
-	if _, err := rand.Read(v); err != nil {
-		return nil, err
-	}
-	defer clear(v)
-	// Labelled as the group's own keys are, so that no listing (another
-	// host's catch-up among them) takes it for an object of the group.
-	label := DomainLabel(fmt.Sprintf("trial-%x", v[:4]))
-	tmpl := domainKeyTemplate(label, v, true, false)
-	nested := map[uint][]*pkcs11.Attribute{pkcs11.CKA_UNWRAP_TEMPLATE: unwrapTemplate(false)}
-	var flaws []string
-	h, err := s.CreateObjectNested(ctx, tmpl, nested)
-	if err != nil {
-		if refused, ferr := refusedHere(ctx, s, err); !refused {
-			return nil, fmt.Errorf("member %s: try a wrap-only key: %w", s.Name(), ferr)
-		}
-		flaws = append(flaws, "the token refuses CKA_COPYABLE or CKA_ALLOWED_MECHANISMS on a token key ("+pkcs11.Error(slot.CodeOf(err)).Error()+")")
-		var kept []*pkcs11.Attribute
-		for _, a := range tmpl {
-			if a.Type != pkcs11.CKA_COPYABLE && a.Type != pkcs11.CKA_ALLOWED_MECHANISMS {
-				kept = append(kept, a)
-			}
-		}
-		// Without its nested template too: NSS 3.87's C_CopyObject of a
-		// token key that carries one corrupts its heap, and the copies are
-		// what tells a key that stays wrap-only.
-		flaws = append(flaws, "CKA_UNWRAP_TEMPLATE not tried")
-		if h, err = s.CreateObject(ctx, kept); err != nil {
-			if refused, ferr := refusedHere(ctx, s, err); !refused {
-				return nil, fmt.Errorf("member %s: try a wrap-only key: %w", s.Name(), ferr)
-			}
-			return append(flaws, "the token refuses an AES key that wraps only ("+pkcs11.Error(slot.CodeOf(err)).Error()+")"), nil
-		}
-	}
-	defer destroyTransit(ctx, s, h)
-	more, _, err := auditDomainKey(ctx, s, h, false)
-	if err != nil {
-		return nil, fmt.Errorf("member %s: try a wrap-only key: %w", s.Name(), err)
-	}
-	return append(flaws, more...), nil
-}
-
-// refusedHere reports whether err is the token refusing a template: a
-// request error, or CKR_GENERAL_ERROR from a token that answers the next
-// call (NSS's answer to an attribute it cannot store). Another failure of
-// a token that answers is a module that cannot carry the nested unwrap
-// template (ErrNestedTemplates, as createNested says).
-func refusedHere(ctx context.Context, s *slot.Slot, err error) (bool, error) {
-	if slot.ClassOf(err) == slot.ClassRequest {
-		return true, nil
-	}
-	if _, perr := s.TokenInfo(ctx); perr != nil {
-		return false, err
-	}
-	if slot.CodeOf(err) == pkcs11.CKR_GENERAL_ERROR {
-		return true, nil
-	}
-	return false, fmt.Errorf("%w: it refused a key with a nested CKA_UNWRAP_TEMPLATE (%w) but answers other calls, as p11-kit 0.24's RPC does: install the domain key through a module that reaches the token directly",
-		ErrNestedTemplates, err)
-}
-
-// NoWrapOnlyKeyError says which of the domain key's rules Member's token
-// does not keep.
-type NoWrapOnlyKeyError struct {
-	Member string
-	Flaws  []string
-}
-
-func (e *NoWrapOnlyKeyError) Error() string {
-	return fmt.Sprintf("member %s: %v (%s): it holds no domain key; keys reach it under keys agreed for each copy, and a key made unextractable under a trusted domain key does not",
-		e.Member, ErrNoWrapOnlyKey, strings.Join(e.Flaws, ", "))
-}
-
-func (e *NoWrapOnlyKeyError) Unwrap() error { return ErrNoWrapOnlyKey }
 
 // HoldsDomainKey reports whether s holds the group's domain key (found;
 // audited as every use of it is), from the handle remembered for s's
@@ -117,17 +15,17 @@ func (e *NoWrapOnlyKeyError) Unwrap() error { return ErrNoWrapOnlyKey }
 func (r *Replicator) HoldsDomainKey(ctx context.Context, s *slot.Slot) (bool, error) {
 	_, _, _, err := r.domainKey(ctx, s)
 	switch {
-	case err == nil, errors.Is(err, ErrWeakDomainKey):
+	case err == nil, errors.Is(err, domainkey.ErrWeak):
 		return true, nil
-	case errors.Is(err, ErrNoDomainKey):
+	case errors.Is(err, domainkey.ErrNotFound):
 		return false, nil
 	}
 	return false, err
 }
 
 // KeepsWrapOnlyKey reports whether the token of s keeps a wrap-only key
-// (WrapOnlyFlaws), asked once per slot, and with Facts once per token on
-// the host; a *NoWrapOnlyKeyError says why not.
+// (domainkey.WrapOnlyFlaws), asked once per slot, and with Facts once per
+// token on the host; a *domainkey.NoWrapOnlyKeyError says why not.
 func (r *Replicator) KeepsWrapOnlyKey(ctx context.Context, s *slot.Slot) error {
 	r.mu.Lock()
 	st := r.stateLocked(s)
@@ -143,23 +41,13 @@ func (r *Replicator) KeepsWrapOnlyKey(ctx context.Context, s *slot.Slot) error {
 		r.mu.Unlock()
 	}
 	if len(flaws) > 0 {
-		return &NoWrapOnlyKeyError{Member: s.Name(), Flaws: flaws}
-	}
-	return nil
-}
-
-// pairOnly is the flaw of a make that carries keys by pair only (no AES
-// key wrap: internal/tokenquirk), which could not use a domain key; nil
-// for another make.
-func pairOnly(s *slot.Slot) []string {
-	if t := s.Token(); tokenquirk.CarriesKeysByPairOnly(t.Manufacturer, t.Model) {
-		return []string{"the token offers no AES key wrap, the domain key's one use"}
+		return &domainkey.NoWrapOnlyKeyError{Member: s.Name(), Flaws: flaws}
 	}
 	return nil
 }
 
 func (r *Replicator) wrapOnlyFlaws(ctx context.Context, s *slot.Slot) ([]string, error) {
-	if flaw := pairOnly(s); flaw != nil {
+	if flaw := domainkey.PairOnly(s); flaw != nil {
 		return flaw, nil // (whatever an older host stored)
 	}
 	key := ""
@@ -172,7 +60,7 @@ func (r *Replicator) wrapOnlyFlaws(ctx context.Context, s *slot.Slot) ([]string,
 			}
 		}
 	}
-	flaws, err := WrapOnlyFlaws(ctx, s)
+	flaws, err := domainkey.WrapOnlyFlaws(ctx, s)
 	if err == nil && key != "" {
 		if b, err := json.Marshal(flaws); err == nil {
 			_ = r.Facts.Store(key, b)

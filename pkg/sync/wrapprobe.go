@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -27,9 +29,9 @@ func (k Kind) String() string {
 		return "key"
 	}
 	if k.KeyType == KeyTypeUnknown {
-		return ClassName(k.Class)
+		return object.ClassName(k.Class)
 	}
-	return KeyTypeName(k.KeyType) + " " + ClassName(k.Class)
+	return object.KeyTypeName(k.KeyType) + " " + object.ClassName(k.Class)
 }
 
 // Wrapped reports whether keys of kind k travel wrapped under the domain
@@ -59,10 +61,10 @@ func (c WrapCapability) Holds(k Kind) error {
 		return nil
 	}
 	if !c.Mechanism {
-		return fmt.Errorf("its token does not offer %s", mechanismName(wrapMechanism))
+		return fmt.Errorf("its token does not offer %s", domainkey.MechanismName(domainkey.Mechanism))
 	}
 	if err, ok := c.Refused[k]; ok {
-		return fmt.Errorf("its token refuses to wrap or unwrap %ss with %s: %w", k, mechanismName(wrapMechanism), err)
+		return fmt.Errorf("its token refuses to wrap or unwrap %ss with %s: %w", k, domainkey.MechanismName(domainkey.Mechanism), err)
 	}
 	return nil
 }
@@ -133,7 +135,7 @@ var wrapTrials = []wrapTrial{
 // the member failing (a health error); the capability then holds what was
 // learned before it.
 func ProbeWrap(ctx context.Context, s *slot.Slot, mechs []uint) (WrapCapability, error) {
-	c := WrapCapability{Mechanism: slices.Contains(mechs, wrapMechanism)}
+	c := WrapCapability{Mechanism: slices.Contains(mechs, domainkey.Mechanism)}
 	if !c.Mechanism {
 		return c, nil
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -122,17 +122,17 @@ func BenchmarkScaling(b *testing.B) {
 // directly, then closed) and returns the group's configuration.
 func provisionedGroup(ctx context.Context, b testing.TB, label, serial string, toks []testhsm.Token, pin secret.PIN) config.Group {
 	b.Helper()
-	var targets []sync.DomainTarget
+	var targets []domainkey.Target
 	gc := config.Group{Label: label, Serial: serial}
 	for _, t := range toks {
 		s, err := slot.Open(ctx, slot.Spec{Name: t.Name, Module: t.Module, TokenLabel: t.Label, PIN: pin.Clone()})
 		if err != nil {
 			b.Fatal(err)
 		}
-		targets = append(targets, sync.DomainTarget{Slot: s})
+		targets = append(targets, domainkey.Target{Slot: s})
 		gc.Members = append(gc.Members, config.Member{Name: t.Name, Module: t.Module, TokenLabel: t.Label})
 	}
-	err := sync.InstallDomainKey(ctx, targets, serial)
+	err := domainkey.Install(ctx, targets, serial)
 	for _, t := range targets {
 		t.Slot.Close()
 	}

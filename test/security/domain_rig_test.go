@@ -18,7 +18,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -67,19 +67,19 @@ func domainOpenUser(t testing.TB, tok testhsm.Token, name string) *slot.Slot {
 	return s
 }
 
-// domainInstall runs the ceremony (hasync.InstallDomainKey) on toks.
+// domainInstall runs the ceremony (domainkey.Install) on toks.
 func domainInstall(t testing.TB, serial string, toks []testhsm.Token, trusted bool) {
 	t.Helper()
-	var targets []hasync.DomainTarget
+	var targets []domainkey.Target
 	for _, tok := range toks {
-		dt := hasync.DomainTarget{Slot: domainOpenUser(t, tok, "ceremony")}
+		dt := domainkey.Target{Slot: domainOpenUser(t, tok, "ceremony")}
 		if trusted {
 			dt.SOPIN = secret.PINFromString(tok.SOPIN)
 			dt.UserPIN = secret.PINFromString(tok.UserPIN)
 		}
 		targets = append(targets, dt)
 	}
-	if err := hasync.InstallDomainKey(domainContext(t), targets, serial); err != nil {
+	if err := domainkey.Install(domainContext(t), targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }
@@ -143,7 +143,7 @@ func domainValue(t testing.TB) []byte {
 // domainFind returns the one domain key of serial on s.
 func domainFind(t testing.TB, s *slot.Slot, serial string) pkcs11.ObjectHandle {
 	t.Helper()
-	h, err := hasync.FindDomainKey(domainContext(t), s, serial)
+	h, err := domainkey.Find(domainContext(t), s, serial)
 	if err != nil {
 		t.Fatalf("%s: %v", s.Name(), err)
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -82,7 +82,7 @@ func TestDomainKeyRefusesChanges(t *testing.T) {
 	t.Run("old way", func(t *testing.T) {
 		toks := domainTokens(t, 1)
 		s := domainOpenUser(t, toks[0], "attacker")
-		dk := domainCreate(t, s, domainOldTemplate(hasync.DomainLabel(domainSerial()), domainValue(t)))
+		dk := domainCreate(t, s, domainOldTemplate(domainkey.Label(domainSerial()), domainValue(t)))
 		err := s.SetAttributes(domainContext(t), dk, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_DECRYPT, true)})
 		domainWantCode(t, "C_SetAttributeValue(old domain key, CKA_DECRYPT)", err, pkcs11.CKR_OK)
 	})
@@ -129,15 +129,15 @@ func TestDomainKeyRefusesCopies(t *testing.T) {
 				_, err := s.CopyObject(domainContext(t), dk, c.tmpl)
 				domainWantCode(t, "C_CopyObject(domain key, "+c.name+")", err, want)
 			}
-			if n := len(domainFindKey(t, s, pkcs11.CKO_SECRET_KEY, hasync.DomainLabel(serial))); n != 1 {
-				t.Errorf("%d keys labelled %q after the copies, want the domain key alone", n, hasync.DomainLabel(serial))
+			if n := len(domainFindKey(t, s, pkcs11.CKO_SECRET_KEY, domainkey.Label(serial))); n != 1 {
+				t.Errorf("%d keys labelled %q after the copies, want the domain key alone", n, domainkey.Label(serial))
 			}
 		})
 	}
 	t.Run("old way", func(t *testing.T) {
 		toks := domainTokens(t, 1)
 		s := domainOpenUser(t, toks[0], "attacker")
-		dk := domainCreate(t, s, domainOldTemplate(hasync.DomainLabel(domainSerial()), domainValue(t)))
+		dk := domainCreate(t, s, domainOldTemplate(domainkey.Label(domainSerial()), domainValue(t)))
 		_, err := s.CopyObject(domainContext(t), dk, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_DECRYPT, true)})
 		domainWantCode(t, "C_CopyObject(old domain key, CKA_DECRYPT=true)", err, pkcs11.CKR_OK)
 	})
@@ -257,7 +257,7 @@ func TestDomainExtraction(t *testing.T) {
 		var ss []*slot.Slot
 		for _, tok := range toks {
 			s := domainOpenUser(t, tok, "attacker")
-			domainCreate(t, s, domainOldTemplate(hasync.DomainLabel(serial), value))
+			domainCreate(t, s, domainOldTemplate(domainkey.Label(serial), value))
 			ss = append(ss, s)
 		}
 		s := ss[1]
@@ -329,9 +329,9 @@ func TestDomainAuditRefusesOldKey(t *testing.T) {
 				toks[0], toks[1] = weak, sound
 			}
 			ss := domainOpenUser(t, sound, "setup")
-			domainCreate(t, ss, domainHardTemplate(hasync.DomainLabel(serial), value))
+			domainCreate(t, ss, domainHardTemplate(domainkey.Label(serial), value))
 			ws := domainOpenUser(t, weak, "setup")
-			domainCreate(t, ws, domainOldTemplate(hasync.DomainLabel(serial), value))
+			domainCreate(t, ws, domainOldTemplate(domainkey.Label(serial), value))
 
 			g, ev := domainOpenGroup(t, serial, toks)
 			if evs := ev.of(group.DomainKeyWeak); len(evs) != 0 {
@@ -344,8 +344,8 @@ func TestDomainAuditRefusesOldKey(t *testing.T) {
 					t.Fatal("a key made on a primary with a weak domain key was replicated")
 				}
 				domainWantCode(t, "GenerateKeyPair through the group", err, pkcs11.CKR_KEY_FUNCTION_NOT_PERMITTED)
-				if !strings.Contains(err.Error(), weak.Name) || !strings.Contains(err.Error(), hasync.DomainLabel(serial)) {
-					t.Errorf("the error names neither member %s nor key %q: %v", weak.Name, hasync.DomainLabel(serial), err)
+				if !strings.Contains(err.Error(), weak.Name) || !strings.Contains(err.Error(), domainkey.Label(serial)) {
+					t.Errorf("the error names neither member %s nor key %q: %v", weak.Name, domainkey.Label(serial), err)
 				}
 				for _, s := range []*slot.Slot{ss, ws} {
 					if n := len(domainFindKey(t, s, pkcs11.CKO_PRIVATE_KEY, k1)); n != 0 {
@@ -367,12 +367,12 @@ func TestDomainAuditRefusesOldKey(t *testing.T) {
 			if len(evs) != 1 {
 				t.Fatalf("%d domain_key_weak events, want 1: %v", len(evs), evs)
 			}
-			var we *hasync.WeakDomainKeyError
+			var we *domainkey.WeakError
 			if evs[0].Member != weak.Name || !errors.As(evs[0].Err, &we) {
 				t.Fatalf("domain_key_weak event for member %q (%v), want %s", evs[0].Member, evs[0].Err, weak.Name)
 			}
-			if we.Label != hasync.DomainLabel(serial) || !slices.Contains(we.Flaws, "CKA_MODIFIABLE=true") {
-				t.Errorf("the event names key %q and flaws %q, want %q and CKA_MODIFIABLE=true", we.Label, we.Flaws, hasync.DomainLabel(serial))
+			if we.Label != domainkey.Label(serial) || !slices.Contains(we.Flaws, "CKA_MODIFIABLE=true") {
+				t.Errorf("the event names key %q and flaws %q, want %q and CKA_MODIFIABLE=true", we.Label, we.Flaws, domainkey.Label(serial))
 			}
 			for _, f := range []string{"CKA_MODIFIABLE=true", "CKA_COPYABLE=true", "CKA_ALLOWED_MECHANISMS"} {
 				if !strings.Contains(evs[0].Err.Error(), f) {
@@ -459,7 +459,7 @@ func (w *domainWindow) attack(ctx context.Context) {
 func TestDomainCeremonyWindow(t *testing.T) {
 	tok := domainTokens(t, 1)[0]
 	serial := domainSerial()
-	w := &domainWindow{t: t, tok: tok, label: hasync.DomainLabel(serial)}
+	w := &domainWindow{t: t, tok: tok, label: domainkey.Label(serial)}
 	s, err := slot.Open(domainContext(t), slot.Spec{
 		Name: tok.Name + "-ceremony", Module: tok.Module, TokenLabel: tok.Label,
 		PIN: secret.PINFromString(tok.UserPIN), CommandTimeout: 20 * time.Second, Interceptor: w,
@@ -468,16 +468,16 @@ func TestDomainCeremonyWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	err = hasync.InstallDomainKey(domainContext(t), []hasync.DomainTarget{{
+	err = domainkey.Install(domainContext(t), []domainkey.Target{{
 		Slot: s, SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN),
 	}}, serial)
 	if !w.opened {
 		t.Fatal("the ceremony made no copy of the SO's original")
 	}
-	if !errors.Is(err, hasync.ErrWeakDomainKey) || !strings.Contains(err.Error(), "CKA_DECRYPT=true") || !strings.Contains(err.Error(), tok.Name) {
-		t.Fatalf("ceremony after a change to the original: %v, want ErrWeakDomainKey naming %s and CKA_DECRYPT=true", err, tok.Name)
+	if !errors.Is(err, domainkey.ErrWeak) || !strings.Contains(err.Error(), "CKA_DECRYPT=true") || !strings.Contains(err.Error(), tok.Name) {
+		t.Fatalf("ceremony after a change to the original: %v, want domainkey.ErrWeak naming %s and CKA_DECRYPT=true", err, tok.Name)
 	}
-	if n := len(domainFindKey(t, s, pkcs11.CKO_SECRET_KEY, hasync.DomainLabel(serial))); n != 0 {
-		t.Errorf("%d keys %q left after the refused ceremony", n, hasync.DomainLabel(serial))
+	if n := len(domainFindKey(t, s, pkcs11.CKO_SECRET_KEY, domainkey.Label(serial))); n != 0 {
+		t.Errorf("%d keys %q left after the refused ceremony", n, domainkey.Label(serial))
 	}
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -53,12 +53,12 @@ func keyprotSetup(t testing.TB) *keyprotRig {
 	t.Helper()
 	toks := testhsm.Take(t, 3)
 	serial := fmt.Sprintf("%d", 7300000+keyprotSerials.Add(1))
-	var targets []sync.DomainTarget
+	var targets []domainkey.Target
 	for _, tok := range toks {
-		targets = append(targets, sync.DomainTarget{Slot: keyprotDirect(t, tok),
+		targets = append(targets, domainkey.Target{Slot: keyprotDirect(t, tok),
 			SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN)})
 	}
-	if err := sync.InstallDomainKey(keyprotCtx(t), targets, serial); err != nil {
+	if err := domainkey.Install(keyprotCtx(t), targets, serial); err != nil {
 		t.Fatalf("install the domain key: %v", err)
 	}
 	cfg := config.Group{Label: "ha-" + serial, Serial: serial}

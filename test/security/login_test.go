@@ -22,7 +22,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -108,14 +108,14 @@ func loginDirect(t *testing.T, tok testhsm.Token, pin string) *slot.Slot {
 // CKR_USER_ALREADY_LOGGED_IN.
 func loginInstallDomain(t *testing.T, serial string, toks []testhsm.Token) {
 	t.Helper()
-	var targets []hasync.DomainTarget
+	var targets []domainkey.Target
 	for _, tok := range toks {
 		s := loginDirect(t, tok, tok.UserPIN)
 		defer s.Close()
-		targets = append(targets, hasync.DomainTarget{Slot: s,
+		targets = append(targets, domainkey.Target{Slot: s,
 			SOPIN: secret.PINFromString(tok.SOPIN), UserPIN: secret.PINFromString(tok.UserPIN)})
 	}
-	if err := hasync.InstallDomainKey(loginCtx(t), targets, serial); err != nil {
+	if err := domainkey.Install(loginCtx(t), targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/agent"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/test/load"
 	"github.com/miekg/pkcs11"
 )
@@ -160,7 +160,7 @@ func (w *world) holdings(ctx context.Context) ([]map[string]int, []string) {
 			// The group's own state (behind marks, tombstones) differs
 			// between members by design and is not what "in sync" compares
 			// (DESIGN.md, "Group state on the members").
-			if sync.Hidden(pkcs11.CKO_DATA, l) {
+			if object.Hidden(pkcs11.CKO_DATA, l) {
 				continue
 			}
 			holdings[i][l]++

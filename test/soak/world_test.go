@@ -21,7 +21,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/hagroup/hagroup/test/load"
 	"github.com/miekg/pkcs11"
 )
@@ -226,15 +226,15 @@ func (w *world) provision(ctx context.Context, labels []string) {
 		t.Fatal(err)
 	}
 	gc := cfg.Groups[0]
-	var targets []hasync.DomainTarget
+	var targets []domainkey.Target
 	for _, m := range gc.Members {
 		s, err := slot.Open(ctx, slot.Spec{Name: m.Name, Module: m.Module, TokenLabel: m.TokenLabel, PIN: w.userPIN.Clone()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		targets = append(targets, hasync.DomainTarget{Slot: s, SOPIN: w.soPIN.Clone(), UserPIN: w.userPIN.Clone()})
+		targets = append(targets, domainkey.Target{Slot: s, SOPIN: w.soPIN.Clone(), UserPIN: w.userPIN.Clone()})
 	}
-	err = hasync.InstallDomainKey(ctx, targets, gc.Serial)
+	err = domainkey.Install(ctx, targets, gc.Serial)
 	for _, tg := range targets {
 		tg.Slot.Close()
 	}

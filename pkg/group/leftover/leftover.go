@@ -17,7 +17,7 @@ import (
 	"slices"
 
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -47,7 +47,7 @@ type search struct {
 // New returns the searches for what calls leave. A call that names no
 // identity of its own takes source's (a copy keeps its source's); source
 // may be nil.
-func New(calls []Call, source *sync.Identity) Searches {
+func New(calls []Call, source *object.Identity) Searches {
 	var out Searches
 	for i, c := range calls {
 		base := []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_TOKEN, c.Token)}

@@ -15,7 +15,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/config"
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -49,12 +49,12 @@ func setup(t *testing.T) *fixture {
 	if err := g.Login(ctx, pkcs11.CKU_USER, secret.PINFromString(testhsm.UserPIN)); err != nil {
 		t.Fatalf("Login: %v", err)
 	}
-	var targets []sync.DomainTarget
+	var targets []domainkey.Target
 	for _, tok := range f.toks {
 		m, _ := g.Member(tok.Name)
-		targets = append(targets, sync.DomainTarget{Slot: m.Slot()})
+		targets = append(targets, domainkey.Target{Slot: m.Slot()})
 	}
-	if err := sync.InstallDomainKey(ctx, targets, serial); err != nil {
+	if err := domainkey.Install(ctx, targets, serial); err != nil {
 		t.Fatalf("install domain key: %v", err)
 	}
 	if f.s, err = g.OpenSession(ctx, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION); err != nil {

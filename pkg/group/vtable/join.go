@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -16,7 +16,7 @@ import (
 type Listing struct {
 	Member   *member.Member
 	Epoch    uint64
-	Objects  []sync.Object
+	Objects  []object.Object
 	Verified bool
 }
 
@@ -35,7 +35,7 @@ type Conflict struct {
 // material shares, left out; marking and reporting them is the caller's.
 func (t *Table) Join(ls []Listing) (hs []Handle, conflicts []Conflict) {
 	type entry struct {
-		id       sync.Identity
+		id       object.Identity
 		fp       []byte
 		conflict *Conflict
 		hs       []pkcs11.ObjectHandle // per listing; 0 = not there

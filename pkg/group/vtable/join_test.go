@@ -3,16 +3,16 @@ package vtable
 import (
 	"testing"
 
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
-func listed(id sync.Identity, h uint, fp string) sync.Object {
+func listed(id object.Identity, h uint, fp string) object.Object {
 	var f []byte
 	if fp != "" {
 		f = []byte(fp)
 	}
-	return sync.Object{Identity: id, Handle: pkcs11.ObjectHandle(h), Fingerprint: f, Token: true}
+	return object.Object{Identity: id, Handle: pkcs11.ObjectHandle(h), Fingerprint: f, Token: true}
 }
 
 // Join enters an object once however many members list it: verified
@@ -23,8 +23,8 @@ func TestJoinRecordsEveryMember(t *testing.T) {
 	m0, m1, m2 := newMember(t, "m0", 0), newMember(t, "m1", 1), newMember(t, "m2", 2)
 	a := key("a")
 	hs, conflicts := tb.Join([]Listing{
-		{Member: m0, Epoch: m0.Epoch(), Objects: []sync.Object{listed(a, 10, "fp")}, Verified: true},
-		{Member: m1, Epoch: m1.Epoch(), Objects: []sync.Object{listed(a, 11, "")}},
+		{Member: m0, Epoch: m0.Epoch(), Objects: []object.Object{listed(a, 10, "fp")}, Verified: true},
+		{Member: m1, Epoch: m1.Epoch(), Objects: []object.Object{listed(a, 11, "")}},
 		{Member: m2, Epoch: m2.Epoch()},
 	})
 	if len(conflicts) != 0 || len(hs) != 1 {
@@ -52,10 +52,10 @@ func TestJoinLeavesConflictsOut(t *testing.T) {
 	m0, m1 := newMember(t, "m0", 0), newMember(t, "m1", 1)
 	a, b, c := key("a"), key("b"), key("c")
 	hs, conflicts := tb.Join([]Listing{
-		{Member: m0, Epoch: m0.Epoch(), Verified: true, Objects: []sync.Object{
+		{Member: m0, Epoch: m0.Epoch(), Verified: true, Objects: []object.Object{
 			listed(a, 1, "fa"), listed(a, 2, "other"), listed(b, 3, "fb"), listed(c, 4, "fc"),
 		}},
-		{Member: m1, Epoch: m1.Epoch(), Verified: true, Objects: []sync.Object{
+		{Member: m1, Epoch: m1.Epoch(), Verified: true, Objects: []object.Object{
 			listed(b, 5, "fb2"), listed(c, 6, "fc"),
 		}},
 	})

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -36,7 +36,7 @@ type Object struct {
 	Handle Handle
 	Token  bool
 
-	id atomic.Pointer[hasync.Identity]
+	id atomic.Pointer[object.Identity]
 	fp atomic.Pointer[[]byte]
 
 	// Unextractable: the application made or set the key with
@@ -89,7 +89,7 @@ func (o *Object) cell(i int) *atomic.Pointer[Ref] {
 }
 
 // Identity returns what o is known by on the members.
-func (o *Object) Identity() hasync.Identity { return *o.id.Load() }
+func (o *Object) Identity() object.Identity { return *o.id.Load() }
 
 // Fingerprint returns the fingerprint of o's key material, nil while no
 // member gave one.
@@ -186,7 +186,7 @@ func New(width func() int) *Table {
 	}
 }
 
-func (t *Table) newObject(id hasync.Identity, token bool) *Object {
+func (t *Table) newObject(id object.Identity, token bool) *Object {
 	o := &Object{Handle: Handle(t.next.Add(1)), Token: token}
 	refs := make([]atomic.Pointer[Ref], t.width())
 	o.phys.Store(&refs)
@@ -208,7 +208,7 @@ func (t *Table) Purge(i int) {
 
 // Intern returns the token object with identity id, creating its entry on
 // first sight. created reports whether it is new.
-func (t *Table) Intern(id hasync.Identity) (o *Object, created bool) {
+func (t *Table) Intern(id object.Identity) (o *Object, created bool) {
 	k := id.Key()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -222,7 +222,7 @@ func (t *Table) Intern(id hasync.Identity) (o *Object, created bool) {
 }
 
 // AddSessionObject enters a new session object.
-func (t *Table) AddSessionObject(id hasync.Identity) *Object {
+func (t *Table) AddSessionObject(id object.Identity) *Object {
 	o := t.newObject(id, false)
 	t.byHandle.Store(o.Handle, o)
 	return o
@@ -275,7 +275,7 @@ func (t *Table) Remove(o *Object) {
 
 // Rekey moves a token object to a new identity (after CKA_ID or CKA_LABEL
 // changed).
-func (t *Table) Rekey(o *Object, id hasync.Identity) {
+func (t *Table) Rekey(o *Object, id object.Identity) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if o.Token {

@@ -4,12 +4,12 @@ import (
 	"testing"
 
 	"github.com/hagroup/hagroup/pkg/member"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
-func key(label string) sync.Identity {
-	return sync.Identity{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC, ID: []byte{1}, Label: label}
+func key(label string) object.Identity {
+	return object.Identity{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC, ID: []byte{1}, Label: label}
 }
 
 func newMember(t *testing.T, name string, index int) *member.Member {

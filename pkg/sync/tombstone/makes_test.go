@@ -12,7 +12,7 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/miekg/pkcs11"
 )
 
@@ -54,21 +54,21 @@ func TestStateOnEveryMake(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			s := makeToken(t, make)
-			inPlace, err := hasync.ProbeState(ctx, s)
+			inPlace, err := state.Probe(ctx, s)
 			if make == "tpm" {
 				// It carries none (tokenquirk.ReusesLiveHandles), and says so.
-				if !errors.Is(err, hasync.ErrNoStateHere) || hasync.CarriesState(s) {
-					t.Fatalf("ProbeState on the TPM: %v; want ErrNoStateHere", err)
+				if !errors.Is(err, state.ErrNotCarried) || state.Carries(s) {
+					t.Fatalf("Probe on the TPM: %v; want ErrNotCarried", err)
 				}
-				if _, err := hasync.WriteMark(ctx, s, "900", "m-away", "writer-1"); !errors.Is(err, hasync.ErrNoStateHere) {
-					t.Fatalf("WriteMark on the TPM: %v; want ErrNoStateHere", err)
+				if _, err := state.WriteMark(ctx, s, "900", "m-away", "writer-1"); !errors.Is(err, state.ErrNotCarried) {
+					t.Fatalf("WriteMark on the TPM: %v; want ErrNotCarried", err)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("ProbeState: %v", err)
+				t.Fatalf("Probe: %v", err)
 			}
-			t.Logf("%s: group state as %s, registers in place: %v", make, hasync.StateFormName(s), inPlace)
+			t.Logf("%s: group state as %s, registers in place: %v", make, state.FormName(s), inPlace)
 			const serial = "900"
 			const n = DefaultChunkRecords + 5 // a chunk and a register
 			w := shared(t, serial, []*slot.Slot{s})
@@ -81,7 +81,7 @@ func TestStateOnEveryMake(t *testing.T) {
 				}
 				all = append(all, tb)
 			}
-			if _, err := hasync.WriteMark(ctx, s, serial, "m-away", "writer-1"); err != nil {
+			if _, err := state.WriteMark(ctx, s, serial, "m-away", "writer-1"); err != nil {
 				t.Fatalf("WriteMark: %v", err)
 			}
 			readBack := func(when string) {
@@ -98,7 +98,7 @@ func TestStateOnEveryMake(t *testing.T) {
 						t.Fatalf("%s: tombstone %s lost", when, tb.Identity.Label)
 					}
 				}
-				marks, err := hasync.ReadMarks(ctx, s, serial)
+				marks, err := state.ReadMarks(ctx, s, serial)
 				if err != nil || len(marks) != 1 || marks[0].Member != "m-away" || marks[0].Writer != "writer-1" {
 					t.Fatalf("%s: ReadMarks = %+v, %v; want the one mark of m-away by writer-1", when, marks, err)
 				}
@@ -115,11 +115,11 @@ func TestStateOnEveryMake(t *testing.T) {
 			}
 			readBack("after the public session's attack")
 
-			marks, _ := hasync.ReadMarks(ctx, s, serial)
-			if err := hasync.ClearMark(ctx, serial, marks[0]); err != nil {
+			marks, _ := state.ReadMarks(ctx, s, serial)
+			if err := state.ClearMark(ctx, serial, marks[0]); err != nil {
 				t.Fatalf("ClearMark: %v", err)
 			}
-			if marks, err := hasync.ReadMarks(ctx, s, serial); err != nil || len(marks) != 0 {
+			if marks, err := state.ReadMarks(ctx, s, serial); err != nil || len(marks) != 0 {
 				t.Fatalf("ReadMarks after ClearMark = %+v, %v; want none", marks, err)
 			}
 		})
@@ -151,8 +151,8 @@ func attack(t *testing.T, ctx context.Context, s *slot.Slot, serial string) {
 	forged := tomb("victim", []byte{1})
 	forged.GroupSerial = serial
 	records := encodeRecords([]Tombstone{forged})
-	label := hasync.StateLabel(serial, StateKind)
-	mark := hasync.MarkLabel(serial, "m-victim")
+	label := state.Label(serial, StateKind)
+	mark := state.MarkLabel(serial, "m-victim")
 	planted := 0
 	for _, tmpl := range [][]*pkcs11.Attribute{
 		{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
@@ -160,9 +160,9 @@ func attack(t *testing.T, ctx context.Context, s *slot.Slot, serial string) {
 			pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, Application), pkcs11.NewAttribute(pkcs11.CKA_VALUE, records)},
 		{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
 			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, mark),
-			pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, hasync.MarkApplication), pkcs11.NewAttribute(pkcs11.CKA_VALUE, []byte("forger"))},
+			pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, state.MarkApplication), pkcs11.NewAttribute(pkcs11.CKA_VALUE, []byte("forger"))},
 		keyForm(label, Application, records),
-		keyForm(mark, hasync.MarkApplication, []byte("forger")),
+		keyForm(mark, state.MarkApplication, []byte("forger")),
 	} {
 		if _, err := s.CreateObject(ctx, tmpl); err == nil {
 			planted++

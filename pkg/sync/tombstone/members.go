@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/miekg/pkcs11"
 )
 
@@ -22,8 +23,8 @@ import (
 // destroy is recorded there too: the records go into this writer's
 // register on every member that can be reached (register.go; or, on a
 // member refusing records in a label, a private data object labelled
-// hasync.StateLabel(serial, StateKind) merged by union with what the
-// member holds, see hasync.WriteState), and a plan reads the union over
+// state.Label(serial, StateKind) merged by union with what the
+// member holds, see state.Write), and a plan reads the union over
 // every member it reaches. A process on another host, with another state directory, thus
 // honours a destroy as long as it reaches one member that saw it. The
 // local record (the journal, or memory) stays the write-ahead record: it
@@ -42,7 +43,7 @@ const Application = "hagroup/tombstones"
 // *Journal, or memory in a process without a state directory.
 type Local interface {
 	Record(ctx context.Context, t Tombstone) error
-	Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error)
+	Revive(ctx context.Context, id object.Identity, fingerprint []byte) (int, error)
 	// Records returns every record within the horizon, revocations too.
 	Records(ctx context.Context) ([]Tombstone, error)
 }
@@ -117,7 +118,7 @@ type written struct {
 	// quirk: the member refused records in a label; it is written with
 	// created objects (obj, records) instead.
 	quirk   atomic.Bool
-	obj     hasync.StateObject
+	obj     state.Object
 	records recordSet // what obj holds; nil: nothing written yet
 	// held is what the member is known to hold besides this writer's
 	// register (read at its last full read, and the chunks this process
@@ -159,7 +160,7 @@ func NewShared(local Local, groupSerial string, opts SharedOptions) *Shared {
 	if opts.MaxChunks <= 0 {
 		opts.MaxChunks = DefaultMaxChunks
 	}
-	return &Shared{local: local, serial: groupSerial, label: hasync.StateLabel(groupSerial, StateKind), opts: opts, id: newWriterID()}
+	return &Shared{local: local, serial: groupSerial, label: state.Label(groupSerial, StateKind), opts: opts, id: newWriterID()}
 }
 
 // SetMembers gives the members to keep the tombstones on: members returns
@@ -224,7 +225,7 @@ func (s *Shared) Record(ctx context.Context, t Tombstone) error {
 
 // Revive revokes the tombstones of the version id + fingerprint (see
 // Journal.Revive) locally and then on the members.
-func (s *Shared) Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error) {
+func (s *Shared) Revive(ctx context.Context, id object.Identity, fingerprint []byte) (int, error) {
 	n, err := s.local.Revive(ctx, id, fingerprint)
 	if err != nil || n == 0 {
 		return n, err
@@ -305,7 +306,7 @@ func (s *Shared) mergeObjects(ctx context.Context, m *slot.Slot, add recordSet, 
 		if !union.addAll(add, s.cutoff()) {
 			return union, nil
 		}
-		return union, s.write(ctx, m, w, epoch, union, []hasync.StateObject{w.obj})
+		return union, s.write(ctx, m, w, epoch, union, []state.Object{w.obj})
 	}
 	if held == nil { // as mergeRegister: the member gets what it lacks of the local record
 		all := s.localRecords(ctx)
@@ -331,8 +332,8 @@ func (s *Shared) mergeObjects(ctx context.Context, m *slot.Slot, add recordSet, 
 
 // write stores union on m and removes the objects it folds in; w.mu must
 // be held.
-func (s *Shared) write(ctx context.Context, m *slot.Slot, w *written, epoch uint64, union recordSet, folded []hasync.StateObject) error {
-	obj, err := hasync.WriteState(ctx, m, s.label, Application, encodeRecords(union.sorted()), folded)
+func (s *Shared) write(ctx context.Context, m *slot.Slot, w *written, epoch uint64, union recordSet, folded []state.Object) error {
+	obj, err := state.Write(ctx, m, s.label, Application, encodeRecords(union.sorted()), folded)
 	if obj.Handle != 0 || err == nil {
 		w.epoch, w.obj, w.records = epoch, obj, union
 	}
@@ -344,8 +345,8 @@ func (s *Shared) write(ctx context.Context, m *slot.Slot, w *written, epoch uint
 
 // memberRecords is what one member holds.
 type memberRecords struct {
-	objects   []hasync.StateObject // tombstone objects of the created form (chunks)
-	expired   []hasync.StateObject // of those, the ones holding no record within the horizon
+	objects   []state.Object // tombstone objects of the created form (chunks)
+	expired   []state.Object // of those, the ones holding no record within the horizon
 	registers []register
 	records   recordSet
 	chunked   recordSet // the records of objects
@@ -368,16 +369,16 @@ func (s *Shared) read(ctx context.Context, m *slot.Slot) (memberRecords, error) 
 // writers and the chunks' number rather than by the history.
 func (s *Shared) readAs(ctx context.Context, m *slot.Slot, light bool) (memberRecords, error) {
 	if !m.LoggedIn() {
-		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), hasync.ErrNotLoggedIn)
+		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: %w", s.serial, m.Name(), state.ErrNotLoggedIn)
 	}
-	hs, err := hasync.FindState(ctx, m, Application)
+	hs, err := state.Find(ctx, m, Application)
 	if err != nil {
 		return memberRecords{}, fmt.Errorf("tombstones of group %s: member %s: find: %w", s.serial, m.Name(), err)
 	}
 	out := memberRecords{records: recordSet{}, chunked: recordSet{}, light: light}
 	cutoff := s.cutoff()
 	for _, h := range hs {
-		st, ok, err := hasync.ReadState(ctx, m, h, Application, !light)
+		st, ok, err := state.Read(ctx, m, h, Application, !light)
 		if err != nil {
 			if slot.CodeOf(err) == pkcs11.CKR_OBJECT_HANDLE_INVALID {
 				continue
@@ -390,7 +391,7 @@ func (s *Shared) readAs(ctx context.Context, m *slot.Slot, light bool) (memberRe
 		label := st.Label
 		if label == s.label {
 			if !light {
-				s.readObject(m, hasync.StateObject{Handle: h, Value: st.Value}, &out, cutoff)
+				s.readObject(m, state.Object{Handle: h, Value: st.Value}, &out, cutoff)
 			}
 			continue
 		}
@@ -414,7 +415,7 @@ func (s *Shared) readAs(ctx context.Context, m *slot.Slot, light bool) (memberRe
 }
 
 // readObject adds a tombstone object of the created form to out.
-func (s *Shared) readObject(m *slot.Slot, o hasync.StateObject, out *memberRecords, cutoff time.Time) {
+func (s *Shared) readObject(m *slot.Slot, o state.Object, out *memberRecords, cutoff time.Time) {
 	ts, err := decodeRecords(o.Value, s.serial)
 	if err != nil {
 		// Never destroyed on our account: its content is unknown.
@@ -680,7 +681,7 @@ func appendRecords(b []byte, ts []Tombstone) []byte {
 		if t.Revoked {
 			f |= flagRevoked
 		}
-		if t.Identity.KeyType == hasync.NoKeyType {
+		if t.Identity.KeyType == object.NoKeyType {
 			f |= flagNoKeyType
 		}
 		if t.Fingerprint == nil {
@@ -727,7 +728,7 @@ func (d *decoder) records(serial string) ([]Tombstone, error) {
 		f := d.byte()
 		t := Tombstone{GroupSerial: serial, Revoked: f&flagRevoked != 0, Intent: f&flagIntent != 0}
 		t.Identity.Class = uint(d.uvarint())
-		t.Identity.KeyType = hasync.NoKeyType
+		t.Identity.KeyType = object.NoKeyType
 		if f&flagNoKeyType == 0 {
 			t.Identity.KeyType = uint(d.uvarint())
 		}

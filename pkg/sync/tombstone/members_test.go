@@ -10,7 +10,8 @@ import (
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/miekg/pkcs11"
 )
 
@@ -28,7 +29,7 @@ func (m *memoryLocal) Record(_ context.Context, t Tombstone) error {
 	return nil
 }
 
-func (m *memoryLocal) Revive(context.Context, hasync.Identity, []byte) (int, error) { return 0, nil }
+func (m *memoryLocal) Revive(context.Context, object.Identity, []byte) (int, error) { return 0, nil }
 
 func (m *memoryLocal) Records(context.Context) ([]Tombstone, error) {
 	m.mu.Lock()
@@ -60,9 +61,9 @@ func shared(tb testing.TB, serial string, slots []*slot.Slot) *Shared {
 func TestRecordsRoundTrip(t *testing.T) {
 	now := time.Unix(1700000000, 123456789)
 	in := []Tombstone{
-		{Identity: hasync.Identity{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC, ID: []byte{1, 2}, Label: "k"}, Fingerprint: []byte{9, 9}, Time: now, GroupSerial: "7"},
-		{Identity: hasync.Identity{Class: pkcs11.CKO_DATA, KeyType: hasync.NoKeyType, Label: "d"}, Time: now.Add(time.Second), GroupSerial: "7"},
-		{Identity: hasync.Identity{Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_AES, ID: []byte{}, Label: ""}, Fingerprint: []byte{}, Time: now, GroupSerial: "7", Revoked: true},
+		{Identity: object.Identity{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC, ID: []byte{1, 2}, Label: "k"}, Fingerprint: []byte{9, 9}, Time: now, GroupSerial: "7"},
+		{Identity: object.Identity{Class: pkcs11.CKO_DATA, KeyType: object.NoKeyType, Label: "d"}, Time: now.Add(time.Second), GroupSerial: "7"},
+		{Identity: object.Identity{Class: pkcs11.CKO_SECRET_KEY, KeyType: pkcs11.CKK_AES, ID: []byte{}, Label: ""}, Fingerprint: []byte{}, Time: now, GroupSerial: "7", Revoked: true},
 	}
 	b := encodeRecords(in)
 	out, err := decodeRecords(b, "7")
@@ -85,10 +86,10 @@ func TestRecordsRoundTrip(t *testing.T) {
 func TestPublicObjectIsNoTombstone(t *testing.T) {
 	ctx := context.Background()
 	slots := openTokens(t, 1)
-	forged := []Tombstone{{Identity: hasync.Identity{Class: pkcs11.CKO_DATA, KeyType: hasync.NoKeyType, Label: "victim"}, Time: time.Now(), GroupSerial: "55"}}
+	forged := []Tombstone{{Identity: object.Identity{Class: pkcs11.CKO_DATA, KeyType: object.NoKeyType, Label: "victim"}, Time: time.Now(), GroupSerial: "55"}}
 	if _, err := slots[0].CreateObject(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
-		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, hasync.StateLabel("55", StateKind)),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_LABEL, state.Label("55", StateKind)),
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE, encodeRecords(forged)),
 	}); err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func BenchmarkRecordOnMembers(b *testing.B) {
 		}
 		if n > 0 {
 			for _, s := range slots {
-				if _, err := hasync.WriteState(ctx, s, hasync.StateLabel(serial, StateKind), Application, encodeRecords(seed), nil); err != nil {
+				if _, err := state.Write(ctx, s, state.Label(serial, StateKind), Application, encodeRecords(seed), nil); err != nil {
 					b.Fatal(err)
 				}
 			}

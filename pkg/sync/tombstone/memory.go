@@ -7,7 +7,7 @@ import (
 	"slices"
 	"sync"
 
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 )
 
 // Memory keeps tombstones in memory for the life of a process: the
@@ -29,7 +29,7 @@ func (m *Memory) Record(_ context.Context, t Tombstone) error {
 // Revive revokes every tombstone of id + fingerprint not yet revoked
 // (see pkg/group's Reviver) and returns how many; a nil fingerprint
 // revives nothing.
-func (m *Memory) Revive(_ context.Context, id hasync.Identity, fingerprint []byte) (int, error) {
+func (m *Memory) Revive(_ context.Context, id object.Identity, fingerprint []byte) (int, error) {
 	if fingerprint == nil {
 		return 0, nil
 	}

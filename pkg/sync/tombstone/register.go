@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/miekg/pkcs11"
 )
 
@@ -30,7 +30,7 @@ import (
 //	<the group's state label>/<writer id>/<base64url of: "HGR1", write time, records, CRC-32>
 //
 // The label keeps the state prefix, so the object stays hidden from the
-// application (sync.Hidden). Only the owner changes its register, and
+// application (object.Hidden). Only the owner changes its register, and
 // after each change it checks the object is still there, creating it
 // again if it is gone (update-then-check). Another writer folds a
 // register (copies its records into its own, then destroys it after
@@ -179,7 +179,7 @@ func (s *Shared) readRegister(ctx context.Context, m *slot.Slot, known register)
 func (s *Shared) createRegister(ctx context.Context, m *slot.Slot, writer string, union recordSet) (register, error) {
 	at := s.opts.Now()
 	label := encodeRegister(s.label, writer, at, union.sorted())
-	tmpl, err := sync.StateTemplate(m, label, Application, nil, true)
+	tmpl, err := state.Template(m, label, Application, nil, true)
 	if err != nil {
 		return register{}, err
 	}
@@ -270,7 +270,7 @@ func (s *Shared) tooManyChunks(h *memberRecords) bool {
 // new chunk holds everything read). It keeps the number of objects on a
 // member to a few per writer and horizon.
 func (s *Shared) mergeChunks(ctx context.Context, m *slot.Slot, held *memberRecords) error {
-	if _, err := sync.WriteState(ctx, m, s.label, Application, encodeRecords(held.chunked.sorted()), held.objects); err != nil {
+	if _, err := state.Write(ctx, m, s.label, Application, encodeRecords(held.chunked.sorted()), held.objects); err != nil {
 		return fmt.Errorf("tombstones of group %s: merge %d chunks: %w", s.serial, len(held.objects), err)
 	}
 	return nil
@@ -370,7 +370,7 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 	defer w.mu.Unlock()
 	epoch := m.Epoch()
 	var own, fold []register
-	var expired []sync.StateObject
+	var expired []state.Object
 	// w.held nil: not known (no full read yet); a spread of more than
 	// a destroy's records then reads the member whole.
 	full := held != nil || w.reg.handle == 0 || w.epoch != epoch || (w.held == nil && len(add) > s.opts.ChunkRecords)
@@ -455,7 +455,7 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 		// Frozen into a chunk, the records leave the register, which a
 		// destroy rewrites whole: its size, and so a destroy's cost,
 		// stays within ChunkRecords whatever the history.
-		if _, err := sync.WriteState(ctx, m, s.label, Application, encodeRecords(union.sorted()), nil); err != nil {
+		if _, err := state.Write(ctx, m, s.label, Application, encodeRecords(union.sorted()), nil); err != nil {
 			return nil, fmt.Errorf("tombstones of group %s: freeze %d records into a chunk: %w", s.serial, len(union), err)
 		}
 		if w.held != nil { // nil stays "not known": the other chunks were not read
@@ -484,7 +484,7 @@ func (s *Shared) mergeRegister(ctx context.Context, m *slot.Slot, w *written, ad
 		errs = append(errs, s.destroyRegister(ctx, m, r))
 	}
 	for _, o := range expired {
-		errs = append(errs, sync.DestroyStateIfSame(ctx, m, s.label, Application, o))
+		errs = append(errs, state.DestroyIfSame(ctx, m, s.label, Application, o))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return union, fmt.Errorf("tombstones of group %s: %w", s.serial, err)

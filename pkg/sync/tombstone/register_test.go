@@ -13,7 +13,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/state"
 	"github.com/miekg/pkcs11"
 )
 
@@ -282,7 +282,7 @@ func TestObjectsOfTheCreatedFormAreRead(t *testing.T) {
 	clk := &clock{now: time.Now()}
 	old := tomb("old", []byte{1})
 	old.Time, old.GroupSerial = clk.Now(), "74"
-	if _, err := hasync.WriteState(ctx, slots[0], hasync.StateLabel("74", StateKind), Application, encodeRecords([]Tombstone{old}), nil); err != nil {
+	if _, err := state.Write(ctx, slots[0], state.Label("74", StateKind), Application, encodeRecords([]Tombstone{old}), nil); err != nil {
 		t.Fatal(err)
 	}
 	sh := sharedAt(t, "74", clk, &Memory{}, slots...)
@@ -306,7 +306,7 @@ func TestObjectsOfTheCreatedFormAreRead(t *testing.T) {
 	if !slots[0].LoggedIn() {
 		t.Fatal("the member is not logged in: its private state objects would not show")
 	}
-	objs, err := slots[0].FindObjects(ctx, append(hasync.PrivateState(), pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(hasync.StateLabel("74", StateKind)))))
+	objs, err := slots[0].FindObjects(ctx, append(state.Private(), pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(state.Label("74", StateKind)))))
 	if err != nil || len(objs) != 0 {
 		t.Errorf("the object past the horizon is still there (%d objects, %v)", len(objs), err)
 	}
@@ -372,7 +372,7 @@ func TestPublicRegisterIsNoTombstone(t *testing.T) {
 	slots := openTokens(t, 1)
 	forged := tomb("victim", []byte{1})
 	forged.Time, forged.GroupSerial = time.Now(), "76"
-	label := encodeRegister(hasync.StateLabel("76", StateKind), "0badc0de", time.Now(), []Tombstone{forged})
+	label := encodeRegister(state.Label("76", StateKind), "0badc0de", time.Now(), []Tombstone{forged})
 	if _, err := slots[0].CreateObject(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
 		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false), pkcs11.NewAttribute(pkcs11.CKA_APPLICATION, Application),

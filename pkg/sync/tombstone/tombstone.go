@@ -79,7 +79,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/internal/filelock"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"golang.org/x/sys/unix"
 )
 
@@ -104,7 +104,7 @@ const checkpointVersion = 1
 // Tombstone records that an object was destroyed through the group (or,
 // recorded ahead of the destroy, is about to be).
 type Tombstone struct {
-	Identity    hasync.Identity
+	Identity    object.Identity
 	Fingerprint []byte // of the destroyed object; nil when it had none
 	Time        time.Time
 	GroupSerial string
@@ -138,12 +138,12 @@ func (t Tombstone) String() string {
 	if t.Revoked {
 		what = "revoked destroy of"
 	}
-	return fmt.Sprintf("%s fingerprint=%s %s %s", t.Identity, hasync.FormatFingerprint(t.Fingerprint), what,
+	return fmt.Sprintf("%s fingerprint=%s %s %s", t.Identity, object.FormatFingerprint(t.Fingerprint), what,
 		t.Time.UTC().Format(time.RFC3339Nano))
 }
 
 // key is the map key of a tombstone: identity and fingerprint.
-func key(id hasync.Identity, fp []byte) string {
+func key(id object.Identity, fp []byte) string {
 	return id.Key() + "\x00" + string(fp)
 }
 
@@ -355,7 +355,7 @@ func (j *Journal) Record(ctx context.Context, t Tombstone) error {
 // nil fingerprint revives nothing (a fingerprint-less object is matched by
 // identity, and an identity may have been destroyed with other
 // material).
-func (j *Journal) Revive(ctx context.Context, id hasync.Identity, fingerprint []byte) (int, error) {
+func (j *Journal) Revive(ctx context.Context, id object.Identity, fingerprint []byte) (int, error) {
 	if fingerprint == nil {
 		return 0, nil
 	}
@@ -398,7 +398,7 @@ func (j *Journal) Revive(ctx context.Context, id hasync.Identity, fingerprint []
 
 // liveLocked counts, under a lock of kind how, the tombstones of id +
 // fingerprint that still count. j.mu must be held.
-func (j *Journal) liveLocked(ctx context.Context, id hasync.Identity, fingerprint []byte, how int) (int, error) {
+func (j *Journal) liveLocked(ctx context.Context, id object.Identity, fingerprint []byte, how int) (int, error) {
 	unlock, err := j.lock(ctx, how)
 	if err != nil {
 		return 0, err
@@ -413,7 +413,7 @@ func (j *Journal) liveLocked(ctx context.Context, id hasync.Identity, fingerprin
 // liveEntries returns the tombstones of id + fingerprint that still count:
 // not revoked, and inside the horizon. j.mu must be held and the journal
 // refreshed.
-func (j *Journal) liveEntries(id hasync.Identity, fingerprint []byte) []Tombstone {
+func (j *Journal) liveEntries(id object.Identity, fingerprint []byte) []Tombstone {
 	cutoff := j.cutoff()
 	var live []Tombstone
 	for _, t := range j.entries[key(id, fingerprint)] {
@@ -488,7 +488,7 @@ func lastLineEnd(f *os.File, size int64) (int64, error) {
 // Contains reports whether a tombstone within the horizon, not revoked,
 // says that the object with this identity and fingerprint was destroyed.
 // It reads what other processes have recorded since the last read.
-func (j *Journal) Contains(ctx context.Context, id hasync.Identity, fingerprint []byte) (bool, error) {
+func (j *Journal) Contains(ctx context.Context, id object.Identity, fingerprint []byte) (bool, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if err := j.readLocked(ctx); err != nil {
@@ -827,14 +827,14 @@ func (s *Set) put(k string, t Tombstone) {
 // was sent to a member and never answered (an Intent not revoked, within
 // the horizon): an object of that identity that one member being caught up
 // holds alone was never made by the group.
-func (s *Set) Unanswered(id hasync.Identity) bool {
+func (s *Set) Unanswered(id object.Identity) bool {
 	return s != nil && s.intents[intentKey(id)]
 }
 
 // intentKey is an identity's key without its key type, which a creation's
 // template need not give (the mechanism implies it).
-func intentKey(id hasync.Identity) string {
-	id.KeyType = hasync.NoKeyType
+func intentKey(id object.Identity) string {
+	id.KeyType = object.NoKeyType
 	return id.Key()
 }
 
@@ -863,7 +863,7 @@ func NewSet(ts ...Tombstone) *Set {
 
 // Contains reports whether the object with this identity and fingerprint
 // was destroyed through the group within the horizon.
-func (s *Set) Contains(id hasync.Identity, fingerprint []byte) bool {
+func (s *Set) Contains(id object.Identity, fingerprint []byte) bool {
 	if s == nil {
 		return false
 	}
@@ -875,7 +875,7 @@ func (s *Set) Contains(id hasync.Identity, fingerprint []byte) bool {
 // its fingerprint, was destroyed through the group within the horizon. A
 // plan asks it of objects whose fingerprint a member cannot compute (a
 // private key whose public half is gone), which Contains cannot match.
-func (s *Set) ContainsIdentity(id hasync.Identity) bool {
+func (s *Set) ContainsIdentity(id object.Identity) bool {
 	if s == nil {
 		return false
 	}
@@ -965,7 +965,7 @@ func toWire(t Tombstone) wireTombstone {
 		Revoked:     t.Revoked,
 		Intent:      t.Intent,
 	}
-	if t.Identity.KeyType != hasync.NoKeyType {
+	if t.Identity.KeyType != object.NoKeyType {
 		kt := t.Identity.KeyType
 		w.Identity.KeyType = &kt
 	}
@@ -988,7 +988,7 @@ func fromWire(w wireTombstone, serial string) (Tombstone, error) {
 		return Tombstone{}, fmt.Errorf("fingerprint: %w", err)
 	}
 	t := Tombstone{
-		Identity:    hasync.Identity{Class: w.Identity.Class, KeyType: hasync.NoKeyType, ID: id, Label: w.Identity.Label},
+		Identity:    object.Identity{Class: w.Identity.Class, KeyType: object.NoKeyType, ID: id, Label: w.Identity.Label},
 		Fingerprint: fp,
 		Time:        w.Time,
 		GroupSerial: w.Group,

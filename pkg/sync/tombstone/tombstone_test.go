@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/internal/testhsm"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 	"golang.org/x/sys/unix"
 )
@@ -67,8 +67,8 @@ func helperWriter() int {
 	return 0
 }
 
-func ident(label string) hasync.Identity {
-	return hasync.Identity{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC, ID: []byte("id-" + label), Label: label}
+func ident(label string) object.Identity {
+	return object.Identity{Class: pkcs11.CKO_PRIVATE_KEY, KeyType: pkcs11.CKK_EC, ID: []byte("id-" + label), Label: label}
 }
 
 func tomb(label string, fp []byte) Tombstone {
@@ -100,7 +100,7 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func mustContain(t *testing.T, j *Journal, id hasync.Identity, fp []byte, want bool) {
+func mustContain(t *testing.T, j *Journal, id object.Identity, fp []byte, want bool) {
 	t.Helper()
 	got, err := j.Contains(ctxT(t), id, fp)
 	if err != nil {
@@ -115,7 +115,7 @@ func TestRecordContains(t *testing.T) {
 	ctx := ctxT(t)
 	dir := t.TempDir()
 	j := openT(t, dir, Options{})
-	cert := hasync.Identity{Class: pkcs11.CKO_CERTIFICATE, KeyType: hasync.NoKeyType, Label: "web"}
+	cert := object.Identity{Class: pkcs11.CKO_CERTIFICATE, KeyType: object.NoKeyType, Label: "web"}
 	for _, tb := range []Tombstone{tomb("a", []byte{1, 2}), {Identity: cert, Fingerprint: []byte{9}}, {Identity: ident("nofp")}} {
 		if err := j.Record(ctx, tb); err != nil {
 			t.Fatal(err)

@@ -27,7 +27,7 @@ import (
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
-	"github.com/hagroup/hagroup/pkg/sync"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
 	"github.com/miekg/pkcs11"
 )
 
@@ -80,7 +80,7 @@ func run() error {
 	if *fill > 0 {
 		return fillKeys(ctx, g, *fillMember, user, *fill)
 	}
-	var targets []sync.DomainTarget
+	var targets []domainkey.Target
 	for _, m := range g.Members {
 		s, err := slot.Open(ctx, slot.Spec{
 			Name: m.Name, Module: m.Module, ModuleEnv: m.ModuleEnv,
@@ -91,9 +91,9 @@ func run() error {
 			return err
 		}
 		defer s.Close()
-		targets = append(targets, sync.DomainTarget{Slot: s, SOPIN: so, UserPIN: user})
+		targets = append(targets, domainkey.Target{Slot: s, SOPIN: so, UserPIN: user})
 	}
-	if err := sync.InstallDomainKey(ctx, targets, g.Serial); err != nil {
+	if err := domainkey.Install(ctx, targets, g.Serial); err != nil {
 		return err
 	}
 	if *ecKey == "" {

@@ -1,4 +1,4 @@
-package sync
+package state
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -29,14 +30,14 @@ import (
 // A token's make decides its form, so every process on every host reads
 // and writes one member the same way. A make that cannot keep objects
 // apart by handle (tokenquirk.ReusesLiveHandles) carries no group state
-// at all (CarriesState).
+// at all (Carries).
 
-// ErrNoStateHere is wrapped when group state is read from or written to a
-// member whose make carries none (CarriesState).
-var ErrNoStateHere = errors.New("the token's make carries no group state: a new object there may get the handle of a live one (tpm2-pkcs11)")
+// ErrNotCarried is wrapped when group state is read from or written to a
+// member whose make carries none (Carries).
+var ErrNotCarried = errors.New("the token's make carries no group state: a new object there may get the handle of a live one (tpm2-pkcs11)")
 
-// CarriesState reports whether the group keeps its state on s's token.
-func CarriesState(s *slot.Slot) bool {
+// Carries reports whether the group keeps its state on s's token.
+func Carries(s *slot.Slot) bool {
 	t := s.Token()
 	return !tokenquirk.ReusesLiveHandles(t.Manufacturer, t.Model)
 }
@@ -47,8 +48,8 @@ func keyForm(s *slot.Slot) bool {
 	return tokenquirk.NoTokenDataObjects(t.Manufacturer, t.Model)
 }
 
-// StateFormName names the form s carries group state in, for reports.
-func StateFormName(s *slot.Slot) string {
+// FormName names the form s carries group state in, for reports.
+func FormName(s *slot.Slot) string {
 	if keyForm(s) {
 		return "private generic secret keys (the make takes no data token objects)"
 	}
@@ -70,14 +71,14 @@ func privateState(s *slot.Slot) []*pkcs11.Attribute {
 			pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
 		}
 	}
-	return PrivateState()
+	return Private()
 }
 
-// StateTemplate returns the template of a new group state object on s:
+// Template returns the template of a new group state object on s:
 // label, application app, value, and whether its label may be rewritten.
-func StateTemplate(s *slot.Slot, label, app string, value []byte, modifiable bool) ([]*pkcs11.Attribute, error) {
-	if !CarriesState(s) {
-		return nil, fmt.Errorf("member %s: %w", s.Name(), ErrNoStateHere)
+func Template(s *slot.Slot, label, app string, value []byte, modifiable bool) ([]*pkcs11.Attribute, error) {
+	if !Carries(s) {
+		return nil, fmt.Errorf("member %s: %w", s.Name(), ErrNotCarried)
 	}
 	tmpl := append(privateState(s),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(label)),
@@ -115,12 +116,12 @@ func StateTemplate(s *slot.Slot, label, app string, value []byte, modifiable boo
 // keyIDPrefix starts the CKA_ID of a key-form object of application app.
 func keyIDPrefix(app string) []byte { return append([]byte(app), 0) }
 
-// FindState returns the handles of s's group state objects of application
-// app (in the key form, of every generic secret key: ReadState tells
+// Find returns the handles of s's group state objects of application
+// app (in the key form, of every generic secret key: Read tells
 // them apart). s must be logged in.
-func FindState(ctx context.Context, s *slot.Slot, app string) ([]pkcs11.ObjectHandle, error) {
-	if !CarriesState(s) {
-		return nil, fmt.Errorf("member %s: %w", s.Name(), ErrNoStateHere)
+func Find(ctx context.Context, s *slot.Slot, app string) ([]pkcs11.ObjectHandle, error) {
+	if !Carries(s) {
+		return nil, fmt.Errorf("member %s: %w", s.Name(), ErrNotCarried)
 	}
 	tmpl := privateState(s)
 	if !keyForm(s) {
@@ -129,18 +130,18 @@ func FindState(ctx context.Context, s *slot.Slot, app string) ([]pkcs11.ObjectHa
 	return s.FindObjects(ctx, tmpl)
 }
 
-// StateRead is what ReadState read of one object.
-type StateRead struct {
+// Content is what Read read of one object.
+type Content struct {
 	Label string
 	Value []byte // nil unless asked for
 }
 
-// ReadState reads object h of s as a group state object of application
+// Read reads object h of s as a group state object of application
 // app: its label, and its value when withValue. ok is false when h is
 // not one (another key, in the key form) or cannot be read whole yet
 // (being written). A handle that names nothing is a plain error: the
 // caller's checks (slot.CodeOf) apply.
-func ReadState(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, app string, withValue bool) (StateRead, bool, error) {
+func Read(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, app string, withValue bool) (Content, bool, error) {
 	types := []uint{pkcs11.CKA_LABEL, pkcs11.CKA_APPLICATION, pkcs11.CKA_VALUE}
 	if keyForm(s) {
 		types = []uint{pkcs11.CKA_LABEL, pkcs11.CKA_ID}
@@ -149,22 +150,22 @@ func ReadState(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, app str
 	}
 	attrs, err := s.GetAttributes(ctx, h, types)
 	if err != nil {
-		return StateRead{}, false, err
+		return Content{}, false, err
 	}
 	if len(attrs) != len(types) {
-		return StateRead{}, false, nil
+		return Content{}, false, nil
 	}
 	for _, a := range attrs {
 		if a.Status != pkcs11.CKR_OK {
-			return StateRead{}, false, nil
+			return Content{}, false, nil
 		}
 	}
-	r := StateRead{Label: string(attrs[0].Value)}
+	r := Content{Label: string(attrs[0].Value)}
 	if keyForm(s) {
 		p := keyIDPrefix(app)
 		id := attrs[1].Value
 		if len(id) < len(p)+keyTagLen || !bytes.Equal(id[:len(p)], p) {
-			return StateRead{}, false, nil
+			return Content{}, false, nil
 		}
 		if withValue {
 			r.Value = bytes.Clone(id[len(p)+keyTagLen:])
@@ -172,7 +173,7 @@ func ReadState(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, app str
 		return r, true, nil
 	}
 	if string(attrs[1].Value) != app {
-		return StateRead{}, false, nil
+		return Content{}, false, nil
 	}
 	if withValue {
 		r.Value = attrs[2].Value
@@ -180,26 +181,26 @@ func ReadState(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle, app str
 	return r, true, nil
 }
 
-// ProbeState tries on s what the group's state needs there, in s's form,
+// Probe tries on s what the group's state needs there, in s's form,
 // and leaves nothing: a state object holding a chunk's worth of value
 // made, read back and destroyed (err nil: s can hold the group's state),
 // and its label rewritten in place to one as long as a full tombstone
 // register (inPlace: registers are kept in place there; otherwise the
 // member is written with created objects, which cost more).
-func ProbeState(ctx context.Context, s *slot.Slot) (inPlace bool, err error) {
-	if !CarriesState(s) {
-		return false, ErrNoStateHere
+func Probe(ctx context.Context, s *slot.Slot) (inPlace bool, err error) {
+	if !Carries(s) {
+		return false, ErrNotCarried
 	}
 	const app = "hagroup/probe"
-	label := stateLabelPrefix + "probe"
+	label := object.StateLabelPrefix + "probe"
 	value := bytes.Repeat([]byte{0xa5}, probeLen)
-	tmpl, err := StateTemplate(s, label, app, value, true)
+	tmpl, err := Template(s, label, app, value, true)
 	if err != nil {
 		return false, err
 	}
 	h, err := s.CreateObject(ctx, tmpl)
 	if err != nil {
-		return false, fmt.Errorf("it refuses a group state object (%s): %w", StateFormName(s), err)
+		return false, fmt.Errorf("it refuses a group state object (%s): %w", FormName(s), err)
 	}
 	destroyed := false
 	defer func() {
@@ -207,14 +208,14 @@ func ProbeState(ctx context.Context, s *slot.Slot) (inPlace bool, err error) {
 			s.DestroyObject(context.WithoutCancel(ctx), h)
 		}
 	}()
-	r, ok, err := ReadState(ctx, s, h, app, true)
+	r, ok, err := Read(ctx, s, h, app, true)
 	if err != nil || !ok || r.Label != label || !bytes.Equal(r.Value, value) {
-		return false, fmt.Errorf("it does not give back the group state object it took (%s): %v", StateFormName(s), err)
+		return false, fmt.Errorf("it does not give back the group state object it took (%s): %v", FormName(s), err)
 	}
 	long := label + "/" + string(bytes.Repeat([]byte("r"), probeLen))
 	inPlace = s.SetAttributes(ctx, h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, long)}) == nil
 	if inPlace {
-		r, ok, err := ReadState(ctx, s, h, app, false)
+		r, ok, err := Read(ctx, s, h, app, false)
 		inPlace = err == nil && ok && r.Label == long
 	}
 	destroyed = true

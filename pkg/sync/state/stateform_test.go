@@ -1,4 +1,4 @@
-package sync
+package state
 
 import (
 	"testing"
@@ -15,7 +15,7 @@ import (
 func TestTPMReusesLiveHandles(t *testing.T) {
 	s := openSlot(t, testhsm.TPM(t, "tpm-handles"), nil)
 	ctx := testContext(t)
-	if CarriesState(s) {
+	if Carries(s) {
 		t.Fatalf("token %+v carries group state; want it keyed as reusing live handles", s.Token())
 	}
 	mk := func(label string) pkcs11.ObjectHandle {

@@ -1,4 +1,4 @@
-package sync
+package domainkey
 
 import (
 	"bytes"
@@ -11,20 +11,19 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
-const domainLabelPrefix = "hagroup-domain:"
-
-// ErrNoDomainKey is wrapped by errors saying a member holds no domain key
+// ErrNotFound is wrapped by errors saying a member holds no domain key
 // for the group.
-var ErrNoDomainKey = errors.New("no domain key")
+var ErrNotFound = errors.New("no domain key")
 
-// ErrDomainPartial is wrapped when some members of a group hold its domain
+// ErrPartial is wrapped when some members of a group hold its domain
 // key and others do not: the value cannot be recovered from a token, so
 // the missing members cannot be given the same key. Remove the domain key
-// from every member (RemoveDomainKey) and install a fresh one.
-var ErrDomainPartial = errors.New("domain key on some members only")
+// from every member (Remove) and install a fresh one.
+var ErrPartial = errors.New("domain key on some members only")
 
 // ErrNestedTemplates is wrapped when a member's module cannot create the
 // domain key with its nested CKA_UNWRAP_TEMPLATE although the token
@@ -34,12 +33,12 @@ var ErrDomainPartial = errors.New("domain key on some members only")
 // through a module that reaches the token directly.
 var ErrNestedTemplates = errors.New("the module cannot carry nested attribute templates")
 
-// DomainLabel is the CKA_LABEL of the domain key of the group with the
+// Label is the CKA_LABEL of the domain key of the group with the
 // given serial.
-func DomainLabel(groupSerial string) string { return domainLabelPrefix + groupSerial }
+func Label(groupSerial string) string { return object.DomainLabelPrefix + groupSerial }
 
-// DomainTarget is one member in a domain-key installation.
-type DomainTarget struct {
+// Target is one member in a domain-key installation.
+type Target struct {
 	// Slot is the member, opened and logged in as the user.
 	Slot *slot.Slot
 	// SOPIN, when set, makes the install trusted: the key is created by
@@ -52,7 +51,7 @@ type DomainTarget struct {
 	UserPIN secret.PIN
 }
 
-// domainKeyTemplate is the domain key: AES-256 with domainProtection,
+// Template is the domain key: AES-256 with domainProtection,
 // wrapping and unwrapping only and neither changed, copied nor extracted.
 // A trusted install's original is made by the SO as a public object and
 // copied to a private one by the user; SoftHSM refuses every attribute in
@@ -62,21 +61,21 @@ type DomainTarget struct {
 // Its CKA_ALLOWED_MECHANISMS and CKA_UNWRAP_TEMPLATE are read-only, so
 // nothing done to it in that moment makes it decrypt or unwrap a readable
 // key; a change to its usage shows in the copy, which is read back.
-func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkcs11.Attribute {
+func Template(label string, value []byte, private, trusted bool) []*pkcs11.Attribute {
 	t := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		pkcs11.NewAttribute(pkcs11.CKA_VALUE, value),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
-		boolAttr(pkcs11.CKA_TOKEN, true),
-		boolAttr(pkcs11.CKA_PRIVATE, private),
+		object.BoolAttr(pkcs11.CKA_TOKEN, true),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, private),
 	}
 	t = append(t, domainProtection()...)
 	if trusted {
-		t = override(t, []*pkcs11.Attribute{
-			boolAttr(pkcs11.CKA_TRUSTED, true),
-			boolAttr(pkcs11.CKA_MODIFIABLE, true),
-			boolAttr(pkcs11.CKA_COPYABLE, true),
+		t = object.Override(t, []*pkcs11.Attribute{
+			object.BoolAttr(pkcs11.CKA_TRUSTED, true),
+			object.BoolAttr(pkcs11.CKA_MODIFIABLE, true),
+			object.BoolAttr(pkcs11.CKA_COPYABLE, true),
 		})
 	}
 	return t
@@ -86,86 +85,86 @@ func domainKeyTemplate(label string, value []byte, private, trusted bool) []*pkc
 // domain key: private, and no longer modifiable.
 func privateCopyTemplate() []*pkcs11.Attribute {
 	return []*pkcs11.Attribute{
-		boolAttr(pkcs11.CKA_PRIVATE, true),
-		boolAttr(pkcs11.CKA_TOKEN, true),
-		boolAttr(pkcs11.CKA_MODIFIABLE, false),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, true),
+		object.BoolAttr(pkcs11.CKA_TOKEN, true),
+		object.BoolAttr(pkcs11.CKA_MODIFIABLE, false),
 	}
 }
 
-// unwrapTemplate is forced on every key unwrapped under the domain key.
+// UnwrapTemplate is forced on every key unwrapped under the domain key.
 // CKA_SENSITIVE=true stops a user from unwrapping a blob as a readable
 // key. A trusted install also forces CKA_WRAP_WITH_TRUSTED, so replicas
 // stay wrappable by the trusted domain key alone. An untrusted install
 // must not: a key with CKA_WRAP_WITH_TRUSTED can be wrapped only by a
 // CKA_TRUSTED key, and there is none, so replicas could never be
 // replicated again (from a member that outlived the primary).
-func unwrapTemplate(trusted bool) []*pkcs11.Attribute {
-	t := []*pkcs11.Attribute{boolAttr(pkcs11.CKA_SENSITIVE, true)}
+func UnwrapTemplate(trusted bool) []*pkcs11.Attribute {
+	t := []*pkcs11.Attribute{object.BoolAttr(pkcs11.CKA_SENSITIVE, true)}
 	if trusted {
-		t = append(t, boolAttr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
+		t = append(t, object.BoolAttr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
 	}
 	return t
 }
 
-// FindDomainKey returns the handle of the group's domain key on s: a
-// private AES key labelled DomainLabel(groupSerial) that may wrap and
+// Find returns the handle of the group's domain key on s: a
+// private AES key labelled Label(groupSerial) that may wrap and
 // unwrap. The handle is valid until the member's next logout. The error
-// wraps ErrNoDomainKey when there is none.
-func FindDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) (pkcs11.ObjectHandle, error) {
-	dk, err := findDomainKey(ctx, s, s.Name(), groupSerial)
-	return dk.h, err
+// wraps ErrNotFound when there is none.
+func Find(ctx context.Context, s *slot.Slot, groupSerial string) (pkcs11.ObjectHandle, error) {
+	dk, err := Lookup(ctx, s, s.Name(), groupSerial)
+	return dk.Handle, err
 }
 
-// foundKey is a domain key as findDomainKey sees it.
-type foundKey struct {
-	h       pkcs11.ObjectHandle
-	kcv     []byte // CKA_CHECK_VALUE
-	trusted bool   // CKA_TRUSTED
+// Found is a domain key as Lookup sees it.
+type Found struct {
+	Handle  pkcs11.ObjectHandle
+	KCV     []byte // CKA_CHECK_VALUE
+	Trusted bool   // CKA_TRUSTED
 }
 
-// findDomainKey searches with the most precise template the key allows
+// Lookup searches with the most precise template the key allows
 // (class, key type, label, private, token, wrap, unwrap), so the token
 // returns it alone; SoftHSM still visits every object to answer, which is
 // why Replicator remembers the handle.
-func findDomainKey(ctx context.Context, s store, member, groupSerial string) (foundKey, error) {
-	label := DomainLabel(groupSerial)
+func Lookup(ctx context.Context, s object.Store, member, groupSerial string) (Found, error) {
+	label := Label(groupSerial)
 	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
-		boolAttr(pkcs11.CKA_PRIVATE, true),
-		boolAttr(pkcs11.CKA_TOKEN, true),
-		boolAttr(pkcs11.CKA_WRAP, true),
-		boolAttr(pkcs11.CKA_UNWRAP, true),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, true),
+		object.BoolAttr(pkcs11.CKA_TOKEN, true),
+		object.BoolAttr(pkcs11.CKA_WRAP, true),
+		object.BoolAttr(pkcs11.CKA_UNWRAP, true),
 	})
 	if err != nil {
-		return foundKey{}, fmt.Errorf("member %s: find domain key %q: %w", member, label, err)
+		return Found{}, fmt.Errorf("member %s: find domain key %q: %w", member, label, err)
 	}
-	var found foundKey
+	var found Found
 	for _, h := range hs {
-		a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_VALUE_LEN, pkcs11.CKA_CHECK_VALUE, pkcs11.CKA_TRUSTED})
+		a, err := object.ReadAttrs(ctx, s, h, []uint{pkcs11.CKA_VALUE_LEN, pkcs11.CKA_CHECK_VALUE, pkcs11.CKA_TRUSTED})
 		if err != nil {
-			return foundKey{}, fmt.Errorf("member %s: read domain key %q: %w", member, label, err)
+			return Found{}, fmt.Errorf("member %s: read domain key %q: %w", member, label, err)
 		}
-		if n, _ := a.ulong(pkcs11.CKA_VALUE_LEN); n != 32 {
+		if n, _ := a.Ulong(pkcs11.CKA_VALUE_LEN); n != 32 {
 			continue
 		}
-		if found.h != 0 {
-			if !bytes.Equal(found.kcv, a[pkcs11.CKA_CHECK_VALUE]) {
-				return foundKey{}, fmt.Errorf("member %s: %w: two domain keys %q with check values %s and %s",
-					member, ErrConflict, label, FormatFingerprint(found.kcv), FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
+		if found.Handle != 0 {
+			if !bytes.Equal(found.KCV, a[pkcs11.CKA_CHECK_VALUE]) {
+				return Found{}, fmt.Errorf("member %s: %w: two domain keys %q with check values %s and %s",
+					member, object.ErrConflict, label, object.FormatFingerprint(found.KCV), object.FormatFingerprint(a[pkcs11.CKA_CHECK_VALUE]))
 			}
 			continue
 		}
-		found = foundKey{h: h, kcv: a[pkcs11.CKA_CHECK_VALUE], trusted: a.boolean(pkcs11.CKA_TRUSTED)}
+		found = Found{Handle: h, KCV: a[pkcs11.CKA_CHECK_VALUE], Trusted: a.Boolean(pkcs11.CKA_TRUSTED)}
 	}
-	if found.h == 0 {
-		return foundKey{}, fmt.Errorf("member %s: %w %q (AES-256, private, wrap+unwrap)", member, ErrNoDomainKey, label)
+	if found.Handle == 0 {
+		return Found{}, fmt.Errorf("member %s: %w %q (AES-256, private, wrap+unwrap)", member, ErrNotFound, label)
 	}
 	return found, nil
 }
 
-// InstallDomainKey gives every member the same new domain key for the
+// Install gives every member the same new domain key for the
 // group: one random AES-256 value, made in memory, installed on each
 // member, its key check value verified equal on all of them and against
 // the value, and then zeroed. With an SO PIN on a member the key is
@@ -176,13 +175,13 @@ func findDomainKey(ctx context.Context, s store, member, groupSerial string) (fo
 // CKA_UNWRAP_TEMPLATE forcing CKA_SENSITIVE, so no blob can be unwrapped
 // into a readable key, and the protection of domainRules and
 // CKA_ALLOWED_MECHANISMS, read back from every member: a token that does
-// not keep one of them fails the install (ErrWeakDomainKey, naming the
+// not keep one of them fails the install (ErrWeak, naming the
 // member and the attributes) and nothing stays installed.
 //
 // It does nothing if every member already holds a sound domain key with
 // one check value; it refuses (naming the member) if they differ
-// (ErrConflict), if only some members hold one (ErrDomainPartial), or if
-// one is weak (ErrWeakDomainKey: replace it with ReplaceDomainKey). Before
+// (ErrConflict), if only some members hold one (ErrPartial), or if
+// one is weak (ErrWeak: replace it with Replace). Before
 // making anything it refuses members that cannot wrap and unwrap with
 // CKM_AES_KEY_WRAP_PAD, the one use of a domain key (a *MechanismError
 // per member, wrapping ErrMechanismUnavailable). A member whose module
@@ -190,7 +189,7 @@ func findDomainKey(ctx context.Context, s store, member, groupSerial string) (fo
 // naming it. If installing fails on a member, the keys already installed
 // on the others are removed again, so that a retry starts clean; the
 // error names the member.
-func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial string) error {
+func Install(ctx context.Context, members []Target, groupSerial string) error {
 	if err := checkTargets(members, groupSerial); err != nil {
 		return fmt.Errorf("install domain key: %w", err)
 	}
@@ -206,7 +205,7 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	var firstKCV []byte
 	firstMember := ""
 	for _, m := range members {
-		d, err := AuditDomainKey(ctx, m.Slot, groupSerial)
+		d, err := Audit(ctx, m.Slot, groupSerial)
 		if err != nil {
 			return fmt.Errorf("install domain key: %w", err)
 		}
@@ -222,7 +221,7 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 			firstMember, firstKCV = m.Slot.Name(), d.CheckValue
 		} else if !bytes.Equal(d.CheckValue, firstKCV) {
 			return fmt.Errorf("install domain key: %w: member %s holds domain key %q with check value %s, member %s one with %s",
-				ErrConflict, m.Slot.Name(), DomainLabel(groupSerial), FormatFingerprint(d.CheckValue), firstMember, FormatFingerprint(firstKCV))
+				object.ErrConflict, m.Slot.Name(), Label(groupSerial), object.FormatFingerprint(d.CheckValue), firstMember, object.FormatFingerprint(firstKCV))
 		}
 	}
 	if len(weak) > 0 {
@@ -233,7 +232,7 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	}
 	if len(have) > 0 {
 		return fmt.Errorf("install domain key: %w: members %s hold %q (check value %s) but %s do not",
-			ErrDomainPartial, strings.Join(have, ", "), DomainLabel(groupSerial), FormatFingerprint(firstKCV), strings.Join(lack, ", "))
+			ErrPartial, strings.Join(have, ", "), Label(groupSerial), object.FormatFingerprint(firstKCV), strings.Join(lack, ", "))
 	}
 	if err := installAll(ctx, members, groupSerial); err != nil {
 		return fmt.Errorf("install domain key: %w", err)
@@ -241,14 +240,14 @@ func InstallDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 	return nil
 }
 
-// ReplaceDomainKey destroys the group's domain key on every member, sound,
-// weak or partial, and installs a new one as InstallDomainKey does. Nothing
+// Replace destroys the group's domain key on every member, sound,
+// weak or partial, and installs a new one as Install does. Nothing
 // is wrapped again: keys travel wrapped only while they are replicated,
 // never at rest. The members are checked (slots, PINs, the wrapping
 // mechanism) before anything is destroyed; an install that fails then
 // leaves no domain key on any member, and the error says so (replicating
 // private and secret keys waits until a domain key is installed).
-func ReplaceDomainKey(ctx context.Context, members []DomainTarget, groupSerial string) error {
+func Replace(ctx context.Context, members []Target, groupSerial string) error {
 	if err := checkTargets(members, groupSerial); err != nil {
 		return fmt.Errorf("replace domain key: %w", err)
 	}
@@ -260,7 +259,7 @@ func ReplaceDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 		return fmt.Errorf("replace domain key: %w", err)
 	}
 	for _, m := range members {
-		if err := RemoveDomainKey(ctx, m.Slot, groupSerial); err != nil {
+		if err := Remove(ctx, m.Slot, groupSerial); err != nil {
 			return fmt.Errorf("replace domain key: %w", err)
 		}
 	}
@@ -275,8 +274,8 @@ func ReplaceDomainKey(ctx context.Context, members []DomainTarget, groupSerial s
 // keep it one (keys reach them under keys agreed for each copy). When no
 // member keeps one, the error names each member and what its token does
 // not keep.
-func keepingWrapOnly(ctx context.Context, members []DomainTarget) ([]DomainTarget, error) {
-	var keep []DomainTarget
+func keepingWrapOnly(ctx context.Context, members []Target) ([]Target, error) {
+	var keep []Target
 	var not []error
 	for _, m := range members {
 		flaws, err := WrapOnlyFlaws(ctx, m.Slot)
@@ -296,7 +295,7 @@ func keepingWrapOnly(ctx context.Context, members []DomainTarget) ([]DomainTarge
 }
 
 // checkTargets refuses an installation that cannot start.
-func checkTargets(members []DomainTarget, groupSerial string) error {
+func checkTargets(members []Target, groupSerial string) error {
 	if len(members) == 0 {
 		return errors.New("no members")
 	}
@@ -317,17 +316,17 @@ func checkTargets(members []DomainTarget, groupSerial string) error {
 // checkWrapMechanism refuses, before anything is made, members that
 // cannot use a domain key: it serves CKM_AES_KEY_WRAP_PAD alone. A make
 // that carries keys by pair only takes none (keepingWrapOnly says so).
-func checkWrapMechanism(ctx context.Context, members []DomainTarget) error {
+func checkWrapMechanism(ctx context.Context, members []Target) error {
 	var unable []error
 	for _, m := range members {
-		if pairOnly(m.Slot) != nil {
+		if PairOnly(m.Slot) != nil {
 			continue
 		}
-		info, err := m.Slot.MechanismInfo(ctx, wrapMechanism)
+		info, err := m.Slot.MechanismInfo(ctx, Mechanism)
 		if err != nil && slot.ClassOf(err) != slot.ClassRequest {
-			return fmt.Errorf("member %s: ask for %s: %w", m.Slot.Name(), mechanismName(wrapMechanism), err)
+			return fmt.Errorf("member %s: ask for %s: %w", m.Slot.Name(), MechanismName(Mechanism), err)
 		}
-		if merr := mechanismError(m.Slot.Name(), info, err, pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP); merr != nil {
+		if merr := CheckMechanism(m.Slot.Name(), info, err, pkcs11.CKF_WRAP|pkcs11.CKF_UNWRAP); merr != nil {
 			unable = append(unable, merr)
 		}
 	}
@@ -337,7 +336,7 @@ func checkWrapMechanism(ctx context.Context, members []DomainTarget) error {
 // installAll makes one new value and installs it on every member, none
 // of which holds a domain key; on a failure the members done so far, and
 // the one that failed, are cleared again.
-func installAll(ctx context.Context, members []DomainTarget, groupSerial string) error {
+func installAll(ctx context.Context, members []Target, groupSerial string) error {
 	value := make([]byte, 32)
 	defer clear(value)
 	if _, err := rand.Read(value); err != nil {
@@ -354,13 +353,13 @@ func installAll(ctx context.Context, members []DomainTarget, groupSerial string)
 		}
 		if err != nil {
 			// Undo on this member too: it may hold part of the install.
-			undo := cleanupContext(ctx)
+			undo := object.CleanupContext(ctx)
 			for _, done := range members[:i+1] {
-				if rerr := RemoveDomainKey(undo.ctx, done.Slot, groupSerial); rerr != nil {
+				if rerr := Remove(undo.Ctx, done.Slot, groupSerial); rerr != nil {
 					err = errors.Join(err, fmt.Errorf("and removing it again failed: %w", rerr))
 				}
 			}
-			undo.cancel()
+			undo.Cancel()
 			return err
 		}
 	}
@@ -370,17 +369,17 @@ func installAll(ctx context.Context, members []DomainTarget, groupSerial string)
 // verifyInstalled reads the new domain key back from s: its check value
 // must be want and its protection whole.
 func verifyInstalled(ctx context.Context, s *slot.Slot, groupSerial string, want []byte) error {
-	d, err := AuditDomainKey(ctx, s, groupSerial)
+	d, err := Audit(ctx, s, groupSerial)
 	switch {
 	case err != nil:
 		return err
 	case !d.Found:
-		return fmt.Errorf("member %s: %w %q after installing it", s.Name(), ErrNoDomainKey, d.Label)
+		return fmt.Errorf("member %s: %w %q after installing it", s.Name(), ErrNotFound, d.Label)
 	case !bytes.Equal(d.CheckValue, want):
-		return fmt.Errorf("member %s: domain key check value %s, want %s", s.Name(), FormatFingerprint(d.CheckValue), FormatFingerprint(want))
+		return fmt.Errorf("member %s: domain key check value %s, want %s", s.Name(), object.FormatFingerprint(d.CheckValue), object.FormatFingerprint(want))
 	case d.Weak():
 		return fmt.Errorf("member %s: %w: the token did not keep the protection asked for the new key %q (%s), so it is not installed",
-			s.Name(), ErrWeakDomainKey, d.Label, strings.Join(d.Flaws, ", "))
+			s.Name(), ErrWeak, d.Label, strings.Join(d.Flaws, ", "))
 	}
 	return nil
 }
@@ -397,10 +396,10 @@ func aesKCV(value []byte) ([]byte, error) {
 	return out[:3], nil
 }
 
-func installOne(ctx context.Context, m DomainTarget, groupSerial string, value []byte) error {
+func installOne(ctx context.Context, m Target, groupSerial string, value []byte) error {
 	s := m.Slot
 	name := s.Name()
-	label := DomainLabel(groupSerial)
+	label := Label(groupSerial)
 	if !s.LoggedIn() {
 		return fmt.Errorf("member %s: install domain key: the user is not logged in", name)
 	}
@@ -409,7 +408,7 @@ func installOne(ctx context.Context, m DomainTarget, groupSerial string, value [
 		return fmt.Errorf("member %s: %w", name, err)
 	}
 	if m.SOPIN.Empty() {
-		if err := createNested(ctx, s, domainKeyTemplate(label, value, true, false), unwrapTemplate(false)); err != nil {
+		if err := createNested(ctx, s, Template(label, value, true, false), UnwrapTemplate(false)); err != nil {
 			return fmt.Errorf("member %s: create domain key: %w", name, err)
 		}
 		return nil
@@ -432,11 +431,11 @@ func installOne(ctx context.Context, m DomainTarget, groupSerial string, value [
 	if cerr != nil {
 		return fmt.Errorf("member %s: copy trusted domain key to a private object: %w", name, cerr)
 	}
-	dk, err := findDomainKey(ctx, s, name, groupSerial)
+	dk, err := Lookup(ctx, s, name, groupSerial)
 	if err != nil {
 		return err
 	}
-	if !dk.trusted {
+	if !dk.Trusted {
 		return fmt.Errorf("member %s: the private copy of the domain key lost CKA_TRUSTED", name)
 	}
 	return nil
@@ -444,7 +443,7 @@ func installOne(ctx context.Context, m DomainTarget, groupSerial string, value [
 
 // trustedCreate logs the user out and the SO in, creates the public
 // trusted key, and logs the user in again whatever happened.
-func trustedCreate(ctx context.Context, m DomainTarget, label string, value []byte) (err error) {
+func trustedCreate(ctx context.Context, m Target, label string, value []byte) (err error) {
 	s := m.Slot
 	if err := s.Logout(ctx); err != nil {
 		return fmt.Errorf("log the user out for the SO step: %w", err)
@@ -452,17 +451,17 @@ func trustedCreate(ctx context.Context, m DomainTarget, label string, value []by
 	defer func() {
 		// After C_Logout SoftHSM has dropped every private handle; callers
 		// look them up again.
-		rctx := cleanupContext(ctx)
-		defer rctx.cancel()
-		_ = s.Logout(rctx.ctx) // the SO, if logged in; an error here is not ours to report
-		if lerr := s.Login(rctx.ctx, pkcs11.CKU_USER, m.UserPIN); lerr != nil {
+		rctx := object.CleanupContext(ctx)
+		defer rctx.Cancel()
+		_ = s.Logout(rctx.Ctx) // the SO, if logged in; an error here is not ours to report
+		if lerr := s.Login(rctx.Ctx, pkcs11.CKU_USER, m.UserPIN); lerr != nil {
 			err = errors.Join(err, fmt.Errorf("log the user in again after the SO step: %w", lerr))
 		}
 	}()
 	if err := s.Login(ctx, pkcs11.CKU_SO, m.SOPIN); err != nil {
 		return fmt.Errorf("SO login: %w", err)
 	}
-	if err := createNested(ctx, s, domainKeyTemplate(label, value, false, true), unwrapTemplate(true)); err != nil {
+	if err := createNested(ctx, s, Template(label, value, false, true), UnwrapTemplate(true)); err != nil {
 		return fmt.Errorf("create trusted domain key as SO: %w", err)
 	}
 	return nil
@@ -492,7 +491,7 @@ func publicOriginals(ctx context.Context, s *slot.Slot, label string) ([]pkcs11.
 	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
-		boolAttr(pkcs11.CKA_PRIVATE, false),
+		object.BoolAttr(pkcs11.CKA_PRIVATE, false),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("find public domain keys %q: %w", label, err)
@@ -506,19 +505,19 @@ func removePublicOriginals(ctx context.Context, s *slot.Slot, label string) erro
 		return err
 	}
 	for _, h := range hs {
-		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+		if err := s.DestroyObject(ctx, h); err != nil && !object.IsGone(err) {
 			return fmt.Errorf("destroy public domain key %q: %w", label, err)
 		}
 	}
 	return nil
 }
 
-// RemoveDomainKey destroys the group's domain key (and any public original
+// Remove destroys the group's domain key (and any public original
 // left by an interrupted trusted install) on s. Not finding one is
 // success. Keys already replicated stay; only further replication needs a
 // domain key again.
-func RemoveDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) error {
-	label := DomainLabel(groupSerial)
+func Remove(ctx context.Context, s *slot.Slot, groupSerial string) error {
+	label := Label(groupSerial)
 	hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
@@ -527,9 +526,76 @@ func RemoveDomainKey(ctx context.Context, s *slot.Slot, groupSerial string) erro
 		return fmt.Errorf("member %s: find domain key %q: %w", s.Name(), label, err)
 	}
 	for _, h := range hs {
-		if err := s.DestroyObject(ctx, h); err != nil && !isGone(err) {
+		if err := s.DestroyObject(ctx, h); err != nil && !object.IsGone(err) {
 			return fmt.Errorf("member %s: destroy domain key %q: %w", s.Name(), label, err)
 		}
 	}
 	return nil
+}
+
+// Mechanism is the mechanism private and secret keys travel under.
+const Mechanism = pkcs11.CKM_AES_KEY_WRAP_PAD
+
+// ErrMechanismUnavailable is wrapped by errors saying that a member cannot
+// do what replication asks of it: wrap or unwrap with
+// CKM_AES_KEY_WRAP_PAD. It says what the member is, not how it is: such a
+// member can hold no replica of a private or secret key, and nothing is
+// wrong with its health (p11-kit 0.24's client, for one, does not carry
+// the mechanism). slot.ClassOf puts these errors in ClassRequest. Use
+// errors.As with *MechanismError for the member and the mechanism.
+var ErrMechanismUnavailable = errors.New("mechanism unavailable")
+
+// MechanismError says that Member cannot Use Mechanism.
+type MechanismError struct {
+	Member    string
+	Mechanism uint   // CKM_ value
+	Use       string // "wrap", "unwrap" or "wrap and unwrap"
+	// Err is the module's answer (CKR_MECHANISM_INVALID…); nil when the
+	// module offers the mechanism but not for this use.
+	Err error
+}
+
+func (e *MechanismError) Error() string {
+	why := "the module does not offer it"
+	if e.Err == nil {
+		why = "the module offers it, but not to " + e.Use
+	} else if slot.CodeOf(e.Err) != pkcs11.CKR_MECHANISM_INVALID {
+		why = e.Err.Error()
+	}
+	return fmt.Sprintf("member %s: %v: it cannot %s with %s (%s), so it can neither give nor take replicas of private and secret keys",
+		e.Member, ErrMechanismUnavailable, e.Use, MechanismName(e.Mechanism), why)
+}
+
+// Unwrap makes errors.Is(err, ErrMechanismUnavailable) true and keeps the
+// module's answer (or CKR_MECHANISM_INVALID) in the chain for slot.ClassOf
+// and slot.CodeOf.
+func (e *MechanismError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrMechanismUnavailable, e.Err}
+	}
+	return []error{ErrMechanismUnavailable, pkcs11.Error(pkcs11.CKR_MECHANISM_INVALID)}
+}
+
+// MechanismName names m for messages.
+func MechanismName(m uint) string {
+	switch m {
+	case pkcs11.CKM_AES_KEY_WRAP_PAD:
+		return "CKM_AES_KEY_WRAP_PAD"
+	case pkcs11.CKM_AES_KEY_WRAP:
+		return "CKM_AES_KEY_WRAP"
+	}
+	return fmt.Sprintf("mechanism 0x%x", m)
+}
+
+// CheckMechanism returns nil when info (asked of member, with err) has
+// every flag for Mechanism, and a *MechanismError when it does not.
+func CheckMechanism(member string, info pkcs11.MechanismInfo, err error, flag uint) error {
+	if err == nil && info.Flags&flag == flag {
+		return nil
+	}
+	use := map[uint]string{pkcs11.CKF_WRAP: "wrap", pkcs11.CKF_UNWRAP: "unwrap"}[flag]
+	if use == "" {
+		use = "wrap and unwrap"
+	}
+	return &MechanismError{Member: member, Mechanism: Mechanism, Use: use, Err: err}
 }

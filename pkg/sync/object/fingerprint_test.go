@@ -1,4 +1,4 @@
-package sync
+package object
 
 import (
 	"crypto/aes"
@@ -9,13 +9,11 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/asn1"
 	"errors"
 	"math/big"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/miekg/pkcs11"
 )
@@ -196,75 +194,4 @@ func TestFingerprints(t *testing.T) {
 			t.Errorf("ReadObject = %+v, %v; want the object with a nil fingerprint", o, err)
 		}
 	})
-}
-
-func selfSignedCert(t *testing.T) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(42),
-		Subject:      pkix.Name{CommonName: "hagroup test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return der
-}
-
-func TestList(t *testing.T) {
-	ss, toks := openN(t, 1)
-	s := ss[0]
-	ctx := testContext(t)
-	installDomain(t, "1000001", false, ss, toks)
-	ec := genEC(t, s, "list-ec", randomID(t))
-	ed := genEd25519(t, s, "list-ed", randomID(t))
-	aesKey := genAES(t, s, "list-aes", randomID(t))
-	d, err := s.CreateObject(ctx, []*pkcs11.Attribute{
-		attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, true),
-		attr(pkcs11.CKA_VALUE, []byte("x")), attr(pkcs11.CKA_LABEL, "list-data")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []pkcs11.ObjectHandle{ec.pub, ec.priv, ed.pub, ed.priv, aesKey, d}
-
-	objs, err := List(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(objs) != len(want) {
-		t.Fatalf("List returned %d objects, want %d (everything but the domain key): %+v", len(objs), len(want), objs)
-	}
-	byHandle := map[pkcs11.ObjectHandle]Object{}
-	for _, o := range objs {
-		if strings.HasPrefix(o.Label, "hagroup-domain:") {
-			t.Errorf("List returned the domain key %s", o.Identity)
-		}
-		byHandle[o.Handle] = o
-	}
-	for _, h := range want {
-		o, ok := byHandle[h]
-		if !ok {
-			t.Errorf("List lacks handle %d", h)
-			continue
-		}
-		fp := mustFingerprint(t, s, h)
-		if !sameBytes(o.Fingerprint, fp) {
-			t.Errorf("%s: List fingerprint %x, Fingerprint %x", o.Identity, o.Fingerprint, fp)
-		}
-		if !o.Token {
-			t.Errorf("%s: Token=false, want true", o.Identity)
-		}
-	}
-	if !byHandle[ec.priv].Private || byHandle[ec.pub].Label != "list-ec" {
-		t.Errorf("EC private key listed as %+v", byHandle[ec.priv])
-	}
-	if !sameBytes(byHandle[ec.priv].Fingerprint, byHandle[ec.pub].Fingerprint) {
-		t.Error("the halves of the EC pair have different fingerprints in the listing")
-	}
 }

@@ -1,4 +1,4 @@
-package sync
+package object
 
 import (
 	"context"
@@ -20,7 +20,7 @@ func TokenTemplate(id Identity) []*pkcs11.Attribute {
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
 	}
 	if id.Class != pkcs11.CKO_DATA { // data objects have no CKA_ID: it would match nothing
-		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
+		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, NonNil(id.ID)))
 	}
 	if id.KeyType != NoKeyType {
 		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
@@ -35,22 +35,22 @@ var nameTypes = []uint{pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkc
 // for the group's own (Hidden), which the application never sees. An
 // empty CKA_ID reads as nil.
 func ReadIdentity(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (id Identity, token, ok bool, err error) {
-	a, err := readAttrs(ctx, s, h, nameTypes)
+	a, err := ReadAttrs(ctx, s, h, nameTypes)
 	if err != nil {
 		if slot.ClassOf(err) == slot.ClassRequest {
 			return id, false, false, nil // destroyed meanwhile
 		}
 		return id, false, false, err
 	}
-	id.Class, _ = a.ulong(pkcs11.CKA_CLASS)
-	if id.KeyType, ok = a.ulong(pkcs11.CKA_KEY_TYPE); !ok {
+	id.Class, _ = a.Ulong(pkcs11.CKA_CLASS)
+	if id.KeyType, ok = a.Ulong(pkcs11.CKA_KEY_TYPE); !ok {
 		id.KeyType = NoKeyType
 	}
 	if len(a[pkcs11.CKA_ID]) > 0 {
 		id.ID = slices.Clone(a[pkcs11.CKA_ID])
 	}
 	id.Label = string(a[pkcs11.CKA_LABEL])
-	return id, a.boolean(pkcs11.CKA_TOKEN), !Hidden(id.Class, id.Label), nil
+	return id, a.Boolean(pkcs11.CKA_TOKEN), !Hidden(id.Class, id.Label), nil
 }
 
 // ListIdentities lists the objects on s the current login can see with

@@ -1,4 +1,4 @@
-package sync
+package state
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -30,7 +31,7 @@ const markKind = "behind:"
 // MarkLabel is the CKA_LABEL of a mark saying member missed a change of
 // the group with the given serial.
 func MarkLabel(groupSerial, member string) string {
-	return StateLabel(groupSerial, markKind+member)
+	return Label(groupSerial, markKind+member)
 }
 
 // Mark is one behind mark read from a member.
@@ -51,16 +52,16 @@ func ReadMarks(ctx context.Context, s *slot.Slot, groupSerial string) ([]Mark, e
 	if !s.LoggedIn() {
 		return nil, fmt.Errorf("member %s: read behind marks: %w", s.Name(), ErrNotLoggedIn)
 	}
-	hs, err := FindState(ctx, s, MarkApplication)
+	hs, err := Find(ctx, s, MarkApplication)
 	if err != nil {
 		return nil, fmt.Errorf("member %s: find behind marks: %w", s.Name(), err)
 	}
 	prefix := MarkLabel(groupSerial, "")
 	var out []Mark
 	for _, h := range hs {
-		r, ok, err := ReadState(ctx, s, h, MarkApplication, true)
+		r, ok, err := Read(ctx, s, h, MarkApplication, true)
 		if err != nil {
-			if isGone(err) {
+			if object.IsGone(err) {
 				continue // cleared meanwhile
 			}
 			return nil, fmt.Errorf("member %s: read behind mark (object %d): %w", s.Name(), h, err)
@@ -77,36 +78,23 @@ func ReadMarks(ctx context.Context, s *slot.Slot, groupSerial string) ([]Mark, e
 }
 
 // WriteMark leaves on s a mark saying member missed a change that writer
-// made, and returns its handle.
+// made (Write: a state object of s's form), and returns its handle.
 func WriteMark(ctx context.Context, s *slot.Slot, groupSerial, member, writer string) (pkcs11.ObjectHandle, error) {
-	if !s.LoggedIn() {
-		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, ErrNotLoggedIn)
-	}
-	tmpl, err := StateTemplate(s, MarkLabel(groupSerial, member), MarkApplication, []byte(writer), false)
+	o, err := Write(ctx, s, MarkLabel(groupSerial, member), MarkApplication, []byte(writer), nil)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("mark %s behind: %w", member, err)
 	}
-	h, err := s.CreateObject(ctx, tmpl)
-	if err != nil {
-		return 0, fmt.Errorf("member %s: mark %s behind: %w", s.Name(), member, err)
-	}
-	return h, nil
+	return o.Handle, nil
 }
 
 // ClearMark removes mark k from the member it was read from; one already
 // gone is no error. The handle is checked to be that mark still (label
-// and writer) before it is destroyed: a handle kept across a re-login may
-// name another object by then.
+// and writer: DestroyIfSame) before it is destroyed: a handle kept across
+// a re-login may name another object by then.
 func ClearMark(ctx context.Context, groupSerial string, k Mark) error {
-	r, ok, err := ReadState(ctx, k.On, k.Handle, MarkApplication, true)
-	if err != nil || !ok || r.Label != MarkLabel(groupSerial, k.Member) || string(r.Value) != k.Writer {
-		if err != nil && !isGone(err) && slot.ClassOf(err) != slot.ClassRequest {
-			return fmt.Errorf("member %s: read the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
-		}
-		return nil // gone, or no longer the mark
-	}
-	if err := k.On.DestroyObject(ctx, k.Handle); err != nil && !isGone(err) {
-		return fmt.Errorf("member %s: clear the mark that %s is behind (object %d): %w", k.On.Name(), k.Member, k.Handle, err)
+	o := Object{Handle: k.Handle, Value: []byte(k.Writer)}
+	if err := DestroyIfSame(ctx, k.On, MarkLabel(groupSerial, k.Member), MarkApplication, o); err != nil {
+		return fmt.Errorf("clear the mark that %s is behind: %w", k.Member, err)
 	}
 	return nil
 }

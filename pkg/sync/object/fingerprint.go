@@ -1,4 +1,4 @@
-package sync
+package object
 
 import (
 	"bytes"
@@ -23,14 +23,14 @@ import (
 // permission to encrypt.
 var ErrNoFingerprint = errors.New("no fingerprint")
 
-// identTypes are read first, for every object: the identity and storage
+// IdentTypes are read first, for every object: the identity and storage
 // flags. Every attribute a request names must exist on the object, or
 // the token answers CKR_ATTRIBUTE_TYPE_INVALID for the whole call and
 // pkg/slot falls back to one call per attribute (its cost:
 // docs/BENCHMARKS.md, "SoftHSM costs the code is shaped by"). These exist
 // on every key; certificates lack CKA_KEY_TYPE and data objects also
 // CKA_ID (SoftHSM refuses CKA_ID on data objects).
-var identTypes = []uint{
+var IdentTypes = []uint{
 	pkcs11.CKA_CLASS, pkcs11.CKA_KEY_TYPE, pkcs11.CKA_ID, pkcs11.CKA_LABEL,
 	pkcs11.CKA_TOKEN, pkcs11.CKA_PRIVATE,
 }
@@ -73,62 +73,71 @@ func materialTypes(class, keyType uint) []uint {
 //     allows CKA_ENCRYPT; a key's usage is never changed to fingerprint it.
 //   - certificates and data objects: SHA-256 of CKA_VALUE.
 func Fingerprint(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]byte, error) {
-	o, err := readObject(ctx, s, s.Name(), h, nil)
+	o, err := Read(ctx, s, s.Name(), h, nil)
 	if err != nil {
 		return nil, err
 	}
-	if o.fpErr != nil {
-		return nil, o.fpErr
+	if o.FpErr != nil {
+		return nil, o.FpErr
 	}
 	return o.Fingerprint, nil
 }
 
-// readObject reads h's identity and fingerprint. pubs, when non-nil,
+// ReadObject reads the identity, fingerprint and storage flags of h on s.
+// An object whose fingerprint the member cannot compute comes back with a
+// nil Fingerprint and no error (see ErrNoFingerprint); use Fingerprint to
+// learn why.
+func ReadObject(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) (Object, error) {
+	r, err := Read(ctx, s, s.Name(), h, nil)
+	return r.Object, err
+}
+
+// Read reads h's identity and fingerprint. pubs, when non-nil,
 // answers the public-counterpart question from a listing instead of a
-// FindObjects. A failure to compute the fingerprint is returned in fpErr,
+// FindObjects. A failure to compute the fingerprint is returned in FpErr,
 // not err, so that listings can carry such objects.
-type readResult struct {
+type Result struct {
 	Object
-	a           attrs
-	fpErr       error
+	Attrs       Attrs
+	FpErr       error
 	hasIdentity bool // Identity was read
 }
 
-func readObject(ctx context.Context, s store, member string, h pkcs11.ObjectHandle, pubs pubIndex) (readResult, error) {
-	r, err := readIdentity(ctx, s, member, h)
+func Read(ctx context.Context, s Store, member string, h pkcs11.ObjectHandle, pubs PubIndex) (Result, error) {
+	r, err := ReadIdent(ctx, s, member, h)
 	if err != nil {
-		return readResult{}, err
+		return Result{}, err
 	}
-	fp, err := fingerprintOf(ctx, s, h, r.Identity, r.a, pubs)
+	fp, err := FingerprintOf(ctx, s, h, r.Identity, r.Attrs, pubs)
 	if err != nil {
 		if !errors.Is(err, ErrNoFingerprint) {
-			return readResult{}, fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
+			return Result{}, fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
 		}
-		r.fpErr = fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
+		r.FpErr = fmt.Errorf("member %s: fingerprint of %s: %w", member, r.Identity, err)
 	}
 	r.Fingerprint = fp
 	return r, nil
 }
 
-// readIdentity reads h's identity, storage flags and the attributes its
+// ReadIdent reads h's identity, storage flags and the attributes its
 // fingerprint needs (materialTypes), in two GetAttributes calls. When the
-// second call fails, the result still carries the identity (see known).
-func readIdentity(ctx context.Context, s store, member string, h pkcs11.ObjectHandle) (readResult, error) {
-	a, err := readAttrs(ctx, s, h, identTypes)
+// second call fails, the result still carries the identity (see Known).
+func ReadIdent(ctx context.Context, s Store, member string, h pkcs11.ObjectHandle) (Result, error) {
+	a, err := ReadAttrs(ctx, s, h, IdentTypes)
 	if err != nil {
-		return readResult{}, fmt.Errorf("member %s: read attributes of object %d: %w", member, h, err)
+		return Result{}, fmt.Errorf("member %s: read attributes of object %d: %w", member, h, err)
 	}
-	r := readResult{a: a}
+	r := Result{Attrs: a}
 	r.Handle = h
-	r.Identity, err = identityOf(a)
+	r.Identity, err = IdentityOf(a)
 	if err != nil {
-		return readResult{}, fmt.Errorf("member %s: object %d: %w", member, h, err)
+		return Result{}, fmt.Errorf("member %s: object %d: %w", member, h, err)
 	}
 	r.hasIdentity = true
-	r.Token = a.boolean(pkcs11.CKA_TOKEN)
-	r.Private = a.boolean(pkcs11.CKA_PRIVATE)
+	r.Token = a.Boolean(pkcs11.CKA_TOKEN)
+	r.Private = a.Boolean(pkcs11.CKA_PRIVATE)
 	if types := materialTypes(r.Class, r.KeyType); len(types) > 0 {
-		m, err := readAttrs(ctx, s, h, types)
+		m, err := ReadAttrs(ctx, s, h, types)
 		if err != nil {
 			return r, fmt.Errorf("member %s: read attributes of %s: %w", member, r.Identity, err)
 		}
@@ -137,8 +146,8 @@ func readIdentity(ctx context.Context, s store, member string, h pkcs11.ObjectHa
 	return r, nil
 }
 
-// known returns the identity read, nil when none was.
-func (r readResult) known() *Identity {
+// Known returns the identity read, nil when none was.
+func (r Result) Known() *Identity {
 	if !r.hasIdentity {
 		return nil
 	}
@@ -146,86 +155,90 @@ func (r readResult) known() *Identity {
 	return &id
 }
 
-// errNoClass: the member gives no CKA_CLASS for an object.
-var errNoClass = errors.New("no readable CKA_CLASS")
+// ErrNoClass: the member gives no CKA_CLASS for an object.
+var ErrNoClass = errors.New("no readable CKA_CLASS")
 
-func identityOf(a attrs) (Identity, error) {
-	class, ok := a.ulong(pkcs11.CKA_CLASS)
+// IdentityOf is the identity that a holds.
+func IdentityOf(a Attrs) (Identity, error) {
+	class, ok := a.Ulong(pkcs11.CKA_CLASS)
 	if !ok {
-		return Identity{}, errNoClass
+		return Identity{}, ErrNoClass
 	}
-	kt, ok := a.ulong(pkcs11.CKA_KEY_TYPE)
+	kt, ok := a.Ulong(pkcs11.CKA_KEY_TYPE)
 	if !ok {
 		kt = NoKeyType
 	}
 	return Identity{Class: class, KeyType: kt, ID: a[pkcs11.CKA_ID], Label: string(a[pkcs11.CKA_LABEL])}, nil
 }
 
-// pubIndex finds the public keys that may be the other half of a private
+// PubIndex finds the public keys that may be the other half of a private
 // key: same key type, same non-empty CKA_ID. It returns their public-key
 // encodings.
-type pubIndex func(ctx context.Context, keyType uint, id []byte) ([][]byte, error)
+type PubIndex func(ctx context.Context, keyType uint, id []byte) ([][]byte, error)
 
-func fingerprintOf(ctx context.Context, s store, h pkcs11.ObjectHandle, id Identity, a attrs, pubs pubIndex) ([]byte, error) {
+// FingerprintOf computes the fingerprint of h, of identity id, from a.
+func FingerprintOf(ctx context.Context, s Store, h pkcs11.ObjectHandle, id Identity, a Attrs, pubs PubIndex) ([]byte, error) {
 	switch id.Class {
 	case pkcs11.CKO_PUBLIC_KEY:
-		enc, err := publicKeyEncoding(ctx, s, h, id.KeyType, a, true)
+		enc, err := PublicKeyEncoding(ctx, s, h, id.KeyType, a, true)
 		if err != nil {
 			return nil, err
 		}
-		return sum(enc), nil
+		return Sum(enc), nil
 	case pkcs11.CKO_PRIVATE_KEY:
-		enc, err := publicKeyEncoding(ctx, s, h, id.KeyType, a, false)
+		enc, err := PublicKeyEncoding(ctx, s, h, id.KeyType, a, false)
 		if err == nil {
-			return sum(enc), nil
+			return Sum(enc), nil
 		}
 		if !errors.Is(err, ErrNoFingerprint) {
 			return nil, err
 		}
 		if len(id.ID) == 0 {
 			if enc, err := ownECPoint(ctx, s, h, id.KeyType, a); err == nil {
-				return sum(enc), nil
+				return Sum(enc), nil
 			}
 			return nil, fmt.Errorf("%w: the token hides the public key of this private key and it has no CKA_ID to find its public half by", ErrNoFingerprint)
 		}
 		if pubs == nil {
-			pubs = findPublicHalves(s)
+			pubs = FindPublicHalves(s)
 		}
 		encs, err := pubs(ctx, id.KeyType, id.ID)
 		if err != nil {
 			return nil, err
 		}
-		encs = distinct(encs)
+		encs = Distinct(encs)
 		switch len(encs) {
 		case 0:
 			if enc, err := ownECPoint(ctx, s, h, id.KeyType, a); err == nil {
-				return sum(enc), nil
+				return Sum(enc), nil
 			}
 			return nil, fmt.Errorf("%w: the token hides the public key of this private key and there is no public key with CKA_ID %x", ErrNoFingerprint, id.ID)
 		case 1:
-			return sum(encs[0]), nil
+			return Sum(encs[0]), nil
 		}
 		return nil, fmt.Errorf("%w: %d different public keys carry CKA_ID %x", ErrNoFingerprint, len(encs), id.ID)
 	case pkcs11.CKO_SECRET_KEY:
-		if a.nonEmpty(pkcs11.CKA_CHECK_VALUE) {
+		if a.NonEmpty(pkcs11.CKA_CHECK_VALUE) {
 			return a[pkcs11.CKA_CHECK_VALUE], nil
 		}
-		return computeKCV(ctx, s, h, id.KeyType)
+		return ComputeKCV(ctx, s, h, id.KeyType)
 	default:
-		v, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_VALUE})
+		v, err := ReadAttrs(ctx, s, h, []uint{pkcs11.CKA_VALUE})
 		if err != nil {
 			return nil, fmt.Errorf("read CKA_VALUE: %w", err)
 		}
-		if !v.has(pkcs11.CKA_VALUE) {
+		if !v.Has(pkcs11.CKA_VALUE) {
 			return nil, fmt.Errorf("%w: CKA_VALUE is not readable", ErrNoFingerprint)
 		}
-		return sum(v[pkcs11.CKA_VALUE]), nil
+		return Sum(v[pkcs11.CKA_VALUE]), nil
 	}
 }
 
-func sum(b []byte) []byte { s := sha256.Sum256(b); return s[:] }
+// Sum is the SHA-256 of b.
+func Sum(b []byte) []byte { s := sha256.Sum256(b); return s[:] }
 
-func distinct(encs [][]byte) [][]byte {
+// Distinct drops repeated encodings.
+func Distinct(encs [][]byte) [][]byte {
 	var out [][]byte
 next:
 	for _, e := range encs {
@@ -242,22 +255,22 @@ next:
 // ownECPoint tries CKA_EC_POINT on an EC-type private key, which some
 // tokens show (SoftHSM does not), as a last resort: asking costs a failed
 // call where the attribute does not exist.
-func ownECPoint(ctx context.Context, s store, h pkcs11.ObjectHandle, keyType uint, a attrs) ([]byte, error) {
+func ownECPoint(ctx context.Context, s Store, h pkcs11.ObjectHandle, keyType uint, a Attrs) ([]byte, error) {
 	switch keyType {
 	case pkcs11.CKK_EC, slot.CKKECEdwards, slot.CKKECMontgomery:
 	default:
 		return nil, ErrNoFingerprint
 	}
-	m, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT})
+	m, err := ReadAttrs(ctx, s, h, []uint{pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT})
 	if err != nil {
 		return nil, err
 	}
 	maps.Copy(a, m)
-	return publicKeyEncoding(ctx, s, h, keyType, a, false)
+	return PublicKeyEncoding(ctx, s, h, keyType, a, false)
 }
 
-// findPublicHalves looks the public halves up on the token.
-func findPublicHalves(s store) pubIndex {
+// FindPublicHalves looks the public halves up on the token.
+func FindPublicHalves(s Store) PubIndex {
 	return func(ctx context.Context, keyType uint, id []byte) ([][]byte, error) {
 		hs, err := s.FindObjects(ctx, []*pkcs11.Attribute{
 			pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY),
@@ -269,11 +282,11 @@ func findPublicHalves(s store) pubIndex {
 		}
 		var encs [][]byte
 		for _, h := range hs {
-			a, err := readAttrs(ctx, s, h, materialTypes(pkcs11.CKO_PUBLIC_KEY, keyType))
+			a, err := ReadAttrs(ctx, s, h, materialTypes(pkcs11.CKO_PUBLIC_KEY, keyType))
 			if err != nil {
 				return nil, fmt.Errorf("read public half %d: %w", h, err)
 			}
-			enc, err := publicKeyEncoding(ctx, s, h, keyType, a, true)
+			enc, err := PublicKeyEncoding(ctx, s, h, keyType, a, true)
 			if errors.Is(err, ErrNoFingerprint) {
 				continue
 			}
@@ -302,23 +315,23 @@ type spki struct {
 	PublicKey asn1.BitString
 }
 
-// publicKeyEncoding returns the canonical encoding of the public key the
+// PublicKeyEncoding returns the canonical encoding of the public key the
 // attributes describe: a DER SubjectPublicKeyInfo where the key type is
 // known, so that the fingerprint is the one openssl and others compute.
 // isPublic says the object is a public key, whose CKA_VALUE (DSA, DH) may
 // be read; a private key's never is.
-func publicKeyEncoding(ctx context.Context, s store, h pkcs11.ObjectHandle, keyType uint, a attrs, isPublic bool) ([]byte, error) {
+func PublicKeyEncoding(ctx context.Context, s Store, h pkcs11.ObjectHandle, keyType uint, a Attrs, isPublic bool) ([]byte, error) {
 	switch keyType {
 	case pkcs11.CKK_RSA:
-		if a.nonEmpty(pkcs11.CKA_MODULUS) && a.nonEmpty(pkcs11.CKA_PUBLIC_EXPONENT) {
+		if a.NonEmpty(pkcs11.CKA_MODULUS) && a.NonEmpty(pkcs11.CKA_PUBLIC_EXPONENT) {
 			return rsaSPKI(a[pkcs11.CKA_MODULUS], a[pkcs11.CKA_PUBLIC_EXPONENT])
 		}
 	case pkcs11.CKK_EC, slot.CKKECEdwards, slot.CKKECMontgomery:
-		if a.nonEmpty(pkcs11.CKA_EC_PARAMS) && a.nonEmpty(pkcs11.CKA_EC_POINT) {
+		if a.NonEmpty(pkcs11.CKA_EC_PARAMS) && a.NonEmpty(pkcs11.CKA_EC_POINT) {
 			return ecSPKI(keyType, a[pkcs11.CKA_EC_PARAMS], a[pkcs11.CKA_EC_POINT])
 		}
 	}
-	if a.nonEmpty(pkcs11.CKA_PUBLIC_KEY_INFO) {
+	if a.NonEmpty(pkcs11.CKA_PUBLIC_KEY_INFO) {
 		var k spki
 		rest, err := asn1.Unmarshal(a[pkcs11.CKA_PUBLIC_KEY_INFO], &k)
 		if err != nil || len(rest) != 0 {
@@ -329,11 +342,11 @@ func publicKeyEncoding(ctx context.Context, s store, h pkcs11.ObjectHandle, keyT
 	if isPublic && keyType != pkcs11.CKK_RSA && keyType != pkcs11.CKK_EC && keyType != slot.CKKECEdwards && keyType != slot.CKKECMontgomery {
 		// DSA, DH and others: the public value and domain parameters,
 		// length-prefixed under a fixed label.
-		v, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_PRIME, pkcs11.CKA_SUBPRIME, pkcs11.CKA_BASE, pkcs11.CKA_VALUE})
+		v, err := ReadAttrs(ctx, s, h, []uint{pkcs11.CKA_PRIME, pkcs11.CKA_SUBPRIME, pkcs11.CKA_BASE, pkcs11.CKA_VALUE})
 		if err != nil {
 			return nil, fmt.Errorf("read public value: %w", err)
 		}
-		if v.nonEmpty(pkcs11.CKA_VALUE) {
+		if v.NonEmpty(pkcs11.CKA_VALUE) {
 			var b bytes.Buffer
 			b.Write(fallbackLabel)
 			binary.Write(&b, binary.BigEndian, uint64(keyType))
@@ -358,9 +371,9 @@ func rsaSPKI(modulus, exponent []byte) ([]byte, error) {
 	})
 }
 
-// ecPoint returns the raw point of CKA_EC_POINT, which PKCS#11 says is a
+// ECPoint returns the raw point of CKA_EC_POINT, which PKCS#11 says is a
 // DER OCTET STRING (SoftHSM does so); some tokens return the raw point.
-func ecPoint(v []byte) []byte {
+func ECPoint(v []byte) []byte {
 	var raw []byte
 	if rest, err := asn1.Unmarshal(v, &raw); err == nil && len(rest) == 0 {
 		return raw
@@ -369,7 +382,7 @@ func ecPoint(v []byte) []byte {
 }
 
 func ecSPKI(keyType uint, params, point []byte) ([]byte, error) {
-	raw := ecPoint(point)
+	raw := ECPoint(point)
 	alg := pkix.AlgorithmIdentifier{}
 	if keyType == pkcs11.CKK_EC {
 		alg.Algorithm = oidECPublic
@@ -402,10 +415,10 @@ func edCurve(params []byte) (asn1.ObjectIdentifier, error) {
 	return nil, fmt.Errorf("%w: CKA_EC_PARAMS %x names no known curve", ErrNoFingerprint, params)
 }
 
-// computeKCV computes a key check value where CKA_CHECK_VALUE is missing:
+// ComputeKCV computes a key check value where CKA_CHECK_VALUE is missing:
 // the first 3 bytes of the ECB encryption of a zero block, when the key
 // may encrypt.
-func computeKCV(ctx context.Context, s store, h pkcs11.ObjectHandle, keyType uint) ([]byte, error) {
+func ComputeKCV(ctx context.Context, s Store, h pkcs11.ObjectHandle, keyType uint) ([]byte, error) {
 	var mech uint
 	var block int
 	switch keyType {
@@ -416,11 +429,11 @@ func computeKCV(ctx context.Context, s store, h pkcs11.ObjectHandle, keyType uin
 	default:
 		return nil, fmt.Errorf("%w: no CKA_CHECK_VALUE and no way to compute one for this key type", ErrNoFingerprint)
 	}
-	a, err := readAttrs(ctx, s, h, []uint{pkcs11.CKA_ENCRYPT, pkcs11.CKA_ALLOWED_MECHANISMS})
+	a, err := ReadAttrs(ctx, s, h, []uint{pkcs11.CKA_ENCRYPT, pkcs11.CKA_ALLOWED_MECHANISMS})
 	if err != nil {
 		return nil, fmt.Errorf("read CKA_ENCRYPT: %w", err)
 	}
-	if !a.boolean(pkcs11.CKA_ENCRYPT) || !mechanismAllowed(a, mech) {
+	if !a.Boolean(pkcs11.CKA_ENCRYPT) || !MechanismAllowed(a, mech) {
 		return nil, fmt.Errorf("%w: no CKA_CHECK_VALUE and the key may not encrypt in ECB mode", ErrNoFingerprint)
 	}
 	kcv, err := kcvByEncrypt(ctx, s, h, mech, block)
@@ -430,7 +443,7 @@ func computeKCV(ctx context.Context, s store, h pkcs11.ObjectHandle, keyType uin
 	return kcv, err
 }
 
-func kcvByEncrypt(ctx context.Context, s store, h pkcs11.ObjectHandle, mech uint, block int) ([]byte, error) {
+func kcvByEncrypt(ctx context.Context, s Store, h pkcs11.ObjectHandle, mech uint, block int) ([]byte, error) {
 	ct, err := s.Encrypt(ctx, pkcs11.NewMechanism(mech, nil), h, make([]byte, block))
 	if err != nil {
 		return nil, fmt.Errorf("compute key check value: %w", err)

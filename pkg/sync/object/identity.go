@@ -1,9 +1,11 @@
-package sync
+package object
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -46,16 +48,16 @@ func (id Identity) String() string {
 	return fmt.Sprintf("%s id=%s label=%q", s, hexOrNone(id.ID), id.Label)
 }
 
-// template returns the FindObjects template matching id exactly. CKA_ID
+// Template returns the FindObjects template matching id exactly. CKA_ID
 // is left out for classes without it (data objects): a token matches no
 // object on an attribute the object lacks.
-func (id Identity) template() []*pkcs11.Attribute {
+func (id Identity) Template() []*pkcs11.Attribute {
 	t := []*pkcs11.Attribute{
 		pkcs11.NewAttribute(pkcs11.CKA_CLASS, id.Class),
 		pkcs11.NewAttribute(pkcs11.CKA_LABEL, []byte(id.Label)),
 	}
 	if hasID(id.Class) || len(id.ID) > 0 {
-		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, nonNil(id.ID)))
+		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_ID, NonNil(id.ID)))
 	}
 	if id.KeyType != NoKeyType {
 		t = append(t, pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, id.KeyType))
@@ -72,7 +74,8 @@ func hasID(class uint) bool {
 	return false
 }
 
-func nonNil(b []byte) []byte {
+// NonNil is b, or an empty slice for nil.
+func NonNil(b []byte) []byte {
 	if b == nil {
 		return []byte{}
 	}
@@ -148,3 +151,45 @@ func KeyTypeName(k uint) string {
 	}
 	return fmt.Sprintf("key type 0x%x", k)
 }
+
+// The labels of the group's own objects start with these (see Hidden).
+const (
+	DomainLabelPrefix = "hagroup-domain:"
+	StateLabelPrefix  = "hagroup-state:"
+)
+
+// Hidden reports whether an object of this class and label belongs to the
+// group itself — its domain key, or group state — and so is never shown
+// to an application, copied or deleted by a plan.
+func Hidden(class uint, label string) bool {
+	switch class {
+	case pkcs11.CKO_SECRET_KEY:
+		return strings.HasPrefix(label, DomainLabelPrefix) || strings.HasPrefix(label, StateLabelPrefix)
+	case pkcs11.CKO_DATA:
+		return strings.HasPrefix(label, StateLabelPrefix)
+	}
+	return false
+}
+
+// ErrConflict is wrapped by errors saying that two members hold different
+// objects under one identity (the duplicate-label hazard). It is reported,
+// never resolved by guessing. Use errors.As with *ConflictError for the
+// details.
+var ErrConflict = errors.New("conflict")
+
+// ConflictError says member Member holds Identity with fingerprint Have
+// where the source has Want.
+type ConflictError struct {
+	Identity Identity
+	Member   string
+	Want     []byte // the source's fingerprint
+	Have     []byte // the fingerprint on Member
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("member %s: %s: %v: it holds fingerprint %s, the source has %s",
+		e.Member, e.Identity, ErrConflict, FormatFingerprint(e.Have), FormatFingerprint(e.Want))
+}
+
+// Unwrap makes errors.Is(err, ErrConflict) true.
+func (e *ConflictError) Unwrap() error { return ErrConflict }

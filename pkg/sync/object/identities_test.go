@@ -1,4 +1,4 @@
-package sync
+package object
 
 import (
 	"context"
@@ -29,7 +29,7 @@ func TestListIdentities(t *testing.T) {
 	key := mk(attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES), attr(pkcs11.CKA_TOKEN, true),
 		attr(pkcs11.CKA_ID, []byte{1, 2}), attr(pkcs11.CKA_LABEL, "k"), attr(pkcs11.CKA_VALUE, make([]byte, 16)))
 	data := mk(attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_LABEL, "d"), attr(pkcs11.CKA_VALUE, []byte("v")))
-	mk(attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_LABEL, stateLabelPrefix+"mark"))
+	mk(attr(pkcs11.CKA_CLASS, pkcs11.CKO_DATA), attr(pkcs11.CKA_TOKEN, false), attr(pkcs11.CKA_LABEL, StateLabelPrefix+"mark"))
 
 	objs, err := ListIdentities(ctx, s)
 	if err != nil {

@@ -1,4 +1,4 @@
-package sync
+package domainkey
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -23,7 +24,7 @@ func TestInstallDomainKey(t *testing.T) {
 
 			var kcvs [][]byte
 			for _, s := range ss {
-				h, err := FindDomainKey(ctx, s, serial)
+				h, err := Find(ctx, s, serial)
 				if err != nil {
 					t.Fatalf("%s: %v", s.Name(), err)
 				}
@@ -46,11 +47,11 @@ func TestInstallDomainKey(t *testing.T) {
 				if mechs, ok := getAttr(t, s, h, pkcs11.CKA_ALLOWED_MECHANISMS); !ok || !sameMechanisms(mechs, []uint{pkcs11.CKM_AES_KEY_WRAP_PAD}) {
 					t.Errorf("%s: CKA_ALLOWED_MECHANISMS %x, want CKM_AES_KEY_WRAP_PAD alone", s.Name(), mechs)
 				}
-				if d, err := AuditDomainKey(ctx, s, serial); err != nil || !d.Found || len(d.Flaws) > 0 || d.Trusted != trusted {
+				if d, err := Audit(ctx, s, serial); err != nil || !d.Found || len(d.Flaws) > 0 || d.Trusted != trusted {
 					t.Errorf("%s: audit %+v, %v; want a sound key found", s.Name(), d, err)
 				}
-				if n := len(findByLabel(t, s, DomainLabel(serial))); n != 1 {
-					t.Errorf("%s: %d objects labelled %q, want the private key only", s.Name(), n, DomainLabel(serial))
+				if n := len(findByLabel(t, s, Label(serial))); n != 1 {
+					t.Errorf("%s: %d objects labelled %q, want the private key only", s.Name(), n, Label(serial))
 				}
 			}
 			if len(kcvs[0]) != 3 || !bytes.Equal(kcvs[0], kcvs[1]) {
@@ -60,13 +61,13 @@ func TestInstallDomainKey(t *testing.T) {
 			// Installing again changes nothing.
 			installDomain(t, serial, trusted, ss, toks)
 			for _, s := range ss {
-				if n := len(findByLabel(t, s, DomainLabel(serial))); n != 1 {
+				if n := len(findByLabel(t, s, Label(serial))); n != 1 {
 					t.Errorf("%s: after a second install %d domain keys, want 1", s.Name(), n)
 				}
 			}
 
 			s := ss[0]
-			dk, err := FindDomainKey(ctx, s, serial)
+			dk, err := Find(ctx, s, serial)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,16 +148,16 @@ func TestInstallDomainKeyRefuses(t *testing.T) {
 	installDomain(t, serial, false, []*slot.Slot{a}, toks[:1])
 	installDomain(t, serial, false, []*slot.Slot{b}, toks[1:2])
 
-	err := InstallDomainKey(ctx, []DomainTarget{{Slot: a}, {Slot: b}}, serial)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), b.Name()) {
+	err := Install(ctx, []Target{{Slot: a}, {Slot: b}}, serial)
+	if !errors.Is(err, object.ErrConflict) || !strings.Contains(err.Error(), b.Name()) {
 		t.Errorf("install over two different domain keys: %v, want ErrConflict naming %s", err, b.Name())
 	}
-	err = InstallDomainKey(ctx, []DomainTarget{{Slot: a}, {Slot: c}}, serial)
-	if !errors.Is(err, ErrDomainPartial) || !strings.Contains(err.Error(), c.Name()) {
-		t.Errorf("install where one member lacks the key: %v, want ErrDomainPartial naming %s", err, c.Name())
+	err = Install(ctx, []Target{{Slot: a}, {Slot: c}}, serial)
+	if !errors.Is(err, ErrPartial) || !strings.Contains(err.Error(), c.Name()) {
+		t.Errorf("install where one member lacks the key: %v, want ErrPartial naming %s", err, c.Name())
 	}
-	if _, err := FindDomainKey(ctx, c, serial); !errors.Is(err, ErrNoDomainKey) {
-		t.Errorf("after a refused install %s: %v, want ErrNoDomainKey", c.Name(), err)
+	if _, err := Find(ctx, c, serial); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after a refused install %s: %v, want ErrNotFound", c.Name(), err)
 	}
 }
 
@@ -165,7 +166,7 @@ func TestInstallDomainKeyFailureRollsBack(t *testing.T) {
 	a, b := ss[0], ss[1]
 	ctx := testContext(t)
 	const serial = "5151"
-	err := InstallDomainKey(ctx, []DomainTarget{
+	err := Install(ctx, []Target{
 		{Slot: a, SOPIN: secret.PINFromString(toks[0].SOPIN), UserPIN: secret.PINFromString(toks[0].UserPIN)},
 		{Slot: b, SOPIN: secret.PINFromString("wrong-so-pin"), UserPIN: secret.PINFromString(toks[1].UserPIN)},
 	}, serial)
@@ -176,7 +177,7 @@ func TestInstallDomainKeyFailureRollsBack(t *testing.T) {
 		t.Fatalf("error reveals a PIN: %v", err)
 	}
 	for _, s := range ss {
-		if n := len(findByLabel(t, s, DomainLabel(serial))); n != 0 {
+		if n := len(findByLabel(t, s, Label(serial))); n != 0 {
 			t.Errorf("%s: %d domain key objects left after a failed install", s.Name(), n)
 		}
 		// The user is logged in again: a private object can be made and found.
@@ -190,8 +191,8 @@ func TestInstallDomainKeyFailureRollsBack(t *testing.T) {
 }
 
 // TestReplaceDomainKey: a weak domain key (made the old way: modifiable,
-// any mechanism) fails the audit and InstallDomainKey keeps it refused;
-// ReplaceDomainKey puts a new, sound value on every member and leaves one
+// any mechanism) fails the audit and Install keeps it refused;
+// Replace puts a new, sound value on every member and leaves one
 // key per member.
 func TestReplaceDomainKey(t *testing.T) {
 	ss, _ := openN(t, 2)
@@ -201,7 +202,7 @@ func TestReplaceDomainKey(t *testing.T) {
 	for _, s := range ss {
 		old := []*pkcs11.Attribute{
 			attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES),
-			attr(pkcs11.CKA_VALUE, value), attr(pkcs11.CKA_LABEL, DomainLabel(serial)),
+			attr(pkcs11.CKA_VALUE, value), attr(pkcs11.CKA_LABEL, Label(serial)),
 			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true),
 			attr(pkcs11.CKA_EXTRACTABLE, false), attr(pkcs11.CKA_WRAP, true), attr(pkcs11.CKA_UNWRAP, true),
 			attr(pkcs11.CKA_DECRYPT, false), attr(pkcs11.CKA_ENCRYPT, false),
@@ -209,32 +210,32 @@ func TestReplaceDomainKey(t *testing.T) {
 		if _, err := s.CreateObject(ctx, old); err != nil {
 			t.Fatal(err)
 		}
-		d, err := AuditDomainKey(ctx, s, serial)
+		d, err := Audit(ctx, s, serial)
 		if err != nil || !d.Weak() || !slices.Contains(d.Flaws, "CKA_MODIFIABLE=true") {
 			t.Fatalf("%s: audit of the old key %+v, %v; want weak with CKA_MODIFIABLE=true", s.Name(), d, err)
 		}
 	}
-	targets := []DomainTarget{{Slot: ss[0]}, {Slot: ss[1]}}
-	err := InstallDomainKey(ctx, targets, serial)
-	var we *WeakDomainKeyError
+	targets := []Target{{Slot: ss[0]}, {Slot: ss[1]}}
+	err := Install(ctx, targets, serial)
+	var we *WeakError
 	if !errors.As(err, &we) || we.Member != ss[0].Name() {
-		t.Fatalf("install over a weak key: %v, want a *WeakDomainKeyError naming %s", err, ss[0].Name())
+		t.Fatalf("install over a weak key: %v, want a *WeakError naming %s", err, ss[0].Name())
 	}
-	if err := ReplaceDomainKey(ctx, targets, serial); err != nil {
+	if err := Replace(ctx, targets, serial); err != nil {
 		t.Fatalf("replace: %v", err)
 	}
 	oldKCV, _ := aesKCV(value)
 	var kcvs [][]byte
 	for _, s := range ss {
-		d, err := AuditDomainKey(ctx, s, serial)
+		d, err := Audit(ctx, s, serial)
 		if err != nil || !d.Found || len(d.Flaws) > 0 {
 			t.Fatalf("%s: audit after replace %+v, %v", s.Name(), d, err)
 		}
 		if bytes.Equal(d.CheckValue, oldKCV) {
 			t.Errorf("%s: the old value is still the domain key", s.Name())
 		}
-		if n := len(findByLabel(t, s, DomainLabel(serial))); n != 1 {
-			t.Errorf("%s: %d objects labelled %q after replace, want 1", s.Name(), n, DomainLabel(serial))
+		if n := len(findByLabel(t, s, Label(serial))); n != 1 {
+			t.Errorf("%s: %d objects labelled %q after replace, want 1", s.Name(), n, Label(serial))
 		}
 		kcvs = append(kcvs, d.CheckValue)
 	}
@@ -251,7 +252,7 @@ func TestReplaceDomainKeyFailure(t *testing.T) {
 	ctx := testContext(t)
 	const serial = "88replacefail"
 	installDomain(t, serial, false, ss, toks)
-	err := ReplaceDomainKey(ctx, []DomainTarget{
+	err := Replace(ctx, []Target{
 		{Slot: ss[0], SOPIN: secret.PINFromString(toks[0].SOPIN), UserPIN: secret.PINFromString(toks[0].UserPIN)},
 		{Slot: ss[1], SOPIN: secret.PINFromString("wrong-so-pin"), UserPIN: secret.PINFromString(toks[1].UserPIN)},
 	}, serial)
@@ -262,7 +263,7 @@ func TestReplaceDomainKeyFailure(t *testing.T) {
 		t.Fatalf("error reveals a PIN: %v", err)
 	}
 	for _, s := range ss {
-		if n := len(findByLabel(t, s, DomainLabel(serial))); n != 0 {
+		if n := len(findByLabel(t, s, Label(serial))); n != 0 {
 			t.Errorf("%s: %d domain key objects left after the failed replacement", s.Name(), n)
 		}
 	}
