@@ -30,8 +30,6 @@ func prove(t *testing.T, src, dst *slot.Slot) PairWays {
 
 var (
 	padWay = Way{pkcs11.CKM_AES_KEY_WRAP_PAD, pkcs11.CKM_AES_KEY_WRAP_PAD}
-	kwpWay = Way{CKMAESKeyWrapKWP, CKMAESKeyWrapKWP}
-	cbc    = Way{pkcs11.CKM_AES_CBC_PAD, pkcs11.CKM_AES_CBC_PAD}
 	// SoftHSM's _PAD is NSS's KWP, and the other way round.
 	padToKWP = Way{pkcs11.CKM_AES_KEY_WRAP_PAD, CKMAESKeyWrapKWP}
 )
