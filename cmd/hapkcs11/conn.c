@@ -22,7 +22,6 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -31,7 +30,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -124,67 +122,12 @@ static ssize_t recv_some(int fd, void *p, size_t n)
 	}
 }
 
-/* How long a side may spin for the first bytes of a frame before it
- * blocks in recv: the client for its reply, the helper's thread for the
- * next request of its connection. On a VM whose idle vCPUs halt, a
- * blocked recv costs a wake-up through the hypervisor and cold caches,
- * about as much as a software token's signature: the same reason, and
- * the same bounds, as pkg/slot's callerSpin and workerSpin. A thread
- * spins only while its recent waits were within its bound, so a slow
- * member's caller blocks at once. */
-#define HAP_CLIENT_SPIN_NS 250000
-#define HAP_SERVE_SPIN_NS 30000
-
-static long long now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (long long)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-/* recv_first reads the first bytes of a frame, spinning for up to spin_ns
- * while this thread's recent waits (a moving average, at most twice the
- * bound) were within it; -1 as recv_some. A thread preempted while it
- * spun had no CPU to spare (the processes of a prefork server are many
- * more than the CPUs): it counts that wait as long, so it sleeps the next
- * few. */
-static ssize_t recv_first(int fd, void *p, size_t n, long long spin_ns)
-{
-	static __thread long long est;
-	long long start = now_ns(), w;
-	ssize_t r;
-	if (spin_ns > 0 && est <= spin_ns) {
-		struct rusage before, after;
-		getrusage(RUSAGE_THREAD, &before);
-		for (;;) {
-			r = recv(fd, p, n, MSG_DONTWAIT);
-			if (r > 0) {
-				getrusage(RUSAGE_THREAD, &after);
-				w = after.ru_nivcsw != before.ru_nivcsw ? 2 * spin_ns : now_ns() - start;
-				est += (w - est) / 4;
-				return r;
-			}
-			if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-				return -1;
-			if (now_ns() - start >= spin_ns)
-				break;
-			sched_yield();
-		}
-	}
-	r = recv_some(fd, p, n);
-	if (r > 0 && spin_ns > 0) {
-		w = now_ns() - start;
-		est += ((w > 2 * spin_ns ? 2 * spin_ns : w) - est) / 4;
-	}
-	return r;
-}
-
 #define HAP_READ_AHEAD 65536
 
 /* recv_frame reads one frame into m: its body is at m->b + m->pos (4),
  * up to m->len. A reply never follows another unasked, so reading ahead
  * takes nothing that belongs to the next frame; more is a broken peer. */
-static int recv_frame(int fd, struct hap_msg *m, long long spin_ns)
+static int recv_frame(int fd, struct hap_msg *m)
 {
 	size_t cap = HAP_READ_AHEAD, got = 0;
 	uint32_t n = 0;
@@ -194,7 +137,7 @@ static int recv_frame(int fd, struct hap_msg *m, long long spin_ns)
 		return -1;
 	m->cap = cap;
 	while (got < 4) {
-		ssize_t r = got ? recv_some(fd, m->b + got, cap - got) : recv_first(fd, m->b, cap, spin_ns);
+		ssize_t r = recv_some(fd, m->b + got, cap - got);
 		if (r < 0)
 			return -1;
 		got += (size_t)r;
@@ -404,7 +347,7 @@ static CK_RV start_helper(struct hap_conn *c)
 	set_bound(c->ctl, HAP_START_BOUND_MS);
 
 	struct hap_msg w = {0};
-	if (recv_frame(c->ctl, &w, 0) != 0) {
+	if (recv_frame(c->ctl, &w) != 0) {
 		free(w.b);
 		fprintf(stderr, "libhapkcs11: the helper %s (pid %d) ended or did not answer within %d s\n",
 			helper, (int)c->pid, HAP_START_BOUND_MS / 1000);
@@ -555,7 +498,7 @@ CK_RV hap_call(struct hap_msg *m)
 		m->bad = 1;
 		return CKR_DEVICE_ERROR;
 	}
-	int ok = send_frame(fd, m) == 0 && recv_frame(fd, m, HAP_CLIENT_SPIN_NS) == 0;
+	int ok = send_frame(fd, m) == 0 && recv_frame(fd, m) == 0;
 	pthread_mutex_lock(&c->mu);
 	if (ok) {
 		c->idle[c->nidle++] = fd;
@@ -615,7 +558,7 @@ static void *serve(void *arg)
 {
 	int fd = (int)(intptr_t)arg;
 	struct hap_msg in = {0};
-	while (recv_frame(fd, &in, HAP_SERVE_SPIN_NS) == 0) {
+	while (recv_frame(fd, &in) == 0) {
 		struct hap_req r = {0};
 		r.in = in.b + in.pos;
 		r.inlen = in.len - in.pos;
