@@ -137,9 +137,9 @@ func TestCancel(t *testing.T) {
 
 // BenchmarkWakeUp measures a round trip between a caller and its worker
 // when both sleep at once (spin=0: two futex wake-ups per call) and when
-// both spin (spin=1ms: none): the cost of two wake-ups when the CPUs are
-// awake. On a quiet VM a wake-up costs more (a halted vCPU): pkg/slot's
-// callerSpin is sized to that. Figures in docs/BENCHMARKS.md.
+// both spin (spin=1ms: none), whose difference is what pkg/slot's
+// callerSpin and workerSpin are sized to: a side spins about as long as
+// waking it would cost. Figures in docs/BENCHMARKS.md.
 func BenchmarkWakeUp(b *testing.B) {
 	for _, spin := range []time.Duration{0, time.Millisecond} {
 		b.Run("spin="+spin.String(), func(b *testing.B) {

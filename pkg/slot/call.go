@@ -297,8 +297,8 @@ func (x *sess) afterAbandon() {
 // wraps ErrTimeout; on ctx the error wraps ctx.Err(); in both cases the
 // session is quarantined and dead. Under handoff it posts the call to the
 // worker and waits for its answer, the deadline or ctx (and comes back to
-// its Late, if it has one), spinning first while its calls have lately
-// been short (callerSpin).
+// its Late, if it has one); the caller spins for as long as a wake-up costs
+// (callerSpin) and then sleeps.
 func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn func(*sess) error, a *shotArgs) error {
 	s := x.owner
 	if x.dead {

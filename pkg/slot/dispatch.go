@@ -9,19 +9,15 @@ import (
 	"github.com/hagroup/hagroup/pkg/slot/dispatch"
 )
 
-// How long each side of a hand-off may spin before it sleeps on a futex
-// (internal/handoff). A side spins only while its recent waits were no
-// longer than this and a CPU is free, so a slow member's caller sleeps at
-// once. The caller's bound is the longer: on a VM whose idle vCPUs halt, a
-// sleep costs two wake-ups through the hypervisor and a worker whose
-// caches went cold, about as much as a software token's signature itself,
-// so a caller that sees such a call through loses nothing in CPU and gains
-// the wait. The bound must also exceed the waits a sleeping caller sees
-// (the wake-ups included), or it would never start spinning. The worker's
-// wait is for the caller's next post. docs/BENCHMARKS.md, "Handoff, sixth
-// round", has the figures.
+// How long each side of a hand-off spins before it sleeps on a futex
+// (internal/handoff). Sleeping costs a wake-up, and on a VM whose idle
+// vCPUs halt a wake-up is an interrupt through the hypervisor; spinning
+// for about that long and then sleeping never costs more than twice the
+// cheaper of the two, and never burns a core waiting for a slow member.
+// The wake-up cost is measured by internal/handoff's
+// BenchmarkWakeUp; docs/BENCHMARKS.md has the figures.
 const (
-	callerSpin = 250 * time.Microsecond
+	callerSpin = 30 * time.Microsecond
 	workerSpin = 30 * time.Microsecond
 )
 
