@@ -86,9 +86,9 @@ func TestReplicateDerivedKey(t *testing.T) {
 	src := ss[0]
 	ctx := testContext(t)
 	kp := genEC(t, src, "ecdh", randomID(t), attr(pkcs11.CKA_DERIVE, true))
-	point, _ := getAttr(t, src, kp.pub, pkcs11.CKA_EC_POINT)
+	point, _ := getAttr(t, src, kp.Pub, pkcs11.CKA_EC_POINT)
 	h, err := src.DeriveKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDH1_DERIVE, pkcs11.NewECDH1DeriveParams(pkcs11.CKD_NULL, nil, point)),
-		kp.priv, []*pkcs11.Attribute{
+		kp.Priv, []*pkcs11.Attribute{
 			attr(pkcs11.CKA_CLASS, pkcs11.CKO_SECRET_KEY), attr(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_AES), attr(pkcs11.CKA_VALUE_LEN, 32),
 			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_PRIVATE, true), attr(pkcs11.CKA_SENSITIVE, true),
 			attr(pkcs11.CKA_EXTRACTABLE, true), attr(pkcs11.CKA_ENCRYPT, true), attr(pkcs11.CKA_DECRYPT, true),
@@ -193,8 +193,8 @@ func TestDomainKeyOverP11Kit(t *testing.T) {
 	}
 	t.Run("public key to p11-kit", func(t *testing.T) {
 		kp := genEC(t, local, "kit-public", randomID(t))
-		h := replicate(t, local, kp.pub, Target{Slot: remote})
-		sameObject(t, local, kp.pub, remote, h, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT)
+		h := replicate(t, local, kp.Pub, Target{Slot: remote})
+		sameObject(t, local, kp.Pub, remote, h, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT)
 	})
 }
 
@@ -242,7 +242,7 @@ func TestCopyTypesExist(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := s.GetAttributes(testContext(t), c.kp.pub, types)
+			got, err := s.GetAttributes(testContext(t), c.kp.Pub, types)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -75,11 +75,11 @@ func TestReplicateAcrossMakes(t *testing.T) {
 			}
 
 			rsa := genRSA(t, src, "cross-rsa", randomID(t))
-			pub, err := r.Replicate(ctx, src, rsa.pub, Target{Slot: dst})
+			pub, err := r.Replicate(ctx, src, rsa.Pub, Target{Slot: dst})
 			if err != nil {
 				t.Fatalf("replicate the RSA public key: %v", err)
 			}
-			priv, err := r.Replicate(ctx, src, rsa.priv, Target{Slot: dst})
+			priv, err := r.Replicate(ctx, src, rsa.Priv, Target{Slot: dst})
 			if err != nil {
 				t.Fatalf("replicate the RSA private key: %v", err)
 			}
@@ -88,10 +88,10 @@ func TestReplicateAcrossMakes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := src.Verify(ctx, sha, rsa.pub, msg, sig); err != nil {
+			if err := src.Verify(ctx, sha, rsa.Pub, msg, sig); err != nil {
 				t.Errorf("the copy on %s signs for another key: %v", dst.Name(), err)
 			}
-			sig, err = src.Sign(ctx, sha, rsa.priv, msg)
+			sig, err = src.Sign(ctx, sha, rsa.Priv, msg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func TestReplicateAcrossMakes(t *testing.T) {
 				t.Errorf("the public key's copy on %s does not verify the source's signature: %v", dst.Name(), err)
 			}
 			// Again: the copy is found, not made twice.
-			if again, err := r.Replicate(ctx, src, rsa.priv, Target{Slot: dst}); err != nil || again != priv {
+			if again, err := r.Replicate(ctx, src, rsa.Priv, Target{Slot: dst}); err != nil || again != priv {
 				t.Errorf("replicating again gave %d, %v; want the copy %d", again, err, priv)
 			}
 		})
@@ -116,7 +116,7 @@ func TestReplicateAcrossMakes(t *testing.T) {
 	t.Run("EC private key into NSS", func(t *testing.T) {
 		id := randomID(t)
 		ec := genEC(t, soft, "cross-ec", id)
-		_, err := r.Replicate(ctx, soft, ec.priv, Target{Slot: nss})
+		_, err := r.Replicate(ctx, soft, ec.Priv, Target{Slot: nss})
 		if err == nil || !strings.Contains(err.Error(), "no proven way carries private keys") {
 			t.Fatalf("replicate an EC private key into NSS: %v, want no proven way", err)
 		}
@@ -283,7 +283,7 @@ func benchReplicate(b *testing.B, dirs [][2]*slot.Slot, kinds []string) {
 					if kind == "aes256" {
 						h = genAES(b, src, "bench-cross", id)
 					} else {
-						h = genRSA(b, src, "bench-cross", id).priv
+						h = genRSA(b, src, "bench-cross", id).Priv
 					}
 					b.StartTimer()
 					cp, err := r.Replicate(ctx, src, h, Target{Slot: dst, Absent: true})

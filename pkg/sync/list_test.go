@@ -1,38 +1,12 @@
 package sync
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
-
-func selfSignedCert(t *testing.T) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(42),
-		Subject:      pkix.Name{CommonName: "hagroup test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return der
-}
 
 func TestList(t *testing.T) {
 	ss, toks := openN(t, 1)
@@ -48,7 +22,7 @@ func TestList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []pkcs11.ObjectHandle{ec.pub, ec.priv, ed.pub, ed.priv, aesKey, d}
+	want := []pkcs11.ObjectHandle{ec.Pub, ec.Priv, ed.Pub, ed.Priv, aesKey, d}
 
 	objs, err := List(ctx, s)
 	if err != nil {
@@ -78,10 +52,10 @@ func TestList(t *testing.T) {
 			t.Errorf("%s: Token=false, want true", o.Identity)
 		}
 	}
-	if !byHandle[ec.priv].Private || byHandle[ec.pub].Label != "list-ec" {
-		t.Errorf("EC private key listed as %+v", byHandle[ec.priv])
+	if !byHandle[ec.Priv].Private || byHandle[ec.Pub].Label != "list-ec" {
+		t.Errorf("EC private key listed as %+v", byHandle[ec.Priv])
 	}
-	if !sameBytes(byHandle[ec.priv].Fingerprint, byHandle[ec.pub].Fingerprint) {
+	if !sameBytes(byHandle[ec.Priv].Fingerprint, byHandle[ec.Pub].Fingerprint) {
 		t.Error("the halves of the EC pair have different fingerprints in the listing")
 	}
 }

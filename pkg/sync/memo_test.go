@@ -64,10 +64,10 @@ func TestReplicateSearchesOnce(t *testing.T) {
 		pub                pkcs11.ObjectHandle // the public half, for the private key's fingerprint on dst
 	}{
 		{"AES", genAES(t, src, "counted-aes", randomID(t)), 3, 1, 0},
-		{"EC public", kp.pub, 3, 2, 0},
-		{"EC private", kp.priv, 3, 1, kp.pub},
-		{"RSA public", rsa.pub, 3, 2, 0},
-		{"RSA private", rsa.priv, 3, 1, rsa.pub},
+		{"EC public", kp.Pub, 3, 2, 0},
+		{"EC private", kp.Priv, 3, 1, kp.Pub},
+		{"RSA public", rsa.Pub, 3, 2, 0},
+		{"RSA private", rsa.Priv, 3, 1, rsa.Pub},
 		// A data object lacks CKA_KEY_TYPE and CKA_ID: its identity read
 		// costs one call per attribute (6) on each side.
 		{"data", data, 9, 9, 0},
@@ -288,13 +288,13 @@ func TestReplicateEach(t *testing.T) {
 	replicateWith(t, r, src, genAES(t, src, "warm-up-2", randomID(t)), Target{Slot: ss[2]})
 
 	kp := genEC(t, src, "each", randomID(t))
-	pubs, errs := r.ReplicateEach(testContext(t), src, kp.pub, []Target{{Slot: ss[1]}, {Slot: ss[2]}})
+	pubs, errs := r.ReplicateEach(testContext(t), src, kp.Pub, []Target{{Slot: ss[1]}, {Slot: ss[2]}})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
 	log.reset()
 	targets := []Target{{Slot: ss[1]}, {Slot: ss[2]}, {Slot: ss[3]}, {}}
-	hs, errs := r.ReplicateEach(testContext(t), src, kp.priv, targets)
+	hs, errs := r.ReplicateEach(testContext(t), src, kp.Priv, targets)
 	for i, want := range []bool{true, true, false, false} {
 		if (errs[i] == nil) != want {
 			t.Errorf("target %d: %v, want success %v", i, errs[i], want)
@@ -313,8 +313,8 @@ func TestReplicateEach(t *testing.T) {
 		t.Errorf("%d searches on the source, want none\n%s", n, log)
 	}
 	for i, s := range ss[1:3] {
-		sameObject(t, src, kp.priv, s, hs[i])
-		sameObject(t, src, kp.pub, s, pubs[i])
+		sameObject(t, src, kp.Priv, s, hs[i])
+		sameObject(t, src, kp.Pub, s, pubs[i])
 	}
 
 	// One slot twice: one after the other, the second finds the first.
@@ -335,10 +335,10 @@ func TestReplicateExistingCopySearchesOnce(t *testing.T) {
 	src, dst, log, _ := countedPair(t, false, 0)
 	r := &Replicator{GroupSerial: testSerial}
 	kp := genEC(t, src, "existing", randomID(t))
-	replicateWith(t, r, src, kp.pub, Target{Slot: dst})
-	h := replicateWith(t, r, src, kp.priv, Target{Slot: dst})
+	replicateWith(t, r, src, kp.Pub, Target{Slot: dst})
+	h := replicateWith(t, r, src, kp.Priv, Target{Slot: dst})
 	log.reset()
-	if again := replicateWith(t, r, src, kp.priv, Target{Slot: dst}); again != h {
+	if again := replicateWith(t, r, src, kp.Priv, Target{Slot: dst}); again != h {
 		t.Fatalf("second replication: handle %d, want %d", again, h)
 	}
 	if n, m := log.count(src.Name(), slot.OpFindObjects), log.count(dst.Name(), slot.OpFindObjects); n != 0 || m != 1 {
@@ -383,7 +383,7 @@ func TestReplicateOneCreateAtATime(t *testing.T) {
 	var keys []pkcs11.ObjectHandle
 	for i := range 4 {
 		kp := genEC(t, ss[0], fmt.Sprintf("turn-%d", i), randomID(t))
-		keys = append(keys, kp.pub, kp.priv)
+		keys = append(keys, kp.Pub, kp.Priv)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(keys)*2)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hagroup/hagroup/internal/synctest"
 	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/hagroup/hagroup/pkg/slot/slottest"
@@ -83,15 +84,15 @@ func TestReplicate(t *testing.T) {
 					extra = append(extra, attr(pkcs11.CKA_WRAP_WITH_TRUSTED, true))
 				}
 				kp := genEC(t, src, "rep-ec", randomID(t), extra...)
-				pub := replicate(t, src, kp.pub, Target{Slot: dst})
-				priv := replicate(t, src, kp.priv, Target{Slot: dst})
-				sameObject(t, src, kp.pub, dst, pub, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT, pkcs11.CKA_VERIFY)
-				sameObject(t, src, kp.priv, dst, priv, append(keyAttrs, pkcs11.CKA_SIGN, pkcs11.CKA_EC_PARAMS)...)
+				pub := replicate(t, src, kp.Pub, Target{Slot: dst})
+				priv := replicate(t, src, kp.Priv, Target{Slot: dst})
+				sameObject(t, src, kp.Pub, dst, pub, pkcs11.CKA_EC_PARAMS, pkcs11.CKA_EC_POINT, pkcs11.CKA_VERIFY)
+				sameObject(t, src, kp.Priv, dst, priv, append(keyAttrs, pkcs11.CKA_SIGN, pkcs11.CKA_EC_PARAMS)...)
 				sig, err := dst.Sign(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), priv, digest[:])
 				if err != nil {
 					t.Fatalf("sign with the copy: %v", err)
 				}
-				if err := src.Verify(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), kp.pub, digest[:], sig); err != nil {
+				if err := src.Verify(ctx, pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil), kp.Pub, digest[:], sig); err != nil {
 					t.Errorf("the original public key rejects the copy's signature: %v", err)
 				}
 				if trusted {
@@ -109,11 +110,11 @@ func TestReplicate(t *testing.T) {
 			t.Run("RSA", func(t *testing.T) {
 				kp := genRSA(t, src, "rep-rsa", randomID(t))
 				// Private half first: RSA shows its modulus on the private key.
-				priv := replicate(t, src, kp.priv, Target{Slot: dst})
-				pub := replicate(t, src, kp.pub, Target{Slot: dst})
-				sameObject(t, src, kp.priv, dst, priv, append(keyAttrs, pkcs11.CKA_SIGN, pkcs11.CKA_DECRYPT, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT)...)
-				sameObject(t, src, kp.pub, dst, pub, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT, pkcs11.CKA_ENCRYPT)
-				ct, err := src.Encrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil), kp.pub, msg)
+				priv := replicate(t, src, kp.Priv, Target{Slot: dst})
+				pub := replicate(t, src, kp.Pub, Target{Slot: dst})
+				sameObject(t, src, kp.Priv, dst, priv, append(keyAttrs, pkcs11.CKA_SIGN, pkcs11.CKA_DECRYPT, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT)...)
+				sameObject(t, src, kp.Pub, dst, pub, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT, pkcs11.CKA_ENCRYPT)
+				ct, err := src.Encrypt(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil), kp.Pub, msg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -125,17 +126,17 @@ func TestReplicate(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := src.Verify(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256_RSA_PKCS, nil), kp.pub, msg, sig); err != nil {
+				if err := src.Verify(ctx, pkcs11.NewMechanism(pkcs11.CKM_SHA256_RSA_PKCS, nil), kp.Pub, msg, sig); err != nil {
 					t.Errorf("the original public key rejects the copy's signature: %v", err)
 				}
 			})
 			t.Run("Ed25519", func(t *testing.T) {
 				kp := genEd25519(t, src, "rep-ed", randomID(t))
-				pub := replicate(t, src, kp.pub, Target{Slot: dst})
-				sameObject(t, src, kp.pub, dst, pub, pkcs11.CKA_EC_POINT, pkcs11.CKA_VERIFY)
+				pub := replicate(t, src, kp.Pub, Target{Slot: dst})
+				sameObject(t, src, kp.Pub, dst, pub, pkcs11.CKA_EC_POINT, pkcs11.CKA_VERIFY)
 				// SoftHSM 2.6.1 wraps no EdDSA private key
 				// (CKR_KEY_NOT_WRAPPABLE), so the private half cannot travel.
-				_, err := (&Replicator{GroupSerial: testSerial}).Replicate(ctx, src, kp.priv, Target{Slot: dst})
+				_, err := (&Replicator{GroupSerial: testSerial}).Replicate(ctx, src, kp.Priv, Target{Slot: dst})
 				if err == nil {
 					t.Fatal("an Ed25519 private key replicated: SoftHSM 2.6.1 was measured not to wrap them; update the package notes")
 				}
@@ -166,7 +167,7 @@ func TestReplicate(t *testing.T) {
 				}
 			})
 			t.Run("certificate and data", func(t *testing.T) {
-				der := selfSignedCert(t)
+				der := synctest.SelfSignedCert(t)
 				c, err := src.CreateObject(ctx, []*pkcs11.Attribute{
 					attr(pkcs11.CKA_CLASS, pkcs11.CKO_CERTIFICATE), attr(pkcs11.CKA_CERTIFICATE_TYPE, pkcs11.CKC_X_509),
 					attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VALUE, der), attr(pkcs11.CKA_SUBJECT, []byte{0x30, 0}),
@@ -198,8 +199,8 @@ func TestReplicate(t *testing.T) {
 					n     int
 				}{
 					{"rep-twice-aes", genAES(t, src, "rep-twice-aes", randomID(t)), 1},
-					{"rep-twice-ec", kp.pub, 1},
-					{"rep-twice-ec", kp.priv, 2},
+					{"rep-twice-ec", kp.Pub, 1},
+					{"rep-twice-ec", kp.Priv, 2},
 					{"rep-twice-data", d, 1},
 				} {
 					first := replicate(t, src, o.h, Target{Slot: dst})
@@ -277,9 +278,9 @@ func TestReplicateFailureLeavesNothing(t *testing.T) {
 	})
 	t.Run("fingerprint read after unwrap fails", func(t *testing.T) {
 		kp := genEC(t, src, "fail-after-unwrap", randomID(t))
-		replicate(t, src, kp.pub, Target{Slot: dst})
+		replicate(t, src, kp.Pub, Target{Slot: dst})
 		before := f.Calls(dst.Name(), slot.OpDestroyObject)
-		_, err := r.Replicate(ctx, src, kp.priv, Target{Slot: dst})
+		_, err := r.Replicate(ctx, src, kp.Priv, Target{Slot: dst})
 		f.Heal(dst.Name())
 		if err == nil {
 			t.Fatal("replication succeeded through an injected fault")
@@ -354,7 +355,7 @@ func TestReplicateConflict(t *testing.T) {
 	for _, h := range []struct {
 		name     string
 		src, dst pkcs11.ObjectHandle
-	}{{"public", a.pub, b.pub}, {"private", a.priv, b.priv}} {
+	}{{"public", a.Pub, b.Pub}, {"private", a.Priv, b.Priv}} {
 		t.Run(h.name, func(t *testing.T) {
 			_, err := (&Replicator{GroupSerial: testSerial}).Replicate(testContext(t), src, h.src, Target{Slot: dst})
 			var ce *object.ConflictError

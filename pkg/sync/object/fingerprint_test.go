@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hagroup/hagroup/internal/synctest"
 	"github.com/miekg/pkcs11"
 )
 
@@ -85,44 +86,44 @@ func TestFingerprints(t *testing.T) {
 
 	t.Run("EC P-256", func(t *testing.T) {
 		kp := genEC(t, s, "fp-ec", randomID(t))
-		point, ok := getAttr(t, s, kp.pub, pkcs11.CKA_EC_POINT)
+		point, ok := getAttr(t, s, kp.Pub, pkcs11.CKA_EC_POINT)
 		if !ok {
 			t.Fatal("no CKA_EC_POINT on the public key")
 		}
 		want := spkiSum(t, ecPublicFromToken(t, point))
-		if got := mustFingerprint(t, s, kp.pub); !sameBytes(got, want) {
+		if got := mustFingerprint(t, s, kp.Pub); !sameBytes(got, want) {
 			t.Errorf("public key fingerprint %x, want SHA-256 of its SubjectPublicKeyInfo %x", got, want)
 		}
-		if got := mustFingerprint(t, s, kp.priv); !sameBytes(got, want) {
+		if got := mustFingerprint(t, s, kp.Priv); !sameBytes(got, want) {
 			t.Errorf("private key fingerprint %x, want that of its public half %x", got, want)
 		}
 	})
 	t.Run("RSA", func(t *testing.T) {
 		kp := genRSA(t, s, "fp-rsa", randomID(t))
-		n, _ := getAttr(t, s, kp.pub, pkcs11.CKA_MODULUS)
-		e, _ := getAttr(t, s, kp.pub, pkcs11.CKA_PUBLIC_EXPONENT)
+		n, _ := getAttr(t, s, kp.Pub, pkcs11.CKA_MODULUS)
+		e, _ := getAttr(t, s, kp.Pub, pkcs11.CKA_PUBLIC_EXPONENT)
 		want := spkiSum(t, &rsa.PublicKey{N: new(big.Int).SetBytes(n), E: int(new(big.Int).SetBytes(e).Int64())})
-		if got := mustFingerprint(t, s, kp.pub); !sameBytes(got, want) {
+		if got := mustFingerprint(t, s, kp.Pub); !sameBytes(got, want) {
 			t.Errorf("public key fingerprint %x, want %x", got, want)
 		}
-		if got := mustFingerprint(t, s, kp.priv); !sameBytes(got, want) {
+		if got := mustFingerprint(t, s, kp.Priv); !sameBytes(got, want) {
 			t.Errorf("private key fingerprint %x, want %x", got, want)
 		}
 	})
 	t.Run("Ed25519", func(t *testing.T) {
 		kp := genEd25519(t, s, "fp-ed", randomID(t))
-		point, _ := getAttr(t, s, kp.pub, pkcs11.CKA_EC_POINT)
+		point, _ := getAttr(t, s, kp.Pub, pkcs11.CKA_EC_POINT)
 		var raw []byte
 		if _, err := asn1.Unmarshal(point, &raw); err != nil || len(raw) != ed25519.PublicKeySize {
 			t.Fatalf("CKA_EC_POINT %x is not a 32-byte OCTET STRING (%v)", point, err)
 		}
 		want := spkiSum(t, ed25519.PublicKey(raw))
-		if got := mustFingerprint(t, s, kp.pub); !sameBytes(got, want) {
+		if got := mustFingerprint(t, s, kp.Pub); !sameBytes(got, want) {
 			t.Errorf("public key fingerprint %x, want %x", got, want)
 		}
 		// SoftHSM keeps "edwards25519" as the private half's EC params and
 		// the OID on the public half: one key, one fingerprint.
-		if got := mustFingerprint(t, s, kp.priv); !sameBytes(got, want) {
+		if got := mustFingerprint(t, s, kp.Priv); !sameBytes(got, want) {
 			t.Errorf("private key fingerprint %x, want %x", got, want)
 		}
 	})
@@ -154,7 +155,7 @@ func TestFingerprints(t *testing.T) {
 		}
 	})
 	t.Run("certificate and data", func(t *testing.T) {
-		der := selfSignedCert(t)
+		der := synctest.SelfSignedCert(t)
 		h, err := s.CreateObject(ctx, []*pkcs11.Attribute{
 			attr(pkcs11.CKA_CLASS, pkcs11.CKO_CERTIFICATE), attr(pkcs11.CKA_CERTIFICATE_TYPE, pkcs11.CKC_X_509),
 			attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_VALUE, der), attr(pkcs11.CKA_SUBJECT, []byte{0x30, 0}),
@@ -179,17 +180,17 @@ func TestFingerprints(t *testing.T) {
 	})
 	t.Run("EC private half alone", func(t *testing.T) {
 		kp := genEC(t, s, "fp-lonely", nil)
-		if err := s.DestroyObject(ctx, kp.pub); err != nil {
+		if err := s.DestroyObject(ctx, kp.Pub); err != nil {
 			t.Fatal(err)
 		}
-		_, err := Fingerprint(ctx, s, kp.priv)
+		_, err := Fingerprint(ctx, s, kp.Priv)
 		if !errors.Is(err, ErrNoFingerprint) {
 			t.Fatalf("Fingerprint of an EC private key with no public half: %v, want ErrNoFingerprint", err)
 		}
 		if !strings.Contains(err.Error(), s.Name()) {
 			t.Errorf("error %q does not name the member", err)
 		}
-		o, err := ReadObject(ctx, s, kp.priv)
+		o, err := ReadObject(ctx, s, kp.Priv)
 		if err != nil || o.Fingerprint != nil || o.Label != "fp-lonely" || o.Class != pkcs11.CKO_PRIVATE_KEY {
 			t.Errorf("ReadObject = %+v, %v; want the object with a nil fingerprint", o, err)
 		}
