@@ -23,6 +23,20 @@ static char pin[256];
 static CK_ULONG pinlen;
 static const char *label;
 
+/* signal_and_wait sends sig to the helper, and returns once it took
+ * effect (stopped, or dead but not reaped: the library reaps its own
+ * helper): kill returns before a process on another CPU has stopped, and
+ * a call sent meanwhile would be answered. */
+static void signal_and_wait(pid_t pid, int sig)
+{
+	siginfo_t info;
+	kill(pid, sig);
+	if (waitid(P_PID, (id_t)pid, &info, (sig == SIGSTOP ? WSTOPPED : WEXITED) | WNOWAIT) != 0) {
+		perror("waitid");
+		exit(1);
+	}
+}
+
 /* helper_pid returns the one child process of this one: the helper. */
 static pid_t helper_pid(void)
 {
@@ -67,7 +81,7 @@ static int child_kill(void)
 	s = session(&key);
 	bad |= expect("a signature before the kill", sign_once(s, key), CKR_OK);
 	pid_t first = helper_pid();
-	kill(first, SIGKILL);
+	signal_and_wait(first, SIGKILL);
 	bad |= expect("a signature after the helper died", sign_once(s, key), CKR_DEVICE_ERROR);
 	bad |= expect("a call after that", f->C_GetSessionInfo(s, &(CK_SESSION_INFO){0}), CKR_DEVICE_ERROR);
 	/* The next C_Initialize starts another helper. */
@@ -77,7 +91,7 @@ static int child_kill(void)
 	s = session(&key);
 	bad |= expect("a signature through the new helper", sign_once(s, key), CKR_OK);
 	/* And through C_Finalize, as the specification has it. */
-	kill(helper_pid(), SIGKILL);
+	signal_and_wait(helper_pid(), SIGKILL);
 	bad |= expect("a signature after the second helper died", sign_once(s, key), CKR_DEVICE_ERROR);
 	bad |= expect("C_Finalize after the helper died", f->C_Finalize(NULL), CKR_OK);
 	bad |= expect("C_Initialize after C_Finalize", f->C_Initialize(NULL), CKR_OK);
@@ -98,7 +112,7 @@ static int child_stop(void)
 	CHECK(f->C_Initialize(NULL));
 	s = session(&key);
 	pid_t pid = helper_pid();
-	kill(pid, SIGSTOP);
+	signal_and_wait(pid, SIGSTOP);
 	double t0 = now_seconds();
 	bad |= expect("a signature while the helper is stopped", sign_once(s, key), CKR_DEVICE_ERROR);
 	printf("stopped_ms=%d\n", (int)((now_seconds() - t0) * 1000));
