@@ -5,8 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -271,7 +269,7 @@ func BenchmarkCreateCalls(b *testing.B) {
 	if err := errors.Join(errs...); err != nil {
 		b.Fatal(err)
 	}
-	clock := &callClock{n: map[string]int{}, d: map[string]time.Duration{}}
+	clock := &testhsm.CallClock{}
 	f := setup(b, setupOpts{toks: toks, interceptor: clock, noHedge: true, journal: true, policy: config.PolicyPrimaryBackup})
 	s := openSession(b, f.g)
 	bare := openDirect(b, toks[0])
@@ -280,7 +278,7 @@ func BenchmarkCreateCalls(b *testing.B) {
 	if _, err := s.GenerateKey(ctx, aes, keyTmpl("warm")); err != nil {
 		b.Fatal(err)
 	}
-	clock.reset()
+	clock.Reset()
 	var group, direct time.Duration
 	n := 0
 	for b.Loop() {
@@ -299,51 +297,8 @@ func BenchmarkCreateCalls(b *testing.B) {
 	b.ReportMetric(group.Seconds()*1e3/float64(n), "group-ms")
 	b.ReportMetric(direct.Seconds()*1e3/float64(n), "bare-ms")
 	b.ReportMetric(float64(group)/float64(direct), "ratio")
-	b.Logf("member calls per creation (calls, ms): %s", clock.report(n))
+	b.Logf("member calls per creation (calls, ms): %s", clock.Report(n))
 }
 
 // createCallsKeys is how many AES keys each member holds in BenchmarkCreateCalls.
 var createCallsKeys = flag.Int("createcalls.keys", 100, "AES keys on each member in BenchmarkCreateCalls")
-
-// callClock is a slot.WrapInterceptor that counts and times the member
-// calls, per member and op.
-type callClock struct {
-	mu sync.Mutex
-	n  map[string]int
-	d  map[string]time.Duration
-}
-
-func (c *callClock) Before(context.Context, string, slot.Op) error { return nil }
-
-func (c *callClock) Wrap(_ context.Context, token string, op slot.Op, call func() error) error {
-	start := time.Now()
-	err := call()
-	k := token + " " + string(op)
-	c.mu.Lock()
-	c.n[k]++
-	c.d[k] += time.Since(start)
-	c.mu.Unlock()
-	return err
-}
-
-func (c *callClock) reset() {
-	c.mu.Lock()
-	c.n, c.d = map[string]int{}, map[string]time.Duration{}
-	c.mu.Unlock()
-}
-
-// report lists the calls, longest first, per one of per operations.
-func (c *callClock) report(per int) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ks := make([]string, 0, len(c.n))
-	for k := range c.n {
-		ks = append(ks, k)
-	}
-	sort.Slice(ks, func(i, j int) bool { return c.d[ks[i]] > c.d[ks[j]] })
-	var out []string
-	for _, k := range ks {
-		out = append(out, fmt.Sprintf("%s: %.1f, %.2f ms", k, float64(c.n[k])/float64(per), c.d[k].Seconds()*1e3/float64(per)))
-	}
-	return strings.Join(out, "; ")
-}

@@ -27,7 +27,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/group/signer"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/secret"
-	"github.com/hagroup/hagroup/pkg/slot"
 	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/hagroup/hagroup/pkg/sync/tombstone"
@@ -550,10 +549,10 @@ func helperRecover() int {
 func BenchmarkCatchUpKeys(b *testing.B) {
 	benchKeys := *catchUpKeys
 	o := rigOpts{n: 2, retries: 0}
-	var calls *callClock
+	var calls *testhsm.CallClock
 	if *catchUpCalls {
 		// Not by default: an interceptor changes how calls reach the module.
-		calls = &callClock{n: map[string]int{}, d: map[string]time.Duration{}}
+		calls = &testhsm.CallClock{}
 		o.interceptor = calls
 	}
 	r := newRig(b, o)
@@ -586,7 +585,7 @@ func BenchmarkCatchUpKeys(b *testing.B) {
 		}
 		r.g.FailMember(victim, errors.New("bench"))
 		if calls != nil {
-			calls.reset()
+			calls.Reset()
 		}
 		b.StartTimer()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
@@ -594,7 +593,7 @@ func BenchmarkCatchUpKeys(b *testing.B) {
 		cancel()
 		if calls != nil {
 			b.StopTimer()
-			b.Logf("member calls of the catch-up (count, total ms, µs per key): %s", calls.report(benchKeys))
+			b.Logf("member calls of the catch-up (calls and ms per key): %s", calls.Report(benchKeys))
 			b.StartTimer()
 		}
 		if err != nil {
@@ -607,51 +606,6 @@ func BenchmarkCatchUpKeys(b *testing.B) {
 	perKey := b.Elapsed().Seconds() / float64(b.N) / float64(benchKeys)
 	b.ReportMetric(perKey*1e6, "µs/key")
 	b.ReportMetric(1/perKey, "keys/s")
-}
-
-// callClock is a slot.WrapInterceptor that counts and times the member
-// calls, per member and op: where a catch-up's wall time goes.
-type callClock struct {
-	mu sync.Mutex
-	n  map[string]int
-	d  map[string]time.Duration
-}
-
-func (c *callClock) Before(context.Context, string, slot.Op) error { return nil }
-
-func (c *callClock) Wrap(_ context.Context, token string, op slot.Op, call func() error) error {
-	start := time.Now()
-	err := call()
-	k := token + " " + string(op)
-	c.mu.Lock()
-	c.n[k]++
-	c.d[k] += time.Since(start)
-	c.mu.Unlock()
-	return err
-}
-
-func (c *callClock) reset() {
-	c.mu.Lock()
-	c.n, c.d = map[string]int{}, map[string]time.Duration{}
-	c.mu.Unlock()
-}
-
-// report lists the calls, longest first: count, total time, time per key.
-func (c *callClock) report(keys int) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ks := make([]string, 0, len(c.n))
-	for k := range c.n {
-		ks = append(ks, k)
-	}
-	sort.Slice(ks, func(i, j int) bool { return c.d[ks[i]] > c.d[ks[j]] })
-	var out []string
-	var total time.Duration
-	for _, k := range ks {
-		total += c.d[k]
-		out = append(out, fmt.Sprintf("%s: %d, %.0f ms, %.0f µs", k, c.n[k], c.d[k].Seconds()*1e3, c.d[k].Seconds()*1e6/float64(keys)))
-	}
-	return fmt.Sprintf("all calls %.0f ms; %s", total.Seconds()*1e3, strings.Join(out, "; "))
 }
 
 // catchUpKeys is how many keys BenchmarkCatchUpKeys's member misses.
