@@ -254,9 +254,17 @@ func (m *Member) CompareAndTransition(from, to State, reason error) bool {
 	return true
 }
 
+// ErrBehind is the reason of a member failed because it missed changes
+// made through the group while it was away: it is stale, not unwell, and
+// the failure charges it no error.
+var ErrBehind = errors.New("behind")
+
 // Fail moves an active, standby or recovering member to Failed and reports
 // whether this call did so (false: it was already failed or removed, and no
-// event was emitted).
+// event was emitted). A member failed for a health error counts it as one
+// of its errors unless one was counted since it last served: a recovery
+// attempt or a login finds its error outside a call's accounting, and a
+// member never leaves rotation unwell with no error counted.
 func (m *Member) Fail(reason error) bool {
 	for {
 		from := State(m.state.Load())
@@ -264,6 +272,10 @@ func (m *Member) Fail(reason error) bool {
 			return false
 		}
 		if m.state.CompareAndSwap(int32(from), int32(Failed)) {
+			if reason != nil && !errors.Is(reason, ErrBehind) && slot.ClassOf(reason) == slot.ClassHealth && m.consec.Load() == 0 {
+				m.errs.Add(1)
+				m.consec.Add(1)
+			}
 			m.transitioned(from, Failed, reason)
 			return true
 		}

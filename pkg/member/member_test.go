@@ -185,6 +185,43 @@ func TestEndChargesOnlyHealth(t *testing.T) {
 	}
 }
 
+// A member leaves rotation unwell with its error counted, however the
+// error was found: once, whether a call's accounting counted it first or
+// the failing path alone knew it; a stale member (ErrBehind) counts none.
+func TestFailCountsTheHealthErrorOnce(t *testing.T) {
+	device := pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)
+	tests := []struct {
+		name    string
+		charged bool // a call's End counted the error first
+		reason  error
+		want    uint64
+	}{
+		{"found outside a call (a recovery, a login)", false, fmt.Errorf("recover hsm-a: %w", device), 1},
+		{"counted by the call that found it", true, device, 1},
+		{"behind, not unwell", false, fmt.Errorf("%w: missed a change", ErrBehind), 0},
+		{"a request's answer is not the member's error", false, pkcs11.Error(pkcs11.CKR_MECHANISM_INVALID), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newFailed(t, 1, nil)
+			m.Transition(Recovering, nil)
+			m.Transition(Active, nil)
+			if tc.charged {
+				m.End(m.Begin(), tc.reason)
+			}
+			if !m.Fail(tc.reason) {
+				t.Fatal("Fail of an active member did nothing")
+			}
+			if got := m.Snapshot().Errors; got != tc.want {
+				t.Errorf("errors = %d after the member failed for %v, want %d", got, tc.reason, tc.want)
+			}
+			if m.Fail(tc.reason) || m.Snapshot().Errors != tc.want {
+				t.Errorf("failing a failed member changed it: errors = %d", m.Snapshot().Errors)
+			}
+		})
+	}
+}
+
 func TestLatencyAverage(t *testing.T) {
 	m := newFailed(t, 1, nil)
 	m.observe(8 * time.Millisecond)
