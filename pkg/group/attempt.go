@@ -7,12 +7,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hagroup/hagroup/pkg/group/opstate"
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
 
+// An operation's way down lives here, from the virtual session's Do to
+// the member's call, in the order a call goes: the session's operations
+// (opstate.Table's runner), then the attempts.
+//
 // Failover lives here. Every operation that may run on more than one
 // member goes through exec: it chooses the member (the scheduler's pick,
 // or configured order for key management), resolves the virtual handles
@@ -28,8 +33,295 @@ import (
 // their answers come back here one at a time and are charged here, but
 // for the one exec no longer waits for, which race.abandon charges by
 // the same rule (a member.Verdict). A single-part call that changes
-// nothing (hedged, at the end) is exec with such a race when the group
+// nothing (hedged) is exec with such a race when the group
 // hedges.
+
+// ---- operations: the virtual session's runner for opstate.Table ----
+
+// Init starts operation k (C_SignInit …) with mech and key (0 for a
+// digest). The Init is sent to a member now, so that its answer
+// (CKR_KEY_SIZE_RANGE, CKR_MECHANISM_PARAM_INVALID …) is the call's, as on
+// a bare token; a member that fails for a health reason passes it on to
+// the next. It is not sent when the same Init was accepted before (see
+// opstate.Proofs): then the first data call sends it, on the member the
+// scheduler picks then.
+func (s *Session) Init(ctx context.Context, k OpKind, mech *pkcs11.Mechanism, key ObjectHandle) error {
+	op := &operation{Mech: mech} // copied by the Table: stays on the stack
+	if k != OpDigest {
+		var err error
+		if op.At.key, err = s.g.key(k.InitName(), key, argOpKey); err != nil {
+			return err
+		}
+		if err := usable(k.InitName(), []*vtable.Object{op.At.key}); err != nil {
+			return err
+		}
+	}
+	if err := s.enter(k.InitName()); err != nil {
+		return err
+	}
+	defer s.leave()
+	return s.ops.Init(ctx, (*opRunner)(s), k, op)
+}
+
+// Active reports whether an operation is active in the session (a search
+// is the caller's: it must not start one then, as the token would not).
+func (s *Session) Active() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ops.Active()
+}
+
+// Cancel ends operation k without a result (C_SignInit with a NULL
+// mechanism …).
+func (s *Session) Cancel(k OpKind) error {
+	if err := s.enter(k.InitName()); err != nil {
+		return err
+	}
+	defer s.leave()
+	return s.ops.Cancel((*opRunner)(s), k)
+}
+
+// Do runs step st of operation k with in (and sig, for a verification's
+// single part and Final) and returns its output, within room: a length
+// query (RoomQuery) or a short buffer keeps the output and the operation
+// for the next call of the same step with the same input (then the error
+// is nil, or opstate.ErrBufferTooSmall), as PKCS#11's buffer convention says. A
+// single-part step and a Final end the operation, and so does any error
+// but opstate.ErrBufferTooSmall.
+//
+// A single-part step that no Update came before runs in one call (its
+// Init and itself) from the members' session pools, by the group's
+// failover and hedging, whether its Init was proven (deferred) or sent to
+// a member at the application's *Init (that member's session, which holds
+// the Init, is let go first): one route for both. Any other step runs on
+// the operation's member (opRunner.Run).
+func (s *Session) Do(ctx context.Context, k OpKind, st Step, in, sig []byte, room Room) ([]byte, error) {
+	if err := s.enter(st.Name(k)); err != nil {
+		return nil, err
+	}
+	defer s.leave()
+	r := (*opRunner)(s)
+	op, out, held, err := s.ops.Begin(ctx, r, k, st, in)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case held:
+	case st == StepSingle && !op.Started:
+		s.stop(k, op, true) // (a placed Init's member session)
+		var objs []*vtable.Object
+		if op.At.key != nil {
+			objs = []*vtable.Object{op.At.key}
+		}
+		out, err = hedged(ctx, s.g, k.String(), objs, shotCall{k, op.Mech, in, sig})
+	default:
+		out, err = r.Run(ctx, k, op, st, in, sig, nil)
+	}
+	return s.ops.End(r, k, op, st, in, out, err, false, room)
+}
+
+// enter begins an operation's call op: inside the group's gate, with the
+// session locked, and refused when the session is closed or lost (the
+// call's one look at that). On success the caller defers leave.
+func (s *Session) enter(op string) error {
+	if err := s.g.gate.Enter(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if err := s.checkOpen(op); err != nil {
+		s.leave()
+		return err
+	}
+	return nil
+}
+
+// leave ends what enter began.
+func (s *Session) leave() {
+	s.mu.Unlock()
+	s.g.gate.Leave()
+}
+
+// opRunner is a Session as its opstate.Table's Runner (kept off the
+// Session API).
+type opRunner Session
+
+func (r *opRunner) Start(ctx context.Context, k OpKind, op *operation) error {
+	return (*Session)(r).start(ctx, k, op)
+}
+
+func (r *opRunner) Stop(k OpKind, op *operation, live bool) { (*Session)(r).stop(k, op, live) }
+
+func (r *opRunner) Code(err error) uint { return CodeOf(err) }
+
+// start is the Runner's Start: the Init goes to a member now, unless proven.
+func (s *Session) start(ctx context.Context, k OpKind, op *operation) error {
+	pk, provable := proofKeyOf(k, op)
+	changes := s.g.changes.Load()
+	if provable && s.g.proofs.Proven(pk, changes) {
+		return nil
+	}
+	_, err := s.place(ctx, k, op, k.InitName(), 0, nil, nil, nil)
+	if err == nil && provable {
+		s.g.proofs.Record(pk, changes)
+	}
+	return err
+}
+
+// stop is the Runner's Stop: the operation's member session is closed, which
+// ends whatever the member still holds of it.
+func (s *Session) stop(_ OpKind, op *operation, _ bool) {
+	if op.At.ps != nil {
+		op.At.ps.Close()
+	}
+	if op.Started {
+		op.At.m.Unpin()
+	}
+	op.At.m, op.At.ps, op.Started = nil, nil, false
+}
+
+// Run is the Runner's Run, for a step on the operation's member (Do
+// sends a single-part step before any Update through the pools). Before
+// any Update was accepted there nothing is committed, so a member that
+// fails for a health reason (or left) passes the operation on: the Init
+// is sent again, with its kept parameters, on the next member, then this
+// step. Once an Update was accepted it is pinned: if the member fails,
+// the operation ends with ErrMemberLost (CKR_DEVICE_ERROR) and the
+// application must start again. A deferred operation (proven Init) is
+// placed at this, its first step on a member.
+func (r *opRunner) Run(ctx context.Context, k OpKind, op *operation, st Step, in, sig []byte, with *vtable.Object) ([]byte, error) {
+	s := (*Session)(r)
+	opName := st.Name(k)
+	if with != nil {
+		opName = "DigestKey"
+	}
+	fn := func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error) {
+		return opstate.StepOn(ctx, k, st, ps, in, sig, wh)
+	}
+	var skip memberSet
+	var v *member.Verdict
+	if m := op.At.m; m != nil {
+		if m.State().Serving() && m.Epoch() == op.At.epoch {
+			out, class, fail, err := s.onMember(ctx, op, with, fn)
+			switch {
+			case err == nil:
+				s.started(op, st)
+				return out, nil
+			case class != slot.ClassHealth || ctx.Err() != nil:
+				return nil, opErr(opName, m.Name(), err)
+			case op.Started && !member.Charged(err, false):
+				// Pinned: no other member can serve the same request, so
+				// the rule makes it the token's answer, and m stays.
+				return nil, opErr(opName, m.Name(), err)
+			case op.Started:
+				s.g.failMember(m, err)
+				return nil, wrap(ErrMemberLost, opName, m.Name(), err)
+			}
+			v = new(member.Verdict) // the operation moves on: charged as exec's own
+			if v.Health(m, err, fail) {
+				s.g.failMember(m, err)
+			}
+			m.AddFailover()
+		} else if op.Started {
+			return nil, wrap(ErrMemberLost, opName, m.Name(), nil)
+		}
+		skip.add(m.Index())
+		s.stop(k, op, true)
+	}
+	out, err := s.place(ctx, k, op, opName, skip, v, with, fn)
+	if err == nil {
+		s.started(op, st)
+	}
+	return out, err
+}
+
+// started records that an Update was accepted: the operation is pinned
+// to its member from now on.
+func (s *Session) started(op *operation, st Step) {
+	if st == StepUpdate && !op.Started && op.At.m != nil {
+		op.Started = true
+		op.At.m.Pin()
+	}
+}
+
+// onMember runs fn on the operation's member session, with resolved on
+// that member.
+func (s *Session) onMember(ctx context.Context, op *operation, with *vtable.Object,
+	fn func(*slot.Session, *pkcs11.ObjectHandle) ([]byte, error)) ([]byte, slot.Class, bool, error) {
+	var wh *pkcs11.ObjectHandle
+	if with != nil {
+		h, err := s.g.resolveHeld(ctx, "DigestKey", with, op.At.m)
+		switch {
+		case errors.Is(err, ErrKeyHandle), errors.Is(err, ErrObjectHandle):
+			// Nothing reached the member: its operation goes on, as a
+			// token's does after a bad handle.
+			return nil, slot.ClassRequest, false, err
+		case err != nil:
+			return nil, slot.ClassOf(err), false, err
+		}
+		wh = &h
+	}
+	var out []byte
+	class, fail, err := s.g.measure(ctx, op.At.m, func() (err error) {
+		out, err = fn(op.At.ps, wh)
+		return err
+	})
+	return out, class, fail, err
+}
+
+// stepFn runs one step on a member session; wh is the object the step
+// names besides the key (C_DigestKey), resolved on that member.
+type stepFn func(ps *slot.Session, wh *pkcs11.ObjectHandle) ([]byte, error)
+
+// place puts op on a member and runs fn there (nil: the Init alone), by
+// the group's failover (exec): members in skip, and those that do not
+// hold the objects, are passed over. On success op runs on that member
+// from now on.
+func (s *Session) place(ctx context.Context, k OpKind, op *operation, opName string, skip memberSet, v *member.Verdict, with *vtable.Object, fn stepFn) ([]byte, error) {
+	var objs []*vtable.Object // the operation's key, then with's object
+	if op.At.key != nil {
+		objs = append(objs, op.At.key)
+	}
+	if with != nil {
+		objs = append(objs, with)
+	}
+	next := func(tried memberSet) *member.Member { return s.g.pickFor(op.At.key, tried|skip) }
+	absent := argOpKey.bad() // no member holds the Init's key (one a logout hid, too)
+	if op.At.key == nil {
+		absent = argKey.bad() // C_DigestKey's
+	}
+	var out []byte
+	var ps *slot.Session
+	var ep uint64
+	m, err := s.g.exec(ctx, plan{op: opName, objs: objs, next: next, verdict: v, absent: absent}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+		var kh pkcs11.ObjectHandle
+		if op.At.key != nil {
+			kh = hs[0]
+		}
+		var wh *pkcs11.ObjectHandle
+		if with != nil {
+			wh = &hs[len(hs)-1]
+		}
+		ep = m.Epoch()
+		if ps, err = sl.OpenSession(ctx); err != nil {
+			return err
+		}
+		if err = opstate.InitOn(ctx, k, ps, op.Mech, kh); err == nil && fn != nil {
+			out, err = fn(ps, wh)
+		}
+		if err != nil {
+			ps.Close()
+			ps = nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	op.At.m, op.At.ps, op.At.epoch = m, ps, ep
+	return out, nil
+}
+
+// ---- attempts: failover, charging and hedging of one request ----
 
 // errAbsent says a member does not hold the object (not its fault). It
 // never leaves this file and resolve.
