@@ -1,0 +1,249 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/group"
+	"github.com/hagroup/hagroup/pkg/secret"
+	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/slot/slottest"
+	"github.com/hagroup/hagroup/pkg/sync/domainkey"
+	"github.com/miekg/pkcs11"
+)
+
+// aheadRig is the library on a group of three SoftHSM tokens, its member
+// calls counted at the pkg/slot boundary, with two sessions open.
+type aheadRig struct {
+	l        *library
+	g        *group.Group
+	toks     []testhsm.Token
+	faults   *slottest.Faults
+	one, two uint // application session handles
+}
+
+func newAheadRig(t *testing.T) *aheadRig {
+	ctx := context.Background()
+	r := &aheadRig{toks: testhsm.Take(t, 3), faults: slottest.NewFaults()}
+	cfg := config.Group{Label: "ahead", Serial: "3200001"}
+	for _, tok := range r.toks {
+		cfg.Members = append(cfg.Members, config.Member{Name: tok.Name, Module: tok.Module, ModuleEnv: tok.ModuleEnv, TokenLabel: tok.Label})
+	}
+	set := config.Defaults()
+	set.Hedge = false
+	g, err := group.Open(ctx, cfg, set, group.Options{Interceptor: r.faults})
+	if err != nil {
+		t.Fatalf("open the group: %v", err)
+	}
+	t.Cleanup(func() { g.Close() })
+	r.g = g
+	var targets []domainkey.Target
+	for _, m := range g.Members() {
+		mm, _ := g.Member(m.Name)
+		targets = append(targets, domainkey.Target{Slot: mm.Slot()})
+	}
+	e := &slotEntry{id: 1, tok: &virtual{g: g}}
+	r.l = &library{ctx: ctx, slots: []*slotEntry{e}, byID: map[uint]*slotEntry{1: e}, sessions: map[uint]*appSession{}}
+	for _, h := range []*uint{&r.one, &r.two} {
+		if *h, err = r.l.openSession(1, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.l.login(r.one, pkcs11.CKU_USER, secret.PINFromString(r.toks[0].UserPIN)); err != nil {
+		t.Fatal("login failed")
+	}
+	if err := domainkey.Install(ctx, targets, g.Serial()); err != nil {
+		t.Fatalf("install the domain key: %v", err)
+	}
+	return r
+}
+
+// key makes a token AES key through session one.
+func (r *aheadRig) key(t *testing.T, label string, extractable bool) uint {
+	var h uint
+	if err := r.l.withSession(r.one, func(s *appSession) (err error) {
+		h, err = s.be.GenerateKey(r.l.ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true), pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+			pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true), pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, extractable),
+			pkcs11.NewAttribute(pkcs11.CKA_ENCRYPT, true), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 32),
+			pkcs11.NewAttribute(pkcs11.CKA_LABEL, label), pkcs11.NewAttribute(pkcs11.CKA_ID, []byte(label)),
+		})
+		return err
+	}); err != nil {
+		t.Fatalf("generate %s: %v", label, err)
+	}
+	return h
+}
+
+// read is one C_GetAttributeValue of session h, as abi.go makes it.
+func (r *aheadRig) read(t *testing.T, h, obj uint, lengths bool, types ...uint) ([]slot.Attribute, error) {
+	t.Helper()
+	var got []slot.Attribute
+	err := r.l.withSession(h, func(s *appSession) (err error) {
+		got, err = r.l.getAttributes(s, obj, types, lengths)
+		return err
+	})
+	return got, err
+}
+
+func (r *aheadRig) calls() int {
+	n := 0
+	for _, tok := range r.toks {
+		n += r.faults.Calls(tok.Name, slottest.All)
+	}
+	return n
+}
+
+// ckaUniqueID is PKCS#11 3.0's CKA_UNIQUE_ID, which miekg/pkcs11 does not name.
+const ckaUniqueID = 0x4
+
+// pkcs11ToolKeyReads is what pkcs11-tool -O reads of an AES key, a call
+// each, in its order (a pkcs11-spy trace on a bare SoftHSM token);
+// lengths marks a length query.
+var pkcs11ToolKeyReads = []struct {
+	typ     uint
+	lengths bool
+}{
+	{pkcs11.CKA_CLASS, false}, {pkcs11.CKA_KEY_TYPE, false}, {pkcs11.CKA_CLASS, false}, {pkcs11.CKA_VALUE_LEN, false},
+	{pkcs11.CKA_VALUE, true}, {pkcs11.CKA_LABEL, true}, {pkcs11.CKA_LABEL, false}, {pkcs11.CKA_ID, true}, {pkcs11.CKA_ID, false},
+	{pkcs11.CKA_ENCRYPT, false}, {pkcs11.CKA_DECRYPT, false}, {pkcs11.CKA_VERIFY, false}, {pkcs11.CKA_WRAP, false},
+	{pkcs11.CKA_UNWRAP, false}, {pkcs11.CKA_DERIVE, false}, {pkcs11.CKA_SENSITIVE, false}, {pkcs11.CKA_ALWAYS_SENSITIVE, false},
+	{pkcs11.CKA_EXTRACTABLE, false}, {pkcs11.CKA_NEVER_EXTRACTABLE, false}, {pkcs11.CKA_LOCAL, false}, {ckaUniqueID, true},
+}
+
+// TestListingReadAhead: pkcs11-tool's 21 reads of an AES key cost 12
+// member calls before the read-ahead (docs/BENCHMARKS.md); with it, the
+// first read a member must answer reads every attribute listing tools
+// read of the class, and the reads after it are answered from that. Each
+// answer is the one a read of that attribute alone answers, the
+// sensitive material's status included.
+func TestListingReadAhead(t *testing.T) {
+	r := newAheadRig(t)
+	for _, ext := range []bool{false, true} {
+		label := fmt.Sprintf("extractable=%v", ext)
+		t.Run(label, func(t *testing.T) {
+			obj := r.key(t, label, ext)
+			// The first CKA_EXTRACTABLE learns what every copy says
+			// (pkg/group); the listing's count leaves it out.
+			if _, err := r.read(t, r.two, obj, false, pkcs11.CKA_EXTRACTABLE); err != nil {
+				t.Fatal(err)
+			}
+			before := r.calls()
+			var got []slot.Attribute
+			for _, rd := range pkcs11ToolKeyReads {
+				a, err := r.read(t, r.one, obj, rd.lengths, rd.typ)
+				if err != nil {
+					t.Fatalf("read %#x: %v", rd.typ, err)
+				}
+				got = append(got, a[0])
+			}
+			// The read-ahead, CKA_UNIQUE_ID (SoftHSM refuses it, so it
+			// is not read ahead), and an extractable key's CKA_VALUE.
+			want := 2
+			if ext {
+				want++
+			}
+			if n := r.calls() - before; n != want {
+				t.Errorf("pkcs11-tool's %d reads of a key cost %d member calls, want %d", len(pkcs11ToolKeyReads), n, want)
+			}
+			for i, rd := range pkcs11ToolKeyReads {
+				alone, err := r.read(t, r.two, obj, false, rd.typ)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a := alone[0]; got[i].Status != a.Status || !bytes.Equal(got[i].Value, a.Value) {
+					t.Errorf("attribute %#x: read ahead %+v, alone %+v", rd.typ, got[i], a)
+				}
+			}
+			// The bare token answers a sensitive CKA_VALUE so (and
+			// fillAttributes gives its length as unavailable).
+			if got[4].Status != pkcs11.CKR_ATTRIBUTE_SENSITIVE || got[4].Value != nil {
+				t.Errorf("a sensitive key's CKA_VALUE: %+v, want CKR_ATTRIBUTE_SENSITIVE and no value", got[4])
+			}
+			if got[20].Status != pkcs11.CKR_ATTRIBUTE_TYPE_INVALID {
+				t.Errorf("CKA_UNIQUE_ID: %+v, want CKR_ATTRIBUTE_TYPE_INVALID as SoftHSM answers", got[20])
+			}
+		})
+	}
+}
+
+// TestReadAheadIsKeptOnlyWhileNothingChanges: what one session read ahead
+// never answers another session, nor a read after a change of the object
+// or of the login through any session, nor a read after another call of
+// the session, nor once older than aheadAge.
+func TestReadAheadIsKeptOnlyWhileNothingChanges(t *testing.T) {
+	r := newAheadRig(t)
+	obj := r.key(t, "k", false)
+	other := r.key(t, "other", false)
+	label := func(h uint) string {
+		t.Helper()
+		got, err := r.read(t, h, obj, false, pkcs11.CKA_LABEL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(got[0].Value)
+	}
+	costs := func(name string, want bool, fn func()) {
+		t.Helper()
+		before := r.calls()
+		fn()
+		if asked := r.calls() > before; asked != want {
+			t.Errorf("%s: asked a member %v, want %v", name, asked, want)
+		}
+	}
+	costs("the first read", true, func() { label(r.one) })
+	costs("the next read of the session", false, func() { label(r.one) })
+	costs("the same read on another session", true, func() { label(r.two) })
+
+	// A label set through the other session is read at once.
+	label(r.one)
+	if err := r.l.changing(r.two, func(s *appSession) error {
+		return s.be.SetAttributes(r.l.ctx, obj, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_LABEL, "renamed")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := label(r.one); got != "renamed" {
+		t.Errorf("after C_SetAttributeValue on another session the label reads %q, want %q", got, "renamed")
+	}
+
+	label(r.one)
+	costs("a read after a read of another object", true, func() {
+		if _, err := r.read(t, r.one, other, false, pkcs11.CKA_LABEL); err != nil {
+			t.Fatal(err)
+		}
+		label(r.one)
+	})
+	costs("a read after another call of the session", true, func() {
+		if err := r.l.withSession(r.one, func(*appSession) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		label(r.one)
+	})
+	costs("a read after aheadAge", true, func() {
+		if err := r.l.withSession(r.one, func(s *appSession) error {
+			if s.ahead == nil {
+				return fmt.Errorf("nothing read ahead")
+			}
+			s.ahead.at = s.ahead.at.Add(-aheadAge)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		label(r.one)
+	})
+
+	// After C_Logout on the other session the private key's attributes
+	// are not answered from what was read while logged in.
+	label(r.one)
+	if err := r.l.logout(r.two); err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.read(t, r.one, obj, false, pkcs11.CKA_LABEL)
+	if err == nil && got[0].Status == pkcs11.CKR_OK {
+		t.Errorf("after C_Logout a private key's label reads %q", got[0].Value)
+	}
+}
