@@ -159,38 +159,42 @@ type identified interface {
 	identity(h uint) (object.Identity, bool)
 }
 
-// listed is what pkcs11-tool -O reads of an object of id's class, one
-// attribute a call, that a member alone answers (pkg/group answers the
-// class, key type, CKA_TOKEN and a key's protection attributes itself)
-// and that is not secret: never CKA_VALUE nor a private key's components.
-// What a token may refuse for some keys is left out (CKA_UNIQUE_ID, a DES
-// key's CKA_VALUE_LEN): pkg/slot reads each attribute of a read a token
-// refused in part on its own.
+// listed is what pkcs11-tool -O and p11tool --list-all read of an object
+// of id's class, one attribute a call, that a member alone answers
+// (pkg/group answers the class, key type, CKA_TOKEN and a key's
+// protection attributes itself) and that is not secret: never CKA_VALUE
+// nor a private key's components. What a token may refuse for some
+// objects of the class is left out (CKA_UNIQUE_ID, a DES key's
+// CKA_VALUE_LEN): pkg/slot reads each attribute of a read a token refused
+// in part on its own.
 func listed(id object.Identity) []uint {
+	common := []uint{pkcs11.CKA_LABEL, pkcs11.CKA_ID, pkcs11.CKA_PRIVATE}
 	switch id.Class {
 	case pkcs11.CKO_SECRET_KEY:
-		set := []uint{pkcs11.CKA_LABEL, pkcs11.CKA_ID, pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN,
-			pkcs11.CKA_VERIFY, pkcs11.CKA_WRAP, pkcs11.CKA_UNWRAP, pkcs11.CKA_DERIVE, pkcs11.CKA_SENSITIVE}
+		set := append(common, pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY,
+			pkcs11.CKA_WRAP, pkcs11.CKA_UNWRAP, pkcs11.CKA_DERIVE, pkcs11.CKA_SENSITIVE, pkcs11.CKA_TRUSTED)
 		if id.KeyType == pkcs11.CKK_AES || id.KeyType == pkcs11.CKK_GENERIC_SECRET {
 			set = append(set, pkcs11.CKA_VALUE_LEN)
 		}
 		return set
 	case pkcs11.CKO_PRIVATE_KEY:
-		return []uint{pkcs11.CKA_LABEL, pkcs11.CKA_ID, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_UNWRAP,
-			pkcs11.CKA_DERIVE, pkcs11.CKA_ALWAYS_AUTHENTICATE, pkcs11.CKA_SENSITIVE, pkcs11.CKA_ALLOWED_MECHANISMS}
+		return append(common, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_UNWRAP, pkcs11.CKA_DERIVE,
+			pkcs11.CKA_ALWAYS_AUTHENTICATE, pkcs11.CKA_SENSITIVE, pkcs11.CKA_ALLOWED_MECHANISMS)
 	case pkcs11.CKO_PUBLIC_KEY:
-		set := []uint{pkcs11.CKA_LABEL, pkcs11.CKA_ID, pkcs11.CKA_ENCRYPT, pkcs11.CKA_VERIFY, pkcs11.CKA_WRAP, pkcs11.CKA_DERIVE}
+		set := append(common, pkcs11.CKA_ENCRYPT, pkcs11.CKA_VERIFY, pkcs11.CKA_VERIFY_RECOVER, pkcs11.CKA_WRAP,
+			pkcs11.CKA_DERIVE, pkcs11.CKA_TRUSTED)
 		switch id.KeyType {
 		case pkcs11.CKK_RSA:
-			set = append(set, pkcs11.CKA_MODULUS_BITS)
+			set = append(set, pkcs11.CKA_MODULUS_BITS, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT)
 		case pkcs11.CKK_EC:
 			set = append(set, pkcs11.CKA_EC_POINT, pkcs11.CKA_EC_PARAMS)
 		}
 		return set
 	case pkcs11.CKO_CERTIFICATE:
-		return []uint{pkcs11.CKA_CERTIFICATE_TYPE, pkcs11.CKA_LABEL, pkcs11.CKA_ID, pkcs11.CKA_SUBJECT, pkcs11.CKA_SERIAL_NUMBER}
+		return append(common, pkcs11.CKA_CERTIFICATE_TYPE, pkcs11.CKA_SUBJECT, pkcs11.CKA_SERIAL_NUMBER,
+			pkcs11.CKA_TRUSTED, pkcs11.CKA_CERTIFICATE_CATEGORY)
 	case pkcs11.CKO_DATA:
-		return []uint{pkcs11.CKA_LABEL, pkcs11.CKA_APPLICATION, pkcs11.CKA_OBJECT_ID, pkcs11.CKA_MODIFIABLE, pkcs11.CKA_PRIVATE}
+		return []uint{pkcs11.CKA_LABEL, pkcs11.CKA_PRIVATE, pkcs11.CKA_APPLICATION, pkcs11.CKA_OBJECT_ID, pkcs11.CKA_MODIFIABLE}
 	}
 	return nil
 }
