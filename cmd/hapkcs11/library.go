@@ -75,7 +75,7 @@ type appSession struct {
 // application was given). A read-ahead answers any of its attributes of
 // the same object while the session makes no other call, the process
 // changes no object nor its login (library.changes) and it is younger than
-// aheadAge (DESIGN.md, "Reads answered without a member call").
+// aheadAge (DESIGN.md, "Reads ahead").
 type heldRead struct {
 	call  uint64
 	obj   uint
