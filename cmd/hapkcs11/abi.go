@@ -582,14 +582,17 @@ func hapCopyObject(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_ATTRIBU
 		if err != nil {
 			return err
 		}
-		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) { return s.be.CopyObject(l.ctx, uint(obj), tmpl) })
+		return newObject(l, h, tmpl, ph, func(s *appSession) (uint, error) {
+			defer l.changes.Add(1)
+			return s.be.CopyObject(l.ctx, uint(obj), tmpl)
+		})
 	})
 }
 
 //export hapDestroyObject
 func hapDestroyObject(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE) C.CK_RV {
 	return call("C_DestroyObject", func(l *library) error {
-		return l.withSession(uint(h), func(s *appSession) error {
+		return l.changing(uint(h), func(s *appSession) error {
 			if err := l.writableObject(s, uint(obj)); err != nil {
 				return err
 			}
@@ -630,7 +633,7 @@ func hapGetAttributeValue(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_
 		var got []slot.Attribute
 		err := l.withSession(uint(h), func(s *appSession) error {
 			var err error
-			got, err = s.getAttributes(l.ctx, uint(obj), types, slices.ContainsFunc(tmpl, func(a C.CK_ATTRIBUTE) bool { return a.pValue == nil }))
+			got, err = l.getAttributes(s, uint(obj), types, slices.ContainsFunc(tmpl, func(a C.CK_ATTRIBUTE) bool { return a.pValue == nil }))
 			return err
 		})
 		if err != nil {
@@ -689,7 +692,7 @@ func hapSetAttributeValue(h C.CK_SESSION_HANDLE, obj C.CK_OBJECT_HANDLE, p C.CK_
 		if err != nil {
 			return err
 		}
-		return l.withSession(uint(h), func(s *appSession) error {
+		return l.changing(uint(h), func(s *appSession) error {
 			if err := l.writableObject(s, uint(obj)); err != nil {
 				return err
 			}

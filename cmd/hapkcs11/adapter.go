@@ -5,6 +5,7 @@ import (
 
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -18,6 +19,15 @@ type handleSession[H ~uint] struct {
 	objs  objectCalls[H]
 	find  func(ctx context.Context, tmpl []*pkcs11.Attribute) ([]H, error)
 	check func() error
+	ident func(H) (object.Identity, error) // nil: the engine does not know identities
+}
+
+func (a *handleSession[H]) identity(h uint) (object.Identity, bool) {
+	if a.ident == nil {
+		return object.Identity{}, false
+	}
+	id, err := a.ident(H(h))
+	return id, err == nil
 }
 
 func (a *handleSession[H]) FindObjects(ctx context.Context, tmpl []*pkcs11.Attribute) ([]uint, error) {

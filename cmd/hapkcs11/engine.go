@@ -114,7 +114,7 @@ func (v *virtual) OpenSession(ctx context.Context) (session, error) {
 	// it is still valid (in activeBasic a session opened before every
 	// member failed answers CKR_SESSION_HANDLE_INVALID) and what
 	// operations it has active.
-	return &handleSession[group.ObjectHandle]{opCalls: s, objs: s, find: s.Find, check: s.Check}, nil
+	return &handleSession[group.ObjectHandle]{opCalls: s, objs: s, find: s.Find, check: s.Check, ident: v.g.Identity}, nil
 }
 
 func (v *virtual) Close() error { return nil } // the groups close in openGroups' closer

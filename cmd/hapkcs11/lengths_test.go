@@ -38,7 +38,7 @@ func TestValueQueryAfterLengthQuery(t *testing.T) {
 		t.Helper()
 		var got []slot.Attribute
 		if err := l.withSession(1, func(s *appSession) (err error) {
-			got, err = s.getAttributes(l.ctx, obj, types, lengths)
+			got, err = l.getAttributes(s, obj, types, lengths)
 			return err
 		}); err != nil {
 			t.Fatal(err)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/group"
 	"github.com/hagroup/hagroup/pkg/secret"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -26,6 +28,11 @@ type library struct {
 	// callBound is how long a forked child's client waits for a call
 	// (helper.go).
 	callBound time.Duration
+
+	// changes counts the calls that may change what a read-ahead read
+	// (heldRead): C_SetAttributeValue, C_CopyObject, C_DestroyObject,
+	// C_Login, C_Logout and a session's close, by any session.
+	changes atomic.Uint64
 
 	mu       sync.RWMutex
 	sessions map[uint]*appSession
@@ -56,35 +63,140 @@ type appSession struct {
 	closed  bool
 	finding bool
 	found   []uint
-	calls   uint64      // calls made on the session (opSession)
-	lengths *lengthRead // what the last length query read
+	calls   uint64    // calls made on the session (opSession)
+	lengths *heldRead // what the last length query read
+	ahead   *heldRead // the last read-ahead (readAhead)
 }
 
-// lengthRead is what a C_GetAttributeValue that asked for lengths read. The
-// call that follows it on the session, when it reads the same attributes
-// of the same object, is answered with it rather than by a second member
-// call (a round trip through hsmserve): the values then agree with the
-// lengths the application was given.
-type lengthRead struct {
+// heldRead is what a C_GetAttributeValue read, kept for the session's next
+// call: each member call is a round trip through hsmserve. After a length
+// query, the next call, if it reads the same attributes of the same
+// object, is answered with it (the values then agree with the lengths the
+// application was given). A read-ahead answers any of its attributes of
+// the same object while the session makes no other call, the process
+// changes no object nor its login (library.changes) and it is younger than
+// aheadAge (DESIGN.md, "Reads ahead").
+type heldRead struct {
 	call  uint64
 	obj   uint
 	types []uint
 	got   []slot.Attribute
+	gen   uint64 // library.changes before the read
+	at    time.Time
 }
 
+// aheadAge bounds how stale a read-ahead may be to a change made outside
+// the process.
+const aheadAge = 50 * time.Millisecond
+
 // getAttributes reads types of obj for C_GetAttributeValue; lengths says
-// the application asked for some lengths (see lengthRead).
-func (s *appSession) getAttributes(ctx context.Context, obj uint, types []uint, lengths bool) ([]slot.Attribute, error) {
-	last := s.lengths
-	s.lengths = nil
+// the application asked for some lengths (see heldRead).
+func (l *library) getAttributes(s *appSession, obj uint, types []uint, lengths bool) ([]slot.Attribute, error) {
+	last, a := s.lengths, s.ahead
+	s.lengths, s.ahead = nil, nil
+	if a != nil && a.call+1 == s.calls && a.obj == obj && a.gen == l.changes.Load() && time.Since(a.at) < aheadAge {
+		a.call, s.ahead = s.calls, a
+	} else {
+		a = nil
+	}
 	if last != nil && last.call+1 == s.calls && last.obj == obj && slices.Equal(last.types, types) {
 		return last.got, nil
 	}
-	got, err := s.be.GetAttributes(ctx, obj, types)
+	got, ok := pick(a, types)
+	var err error
+	if !ok {
+		got, err = l.readAhead(s, obj, types)
+	}
 	if err == nil && lengths {
-		s.lengths = &lengthRead{call: s.calls, obj: obj, types: types, got: got}
+		s.lengths = &heldRead{call: s.calls, obj: obj, types: types, got: got}
 	}
 	return got, err
+}
+
+// readAhead reads types of obj. When they are all among what listing
+// tools read of obj's class (listed), it reads all of those in the one
+// member call and keeps them in s.ahead for the reads that follow.
+func (l *library) readAhead(s *appSession, obj uint, types []uint) ([]slot.Attribute, error) {
+	be, ok := s.be.(identified)
+	if !ok {
+		return s.be.GetAttributes(l.ctx, obj, types)
+	}
+	id, ok := be.identity(obj)
+	set := listed(id)
+	if !ok || slices.ContainsFunc(types, func(t uint) bool { return !slices.Contains(set, t) }) {
+		return s.be.GetAttributes(l.ctx, obj, types)
+	}
+	a := &heldRead{call: s.calls, obj: obj, types: set, gen: l.changes.Load(), at: time.Now()}
+	var err error
+	if a.got, err = s.be.GetAttributes(l.ctx, obj, set); err != nil {
+		// Failed as a whole: the application's read alone answers.
+		return s.be.GetAttributes(l.ctx, obj, types)
+	}
+	s.ahead = a
+	got, _ := pick(a, types)
+	return got, nil
+}
+
+// pick answers types from a, if a holds them all.
+func pick(a *heldRead, types []uint) ([]slot.Attribute, bool) {
+	if a == nil {
+		return nil, false
+	}
+	out := make([]slot.Attribute, len(types))
+	for i, t := range types {
+		j := slices.Index(a.types, t)
+		if j < 0 {
+			return nil, false
+		}
+		out[i] = a.got[j]
+	}
+	return out, true
+}
+
+// identified is a session whose engine knows an object's identity
+// without a member call (a group's).
+type identified interface {
+	identity(h uint) (object.Identity, bool)
+}
+
+// listed is what pkcs11-tool -O and p11tool --list-all read of an object
+// of id's class, one attribute a call, that a member alone answers
+// (pkg/group answers the class, key type, CKA_TOKEN and a key's
+// protection attributes itself) and that is not secret: never CKA_VALUE
+// nor a private key's components. What a token may refuse for some
+// objects of the class is left out (CKA_UNIQUE_ID, a DES key's
+// CKA_VALUE_LEN): pkg/slot reads each attribute of a read a token refused
+// in part on its own.
+func listed(id object.Identity) []uint {
+	common := []uint{pkcs11.CKA_LABEL, pkcs11.CKA_ID, pkcs11.CKA_PRIVATE}
+	switch id.Class {
+	case pkcs11.CKO_SECRET_KEY:
+		set := append(common, pkcs11.CKA_ENCRYPT, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_VERIFY,
+			pkcs11.CKA_WRAP, pkcs11.CKA_UNWRAP, pkcs11.CKA_DERIVE, pkcs11.CKA_SENSITIVE, pkcs11.CKA_TRUSTED)
+		if id.KeyType == pkcs11.CKK_AES || id.KeyType == pkcs11.CKK_GENERIC_SECRET {
+			set = append(set, pkcs11.CKA_VALUE_LEN)
+		}
+		return set
+	case pkcs11.CKO_PRIVATE_KEY:
+		return append(common, pkcs11.CKA_DECRYPT, pkcs11.CKA_SIGN, pkcs11.CKA_UNWRAP, pkcs11.CKA_DERIVE,
+			pkcs11.CKA_ALWAYS_AUTHENTICATE, pkcs11.CKA_SENSITIVE, pkcs11.CKA_ALLOWED_MECHANISMS)
+	case pkcs11.CKO_PUBLIC_KEY:
+		set := append(common, pkcs11.CKA_ENCRYPT, pkcs11.CKA_VERIFY, pkcs11.CKA_VERIFY_RECOVER, pkcs11.CKA_WRAP,
+			pkcs11.CKA_DERIVE, pkcs11.CKA_TRUSTED)
+		switch id.KeyType {
+		case pkcs11.CKK_RSA:
+			set = append(set, pkcs11.CKA_MODULUS_BITS, pkcs11.CKA_MODULUS, pkcs11.CKA_PUBLIC_EXPONENT)
+		case pkcs11.CKK_EC:
+			set = append(set, pkcs11.CKA_EC_POINT, pkcs11.CKA_EC_PARAMS)
+		}
+		return set
+	case pkcs11.CKO_CERTIFICATE:
+		return append(common, pkcs11.CKA_CERTIFICATE_TYPE, pkcs11.CKA_SUBJECT, pkcs11.CKA_SERIAL_NUMBER,
+			pkcs11.CKA_TRUSTED, pkcs11.CKA_CERTIFICATE_CATEGORY)
+	case pkcs11.CKO_DATA:
+		return []uint{pkcs11.CKA_LABEL, pkcs11.CKA_PRIVATE, pkcs11.CKA_APPLICATION, pkcs11.CKA_OBJECT_ID, pkcs11.CKA_MODIFIABLE}
+	}
+	return nil
 }
 
 // ckErr is an error with a CKR code; slot.CodeOf reads it.
@@ -261,6 +373,7 @@ func (l *library) closeSession(h uint) error {
 // endSession closes a session taken out of the table; closing the last
 // session of a token logs the application out of it, as the spec says.
 func (l *library) endSession(s *appSession) error {
+	defer l.changes.Add(1)
 	s.mu.Lock()
 	s.closed = true
 	err := s.be.Close()
@@ -351,6 +464,7 @@ func (l *library) login(h, userType uint, pin secret.PIN) error {
 	if _, ro := l.live(e); userType == pkcs11.CKU_SO && ro > 0 {
 		return ckErr(pkcs11.CKR_SESSION_READ_ONLY_EXISTS)
 	}
+	defer l.changes.Add(1)
 	return e.tok.Login(l.ctx, userType, pin)
 }
 
@@ -366,6 +480,7 @@ func (l *library) logout(h uint) error {
 	if _, in := e.tok.LoggedIn(); !in {
 		return ckErr(pkcs11.CKR_USER_NOT_LOGGED_IN)
 	}
+	defer l.changes.Add(1)
 	return e.tok.Logout(l.ctx)
 }
 
@@ -484,6 +599,13 @@ func (l *library) withSession(h uint, fn func(s *appSession) error) error {
 	}
 	defer s.mu.Unlock()
 	return fn(s)
+}
+
+// changing is withSession for a call that may change what a read-ahead
+// read (library.changes).
+func (l *library) changing(h uint, fn func(s *appSession) error) error {
+	defer l.changes.Add(1)
+	return l.withSession(h, fn)
 }
 
 // finalize closes every session and token and the backends.
