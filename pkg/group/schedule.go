@@ -73,21 +73,14 @@ func (g *Group) pickFor(o *vtable.Object, skip memberSet) *member.Member {
 func (g *Group) pickActive(o *vtable.Object, skip memberSet) (*member.Member, bool) {
 	ms := g.view().members
 	n := len(ms)
-	anyActive := false
-	switch policy(g.policy.Load()) {
-	case primaryBackup:
-		for _, m := range ms {
-			if m.State() != member.Active {
-				continue
-			}
-			anyActive = true
-			if !skip.has(m.Index()) {
-				return m, true
-			}
-		}
-		return nil, anyActive
-	case roundRobin:
-		start := int(g.rr.Add(1) % uint64(n))
+	p := policy(g.policy.Load())
+	start := 0 // primary-backup: the first active member in order
+	if p != primaryBackup {
+		start = int(g.rr.Add(1) % uint64(n))
+	}
+	switch {
+	case p == primaryBackup || p == roundRobin:
+		anyActive := false
 		for i := range n {
 			m := ms[(start+i)%n]
 			if m.State() != member.Active {
@@ -99,24 +92,21 @@ func (g *Group) pickActive(o *vtable.Object, skip memberSet) (*member.Member, bo
 			}
 		}
 		return nil, anyActive
-	default:
-		start := int(g.rr.Add(1) % uint64(n))
-		if o == nil {
-			return leastBusyOf(ms, start, skip, nil)
-		}
-		known := func(m *member.Member) bool { _, ok := o.Cached(m); return ok }
-		best, _ := leastBusyOf(ms, start, skip, known)
-		if best != nil && best.InFlight() > 0 {
-			idle := func(m *member.Member) bool { return m.InFlight() == 0 && !known(m) }
-			if other, _ := leastBusyOf(ms, start, skip, idle); other != nil {
-				return other, true
-			}
-		}
-		if best != nil {
-			return best, true
-		}
+	case o == nil:
 		return leastBusyOf(ms, start, skip, nil)
 	}
+	known := func(m *member.Member) bool { _, ok := o.Cached(m); return ok }
+	best, _ := leastBusyOf(ms, start, skip, known)
+	if best != nil && best.InFlight() > 0 {
+		idle := func(m *member.Member) bool { return m.InFlight() == 0 && !known(m) }
+		if other, _ := leastBusyOf(ms, start, skip, idle); other != nil {
+			return other, true
+		}
+	}
+	if best != nil {
+		return best, true
+	}
+	return leastBusyOf(ms, start, skip, nil)
 }
 
 // leastBusyOf returns the active member not in skip, and for which keep
