@@ -3,6 +3,7 @@ package group
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
@@ -18,14 +19,15 @@ const (
 	primaryBackup
 )
 
+// policyNames are the policies' names in the configuration, by policy.
+var policyNames = []string{leastBusy: config.PolicyLeastBusy, roundRobin: config.PolicyRoundRobin, primaryBackup: config.PolicyPrimaryBackup}
+
 func parsePolicy(s string) (policy, error) {
-	switch s {
-	case "", config.PolicyLeastBusy:
+	if s == "" {
 		return leastBusy, nil
-	case config.PolicyRoundRobin:
-		return roundRobin, nil
-	case config.PolicyPrimaryBackup:
-		return primaryBackup, nil
+	}
+	if i := slices.Index(policyNames, s); i >= 0 {
+		return policy(i), nil
 	}
 	return 0, fmt.Errorf("unknown policy %q (want %s, %s or %s)", s, config.PolicyLeastBusy, config.PolicyRoundRobin, config.PolicyPrimaryBackup)
 }
