@@ -361,6 +361,17 @@ type HALogRequest struct {
 	Follow bool
 }
 
+// keeps returns whether req keeps an event, at now.
+func (req HALogRequest) keeps(now time.Time) func(Event) bool {
+	var cutoff time.Time
+	if req.Since > 0 {
+		cutoff = now.Add(-req.Since)
+	}
+	return func(e Event) bool {
+		return (req.Group == "" || e.Group == req.Group) && !e.Time.Before(cutoff)
+	}
+}
+
 // ErrorBody is the JSON body of every non-2xx response.
 type ErrorBody struct {
 	Error string `json:"error"`
