@@ -11,6 +11,7 @@ package agent
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 )
 
@@ -208,12 +209,9 @@ type GroupsReport struct {
 
 // Degraded reports whether any group in the report is not fully healthy.
 func (r GroupsReport) Degraded() bool {
-	for _, g := range r.Groups {
-		if !g.Healthy || len(g.NeedsSync) > 0 || g.TombstoneStall != nil {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(r.Groups, func(g GroupStatus) bool {
+		return !g.Healthy || len(g.NeedsSync) > 0 || g.TombstoneStall != nil
+	})
 }
 
 // RecoverRequest asks for a manual recovery of a group's failed members,
@@ -243,12 +241,7 @@ type RecoverResult struct {
 
 // Failed reports whether any member failed to recover.
 func (r RecoverResult) Failed() bool {
-	for _, m := range r.Members {
-		if !m.OK {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(r.Members, func(m MemberResult) bool { return !m.OK })
 }
 
 // SyncRequest asks for a synchronisation (or, with Check, only its plan).

@@ -297,12 +297,7 @@ type Status struct {
 // OutOfSync reports whether some member needs synchronisation: it
 // differs from the others, or the members could not be compared.
 func (s Status) OutOfSync() bool {
-	for _, m := range s.Members {
-		if m.NeedsSync {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(s.Members, func(m MemberStatus) bool { return m.NeedsSync })
 }
 
 // MemberStatus is one member: the engine's figures (state, since when,
