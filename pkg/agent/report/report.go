@@ -94,10 +94,15 @@ func groupLabels(c *config.Config) string {
 	for _, g := range c.Groups {
 		ls = append(ls, g.Label)
 	}
-	if len(ls) == 0 {
+	return OrNone(ls)
+}
+
+// OrNone lists names for a message or a table cell: "a, b", or "none".
+func OrNone(names []string) string {
+	if len(names) == 0 {
 		return "none"
 	}
-	return strings.Join(ls, ", ")
+	return strings.Join(names, ", ")
 }
 
 // OpenFunc opens a token; slot.Open in production.
