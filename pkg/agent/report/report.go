@@ -177,10 +177,6 @@ func TokenNotFound(m config.Member, tokens []slot.TokenSummary) error {
 		}
 	}
 	slices.Sort(there)
-	list := "none"
-	if len(there) > 0 {
-		list = strings.Join(there, ", ")
-	}
 	var what string
 	switch {
 	case m.TokenLabel != "":
@@ -190,7 +186,7 @@ func TokenNotFound(m config.Member, tokens []slot.TokenSummary) error {
 	default:
 		what = fmt.Sprintf("token URI %q", slot.RedactURI(m.URI))
 	}
-	return fmt.Errorf("member %q: %s not found in %s; tokens there: %s", m.Name, what, m.Module, list)
+	return fmt.Errorf("member %q: %s not found in %s; tokens there: %s", m.Name, what, m.Module, OrNone(there))
 }
 
 // CheckToken opens a member's token as a group would (logging in with its
