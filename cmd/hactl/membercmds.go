@@ -16,7 +16,7 @@ func groupOf(c *config.Config, label, path string) (*config.Group, error) {
 		for _, g := range c.Groups {
 			ls = append(ls, g.Label)
 		}
-		return nil, fmt.Errorf("group %q is not in %s (groups there: %s)", label, path, orNone(ls))
+		return nil, fmt.Errorf("group %q is not in %s (groups there: %s)", label, path, report.OrNone(ls))
 	}
 	return g, nil
 }
@@ -40,7 +40,7 @@ func memberOf(g *config.Group, name string) (*config.Member, error) {
 		for _, m := range g.Members {
 			ns = append(ns, m.Name)
 		}
-		return nil, fmt.Errorf("group %q has no member %q (members: %s)", g.Label, name, orNone(ns))
+		return nil, fmt.Errorf("group %q has no member %q (members: %s)", g.Label, name, report.OrNone(ns))
 	}
 	return m, nil
 }

@@ -35,14 +35,9 @@ recover it: this clears the mark and makes one attempt, with one C_Login.`,
 			c := a.client()
 			defer c.Close()
 			req := agent.RecoverRequest{Group: group, Member: member}
-			var res agent.RecoverResult
-			var err error
-			if show, end := a.progress(false); show != nil {
-				res, err = c.RecoverWithProgress(cmd.Context(), req, show)
-				end()
-			} else {
-				res, err = c.Recover(cmd.Context(), req)
-			}
+			show, end := a.progress(false)
+			res, err := c.Recover(cmd.Context(), req, show)
+			end()
 			if err != nil {
 				return err
 			}
@@ -102,14 +97,9 @@ far, of the plan's total, and the member they go to.`,
 			c := a.client()
 			defer c.Close()
 			req := agent.SyncRequest{Group: group, Check: check, Prune: prune}
-			var res agent.SyncReport
-			var err error
-			if show, end := a.progress(check); show != nil {
-				res, err = c.SynchronizeWithProgress(cmd.Context(), req, show)
-				end()
-			} else {
-				res, err = c.Synchronize(cmd.Context(), req)
-			}
+			show, end := a.progress(check)
+			res, err := c.Synchronize(cmd.Context(), req, show)
+			end()
 			if err != nil {
 				return err
 			}

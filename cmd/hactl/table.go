@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/agent"
+	"github.com/hagroup/hagroup/pkg/agent/report"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/olekukonko/tablewriter"
 	"github.com/olekukonko/tablewriter/renderer"
@@ -65,13 +66,6 @@ func dash(s string) string {
 	return s
 }
 
-func orNone(ss []string) string {
-	if len(ss) == 0 {
-		return "none"
-	}
-	return strings.Join(ss, ", ")
-}
-
 // makeSettingsTable renders HA settings as name/value rows, Luna's
 // "global settings" block.
 func makeSettingsTable(s agent.Settings) ([]string, [][]string) {
@@ -112,10 +106,10 @@ func makeGroupTable(g agent.GroupStatus) ([]string, [][]string) {
 		{"HA only", yesNo(g.Settings.Only)},
 		{"hedge", yesNo(g.Settings.Hedge)},
 		{"hedged requests", strconv.FormatUint(g.Hedges, 10)},
-		{"members", orNone(names)},
-		{"needs sync", orNone(g.NeedsSync)},
+		{"members", report.OrNone(names)},
+		{"needs sync", report.OrNone(g.NeedsSync)},
 		{"compared", comparedCell(g)},
-		{"standby members", orNone(g.Standbys)},
+		{"standby members", report.OrNone(g.Standbys)},
 		{"tombstone stall", stallCell(g.TombstoneStall)},
 	}
 }
@@ -313,7 +307,7 @@ func makeStatusTable(s agent.Status, clientVersion string) ([]string, [][]string
 		{"uptime", s.Uptime},
 		{"socket", s.Socket},
 		{"config", s.ConfigPath},
-		{"groups", orNone(s.Groups)},
+		{"groups", report.OrNone(s.Groups)},
 		{"your access", s.Access},
 	}
 }

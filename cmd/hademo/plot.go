@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -46,11 +48,7 @@ func drawFailover(path string, r *failoverRun, lines []load.StatsLine) error {
 	}
 
 	rates := load.Rates(lines, groupLabel, rateWindow)
-	var names []string
-	for n := range rates {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(rates))
 	sec := func(t time.Time) float64 { return t.Sub(r.start).Seconds() }
 	ymax := 1.0
 	totals := map[float64]float64{}

@@ -84,46 +84,34 @@ func (c *Client) listGroups(ctx context.Context, group string, q url.Values) (Gr
 	return v, c.call(ctx, http.MethodGet, "/v1/groups", q, nil, &v)
 }
 
-// Recover asks for a manual recovery now.
-func (c *Client) Recover(ctx context.Context, req RecoverRequest) (RecoverResult, error) {
-	var v RecoverResult
-	return v, c.call(ctx, http.MethodPost, "/v1/recover", nil, req, &v)
-}
-
-// Synchronize plans (req.Check) or runs a synchronisation of a group. A
-// check needs only read access.
-func (c *Client) Synchronize(ctx context.Context, req SyncRequest) (SyncReport, error) {
-	path := "/v1/synchronize"
-	if req.Check {
-		path = "/v1/sync/check"
-	}
-	var v SyncReport
-	return v, c.call(ctx, http.MethodPost, path, nil, req, &v)
-}
-
-// SynchronizeWithProgress is Synchronize, calling fn with each progress
-// report of the agent while it applies the plan.
-func (c *Client) SynchronizeWithProgress(ctx context.Context, req SyncRequest, fn func(Progress)) (SyncReport, error) {
-	path := "/v1/synchronize"
-	if req.Check {
-		path = "/v1/sync/check"
-	}
-	req.Progress = true
-	var v SyncReport
-	return v, c.callProgress(ctx, path, req, &v, fn)
-}
-
-// RecoverWithProgress is Recover, calling fn with each progress report
-// of the agent while it catches members up.
-func (c *Client) RecoverWithProgress(ctx context.Context, req RecoverRequest, fn func(Progress)) (RecoverResult, error) {
-	req.Progress = true
+// Recover asks for a manual recovery now. fn, when not nil, is called with
+// each progress report of the agent while it catches members up.
+func (c *Client) Recover(ctx context.Context, req RecoverRequest, fn func(Progress)) (RecoverResult, error) {
+	req.Progress = fn != nil
 	var v RecoverResult
 	return v, c.callProgress(ctx, "/v1/recover", req, &v, fn)
 }
 
+// Synchronize plans (req.Check) or runs a synchronisation of a group. A
+// check needs only read access. fn, when not nil, is called with each
+// progress report of the agent while it applies the plan.
+func (c *Client) Synchronize(ctx context.Context, req SyncRequest, fn func(Progress)) (SyncReport, error) {
+	path := "/v1/synchronize"
+	if req.Check {
+		path = "/v1/sync/check"
+	}
+	req.Progress = fn != nil
+	var v SyncReport
+	return v, c.callProgress(ctx, path, req, &v, fn)
+}
+
 // callProgress posts in and reads the answer's JSON lines: progress lines
-// go to fn, the result into out, an error line becomes an *Error.
+// go to fn, the result into out, an error line becomes an *Error. Without
+// fn the answer is the result alone.
 func (c *Client) callProgress(ctx context.Context, path string, in, out any, fn func(Progress)) error {
+	if fn == nil {
+		return c.call(ctx, http.MethodPost, path, nil, in, out)
+	}
 	b, err := json.Marshal(in)
 	if err != nil {
 		return err

@@ -169,13 +169,7 @@ func (l *EventLog) rotate() error {
 // With a file, following tails the file, so events appended by other
 // processes are seen too; each line is emitted exactly once.
 func (l *EventLog) Read(ctx context.Context, req HALogRequest, emit func(Event) error) error {
-	var cutoff time.Time
-	if req.Since > 0 {
-		cutoff = l.now().Add(-req.Since)
-	}
-	keep := func(e Event) bool {
-		return (req.Group == "" || e.Group == req.Group) && !e.Time.Before(cutoff)
-	}
+	keep := req.keeps(l.now())
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -441,13 +435,7 @@ func ReadEventLogFile(path string, req HALogRequest, emit func(Event) error) err
 	if req.Follow {
 		return Errorf(CodeUnavailable, "following the HA event log needs a running haagent")
 	}
-	var cutoff time.Time
-	if req.Since > 0 {
-		cutoff = time.Now().Add(-req.Since)
-	}
-	keep := func(e Event) bool {
-		return (req.Group == "" || e.Group == req.Group) && !e.Time.Before(cutoff)
-	}
+	keep := req.keeps(time.Now())
 	found := false
 	for _, p := range []string{path + ".1", path} {
 		f, err := os.Open(p)

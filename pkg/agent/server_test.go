@@ -162,7 +162,7 @@ func TestClientRoundTrip(t *testing.T) {
 		t.Errorf("errors.Is does not match by code: %v", err)
 	}
 
-	rr, err := c.Recover(ctx, RecoverRequest{Group: "signing", Member: "hsm-b"})
+	rr, err := c.Recover(ctx, RecoverRequest{Group: "signing", Member: "hsm-b"}, nil)
 	if err != nil || rr.Failed() || rr.SchemaVersion != SchemaVersion {
 		t.Fatalf("Recover = %+v, %v", rr, err)
 	}
@@ -170,7 +170,7 @@ func TestClientRoundTrip(t *testing.T) {
 		t.Errorf("backend saw %+v", b.recovers)
 	}
 
-	sr, err := c.Synchronize(ctx, SyncRequest{Group: "signing", Check: true})
+	sr, err := c.Synchronize(ctx, SyncRequest{Group: "signing", Check: true}, nil)
 	if err != nil || !sr.Checked || !sr.InSync {
 		t.Fatalf("Synchronize(check) = %+v, %v", sr, err)
 	}
@@ -443,7 +443,7 @@ func TestDrain(t *testing.T) {
 
 	recDone := make(chan error, 1)
 	go func() {
-		_, err := c.Recover(context.Background(), RecoverRequest{Group: "g"})
+		_, err := c.Recover(context.Background(), RecoverRequest{Group: "g"}, nil)
 		recDone <- err
 	}()
 	<-b.started
@@ -510,7 +510,7 @@ func TestProgressStream(t *testing.T) {
 
 	release := make(chan struct{})
 	var got []Progress
-	rep, err := c.SynchronizeWithProgress(ctx, SyncRequest{Group: "signing"}, func(p Progress) {
+	rep, err := c.Synchronize(ctx, SyncRequest{Group: "signing"}, func(p Progress) {
 		if len(got) == 0 {
 			// The reader stalls on its first line: the work must
 			// still finish.
@@ -539,7 +539,7 @@ func TestProgressStream(t *testing.T) {
 		}
 	}
 
-	_, err = c.SynchronizeWithProgress(ctx, SyncRequest{Group: "ghost"}, func(Progress) {})
+	_, err = c.Synchronize(ctx, SyncRequest{Group: "ghost"}, func(Progress) {})
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `group "ghost" is not configured`) {
 		t.Errorf("error through the stream: %v", err)
 	}

@@ -11,6 +11,7 @@ package agent
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 )
 
@@ -208,12 +209,9 @@ type GroupsReport struct {
 
 // Degraded reports whether any group in the report is not fully healthy.
 func (r GroupsReport) Degraded() bool {
-	for _, g := range r.Groups {
-		if !g.Healthy || len(g.NeedsSync) > 0 || g.TombstoneStall != nil {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(r.Groups, func(g GroupStatus) bool {
+		return !g.Healthy || len(g.NeedsSync) > 0 || g.TombstoneStall != nil
+	})
 }
 
 // RecoverRequest asks for a manual recovery of a group's failed members,
@@ -243,12 +241,7 @@ type RecoverResult struct {
 
 // Failed reports whether any member failed to recover.
 func (r RecoverResult) Failed() bool {
-	for _, m := range r.Members {
-		if !m.OK {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(r.Members, func(m MemberResult) bool { return !m.OK })
 }
 
 // SyncRequest asks for a synchronisation (or, with Check, only its plan).
@@ -359,6 +352,17 @@ type HALogRequest struct {
 	Group string
 	// Follow keeps the stream open and sends new events as they happen.
 	Follow bool
+}
+
+// keeps returns whether req keeps an event, at now.
+func (req HALogRequest) keeps(now time.Time) func(Event) bool {
+	var cutoff time.Time
+	if req.Since > 0 {
+		cutoff = now.Add(-req.Since)
+	}
+	return func(e Event) bool {
+		return (req.Group == "" || e.Group == req.Group) && !e.Time.Before(cutoff)
+	}
 }
 
 // ErrorBody is the JSON body of every non-2xx response.

@@ -196,12 +196,12 @@ type Group struct {
 	// Serial is the virtual token's serial number (digits), unique in the
 	// file when set; creategroup assigns one.
 	Serial string `toml:"serial"`
-	// HA holds this group's overrides of the [ha] keys, written inline in
-	// the [[group]] table.
-	HA
 	// Members are the [[group.member]] tables, in configured order (the
 	// first healthy one is the primary).
 	Members []Member `toml:"member"`
+	// HA holds this group's overrides of the [ha] keys, written inline in
+	// the [[group]] table.
+	HA
 }
 
 // Member is one [[group.member]] table: one physical token.

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,36 +74,6 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 	s := c.Settings(g)
 	if s.Policy != PolicyPrimaryBackup || s.Interval != 30*time.Second || s.CommandTimeout != 20*time.Second {
 		t.Errorf("example settings = %+v", s)
-	}
-}
-
-// The schema's key lists must match the struct tags, or a key could be
-// accepted by one and refused by the other.
-func TestKnownKeysMatchStructTags(t *testing.T) {
-	t.Parallel()
-	tags := func(v any) []string {
-		var out []string
-		var walk func(reflect.Type)
-		walk = func(rt reflect.Type) {
-			for f := range rt.Fields() {
-				if f.Anonymous {
-					walk(f.Type)
-					continue
-				}
-				if tag := f.Tag.Get("toml"); tag != "" && tag != "-" {
-					out = append(out, tag)
-				}
-			}
-		}
-		walk(reflect.TypeOf(v))
-		slices.Sort(out)
-		return out
-	}
-	for table, v := range map[string]any{"": Config{}, "agent": Agent{}, "library": Library{}, "ha": HA{}, "group": Group{}, "group.member": Member{}} {
-		want := slices.Sorted(slices.Values(knownKeys(table)))
-		if got := tags(v); !slices.Equal(got, want) {
-			t.Errorf("table %q: struct tags %v, knownKeys %v", table, got, want)
-		}
 	}
 }
 

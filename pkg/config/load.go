@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -182,36 +183,31 @@ func str(v any) string {
 	return s
 }
 
-// Key names of each table, as written in the file.
+// knownKeys returns the key names of a table ("", "agent", "library",
+// "ha", "group", "group.member"), as written in the file: the toml tags of
+// its struct, an embedded struct's inline, in field order.
 func knownKeys(table string) []string {
-	ha := []string{"only", "recovery_mode", "retries", "interval", "command_timeout", "keygen_timeout",
-		"policy", "failure_threshold", "probe_interval", "tombstone_horizon", "hedge"}
-	switch table {
-	case "":
-		return []string{"agent", "library", "ha", "group"}
-	case "library":
-		return []string{"process"}
-	case "agent":
-		return []string{"socket", "state_dir", "log_file", "log_max_bytes", "metrics", "allowed_uids",
-			"allowed_group", "others_read_only"}
-	case "ha":
-		return ha
-	case "group":
-		return append([]string{"label", "serial", "member"}, ha...)
-	case "group.member":
-		return []string{"name", "module", "module_env", "init_args", "token_label", "token_serial", "uri", "pin_file",
-			"pin_env", "standby", "server_uid", "dispatch"}
+	var keys []string
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for f := range t.Fields() {
+			if tag := f.Tag.Get("toml"); f.Anonymous {
+				walk(f.Type)
+			} else if tag != "" && tag != "-" {
+				keys = append(keys, tag)
+			}
+		}
 	}
-	return nil
+	if t, ok := tableTypes[table]; ok {
+		walk(t)
+	}
+	return keys
 }
 
-// isDurationKey reports whether k is an HA key holding a Duration.
-func isDurationKey(k string) bool {
-	switch k {
-	case "interval", "command_timeout", "keygen_timeout", "probe_interval", "tombstone_horizon":
-		return true
-	}
-	return false
+// tableTypes are the structs of the tables, by the names knownKeys takes.
+var tableTypes = map[string]reflect.Type{
+	"": reflect.TypeFor[Config](), "agent": reflect.TypeFor[Agent](), "library": reflect.TypeFor[Library](),
+	"ha": reflect.TypeFor[HA](), "group": reflect.TypeFor[Group](), "group.member": reflect.TypeFor[Member](),
 }
 
 // checkKeys reports keys the schema does not know and durations written as
@@ -282,7 +278,7 @@ func (p *problems) checkTable(t map[string]any, table string, gi, mi int) {
 			errs = append(errs, p.newAt(gi, mi, key, path, msg))
 			continue
 		}
-		if (table == "ha" || table == "group") && isDurationKey(k) {
+		if _, isDur := (HA{}).durationKey(k); isDur && (table == "ha" || table == "group") {
 			// Zero Duration means unset: zero written in the file would
 			// silently become the default.
 			if s, ok := t[k].(string); ok {
@@ -309,22 +305,15 @@ func (p *problems) newAt(gi, mi int, key, path, msg string) *FieldError {
 	return e
 }
 
-// duration returns the duration keyed k (a key for which isDurationKey
-// holds).
-func (h *HA) duration(k string) Duration {
-	switch k {
-	case "interval":
-		return h.Interval
-	case "command_timeout":
-		return h.CommandTimeout
-	case "keygen_timeout":
-		return h.KeygenTimeout
-	case "probe_interval":
-		return h.ProbeInterval
-	case "tombstone_horizon":
-		return h.TombstoneHorizon
+// durationKey returns h's Duration keyed k, and whether k keys one.
+func (h HA) durationKey(k string) (Duration, bool) {
+	for f := range reflect.TypeFor[HA]().Fields() {
+		if f.Tag.Get("toml") == k {
+			d, ok := reflect.ValueOf(h).FieldByIndex(f.Index).Interface().(Duration)
+			return d, ok
+		}
 	}
-	panic("config: not a duration key: " + k)
+	return 0, false
 }
 
 // defaultDuration returns the built-in default of a duration key.
@@ -333,7 +322,8 @@ func defaultDuration(k string) Duration {
 	h := HA{Interval: Duration(s.Interval), CommandTimeout: Duration(s.CommandTimeout),
 		KeygenTimeout: Duration(s.KeygenTimeout), ProbeInterval: Duration(s.ProbeInterval),
 		TombstoneHorizon: Duration(s.TombstoneHorizon)}
-	return h.duration(k)
+	d, _ := h.durationKey(k)
+	return d
 }
 
 // suggest returns the known key closest to k when it is close enough to be

@@ -103,6 +103,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -727,12 +728,7 @@ func (g *Group) ActivateMember(ctx context.Context, name string) error {
 }
 
 func (g *Group) anyActive() bool {
-	for _, m := range g.view().members {
-		if m.State() == member.Active {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(g.view().members, func(m *member.Member) bool { return m.State() == member.Active })
 }
 
 // serving returns the members in configured order that hold current

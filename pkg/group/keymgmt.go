@@ -59,12 +59,7 @@ type intent struct {
 }
 
 func attrIndex(tmpl []*pkcs11.Attribute, t uint) int {
-	for i, a := range tmpl {
-		if a != nil && a.Type == t {
-			return i
-		}
-	}
-	return -1
+	return slices.IndexFunc(tmpl, func(a *pkcs11.Attribute) bool { return a != nil && a.Type == t })
 }
 
 // hasValue reports whether tmpl sets attribute t to a non-empty value.

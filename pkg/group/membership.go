@@ -263,15 +263,7 @@ func (g *Group) SetPolicy(p string) error {
 	return nil
 }
 
-func (g *Group) policyName() string {
-	switch policy(g.policy.Load()) {
-	case roundRobin:
-		return config.PolicyRoundRobin
-	case primaryBackup:
-		return config.PolicyPrimaryBackup
-	}
-	return config.PolicyLeastBusy
-}
+func (g *Group) policyName() string { return policyNames[g.policy.Load()] }
 
 func parseRecoveryMode(s string) (enhanced bool, err error) {
 	switch s {

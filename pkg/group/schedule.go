@@ -3,6 +3,7 @@ package group
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/hagroup/hagroup/pkg/config"
@@ -18,14 +19,15 @@ const (
 	primaryBackup
 )
 
+// policyNames are the policies' names in the configuration, by policy.
+var policyNames = []string{leastBusy: config.PolicyLeastBusy, roundRobin: config.PolicyRoundRobin, primaryBackup: config.PolicyPrimaryBackup}
+
 func parsePolicy(s string) (policy, error) {
-	switch s {
-	case "", config.PolicyLeastBusy:
+	if s == "" {
 		return leastBusy, nil
-	case config.PolicyRoundRobin:
-		return roundRobin, nil
-	case config.PolicyPrimaryBackup:
-		return primaryBackup, nil
+	}
+	if i := slices.Index(policyNames, s); i >= 0 {
+		return policy(i), nil
 	}
 	return 0, fmt.Errorf("unknown policy %q (want %s, %s or %s)", s, config.PolicyLeastBusy, config.PolicyRoundRobin, config.PolicyPrimaryBackup)
 }
@@ -73,21 +75,14 @@ func (g *Group) pickFor(o *vtable.Object, skip memberSet) *member.Member {
 func (g *Group) pickActive(o *vtable.Object, skip memberSet) (*member.Member, bool) {
 	ms := g.view().members
 	n := len(ms)
-	anyActive := false
-	switch policy(g.policy.Load()) {
-	case primaryBackup:
-		for _, m := range ms {
-			if m.State() != member.Active {
-				continue
-			}
-			anyActive = true
-			if !skip.has(m.Index()) {
-				return m, true
-			}
-		}
-		return nil, anyActive
-	case roundRobin:
-		start := int(g.rr.Add(1) % uint64(n))
+	p := policy(g.policy.Load())
+	start := 0 // primary-backup: the first active member in order
+	if p != primaryBackup {
+		start = int(g.rr.Add(1) % uint64(n))
+	}
+	switch {
+	case p == primaryBackup || p == roundRobin:
+		anyActive := false
 		for i := range n {
 			m := ms[(start+i)%n]
 			if m.State() != member.Active {
@@ -99,24 +94,21 @@ func (g *Group) pickActive(o *vtable.Object, skip memberSet) (*member.Member, bo
 			}
 		}
 		return nil, anyActive
-	default:
-		start := int(g.rr.Add(1) % uint64(n))
-		if o == nil {
-			return leastBusyOf(ms, start, skip, nil)
-		}
-		known := func(m *member.Member) bool { _, ok := o.Cached(m); return ok }
-		best, _ := leastBusyOf(ms, start, skip, known)
-		if best != nil && best.InFlight() > 0 {
-			idle := func(m *member.Member) bool { return m.InFlight() == 0 && !known(m) }
-			if other, _ := leastBusyOf(ms, start, skip, idle); other != nil {
-				return other, true
-			}
-		}
-		if best != nil {
-			return best, true
-		}
+	case o == nil:
 		return leastBusyOf(ms, start, skip, nil)
 	}
+	known := func(m *member.Member) bool { _, ok := o.Cached(m); return ok }
+	best, _ := leastBusyOf(ms, start, skip, known)
+	if best != nil && best.InFlight() > 0 {
+		idle := func(m *member.Member) bool { return m.InFlight() == 0 && !known(m) }
+		if other, _ := leastBusyOf(ms, start, skip, idle); other != nil {
+			return other, true
+		}
+	}
+	if best != nil {
+		return best, true
+	}
+	return leastBusyOf(ms, start, skip, nil)
 }
 
 // leastBusyOf returns the active member not in skip, and for which keep

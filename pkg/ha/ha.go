@@ -297,12 +297,7 @@ type Status struct {
 // OutOfSync reports whether some member needs synchronisation: it
 // differs from the others, or the members could not be compared.
 func (s Status) OutOfSync() bool {
-	for _, m := range s.Members {
-		if m.NeedsSync {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(s.Members, func(m MemberStatus) bool { return m.NeedsSync })
 }
 
 // MemberStatus is one member: the engine's figures (state, since when,
@@ -457,11 +452,9 @@ func (h *Group) addMember(ctx context.Context, mc config.Member) (recover.Result
 
 // noteMember records mc in the group's configuration copy.
 func (h *Group) noteMember(mc config.Member) {
-	for i := range h.cfg.Members {
-		if h.cfg.Members[i].Name == mc.Name {
-			h.cfg.Members[i] = mc
-			return
-		}
+	if cm, ok := h.cfg.Member(mc.Name); ok {
+		*cm = mc
+		return
 	}
 	h.cfg.Members = append(h.cfg.Members, mc)
 }
@@ -480,7 +473,7 @@ func (h *Group) removeMember(ctx context.Context, name string) error {
 		return err
 	}
 	h.rec.Forget(name)
-	h.cfg.Members = slices.DeleteFunc(h.cfg.Members, func(m config.Member) bool { return m.Name == name })
+	h.cfg.RemoveMember(name)
 	return nil
 }
 
@@ -492,10 +485,8 @@ func (h *Group) SetStandby(name string, standby bool) error {
 	if err := h.g.SetStandby(name, standby); err != nil {
 		return err
 	}
-	for i := range h.cfg.Members {
-		if h.cfg.Members[i].Name == name {
-			h.cfg.Members[i].Standby = standby
-		}
+	if cm, ok := h.cfg.Member(name); ok {
+		cm.Standby = standby
 	}
 	return nil
 }

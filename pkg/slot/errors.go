@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hagroup/hagroup/internal/tokenquirk"
+	"slices"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/miekg/pkcs11"
 )
@@ -108,16 +109,7 @@ func (e *Error) Is(target error) bool {
 	if e.Code == 0 {
 		return false
 	}
-	s, ok := sentinelOf[e.Code]
-	if !ok {
-		return false
-	}
-	for _, x := range s {
-		if x == target {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(sentinelOf[e.Code], target)
 }
 
 // sentinelOf maps CKR codes to the sentinels that match them.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,9 +88,9 @@ func parseURI(uri string) (tokenQuery, error) {
 				return q, fmt.Errorf("%w: URI %q: attribute %s: bad percent-encoding", ErrInvalidSpec, shown, k)
 			}
 			switch {
-			case contains(objectAttrs, k):
+			case slices.Contains(objectAttrs, k):
 				continue
-			case !contains(tokenAttrs, k):
+			case !slices.Contains(tokenAttrs, k):
 				return q, fmt.Errorf("%w: URI %q: unknown attribute %q", ErrInvalidSpec, shown, k)
 			}
 			if _, dup := q.attrs[k]; dup {
@@ -156,15 +157,6 @@ func RedactURI(uri string) string {
 		out += "?" + query
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // found is one token a module offers, with what matching needs.

@@ -168,19 +168,7 @@ var pairTrials = []pairTrial{
 		},
 		tmpl: []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY),
 			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_EC), object.BoolAttr(pkcs11.CKA_SIGN, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, true)},
-		same: func(ctx context.Context, src, dst *slot.Session, _, pub, cp pkcs11.ObjectHandle) (bool, error) {
-			digest := sha256.Sum256([]byte("hagroup pair trial"))
-			ecdsa := pkcs11.NewMechanism(pkcs11.CKM_ECDSA, nil)
-			sig, err := dst.Sign(ctx, ecdsa, cp, digest[:])
-			if err != nil {
-				return false, err
-			}
-			err = src.Verify(ctx, ecdsa, pub, digest[:], sig)
-			if errors.Is(err, pkcs11.Error(pkcs11.CKR_SIGNATURE_INVALID)) {
-				return false, nil
-			}
-			return err == nil, err
-		},
+		same: signsAlike(pkcs11.CKM_ECDSA, trialDigest[:]),
 	},
 	{
 		// RSA's PKCS#8 is another encoding, and a make may take one and
@@ -197,22 +185,30 @@ var pairTrials = []pairTrial{
 		},
 		tmpl: []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY),
 			pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, pkcs11.CKK_RSA), object.BoolAttr(pkcs11.CKA_SIGN, true), object.BoolAttr(pkcs11.CKA_SENSITIVE, true)},
-		same: func(ctx context.Context, src, dst *slot.Session, _, pub, cp pkcs11.ObjectHandle) (bool, error) {
-			// CKM_RSA_PKCS, which every RSA make signs with (opencryptoki
-			// 3.8's soft token has no CKM_SHA256_RSA_PKCS).
-			msg := []byte("hagroup pair trial")
-			m := pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS, nil)
-			sig, err := dst.Sign(ctx, m, cp, msg)
-			if err != nil {
-				return false, err
-			}
-			err = src.Verify(ctx, m, pub, msg, sig)
-			if errors.Is(err, pkcs11.Error(pkcs11.CKR_SIGNATURE_INVALID)) {
-				return false, nil
-			}
-			return err == nil, err
-		},
+		// CKM_RSA_PKCS, which every RSA make signs with (opencryptoki
+		// 3.8's soft token has no CKM_SHA256_RSA_PKCS).
+		same: signsAlike(pkcs11.CKM_RSA_PKCS, []byte("hagroup pair trial")),
 	},
+}
+
+// trialDigest is what the EC trial signs (ECDSA signs a digest).
+var trialDigest = sha256.Sum256([]byte("hagroup pair trial"))
+
+// signsAlike is a private key trial's same: the copy signs msg with mech,
+// and the source's public key verifies the signature.
+func signsAlike(mech uint, msg []byte) func(ctx context.Context, src, dst *slot.Session, _, pub, cp pkcs11.ObjectHandle) (bool, error) {
+	return func(ctx context.Context, src, dst *slot.Session, _, pub, cp pkcs11.ObjectHandle) (bool, error) {
+		m := pkcs11.NewMechanism(mech, nil)
+		sig, err := dst.Sign(ctx, m, cp, msg)
+		if err != nil {
+			return false, err
+		}
+		err = src.Verify(ctx, m, pub, msg, sig)
+		if errors.Is(err, pkcs11.Error(pkcs11.CKR_SIGNATURE_INVALID)) {
+			return false, nil
+		}
+		return err == nil, err
+	}
 }
 
 // PairTrials names the trials of a pair proof, the keys of

@@ -845,31 +845,14 @@ func (r *Replicator) settleCopies(ctx context.Context, p *Plan, copied []copyDon
 // fingerprint fp on s (0 when there is none), trying the listed handle
 // first: handles go stale after a re-login.
 func findExact(ctx context.Context, s *slot.Slot, id object.Identity, fp []byte, listed pkcs11.ObjectHandle) (pkcs11.ObjectHandle, error) {
-	matches := func(h pkcs11.ObjectHandle) (bool, error) { return isVersion(ctx, s, id, fp, h) }
 	if listed != 0 {
-		if ok, err := matches(listed); err != nil {
+		if ok, err := isVersion(ctx, s, id, fp, listed); err != nil {
 			return 0, err
 		} else if ok {
 			return listed, nil
 		}
 	}
-	hs, err := s.FindObjects(ctx, id.Template())
-	if err != nil {
-		return 0, fmt.Errorf("member %s: find %s: %w", s.Name(), id, err)
-	}
-	for _, h := range hs {
-		if h == listed {
-			continue
-		}
-		ok, err := matches(h)
-		if err != nil {
-			return 0, err
-		}
-		if ok {
-			return h, nil
-		}
-	}
-	return 0, nil
+	return otherCopy(ctx, s, id, fp, listed)
 }
 
 // isVersion reports whether h on s is the object with identity id and

@@ -338,13 +338,13 @@ func TestSoak(t *testing.T) {
 	before, _ := w.holdings(ctx)
 	c := w.agentClient()
 	defer c.Close()
-	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+	syncRep, syncErr := c.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true}, nil)
 	checks, clients := []agent.SyncReport{syncRep}, []*agent.Client{c}
 	var syncErrs []string
 	for _, h := range others {
 		ch := agent.NewClient(h.sock)
 		defer ch.Close()
-		r, err := ch.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true})
+		r, err := ch.Synchronize(ctx, agent.SyncRequest{Group: groupLabel, Check: true}, nil)
 		if err != nil {
 			syncErrs = append(syncErrs, fmt.Sprintf("host %s: %v", h.name, err))
 		}

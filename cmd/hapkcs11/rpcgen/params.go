@@ -19,7 +19,9 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -375,11 +377,7 @@ func paramCode(h *types) (cCode, goCode []byte, err error) {
 		}
 		taken[s] = true
 	}
-	var names []string
-	for s := range h.structs {
-		names = append(names, s)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(h.structs))
 	for _, s := range names {
 		if h.hasPointer(s) && !taken[s] && notParams[s] == "" {
 			return nil, nil, fmt.Errorf("pkcs11t.h: %s holds a pointer and is neither a mechanism's parameter (mechParams) nor listed in notParams", s)
@@ -439,11 +437,7 @@ package mechparam
 		fmt.Fprintf(&b, "};\nstatic const struct hap_param hap_param_%s = {sizeof(%[1]s), %d, hap_ptrs_%[1]s};\n", s, len(l.ptrs))
 		return goLayout(&b, &g, h, s, l)
 	}
-	var structs []string
-	for s := range taken {
-		structs = append(structs, s)
-	}
-	sort.Strings(structs)
+	structs := slices.Sorted(maps.Keys(taken))
 	for _, s := range structs {
 		if err := emit(s); err != nil {
 			return nil, nil, err

@@ -317,16 +317,11 @@ func (d *Daemon) Clients(ctx context.Context) (agent.ClientsReport, error) {
 func (d *Daemon) knows(group, member string) bool {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	for _, g := range d.cfg.Groups {
-		if g.Label == group {
-			if member == "" {
-				return true
-			}
-			_, ok := g.Member(member)
-			return ok
-		}
+	g, ok := d.cfg.Group(group)
+	if ok && member != "" {
+		_, ok = g.Member(member)
 	}
-	return false
+	return ok
 }
 
 // newEventFolder folds repeated HA events into one line per FoldWindow;

@@ -492,23 +492,9 @@ func (d *Daemon) lookup(label string) (*groupRun, error) {
 	defer d.mu.RUnlock()
 	gr, ok := d.groups[label]
 	if !ok {
-		return nil, agent.Errorf(agent.CodeNotFound, "group %q is not running in haagent (groups: %s)", label, orNone(d.order))
+		return nil, agent.Errorf(agent.CodeNotFound, "group %q is not running in haagent (groups: %s)", label, report.OrNone(d.order))
 	}
 	return gr, nil
-}
-
-func orNone(ss []string) string {
-	if len(ss) == 0 {
-		return "none"
-	}
-	out := ""
-	for i, s := range ss {
-		if i > 0 {
-			out += ", "
-		}
-		out += s
-	}
-	return out
 }
 
 // Status implements agent.Backend.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -75,14 +76,7 @@ func OpenGroup(ctx context.Context, g config.Group, s config.Settings, env Env, 
 	return ge, nil
 }
 
-func hasPIN(g config.Group) bool {
-	for _, m := range g.Members {
-		if m.HasPIN() {
-			return true
-		}
-	}
-	return false
-}
+func hasPIN(g config.Group) bool { return slices.ContainsFunc(g.Members, config.Member.HasPIN) }
 
 func (ge *groupEngine) onGroupEvent(e group.Event) {
 	if (e.Kind == group.MemberAdded || e.Kind == group.MemberRemoved) && e.Err == nil {

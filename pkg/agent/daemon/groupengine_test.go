@@ -150,7 +150,7 @@ serial = "1000001"
 	}
 
 	served.Restart(t)
-	res, err := ta.client.Recover(t.Context(), agent.RecoverRequest{Group: "g", Member: "b"})
+	res, err := ta.client.Recover(t.Context(), agent.RecoverRequest{Group: "g", Member: "b"}, nil)
 	if err != nil || len(res.Members) != 1 || !res.Members[0].OK {
 		t.Fatalf("manual recovery: %+v, %v", res, err)
 	}
@@ -179,7 +179,7 @@ serial = "1000001"
 `+memberTOML("a", toks[0], pin, false)+memberTOML("b", toks[1], pin, false))
 	testhsm.PlantUnreadableObject(t, toks[1])
 	for _, check := range []bool{true, false} {
-		rep, err := ta.client.Synchronize(t.Context(), agent.SyncRequest{Group: "g", Check: check})
+		rep, err := ta.client.Synchronize(t.Context(), agent.SyncRequest{Group: "g", Check: check}, nil)
 		if err != nil {
 			t.Fatalf("synchronize (check %v): %v", check, err)
 		}

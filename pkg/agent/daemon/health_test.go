@@ -145,13 +145,13 @@ serial = "1000001"
 func TestMetricsBuildInfoAndNoEmptyMember(t *testing.T) {
 	ta := metricsAgent(t)
 	ctx := t.Context()
-	if _, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g", Check: true}); err != nil {
+	if _, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g", Check: true}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g"}); err != nil {
+	if _, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ta.client.Recover(ctx, agent.RecoverRequest{Group: "g"}); err != nil {
+	if _, err := ta.client.Recover(ctx, agent.RecoverRequest{Group: "g"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	addr := ta.d.MetricsAddr()

@@ -92,7 +92,7 @@ serial = "1000015"
 				listed = append(listed, m.Name)
 			}
 		}
-		check, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g", Check: true})
+		check, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g", Check: true}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +148,7 @@ serial = "1000015"
 		t.Helper()
 		ctx, cancel := context.WithTimeout(t.Context(), deadline)
 		defer cancel()
-		if rep, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g"}); err != nil || rep.Failed > 0 {
+		if rep, err := ta.client.Synchronize(ctx, agent.SyncRequest{Group: "g"}, nil); err != nil || rep.Failed > 0 {
 			t.Fatalf("synchronize: %v %+v", err, rep)
 		}
 	}

@@ -94,10 +94,15 @@ func groupLabels(c *config.Config) string {
 	for _, g := range c.Groups {
 		ls = append(ls, g.Label)
 	}
-	if len(ls) == 0 {
+	return OrNone(ls)
+}
+
+// OrNone lists names for a message or a table cell: "a, b", or "none".
+func OrNone(names []string) string {
+	if len(names) == 0 {
 		return "none"
 	}
-	return strings.Join(ls, ", ")
+	return strings.Join(names, ", ")
 }
 
 // OpenFunc opens a token; slot.Open in production.
@@ -172,10 +177,6 @@ func TokenNotFound(m config.Member, tokens []slot.TokenSummary) error {
 		}
 	}
 	slices.Sort(there)
-	list := "none"
-	if len(there) > 0 {
-		list = strings.Join(there, ", ")
-	}
 	var what string
 	switch {
 	case m.TokenLabel != "":
@@ -185,7 +186,7 @@ func TokenNotFound(m config.Member, tokens []slot.TokenSummary) error {
 	default:
 		what = fmt.Sprintf("token URI %q", slot.RedactURI(m.URI))
 	}
-	return fmt.Errorf("member %q: %s not found in %s; tokens there: %s", m.Name, what, m.Module, list)
+	return fmt.Errorf("member %q: %s not found in %s; tokens there: %s", m.Name, what, m.Module, OrNone(there))
 }
 
 // CheckToken opens a member's token as a group would (logging in with its

@@ -106,12 +106,7 @@ func (l Searches) Snapshot(ctx context.Context, sl *slot.Slot) error {
 // identity nothing matched needs no search for a duplicate afterwards: an
 // object found with it then was made by this call or at the same moment.
 func (l Searches) Held(i int) bool {
-	for _, s := range l {
-		if s.call == i && !s.nameless && len(s.before) > 0 {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(l, func(s search) bool { return s.call == i && !s.nameless && len(s.before) > 0 })
 }
 
 // Destroyer destroys an object: the pooled slot or the session the
@@ -146,10 +141,5 @@ func named(ctx context.Context, sl *slot.Slot, h pkcs11.ObjectHandle) bool {
 	if err != nil {
 		return true
 	}
-	for _, a := range attrs {
-		if a.Status == pkcs11.CKR_OK && len(a.Value) > 0 {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(attrs, func(a slot.Attribute) bool { return a.Status == pkcs11.CKR_OK && len(a.Value) > 0 })
 }

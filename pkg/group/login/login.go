@@ -11,6 +11,7 @@ package login
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -125,12 +126,7 @@ func (s *State) OwnPIN(m *member.Member, userType uint) bool {
 // needsAppPIN reports whether some member of ms logs in as userType with
 // the application's PIN rather than its own.
 func (s *State) needsAppPIN(ms []*member.Member, userType uint) bool {
-	for _, m := range ms {
-		if !s.OwnPIN(m, userType) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ms, func(m *member.Member) bool { return !s.OwnPIN(m, userType) })
 }
 
 // Prove logs one member of ms in with the application's pin and returns

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"slices"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
@@ -166,12 +167,7 @@ func (t *Table[A, W]) Init(ctx context.Context, r Runner[A, W], k Kind, op *Op[A
 
 // Active reports whether an operation is active.
 func (t *Table[A, W]) Active() bool {
-	for _, op := range t.ops {
-		if op != nil {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(t.ops[:], func(op *Op[A]) bool { return op != nil })
 }
 
 // Cancel ends operation k without a result (an Init with a NULL

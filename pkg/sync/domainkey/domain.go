@@ -190,13 +190,7 @@ func Lookup(ctx context.Context, s object.Store, member, groupSerial string) (Fo
 // on the others are removed again, so that a retry starts clean; the
 // error names the member.
 func Install(ctx context.Context, members []Target, groupSerial string) error {
-	if err := checkTargets(members, groupSerial); err != nil {
-		return fmt.Errorf("install domain key: %w", err)
-	}
-	if err := checkWrapMechanism(ctx, members); err != nil {
-		return fmt.Errorf("install domain key: %w", err)
-	}
-	members, err := keepingWrapOnly(ctx, members)
+	members, err := keepingWrapOnly(ctx, members, groupSerial)
 	if err != nil {
 		return fmt.Errorf("install domain key: %w", err)
 	}
@@ -248,13 +242,7 @@ func Install(ctx context.Context, members []Target, groupSerial string) error {
 // leaves no domain key on any member, and the error says so (replicating
 // private and secret keys waits until a domain key is installed).
 func Replace(ctx context.Context, members []Target, groupSerial string) error {
-	if err := checkTargets(members, groupSerial); err != nil {
-		return fmt.Errorf("replace domain key: %w", err)
-	}
-	if err := checkWrapMechanism(ctx, members); err != nil {
-		return fmt.Errorf("replace domain key: %w", err)
-	}
-	members, err := keepingWrapOnly(ctx, members)
+	members, err := keepingWrapOnly(ctx, members, groupSerial)
 	if err != nil {
 		return fmt.Errorf("replace domain key: %w", err)
 	}
@@ -269,12 +257,19 @@ func Replace(ctx context.Context, members []Target, groupSerial string) error {
 	return nil
 }
 
-// keepingWrapOnly returns the members whose token keeps a wrap-only key
-// (WrapOnlyFlaws): the others take no domain key, since they could not
-// keep it one (keys reach them under keys agreed for each copy). When no
-// member keeps one, the error names each member and what its token does
-// not keep.
-func keepingWrapOnly(ctx context.Context, members []Target) ([]Target, error) {
+// keepingWrapOnly refuses an installation that cannot start (checkTargets)
+// or members that cannot use a domain key (checkWrapMechanism), and
+// returns the members whose token keeps a wrap-only key (WrapOnlyFlaws):
+// the others take no domain key, since they could not keep it one (keys
+// reach them under keys agreed for each copy). When no member keeps one,
+// the error names each member and what its token does not keep.
+func keepingWrapOnly(ctx context.Context, members []Target, groupSerial string) ([]Target, error) {
+	if err := checkTargets(members, groupSerial); err != nil {
+		return nil, err
+	}
+	if err := checkWrapMechanism(ctx, members); err != nil {
+		return nil, err
+	}
 	var keep []Target
 	var not []error
 	for _, m := range members {

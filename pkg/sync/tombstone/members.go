@@ -762,24 +762,16 @@ func (d *decoder) byte() byte {
 	return c
 }
 
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.err = errTorn
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
+func (d *decoder) uvarint() uint64 { return varint(d, binary.Uvarint) }
+func (d *decoder) varint() int64   { return varint(d, binary.Varint) }
 
-func (d *decoder) varint() int64 {
+// varint takes the next varint off d with read (binary.Uvarint or
+// binary.Varint).
+func varint[T uint64 | int64](d *decoder, read func([]byte) (T, int)) T {
 	if d.err != nil {
 		return 0
 	}
-	v, n := binary.Varint(d.b)
+	v, n := read(d.b)
 	if n <= 0 {
 		d.err = errTorn
 		return 0

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,13 +68,7 @@ var registerQuirks = []uint{
 }
 
 func isRegisterQuirk(err error) bool {
-	code := slot.CodeOf(err)
-	for _, c := range registerQuirks {
-		if code == c {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(registerQuirks, slot.CodeOf(err))
 }
 
 // Writer is implemented by a Local shared by several processes (the
@@ -344,12 +339,7 @@ func (s *Shared) folds(ctx context.Context, m *slot.Slot, h *memberRecords) bool
 	if err != nil {
 		return false
 	}
-	for _, r := range h.registers {
-		if s.foldable(m, r, writer) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(h.registers, func(r register) bool { return s.foldable(m, r, writer) })
 }
 
 // mergeRegister writes add into this writer's register on m. With held

@@ -281,8 +281,12 @@ func (j *Journal) Horizon() time.Duration { return j.opts.Horizon }
 
 func (j *Journal) path(name string) string { return filepath.Join(j.dir, name) }
 
-// lock takes the lock file in mode how and returns its release.
+// lock takes the lock file in mode how and returns its release; a closed
+// journal refuses. j.mu must be held.
 func (j *Journal) lock(ctx context.Context, how int) (func(), error) {
+	if j.closed {
+		return nil, fmt.Errorf("tombstones of group %s: journal closed", j.serial)
+	}
 	var f *os.File
 	var err error
 	if how == unix.LOCK_SH {
@@ -325,9 +329,6 @@ func (j *Journal) Record(ctx context.Context, t Tombstone) error {
 
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.closed {
-		return fmt.Errorf("tombstones of group %s: journal closed", j.serial)
-	}
 	unlock, err := j.lock(ctx, unix.LOCK_EX)
 	if err != nil {
 		return err
@@ -361,9 +362,6 @@ func (j *Journal) Revive(ctx context.Context, id object.Identity, fingerprint []
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.closed {
-		return 0, fmt.Errorf("tombstones of group %s: journal closed", j.serial)
-	}
 	// A shared lock first: the usual case (nothing to revoke) writes
 	// nothing and should not keep every other reader out.
 	if n, err := j.liveLocked(ctx, id, fingerprint, unix.LOCK_SH); err != nil || n == 0 {
@@ -520,9 +518,6 @@ func (j *Journal) cutoff() time.Time { return j.opts.Now().Add(-j.opts.Horizon) 
 
 // readLocked brings j.entries up to date under the shared lock.
 func (j *Journal) readLocked(ctx context.Context) error {
-	if j.closed {
-		return fmt.Errorf("tombstones of group %s: journal closed", j.serial)
-	}
 	unlock, err := j.lock(ctx, unix.LOCK_SH)
 	if err != nil {
 		return err
@@ -664,9 +659,6 @@ func (j *Journal) readJournalLocked() error {
 func (j *Journal) Compact(ctx context.Context) (CompactStats, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.closed {
-		return CompactStats{}, fmt.Errorf("tombstones of group %s: journal closed", j.serial)
-	}
 	unlock, err := j.lock(ctx, unix.LOCK_EX)
 	if err != nil {
 		return CompactStats{}, err
