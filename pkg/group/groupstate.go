@@ -215,7 +215,7 @@ func (g *Group) admitMembers(ctx context.Context) []string {
 	var names []string
 	for _, m := range behind {
 		k := why[m.Name()]
-		g.failMember(m, fmt.Errorf("%w: member %s holds a mark that %s missed a change made through the group while it was away; it serves again once it is caught up", member.ErrBehind, k.On.Name(), m.Name()))
+		g.failMember(m, fmt.Errorf("behind: member %s holds a mark that %s missed a change made through the group while it was away; it serves again once it is caught up", k.On.Name(), m.Name()))
 		names = append(names, m.Name())
 	}
 	return names

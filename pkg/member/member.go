@@ -254,17 +254,14 @@ func (m *Member) CompareAndTransition(from, to State, reason error) bool {
 	return true
 }
 
-// ErrBehind is the reason of a member failed because it missed changes
-// made through the group while it was away: it is stale, not unwell, and
-// the failure charges it no error.
-var ErrBehind = errors.New("behind")
-
 // Fail moves an active, standby or recovering member to Failed and reports
 // whether this call did so (false: it was already failed or removed, and no
-// event was emitted). A member failed for a health error counts it as one
-// of its errors unless one was counted since it last served: a recovery
-// attempt or a login finds its error outside a call's accounting, and a
-// member never leaves rotation unwell with no error counted.
+// event was emitted). A member failed for a health error it answered (a
+// *slot.Error of the health class, or a timeout) counts it as one of its
+// errors unless one was counted since it last served: a recovery attempt
+// or a replication finds its error outside a call's accounting, and a
+// member never leaves rotation unwell with no error counted. A failure
+// for another reason (behind, a PIN refused before) counts none.
 func (m *Member) Fail(reason error) bool {
 	for {
 		from := State(m.state.Load())
@@ -272,7 +269,7 @@ func (m *Member) Fail(reason error) bool {
 			return false
 		}
 		if m.state.CompareAndSwap(int32(from), int32(Failed)) {
-			if reason != nil && !errors.Is(reason, ErrBehind) && slot.ClassOf(reason) == slot.ClassHealth && m.consec.Load() == 0 {
+			if answeredUnwell(reason) && m.consec.Load() == 0 {
 				m.errs.Add(1)
 				m.consec.Add(1)
 			}
@@ -280,6 +277,12 @@ func (m *Member) Fail(reason error) bool {
 			return true
 		}
 	}
+}
+
+// answeredUnwell reports whether err is a health error a member answered.
+func answeredUnwell(err error) bool {
+	var se *slot.Error
+	return (errors.As(err, &se) || errors.Is(err, slot.ErrTimeout)) && slot.ClassOf(err) == slot.ClassHealth
 }
 
 func (m *Member) transitioned(from, to State, reason error) {

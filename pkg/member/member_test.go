@@ -187,19 +187,21 @@ func TestEndChargesOnlyHealth(t *testing.T) {
 
 // A member leaves rotation unwell with its error counted, however the
 // error was found: once, whether a call's accounting counted it first or
-// the failing path alone knew it; a stale member (ErrBehind) counts none.
+// the failing path alone knew it; a failure for another reason counts none.
 func TestFailCountsTheHealthErrorOnce(t *testing.T) {
-	device := pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)
+	device := &slot.Error{Member: "hsm-a", Op: "OpenSession", Code: pkcs11.CKR_DEVICE_ERROR, Err: pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)}
 	tests := []struct {
 		name    string
 		charged bool // a call's End counted the error first
 		reason  error
 		want    uint64
 	}{
-		{"found outside a call (a recovery, a login)", false, fmt.Errorf("recover hsm-a: %w", device), 1},
+		{"found outside a call (a recovery attempt)", false, fmt.Errorf("recover hsm-a: %w", device), 1},
+		{"a timeout found outside a call", false, fmt.Errorf("member hsm-a: %w", slot.ErrTimeout), 1},
 		{"counted by the call that found it", true, device, 1},
-		{"behind, not unwell", false, fmt.Errorf("%w: missed a change", ErrBehind), 0},
-		{"a request's answer is not the member's error", false, pkcs11.Error(pkcs11.CKR_MECHANISM_INVALID), 0},
+		{"behind, not unwell", false, errors.New("behind: member hsm-b holds a mark that hsm-a missed a change"), 0},
+		{"a PIN refused before, not unwell", false, errors.New("member hsm-a: PIN refused: automatic login and recovery stopped"), 0},
+		{"a request's answer is not the member's error", false, &slot.Error{Member: "hsm-a", Op: "Sign", Code: pkcs11.CKR_MECHANISM_INVALID, Err: pkcs11.Error(pkcs11.CKR_MECHANISM_INVALID)}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
