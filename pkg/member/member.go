@@ -131,6 +131,9 @@ func New(cfg Config, s *slot.Slot, st State, cause error, notify func(Transition
 	if s != nil {
 		m.slot.Store(s)
 	}
+	if st == Failed {
+		m.countFailure(cause)
+	}
 	if cause != nil {
 		m.lastErr.Store(&errRecord{err: cause, time: time.Now()})
 	}
@@ -256,12 +259,7 @@ func (m *Member) CompareAndTransition(from, to State, reason error) bool {
 
 // Fail moves an active, standby or recovering member to Failed and reports
 // whether this call did so (false: it was already failed or removed, and no
-// event was emitted). A member failed for a health error it answered (a
-// *slot.Error of the health class, or a timeout) counts it as one of its
-// errors unless one was counted since it last served: a recovery attempt
-// or a replication finds its error outside a call's accounting, and a
-// member never leaves rotation unwell with no error counted. A failure
-// for another reason (behind, a PIN refused before) counts none.
+// event was emitted).
 func (m *Member) Fail(reason error) bool {
 	for {
 		from := State(m.state.Load())
@@ -269,23 +267,32 @@ func (m *Member) Fail(reason error) bool {
 			return false
 		}
 		if m.state.CompareAndSwap(int32(from), int32(Failed)) {
-			if answeredUnwell(reason) && m.consec.Load() == 0 {
-				m.errs.Add(1)
-				m.consec.Add(1)
-			}
 			m.transitioned(from, Failed, reason)
 			return true
 		}
 	}
 }
 
-// answeredUnwell reports whether err is a health error a member answered.
-func answeredUnwell(err error) bool {
+// countFailure counts the health error a member is failed for, by
+// whatever transition to Failed (its open, a call, a recovery attempt's
+// re-open), unless one was counted since it last served: some paths find
+// the error outside a call's accounting, and a member never leaves
+// rotation unwell with no error counted. Only a health error the member
+// answered counts (a *slot.Error of the health class, or a timeout); a
+// failure for another reason (behind, a PIN refused before) counts none.
+func (m *Member) countFailure(reason error) {
 	var se *slot.Error
-	return (errors.As(err, &se) || errors.Is(err, slot.ErrTimeout)) && slot.ClassOf(err) == slot.ClassHealth
+	answered := errors.As(reason, &se) || errors.Is(reason, slot.ErrTimeout)
+	if answered && slot.ClassOf(reason) == slot.ClassHealth && m.consec.Load() == 0 {
+		m.errs.Add(1)
+		m.consec.Add(1)
+	}
 }
 
 func (m *Member) transitioned(from, to State, reason error) {
+	if to == Failed {
+		m.countFailure(reason)
+	}
 	now := time.Now()
 	m.since.Store(now.UnixNano())
 	if to == Failed && reason != nil {

@@ -224,6 +224,34 @@ func TestFailCountsTheHealthErrorOnce(t *testing.T) {
 	}
 }
 
+// Every way into Failed counts the error the same way: a member that
+// could not be opened, and a recovery's re-open that failed (a
+// transition from Recovering, not Fail).
+func TestEveryWayIntoFailedCountsTheError(t *testing.T) {
+	device := &slot.Error{Member: "hsm-a", Op: "Initialize", Code: pkcs11.CKR_DEVICE_ERROR, Err: pkcs11.Error(pkcs11.CKR_DEVICE_ERROR)}
+	opened, err := New(Config{Name: "hsm-a", FailureThreshold: 1}, nil, Failed, device, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := opened.Snapshot().Errors; got != 1 {
+		t.Errorf("a member whose open failed with a device error counts %d errors, want 1", got)
+	}
+	if !opened.CompareAndTransition(Failed, Recovering, nil) || !opened.CompareAndTransition(Recovering, Failed, device) {
+		t.Fatal("failed -> recovering -> failed refused")
+	}
+	if got := opened.Snapshot().Errors; got != 1 {
+		t.Errorf("a failed re-open of a member whose error was counted counts %d errors in all, want 1", got)
+	}
+
+	m := newFailed(t, 1, nil) // failed for a reason that is no answer of the member's
+	if !m.CompareAndTransition(Failed, Recovering, nil) || !m.CompareAndTransition(Recovering, Failed, device) {
+		t.Fatal("failed -> recovering -> failed refused")
+	}
+	if got := m.Snapshot().Errors; got != 1 {
+		t.Errorf("a recovery's failed re-open counts %d errors, want 1", got)
+	}
+}
+
 func TestLatencyAverage(t *testing.T) {
 	m := newFailed(t, 1, nil)
 	m.observe(8 * time.Millisecond)
