@@ -37,6 +37,16 @@ func (c *CallClock) Wrap(_ context.Context, token string, op slot.Op, call func(
 	return err
 }
 
+// Count returns how many op calls token got since the last Reset.
+func (c *CallClock) Count(token string, op slot.Op) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[token+" "+string(op)]
+}
+
+// String lists every call counted, as Report does for one operation.
+func (c *CallClock) String() string { return c.Report(1) }
+
 // Reset forgets the calls counted so far.
 func (c *CallClock) Reset() {
 	c.mu.Lock()

@@ -12,9 +12,9 @@ import (
 )
 
 // trialCalls counts the calls a wrap probe makes on token name.
-func trialCalls(log *opLog, name string) int {
-	return log.count(name, slot.OpGenerateKey) + log.count(name, slot.OpGenerateKeyPair) +
-		log.count(name, slot.OpWrapKey) + log.count(name, slot.OpUnwrapKey)
+func trialCalls(log *testhsm.CallClock, name string) int {
+	return log.Count(name, slot.OpGenerateKey) + log.Count(name, slot.OpGenerateKeyPair) +
+		log.Count(name, slot.OpWrapKey) + log.Count(name, slot.OpUnwrapKey)
 }
 
 // TestProbeWrapKnownAsksOnce: a process probing a token that another
@@ -25,7 +25,7 @@ func TestProbeWrapKnownAsksOnce(t *testing.T) {
 	ctx := testContext(t)
 	toks := testhsm.Take(t, 2)
 	facts := tokenfacts.Open(filepath.Join(t.TempDir(), "state", testSerial), 0)
-	log := newOpLog()
+	log := &testhsm.CallClock{}
 	probe := func(what string, tok testhsm.Token, mechs []uint, wantTrials bool) WrapCapability {
 		t.Helper()
 		s := openSlot(t, tok, log) // a fresh slot, as a new process opens
@@ -35,7 +35,7 @@ func TestProbeWrapKnownAsksOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		log.reset()
+		log.Reset()
 		c, err := ProbeWrapKnown(ctx, s, mechs, facts)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
@@ -87,12 +87,12 @@ func TestTrialCopiesOncePerHost(t *testing.T) {
 		{"the next process", facts, 0},
 		{"a process without the facts", nil, len(domainkey.CopyTrials)},
 	} {
-		log.reset()
+		log.Reset()
 		r := &Replicator{GroupSerial: testSerial, Facts: c.facts}
 		if err := r.Audit(ctx, dst); err != nil {
 			t.Fatalf("%s: audit: %v", c.what, err)
 		}
-		if n := log.count(dst.Name(), slot.OpCopyObject); n != c.copies {
+		if n := log.Count(dst.Name(), slot.OpCopyObject); n != c.copies {
 			t.Errorf("%s: %d trial copies, want %d", c.what, n, c.copies)
 		}
 	}

@@ -18,10 +18,10 @@ import (
 )
 
 // countedPair opens two fresh tokens, each holding extra data objects,
-// through one opLog, and installs a domain key.
-func countedPair(t *testing.T, trusted bool, extra int) (src, dst *slot.Slot, log *opLog, toks []testhsm.Token) {
+// through one testhsm.CallClock, and installs a domain key.
+func countedPair(t *testing.T, trusted bool, extra int) (src, dst *slot.Slot, log *testhsm.CallClock, toks []testhsm.Token) {
 	t.Helper()
-	log = newOpLog()
+	log = &testhsm.CallClock{}
 	toks = testhsm.Take(t, 2)
 	src, dst = openSlot(t, toks[0], log), openSlot(t, toks[1], log)
 	installDomain(t, testSerial, trusted, []*slot.Slot{src, dst}, toks)
@@ -78,22 +78,22 @@ func TestReplicateSearchesOnce(t *testing.T) {
 					pub := replicateWith(t, r, src, c.pub, Target{Slot: dst})
 					defer dst.DestroyObject(ctx, pub)
 				}
-				log.reset()
+				log.Reset()
 				h := replicateWith(t, r, src, c.h, Target{Slot: dst, Absent: absent})
 				finds := map[bool]int{false: 1, true: 0}[absent]
-				if n := log.count(src.Name(), slot.OpFindObjects); n != 0 {
+				if n := log.Count(src.Name(), slot.OpFindObjects); n != 0 {
 					t.Errorf("%d searches on the source, want none\n%s", n, log)
 				}
-				if n := log.count(dst.Name(), slot.OpFindObjects); n != finds {
+				if n := log.Count(dst.Name(), slot.OpFindObjects); n != finds {
 					t.Errorf("%d searches on the target, want %d\n%s", n, finds, log)
 				}
-				if n := log.count(src.Name(), slot.OpGetAttributes); n > c.srcReads {
+				if n := log.Count(src.Name(), slot.OpGetAttributes); n > c.srcReads {
 					t.Errorf("%d reads on the source, want at most %d\n%s", n, c.srcReads, log)
 				}
-				if n := log.count(dst.Name(), slot.OpGetAttributes); n > c.dstReads {
+				if n := log.Count(dst.Name(), slot.OpGetAttributes); n > c.dstReads {
 					t.Errorf("%d reads on the target, want at most %d\n%s", n, c.dstReads, log)
 				}
-				if n := log.count(src.Name(), slot.OpMechanismInfo) + log.count(dst.Name(), slot.OpMechanismInfo); n != 0 {
+				if n := log.Count(src.Name(), slot.OpMechanismInfo) + log.Count(dst.Name(), slot.OpMechanismInfo); n != 0 {
 					t.Errorf("asked for the mechanism %d times again", n)
 				}
 				sameObject(t, src, c.h, dst, h)
@@ -135,12 +135,12 @@ func TestReplicateRemembersPerEpoch(t *testing.T) {
 		if dst.Epoch() == before {
 			t.Fatal("the epoch did not change with the login")
 		}
-		log.reset()
+		log.Reset()
 		k := genAES(t, src, "after-relogin", randomID(t))
 		h := replicateWith(t, r, src, k, Target{Slot: dst})
 		sameObject(t, src, k, dst, h)
 		// The identity search and the domain key's.
-		if n := log.count(dst.Name(), slot.OpFindObjects); n != 2 {
+		if n := log.Count(dst.Name(), slot.OpFindObjects); n != 2 {
 			t.Errorf("%d searches on %s after its re-login, want 2 (copy, domain key)\n%s", n, dst.Name(), log)
 		}
 	})
@@ -152,11 +152,11 @@ func TestReplicateRemembersPerEpoch(t *testing.T) {
 		}
 		installDomain(t, testSerial, false, []*slot.Slot{src, dst}, toks)
 		k := genAES(t, src, "after-reinstall", randomID(t))
-		log.reset()
+		log.Reset()
 		h := replicateWith(t, r, src, k, Target{Slot: dst})
 		sameObject(t, src, k, dst, h)
 		// The remembered handles failed; both keys were found again.
-		if n, m := log.count(src.Name(), slot.OpFindObjects), log.count(dst.Name(), slot.OpFindObjects); n != 1 || m != 2 {
+		if n, m := log.Count(src.Name(), slot.OpFindObjects), log.Count(dst.Name(), slot.OpFindObjects); n != 1 || m != 2 {
 			t.Errorf("%d searches on %s and %d on %s, want 1 (domain key) and 2 (copy, domain key)\n%s", n, src.Name(), m, dst.Name(), log)
 		}
 	})
@@ -200,10 +200,10 @@ func TestReplicateDerivesUnwrapTemplate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			log.reset()
+			log.Reset()
 			h := replicateWith(t, r, src, k, Target{Slot: dst})
 			// The copy's identity: the one read on the target.
-			if n := log.count(dst.Name(), slot.OpGetAttributes); n != 1 {
+			if n := log.Count(dst.Name(), slot.OpGetAttributes); n != 1 {
 				t.Errorf("%d reads on the target, want 1 (no unwrap template read)\n%s", n, log)
 			}
 			if v, ok := getAttr(t, dst, h, pkcs11.CKA_SENSITIVE); !ok || v[0] != 0 {
@@ -275,7 +275,7 @@ func plainDomainKey(t *testing.T, serial string, ss ...*slot.Slot) {
 // wrapped once; each target gets its own result, and a target that fails
 // does not stop the others.
 func TestReplicateEach(t *testing.T) {
-	log := newOpLog()
+	log := &testhsm.CallClock{}
 	toks := testhsm.Take(t, 4)
 	ss := make([]*slot.Slot, len(toks))
 	for i, tok := range toks {
@@ -292,7 +292,7 @@ func TestReplicateEach(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	log.reset()
+	log.Reset()
 	targets := []Target{{Slot: ss[1]}, {Slot: ss[2]}, {Slot: ss[3]}, {}}
 	hs, errs := r.ReplicateEach(testContext(t), src, kp.Priv, targets)
 	for i, want := range []bool{true, true, false, false} {
@@ -303,13 +303,13 @@ func TestReplicateEach(t *testing.T) {
 	if !errors.Is(errs[2], domainkey.ErrNotFound) || !strings.Contains(errs[2].Error(), ss[3].Name()) {
 		t.Errorf("target without a domain key: %v, want domainkey.ErrNotFound naming %s", errs[2], ss[3].Name())
 	}
-	if n := log.count(src.Name(), slot.OpWrapKey); n != 1 {
+	if n := log.Count(src.Name(), slot.OpWrapKey); n != 1 {
 		t.Errorf("the source was wrapped %d times, want once\n%s", n, log)
 	}
-	if n := log.count(src.Name(), slot.OpGetAttributes); n != 3 {
+	if n := log.Count(src.Name(), slot.OpGetAttributes); n != 3 {
 		t.Errorf("%d reads on the source, want 3 (identity, material, unwrap template)\n%s", n, log)
 	}
-	if n := log.count(src.Name(), slot.OpFindObjects); n != 0 {
+	if n := log.Count(src.Name(), slot.OpFindObjects); n != 0 {
 		t.Errorf("%d searches on the source, want none\n%s", n, log)
 	}
 	for i, s := range ss[1:3] {
@@ -337,11 +337,11 @@ func TestReplicateExistingCopySearchesOnce(t *testing.T) {
 	kp := genEC(t, src, "existing", randomID(t))
 	replicateWith(t, r, src, kp.Pub, Target{Slot: dst})
 	h := replicateWith(t, r, src, kp.Priv, Target{Slot: dst})
-	log.reset()
+	log.Reset()
 	if again := replicateWith(t, r, src, kp.Priv, Target{Slot: dst}); again != h {
 		t.Fatalf("second replication: handle %d, want %d", again, h)
 	}
-	if n, m := log.count(src.Name(), slot.OpFindObjects), log.count(dst.Name(), slot.OpFindObjects); n != 0 || m != 1 {
+	if n, m := log.Count(src.Name(), slot.OpFindObjects), log.Count(dst.Name(), slot.OpFindObjects); n != 0 || m != 1 {
 		t.Errorf("%d searches on the source and %d on the target, want 0 and 1\n%s", n, m, log)
 	}
 }
@@ -415,14 +415,14 @@ func TestTrialCopiesOncePerKey(t *testing.T) {
 	r := &Replicator{GroupSerial: testSerial}
 	audit := func(what string, copies int) {
 		t.Helper()
-		log.reset()
+		log.Reset()
 		if err := r.Audit(ctx, dst); err != nil {
 			t.Fatalf("%s: audit: %v", what, err)
 		}
-		if n := log.count(dst.Name(), slot.OpCopyObject); n != copies {
+		if n := log.Count(dst.Name(), slot.OpCopyObject); n != copies {
 			t.Errorf("%s: %d trial copies, want %d\n%s", what, n, copies, log)
 		}
-		if n := log.count(dst.Name(), slot.OpGetAttributes); n == 0 {
+		if n := log.Count(dst.Name(), slot.OpGetAttributes); n == 0 {
 			t.Errorf("%s: the key's attributes were not read\n%s", what, log)
 		}
 		if n := len(findByLabel(t, dst, domainkey.Label(testSerial))); n != 1 {
