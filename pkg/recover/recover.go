@@ -94,6 +94,10 @@ var (
 	ErrNotFailed = errors.New("member is not failed")
 	// ErrClosed: the Recoverer is closed.
 	ErrClosed = errors.New("recoverer closed")
+	// ErrCreationInFlight: the member alone holds an object that a
+	// creation running in another process of this host may be making
+	// (sync.Plan.InFlight); the attempt is made again once it returned.
+	ErrCreationInFlight = errors.New("a creation of an object the member alone holds is running in another process")
 )
 
 // MinInterval is the shortest retry interval accepted.
@@ -994,6 +998,9 @@ func (r *Recoverer) planPasses(ctx context.Context, self hasync.PlanMember, peer
 		}
 		if err := plan.Skipped[self.Name]; err != nil {
 			return cu, fmt.Errorf("catch up: list objects: %w", err)
+		}
+		if len(plan.InFlight) > 0 {
+			return cu, fmt.Errorf("catch up: %w: %v", ErrCreationInFlight, plan.InFlight)
 		}
 		cu.Skipped = plan.Skipped
 		cu.Unreadable = plan.Unreadable

@@ -65,6 +65,18 @@ func unanswered(tombs Tombstones, id object.Identity) bool {
 	return ok && it.Unanswered(id)
 }
 
+// FlightTombstones is implemented by Tombstones that also know creations
+// running now in another process of the host (*tombstone.Set: its held
+// intents). See Plan.InFlight.
+type FlightTombstones interface {
+	InFlight(id object.Identity) bool
+}
+
+func inFlight(tombs Tombstones, id object.Identity) bool {
+	ft, ok := tombs.(FlightTombstones)
+	return ok && ft.InFlight(id)
+}
+
 // PlanOptions tune MakePlan.
 type PlanOptions struct {
 	// Prune deletes objects found on some members only, with no
@@ -212,6 +224,13 @@ type Plan struct {
 	// Skipped are members left out because their listing failed for a
 	// health reason (PlanOptions.SkipUnreachable), with the error.
 	Skipped map[string]error
+	// InFlight are identities that the member being caught up alone holds
+	// while a creation of them runs in another process of the host
+	// (FlightTombstones): what it holds may be what that creation is
+	// making, or what one that died left. Neither is decided until the
+	// creation returns, so nothing is planned for them, and the member is
+	// not caught up by this plan.
+	InFlight []object.Identity
 	// Actions, deletes first (private halves before public ones, so a
 	// private key's fingerprint stays readable), then copies (public
 	// halves first: a private EC key's fingerprint on SoftHSM comes from
@@ -473,8 +492,13 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 		e := byID[k]
 		var remaining []*holding
 		leftover := returning >= 0 && unanswered(tombs, e.id)
+		if returning >= 0 && inFlight(tombs, e.id) && slices.ContainsFunc(e.versions, func(v *holding) bool { return heldAlone(v, returning) }) {
+			p.InFlight = append(p.InFlight, e.id)
+			continue
+		}
 		for _, v := range e.versions {
-			if h, alone := v.holders[returning]; leftover && alone && len(v.holders) == 1 {
+			if leftover && heldAlone(v, returning) {
+				h := v.holders[returning]
 				for _, h := range append([]pkcs11.ObjectHandle{h}, v.extra[returning]...) {
 					deletes = append(deletes, Action{Kind: Delete, Identity: e.id, Fingerprint: v.fp,
 						Member: opts.Returning, Reason: ReasonUnanswered, handle: h})
@@ -555,6 +579,12 @@ func MakePlan(ctx context.Context, members []PlanMember, tombs Tombstones, opts 
 	})
 	p.Actions = append(append(p.Actions, deletes...), copies...) // half-made deletes first
 	return p, nil
+}
+
+// heldAlone reports whether the member at pos holds v and no other does.
+func heldAlone(v *holding, pos int) bool {
+	_, ok := v.holders[pos]
+	return ok && len(v.holders) == 1
 }
 
 // duplicates plans the removal of v's extra copies on each member that

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -620,5 +621,42 @@ func TestPlanDestroysWhatAnUnansweredCreationLeft(t *testing.T) {
 		if strings.Contains(k, `"leftover`) {
 			t.Fatalf("the unanswered creation's leftover is on the members: %s", k)
 		}
+	}
+}
+
+// flying is a tombstone set that also knows creations in flight in
+// another process of the host, by label.
+type flying struct {
+	*tombstone.Set
+	labels []string
+}
+
+func (f flying) InFlight(id object.Identity) bool { return slices.Contains(f.labels, id.Label) }
+
+// A key pair that the returning member alone holds while a creation of it
+// runs in another process of the host may be what that creation is
+// making there (the member serves in that process): the plan neither
+// deletes nor copies it, and names it in InFlight so that the catch-up
+// waits; the same creation in flight with the pair on two members is the
+// group's business as usual.
+func TestPlanLeavesWhatACreationInFlightMakes(t *testing.T) {
+	ms := planMembers(t, 3, nil)
+	a, b := ms[0].Slot, ms[1].Slot
+	planGenEC(t, a, "on-two", planID(t))
+	planApply(t, planMake(t, []sync.PlanMember{ms[0], ms[1]}, nil, sync.PlanOptions{}))
+	planGenEC(t, b, "being-made", planID(t))
+	tombs := flying{Set: tombstone.NewSet(), labels: []string{"being-made", "on-two"}}
+	p := planMake(t, ms, tombs, sync.PlanOptions{Returning: "m1"})
+	got := actionStrings(p.Actions)
+	want := []string{"copy public key on-two m2<-m0", "copy private key on-two m2<-m0"}
+	if strings.Join(planPhases(got), "\n") != strings.Join(planPhases(want), "\n") {
+		t.Errorf("actions:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var inFlight []string
+	for _, id := range p.InFlight {
+		inFlight = append(inFlight, id.Label)
+	}
+	if strings.Join(inFlight, ",") != "being-made,being-made" {
+		t.Errorf("InFlight = %v, want both halves of being-made", p.InFlight)
 	}
 }

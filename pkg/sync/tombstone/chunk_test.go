@@ -114,7 +114,8 @@ func TestSettledPublishedIntentIsRevokedOnMembers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh.Publish(ctx) // the creation went unanswered
+	sh.Release(ts) // the creation went unanswered: released, then published (Pending.End)
+	sh.Publish(ctx)
 	reader := chunked(t, "83", 8, 16, slots...)
 	if set, err := reader.Snapshot(ctx); err != nil || !set.Unanswered(id) {
 		t.Fatalf("after Publish a reader's Unanswered = %v (%v), want true", set.Unanswered(id), err)
@@ -145,10 +146,13 @@ func TestFirstDestroySpreadsStandingIntents(t *testing.T) {
 	dead := NewShared(openT(t, dir, Options{}), "1000001", SharedOptions{})
 	dead.SetMembers(func(bool) []*slot.Slot { return slots })
 	id := ident("never-answered")
-	if _, err := dead.Intend(ctx, []Tombstone{{Identity: id}}); err != nil {
+	ts, err := dead.Intend(ctx, []Tombstone{{Identity: id}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	// The process dies: nothing published.
+	// The process dies: nothing published, and the kernel lets go of its
+	// holds.
+	dead.Release(ts)
 	next := NewShared(openT(t, dir, Options{}), "1000001", SharedOptions{OnError: func(m string, err error) { t.Errorf("member %s: %v", m, err) }})
 	next.SetMembers(func(bool) []*slot.Slot { return slots })
 	if err := next.Record(ctx, tomb("destroyed", []byte{1})); err != nil {

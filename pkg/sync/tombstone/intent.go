@@ -7,15 +7,17 @@ import (
 
 // Intend writes ahead, to the local record only, the intents of a
 // creation about to be sent to a member (Tombstone.Intent; their Time is
-// set here when zero) and returns them as written, for Settle. Nothing
-// reaches the members yet: a creation answered, the common case, costs
-// two local writes and none on the members. A process that dies before
-// the answer leaves its intents in the local record, which the next
-// process's first write on each member, a Publish, and every plan's repair
-// spread.
+// set here when zero) and returns them as written, for Settle and
+// Release. Nothing reaches the members yet: a creation answered, the
+// common case, costs two local writes and none on the members. Each
+// intent is held (inflight.go) before it is written, until Release: while
+// the creation runs no process acts on it or spreads it. A process that
+// dies before the answer leaves its intents in the local record, no
+// longer held, which the next process's first write on each member, a
+// Publish, and every plan's repair spread.
 func (s *Shared) Intend(ctx context.Context, ts []Tombstone) ([]Tombstone, error) {
-	out := make([]Tombstone, len(ts))
-	for i, t := range ts {
+	out := make([]Tombstone, 0, len(ts))
+	for _, t := range ts {
 		t.Intent, t.Revoked, t.Fingerprint = true, false, nil
 		if t.GroupSerial == "" {
 			t.GroupSerial = s.serial
@@ -23,12 +25,36 @@ func (s *Shared) Intend(ctx context.Context, ts []Tombstone) ([]Tombstone, error
 		if t.Time.IsZero() {
 			t.Time = s.opts.Now()
 		}
+		if err := s.hold(t); err != nil {
+			s.Release(out)
+			return nil, err
+		}
+		out = append(out, t)
 		if err := s.local.Record(ctx, t); err != nil {
+			s.Release(out)
 			return nil, fmt.Errorf("record the intent to make %s: %w", t.Identity, err)
 		}
-		out[i] = t
 	}
 	return out, nil
+}
+
+// hold holds intent t until Release, when the local record can.
+func (s *Shared) hold(t Tombstone) error {
+	h, ok := s.local.(holder)
+	if !ok {
+		return nil
+	}
+	release, err := h.Hold(t)
+	if err != nil {
+		return err
+	}
+	s.holdMu.Lock()
+	defer s.holdMu.Unlock()
+	if s.holds == nil {
+		s.holds = map[string]func(){}
+	}
+	s.holds[revocationKey(t)] = release
+	return nil
 }
 
 // Settle revokes, once the member answered, the intents written by Intend

@@ -87,6 +87,9 @@ type Shared struct {
 	spreadAll atomic.Bool
 	published atomic.Bool // an intent was published (Publish)
 
+	holdMu sync.Mutex
+	holds  map[string]func() // guarded by holdMu: the releases of Intend's holds (inflight.go)
+
 	mu      sync.Mutex
 	written map[*slot.Slot]*written // guarded by mu
 	seen    map[seenKey]seenLabel   // guarded by mu: when each register was first seen as it is
@@ -242,13 +245,15 @@ func (s *Shared) spread(ctx context.Context) {
 	}
 }
 
-// localRecords returns the local record as a recordSet; one that cannot
-// be read is reported and taken as empty.
+// localRecords returns the local record as a recordSet, without the
+// intents in flight (inflight.go); one that cannot be read is reported
+// and taken as empty.
 func (s *Shared) localRecords(ctx context.Context) recordSet {
 	local, err := s.local.Records(ctx)
 	if err != nil {
 		s.report("", fmt.Errorf("read the local tombstones to copy them to the members: %w", err))
 	}
+	local, _ = s.spreadable(local)
 	return newRecordSet(local...)
 }
 
@@ -258,8 +263,8 @@ type intentLister interface {
 	StandingIntents(ctx context.Context) ([]Tombstone, error)
 }
 
-// standingIntents returns the local record's intents not revoked; a
-// record that cannot be read is reported and taken as empty.
+// standingIntents returns the local record's intents not revoked and not
+// in flight; a record that cannot be read is reported and taken as empty.
 func (s *Shared) standingIntents(ctx context.Context) recordSet {
 	il, ok := s.local.(intentLister)
 	if !ok {
@@ -269,6 +274,7 @@ func (s *Shared) standingIntents(ctx context.Context) recordSet {
 	if err != nil {
 		s.report("", fmt.Errorf("read the local intents to copy them to the members: %w", err))
 	}
+	ts, _ = s.spreadable(ts)
 	return newRecordSet(ts...)
 }
 
@@ -482,6 +488,7 @@ func (s *Shared) Snapshot(ctx context.Context) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
+	local, inFlight := s.spreadable(local)
 	cutoff := s.cutoff()
 	union := newRecordSet()
 	union.addAll(newRecordSet(local...), cutoff)
@@ -517,7 +524,7 @@ func (s *Shared) Snapshot(ctx context.Context) (*Set, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return NewSet(union.sorted()...), nil
+	return NewSet(union.sorted()...).inFlight(inFlight), nil
 }
 
 func (s *Shared) cutoff() time.Time { return s.opts.Now().Add(-s.opts.Horizon) }

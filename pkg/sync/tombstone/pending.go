@@ -12,6 +12,8 @@ import (
 type Intender interface {
 	Intend(ctx context.Context, ts []Tombstone) ([]Tombstone, error)
 	Settle(ctx context.Context, ts []Tombstone) error
+	// Release ends the holds Intend took: the creation returned.
+	Release(ts []Tombstone)
 	Publish(ctx context.Context)
 }
 
@@ -57,8 +59,12 @@ func (c *Pending) End(ctx context.Context, err error) error {
 		return nil
 	}
 	if err != nil && (c.unanswered.Load() || c.made.Load()) {
+		// No longer in flight: published, and a catch-up may take back
+		// what it left.
+		c.w.Release(c.ts)
 		c.w.Publish(ctx)
 		return nil
 	}
+	defer c.w.Release(c.ts) // settled first: never standing and unheld
 	return c.w.Settle(ctx, c.ts)
 }

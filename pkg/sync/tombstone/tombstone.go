@@ -506,12 +506,17 @@ func (j *Journal) Snapshot(ctx context.Context) (*Set, error) {
 	}
 	cutoff := j.cutoff()
 	s := newSet(len(j.entries))
+	var inFlight []Tombstone
 	for k, r := range j.entries {
 		if t, ok := r.latest(cutoff); ok {
+			if t.Intent && j.Held(t) {
+				inFlight = append(inFlight, t)
+				continue
+			}
 			s.put(k, t)
 		}
 	}
-	return s, nil
+	return s.inFlight(inFlight), nil
 }
 
 func (j *Journal) cutoff() time.Time { return j.opts.Now().Add(-j.opts.Horizon) }
@@ -799,6 +804,7 @@ type Set struct {
 	entries map[string]Tombstone
 	ids     map[string]bool // Identity.Key of every destroy
 	intents map[string]bool // Identity.Key of every unanswered creation
+	busy    map[string]bool // intentKey of every creation in flight (inflight.go)
 }
 
 func newSet(n int) *Set {
@@ -821,6 +827,28 @@ func (s *Set) put(k string, t Tombstone) {
 // holds alone was never made by the group.
 func (s *Set) Unanswered(id object.Identity) bool {
 	return s != nil && s.intents[intentKey(id)]
+}
+
+// InFlight reports whether a creation of an object with this identity is
+// running now in a process of this host (its intent is held: inflight.go):
+// an object of that identity that one member being caught up holds alone
+// may be what it is making, and is neither destroyed nor spread yet.
+func (s *Set) InFlight(id object.Identity) bool {
+	return s != nil && s.busy[intentKey(id)]
+}
+
+// inFlight marks the intents ts in flight: never Unanswered while they
+// run. It returns s.
+func (s *Set) inFlight(ts []Tombstone) *Set {
+	for _, t := range ts {
+		if s.busy == nil {
+			s.busy = map[string]bool{}
+		}
+		k := intentKey(t.Identity)
+		s.busy[k] = true
+		delete(s.intents, k)
+	}
+	return s
 }
 
 // intentKey is an identity's key without its key type, which a creation's

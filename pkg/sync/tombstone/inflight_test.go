@@ -1,0 +1,96 @@
+package tombstone
+
+import (
+	"os"
+	"testing"
+
+	"github.com/hagroup/hagroup/pkg/slot"
+)
+
+// A creation running in one process of the host holds its intents: a
+// second process sharing the journal neither takes them for a creation
+// that died (Unanswered) nor spreads them to the members, where another
+// host could act on them. The soak found the harm: a catch-up in one
+// process destroyed, as a leftover, the public half of a key pair that
+// another process was still making on the member it was catching up.
+// Once the creation ends unanswered, the intent counts and spreads.
+func TestIntentInFlightIsNeitherUnansweredNorSpread(t *testing.T) {
+	ctx := ctxT(t)
+	slots := openTokens(t, 1)
+	dir := t.TempDir()
+	open := func() *Shared {
+		sh := NewShared(openT(t, dir, Options{}), "1000001", SharedOptions{OnError: func(m string, err error) { t.Errorf("member %s: %v", m, err) }})
+		sh.SetMembers(func(bool) []*slot.Slot { return slots })
+		return sh
+	}
+	creator, other := open(), open()
+	id := ident("being-made")
+	ts, err := creator.Intend(ctx, []Tombstone{{Identity: id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := other.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Unanswered(id) || !set.InFlight(id) {
+		t.Errorf("while the creation runs, another process's snapshot: Unanswered %v, InFlight %v; want false, true", set.Unanswered(id), set.InFlight(id))
+	}
+	if err := other.Record(ctx, tomb("destroyed", []byte{1})); err != nil { // its first write spreads the local record
+		t.Fatal(err)
+	}
+	held, err := chunked(t, "1000001", 8, 16, slots...).read(ctx, slots[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if NewSet(held.records.sorted()...).Unanswered(id) {
+		t.Error("a running creation's intent was spread to the member: another host would destroy what it makes")
+	}
+	// The creation ends unanswered (Pending.End): released, then published.
+	creator.Release(ts)
+	creator.Publish(ctx)
+	set, err = other.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !set.Unanswered(id) || set.InFlight(id) {
+		t.Errorf("after the creation went unanswered: Unanswered %v, InFlight %v; want true, false", set.Unanswered(id), set.InFlight(id))
+	}
+	held, err = chunked(t, "1000001", 8, 16, slots...).read(ctx, slots[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !NewSet(held.records.sorted()...).Unanswered(id) {
+		t.Error("the unanswered intent did not reach the member")
+	}
+}
+
+// A journal's hold is a lock file: one left by a process that died (no
+// one holds its lock) is no hold, and is removed; one held is.
+func TestJournalHoldEndsWithItsHolder(t *testing.T) {
+	dir := t.TempDir()
+	j := openT(t, dir, Options{})
+	in := Tombstone{Identity: ident("k"), Time: tomb("k", nil).Time, Intent: true}
+	release, err := j.Hold(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !openT(t, dir, Options{}).Held(in) {
+		t.Error("a held intent is not Held from another journal of the host")
+	}
+	release()
+	if j.Held(in) {
+		t.Error("a released intent is still Held")
+	}
+	// A dead holder: its file stays, unlocked.
+	path := j.path(holdName(in))
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if j.Held(in) {
+		t.Error("an intent whose holder died is Held")
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("the dead holder's lock file stays: %v", err)
+	}
+}
