@@ -120,8 +120,9 @@ type Tombstone struct {
 	// that the group never made. It matches every version of its
 	// identity, but only where one member being caught up holds that
 	// version and no other member does (Set.Unanswered, pkg/sync's
-	// plan): such an object is destroyed there, not spread. It never
-	// counts as a destroy (Contains, ContainsIdentity).
+	// plan): such an object is destroyed there, not spread; never while
+	// its creation runs (inflight.go). It never counts as a destroy
+	// (Contains, ContainsIdentity).
 	Intent bool
 }
 
