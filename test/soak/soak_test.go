@@ -430,6 +430,9 @@ func TestSoak(t *testing.T) {
 				if strings.Contains(e.Detail, "no longer holds it") {
 					rep.recoveryRaced += n
 				}
+				if strings.Contains(e.Detail, recover.ErrCreationInFlight.Error()) {
+					rep.recoveryWaited += n
+				}
 			}
 		}
 	}
@@ -536,6 +539,7 @@ type report struct {
 	keypairs                 bool
 	agentHangs               []string
 	recoveryRaced            int
+	recoveryWaited           int // for a creation in flight in another process
 	halfMadeRemoved          int // left by failed creations on serving members, removed (half_made_removed)
 	hosts                    int
 	falseInSync              int      // agents' "in sync" answers while the members differ (every host)
@@ -651,7 +655,7 @@ func (r *report) String() string {
 	p("  object life cycle calls that failed (not single-part) %d creates, %d destroys (the checker judges what they left)", r.createFailed, r.destFailed)
 	p("  member failures seen by the Go engine                %d", r.failoverEvents)
 	p("  sessions reopened / logins redone after losing them  C %d, Go %d", r.cReopens, r.goRelogs)
-	p("  recovery attempts that failed (all processes)        %d, of which aborted because an object being copied was destroyed meanwhile: %d", r.recoveryFailed, r.recoveryRaced)
+	p("  recovery attempts that failed (all processes)        %d, of which aborted because an object being copied was destroyed meanwhile: %d, waiting for a creation in another process: %d", r.recoveryFailed, r.recoveryRaced, r.recoveryWaited)
 	p("  half-made objects removed from serving members        %d", r.halfMadeRemoved)
 	p("  per operation (ok/total)                             %s", strings.Join(r.perOp, ", "))
 	if !r.keypairs {
