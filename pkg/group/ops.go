@@ -1,11 +1,15 @@
 package group
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"slices"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -68,11 +72,13 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 	if attrs, ok := g.answered(ctx, o, types); ok {
 		return attrs, usable("GetAttributes", []*vtable.Object{o})
 	}
-	var attrs []slot.Attribute
-	_, err = g.exec(ctx, plan{op: "GetAttributes", objs: []*vtable.Object{o}, next: g.known(o)}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		attrs, err = s.GetAttributes(ctx, hs[0], types)
-		return err
-	})
+	attrs, err := g.readVerifying(ctx, o, types)
+	if attrs == nil && err == nil {
+		_, err = g.exec(ctx, plan{op: "GetAttributes", objs: []*vtable.Object{o}, next: g.known(o)}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+			attrs, err = s.GetAttributes(ctx, hs[0], types)
+			return err
+		})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -80,6 +86,76 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 		g.present(ctx, o, attrs)
 	}
 	return attrs, nil
+}
+
+// readVerifying reads types of o on the member a read goes to (known) when
+// o's handle there is not yet checked against o's fingerprint (a
+// find-all's), and reads the key material the check needs in the same
+// member call (verifyRef's read): the first read of each object a
+// listing tool makes after a find-all costs one member call, not two.
+// A conflict is the read's answer, as resolve's would be. It returns nil
+// and no error when it did not read (another case, or the member did not
+// answer): exec then reads as any read.
+func (g *Group) readVerifying(ctx context.Context, o *vtable.Object, types []uint) ([]slot.Attribute, error) {
+	id := o.Identity()
+	mat := object.MaterialTypes(id)
+	if !o.Token || len(mat) == 0 || unusable(o) != nil {
+		return nil, nil
+	}
+	if err := g.gate.Enter(); err != nil {
+		return nil, nil // exec answers it
+	}
+	defer g.gate.Leave()
+	m := g.known(o)(0)
+	if m == nil {
+		return nil, nil
+	}
+	r := o.Ref(m.Index())
+	if r == nil || !r.Unverified || r.Epoch != m.Epoch() || memberSet(g.unfolded.Load()).has(m.Index()) {
+		return nil, nil
+	}
+	all := slices.Clone(types)
+	for _, t := range mat {
+		if !slices.Contains(all, t) {
+			all = append(all, t)
+		}
+	}
+	s := m.Slot()
+	var got []slot.Attribute
+	var fp []byte
+	class, err := g.call(ctx, m, func() (err error) {
+		if got, err = s.GetAttributes(ctx, r.Handle, all); err != nil {
+			return err
+		}
+		a := object.Attrs{}
+		for _, x := range got {
+			switch {
+			case !slices.Contains(mat, x.Type):
+			case x.Status == pkcs11.CKR_OK:
+				a[x.Type] = object.NonNil(x.Value)
+			default:
+				g.unfolded.Or(1 << uint(m.Index()))
+			}
+		}
+		fp, err = object.FingerprintOf(ctx, s, r.Handle, id, a, nil)
+		if errors.Is(err, object.ErrNoFingerprint) {
+			return nil
+		}
+		return err
+	})
+	switch {
+	case got == nil || class == slot.ClassHealth:
+		return nil, nil
+	case err != nil:
+		fp = nil // a request-class failure: no fingerprint to compare (fingerprint)
+	}
+	if want := o.Fingerprint(); want != nil && fp != nil && !bytes.Equal(want, fp) {
+		g.conflict(o, m, want, fp)
+		return nil, wrap(ErrConflict, "GetAttributes", m.Name(), nil)
+	}
+	o.SetFingerprint(fp)
+	o.Verified(m.Index(), r)
+	return got[:len(types)], nil
 }
 
 // answered answers a read naming only attributes the group answers
