@@ -114,7 +114,7 @@ func TestListingReadsWhatMembersAloneKnow(t *testing.T) {
 // call is a round trip. It costs one search and one read per object on
 // each member (the identity), and the first read of each object that
 // follows one member call, which also reads the key material its handle
-// is checked with there. Two different keys under one identity are still
+// is checked with there and the copy's CKA_WRAP_WITH_TRUSTED. Two different keys under one identity are still
 // reported: on one member by the find-all, on two where the second is
 // first read.
 func TestFindAllReadsEachObjectOnce(t *testing.T) {
@@ -171,6 +171,17 @@ func TestFindAllReadsEachObjectOnce(t *testing.T) {
 		}
 		if n := all() - before; n != 1 {
 			t.Errorf("the first read of object %d after the find-all made %d member calls, want 1", h, n)
+		}
+		// That read also learnt that a copy lacks CKA_WRAP_WITH_TRUSTED
+		// (these keys were made on the tokens without it), all that
+		// CKA_EXTRACTABLE needs.
+		before = all()
+		got, err := f.g.GetAttributes(ctx, h, []uint{pkcs11.CKA_EXTRACTABLE})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := all() - before; n != 0 || got[0].Status != pkcs11.CKR_OK || !bytes.Equal(got[0].Value, []byte{1}) {
+			t.Errorf("CKA_EXTRACTABLE of object %d after its first read: %+v, %d member calls; want true, 0 calls", h, got[0], n)
 		}
 	}
 
