@@ -238,8 +238,9 @@ func ulong(b []byte) uint {
 // empty template ("find all") lists every
 // serving member once, in parallel, and joins the listings on identity, so
 // its cost is one listing per member, not a look-up per object per member.
-// Objects whose identity is shared by different key material are reported
-// (ConflictFound) and left out. Domain keys are never shown.
+// Objects whose identity is shared by different key material on one member
+// are reported (ConflictFound) and left out; on two members, where the
+// second copy is first used (resolve). Domain keys are never shown.
 func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
 	if len(tmpl) == 0 {
 		return g.findAll(ctx)
