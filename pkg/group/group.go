@@ -175,8 +175,13 @@ type Group struct {
 	// roster is the membership now; replaced whole under memberMu.
 	roster   atomic.Pointer[roster]
 	memberMu sync.Mutex
-	retiring memberSet                 // indexes of removed members still draining; guarded by memberMu
-	epochs   atomic.Uint64             // epoch source shared by every member
+	retiring memberSet     // indexes of removed members still draining; guarded by memberMu
+	epochs   atomic.Uint64 // epoch source shared by every member
+	// unfolded are the members (a memberSet) that refused an attribute a
+	// fingerprint needs in a read readVerifying folded it into: a token
+	// then answers each attribute of the read on its own (pkg/slot), so
+	// their handles are checked apart from the read.
+	unfolded atomic.Uint64
 	width    atomic.Int64              // 1 + the highest member index in use
 	caps     sync.Map                  // member name → hasync.WrapCapability (capability.go)
 	mechs    sync.Map                  // member name → []uint, its token's mechanisms (capability.go)

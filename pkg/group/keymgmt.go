@@ -988,7 +988,7 @@ func (g *Group) destroyCopies(ctx context.Context, o *vtable.Object, m *member.M
 		return
 	}
 	for _, h := range hs {
-		fp, err := g.fingerprint(ctx, m, h)
+		fp, err := g.fingerprint(ctx, m, h, id)
 		if err != nil {
 			g.copiesLeft(ctx, m, id, err)
 			return

@@ -11,7 +11,6 @@ import (
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
-	hasync "github.com/hagroup/hagroup/pkg/sync"
 	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
@@ -148,7 +147,7 @@ func (g *Group) resolve(ctx context.Context, o *vtable.Object, m *member.Member)
 	var chosenFP []byte
 	found := false
 	for _, h := range hs {
-		fp, err := g.fingerprint(ctx, m, h)
+		fp, err := g.fingerprint(ctx, m, h, id)
 		if err != nil {
 			return 0, err
 		}
@@ -177,7 +176,7 @@ func (g *Group) resolve(ctx context.Context, o *vtable.Object, m *member.Member)
 // verifyRef checks the key material behind an unverified handle against o's
 // fingerprint (or gives o its fingerprint) before the handle is used.
 func (g *Group) verifyRef(ctx context.Context, o *vtable.Object, m *member.Member, r *vtable.Ref) (pkcs11.ObjectHandle, error) {
-	fp, err := g.fingerprint(ctx, m, r.Handle)
+	fp, err := g.fingerprint(ctx, m, r.Handle, o.Identity())
 	if err != nil {
 		return 0, err
 	}
@@ -190,12 +189,12 @@ func (g *Group) verifyRef(ctx context.Context, o *vtable.Object, m *member.Membe
 	return r.Handle, nil
 }
 
-// fingerprint returns the fingerprint of h on m, nil when the member
-// cannot compute one.
-func (g *Group) fingerprint(ctx context.Context, m *member.Member, h pkcs11.ObjectHandle) ([]byte, error) {
+// fingerprint returns the fingerprint of h, an object of identity id, on
+// m, nil when the member cannot compute one.
+func (g *Group) fingerprint(ctx context.Context, m *member.Member, h pkcs11.ObjectHandle, id object.Identity) ([]byte, error) {
 	var fp []byte
 	class, err := g.call(ctx, m, func() (err error) {
-		fp, err = object.Fingerprint(ctx, m.Slot(), h)
+		fp, err = object.FingerprintAs(ctx, m.Slot(), h, id)
 		if errors.Is(err, object.ErrNoFingerprint) {
 			return nil
 		}
@@ -239,8 +238,9 @@ func ulong(b []byte) uint {
 // empty template ("find all") lists every
 // serving member once, in parallel, and joins the listings on identity, so
 // its cost is one listing per member, not a look-up per object per member.
-// Objects whose identity is shared by different key material are reported
-// (ConflictFound) and left out. Domain keys are never shown.
+// Objects whose identity is shared by different key material on one member
+// are reported (ConflictFound) and left out; on two members, where the
+// second copy is first used (resolve). Domain keys are never shown.
 func (g *Group) Find(ctx context.Context, tmpl []*pkcs11.Attribute) ([]ObjectHandle, error) {
 	if len(tmpl) == 0 {
 		return g.findAll(ctx)
@@ -476,20 +476,19 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 	epochs := make([]uint64, len(ms))
 	errs := make([]error, len(ms))
 	var wg sync.WaitGroup
-	// The first member's listing reads the key material (fingerprints);
-	// the others read identities only, and each of their handles is
-	// checked against the fingerprint when it is first used there. That
-	// keeps a find-all near the cost of one full listing.
+	// Each listing reads identities only, one member call per object, and
+	// each handle is checked against the fingerprint when first used
+	// there (verifyRef): a listing tool reads each object on one member
+	// only, and reading every object's key material here cost one more
+	// call per object on the first member.
 	for i, m := range ms {
 		epochs[i] = m.Epoch()
 		wg.Go(func() {
 			_, errs[i] = g.call(ctx, m, func() (err error) {
-				if i == 0 {
-					lists[i], err = hasync.List(ctx, m.Slot())
-				} else {
-					lists[i], err = object.ListIdentities(ctx, m.Slot())
+				if lists[i], err = object.ListIdentities(ctx, m.Slot()); err != nil {
+					return err
 				}
-				return err
+				return fingerprintTwins(ctx, m.Slot(), lists[i])
 			})
 		})
 	}
@@ -504,7 +503,7 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 			}
 			continue
 		}
-		listed = append(listed, vtable.Listing{Member: m, Epoch: epochs[i], Objects: lists[i], Verified: i == 0})
+		listed = append(listed, vtable.Listing{Member: m, Epoch: epochs[i], Objects: lists[i]})
 	}
 	if len(listed) == 0 {
 		return nil, wrap(ErrNoMember, "FindObjects", "", lastErr)
@@ -514,4 +513,33 @@ func (g *Group) findAll(ctx context.Context) ([]ObjectHandle, error) {
 		g.conflict(c.Object, c.Member, c.A, c.B)
 	}
 	return out, nil
+}
+
+// fingerprintTwins reads the fingerprints of the token objects objs lists
+// more than once under one identity, so that Join reports two different
+// keys under one identity on one member as a conflict at the find-all, as
+// it did when the listing read every object's key material. A token rarely
+// holds two objects of one identity: this costs nothing otherwise. An
+// object whose fingerprint the member cannot tell keeps none.
+func fingerprintTwins(ctx context.Context, s *slot.Slot, objs []object.Object) error {
+	n := map[string]int{}
+	for _, o := range objs {
+		if o.Token {
+			n[o.Identity.Key()]++
+		}
+	}
+	for i := range objs {
+		o := &objs[i]
+		if !o.Token || n[o.Identity.Key()] < 2 {
+			continue
+		}
+		fp, err := object.Fingerprint(ctx, s, o.Handle)
+		if err != nil && slot.ClassOf(err) == slot.ClassHealth {
+			return err
+		}
+		if err == nil {
+			o.Fingerprint = fp
+		}
+	}
+	return nil
 }

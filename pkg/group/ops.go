@@ -1,11 +1,15 @@
 package group
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"slices"
 
 	"github.com/hagroup/hagroup/pkg/group/vtable"
 	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
+	"github.com/hagroup/hagroup/pkg/sync/object"
 	"github.com/miekg/pkcs11"
 )
 
@@ -68,18 +72,125 @@ func (g *Group) GetAttributes(ctx context.Context, h ObjectHandle, types []uint)
 	if attrs, ok := g.answered(ctx, o, types); ok {
 		return attrs, usable("GetAttributes", []*vtable.Object{o})
 	}
-	var attrs []slot.Attribute
-	_, err = g.exec(ctx, plan{op: "GetAttributes", objs: []*vtable.Object{o}, next: g.known(o)}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
-		attrs, err = s.GetAttributes(ctx, hs[0], types)
-		return err
-	})
+	read := types
+	if g.learnsWWT(o, types) {
+		read = append(slices.Clone(types), pkcs11.CKA_WRAP_WITH_TRUSTED)
+	}
+	attrs, m, err := g.readVerifying(ctx, o, read)
+	if attrs == nil && err == nil {
+		m, err = g.exec(ctx, plan{op: "GetAttributes", objs: []*vtable.Object{o}, next: g.known(o)}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+			attrs, err = s.GetAttributes(ctx, hs[0], read)
+			return err
+		})
+	}
 	if err != nil {
 		return nil, err
+	}
+	if len(read) > len(types) {
+		g.noteWWT(o, m, attrs[len(types)])
+		attrs = attrs[:len(types)]
 	}
 	if o.IsKey() && containsType(types, viewTypes...) {
 		g.present(ctx, o, attrs)
 	}
 	return attrs, nil
+}
+
+// learnsWWT reports whether a read of types of o, a private or secret key
+// whose copies' CKA_WRAP_WITH_TRUSTED the group has not learnt yet, should
+// read the member copy's too: a copy without it is enough for
+// wrapWithTrustedEverywhere, and pkcs11-tool's CKA_EXTRACTABLE then costs
+// no member call of its own. Not once a member refused an attribute a read
+// was given beside the caller's (unfolded).
+func (g *Group) learnsWWT(o *vtable.Object, types []uint) bool {
+	c := o.Identity().Class
+	return (c == pkcs11.CKO_PRIVATE_KEY || c == pkcs11.CKO_SECRET_KEY) && o.WWTOrigin.Load() == 0 &&
+		g.unfolded.Load() == 0 && !slices.Contains(types, pkcs11.CKA_WRAP_WITH_TRUSTED)
+}
+
+// noteWWT keeps what m's copy of o answered for CKA_WRAP_WITH_TRUSTED
+// beside a read (learnsWWT), as wrapWithTrustedOn reads it: false, or
+// unknown to the token, is a copy without it.
+func (g *Group) noteWWT(o *vtable.Object, m *member.Member, a slot.Attribute) {
+	switch {
+	case a.Status == pkcs11.CKR_OK && (len(a.Value) == 0 || a.Value[0] == 0):
+		o.WWTOrigin.Store(vtable.WWTSomewhereFalse)
+	case a.Status == pkcs11.CKR_ATTRIBUTE_TYPE_INVALID:
+		o.WWTOrigin.Store(vtable.WWTSomewhereFalse)
+		g.unfolded.Or(1 << uint(m.Index()))
+	case a.Status != pkcs11.CKR_OK:
+		g.unfolded.Or(1 << uint(m.Index()))
+	}
+}
+
+// readVerifying reads types of o on the member a read goes to (known) when
+// o's handle there is not yet checked against o's fingerprint (a
+// find-all's), and reads the key material the check needs in the same
+// member call (verifyRef's read): the first read of each object a
+// listing tool makes after a find-all costs one member call, not two.
+// A conflict is the read's answer, as resolve's would be. It returns the
+// member read, or nil and no error when it did not read (another case, or
+// the member did not answer): exec then reads as any read.
+func (g *Group) readVerifying(ctx context.Context, o *vtable.Object, types []uint) ([]slot.Attribute, *member.Member, error) {
+	id := o.Identity()
+	mat := object.MaterialTypes(id)
+	if !o.Token || len(mat) == 0 || unusable(o) != nil {
+		return nil, nil, nil
+	}
+	if err := g.gate.Enter(); err != nil {
+		return nil, nil, nil // exec answers it
+	}
+	defer g.gate.Leave()
+	m := g.known(o)(0)
+	if m == nil {
+		return nil, nil, nil
+	}
+	r := o.Ref(m.Index())
+	if r == nil || !r.Unverified || r.Epoch != m.Epoch() || memberSet(g.unfolded.Load()).has(m.Index()) {
+		return nil, nil, nil
+	}
+	all := slices.Clone(types)
+	for _, t := range mat {
+		if !slices.Contains(all, t) {
+			all = append(all, t)
+		}
+	}
+	s := m.Slot()
+	var got []slot.Attribute
+	var fp []byte
+	class, err := g.call(ctx, m, func() (err error) {
+		if got, err = s.GetAttributes(ctx, r.Handle, all); err != nil {
+			return err
+		}
+		a := object.Attrs{}
+		for _, x := range got {
+			switch {
+			case !slices.Contains(mat, x.Type):
+			case x.Status == pkcs11.CKR_OK:
+				a[x.Type] = object.NonNil(x.Value)
+			default:
+				g.unfolded.Or(1 << uint(m.Index()))
+			}
+		}
+		fp, err = object.FingerprintOf(ctx, s, r.Handle, id, a, nil)
+		if errors.Is(err, object.ErrNoFingerprint) {
+			return nil
+		}
+		return err
+	})
+	switch {
+	case got == nil || class == slot.ClassHealth:
+		return nil, nil, nil
+	case err != nil:
+		fp = nil // a request-class failure: no fingerprint to compare (fingerprint)
+	}
+	if want := o.Fingerprint(); want != nil && fp != nil && !bytes.Equal(want, fp) {
+		g.conflict(o, m, want, fp)
+		return nil, m, wrap(ErrConflict, "GetAttributes", m.Name(), nil)
+	}
+	o.SetFingerprint(fp)
+	o.Verified(m.Index(), r)
+	return got[:len(types)], m, nil
 }
 
 // answered answers a read naming only attributes the group answers

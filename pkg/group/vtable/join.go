@@ -10,14 +10,13 @@ import (
 )
 
 // Listing is one member's answer to a find-all, read in the member's epoch
-// Epoch. Verified: the listing read key material (fingerprints); the
-// handles of a listing that did not are entered unverified, to be checked
+// Epoch. An object listed with its fingerprint (its key material was
+// read) is entered verified there; the others unverified, to be checked
 // against the fingerprint when first used there.
 type Listing struct {
-	Member   *member.Member
-	Epoch    uint64
-	Objects  []object.Object
-	Verified bool
+	Member  *member.Member
+	Epoch   uint64
+	Objects []object.Object
 }
 
 // Conflict is an object whose identity different key material shares: on
@@ -37,8 +36,10 @@ func (t *Table) Join(ls []Listing) (hs []Handle, conflicts []Conflict) {
 	type entry struct {
 		id       object.Identity
 		fp       []byte
+		fpFrom   *member.Member // whose listing read fp
 		conflict *Conflict
 		hs       []pkcs11.ObjectHandle // per listing; 0 = not there
+		verified []bool                // per listing: hs was listed with its fingerprint
 	}
 	var order []string
 	entries := map[string]*entry{}
@@ -56,7 +57,7 @@ func (t *Table) Join(ls []Listing) (hs []Handle, conflicts []Conflict) {
 			k := obj.Identity.Key()
 			e := entries[k]
 			if e == nil {
-				e = &entry{id: obj.Identity, fp: obj.Fingerprint, hs: make([]pkcs11.ObjectHandle, len(ls))}
+				e = &entry{id: obj.Identity, hs: make([]pkcs11.ObjectHandle, len(ls)), verified: make([]bool, len(ls))}
 				entries[k] = e
 				order = append(order, k)
 			}
@@ -64,10 +65,10 @@ func (t *Table) Join(ls []Listing) (hs []Handle, conflicts []Conflict) {
 			switch {
 			case e.hs[i] != 0:
 				// A second object with this identity on the same member.
-			case e.fp == nil:
-				e.hs[i], e.fp = obj.Handle, obj.Fingerprint
+			case e.fp == nil && obj.Fingerprint != nil:
+				e.hs[i], e.verified[i], e.fp, e.fpFrom = obj.Handle, true, obj.Fingerprint, l.Member
 			default:
-				e.hs[i] = obj.Handle
+				e.hs[i], e.verified[i] = obj.Handle, obj.Fingerprint != nil
 			}
 			if differs && e.conflict == nil {
 				e.conflict = &Conflict{Member: l.Member, A: e.fp, B: obj.Fingerprint}
@@ -87,14 +88,14 @@ func (t *Table) Join(ls []Listing) (hs []Handle, conflicts []Conflict) {
 			continue
 		}
 		if want := o.Fingerprint(); want != nil && e.fp != nil && !bytes.Equal(want, e.fp) {
-			conflicts = append(conflicts, Conflict{Object: o, Member: verifier(ls), A: want, B: e.fp})
+			conflicts = append(conflicts, Conflict{Object: o, Member: e.fpFrom, A: want, B: e.fp})
 			continue
 		}
 		o.SetFingerprint(e.fp)
 		for i, l := range ls {
 			m := l.Member
 			switch {
-			case e.hs[i] != 0 && l.Verified:
+			case e.hs[i] != 0 && e.verified[i]:
 				o.Set(m.Index(), l.Epoch, e.hs[i])
 			case e.hs[i] != 0:
 				if ph, ok := o.Cached(m); ok && ph == e.hs[i] {
@@ -110,14 +111,4 @@ func (t *Table) Join(ls []Listing) (hs []Handle, conflicts []Conflict) {
 	hs = append(hs, sessionObjs...)
 	slices.Sort(hs)
 	return hs, conflicts
-}
-
-// verifier returns the member whose listing read key material.
-func verifier(ls []Listing) *member.Member {
-	for _, l := range ls {
-		if l.Verified {
-			return l.Member
-		}
-	}
-	return ls[0].Member
 }

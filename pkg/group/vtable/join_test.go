@@ -16,14 +16,14 @@ func listed(id object.Identity, h uint, fp string) object.Object {
 }
 
 // Join enters an object once however many members list it: verified
-// where the listing read key material, unverified elsewhere, absent where
-// a member did not list it.
+// where it was listed with its fingerprint, unverified elsewhere, absent
+// where a member did not list it.
 func TestJoinRecordsEveryMember(t *testing.T) {
 	tb := New(func() int { return 3 })
 	m0, m1, m2 := newMember(t, "m0", 0), newMember(t, "m1", 1), newMember(t, "m2", 2)
 	a := key("a")
 	hs, conflicts := tb.Join([]Listing{
-		{Member: m0, Epoch: m0.Epoch(), Objects: []object.Object{listed(a, 10, "fp")}, Verified: true},
+		{Member: m0, Epoch: m0.Epoch(), Objects: []object.Object{listed(a, 10, "fp")}},
 		{Member: m1, Epoch: m1.Epoch(), Objects: []object.Object{listed(a, 11, "")}},
 		{Member: m2, Epoch: m2.Epoch()},
 	})
@@ -52,10 +52,10 @@ func TestJoinLeavesConflictsOut(t *testing.T) {
 	m0, m1 := newMember(t, "m0", 0), newMember(t, "m1", 1)
 	a, b, c := key("a"), key("b"), key("c")
 	hs, conflicts := tb.Join([]Listing{
-		{Member: m0, Epoch: m0.Epoch(), Verified: true, Objects: []object.Object{
+		{Member: m0, Epoch: m0.Epoch(), Objects: []object.Object{
 			listed(a, 1, "fa"), listed(a, 2, "other"), listed(b, 3, "fb"), listed(c, 4, "fc"),
 		}},
-		{Member: m1, Epoch: m1.Epoch(), Verified: true, Objects: []object.Object{
+		{Member: m1, Epoch: m1.Epoch(), Objects: []object.Object{
 			listed(b, 5, "fb2"), listed(c, 6, "fc"),
 		}},
 	})

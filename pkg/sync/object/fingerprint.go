@@ -57,6 +57,11 @@ func materialTypes(class, keyType uint) []uint {
 	return nil // certificates, data: CKA_VALUE, read when fingerprinting
 }
 
+// MaterialTypes are the attributes of an object of identity id that its
+// fingerprint is computed from (FingerprintOf), none for certificates and
+// data objects, whose CKA_VALUE FingerprintOf reads itself.
+func MaterialTypes(id Identity) []uint { return materialTypes(id.Class, id.KeyType) }
+
 // Fingerprint returns the fingerprint of the object h on s:
 //
 //   - public keys and the private halves of key pairs: SHA-256 of the DER
@@ -81,6 +86,20 @@ func Fingerprint(ctx context.Context, s *slot.Slot, h pkcs11.ObjectHandle) ([]by
 		return nil, o.FpErr
 	}
 	return o.Fingerprint, nil
+}
+
+// FingerprintAs is Fingerprint of h, known to be an object of identity id
+// (listed or found under it in the member's epoch): the identity is not
+// read again, which saves a member call on each handle checked.
+func FingerprintAs(ctx context.Context, s Store, h pkcs11.ObjectHandle, id Identity) ([]byte, error) {
+	a := Attrs{}
+	if types := materialTypes(id.Class, id.KeyType); len(types) > 0 {
+		var err error
+		if a, err = ReadAttrs(ctx, s, h, types); err != nil {
+			return nil, fmt.Errorf("read attributes of %s: %w", id, err)
+		}
+	}
+	return FingerprintOf(ctx, s, h, id, a, nil)
 }
 
 // ReadObject reads the identity, fingerprint and storage flags of h on s.
