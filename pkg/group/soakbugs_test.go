@@ -464,10 +464,9 @@ func TestTargetsLeftByADyingPrimaryGetTheKeyFromAnotherHolder(t *testing.T) {
 	s := openSession(t, f.g)
 	// The private half is wrapped once for both targets, and that wrap
 	// answers CKR_GENERAL_ERROR: each target asks again with a wrap of its
-	// own. The first of those goes through, and the primary dies before
-	// the second: one target holds the pair whole, the other's copy fails
-	// at the source.
-	faults.FailN(primary, slot.OpWrapKey, errGeneral, 1)
+	// own. The first of those to reach the primary goes through, and the
+	// primary dies before the second: one target holds the pair whole,
+	// the other's copy fails at the source.
 	dies.armed.Store(true)
 	genEC(t, s, "resourced")
 	if st := memberState(f.g, primary); st != member.Failed {
@@ -487,13 +486,15 @@ func TestTargetsLeftByADyingPrimaryGetTheKeyFromAnotherHolder(t *testing.T) {
 	}
 }
 
-// dieAfterWrap is slottest.Faults where, once armed, token's first wrap
-// that goes through makes every later wrap there fail with
-// CKR_DEVICE_ERROR.
+// dieAfterWrap is slottest.Faults where, once armed, token's wraps
+// answer in turn CKR_GENERAL_ERROR, then the module's answer, then
+// CKR_DEVICE_ERROR for good, in the order they reach the token (decided
+// as they arrive: two wraps at once cannot both go through).
 type dieAfterWrap struct {
 	*slottest.Faults
 	token string
 	armed atomic.Bool
+	wraps atomic.Int32
 }
 
 func (d *dieAfterWrap) Before(ctx context.Context, token string, op slot.Op) error {
@@ -501,9 +502,14 @@ func (d *dieAfterWrap) Before(ctx context.Context, token string, op slot.Op) err
 }
 
 func (d *dieAfterWrap) Wrap(ctx context.Context, token string, op slot.Op, call func() error) error {
-	err := d.Faults.Wrap(ctx, token, op, call)
-	if err == nil && token == d.token && op == slot.OpWrapKey && d.armed.Load() {
-		d.Fail(token, slot.OpWrapKey, errDevice)
+	if token == d.token && op == slot.OpWrapKey && d.armed.Load() {
+		switch d.wraps.Add(1) {
+		case 1:
+			return errGeneral
+		case 2:
+		default:
+			return errDevice
+		}
 	}
-	return err
+	return d.Faults.Wrap(ctx, token, op, call)
 }
