@@ -45,15 +45,17 @@ func TestCreateCostsConstantCalls(t *testing.T) {
 	round := 0
 	// calls opens a group as a fresh process would, logs in, makes one
 	// named key through it, and returns the member calls of the creation
-	// alone, per op, summed over the members, and the searches per member.
-	calls := func() (map[slot.Op]int, []int) {
+	// alone, per op, summed over the members and on the primary (the
+	// first member: primary-backup), and the searches per member.
+	calls := func() (map[slot.Op]int, map[slot.Op]int, []int) {
 		faults := slottest.NewFaults()
 		f := setup(t, setupOpts{toks: toks, interceptor: faults, noHedge: true, journal: true, policy: config.PolicyPrimaryBackup})
 		s := openSession(t, f.g)
-		count := func() (map[slot.Op]int, []int) {
-			out := map[slot.Op]int{}
+		count := func() (map[slot.Op]int, map[slot.Op]int, []int) {
+			out, primary := map[slot.Op]int{}, map[slot.Op]int{}
 			per := make([]int, len(toks))
 			for _, op := range ops {
+				primary[op] = faults.Calls(toks[0].Name, op)
 				for i, tok := range toks {
 					n := faults.Calls(tok.Name, op)
 					out[op] += n
@@ -67,7 +69,7 @@ func TestCreateCostsConstantCalls(t *testing.T) {
 			for _, tok := range toks {
 				out[slottest.All] -= faults.Calls(tok.Name, slot.OpOpenSession)
 			}
-			return out, per
+			return out, primary, per
 		}
 		// A first creation warms what a process learns once (the domain
 		// key's handle, the wrap mechanism): the one counted is a later one.
@@ -86,10 +88,10 @@ func TestCreateCostsConstantCalls(t *testing.T) {
 		}
 		round++
 		mk(fmt.Sprintf("warm-%d", round))
-		before, perBefore := count()
+		before, primaryBefore, perBefore := count()
 		counted := fmt.Sprintf("counted-%d", round)
 		mk(counted)
-		after, per := count()
+		after, primary, per := count()
 		// The one search still keeps identities unique: the same name
 		// again is refused, and every member holds one key of it.
 		if err := gen(counted); CodeOf(err) != pkcs11.CKR_TEMPLATE_INCONSISTENT {
@@ -102,16 +104,17 @@ func TestCreateCostsConstantCalls(t *testing.T) {
 		}
 		for op := range after {
 			after[op] -= before[op]
+			primary[op] -= primaryBefore[op]
 		}
 		for i := range per {
 			per[i] -= perBefore[i]
 		}
-		return after, per
+		return after, primary, per
 	}
 	fill(0, 5)
-	few, perFew := calls()
+	few, primary, perFew := calls()
 	fill(5, 50)
-	many, _ := calls()
+	many, _, _ := calls()
 	for i, n := range perFew {
 		if n > 1 {
 			t.Errorf("a creation searched %s %d times, want at most once", toks[i].Name, n)
@@ -122,7 +125,16 @@ func TestCreateCostsConstantCalls(t *testing.T) {
 			t.Errorf("%q calls: %d with a few objects per member, %d with ten times as many: a creation's cost grows with the objects", op, few[op], many[op])
 		}
 	}
-	t.Logf("member calls of one replicated creation: %v; searches per member %v", many, perFew)
+	// The new key is read and wrapped on the primary once for both
+	// targets: its identity (2 reads), unwrap template (1) and wrap (1),
+	// beside the creation's own 2 reads.
+	if n := primary[slot.OpWrapKey]; n != 1 {
+		t.Errorf("the primary wrapped the new key %d times for %d targets, want once", n, len(toks)-1)
+	}
+	if n := primary[slot.OpGetAttributes]; n > 5 {
+		t.Errorf("the primary answered %d reads of the new key, want at most 5 (the creation's 2, one copy source's 3 for every target)", n)
+	}
+	t.Logf("member calls of one replicated creation: %v; on the primary %v; searches per member %v", many, primary, perFew)
 }
 
 // TestFirstSignatureCostsConstantCalls: what a fresh process pays for its

@@ -449,11 +449,13 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		}
 	}
 	// Every target at once (token object creation is slow on some
-	// tokens: SoftHSM's file store waits on the disk).
+	// tokens: SoftHSM's file store waits on the disk), each object read
+	// and wrapped on the primary once for them all.
 	made := make([]pkcs11.ObjectHandle, len(ms))
 	for j, m := range ms {
 		made[j] = m.h
 	}
+	src := g.rep.Share(p.Slot(), made)
 	copies := make([][]pkcs11.ObjectHandle, len(targets))
 	failedAt := make([]int, len(targets))
 	var wg sync.WaitGroup
@@ -462,9 +464,10 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		if errs[i] != nil {
 			continue
 		}
-		wg.Go(func() { failedAt[i], errs[i] = g.copyTo(ctx, t, dsts[i], p.Slot(), made, copies[i]) })
+		wg.Go(func() { failedAt[i], errs[i] = g.copyTo(ctx, t, dsts[i], src, copies[i]) })
 	}
 	wg.Wait()
+	src.Close(ctx)
 	takeBack := func(i int) {
 		for _, h := range copies[i] {
 			if h == 0 {
@@ -511,15 +514,17 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 		// Another member holds the objects whole: the targets the
 		// primary died under get them from it, rather than staying in
 		// rotation without them (a search routed there would not find
-		// a key the caller was just given).
-		h := targets[holder]
+		// a key the caller was just given), read and wrapped there
+		// once for them all.
+		h := g.rep.Share(targets[holder].Slot(), copies[holder])
 		for i := range targets {
 			if errs[i] == nil || !sourceUnwell(errs[i], p) {
 				continue
 			}
 			dsts[i].Absent = false // the failed copy may have got there after all
-			failedAt[i], errs[i] = g.copyTo(ctx, targets[i], dsts[i], h.Slot(), copies[holder], copies[i])
+			failedAt[i], errs[i] = g.copyTo(ctx, targets[i], dsts[i], h, copies[i])
 		}
+		h.Close(ctx)
 		g.failMember(p, fmt.Errorf("replication source: %w", sourceErr))
 	}
 	if sourceErr != nil && !held {
@@ -575,8 +580,8 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 	return nil
 }
 
-// copyTo copies the objects at hs on src to target t (dst), into copies,
-// but none copied already. One target's objects go one
+// copyTo copies the objects of src to target t (dst), into copies, but
+// none copied already. One target's objects go one
 // after the other (one physical session takes one call at a time, and
 // pkg/sync makes one copy into a token at a time anyway), in the order
 // made — the public half of a key pair first — and none after a failure:
@@ -588,12 +593,19 @@ func (g *Group) replicate(ctx context.Context, s *Session, p *member.Member, ms 
 // overlaps another on the token) gets one more try on SoftHSM
 // (retriesAmbiguous); a failed copy leaves
 // nothing behind, and a second try finds a copy the first one made after
-// all. It returns the index of the object that failed and its error.
-func (g *Group) copyTo(ctx context.Context, t *member.Member, dst hasync.Target, src *slot.Slot, hs, copies []pkcs11.ObjectHandle) (int, error) {
-	for j, h := range hs {
-		for again := false; copies[j] == 0; again = true {
+// all. The second try (hasync.Shared.CopyAgain) reuses the source's
+// shared reads and wrap when they succeeded (the answer was the
+// target's, and the blob is the same for every target), and reads and
+// wraps the source afresh when they failed: the ambiguous answer was
+// then the primary's, and the shared source would only give back its
+// kept failure. It returns the index of the object that failed and its
+// error.
+func (g *Group) copyTo(ctx context.Context, t *member.Member, dst hasync.Target, src *hasync.Shared, copies []pkcs11.ObjectHandle) (int, error) {
+	for j := range copies {
+		try := src.Copy
+		for again := false; copies[j] == 0; again, try = true, src.CopyAgain {
 			start := t.Begin()
-			c, err := g.rep.Replicate(ctx, src, h, dst)
+			c, err := try(ctx, j, dst)
 			t.End(start, err)
 			if err != nil && (again || !member.HeldBack(err) || ctx.Err() != nil || !retriesAmbiguous(t.Slot())) {
 				return j, err

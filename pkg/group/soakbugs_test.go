@@ -1,8 +1,10 @@
 package group
 
 import (
+	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,9 +106,16 @@ func TestReplicationGeneralErrorIsTriedAgain(t *testing.T) {
 	target := f.toks[2].Name
 	faults.FailN(target, slot.OpUnwrapKey, errGeneral, 1)
 	before := faults.Calls(target, slot.OpUnwrapKey) // the wrap probe's trial keys
+	primary := f.toks[0].Name
+	wraps := faults.Calls(primary, slot.OpWrapKey)
 	genEC(t, s, "target-flake")
 	if n := faults.Calls(target, slot.OpUnwrapKey) - before; n != 2 {
 		t.Errorf("UnwrapKey reached the target %d times, want 2", n)
+	}
+	// The answer was the target's: the second try unwraps the blob the
+	// primary wrapped once for both targets.
+	if n := faults.Calls(primary, slot.OpWrapKey) - wraps; n != 1 {
+		t.Errorf("the primary wrapped the private half %d times, want once", n)
 	}
 	wantServing(t, f, "after a target's CKR_GENERAL_ERROR")
 	for i, n := range holdsLabel(t, f, "target-flake") {
@@ -448,10 +457,17 @@ func TestReplicationSendsNoPrivateHalfAfterThePublicFailed(t *testing.T) {
 // this thread": a search routed to such a target found nothing).
 func TestTargetsLeftByADyingPrimaryGetTheKeyFromAnotherHolder(t *testing.T) {
 	faults := slottest.NewFaults()
-	f := setup(t, setupOpts{interceptor: faults, policy: "primary-backup"})
+	toks := takeTokens(t, 3)
+	primary := toks[0].Name
+	dies := &dieAfterWrap{Faults: faults, token: primary}
+	f := setup(t, setupOpts{toks: toks, interceptor: dies, policy: "primary-backup"})
 	s := openSession(t, f.g)
-	primary := f.toks[0].Name
-	faults.FailN(primary, slot.OpWrapKey, errDevice, 1) // one target's copy of the private half fails at the source
+	// The private half is wrapped once for both targets, and that wrap
+	// answers CKR_GENERAL_ERROR: each target asks again with a wrap of its
+	// own. The first of those to reach the primary goes through, and the
+	// primary dies before the second: one target holds the pair whole,
+	// the other's copy fails at the source.
+	dies.armed.Store(true)
 	genEC(t, s, "resourced")
 	if st := memberState(f.g, primary); st != member.Failed {
 		t.Errorf("the primary is %v, want failed", st)
@@ -468,4 +484,32 @@ func TestTargetsLeftByADyingPrimaryGetTheKeyFromAnotherHolder(t *testing.T) {
 			t.Errorf("Find of the private key (serving: %s and the other) = %v, %v; want one", tok.Name, hs, err)
 		}
 	}
+}
+
+// dieAfterWrap is slottest.Faults where, once armed, token's wraps
+// answer in turn CKR_GENERAL_ERROR, then the module's answer, then
+// CKR_DEVICE_ERROR for good, in the order they reach the token (decided
+// as they arrive: two wraps at once cannot both go through).
+type dieAfterWrap struct {
+	*slottest.Faults
+	token string
+	armed atomic.Bool
+	wraps atomic.Int32
+}
+
+func (d *dieAfterWrap) Before(ctx context.Context, token string, op slot.Op) error {
+	return d.Wrap(ctx, token, op, func() error { return nil })
+}
+
+func (d *dieAfterWrap) Wrap(ctx context.Context, token string, op slot.Op, call func() error) error {
+	if token == d.token && op == slot.OpWrapKey && d.armed.Load() {
+		switch d.wraps.Add(1) {
+		case 1:
+			return errGeneral
+		case 2:
+		default:
+			return errDevice
+		}
+	}
+	return d.Faults.Wrap(ctx, token, op, call)
 }

@@ -108,7 +108,7 @@ func agreedKey(ctx context.Context, s agreer, priv pkcs11.ObjectHandle, other []
 }
 
 // agreement is the source's half of the agreements: one key pair for
-// every target of one ReplicateEach.
+// every target of one shared source (Shared, ReplicateEach).
 type agreement struct {
 	point     []byte
 	priv, pub pkcs11.ObjectHandle

@@ -14,7 +14,9 @@
 // attributes. The copy is checked on the target and removed again on any
 // failure. A key that cannot travel to a member gets ErrCannotCross.
 // Replicator.ReplicateEach copies one object to several members at once,
-// reading and wrapping it once. A member that cannot wrap or unwrap with
+// reading and wrapping it once; Replicator.Share does the same for several
+// objects, each copied when and where the caller asks (pkg/group copies a
+// key pair's halves to each target in turn). A member that cannot wrap or unwrap with
 // CKM_AES_KEY_WRAP_PAD gets domainkey.ErrMechanismUnavailable (a request
 // error, not a health one). A member whose domain key could do more than wrap and
 // unwrap (see domainkey.WeakError) gets domainkey.ErrWeak, and nothing is

@@ -154,21 +154,8 @@ func (r *Replicator) Replicate(ctx context.Context, src *slot.Slot, srcH pkcs11.
 func (r *Replicator) ReplicateEach(ctx context.Context, src *slot.Slot, srcH pkcs11.ObjectHandle, dsts []Target) ([]pkcs11.ObjectHandle, []error) {
 	hs := make([]pkcs11.ObjectHandle, len(dsts))
 	errs := make([]error, len(dsts))
-	fail := func(err error) ([]pkcs11.ObjectHandle, []error) {
-		for i := range errs {
-			errs[i] = err
-		}
-		return hs, errs
-	}
-	if src == nil {
-		return fail(errors.New("replicate: no source slot"))
-	}
-	so, err := object.ReadIdent(ctx, src, src.Name(), srcH)
-	if err != nil {
-		return fail(fmt.Errorf("replicate: %w", err))
-	}
-	sc := newSource(r, src, so)
-	defer sc.close(ctx)
+	sh := r.Share(src, []pkcs11.ObjectHandle{srcH})
+	defer sh.Close(ctx)
 	bySlot := map[*slot.Slot][]int{}
 	var order []*slot.Slot
 	for i, dst := range dsts {
@@ -181,7 +168,7 @@ func (r *Replicator) ReplicateEach(ctx context.Context, src *slot.Slot, srcH pkc
 		}
 		bySlot[dst.Slot] = append(bySlot[dst.Slot], i)
 	}
-	one := func(i int) { hs[i], errs[i] = r.replicateTo(ctx, sc, dsts[i]) }
+	one := func(i int) { hs[i], errs[i] = sh.Copy(ctx, 0, dsts[i]) }
 	if len(order) == 1 {
 		for _, i := range bySlot[order[0]] {
 			one(i)

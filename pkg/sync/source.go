@@ -12,8 +12,8 @@ import (
 	"github.com/miekg/pkcs11"
 )
 
-// source is the object a Replicate or ReplicateEach call copies, shared
-// by the copies to every target: read, fingerprinted and wrapped once,
+// source is the object a Replicate, ReplicateEach or Shared copies,
+// shared by the copies to every target: read, fingerprinted and wrapped once,
 // when first needed. The identity and storage flags (id) never change;
 // everything else is behind mu, which is held across the module calls
 // that fill it, so concurrent copies wait for one call instead of making
@@ -147,6 +147,15 @@ func (sc *source) unwrapAttrsLocked(ctx context.Context) (object.Attrs, error) {
 		sc.unwrapA = a
 	}
 	return sc.unwrapA, nil
+}
+
+// failed reports whether the source kept a failure of its wrap, its
+// transit key or its half of an agreement, which every later copy would
+// get again.
+func (sc *source) failed() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.blobErr != nil || sc.transitErr != nil || sc.agreeErr != nil
 }
 
 // wrap wraps the source under the domain key on its member, once: the
