@@ -132,9 +132,7 @@ func (g *Group) noteWWT(o *vtable.Object, m *member.Member, a slot.Attribute) {
 // member read, or nil and no error when it did not read (another case, or
 // the member did not answer): exec then reads as any read.
 func (g *Group) readVerifying(ctx context.Context, o *vtable.Object, types []uint) ([]slot.Attribute, *member.Member, error) {
-	id := o.Identity()
-	mat := object.MaterialTypes(id)
-	if !o.Token || len(mat) == 0 || unusable(o) != nil {
+	if !o.Token || unusable(o) != nil {
 		return nil, nil, nil
 	}
 	if err := g.gate.Enter(); err != nil {
@@ -147,6 +145,13 @@ func (g *Group) readVerifying(ctx context.Context, o *vtable.Object, types []uin
 	}
 	r := o.Ref(m.Index())
 	if r == nil || !r.Unverified || r.Epoch != m.Epoch() || memberSet(g.unfolded.Load()).has(m.Index()) {
+		return nil, nil, nil
+	}
+	// Only now: every read of a key comes here, and few find a handle
+	// still to check.
+	id := o.Identity()
+	mat := object.MaterialTypes(id)
+	if len(mat) == 0 {
 		return nil, nil, nil
 	}
 	all := slices.Clone(types)

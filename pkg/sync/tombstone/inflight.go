@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 
 	"github.com/hagroup/hagroup/internal/filelock"
 	"golang.org/x/sys/unix"
@@ -74,40 +73,35 @@ func (j *Journal) Held(t Tombstone) bool {
 	return false
 }
 
-// heldIntents keeps Memory's held intents.
-type heldIntents struct {
-	mu   sync.Mutex
-	held map[string]int
-}
-
 // Hold marks intent t held within this process.
 func (m *Memory) Hold(t Tombstone) (func(), error) {
 	k := revocationKey(t)
-	m.holds.mu.Lock()
-	defer m.holds.mu.Unlock()
-	if m.holds.held == nil {
-		m.holds.held = map[string]int{}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.held == nil {
+		m.held = map[string]int{}
 	}
-	m.holds.held[k]++
+	m.held[k]++
 	return func() {
-		m.holds.mu.Lock()
-		defer m.holds.mu.Unlock()
-		if m.holds.held[k]--; m.holds.held[k] <= 0 {
-			delete(m.holds.held, k)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.held[k]--; m.held[k] <= 0 {
+			delete(m.held, k)
 		}
 	}, nil
 }
 
 // Held reports whether intent t is held in this process.
 func (m *Memory) Held(t Tombstone) bool {
-	m.holds.mu.Lock()
-	defer m.holds.mu.Unlock()
-	return m.holds.held[revocationKey(t)] > 0
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held[revocationKey(t)] > 0
 }
 
-// held reports whether t is an intent whose creation is in flight.
-func (s *Shared) held(t Tombstone) bool {
-	h, ok := s.local.(holder)
+// heldIntent reports whether t is an intent whose creation is in flight:
+// the local record l holds it.
+func heldIntent(l Local, t Tombstone) bool {
+	h, ok := l.(holder)
 	return ok && t.Intent && !t.Revoked && h.Held(t)
 }
 
@@ -115,7 +109,7 @@ func (s *Shared) held(t Tombstone) bool {
 // member may be given (see above), and those intents apart.
 func (s *Shared) spreadable(local []Tombstone) (out, inFlight []Tombstone) {
 	for _, t := range local {
-		if s.held(t) {
+		if heldIntent(s.local, t) {
 			inFlight = append(inFlight, t)
 			continue
 		}

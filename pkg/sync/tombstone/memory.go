@@ -14,9 +14,9 @@ import (
 // default of pkg/group, for tests and programs without a state directory.
 // Safe for concurrent use.
 type Memory struct {
-	mu    sync.Mutex
-	all   []Tombstone
-	holds heldIntents // inflight.go
+	mu   sync.Mutex
+	all  []Tombstone
+	held map[string]int // intents held (inflight.go), by revocationKey
 }
 
 // Record keeps t (a tombstone or a revocation).

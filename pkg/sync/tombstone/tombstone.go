@@ -510,7 +510,7 @@ func (j *Journal) Snapshot(ctx context.Context) (*Set, error) {
 	var inFlight []Tombstone
 	for k, r := range j.entries {
 		if t, ok := r.latest(cutoff); ok {
-			if t.Intent && j.Held(t) {
+			if heldIntent(j, t) {
 				inFlight = append(inFlight, t)
 				continue
 			}
