@@ -535,6 +535,10 @@ func (g *Group) writeAll(ctx context.Context, op string, o *vtable.Object, fn at
 		return err
 	}
 	done(first)
+	// Done on one member, the change is the group's: the caller's ctx no
+	// longer bounds it (each member call still has its command timeout).
+	// Cut short, it would fail every member it had not reached yet.
+	ctx = context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for _, m := range g.serving() {
 		if m == first {

@@ -276,7 +276,10 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		}
 		vs[i] = o
 	}
-	if err := g.replicate(ctx, s, p, ms, vs); err != nil {
+	// Made on the primary, the objects are copied whatever the caller's
+	// ctx says (as writeAll's changes): cut short, the copies would fail
+	// as refusals of the members not reached yet.
+	if err := g.replicate(context.WithoutCancel(ctx), s, p, ms, vs); err != nil {
 		var rs hasync.Refusals
 		if errors.As(err, &rs) {
 			err = g.refuse(op, rs)

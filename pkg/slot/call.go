@@ -328,6 +328,7 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 		return &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
 	}
 	x.watch(ctx)
+	posted := monoNow()
 	seq := x.posted.Add(1)                               // the cell numbers calls the same way
 	x.postedC = x.inC && x.owner.spec.Interceptor == nil // (an Interceptor runs in Go)
 	x.cell.Post(x.postedC)
@@ -364,7 +365,10 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 	default:
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
 	}
-	if !x.abandon() {
+	// The call's own deadline: until then a caller who gave up early
+	// leaves a call that may well return, and others wait for its lock.
+	due := time.Duration(posted + int64(timeout) + int64(x.lockWaited()) - monoNow())
+	if !x.abandon(due) {
 		// The worker finished just now: its answer is on the way (and
 		// no call is left in the module for the Late to report).
 		x.overtaken.Store(nil)
@@ -443,10 +447,13 @@ func (x *sess) result(op Op) error {
 }
 
 // abandon gives up on the call in flight: the session is quarantined and
-// dead, and the slot (and its module) kept alive for the worker. It
-// returns false when the worker finished just now: then nothing is given
-// up and the caller takes the result after all.
-func (x *sess) abandon() bool {
+// dead, and the slot (and its module) kept alive for the worker. A hold of
+// the token's object lock is marked stuck once the call is past its own
+// deadline, due from now (at once for a call that timed out): a caller's
+// cancellation says nothing of the token. It returns false when the worker
+// finished just now: then nothing is given up and the caller takes the
+// result after all.
+func (x *sess) abandon(due time.Duration) bool {
 	s := x.owner
 	s.hold()
 	s.quarantined.Add(1)
@@ -455,7 +462,13 @@ func (x *sess) abandon() bool {
 		s.unhold()
 		return false
 	}
-	x.hold.Load().Stuck() // the worker checks stAbandoned after it stores a hold
+	if h := x.hold.Load(); h != nil { // (the worker checks stAbandoned after it stores a hold)
+		if due > 0 {
+			time.AfterFunc(due, h.Stuck) // (harmless once released)
+		} else {
+			h.Stuck()
+		}
+	}
 	x.dead = true
 	x.unwatch()
 	s.stats.quarantinedTotal.Add(1)

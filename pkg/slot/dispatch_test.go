@@ -134,9 +134,9 @@ func TestInlineWatchdog(t *testing.T) {
 // lockRig opens a p11-kit member (SoftHSM behind p11-kit server, as its
 // token info says) and stops its server; a key generation then hangs in
 // the module holding the token's object lock for writing. keygen is the key
-// generation timeout. The dedicated session it returns was opened before
-// the stop.
-func lockRig(t *testing.T, keygen time.Duration) (*slot.Slot, *slot.Session, *testhsm.Served, <-chan error) {
+// generation timeout, and kctx the key generation's context. The dedicated
+// session it returns was opened before the stop.
+func lockRig(t *testing.T, kctx context.Context, keygen time.Duration) (*slot.Slot, *slot.Session, *testhsm.Served, <-chan error) {
 	t.Helper()
 	srv := testhsm.Serve(t, "lock")
 	spec := specOf(srv.Token())
@@ -156,7 +156,7 @@ func lockRig(t *testing.T, keygen time.Duration) (*slot.Slot, *slot.Session, *te
 	t.Cleanup(srv.Cont)
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.GenerateKey(ctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
+		_, err := s.GenerateKey(kctx, pkcs11.NewMechanism(pkcs11.CKM_AES_KEY_GEN, nil), []*pkcs11.Attribute{
 			pkcs11.NewAttribute(pkcs11.CKA_TOKEN, false), pkcs11.NewAttribute(pkcs11.CKA_VALUE_LEN, 16)})
 		done <- err
 	}()
@@ -182,7 +182,7 @@ func waitWriting(t *testing.T, s *slot.Slot) {
 // stopped, it times out at its own deadline).
 func TestObjectLockOnlyWhereNeeded(t *testing.T) {
 	t.Parallel()
-	s, ss, srv, keygen := lockRig(t, 20*time.Second)
+	s, ss, srv, keygen := lockRig(t, ctxT(t), 20*time.Second)
 	slot.SetTokenIdentity(s, "Example HSMs Inc.", "X1")
 	start := time.Now()
 	_, err := ss.FindObjects(ctxT(t), nil)
@@ -197,7 +197,7 @@ func TestObjectLockOnlyWhereNeeded(t *testing.T) {
 // object lock, and that wait does not count against command_timeout.
 func TestObjectLockWaitIsNotCharged(t *testing.T) {
 	t.Parallel()
-	_, ss, srv, keygen := lockRig(t, 20*time.Second)
+	_, ss, srv, keygen := lockRig(t, ctxT(t), 20*time.Second)
 	found := make(chan error, 1)
 	start := time.Now()
 	go func() {
@@ -219,11 +219,43 @@ func TestObjectLockWaitIsNotCharged(t *testing.T) {
 	}
 }
 
+// A call whose caller gave up before its deadline is not a hung token: a
+// search queued behind it waits for it to return, and is not failed (a
+// member failed because an application cancelled a write of its own would
+// leave rotation for nothing).
+func TestObjectLockHeldByCancelledCall(t *testing.T) {
+	t.Parallel()
+	kctx, cancel := context.WithCancel(ctxT(t))
+	s, ss, srv, keygen := lockRig(t, kctx, 20*time.Second)
+	cancel()
+	if err := <-keygen; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled key generation on a stopped server: %v, want context.Canceled", err)
+	}
+	found := make(chan error, 1)
+	go func() {
+		_, err := ss.FindObjects(ctxT(t), nil)
+		found <- err
+	}()
+	// Twice the command timeout passes with the search still queued.
+	select {
+	case err := <-found:
+		t.Fatalf("FindObjects returned (%v) behind a cancelled key generation still in the module, before its deadline", err)
+	case <-time.After(2 * 300 * time.Millisecond):
+	}
+	srv.Cont()
+	if err := <-found; err != nil {
+		t.Fatalf("FindObjects once the cancelled call returned: %v; want success", err)
+	}
+	if err := slot.WaitQuarantine(ctxT(t), s); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Once the call holding the lock is past its deadline the token is hung:
 // a search fails at once, as a health error, rather than queue behind it.
 func TestObjectLockHeldByHungCall(t *testing.T) {
 	t.Parallel()
-	s, ss, srv, keygen := lockRig(t, 300*time.Millisecond)
+	s, ss, srv, keygen := lockRig(t, ctxT(t), 300*time.Millisecond)
 	if err := <-keygen; !errors.Is(err, slot.ErrTimeout) {
 		t.Fatalf("key generation on a stopped server: %v, want ErrTimeout", err)
 	}
