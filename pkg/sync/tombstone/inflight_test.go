@@ -1,8 +1,10 @@
 package tombstone
 
 import (
+	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/hagroup/hagroup/pkg/slot"
 )
@@ -92,5 +94,44 @@ func TestJournalHoldEndsWithItsHolder(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("the dead holder's lock file stays: %v", err)
+	}
+}
+
+// A creation's process that dies between settling its intent and letting
+// go of its hold leaves the lock file: the compaction that drops the
+// settled intent removes it, and leaves the file of a holder still alive.
+func TestCompactionRemovesADeadCreationsLockFile(t *testing.T) {
+	dir := t.TempDir()
+	j := openT(t, dir, Options{})
+	ctx := context.Background()
+	now := time.Now()
+	dead := Tombstone{Identity: ident("dead"), Time: now, Intent: true}
+	alive := Tombstone{Identity: ident("alive"), Time: now, Intent: true}
+	release, err := j.Hold(alive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	deadPath := j.path(holdName(dead))
+	if err := os.WriteFile(deadPath, nil, 0o600); err != nil { // held by nobody
+		t.Fatal(err)
+	}
+	for _, r := range []Tombstone{dead, dead.Revocation(), alive, alive.Revocation()} {
+		if err := j.Record(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := j.Compact(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Revoked != 2 {
+		t.Errorf("compaction dropped %d revoked intents, want 2", st.Revoked)
+	}
+	if _, err := os.Stat(deadPath); !os.IsNotExist(err) {
+		t.Errorf("the dead creation's lock file stays after the compaction: %v", err)
+	}
+	if _, err := os.Stat(j.path(holdName(alive))); err != nil {
+		t.Errorf("the compaction removed a live holder's lock file: %v", err)
 	}
 }

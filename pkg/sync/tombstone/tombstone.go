@@ -697,6 +697,11 @@ func (j *Journal) compactLocked() (CompactStats, error) {
 			switch {
 			case t.Revoked:
 				st.Revoked++
+				if t.Intent {
+					// A settled creation whose process died before its
+					// release left its lock file: Held removes it.
+					j.Held(t)
+				}
 			case t.Time.Before(cutoff):
 				st.Expired++
 			default:
