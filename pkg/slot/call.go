@@ -328,7 +328,7 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 		return &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
 	}
 	x.watch(ctx)
-	posted := monoNow()
+	start := monoNow()
 	seq := x.posted.Add(1)                               // the cell numbers calls the same way
 	x.postedC = x.inC && x.owner.spec.Interceptor == nil // (an Interceptor runs in Go)
 	x.cell.Post(x.postedC)
@@ -367,7 +367,7 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 	}
 	// The call's own deadline: until then a caller who gave up early
 	// leaves a call that may well return, and others wait for its lock.
-	due := time.Duration(posted + int64(timeout) + int64(x.lockWaited()) - monoNow())
+	due := time.Duration(start + int64(timeout) + int64(x.lockWaited()) - monoNow())
 	if !x.abandon(due) {
 		// The worker finished just now: its answer is on the way (and
 		// no call is left in the module for the Late to report).
