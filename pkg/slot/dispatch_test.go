@@ -193,23 +193,31 @@ func TestObjectLockOnlyWhereNeeded(t *testing.T) {
 	}
 }
 
+// queuedSearch starts a search in ss and checks that twice lockRig's
+// command timeout passes with it still queued; its answer comes on the
+// channel.
+func queuedSearch(t *testing.T, ss *slot.Session, behind string) <-chan error {
+	t.Helper()
+	found := make(chan error, 1)
+	go func() {
+		_, err := ss.FindObjects(ctxT(t), nil)
+		found <- err
+	}()
+	select {
+	case err := <-found:
+		t.Fatalf("FindObjects returned (%v) %s", err, behind)
+	case <-time.After(2 * 300 * time.Millisecond):
+	}
+	return found
+}
+
 // On SoftHSM a search queued behind a key generation waits for the token's
 // object lock, and that wait does not count against command_timeout.
 func TestObjectLockWaitIsNotCharged(t *testing.T) {
 	t.Parallel()
 	_, ss, srv, keygen := lockRig(t, ctxT(t), 20*time.Second)
-	found := make(chan error, 1)
 	start := time.Now()
-	go func() {
-		_, err := ss.FindObjects(ctxT(t), nil)
-		found <- err
-	}()
-	// Twice the command timeout passes with the search still queued.
-	select {
-	case err := <-found:
-		t.Fatalf("FindObjects returned (%v) while a key generation held SoftHSM's object lock", err)
-	case <-time.After(2 * 300 * time.Millisecond):
-	}
+	found := queuedSearch(t, ss, "while a key generation held SoftHSM's object lock")
 	srv.Cont()
 	if err := <-keygen; err != nil {
 		t.Fatalf("the key generation once the server runs again: %v", err)
@@ -231,17 +239,7 @@ func TestObjectLockHeldByCancelledCall(t *testing.T) {
 	if err := <-keygen; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled key generation on a stopped server: %v, want context.Canceled", err)
 	}
-	found := make(chan error, 1)
-	go func() {
-		_, err := ss.FindObjects(ctxT(t), nil)
-		found <- err
-	}()
-	// Twice the command timeout passes with the search still queued.
-	select {
-	case err := <-found:
-		t.Fatalf("FindObjects returned (%v) behind a cancelled key generation still in the module, before its deadline", err)
-	case <-time.After(2 * 300 * time.Millisecond):
-	}
+	found := queuedSearch(t, ss, "behind a cancelled key generation still in the module, before its deadline")
 	srv.Cont()
 	if err := <-found; err != nil {
 		t.Fatalf("FindObjects once the cancelled call returned: %v; want success", err)
