@@ -365,9 +365,12 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 	default:
 		cause = &Error{Member: x.owner.spec.Name, Op: op, Err: ctx.Err()}
 	}
-	// The call's own deadline: until then a caller who gave up early
-	// leaves a call that may well return, and others wait for its lock.
-	due := time.Duration(start + int64(timeout) + int64(x.lockWaited()) - monoNow())
+	// A call given up before its own deadline may well return: until that
+	// deadline, others wait for its lock.
+	var due time.Duration
+	if outcome != handoff.TimedOut {
+		due = time.Duration(start + int64(timeout) + int64(x.lockWaited()) - monoNow())
+	}
 	if !x.abandon(due) {
 		// The worker finished just now: its answer is on the way (and
 		// no call is left in the module for the Late to report).
