@@ -530,14 +530,20 @@ func (g *Group) try(ctx context.Context, p plan, m *member.Member, hs []pkcs11.O
 // fails is failed (it no longer holds what the group holds; recovery
 // catches it up); done is called for each member changed.
 func (g *Group) writeAll(ctx context.Context, op string, o *vtable.Object, fn attempt, done func(*member.Member)) error {
-	first, err := g.exec(ctx, plan{op: op, objs: []*vtable.Object{o}, next: g.inOrder, absent: ErrObjectHandle}, fn)
+	// Once sent, the change is not cut off by the caller's ctx (only by
+	// its member's deadline): abandoned in the module, it could still be
+	// made there after the caller was told it failed.
+	sent := func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
+		return fn(context.WithoutCancel(ctx), m, s, hs)
+	}
+	first, err := g.exec(ctx, plan{op: op, objs: []*vtable.Object{o}, next: g.inOrder, absent: ErrObjectHandle}, sent)
 	if err != nil {
 		return err
 	}
 	done(first)
 	// Done on one member, the change is the group's: the caller's ctx no
-	// longer bounds it (each member call still has its command timeout).
-	// Cut short, it would fail every member it had not reached yet.
+	// longer bounds it. Cut short, it would fail every member it had not
+	// reached yet.
 	ctx = context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for _, m := range g.serving() {

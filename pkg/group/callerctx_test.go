@@ -2,10 +2,14 @@ package group
 
 import (
 	"context"
+	"runtime"
 	stdsync "sync"
 	"testing"
+	"time"
 
+	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/config"
+	"github.com/hagroup/hagroup/pkg/member"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -91,5 +95,51 @@ func TestCallerGivingUpAfterTheFirstMemberFailsNoMember(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A key generation whose caller gives up while the token is still making
+// the key ends as a creation either made or not made, never half: an error
+// leaves no key on the member. Before, the generation was abandoned in the
+// module, the leftover search found nothing yet (no object lock on NSS
+// softokn), and the key pair appeared on the serving member once the
+// module finished: a key the application was told had not been made. The
+// cancel comes 100 ms into an RSA-4096 generation, which takes NSS about
+// a second and a half here; should it be quicker, the creation succeeds
+// and the test checks that outcome instead.
+func TestCancelledGenerationLeavesNoKey(t *testing.T) {
+	nss := testhsm.NSS(t, "nss-cancelled")
+	f := setup(t, setupOpts{toks: []testhsm.Token{nss}, noDomain: true})
+	s := openSession(t, f.g)
+	m, _ := f.g.Member(nss.Name)
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	time.AfterFunc(100*time.Millisecond, cancel)
+	const label = "cancelled-generation"
+	_, _, err := s.GenerateKeyPair(ctx, pkcs11.NewMechanism(pkcs11.CKM_RSA_PKCS_KEY_PAIR_GEN, nil),
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_MODULUS_BITS, 4096),
+			attr(pkcs11.CKA_PUBLIC_EXPONENT, []byte{1, 0, 1}), attr(pkcs11.CKA_VERIFY, true)},
+		[]*pkcs11.Attribute{attr(pkcs11.CKA_TOKEN, true), attr(pkcs11.CKA_LABEL, label), attr(pkcs11.CKA_SIGN, true), attr(pkcs11.CKA_PRIVATE, true)})
+	// Whatever the module still does for an abandoned call ends first.
+	wctx := testContext(t)
+	for m.Slot().Stats().Quarantined > 0 {
+		if wctx.Err() != nil {
+			t.Fatal("an abandoned call never came back from the module")
+		}
+		runtime.Gosched()
+	}
+	hs, ferr := m.Slot().FindObjects(testContext(t), []*pkcs11.Attribute{attr(pkcs11.CKA_LABEL, label)})
+	if ferr != nil {
+		t.Fatal(ferr)
+	}
+	want := 2
+	if err != nil {
+		want = 0
+	}
+	if len(hs) != want {
+		t.Errorf("GenerateKeyPair answered %v, and the member holds %d objects labelled %s, want %d", err, len(hs), label, want)
+	}
+	if st := memberState(f.g, nss.Name); st != member.Active {
+		t.Errorf("the member is %v after its caller gave up a generation, want active", st)
 	}
 }

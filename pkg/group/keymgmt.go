@@ -195,7 +195,11 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		},
 	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		var clean bool
-		out, clean, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(ctx, target, hs) })
+		// Once sent, the creation is not cut off by the caller's ctx (only
+		// by its member's deadline): abandoned in the module, it could
+		// make the object after the leftover search looked for it.
+		sent := context.WithoutCancel(ctx)
+		out, clean, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(sent, target, hs) })
 		pending.Attempted(err)
 		if !clean && !session {
 			g.keptLeftover(m, op, err)
