@@ -47,6 +47,8 @@ func openGroups(ctx context.Context, cfg *config.Config, log *eventLog) ([]token
 			// The engine's and the recoverer's events and the members'
 			// figures go to haagent (or, without one, to the HA log).
 			Report: log.rep,
+			// The calls come from the application's threads.
+			ThreadCallers: true,
 		})
 		if err != nil {
 			_ = closeAll() // the start failed; the error below says why

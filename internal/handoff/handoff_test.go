@@ -9,7 +9,7 @@ import (
 
 // worker serves calls on c until quit is set: each call doubles *in into
 // *out, published with atomics as pkg/slot does.
-func worker(c *Cell, in, out *atomic.Int64, quit *atomic.Bool, spin time.Duration, done *sync.WaitGroup) {
+func worker(c Pair, in, out *atomic.Int64, quit *atomic.Bool, spin time.Duration, done *sync.WaitGroup) {
 	defer done.Done()
 	var seq uint32
 	var state int32
@@ -24,48 +24,60 @@ func worker(c *Cell, in, out *atomic.Int64, quit *atomic.Bool, spin time.Duratio
 	}
 }
 
+// pairs makes each kind of Pair, for the tests that hold for both.
+var pairs = []struct {
+	name string
+	make func() Pair
+}{
+	{"Cell", func() Pair { return new(Cell) }},
+	{"GoCell", func() Pair { return NewGoCell() }},
+}
+
 func TestRoundTrips(t *testing.T) {
-	for _, spin := range []time.Duration{0, 50 * time.Microsecond} {
-		t.Run(spin.String(), func(t *testing.T) {
-			var c Cell
-			var in, out atomic.Int64
-			var quit atomic.Bool
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go worker(&c, &in, &out, &quit, spin, &wg)
-			for i := int64(1); i <= 2000; i++ {
-				in.Store(i)
-				seq := c.Post(false)
-				if got := c.Wait(seq, spin, 10*time.Second); got != Answered {
-					t.Fatalf("call %d: outcome %v, want Answered", i, got)
-				}
-				if got := out.Load(); got != 2*i {
-					t.Fatalf("call %d: answer %d, want %d", i, got, 2*i)
-				}
-			}
-			quit.Store(true)
-			c.Post(false)
-			wg.Wait()
-			if b := busy(); b != 0 {
-				t.Fatalf("busy = %d after the worker ended, want 0", b)
-			}
-		})
+	for _, p := range pairs {
+		for _, spin := range []time.Duration{0, 50 * time.Microsecond} {
+			t.Run(p.name+"/"+spin.String(), func(t *testing.T) { roundTrips(t, p.make(), spin) })
+		}
+	}
+}
+
+func roundTrips(t *testing.T, c Pair, spin time.Duration) {
+	var in, out atomic.Int64
+	var quit atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go worker(c, &in, &out, &quit, spin, &wg)
+	for i := int64(1); i <= 2000; i++ {
+		in.Store(i)
+		seq := c.Post(false)
+		if got := c.Wait(seq, spin, 10*time.Second); got != Answered {
+			t.Fatalf("call %d: outcome %v, want Answered", i, got)
+		}
+		if got := out.Load(); got != 2*i {
+			t.Fatalf("call %d: answer %d, want %d", i, got, 2*i)
+		}
+	}
+	quit.Store(true)
+	c.Post(false)
+	wg.Wait()
+	if b := busy(); b != 0 {
+		t.Fatalf("busy = %d after the worker ended, want 0", b)
 	}
 }
 
 // Many pairs at once: more spinners than CPUs must still make progress.
 func TestManyPairs(t *testing.T) {
 	var wg sync.WaitGroup
-	for p := 0; p < 16; p++ {
+	for i := 0; i < 16; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var c Cell
+			c := pairs[i%len(pairs)].make()
 			var in, out atomic.Int64
 			var quit atomic.Bool
 			var w sync.WaitGroup
 			w.Add(1)
-			go worker(&c, &in, &out, &quit, 50*time.Microsecond, &w)
+			go worker(c, &in, &out, &quit, 50*time.Microsecond, &w)
 			for i := int64(1); i <= 300; i++ {
 				in.Store(i)
 				if got := c.Wait(c.Post(false), 200*time.Microsecond, 10*time.Second); got != Answered || out.Load() != 2*i {
@@ -85,7 +97,12 @@ func TestManyPairs(t *testing.T) {
 }
 
 func TestTimeout(t *testing.T) {
-	var c Cell
+	for _, p := range pairs {
+		t.Run(p.name, func(t *testing.T) { timeout(t, p.make()) })
+	}
+}
+
+func timeout(t *testing.T, c Pair) {
 	seq := c.Post(false) // no worker: never answered
 	start := time.Now()
 	got := c.Wait(seq, 100*time.Microsecond, 50*time.Millisecond)
@@ -102,14 +119,19 @@ func TestTimeout(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
-	var c Cell
+	for _, p := range pairs {
+		t.Run(p.name, func(t *testing.T) { cancel(t, p.make, p.make()) })
+	}
+}
+
+func cancel(t *testing.T, fresh func() Pair, c Pair) {
 	first := c.Post(false)
 	c.Cancel(first - 1) // a late cancel of an older call: ignored
 	if got := c.Wait(first, 0, 20*time.Millisecond); got != TimedOut {
 		t.Fatalf("after a cancel of an older call: %v, want TimedOut", got)
 	}
 
-	var d Cell
+	d := fresh()
 	seq := d.Post(false)
 	go d.Cancel(seq) // before or while the caller sleeps: either way
 	start := time.Now()
@@ -142,22 +164,25 @@ func TestCancel(t *testing.T) {
 // waking it would cost. Figures in docs/BENCHMARKS.md.
 func BenchmarkWakeUp(b *testing.B) {
 	for _, spin := range []time.Duration{0, time.Millisecond} {
-		b.Run("spin="+spin.String(), func(b *testing.B) {
-			var c Cell
-			var in, out atomic.Int64
-			var quit atomic.Bool
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go worker(&c, &in, &out, &quit, spin, &wg)
-			for i := 0; b.Loop(); i++ {
-				in.Store(int64(i))
-				if got := c.Wait(c.Post(false), spin, 10*time.Second); got != Answered {
-					b.Fatalf("outcome %v", got)
-				}
-			}
-			quit.Store(true)
-			c.Post(false)
-			wg.Wait()
-		})
+		b.Run("spin="+spin.String(), func(b *testing.B) { wakeUps(b, new(Cell), spin) })
 	}
+	// A GoCell does not spin: both sides park as goroutines.
+	b.Run("GoCell", func(b *testing.B) { wakeUps(b, NewGoCell(), 0) })
+}
+
+func wakeUps(b *testing.B, c Pair, spin time.Duration) {
+	var in, out atomic.Int64
+	var quit atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go worker(c, &in, &out, &quit, spin, &wg)
+	for i := 0; b.Loop(); i++ {
+		in.Store(int64(i))
+		if got := c.Wait(c.Post(false), spin, 10*time.Second); got != Answered {
+			b.Fatalf("outcome %v", got)
+		}
+	}
+	quit.Store(true)
+	c.Post(false)
+	wg.Wait()
 }

@@ -135,6 +135,9 @@ type Options struct {
 	Tombstones Tombstones
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
+	// ThreadCallers: the calls come from C threads (libhapkcs11.so); see
+	// slot.Spec.ThreadCallers.
+	ThreadCallers bool
 	// PINGuard keeps members whose token refused their PIN from being
 	// offered one again; nil: no guard beyond this process's own refusal.
 	PINGuard PINGuard
@@ -368,6 +371,7 @@ func (g *Group) spec(m config.Member) slot.Spec {
 	spec := member.SlotSpec(m, g.settings)
 	spec.MaxSessions = g.opts.MaxSessions
 	spec.Interceptor = g.opts.Interceptor
+	spec.ThreadCallers = g.opts.ThreadCallers
 	return spec
 }
 

@@ -69,6 +69,9 @@ type Options struct {
 	Interceptor slot.Interceptor
 	// MaxSessions caps each member's session pool (0: pkg/slot's default).
 	MaxSessions int
+	// ThreadCallers: the calls come from C threads (libhapkcs11.so); see
+	// slot.Spec.ThreadCallers.
+	ThreadCallers bool
 	// Clock drives the retry timers; nil: the real clock.
 	Clock recover.Clock
 	// AttemptTimeout bounds one recovery attempt; 0: recover's default.
@@ -133,7 +136,7 @@ func (s *sink) Event(e group.Event) {
 func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) (*Group, error) {
 	h := &Group{cfg: cloneGroup(g), set: s}
 	snk := &sink{next: opts.Events, report: opts.Report}
-	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions}
+	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions, ThreadCallers: opts.ThreadCallers}
 	stateDir := opts.StateDir
 	var tombs recover.TombstoneSource
 	if stateDir != "" {

@@ -152,7 +152,8 @@ type sess struct {
 
 	worker   bool       // the session has a worker (handoff)
 	inline   inlineCall // the call in flight under inline, for the slot's watchdog
-	cell     handoff.Cell
+	cell     handoff.Pair
+	cShots   bool // the worker makes one-shots in C (shootsInC)
 	posted   atomic.Uint32
 	answered atomic.Uint32
 	quit     atomic.Bool // set before the last post: the worker ends
@@ -183,6 +184,8 @@ func newSess(owner *Slot, st *slotState) *sess {
 	}
 	x.shot = p11raw.NewShot() // (freed by the worker, or once unreachable)
 	if x.worker {
+		x.cShots = shootsInC(owner, st.ctx)
+		x.cell = newPair(owner, x.cShots)
 		go x.work()
 	} else {
 		owner.dog.add(x)
@@ -329,15 +332,15 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 	}
 	x.watch(ctx)
 	start := monoNow()
-	seq := x.posted.Add(1)                               // the cell numbers calls the same way
-	x.postedC = x.inC && x.owner.spec.Interceptor == nil // (an Interceptor runs in Go)
+	seq := x.posted.Add(1) // the cell numbers calls the same way
+	x.postedC = x.inC && x.cShots
 	x.cell.Post(x.postedC)
 	if ctx.Err() != nil {
 		x.cell.Cancel(seq) // cancelled before the post: watch's cancel came too early
 	}
 	var outcome handoff.Outcome
 	if late != nil {
-		outcome = late.wait(&x.cell, seq, timeout)
+		outcome = late.wait(x.cell, seq, timeout)
 	} else {
 		outcome = x.cell.Wait(seq, callerSpin, timeout)
 	}

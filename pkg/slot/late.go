@@ -28,7 +28,7 @@ type Late struct {
 	mu        sync.Mutex
 	fired     bool
 	overtaken bool
-	cell      *handoff.Cell // the wait Overtake ends, once fired
+	cell      handoff.Pair // the wait Overtake ends, once fired
 	seq       uint32
 	deadline  time.Time     // of the call waiting
 	left      bool          // a call was abandoned when overtaken
@@ -60,7 +60,7 @@ func (l *Late) Overtake() {
 // wait is Cell.Wait for call seq on c within timeout, with l: Fire at
 // After (unless it fired for an earlier call), and Overtake's cancel from
 // then on.
-func (l *Late) wait(c *handoff.Cell, seq uint32, timeout time.Duration) handoff.Outcome {
+func (l *Late) wait(c handoff.Pair, seq uint32, timeout time.Duration) handoff.Outcome {
 	l.mu.Lock()
 	fired, overtaken := l.fired, l.overtaken
 	if fired {

@@ -1,6 +1,7 @@
 package slot
 
 import (
+	"github.com/hagroup/hagroup/internal/handoff"
 	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/miekg/pkcs11"
@@ -80,6 +81,26 @@ func (x *sess) setShot(a *shotArgs) bool {
 	}
 	x.shot.Set(mm.fl, kinds[a.k].raw, x.h, a.m, a.key, a.in, a.sig, hint)
 	return true
+}
+
+// shootsInC says whether a session's worker can make its one-shots in C:
+// on a module loaded in this process, with no Interceptor to run first.
+// Every call of any other session is made in Go.
+func shootsInC(s *Slot, c p11) bool {
+	mm, ok := c.(*miekgModule)
+	return ok && mm.fl != nil && s.spec.Interceptor == nil
+}
+
+// newPair is the meeting point of a session's caller and worker: a
+// handoff.Cell, unless every call is made in Go and its callers are
+// goroutines (a GoCell: a call made in Go may take milliseconds, and a
+// goroutine waiting that long in C holds its thread and lets the runtime
+// take its P away; docs/BENCHMARKS.md, "Waits made in Go").
+func newPair(s *Slot, cShots bool) handoff.Pair {
+	if cShots || s.spec.ThreadCallers {
+		return new(handoff.Cell)
+	}
+	return handoff.NewGoCell()
 }
 
 // single makes one-shot a on the goroutine of the call: from the Shot

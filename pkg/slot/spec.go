@@ -125,6 +125,12 @@ type Spec struct {
 	// Dispatch is how calls reach the module (dispatch.go); "" is
 	// dispatch.Handoff.
 	Dispatch dispatch.Dispatch
+	// ThreadCallers says the calls come from C threads (libhapkcs11.so's
+	// application), whose goroutines are locked to them: under handoff
+	// such a caller waits in C for a call made in Go as for any other,
+	// since parking a locked goroutine costs its thread more than a futex
+	// does. Otherwise (goroutines) it parks on a handoff.GoCell.
+	ThreadCallers bool
 }
 
 // Attribute is one attribute read from an object. Status is CKR_OK,
