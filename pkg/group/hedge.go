@@ -153,7 +153,7 @@ func (r *race) startAside(ctx context.Context, m *member.Member, skip memberSet)
 // there overtakes late (nil: none to overtake).
 func (r *race) hedge(ctx context.Context, m *member.Member, skip memberSet, late *slot.Late) {
 	skip.add(m.Index())
-	if h := r.g.nextFor(r.p, skip); h != nil && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
+	if h := r.g.nextFor(r.p, skip); h != nil && hedgeWorth(m, h, r.delay) && r.g.spendHedge(m, hedgeFloor(m, r.delay)) {
 		r.launch(ctx, h, late)
 	}
 }
@@ -232,17 +232,31 @@ func (g *Group) earnHedge() {
 	}
 }
 
+// knownSlow says whether m's own p95 is past twice the group's healthy
+// one, delay: a member that became slow, not a healthy member's tail.
+func knownSlow(m *member.Member, delay time.Duration) bool { return m.P95() > 2*delay }
+
 // hedgeFloor is the budget a hedge of m's request must leave: none when m
-// is known slow (its own p95 past twice the group's healthy one, delay),
-// one hedge otherwise. A call of a healthy member past the healthy p95 is
-// the tail's noise, about 5 % of the calls by definition, which would
-// otherwise spend the whole budget and leave nothing for a member that
-// became slow: the reserve is for it.
+// is known slow, one hedge otherwise. A call of a healthy member past the
+// healthy p95 is the tail's noise, about 5 % of the calls by definition,
+// which would otherwise spend the whole budget and leave nothing for a
+// member that became slow: the reserve is for it.
 func hedgeFloor(m *member.Member, delay time.Duration) int64 {
-	if m.P95() > 2*delay {
+	if knownSlow(m, delay) {
 		return 0
 	}
 	return hedgeCost
+}
+
+// hedgeWorth says whether a hedge of m's late request to h can be expected
+// to answer first. Away from a member known slow, always. A healthy
+// member's late call is the tail's noise, and a copy pays only on a member
+// with nothing in flight, where it starts at once: on a busy one it may
+// wait behind calls the member has queued, and in a group run at its
+// capacity (every member busy) it would only take a slot from the next
+// request (docs/BENCHMARKS.md, "Waits made in Go").
+func hedgeWorth(m, h *member.Member, delay time.Duration) bool {
+	return knownSlow(m, delay) || h.InFlight() == 0
 }
 
 // spendHedge takes one hedge from the budget, when that leaves at least

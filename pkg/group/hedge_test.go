@@ -254,6 +254,36 @@ func TestHedgeOff(t *testing.T) {
 	}
 }
 
+// A healthy member's late call is hedged only to an idle member, where the
+// copy starts at once; a member known slow is hedged away from however
+// busy the other is.
+func TestHedgeGoesWhereItCanAnswerFirst(t *testing.T) {
+	newMember := func(name string, index int) *member.Member {
+		m, err := member.New(member.Config{Name: name, Index: index}, nil, member.Failed, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	const delay = time.Millisecond // the group's healthy p95
+	late, other := newMember("late", 0), newMember("other", 1)
+	late.Begin() // the late call
+	if !hedgeWorth(late, other, delay) {
+		t.Error("a healthy member's late call was not hedged to an idle member")
+	}
+	other.Begin()
+	if hedgeWorth(late, other, delay) {
+		t.Error("a healthy member's late call was hedged to a busy member")
+	}
+	other.Begin()
+	for range 20 { // late's own p95 becomes 5 ms: known slow
+		late.End(late.Begin().Add(-5*delay), nil)
+	}
+	if !hedgeWorth(late, other, delay) {
+		t.Error("a slow member's late call was not hedged to a busier member")
+	}
+}
+
 // Hedges stay within 5 % of the hedgeable calls, plus the burst saved up;
 // a healthy member's hedges leave one in reserve for a slow member's.
 func TestHedgeBudget(t *testing.T) {

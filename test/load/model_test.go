@@ -136,7 +136,7 @@ func BenchmarkScalingModel(b *testing.B) {
 			digest := sha256.Sum256([]byte("scaling"))
 			// Twice the members' slots in callers, so that none idles.
 			b.SetParallelism(max(1, 2*n*modelCapacity/runtime.GOMAXPROCS(0)))
-			cpu := processCPU(b)
+			cpu, hedges := processCPU(b), f.g.Hedges()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -151,6 +151,7 @@ func BenchmarkScalingModel(b *testing.B) {
 			b.ReportMetric(rate, "signs/s")
 			b.ReportMetric(rate/(float64(n)*float64(modelCapacity)/modelService.Seconds()), "efficiency")
 			b.ReportMetric(float64((processCPU(b)-cpu).Microseconds())/float64(b.N), "cpu-us/sign")
+			b.ReportMetric(100*float64(f.g.Hedges()-hedges)/float64(b.N), "hedged-%")
 		})
 	}
 }
