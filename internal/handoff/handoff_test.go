@@ -7,21 +7,46 @@ import (
 	"time"
 )
 
-// worker serves calls on c until quit is set: each call doubles *in into
-// *out, published with atomics as pkg/slot does.
-func worker(c Pair, in, out *atomic.Int64, quit *atomic.Bool, spin time.Duration, done *sync.WaitGroup) {
-	defer done.Done()
-	var seq uint32
-	var state int32
-	for {
-		seq, _ = c.Serve(seq, &state, Job{}, spin)
-		if quit.Load() {
-			c.Drop()
-			return
+// worker serves calls on a Pair: each call doubles in into out, published
+// with atomics as pkg/slot does.
+type worker struct {
+	c       Pair
+	in, out atomic.Int64
+	quit    atomic.Bool
+	done    sync.WaitGroup
+}
+
+// startWorker starts a worker on c whose side spins for up to spin.
+func startWorker(c Pair, spin time.Duration) *worker {
+	w := &worker{c: c}
+	w.done.Go(func() {
+		var seq uint32
+		var state int32
+		for {
+			seq, _ = c.Serve(seq, &state, Job{}, spin)
+			if w.quit.Load() {
+				c.Drop()
+				return
+			}
+			w.out.Store(2 * w.in.Load())
+			c.Done(seq)
 		}
-		out.Store(2 * in.Load())
-		c.Done(seq)
-	}
+	})
+	return w
+}
+
+// call makes one call with i and reports how its wait ended and the answer.
+func (w *worker) call(i int64, spin time.Duration) (Outcome, int64) {
+	w.in.Store(i)
+	got := w.c.Wait(w.c.Post(false), spin, 10*time.Second)
+	return got, w.out.Load()
+}
+
+// stop ends the worker and waits for it.
+func (w *worker) stop() {
+	w.quit.Store(true)
+	w.c.Post(false)
+	w.done.Wait()
 }
 
 // pairs makes each kind of Pair, for the tests that hold for both.
@@ -42,24 +67,13 @@ func TestRoundTrips(t *testing.T) {
 }
 
 func roundTrips(t *testing.T, c Pair, spin time.Duration) {
-	var in, out atomic.Int64
-	var quit atomic.Bool
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go worker(c, &in, &out, &quit, spin, &wg)
+	w := startWorker(c, spin)
 	for i := int64(1); i <= 2000; i++ {
-		in.Store(i)
-		seq := c.Post(false)
-		if got := c.Wait(seq, spin, 10*time.Second); got != Answered {
-			t.Fatalf("call %d: outcome %v, want Answered", i, got)
-		}
-		if got := out.Load(); got != 2*i {
-			t.Fatalf("call %d: answer %d, want %d", i, got, 2*i)
+		if got, answer := w.call(i, spin); got != Answered || answer != 2*i {
+			t.Fatalf("call %d: outcome %v, answer %d; want Answered, %d", i, got, answer, 2*i)
 		}
 	}
-	quit.Store(true)
-	c.Post(false)
-	wg.Wait()
+	w.stop()
 	if b := busy(); b != 0 {
 		t.Fatalf("busy = %d after the worker ended, want 0", b)
 	}
@@ -69,26 +83,16 @@ func roundTrips(t *testing.T, c Pair, spin time.Duration) {
 func TestManyPairs(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := 0; i < 16; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := pairs[i%len(pairs)].make()
-			var in, out atomic.Int64
-			var quit atomic.Bool
-			var w sync.WaitGroup
-			w.Add(1)
-			go worker(c, &in, &out, &quit, 50*time.Microsecond, &w)
-			for i := int64(1); i <= 300; i++ {
-				in.Store(i)
-				if got := c.Wait(c.Post(false), 200*time.Microsecond, 10*time.Second); got != Answered || out.Load() != 2*i {
-					t.Errorf("call %d: outcome %v, answer %d", i, got, out.Load())
+		wg.Go(func() {
+			w := startWorker(pairs[i%len(pairs)].make(), 50*time.Microsecond)
+			defer w.stop()
+			for j := int64(1); j <= 300; j++ {
+				if got, answer := w.call(j, 200*time.Microsecond); got != Answered || answer != 2*j {
+					t.Errorf("call %d: outcome %v, answer %d", j, got, answer)
 					break
 				}
 			}
-			quit.Store(true)
-			c.Post(false)
-			w.Wait()
-		}()
+		})
 	}
 	wg.Wait()
 	if b := busy(); b != 0 {
@@ -171,18 +175,11 @@ func BenchmarkWakeUp(b *testing.B) {
 }
 
 func wakeUps(b *testing.B, c Pair, spin time.Duration) {
-	var in, out atomic.Int64
-	var quit atomic.Bool
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go worker(c, &in, &out, &quit, spin, &wg)
-	for i := 0; b.Loop(); i++ {
-		in.Store(int64(i))
-		if got := c.Wait(c.Post(false), spin, 10*time.Second); got != Answered {
+	w := startWorker(c, spin)
+	defer w.stop()
+	for i := int64(0); b.Loop(); i++ {
+		if got, _ := w.call(i, spin); got != Answered {
 			b.Fatalf("outcome %v", got)
 		}
 	}
-	quit.Store(true)
-	c.Post(false)
-	wg.Wait()
 }

@@ -258,15 +258,8 @@ func TestHedgeOff(t *testing.T) {
 // copy starts at once; a member known slow is hedged away from however
 // busy the other is.
 func TestHedgeGoesWhereItCanAnswerFirst(t *testing.T) {
-	newMember := func(name string, index int) *member.Member {
-		m, err := member.New(member.Config{Name: name, Index: index}, nil, member.Failed, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
 	const delay = time.Millisecond // the group's healthy p95
-	late, other := newMember("late", 0), newMember("other", 1)
+	late, other := bareMember(t, "late", 0), bareMember(t, "other", 1)
 	late.Begin() // the late call
 	if !hedgeWorth(late, other, delay) {
 		t.Error("a healthy member's late call was not hedged to an idle member")

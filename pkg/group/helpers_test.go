@@ -380,3 +380,14 @@ func importSecret(t testing.TB, toks []testhsm.Token, label string) {
 }
 
 func takeTokens(t testing.TB, n int) []testhsm.Token { return testhsm.Take(t, n) }
+
+// bareMember is a member with no slot, for the scheduler's and the hedge's
+// arithmetic: its calls are counted with Begin and End.
+func bareMember(t *testing.T, name string, index int) *member.Member {
+	t.Helper()
+	m, err := member.New(member.Config{Name: name, Index: index}, nil, member.Failed, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

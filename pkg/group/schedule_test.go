@@ -4,29 +4,20 @@ import (
 	"math"
 	"testing"
 	"time"
-
-	"github.com/hagroup/hagroup/pkg/member"
 )
 
 // A member never measured takes one call at a time: before, its floor
 // latency (1 µs) made it the best score with any number of calls in flight,
 // so a slow new member drew every concurrent call until its first answer.
 func TestUnmeasuredMemberTakesOneCallAtATime(t *testing.T) {
-	newMember := func(name string, index int) *member.Member {
-		m, err := member.New(member.Config{Name: name, Index: index}, nil, member.Failed, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	busy := newMember("busy", 0)
+	busy := bareMember(t, "busy", 0)
 	for range 3 {
 		busy.End(busy.Begin(), nil) // measured: a few µs or less
 	}
 	for range 8 {
 		busy.Begin()
 	}
-	fresh := newMember("fresh", 1)
+	fresh := bareMember(t, "fresh", 1)
 	now := time.Now().UnixNano()
 
 	if b, f := busyScore(busy, now), busyScore(fresh, now); f >= b {
