@@ -16,6 +16,11 @@
 // and result is the caller's business (with sync/atomic, so that the race
 // detector sees the order the futex words give). docs/BENCHMARKS.md has
 // what a wake-up and a spinning round trip cost.
+//
+// A pair whose calls are all made in Go, and whose caller is a goroutine
+// rather than a C thread, meets on a GoCell instead: both sides park, as
+// such a call is not answered within a spin (see GoCell). Both kinds are a
+// Pair.
 package handoff
 
 /*
