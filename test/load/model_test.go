@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -136,7 +135,7 @@ func BenchmarkScalingModel(b *testing.B) {
 			digest := sha256.Sum256([]byte("scaling"))
 			// Twice the members' slots in callers, so that none idles.
 			b.SetParallelism(max(1, 2*n*modelCapacity/runtime.GOMAXPROCS(0)))
-			cpu, hedges := processCPU(b), f.g.Hedges()
+			cpu, hedges := testhsm.ProcessCPU(b), f.g.Hedges()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -150,7 +149,7 @@ func BenchmarkScalingModel(b *testing.B) {
 			rate := float64(b.N) / b.Elapsed().Seconds()
 			b.ReportMetric(rate, "signs/s")
 			b.ReportMetric(rate/(float64(n)*float64(modelCapacity)/modelService.Seconds()), "efficiency")
-			b.ReportMetric(float64((processCPU(b)-cpu).Microseconds())/float64(b.N), "cpu-us/sign")
+			b.ReportMetric(float64((testhsm.ProcessCPU(b)-cpu).Microseconds())/float64(b.N), "cpu-us/sign")
 			b.ReportMetric(100*float64(f.g.Hedges()-hedges)/float64(b.N), "hedged-%")
 		})
 	}
@@ -166,7 +165,7 @@ func BenchmarkModelAlone(b *testing.B) {
 			model := newModelHSM(slot.OpSign, modelService, modelCapacity)
 			var next atomic.Uint64
 			b.SetParallelism(max(1, 2*n*modelCapacity/runtime.GOMAXPROCS(0)))
-			cpu := processCPU(b)
+			cpu := testhsm.ProcessCPU(b)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -181,7 +180,7 @@ func BenchmarkModelAlone(b *testing.B) {
 			rate := float64(b.N) / b.Elapsed().Seconds()
 			b.ReportMetric(rate, "signs/s")
 			b.ReportMetric(rate/(float64(n)*float64(modelCapacity)/modelService.Seconds()), "efficiency")
-			b.ReportMetric(float64((processCPU(b)-cpu).Microseconds())/float64(b.N), "cpu-us/sign")
+			b.ReportMetric(float64((testhsm.ProcessCPU(b)-cpu).Microseconds())/float64(b.N), "cpu-us/sign")
 		})
 	}
 }
@@ -220,13 +219,4 @@ func modelGroup(b testing.TB, toks []testhsm.Token, cleanup func(func())) (*grou
 		b.Fatal(err)
 	}
 	return g, priv
-}
-
-// processCPU is the CPU this process has used, user and system.
-func processCPU(b testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/testhsm"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -105,13 +105,13 @@ func BenchmarkRecordWithHistory(b *testing.B) {
 						b.Fatalf("member %s holds %d records (%v), want at least %d", m.Name(), len(held.records), err, n)
 					}
 				}
-				cpu := processCPU(b)
+				cpu := testhsm.ProcessCPU(b)
 				i := 0
 				for b.Loop() {
 					i++
 					record(i)
 				}
-				b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+				b.ReportMetric(float64(testhsm.ProcessCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
 			})
 		}
 	}
@@ -145,7 +145,7 @@ func BenchmarkFirstRecordWithHistory(b *testing.B) {
 			if _, err := seed.Snapshot(ctx); err != nil {
 				b.Fatal(err)
 			}
-			cpu := processCPU(b)
+			cpu := testhsm.ProcessCPU(b)
 			i := 0
 			for b.Loop() {
 				i++
@@ -157,15 +157,7 @@ func BenchmarkFirstRecordWithHistory(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(testhsm.ProcessCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
 		})
 	}
-}
-
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
