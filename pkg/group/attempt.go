@@ -524,27 +524,30 @@ func (g *Group) try(ctx context.Context, p plan, m *member.Member, hs []pkcs11.O
 	return outcome{m: m, class: class, fail: fail, err: err}
 }
 
+// sentWrite is the context of a write from the moment it is sent to a
+// member: its call there, and what makes it the group's after (the other
+// members' change, a creation's copies). The caller's ctx no longer cuts
+// it short, only each member call's own deadline does: abandoned in the
+// module, the write could still be made after the caller was told it
+// failed, and cut short between members it would fail every member not
+// reached yet (DESIGN.md, "Key replication").
+func sentWrite(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
 // writeAll changes o on every serving member: first on one, in
 // configured order (whose refusal is returned as it is and nothing else
 // is touched), then on the others in parallel. A member where the change
 // fails is failed (it no longer holds what the group holds; recovery
 // catches it up); done is called for each member changed.
 func (g *Group) writeAll(ctx context.Context, op string, o *vtable.Object, fn attempt, done func(*member.Member)) error {
-	// Once sent, the change is not cut off by the caller's ctx (only by
-	// its member's deadline): abandoned in the module, it could still be
-	// made there after the caller was told it failed.
 	sent := func(ctx context.Context, m *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) error {
-		return fn(context.WithoutCancel(ctx), m, s, hs)
+		return fn(sentWrite(ctx), m, s, hs)
 	}
 	first, err := g.exec(ctx, plan{op: op, objs: []*vtable.Object{o}, next: g.inOrder, absent: ErrObjectHandle}, sent)
 	if err != nil {
 		return err
 	}
 	done(first)
-	// Done on one member, the change is the group's: the caller's ctx no
-	// longer bounds it. Cut short, it would fail every member it had not
-	// reached yet.
-	ctx = context.WithoutCancel(ctx)
+	ctx = sentWrite(ctx) // done on one member: the group's
 	var wg sync.WaitGroup
 	for _, m := range g.serving() {
 		if m == first {

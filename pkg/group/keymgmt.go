@@ -195,11 +195,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		},
 	}, func(ctx context.Context, m *member.Member, sl *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		var clean bool
-		// Once sent, the creation is not cut off by the caller's ctx (only
-		// by its member's deadline): abandoned in the module, it could
-		// make the object after the leftover search looked for it.
-		sent := context.WithoutCancel(ctx)
-		out, clean, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(sent, target, hs) })
+		// (Abandoned in the module, the creation could make the object
+		// after the leftover search looked for it.)
+		out, clean, err = makeOn(ctx, op, sl, target, left, func() ([]pkcs11.ObjectHandle, error) { return do(sentWrite(ctx), target, hs) })
 		pending.Attempted(err)
 		if !clean && !session {
 			g.keptLeftover(m, op, err)
@@ -280,10 +278,9 @@ func (s *Session) createOn(ctx context.Context, op string, ins []intent, inputs 
 		}
 		vs[i] = o
 	}
-	// Made on the primary, the objects are copied whatever the caller's
-	// ctx says (as writeAll's changes): cut short, the copies would fail
-	// as refusals of the members not reached yet.
-	if err := g.replicate(context.WithoutCancel(ctx), s, p, ms, vs); err != nil {
+	// (Cut short, the copies would fail as refusals of the members not
+	// reached yet.)
+	if err := g.replicate(sentWrite(ctx), s, p, ms, vs); err != nil {
 		var rs hasync.Refusals
 		if errors.As(err, &rs) {
 			err = g.refuse(op, rs)

@@ -149,6 +149,7 @@ type sess struct {
 	hold      atomic.Pointer[tokenquirk.Hold]
 	lockWait  atomic.Int64
 	lockSince atomic.Int64
+	heldAt    atomic.Int64 // when the call took its hold (monoNow): its deadline runs from there
 
 	worker   bool       // the session has a worker (handoff)
 	inline   inlineCall // the call in flight under inline, for the slot's watchdog
@@ -245,7 +246,8 @@ func (x *sess) call() error {
 		start := monoNow()
 		x.lockSince.Store(start)
 		hold, err := x.owner.st.Load().objects.Acquire(x.cctx, a)
-		x.lockWait.Add(monoNow() - start)
+		held := monoNow()
+		x.lockWait.Add(held - start)
 		x.lockSince.Store(0)
 		if err != nil {
 			if errors.Is(err, tokenquirk.ErrStuck) {
@@ -254,6 +256,7 @@ func (x *sess) call() error {
 			return err
 		}
 		defer hold.Release()
+		x.heldAt.Store(held) // (before the hold: abandon reads it after)
 		x.hold.Store(hold)
 		defer x.hold.Store(nil)
 	}
@@ -331,7 +334,6 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 		return &Error{Member: x.owner.spec.Name, Op: op, Err: ErrOvertaken}
 	}
 	x.watch(ctx)
-	start := monoNow()
 	seq := x.posted.Add(1) // the cell numbers calls the same way
 	x.postedC = x.inC && x.cShots
 	x.cell.Post(x.postedC)
@@ -370,11 +372,11 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 	}
 	// A call given up before its own deadline may well return: until that
 	// deadline, others wait for its lock.
-	var due time.Duration
+	var left time.Duration
 	if outcome != handoff.TimedOut {
-		due = time.Duration(start + int64(timeout) + int64(x.lockWaited()) - monoNow())
+		left = timeout
 	}
-	if !x.abandon(due) {
+	if !x.abandon(left) {
 		// The worker finished just now: its answer is on the way (and
 		// no call is left in the module for the Late to report).
 		x.overtaken.Store(nil)
@@ -455,11 +457,11 @@ func (x *sess) result(op Op) error {
 // abandon gives up on the call in flight: the session is quarantined and
 // dead, and the slot (and its module) kept alive for the worker. A hold of
 // the token's object lock is marked stuck once the call is past its own
-// deadline, due from now (at once for a call that timed out): a caller's
-// cancellation says nothing of the token. It returns false when the worker
-// finished just now: then nothing is given up and the caller takes the
-// result after all.
-func (x *sess) abandon(due time.Duration) bool {
+// deadline, timeout after it took the hold (0: at once, for a call that
+// timed out): a caller's cancellation says nothing of the token. It
+// returns false when the worker finished just now: then nothing is given
+// up and the caller takes the result after all.
+func (x *sess) abandon(timeout time.Duration) bool {
 	s := x.owner
 	s.hold()
 	s.quarantined.Add(1)
@@ -469,7 +471,7 @@ func (x *sess) abandon(due time.Duration) bool {
 		return false
 	}
 	if h := x.hold.Load(); h != nil { // (the worker checks stAbandoned after it stores a hold)
-		if due > 0 {
+		if due := time.Duration(x.heldAt.Load() + int64(timeout) - monoNow()); timeout > 0 && due > 0 {
 			time.AfterFunc(due, h.Stuck) // (harmless once released)
 		} else {
 			h.Stuck()
