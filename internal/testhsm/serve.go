@@ -108,7 +108,7 @@ func serve(t testing.TB, name string, remote bool) *Served {
 	if err != nil {
 		t.Fatalf("%s(%s): %v", fn, name, err)
 	}
-	s := &Served{
+	return start(t, fn, &Served{
 		t:      t,
 		remote: remote,
 		bin:    bin,
@@ -118,7 +118,42 @@ func serve(t testing.TB, name string, remote bool) *Served {
 		conf:   conf,
 		sock:   filepath.Join(dir, "p11.sock"),
 		module: SoftHSMModule,
+	})
+}
+
+// ServeTaken serves tok, a token of this test process's pool (Take), with
+// hsmserve, so that the test process and the server's processes use one
+// token store, as an application and an agent of one host do. The server
+// is killed when the test ends; the token stays the pool's.
+func ServeTaken(t testing.TB, tok Token) *Served {
+	t.Helper()
+	bin, err := hsmserveBinary()
+	if err != nil {
+		t.Fatalf("testhsm.ServeTaken(%s): %v", tok.Name, err)
 	}
+	dir, err := os.MkdirTemp("", "hsrv-")
+	if err != nil {
+		t.Fatalf("testhsm.ServeTaken(%s): %v", tok.Name, err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return start(t, "testhsm.ServeTaken", &Served{
+		t:      t,
+		remote: true,
+		bin:    bin,
+		name:   tok.Name,
+		label:  tok.Label,
+		serial: tok.Serial,
+		conf:   os.Getenv("SOFTHSM2_CONF"),
+		sock:   filepath.Join(dir, "p11.sock"),
+		module: SoftHSMModule,
+	})
+}
+
+// start starts s's server (fn names the caller in failures) and stops it
+// when the test ends.
+func start(t testing.TB, fn string, s *Served) *Served {
+	t.Helper()
+	name := s.name
 	if len(s.sock) >= 100 {
 		t.Fatalf("%s(%s): socket path %s too long for a Unix socket; set a shorter TMPDIR", fn, name, s.sock)
 	}

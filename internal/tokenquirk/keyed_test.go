@@ -1,6 +1,7 @@
 package tokenquirk
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -33,6 +34,7 @@ func TestQuirksKeyedByMake(t *testing.T) {
 		{"RetriesGeneralError", RetriesGeneralError, "softhsm"},
 		{"DoubtsProbe", DoubtsProbe, "softhsm"},
 		{"LeavesHalfMadeObjects", LeavesHalfMadeObjects, "softhsm"},
+		{"ownChangeHidesOthers", ownChangeHidesOthers, "softhsm"},
 		{"NoTokenDataObjects", NoTokenDataObjects, "nss"},
 		{"HostMemoryIsRequestError", HostMemoryIsRequestError, "nss"},
 		{"TruncatesToShortBuffer", TruncatesToShortBuffer, "nss"},
@@ -46,5 +48,31 @@ func TestQuirksKeyedByMake(t *testing.T) {
 				t.Errorf("%s(%q, %q) = %v, want %v", q.name, m.manufacturer, m.model, got, want)
 			}
 		}
+	}
+}
+
+// A call rereads the object list first only when it changes which objects
+// a token with the quirk holds: not for a read or an attribute change,
+// and never on another make.
+func TestRereadFirstOnlyBeforeChanges(t *testing.T) {
+	var ls Locks
+	for _, c := range []struct {
+		manufacturer, model string
+		a                   Access
+		want                bool
+	}{
+		{"SoftHSM project", "SoftHSM v2", Change, true},
+		{"SoftHSM project", "SoftHSM v2", Write, false},
+		{"SoftHSM project", "SoftHSM v2", Read, false},
+		{"Mozilla Foundation", "NSS 3", Change, false},
+	} {
+		h, err := ls.For(1, c.manufacturer, c.model).Acquire(context.Background(), c.a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := h.RereadFirst(); got != c.want {
+			t.Errorf("%s, access %d: RereadFirst = %v, want %v", c.model, c.a, got, c.want)
+		}
+		h.Release()
 	}
 }

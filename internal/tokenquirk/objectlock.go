@@ -69,6 +69,20 @@ func DoubtsProbe(manufacturer, model string) bool { return isSoftHSM(manufacture
 // identity or key material taken for that and removed.
 func LeavesHalfMadeObjects(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
 
+// ownChangeHidesOthers reports whether a process's own change of which
+// objects a token holds (a creation or a destroy) hides from that process
+// the objects other processes made since it last read the token's object
+// list, until yet another process changes it. SoftHSM 2.6.1 (and its
+// development head) keeps a count of such changes in a file and reads the
+// list again when the count differs from the one it last saw; a change of
+// its own adds one to the count on disk and takes the sum for seen, so
+// another process's change counted before it is never read. Asking for
+// the token's info reads the list again (its flags are read from a file
+// that refreshes the list first): so a change on such a token is preceded
+// by C_GetTokenInfo (Hold.RereadFirst), and the processes serving one
+// token make the two one step under their store lock (pkg/remote).
+func ownChangeHidesOthers(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
+
 // isSoftHSM reports whether a token is SoftHSM 2's, by the manufacturer
 // and model C_GetTokenInfo reports (blank-padded).
 func isSoftHSM(manufacturer, model string) bool {
@@ -82,10 +96,14 @@ type Access int
 
 // The kinds of access.
 const (
-	None  Access = iota // cryptographic and session calls: no lock
-	Read                // searches and attribute reads
-	Write               // creations, changes, deletions, key generation
+	None   Access = iota // cryptographic and session calls: no lock
+	Read                 // searches and attribute reads
+	Write                // changes of an object's attributes
+	Change               // creations, copies, deletions, key generation: which objects the token holds
 )
+
+// writes reports whether a holds the lock alone.
+func (a Access) writes() bool { return a == Write || a == Change }
 
 // ErrStuck is Acquire's error when the lock is held, against the access
 // asked for, by a call that outlived its deadline: the token is hung, and
@@ -101,6 +119,8 @@ var ErrStuck = errors.New("the token's object lock is held by a call past its de
 // keeps new readers out, so writers are not starved. A nil *ObjectLock is
 // a token without the quirk: Acquire returns at once.
 type ObjectLock struct {
+	rereads bool // a change must read the object list first (ownChangeHidesOthers)
+
 	mu      sync.Mutex
 	readers int
 	writer  bool
@@ -139,7 +159,7 @@ func (l *ObjectLock) Acquire(ctx context.Context, a Access) (*Hold, error) {
 			l.mu.Unlock()
 			return nil, ErrStuck
 		}
-		if a == Write && !waiting {
+		if a.writes() && !waiting {
 			waiting = true
 			l.wanting++
 		}
@@ -162,7 +182,7 @@ func (l *ObjectLock) Acquire(ctx context.Context, a Access) (*Hold, error) {
 // grantLocked takes the lock for a when it is free for a.
 func (l *ObjectLock) grantLocked(a Access) bool {
 	switch {
-	case a == Write && !l.writer && l.readers == 0:
+	case a.writes() && !l.writer && l.readers == 0:
 		l.writer = true
 		return true
 	case a == Read && !l.writer && l.wanting == 0:
@@ -206,13 +226,19 @@ func (h *Hold) Release() {
 	if h.stuck {
 		l.stuck--
 	}
-	if h.a == Write {
+	if h.a.writes() {
 		l.writer = false
 	} else {
 		l.readers--
 	}
 	l.signalLocked()
 }
+
+// RereadFirst reports whether the holder's call must make the token read
+// its object list again (C_GetTokenInfo) just before it: a change on a
+// token whose own changes hide other processes' objects
+// (ownChangeHidesOthers).
+func (h *Hold) RereadFirst() bool { return h != nil && h.a == Change && h.l.rereads }
 
 // Stuck records that the holder's call outlived its deadline: until it
 // releases, conflicting callers fail with ErrStuck. After Release it is
@@ -251,7 +277,7 @@ func (ls *Locks) For(id uint, manufacturer, model string) *ObjectLock {
 	if !NeedsObjectLock(manufacturer, model) {
 		return nil
 	}
-	l, _ := ls.m.LoadOrStore(id, &ObjectLock{})
+	l, _ := ls.m.LoadOrStore(id, &ObjectLock{rereads: ownChangeHidesOthers(manufacturer, model)})
 	return l.(*ObjectLock)
 }
 

@@ -64,7 +64,9 @@ type Server struct {
 	// the processes of this server take shared around the module's
 	// C_Initialize and exclusive around a C_Login of a token whose login
 	// rewrites its store (SoftHSM: internal/tokenquirk), so that no
-	// connection reads that store half-written by another's login.
+	// connection reads that store half-written by another's login, and
+	// around a change of the object list of a token that must read the
+	// list first (rereadObjects).
 	StoreLock string
 }
 
@@ -509,8 +511,10 @@ type served struct {
 // objectAccess is what o does to the token's objects.
 func objectAccess(o op) tokenquirk.Access {
 	switch o {
-	case opCreateObject, opCreateObjectNested, opCopyObject, opDestroyObject, opSetAttributeValue,
+	case opCreateObject, opCreateObjectNested, opCopyObject, opDestroyObject,
 		opGenerateKey, opGenerateKeyPair, opUnwrapKey, opDeriveKey:
+		return tokenquirk.Change
+	case opSetAttributeValue:
 		return tokenquirk.Write
 	case opFindObjectsInit, opFindObjects, opGetAttributeValue, opGetNestedAttribute, opDigestKey:
 		return tokenquirk.Read
@@ -526,6 +530,26 @@ func (m *served) objectLock(id uint) (*tokenquirk.ObjectLock, error) {
 		return nil, err
 	}
 	return m.objects.For(id, ti.ManufacturerID, ti.Model), nil
+}
+
+// rereadObjects makes the module read the object list of session sh's
+// token again before a change (tokenquirk: Hold.RereadFirst), under the
+// store lock, which the other processes of this server hold for their
+// changes too: so no change of theirs falls between the read and this
+// one, to be hidden from this process by it. The release lets the lock go
+// after the change.
+func (m *served) rereadObjects(sh pkcs11.SessionHandle) (release func(), err error) {
+	si, err := m.ctx.GetSessionInfo(sh)
+	if err != nil {
+		return nil, err
+	}
+	if release, err = m.srv.lockStore(true); err != nil {
+		return nil, err
+	}
+	// Its answer does not matter: the token reads its object list before
+	// it reads the flags it may fail on.
+	_, _ = m.ctx.GetTokenInfo(si.SlotID)
+	return release, nil
 }
 
 // lockLogin takes the store lock for a login on session sh when its token
@@ -875,6 +899,13 @@ func (p *peer) exec(o op, d *decoder) ([]reflect.Value, error) {
 			return nil, err
 		}
 		defer hold.Release()
+		if hold.RereadFirst() {
+			unlock, err := m.rereadObjects(sh)
+			if err != nil {
+				return nil, err
+			}
+			defer unlock()
+		}
 		if o == opLogin {
 			unlock, err := m.lockLogin(sh)
 			if err != nil {

@@ -245,7 +245,8 @@ func (x *sess) call() error {
 	if a := objectAccess(x.op); a != tokenquirk.None {
 		start := monoNow()
 		x.lockSince.Store(start)
-		hold, err := x.owner.st.Load().objects.Acquire(x.cctx, a)
+		st := x.owner.st.Load()
+		hold, err := st.objects.Acquire(x.cctx, a)
 		held := monoNow()
 		x.lockWait.Add(held - start)
 		x.lockSince.Store(0)
@@ -259,6 +260,11 @@ func (x *sess) call() error {
 		x.heldAt.Store(held) // (before the hold: abandon reads it after)
 		x.hold.Store(hold)
 		defer x.hold.Store(nil)
+		if hold.RereadFirst() {
+			// Its answer does not matter: the token reads its object
+			// list before it reads the flags it may fail on.
+			_, _ = x.ctx.GetTokenInfo(st.id)
+		}
 	}
 	if x.state.Load() == stAbandoned {
 		return nil // nobody waits any more: do not start the module call
@@ -392,8 +398,10 @@ func (x *sess) runWith(ctx context.Context, op Op, timeout time.Duration, fn fun
 // objectAccess is what op does to the token's objects.
 func objectAccess(op Op) tokenquirk.Access {
 	switch op {
-	case OpCreateObject, OpCopyObject, OpDestroyObject, OpSetAttributes,
+	case OpCreateObject, OpCopyObject, OpDestroyObject,
 		OpGenerateKey, OpGenerateKeyPair, OpUnwrapKey, OpDeriveKey:
+		return tokenquirk.Change
+	case OpSetAttributes:
 		return tokenquirk.Write
 	case OpFindObjects, OpGetAttributes:
 		return tokenquirk.Read
