@@ -354,6 +354,12 @@ type plan struct {
 	// no state on a member and changes no object, whose fn keeps each
 	// member's answer apart.
 	race *race
+	// again: the request leaves no state on a member and changes no
+	// object, so when no other member can serve it, the member whose
+	// held-back answer the caller would get is asked once more
+	// (member.Verdict.AskAgain): a passing CKR_GENERAL_ERROR of a lone
+	// member does not reach the application.
+	again bool
 }
 
 // stop marks an attempt's error as final: exec charges it by the rule
@@ -392,7 +398,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 	}
 	var skip, stale memberSet
 	avoid := p.avoid
-	absent, retriedAbsent := false, false
+	absent, retriedAbsent, askedAgain := false, false, false
 	hs := make([]pkcs11.ObjectHandle, len(p.objs))
 	r := p.race
 	served := false
@@ -425,6 +431,11 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 						o.ForgetAbsent()
 					}
 					skip, absent = 0, false
+					continue
+				}
+				if again, _ := v.Unserved(); p.again && !askedAgain && again != nil {
+					askedAgain = true
+					skip, avoid = skip.without(again.Index()), avoid.without(again.Index())
 					continue
 				}
 				break
@@ -462,7 +473,7 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 		switch {
 		case class == slot.ClassNone:
 			served = true
-			v.Served(g.failMember)
+			v.ServedBy(m, g.failMember)
 			return m, nil
 		case class == slot.ClassHealth:
 			if v.Health(m, err, fail) {
@@ -771,7 +782,7 @@ func hedged[C singleCall](ctx context.Context, g *Group, op string, objs []*vtab
 		return raced(ctx, g, op, objs, c, d)
 	}
 	var out []byte
-	_, err := g.exec(ctx, plan{op: op, objs: objs}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
+	_, err := g.exec(ctx, plan{op: op, objs: objs, again: true}, func(ctx context.Context, _ *member.Member, s *slot.Slot, hs []pkcs11.ObjectHandle) (err error) {
 		out, err = c.call(ctx, s, hs)
 		return err
 	})
@@ -794,7 +805,7 @@ func raced[C singleCall](ctx context.Context, g *Group, op string, objs []*vtabl
 		}
 		return err
 	}
-	p := plan{op: op, objs: objs}
+	p := plan{op: op, objs: objs, again: true}
 	p.race = g.newRace(p, fn, delay)
 	m, err := g.exec(ctx, p, fn)
 	if err != nil {

@@ -513,3 +513,44 @@ func (d *dieAfterWrap) Wrap(ctx context.Context, token string, op slot.Op, call 
 	}
 	return d.Faults.Wrap(ctx, token, op, call)
 }
+
+// The soak (session 19, seed 1796684424948840486): the only serving member
+// answered one C_Sign with CKR_GENERAL_ERROR, and the application got it.
+// A request that leaves no state and changes no object is asked once more
+// of that member when no other can serve it: a passing answer is then
+// served and charges nothing; an answer given twice is the token's and
+// goes to the caller, failing no member (failure_threshold = 1). Where
+// another member serves, the first is charged as before.
+func TestLoneMemberAskedAgainAfterAmbiguousAnswer(t *testing.T) {
+	faults := slottest.NewFaults()
+	f := setup(t, setupOpts{interceptor: faults, n: 2, threshold: 1, policy: "primary-backup"})
+	s := openSession(t, f.g)
+	ctx := testContext(t)
+	key := macKey(t, s, "k")
+	lone, other := f.toks[0].Name, f.toks[1].Name
+	faults.FailAll(other, errDevice)
+	if err := f.g.FailMember(other, errDevice); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		flakes   int
+		want     pkcs11.Error // 0: served
+		reaching int          // calls that reach the lone member
+	}{{1, 0, 2}, {2, pkcs11.CKR_GENERAL_ERROR, 2}} {
+		before := faults.Calls(lone, slot.OpSign)
+		faults.FailN(lone, slot.OpSign, errGeneral, c.flakes)
+		_, err := f.g.Sign(ctx, hmac, key, []byte("data"))
+		if CodeOf(err) != uint(c.want) {
+			t.Errorf("%d CKR_GENERAL_ERROR(s) from the lone member: Sign answered %v, want 0x%x", c.flakes, err, uint(c.want))
+		}
+		if n := faults.Calls(lone, slot.OpSign) - before; n != c.reaching {
+			t.Errorf("%d CKR_GENERAL_ERROR(s): the request reached the lone member %d times, want %d", c.flakes, n, c.reaching)
+		}
+		if st := memberState(f.g, lone); st != member.Active {
+			t.Fatalf("%d CKR_GENERAL_ERROR(s): the lone member is %v, want active", c.flakes, st)
+		}
+	}
+	if n := f.events.count(MemberFailed, lone); n != 0 {
+		t.Errorf("%d MemberFailed events for the lone member, want 0", n)
+	}
+}

@@ -53,9 +53,13 @@ func (v *Verdict) Noted(err error) { v.last = err }
 
 // Served charges the held answers, failing through fail the members they
 // fail: another member served their request.
-func (v *Verdict) Served(fail func(m *Member, err error)) {
+func (v *Verdict) Served(fail func(m *Member, err error)) { v.ServedBy(nil, fail) }
+
+// ServedBy is Served when member by served the request: by's own held
+// answers charge nothing (asked again, it served; no other member did).
+func (v *Verdict) ServedBy(by *Member, fail func(m *Member, err error)) {
 	for _, h := range v.held {
-		if h.fail && Charged(h.err, true) {
+		if h.m != by && h.fail && Charged(h.err, true) {
 			fail(h.m, h.err)
 		}
 	}
