@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,21 +100,25 @@ func TestRepairToken(t *testing.T) {
 	}
 }
 
-// removeHalfWritten deletes the object files a kill left with a generation
-// counter and no attributes (with their lock files), and nothing else.
+// removeHalfWritten deletes the object files a kill left without
+// CKA_CLASS (with their lock files): a generation counter alone, or
+// attributes that CKA_CLASS does not lead; and nothing else.
 func TestRemoveHalfWritten(t *testing.T) {
 	dir := t.TempDir()
 	w := &world{tokenFiles: []tokenFile{{path: filepath.Join(dir, "token.object")}}}
 	files := map[string][]byte{
-		"token.object":  []byte("tiny"), // repairToken's business, not this
-		"half.object":   make([]byte, halfWritten),
-		"half.lock":     nil,
-		"whole.object":  make([]byte, 200),
-		"whole.lock":    nil,
-		"empty.object":  nil,
-		"empty.lock":    nil,
-		"generation":    make([]byte, 8),
-		"nolock.object": []byte{1, 2, 3},
+		"token.object": []byte("tiny"), // repairToken's business, not this
+		"half.object":  make([]byte, 8),
+		"half.lock":    nil,
+		// The soak's (seed 1796690171447315564): the counter and CKA_KEY_TYPE.
+		"keytype.object": {0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3},
+		"keytype.lock":   nil,
+		"whole.object":   make([]byte, 200),
+		"whole.lock":     nil,
+		"empty.object":   nil,
+		"empty.lock":     nil,
+		"generation":     make([]byte, 8),
+		"nolock.object":  []byte{1, 2, 3},
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
@@ -121,13 +126,13 @@ func TestRemoveHalfWritten(t *testing.T) {
 		}
 	}
 	n, err := w.removeHalfWritten(0)
-	if err != nil || n != 2 {
-		t.Fatalf("removeHalfWritten = %d, %v; want 2 (half, nolock)", n, err)
+	if err != nil || n != 3 {
+		t.Fatalf("removeHalfWritten = %d, %v; want 3 (half, keytype, nolock)", n, err)
 	}
 	for name := range files {
 		_, err := os.Stat(filepath.Join(dir, name))
 		gone := errors.Is(err, fs.ErrNotExist)
-		want := name == "half.object" || name == "half.lock" || name == "nolock.object"
+		want := strings.HasPrefix(name, "half.") || strings.HasPrefix(name, "keytype.") || name == "nolock.object"
 		if gone != want {
 			t.Errorf("%s: removed %v, want %v", name, gone, want)
 		}

@@ -3,6 +3,7 @@ package soak
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -444,14 +445,29 @@ func (w *world) repairToken(i int) (bool, error) {
 	return true, os.WriteFile(tf.path, tf.data, 0o600)
 }
 
-// halfWritten is the most an object file holds when a kill stopped SoftHSM
-// between writing its generation counter (8 bytes) and its attributes.
-const halfWritten = 8
+// halfWritten reports whether an object file's content b is what a kill
+// left of SoftHSM's creation of it: SoftHSM 2.6 writes the file first with
+// its generation counter alone (8 bytes), then once per attribute its
+// initialisation sets (the key type first), each time the whole file, its
+// attributes in ascending type order; CKA_CLASS (0) then leads every file
+// that has it. Killed before CKA_CLASS was set, the file holds the counter
+// and no attribute, or attributes without CKA_CLASS (the soak at session
+// 20, seed 1796690171447315564: 32 bytes, the counter and CKA_KEY_TYPE).
+// Empty files are not: the store does not list them.
+func halfWritten(b []byte) bool {
+	const counter, record = 8, 16 // the generation; a record's type and kind
+	switch {
+	case len(b) == 0:
+		return false
+	case len(b) < counter+record:
+		return true
+	}
+	return binary.BigEndian.Uint64(b[counter:]) != pkcs11.CKA_CLASS
+}
 
 // removeHalfWritten deletes the object files of member i's token that a
-// kill left holding a generation counter and no attributes, and returns
-// how many. SoftHSM 2.6 creates an object file in steps; killed between
-// them, it leaves an object without even CKA_CLASS, which it lists ever
+// kill left without CKA_CLASS (halfWritten), and returns how many. Killed
+// in the middle of a creation, SoftHSM leaves an object it lists ever
 // after and cannot describe (the engine reports it as unreadable and
 // leaves it: it cannot know what it was). No client was told of the
 // object, since its creation never returned, and a hardware member does
@@ -472,14 +488,14 @@ func (w *world) removeHalfWritten(i int) (int, error) {
 		if name == "token.object" || filepath.Ext(name) != ".object" {
 			continue
 		}
-		info, err := e.Info()
+		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
 			return n, err
 		}
-		if size := info.Size(); size == 0 || size > halfWritten {
+		if !halfWritten(b) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, name)); err != nil {
