@@ -1,13 +1,16 @@
 package remote_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hagroup/hagroup/internal/filelock"
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/pkg/remote"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -114,4 +117,29 @@ func TestConcurrentCreationsHideNothing(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// A change waits for the store lock a moment at most: held by another
+// connection's long key generation (or here by the test, as that process
+// would hold it), a creation goes on without it after about a second
+// rather than wait out its client's deadline.
+func TestChangeDoesNotWaitOutTheStoreLock(t *testing.T) {
+	srv := testhsm.ServeRemote(t, "changewait")
+	sock, err := remote.ParseModulePath(srv.Token().Module)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := open(t, srv.Token(), 30*time.Second)
+	seen(t, a, "none", 0)
+	held, err := filelock.Lock(context.Background(), remote.StoreLockPath(sock), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	start := time.Now()
+	makeData(t, a, "made while the lock was held")
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Errorf("the creation took %v with the store lock held elsewhere: it did not wait for the lock", took)
+	}
+	seen(t, a, "made while the lock was held", 1)
 }

@@ -78,13 +78,20 @@ func StoreLockPath(socket string) string { return socket + ".lock" }
 // handshake after DialTimeout, and a login that waits longer is stuck.
 const storeLockWait = DialTimeout
 
-// lockStore takes the store lock (exclusive or shared); the release is a
-// no-op when the server has none.
-func (s *Server) lockStore(exclusive bool) (release func(), err error) {
+// changeLockWait bounds a change's wait for the store lock, after which
+// it goes on without it (rereadObjects): only another connection's long
+// key generation (RSA of 4096 bits and more, seconds on SoftHSM) holds
+// the lock that long, and a change that waited on would be charged with
+// the client's deadline.
+const changeLockWait = time.Second
+
+// lockStore takes the store lock (exclusive or shared), waiting at most
+// wait; the release is a no-op when the server has none.
+func (s *Server) lockStore(exclusive bool, wait time.Duration) (release func(), err error) {
 	if s.StoreLock == "" {
 		return func() {}, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeLockWait)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	take := filelock.LockShared
 	if exclusive {
@@ -472,7 +479,7 @@ func (s *Server) open() (*pkcs11.Ctx, error) {
 // is).
 func (s *Server) initialize(mc *pkcs11.Ctx) (m *served, release func(), err error) {
 	foreign := false
-	unlock, err := s.lockStore(false)
+	unlock, err := s.lockStore(false, storeLockWait)
 	if err != nil {
 		mc.Destroy()
 		return nil, nil, fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
@@ -537,14 +544,15 @@ func (m *served) objectLock(id uint) (*tokenquirk.ObjectLock, error) {
 // store lock, which the other processes of this server hold for their
 // changes too: so no change of theirs falls between the read and this
 // one, to be hidden from this process by it. The release lets the lock go
-// after the change.
+// after the change. A change that cannot have the lock within
+// changeLockWait goes on without it, the read still made.
 func (m *served) rereadObjects(sh pkcs11.SessionHandle) (release func(), err error) {
 	si, err := m.ctx.GetSessionInfo(sh)
 	if err != nil {
 		return nil, err
 	}
-	if release, err = m.srv.lockStore(true); err != nil {
-		return nil, err
+	if release, err = m.srv.lockStore(true, changeLockWait); err != nil {
+		release = func() {}
 	}
 	// Its answer does not matter: the token reads its object list before
 	// it reads the flags it may fail on.
@@ -569,7 +577,7 @@ func (m *served) lockLogin(sh pkcs11.SessionHandle) (release func(), err error) 
 	if !tokenquirk.LoginRewritesStore(ti.ManufacturerID, ti.Model) {
 		return func() {}, nil
 	}
-	return m.srv.lockStore(true)
+	return m.srv.lockStore(true, storeLockWait)
 }
 
 // Back-pressure: a connection runs at most maxInFlight requests at once,
