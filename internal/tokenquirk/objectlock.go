@@ -8,6 +8,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"time"
 )
 
 // NeedsObjectLock reports whether a token keeps two threads of one process
@@ -233,6 +234,14 @@ func (h *Hold) Release() {
 	}
 	l.signalLocked()
 }
+
+// ChangeLockWait bounds a change's wait for a lock that the processes
+// using one token take around "read the object list, change it" (hsmserve's
+// store lock, pkg/slot's Spec.StoreLock), after which the change goes on
+// with the read alone: only another process's long key generation (RSA of
+// 4096 bits and more, seconds on SoftHSM) holds it that long, and a change
+// that waited on would be charged with its caller's deadline.
+const ChangeLockWait = time.Second
 
 // RereadFirst reports whether the holder's call must make the token read
 // its object list again (C_GetTokenInfo) just before it: a change on a

@@ -103,6 +103,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -138,6 +139,10 @@ type Options struct {
 	// ThreadCallers: the calls come from C threads (libhapkcs11.so); see
 	// slot.Spec.ThreadCallers.
 	ThreadCallers bool
+	// StoreLocks is the directory of the members' store locks, shared by
+	// every process of this host that opens the group
+	// (slot.Spec.StoreLock: DIR/<member>.store.lock); "": none.
+	StoreLocks string
 	// PINGuard keeps members whose token refused their PIN from being
 	// offered one again; nil: no guard beyond this process's own refusal.
 	PINGuard PINGuard
@@ -372,6 +377,9 @@ func (g *Group) spec(m config.Member) slot.Spec {
 	spec.MaxSessions = g.opts.MaxSessions
 	spec.Interceptor = g.opts.Interceptor
 	spec.ThreadCallers = g.opts.ThreadCallers
+	if g.opts.StoreLocks != "" {
+		spec.StoreLock = filepath.Join(g.opts.StoreLocks, m.Name+".store.lock")
+	}
 	return spec
 }
 

@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -138,6 +139,7 @@ func Open(ctx context.Context, g config.Group, s config.Settings, opts Options) 
 	snk := &sink{next: opts.Events, report: opts.Report}
 	gopts := group.Options{Events: snk, Interceptor: opts.Interceptor, MaxSessions: opts.MaxSessions, ThreadCallers: opts.ThreadCallers}
 	stateDir := opts.StateDir
+	gopts.StoreLocks = storeLocks(stateDir, g.Serial)
 	var tombs recover.TombstoneSource
 	if stateDir != "" {
 		j, err := tombstone.Open(stateDir, g.Serial, tombstone.Options{Horizon: s.TombstoneHorizon})
@@ -676,4 +678,19 @@ func catchUp(ctx context.Context, r *recover.Recoverer, names []string) {
 		wg.Go(func() { _, _ = r.Recover(ctx, name) })
 	}
 	wg.Wait()
+}
+
+// storeLocks is the directory of group serial's store locks in stateDir
+// (group.Options.StoreLocks), beside its recovery locks, made as the
+// recoverer makes it; "" without a state directory, or when it cannot be
+// made (each process then reads the list before a change alone).
+func storeLocks(stateDir, serial string) string {
+	if stateDir == "" {
+		return ""
+	}
+	dir := filepath.Join(stateDir, serial)
+	if err := os.MkdirAll(dir, 0o770); err != nil {
+		return ""
+	}
+	return dir
 }

@@ -20,7 +20,7 @@ var notInSpec = map[string]string{
 
 // callerSets are the slot.Spec fields the configuration does not hold.
 var callerSets = map[string]bool{
-	"PIN": true, "MaxSessions": true, "Interceptor": true, "ThreadCallers": true,
+	"PIN": true, "MaxSessions": true, "Interceptor": true, "ThreadCallers": true, "StoreLock": true,
 }
 
 // filled is a config.Member with every field set to a value of its own.

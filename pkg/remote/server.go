@@ -78,13 +78,6 @@ func StoreLockPath(socket string) string { return socket + ".lock" }
 // handshake after DialTimeout, and a login that waits longer is stuck.
 const storeLockWait = DialTimeout
 
-// changeLockWait bounds a change's wait for the store lock, after which
-// it goes on without it (rereadObjects): only another connection's long
-// key generation (RSA of 4096 bits and more, seconds on SoftHSM) holds
-// the lock that long, and a change that waited on would be charged with
-// the client's deadline.
-const changeLockWait = time.Second
-
 // lockStore takes the store lock (exclusive or shared), waiting at most
 // wait; the release is a no-op when the server has none.
 func (s *Server) lockStore(exclusive bool, wait time.Duration) (release func(), err error) {
@@ -545,13 +538,13 @@ func (m *served) objectLock(id uint) (*tokenquirk.ObjectLock, error) {
 // changes too: so no change of theirs falls between the read and this
 // one, to be hidden from this process by it. The release lets the lock go
 // after the change. A change that cannot have the lock within
-// changeLockWait goes on without it, the read still made.
+// tokenquirk.ChangeLockWait goes on without it, the read still made.
 func (m *served) rereadObjects(sh pkcs11.SessionHandle) (release func(), err error) {
 	si, err := m.ctx.GetSessionInfo(sh)
 	if err != nil {
 		return nil, err
 	}
-	if release, err = m.srv.lockStore(true, changeLockWait); err != nil {
+	if release, err = m.srv.lockStore(true, tokenquirk.ChangeLockWait); err != nil {
 		release = func() {}
 	}
 	// Its answer does not matter: the token reads its object list before

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/hagroup/hagroup/internal/filelock"
 	"github.com/hagroup/hagroup/internal/handoff"
 	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
@@ -261,6 +262,7 @@ func (x *sess) call() error {
 		x.hold.Store(hold)
 		defer x.hold.Store(nil)
 		if hold.RereadFirst() {
+			defer x.owner.lockStore(x.cctx)()
 			// Its answer does not matter: the token reads its object
 			// list before it reads the flags it may fail on.
 			_, _ = x.ctx.GetTokenInfo(st.id)
@@ -526,4 +528,21 @@ func (x *sess) openOn(ctx context.Context, id uint, timeout time.Duration) error
 		x.h, x.open = h, true
 		return nil
 	}, nil)
+}
+
+// lockStore takes the token's store lock (Spec.StoreLock) for a change
+// and returns its release: waiting tokenquirk.ChangeLockWait at most, or
+// until ctx ends, and then going on without it (the release a no-op), as
+// also when there is none or it cannot be opened.
+func (s *Slot) lockStore(ctx context.Context) (release func()) {
+	if s.spec.StoreLock == "" {
+		return func() {}
+	}
+	ctx, cancel := context.WithTimeout(ctx, tokenquirk.ChangeLockWait)
+	defer cancel()
+	f, err := filelock.Lock(ctx, s.spec.StoreLock, 0o660)
+	if err != nil {
+		return func() {}
+	}
+	return func() { f.Close() }
 }

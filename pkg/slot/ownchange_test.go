@@ -1,9 +1,13 @@
 package slot_test
 
 import (
+	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/hagroup/hagroup/internal/filelock"
 	"github.com/hagroup/hagroup/internal/testhsm"
+	"github.com/hagroup/hagroup/internal/tokenquirk"
 	"github.com/hagroup/hagroup/pkg/slot"
 	"github.com/miekg/pkcs11"
 )
@@ -58,4 +62,41 @@ func expectFound(t *testing.T, s *slot.Slot, label string, want int) {
 	if len(hs) != want {
 		t.Errorf("a search for %q finds %d objects, want %d", label, len(hs), want)
 	}
+}
+
+// Processes of one host that load SoftHSM themselves take a store lock
+// around "read the list, change it" (Spec.StoreLock), so that no change of
+// another falls between the two: a creation waits while another process
+// holds it (here the test, as that process would), a moment at most
+// (tokenquirk.ChangeLockWait), and then goes on with the read alone.
+func TestChangeTakesTheStoreLock(t *testing.T) {
+	tok := testhsm.Take(t, 1)[0]
+	spec := specOf(tok)
+	spec.StoreLock = filepath.Join(t.TempDir(), "member.store.lock")
+	here := open(t, spec)
+	expectFound(t, here, "none", 0)
+	held, err := filelock.Lock(ctxT(t), spec.StoreLock, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := here.CreateObject(ctxT(t), dataObject("made while the lock was held"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the creation returned (%v) at once while another process held the store lock", err)
+	case <-time.After(tokenquirk.ChangeLockWait / 3):
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the creation after its wait for the store lock: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the creation still waits for the store lock after 20 s")
+	}
+	expectFound(t, here, "made while the lock was held", 1)
 }

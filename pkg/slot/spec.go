@@ -131,6 +131,13 @@ type Spec struct {
 	// since parking a locked goroutine costs its thread more than a futex
 	// does. Otherwise (goroutines) it parks on a handoff.GoCell.
 	ThreadCallers bool
+	// StoreLock is the path of a lock file that every process of this
+	// host opening the token takes around a change of its object list and
+	// the read of that list which comes first (tokenquirk: Hold.RereadFirst),
+	// so that no other process's change falls between the two and is
+	// hidden from this one; made mode 0660. Empty: none (a served token's
+	// server keeps one of its own).
+	StoreLock string
 }
 
 // Attribute is one attribute read from an object. Status is CKR_OK,
