@@ -356,9 +356,9 @@ type plan struct {
 	race *race
 	// again: the request leaves no state on a member and changes no
 	// object, so when no other member can serve it, the member whose
-	// held-back answer the caller would get is asked once more
-	// (member.Verdict.AskAgain): a passing CKR_GENERAL_ERROR of a lone
-	// member does not reach the application.
+	// held-back answer the caller would get is asked once more, and its
+	// serving then charges nothing (member.Verdict.ServedBy): a passing
+	// CKR_GENERAL_ERROR of a lone member does not reach the application.
 	again bool
 }
 
