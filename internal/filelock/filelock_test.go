@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -128,5 +129,45 @@ func TestAcrossProcesses(t *testing.T) {
 	f.Close()
 	if out, err := exec.Command("flock", "-n", "-x", path, "true").CombinedOutput(); err != nil {
 		t.Fatalf("another process could not take the released lock: %v %s", err, out)
+	}
+}
+
+// LockBriefly waits while another holds the lock and takes it once let
+// go; a wait that ends with its ctx leaves no goroutine behind it, blocked
+// in flock until the holder lets go (Lock's would).
+func TestLockBrieflyLeavesNoWaiter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.lock")
+	held, err := Lock(context.Background(), path, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		_, err := LockBriefly(ctx, path, 0o600)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("LockBriefly under a held lock: %v, want deadline exceeded", err)
+		}
+	}
+	if after := runtime.NumGoroutine(); after > before {
+		t.Errorf("%d goroutines after 20 waits given up, %d before", after, before)
+	}
+	got := make(chan error, 1)
+	go func() {
+		f, err := LockBriefly(context.Background(), path, 0o600)
+		if err == nil {
+			f.Close()
+		}
+		got <- err
+	}()
+	held.Close()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("LockBriefly once the holder let go: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("LockBriefly still waits 10 s after the holder let go")
 	}
 }

@@ -78,13 +78,13 @@ func StoreLockPath(socket string) string { return socket + ".lock" }
 // handshake after DialTimeout, and a login that waits longer is stuck.
 const storeLockWait = DialTimeout
 
-// lockStore takes the store lock (exclusive or shared), waiting at most
-// wait; the release is a no-op when the server has none.
-func (s *Server) lockStore(exclusive bool, wait time.Duration) (release func(), err error) {
+// lockStore takes the store lock (exclusive or shared); the release is a
+// no-op when the server has none.
+func (s *Server) lockStore(exclusive bool) (release func(), err error) {
 	if s.StoreLock == "" {
 		return func() {}, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, cancel := context.WithTimeout(context.Background(), storeLockWait)
 	defer cancel()
 	take := filelock.LockShared
 	if exclusive {
@@ -472,7 +472,7 @@ func (s *Server) open() (*pkcs11.Ctx, error) {
 // is).
 func (s *Server) initialize(mc *pkcs11.Ctx) (m *served, release func(), err error) {
 	foreign := false
-	unlock, err := s.lockStore(false, storeLockWait)
+	unlock, err := s.lockStore(false)
 	if err != nil {
 		mc.Destroy()
 		return nil, nil, fmt.Errorf("initialise PKCS#11 module %s: %w", s.Module, err)
@@ -544,8 +544,13 @@ func (m *served) rereadObjects(sh pkcs11.SessionHandle) (release func(), err err
 	if err != nil {
 		return nil, err
 	}
-	if release, err = m.srv.lockStore(true, tokenquirk.ChangeLockWait); err != nil {
-		release = func() {}
+	release = func() {}
+	if m.srv.StoreLock != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), tokenquirk.ChangeLockWait)
+		if f, err := filelock.LockBriefly(ctx, m.srv.StoreLock, 0o600); err == nil {
+			release = func() { f.Close() }
+		}
+		cancel()
 	}
 	// Its answer does not matter: the token reads its object list before
 	// it reads the flags it may fail on.
@@ -570,7 +575,7 @@ func (m *served) lockLogin(sh pkcs11.SessionHandle) (release func(), err error) 
 	if !tokenquirk.LoginRewritesStore(ti.ManufacturerID, ti.Model) {
 		return func() {}, nil
 	}
-	return m.srv.lockStore(true, storeLockWait)
+	return m.srv.lockStore(true)
 }
 
 // Back-pressure: a connection runs at most maxInFlight requests at once,

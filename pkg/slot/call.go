@@ -540,7 +540,7 @@ func (s *Slot) lockStore(ctx context.Context) (release func()) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, tokenquirk.ChangeLockWait)
 	defer cancel()
-	f, err := filelock.Lock(ctx, s.spec.StoreLock, 0o660)
+	f, err := filelock.LockBriefly(ctx, s.spec.StoreLock, 0o660)
 	if err != nil {
 		return func() {}
 	}
