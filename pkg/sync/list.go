@@ -48,8 +48,9 @@ type Listing struct {
 // answers CKR_ATTRIBUTE_VALUE_INVALID for an object file without
 // CKA_CLASS, which it leaves behind when one thread reads an object while
 // another is still writing it (the reader's refresh drops the attributes
-// written so far, and the writer then stores what is left), and for an
-// object whose creation is still under way. Nothing can be known of its
+// written so far, and the writer then stores what is left), for an
+// object whose creation is still under way, and for one whose creation a
+// kill stopped before CKA_CLASS was written (the key type comes first). Nothing can be known of its
 // identity (Identity is nil) or only of its identity, so it is never
 // copied, deleted or counted as a conflict; it is reported for an
 // operator to inspect.
