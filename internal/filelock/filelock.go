@@ -115,7 +115,6 @@ func lock(ctx context.Context, path string, how int, perm os.FileMode, wait bool
 	}
 }
 
-// flockRetry takes a blocking flock, retrying when a signal interrupts it.
 // LockBriefly takes an exclusive lock on path as Lock does, for a lock
 // that is held briefly and waited for briefly: it tries without blocking,
 // and again after a pause that doubles from 1 ms to 32 ms, until it gets
@@ -141,6 +140,7 @@ func LockBriefly(ctx context.Context, path string, perm os.FileMode) (*os.File, 
 	}
 }
 
+// flockRetry takes a blocking flock, retrying when a signal interrupts it.
 func flockRetry(f *os.File, how int) error {
 	for {
 		err := unix.Flock(int(f.Fd()), how)
