@@ -1,7 +1,7 @@
 // Package filelock takes advisory flock(2) locks on files shared by several
 // processes on one host (the agent and every application process using a
-// group): the host-wide recovery lock of a member, the tombstone journal's
-// lock, the configuration file's edit lock.
+// group): the host-wide recovery and store locks of a member, the
+// tombstone journal's lock, the configuration file's edit lock.
 //
 // Every acquisition opens a descriptor of its own: flock locks belong to the
 // open file description, so two goroutines sharing one descriptor would
