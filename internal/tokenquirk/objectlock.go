@@ -48,10 +48,15 @@ func LoginRewritesStore(manufacturer, model string) bool { return isSoftHSM(manu
 
 // RetriesGeneralError reports whether a creation or copy a token answers
 // with CKR_GENERAL_ERROR is asked once more (after what it left is
-// removed) before the answer counts: SoftHSM 2.6.1 answers so now and
-// then to a creation that overlaps another on the token, and takes it
-// when asked again. Not measured on another make: there the answer is
-// the token's, held back by the ambiguous-error rule (member.Charged).
+// removed) before the answer counts, and a single-part call that leaves
+// no state when no other member can serve it: SoftHSM 2.6.1 answers so
+// now and then to a creation that overlaps another on the token, and to
+// a signature while another process's files change under it, and takes
+// it when asked again. Not on another make: there the answer is the
+// token's, held back by the ambiguous-error rule (member.Charged).
+// opencryptoki's soft token, asked again on the session that refused an
+// HMAC length query so, crashed (SIGSEGV) in the C_SignFinal that came
+// after (test/conformance's "ops: sign single then update").
 func RetriesGeneralError(manufacturer, model string) bool { return isSoftHSM(manufacturer, model) }
 
 // DoubtsProbe reports whether a health probe (C_GetTokenInfo) a token

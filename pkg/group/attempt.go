@@ -356,9 +356,9 @@ type plan struct {
 	race *race
 	// again: the request leaves no state on a member and changes no
 	// object, so when no other member can serve it, the member whose
-	// held-back answer the caller would get is asked once more, and its
-	// serving then charges nothing (member.Verdict.ServedBy): a passing
-	// CKR_GENERAL_ERROR of a lone member does not reach the application.
+	// held-back CKR_GENERAL_ERROR the caller would get is asked once more
+	// if its make answers so in passing (retriesAmbiguous), and its
+	// serving then charges nothing (member.Verdict.ServedBy).
 	again bool
 }
 
@@ -433,7 +433,8 @@ func (g *Group) exec(ctx context.Context, p plan, fn attempt) (*member.Member, e
 					skip, absent = 0, false
 					continue
 				}
-				if again, _ := v.Unserved(); p.again && !askedAgain && again != nil {
+				if again, err := v.Unserved(); p.again && !askedAgain && again != nil &&
+					slot.CodeOf(err) == pkcs11.CKR_GENERAL_ERROR && retriesAmbiguous(again.Slot()) {
 					askedAgain = true
 					skip, avoid = skip.without(again.Index()), avoid.without(again.Index())
 					continue

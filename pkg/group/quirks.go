@@ -11,7 +11,8 @@ import (
 // member's token; DESIGN.md, "Quirks, per make").
 
 // retriesAmbiguous reports whether a creation or copy sl answered with
-// CKR_GENERAL_ERROR is asked once more (tokenquirk.RetriesGeneralError).
+// CKR_GENERAL_ERROR is asked once more, and a stateless single-part call
+// that no other member can serve (tokenquirk.RetriesGeneralError).
 func retriesAmbiguous(sl *slot.Slot) bool {
 	if sl == nil {
 		return false
