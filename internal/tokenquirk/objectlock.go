@@ -6,9 +6,12 @@ package tokenquirk
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hagroup/hagroup/internal/filelock"
 )
 
 // NeedsObjectLock reports whether a token keeps two threads of one process
@@ -247,6 +250,21 @@ func (h *Hold) Release() {
 // 4096 bits and more, seconds on SoftHSM) holds it that long, and a change
 // that waited on would be charged with its caller's deadline.
 const ChangeLockWait = time.Second
+
+// LockChange takes that lock, the file at path (made with perm), for a
+// change and returns its release: waiting ChangeLockWait at most, or until
+// ctx ends, and then going on without it (the release a no-op), as also
+// when the lock cannot be opened: the read before the change still
+// narrows what another process's change can hide.
+func LockChange(ctx context.Context, path string, perm os.FileMode) (release func()) {
+	ctx, cancel := context.WithTimeout(ctx, ChangeLockWait)
+	defer cancel()
+	f, err := filelock.LockBriefly(ctx, path, perm)
+	if err != nil {
+		return func() {}
+	}
+	return func() { f.Close() }
+}
 
 // RereadFirst reports whether the holder's call must make the token read
 // its object list again (C_GetTokenInfo) just before it: a change on a

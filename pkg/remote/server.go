@@ -546,11 +546,7 @@ func (m *served) rereadObjects(sh pkcs11.SessionHandle) (release func(), err err
 	}
 	release = func() {}
 	if m.srv.StoreLock != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), tokenquirk.ChangeLockWait)
-		if f, err := filelock.LockBriefly(ctx, m.srv.StoreLock, 0o600); err == nil {
-			release = func() { f.Close() }
-		}
-		cancel()
+		release = tokenquirk.LockChange(context.Background(), m.srv.StoreLock, 0o600)
 	}
 	// Its answer does not matter: the token reads its object list before
 	// it reads the flags it may fail on.

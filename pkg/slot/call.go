@@ -9,7 +9,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/hagroup/hagroup/internal/filelock"
 	"github.com/hagroup/hagroup/internal/handoff"
 	"github.com/hagroup/hagroup/internal/p11raw"
 	"github.com/hagroup/hagroup/internal/tokenquirk"
@@ -530,19 +529,12 @@ func (x *sess) openOn(ctx context.Context, id uint, timeout time.Duration) error
 	}, nil)
 }
 
-// lockStore takes the token's store lock (Spec.StoreLock) for a change
-// and returns its release: waiting tokenquirk.ChangeLockWait at most, or
-// until ctx ends, and then going on without it (the release a no-op), as
-// also when there is none or it cannot be opened.
+// lockStore takes the token's store lock (Spec.StoreLock) for a change,
+// as tokenquirk.LockChange does, and returns its release; a no-op when
+// there is none.
 func (s *Slot) lockStore(ctx context.Context) (release func()) {
 	if s.spec.StoreLock == "" {
 		return func() {}
 	}
-	ctx, cancel := context.WithTimeout(ctx, tokenquirk.ChangeLockWait)
-	defer cancel()
-	f, err := filelock.LockBriefly(ctx, s.spec.StoreLock, 0o660)
-	if err != nil {
-		return func() {}
-	}
-	return func() { f.Close() }
+	return tokenquirk.LockChange(ctx, s.spec.StoreLock, 0o660)
 }
